@@ -1,0 +1,354 @@
+"""A real Apache Kafka 3.9 broker for reference runs (tests and benchmarks).
+
+    from bench.kafka_ref import KafkaRef
+    with KafkaRef(19092) as k:          # or KafkaRef() for a free port
+        print(k.bootstrap)              # "127.0.0.1:19092"
+
+The broker runs from the jars fetched by scripts/fetch-jars.sh, in KRaft combined mode
+(process.roles=broker,controller, node.id=1, one static voter), listening on 127.0.0.1 only,
+with its data and logs in a temporary folder that is removed at the end (keep=True keeps it).
+
+Main classes used (all in the Kafka 3.9 jars):
+  kafka.tools.StorageTool   `kafka-storage.sh format -t <cluster-id> -c server.properties`
+  kafka.Kafka               `kafka-server-start.sh server.properties`
+JVM flags mirror bin/kafka-server-start.sh + kafka-run-class.sh: -Xmx1g -Xms1g, G1 with
+MaxGCPauseMillis=20, InitiatingHeapOccupancyPercent=35, ExplicitGCInvokesConcurrent.
+
+Readiness: the port accepts TCP connections AND a Metadata (v1) request answers with >= 1 broker.
+Standard library only (the readiness probe speaks the Kafka protocol over a raw socket).
+
+Command line (for manual runs):  python -m bench.kafka_ref [--port 19092] [--keep]
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import ctypes
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+import weakref
+from pathlib import Path
+from typing import Mapping
+
+from bench.javatools import KAFKA_MAIN, STORAGE_TOOL, java_cmd
+
+BROKER_JVM_ARGS = [
+    "-Xmx1g", "-Xms1g", "-server",
+    "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:InitiatingHeapOccupancyPercent=35",
+    "-XX:+ExplicitGCInvokesConcurrent", "-XX:MaxInlineLevel=15", "-Djava.awt.headless=true",
+]
+
+_LOG4J = """\
+log4j.rootLogger={level}, kafkaAppender
+log4j.appender.kafkaAppender=org.apache.log4j.FileAppender
+log4j.appender.kafkaAppender.File={logdir}/server.log
+log4j.appender.kafkaAppender.layout=org.apache.log4j.PatternLayout
+log4j.appender.kafkaAppender.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.kafka.request.logger={request_level}, requestAppender
+log4j.additivity.kafka.request.logger=false
+log4j.appender.requestAppender=org.apache.log4j.FileAppender
+log4j.appender.requestAppender.File={logdir}/kafka-request.log
+log4j.appender.requestAppender.layout=org.apache.log4j.PatternLayout
+log4j.appender.requestAppender.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.org.apache.kafka.raft=WARN
+log4j.logger.org.apache.kafka.controller=INFO
+log4j.logger.state.change.logger=WARN
+log4j.logger.kafka.log.LogCleaner=WARN
+"""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago on ``host``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def random_cluster_id() -> str:
+    """Kafka Uuid text form: URL-safe base64 of 16 random bytes without padding (22 chars)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def metadata_probe(host: str, port: int, timeout: float = 2.0) -> list[tuple[int, str, int]]:
+    """Send a Metadata v1 request (no topics) and return the brokers [(node_id, host, port)].
+
+    Raises OSError / ValueError when the broker does not answer properly.
+    """
+    client_id = b"straitmq-probe"
+    corr = 0x5EED
+    # request header v1: api_key=3 (Metadata), api_version=1, correlation_id, client_id
+    # body v1: topics = empty array (0 topics; -1 would mean "all topics")
+    body = struct.pack(">hhih", 3, 1, corr, len(client_id)) + client_id + struct.pack(">i", 0)
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        s.settimeout(timeout)
+        s.sendall(struct.pack(">i", len(body)) + body)
+        size = struct.unpack(">i", _recv_exact(s, 4))[0]
+        if size < 8 or size > 10_000_000:
+            raise ValueError(f"bad response size {size}")
+        data = _recv_exact(s, size)
+    got_corr, n = struct.unpack_from(">ii", data, 0)
+    if got_corr != corr:
+        raise ValueError(f"correlation id mismatch {got_corr} != {corr}")
+    pos = 8
+    brokers = []
+    for _ in range(n):
+        node_id, hlen = struct.unpack_from(">ih", data, pos)
+        pos += 6
+        bhost = data[pos:pos + hlen].decode()
+        pos += hlen
+        (bport,) = struct.unpack_from(">i", data, pos)
+        pos += 4
+        (rlen,) = struct.unpack_from(">h", data, pos)  # rack (nullable string)
+        pos += 2 + max(rlen, 0)
+        brokers.append((node_id, bhost, bport))
+    return brokers
+
+
+def _recv_exact(s: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("connection closed")
+        buf += chunk
+    return bytes(buf)
+
+
+def wait_for_broker(host: str, port: int, timeout: float = 60.0,
+                    proc: subprocess.Popen | None = None) -> list[tuple[int, str, int]]:
+    """Wait (bounded) until ``host:port`` answers a Metadata request listing >= 1 broker."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"broker process exited with code {proc.returncode}")
+        try:
+            brokers = metadata_probe(host, port, timeout=2.0)
+            if brokers:
+                return brokers
+            last = ValueError("metadata lists no broker yet")
+        except (OSError, ValueError, struct.error) as e:
+            last = e
+        time.sleep(0.2)
+    raise TimeoutError(f"{host}:{port} not ready after {timeout:.0f}s (last error: {last!r})")
+
+
+def _pdeathsig() -> None:  # runs in the child between fork and exec
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: die with the parent
+    except Exception:
+        pass
+
+
+_live: "weakref.WeakSet[KafkaRef]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for k in list(_live):
+        try:
+            k.stop()
+        except Exception:
+            pass
+
+
+class KafkaRef:
+    """Apache Kafka 3.9 broker (KRaft combined mode) on 127.0.0.1, as a context manager.
+
+    port:            client listener port (None: a free port)
+    controller_port: KRaft controller listener port (None: a free port)
+    extra_config:    server.properties overrides, e.g. {"num.partitions": "3"}
+    workdir:         where data/ and logs/ go (None: a new temp dir, removed on stop unless keep)
+    request_log:     log every request (header with api key/version, timings) at DEBUG into
+                     logs/kafka-request.log, see request_versions(): what real clients send
+    """
+
+    def __init__(self, port: int | None = None, controller_port: int | None = None, *,
+                 host: str = "127.0.0.1", extra_config: Mapping[str, object] | None = None,
+                 workdir: str | os.PathLike | None = None, keep: bool = False,
+                 jvm_args: list[str] | None = None, log_level: str = "INFO",
+                 request_log: bool = False,
+                 startup_timeout: float = 120.0, stop_timeout: float = 30.0):
+        self.host = host
+        self.port = port or free_port(host)
+        self.controller_port = controller_port or free_port(host)
+        while self.controller_port == self.port:
+            self.controller_port = free_port(host)
+        self.extra_config = dict(extra_config or {})
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir) if workdir else None
+        self.keep = keep
+        self.jvm_args = list(jvm_args or BROKER_JVM_ARGS)
+        self.log_level = log_level
+        self.request_log = request_log
+        self.startup_timeout = startup_timeout
+        self.stop_timeout = stop_timeout
+        self.cluster_id = random_cluster_id()
+        self.proc: subprocess.Popen | None = None
+        self._stdout = None
+
+    # -- info ---------------------------------------------------------------
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def server_log(self) -> Path:
+        assert self.workdir is not None
+        return self.workdir / "logs" / "server.log"
+
+    def log_tail(self, n: int = 60) -> str:
+        out = []
+        for f in (self.workdir / "logs" / "stdout.log", self.server_log) if self.workdir else ():
+            try:
+                lines = f.read_text(errors="replace").splitlines()[-n:]
+                out.append(f"--- {f} (last {len(lines)} lines)\n" + "\n".join(lines))
+            except OSError:
+                pass
+        return "\n".join(out)
+
+    def request_versions(self) -> dict[int, set[int]]:
+        """With request_log=True: {api_key: {api versions seen}} of every request so far."""
+        assert self.workdir is not None
+        seen: dict[int, set[int]] = {}
+        try:
+            text = (self.workdir / "logs" / "kafka-request.log").read_text(errors="replace")
+        except OSError:
+            return seen
+        for m in re.finditer(r'"requestApiKey":(\d+),"requestApiVersion":(\d+)', text):
+            seen.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+        return seen
+
+    def server_properties(self) -> dict[str, str]:
+        assert self.workdir is not None
+        h, p, c = self.host, self.port, self.controller_port
+        props: dict[str, object] = {
+            "process.roles": "broker,controller",
+            "node.id": 1,
+            "controller.quorum.voters": f"1@{h}:{c}",
+            "listeners": f"PLAINTEXT://{h}:{p},CONTROLLER://{h}:{c}",
+            "advertised.listeners": f"PLAINTEXT://{h}:{p}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": str(self.workdir / "data"),
+            "num.network.threads": 3,
+            "num.io.threads": 8,
+            "num.partitions": 1,
+            "default.replication.factor": 1,
+            "offsets.topic.replication.factor": 1,
+            "transaction.state.log.replication.factor": 1,
+            "transaction.state.log.min.isr": 1,
+            "group.initial.rebalance.delay.ms": 0,
+            "auto.create.topics.enable": "true",
+            "log.retention.hours": 168,
+            "log.segment.bytes": 1073741824,
+        }
+        props.update(self.extra_config)
+        return {k: str(v) for k, v in props.items()}
+
+    # -- lifecycle ----------------------------------------------------------
+    def start(self) -> "KafkaRef":
+        if self.proc is not None:
+            return self
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="kafka-ref-"))
+        logs = self.workdir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "data").mkdir(exist_ok=True)
+        cfg = self.workdir / "server.properties"
+        cfg.write_text("".join(f"{k}={v}\n" for k, v in self.server_properties().items()))
+        log4j = self.workdir / "log4j.properties"
+        log4j.write_text(_LOG4J.format(level=self.log_level, logdir=logs,
+                                       request_level="DEBUG" if self.request_log else "WARN"))
+        log_args = [f"-Dlog4j.configuration=file:{log4j}", f"-Dkafka.logs.dir={logs}"]
+
+        # 1. format the storage (kafka-storage.sh format)
+        fmt = java_cmd(STORAGE_TOOL, ["format", "-t", self.cluster_id, "-c", str(cfg)],
+                       jvm_args=["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", *log_args],
+                       include_classes=False)
+        r = subprocess.run(fmt, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+        if r.returncode != 0:
+            raise RuntimeError(f"StorageTool format failed ({r.returncode}):\n{r.stdout[-3000:]}")
+
+        # 2. start the broker
+        cmd = java_cmd(KAFKA_MAIN, [str(cfg)], jvm_args=[*self.jvm_args, *log_args],
+                       include_classes=False)
+        self._stdout = open(logs / "stdout.log", "wb")
+        in_main = threading.current_thread() is threading.main_thread()
+        self.proc = subprocess.Popen(cmd, stdout=self._stdout, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, cwd=self.workdir,
+                                     preexec_fn=_pdeathsig if in_main and sys.platform == "linux" else None)
+        _live.add(self)
+        try:
+            wait_for_broker(self.host, self.port, timeout=self.startup_timeout, proc=self.proc)
+        except Exception as e:
+            tail = self.log_tail()
+            self.stop()
+            raise RuntimeError(f"Kafka did not start on {self.bootstrap}: {e}\n{tail}") from e
+        return self
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.terminate()  # SIGTERM: Kafka's controlled shutdown
+                try:
+                    proc.wait(self.stop_timeout)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(10)
+        if self._stdout is not None:
+            self._stdout.close()
+            self._stdout = None
+        _live.discard(self)
+        if self._own_workdir and not self.keep and self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+    def __enter__(self) -> "KafkaRef":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.proc is not None and self.proc.poll() is None else "stopped"
+        return f"KafkaRef({self.bootstrap}, {state}, workdir={self.workdir})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Run a reference Apache Kafka 3.9 broker until Ctrl-C.")
+    ap.add_argument("--port", type=int, default=None)
+    ap.add_argument("--controller-port", type=int, default=None)
+    ap.add_argument("--keep", action="store_true", help="keep the work dir (data and logs)")
+    ap.add_argument("--seconds", type=float, default=3600, help="stop after this long (default 1 h)")
+    a = ap.parse_args(argv)
+    t0 = time.monotonic()
+    with KafkaRef(a.port, a.controller_port, keep=a.keep) as k:
+        print(f"Kafka ready on {k.bootstrap} in {time.monotonic() - t0:.1f}s (workdir {k.workdir})",
+              file=sys.stderr, flush=True)
+        print(k.bootstrap, flush=True)
+        try:
+            time.sleep(a.seconds)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

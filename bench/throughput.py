@@ -1,0 +1,660 @@
+"""StraitMQ vs Apache Kafka throughput / latency benchmark (not a pytest test).
+
+Runs the same workload against each target broker, one target after the other:
+
+  java-produce     Kafka's own org.apache.kafka.tools.ProducerPerformance
+                   (--record-size 1024 --throughput -1, --num-records N), acks=1 then acks=all
+  java-consume     org.apache.kafka.tools.ConsumerPerformance reading the acks=all topic back
+  rdkafka-produce  librdkafka (confluent_kafka) producer, N x 1 KiB messages, as fast as possible
+  rdkafka-consume  librdkafka consumer reading them back (assign(), no group join)
+  latency          librdkafka end-to-end latency at a fixed rate (default 2000 msg/s for 10 s):
+                   send time (perf_counter_ns) embedded in the value, consumer thread in the same
+                   process records now - sent; p50/p90/p99/p99.9/max
+
+Examples (from the repo root):
+  python -m bench.throughput --with-kafka --strait 127.0.0.1:9092
+  python -m bench.throughput --with-kafka --num-records 20000 --latency-seconds 3
+  python -m bench.throughput --kafka 127.0.0.1:19092 --strait 127.0.0.1:9092 --partitions 3
+  python -m bench.throughput --target a=127.0.0.1:9092 --target b=127.0.0.1:9093
+
+Output: one table (metric | value per target | ratio of each target to the baseline: the "kafka"
+target when there is one, else the first) and a JSON dump (--json PATH, default
+.cache/bench/throughput-<timestamp>.json). Exit code 0 when every phase ran without error.
+
+Topics (bench-<run>-<target>-<phase>) are created with the Java AdminClient (StraitClient
+admin create-topic) before each phase, and deleted at the end unless --keep-topics.
+Python imports: the standard library and confluent_kafka (rdkafka phases are skipped without it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import re
+import statistics
+import struct
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # allow `python bench/throughput.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.javatools import (CONSUMER_PERF, PERF_JVM_ARGS, PRODUCER_PERF, REPO_ROOT, java_cmd,
+                             straitclient)
+from bench.kafka_ref import KafkaRef, wait_for_broker
+
+try:
+    import confluent_kafka  # type: ignore
+except ImportError:  # pragma: no cover
+    confluent_kafka = None
+
+MB = 1024 * 1024  # Kafka's perf tools report MB = 2^20 bytes
+
+ALL_PHASES = ["java-produce", "java-consume", "rdkafka-produce", "rdkafka-consume", "latency"]
+
+# metric name -> (unit, higher_is_better)
+METRICS: dict[str, tuple[str, bool]] = {
+    "java_produce_acks1_mb_s": ("MB/s", True),
+    "java_produce_acks1_rec_s": ("rec/s", True),
+    "java_produce_acks1_avg_lat_ms": ("ms", False),
+    "java_produce_acks1_p99_lat_ms": ("ms", False),
+    "java_produce_acksall_mb_s": ("MB/s", True),
+    "java_produce_acksall_rec_s": ("rec/s", True),
+    "java_produce_acksall_avg_lat_ms": ("ms", False),
+    "java_produce_acksall_p99_lat_ms": ("ms", False),
+    "java_consume_mb_s": ("MB/s", True),
+    "java_consume_rec_s": ("rec/s", True),
+    "java_consume_fetch_mb_s": ("MB/s", True),
+    "java_consume_rebalance_ms": ("ms", False),
+    "rdkafka_produce_mb_s": ("MB/s", True),
+    "rdkafka_produce_rec_s": ("rec/s", True),
+    "rdkafka_consume_mb_s": ("MB/s", True),
+    "rdkafka_consume_rec_s": ("rec/s", True),
+    "e2e_latency_p50_ms": ("ms", False),
+    "e2e_latency_p90_ms": ("ms", False),
+    "e2e_latency_p99_ms": ("ms", False),
+    "e2e_latency_p999_ms": ("ms", False),
+    "e2e_latency_max_ms": ("ms", False),
+    "e2e_latency_mean_ms": ("ms", False),
+    "e2e_rate_msg_s": ("msg/s", True),
+    "e2e_lost": ("msgs", False),
+}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class PhaseError(RuntimeError):
+    pass
+
+
+# ---------------------------------------------------------------- Java tools
+
+def run_tool(main_class: str, args: list[Any], timeout: float) -> tuple[str, str]:
+    cmd = java_cmd(main_class, args, jvm_args=PERF_JVM_ARGS, include_classes=False)
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise PhaseError(f"{main_class} timed out after {timeout:.0f}s") from e
+    if p.returncode != 0:
+        raise PhaseError(f"{main_class} exited {p.returncode}: {p.stderr[-2000:]}")
+    return p.stdout, p.stderr
+
+
+# e.g. "200000 records sent, 95238.095238 records/sec (93.01 MB/sec), 150.23 ms avg latency,
+#       400.00 ms max latency, 120 ms 50th, 300 ms 95th, 390 ms 99th, 399 ms 99.9th."
+PP_FINAL = re.compile(
+    r"(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\), ([\d.]+) ms avg latency, "
+    r"([\d.]+) ms max latency, (\d+) ms 50th, (\d+) ms 95th, (\d+) ms 99th, (\d+) ms 99\.9th")
+
+
+def parse_producer_perf(out: str) -> dict[str, float]:
+    m = None
+    for line in out.splitlines():
+        mm = PP_FINAL.search(line)
+        if mm:
+            m = mm
+    if m is None:
+        raise PhaseError(f"no final summary in ProducerPerformance output: {out[-500:]!r}")
+    keys = ["records", "rec_s", "mb_s", "avg_lat_ms", "max_lat_ms", "p50_ms", "p95_ms", "p99_ms",
+            "p999_ms"]
+    return {k: float(v) for k, v in zip(keys, m.groups())}
+
+
+def parse_consumer_perf(out: str) -> dict[str, str]:
+    """Header 'start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, nMsg.sec,
+    rebalance.time.ms, fetch.time.ms, fetch.MB.sec, fetch.nMsg.sec' then one line of values."""
+    lines = [l.strip() for l in out.splitlines() if l.strip()]
+    for i, l in enumerate(lines):
+        if l.startswith("start.time") and i + 1 < len(lines):
+            keys = [k.strip() for k in l.split(",")]
+            vals = [v.strip() for v in lines[i + 1].split(",")]
+            if len(keys) == len(vals):
+                return dict(zip(keys, vals))
+    raise PhaseError(f"cannot parse ConsumerPerformance output: {out[-500:]!r}")
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int, rf: int) -> None:
+    r = straitclient(["admin", "--bootstrap", bootstrap, "create-topic", topic, partitions, rf,
+                      "--if-not-exists"], timeout=120)
+    if r.returncode != 0:
+        raise PhaseError(f"create-topic {topic} failed: {r.stdout.strip()} {r.stderr[-1000:]}")
+
+
+def delete_topic(bootstrap: str, topic: str) -> None:
+    try:
+        straitclient(["admin", "--bootstrap", bootstrap, "delete-topic", topic], timeout=60)
+    except Exception as e:  # best effort
+        log(f"  delete-topic {topic}: {e}")
+
+
+def producer_perf(bootstrap: str, topic: str, a: argparse.Namespace, acks: str) -> dict[str, float]:
+    args: list[Any] = ["--topic", topic, "--num-records", a.num_records, "--record-size",
+                       a.record_size, "--throughput", -1, "--producer-props",
+                       f"bootstrap.servers={bootstrap}", f"acks={acks}", *a.producer_prop]
+    out, _ = run_tool(PRODUCER_PERF, args, timeout=a.phase_timeout)
+    res = parse_producer_perf(out)
+    if int(res["records"]) != a.num_records:
+        raise PhaseError(f"ProducerPerformance sent {res['records']:.0f} of {a.num_records}")
+    return res
+
+
+def consumer_perf(bootstrap: str, topic: str, a: argparse.Namespace, group: str) -> dict[str, str]:
+    args = ["--bootstrap-server", bootstrap, "--topic", topic, "--messages", a.num_records,
+            "--timeout", 30000, "--group", group]
+    out, _ = run_tool(CONSUMER_PERF, args, timeout=a.phase_timeout)
+    res = parse_consumer_perf(out)
+    if int(res["data.consumed.in.nMsg"]) < a.num_records:
+        raise PhaseError(f"ConsumerPerformance read {res['data.consumed.in.nMsg']} of {a.num_records}")
+    return res
+
+
+# ---------------------------------------------------------------- librdkafka
+
+def rdkafka_produce(bootstrap: str, topic: str, a: argparse.Namespace) -> dict[str, float]:
+    ck = confluent_kafka
+    conf = {"bootstrap.servers": bootstrap, "acks": a.rdkafka_acks, "client.id": "bench-rdkafka",
+            "linger.ms": a.rdkafka_linger_ms, "compression.type": "none"}
+    p = ck.Producer(conf)
+    n = a.num_records
+    payload = os.urandom(a.record_size)
+    state = {"ok": 0, "err": 0, "first_err": None}
+
+    def on_delivery(err, msg):
+        if err is None:
+            state["ok"] += 1
+        else:
+            state["err"] += 1
+            if state["first_err"] is None:
+                state["first_err"] = str(err)
+
+    # warm the connection / metadata so it is not timed
+    p.list_topics(topic, timeout=30)
+    deadline = time.monotonic() + a.phase_timeout
+    t0 = time.perf_counter()
+    for i in range(n):
+        while True:
+            try:
+                p.produce(topic, payload, on_delivery=on_delivery)
+                break
+            except BufferError:
+                p.poll(0.05)
+                if time.monotonic() > deadline:
+                    raise PhaseError("rdkafka produce timed out (queue full)")
+        if i & 1023 == 0:
+            p.poll(0)
+    remaining = p.flush(max(1.0, deadline - time.monotonic()))
+    dt = time.perf_counter() - t0
+    if remaining or state["err"]:
+        raise PhaseError(f"rdkafka produce: {remaining} undelivered, {state['err']} errors "
+                         f"(first: {state['first_err']})")
+    return {"records": n, "seconds": dt, "rec_s": n / dt, "mb_s": n * a.record_size / MB / dt}
+
+
+def rdkafka_consume(bootstrap: str, topic: str, a: argparse.Namespace, expected: int) -> dict[str, float]:
+    ck = confluent_kafka
+    c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-rdc-{uuid.uuid4().hex[:8]}",
+                     "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                     "client.id": "bench-rdkafka-consumer"})
+    try:
+        md = c.list_topics(topic, timeout=30)
+        parts = sorted(md.topics[topic].partitions)
+        c.assign([ck.TopicPartition(topic, p, ck.OFFSET_BEGINNING) for p in parts])
+        got = nbytes = 0
+        deadline = time.monotonic() + a.phase_timeout
+        last_msg = time.monotonic()
+        t0 = time.perf_counter()
+        while got < expected and time.monotonic() < deadline:
+            msgs = c.consume(num_messages=min(1000, expected - got), timeout=0.5)
+            if not msgs:
+                if time.monotonic() - last_msg > 30:
+                    break
+                continue
+            last_msg = time.monotonic()
+            for m in msgs:
+                if m.error() is None:
+                    got += 1
+                    nbytes += len(m.value() or b"")
+        dt = time.perf_counter() - t0
+    finally:
+        c.close()
+    if got < expected:
+        raise PhaseError(f"rdkafka consume read {got} of {expected}")
+    return {"records": got, "seconds": dt, "rec_s": got / dt, "mb_s": nbytes / MB / dt}
+
+
+def percentile(sorted_vals: list[float], q: float) -> float:
+    if not sorted_vals:
+        return float("nan")
+    idx = min(len(sorted_vals) - 1, max(0, int(round(q * len(sorted_vals) + 0.5)) - 1))
+    return sorted_vals[idx]
+
+
+def e2e_latency(bootstrap: str, topic: str, a: argparse.Namespace) -> dict[str, float]:
+    """Fixed-rate producer (main thread) + consumer thread in the same process.
+
+    value = 8-byte seq | 8-byte send perf_counter_ns | 1-byte warmup flag | padding."""
+    ck = confluent_kafka
+    rate = a.latency_rate
+    n = int(rate * a.latency_seconds)
+    size = max(17, a.latency_record_size)
+    pad = b"x" * (size - 17)
+    p = ck.Producer({"bootstrap.servers": bootstrap, "acks": a.latency_acks, "linger.ms": 0,
+                     "client.id": "bench-e2e-producer"})
+    c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-e2e-{uuid.uuid4().hex[:8]}",
+                     "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                     "fetch.wait.max.ms": 500, "fetch.min.bytes": 1,
+                     "client.id": "bench-e2e-consumer"})
+    md = c.list_topics(topic, timeout=30)
+    parts = sorted(md.topics[topic].partitions)
+    c.assign([ck.TopicPartition(topic, pp, ck.OFFSET_BEGINNING) for pp in parts])
+    p.list_topics(topic, timeout=30)
+
+    lat_ns: list[int] = []
+    seen = {"warm": 0, "measured": 0}
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def consumer_loop() -> None:
+        while not stop.is_set():
+            # poll() returns as soon as one message is there; then drain what is already
+            # fetched without waiting (consume(n, timeout>0) would wait for n messages)
+            first = c.poll(0.1)
+            if first is None:
+                continue
+            now = time.perf_counter_ns()
+            msgs = [first] + c.consume(num_messages=1000, timeout=0)
+            for m in msgs:
+                if m.error() is not None:
+                    errors.append(str(m.error()))
+                    continue
+                v = m.value()
+                _seq, sent = struct.unpack_from(">qq", v, 0)
+                if v[16]:
+                    seen["warm"] += 1
+                else:
+                    seen["measured"] += 1
+                    lat_ns.append(now - sent)
+
+    th = threading.Thread(target=consumer_loop, name="e2e-consumer", daemon=True)
+    th.start()
+    try:
+        # warm-up: keep sending (flagged) at the same rate until the consumer sees traffic,
+        # plus a_warmup seconds, so connections, fetch sessions and JIT are settled
+        interval = 1.0 / rate
+        warm_deadline = time.monotonic() + 20
+        warm_end = None
+        seq = 0
+        t_next = time.perf_counter()
+        while True:
+            now_m = time.monotonic()
+            if seen["warm"] > 0 and warm_end is None:
+                warm_end = now_m + a.latency_warmup
+            if (warm_end is not None and now_m >= warm_end) or now_m > warm_deadline:
+                break
+            _sleep_until(t_next)
+            p.produce(topic, struct.pack(">qqB", seq, time.perf_counter_ns(), 1) + pad)
+            p.poll(0)
+            seq += 1
+            t_next += interval
+        if seen["warm"] == 0:
+            raise PhaseError("latency: the consumer received nothing during 20 s of warm-up")
+        # measured phase
+        t_start = time.perf_counter()
+        t_next = t_start
+        for i in range(n):
+            _sleep_until(t_next)
+            p.produce(topic, struct.pack(">qqB", i, time.perf_counter_ns(), 0) + pad)
+            p.poll(0)
+            t_next += interval
+        send_secs = time.perf_counter() - t_start
+        p.flush(30)
+        wait_end = time.monotonic() + 30
+        while seen["measured"] < n and time.monotonic() < wait_end:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        th.join(10)
+        c.close()
+    vals = sorted(x / 1e6 for x in lat_ns)
+    res = {
+        "sent": n, "received": len(vals), "lost": n - len(vals), "rate_msg_s": n / send_secs,
+        "p50_ms": percentile(vals, 0.50), "p90_ms": percentile(vals, 0.90),
+        "p99_ms": percentile(vals, 0.99), "p999_ms": percentile(vals, 0.999),
+        "max_ms": vals[-1] if vals else float("nan"),
+        "mean_ms": statistics.fmean(vals) if vals else float("nan"),
+        "consumer_errors": errors[:5],
+    }
+    return res
+
+
+def _sleep_until(t: float) -> None:
+    # plain sleep (no busy-wait: spinning would hold the GIL and delay the consumer thread)
+    d = t - time.perf_counter()
+    if d > 0:
+        time.sleep(d)
+
+
+# ---------------------------------------------------------------- driver
+
+def run_target(name: str, bootstrap: str, a: argparse.Namespace, run_id: str) -> tuple[dict, dict, dict]:
+    host, port = bootstrap.rsplit(":", 1)
+    log(f"== target {name} ({bootstrap})")
+    wait_for_broker(host, int(port), timeout=60)
+    metrics: dict[str, float] = {}
+    raw: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    topics: list[str] = []
+    safe = re.sub(r"[^A-Za-z0-9_-]", "_", name)
+
+    def topic(phase: str) -> str:
+        t = f"bench-{run_id}-{safe}-{phase}"
+        create_topic(bootstrap, t, a.partitions, a.replication_factor)
+        topics.append(t)
+        return t
+
+    def phase(label: str, fn) -> None:
+        log(f"  {label} ...")
+        t0 = time.monotonic()
+        try:
+            fn()
+            log(f"  {label} done in {time.monotonic() - t0:.1f}s")
+        except Exception as e:  # keep going with the other phases
+            errors[label] = f"{type(e).__name__}: {e}"
+            log(f"  {label} FAILED: {errors[label]}")
+
+    ph = set(a.phases)
+    pp_all_topic: list[str] = []
+
+    if a.warmup_records > 0:
+        def warmup() -> None:
+            t = topic("warmup")
+            w = argparse.Namespace(**{**vars(a), "num_records": a.warmup_records})
+            raw["warmup"] = producer_perf(bootstrap, t, w, "1")
+            consumer_perf(bootstrap, t, w, group=f"bench-warmup-{run_id}")
+        phase(f"warm-up ({a.warmup_records} records, not reported)", warmup)
+
+    if "java-produce" in ph or "java-consume" in ph:
+        def java_produce() -> None:
+            for acks, tag in (("1", "acks1"), ("all", "acksall")):
+                if "java-produce" not in ph and acks == "1":
+                    continue
+                t = topic(f"pp{tag}")
+                r = producer_perf(bootstrap, t, a, acks)
+                raw[f"java_produce_{tag}"] = r
+                if "java-produce" in ph:
+                    metrics[f"java_produce_{tag}_mb_s"] = r["mb_s"]
+                    metrics[f"java_produce_{tag}_rec_s"] = r["rec_s"]
+                    metrics[f"java_produce_{tag}_avg_lat_ms"] = r["avg_lat_ms"]
+                    metrics[f"java_produce_{tag}_p99_lat_ms"] = r["p99_ms"]
+                if acks == "all":
+                    pp_all_topic.append(t)
+        phase("java-produce (ProducerPerformance acks=1, acks=all)", java_produce)
+
+    if "java-consume" in ph:
+        def java_consume() -> None:
+            if not pp_all_topic:
+                raise PhaseError("no data: the acks=all ProducerPerformance run failed")
+            r = consumer_perf(bootstrap, pp_all_topic[0], a, group=f"bench-cp-{run_id}")
+            raw["java_consume"] = r
+            metrics["java_consume_mb_s"] = float(r["MB.sec"])
+            metrics["java_consume_rec_s"] = float(r["nMsg.sec"])
+            metrics["java_consume_fetch_mb_s"] = float(r["fetch.MB.sec"])
+            metrics["java_consume_rebalance_ms"] = float(r["rebalance.time.ms"])
+        phase("java-consume (ConsumerPerformance)", java_consume)
+
+    rd_topic: list[str] = []
+    need_rd = {"rdkafka-produce", "rdkafka-consume", "latency"} & ph
+    if need_rd and confluent_kafka is None:
+        errors["rdkafka"] = "confluent_kafka is not installed (pip install confluent-kafka)"
+        log("  rdkafka phases skipped: confluent_kafka is not installed")
+    else:
+        if "rdkafka-produce" in ph or "rdkafka-consume" in ph:
+            def rd_produce() -> None:
+                t = topic("rd")
+                r = rdkafka_produce(bootstrap, t, a)
+                raw["rdkafka_produce"] = r
+                rd_topic.append(t)
+                if "rdkafka-produce" in ph:
+                    metrics["rdkafka_produce_mb_s"] = r["mb_s"]
+                    metrics["rdkafka_produce_rec_s"] = r["rec_s"]
+            phase("rdkafka-produce", rd_produce)
+        if "rdkafka-consume" in ph:
+            def rd_consume() -> None:
+                if not rd_topic:
+                    raise PhaseError("no data: rdkafka-produce failed")
+                r = rdkafka_consume(bootstrap, rd_topic[0], a, a.num_records)
+                raw["rdkafka_consume"] = r
+                metrics["rdkafka_consume_mb_s"] = r["mb_s"]
+                metrics["rdkafka_consume_rec_s"] = r["rec_s"]
+            phase("rdkafka-consume", rd_consume)
+        if "latency" in ph:
+            def latency() -> None:
+                r = e2e_latency(bootstrap, topic("lat"), a)
+                raw["e2e_latency"] = r
+                for k in ("p50", "p90", "p99", "p999", "max", "mean"):
+                    metrics[f"e2e_latency_{k}_ms"] = r[f"{k}_ms"]
+                metrics["e2e_rate_msg_s"] = r["rate_msg_s"]
+                metrics["e2e_lost"] = r["lost"]
+                if r["lost"]:
+                    raise PhaseError(f"{r['lost']} of {r['sent']} latency messages not received")
+            phase(f"latency ({a.latency_rate} msg/s for {a.latency_seconds}s)", latency)
+
+    if not a.keep_topics:
+        for t in topics:
+            delete_topic(bootstrap, t)
+    return metrics, raw, errors
+
+
+def _kafka_version() -> str | None:
+    try:
+        pom = (REPO_ROOT / "tools" / "java" / "pom.xml").read_text()
+        m = re.search(r"<kafka.version>([^<]+)</kafka.version>", pom)
+        return m.group(1) if m else None
+    except OSError:
+        return None
+
+
+def fmt(v: float | None) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float) and v != v:
+        return "nan"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    if abs(v) >= 100:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+def ratios(results: dict[str, dict[str, float]], baseline: str) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    base = results.get(baseline, {})
+    for name, m in results.items():
+        if name == baseline:
+            continue
+        out[name] = {}
+        for k, v in m.items():
+            b = base.get(k)
+            if b not in (None, 0) and v is not None and b == b and v == v:
+                out[name][k] = v / b
+    return out
+
+
+def print_table(results: dict[str, dict[str, float]], baseline: str,
+                rat: dict[str, dict[str, float]]) -> None:
+    names = list(results)
+    others = [n for n in names if n != baseline]
+    header = ["metric", "unit"] + names + [f"{n}/{baseline}" for n in others]
+    rows = []
+    for metric, (unit, higher) in METRICS.items():
+        if not any(metric in results[n] for n in names):
+            continue
+        row = [metric, unit + (" ↑" if higher else " ↓")]
+        row += [fmt(results[n].get(metric)) for n in names]
+        row += [(f"{rat[n][metric]:.2f}x" if metric in rat.get(n, {}) else "-") for n in others]
+        rows.append(row)
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    line = "  ".join(h.ljust(w) if i < 2 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths)))
+    print(line)
+    print("-" * len(line))
+    for r in rows:
+        print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    print("(↑ higher is better, ↓ lower is better; ratio = target value / baseline value)")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", action="append", default=[], metavar="[NAME=]HOST:PORT",
+                    help="a broker to benchmark (repeatable)")
+    ap.add_argument("--strait", action="append", default=[], metavar="HOST:PORT",
+                    help="same as --target straitmq=HOST:PORT")
+    ap.add_argument("--kafka", action="append", default=[], metavar="HOST:PORT",
+                    help="same as --target kafka=HOST:PORT (an already running Kafka)")
+    ap.add_argument("--with-kafka", action="store_true",
+                    help="start a reference Apache Kafka 3.9 (bench.kafka_ref.KafkaRef) as target 'kafka'")
+    ap.add_argument("--kafka-port", type=int, default=None, help="port for --with-kafka (default: free)")
+    ap.add_argument("--baseline", default=None, help="target the ratios are computed against "
+                    "(default: 'kafka' if present, else the first target)")
+    ap.add_argument("--num-records", type=int, default=200_000)
+    ap.add_argument("--record-size", type=int, default=1024)
+    ap.add_argument("--warmup-records", type=int, default=20_000,
+                    help="unreported ProducerPerformance + ConsumerPerformance run against each "
+                         "target first, so a JVM broker is not measured cold (0: none)")
+    ap.add_argument("--partitions", type=int, default=1)
+    ap.add_argument("--replication-factor", type=int, default=1)
+    ap.add_argument("--phases", default=",".join(ALL_PHASES),
+                    help=f"comma list out of {','.join(ALL_PHASES)} (default: all)")
+    ap.add_argument("--producer-prop", action="append", default=[], metavar="K=V",
+                    help="extra ProducerPerformance --producer-props entries (both runs)")
+    ap.add_argument("--rdkafka-acks", default="all", help="acks for rdkafka-produce (default all)")
+    ap.add_argument("--rdkafka-linger-ms", type=float, default=5, help="librdkafka linger.ms (default 5)")
+    ap.add_argument("--latency-rate", type=float, default=2000, help="msg/s (default 2000)")
+    ap.add_argument("--latency-seconds", type=float, default=10)
+    ap.add_argument("--latency-warmup", type=float, default=1.0, help="seconds (default 1)")
+    ap.add_argument("--latency-record-size", type=int, default=1024)
+    ap.add_argument("--latency-acks", default="all")
+    ap.add_argument("--phase-timeout", type=float, default=900, help="seconds per tool run (default 900)")
+    ap.add_argument("--keep-topics", action="store_true", help="do not delete the bench topics")
+    ap.add_argument("--json", default=None, help="where to write the JSON dump "
+                    "(default .cache/bench/throughput-<timestamp>.json)")
+    a = ap.parse_args(argv)
+    a.phases = [p.strip() for p in a.phases.split(",") if p.strip()]
+    bad = set(a.phases) - set(ALL_PHASES)
+    if bad:
+        ap.error(f"unknown phases: {', '.join(sorted(bad))}")
+    targets: list[tuple[str, str]] = []
+    for i, t in enumerate(a.target):
+        name, _, addr = t.rpartition("=")
+        targets.append((name or f"target{i + 1}", addr))
+    targets += [("straitmq" if len(a.strait) == 1 else f"straitmq{i + 1}", t) for i, t in enumerate(a.strait)]
+    targets += [("kafka" if len(a.kafka) == 1 else f"kafka{i + 1}", t) for i, t in enumerate(a.kafka)]
+    if not targets and not a.with_kafka:
+        ap.error("no target: give --strait, --kafka, --target and/or --with-kafka")
+    names = [n for n, _ in targets] + (["kafka"] if a.with_kafka else [])
+    if len(set(names)) != len(names):
+        ap.error(f"duplicate target names: {names}")
+    for _, addr in targets:
+        host, _, port = addr.rpartition(":")
+        if not host or not port.isdigit():
+            ap.error(f"bad HOST:PORT {addr!r}")
+    a.targets = targets
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    run_id = uuid.uuid4().hex[:6]
+    started = _dt.datetime.now().astimezone()
+    results: dict[str, dict[str, float]] = {}
+    raw: dict[str, dict] = {}
+    errors: dict[str, dict] = {}
+    bootstraps: dict[str, str] = {}
+    kafka_ref: KafkaRef | None = None
+    targets = list(a.targets)
+    try:
+        if a.with_kafka:
+            log("starting reference Kafka 3.9 (KafkaRef) ...")
+            kafka_ref = KafkaRef(a.kafka_port).start()
+            log(f"Kafka ready on {kafka_ref.bootstrap}")
+            targets.insert(0, ("kafka", kafka_ref.bootstrap))
+        for name, bootstrap in targets:
+            bootstraps[name] = bootstrap
+            try:
+                results[name], raw[name], errors[name] = run_target(name, bootstrap, a, run_id)
+            except Exception as e:
+                log(f"target {name} failed: {type(e).__name__}: {e}")
+                results[name], raw[name], errors[name] = {}, {}, {"target": f"{type(e).__name__}: {e}"}
+    finally:
+        if kafka_ref is not None:
+            log("stopping reference Kafka ...")
+            kafka_ref.stop()
+
+    baseline = a.baseline or ("kafka" if "kafka" in results else next(iter(results)))
+    rat = ratios(results, baseline)
+    print()
+    print(f"StraitMQ benchmark {started:%Y-%m-%d %H:%M:%S}: {a.num_records} x {a.record_size} B records, "
+          f"{a.partitions} partition(s), latency {a.latency_rate:g} msg/s x {a.latency_seconds:g} s")
+    print("targets: " + ", ".join(f"{n}={b}" for n, b in bootstraps.items()))
+    print()
+    print_table(results, baseline, rat)
+    errs = {n: e for n, e in errors.items() if e}
+    if errs:
+        print("\nerrors:")
+        for n, e in errs.items():
+            for ph, msg in e.items():
+                print(f"  {n} / {ph}: {msg}")
+
+    dump = {
+        "started": started.isoformat(),
+        "settings": {k: v for k, v in vars(a).items() if k not in ("targets",)},
+        "targets": bootstraps,
+        "baseline": baseline,
+        "metrics": {k: {"unit": u, "higher_is_better": h} for k, (u, h) in METRICS.items()},
+        "results": results,
+        "ratios": rat,
+        "raw": raw,
+        "errors": errors,
+        "versions": {"confluent_kafka": confluent_kafka.version()[0] if confluent_kafka else None,
+                     "librdkafka": confluent_kafka.libversion()[0] if confluent_kafka else None,
+                     "kafka_java": _kafka_version()},
+    }
+    path = Path(a.json) if a.json else REPO_ROOT / ".cache" / "bench" / f"throughput-{started:%Y%m%d-%H%M%S}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dump, indent=2, default=str, allow_nan=True) + "\n")
+    print(f"\nJSON: {path}")
+    return 1 if errs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

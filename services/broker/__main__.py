@@ -1,0 +1,87 @@
+"""`strait-broker`: run one broker process in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+
+import uvloop
+
+from straitmq import logs
+
+from .broker import Broker
+from .config import BrokerConfig
+
+
+def parse_args(argv: list[str] | None = None) -> BrokerConfig:
+    d = BrokerConfig()
+    p = argparse.ArgumentParser(prog="strait-broker", description="Run a StraitMQ broker.")
+    p.add_argument("--node-id", type=int, default=d.node_id)
+    p.add_argument("--data-dir", default=d.data_dir)
+    p.add_argument("--listen", default=f"{d.host}:{d.port}", help="Kafka listener host:port")
+    p.add_argument("--advertise", default=None, help="host:port clients should use")
+    p.add_argument("--http", default=f"{d.http_host}:{d.http_port}", help="HTTP host:port")
+    p.add_argument("--rack", default=None)
+    p.add_argument("--no-auto-create", action="store_true", help="auto.create.topics.enable=false")
+    p.add_argument("--num-partitions", type=int, default=d.num_partitions)
+    p.add_argument("--message-max-bytes", type=int, default=d.message_max_bytes)
+    p.add_argument("--group-initial-rebalance-delay-ms", type=int,
+                   default=d.group_initial_rebalance_delay_ms)
+    p.add_argument("--retention-check-interval-ms", type=int,
+                   default=d.retention_check_interval_ms)
+    p.add_argument("--flush-messages", type=int, default=None,
+                   help="fsync every N messages (default: rely on the OS, as Kafka does)")
+    p.add_argument("--log-level", default=os.environ.get("STRAIT_LOG_LEVEL", "warning"))
+    a = p.parse_args(argv)
+    host, _, port = a.listen.rpartition(":")
+    adv_host, _, adv_port = (a.advertise or a.listen).rpartition(":")
+    http_host, _, http_port = a.http.rpartition(":")
+    logs.setup(a.log_level)
+    return BrokerConfig(
+        node_id=a.node_id,
+        data_dir=a.data_dir,
+        host=host or "127.0.0.1",
+        port=int(port),
+        advertised_host=adv_host or host or "127.0.0.1",
+        advertised_port=int(adv_port),
+        http_host=http_host or "127.0.0.1",
+        http_port=int(http_port),
+        rack=a.rack,
+        auto_create_topics=not a.no_auto_create,
+        num_partitions=a.num_partitions,
+        message_max_bytes=a.message_max_bytes,
+        group_initial_rebalance_delay_ms=a.group_initial_rebalance_delay_ms,
+        retention_check_interval_ms=a.retention_check_interval_ms,
+        log_flush_interval_messages=a.flush_messages,
+    )
+
+
+async def run(config: BrokerConfig, announce: bool = True) -> None:
+    broker = Broker(config)
+    await broker.start()
+    if announce:
+        print(f"StraitMQ broker {config.node_id} ready: kafka {config.advertised_host}:"
+              f"{config.port}, http {config.http_host}:{config.http_port}, "
+              f"data {os.path.abspath(config.data_dir)}", file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await broker.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = parse_args(argv)
+    try:
+        uvloop.run(run(config))
+    except OSError as e:
+        print(f"strait-broker: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""The API table: what this broker implements, in which versions, and by which handler.
+
+Only implemented APIs are advertised (clients call whatever ApiVersions lists).
+Produce is advertised from v0 because older librdkafka turns compression off when it
+is not; versions below 3 (message sets v0/v1) are refused by closing the connection.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import admin, fetch, groups, metadata, produce
+from .context import RequestContext
+
+Handler = Callable[[RequestContext, Any], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class ApiSpec:
+    min_version: int
+    max_version: int
+    handler: Handler
+    advertised_min: int | None = None
+
+
+async def handle_api_versions(ctx: RequestContext, req: Any) -> dict:
+    return {"error_code": 0, "api_keys": advertised(), "throttle_time": 0}
+
+
+def advertised() -> list[dict]:
+    return [
+        {
+            "api_key": key,
+            "min_version": spec.advertised_min if spec.advertised_min is not None
+            else spec.min_version,
+            "max_version": spec.max_version,
+        }
+        for key, spec in sorted(HANDLERS.items())
+    ]
+
+
+def api_versions_fallback(correlation_id: int) -> bytes:
+    """ApiVersions v0 response with UNSUPPORTED_VERSION, for a version we do not know."""
+    keys = advertised()
+    body = struct.pack(">ihi", correlation_id, 35, len(keys)) + b"".join(
+        struct.pack(">hhh", k["api_key"], k["min_version"], k["max_version"]) for k in keys
+    )
+    return struct.pack(">i", len(body)) + body
+
+
+HANDLERS: dict[int, ApiSpec] = {
+    0: ApiSpec(3, 9, produce.handle_produce, advertised_min=0),
+    1: ApiSpec(4, 12, fetch.handle_fetch),
+    2: ApiSpec(1, 6, fetch.handle_list_offsets),
+    3: ApiSpec(0, 12, metadata.handle_metadata),
+    8: ApiSpec(2, 8, groups.handle_offset_commit),
+    9: ApiSpec(1, 7, groups.handle_offset_fetch),
+    10: ApiSpec(0, 4, groups.handle_find_coordinator),
+    11: ApiSpec(0, 9, groups.handle_join_group),
+    12: ApiSpec(0, 4, groups.handle_heartbeat),
+    13: ApiSpec(0, 5, groups.handle_leave_group),
+    14: ApiSpec(0, 5, groups.handle_sync_group),
+    15: ApiSpec(0, 5, groups.handle_describe_groups),
+    16: ApiSpec(0, 4, groups.handle_list_groups),
+    18: ApiSpec(0, 4, handle_api_versions),
+    19: ApiSpec(2, 7, admin.handle_create_topics),
+    20: ApiSpec(1, 5, admin.handle_delete_topics),
+    22: ApiSpec(0, 4, admin.handle_init_producer_id),
+    32: ApiSpec(1, 4, admin.handle_describe_configs),
+    37: ApiSpec(0, 3, admin.handle_create_partitions),
+    42: ApiSpec(0, 2, groups.handle_delete_groups),
+    44: ApiSpec(0, 1, admin.handle_incremental_alter_configs),
+    60: ApiSpec(0, 1, metadata.handle_describe_cluster),
+}

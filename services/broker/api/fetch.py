@@ -1,0 +1,178 @@
+"""Fetch (long polling, zero-copy) and ListOffsets.
+
+The Fetch response is written by hand (v4-v12) so each partition's records go from the
+segment file to the socket with sendfile instead of through Python memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import Any
+
+from straitmq.protocol.codec import response_header_bytes
+
+from ..storage.log import ReadSlice
+from .context import RawResponse, RequestContext
+
+OFFSET_OUT_OF_RANGE = 1
+UNKNOWN_TOPIC_OR_PARTITION = 3
+LATEST = -1
+EARLIEST = -2
+
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_PART_V4 = struct.Struct(">ihqq")  # partition, error, high watermark, last stable offset
+_I64 = struct.Struct(">q")
+
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while n & ~0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+class _FetchPlan:
+    """The partitions of one Fetch request and what each would return right now."""
+
+    def __init__(self, ctx: RequestContext, req: Any) -> None:
+        self.ctx = ctx
+        self.req = req
+        self.read_committed = getattr(req, "isolation_level", 0) == 1
+
+    def collect(self) -> tuple[list, int]:
+        broker = self.ctx.broker
+        budget = self.req.max_bytes if self.ctx.version >= 3 else 2**31 - 1
+        topics = []
+        total = 0
+        for t in self.req.topics:
+            parts = []
+            for p in t.partitions:
+                partition = broker.partitions.get(t.topic, p.partition)
+                if partition is None:
+                    parts.append((p.partition, UNKNOWN_TOPIC_OR_PARTITION, -1, -1, None))
+                    continue
+                plog = partition.log
+                hw = partition.high_watermark
+                if p.fetch_offset < plog.log_start_offset or p.fetch_offset > plog.log_end_offset:
+                    parts.append((p.partition, OFFSET_OUT_OF_RANGE, hw, plog.log_start_offset, None))
+                    continue
+                limit = min(p.partition_max_bytes, budget) if total else p.partition_max_bytes
+                sl = plog.read(p.fetch_offset, max(limit, 1), hw) if limit > 0 else None
+                if sl is not None:
+                    total += sl.size
+                    budget -= sl.size
+                parts.append((p.partition, 0, hw, plog.log_start_offset, sl))
+            topics.append((t.topic, parts))
+        return topics, total
+
+    def partitions(self) -> list:
+        broker = self.ctx.broker
+        return [
+            part
+            for t in self.req.topics
+            for p in t.partitions
+            if (part := broker.partitions.get(t.topic, p.partition)) is not None
+        ]
+
+
+def _encode(ctx: RequestContext, topics: list) -> RawResponse:
+    v = ctx.version
+    flexible = v >= 12
+    out = RawResponse()
+    head = bytearray(_I32.pack(0))  # throttle
+    if v >= 7:
+        head += _I16.pack(0) + _I32.pack(0)  # error, session id (no incremental sessions)
+    head += _uvarint(len(topics) + 1) if flexible else _I32.pack(len(topics))
+    chunks: list[Any] = []
+    for name, parts in topics:
+        raw = name.encode()
+        head += (_uvarint(len(raw) + 1) if flexible else _I16.pack(len(raw))) + raw
+        head += _uvarint(len(parts) + 1) if flexible else _I32.pack(len(parts))
+        for index, error, hw, log_start, sl in parts:
+            head += _PART_V4.pack(index, error, hw, hw)
+            if v >= 5:
+                head += _I64.pack(log_start)
+            head += _uvarint(1) if flexible else _I32.pack(0)  # no aborted transactions
+            if v >= 11:
+                head += _I32.pack(-1)  # preferred read replica
+            size = sl.size if sl else 0
+            head += _uvarint(size + 1) if flexible else _I32.pack(size)
+            if sl:
+                chunks.append(bytes(head))
+                chunks.append(sl)
+                head = bytearray()
+            if flexible:
+                head += b"\x00"
+        if flexible:
+            head += b"\x00"
+    if flexible:
+        head += b"\x00"
+    chunks.append(bytes(head))
+    header = response_header_bytes(1, v, ctx.correlation_id)
+    body_size = len(header) + sum(c.size if isinstance(c, ReadSlice) else len(c) for c in chunks)
+    out.add(_I32.pack(body_size) + header, 4 + len(header))
+    for c in chunks:
+        out.add(c, c.size if isinstance(c, ReadSlice) else len(c))
+    return out
+
+
+async def handle_fetch(ctx: RequestContext, req: Any) -> RawResponse:
+    plan = _FetchPlan(ctx, req)
+    loop = asyncio.get_running_loop()
+    max_wait = req.max_wait.total_seconds()
+    deadline = loop.time() + min(max_wait, ctx.broker.config.fetch_max_wait_s)
+    while True:
+        topics, total = plan.collect()
+        remaining = deadline - loop.time()
+        if total >= max(req.min_bytes, 1) or remaining <= 0 or ctx.broker.stopping:
+            break
+        fut: asyncio.Future[None] = loop.create_future()
+        parts = plan.partitions()
+        for part in parts:
+            part.waiters.add(fut)
+        try:
+            await asyncio.wait_for(fut, remaining)
+        except TimeoutError:
+            pass
+        finally:
+            for part in parts:
+                part.waiters.discard(fut)
+    metrics = ctx.broker.metrics
+    for name, parts in topics:
+        for p in parts:
+            if p[4] is not None:
+                metrics.bytes_out[name] += p[4].size
+    return _encode(ctx, topics)
+
+
+async def handle_list_offsets(ctx: RequestContext, req: Any) -> dict:
+    broker = ctx.broker
+    topics = []
+    for t in req.topics:
+        parts = []
+        for p in t.partitions:
+            out = {"partition_index": p.partition_index, "error_code": 0, "timestamp": -1,
+                   "offset": -1, "leader_epoch": -1, "old_style_offsets": []}
+            partition = broker.partitions.get(t.name, p.partition_index)
+            if partition is None:
+                out["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
+            elif p.timestamp == LATEST:
+                out["offset"] = partition.high_watermark
+                out["leader_epoch"] = partition.leader_epoch
+            elif p.timestamp == EARLIEST:
+                out["offset"] = partition.log.log_start_offset
+                out["leader_epoch"] = partition.leader_epoch
+            elif p.timestamp >= 0:
+                found = partition.log.offset_for_timestamp(p.timestamp)
+                if found is not None:
+                    out["offset"], out["timestamp"] = found
+                    out["leader_epoch"] = partition.leader_epoch
+            else:
+                out["error_code"] = 42  # INVALID_REQUEST: unsupported special timestamp
+            parts.append(out)
+        topics.append({"name": t.name, "partitions": parts})
+    return {"throttle_time": 0, "topics": topics}

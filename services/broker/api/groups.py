@@ -1,0 +1,180 @@
+"""Group coordination APIs: FindCoordinator, Join/Sync/Heartbeat/Leave, offsets, admin."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..groups.coordinator import JoinError
+from .context import RequestContext
+
+INVALID_GROUP_ID = 24
+UNKNOWN_TOPIC_OR_PARTITION = 3
+COORDINATOR_NOT_AVAILABLE = 15
+OFFSET_METADATA_TOO_LARGE = 12
+MAX_METADATA = 4096
+
+
+async def handle_find_coordinator(ctx: RequestContext, req: Any) -> dict:
+    cfg = ctx.broker.config
+    node = {"node_id": cfg.node_id, "host": cfg.advertised_host, "port": cfg.advertised_port}
+    if ctx.version >= 4:
+        keys = list(req.coordinator_keys)
+    else:
+        keys = [req.key]
+    coordinators = []
+    for key in keys:
+        if req.key_type != 0:
+            coordinators.append({"key": key, "node_id": -1, "host": "", "port": -1,
+                                 "error_code": COORDINATOR_NOT_AVAILABLE,
+                                 "error_message": "transactions are not supported"})
+        else:
+            coordinators.append({"key": key, **node, "error_code": 0, "error_message": None})
+    if ctx.version >= 4:
+        return {"throttle_time": 0, "coordinators": coordinators}
+    first = coordinators[0]
+    return {"throttle_time": 0, "error_code": first["error_code"],
+            "error_message": first["error_message"], "node_id": first["node_id"],
+            "host": first["host"], "port": first["port"]}
+
+
+async def handle_join_group(ctx: RequestContext, req: Any) -> dict:
+    session_ms = int(req.session_timeout.total_seconds() * 1000)
+    rebalance = getattr(req, "rebalance_timeout", None)
+    rebalance_ms = int(rebalance.total_seconds() * 1000) if rebalance is not None else session_ms
+    try:
+        result = await ctx.broker.groups.join(
+            req.group_id,
+            req.member_id,
+            getattr(req, "group_instance_id", None),
+            ctx.client_id or "",
+            ctx.client_host,
+            session_ms,
+            rebalance_ms,
+            req.protocol_type,
+            [(p.name, p.metadata) for p in req.protocols],
+            require_known_member_id=ctx.version >= 4,
+        )
+    except JoinError as e:
+        return {"throttle_time": 0, "error_code": e.code, "generation_id": -1,
+                "protocol_type": None, "protocol_name": "" if ctx.version < 7 else None,
+                "leader": "", "member_id": e.member_id, "members": []}
+    if ctx.version < 7 and result["protocol_name"] is None:
+        result["protocol_name"] = ""
+    return {"throttle_time": 0, **result}
+
+
+async def handle_sync_group(ctx: RequestContext, req: Any) -> dict:
+    try:
+        result = await ctx.broker.groups.sync(
+            req.group_id, req.member_id, getattr(req, "group_instance_id", None),
+            req.generation_id, {a.member_id: a.assignment for a in req.assignments},
+        )
+    except JoinError as e:
+        return {"throttle_time": 0, "error_code": e.code, "protocol_type": None,
+                "protocol_name": None, "assignment": b""}
+    return {"throttle_time": 0, "error_code": 0, **result}
+
+
+async def handle_heartbeat(ctx: RequestContext, req: Any) -> dict:
+    code = ctx.broker.groups.heartbeat(
+        req.group_id, req.member_id, getattr(req, "group_instance_id", None), req.generation_id
+    )
+    return {"throttle_time": 0, "error_code": code}
+
+
+async def handle_leave_group(ctx: RequestContext, req: Any) -> dict:
+    if ctx.version >= 3:
+        members = [(m.member_id, m.group_instance_id) for m in req.members]
+    else:
+        members = [(req.member_id, None)]
+    top, results = ctx.broker.groups.leave(req.group_id, members)
+    return {
+        "throttle_time": 0,
+        "error_code": top if ctx.version < 3 else 0,
+        "members": [
+            {"member_id": mid, "group_instance_id": iid, "error_code": code}
+            for mid, iid, code in results
+        ],
+    }
+
+
+async def handle_offset_commit(ctx: RequestContext, req: Any) -> dict:
+    broker = ctx.broker
+    generation = getattr(req, "generation_id_or_member_epoch", None)
+    if generation is None:
+        generation = getattr(req, "generation_id", -1)
+    code = broker.groups.commit_check(
+        req.group_id, req.member_id, getattr(req, "group_instance_id", None), generation
+    )
+    if not req.group_id:
+        code = INVALID_GROUP_ID
+    topics = []
+    entries = []
+    for t in req.topics:
+        parts = []
+        for p in t.partitions:
+            pcode = code
+            if pcode == 0:
+                if broker.partitions.get(t.name, p.partition_index) is None:
+                    pcode = UNKNOWN_TOPIC_OR_PARTITION
+                elif p.committed_metadata and len(p.committed_metadata) > MAX_METADATA:
+                    pcode = OFFSET_METADATA_TOO_LARGE
+                else:
+                    entries.append((t.name, p.partition_index, p.committed_offset,
+                                    getattr(p, "committed_leader_epoch", -1),
+                                    p.committed_metadata))
+            parts.append({"partition_index": p.partition_index, "error_code": pcode})
+        topics.append({"name": t.name, "partitions": parts})
+    if entries:
+        broker.offsets.commit(req.group_id, entries)
+    return {"throttle_time": 0, "topics": topics}
+
+
+async def handle_offset_fetch(ctx: RequestContext, req: Any) -> dict:
+    broker = ctx.broker
+    committed = broker.offsets.fetch(req.group_id)
+    if req.topics is None:
+        wanted: dict[str, list[int]] = {}
+        for t, p in sorted(committed):
+            wanted.setdefault(t, []).append(p)
+    else:
+        wanted = {t.name: list(t.partition_indexes) for t in req.topics}
+    topics = []
+    for name, parts in wanted.items():
+        out = []
+        for p in parts:
+            c = committed.get((name, p))
+            out.append({
+                "partition_index": p,
+                "committed_offset": c.offset if c else -1,
+                "committed_leader_epoch": c.leader_epoch if c else -1,
+                "metadata": c.metadata if c else "",
+                "error_code": 0,
+            })
+        topics.append({"name": name, "partitions": out})
+    return {"throttle_time": 0, "topics": topics, "error_code": 0}
+
+
+async def handle_describe_groups(ctx: RequestContext, req: Any) -> dict:
+    groups = []
+    for gid in req.groups:
+        d = ctx.broker.groups.describe(gid)
+        groups.append({"error_code": 0 if gid else INVALID_GROUP_ID, **d})
+    return {"throttle_time": 0, "groups": groups}
+
+
+async def handle_list_groups(ctx: RequestContext, req: Any) -> dict:
+    states = set(getattr(req, "states_filter", ()) or ())
+    groups = [
+        {"group_id": gid, "protocol_type": pt, "group_state": st, "group_type": "classic"}
+        for gid, pt, st in ctx.broker.groups.list_groups()
+        if not states or st in states
+    ]
+    return {"throttle_time": 0, "error_code": 0, "groups": groups}
+
+
+async def handle_delete_groups(ctx: RequestContext, req: Any) -> dict:
+    results = [
+        {"group_id": gid, "error_code": ctx.broker.groups.delete(gid)} for gid in req.groups_names
+    ]
+    return {"throttle_time": 0, "results": results}

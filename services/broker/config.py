@@ -1,0 +1,50 @@
+"""Broker settings, with Kafka's names where Kafka has the same knob."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class BrokerConfig:
+    node_id: int = 1
+    data_dir: str = "./.strait-data"
+    host: str = "127.0.0.1"
+    port: int = 9092
+    advertised_host: str = "127.0.0.1"
+    advertised_port: int = 9092
+    http_host: str = "127.0.0.1"
+    http_port: int = 8080
+    rack: str | None = None
+    auto_create_topics: bool = True
+    num_partitions: int = 1
+    default_replication_factor: int = 1
+    message_max_bytes: int = 1048588
+    socket_request_max_bytes: int = 104857600
+    offsets_topic_partitions: int = 16
+    group_initial_rebalance_delay_ms: int = 3000
+    group_min_session_timeout_ms: int = 6000
+    group_max_session_timeout_ms: int = 1_800_000
+    retention_check_interval_ms: int = 300_000
+    fetch_max_wait_s: float = 30.0
+    log_flush_interval_messages: int | None = None
+
+    def describe(self) -> dict[str, str]:
+        """Broker configs as DescribeConfigs shows them (Kafka names)."""
+        return {
+            "node.id": str(self.node_id),
+            "log.dirs": self.data_dir,
+            "auto.create.topics.enable": str(self.auto_create_topics).lower(),
+            "num.partitions": str(self.num_partitions),
+            "default.replication.factor": str(self.default_replication_factor),
+            "message.max.bytes": str(self.message_max_bytes),
+            "socket.request.max.bytes": str(self.socket_request_max_bytes),
+            "offsets.topic.num.partitions": str(self.offsets_topic_partitions),
+            "group.initial.rebalance.delay.ms": str(self.group_initial_rebalance_delay_ms),
+            "group.min.session.timeout.ms": str(self.group_min_session_timeout_ms),
+            "group.max.session.timeout.ms": str(self.group_max_session_timeout_ms),
+            "log.retention.check.interval.ms": str(self.retention_check_interval_ms),
+        }
+
+    def as_dict(self) -> dict:
+        return asdict(self)

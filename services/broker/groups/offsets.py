@@ -1,0 +1,115 @@
+"""Committed offsets, stored durably in the internal `__consumer_offsets` topic.
+
+Each commit is one record batch appended to the group's partition of that topic (key:
+group/topic/partition, value: offset, leader epoch, metadata; a null value deletes). The
+store replays the topic at startup, so offsets survive restarts. Between restarts the
+latest value per key is kept in memory.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import orjson
+
+from ..record_codec import build_batch, decode_batch
+from ..records import BatchInfo, validate_batches
+
+OFFSETS_TOPIC = "__consumer_offsets"
+
+AppendFn = Callable[[int, memoryview, list[BatchInfo]], None]
+
+
+@dataclass(slots=True)
+class Committed:
+    offset: int
+    leader_epoch: int
+    metadata: str
+    timestamp: int
+
+
+class OffsetStore:
+    def __init__(self, partitions_count: int) -> None:
+        self.partitions_count = partitions_count
+        self.offsets: dict[str, dict[tuple[str, int], Committed]] = {}
+        self._append: AppendFn | None = None
+
+    def partition_for(self, group_id: str) -> int:
+        return zlib.crc32(group_id.encode()) % self.partitions_count
+
+    def bind(self, append: AppendFn) -> None:
+        self._append = append
+
+    def load(self, batches: list[bytes]) -> None:
+        for raw in batches:
+            for rec in decode_batch(raw):
+                if rec.key is None:
+                    continue
+                group, topic, part = orjson.loads(rec.key)
+                self._apply(group, topic, part, rec.value)
+
+    def _apply(self, group: str, topic: str, part: int, value: bytes | None) -> None:
+        if value is None:
+            g = self.offsets.get(group)
+            if g is not None:
+                g.pop((topic, part), None)
+                if not g:
+                    del self.offsets[group]
+            return
+        v = orjson.loads(value)
+        self.offsets.setdefault(group, {})[(topic, part)] = Committed(
+            v["o"], v["e"], v["m"], v["t"]
+        )
+
+    def commit(self, group: str, entries: list[tuple[str, int, int, int, str | None]]) -> None:
+        """Durably record (topic, partition, offset, leader_epoch, metadata) entries."""
+        now = int(time.time() * 1000)
+        records = [
+            (
+                orjson.dumps([group, t, p]),
+                orjson.dumps({"o": o, "e": e, "m": m or "", "t": now}),
+                [],
+            )
+            for t, p, o, e, m in entries
+        ]
+        self._write(group, records, now)
+        for t, p, o, e, m in entries:
+            self.offsets.setdefault(group, {})[(t, p)] = Committed(o, e, m or "", now)
+
+    def delete_group(self, group: str) -> None:
+        keys = list(self.offsets.get(group, {}))
+        if keys:
+            self._tombstones(group, keys)
+        self.offsets.pop(group, None)
+
+    def delete_topic(self, topic: str) -> None:
+        for group, g in list(self.offsets.items()):
+            keys = [k for k in g if k[0] == topic]
+            if keys:
+                self._tombstones(group, keys)
+                for k in keys:
+                    del g[k]
+                if not g:
+                    del self.offsets[group]
+
+    def _tombstones(self, group: str, keys: list[tuple[str, int]]) -> None:
+        now = int(time.time() * 1000)
+        self._write(group, [(orjson.dumps([group, t, p]), None, []) for t, p in keys], now)
+
+    def _write(self, group: str, records: list, now: int) -> None:
+        assert self._append is not None, "offset store is not bound to its topic"
+        batch = build_batch(records, now)
+        view = memoryview(batch)
+        self._append(self.partition_for(group), view, validate_batches(view, len(batch)))
+
+    def fetch(self, group: str) -> dict[tuple[str, int], Committed]:
+        return self.offsets.get(group, {})
+
+    def has_group(self, group: str) -> bool:
+        return group in self.offsets
+
+    def group_ids(self) -> list[str]:
+        return list(self.offsets)

@@ -1,0 +1,364 @@
+"""HTTP side of a broker: health, readiness, admin API and a small REST produce/consume API.
+
+JSON in and out (orjson). Every error is a 4xx/5xx with {"error": "..."} that says what
+to fix; nothing here can take the broker down.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+import zlib
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiohttp import web
+
+from straitmq.controller.local_controller import ControllerError, check_topic_name
+from straitmq.metadata.topic_config import effective
+
+from .groups.offsets import OFFSETS_TOPIC
+from .producer_state import DuplicateBatch, SequenceError
+from .record_codec import build_batch, decode_batch
+from .records import InvalidRecords, validate_batches
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+MAX_REST_RECORDS = 10_000
+_ERROR_STATUS = {3: 404, 36: 409, 17: 400, 37: 400, 38: 400, 39: 400, 40: 400, 42: 400, 10: 413}
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def _error(status: int, message: str) -> web.Response:
+    return _json({"error": message}, status)
+
+
+async def _body(request: web.Request) -> dict:
+    try:
+        data = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as e:
+        raise web.HTTPBadRequest(
+            body=orjson.dumps({"error": f"request body is not valid JSON: {e}"}),
+            content_type="application/json",
+        ) from None
+    if not isinstance(data, dict):
+        raise web.HTTPBadRequest(
+            body=orjson.dumps({"error": "request body must be a JSON object"}),
+            content_type="application/json",
+        )
+    return data
+
+
+def _controller_error(e: ControllerError) -> web.Response:
+    return _error(_ERROR_STATUS.get(e.code, 400), e.message)
+
+
+def _int_param(request: web.Request, name: str, default: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise web.HTTPBadRequest(
+            body=orjson.dumps({"error": f"query parameter '{name}' must be an integer"}),
+            content_type="application/json",
+        ) from None
+
+
+def _topic_view(broker: Broker, name: str) -> dict:
+    t = broker.image.topics[name]
+    parts = []
+    for i in range(t.partitions):
+        p = broker.partitions.get(name, i)
+        parts.append({
+            "partition": i,
+            "leader": broker.config.node_id,
+            "replicas": [broker.config.node_id],
+            "isr": [broker.config.node_id],
+            "log_start_offset": p.log.log_start_offset if p else -1,
+            "high_watermark": p.high_watermark if p else -1,
+            "size_bytes": p.log.size_bytes if p else 0,
+            "segments": len(p.log.segments) if p else 0,
+        })
+    return {
+        "name": name,
+        "topic_id": str(t.topic_id),
+        "internal": t.internal,
+        "partitions": parts,
+        "replication_factor": t.replication_factor,
+        "configs": t.configs,
+        "effective_configs": effective({**broker.topic_defaults, **t.configs}),
+    }
+
+
+def _encode_value(v: Any) -> bytes | None:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return v.encode()
+    return orjson.dumps(v)
+
+
+def _decode_bytes(b: bytes | None) -> dict:
+    if b is None:
+        return {"text": None}
+    try:
+        return {"text": b.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(b).decode()}
+
+
+def build_app(broker: Broker) -> web.Application:
+    routes = web.RouteTableDef()
+
+    @routes.get("/healthz")
+    async def healthz(_: web.Request) -> web.Response:
+        return _json({"status": "ok"})
+
+    @routes.get("/readyz")
+    async def readyz(_: web.Request) -> web.Response:
+        if broker.ready and not broker.stopping:
+            return _json({"status": "ready"})
+        return _json({"status": "not ready"}, 503)
+
+    @routes.get("/api/v1/cluster")
+    async def cluster(_: web.Request) -> web.Response:
+        c = broker.config
+        return _json({
+            "cluster_id": broker.image.cluster_id,
+            "controller": c.node_id,
+            "brokers": [{"id": c.node_id, "host": c.advertised_host, "port": c.advertised_port,
+                         "rack": c.rack}],
+            "metrics": broker.metrics.snapshot(),
+        })
+
+    @routes.get("/api/v1/topics")
+    async def list_topics(request: web.Request) -> web.Response:
+        internal = request.query.get("internal") == "true"
+        names = sorted(n for n, t in broker.image.topics.items() if internal or not t.internal)
+        return _json({"topics": [_topic_view(broker, n) for n in names]})
+
+    @routes.post("/api/v1/topics")
+    async def create_topic(request: web.Request) -> web.Response:
+        body = await _body(request)
+        name = body.get("name")
+        if not isinstance(name, str):
+            return _error(400, "'name' (string) is required")
+        partitions = body.get("partitions", broker.config.num_partitions)
+        rf = body.get("replication_factor", broker.config.default_replication_factor)
+        configs = body.get("configs", {})
+        if not isinstance(partitions, int) or not isinstance(rf, int):
+            return _error(400, "'partitions' and 'replication_factor' must be integers")
+        if not isinstance(configs, dict) or not all(
+            isinstance(v, str | int) for v in configs.values()
+        ):
+            return _error(400, "'configs' must map config names to strings")
+        try:
+            broker.controller.create_topic(
+                name, partitions, rf, {k: str(v) for k, v in configs.items()}
+            )
+        except ControllerError as e:
+            return _controller_error(e)
+        return _json(_topic_view(broker, name), 201)
+
+    def _topic_or_404(name: str) -> None:
+        if name not in broker.image.topics:
+            raise web.HTTPNotFound(
+                body=orjson.dumps({"error": f"topic '{name}' does not exist"}),
+                content_type="application/json",
+            )
+
+    @routes.get("/api/v1/topics/{name}")
+    async def describe_topic(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        _topic_or_404(name)
+        return _json(_topic_view(broker, name))
+
+    @routes.delete("/api/v1/topics/{name}")
+    async def delete_topic(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name == OFFSETS_TOPIC:
+            return _error(400, "the internal offsets topic cannot be deleted")
+        try:
+            broker.controller.delete_topic(name)
+            broker.offsets.delete_topic(name)
+        except ControllerError as e:
+            return _controller_error(e)
+        return _json({"deleted": name})
+
+    @routes.patch("/api/v1/topics/{name}")
+    async def alter_topic(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        _topic_or_404(name)
+        body = await _body(request)
+        try:
+            if "partitions" in body:
+                if not isinstance(body["partitions"], int):
+                    return _error(400, "'partitions' must be an integer")
+                if body["partitions"] != broker.image.topics[name].partitions:
+                    broker.controller.create_partitions(name, body["partitions"])
+            if "configs" in body:
+                changes = body["configs"]
+                if not isinstance(changes, dict):
+                    return _error(400, "'configs' must be an object (null deletes a key)")
+                broker.controller.alter_configs(
+                    name, {k: None if v is None else str(v) for k, v in changes.items()}
+                )
+                broker.on_topic_config_change(name)
+        except ControllerError as e:
+            return _controller_error(e)
+        return _json(_topic_view(broker, name))
+
+    @routes.post("/api/v1/topics/{name}/records")
+    async def produce(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        _topic_or_404(name)
+        body = await _body(request)
+        records = body.get("records")
+        if not isinstance(records, list) or not records:
+            return _error(400, "'records' must be a non-empty list")
+        if len(records) > MAX_REST_RECORDS:
+            return _error(413, f"at most {MAX_REST_RECORDS} records per request")
+        topic = broker.image.topics[name]
+        by_partition: dict[int, list] = {}
+        for i, r in enumerate(records):
+            if not isinstance(r, dict):
+                return _error(400, f"records[{i}] must be an object")
+            part = r.get("partition")
+            key = _encode_value(r.get("key"))
+            if part is None:
+                part = (zlib.crc32(key) if key is not None else i) % topic.partitions
+            if not isinstance(part, int) or not 0 <= part < topic.partitions:
+                return _error(400, f"records[{i}].partition must be in [0, {topic.partitions})")
+            headers = r.get("headers") or {}
+            if not isinstance(headers, dict):
+                return _error(400, f"records[{i}].headers must be an object")
+            by_partition.setdefault(part, []).append(
+                (key, _encode_value(r.get("value")),
+                 [(str(k), _encode_value(v)) for k, v in headers.items()])
+            )
+        results = []
+        now = int(time.time() * 1000)
+        for part, recs in sorted(by_partition.items()):
+            p = broker.partitions.get(name, part)
+            assert p is not None
+            view = memoryview(build_batch(recs, now))
+            try:
+                batches = validate_batches(view, p.log.config.max_message_bytes)
+                base = p.append(view, batches)
+            except InvalidRecords as e:
+                return _error(413 if e.code == 10 else 400, str(e))
+            except (DuplicateBatch, SequenceError) as e:  # pragma: no cover - no producer id
+                return _error(500, str(e))
+            results.append({"partition": part, "base_offset": base, "count": len(recs)})
+            broker.metrics.bytes_in[name] += len(view)
+            broker.metrics.messages_in[name] += len(recs)
+        return _json({"offsets": results})
+
+    @routes.get("/api/v1/topics/{name}/partitions/{partition}/records")
+    async def consume(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        _topic_or_404(name)
+        try:
+            part_no = int(request.match_info["partition"])
+        except ValueError:
+            return _error(400, "partition must be an integer")
+        p = broker.partitions.get(name, part_no)
+        if p is None:
+            return _error(404, f"topic '{name}' has no partition {part_no}")
+        group = request.query.get("group")
+        default_offset = p.log.log_start_offset
+        if group:
+            c = broker.offsets.fetch(group).get((name, part_no))
+            if c is not None:
+                default_offset = c.offset
+        offset = _int_param(request, "offset", default_offset)
+        limit = max(1, min(_int_param(request, "limit", 100), MAX_REST_RECORDS))
+        max_bytes = max(1, min(_int_param(request, "max_bytes", 1 << 20), 64 << 20))
+        if offset < p.log.log_start_offset or offset > p.log.log_end_offset:
+            return _error(416, f"offset {offset} is outside [{p.log.log_start_offset}, "
+                               f"{p.log.log_end_offset}]")
+        out = []
+        pos = offset
+        while len(out) < limit and pos < p.high_watermark:
+            data = p.log.read_bytes(pos, max_bytes, p.high_watermark)
+            if not data:
+                break
+            i = 0
+            while i < len(data) and len(out) < limit:
+                size = int.from_bytes(data[i + 8 : i + 12], "big") + 12
+                for rec in decode_batch(data[i : i + size]):
+                    if rec.offset >= offset and len(out) < limit:
+                        out.append({
+                            "offset": rec.offset,
+                            "timestamp": rec.timestamp,
+                            "key": _decode_bytes(rec.key),
+                            "value": _decode_bytes(rec.value),
+                            "headers": {k: _decode_bytes(v) for k, v in rec.headers},
+                        })
+                        pos = rec.offset + 1
+                i += size
+        if group and out:
+            broker.offsets.commit(group, [(name, part_no, pos, p.leader_epoch, "rest")])
+        return _json({"records": out, "next_offset": pos, "high_watermark": p.high_watermark})
+
+    @routes.get("/api/v1/groups")
+    async def list_groups(_: web.Request) -> web.Response:
+        return _json({"groups": [
+            {"group_id": g, "protocol_type": pt, "state": st}
+            for g, pt, st in broker.groups.list_groups()
+        ]})
+
+    @routes.get("/api/v1/groups/{group}")
+    async def describe_group(request: web.Request) -> web.Response:
+        gid = request.match_info["group"]
+        d = broker.groups.describe(gid)
+        if d["group_state"] == "Dead":
+            return _error(404, f"group '{gid}' does not exist")
+        offsets = []
+        for (t, part), c in sorted(broker.offsets.fetch(gid).items()):
+            p = broker.partitions.get(t, part)
+            end = p.high_watermark if p else -1
+            offsets.append({"topic": t, "partition": part, "committed": c.offset,
+                            "end": end, "lag": max(0, end - c.offset) if p else None})
+        return _json({
+            "group_id": gid,
+            "state": d["group_state"],
+            "protocol": d["protocol_data"],
+            "members": [{"member_id": m["member_id"], "client_id": m["client_id"],
+                         "host": m["client_host"], "instance_id": m["group_instance_id"]}
+                        for m in d["members"]],
+            "offsets": offsets,
+        })
+
+    @routes.delete("/api/v1/groups/{group}")
+    async def delete_group(request: web.Request) -> web.Response:
+        gid = request.match_info["group"]
+        code = broker.groups.delete(gid)
+        if code == 69:
+            return _error(404, f"group '{gid}' does not exist")
+        if code == 68:
+            return _error(409, f"group '{gid}' still has members")
+        return _json({"deleted": gid})
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.add_routes(routes)
+    return app
+
+
+async def start_http(broker: Broker, host: str, port: int) -> tuple[web.AppRunner, int]:
+    runner = web.AppRunner(build_app(broker), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    sockets = site._server.sockets if site._server else []  # type: ignore[union-attr]
+    actual = sockets[0].getsockname()[1] if sockets else port
+    return runner, actual
+
+
+__all__ = ["build_app", "check_topic_name", "start_http"]

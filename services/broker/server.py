@@ -1,0 +1,236 @@
+"""The Kafka listener: framing, per-connection ordering, dispatch, zero-copy writes.
+
+Each connection handles its requests one at a time, in order, as Kafka does (responses
+must come back in request order); clients pipeline, so the next request is already
+buffered. Frames over `socket.request.max.bytes`, unknown API keys and versions, and
+undecodable bodies close that connection only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import struct
+from collections import deque
+from typing import TYPE_CHECKING
+
+from straitmq.protocol.codec import (
+    ProtocolError,
+    encode_response,
+    parse_header_prefix,
+    parse_request,
+)
+from straitmq.protocol.build import build
+from straitmq.protocol.codec import response_schema
+
+from .api.context import RawResponse, RequestContext
+from .api.dispatch import HANDLERS, api_versions_fallback
+from .storage.log import ReadSlice
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+log = logging.getLogger("straitmq.server")
+_SIZE = struct.Struct(">i")
+MAX_QUEUED_FRAMES = 64
+
+
+class KafkaConnection(asyncio.Protocol):
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.buf = bytearray()
+        self.frames: deque[memoryview] = deque()
+        self.wakeup = asyncio.Event()
+        self.drained = asyncio.Event()
+        self.drained.set()
+        self.transport: asyncio.Transport | None = None
+        self.task: asyncio.Task | None = None
+        self.closed = False
+        self.paused = False
+        self.client_host = ""
+        self._dup_fd = -1
+
+    # -- asyncio.Protocol --------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        transport.set_write_buffer_limits(high=0)
+        peer = transport.get_extra_info("peername")
+        self.client_host = f"/{peer[0]}" if peer else ""
+        self.broker.connections.add(self)
+        self.task = asyncio.get_running_loop().create_task(self.run())
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        limit = self.broker.config.socket_request_max_bytes
+        while len(buf) >= 4:
+            (size,) = _SIZE.unpack_from(buf, 0)
+            if size < 8 or size > limit:
+                log.info(
+                    "closing connection: bad frame size",
+                    extra={"client": self.client_host, "size": size},
+                )
+                self.close()
+                return
+            if len(buf) < size + 4:
+                break
+            if len(buf) == size + 4:  # common case: take the buffer, no copy
+                self.frames.append(memoryview(buf)[4:].toreadonly())
+                buf = self.buf = bytearray()
+            else:
+                self.frames.append(memoryview(bytes(buf[4 : size + 4])))
+                del buf[: size + 4]
+        if self.frames:
+            self.wakeup.set()
+            if len(self.frames) >= MAX_QUEUED_FRAMES and not self.paused:
+                self.paused = True
+                assert self.transport is not None
+                self.transport.pause_reading()
+
+    def pause_writing(self) -> None:
+        self.drained.clear()
+
+    def resume_writing(self) -> None:
+        self.drained.set()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.drained.set()
+        self.wakeup.set()
+        self.broker.connections.discard(self)
+        if self._dup_fd >= 0:
+            os.close(self._dup_fd)
+            self._dup_fd = -1
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+        self.wakeup.set()
+
+    # -- request loop -----------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            while not self.closed:
+                if not self.frames:
+                    self.wakeup.clear()
+                    await self.wakeup.wait()
+                    continue
+                frame = self.frames.popleft()
+                if self.paused and len(self.frames) < MAX_QUEUED_FRAMES // 2:
+                    self.paused = False
+                    assert self.transport is not None
+                    self.transport.resume_reading()
+                await self.handle(frame)
+        except ConnectionError:
+            pass
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("closing connection after an internal error")
+        finally:
+            self.close()
+
+    async def handle(self, frame: memoryview) -> None:
+        broker = self.broker
+        api_key, version, correlation_id = parse_header_prefix(frame)
+        spec = HANDLERS.get(api_key)
+        if spec is None or not spec.min_version <= version <= spec.max_version:
+            if api_key == 18:  # ApiVersions: answer in v0 format with UNSUPPORTED_VERSION
+                self.write(api_versions_fallback(correlation_id))
+                return
+            log.info(
+                "closing connection: unsupported API",
+                extra={"client": self.client_host, "api_key": api_key, "version": version},
+            )
+            broker.metrics.request_errors[(api_key, 35)] += 1
+            self.close()
+            return
+        try:
+            header, body = parse_request(frame, api_key, version)
+        except ProtocolError as exc:
+            log.info("closing connection: %s", exc, extra={"client": self.client_host})
+            self.close()
+            return
+        ctx = RequestContext(
+            broker, api_key, version, correlation_id, header.client_id, self.client_host
+        )
+        broker.metrics.requests[api_key] += 1
+        result = await spec.handler(ctx, body)
+        if result is None or self.closed:
+            return
+        if isinstance(result, RawResponse):
+            await self.write_raw(result)
+        else:
+            self.write(
+                encode_response(
+                    api_key, version, correlation_id, build(response_schema(api_key, version), result)
+                )
+            )
+
+    def write(self, data: bytes) -> None:
+        if not self.closed and self.transport is not None:
+            self.transport.write(data)
+
+    async def write_raw(self, response: RawResponse) -> None:
+        """Write bytes pieces through the transport, file ranges with os.sendfile."""
+        assert self.transport is not None
+        pending: list[bytes] = []
+        for piece in response.pieces:
+            if isinstance(piece, ReadSlice):
+                if pending:
+                    self.transport.write(b"".join(pending))
+                    pending.clear()
+                await self._sendfile(piece)
+            else:
+                pending.append(piece)
+        if pending:
+            self.transport.write(b"".join(pending))
+
+    async def _sendfile(self, piece: ReadSlice) -> None:
+        assert self.transport is not None
+        if self.transport.get_write_buffer_size():
+            await self.drained.wait()
+        if self.closed:
+            raise ConnectionError("closed")
+        sock = self.transport.get_extra_info("socket")
+        fd = sock.fileno()
+        offset, remaining = piece.position, piece.size
+        loop = asyncio.get_running_loop()
+        while remaining:
+            try:
+                sent = os.sendfile(fd, piece.fd, offset, remaining)
+            except BlockingIOError:
+                sent = -1
+            if sent == 0:
+                raise ConnectionError("file shrank under a fetch")  # truncated meanwhile
+            if sent > 0:
+                offset += sent
+                remaining -= sent
+                continue
+            # The loop owns the socket fd, so wait on a duplicate of it for writability.
+            if self._dup_fd < 0:
+                self._dup_fd = os.dup(fd)
+            fut = loop.create_future()
+            loop.add_writer(self._dup_fd, _resolve, fut)
+            try:
+                await fut
+            finally:
+                loop.remove_writer(self._dup_fd)
+            if self.closed:
+                raise ConnectionError("closed")
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+async def serve(broker: Broker, host: str, port: int) -> asyncio.Server:
+    loop = asyncio.get_running_loop()
+    return await loop.create_server(
+        lambda: KafkaConnection(broker), host, port, reuse_address=True, backlog=1024
+    )

@@ -1,0 +1,314 @@
+"""One log segment: `<baseOffset>.log` holding batches as received, plus sparse indexes.
+
+The offset index maps (relative offset -> file position) every `index_interval` bytes;
+the time index maps (max timestamp so far -> relative offset) at the same points. Both
+live in memory as arrays and are appended to `.index` / `.timeindex` files; a segment
+that was not closed cleanly gets them rebuilt by the recovery scan.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from array import array
+from bisect import bisect_right
+from collections.abc import Iterator
+
+from ..records import HEADER_SIZE, BatchInfo, check_crc, parse_header
+
+_LEN = struct.Struct(">qi")
+_OFFSET_ENTRY = struct.Struct(">ii")
+_TIME_ENTRY = struct.Struct(">qi")
+_SCAN_CHUNK = 1 << 20
+
+
+def segment_name(base_offset: int, suffix: str) -> str:
+    return f"{base_offset:020d}{suffix}"
+
+
+class Segment:
+    __slots__ = (
+        "_bytes_since_index",
+        "_index_fd",
+        "_pending_index",
+        "_pending_time",
+        "_time_fd",
+        "base_offset",
+        "created_ms",
+        "directory",
+        "fd",
+        "index_interval",
+        "index_offsets",
+        "index_positions",
+        "max_timestamp",
+        "next_offset",
+        "size",
+        "time_offsets",
+        "time_stamps",
+    )
+
+    def __init__(self, directory: str, base_offset: int, index_interval: int, now_ms: int):
+        self.directory = directory
+        self.base_offset = base_offset
+        self.index_interval = index_interval
+        path = self.path(".log")
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.size = os.fstat(self.fd).st_size
+        self.next_offset = base_offset
+        self.max_timestamp = -1
+        self.created_ms = now_ms
+        self.index_offsets = array("i")
+        self.index_positions = array("q")
+        self.time_stamps = array("q")
+        self.time_offsets = array("i")
+        self._bytes_since_index = 0
+        self._pending_index = bytearray()
+        self._pending_time = bytearray()
+        self._index_fd = -1
+        self._time_fd = -1
+
+    def path(self, suffix: str) -> str:
+        return os.path.join(self.directory, segment_name(self.base_offset, suffix))
+
+    # -- writing -------------------------------------------------------------------
+
+    def append(self, pieces: list, batches: list[BatchInfo], total: int) -> None:
+        written = os.pwritev(self.fd, pieces, self.size)
+        if written != total:  # a short write on a regular file means the disk is full
+            os.ftruncate(self.fd, self.size)
+            raise OSError(f"short write to {self.path('.log')}: {written} of {total} bytes")
+        pos = self.size
+        for b in batches:
+            self._note_batch(b.base_offset, b.last_offset_delta, b.max_timestamp, pos, b.size)
+            pos += b.size
+        self.size = pos
+
+    def _note_batch(self, base: int, last_delta: int, max_ts: int, pos: int, size: int) -> None:
+        if self._bytes_since_index >= self.index_interval or not self.index_offsets:
+            rel = base - self.base_offset
+            self.index_offsets.append(rel)
+            self.index_positions.append(pos)
+            self._pending_index += _OFFSET_ENTRY.pack(rel, pos)
+            self._bytes_since_index = 0
+            if max_ts > self.max_timestamp:
+                self.time_stamps.append(max_ts)
+                self.time_offsets.append(rel)
+                self._pending_time += _TIME_ENTRY.pack(max_ts, rel)
+        self._bytes_since_index += size
+        if max_ts > self.max_timestamp:
+            self.max_timestamp = max_ts
+        self.next_offset = base + last_delta + 1
+
+    def flush_indexes(self) -> None:
+        if self._pending_index:
+            if self._index_fd < 0:
+                self._index_fd = os.open(self.path(".index"), os.O_WRONLY | os.O_CREAT, 0o644)
+                os.lseek(self._index_fd, 0, os.SEEK_END)
+            os.write(self._index_fd, self._pending_index)
+            self._pending_index.clear()
+        if self._pending_time:
+            if self._time_fd < 0:
+                self._time_fd = os.open(
+                    self.path(".timeindex"), os.O_WRONLY | os.O_CREAT, 0o644
+                )
+                os.lseek(self._time_fd, 0, os.SEEK_END)
+            os.write(self._time_fd, self._pending_time)
+            self._pending_time.clear()
+
+    def fsync(self) -> None:
+        self.flush_indexes()
+        os.fsync(self.fd)
+
+    # -- reading -------------------------------------------------------------------
+
+    def _batch_at(self, pos: int) -> tuple[int, int, int] | None:
+        """(base_offset, size, last_offset) of the batch at `pos`, or None at the end."""
+        if pos + HEADER_SIZE > self.size:
+            return None
+        head = os.pread(self.fd, 27, pos)
+        base, length = _LEN.unpack_from(head, 0)
+        (last_delta,) = struct.unpack_from(">i", head, 23)
+        return base, length + 12, base + last_delta
+
+    def position_of(self, offset: int) -> int | None:
+        """File position of the first batch whose last offset is >= `offset`."""
+        i = bisect_right(self.index_offsets, offset - self.base_offset) - 1
+        pos = self.index_positions[i] if i >= 0 else 0
+        while True:
+            found = self._batch_at(pos)
+            if found is None:
+                return None
+            _base, size, last = found
+            if last >= offset:
+                return pos
+            pos += size
+
+    def end_of_range(self, start: int, max_bytes: int) -> int:
+        """Largest batch-aligned end <= start + max_bytes; the first batch always goes
+        whole (KIP-74), so a consumer can make progress past a large batch."""
+        limit = start + max_bytes
+        if limit >= self.size:
+            return self.size
+        first = self._batch_at(start)
+        if first is None:
+            return start
+        pos = start + first[1]
+        if pos >= limit:
+            return pos
+        i = bisect_right(self.index_positions, limit) - 1
+        if i >= 0 and self.index_positions[i] > pos:
+            pos = self.index_positions[i]
+        while True:
+            found = self._batch_at(pos)
+            if found is None or pos + found[1] > limit:
+                return pos
+            pos += found[1]
+
+    def batches_from(self, pos: int) -> Iterator[tuple[int, int, int, int]]:
+        """(position, size, base_offset, max_timestamp) of each batch from `pos` on."""
+        while pos + HEADER_SIZE <= self.size:
+            head = os.pread(self.fd, HEADER_SIZE, pos)
+            info = parse_header(head, 0, 0)
+            size = _LEN.unpack_from(head, 0)[1] + 12
+            yield pos, size, info.base_offset, info.max_timestamp
+            pos += size
+
+    def time_position(self, timestamp: int) -> int:
+        i = bisect_right(self.time_stamps, timestamp - 1) - 1
+        if i < 0:
+            return 0
+        found = self.position_of(self.base_offset + self.time_offsets[i])
+        return found if found is not None else 0
+
+    # -- recovery --------------------------------------------------------------------
+
+    def recover(self, max_batch_bytes: int) -> tuple[list[BatchInfo], int]:
+        """Scan every batch, check its CRC, rebuild indexes, cut a torn or corrupt tail.
+
+        Returns the batches found and how many bytes were truncated.
+        """
+        self.index_offsets = array("i")
+        self.index_positions = array("q")
+        self.time_stamps = array("q")
+        self.time_offsets = array("i")
+        self._bytes_since_index = 0
+        self.max_timestamp = -1
+        self.next_offset = self.base_offset
+        found: list[BatchInfo] = []
+        file_size = os.fstat(self.fd).st_size
+        pos = 0
+        buf = b""
+        buf_start = 0
+        expected = self.base_offset
+        while pos < file_size:
+            if pos + HEADER_SIZE > buf_start + len(buf):
+                buf = os.pread(self.fd, max(_SCAN_CHUNK, HEADER_SIZE), pos)
+                buf_start = pos
+                if len(buf) < HEADER_SIZE:
+                    break
+            rel = pos - buf_start
+            _base, length = _LEN.unpack_from(buf, rel)
+            size = length + 12
+            if length < HEADER_SIZE - 12 or size > max(max_batch_bytes, _SCAN_CHUNK) * 2:
+                break
+            if pos + size > file_size:
+                break
+            if rel + size > len(buf):
+                buf = os.pread(self.fd, max(_SCAN_CHUNK, size), pos)
+                buf_start = pos
+                rel = 0
+            if buf[rel + 16] != 2 or not check_crc(buf, rel, size):
+                break
+            info = parse_header(buf, rel, size)
+            if info.base_offset < expected:
+                break
+            info.position = pos
+            found.append(info)
+            self._note_batch(info.base_offset, info.last_offset_delta, info.max_timestamp, pos, size)
+            expected = info.base_offset + info.last_offset_delta + 1
+            pos += size
+        truncated = file_size - pos
+        if truncated:
+            os.ftruncate(self.fd, pos)
+        self.size = pos
+        self._rewrite_indexes()
+        return found, truncated
+
+    def load_indexes(self) -> bool:
+        """Load index files of a closed segment; False if they look wrong."""
+        try:
+            with open(self.path(".index"), "rb") as f:
+                data = f.read()
+            with open(self.path(".timeindex"), "rb") as f:
+                tdata = f.read()
+        except FileNotFoundError:
+            return False
+        if len(data) % 8 or len(tdata) % 12 or not data:
+            return False
+        for rel, pos in _OFFSET_ENTRY.iter_unpack(data):
+            self.index_offsets.append(rel)
+            self.index_positions.append(pos)
+        for ts, rel in _TIME_ENTRY.iter_unpack(tdata):
+            self.time_stamps.append(ts)
+            self.time_offsets.append(rel)
+        if self.index_positions[-1] >= self.size and self.size:
+            return False
+        # The last batch gives next_offset and (with the time index) the max timestamp.
+        last = None
+        for pos, size, base, max_ts in self.batches_from(self.index_positions[-1]):
+            last = (pos, size, base)
+            self.max_timestamp = max(self.max_timestamp, max_ts)
+        if last is None:
+            return False
+        found = self._batch_at(last[0])
+        assert found is not None
+        self.next_offset = found[2] + 1
+        if self.time_stamps:
+            self.max_timestamp = max(self.max_timestamp, self.time_stamps[-1])
+        return True
+
+    def _rewrite_indexes(self) -> None:
+        for fd_attr in ("_index_fd", "_time_fd"):
+            fd = getattr(self, fd_attr)
+            if fd >= 0:
+                os.close(fd)
+                setattr(self, fd_attr, -1)
+        self._pending_index = bytearray(
+            b"".join(_OFFSET_ENTRY.pack(r, p) for r, p in zip(self.index_offsets,
+                                                               self.index_positions,
+                                                               strict=True))
+        )
+        self._pending_time = bytearray(
+            b"".join(_TIME_ENTRY.pack(t, r) for t, r in zip(self.time_stamps,
+                                                            self.time_offsets, strict=True))
+        )
+        for suffix in (".index", ".timeindex"):
+            try:
+                os.unlink(self.path(suffix))
+            except FileNotFoundError:
+                pass
+        self.flush_indexes()
+
+    def truncate_to(self, offset: int) -> None:
+        """Drop every batch at or after `offset` (which must be a batch boundary)."""
+        pos = self.position_of(offset)
+        if pos is None:
+            return
+        os.ftruncate(self.fd, pos)
+        self.size = pos
+        self.recover(1 << 31)
+
+    def close(self) -> None:
+        self.flush_indexes()
+        for fd in (self.fd, self._index_fd, self._time_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.fd = self._index_fd = self._time_fd = -1
+
+    def delete(self) -> None:
+        self.close()
+        for suffix in (".log", ".index", ".timeindex"):
+            try:
+                os.unlink(self.path(suffix))
+            except FileNotFoundError:
+                pass

@@ -1,0 +1,94 @@
+"""Kafka request/response framing glue around kio's generated schemas.
+
+Request bodies are decoded with kio's native readers; responses are encoded with
+kio's writers. The Fetch response is the exception: the broker writes it by hand so
+record data can go out with sendfile (see straitmq.broker.api.fetch).
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from kio.index import load_request_schema, load_response_schema
+from kio.serial import entity_reader, entity_writer
+
+_HEADER_PREFIX = struct.Struct(">hhi")
+_INT32 = struct.Struct(">i")
+
+
+class ProtocolError(Exception):
+    """The bytes on the wire do not form a request we can parse; the connection closes."""
+
+
+@dataclass(slots=True)
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+
+
+@cache
+def request_schema(api_key: int, version: int) -> Any:
+    return load_request_schema(api_key, version)
+
+
+@cache
+def response_schema(api_key: int, version: int) -> Any:
+    return load_response_schema(api_key, version)
+
+
+@cache
+def _reader(schema: type) -> Any:
+    return entity_reader(schema)
+
+
+@cache
+def _writer(schema: type) -> Any:
+    return entity_writer(schema)
+
+
+def parse_header_prefix(frame: memoryview) -> tuple[int, int, int]:
+    """api_key, api_version, correlation_id: readable even for APIs we do not know."""
+    if len(frame) < 8:
+        raise ProtocolError("request shorter than its header")
+    return _HEADER_PREFIX.unpack_from(frame, 0)
+
+
+def parse_request(frame: memoryview, api_key: int, version: int) -> tuple[RequestHeader, Any]:
+    """Decode header and body. Trailing bytes after the body are tolerated (librdkafka)."""
+    schema = request_schema(api_key, version)
+    header_schema = schema.__header_schema__
+    try:
+        header, offset = _reader(header_schema)(frame, 0)
+        body, _size = _reader(schema)(frame, offset)
+    except Exception as exc:  # kio raises several types on malformed input
+        raise ProtocolError(f"malformed {schema.__name__}: {exc}") from None
+    return (
+        RequestHeader(api_key, version, header.correlation_id, header.client_id),
+        body,
+    )
+
+
+def response_header_bytes(api_key: int, version: int, correlation_id: int) -> bytes:
+    schema = response_schema(api_key, version)
+    if schema.__header_schema__.__flexible__:
+        return _INT32.pack(correlation_id) + b"\x00"
+    return _INT32.pack(correlation_id)
+
+
+def encode_response(api_key: int, version: int, correlation_id: int, body: Any) -> bytes:
+    """Return a complete size-prefixed response frame."""
+    buf = io.BytesIO()
+    buf.write(b"\x00\x00\x00\x00")
+    buf.write(response_header_bytes(api_key, version, correlation_id))
+    _writer(type(body))(buf, body)
+    data = buf.getbuffer()
+    _INT32.pack_into(data, 0, len(data) - 4)
+    out = bytes(data)
+    del data
+    return out

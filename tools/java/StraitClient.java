@@ -289,7 +289,18 @@ public final class StraitClient {
                 producer.initTransactions();
                 producer.beginTransaction();
             }
-            for (long i = 0; i < count; i++) {
+            long first = 0;
+            try {
+                // fetch metadata once (bounded by max.block.ms = --timeout-ms) instead of
+                // letting every send() block that long when the topic or broker is missing
+                producer.partitionsFor(topic);
+            } catch (KafkaException e) {
+                log("no metadata for topic " + topic + ": " + e);
+                errors.addAndGet(count);
+                errorTypes.merge(e.getClass().getSimpleName(), (int) Math.min(count, Integer.MAX_VALUE), Integer::sum);
+                first = count;
+            }
+            for (long i = first; i < count; i++) {
                 byte[] key = noKeys ? null : bytes(keyPrefix + i);
                 String v = valuePrefix + i;
                 if (valueSize > v.length()) {

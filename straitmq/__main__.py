@@ -1,0 +1,3 @@
+from straitmq.cli.main import main
+
+main()

@@ -1,0 +1,298 @@
+"""`strait`: run a local StraitMQ and administer it.
+
+Admin, produce and consume commands talk to a broker's HTTP API (default
+http://127.0.0.1:8080, or $STRAIT_HTTP); any Kafka client can use the Kafka listener.
+Errors are one line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+import orjson
+
+DEFAULT_HTTP = os.environ.get("STRAIT_HTTP", "http://127.0.0.1:8080")
+
+
+class CliError(Exception):
+    pass
+
+
+def _request(base: str, method: str, path: str, body: Any = None) -> Any:
+    data = orjson.dumps(body) if body is not None else None
+    req = urllib.request.Request(
+        base.rstrip("/") + path, data=data, method=method,
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return orjson.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        try:
+            message = orjson.loads(e.read()).get("error", e.reason)
+        except (orjson.JSONDecodeError, AttributeError):
+            message = e.reason
+        raise CliError(message) from None
+    except urllib.error.URLError as e:
+        raise CliError(
+            f"cannot reach StraitMQ at {base} ({e.reason}); is it running? (`strait up`)"
+        ) from None
+
+
+def _parse_configs(items: list[str] | None) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise CliError(f"config '{item}' must look like key=value")
+        out[key] = value
+    return out
+
+
+def _table(rows: list[list[Any]], headers: list[str]) -> str:
+    cols = [headers, *[[str(c) for c in r] for r in rows]]
+    widths = [max(len(r[i]) for r in cols) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in cols)
+
+
+# -- commands ------------------------------------------------------------------------
+
+
+def cmd_up(a: argparse.Namespace) -> None:
+    from straitmq.broker.__main__ import main as broker_main
+
+    data = os.path.abspath(a.data_dir)
+    print(f"starting StraitMQ (single node) with data in {data}; Ctrl-C stops it",
+          file=sys.stderr)
+    broker_main([
+        "--data-dir", data, "--listen", a.listen, "--http", a.http_listen,
+        "--log-level", a.log_level,
+    ])
+
+
+def cmd_topic(a: argparse.Namespace) -> None:
+    base = a.http
+    if a.action == "list":
+        topics = _request(base, "GET", "/api/v1/topics" + ("?internal=true" if a.internal else ""))
+        rows = [[t["name"], len(t["partitions"]), t["replication_factor"],
+                 sum(p["high_watermark"] for p in t["partitions"])] for t in topics["topics"]]
+        print(_table(rows, ["TOPIC", "PARTITIONS", "RF", "MESSAGES"]))
+    elif a.action == "create":
+        t = _request(base, "POST", "/api/v1/topics", {
+            "name": a.name, "partitions": a.partitions, "replication_factor": a.replication_factor,
+            "configs": _parse_configs(a.config),
+        })
+        print(f"created topic {t['name']} with {len(t['partitions'])} partition(s)")
+    elif a.action == "describe":
+        t = _request(base, "GET", f"/api/v1/topics/{urllib.parse.quote(a.name)}")
+        print(f"topic {t['name']}  id {t['topic_id']}  rf {t['replication_factor']}")
+        if t["configs"]:
+            print("configs: " + ", ".join(f"{k}={v}" for k, v in sorted(t["configs"].items())))
+        rows = [[p["partition"], p["leader"], ",".join(map(str, p["replicas"])),
+                 ",".join(map(str, p["isr"])), p["log_start_offset"], p["high_watermark"],
+                 p["size_bytes"], p["segments"]] for p in t["partitions"]]
+        print(_table(rows, ["PARTITION", "LEADER", "REPLICAS", "ISR", "START", "END", "BYTES",
+                            "SEGMENTS"]))
+    elif a.action == "delete":
+        _request(base, "DELETE", f"/api/v1/topics/{urllib.parse.quote(a.name)}")
+        print(f"deleted topic {a.name}")
+    elif a.action == "alter":
+        body: dict[str, Any] = {}
+        if a.partitions is not None:
+            body["partitions"] = a.partitions
+        configs = _parse_configs(a.config)
+        for key in a.delete_config or []:
+            configs[key] = None
+        if configs:
+            body["configs"] = configs
+        if not body:
+            raise CliError("nothing to alter: give --partitions, --config or --delete-config")
+        t = _request(base, "PATCH", f"/api/v1/topics/{urllib.parse.quote(a.name)}", body)
+        print(f"altered topic {t['name']}: {len(t['partitions'])} partition(s)")
+
+
+def cmd_produce(a: argparse.Namespace) -> None:
+    lines = [a.value] if a.value is not None else [line.rstrip("\n") for line in sys.stdin]
+    records = []
+    for line in lines:
+        if not line and a.value is None:
+            continue
+        rec: dict[str, Any] = {"value": line}
+        if a.key_separator and a.key_separator in line:
+            rec["key"], rec["value"] = line.split(a.key_separator, 1)
+        if a.key is not None:
+            rec["key"] = a.key
+        if a.header:
+            rec["headers"] = dict(h.split("=", 1) for h in a.header)
+        if a.partition is not None:
+            rec["partition"] = a.partition
+        records.append(rec)
+    total = 0
+    for i in range(0, len(records), 1000):
+        chunk = records[i : i + 1000]
+        _request(a.http, "POST", f"/api/v1/topics/{urllib.parse.quote(a.topic)}/records",
+                 {"records": chunk})
+        total += len(chunk)
+        if len(records) > 1000:
+            print(f"\rproduced {total}/{len(records)}", end="", file=sys.stderr)
+    if len(records) > 1000:
+        print(file=sys.stderr)
+    print(f"produced {total} record(s) to {a.topic}", file=sys.stderr)
+
+
+def _show(value: dict) -> str:
+    if value.get("text") is not None:
+        return value["text"]
+    if "base64" in value:
+        return "base64:" + value["base64"]
+    return "null"
+
+
+def cmd_consume(a: argparse.Namespace) -> None:
+    topic = _request(a.http, "GET", f"/api/v1/topics/{urllib.parse.quote(a.topic)}")
+    parts = [a.partition] if a.partition is not None else [
+        p["partition"] for p in topic["partitions"]
+    ]
+    positions: dict[int, int | None] = {p: None for p in parts}
+    if not a.group:
+        for p in topic["partitions"]:
+            if p["partition"] in positions:
+                positions[p["partition"]] = (p["log_start_offset"] if a.from_beginning
+                                             else p["high_watermark"])
+    shown = 0
+    deadline = time.monotonic() + a.timeout if a.timeout else None
+    while True:
+        got = 0
+        for p in parts:
+            query = {"limit": str(min(500, a.max_messages - shown) if a.max_messages else 500)}
+            if positions[p] is not None:
+                query["offset"] = str(positions[p])
+            if a.group:
+                query["group"] = a.group
+            res = _request(
+                a.http, "GET",
+                f"/api/v1/topics/{urllib.parse.quote(a.topic)}/partitions/{p}/records?"
+                + urllib.parse.urlencode(query),
+            )
+            for r in res["records"]:
+                key = _show(r["key"])
+                line = f"{key}{a.key_separator}{_show(r['value'])}" if a.print_key else _show(
+                    r["value"])
+                if a.print_offset:
+                    line = f"{p}:{r['offset']}\t{line}"
+                print(line, flush=True)
+                shown += 1
+                got += 1
+            positions[p] = res["next_offset"]
+            if a.max_messages and shown >= a.max_messages:
+                return
+        if not got:
+            if not a.follow or (deadline and time.monotonic() > deadline):
+                return
+            time.sleep(0.2)
+
+
+def cmd_group(a: argparse.Namespace) -> None:
+    if a.action == "list":
+        groups = _request(a.http, "GET", "/api/v1/groups")["groups"]
+        print(_table([[g["group_id"], g["state"], g["protocol_type"]] for g in groups],
+                     ["GROUP", "STATE", "TYPE"]))
+    else:
+        g = _request(a.http, "GET", f"/api/v1/groups/{urllib.parse.quote(a.group)}")
+        print(f"group {g['group_id']}  state {g['state']}  assignor {g['protocol'] or '-'}  "
+              f"members {len(g['members'])}")
+        rows = [[o["topic"], o["partition"], o["committed"], o["end"],
+                 o["lag"] if o["lag"] is not None else "-"] for o in g["offsets"]]
+        print(_table(rows, ["TOPIC", "PARTITION", "COMMITTED", "END", "LAG"]))
+        for m in g["members"]:
+            print(f"member {m['member_id']} client {m['client_id']} host {m['host']}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="strait", description="StraitMQ command line.")
+    p.add_argument("--http", default=DEFAULT_HTTP, help="broker HTTP API (default %(default)s)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="run a local StraitMQ in the foreground")
+    up.add_argument("--single", action="store_true",
+                    help="one combined node (the only mode until the cluster lands)")
+    up.add_argument("--data-dir", default=".strait-data")
+    up.add_argument("--listen", default="127.0.0.1:9092")
+    up.add_argument("--http-listen", default="127.0.0.1:8080")
+    up.add_argument("--log-level", default="warning")
+    up.set_defaults(func=cmd_up)
+
+    topic = sub.add_parser("topic", help="create, list, describe, alter, delete topics")
+    tsub = topic.add_subparsers(dest="action", required=True)
+    tl = tsub.add_parser("list")
+    tl.add_argument("--internal", action="store_true", help="include internal topics")
+    tc = tsub.add_parser("create")
+    tc.add_argument("name")
+    tc.add_argument("-p", "--partitions", type=int, default=1)
+    tc.add_argument("-r", "--replication-factor", type=int, default=1)
+    tc.add_argument("-c", "--config", action="append", help="key=value (repeatable)")
+    td = tsub.add_parser("describe")
+    td.add_argument("name")
+    tx = tsub.add_parser("delete")
+    tx.add_argument("name")
+    ta = tsub.add_parser("alter")
+    ta.add_argument("name")
+    ta.add_argument("-p", "--partitions", type=int)
+    ta.add_argument("-c", "--config", action="append", help="key=value (repeatable)")
+    ta.add_argument("--delete-config", action="append", help="config key to reset")
+    topic.set_defaults(func=cmd_topic)
+
+    prod = sub.add_parser("produce", help="produce lines of stdin (or --value) to a topic")
+    prod.add_argument("topic")
+    prod.add_argument("--value")
+    prod.add_argument("--key")
+    prod.add_argument("--key-separator", help="split each line into key and value")
+    prod.add_argument("--header", action="append", help="name=value (repeatable)")
+    prod.add_argument("--partition", type=int)
+    prod.set_defaults(func=cmd_produce)
+
+    cons = sub.add_parser("consume", help="print records of a topic")
+    cons.add_argument("topic")
+    cons.add_argument("--group", help="start from and commit to this group's offsets")
+    cons.add_argument("--from-beginning", action="store_true")
+    cons.add_argument("--partition", type=int)
+    cons.add_argument("-n", "--max-messages", type=int, default=0)
+    cons.add_argument("-f", "--follow", action="store_true", help="keep waiting for records")
+    cons.add_argument("--timeout", type=float, default=0, help="with --follow: stop after N s")
+    cons.add_argument("--print-key", action="store_true")
+    cons.add_argument("--print-offset", action="store_true")
+    cons.add_argument("--key-separator", default="\t")
+    cons.set_defaults(func=cmd_consume)
+
+    grp = sub.add_parser("group", help="list and describe consumer groups")
+    gsub = grp.add_subparsers(dest="action", required=True)
+    gsub.add_parser("list")
+    gd = gsub.add_parser("describe")
+    gd.add_argument("group")
+    grp.set_defaults(func=cmd_group)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except CliError as e:
+        print(f"strait: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

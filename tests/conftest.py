@@ -1,0 +1,102 @@
+"""Shared fixtures: real broker processes on free loopback ports with throwaway data dirs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class BrokerProcess:
+    data_dir: Path
+    port: int = field(default_factory=free_port)
+    http_port: int = field(default_factory=free_port)
+    extra_args: list[str] = field(default_factory=list)
+    proc: subprocess.Popen | None = None
+    log_path: Path | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def start(self, timeout: float = 20.0) -> BrokerProcess:
+        self.log_path = self.data_dir.parent / f"broker-{self.port}.log"
+        log = open(self.log_path, "ab")  # noqa: SIM115 - closed by the process's exit
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "straitmq.broker", "--data-dir", str(self.data_dir),
+             "--listen", self.bootstrap, "--http", f"127.0.0.1:{self.http_port}",
+             "--group-initial-rebalance-delay-ms", "0", "--log-level", "info",
+             *self.extra_args],
+            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"broker exited: {self.log_path.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.http}/readyz", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("broker did not become ready")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def kill9(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def restart(self) -> BrokerProcess:
+        self.stop()
+        return self.start()
+
+
+@pytest.fixture
+def broker_factory(tmp_path: Path) -> Iterator:
+    started: list[BrokerProcess] = []
+
+    def make(*extra: str) -> BrokerProcess:
+        b = BrokerProcess(tmp_path / f"data{len(started)}", extra_args=list(extra))
+        started.append(b)
+        return b.start()
+
+    yield make
+    for b in started:
+        b.stop()
+
+
+@pytest.fixture
+def broker(broker_factory) -> BrokerProcess:  # type: ignore[no-untyped-def]
+    return broker_factory()

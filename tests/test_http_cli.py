@@ -1,0 +1,120 @@
+"""HTTP admin/REST API and the `strait` CLI against a real broker process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import orjson
+import pytest
+
+
+def call(broker, method: str, path: str, body: bytes | None = None) -> tuple[int, dict]:
+    req = urllib.request.Request(broker.http + path, data=body, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, orjson.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, orjson.loads(e.read())
+
+
+def strait(broker, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "straitmq", "--http", broker.http, *args],
+        input=stdin, capture_output=True, text=True, timeout=60,
+    )
+
+
+def test_health_and_readiness(broker):
+    assert call(broker, "GET", "/healthz") == (200, {"status": "ok"})
+    assert call(broker, "GET", "/readyz") == (200, {"status": "ready"})
+
+
+def test_rest_produce_consume_roundtrip(broker):
+    status, t = call(broker, "POST", "/api/v1/topics",
+                     orjson.dumps({"name": "rest", "partitions": 2}))
+    assert status == 201 and len(t["partitions"]) == 2
+    records = [{"key": f"k{i}", "value": f"v{i}", "headers": {"n": str(i)}, "partition": i % 2}
+               for i in range(50)]
+    status, res = call(broker, "POST", "/api/v1/topics/rest/records",
+                       orjson.dumps({"records": records}))
+    assert status == 200
+    assert sorted(o["count"] for o in res["offsets"]) == [25, 25]
+    got = []
+    for p in (0, 1):
+        status, page = call(broker, "GET", f"/api/v1/topics/rest/partitions/{p}/records?limit=100")
+        assert status == 200
+        got += [(p, r["key"]["text"], r["value"]["text"], r["headers"]["n"]["text"])
+                for r in page["records"]]
+        assert [r["offset"] for r in page["records"]] == list(range(25))
+    assert sorted(got) == sorted((i % 2, f"k{i}", f"v{i}", str(i)) for i in range(50))
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "fragment"),
+    [
+        ("POST", "/api/v1/topics", b"{not json", 400, "not valid JSON"),
+        ("POST", "/api/v1/topics", b"[1]", 400, "JSON object"),
+        ("POST", "/api/v1/topics", b'{"name": "bad name"}', 400, "characters"),
+        ("POST", "/api/v1/topics", b'{"name": "x", "partitions": 0}', 400, "partitions"),
+        ("POST", "/api/v1/topics", b'{"name": "x", "replication_factor": 3}', 400,
+         "replication factor"),
+        ("POST", "/api/v1/topics", b'{"name": "x", "configs": {"nope": "1"}}', 400, "nope"),
+        ("GET", "/api/v1/topics/missing", None, 404, "does not exist"),
+        ("POST", "/api/v1/topics/missing/records", b'{"records": [{"value": "v"}]}', 404,
+         "does not exist"),
+        ("DELETE", "/api/v1/topics/missing", None, 404, "does not exist"),
+        ("GET", "/api/v1/groups/none", None, 404, "does not exist"),
+    ],
+)
+def test_bad_requests_get_clear_4xx(broker, method, path, body, status, fragment):
+    got, payload = call(broker, method, path, body)
+    assert got == status
+    assert fragment in payload["error"]
+
+
+def test_rest_errors_on_existing_topic(broker):
+    call(broker, "POST", "/api/v1/topics", orjson.dumps({"name": "e", "partitions": 1}))
+    assert call(broker, "POST", "/api/v1/topics/e/records", b'{"records": []}')[0] == 400
+    assert call(broker, "POST", "/api/v1/topics/e/records",
+                b'{"records": [{"value": "v", "partition": 5}]}')[0] == 400
+    assert call(broker, "GET", "/api/v1/topics/e/partitions/0/records?offset=99")[0] == 416
+    assert call(broker, "GET", "/api/v1/topics/e/partitions/9/records")[0] == 404
+    assert call(broker, "PATCH", "/api/v1/topics/e", b'{"partitions": 0}')[0] == 400
+    assert call(broker, "POST", "/api/v1/topics", orjson.dumps({"name": "e"}))[0] == 409
+
+
+def test_cli_end_to_end(broker):
+    r = strait(broker, "topic", "create", "cli", "-p", "2", "-c", "retention.ms=3600000")
+    assert r.returncode == 0, r.stderr
+    r = strait(broker, "topic", "create", "cli")
+    assert r.returncode == 1 and r.stderr.strip() == "strait: topic 'cli' already exists"
+    lines = "".join(f"k{i}\tv{i}\n" for i in range(20))
+    r = strait(broker, "produce", "cli", "--key-separator", "\t", stdin=lines)
+    assert r.returncode == 0, r.stderr
+    r = strait(broker, "consume", "cli", "--from-beginning", "--print-key")
+    assert sorted(r.stdout.split("\n")[:-1]) == sorted(f"k{i}\tv{i}" for i in range(20))
+    r = strait(broker, "consume", "cli", "--group", "g", "-n", "7")
+    assert len(r.stdout.splitlines()) == 7
+    r = strait(broker, "consume", "cli", "--group", "g")
+    assert len(r.stdout.splitlines()) == 13, "the group resumes after its commits"
+    r = strait(broker, "group", "describe", "g")
+    assert "cli" in r.stdout and r.returncode == 0
+    assert "retention.ms=3600000" in strait(broker, "topic", "describe", "cli").stdout
+    r = strait(broker, "topic", "alter", "cli", "-p", "1")
+    assert r.returncode == 1 and "never shrink" in r.stderr
+    assert strait(broker, "topic", "alter", "cli", "-p", "4").returncode == 0
+    assert "cli" in strait(broker, "topic", "list").stdout
+    assert strait(broker, "topic", "delete", "cli").returncode == 0
+    r = strait(broker, "topic", "describe", "cli")
+    assert r.returncode == 1 and "does not exist" in r.stderr
+
+
+def test_cli_unreachable_broker_is_one_line():
+    r = subprocess.run([sys.executable, "-m", "straitmq", "--http", "http://127.0.0.1:9",
+                        "topic", "list"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1 and "cannot reach StraitMQ" in r.stderr

@@ -1,0 +1,134 @@
+"""Partition log: append, read ranges, roll, indexes, retention, reopen, producer state."""
+
+from __future__ import annotations
+
+import os
+
+from straitmq.broker.record_codec import build_batch, decode_batch
+from straitmq.broker.records import validate_batches
+from straitmq.broker.storage.log import LogConfig, PartitionLog
+
+
+def _append(plog: PartitionLog, values: list[bytes], ts: int = 1_700_000_000_000) -> int:
+    batch = build_batch([(None, v, []) for v in values], ts)
+    view = memoryview(batch)
+    return plog.append(view, validate_batches(view, 1 << 20), leader_epoch=0)
+
+
+def _read_all(plog: PartitionLog, start: int = 0) -> list[tuple[int, bytes]]:
+    out = []
+    offset = start
+    while offset < plog.log_end_offset:
+        data = plog.read_bytes(offset, 1 << 20, plog.log_end_offset)
+        assert data, f"no data at {offset}"
+        pos = 0
+        while pos < len(data):
+            size = int.from_bytes(data[pos + 8 : pos + 12], "big") + 12
+            for rec in decode_batch(data[pos : pos + size]):
+                if rec.offset >= offset:
+                    out.append((rec.offset, rec.value))
+            pos += size
+        offset = out[-1][0] + 1
+    return out
+
+
+def test_append_read_roll_and_reopen(tmp_path):
+    cfg = LogConfig(segment_bytes=2000, index_interval_bytes=200)
+    plog = PartitionLog(str(tmp_path / "p"), cfg)
+    expected = []
+    for i in range(100):
+        vals = [f"v{i}-{j}".encode() for j in range(3)]
+        base = _append(plog, vals)
+        assert base == i * 3
+        expected += [(base + j, v) for j, v in enumerate(vals)]
+    assert plog.log_end_offset == 300
+    assert len(plog.segments) > 3, "segment.bytes should have rolled the log"
+    assert _read_all(plog) == expected
+    # Reads starting in the middle of a batch return that batch.
+    assert _read_all(plog, 151)[0] == (151, b"v50-1")
+    plog.close()
+
+    reopened = PartitionLog(str(tmp_path / "p"), cfg)
+    assert reopened.log_end_offset == 300
+    assert _read_all(reopened) == expected
+    assert _append(reopened, [b"after"]) == 300
+
+
+def test_max_bytes_is_batch_aligned_and_first_batch_whole(tmp_path):
+    plog = PartitionLog(str(tmp_path / "p"), LogConfig(index_interval_bytes=100))
+    for i in range(20):
+        _append(plog, [b"x" * 100, f"{i}".encode()])
+    one = plog.read(0, 10, plog.log_end_offset)
+    assert one is not None
+    first_size = int.from_bytes(os.pread(one.fd, 12, 0)[8:12], "big") + 12
+    assert one.size == first_size, "a too-small max_bytes still returns one whole batch"
+    some = plog.read(0, first_size * 3 + 5, plog.log_end_offset)
+    assert some is not None and some.size == first_size * 3
+    # The high watermark bounds what is visible.
+    bounded = plog.read(0, 1 << 20, 4)
+    assert bounded is not None and bounded.size == first_size * 2
+
+
+def test_retention_by_bytes_and_time(tmp_path):
+    cfg = LogConfig(segment_bytes=500, retention_bytes=1500)
+    plog = PartitionLog(str(tmp_path / "p"), cfg)
+    for _ in range(40):
+        _append(plog, [b"y" * 100])
+    before = len(plog.segments)
+    assert plog.apply_retention() > 0
+    assert len(plog.segments) < before
+    assert plog.size_bytes - plog.segments[0].size < 1500
+    assert plog.log_start_offset > 0
+    assert _read_all(plog, plog.log_start_offset)[0][0] == plog.log_start_offset
+
+    old = PartitionLog(str(tmp_path / "q"), LogConfig(segment_bytes=300, retention_ms=1000))
+    for i in range(10):
+        _append(old, [b"z" * 100], ts=1000 + i)
+    now_ms = 1000 + 10 + 5000
+    old.apply_retention(now_ms)
+    assert len(old.segments) == 1, "all but the active segment were past retention.ms"
+
+
+def test_offset_for_timestamp(tmp_path):
+    plog = PartitionLog(str(tmp_path / "p"), LogConfig(segment_bytes=400, index_interval_bytes=50))
+    for i in range(30):
+        _append(plog, [f"t{i}".encode()], ts=10_000 + i * 10)
+    assert plog.offset_for_timestamp(10_000) == (0, 10_000)
+    assert plog.offset_for_timestamp(10_125) == (13, 10_130)
+    assert plog.offset_for_timestamp(10_290) == (29, 10_290)
+    assert plog.offset_for_timestamp(99_999) is None
+
+
+def test_producer_state_survives_reopen(tmp_path):
+    from straitmq.broker.producer_state import DuplicateBatch
+
+    path = str(tmp_path / "p")
+    plog = PartitionLog(path, LogConfig(segment_bytes=600))
+
+    def idem_batch(seq: int) -> memoryview:
+        import struct
+
+        from crc32c import crc32c
+
+        raw = bytearray(build_batch([(None, f"s{seq}".encode(), [])], 1_700_000_000_000))
+        struct.pack_into(">qhi", raw, 43, 77, 0, seq)
+        struct.pack_into(">I", raw, 17, crc32c(bytes(raw[21:])))
+        return memoryview(bytes(raw))
+
+    for seq in range(12):
+        view = idem_batch(seq)
+        batches = validate_batches(view, 1 << 20)
+        plog.producers.check(batches)
+        plog.append(view, batches, 0)
+    # Simulate a crash: no close(), so no final producer snapshot.
+    for seg in plog.segments:
+        os.close(seg.fd)
+    reopened = PartitionLog(path, LogConfig(segment_bytes=600))
+    dup = validate_batches(idem_batch(11), 1 << 20)
+    try:
+        reopened.producers.check(dup)
+        raise AssertionError("a retried batch must be recognised after a restart")
+    except DuplicateBatch as d:
+        assert d.cached.base_offset == 11
+    nxt = validate_batches(idem_batch(12), 1 << 20)
+    reopened.producers.check(nxt)

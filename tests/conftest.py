@@ -44,13 +44,27 @@ class BrokerProcess:
 
     def start(self, timeout: float = 20.0) -> BrokerProcess:
         self.log_path = self.data_dir.parent / f"broker-{self.port}.log"
-        log = open(self.log_path, "ab")  # noqa: SIM115 - closed by the process's exit
+        log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "straitmq.broker", "--data-dir", str(self.data_dir),
-             "--listen", self.bootstrap, "--http", f"127.0.0.1:{self.http_port}",
-             "--group-initial-rebalance-delay-ms", "0", "--log-level", "info",
-             *self.extra_args],
-            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+            [
+                sys.executable,
+                "-m",
+                "straitmq.broker",
+                "--data-dir",
+                str(self.data_dir),
+                "--listen",
+                self.bootstrap,
+                "--http",
+                f"127.0.0.1:{self.http_port}",
+                "--group-initial-rebalance-delay-ms",
+                "0",
+                "--log-level",
+                "info",
+                *self.extra_args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -12,8 +12,9 @@ import pytest
 
 
 def call(broker, method: str, path: str, body: bytes | None = None) -> tuple[int, dict]:
-    req = urllib.request.Request(broker.http + path, data=body, method=method,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        broker.http + path, data=body, method=method, headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
             return r.status, orjson.loads(r.read())
@@ -24,7 +25,10 @@ def call(broker, method: str, path: str, body: bytes | None = None) -> tuple[int
 def strait(broker, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "straitmq", "--http", broker.http, *args],
-        input=stdin, capture_output=True, text=True, timeout=60,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -34,21 +38,27 @@ def test_health_and_readiness(broker):
 
 
 def test_rest_produce_consume_roundtrip(broker):
-    status, t = call(broker, "POST", "/api/v1/topics",
-                     orjson.dumps({"name": "rest", "partitions": 2}))
+    status, t = call(
+        broker, "POST", "/api/v1/topics", orjson.dumps({"name": "rest", "partitions": 2})
+    )
     assert status == 201 and len(t["partitions"]) == 2
-    records = [{"key": f"k{i}", "value": f"v{i}", "headers": {"n": str(i)}, "partition": i % 2}
-               for i in range(50)]
-    status, res = call(broker, "POST", "/api/v1/topics/rest/records",
-                       orjson.dumps({"records": records}))
+    records = [
+        {"key": f"k{i}", "value": f"v{i}", "headers": {"n": str(i)}, "partition": i % 2}
+        for i in range(50)
+    ]
+    status, res = call(
+        broker, "POST", "/api/v1/topics/rest/records", orjson.dumps({"records": records})
+    )
     assert status == 200
     assert sorted(o["count"] for o in res["offsets"]) == [25, 25]
     got = []
     for p in (0, 1):
         status, page = call(broker, "GET", f"/api/v1/topics/rest/partitions/{p}/records?limit=100")
         assert status == 200
-        got += [(p, r["key"]["text"], r["value"]["text"], r["headers"]["n"]["text"])
-                for r in page["records"]]
+        got += [
+            (p, r["key"]["text"], r["value"]["text"], r["headers"]["n"]["text"])
+            for r in page["records"]
+        ]
         assert [r["offset"] for r in page["records"]] == list(range(25))
     assert sorted(got) == sorted((i % 2, f"k{i}", f"v{i}", str(i)) for i in range(50))
 
@@ -60,12 +70,22 @@ def test_rest_produce_consume_roundtrip(broker):
         ("POST", "/api/v1/topics", b"[1]", 400, "JSON object"),
         ("POST", "/api/v1/topics", b'{"name": "bad name"}', 400, "characters"),
         ("POST", "/api/v1/topics", b'{"name": "x", "partitions": 0}', 400, "partitions"),
-        ("POST", "/api/v1/topics", b'{"name": "x", "replication_factor": 3}', 400,
-         "replication factor"),
+        (
+            "POST",
+            "/api/v1/topics",
+            b'{"name": "x", "replication_factor": 3}',
+            400,
+            "replication factor",
+        ),
         ("POST", "/api/v1/topics", b'{"name": "x", "configs": {"nope": "1"}}', 400, "nope"),
         ("GET", "/api/v1/topics/missing", None, 404, "does not exist"),
-        ("POST", "/api/v1/topics/missing/records", b'{"records": [{"value": "v"}]}', 404,
-         "does not exist"),
+        (
+            "POST",
+            "/api/v1/topics/missing/records",
+            b'{"records": [{"value": "v"}]}',
+            404,
+            "does not exist",
+        ),
         ("DELETE", "/api/v1/topics/missing", None, 404, "does not exist"),
         ("GET", "/api/v1/groups/none", None, 404, "does not exist"),
     ],
@@ -79,8 +99,15 @@ def test_bad_requests_get_clear_4xx(broker, method, path, body, status, fragment
 def test_rest_errors_on_existing_topic(broker):
     call(broker, "POST", "/api/v1/topics", orjson.dumps({"name": "e", "partitions": 1}))
     assert call(broker, "POST", "/api/v1/topics/e/records", b'{"records": []}')[0] == 400
-    assert call(broker, "POST", "/api/v1/topics/e/records",
-                b'{"records": [{"value": "v", "partition": 5}]}')[0] == 400
+    assert (
+        call(
+            broker,
+            "POST",
+            "/api/v1/topics/e/records",
+            b'{"records": [{"value": "v", "partition": 5}]}',
+        )[0]
+        == 400
+    )
     assert call(broker, "GET", "/api/v1/topics/e/partitions/0/records?offset=99")[0] == 416
     assert call(broker, "GET", "/api/v1/topics/e/partitions/9/records")[0] == 404
     assert call(broker, "PATCH", "/api/v1/topics/e", b'{"partitions": 0}')[0] == 400
@@ -114,7 +141,11 @@ def test_cli_end_to_end(broker):
 
 
 def test_cli_unreachable_broker_is_one_line():
-    r = subprocess.run([sys.executable, "-m", "straitmq", "--http", "http://127.0.0.1:9",
-                        "topic", "list"], capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [sys.executable, "-m", "straitmq", "--http", "http://127.0.0.1:9", "topic", "list"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 1
     assert r.stderr.count("\n") == 1 and "cannot reach StraitMQ" in r.stderr

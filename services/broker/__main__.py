@@ -28,12 +28,16 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
     p.add_argument("--no-auto-create", action="store_true", help="auto.create.topics.enable=false")
     p.add_argument("--num-partitions", type=int, default=d.num_partitions)
     p.add_argument("--message-max-bytes", type=int, default=d.message_max_bytes)
-    p.add_argument("--group-initial-rebalance-delay-ms", type=int,
-                   default=d.group_initial_rebalance_delay_ms)
-    p.add_argument("--retention-check-interval-ms", type=int,
-                   default=d.retention_check_interval_ms)
-    p.add_argument("--flush-messages", type=int, default=None,
-                   help="fsync every N messages (default: rely on the OS, as Kafka does)")
+    p.add_argument(
+        "--group-initial-rebalance-delay-ms", type=int, default=d.group_initial_rebalance_delay_ms
+    )
+    p.add_argument("--retention-check-interval-ms", type=int, default=d.retention_check_interval_ms)
+    p.add_argument(
+        "--flush-messages",
+        type=int,
+        default=None,
+        help="fsync every N messages (default: rely on the OS, as Kafka does)",
+    )
     p.add_argument("--log-level", default=os.environ.get("STRAIT_LOG_LEVEL", "warning"))
     a = p.parse_args(argv)
     host, _, port = a.listen.rpartition(":")
@@ -63,9 +67,13 @@ async def run(config: BrokerConfig, announce: bool = True) -> None:
     broker = Broker(config)
     await broker.start()
     if announce:
-        print(f"StraitMQ broker {config.node_id} ready: kafka {config.advertised_host}:"
-              f"{config.port}, http {config.http_host}:{config.http_port}, "
-              f"data {os.path.abspath(config.data_dir)}", file=sys.stderr, flush=True)
+        print(
+            f"StraitMQ broker {config.node_id} ready: kafka {config.advertised_host}:"
+            f"{config.port}, http {config.http_host}:{config.http_port}, "
+            f"data {os.path.abspath(config.data_dir)}",
+            file=sys.stderr,
+            flush=True,
+        )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

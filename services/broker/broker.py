@@ -37,8 +37,9 @@ class Broker:
             self.topic_defaults["flush.messages"] = str(config.log_flush_interval_messages)
         self.journal = MetadataJournal(os.path.join(config.data_dir, "metadata.log"))
         self.controller = LocalController(self.journal)
-        self.partitions = PartitionManager(os.path.join(config.data_dir, "logs"),
-                                           self.topic_defaults)
+        self.partitions = PartitionManager(
+            os.path.join(config.data_dir, "logs"), self.topic_defaults
+        )
         self.controller.listeners.append(lambda _records: self.partitions.sync(self.image))
         self.offsets = OffsetStore(config.offsets_topic_partitions)
         self.groups = GroupCoordinator(
@@ -58,8 +59,11 @@ class Broker:
         self.partitions.sync(self.image)
         if OFFSETS_TOPIC not in self.image.topics:
             self.controller.create_topic(
-                OFFSETS_TOPIC, self.config.offsets_topic_partitions, 1,
-                {"segment.bytes": str(100 * 1024 * 1024)}, internal=True,
+                OFFSETS_TOPIC,
+                self.config.offsets_topic_partitions,
+                1,
+                {"segment.bytes": str(100 * 1024 * 1024)},
+                internal=True,
             )
         self.offsets.partitions_count = self.image.topics[OFFSETS_TOPIC].partitions
         batches = []
@@ -76,8 +80,9 @@ class Broker:
                 while pos < len(data):
                     size = int.from_bytes(data[pos + 8 : pos + 12], "big") + 12
                     batches.append(data[pos : pos + size])
-                    last = int.from_bytes(data[pos:pos + 8], "big") + int.from_bytes(
-                        data[pos + 23 : pos + 27], "big")
+                    last = int.from_bytes(data[pos : pos + 8], "big") + int.from_bytes(
+                        data[pos + 23 : pos + 27], "big"
+                    )
                     offset = last + 1
                     pos += size
         self.offsets.load(batches)

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
-
 from straitmq.controller.local_controller import ControllerError, check_topic_name
 from straitmq.metadata.topic_config import effective
 
@@ -75,16 +74,18 @@ def _topic_view(broker: Broker, name: str) -> dict:
     parts = []
     for i in range(t.partitions):
         p = broker.partitions.get(name, i)
-        parts.append({
-            "partition": i,
-            "leader": broker.config.node_id,
-            "replicas": [broker.config.node_id],
-            "isr": [broker.config.node_id],
-            "log_start_offset": p.log.log_start_offset if p else -1,
-            "high_watermark": p.high_watermark if p else -1,
-            "size_bytes": p.log.size_bytes if p else 0,
-            "segments": len(p.log.segments) if p else 0,
-        })
+        parts.append(
+            {
+                "partition": i,
+                "leader": broker.config.node_id,
+                "replicas": [broker.config.node_id],
+                "isr": [broker.config.node_id],
+                "log_start_offset": p.log.log_start_offset if p else -1,
+                "high_watermark": p.high_watermark if p else -1,
+                "size_bytes": p.log.size_bytes if p else 0,
+                "segments": len(p.log.segments) if p else 0,
+            }
+        )
     return {
         "name": name,
         "topic_id": str(t.topic_id),
@@ -129,13 +130,21 @@ def build_app(broker: Broker) -> web.Application:
     @routes.get("/api/v1/cluster")
     async def cluster(_: web.Request) -> web.Response:
         c = broker.config
-        return _json({
-            "cluster_id": broker.image.cluster_id,
-            "controller": c.node_id,
-            "brokers": [{"id": c.node_id, "host": c.advertised_host, "port": c.advertised_port,
-                         "rack": c.rack}],
-            "metrics": broker.metrics.snapshot(),
-        })
+        return _json(
+            {
+                "cluster_id": broker.image.cluster_id,
+                "controller": c.node_id,
+                "brokers": [
+                    {
+                        "id": c.node_id,
+                        "host": c.advertised_host,
+                        "port": c.advertised_port,
+                        "rack": c.rack,
+                    }
+                ],
+                "metrics": broker.metrics.snapshot(),
+            }
+        )
 
     @routes.get("/api/v1/topics")
     async def list_topics(request: web.Request) -> web.Response:
@@ -239,8 +248,11 @@ def build_app(broker: Broker) -> web.Application:
             if not isinstance(headers, dict):
                 return _error(400, f"records[{i}].headers must be an object")
             by_partition.setdefault(part, []).append(
-                (key, _encode_value(r.get("value")),
-                 [(str(k), _encode_value(v)) for k, v in headers.items()])
+                (
+                    key,
+                    _encode_value(r.get("value")),
+                    [(str(k), _encode_value(v)) for k, v in headers.items()],
+                )
             )
         results = []
         now = int(time.time() * 1000)
@@ -281,8 +293,10 @@ def build_app(broker: Broker) -> web.Application:
         limit = max(1, min(_int_param(request, "limit", 100), MAX_REST_RECORDS))
         max_bytes = max(1, min(_int_param(request, "max_bytes", 1 << 20), 64 << 20))
         if offset < p.log.log_start_offset or offset > p.log.log_end_offset:
-            return _error(416, f"offset {offset} is outside [{p.log.log_start_offset}, "
-                               f"{p.log.log_end_offset}]")
+            return _error(
+                416,
+                f"offset {offset} is outside [{p.log.log_start_offset}, {p.log.log_end_offset}]",
+            )
         out = []
         pos = offset
         while len(out) < limit and pos < p.high_watermark:
@@ -294,13 +308,15 @@ def build_app(broker: Broker) -> web.Application:
                 size = int.from_bytes(data[i + 8 : i + 12], "big") + 12
                 for rec in decode_batch(data[i : i + size]):
                     if rec.offset >= offset and len(out) < limit:
-                        out.append({
-                            "offset": rec.offset,
-                            "timestamp": rec.timestamp,
-                            "key": _decode_bytes(rec.key),
-                            "value": _decode_bytes(rec.value),
-                            "headers": {k: _decode_bytes(v) for k, v in rec.headers},
-                        })
+                        out.append(
+                            {
+                                "offset": rec.offset,
+                                "timestamp": rec.timestamp,
+                                "key": _decode_bytes(rec.key),
+                                "value": _decode_bytes(rec.value),
+                                "headers": {k: _decode_bytes(v) for k, v in rec.headers},
+                            }
+                        )
                         pos = rec.offset + 1
                 i += size
         if group and out:
@@ -309,10 +325,14 @@ def build_app(broker: Broker) -> web.Application:
 
     @routes.get("/api/v1/groups")
     async def list_groups(_: web.Request) -> web.Response:
-        return _json({"groups": [
-            {"group_id": g, "protocol_type": pt, "state": st}
-            for g, pt, st in broker.groups.list_groups()
-        ]})
+        return _json(
+            {
+                "groups": [
+                    {"group_id": g, "protocol_type": pt, "state": st}
+                    for g, pt, st in broker.groups.list_groups()
+                ]
+            }
+        )
 
     @routes.get("/api/v1/groups/{group}")
     async def describe_group(request: web.Request) -> web.Response:
@@ -324,17 +344,32 @@ def build_app(broker: Broker) -> web.Application:
         for (t, part), c in sorted(broker.offsets.fetch(gid).items()):
             p = broker.partitions.get(t, part)
             end = p.high_watermark if p else -1
-            offsets.append({"topic": t, "partition": part, "committed": c.offset,
-                            "end": end, "lag": max(0, end - c.offset) if p else None})
-        return _json({
-            "group_id": gid,
-            "state": d["group_state"],
-            "protocol": d["protocol_data"],
-            "members": [{"member_id": m["member_id"], "client_id": m["client_id"],
-                         "host": m["client_host"], "instance_id": m["group_instance_id"]}
-                        for m in d["members"]],
-            "offsets": offsets,
-        })
+            offsets.append(
+                {
+                    "topic": t,
+                    "partition": part,
+                    "committed": c.offset,
+                    "end": end,
+                    "lag": max(0, end - c.offset) if p else None,
+                }
+            )
+        return _json(
+            {
+                "group_id": gid,
+                "state": d["group_state"],
+                "protocol": d["protocol_data"],
+                "members": [
+                    {
+                        "member_id": m["member_id"],
+                        "client_id": m["client_id"],
+                        "host": m["client_host"],
+                        "instance_id": m["group_instance_id"],
+                    }
+                    for m in d["members"]
+                ],
+                "offsets": offsets,
+            }
+        )
 
     @routes.delete("/api/v1/groups/{group}")
     async def delete_group(request: web.Request) -> web.Response:

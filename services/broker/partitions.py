@@ -97,8 +97,10 @@ class PartitionManager:
                     part.log.config = cfg
         for name in os.listdir(self.data_dir):
             path = os.path.join(self.data_dir, name)
-            if os.path.isdir(path) and name not in wanted and os.path.exists(
-                os.path.join(path, ".topic-id")
+            if (
+                os.path.isdir(path)
+                and name not in wanted
+                and os.path.exists(os.path.join(path, ".topic-id"))
             ):
                 shutil.rmtree(path, ignore_errors=True)
 

@@ -125,9 +125,19 @@ def build_batch(
         payload = bytes(cramjam.zstd.compress(payload))
     elif compression != 0:
         raise ValueError("build_batch compresses with gzip or zstd only")
-    tail = struct.pack(
-        ">hiqqqhii", compression, len(records) - 1, timestamp_ms, timestamp_ms, -1, -1, -1,
-        len(records),
-    ) + payload
+    tail = (
+        struct.pack(
+            ">hiqqqhii",
+            compression,
+            len(records) - 1,
+            timestamp_ms,
+            timestamp_ms,
+            -1,
+            -1,
+            -1,
+            len(records),
+        )
+        + payload
+    )
     length = 4 + 1 + 4 + len(tail)
     return struct.pack(">qiibI", 0, length, 0, 2, crc32c(tail)) + tail

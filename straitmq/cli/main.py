@@ -28,7 +28,9 @@ class CliError(Exception):
 def _request(base: str, method: str, path: str, body: Any = None) -> Any:
     data = orjson.dumps(body) if body is not None else None
     req = urllib.request.Request(
-        base.rstrip("/") + path, data=data, method=method,
+        base.rstrip("/") + path,
+        data=data,
+        method=method,
         headers={"Content-Type": "application/json"},
     )
     try:
@@ -59,8 +61,9 @@ def _parse_configs(items: list[str] | None) -> dict[str, str | None]:
 def _table(rows: list[list[Any]], headers: list[str]) -> str:
     cols = [headers, *[[str(c) for c in r] for r in rows]]
     widths = [max(len(r[i]) for r in cols) for i in range(len(headers))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-                     for r in cols)
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cols
+    )
 
 
 # -- commands ------------------------------------------------------------------------
@@ -70,37 +73,72 @@ def cmd_up(a: argparse.Namespace) -> None:
     from straitmq.broker.__main__ import main as broker_main
 
     data = os.path.abspath(a.data_dir)
-    print(f"starting StraitMQ (single node) with data in {data}; Ctrl-C stops it",
-          file=sys.stderr)
-    broker_main([
-        "--data-dir", data, "--listen", a.listen, "--http", a.http_listen,
-        "--log-level", a.log_level,
-    ])
+    print(f"starting StraitMQ (single node) with data in {data}; Ctrl-C stops it", file=sys.stderr)
+    broker_main(
+        [
+            "--data-dir",
+            data,
+            "--listen",
+            a.listen,
+            "--http",
+            a.http_listen,
+            "--log-level",
+            a.log_level,
+        ]
+    )
 
 
 def cmd_topic(a: argparse.Namespace) -> None:
     base = a.http
     if a.action == "list":
         topics = _request(base, "GET", "/api/v1/topics" + ("?internal=true" if a.internal else ""))
-        rows = [[t["name"], len(t["partitions"]), t["replication_factor"],
-                 sum(p["high_watermark"] for p in t["partitions"])] for t in topics["topics"]]
+        rows = [
+            [
+                t["name"],
+                len(t["partitions"]),
+                t["replication_factor"],
+                sum(p["high_watermark"] for p in t["partitions"]),
+            ]
+            for t in topics["topics"]
+        ]
         print(_table(rows, ["TOPIC", "PARTITIONS", "RF", "MESSAGES"]))
     elif a.action == "create":
-        t = _request(base, "POST", "/api/v1/topics", {
-            "name": a.name, "partitions": a.partitions, "replication_factor": a.replication_factor,
-            "configs": _parse_configs(a.config),
-        })
+        t = _request(
+            base,
+            "POST",
+            "/api/v1/topics",
+            {
+                "name": a.name,
+                "partitions": a.partitions,
+                "replication_factor": a.replication_factor,
+                "configs": _parse_configs(a.config),
+            },
+        )
         print(f"created topic {t['name']} with {len(t['partitions'])} partition(s)")
     elif a.action == "describe":
         t = _request(base, "GET", f"/api/v1/topics/{urllib.parse.quote(a.name)}")
         print(f"topic {t['name']}  id {t['topic_id']}  rf {t['replication_factor']}")
         if t["configs"]:
             print("configs: " + ", ".join(f"{k}={v}" for k, v in sorted(t["configs"].items())))
-        rows = [[p["partition"], p["leader"], ",".join(map(str, p["replicas"])),
-                 ",".join(map(str, p["isr"])), p["log_start_offset"], p["high_watermark"],
-                 p["size_bytes"], p["segments"]] for p in t["partitions"]]
-        print(_table(rows, ["PARTITION", "LEADER", "REPLICAS", "ISR", "START", "END", "BYTES",
-                            "SEGMENTS"]))
+        rows = [
+            [
+                p["partition"],
+                p["leader"],
+                ",".join(map(str, p["replicas"])),
+                ",".join(map(str, p["isr"])),
+                p["log_start_offset"],
+                p["high_watermark"],
+                p["size_bytes"],
+                p["segments"],
+            ]
+            for p in t["partitions"]
+        ]
+        print(
+            _table(
+                rows,
+                ["PARTITION", "LEADER", "REPLICAS", "ISR", "START", "END", "BYTES", "SEGMENTS"],
+            )
+        )
     elif a.action == "delete":
         _request(base, "DELETE", f"/api/v1/topics/{urllib.parse.quote(a.name)}")
         print(f"deleted topic {a.name}")
@@ -138,8 +176,12 @@ def cmd_produce(a: argparse.Namespace) -> None:
     total = 0
     for i in range(0, len(records), 1000):
         chunk = records[i : i + 1000]
-        _request(a.http, "POST", f"/api/v1/topics/{urllib.parse.quote(a.topic)}/records",
-                 {"records": chunk})
+        _request(
+            a.http,
+            "POST",
+            f"/api/v1/topics/{urllib.parse.quote(a.topic)}/records",
+            {"records": chunk},
+        )
         total += len(chunk)
         if len(records) > 1000:
             print(f"\rproduced {total}/{len(records)}", end="", file=sys.stderr)
@@ -158,15 +200,16 @@ def _show(value: dict) -> str:
 
 def cmd_consume(a: argparse.Namespace) -> None:
     topic = _request(a.http, "GET", f"/api/v1/topics/{urllib.parse.quote(a.topic)}")
-    parts = [a.partition] if a.partition is not None else [
-        p["partition"] for p in topic["partitions"]
-    ]
+    parts = (
+        [a.partition] if a.partition is not None else [p["partition"] for p in topic["partitions"]]
+    )
     positions: dict[int, int | None] = {p: None for p in parts}
     if not a.group:
         for p in topic["partitions"]:
             if p["partition"] in positions:
-                positions[p["partition"]] = (p["log_start_offset"] if a.from_beginning
-                                             else p["high_watermark"])
+                positions[p["partition"]] = (
+                    p["log_start_offset"] if a.from_beginning else p["high_watermark"]
+                )
     shown = 0
     deadline = time.monotonic() + a.timeout if a.timeout else None
     while True:
@@ -178,14 +221,18 @@ def cmd_consume(a: argparse.Namespace) -> None:
             if a.group:
                 query["group"] = a.group
             res = _request(
-                a.http, "GET",
+                a.http,
+                "GET",
                 f"/api/v1/topics/{urllib.parse.quote(a.topic)}/partitions/{p}/records?"
                 + urllib.parse.urlencode(query),
             )
             for r in res["records"]:
                 key = _show(r["key"])
-                line = f"{key}{a.key_separator}{_show(r['value'])}" if a.print_key else _show(
-                    r["value"])
+                line = (
+                    f"{key}{a.key_separator}{_show(r['value'])}"
+                    if a.print_key
+                    else _show(r["value"])
+                )
                 if a.print_offset:
                     line = f"{p}:{r['offset']}\t{line}"
                 print(line, flush=True)
@@ -203,14 +250,28 @@ def cmd_consume(a: argparse.Namespace) -> None:
 def cmd_group(a: argparse.Namespace) -> None:
     if a.action == "list":
         groups = _request(a.http, "GET", "/api/v1/groups")["groups"]
-        print(_table([[g["group_id"], g["state"], g["protocol_type"]] for g in groups],
-                     ["GROUP", "STATE", "TYPE"]))
+        print(
+            _table(
+                [[g["group_id"], g["state"], g["protocol_type"]] for g in groups],
+                ["GROUP", "STATE", "TYPE"],
+            )
+        )
     else:
         g = _request(a.http, "GET", f"/api/v1/groups/{urllib.parse.quote(a.group)}")
-        print(f"group {g['group_id']}  state {g['state']}  assignor {g['protocol'] or '-'}  "
-              f"members {len(g['members'])}")
-        rows = [[o["topic"], o["partition"], o["committed"], o["end"],
-                 o["lag"] if o["lag"] is not None else "-"] for o in g["offsets"]]
+        print(
+            f"group {g['group_id']}  state {g['state']}  assignor {g['protocol'] or '-'}  "
+            f"members {len(g['members'])}"
+        )
+        rows = [
+            [
+                o["topic"],
+                o["partition"],
+                o["committed"],
+                o["end"],
+                o["lag"] if o["lag"] is not None else "-",
+            ]
+            for o in g["offsets"]
+        ]
         print(_table(rows, ["TOPIC", "PARTITION", "COMMITTED", "END", "LAG"]))
         for m in g["members"]:
             print(f"member {m['member_id']} client {m['client_id']} host {m['host']}")
@@ -222,8 +283,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="run a local StraitMQ in the foreground")
-    up.add_argument("--single", action="store_true",
-                    help="one combined node (the only mode until the cluster lands)")
+    up.add_argument(
+        "--single",
+        action="store_true",
+        help="one combined node (the only mode until the cluster lands)",
+    )
     up.add_argument("--data-dir", default=".strait-data")
     up.add_argument("--listen", default="127.0.0.1:9092")
     up.add_argument("--http-listen", default="127.0.0.1:8080")

@@ -34,7 +34,8 @@ def advertised() -> list[dict]:
     return [
         {
             "api_key": key,
-            "min_version": spec.advertised_min if spec.advertised_min is not None
+            "min_version": spec.advertised_min
+            if spec.advertised_min is not None
             else spec.min_version,
             "max_version": spec.max_version,
         }

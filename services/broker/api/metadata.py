@@ -15,31 +15,47 @@ INVALID_TOPIC_EXCEPTION = 17
 
 def _broker_entry(ctx: RequestContext, key: str = "node_id") -> dict:
     cfg = ctx.broker.config
-    return {key: cfg.node_id, "host": cfg.advertised_host, "port": cfg.advertised_port,
-            "rack": cfg.rack}
+    return {
+        key: cfg.node_id,
+        "host": cfg.advertised_host,
+        "port": cfg.advertised_port,
+        "rack": cfg.rack,
+    }
 
 
 def topic_entry(ctx: RequestContext, name: str) -> dict:
     broker = ctx.broker
     topic = broker.image.topics.get(name)
     if topic is None:
-        return {"error_code": UNKNOWN_TOPIC_OR_PARTITION, "name": name, "topic_id": None,
-                "is_internal": False, "partitions": []}
+        return {
+            "error_code": UNKNOWN_TOPIC_OR_PARTITION,
+            "name": name,
+            "topic_id": None,
+            "is_internal": False,
+            "partitions": [],
+        }
     node = broker.config.node_id
     parts = []
     for i in range(topic.partitions):
         p = broker.partitions.get(name, i)
-        parts.append({
-            "error_code": 0 if p else LEADER_NOT_AVAILABLE,
-            "partition_index": i,
-            "leader_id": node if p else -1,
-            "leader_epoch": p.leader_epoch if p else -1,
-            "replica_nodes": [node],
-            "isr_nodes": [node],
-            "offline_replicas": [],
-        })
-    return {"error_code": 0, "name": name, "topic_id": topic.topic_id,
-            "is_internal": topic.internal, "partitions": parts}
+        parts.append(
+            {
+                "error_code": 0 if p else LEADER_NOT_AVAILABLE,
+                "partition_index": i,
+                "leader_id": node if p else -1,
+                "leader_epoch": p.leader_epoch if p else -1,
+                "replica_nodes": [node],
+                "isr_nodes": [node],
+                "offline_replicas": [],
+            }
+        )
+    return {
+        "error_code": 0,
+        "name": name,
+        "topic_id": topic.topic_id,
+        "is_internal": topic.internal,
+        "partitions": parts,
+    }
 
 
 async def handle_metadata(ctx: RequestContext, req: Any) -> dict:
@@ -55,11 +71,15 @@ async def handle_metadata(ctx: RequestContext, req: Any) -> dict:
             if allow_auto and broker.config.auto_create_topics:
                 try:
                     broker.controller.create_topic(
-                        name, broker.config.num_partitions, broker.config.default_replication_factor, {}
+                        name,
+                        broker.config.num_partitions,
+                        broker.config.default_replication_factor,
+                        {},
                     )
                 except ControllerError as e:
-                    topics.append({"error_code": e.code, "name": name, "topic_id": None,
-                                   "partitions": []})
+                    topics.append(
+                        {"error_code": e.code, "name": name, "topic_id": None, "partitions": []}
+                    )
                     continue
         topics.append(topic_entry(ctx, name))
     return {

@@ -108,9 +108,7 @@ class Segment:
             self._pending_index.clear()
         if self._pending_time:
             if self._time_fd < 0:
-                self._time_fd = os.open(
-                    self.path(".timeindex"), os.O_WRONLY | os.O_CREAT, 0o644
-                )
+                self._time_fd = os.open(self.path(".timeindex"), os.O_WRONLY | os.O_CREAT, 0o644)
                 os.lseek(self._time_fd, 0, os.SEEK_END)
             os.write(self._time_fd, self._pending_time)
             self._pending_time.clear()
@@ -224,7 +222,9 @@ class Segment:
                 break
             info.position = pos
             found.append(info)
-            self._note_batch(info.base_offset, info.last_offset_delta, info.max_timestamp, pos, size)
+            self._note_batch(
+                info.base_offset, info.last_offset_delta, info.max_timestamp, pos, size
+            )
             expected = info.base_offset + info.last_offset_delta + 1
             pos += size
         truncated = file_size - pos
@@ -274,13 +274,16 @@ class Segment:
                 os.close(fd)
                 setattr(self, fd_attr, -1)
         self._pending_index = bytearray(
-            b"".join(_OFFSET_ENTRY.pack(r, p) for r, p in zip(self.index_offsets,
-                                                               self.index_positions,
-                                                               strict=True))
+            b"".join(
+                _OFFSET_ENTRY.pack(r, p)
+                for r, p in zip(self.index_offsets, self.index_positions, strict=True)
+            )
         )
         self._pending_time = bytearray(
-            b"".join(_TIME_ENTRY.pack(t, r) for t, r in zip(self.time_stamps,
-                                                            self.time_offsets, strict=True))
+            b"".join(
+                _TIME_ENTRY.pack(t, r)
+                for t, r in zip(self.time_stamps, self.time_offsets, strict=True)
+            )
         )
         for suffix in (".index", ".timeindex"):
             try:

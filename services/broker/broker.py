@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from typing import Any
 
 from straitmq.controller.local_controller import ControllerError, LocalController
@@ -20,6 +21,7 @@ from .partitions import PartitionManager
 from .records import BatchInfo
 
 log = logging.getLogger("straitmq.broker")
+OFFSETS_SEGMENT_BYTES = 64 * 1024 * 1024
 
 
 class Broker:
@@ -62,7 +64,9 @@ class Broker:
                 OFFSETS_TOPIC,
                 self.config.offsets_topic_partitions,
                 1,
-                {"segment.bytes": str(100 * 1024 * 1024)},
+                # Kept forever and compacted by rewriting (see compact_offsets): time-based
+                # retention would drop the commits of idle groups.
+                {"segment.bytes": str(OFFSETS_SEGMENT_BYTES), "retention.ms": "-1"},
                 internal=True,
             )
         self.offsets.partitions_count = self.image.topics[OFFSETS_TOPIC].partitions
@@ -87,6 +91,29 @@ class Broker:
                     pos += size
         self.offsets.load(batches)
         self.offsets.bind(self._append_offsets)
+        self.compact_offsets()
+
+    def compact_offsets(self) -> int:
+        """Keep `__consumer_offsets` small: once a partition has rolled, write its live
+        commits again at the head and drop the older segments. A crash in between only
+        means the old records are replayed before the new ones, which win."""
+        from .record_codec import build_batch
+        from .records import validate_batches
+
+        dropped = 0
+        for i in range(self.offsets.partitions_count):
+            part = self.partitions.get(OFFSETS_TOPIC, i)
+            if part is None or len(part.log.segments) < 2:
+                continue
+            part.log.roll()
+            head = part.log.log_end_offset
+            now = int(time.time() * 1000)
+            for _group, records in self.offsets.snapshot_batches(i):
+                for j in range(0, len(records), 500):
+                    view = memoryview(build_batch(records[j : j + 500], now))
+                    part.append(view, validate_batches(view, len(view)))
+            dropped += part.log.drop_segments_before(head)
+        return dropped
 
     def _append_offsets(self, index: int, data: memoryview, batches: list[BatchInfo]) -> None:
         part = self.partitions.get(OFFSETS_TOPIC, index)
@@ -121,6 +148,7 @@ class Broker:
         while True:
             await asyncio.sleep(self.config.retention_check_interval_ms / 1000)
             try:
+                self.compact_offsets()
                 deleted = self.partitions.apply_retention()
                 if deleted:
                     log.info("retention deleted segments", extra={"segments": deleted})

@@ -105,6 +105,24 @@ class OffsetStore:
         view = memoryview(batch)
         self._append(self.partition_for(group), view, validate_batches(view, len(batch)))
 
+    def snapshot_batches(self, partition: int) -> list[tuple[str, list]]:
+        """The live commits of one offsets partition, as (group, records) to rewrite."""
+        out = []
+        for group, g in self.offsets.items():
+            if self.partition_for(group) != partition or not g:
+                continue
+            records = [
+                (
+                    orjson.dumps([group, t, p]),
+                    orjson.dumps({"o": c.offset, "e": c.leader_epoch, "m": c.metadata,
+                                  "t": c.timestamp}),
+                    [],
+                )
+                for (t, p), c in g.items()
+            ]
+            out.append((group, records))
+        return out
+
     def fetch(self, group: str) -> dict[tuple[str, int], Committed]:
         return self.offsets.get(group, {})
 

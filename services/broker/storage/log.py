@@ -256,6 +256,15 @@ class PartitionLog:
                     os.unlink(os.path.join(self.directory, segment_name(old, SNAPSHOT_SUFFIX)))
         return deleted
 
+    def drop_segments_before(self, offset: int) -> int:
+        """Delete whole segments that end at or before `offset` (never the active one)."""
+        dropped = 0
+        while len(self.segments) > 1 and self.segments[0].next_offset <= offset:
+            self.segments.pop(0).delete()
+            self.bases.pop(0)
+            dropped += 1
+        return dropped
+
     def close(self) -> None:
         self.write_producer_snapshot()
         for seg in self.segments:

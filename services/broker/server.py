@@ -63,25 +63,36 @@ class KafkaConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         buf = self.buf
-        buf += data
+        if not buf and len(data) >= 4 and _SIZE.unpack_from(data, 0)[0] + 4 == len(data):
+            buf = self.buf = bytearray()  # whole frame in one read: keep `data`, no copy
+            frames_view = memoryview(data)
+        else:
+            buf += data
+            frames_view = memoryview(buf)
         limit = self.broker.config.socket_request_max_bytes
-        while len(buf) >= 4:
-            (size,) = _SIZE.unpack_from(buf, 0)
+        pos = 0
+        end = len(frames_view)
+        while end - pos >= 4:
+            (size,) = _SIZE.unpack_from(frames_view, pos)
             if size < 8 or size > limit:
                 log.info(
                     "closing connection: bad frame size",
                     extra={"client": self.client_host, "size": size},
                 )
+                frames_view.release()
                 self.close()
                 return
-            if len(buf) < size + 4:
+            if end - pos < size + 4:
                 break
-            if len(buf) == size + 4:  # common case: take the buffer, no copy
-                self.frames.append(memoryview(buf)[4:].toreadonly())
-                buf = self.buf = bytearray()
+            if frames_view.obj is data:
+                self.frames.append(frames_view[4:].toreadonly())
             else:
-                self.frames.append(memoryview(bytes(buf[4 : size + 4])))
-                del buf[: size + 4]
+                self.frames.append(memoryview(bytes(frames_view[pos + 4 : pos + 4 + size])))
+            pos += size + 4
+        if frames_view.obj is buf:
+            frames_view.release()
+            if pos:
+                del buf[:pos]
         if self.frames:
             self.wakeup.set()
             if len(self.frames) >= MAX_QUEUED_FRAMES and not self.paused:

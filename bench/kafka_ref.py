@@ -76,8 +76,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def random_cluster_id() -> str:
-    """Kafka Uuid text form: URL-safe base64 of 16 random bytes without padding (22 chars)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """Kafka Uuid text form: URL-safe base64 of 16 random bytes without padding (22 chars).
+
+    Like Kafka's Uuid.randomUuid(), never starts with '-' (a command line would take it for an
+    option)."""
+    while True:
+        s = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not s.startswith("-"):
+            return s
 
 
 def metadata_probe(host: str, port: int, timeout: float = 2.0) -> list[tuple[int, str, int]]:
@@ -276,11 +282,12 @@ class KafkaRef:
         log_args = [f"-Dlog4j.configuration=file:{log4j}", f"-Dkafka.logs.dir={logs}"]
 
         # 1. format the storage (kafka-storage.sh format)
-        fmt = java_cmd(STORAGE_TOOL, ["format", "-t", self.cluster_id, "-c", str(cfg)],
+        fmt = java_cmd(STORAGE_TOOL, ["format", f"--cluster-id={self.cluster_id}", "--config", str(cfg)],
                        jvm_args=["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", *log_args],
                        include_classes=False)
         r = subprocess.run(fmt, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
         if r.returncode != 0:
+            self.stop()
             raise RuntimeError(f"StorageTool format failed ({r.returncode}):\n{r.stdout[-3000:]}")
 
         # 2. start the broker

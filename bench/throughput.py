@@ -17,6 +17,8 @@ Examples (from the repo root):
   python -m bench.throughput --kafka 127.0.0.1:19092 --strait 127.0.0.1:9092 --partitions 3
   python -m bench.throughput --target a=127.0.0.1:9092 --target b=127.0.0.1:9093
 
+--repeat N alternates the targets over N rounds and reports per-metric medians.
+
 Output: one table (metric | value per target | ratio of each target to the baseline: the "kafka"
 target when there is one, else the first) and a JSON dump (--json PATH, default
 .cache/bench/throughput-<timestamp>.json). Exit code 0 when every phase ran without error.
@@ -281,6 +283,8 @@ def e2e_latency(bootstrap: str, topic: str, a: argparse.Namespace) -> dict[str, 
 
     lat_ns: list[int] = []
     seen = {"warm": 0, "measured": 0}
+    warm_parts: set[int] = set()
+    warm_lat: list[float] = []  # ms, warm-up messages, in arrival order
     stop = threading.Event()
     errors: list[str] = []
 
@@ -301,6 +305,8 @@ def e2e_latency(bootstrap: str, topic: str, a: argparse.Namespace) -> dict[str, 
                 _seq, sent = struct.unpack_from(">qq", v, 0)
                 if v[16]:
                     seen["warm"] += 1
+                    warm_parts.add(m.partition())
+                    warm_lat.append((now - sent) / 1e6)
                 else:
                     seen["measured"] += 1
                     lat_ns.append(now - sent)
@@ -308,26 +314,46 @@ def e2e_latency(bootstrap: str, topic: str, a: argparse.Namespace) -> dict[str, 
     th = threading.Thread(target=consumer_loop, name="e2e-consumer", daemon=True)
     th.start()
     try:
-        # warm-up: keep sending (flagged) at the same rate until the consumer sees traffic,
-        # plus a_warmup seconds, so connections, fetch sessions and JIT are settled
+        # Warm-up: send (flagged) at the same rate until the consumer has received from every
+        # partition (a fresh topic's partitions do not all become fetchable at once), then for
+        # at least --latency-warmup s and until the latency has settled: the p99 of the last
+        # 1-s window is <= max(1.25 x the best window so far, 5 ms), the consumer keeping up;
+        # at most --latency-warmup-max s. A JVM broker needs that (JIT): cold, Kafka's p50 is
+        # in the hundreds of ms at 2000 single-message produce requests/s.
         interval = 1.0 / rate
-        warm_deadline = time.monotonic() + 20
-        warm_end = None
+        t_warm = time.monotonic()
+        min_end = max_end = next_check = None
+        windows: list[tuple[int, float]] = []  # (messages, p99 ms) per 1-s window
+        idx = 0
         seq = 0
         t_next = time.perf_counter()
         while True:
             now_m = time.monotonic()
-            if seen["warm"] > 0 and warm_end is None:
-                warm_end = now_m + a.latency_warmup
-            if (warm_end is not None and now_m >= warm_end) or now_m > warm_deadline:
-                break
+            if min_end is None:
+                if len(warm_parts) == len(parts):
+                    min_end = now_m + a.latency_warmup
+                    max_end = now_m + max(a.latency_warmup, a.latency_warmup_max)
+                    next_check = now_m + 1.0
+                    idx = len(warm_lat)
+                elif now_m - t_warm > 20:
+                    raise PhaseError(f"latency: during 20 s of warm-up the consumer received from "
+                                     f"partitions {sorted(warm_parts)} only, of {parts}")
+            elif now_m >= next_check:
+                chunk = sorted(warm_lat[idx:])
+                idx += len(chunk)
+                windows.append((len(chunk), percentile(chunk, 0.99) if chunk else float("inf")))
+                next_check += 1.0
+                best = min(w[1] for w in windows)
+                settled = (len(windows) >= 2 and windows[-1][0] >= 0.5 * rate
+                           and windows[-1][1] <= max(1.25 * best, 5.0))
+                if (now_m >= min_end and settled) or now_m >= max_end:
+                    break
             _sleep_until(t_next)
             p.produce(topic, struct.pack(">qqB", seq, time.perf_counter_ns(), 1) + pad)
             p.poll(0)
             seq += 1
             t_next += interval
-        if seen["warm"] == 0:
-            raise PhaseError("latency: the consumer received nothing during 20 s of warm-up")
+        warm_secs = time.monotonic() - t_warm
         # measured phase
         t_start = time.perf_counter()
         t_next = t_start
@@ -353,6 +379,8 @@ def e2e_latency(bootstrap: str, topic: str, a: argparse.Namespace) -> dict[str, 
         "max_ms": vals[-1] if vals else float("nan"),
         "mean_ms": statistics.fmean(vals) if vals else float("nan"),
         "consumer_errors": errors[:5],
+        "warmup_seconds": round(warm_secs, 1),
+        "warmup_window_p99_ms": [round(w[1], 2) for w in windows],
     }
     return res
 
@@ -366,10 +394,11 @@ def _sleep_until(t: float) -> None:
 
 # ---------------------------------------------------------------- driver
 
-def run_target(name: str, bootstrap: str, a: argparse.Namespace, run_id: str) -> tuple[dict, dict, dict]:
+def run_target(name: str, bootstrap: str, a: argparse.Namespace, run_id: str,
+               rep: int = 0) -> tuple[dict, dict, dict]:
     host, port = bootstrap.rsplit(":", 1)
-    log(f"== target {name} ({bootstrap})")
-    wait_for_broker(host, int(port), timeout=60)
+    log(f"== target {name} ({bootstrap})" + (f", round {rep + 1}/{a.repeat}" if a.repeat > 1 else ""))
+    wait_for_broker(host, int(port), timeout=a.connect_timeout)
     metrics: dict[str, float] = {}
     raw: dict[str, Any] = {}
     errors: dict[str, str] = {}
@@ -377,7 +406,7 @@ def run_target(name: str, bootstrap: str, a: argparse.Namespace, run_id: str) ->
     safe = re.sub(r"[^A-Za-z0-9_-]", "_", name)
 
     def topic(phase: str) -> str:
-        t = f"bench-{run_id}-{safe}-{phase}"
+        t = f"bench-{run_id}-{safe}-r{rep}-{phase}"
         create_topic(bootstrap, t, a.partitions, a.replication_factor)
         topics.append(t)
         return t
@@ -395,7 +424,7 @@ def run_target(name: str, bootstrap: str, a: argparse.Namespace, run_id: str) ->
     ph = set(a.phases)
     pp_all_topic: list[str] = []
 
-    if a.warmup_records > 0:
+    if a.warmup_records > 0 and rep == 0:
         def warmup() -> None:
             t = topic("warmup")
             w = argparse.Namespace(**{**vars(a), "num_records": a.warmup_records})
@@ -424,7 +453,7 @@ def run_target(name: str, bootstrap: str, a: argparse.Namespace, run_id: str) ->
         def java_consume() -> None:
             if not pp_all_topic:
                 raise PhaseError("no data: the acks=all ProducerPerformance run failed")
-            r = consumer_perf(bootstrap, pp_all_topic[0], a, group=f"bench-cp-{run_id}")
+            r = consumer_perf(bootstrap, pp_all_topic[0], a, group=f"bench-cp-{run_id}-{rep}")
             raw["java_consume"] = r
             metrics["java_consume_mb_s"] = float(r["MB.sec"])
             metrics["java_consume_rec_s"] = float(r["nMsg.sec"])
@@ -546,6 +575,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--kafka-port", type=int, default=None, help="port for --with-kafka (default: free)")
     ap.add_argument("--baseline", default=None, help="target the ratios are computed against "
                     "(default: 'kafka' if present, else the first target)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="rounds; targets alternate each round, metrics are medians (default 1)")
     ap.add_argument("--num-records", type=int, default=200_000)
     ap.add_argument("--record-size", type=int, default=1024)
     ap.add_argument("--warmup-records", type=int, default=20_000,
@@ -561,10 +592,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rdkafka-linger-ms", type=float, default=5, help="librdkafka linger.ms (default 5)")
     ap.add_argument("--latency-rate", type=float, default=2000, help="msg/s (default 2000)")
     ap.add_argument("--latency-seconds", type=float, default=10)
-    ap.add_argument("--latency-warmup", type=float, default=1.0, help="seconds (default 1)")
+    ap.add_argument("--latency-warmup", type=float, default=5.0,
+                    help="seconds of unmeasured traffic at the same rate first (default 5: a JVM "
+                         "broker needs several seconds of this traffic before its latency settles)")
+    ap.add_argument("--latency-warmup-max", type=float, default=30.0,
+                    help="warm-up goes on past --latency-warmup until the p99 of 1-s windows "
+                         "settles, for at most this many seconds (default 30)")
     ap.add_argument("--latency-record-size", type=int, default=1024)
     ap.add_argument("--latency-acks", default="all")
     ap.add_argument("--phase-timeout", type=float, default=900, help="seconds per tool run (default 900)")
+    ap.add_argument("--connect-timeout", type=float, default=30,
+                    help="seconds to wait for a target to answer Metadata (default 30)")
     ap.add_argument("--keep-topics", action="store_true", help="do not delete the bench topics")
     ap.add_argument("--json", default=None, help="where to write the JSON dump "
                     "(default .cache/bench/throughput-<timestamp>.json)")
@@ -602,19 +640,32 @@ def main(argv: list[str] | None = None) -> int:
     bootstraps: dict[str, str] = {}
     kafka_ref: KafkaRef | None = None
     targets = list(a.targets)
+    samples: dict[str, list[dict[str, float]]] = {}
     try:
         if a.with_kafka:
             log("starting reference Kafka 3.9 (KafkaRef) ...")
             kafka_ref = KafkaRef(a.kafka_port).start()
             log(f"Kafka ready on {kafka_ref.bootstrap}")
             targets.insert(0, ("kafka", kafka_ref.bootstrap))
-        for name, bootstrap in targets:
-            bootstraps[name] = bootstrap
-            try:
-                results[name], raw[name], errors[name] = run_target(name, bootstrap, a, run_id)
-            except Exception as e:
-                log(f"target {name} failed: {type(e).__name__}: {e}")
-                results[name], raw[name], errors[name] = {}, {}, {"target": f"{type(e).__name__}: {e}"}
+        # rounds alternate the targets (A B A B ...) so that drift and JIT warm-up do not all
+        # land on one side; each metric is the median over the rounds
+        samples.update({n: [] for n, _ in targets})
+        for rep in range(a.repeat):
+            for name, bootstrap in targets:
+                bootstraps[name] = bootstrap
+                if "target" in errors.get(name, {}):
+                    continue
+                try:
+                    m, r, e = run_target(name, bootstrap, a, run_id, rep)
+                except Exception as ex:
+                    log(f"target {name} failed: {type(ex).__name__}: {ex}")
+                    m, r, e = {}, {}, {"target": f"{type(ex).__name__}: {ex}"}
+                samples[name].append(m)
+                raw.setdefault(name, {}).update({k if rep == 0 else f"{k}#{rep + 1}": v for k, v in r.items()})
+                errors.setdefault(name, {}).update({k if rep == 0 else f"{k}#{rep + 1}": v for k, v in e.items()})
+        for name, ss in samples.items():
+            keys = [k for k in METRICS if any(k in s for s in ss)]
+            results[name] = {k: statistics.median([s[k] for s in ss if k in s]) for k in keys}
     finally:
         if kafka_ref is not None:
             log("stopping reference Kafka ...")
@@ -643,6 +694,7 @@ def main(argv: list[str] | None = None) -> int:
         "metrics": {k: {"unit": u, "higher_is_better": h} for k, (u, h) in METRICS.items()},
         "results": results,
         "ratios": rat,
+        "rounds": samples,
         "raw": raw,
         "errors": errors,
         "versions": {"confluent_kafka": confluent_kafka.version()[0] if confluent_kafka else None,

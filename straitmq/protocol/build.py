@@ -41,6 +41,13 @@ def _entity_of(tp: Any) -> type | None:
     return None
 
 
+def _is_tuple(tp: Any) -> bool:
+    """`tuple[X, ...]`, also when nullable (`tuple[X, ...] | None`)."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return any(_is_tuple(arg) for arg in typing.get_args(tp))
+    return typing.get_origin(tp) is tuple
+
+
 @cache
 def _plan(schema: type) -> tuple[tuple[str, int, type | None, bool], ...]:
     hints = typing.get_type_hints(schema)
@@ -53,7 +60,7 @@ def _plan(schema: type) -> tuple[tuple[str, int, type | None, bool], ...]:
             f.default_factory is not dataclasses.MISSING
         )
         if nested is not None:
-            kind = _NESTED_TUPLE if typing.get_origin(tp) is tuple else _NESTED
+            kind = _NESTED_TUPLE if _is_tuple(tp) else _NESTED
         elif kafka_type.startswith("timedelta"):
             kind = _TIMEDELTA
         elif kafka_type.startswith("datetime"):

@@ -462,10 +462,22 @@ public final class StraitClient {
                     next.put(new TopicPartition(r.topic(), r.partition()), new OffsetAndMetadata(r.offset() + 1));
                     if (++done >= count) break outer;
                 }
+                // --commit sync: commit after every poll, so a rebalance hands the next
+                // owner exactly what this member printed (at-least-once without repeats).
+                if (group != null && commit.equals("sync") && !recs.isEmpty() && !next.isEmpty()) {
+                    Map<TopicPartition, OffsetAndMetadata> owned = new HashMap<>();
+                    for (Map.Entry<TopicPartition, OffsetAndMetadata> e : next.entrySet())
+                        if (consumer.assignment().contains(e.getKey())) owned.put(e.getKey(), e.getValue());
+                    if (!owned.isEmpty()) consumer.commitSync(owned, Duration.ofMillis(Math.max(timeoutMs, 10000)));
+                }
             }
             for (TopicPartition tp : consumer.assignment()) assignment.add(tpName(tp, multiTopic));
             Collections.sort(assignment);
 
+            if (group != null && !o.has("partition")) {
+                // Only what this member still owns: after a rebalance the rest is another's.
+                next.keySet().retainAll(consumer.assignment());
+            }
             if (group != null && !next.isEmpty()) {
                 if (commit.equals("sync")) {
                     consumer.commitSync(next, Duration.ofMillis(Math.max(timeoutMs, 10000)));

@@ -15,14 +15,15 @@ import struct
 from collections import deque
 from typing import TYPE_CHECKING
 
+from straitmq.protocol.build import build
 from straitmq.protocol.codec import (
     ProtocolError,
     encode_response,
     parse_header_prefix,
     parse_request,
+    response_schema,
 )
-from straitmq.protocol.build import build
-from straitmq.protocol.codec import response_schema
+from straitmq.protocol.guard import check_array_lengths
 
 from .api.context import RawResponse, RequestContext
 from .api.dispatch import HANDLERS, api_versions_fallback
@@ -161,6 +162,7 @@ class KafkaConnection(asyncio.Protocol):
             self.close()
             return
         try:
+            check_array_lengths(frame, api_key, version)
             header, body = parse_request(frame, api_key, version)
         except ProtocolError as exc:
             log.info("closing connection: %s", exc, extra={"client": self.client_host})
@@ -176,11 +178,8 @@ class KafkaConnection(asyncio.Protocol):
         if isinstance(result, RawResponse):
             await self.write_raw(result)
         else:
-            self.write(
-                encode_response(
-                    api_key, version, correlation_id, build(response_schema(api_key, version), result)
-                )
-            )
+            body = build(response_schema(api_key, version), result)
+            self.write(encode_response(api_key, version, correlation_id, body))
 
     def write(self, data: bytes) -> None:
         if not self.closed and self.transport is not None:

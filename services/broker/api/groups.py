@@ -23,7 +23,7 @@ async def handle_find_coordinator(ctx: RequestContext, req: Any) -> dict:
         keys = [req.key]
     coordinators = []
     for key in keys:
-        if req.key_type != 0:
+        if getattr(req, "key_type", 0) != 0:
             coordinators.append({"key": key, "node_id": -1, "host": "", "port": -1,
                                  "error_code": COORDINATOR_NOT_AVAILABLE,
                                  "error_message": "transactions are not supported"})

@@ -465,7 +465,7 @@ class GroupCoordinator:
         group = self.groups.get(group_id)
         if generation < 0 and not member_id:
             if group is not None and group.members:
-                return ILLEGAL_GENERATION
+                return UNKNOWN_MEMBER_ID  # as Kafka: an anonymous commit to an active group
             return NONE
         try:
             group, member = self._member(group_id, member_id, instance_id)

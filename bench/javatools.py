@@ -17,8 +17,9 @@ import os
 import shutil
 import subprocess
 import threading
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CACHE_DIR = REPO_ROOT / ".cache"
@@ -28,21 +29,35 @@ FETCH_SCRIPT = REPO_ROOT / "scripts" / "fetch-jars.sh"
 LOG4J_CONFIG = REPO_ROOT / "tools" / "java" / "log4j.properties"
 
 # Main classes present in the Kafka 3.9 jars (see also bench/kafka_ref.py).
-KAFKA_MAIN = "kafka.Kafka"                                    # the broker (kafka_2.13 jar)
-STORAGE_TOOL = "kafka.tools.StorageTool"                      # `kafka-storage.sh format` (kafka_2.13 jar)
-PRODUCER_PERF = "org.apache.kafka.tools.ProducerPerformance"  # kafka-producer-perf-test.sh (kafka-tools jar)
-CONSUMER_PERF = "org.apache.kafka.tools.ConsumerPerformance"  # kafka-consumer-perf-test.sh (kafka-tools jar)
-END_TO_END_LATENCY = "org.apache.kafka.tools.EndToEndLatency"  # kafka-e2e-latency.sh (kafka-tools jar)
-STRAIT_CLIENT = "StraitClient"                                # tools/java/StraitClient.java
+KAFKA_MAIN = "kafka.Kafka"  # the broker (kafka_2.13 jar)
+STORAGE_TOOL = "kafka.tools.StorageTool"  # `kafka-storage.sh format` (kafka_2.13 jar)
+PRODUCER_PERF = (
+    "org.apache.kafka.tools.ProducerPerformance"  # kafka-producer-perf-test.sh (kafka-tools jar)
+)
+CONSUMER_PERF = (
+    "org.apache.kafka.tools.ConsumerPerformance"  # kafka-consumer-perf-test.sh (kafka-tools jar)
+)
+END_TO_END_LATENCY = (
+    "org.apache.kafka.tools.EndToEndLatency"  # kafka-e2e-latency.sh (kafka-tools jar)
+)
+STRAIT_CLIENT = "StraitClient"  # tools/java/StraitClient.java
 
 # JVM flags for short-lived client tools (StraitClient): fast start-up matters more than speed.
 CLIENT_JVM_ARGS = ["-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto"]
 # JVM flags for the perf tools, as bin/kafka-producer-perf-test.sh runs them
 # (KAFKA_HEAP_OPTS=-Xmx512M + kafka-run-class.sh's KAFKA_JVM_PERFORMANCE_OPTS).
-PERF_JVM_ARGS = ["-Xmx512m", "-server", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
-                 "-XX:InitiatingHeapOccupancyPercent=35", "-XX:+ExplicitGCInvokesConcurrent",
-                 "-XX:MaxInlineLevel=15", "-Djava.awt.headless=true",
-                 "-Duser.language=en", "-Duser.country=US"]
+PERF_JVM_ARGS = [
+    "-Xmx512m",
+    "-server",
+    "-XX:+UseG1GC",
+    "-XX:MaxGCPauseMillis=20",
+    "-XX:InitiatingHeapOccupancyPercent=35",
+    "-XX:+ExplicitGCInvokesConcurrent",
+    "-XX:MaxInlineLevel=15",
+    "-Djava.awt.headless=true",
+    "-Duser.language=en",
+    "-Duser.country=US",
+]
 
 _lock = threading.Lock()
 _classpath: str | None = None
@@ -57,10 +72,11 @@ def ensure_jars(force: bool = False) -> None:
     if shutil.which("java") is None:
         raise JavaToolsError("java not found on PATH (a JDK 17 is required)")
     cmd = ["bash", str(FETCH_SCRIPT)] + (["--force"] if force else [])
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, timeout=1200)
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1200)
     if proc.returncode != 0:
-        raise JavaToolsError(f"{FETCH_SCRIPT} failed (rc={proc.returncode}):\n{proc.stderr[-4000:]}")
+        raise JavaToolsError(
+            f"{FETCH_SCRIPT} failed (rc={proc.returncode}):\n{proc.stderr[-4000:]}"
+        )
 
 
 def classpath(include_classes: bool = True) -> str:
@@ -79,8 +95,13 @@ def classpath(include_classes: bool = True) -> str:
     return os.pathsep.join(parts)
 
 
-def java_cmd(main_class: str, args: Iterable[Any] = (), jvm_args: Sequence[str] | None = None,
-             include_classes: bool = True, log_level: str | None = None) -> list[str]:
+def java_cmd(
+    main_class: str,
+    args: Iterable[Any] = (),
+    jvm_args: Sequence[str] | None = None,
+    include_classes: bool = True,
+    log_level: str | None = None,
+) -> list[str]:
     """Build the java command line for ``main_class`` (does not run it)."""
     java = os.environ.get("JAVA", "java")
     if jvm_args is None:
@@ -94,15 +115,22 @@ def java_cmd(main_class: str, args: Iterable[Any] = (), jvm_args: Sequence[str] 
     return cmd
 
 
-def run_java(main_class: str, args: Iterable[Any] = (), *, jvm_args: Sequence[str] | None = None,
-             include_classes: bool = True, log_level: str | None = None,
-             **popen_kwargs: Any) -> subprocess.Popen:
+def run_java(
+    main_class: str,
+    args: Iterable[Any] = (),
+    *,
+    jvm_args: Sequence[str] | None = None,
+    include_classes: bool = True,
+    log_level: str | None = None,
+    **popen_kwargs: Any,
+) -> subprocess.Popen:
     """Start ``java <jvm_args> -cp <classpath> main_class args...``; returns the Popen.
 
     popen_kwargs go to subprocess.Popen (stdout=..., stderr=..., cwd=..., text=True, ...).
     """
-    cmd = java_cmd(main_class, args, jvm_args=jvm_args, include_classes=include_classes,
-                   log_level=log_level)
+    cmd = java_cmd(
+        main_class, args, jvm_args=jvm_args, include_classes=include_classes, log_level=log_level
+    )
     return subprocess.Popen(cmd, **popen_kwargs)
 
 
@@ -122,12 +150,18 @@ class ClientResult(subprocess.CompletedProcess):
 
     @property
     def records(self) -> list[Any]:
-        return [l for l in self.lines if isinstance(l, dict) and "o" in l and "p" in l]
+        return [rec for rec in self.lines if isinstance(rec, dict) and "o" in rec and "p" in rec]
 
 
-def straitclient(args: Sequence[Any], *, timeout: float = 120, check: bool = False,
-                 jvm_args: Sequence[str] | None = None, input: str | None = None,
-                 env: dict[str, str] | None = None) -> ClientResult:
+def straitclient(
+    args: Sequence[Any],
+    *,
+    timeout: float = 120,
+    check: bool = False,
+    jvm_args: Sequence[str] | None = None,
+    input: str | None = None,
+    env: dict[str, str] | None = None,
+) -> ClientResult:
     """Run the StraitClient harness (``produce`` / ``consume`` / ``admin`` ...) to completion.
 
     Example: straitclient(["produce", "--bootstrap", "127.0.0.1:9092", "--topic", "t",
@@ -136,8 +170,14 @@ def straitclient(args: Sequence[Any], *, timeout: float = 120, check: bool = Fal
     and JavaToolsError when check=True and the exit code is not 0.
     """
     cmd = java_cmd(STRAIT_CLIENT, args, jvm_args=jvm_args)
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          timeout=timeout, input=input, env=env)
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        input=input,
+        env=env,
+    )
     res = ClientResult(proc.args, proc.returncode, proc.stdout, proc.stderr)
     res.lines = []
     for line in proc.stdout.splitlines():
@@ -151,7 +191,8 @@ def straitclient(args: Sequence[Any], *, timeout: float = 120, check: bool = Fal
     if check and proc.returncode != 0:
         raise JavaToolsError(
             f"StraitClient {' '.join(map(str, args))} exited {proc.returncode}\n"
-            f"stdout: {proc.stdout[-2000:]}\nstderr: {proc.stderr[-4000:]}")
+            f"stdout: {proc.stdout[-2000:]}\nstderr: {proc.stderr[-4000:]}"
+        )
     return res
 
 

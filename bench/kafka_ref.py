@@ -38,15 +38,21 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from bench.javatools import KAFKA_MAIN, STORAGE_TOOL, java_cmd
 
 BROKER_JVM_ARGS = [
-    "-Xmx1g", "-Xms1g", "-server",
-    "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:InitiatingHeapOccupancyPercent=35",
-    "-XX:+ExplicitGCInvokesConcurrent", "-XX:MaxInlineLevel=15", "-Djava.awt.headless=true",
+    "-Xmx1g",
+    "-Xms1g",
+    "-server",
+    "-XX:+UseG1GC",
+    "-XX:MaxGCPauseMillis=20",
+    "-XX:InitiatingHeapOccupancyPercent=35",
+    "-XX:+ExplicitGCInvokesConcurrent",
+    "-XX:MaxInlineLevel=15",
+    "-Djava.awt.headless=true",
 ]
 
 _LOG4J = """\
@@ -111,7 +117,7 @@ def metadata_probe(host: str, port: int, timeout: float = 2.0) -> list[tuple[int
     for _ in range(n):
         node_id, hlen = struct.unpack_from(">ih", data, pos)
         pos += 6
-        bhost = data[pos:pos + hlen].decode()
+        bhost = data[pos : pos + hlen].decode()
         pos += hlen
         (bport,) = struct.unpack_from(">i", data, pos)
         pos += 4
@@ -131,8 +137,9 @@ def _recv_exact(s: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def wait_for_broker(host: str, port: int, timeout: float = 60.0,
-                    proc: subprocess.Popen | None = None) -> list[tuple[int, str, int]]:
+def wait_for_broker(
+    host: str, port: int, timeout: float = 60.0, proc: subprocess.Popen | None = None
+) -> list[tuple[int, str, int]]:
     """Wait (bounded) until ``host:port`` answers a Metadata request listing >= 1 broker."""
     deadline = time.monotonic() + timeout
     last: Exception | None = None
@@ -158,7 +165,7 @@ def _pdeathsig() -> None:  # runs in the child between fork and exec
         pass
 
 
-_live: "weakref.WeakSet[KafkaRef]" = weakref.WeakSet()
+_live: weakref.WeakSet[KafkaRef] = weakref.WeakSet()
 
 
 @atexit.register
@@ -181,12 +188,21 @@ class KafkaRef:
                      logs/kafka-request.log, see request_versions(): what real clients send
     """
 
-    def __init__(self, port: int | None = None, controller_port: int | None = None, *,
-                 host: str = "127.0.0.1", extra_config: Mapping[str, object] | None = None,
-                 workdir: str | os.PathLike | None = None, keep: bool = False,
-                 jvm_args: list[str] | None = None, log_level: str = "INFO",
-                 request_log: bool = False,
-                 startup_timeout: float = 120.0, stop_timeout: float = 30.0):
+    def __init__(
+        self,
+        port: int | None = None,
+        controller_port: int | None = None,
+        *,
+        host: str = "127.0.0.1",
+        extra_config: Mapping[str, object] | None = None,
+        workdir: str | os.PathLike | None = None,
+        keep: bool = False,
+        jvm_args: list[str] | None = None,
+        log_level: str = "INFO",
+        request_log: bool = False,
+        startup_timeout: float = 120.0,
+        stop_timeout: float = 30.0,
+    ):
         self.host = host
         self.port = port or free_port(host)
         self.controller_port = controller_port or free_port(host)
@@ -266,7 +282,7 @@ class KafkaRef:
         return {k: str(v) for k, v in props.items()}
 
     # -- lifecycle ----------------------------------------------------------
-    def start(self) -> "KafkaRef":
+    def start(self) -> KafkaRef:
         if self.proc is not None:
             return self
         if self.workdir is None:
@@ -277,27 +293,43 @@ class KafkaRef:
         cfg = self.workdir / "server.properties"
         cfg.write_text("".join(f"{k}={v}\n" for k, v in self.server_properties().items()))
         log4j = self.workdir / "log4j.properties"
-        log4j.write_text(_LOG4J.format(level=self.log_level, logdir=logs,
-                                       request_level="DEBUG" if self.request_log else "WARN"))
+        log4j.write_text(
+            _LOG4J.format(
+                level=self.log_level,
+                logdir=logs,
+                request_level="DEBUG" if self.request_log else "WARN",
+            )
+        )
         log_args = [f"-Dlog4j.configuration=file:{log4j}", f"-Dkafka.logs.dir={logs}"]
 
         # 1. format the storage (kafka-storage.sh format)
-        fmt = java_cmd(STORAGE_TOOL, ["format", f"--cluster-id={self.cluster_id}", "--config", str(cfg)],
-                       jvm_args=["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", *log_args],
-                       include_classes=False)
-        r = subprocess.run(fmt, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+        fmt = java_cmd(
+            STORAGE_TOOL,
+            ["format", f"--cluster-id={self.cluster_id}", "--config", str(cfg)],
+            jvm_args=["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", *log_args],
+            include_classes=False,
+        )
+        r = subprocess.run(
+            fmt, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120
+        )
         if r.returncode != 0:
             self.stop()
             raise RuntimeError(f"StorageTool format failed ({r.returncode}):\n{r.stdout[-3000:]}")
 
         # 2. start the broker
-        cmd = java_cmd(KAFKA_MAIN, [str(cfg)], jvm_args=[*self.jvm_args, *log_args],
-                       include_classes=False)
+        cmd = java_cmd(
+            KAFKA_MAIN, [str(cfg)], jvm_args=[*self.jvm_args, *log_args], include_classes=False
+        )
         self._stdout = open(logs / "stdout.log", "wb")
         in_main = threading.current_thread() is threading.main_thread()
-        self.proc = subprocess.Popen(cmd, stdout=self._stdout, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, cwd=self.workdir,
-                                     preexec_fn=_pdeathsig if in_main and sys.platform == "linux" else None)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self._stdout,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=self.workdir,
+            preexec_fn=_pdeathsig if in_main and sys.platform == "linux" else None,
+        )
         _live.add(self)
         try:
             wait_for_broker(self.host, self.port, timeout=self.startup_timeout, proc=self.proc)
@@ -325,7 +357,7 @@ class KafkaRef:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
 
-    def __enter__(self) -> "KafkaRef":
+    def __enter__(self) -> KafkaRef:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -339,16 +371,23 @@ class KafkaRef:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(description="Run a reference Apache Kafka 3.9 broker until Ctrl-C.")
+    ap = argparse.ArgumentParser(
+        description="Run a reference Apache Kafka 3.9 broker until Ctrl-C."
+    )
     ap.add_argument("--port", type=int, default=None)
     ap.add_argument("--controller-port", type=int, default=None)
     ap.add_argument("--keep", action="store_true", help="keep the work dir (data and logs)")
-    ap.add_argument("--seconds", type=float, default=3600, help="stop after this long (default 1 h)")
+    ap.add_argument(
+        "--seconds", type=float, default=3600, help="stop after this long (default 1 h)"
+    )
     a = ap.parse_args(argv)
     t0 = time.monotonic()
     with KafkaRef(a.port, a.controller_port, keep=a.keep) as k:
-        print(f"Kafka ready on {k.bootstrap} in {time.monotonic() - t0:.1f}s (workdir {k.workdir})",
-              file=sys.stderr, flush=True)
+        print(
+            f"Kafka ready on {k.bootstrap} in {time.monotonic() - t0:.1f}s (workdir {k.workdir})",
+            file=sys.stderr,
+            flush=True,
+        )
         print(k.bootstrap, flush=True)
         try:
             time.sleep(a.seconds)

@@ -48,8 +48,14 @@ from typing import Any
 if __package__ in (None, ""):  # allow `python bench/throughput.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.javatools import (CONSUMER_PERF, PERF_JVM_ARGS, PRODUCER_PERF, REPO_ROOT, java_cmd,
-                             straitclient)
+from bench.javatools import (
+    CONSUMER_PERF,
+    PERF_JVM_ARGS,
+    PRODUCER_PERF,
+    REPO_ROOT,
+    java_cmd,
+    straitclient,
+)
 from bench.kafka_ref import KafkaRef, wait_for_broker
 
 try:
@@ -100,11 +106,11 @@ class PhaseError(RuntimeError):
 
 # ---------------------------------------------------------------- Java tools
 
+
 def run_tool(main_class: str, args: list[Any], timeout: float) -> tuple[str, str]:
     cmd = java_cmd(main_class, args, jvm_args=PERF_JVM_ARGS, include_classes=False)
     try:
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           timeout=timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         raise PhaseError(f"{main_class} timed out after {timeout:.0f}s") from e
     if p.returncode != 0:
@@ -116,7 +122,8 @@ def run_tool(main_class: str, args: list[Any], timeout: float) -> tuple[str, str
 #       400.00 ms max latency, 120 ms 50th, 300 ms 95th, 390 ms 99th, 399 ms 99.9th."
 PP_FINAL = re.compile(
     r"(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\), ([\d.]+) ms avg latency, "
-    r"([\d.]+) ms max latency, (\d+) ms 50th, (\d+) ms 95th, (\d+) ms 99th, (\d+) ms 99\.9th")
+    r"([\d.]+) ms max latency, (\d+) ms 50th, (\d+) ms 95th, (\d+) ms 99th, (\d+) ms 99\.9th"
+)
 
 
 def parse_producer_perf(out: str) -> dict[str, float]:
@@ -127,27 +134,47 @@ def parse_producer_perf(out: str) -> dict[str, float]:
             m = mm
     if m is None:
         raise PhaseError(f"no final summary in ProducerPerformance output: {out[-500:]!r}")
-    keys = ["records", "rec_s", "mb_s", "avg_lat_ms", "max_lat_ms", "p50_ms", "p95_ms", "p99_ms",
-            "p999_ms"]
-    return {k: float(v) for k, v in zip(keys, m.groups())}
+    keys = [
+        "records",
+        "rec_s",
+        "mb_s",
+        "avg_lat_ms",
+        "max_lat_ms",
+        "p50_ms",
+        "p95_ms",
+        "p99_ms",
+        "p999_ms",
+    ]
+    return {k: float(v) for k, v in zip(keys, m.groups(), strict=False)}
 
 
 def parse_consumer_perf(out: str) -> dict[str, str]:
     """Header 'start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, nMsg.sec,
     rebalance.time.ms, fetch.time.ms, fetch.MB.sec, fetch.nMsg.sec' then one line of values."""
-    lines = [l.strip() for l in out.splitlines() if l.strip()]
-    for i, l in enumerate(lines):
-        if l.startswith("start.time") and i + 1 < len(lines):
-            keys = [k.strip() for k in l.split(",")]
+    lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
+    for i, ln in enumerate(lines):
+        if ln.startswith("start.time") and i + 1 < len(lines):
+            keys = [k.strip() for k in ln.split(",")]
             vals = [v.strip() for v in lines[i + 1].split(",")]
             if len(keys) == len(vals):
-                return dict(zip(keys, vals))
+                return dict(zip(keys, vals, strict=False))
     raise PhaseError(f"cannot parse ConsumerPerformance output: {out[-500:]!r}")
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int, rf: int) -> None:
-    r = straitclient(["admin", "--bootstrap", bootstrap, "create-topic", topic, partitions, rf,
-                      "--if-not-exists"], timeout=120)
+    r = straitclient(
+        [
+            "admin",
+            "--bootstrap",
+            bootstrap,
+            "create-topic",
+            topic,
+            partitions,
+            rf,
+            "--if-not-exists",
+        ],
+        timeout=120,
+    )
     if r.returncode != 0:
         raise PhaseError(f"create-topic {topic} failed: {r.stdout.strip()} {r.stderr[-1000:]}")
 
@@ -160,9 +187,20 @@ def delete_topic(bootstrap: str, topic: str) -> None:
 
 
 def producer_perf(bootstrap: str, topic: str, a: argparse.Namespace, acks: str) -> dict[str, float]:
-    args: list[Any] = ["--topic", topic, "--num-records", a.num_records, "--record-size",
-                       a.record_size, "--throughput", -1, "--producer-props",
-                       f"bootstrap.servers={bootstrap}", f"acks={acks}", *a.producer_prop]
+    args: list[Any] = [
+        "--topic",
+        topic,
+        "--num-records",
+        a.num_records,
+        "--record-size",
+        a.record_size,
+        "--throughput",
+        -1,
+        "--producer-props",
+        f"bootstrap.servers={bootstrap}",
+        f"acks={acks}",
+        *a.producer_prop,
+    ]
     out, _ = run_tool(PRODUCER_PERF, args, timeout=a.phase_timeout)
     res = parse_producer_perf(out)
     if int(res["records"]) != a.num_records:
@@ -171,21 +209,39 @@ def producer_perf(bootstrap: str, topic: str, a: argparse.Namespace, acks: str) 
 
 
 def consumer_perf(bootstrap: str, topic: str, a: argparse.Namespace, group: str) -> dict[str, str]:
-    args = ["--bootstrap-server", bootstrap, "--topic", topic, "--messages", a.num_records,
-            "--timeout", 30000, "--group", group]
+    args = [
+        "--bootstrap-server",
+        bootstrap,
+        "--topic",
+        topic,
+        "--messages",
+        a.num_records,
+        "--timeout",
+        30000,
+        "--group",
+        group,
+    ]
     out, _ = run_tool(CONSUMER_PERF, args, timeout=a.phase_timeout)
     res = parse_consumer_perf(out)
     if int(res["data.consumed.in.nMsg"]) < a.num_records:
-        raise PhaseError(f"ConsumerPerformance read {res['data.consumed.in.nMsg']} of {a.num_records}")
+        raise PhaseError(
+            f"ConsumerPerformance read {res['data.consumed.in.nMsg']} of {a.num_records}"
+        )
     return res
 
 
 # ---------------------------------------------------------------- librdkafka
 
+
 def rdkafka_produce(bootstrap: str, topic: str, a: argparse.Namespace) -> dict[str, float]:
     ck = confluent_kafka
-    conf = {"bootstrap.servers": bootstrap, "acks": a.rdkafka_acks, "client.id": "bench-rdkafka",
-            "linger.ms": a.rdkafka_linger_ms, "compression.type": "none"}
+    conf = {
+        "bootstrap.servers": bootstrap,
+        "acks": a.rdkafka_acks,
+        "client.id": "bench-rdkafka",
+        "linger.ms": a.rdkafka_linger_ms,
+        "compression.type": "none",
+    }
     p = ck.Producer(conf)
     n = a.num_records
     payload = os.urandom(a.record_size)
@@ -211,22 +267,32 @@ def rdkafka_produce(bootstrap: str, topic: str, a: argparse.Namespace) -> dict[s
             except BufferError:
                 p.poll(0.05)
                 if time.monotonic() > deadline:
-                    raise PhaseError("rdkafka produce timed out (queue full)")
+                    raise PhaseError("rdkafka produce timed out (queue full)") from None
         if i & 1023 == 0:
             p.poll(0)
     remaining = p.flush(max(1.0, deadline - time.monotonic()))
     dt = time.perf_counter() - t0
     if remaining or state["err"]:
-        raise PhaseError(f"rdkafka produce: {remaining} undelivered, {state['err']} errors "
-                         f"(first: {state['first_err']})")
+        raise PhaseError(
+            f"rdkafka produce: {remaining} undelivered, {state['err']} errors "
+            f"(first: {state['first_err']})"
+        )
     return {"records": n, "seconds": dt, "rec_s": n / dt, "mb_s": n * a.record_size / MB / dt}
 
 
-def rdkafka_consume(bootstrap: str, topic: str, a: argparse.Namespace, expected: int) -> dict[str, float]:
+def rdkafka_consume(
+    bootstrap: str, topic: str, a: argparse.Namespace, expected: int
+) -> dict[str, float]:
     ck = confluent_kafka
-    c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-rdc-{uuid.uuid4().hex[:8]}",
-                     "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                     "client.id": "bench-rdkafka-consumer"})
+    c = ck.Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-rdc-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "client.id": "bench-rdkafka-consumer",
+        }
+    )
     try:
         md = c.list_topics(topic, timeout=30)
         parts = sorted(md.topics[topic].partitions)
@@ -257,7 +323,7 @@ def rdkafka_consume(bootstrap: str, topic: str, a: argparse.Namespace, expected:
 def percentile(sorted_vals: list[float], q: float) -> float:
     if not sorted_vals:
         return float("nan")
-    idx = min(len(sorted_vals) - 1, max(0, int(round(q * len(sorted_vals) + 0.5)) - 1))
+    idx = min(len(sorted_vals) - 1, max(0, round(q * len(sorted_vals) + 0.5) - 1))
     return sorted_vals[idx]
 
 
@@ -270,12 +336,25 @@ def e2e_latency(bootstrap: str, topic: str, a: argparse.Namespace) -> dict[str, 
     n = int(rate * a.latency_seconds)
     size = max(17, a.latency_record_size)
     pad = b"x" * (size - 17)
-    p = ck.Producer({"bootstrap.servers": bootstrap, "acks": a.latency_acks, "linger.ms": 0,
-                     "client.id": "bench-e2e-producer"})
-    c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-e2e-{uuid.uuid4().hex[:8]}",
-                     "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                     "fetch.wait.max.ms": 500, "fetch.min.bytes": 1,
-                     "client.id": "bench-e2e-consumer"})
+    p = ck.Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": a.latency_acks,
+            "linger.ms": 0,
+            "client.id": "bench-e2e-producer",
+        }
+    )
+    c = ck.Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-e2e-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 500,
+            "fetch.min.bytes": 1,
+            "client.id": "bench-e2e-consumer",
+        }
+    )
     md = c.list_topics(topic, timeout=30)
     parts = sorted(md.topics[topic].partitions)
     c.assign([ck.TopicPartition(topic, pp, ck.OFFSET_BEGINNING) for pp in parts])
@@ -296,7 +375,7 @@ def e2e_latency(bootstrap: str, topic: str, a: argparse.Namespace) -> dict[str, 
             if first is None:
                 continue
             now = time.perf_counter_ns()
-            msgs = [first] + c.consume(num_messages=1000, timeout=0)
+            msgs = [first, *c.consume(num_messages=1000, timeout=0)]
             for m in msgs:
                 if m.error() is not None:
                     errors.append(str(m.error()))
@@ -336,16 +415,21 @@ def e2e_latency(bootstrap: str, topic: str, a: argparse.Namespace) -> dict[str, 
                     next_check = now_m + 1.0
                     idx = len(warm_lat)
                 elif now_m - t_warm > 20:
-                    raise PhaseError(f"latency: during 20 s of warm-up the consumer received from "
-                                     f"partitions {sorted(warm_parts)} only, of {parts}")
+                    raise PhaseError(
+                        f"latency: during 20 s of warm-up the consumer received from "
+                        f"partitions {sorted(warm_parts)} only, of {parts}"
+                    )
             elif now_m >= next_check:
                 chunk = sorted(warm_lat[idx:])
                 idx += len(chunk)
                 windows.append((len(chunk), percentile(chunk, 0.99) if chunk else float("inf")))
                 next_check += 1.0
                 best = min(w[1] for w in windows)
-                settled = (len(windows) >= 2 and windows[-1][0] >= 0.5 * rate
-                           and windows[-1][1] <= max(1.25 * best, 5.0))
+                settled = (
+                    len(windows) >= 2
+                    and windows[-1][0] >= 0.5 * rate
+                    and windows[-1][1] <= max(1.25 * best, 5.0)
+                )
                 if (now_m >= min_end and settled) or now_m >= max_end:
                     break
             _sleep_until(t_next)
@@ -373,9 +457,14 @@ def e2e_latency(bootstrap: str, topic: str, a: argparse.Namespace) -> dict[str, 
         c.close()
     vals = sorted(x / 1e6 for x in lat_ns)
     res = {
-        "sent": n, "received": len(vals), "lost": n - len(vals), "rate_msg_s": n / send_secs,
-        "p50_ms": percentile(vals, 0.50), "p90_ms": percentile(vals, 0.90),
-        "p99_ms": percentile(vals, 0.99), "p999_ms": percentile(vals, 0.999),
+        "sent": n,
+        "received": len(vals),
+        "lost": n - len(vals),
+        "rate_msg_s": n / send_secs,
+        "p50_ms": percentile(vals, 0.50),
+        "p90_ms": percentile(vals, 0.90),
+        "p99_ms": percentile(vals, 0.99),
+        "p999_ms": percentile(vals, 0.999),
         "max_ms": vals[-1] if vals else float("nan"),
         "mean_ms": statistics.fmean(vals) if vals else float("nan"),
         "consumer_errors": errors[:5],
@@ -394,10 +483,15 @@ def _sleep_until(t: float) -> None:
 
 # ---------------------------------------------------------------- driver
 
-def run_target(name: str, bootstrap: str, a: argparse.Namespace, run_id: str,
-               rep: int = 0) -> tuple[dict, dict, dict]:
+
+def run_target(
+    name: str, bootstrap: str, a: argparse.Namespace, run_id: str, rep: int = 0
+) -> tuple[dict, dict, dict]:
     host, port = bootstrap.rsplit(":", 1)
-    log(f"== target {name} ({bootstrap})" + (f", round {rep + 1}/{a.repeat}" if a.repeat > 1 else ""))
+    log(
+        f"== target {name} ({bootstrap})"
+        + (f", round {rep + 1}/{a.repeat}" if a.repeat > 1 else "")
+    )
     wait_for_broker(host, int(port), timeout=a.connect_timeout)
     metrics: dict[str, float] = {}
     raw: dict[str, Any] = {}
@@ -425,14 +519,17 @@ def run_target(name: str, bootstrap: str, a: argparse.Namespace, run_id: str,
     pp_all_topic: list[str] = []
 
     if a.warmup_records > 0 and rep == 0:
+
         def warmup() -> None:
             t = topic("warmup")
             w = argparse.Namespace(**{**vars(a), "num_records": a.warmup_records})
             raw["warmup"] = producer_perf(bootstrap, t, w, "1")
             consumer_perf(bootstrap, t, w, group=f"bench-warmup-{run_id}")
+
         phase(f"warm-up ({a.warmup_records} records, not reported)", warmup)
 
     if "java-produce" in ph or "java-consume" in ph:
+
         def java_produce() -> None:
             for acks, tag in (("1", "acks1"), ("all", "acksall")):
                 if "java-produce" not in ph and acks == "1":
@@ -447,9 +544,11 @@ def run_target(name: str, bootstrap: str, a: argparse.Namespace, run_id: str,
                     metrics[f"java_produce_{tag}_p99_lat_ms"] = r["p99_ms"]
                 if acks == "all":
                     pp_all_topic.append(t)
+
         phase("java-produce (ProducerPerformance acks=1, acks=all)", java_produce)
 
     if "java-consume" in ph:
+
         def java_consume() -> None:
             if not pp_all_topic:
                 raise PhaseError("no data: the acks=all ProducerPerformance run failed")
@@ -459,6 +558,7 @@ def run_target(name: str, bootstrap: str, a: argparse.Namespace, run_id: str,
             metrics["java_consume_rec_s"] = float(r["nMsg.sec"])
             metrics["java_consume_fetch_mb_s"] = float(r["fetch.MB.sec"])
             metrics["java_consume_rebalance_ms"] = float(r["rebalance.time.ms"])
+
         phase("java-consume (ConsumerPerformance)", java_consume)
 
     rd_topic: list[str] = []
@@ -468,6 +568,7 @@ def run_target(name: str, bootstrap: str, a: argparse.Namespace, run_id: str,
         log("  rdkafka phases skipped: confluent_kafka is not installed")
     else:
         if "rdkafka-produce" in ph or "rdkafka-consume" in ph:
+
             def rd_produce() -> None:
                 t = topic("rd")
                 r = rdkafka_produce(bootstrap, t, a)
@@ -476,8 +577,10 @@ def run_target(name: str, bootstrap: str, a: argparse.Namespace, run_id: str,
                 if "rdkafka-produce" in ph:
                     metrics["rdkafka_produce_mb_s"] = r["mb_s"]
                     metrics["rdkafka_produce_rec_s"] = r["rec_s"]
+
             phase("rdkafka-produce", rd_produce)
         if "rdkafka-consume" in ph:
+
             def rd_consume() -> None:
                 if not rd_topic:
                     raise PhaseError("no data: rdkafka-produce failed")
@@ -485,8 +588,10 @@ def run_target(name: str, bootstrap: str, a: argparse.Namespace, run_id: str,
                 raw["rdkafka_consume"] = r
                 metrics["rdkafka_consume_mb_s"] = r["mb_s"]
                 metrics["rdkafka_consume_rec_s"] = r["rec_s"]
+
             phase("rdkafka-consume", rd_consume)
         if "latency" in ph:
+
             def latency() -> None:
                 r = e2e_latency(bootstrap, topic("lat"), a)
                 raw["e2e_latency"] = r
@@ -496,6 +601,7 @@ def run_target(name: str, bootstrap: str, a: argparse.Namespace, run_id: str,
                 metrics["e2e_lost"] = r["lost"]
                 if r["lost"]:
                     raise PhaseError(f"{r['lost']} of {r['sent']} latency messages not received")
+
             phase(f"latency ({a.latency_rate} msg/s for {a.latency_seconds}s)", latency)
 
     if not a.keep_topics:
@@ -539,8 +645,9 @@ def ratios(results: dict[str, dict[str, float]], baseline: str) -> dict[str, dic
     return out
 
 
-def print_table(results: dict[str, dict[str, float]], baseline: str,
-                rat: dict[str, dict[str, float]]) -> None:
+def print_table(
+    results: dict[str, dict[str, float]], baseline: str, rat: dict[str, dict[str, float]]
+) -> None:
     names = list(results)
     others = [n for n in names if n != baseline]
     header = ["metric", "unit"] + names + [f"{n}/{baseline}" for n in others]
@@ -552,60 +659,128 @@ def print_table(results: dict[str, dict[str, float]], baseline: str,
         row += [fmt(results[n].get(metric)) for n in names]
         row += [(f"{rat[n][metric]:.2f}x" if metric in rat.get(n, {}) else "-") for n in others]
         rows.append(row)
-    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
-    line = "  ".join(h.ljust(w) if i < 2 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths)))
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = "  ".join(
+        h.ljust(w) if i < 2 else h.rjust(w)
+        for i, (h, w) in enumerate(zip(header, widths, strict=False))
+    )
     print(line)
     print("-" * len(line))
     for r in rows:
-        print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        print(
+            "  ".join(
+                c.ljust(w) if i < 2 else c.rjust(w)
+                for i, (c, w) in enumerate(zip(r, widths, strict=False))
+            )
+        )
     print("(↑ higher is better, ↓ lower is better; ratio = target value / baseline value)")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", action="append", default=[], metavar="[NAME=]HOST:PORT",
-                    help="a broker to benchmark (repeatable)")
-    ap.add_argument("--strait", action="append", default=[], metavar="HOST:PORT",
-                    help="same as --target straitmq=HOST:PORT")
-    ap.add_argument("--kafka", action="append", default=[], metavar="HOST:PORT",
-                    help="same as --target kafka=HOST:PORT (an already running Kafka)")
-    ap.add_argument("--with-kafka", action="store_true",
-                    help="start a reference Apache Kafka 3.9 (bench.kafka_ref.KafkaRef) as target 'kafka'")
-    ap.add_argument("--kafka-port", type=int, default=None, help="port for --with-kafka (default: free)")
-    ap.add_argument("--baseline", default=None, help="target the ratios are computed against "
-                    "(default: 'kafka' if present, else the first target)")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="rounds; targets alternate each round, metrics are medians (default 1)")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="[NAME=]HOST:PORT",
+        help="a broker to benchmark (repeatable)",
+    )
+    ap.add_argument(
+        "--strait",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="same as --target straitmq=HOST:PORT",
+    )
+    ap.add_argument(
+        "--kafka",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="same as --target kafka=HOST:PORT (an already running Kafka)",
+    )
+    ap.add_argument(
+        "--with-kafka",
+        action="store_true",
+        help="start a reference Apache Kafka 3.9 (bench.kafka_ref.KafkaRef) as target 'kafka'",
+    )
+    ap.add_argument(
+        "--kafka-port", type=int, default=None, help="port for --with-kafka (default: free)"
+    )
+    ap.add_argument(
+        "--baseline",
+        default=None,
+        help="target the ratios are computed against "
+        "(default: 'kafka' if present, else the first target)",
+    )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds; targets alternate each round, metrics are medians (default 1)",
+    )
     ap.add_argument("--num-records", type=int, default=200_000)
     ap.add_argument("--record-size", type=int, default=1024)
-    ap.add_argument("--warmup-records", type=int, default=20_000,
-                    help="unreported ProducerPerformance + ConsumerPerformance run against each "
-                         "target first, so a JVM broker is not measured cold (0: none)")
+    ap.add_argument(
+        "--warmup-records",
+        type=int,
+        default=20_000,
+        help="unreported ProducerPerformance + ConsumerPerformance run against each "
+        "target first, so a JVM broker is not measured cold (0: none)",
+    )
     ap.add_argument("--partitions", type=int, default=1)
     ap.add_argument("--replication-factor", type=int, default=1)
-    ap.add_argument("--phases", default=",".join(ALL_PHASES),
-                    help=f"comma list out of {','.join(ALL_PHASES)} (default: all)")
-    ap.add_argument("--producer-prop", action="append", default=[], metavar="K=V",
-                    help="extra ProducerPerformance --producer-props entries (both runs)")
+    ap.add_argument(
+        "--phases",
+        default=",".join(ALL_PHASES),
+        help=f"comma list out of {','.join(ALL_PHASES)} (default: all)",
+    )
+    ap.add_argument(
+        "--producer-prop",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="extra ProducerPerformance --producer-props entries (both runs)",
+    )
     ap.add_argument("--rdkafka-acks", default="all", help="acks for rdkafka-produce (default all)")
-    ap.add_argument("--rdkafka-linger-ms", type=float, default=5, help="librdkafka linger.ms (default 5)")
+    ap.add_argument(
+        "--rdkafka-linger-ms", type=float, default=5, help="librdkafka linger.ms (default 5)"
+    )
     ap.add_argument("--latency-rate", type=float, default=2000, help="msg/s (default 2000)")
     ap.add_argument("--latency-seconds", type=float, default=10)
-    ap.add_argument("--latency-warmup", type=float, default=5.0,
-                    help="seconds of unmeasured traffic at the same rate first (default 5: a JVM "
-                         "broker needs several seconds of this traffic before its latency settles)")
-    ap.add_argument("--latency-warmup-max", type=float, default=30.0,
-                    help="warm-up goes on past --latency-warmup until the p99 of 1-s windows "
-                         "settles, for at most this many seconds (default 30)")
+    ap.add_argument(
+        "--latency-warmup",
+        type=float,
+        default=5.0,
+        help="seconds of unmeasured traffic at the same rate first (default 5: a JVM "
+        "broker needs several seconds of this traffic before its latency settles)",
+    )
+    ap.add_argument(
+        "--latency-warmup-max",
+        type=float,
+        default=30.0,
+        help="warm-up goes on past --latency-warmup until the p99 of 1-s windows "
+        "settles, for at most this many seconds (default 30)",
+    )
     ap.add_argument("--latency-record-size", type=int, default=1024)
     ap.add_argument("--latency-acks", default="all")
-    ap.add_argument("--phase-timeout", type=float, default=900, help="seconds per tool run (default 900)")
-    ap.add_argument("--connect-timeout", type=float, default=30,
-                    help="seconds to wait for a target to answer Metadata (default 30)")
+    ap.add_argument(
+        "--phase-timeout", type=float, default=900, help="seconds per tool run (default 900)"
+    )
+    ap.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=30,
+        help="seconds to wait for a target to answer Metadata (default 30)",
+    )
     ap.add_argument("--keep-topics", action="store_true", help="do not delete the bench topics")
-    ap.add_argument("--json", default=None, help="where to write the JSON dump "
-                    "(default .cache/bench/throughput-<timestamp>.json)")
+    ap.add_argument(
+        "--json",
+        default=None,
+        help="where to write the JSON dump (default .cache/bench/throughput-<timestamp>.json)",
+    )
     a = ap.parse_args(argv)
     a.phases = [p.strip() for p in a.phases.split(",") if p.strip()]
     bad = set(a.phases) - set(ALL_PHASES)
@@ -615,8 +790,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for i, t in enumerate(a.target):
         name, _, addr = t.rpartition("=")
         targets.append((name or f"target{i + 1}", addr))
-    targets += [("straitmq" if len(a.strait) == 1 else f"straitmq{i + 1}", t) for i, t in enumerate(a.strait)]
-    targets += [("kafka" if len(a.kafka) == 1 else f"kafka{i + 1}", t) for i, t in enumerate(a.kafka)]
+    targets += [
+        ("straitmq" if len(a.strait) == 1 else f"straitmq{i + 1}", t)
+        for i, t in enumerate(a.strait)
+    ]
+    targets += [
+        ("kafka" if len(a.kafka) == 1 else f"kafka{i + 1}", t) for i, t in enumerate(a.kafka)
+    ]
     if not targets and not a.with_kafka:
         ap.error("no target: give --strait, --kafka, --target and/or --with-kafka")
     names = [n for n, _ in targets] + (["kafka"] if a.with_kafka else [])
@@ -661,8 +841,12 @@ def main(argv: list[str] | None = None) -> int:
                     log(f"target {name} failed: {type(ex).__name__}: {ex}")
                     m, r, e = {}, {}, {"target": f"{type(ex).__name__}: {ex}"}
                 samples[name].append(m)
-                raw.setdefault(name, {}).update({k if rep == 0 else f"{k}#{rep + 1}": v for k, v in r.items()})
-                errors.setdefault(name, {}).update({k if rep == 0 else f"{k}#{rep + 1}": v for k, v in e.items()})
+                raw.setdefault(name, {}).update(
+                    {k if rep == 0 else f"{k}#{rep + 1}": v for k, v in r.items()}
+                )
+                errors.setdefault(name, {}).update(
+                    {k if rep == 0 else f"{k}#{rep + 1}": v for k, v in e.items()}
+                )
         for name, ss in samples.items():
             keys = [k for k in METRICS if any(k in s for s in ss)]
             results[name] = {k: statistics.median([s[k] for s in ss if k in s]) for k in keys}
@@ -674,8 +858,11 @@ def main(argv: list[str] | None = None) -> int:
     baseline = a.baseline or ("kafka" if "kafka" in results else next(iter(results)))
     rat = ratios(results, baseline)
     print()
-    print(f"StraitMQ benchmark {started:%Y-%m-%d %H:%M:%S}: {a.num_records} x {a.record_size} B records, "
-          f"{a.partitions} partition(s), latency {a.latency_rate:g} msg/s x {a.latency_seconds:g} s")
+    print(
+        f"StraitMQ benchmark {started:%Y-%m-%d %H:%M:%S}: "
+        f"{a.num_records} x {a.record_size} B records, "
+        f"{a.partitions} partition(s), latency {a.latency_rate:g} msg/s x {a.latency_seconds:g} s"
+    )
     print("targets: " + ", ".join(f"{n}={b}" for n, b in bootstraps.items()))
     print()
     print_table(results, baseline, rat)
@@ -697,11 +884,17 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": samples,
         "raw": raw,
         "errors": errors,
-        "versions": {"confluent_kafka": confluent_kafka.version()[0] if confluent_kafka else None,
-                     "librdkafka": confluent_kafka.libversion()[0] if confluent_kafka else None,
-                     "kafka_java": _kafka_version()},
+        "versions": {
+            "confluent_kafka": confluent_kafka.version()[0] if confluent_kafka else None,
+            "librdkafka": confluent_kafka.libversion()[0] if confluent_kafka else None,
+            "kafka_java": _kafka_version(),
+        },
     }
-    path = Path(a.json) if a.json else REPO_ROOT / ".cache" / "bench" / f"throughput-{started:%Y%m%d-%H%M%S}.json"
+    path = (
+        Path(a.json)
+        if a.json
+        else REPO_ROOT / ".cache" / "bench" / f"throughput-{started:%Y%m%d-%H%M%S}.json"
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(dump, indent=2, default=str, allow_nan=True) + "\n")
     print(f"\nJSON: {path}")

@@ -30,8 +30,17 @@ def admin(broker, *args: object) -> dict:
 
 def produce(broker, topic: str, count: int, *extra: object) -> dict:
     res = straitclient(
-        ["produce", "--bootstrap", broker.bootstrap, "--topic", topic, "--count", count,
-         "--headers", *extra],
+        [
+            "produce",
+            "--bootstrap",
+            broker.bootstrap,
+            "--topic",
+            topic,
+            "--count",
+            count,
+            "--headers",
+            *extra,
+        ],
         timeout=180,
     )
     assert res.returncode == 0, res.stderr[-3000:]
@@ -60,9 +69,24 @@ def test_admin_apis(broker):
 
 
 def _consumer(broker, topic: str, group: str, assignor: str, timeout_ms: int) -> subprocess.Popen:
-    cmd = java_cmd(STRAIT_CLIENT, ["consume", "--bootstrap", broker.bootstrap, "--topic", topic,
-                                   "--group", group, "--assignor", assignor,
-                                   "--timeout-ms", timeout_ms, "--offset-reset", "earliest"])
+    cmd = java_cmd(
+        STRAIT_CLIENT,
+        [
+            "consume",
+            "--bootstrap",
+            broker.bootstrap,
+            "--topic",
+            topic,
+            "--group",
+            group,
+            "--assignor",
+            assignor,
+            "--timeout-ms",
+            timeout_ms,
+            "--offset-reset",
+            "earliest",
+        ],
+    )
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -71,8 +95,20 @@ def test_produce_every_codec_and_read_back(broker, compression):
     topic = f"jc-{compression}"
     admin(broker, "create-topic", topic, 2, 1)
     produce(broker, topic, 300, "--compression", compression)
-    res = straitclient(["consume", "--bootstrap", broker.bootstrap, "--topic", topic,
-                        "--count", 300, "--timeout-ms", 30000], timeout=120)
+    res = straitclient(
+        [
+            "consume",
+            "--bootstrap",
+            broker.bootstrap,
+            "--topic",
+            topic,
+            "--count",
+            300,
+            "--timeout-ms",
+            30000,
+        ],
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     got = sorted((r["k"], r["v"], r["h"]["h"]) for r in res.records)
     assert got == sorted((f"k{i}", f"v{i}", str(i)) for i in range(300))
@@ -109,9 +145,24 @@ def test_group_of_two_with_each_assignor_then_restart_and_resume(broker, assigno
 
     produce(broker, topic, 120, "--key-prefix", "late", "--value-prefix", "late")
     broker.restart()
-    res = straitclient(["consume", "--bootstrap", broker.bootstrap, "--topic", topic,
-                        "--group", group, "--assignor", assignor, "--count", 120,
-                        "--timeout-ms", 30000], timeout=120)
+    res = straitclient(
+        [
+            "consume",
+            "--bootstrap",
+            broker.bootstrap,
+            "--topic",
+            topic,
+            "--group",
+            group,
+            "--assignor",
+            assignor,
+            "--count",
+            120,
+            "--timeout-ms",
+            30000,
+        ],
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert sorted(r["v"] for r in res.records) == sorted(f"late{i}" for i in range(120)), (
         "after a restart the group resumes exactly at its committed offsets"

@@ -32,7 +32,8 @@ PARTITIONS = 3
 
 def _create_topic(b: Any, name: str, partitions: int) -> None:
     req = urllib.request.Request(
-        f"{b.http}/api/v1/topics", method="POST",
+        f"{b.http}/api/v1/topics",
+        method="POST",
         data=json.dumps({"name": name, "partitions": partitions}).encode(),
         headers={"Content-Type": "application/json"},
     )
@@ -44,12 +45,20 @@ def _read_all(bootstrap: str, topic: str, partitions: int) -> dict[int, list[tup
     """Every (offset, value) of every partition, from the log start to the high watermark."""
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "crash-check",
-                  "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                  "fetch.wait.max.ms": 50})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "crash-check",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 50,
+        }
+    )
     try:
-        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in range(partitions)}
+        ends = {
+            p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in range(partitions)
+        }
         c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         out: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(partitions)}
         deadline = time.monotonic() + 60
@@ -72,9 +81,16 @@ class Stream:
         from confluent_kafka import Producer
 
         self.topic = topic
-        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
-                                  "message.timeout.ms": 60000, "retry.backoff.ms": 100,
-                                  "reconnect.backoff.max.ms": 500, **conf})
+        self.producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "linger.ms": 5,
+                "message.timeout.ms": 60000,
+                "retry.backoff.ms": 100,
+                "reconnect.backoff.max.ms": 500,
+                **conf,
+            }
+        )
         self.seq = [0] * PARTITIONS
         self.sent = 0
         self.acked: dict[tuple[int, int], bytes] = {}  # (partition, offset) -> value
@@ -101,8 +117,9 @@ class Stream:
             self.sent += 1
             while True:
                 try:
-                    self.producer.produce(self.topic, value=value, partition=p,
-                                          on_delivery=self._on_delivery)
+                    self.producer.produce(
+                        self.topic, value=value, partition=p, on_delivery=self._on_delivery
+                    )
                     break
                 except BufferError:
                     self.producer.poll(0.05)
@@ -119,15 +136,17 @@ class Stream:
                 self.producer.poll(0.005)  # keep a steady stream, not one huge batch
 
 
-def _check_log(stream: Stream, log: dict[int, list[tuple[int, bytes]]],
-               allow_duplicates: bool) -> None:
+def _check_log(
+    stream: Stream, log: dict[int, list[tuple[int, bytes]]], allow_duplicates: bool
+) -> None:
     assert not stream.conflicts, stream.conflicts[:5]
     # Every acknowledged message is readable at the offset it was acknowledged with.
     by_offset = {(p, off): v for p, recs in log.items() for off, v in recs}
     missing = [(where, v) for where, v in stream.acked.items() if by_offset.get(where) != v]
     assert not missing, (
         f"{len(missing)} of {len(stream.acked)} acked messages lost or changed, e.g. "
-        f"{[(w, v, by_offset.get(w)) for w, v in missing[:5]]}")
+        f"{[(w, v, by_offset.get(w)) for w, v in missing[:5]]}"
+    )
     for p, recs in log.items():
         offsets = [off for off, _v in recs]
         # Offsets are unique and increase (the read found each offset once).
@@ -136,7 +155,8 @@ def _check_log(stream: Stream, log: dict[int, list[tuple[int, bytes]]],
         assert all(v.startswith(f"{p}:".encode()) for v in values), f"partition {p}: strays"
         if not allow_duplicates:
             assert len(values) == len(set(values)), (
-                f"partition {p}: {len(values) - len(set(values))} duplicates after recovery")
+                f"partition {p}: {len(values) - len(set(values))} duplicates after recovery"
+            )
         # Order per partition: first occurrences follow the send order (a retried batch
         # whose ack was lost in the crash may appear twice without idempotence).
         seen: set[bytes] = set()
@@ -147,8 +167,9 @@ def _check_log(stream: Stream, log: dict[int, list[tuple[int, bytes]]],
                 firsts.append(int(v.split(b":")[1]))
         assert firsts == sorted(firsts), f"partition {p}: order broken"
         # Acked messages are in send order too.
-        acked = sorted((int(v.split(b":")[1]), off) for (pp, off), v in stream.acked.items()
-                       if pp == p)
+        acked = sorted(
+            (int(v.split(b":")[1]), off) for (pp, off), v in stream.acked.items() if pp == p
+        )
         acked_offsets = [off for _s, off in acked]
         assert acked_offsets == sorted(acked_offsets), f"partition {p}: acked order broken"
 
@@ -161,8 +182,7 @@ CASES = {
     # whose ack was lost is legitimately retried into a duplicate.
     "acks-1-flush-every-message": (
         ("--flush-messages", "1"),
-        {"acks": "1", "enable.idempotence": False,
-         "max.in.flight.requests.per.connection": 1},
+        {"acks": "1", "enable.idempotence": False, "max.in.flight.requests.per.connection": 1},
         True,
     ),
 }
@@ -203,15 +223,20 @@ def test_sigkill_with_many_small_segments_recovers(broker_factory: Any) -> None:
     """Tiny segments: the kill lands among many rolled segments and producer snapshots."""
     b = broker_factory()
     req = urllib.request.Request(
-        f"{b.http}/api/v1/topics", method="POST",
-        data=json.dumps({"name": "rolls", "partitions": 1,
-                         "configs": {"segment.bytes": "1024"}}).encode(),
+        f"{b.http}/api/v1/topics",
+        method="POST",
+        data=json.dumps(
+            {"name": "rolls", "partitions": 1, "configs": {"segment.bytes": "1024"}}
+        ).encode(),
         headers={"Content-Type": "application/json"},
     )
     with urllib.request.urlopen(req, timeout=10):
         pass
-    stream = Stream(b.bootstrap, "rolls", {"acks": "all", "enable.idempotence": True,
-                                           "linger.ms": 0, "batch.num.messages": 10})
+    stream = Stream(
+        b.bootstrap,
+        "rolls",
+        {"acks": "all", "enable.idempotence": True, "linger.ms": 0, "batch.num.messages": 10},
+    )
     global PARTITIONS
     saved, PARTITIONS = PARTITIONS, 1
     try:

@@ -79,9 +79,15 @@ class Raw:
         self.corr += 1
         hs = req.__header_schema__
         buf = io.BytesIO()
-        entity_writer(hs)(buf, hs(request_api_key=req.__api_key__,
-                                  request_api_version=req.__version__,
-                                  correlation_id=self.corr, client_id="errors-test"))
+        entity_writer(hs)(
+            buf,
+            hs(
+                request_api_key=req.__api_key__,
+                request_api_version=req.__version__,
+                correlation_id=self.corr,
+                client_id="errors-test",
+            ),
+        )
         entity_writer(type(req))(buf, req)
         body = buf.getvalue()
         self.sock.sendall(struct.pack(">i", len(body)) + body)
@@ -137,50 +143,99 @@ def code(x: Any) -> int:
 # -- request builders ----------------------------------------------------------------------
 
 
-def create_topics(version: int, name: str, partitions: int = 1, rf: int = 1,
-                  configs: dict[str, str] | None = None, validate_only: bool = False) -> Any:
+def create_topics(
+    version: int,
+    name: str,
+    partitions: int = 1,
+    rf: int = 1,
+    configs: dict[str, str] | None = None,
+    validate_only: bool = False,
+) -> Any:
     m = kio_module("create_topics", version)
-    topic = make(m.CreatableTopic, name=name, num_partitions=partitions, replication_factor=rf,
-                 assignments=(), configs=tuple(make(m.CreatableTopicConfig, name=k, value=v)
-                                               for k, v in (configs or {}).items()))
-    return make(m.CreateTopicsRequest, topics=(topic,), timeout=5000 * MS,
-                validate_only=validate_only)
+    topic = make(
+        m.CreatableTopic,
+        name=name,
+        num_partitions=partitions,
+        replication_factor=rf,
+        assignments=(),
+        configs=tuple(
+            make(m.CreatableTopicConfig, name=k, value=v) for k, v in (configs or {}).items()
+        ),
+    )
+    return make(
+        m.CreateTopicsRequest, topics=(topic,), timeout=5000 * MS, validate_only=validate_only
+    )
 
 
 def produce(version: int, topic: str, records: bytes, partition: int = 0, acks: int = -1) -> Any:
     m = kio_module("produce", version)
-    return make(m.ProduceRequest, transactional_id=None, acks=acks, timeout=5000 * MS,
-                topic_data=(make(m.TopicProduceData, name=topic, partition_data=(
-                    make(m.PartitionProduceData, index=partition, records=records),)),))
+    return make(
+        m.ProduceRequest,
+        transactional_id=None,
+        acks=acks,
+        timeout=5000 * MS,
+        topic_data=(
+            make(
+                m.TopicProduceData,
+                name=topic,
+                partition_data=(make(m.PartitionProduceData, index=partition, records=records),),
+            ),
+        ),
+    )
 
 
 def fetch(version: int, topic: str, offset: int, partition: int = 0) -> Any:
     m = kio_module("fetch", version)
-    part = make(m.FetchPartition, partition=partition, fetch_offset=offset,
-                partition_max_bytes=1 << 20, current_leader_epoch=-1, log_start_offset=-1,
-                last_fetched_epoch=-1)
-    return make(m.FetchRequest, replica_id=-1, max_wait=0 * MS, min_bytes=0, max_bytes=1 << 20,
-                isolation_level=0, session_id=0, session_epoch=-1,
-                topics=(make(m.FetchTopic, topic=topic, partitions=(part,)),),
-                forgotten_topics_data=(), rack_id="")
+    part = make(
+        m.FetchPartition,
+        partition=partition,
+        fetch_offset=offset,
+        partition_max_bytes=1 << 20,
+        current_leader_epoch=-1,
+        log_start_offset=-1,
+        last_fetched_epoch=-1,
+    )
+    return make(
+        m.FetchRequest,
+        replica_id=-1,
+        max_wait=0 * MS,
+        min_bytes=0,
+        max_bytes=1 << 20,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        topics=(make(m.FetchTopic, topic=topic, partitions=(part,)),),
+        forgotten_topics_data=(),
+        rack_id="",
+    )
 
 
 def metadata(version: int, names: list[str], allow_auto: bool = True) -> Any:
     m = kio_module("metadata", version)
-    return make(m.MetadataRequest,
-                topics=tuple(make(m.MetadataRequestTopic, name=n, topic_id=None)
-                             for n in names),
-                allow_auto_topic_creation=allow_auto,
-                include_cluster_authorized_operations=False,
-                include_topic_authorized_operations=False)
+    return make(
+        m.MetadataRequest,
+        topics=tuple(make(m.MetadataRequestTopic, name=n, topic_id=None) for n in names),
+        allow_auto_topic_creation=allow_auto,
+        include_cluster_authorized_operations=False,
+        include_topic_authorized_operations=False,
+    )
 
 
 def list_offsets(version: int, topic: str, timestamp: int, partition: int = 0) -> Any:
     m = kio_module("list_offsets", version)
-    part = make(m.ListOffsetsPartition, partition_index=partition, timestamp=timestamp,
-                current_leader_epoch=-1, max_num_offsets=1)
-    return make(m.ListOffsetsRequest, replica_id=-1, isolation_level=0,
-                topics=(make(m.ListOffsetsTopic, name=topic, partitions=(part,)),))
+    part = make(
+        m.ListOffsetsPartition,
+        partition_index=partition,
+        timestamp=timestamp,
+        current_leader_epoch=-1,
+        max_num_offsets=1,
+    )
+    return make(
+        m.ListOffsetsRequest,
+        replica_id=-1,
+        isolation_level=0,
+        topics=(make(m.ListOffsetsTopic, name=topic, partitions=(part,)),),
+    )
 
 
 def produce_partition(resp: Any) -> Any:
@@ -232,8 +287,7 @@ def create_topics_versions() -> list:
 
 
 @pytest.mark.parametrize("version", [3, 7, 9])
-def test_produce_larger_than_max_message_bytes(strict_broker: Any, raw: Any,
-                                               version: int) -> None:
+def test_produce_larger_than_max_message_bytes(strict_broker: Any, raw: Any, version: int) -> None:
     r = raw(strict_broker)
     topic = f"small-msgs-v{version}"
     new_topic(r, topic, configs={"max.message.bytes": "2000"})
@@ -266,8 +320,9 @@ def test_broker_wide_message_max_bytes(broker_factory: Any, raw: Any) -> None:
     b = broker_factory("--message-max-bytes", "5000", "--no-auto-create")
     r = raw(b)
     new_topic(r, "t")
-    assert code(produce_partition(r.call(produce(9, "t", batch([b"z" * 6000]))))) == \
-        MESSAGE_TOO_LARGE
+    assert (
+        code(produce_partition(r.call(produce(9, "t", batch([b"z" * 6000]))))) == MESSAGE_TOO_LARGE
+    )
     assert code(produce_partition(r.call(produce(9, "t", batch([b"z" * 4000]))))) == NONE
 
 
@@ -275,8 +330,14 @@ def test_produce_larger_than_max_message_bytes_confluent(strict_broker: Any, raw
     from confluent_kafka import KafkaError, Producer
 
     new_topic(raw(strict_broker), "small-msgs-client", configs={"max.message.bytes": "2000"})
-    p = Producer({"bootstrap.servers": strict_broker.bootstrap, "message.max.bytes": 100000,
-                  "linger.ms": 0, "retries": 0})
+    p = Producer(
+        {
+            "bootstrap.servers": strict_broker.bootstrap,
+            "message.max.bytes": 100000,
+            "linger.ms": 0,
+            "retries": 0,
+        }
+    )
     errors: list[Any] = []
     p.produce("small-msgs-client", b"v" * 5000, on_delivery=lambda err, msg: errors.append(err))
     assert p.flush(20) == 0
@@ -288,10 +349,12 @@ def test_produce_larger_than_max_message_bytes_confluent(strict_broker: Any, raw
 
 
 @pytest.mark.parametrize("version", create_topics_versions())
-@pytest.mark.parametrize("name", BAD_TOPIC_NAMES, ids=["space-bang", "dotdot", "250chars",
-                                                      "dot", "empty"])
-def test_create_topic_with_invalid_name(strict_broker: Any, raw: Any, name: str,
-                                        version: int) -> None:
+@pytest.mark.parametrize(
+    "name", BAD_TOPIC_NAMES, ids=["space-bang", "dotdot", "250chars", "dot", "empty"]
+)
+def test_create_topic_with_invalid_name(
+    strict_broker: Any, raw: Any, name: str, version: int
+) -> None:
     resp = raw(strict_broker).call(create_topics(version, name))
     assert code(resp.topics[0]) == INVALID_TOPIC_EXCEPTION
     assert resp.topics[0].error_message
@@ -304,8 +367,9 @@ def test_249_char_topic_name_is_valid(strict_broker: Any, raw: Any) -> None:
 
 @pytest.mark.parametrize("name", BAD_TOPIC_NAMES[:3], ids=["space-bang", "dotdot", "250chars"])
 @pytest.mark.parametrize("version", [4, 9, 12])
-def test_metadata_auto_create_invalid_name(auto_broker: Any, raw: Any, name: str,
-                                           version: int) -> None:
+def test_metadata_auto_create_invalid_name(
+    auto_broker: Any, raw: Any, name: str, version: int
+) -> None:
     resp = raw(auto_broker).call(metadata(version, [name]))
     (t,) = resp.topics
     assert code(t) == INVALID_TOPIC_EXCEPTION
@@ -313,8 +377,9 @@ def test_metadata_auto_create_invalid_name(auto_broker: Any, raw: Any, name: str
 
 
 @pytest.mark.parametrize("version", [4, 9, 12])
-def test_metadata_no_auto_create_when_client_says_so(auto_broker: Any, raw: Any,
-                                                     version: int) -> None:
+def test_metadata_no_auto_create_when_client_says_so(
+    auto_broker: Any, raw: Any, version: int
+) -> None:
     r = raw(auto_broker)
     name = f"not-wanted-v{version}"
     (t,) = r.call(metadata(version, [name], allow_auto=False)).topics
@@ -328,8 +393,9 @@ def test_create_topic_invalid_name_admin_client(strict_broker: Any) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": strict_broker.bootstrap})
-    futures = admin.create_topics([NewTopic("bad name!", 1, 1), NewTopic("..", 1, 1)],
-                                  request_timeout=10)
+    futures = admin.create_topics(
+        [NewTopic("bad name!", 1, 1), NewTopic("..", 1, 1)], request_timeout=10
+    )
     for fut in futures.values():
         with pytest.raises(Exception) as e:
             fut.result(15)
@@ -337,8 +403,9 @@ def test_create_topic_invalid_name_admin_client(strict_broker: Any) -> None:
 
 
 @pytest.mark.parametrize("version", [1, 4, 9, 12])
-def test_metadata_unknown_topic_without_auto_create(strict_broker: Any, raw: Any,
-                                                    version: int) -> None:
+def test_metadata_unknown_topic_without_auto_create(
+    strict_broker: Any, raw: Any, version: int
+) -> None:
     resp = raw(strict_broker).call(metadata(version, ["no-such-topic"]))
     (t,) = resp.topics
     assert code(t) == UNKNOWN_TOPIC_OR_PARTITION
@@ -348,8 +415,10 @@ def test_metadata_unknown_topic_without_auto_create(strict_broker: Any, raw: Any
 def test_unknown_topic_everywhere_without_auto_create(strict_broker: Any, raw: Any) -> None:
     r = raw(strict_broker)
     for v in (3, 9):
-        assert code(produce_partition(r.call(produce(v, "ghost", batch([b"a"]))))) == \
-            UNKNOWN_TOPIC_OR_PARTITION
+        assert (
+            code(produce_partition(r.call(produce(v, "ghost", batch([b"a"])))))
+            == UNKNOWN_TOPIC_OR_PARTITION
+        )
     for v in (4, 12):
         assert code(fetch_partition(r.call(fetch(v, "ghost", 0)))) == UNKNOWN_TOPIC_OR_PARTITION
     for v in (1, 6):
@@ -357,10 +426,14 @@ def test_unknown_topic_everywhere_without_auto_create(strict_broker: Any, raw: A
         assert code(p) == UNKNOWN_TOPIC_OR_PARTITION
     # A partition that does not exist on a topic that does.
     new_topic(r, "one-part")
-    assert code(produce_partition(r.call(produce(9, "one-part", batch([b"a"]), partition=5)))) \
+    assert (
+        code(produce_partition(r.call(produce(9, "one-part", batch([b"a"]), partition=5))))
         == UNKNOWN_TOPIC_OR_PARTITION
-    assert code(fetch_partition(r.call(fetch(12, "one-part", 0, partition=5)))) == \
-        UNKNOWN_TOPIC_OR_PARTITION
+    )
+    assert (
+        code(fetch_partition(r.call(fetch(12, "one-part", 0, partition=5))))
+        == UNKNOWN_TOPIC_OR_PARTITION
+    )
     # And nothing was created behind our back.
     assert code(r.call(metadata(12, ["ghost"])).topics[0]) == UNKNOWN_TOPIC_OR_PARTITION
 
@@ -373,21 +446,24 @@ def test_unknown_topic_confluent_producer(strict_broker: Any) -> None:
     p.produce("ghost-topic", b"v", on_delivery=lambda err, msg: errors.append(err))
     p.flush(15)
     assert errors and errors[0] is not None
-    assert errors[0].code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC,
-                                KafkaError._MSG_TIMED_OUT)
+    assert errors[0].code() in (
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_TOPIC,
+        KafkaError._MSG_TIMED_OUT,
+    )
 
 
 # -- topic admin ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("version", create_topics_versions())
-def test_create_topic_replication_factor_above_broker_count(strict_broker: Any, raw: Any,
-                                                           version: int) -> None:
+def test_create_topic_replication_factor_above_broker_count(
+    strict_broker: Any, raw: Any, version: int
+) -> None:
     r = raw(strict_broker)
     resp = r.call(create_topics(version, f"rf3-v{version}", partitions=1, rf=3))
     assert code(resp.topics[0]) == INVALID_REPLICATION_FACTOR
-    assert code(r.call(metadata(12, [f"rf3-v{version}"])).topics[0]) == \
-        UNKNOWN_TOPIC_OR_PARTITION
+    assert code(r.call(metadata(12, [f"rf3-v{version}"])).topics[0]) == UNKNOWN_TOPIC_OR_PARTITION
     # validate_only gives the same answer.
     resp = r.call(create_topics(version, f"rf3b-v{version}", rf=3, validate_only=True))
     assert code(resp.topics[0]) == INVALID_REPLICATION_FACTOR
@@ -405,17 +481,24 @@ def test_admin_client_replication_factor_partitions_configs(strict_broker: Any) 
             fut.result(15)
         return e.value.args[0].code()
 
-    assert error_of(admin.create_topics([NewTopic("adm-rf3", 1, 3)])) == \
-        KafkaError.INVALID_REPLICATION_FACTOR
-    assert error_of(admin.create_topics([NewTopic("adm-cfg", 1, 1,
-                                                  config={"no.such.config": "1"})])) == \
-        KafkaError.INVALID_CONFIG
+    assert (
+        error_of(admin.create_topics([NewTopic("adm-rf3", 1, 3)]))
+        == KafkaError.INVALID_REPLICATION_FACTOR
+    )
+    assert (
+        error_of(admin.create_topics([NewTopic("adm-cfg", 1, 1, config={"no.such.config": "1"})]))
+        == KafkaError.INVALID_CONFIG
+    )
     for fut in admin.create_topics([NewTopic("adm-4", 4, 1)]).values():
         fut.result(15)
-    assert error_of(admin.create_partitions([NewPartitions("adm-4", 2)])) == \
-        KafkaError.INVALID_PARTITIONS
-    assert error_of(admin.create_partitions([NewPartitions("adm-4", 4)])) == \
-        KafkaError.INVALID_PARTITIONS
+    assert (
+        error_of(admin.create_partitions([NewPartitions("adm-4", 2)]))
+        == KafkaError.INVALID_PARTITIONS
+    )
+    assert (
+        error_of(admin.create_partitions([NewPartitions("adm-4", 4)]))
+        == KafkaError.INVALID_PARTITIONS
+    )
 
 
 @pytest.mark.parametrize("version", [0, 1, 3])
@@ -427,29 +510,42 @@ def test_create_partitions_shrinking_or_same(strict_broker: Any, raw: Any, versi
     for count in (2, 4, 0, -1):
         req = m.CreatePartitionsRequest(
             topics=(m.CreatePartitionsTopic(name=name, count=count, assignments=None),),
-            timeout=5000 * MS, validate_only=False)
+            timeout=5000 * MS,
+            validate_only=False,
+        )
         (res,) = r.call(req).results
         assert code(res) == INVALID_PARTITIONS, count
     req = m.CreatePartitionsRequest(
         topics=(m.CreatePartitionsTopic(name="ghost", count=8, assignments=None),),
-        timeout=5000 * MS, validate_only=False)
+        timeout=5000 * MS,
+        validate_only=False,
+    )
     assert code(r.call(req).results[0]) == UNKNOWN_TOPIC_OR_PARTITION
     assert len(r.call(metadata(12, [name])).topics[0].partitions) == 4
     # Growing works.
     req = m.CreatePartitionsRequest(
         topics=(m.CreatePartitionsTopic(name=name, count=6, assignments=None),),
-        timeout=5000 * MS, validate_only=False)
+        timeout=5000 * MS,
+        validate_only=False,
+    )
     assert code(r.call(req).results[0]) == NONE
     assert len(r.call(metadata(12, [name])).topics[0].partitions) == 6
 
 
 @pytest.mark.parametrize("version", create_topics_versions())
-@pytest.mark.parametrize("configs", [{"no.such.config": "1"}, {"retention.ms": "soon"},
-                                     {"cleanup.policy": "compact,delete,bogus"},
-                                     {"segment.bytes": "1"}],
-                         ids=["unknown", "not-a-number", "bad-enum", "out-of-range"])
-def test_create_topic_invalid_config(strict_broker: Any, raw: Any, version: int,
-                                     configs: dict) -> None:
+@pytest.mark.parametrize(
+    "configs",
+    [
+        {"no.such.config": "1"},
+        {"retention.ms": "soon"},
+        {"cleanup.policy": "compact,delete,bogus"},
+        {"segment.bytes": "1"},
+    ],
+    ids=["unknown", "not-a-number", "bad-enum", "out-of-range"],
+)
+def test_create_topic_invalid_config(
+    strict_broker: Any, raw: Any, version: int, configs: dict
+) -> None:
     r = raw(strict_broker)
     name = f"cfg-v{version}-{abs(hash(json.dumps(configs))) % 10000}"
     resp = r.call(create_topics(version, name, configs=configs))
@@ -465,10 +561,16 @@ def test_alter_unknown_topic_config(strict_broker: Any, raw: Any, version: int) 
     m = kio_module("incremental_alter_configs", version)
 
     def alter(topic: str, key: str, value: str | None, op: int = 0) -> int:
-        req = m.IncrementalAlterConfigsRequest(resources=(m.AlterConfigsResource(
-            resource_type=2, resource_name=topic,
-            configs=(m.AlterableConfig(name=key, config_operation=op, value=value),)),),
-            validate_only=False)
+        req = m.IncrementalAlterConfigsRequest(
+            resources=(
+                m.AlterConfigsResource(
+                    resource_type=2,
+                    resource_name=topic,
+                    configs=(m.AlterableConfig(name=key, config_operation=op, value=value),),
+                ),
+            ),
+            validate_only=False,
+        )
         return code(r.call(req).responses[0])
 
     assert alter(name, "no.such.config", "1") == INVALID_CONFIG
@@ -506,8 +608,15 @@ def test_fetch_offset_out_of_range(strict_broker: Any, raw: Any, version: int) -
 
 def init_producer_id(r: Raw, version: int = 4) -> tuple[int, int]:
     m = kio_module("init_producer_id", version)
-    resp = r.call(make(m.InitProducerIdRequest, transactional_id=None,
-                       transaction_timeout=60000 * MS, producer_id=-1, producer_epoch=-1))
+    resp = r.call(
+        make(
+            m.InitProducerIdRequest,
+            transactional_id=None,
+            transaction_timeout=60000 * MS,
+            producer_id=-1,
+            producer_epoch=-1,
+        )
+    )
     assert code(resp) == NONE
     assert resp.producer_id >= 0 and resp.producer_epoch >= 0
     return resp.producer_id, resp.producer_epoch
@@ -517,15 +626,15 @@ def log_values(r: Raw, topic: str) -> list[tuple[int, bytes | None]]:
     return records_of(fetch_partition(r.call(fetch(12, topic, 0))).records)
 
 
-def send(r: Raw, topic: str, values: list[bytes], producer: tuple[int, int, int],
-         version: int = 9) -> tuple[int, int]:
+def send(
+    r: Raw, topic: str, values: list[bytes], producer: tuple[int, int, int], version: int = 9
+) -> tuple[int, int]:
     p = produce_partition(r.call(produce(version, topic, batch(values, producer))))
     return code(p), p.base_offset
 
 
 @pytest.mark.parametrize("version", [3, 9])
-def test_idempotent_retry_gets_original_offset(strict_broker: Any, raw: Any,
-                                               version: int) -> None:
+def test_idempotent_retry_gets_original_offset(strict_broker: Any, raw: Any, version: int) -> None:
     r = raw(strict_broker)
     topic = f"idem-v{version}"
     new_topic(r, topic)
@@ -544,8 +653,14 @@ def test_idempotent_retry_gets_original_offset(strict_broker: Any, raw: Any,
     assert err == OUT_OF_ORDER_SEQUENCE_NUMBER
     # A different producer has its own sequence.
     assert send(r, topic, [b"o0"], (other_pid, 0, 0), version) == (NONE, 5)
-    assert log_values(r, topic) == [(0, b"plain"), (1, b"a0"), (2, b"a1"), (3, b"a2"),
-                                    (4, b"a3"), (5, b"o0")]
+    assert log_values(r, topic) == [
+        (0, b"plain"),
+        (1, b"a0"),
+        (2, b"a1"),
+        (3, b"a2"),
+        (4, b"a3"),
+        (5, b"o0"),
+    ]
 
 
 def test_idempotent_epochs(strict_broker: Any, raw: Any) -> None:
@@ -630,10 +745,16 @@ def test_idempotent_dedup_survives_restart(broker_factory: Any, raw: Any) -> Non
 # -- REST API ------------------------------------------------------------------------------
 
 
-def _http(b: Any, method: str, path: str, body: bytes | None = None,
-          content_type: str = "application/json") -> tuple[int, bytes, str]:
-    req = urllib.request.Request(f"{b.http}{path}", method=method, data=body,
-                                 headers={"Content-Type": content_type})
+def _http(
+    b: Any,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    content_type: str = "application/json",
+) -> tuple[int, bytes, str]:
+    req = urllib.request.Request(
+        f"{b.http}{path}", method=method, data=body, headers={"Content-Type": content_type}
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return resp.status, resp.read(), resp.headers.get("Content-Type", "")
@@ -659,8 +780,12 @@ REST_ERRORS = [
     ("POST", "/api/v1/topics/ghost/records", b'{"records": [{"value": "v"}]}', 404),
     ("POST", "/api/v1/topics/rest-t/records", b'{"records": [', 400),
     ("POST", "/api/v1/topics/rest-t/records", b'{"records": []}', 400),
-    ("POST", "/api/v1/topics/rest-t/records", b'{"records": [{"value": "v", "partition": 9}]}',
-     400),
+    (
+        "POST",
+        "/api/v1/topics/rest-t/records",
+        b'{"records": [{"value": "v", "partition": 9}]}',
+        400,
+    ),
     ("POST", "/api/v1/topics/rest-t/records", b'{"records": [7]}', 400),
     ("GET", "/api/v1/topics/ghost/partitions/0/records", None, 404),
     ("GET", "/api/v1/topics/rest-t/partitions/9/records", None, 404),
@@ -681,10 +806,14 @@ def rest_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     b.stop()
 
 
-@pytest.mark.parametrize(("method", "path", "body", "status"), REST_ERRORS,
-                         ids=[f"{m}-{p}-{i}" for i, (m, p, _b, _s) in enumerate(REST_ERRORS)])
-def test_rest_errors_are_json(rest_broker: Any, method: str, path: str, body: bytes | None,
-                              status: int) -> None:
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status"),
+    REST_ERRORS,
+    ids=[f"{m}-{p}-{i}" for i, (m, p, _b, _s) in enumerate(REST_ERRORS)],
+)
+def test_rest_errors_are_json(
+    rest_broker: Any, method: str, path: str, body: bytes | None, status: int
+) -> None:
     got, payload, ctype = _http(rest_broker, method, path, body)
     assert got == status, payload[:300]
     assert ctype.startswith("application/json"), ctype

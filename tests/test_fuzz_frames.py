@@ -53,12 +53,21 @@ MUTABLE_APIS = {0, 2, 3, 10, 15, 16, 18, 32, 60}
 
 
 def _sample_value(tp: Any, meta: dict, name: str) -> Any:
-    overrides = {"acks": 1, "max_wait": datetime.timedelta(0), "min_bytes": 0,
-                 "timestamp": -1, "fetch_offset": 0, "partition_max_bytes": 1024}
+    overrides = {
+        "acks": 1,
+        "max_wait": datetime.timedelta(0),
+        "min_bytes": 0,
+        "timestamp": -1,
+        "fetch_offset": 0,
+        "partition_max_bytes": 1024,
+    }
     if name in overrides:
         value = overrides[name]
-        return datetime.timedelta(milliseconds=value) if "timedelta" in meta.get(
-            "kafka_type", "") and isinstance(value, int) else value
+        return (
+            datetime.timedelta(milliseconds=value)
+            if "timedelta" in meta.get("kafka_type", "") and isinstance(value, int)
+            else value
+        )
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -109,8 +118,11 @@ def sample_entity(schema: type) -> Any:
 def encode_request(req: Any, correlation_id: int, client_id: str | None = "fuzz") -> bytes:
     """A complete size-prefixed request frame."""
     hs = req.__header_schema__
-    fields = {"request_api_key": req.__api_key__, "request_api_version": req.__version__,
-              "correlation_id": correlation_id}
+    fields = {
+        "request_api_key": req.__api_key__,
+        "request_api_version": req.__version__,
+        "correlation_id": correlation_id,
+    }
     if "client_id" in hs.__dataclass_fields__:
         fields["client_id"] = client_id
     buf = io.BytesIO()
@@ -129,6 +141,7 @@ def decode_response(api_key: int, version: int, payload: bytes) -> tuple[int, An
 
 def recv_frame(sock: socket.socket) -> bytes | None:
     """One response frame, or None when the broker closed the connection."""
+
     def exact(n: int) -> bytes | None:
         out = bytearray()
         while len(out) < n:
@@ -198,15 +211,24 @@ class GoodClient:
         from confluent_kafka import Consumer, Producer
 
         self.topic = topic
-        self.producer = Producer({
-            "bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 2,
-            "enable.idempotence": True, "message.timeout.ms": 30000,
-        })
-        self.consumer = Consumer({
-            "bootstrap.servers": bootstrap, "group.id": "fuzz-good",
-            "enable.auto.commit": False, "auto.offset.reset": "earliest",
-            "fetch.wait.max.ms": 50,
-        })
+        self.producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "acks": "all",
+                "linger.ms": 2,
+                "enable.idempotence": True,
+                "message.timeout.ms": 30000,
+            }
+        )
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": "fuzz-good",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "fetch.wait.max.ms": 50,
+            }
+        )
         from confluent_kafka import TopicPartition
 
         self.consumer.assign([TopicPartition(topic, 0, 0)])
@@ -219,8 +241,10 @@ class GoodClient:
         self.stop = threading.Event()
         self.flush_timeout = 30.0
         self.errors: list[str] = []
-        self.threads = [threading.Thread(target=self._produce, daemon=True),
-                        threading.Thread(target=self._consume, daemon=True)]
+        self.threads = [
+            threading.Thread(target=self._produce, daemon=True),
+            threading.Thread(target=self._consume, daemon=True),
+        ]
 
     def _on_delivery(self, err: Any, msg: Any) -> None:
         if err is not None:
@@ -234,8 +258,9 @@ class GoodClient:
         try:
             while not self.stop.is_set():
                 value = f"good-{i:06d}".encode()
-                self.producer.produce(self.topic, value=value, partition=0,
-                                      on_delivery=self._on_delivery)
+                self.producer.produce(
+                    self.topic, value=value, partition=0, on_delivery=self._on_delivery
+                )
                 self.sent.append(value)
                 i += 1
                 self.producer.poll(0.005)
@@ -293,8 +318,7 @@ class Fuzzer:
     def __init__(self, rng: random.Random) -> None:
         self.rng = rng
         self.samples = all_samples()
-        self.safe_samples = [s for s in self.samples
-                             if s[0] in MUTABLE_APIS]
+        self.safe_samples = [s for s in self.samples if s[0] in MUTABLE_APIS]
         self.corr = 1000
 
     def next_corr(self) -> int:
@@ -309,8 +333,18 @@ class Fuzzer:
         """(kind, bytes to send, expectation, (api_key, version) when a reply is decoded)."""
         rng = self.rng
         kind = rng.choices(
-            ["random", "garbage-body", "truncated", "mutated", "trailing", "unknown-key",
-             "unsupported-version", "api-versions-unsupported", "bad-size", "incomplete"],
+            [
+                "random",
+                "garbage-body",
+                "truncated",
+                "mutated",
+                "trailing",
+                "unknown-key",
+                "unsupported-version",
+                "api-versions-unsupported",
+                "bad-size",
+                "incomplete",
+            ],
             weights=[14, 14, 16, 16, 8, 6, 8, 4, 8, 6],
         )[0]
         if kind == "random":
@@ -345,16 +379,26 @@ class Fuzzer:
             body = frame[4:] + extra
             return kind, struct.pack(">i", len(body)) + body, EXPECT_ANSWER, (key, version)
         if kind == "unknown-key":
-            key = rng.choice([k for k in (*range(-5, 80), 1000, 32767, -32768)
-                              if k not in HANDLERS])
+            key = rng.choice(
+                [k for k in (*range(-5, 80), 1000, 32767, -32768) if k not in HANDLERS]
+            )
             body = struct.pack(">hhi", key, rng.randrange(0, 20), self.next_corr())
             body += struct.pack(">h", 4) + b"fuzz" + rng.randbytes(rng.randrange(0, 40))
             return kind, struct.pack(">i", len(body)) + body, EXPECT_CLOSE, None
         if kind == "unsupported-version":
             key, spec = rng.choice([(k, s) for k, s in HANDLERS.items() if k != 18])
-            bad = [v for v in (-1, spec.min_version - 1, spec.max_version + 1,
-                               spec.max_version + 7, 99, 32767) if not
-                   spec.min_version <= v <= spec.max_version and -32768 <= v]
+            bad = [
+                v
+                for v in (
+                    -1,
+                    spec.min_version - 1,
+                    spec.max_version + 1,
+                    spec.max_version + 7,
+                    99,
+                    32767,
+                )
+                if not spec.min_version <= v <= spec.max_version and -32768 <= v
+            ]
             version = rng.choice(bad)
             body = struct.pack(">hhi", key, version, self.next_corr())
             body += struct.pack(">h", 4) + b"fuzz" + rng.randbytes(rng.randrange(0, 40))
@@ -365,10 +409,25 @@ class Fuzzer:
             body += struct.pack(">h", 4) + b"fuzz" + rng.randbytes(rng.randrange(0, 40))
             return kind, struct.pack(">i", len(body)) + body, EXPECT_V0_FALLBACK, None
         if kind == "bad-size":
-            size = rng.choice([-1, -(2**31), rng.randrange(-(2**31), 0), 0, 1, 7,
-                               104857601, 2**31 - 1, rng.randrange(104857601, 2**31)])
-            return kind, struct.pack(">i", size) + rng.randbytes(rng.randrange(0, 64)), \
-                EXPECT_CLOSE, None
+            size = rng.choice(
+                [
+                    -1,
+                    -(2**31),
+                    rng.randrange(-(2**31), 0),
+                    0,
+                    1,
+                    7,
+                    104857601,
+                    2**31 - 1,
+                    rng.randrange(104857601, 2**31),
+                ]
+            )
+            return (
+                kind,
+                struct.pack(">i", size) + rng.randbytes(rng.randrange(0, 64)),
+                EXPECT_CLOSE,
+                None,
+            )
         # incomplete: the size prefix promises more than ever arrives, then the client
         # half-closes; the broker must close rather than wait for ever.
         key, version, frame = self._valid()
@@ -376,8 +435,14 @@ class Fuzzer:
         return kind, frame[:cut], EXPECT_EOF_AFTER_HALF_CLOSE, None
 
 
-def run_case(sock: socket.socket, kind: str, data: bytes, expect: str,
-             decode_as: tuple[int, int] | None, probe_corr: int) -> tuple[bool, str | None]:
+def run_case(
+    sock: socket.socket,
+    kind: str,
+    data: bytes,
+    expect: str,
+    decode_as: tuple[int, int] | None,
+    probe_corr: int,
+) -> tuple[bool, str | None]:
     """Send one bad frame (and a probe); returns (connection still usable, failure)."""
     if expect == EXPECT_EOF_AFTER_HALF_CLOSE:
         sock.sendall(data)
@@ -413,8 +478,11 @@ def run_case(sock: socket.socket, kind: str, data: bytes, expect: str,
         if len(answers) > 1:
             return False, "more than one answer to one frame"
     if expect == EXPECT_CLOSE:
-        return True, f"expected the connection to close, got {len(answers)} answer(s) and " \
-                     "the probe answered"
+        return (
+            True,
+            f"expected the connection to close, got {len(answers)} answer(s) and "
+            "the probe answered",
+        )
     if expect == EXPECT_V0_FALLBACK:
         if len(answers) != 1:
             return True, "no ApiVersions reply for an unsupported version"
@@ -439,7 +507,8 @@ def run_case(sock: socket.socket, kind: str, data: bytes, expect: str,
 
 def _create_topic(b: Any, name: str, partitions: int = 1) -> None:
     req = urllib.request.Request(
-        f"{b.http}/api/v1/topics", method="POST",
+        f"{b.http}/api/v1/topics",
+        method="POST",
         data=json.dumps({"name": name, "partitions": partitions}).encode(),
         headers={"Content-Type": "application/json"},
     )
@@ -465,8 +534,11 @@ def test_api_versions_unsupported_version_gets_v0_error(broker: Any) -> None:
         # The connection stays usable: a supported ApiVersions version works next.
         from kio.schema.api_versions.v3.request import ApiVersionsRequest
 
-        s.sendall(encode_request(ApiVersionsRequest(client_software_name="t",
-                                                    client_software_version="1"), 5))
+        s.sendall(
+            encode_request(
+                ApiVersionsRequest(client_software_name="t", client_software_version="1"), 5
+            )
+        )
         reply = recv_frame(s)
         assert reply is not None
         corr, resp = decode_response(18, 3, reply)
@@ -491,8 +563,9 @@ def shared_broker(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 @pytest.mark.parametrize(("key", "version", "entity"), _sample_params())
-def test_every_api_version_answers_with_trailing_bytes(shared_broker: Any, key: int,
-                                                       version: int, entity: Any) -> None:
+def test_every_api_version_answers_with_trailing_bytes(
+    shared_broker: Any, key: int, version: int, entity: Any
+) -> None:
     """A well-formed request of every handled API/version, followed by junk bytes inside
     the frame, gets a response that decodes with that version's schema."""
     rng = random.Random(SEED ^ (key << 8) ^ version)
@@ -533,13 +606,14 @@ def test_fuzz_frames_against_live_broker(broker: Any) -> None:
             try:
                 if sock is None:
                     sock = connect(broker)
-                usable, failure = run_case(sock, kind, data, expect, decode_as,
-                                           fuzzer.next_corr())
+                usable, failure = run_case(sock, kind, data, expect, decode_as, fuzzer.next_corr())
             except OSError as e:
                 if broker.proc.poll() is None:
                     raise
-                failures.append(f"broker died at frame #{n} ({kind}, {data[:48].hex()}...)"
-                                f": {e!r}; frame before it: {previous}")
+                failures.append(
+                    f"broker died at frame #{n} ({kind}, {data[:48].hex()}...)"
+                    f": {e!r}; frame before it: {previous}"
+                )
                 break
             previous = f"#{n} ({kind}, {data[:64].hex()}...)"
             sent += 1
@@ -559,13 +633,22 @@ def test_fuzz_frames_against_live_broker(broker: Any) -> None:
         elapsed = time.monotonic() - started
         good.finish(timeout=30.0 if broker.proc.poll() is None else 1.0)
     print(f"fuzz: {sent} frames in {elapsed:.1f}s: {counts}")
-    print(f"good client: {len(good.sent)} sent, {len(good.acked)} acked, "
-          f"{len(good.consumed)} consumed")
+    print(
+        f"good client: {len(good.sent)} sent, {len(good.acked)} acked, "
+        f"{len(good.consumed)} consumed"
+    )
     if broker.proc.poll() is not None:
-        not_json = [line for line in broker.log_path.read_text(errors="replace").splitlines()
-                    if not line.startswith("{")]
-        pytest.fail(f"seed {SEED}: broker process died (exit {broker.proc.returncode}): "
-                    + "\n".join(failures) + "\n" + "\n".join(not_json[:8]))
+        not_json = [
+            line
+            for line in broker.log_path.read_text(errors="replace").splitlines()
+            if not line.startswith("{")
+        ]
+        pytest.fail(
+            f"seed {SEED}: broker process died (exit {broker.proc.returncode}): "
+            + "\n".join(failures)
+            + "\n"
+            + "\n".join(not_json[:8])
+        )
     assert not failures, f"seed {SEED}:\n" + "\n".join(failures)
     assert sent >= min(FRAMES, 1000), f"only {sent} frames in {FUZZ_BUDGET_S}s"
     # Every kind of bad frame was tried.
@@ -577,8 +660,7 @@ def test_fuzz_frames_against_live_broker(broker: Any) -> None:
     assert not good.failed, good.failed[:5]
     assert len(good.acked) == len(good.sent) > 50
     for times in (good.ack_times, good.consume_times):
-        points = [started, *sorted(t for t in times if t <= started + elapsed),
-                  started + elapsed]
+        points = [started, *sorted(t for t in times if t <= started + elapsed), started + elapsed]
         worst = max(b - a for a, b in itertools.pairwise(points))
         assert worst < 5.0, f"good client stalled for {worst:.1f}s during the fuzz"
     # Nothing lost, nothing duplicated: each acked message at its own offset, readable.
@@ -601,8 +683,7 @@ def test_fuzz_frames_against_live_broker(broker: Any) -> None:
 
 
 def _hdr(api_key: int, version: int, flexible: bool) -> bytes:
-    return struct.pack(">hhih", api_key, version, 31, 4) + b"fuzz" + (b"\x00" if flexible
-                                                                     else b"")
+    return struct.pack(">hhih", api_key, version, 31, 4) + b"fuzz" + (b"\x00" if flexible else b"")
 
 
 # Frames whose array counts claim far more elements than the frame holds. kio reserves
@@ -613,9 +694,11 @@ HUGE_ARRAYS = {
     "metadata-v9-compact-2^34": _hdr(3, 9, True) + bytes.fromhex("ffffffff7f00"),
     "metadata-v1-int32-max": _hdr(3, 1, False) + struct.pack(">i", 2**31 - 1),
     "delete-topics-v4": _hdr(20, 4, True) + bytes.fromhex("ffffffff0f") + b"\x00" * 8,
-    "produce-v9-partitions": _hdr(0, 9, True) + bytes.fromhex("00ffff000003e8" "02" "0274")
+    "produce-v9-partitions": _hdr(0, 9, True)
+    + bytes.fromhex("00ffff000003e8020274")
     + bytes.fromhex("ffffffff0f"),
-    "fetch-v12-topics": _hdr(1, 12, True) + struct.pack(">iiiibii", -1, 0, 0, 1 << 20, 0, 0, -1)
+    "fetch-v12-topics": _hdr(1, 12, True)
+    + struct.pack(">iiiibii", -1, 0, 0, 1 << 20, 0, 0, -1)
     + bytes.fromhex("ffffffff0f"),
     "list-offsets-v1": _hdr(2, 1, False) + struct.pack(">ii", -1, 2**31 - 2),
     # A null where the schema has no null: kio returns None, the handler must never see it.
@@ -639,7 +722,7 @@ def test_array_count_beyond_frame_closes_connection(shared_broker: Any, name: st
     with open(shared_broker.log_path, "rb") as f:
         f.seek(log_start)
         log_text = f.read().decode(errors="replace")
-    assert "Traceback" not in log_text, log_text[log_text.index("Traceback") - 300:][:2000]
+    assert "Traceback" not in log_text, log_text[log_text.index("Traceback") - 300 :][:2000]
 
 
 @pytest.mark.parametrize("size", [-1, -(2**31), 0, 7, 104857601, 2**31 - 1])

@@ -113,8 +113,14 @@ class ProducerStateTable:
 
     def to_json(self, now_ms: int, expiration_ms: int) -> list:
         return [
-            [pid, e.epoch, [[c.first_seq, c.last_seq, c.base_offset, c.last_offset,
-                             c.timestamp] for c in e.batches]]
+            [
+                pid,
+                e.epoch,
+                [
+                    [c.first_seq, c.last_seq, c.base_offset, c.last_offset, c.timestamp]
+                    for c in e.batches
+                ],
+            ]
             for pid, e in self.producers.items()
             if now_ms - e.last_timestamp < expiration_ms
         ]

@@ -18,8 +18,17 @@ BROKER_RESOURCE = 4
 SOURCE_DEFAULT = 5
 SOURCE_TOPIC = 1
 SOURCE_STATIC_BROKER = 4
-_TYPE_CODES = {"boolean": 1, "string": 2, "int": 3, "short": 4, "long": 5, "double": 6,
-               "list": 7, "class": 8, "password": 9}
+_TYPE_CODES = {
+    "boolean": 1,
+    "string": 2,
+    "int": 3,
+    "short": 4,
+    "long": 5,
+    "double": 6,
+    "list": 7,
+    "class": 8,
+    "password": 9,
+}
 
 
 async def handle_create_topics(ctx: RequestContext, req: Any) -> dict:
@@ -27,8 +36,15 @@ async def handle_create_topics(ctx: RequestContext, req: Any) -> dict:
     results = []
     seen: set[str] = set()
     for t in req.topics:
-        res = {"name": t.name, "topic_id": None, "error_code": 0, "error_message": None,
-               "num_partitions": -1, "replication_factor": -1, "configs": []}
+        res = {
+            "name": t.name,
+            "topic_id": None,
+            "error_code": 0,
+            "error_message": None,
+            "num_partitions": -1,
+            "replication_factor": -1,
+            "configs": [],
+        }
         results.append(res)
         try:
             if t.name in seen:
@@ -45,9 +61,14 @@ async def handle_create_topics(ctx: RequestContext, req: Any) -> dict:
                 partitions = len(t.assignments)
                 rf = len(t.assignments[0].broker_ids)
             else:
-                partitions = t.num_partitions if t.num_partitions != -1 else broker.config.num_partitions
-                rf = (t.replication_factor if t.replication_factor != -1
-                      else broker.config.default_replication_factor)
+                partitions = (
+                    t.num_partitions if t.num_partitions != -1 else broker.config.num_partitions
+                )
+                rf = (
+                    t.replication_factor
+                    if t.replication_factor != -1
+                    else broker.config.default_replication_factor
+                )
             configs = {c.name: c.value for c in t.configs}
             broker.controller.create_topic(t.name, partitions, rf, configs, req.validate_only)
             res["num_partitions"] = partitions
@@ -56,8 +77,13 @@ async def handle_create_topics(ctx: RequestContext, req: Any) -> dict:
             if topic is not None:
                 res["topic_id"] = topic.topic_id
             res["configs"] = [
-                {"name": k, "value": v, "read_only": False, "config_source": SOURCE_DEFAULT,
-                 "is_sensitive": False}
+                {
+                    "name": k,
+                    "value": v,
+                    "read_only": False,
+                    "config_source": SOURCE_DEFAULT,
+                    "is_sensitive": False,
+                }
                 for k, v in effective({**broker.topic_defaults, **configs}).items()
             ]
         except ControllerError as e:
@@ -97,24 +123,27 @@ async def handle_create_partitions(ctx: RequestContext, req: Any) -> dict:
     return {"throttle_time": 0, "results": results}
 
 
-def _config_entries(values: dict[str, str], explicit: set[str], keys: Any, source_explicit: int,
-                    docs: bool) -> list[dict]:
+def _config_entries(
+    values: dict[str, str], explicit: set[str], keys: Any, source_explicit: int, docs: bool
+) -> list[dict]:
     out = []
     for name, value in sorted(values.items()):
         if keys and name not in keys:
             continue
         d = TOPIC_CONFIGS.get(name)
-        out.append({
-            "name": name,
-            "value": value,
-            "read_only": False,
-            "config_source": source_explicit if name in explicit else SOURCE_DEFAULT,
-            "is_default": name not in explicit,
-            "is_sensitive": False,
-            "synonyms": [],
-            "config_type": _TYPE_CODES.get(d.type, 0) if d else 2,
-            "documentation": (d.doc if d else None) if docs else None,
-        })
+        out.append(
+            {
+                "name": name,
+                "value": value,
+                "read_only": False,
+                "config_source": source_explicit if name in explicit else SOURCE_DEFAULT,
+                "is_default": name not in explicit,
+                "is_sensitive": False,
+                "synonyms": [],
+                "config_type": _TYPE_CODES.get(d.type, 0) if d else 2,
+                "documentation": (d.doc if d else None) if docs else None,
+            }
+        )
     return out
 
 
@@ -123,8 +152,13 @@ async def handle_describe_configs(ctx: RequestContext, req: Any) -> dict:
     results = []
     docs = getattr(req, "include_documentation", False)
     for r in req.resources:
-        res = {"error_code": 0, "error_message": None, "resource_type": r.resource_type,
-               "resource_name": r.resource_name, "configs": []}
+        res = {
+            "error_code": 0,
+            "error_message": None,
+            "resource_type": r.resource_type,
+            "resource_name": r.resource_name,
+            "configs": [],
+        }
         keys = set(r.configuration_keys) if r.configuration_keys else None
         if r.resource_type == TOPIC_RESOURCE:
             topic = broker.image.topics.get(r.resource_name)
@@ -133,16 +167,18 @@ async def handle_describe_configs(ctx: RequestContext, req: Any) -> dict:
                 res["error_message"] = f"topic '{r.resource_name}' does not exist"
             else:
                 values = effective({**broker.topic_defaults, **topic.configs})
-                res["configs"] = _config_entries(values, set(topic.configs), keys, SOURCE_TOPIC,
-                                                 docs)
+                res["configs"] = _config_entries(
+                    values, set(topic.configs), keys, SOURCE_TOPIC, docs
+                )
         elif r.resource_type == BROKER_RESOURCE:
             if r.resource_name not in ("", str(broker.config.node_id)):
                 res["error_code"] = INVALID_REQUEST
                 res["error_message"] = f"broker '{r.resource_name}' is not this broker"
             else:
                 values = broker.config.describe()
-                res["configs"] = _config_entries(values, set(values), keys, SOURCE_STATIC_BROKER,
-                                                 docs)
+                res["configs"] = _config_entries(
+                    values, set(values), keys, SOURCE_STATIC_BROKER, docs
+                )
         else:
             res["error_code"] = INVALID_REQUEST
             res["error_message"] = f"resource type {r.resource_type} is not supported"
@@ -157,8 +193,12 @@ async def handle_incremental_alter_configs(ctx: RequestContext, req: Any) -> dic
     broker = ctx.broker
     responses = []
     for r in req.resources:
-        res = {"error_code": 0, "error_message": None, "resource_type": r.resource_type,
-               "resource_name": r.resource_name}
+        res = {
+            "error_code": 0,
+            "error_message": None,
+            "resource_type": r.resource_type,
+            "resource_name": r.resource_name,
+        }
         responses.append(res)
         if r.resource_type != TOPIC_RESOURCE:
             res["error_code"] = INVALID_REQUEST

@@ -58,7 +58,9 @@ class _FetchPlan:
                 plog = partition.log
                 hw = partition.high_watermark
                 if p.fetch_offset < plog.log_start_offset or p.fetch_offset > plog.log_end_offset:
-                    parts.append((p.partition, OFFSET_OUT_OF_RANGE, hw, plog.log_start_offset, None))
+                    parts.append(
+                        (p.partition, OFFSET_OUT_OF_RANGE, hw, plog.log_start_offset, None)
+                    )
                     continue
                 limit = min(p.partition_max_bytes, budget) if total else p.partition_max_bytes
                 sl = plog.read(p.fetch_offset, max(limit, 1), hw) if limit > 0 else None
@@ -155,8 +157,14 @@ async def handle_list_offsets(ctx: RequestContext, req: Any) -> dict:
     for t in req.topics:
         parts = []
         for p in t.partitions:
-            out = {"partition_index": p.partition_index, "error_code": 0, "timestamp": -1,
-                   "offset": -1, "leader_epoch": -1, "old_style_offsets": []}
+            out = {
+                "partition_index": p.partition_index,
+                "error_code": 0,
+                "timestamp": -1,
+                "offset": -1,
+                "leader_epoch": -1,
+                "old_style_offsets": [],
+            }
             partition = broker.partitions.get(t.name, p.partition_index)
             if partition is None:
                 out["error_code"] = UNKNOWN_TOPIC_OR_PARTITION

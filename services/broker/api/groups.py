@@ -24,17 +24,29 @@ async def handle_find_coordinator(ctx: RequestContext, req: Any) -> dict:
     coordinators = []
     for key in keys:
         if getattr(req, "key_type", 0) != 0:
-            coordinators.append({"key": key, "node_id": -1, "host": "", "port": -1,
-                                 "error_code": COORDINATOR_NOT_AVAILABLE,
-                                 "error_message": "transactions are not supported"})
+            coordinators.append(
+                {
+                    "key": key,
+                    "node_id": -1,
+                    "host": "",
+                    "port": -1,
+                    "error_code": COORDINATOR_NOT_AVAILABLE,
+                    "error_message": "transactions are not supported",
+                }
+            )
         else:
             coordinators.append({"key": key, **node, "error_code": 0, "error_message": None})
     if ctx.version >= 4:
         return {"throttle_time": 0, "coordinators": coordinators}
     first = coordinators[0]
-    return {"throttle_time": 0, "error_code": first["error_code"],
-            "error_message": first["error_message"], "node_id": first["node_id"],
-            "host": first["host"], "port": first["port"]}
+    return {
+        "throttle_time": 0,
+        "error_code": first["error_code"],
+        "error_message": first["error_message"],
+        "node_id": first["node_id"],
+        "host": first["host"],
+        "port": first["port"],
+    }
 
 
 async def handle_join_group(ctx: RequestContext, req: Any) -> dict:
@@ -55,9 +67,16 @@ async def handle_join_group(ctx: RequestContext, req: Any) -> dict:
             require_known_member_id=ctx.version >= 4,
         )
     except JoinError as e:
-        return {"throttle_time": 0, "error_code": e.code, "generation_id": -1,
-                "protocol_type": None, "protocol_name": "" if ctx.version < 7 else None,
-                "leader": "", "member_id": e.member_id, "members": []}
+        return {
+            "throttle_time": 0,
+            "error_code": e.code,
+            "generation_id": -1,
+            "protocol_type": None,
+            "protocol_name": "" if ctx.version < 7 else None,
+            "leader": "",
+            "member_id": e.member_id,
+            "members": [],
+        }
     if ctx.version < 7 and result["protocol_name"] is None:
         result["protocol_name"] = ""
     return {"throttle_time": 0, **result}
@@ -66,12 +85,20 @@ async def handle_join_group(ctx: RequestContext, req: Any) -> dict:
 async def handle_sync_group(ctx: RequestContext, req: Any) -> dict:
     try:
         result = await ctx.broker.groups.sync(
-            req.group_id, req.member_id, getattr(req, "group_instance_id", None),
-            req.generation_id, {a.member_id: a.assignment for a in req.assignments},
+            req.group_id,
+            req.member_id,
+            getattr(req, "group_instance_id", None),
+            req.generation_id,
+            {a.member_id: a.assignment for a in req.assignments},
         )
     except JoinError as e:
-        return {"throttle_time": 0, "error_code": e.code, "protocol_type": None,
-                "protocol_name": None, "assignment": b""}
+        return {
+            "throttle_time": 0,
+            "error_code": e.code,
+            "protocol_type": None,
+            "protocol_name": None,
+            "assignment": b"",
+        }
     return {"throttle_time": 0, "error_code": 0, **result}
 
 
@@ -120,9 +147,15 @@ async def handle_offset_commit(ctx: RequestContext, req: Any) -> dict:
                 elif p.committed_metadata and len(p.committed_metadata) > MAX_METADATA:
                     pcode = OFFSET_METADATA_TOO_LARGE
                 else:
-                    entries.append((t.name, p.partition_index, p.committed_offset,
-                                    getattr(p, "committed_leader_epoch", -1),
-                                    p.committed_metadata))
+                    entries.append(
+                        (
+                            t.name,
+                            p.partition_index,
+                            p.committed_offset,
+                            getattr(p, "committed_leader_epoch", -1),
+                            p.committed_metadata,
+                        )
+                    )
             parts.append({"partition_index": p.partition_index, "error_code": pcode})
         topics.append({"name": t.name, "partitions": parts})
     if entries:
@@ -144,13 +177,15 @@ async def handle_offset_fetch(ctx: RequestContext, req: Any) -> dict:
         out = []
         for p in parts:
             c = committed.get((name, p))
-            out.append({
-                "partition_index": p,
-                "committed_offset": c.offset if c else -1,
-                "committed_leader_epoch": c.leader_epoch if c else -1,
-                "metadata": c.metadata if c else "",
-                "error_code": 0,
-            })
+            out.append(
+                {
+                    "partition_index": p,
+                    "committed_offset": c.offset if c else -1,
+                    "committed_leader_epoch": c.leader_epoch if c else -1,
+                    "metadata": c.metadata if c else "",
+                    "error_code": 0,
+                }
+            )
         topics.append({"name": name, "partitions": out})
     return {"throttle_time": 0, "topics": topics, "error_code": 0}
 

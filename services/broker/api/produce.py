@@ -25,8 +25,15 @@ async def handle_produce(ctx: RequestContext, req: Any) -> dict | None:
         parts = []
         tconf = broker.image.topics.get(topic.name)
         for pd in topic.partition_data:
-            out = {"index": pd.index, "error_code": 0, "base_offset": -1, "log_append_time": None,
-                   "log_start_offset": -1, "record_errors": [], "error_message": None}
+            out = {
+                "index": pd.index,
+                "error_code": 0,
+                "base_offset": -1,
+                "log_append_time": None,
+                "log_start_offset": -1,
+                "record_errors": [],
+                "error_message": None,
+            }
             parts.append(out)
             if acks not in (0, 1, -1):
                 out["error_code"] = INVALID_REQUIRED_ACKS

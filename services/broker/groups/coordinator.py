@@ -162,7 +162,9 @@ class GroupCoordinator:
         timeout = max((m.rebalance_timeout_ms for m in group.members.values()), default=0)
         loop = self._loop()
         if was_empty and self.settings.initial_rebalance_delay_ms > 0:
-            group.initial_delay_until = loop.time() + self.settings.initial_rebalance_delay_ms / 1000
+            group.initial_delay_until = (
+                loop.time() + self.settings.initial_rebalance_delay_ms / 1000
+            )
         group.rebalance_timer = loop.call_later(
             timeout / 1000, self._rebalance_deadline, group.group_id
         )
@@ -338,8 +340,14 @@ class GroupCoordinator:
             if len(group.members) >= s.max_size:
                 raise JoinError(GROUP_MAX_SIZE_REACHED, member_id)
             member = Member(
-                member_id, instance_id, client_id, client_host, session_timeout_ms,
-                rebalance_timeout_ms, protocol_type, protocols,
+                member_id,
+                instance_id,
+                client_id,
+                client_host,
+                session_timeout_ms,
+                rebalance_timeout_ms,
+                protocol_type,
+                protocols,
             )
             group.members[member_id] = member
             changed = True
@@ -371,7 +379,9 @@ class GroupCoordinator:
                 return False
         return True
 
-    def _member(self, group_id: str, member_id: str, instance_id: str | None) -> tuple[Group, Member]:
+    def _member(
+        self, group_id: str, member_id: str, instance_id: str | None
+    ) -> tuple[Group, Member]:
         group = self.groups.get(group_id)
         if group is None or member_id not in group.members:
             if instance_id and group and instance_id in group.static:
@@ -418,7 +428,9 @@ class GroupCoordinator:
         assignment = await member.sync_future
         return {**result, "assignment": assignment}
 
-    def heartbeat(self, group_id: str, member_id: str, instance_id: str | None, generation: int) -> int:
+    def heartbeat(
+        self, group_id: str, member_id: str, instance_id: str | None, generation: int
+    ) -> int:
         try:
             group, member = self._member(group_id, member_id, instance_id)
         except JoinError as e:
@@ -461,7 +473,9 @@ class GroupCoordinator:
         top = results[0][2] if len(results) == 1 else NONE
         return top, results
 
-    def commit_check(self, group_id: str, member_id: str, instance_id: str | None, generation: int) -> int:
+    def commit_check(
+        self, group_id: str, member_id: str, instance_id: str | None, generation: int
+    ) -> int:
         group = self.groups.get(group_id)
         if generation < 0 and not member_id:
             if group is not None and group.members:
@@ -482,8 +496,13 @@ class GroupCoordinator:
         group = self.groups.get(group_id)
         if group is None:
             state = EMPTY if self.offsets.has_group(group_id) else DEAD
-            return {"group_id": group_id, "group_state": state, "protocol_type": "",
-                    "protocol_data": "", "members": []}
+            return {
+                "group_id": group_id,
+                "group_state": state,
+                "protocol_type": "",
+                "protocol_data": "",
+                "members": [],
+            }
         return {
             "group_id": group_id,
             "group_state": group.state,

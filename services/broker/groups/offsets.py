@@ -114,8 +114,9 @@ class OffsetStore:
             records = [
                 (
                     orjson.dumps([group, t, p]),
-                    orjson.dumps({"o": c.offset, "e": c.leader_epoch, "m": c.metadata,
-                                  "t": c.timestamp}),
+                    orjson.dumps(
+                        {"o": c.offset, "e": c.leader_epoch, "m": c.metadata, "t": c.timestamp}
+                    ),
                     [],
                 )
                 for (t, p), c in g.items()

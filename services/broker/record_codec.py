@@ -14,6 +14,8 @@ import cramjam
 from crc32c import crc32c
 from kio.serial.readers import read_signed_varint, read_signed_varlong
 
+from straitmq.protocol.varint import varint as _varint
+
 from .records import ATTR_COMPRESSION_MASK, HEADER, HEADER_SIZE
 
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"
@@ -88,16 +90,6 @@ def decode_batch(batch: bytes | memoryview) -> list[Record]:
             raise ValueError("record length does not match its content")
         out.append(Record(base_offset + off_delta, base_ts + ts_delta, key, value, headers))
     return out
-
-
-def _varint(n: int) -> bytes:
-    n = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while n & ~0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _bytes_field(b: bytes | None) -> bytes:

@@ -11,6 +11,7 @@ import struct
 from typing import Any
 
 from straitmq.protocol.codec import response_header_bytes
+from straitmq.protocol.varint import uvarint as _uvarint
 
 from ..storage.log import ReadSlice
 from .context import RawResponse, RequestContext
@@ -24,15 +25,6 @@ _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _PART_V4 = struct.Struct(">ihqq")  # partition, error, high watermark, last stable offset
 _I64 = struct.Struct(">q")
-
-
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n & ~0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 class _FetchPlan:

@@ -47,16 +47,11 @@ async def handle_produce(ctx: RequestContext, req: Any) -> dict | None:
                 batches = validate_batches(data, partition.log.config.max_message_bytes)
                 partition.log.producers.check(batches)
                 base = partition.append(data, batches)
-            except InvalidRecords as e:
-                out["error_code"] = e.code
-                out["error_message"] = str(e)
-                metrics.request_errors[(0, e.code)] += 1
-                continue
             except DuplicateBatch as dup:
                 out["base_offset"] = dup.cached.base_offset
                 out["log_start_offset"] = partition.log.log_start_offset
                 continue
-            except SequenceError as e:
+            except (InvalidRecords, SequenceError) as e:
                 out["error_code"] = e.code
                 out["error_message"] = str(e)
                 metrics.request_errors[(0, e.code)] += 1

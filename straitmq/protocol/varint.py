@@ -1,0 +1,18 @@
+"""Kafka's variable-length integers, for the few places that write them by hand."""
+
+from __future__ import annotations
+
+
+def uvarint(n: int) -> bytes:
+    """Unsigned varint (compact lengths and tagged-field counts in flexible versions)."""
+    out = bytearray()
+    while n & ~0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def varint(n: int) -> bytes:
+    """Signed, zigzag-encoded varint (record fields inside a batch)."""
+    return uvarint((n << 1) ^ (n >> 63))

@@ -276,17 +276,12 @@ def _append(plog: PartitionLog, raw: bytes) -> int:
 
 def _values(plog: PartitionLog) -> list[tuple[int, bytes]]:
     out = []
-    offset = plog.log_start_offset
-    while offset < plog.log_end_offset:
-        data = plog.read_bytes(offset, 1 << 20, plog.log_end_offset)
-        assert data, f"no data at {offset} below the end {plog.log_end_offset}"
-        pos = 0
-        while pos < len(data):
-            size = int.from_bytes(data[pos + 8 : pos + 12], "big") + 12
-            for rec in decode_batch(data[pos : pos + size]):
-                out.append((rec.offset, rec.value))
-                offset = rec.offset + 1
-            pos += size
+    for raw in plog.batches(plog.log_start_offset, plog.log_end_offset):
+        out += [(rec.offset, rec.value) for rec in decode_batch(raw)]
+    reached = out[-1][0] + 1 if out else plog.log_start_offset
+    assert reached == plog.log_end_offset, (
+        f"no data at {reached} below the end {plog.log_end_offset}"
+    )
     return out
 
 

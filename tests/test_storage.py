@@ -17,18 +17,10 @@ def _append(plog: PartitionLog, values: list[bytes], ts: int = 1_700_000_000_000
 
 def _read_all(plog: PartitionLog, start: int = 0) -> list[tuple[int, bytes]]:
     out = []
-    offset = start
-    while offset < plog.log_end_offset:
-        data = plog.read_bytes(offset, 1 << 20, plog.log_end_offset)
-        assert data, f"no data at {offset}"
-        pos = 0
-        while pos < len(data):
-            size = int.from_bytes(data[pos + 8 : pos + 12], "big") + 12
-            for rec in decode_batch(data[pos : pos + size]):
-                if rec.offset >= offset:
-                    out.append((rec.offset, rec.value))
-            pos += size
-        offset = out[-1][0] + 1
+    for raw in plog.batches(start, plog.log_end_offset):
+        out += [(rec.offset, rec.value) for rec in decode_batch(raw) if rec.offset >= start]
+    reached = out[-1][0] + 1 if out else start
+    assert reached == plog.log_end_offset, f"no data at {reached}"
     return out
 
 

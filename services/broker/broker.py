@@ -74,21 +74,7 @@ class Broker:
         for i in range(self.offsets.partitions_count):
             part = self.partitions.get(OFFSETS_TOPIC, i)
             assert part is not None
-            offset = part.log.log_start_offset
-            while offset < part.log.log_end_offset:
-                sl = part.log.read(offset, 1 << 20, part.log.log_end_offset)
-                if sl is None:
-                    break
-                data = os.pread(sl.fd, sl.size, sl.position)
-                pos = 0
-                while pos < len(data):
-                    size = int.from_bytes(data[pos + 8 : pos + 12], "big") + 12
-                    batches.append(data[pos : pos + size])
-                    last = int.from_bytes(data[pos : pos + 8], "big") + int.from_bytes(
-                        data[pos + 23 : pos + 27], "big"
-                    )
-                    offset = last + 1
-                    pos += size
+            batches += part.log.batches(part.log.log_start_offset, part.log.log_end_offset)
         self.offsets.load(batches)
         self.offsets.bind(self._append_offsets)
         self.compact_offsets()

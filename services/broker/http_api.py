@@ -299,26 +299,21 @@ def build_app(broker: Broker) -> web.Application:
             )
         out = []
         pos = offset
-        while len(out) < limit and pos < p.high_watermark:
-            data = p.log.read_bytes(pos, max_bytes, p.high_watermark)
-            if not data:
+        for raw in p.log.batches(offset, p.high_watermark, max_bytes):
+            for rec in decode_batch(raw):
+                if rec.offset >= offset and len(out) < limit:
+                    out.append(
+                        {
+                            "offset": rec.offset,
+                            "timestamp": rec.timestamp,
+                            "key": _decode_bytes(rec.key),
+                            "value": _decode_bytes(rec.value),
+                            "headers": {k: _decode_bytes(v) for k, v in rec.headers},
+                        }
+                    )
+                    pos = rec.offset + 1
+            if len(out) >= limit:
                 break
-            i = 0
-            while i < len(data) and len(out) < limit:
-                size = int.from_bytes(data[i + 8 : i + 12], "big") + 12
-                for rec in decode_batch(data[i : i + size]):
-                    if rec.offset >= offset and len(out) < limit:
-                        out.append(
-                            {
-                                "offset": rec.offset,
-                                "timestamp": rec.timestamp,
-                                "key": _decode_bytes(rec.key),
-                                "value": _decode_bytes(rec.value),
-                                "headers": {k: _decode_bytes(v) for k, v in rec.headers},
-                            }
-                        )
-                        pos = rec.offset + 1
-                i += size
         if group and out:
             broker.offsets.commit(group, [(name, part_no, pos, p.leader_epoch, "rest")])
         return _json({"records": out, "next_offset": pos, "high_watermark": p.high_watermark})

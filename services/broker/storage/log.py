@@ -12,12 +12,13 @@ import logging
 import os
 import time
 from bisect import bisect_right
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import orjson
 
 from ..producer_state import ProducerStateTable
-from ..records import HEADER_SIZE, BatchInfo, assign_offsets, parse_header
+from ..records import HEADER_SIZE, LOG_OVERHEAD, BatchInfo, assign_offsets, parse_header
 from .segment import Segment, segment_name
 
 log = logging.getLogger("straitmq.storage")
@@ -212,6 +213,23 @@ class PartitionLog:
     def read_bytes(self, offset: int, max_bytes: int, upper: int) -> bytes:
         sl = self.read(offset, max_bytes, upper)
         return os.pread(sl.fd, sl.size, sl.position) if sl else b""
+
+    def batches(self, offset: int, upper: int, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+        """Whole batches from the one holding `offset` up to `upper`, read a chunk at a time.
+
+        For the paths that look inside records (offset replay, REST); fetch uses `read`.
+        """
+        while offset < upper:
+            data = self.read_bytes(offset, chunk_bytes, upper)
+            if not data:
+                return
+            pos = 0
+            while pos < len(data):
+                info = parse_header(data, pos, 0)
+                size = int.from_bytes(data[pos + 8 : pos + 12], "big") + LOG_OVERHEAD
+                yield data[pos : pos + size]
+                offset = info.base_offset + info.last_offset_delta + 1
+                pos += size
 
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record with timestamp >= `timestamp`."""

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import time
 from typing import Any
 
 from straitmq.controller.local_controller import ControllerError, LocalController
@@ -83,9 +82,6 @@ class Broker:
         """Keep `__consumer_offsets` small: once a partition has rolled, write its live
         commits again at the head and drop the older segments. A crash in between only
         means the old records are replayed before the new ones, which win."""
-        from .record_codec import build_batch
-        from .records import validate_batches
-
         dropped = 0
         for i in range(self.offsets.partitions_count):
             part = self.partitions.get(OFFSETS_TOPIC, i)
@@ -93,11 +89,7 @@ class Broker:
                 continue
             part.log.roll()
             head = part.log.log_end_offset
-            now = int(time.time() * 1000)
-            for _group, records in self.offsets.snapshot_batches(i):
-                for j in range(0, len(records), 500):
-                    view = memoryview(build_batch(records[j : j + 500], now))
-                    part.append(view, validate_batches(view, len(view)))
+            self.offsets.rewrite(i)
             dropped += part.log.drop_segments_before(head)
         return dropped
 

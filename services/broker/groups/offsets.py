@@ -64,20 +64,22 @@ class OffsetStore:
             v["o"], v["e"], v["m"], v["t"]
         )
 
+    @staticmethod
+    def _record(group: str, topic: str, part: int, c: Committed | None) -> tuple:
+        """The (key, value, headers) stored for one commit; a None commit deletes."""
+        value = None
+        if c is not None:
+            value = orjson.dumps(
+                {"o": c.offset, "e": c.leader_epoch, "m": c.metadata, "t": c.timestamp}
+            )
+        return orjson.dumps([group, topic, part]), value, []
+
     def commit(self, group: str, entries: list[tuple[str, int, int, int, str | None]]) -> None:
         """Durably record (topic, partition, offset, leader_epoch, metadata) entries."""
         now = int(time.time() * 1000)
-        records = [
-            (
-                orjson.dumps([group, t, p]),
-                orjson.dumps({"o": o, "e": e, "m": m or "", "t": now}),
-                [],
-            )
-            for t, p, o, e, m in entries
-        ]
-        self._write(group, records, now)
-        for t, p, o, e, m in entries:
-            self.offsets.setdefault(group, {})[(t, p)] = Committed(o, e, m or "", now)
+        commits = {(t, p): Committed(o, e, m or "", now) for t, p, o, e, m in entries}
+        self._write(group, [self._record(group, t, p, c) for (t, p), c in commits.items()], now)
+        self.offsets.setdefault(group, {}).update(commits)
 
     def delete_group(self, group: str) -> None:
         keys = list(self.offsets.get(group, {}))
@@ -97,7 +99,7 @@ class OffsetStore:
 
     def _tombstones(self, group: str, keys: list[tuple[str, int]]) -> None:
         now = int(time.time() * 1000)
-        self._write(group, [(orjson.dumps([group, t, p]), None, []) for t, p in keys], now)
+        self._write(group, [self._record(group, t, p, None) for t, p in keys], now)
 
     def _write(self, group: str, records: list, now: int) -> None:
         assert self._append is not None, "offset store is not bound to its topic"
@@ -105,24 +107,15 @@ class OffsetStore:
         view = memoryview(batch)
         self._append(self.partition_for(group), view, validate_batches(view, len(batch)))
 
-    def snapshot_batches(self, partition: int) -> list[tuple[str, list]]:
-        """The live commits of one offsets partition, as (group, records) to rewrite."""
-        out = []
+    def rewrite(self, partition: int, chunk: int = 500) -> None:
+        """Append the live commits of one offsets partition again (for compaction)."""
+        now = int(time.time() * 1000)
         for group, g in self.offsets.items():
-            if self.partition_for(group) != partition or not g:
+            if self.partition_for(group) != partition:
                 continue
-            records = [
-                (
-                    orjson.dumps([group, t, p]),
-                    orjson.dumps(
-                        {"o": c.offset, "e": c.leader_epoch, "m": c.metadata, "t": c.timestamp}
-                    ),
-                    [],
-                )
-                for (t, p), c in g.items()
-            ]
-            out.append((group, records))
-        return out
+            records = [self._record(group, t, p, c) for (t, p), c in g.items()]
+            for i in range(0, len(records), chunk):
+                self._write(group, records[i : i + chunk], now)
 
     def fetch(self, group: str) -> dict[tuple[str, int], Committed]:
         return self.offsets.get(group, {})

@@ -98,12 +98,6 @@ class Broker:
         assert part is not None, "offsets topic partition missing"
         part.append(data, batches)
 
-    def on_topic_config_change(self, topic: str) -> None:
-        self.partitions.sync(self.image)
-
-    def create_topic(self, name: str, partitions: int, rf: int, configs: dict) -> None:
-        self.controller.create_topic(name, partitions, rf, configs)
-
     async def start(self) -> None:
         from .http_api import start_http
         from .server import serve

@@ -218,7 +218,6 @@ def build_app(broker: Broker) -> web.Application:
                 broker.controller.alter_configs(
                     name, {k: None if v is None else str(v) for k, v in changes.items()}
                 )
-                broker.on_topic_config_change(name)
         except ControllerError as e:
             return _controller_error(e)
         return _json(_topic_view(broker, name))

@@ -217,7 +217,6 @@ async def handle_incremental_alter_configs(ctx: RequestContext, req: Any) -> dic
                     )
             check_topic_name(r.resource_name)
             broker.controller.alter_configs(r.resource_name, changes, req.validate_only)
-            broker.on_topic_config_change(r.resource_name)
         except ControllerError as e:
             res["error_code"] = e.code
             res["error_message"] = e.message

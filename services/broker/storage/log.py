@@ -75,7 +75,7 @@ class PartitionLog:
             if not last and seg.size and seg.load_indexes():
                 seg.created_ms = now
             else:
-                _found, cut = seg.recover(self.config.max_message_bytes)
+                cut = seg.recover(self.config.max_message_bytes)
                 if cut:
                     log.warning(
                         "recovered segment by truncating a torn tail",

@@ -180,10 +180,10 @@ class Segment:
 
     # -- recovery --------------------------------------------------------------------
 
-    def recover(self, max_batch_bytes: int) -> tuple[list[BatchInfo], int]:
+    def recover(self, max_batch_bytes: int) -> int:
         """Scan every batch, check its CRC, rebuild indexes, cut a torn or corrupt tail.
 
-        Returns the batches found and how many bytes were truncated.
+        Returns how many bytes were truncated.
         """
         self.index_offsets = array("i")
         self.index_positions = array("q")
@@ -192,7 +192,6 @@ class Segment:
         self._bytes_since_index = 0
         self.max_timestamp = -1
         self.next_offset = self.base_offset
-        found: list[BatchInfo] = []
         file_size = os.fstat(self.fd).st_size
         pos = 0
         buf = b""
@@ -220,8 +219,6 @@ class Segment:
             info = parse_header(buf, rel, size)
             if info.base_offset < expected:
                 break
-            info.position = pos
-            found.append(info)
             self._note_batch(
                 info.base_offset, info.last_offset_delta, info.max_timestamp, pos, size
             )
@@ -232,7 +229,7 @@ class Segment:
             os.ftruncate(self.fd, pos)
         self.size = pos
         self._rewrite_indexes()
-        return found, truncated
+        return truncated
 
     def load_indexes(self) -> bool:
         """Load index files of a closed segment; False if they look wrong."""

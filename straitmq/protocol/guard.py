@@ -21,6 +21,9 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
+from kio.serial.errors import DecodeError
+from kio.serial.readers import read_unsigned_varint
+
 from .codec import ProtocolError, request_schema
 
 _ADD = re.compile(r"^(\s*)pos \+= (\d+)$")
@@ -41,21 +44,9 @@ _FIXED = {
 
 
 def _uv(buf: Any, pos: int) -> tuple[int, int]:
-    """Unsigned varint at pos: (value, next position). IndexError past the end."""
-    b = buf[pos]
-    if b < 0x80:
-        return b, pos + 1
-    value = b & 0x7F
-    shift = 7
-    while True:
-        pos += 1
-        b = buf[pos]
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, pos + 1
-        shift += 7
-        if shift > 28:
-            raise ProtocolError("varint too long")
+    """Unsigned varint at pos: (value, next position), with kio's native reader."""
+    value, size = read_unsigned_varint(buf, pos)
+    return value, pos + size
 
 
 def _too_many(n: int, left: int) -> ProtocolError:
@@ -194,5 +185,5 @@ def check_array_lengths(frame: memoryview, api_key: int, version: int) -> None:
             count, pos = _uv(frame, pos)
             pos = _skip_tags(frame, pos, len(frame), count, {})
         walk(frame, pos, len(frame))
-    except (IndexError, struct.error) as exc:
+    except (IndexError, struct.error, DecodeError, ValueError) as exc:
         raise ProtocolError(f"request overruns its frame: {exc}") from None

@@ -46,8 +46,7 @@ STRAIT_CLIENT = "StraitClient"  # tools/java/StraitClient.java
 CLIENT_JVM_ARGS = ["-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto"]
 # JVM flags for the perf tools, as bin/kafka-producer-perf-test.sh runs them
 # (KAFKA_HEAP_OPTS=-Xmx512M + kafka-run-class.sh's KAFKA_JVM_PERFORMANCE_OPTS).
-PERF_JVM_ARGS = [
-    "-Xmx512m",
+KAFKA_JVM_PERFORMANCE_OPTS = [
     "-server",
     "-XX:+UseG1GC",
     "-XX:MaxGCPauseMillis=20",
@@ -55,9 +54,8 @@ PERF_JVM_ARGS = [
     "-XX:+ExplicitGCInvokesConcurrent",
     "-XX:MaxInlineLevel=15",
     "-Djava.awt.headless=true",
-    "-Duser.language=en",
-    "-Duser.country=US",
 ]
+PERF_JVM_ARGS = ["-Xmx512m", *KAFKA_JVM_PERFORMANCE_OPTS, "-Duser.language=en", "-Duser.country=US"]
 
 _lock = threading.Lock()
 _classpath: str | None = None

@@ -41,19 +41,9 @@ import weakref
 from collections.abc import Mapping
 from pathlib import Path
 
-from bench.javatools import KAFKA_MAIN, STORAGE_TOOL, java_cmd
+from bench.javatools import KAFKA_JVM_PERFORMANCE_OPTS, KAFKA_MAIN, STORAGE_TOOL, java_cmd
 
-BROKER_JVM_ARGS = [
-    "-Xmx1g",
-    "-Xms1g",
-    "-server",
-    "-XX:+UseG1GC",
-    "-XX:MaxGCPauseMillis=20",
-    "-XX:InitiatingHeapOccupancyPercent=35",
-    "-XX:+ExplicitGCInvokesConcurrent",
-    "-XX:MaxInlineLevel=15",
-    "-Djava.awt.headless=true",
-]
+BROKER_JVM_ARGS = ["-Xmx1g", "-Xms1g", *KAFKA_JVM_PERFORMANCE_OPTS]
 
 _LOG4J = """\
 log4j.rootLogger={level}, kafkaAppender

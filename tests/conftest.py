@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -14,9 +16,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from crc32c import crc32c
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from straitmq.broker.record_codec import build_batch  # noqa: E402
+
+
+def record_batch(
+    values: list[bytes],
+    producer: tuple[int, int, int] | None = None,
+    timestamp_ms: int | None = None,
+) -> bytes:
+    """A v2 record batch; with (producer id, epoch, base sequence) patched in and the CRC
+    (which covers bytes 21..end) recomputed."""
+    ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
+    data = bytearray(build_batch([(None, v, []) for v in values], ts))
+    if producer is not None:
+        pid, epoch, seq = producer
+        struct.pack_into(">qhi", data, 43, pid, epoch, seq)
+        struct.pack_into(">I", data, 17, crc32c(bytes(data[21:])))
+    return bytes(data)
 
 
 def free_port() -> int:
@@ -91,6 +112,17 @@ class BrokerProcess:
         if self.proc and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+    def create_topic(self, name: str, partitions: int = 1) -> None:
+        """Create a topic through the HTTP admin API."""
+        req = urllib.request.Request(
+            f"{self.http}/api/v1/topics",
+            method="POST",
+            data=json.dumps({"name": name, "partitions": partitions}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.status == 201
 
     def restart(self) -> BrokerProcess:
         self.stop()

@@ -75,24 +75,21 @@ def test_admin_apis(broker):
     assert bad.returncode == 1 and "InvalidReplicationFactor" in bad.stdout
 
 
+def consume_args(broker, topic: str, *options: object) -> list[object]:
+    return ["consume", "--bootstrap", broker.bootstrap, "--topic", topic, *options]
+
+
+def consume(broker, topic: str, *options: object) -> list[dict]:
+    """Run the Java consumer to completion; its records."""
+    res = straitclient(consume_args(broker, topic, *options), timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res.records
+
+
 def _consumer(broker, topic: str, group: str, assignor: str, timeout_ms: int) -> subprocess.Popen:
+    options = ["--group", group, "--assignor", assignor, "--timeout-ms", timeout_ms]
     cmd = java_cmd(
-        STRAIT_CLIENT,
-        [
-            "consume",
-            "--bootstrap",
-            broker.bootstrap,
-            "--topic",
-            topic,
-            "--group",
-            group,
-            "--assignor",
-            assignor,
-            "--timeout-ms",
-            timeout_ms,
-            "--offset-reset",
-            "earliest",
-        ],
+        STRAIT_CLIENT, consume_args(broker, topic, *options, "--offset-reset", "earliest")
     )
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -102,22 +99,8 @@ def test_produce_every_codec_and_read_back(broker, compression):
     topic = f"jc-{compression}"
     admin(broker, "create-topic", topic, 2, 1)
     produce(broker, topic, 300, "--compression", compression)
-    res = straitclient(
-        [
-            "consume",
-            "--bootstrap",
-            broker.bootstrap,
-            "--topic",
-            topic,
-            "--count",
-            300,
-            "--timeout-ms",
-            30000,
-        ],
-        timeout=120,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    got = sorted((r["k"], r["v"], r["h"]["h"]) for r in res.records)
+    records = consume(broker, topic, "--count", 300, "--timeout-ms", 30000)
+    got = sorted((r["k"], r["v"], r["h"]["h"]) for r in records)
     assert got == sorted((f"k{i}", f"v{i}", str(i)) for i in range(300))
 
 
@@ -152,25 +135,18 @@ def test_group_of_two_with_each_assignor_then_restart_and_resume(broker, assigno
 
     produce(broker, topic, 120, "--key-prefix", "late", "--value-prefix", "late")
     broker.restart()
-    res = straitclient(
-        [
-            "consume",
-            "--bootstrap",
-            broker.bootstrap,
-            "--topic",
-            topic,
-            "--group",
-            group,
-            "--assignor",
-            assignor,
-            "--count",
-            120,
-            "--timeout-ms",
-            30000,
-        ],
-        timeout=120,
+    records = consume(
+        broker,
+        topic,
+        "--group",
+        group,
+        "--assignor",
+        assignor,
+        "--count",
+        120,
+        "--timeout-ms",
+        30000,
     )
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert sorted(r["v"] for r in res.records) == sorted(f"late{i}" for i in range(120)), (
+    assert sorted(r["v"] for r in records) == sorted(f"late{i}" for i in range(120)), (
         "after a restart the group resumes exactly at its committed offsets"
     )

@@ -21,24 +21,13 @@ import urllib.request
 from typing import Any
 
 import pytest
-from crc32c import crc32c
+from conftest import record_batch
 
-from services.broker.record_codec import build_batch, decode_batch
+from services.broker.record_codec import decode_batch
 from services.broker.records import validate_batches
 from services.broker.storage.log import LogConfig, PartitionLog
 
 PARTITIONS = 3
-
-
-def _create_topic(b: Any, name: str, partitions: int) -> None:
-    req = urllib.request.Request(
-        f"{b.http}/api/v1/topics",
-        method="POST",
-        data=json.dumps({"name": name, "partitions": partitions}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=10) as r:
-        assert r.status == 201
 
 
 def _read_all(bootstrap: str, topic: str, partitions: int) -> dict[int, list[tuple[int, bytes]]]:
@@ -193,7 +182,7 @@ def test_sigkill_mid_stream_loses_no_acked_message(broker_factory: Any, case: st
     broker_args, producer_conf, allow_duplicates = CASES[case]
     b = broker_factory(*broker_args)
     topic = "crash"
-    _create_topic(b, topic, PARTITIONS)
+    b.create_topic(topic, PARTITIONS)
     stream = Stream(b.bootstrap, topic, producer_conf)
     kills = 2
     for round_no in range(kills):
@@ -258,15 +247,6 @@ def test_sigkill_with_many_small_segments_recovers(broker_factory: Any) -> None:
 # -- storage level -------------------------------------------------------------------------
 
 
-def _batch(values: list[bytes], producer: tuple[int, int, int] | None = None) -> bytes:
-    data = bytearray(build_batch([(None, v, []) for v in values], int(time.time() * 1000)))
-    if producer is not None:
-        pid, epoch, seq = producer
-        struct.pack_into(">qhi", data, 43, pid, epoch, seq)
-        struct.pack_into(">I", data, 17, crc32c(bytes(data[21:])))
-    return bytes(data)
-
-
 def _append(plog: PartitionLog, raw: bytes) -> int:
     view = memoryview(raw)
     batches = validate_batches(view, plog.config.max_message_bytes)
@@ -316,14 +296,14 @@ def test_torn_tail_is_truncated_on_reopen(tmp_path: Any, tail: str, segment_byte
     expected = []
     for i in range(20):
         values = [f"m{i}-{j}".encode() for j in range(i % 3 + 1)]
-        base = _append(plog, _batch(values))
+        base = _append(plog, record_batch(values))
         expected += [(base + j, v) for j, v in enumerate(values)]
     end = plog.log_end_offset
     assert end == len(expected)
     path = _active_path(plog)
     good_size = os.path.getsize(path)
     # The next batch as the log would have written it (offsets assigned), then torn.
-    nxt = bytearray(_batch([b"torn-1", b"torn-2"]))
+    nxt = bytearray(record_batch([b"torn-1", b"torn-2"]))
     struct.pack_into(">q", nxt, 0, end)
     _crash(plog)
     with open(path, "ab") as f:
@@ -335,7 +315,7 @@ def test_torn_tail_is_truncated_on_reopen(tmp_path: Any, tail: str, segment_byte
         assert plog.log_end_offset == end
         assert _values(plog) == expected
         # Appends continue at the right offset, and the result survives another reopen.
-        base = _append(plog, _batch([b"after-1", b"after-2"]))
+        base = _append(plog, record_batch([b"after-1", b"after-2"]))
         assert base == end
         expected += [(end, b"after-1"), (end + 1, b"after-2")]
         assert _values(plog) == expected
@@ -360,11 +340,11 @@ def test_torn_tail_keeps_idempotent_producer_state(tmp_path: Any) -> None:
     pid, epoch = 7000, 0
     seq = 0
     for i in range(6):
-        _append(plog, _batch([f"v{i}a".encode(), f"v{i}b".encode()], (pid, epoch, seq)))
+        _append(plog, record_batch([f"v{i}a".encode(), f"v{i}b".encode()], (pid, epoch, seq)))
         seq += 2
     end = plog.log_end_offset
     path = _active_path(plog)
-    torn = bytearray(_batch([b"torn"], (pid, epoch, seq)))
+    torn = bytearray(record_batch([b"torn"], (pid, epoch, seq)))
     struct.pack_into(">q", torn, 0, end)
     _crash(plog)
     with open(path, "ab") as f:
@@ -374,9 +354,9 @@ def test_torn_tail_keeps_idempotent_producer_state(tmp_path: Any) -> None:
         assert plog.log_end_offset == end
         # Retry of the last surviving batch (sequence 10..11) is recognised.
         with pytest.raises(DuplicateBatch) as dup:
-            _append(plog, _batch([b"v5a", b"v5b"], (pid, epoch, 10)))
+            _append(plog, record_batch([b"v5a", b"v5b"], (pid, epoch, 10)))
         assert dup.value.cached.base_offset == end - 2
         # The torn batch was never stored: its sequence is the next expected one.
-        assert _append(plog, _batch([b"torn"], (pid, epoch, seq))) == end
+        assert _append(plog, record_batch([b"torn"], (pid, epoch, seq))) == end
     finally:
         plog.close()

@@ -14,18 +14,17 @@ import io
 import json
 import socket
 import struct
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from crc32c import crc32c
+from conftest import record_batch
 from kio.index import load_response_schema
 from kio.serial import entity_reader, entity_writer
 
-from services.broker.record_codec import build_batch, decode_batch
+from services.broker.record_codec import decode_batch
 
 NONE = 0
 OFFSET_OUT_OF_RANGE = 1
@@ -250,17 +249,6 @@ def fetch_partition(resp: Any) -> Any:
     return p
 
 
-def batch(values: list[bytes], producer: tuple[int, int, int] | None = None) -> bytes:
-    """A v2 record batch; with (producer id, epoch, base sequence) patched in and the CRC
-    (which covers bytes 21..end) recomputed."""
-    data = bytearray(build_batch([(None, v, []) for v in values], int(time.time() * 1000)))
-    if producer is not None:
-        pid, epoch, seq = producer
-        struct.pack_into(">qhi", data, 43, pid, epoch, seq)
-        struct.pack_into(">I", data, 17, crc32c(bytes(data[21:])))
-    return bytes(data)
-
-
 def records_of(data: bytes | None) -> list[tuple[int, bytes | None]]:
     out = []
     pos = 0
@@ -291,13 +279,13 @@ def test_produce_larger_than_max_message_bytes(strict_broker: Any, raw: Any, ver
     r = raw(strict_broker)
     topic = f"small-msgs-v{version}"
     new_topic(r, topic, configs={"max.message.bytes": "2000"})
-    big = batch([b"x" * 3000])
+    big = record_batch([b"x" * 3000])
     resp = r.call(produce(version, topic, big))
     p = produce_partition(resp)
     assert code(p) == MESSAGE_TOO_LARGE
     assert p.base_offset == -1
     # Just under the limit is fine, and nothing of the refused batch was stored.
-    ok = r.call(produce(version, topic, batch([b"y" * 1800])))
+    ok = r.call(produce(version, topic, record_batch([b"y" * 1800])))
     assert code(produce_partition(ok)) == NONE
     assert produce_partition(ok).base_offset == 0
     latest = r.call(list_offsets(6, topic, -1)).topics[0].partitions[0]
@@ -307,7 +295,7 @@ def test_produce_larger_than_max_message_bytes(strict_broker: Any, raw: Any, ver
 def test_produce_corrupt_batch(strict_broker: Any, raw: Any) -> None:
     r = raw(strict_broker)
     new_topic(r, "corrupt")
-    good = bytearray(batch([b"payload-1", b"payload-2"]))
+    good = bytearray(record_batch([b"payload-1", b"payload-2"]))
     bad_crc = bytes(good[:-1]) + bytes([good[-1] ^ 1])
     assert code(produce_partition(r.call(produce(9, "corrupt", bad_crc)))) == CORRUPT_MESSAGE
     torn = bytes(good[: len(good) - 5])
@@ -321,9 +309,10 @@ def test_broker_wide_message_max_bytes(broker_factory: Any, raw: Any) -> None:
     r = raw(b)
     new_topic(r, "t")
     assert (
-        code(produce_partition(r.call(produce(9, "t", batch([b"z" * 6000]))))) == MESSAGE_TOO_LARGE
+        code(produce_partition(r.call(produce(9, "t", record_batch([b"z" * 6000])))))
+        == MESSAGE_TOO_LARGE
     )
-    assert code(produce_partition(r.call(produce(9, "t", batch([b"z" * 4000]))))) == NONE
+    assert code(produce_partition(r.call(produce(9, "t", record_batch([b"z" * 4000]))))) == NONE
 
 
 def test_produce_larger_than_max_message_bytes_confluent(strict_broker: Any, raw: Any) -> None:
@@ -416,7 +405,7 @@ def test_unknown_topic_everywhere_without_auto_create(strict_broker: Any, raw: A
     r = raw(strict_broker)
     for v in (3, 9):
         assert (
-            code(produce_partition(r.call(produce(v, "ghost", batch([b"a"])))))
+            code(produce_partition(r.call(produce(v, "ghost", record_batch([b"a"])))))
             == UNKNOWN_TOPIC_OR_PARTITION
         )
     for v in (4, 12):
@@ -427,7 +416,7 @@ def test_unknown_topic_everywhere_without_auto_create(strict_broker: Any, raw: A
     # A partition that does not exist on a topic that does.
     new_topic(r, "one-part")
     assert (
-        code(produce_partition(r.call(produce(9, "one-part", batch([b"a"]), partition=5))))
+        code(produce_partition(r.call(produce(9, "one-part", record_batch([b"a"]), partition=5))))
         == UNKNOWN_TOPIC_OR_PARTITION
     )
     assert (
@@ -588,7 +577,9 @@ def test_fetch_offset_out_of_range(strict_broker: Any, raw: Any, version: int) -
     topic = f"oor-v{version}"
     new_topic(r, topic)
     for _i in range(3):
-        assert code(produce_partition(r.call(produce(9, topic, batch([b"a", b"b"]))))) == NONE
+        assert (
+            code(produce_partition(r.call(produce(9, topic, record_batch([b"a", b"b"]))))) == NONE
+        )
     end = 6
     for offset in (end + 1, end + 1000, 2**40, -5):
         p = fetch_partition(r.call(fetch(version, topic, offset)))
@@ -629,7 +620,7 @@ def log_values(r: Raw, topic: str) -> list[tuple[int, bytes | None]]:
 def send(
     r: Raw, topic: str, values: list[bytes], producer: tuple[int, int, int], version: int = 9
 ) -> tuple[int, int]:
-    p = produce_partition(r.call(produce(version, topic, batch(values, producer))))
+    p = produce_partition(r.call(produce(version, topic, record_batch(values, producer))))
     return code(p), p.base_offset
 
 

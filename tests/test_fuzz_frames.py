@@ -17,7 +17,6 @@ import dataclasses
 import datetime
 import io
 import itertools
-import json
 import os
 import random
 import socket
@@ -26,7 +25,6 @@ import threading
 import time
 import types
 import typing
-import urllib.request
 import uuid
 from typing import Any
 
@@ -505,17 +503,6 @@ def run_case(
 # -- tests ---------------------------------------------------------------------------------
 
 
-def _create_topic(b: Any, name: str, partitions: int = 1) -> None:
-    req = urllib.request.Request(
-        f"{b.http}/api/v1/topics",
-        method="POST",
-        data=json.dumps({"name": name, "partitions": partitions}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=10) as r:
-        assert r.status == 201
-
-
 def test_api_versions_unsupported_version_gets_v0_error(broker: Any) -> None:
     with connect(broker) as s:
         for i, version in enumerate((99, 5, 32767, -1)):
@@ -557,7 +544,7 @@ def shared_broker(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from conftest import BrokerProcess
 
     b = BrokerProcess(tmp_path_factory.mktemp("trailing") / "data").start()
-    _create_topic(b, SAMPLE_TOPIC)
+    b.create_topic(SAMPLE_TOPIC)
     yield b
     b.stop()
 
@@ -586,8 +573,8 @@ def test_fuzz_frames_against_live_broker(broker: Any) -> None:
     print(f"\nfuzz seed {SEED} (set STRAITMQ_FUZZ_SEED={SEED} to replay), frames {FRAMES}")
     rng = random.Random(SEED)
     topic = "fuzz-good"
-    _create_topic(broker, topic)
-    _create_topic(broker, SAMPLE_TOPIC)
+    broker.create_topic(topic)
+    broker.create_topic(SAMPLE_TOPIC)
     good = GoodClient(broker.bootstrap, topic)
     good.start()
     fuzzer = Fuzzer(rng)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from conftest import record_batch
 from straitmq.broker.record_codec import build_batch, decode_batch
 from straitmq.broker.records import validate_batches
 from straitmq.broker.storage.log import LogConfig, PartitionLog
@@ -98,14 +99,7 @@ def test_producer_state_survives_reopen(tmp_path):
     plog = PartitionLog(path, LogConfig(segment_bytes=600))
 
     def idem_batch(seq: int) -> memoryview:
-        import struct
-
-        from crc32c import crc32c
-
-        raw = bytearray(build_batch([(None, f"s{seq}".encode(), [])], 1_700_000_000_000))
-        struct.pack_into(">qhi", raw, 43, 77, 0, seq)
-        struct.pack_into(">I", raw, 17, crc32c(bytes(raw[21:])))
-        return memoryview(bytes(raw))
+        return memoryview(record_batch([f"s{seq}".encode()], (77, 0, seq), 1_700_000_000_000))
 
     for seq in range(12):
         view = idem_batch(seq)

@@ -8,7 +8,7 @@ import logging
 import os
 from typing import Any
 
-from straitmq.controller.local_controller import ControllerError, LocalController
+from straitmq.controller.local_controller import LocalController
 from straitmq.metadata.image import MetadataImage
 from straitmq.metadata.journal import MetadataJournal
 
@@ -146,4 +146,4 @@ class Broker:
         self.journal.close()
 
 
-__all__ = ["Broker", "BrokerConfig", "ControllerError"]
+__all__ = ["Broker", "BrokerConfig"]

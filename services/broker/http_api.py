@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
-from straitmq.controller.local_controller import ControllerError, check_topic_name
+from straitmq.controller.local_controller import ControllerError
 from straitmq.metadata.topic_config import effective
 
 from .groups.offsets import OFFSETS_TOPIC
@@ -388,6 +388,3 @@ async def start_http(broker: Broker, host: str, port: int) -> tuple[web.AppRunne
     sockets = site._server.sockets if site._server else []  # type: ignore[union-attr]
     actual = sockets[0].getsockname()[1] if sockets else port
     return runner, actual
-
-
-__all__ = ["build_app", "check_topic_name", "start_http"]

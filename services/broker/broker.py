@@ -41,7 +41,7 @@ class Broker:
         self.partitions = PartitionManager(
             os.path.join(config.data_dir, "logs"), self.topic_defaults
         )
-        self.controller.listeners.append(lambda _records: self.partitions.sync(self.image))
+        self.controller.listeners.append(self._on_metadata)
         self.offsets = OffsetStore(config.offsets_topic_partitions)
         self.groups = GroupCoordinator(
             self.offsets,
@@ -51,6 +51,12 @@ class Broker:
                 initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
             ),
         )
+
+    def _on_metadata(self, records: list[dict]) -> None:
+        # Producer-id blocks and the cluster id leave the logs alone; a full sync walks
+        # every partition and the data directory.
+        if any(r["type"] not in ("producer_ids", "cluster") for r in records):
+            self.partitions.sync(self.image)
 
     @property
     def image(self) -> MetadataImage:

@@ -1,0 +1,1 @@
+"""StraitMQ for Spark: a pure-Python data source registered as `straitmq`."""

@@ -97,3 +97,10 @@ if [[ ${#sources[@]} -gt 0 ]]; then
         echo "$cls_hash" > "$CLS_STAMP"
     fi
 fi
+
+# ---- 3. Spark's Kafka source (only where pyspark is installed) -----------
+if "${PYTHON:-$ROOT/.venv/bin/python}" -c \
+        'import importlib.util, sys; sys.exit(importlib.util.find_spec("pyspark") is None)' 2>/dev/null; then
+    args=(); [[ $force -eq 1 ]] && args=(--force)
+    bash "$ROOT/spark-jobs/jars/fetch.sh" "${args[@]}"
+fi

@@ -2,35 +2,44 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from straitmq.broker import broker as broker_module
 from straitmq.broker.broker import Broker
 from straitmq.broker.config import BrokerConfig
 from straitmq.broker.groups.offsets import OFFSETS_TOPIC
 
 
+def _config(path: str) -> BrokerConfig:
+    return BrokerConfig(data_dir=path, offsets_topic_partitions=2, port=0, http_port=0)
+
+
 def test_offsets_topic_is_compacted_and_survives_reopen(tmp_path, monkeypatch):
     monkeypatch.setattr(broker_module, "OFFSETS_SEGMENT_BYTES", 4096)
-    cfg = BrokerConfig(data_dir=str(tmp_path), offsets_topic_partitions=2)
-    b = Broker(cfg)
-    b._open_storage()
-    b.controller.create_topic("t", 4, 1, {})
-    for round_ in range(300):
-        for group in ("g1", "g2", "g3"):
-            b.offsets.commit(group, [("t", p, round_ * 10 + p, 0, "m") for p in range(4)])
-    b.offsets.delete_group("g3")
-    sizes_before = [len(b.partitions.get(OFFSETS_TOPIC, i).log.segments) for i in range(2)]
-    assert max(sizes_before) > 2, "the tiny segment size should have rolled the topic"
-    assert b.compact_offsets() > 0
-    for i in range(2):
-        assert len(b.partitions.get(OFFSETS_TOPIC, i).log.segments) <= 2
-    b.partitions.close()
-    b.journal.close()
 
-    again = Broker(BrokerConfig(data_dir=str(tmp_path), offsets_topic_partitions=2))
-    again._open_storage()
-    for group in ("g1", "g2"):
-        got = {k: c.offset for k, c in again.offsets.fetch(group).items()}
-        assert got == {("t", p): 2990 + p for p in range(4)}
-    assert not again.offsets.has_group("g3")
-    again.partitions.close()
-    again.journal.close()
+    async def first() -> None:
+        b = Broker(_config(str(tmp_path)))
+        await b.start()
+        await b.control("create_topic", {"name": "t", "partitions": 4, "replication_factor": 1})
+        for round_ in range(300):
+            for group in ("g1", "g2", "g3"):
+                b.offsets.commit(group, [("t", p, round_ * 10 + p, 0, "m") for p in range(4)])
+        b.offsets.delete_group("g3")
+        sizes = [len(b.partitions.get(OFFSETS_TOPIC, i).log.segments) for i in range(2)]
+        assert max(sizes) > 2, "the tiny segment size should have rolled the topic"
+        assert b.compact_offsets() > 0
+        for i in range(2):
+            assert len(b.partitions.get(OFFSETS_TOPIC, i).log.segments) <= 2
+        await b.stop()
+
+    async def again() -> None:
+        b = Broker(_config(str(tmp_path)))
+        await b.start()
+        for group in ("g1", "g2"):
+            got = {k: c.offset for k, c in b.offsets.fetch(group).items()}
+            assert got == {("t", p): 2990 + p for p in range(4)}
+        assert not b.offsets.has_group("g3")
+        await b.stop()
+
+    asyncio.run(first())
+    asyncio.run(again())

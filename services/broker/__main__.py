@@ -12,7 +12,7 @@ import uvloop
 
 from straitmq import logs
 
-from .broker import Broker
+from .broker import Broker, BrokerStartupError
 from .config import BrokerConfig
 
 
@@ -38,8 +38,27 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         default=None,
         help="fsync every N messages (default: rely on the OS, as Kafka does)",
     )
+    p.add_argument("--cluster-id", default=None, help="required with --controllers")
+    p.add_argument(
+        "--controllers",
+        default=None,
+        help="controller voters 1001@host:port,...; without it this is a combined single node",
+    )
+    p.add_argument("--default-replication-factor", type=int, default=d.default_replication_factor)
+    p.add_argument(
+        "--offsets-topic-replication-factor", type=int, default=d.offsets_topic_replication_factor
+    )
+    p.add_argument("--heartbeat-interval-ms", type=int, default=d.heartbeat_interval_ms)
+    p.add_argument("--replica-lag-time-max-ms", type=int, default=d.replica_lag_time_max_ms)
+    p.add_argument(
+        "--controlled-shutdown-timeout-ms", type=int, default=d.controlled_shutdown_timeout_ms
+    )
+    p.add_argument("--session-timeout-ms", type=int, default=d.session_timeout_ms,
+                   help="combined node: broker session timeout of its controller")
     p.add_argument("--log-level", default=os.environ.get("STRAIT_LOG_LEVEL", "warning"))
     a = p.parse_args(argv)
+    if a.controllers and not a.cluster_id:
+        p.error("--cluster-id is required with --controllers")
     host, _, port = a.listen.rpartition(":")
     adv_host, _, adv_port = (a.advertise or a.listen).rpartition(":")
     http_host, _, http_port = a.http.rpartition(":")
@@ -60,12 +79,25 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         group_initial_rebalance_delay_ms=a.group_initial_rebalance_delay_ms,
         retention_check_interval_ms=a.retention_check_interval_ms,
         log_flush_interval_messages=a.flush_messages,
+        cluster_id=a.cluster_id,
+        controller_voters=a.controllers,
+        default_replication_factor=a.default_replication_factor,
+        offsets_topic_replication_factor=a.offsets_topic_replication_factor,
+        heartbeat_interval_ms=a.heartbeat_interval_ms,
+        replica_lag_time_max_ms=a.replica_lag_time_max_ms,
+        controlled_shutdown_timeout_ms=a.controlled_shutdown_timeout_ms,
+        session_timeout_ms=a.session_timeout_ms,
     )
 
 
 async def run(config: BrokerConfig, announce: bool = True) -> None:
     broker = Broker(config)
-    await broker.start()
+    try:
+        await broker.start()
+    except BrokerStartupError as e:
+        print(f"strait-broker {config.node_id}: cannot join: {e}", file=sys.stderr, flush=True)
+        await broker.stop(controlled=False)
+        sys.exit(78)
     if announce:
         print(
             f"StraitMQ broker {config.node_id} ready: kafka {config.advertised_host}:"
@@ -83,9 +115,12 @@ async def run(config: BrokerConfig, announce: bool = True) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    config = parse_args(argv)
     try:
+        config = parse_args(argv)
         uvloop.run(run(config))
+    except BrokerStartupError as e:
+        print(f"strait-broker: cannot start: {e}", file=sys.stderr)
+        sys.exit(78)
     except OSError as e:
         print(f"strait-broker: {e}", file=sys.stderr)
         sys.exit(1)

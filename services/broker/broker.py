@@ -1,4 +1,10 @@
-"""One StraitMQ broker node: wires metadata, logs, groups and the two listeners."""
+"""One StraitMQ broker node: metadata follower, replicas, groups and the two listeners.
+
+In a cluster the broker follows the metadata log as a Raft observer of the controller
+quorum and calls the active controller over HTTP. A combined node (`--single`, the
+default when no controllers are given) runs a one-voter quorum and its controller in
+the same process and serves the controller endpoints on its own HTTP port.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +12,34 @@ import asyncio
 import contextlib
 import logging
 import os
+import uuid
 from typing import Any
 
-from straitmq.controller.local_controller import LocalController
+import orjson
+from straitmq.controller.active import ActiveController, ControllerSettings, handlers
+from straitmq.controller.client import ControllerClient
+from straitmq.controller.errors import ControllerError
+from straitmq.controller.quorum import Quorum, parse_voters
+from straitmq.controller.raft.core import RaftConfig
 from straitmq.metadata.image import MetadataImage
-from straitmq.metadata.journal import MetadataJournal
 
 from .config import BrokerConfig
 from .groups.coordinator import GroupCoordinator, GroupSettings
 from .groups.offsets import OFFSETS_TOPIC, OffsetStore
+from .lifecycle import Lifecycle
 from .metrics import BrokerMetrics
-from .partitions import PartitionManager
+from .partitions import LEADER, Partition, PartitionManager
 from .records import BatchInfo
+from .replication.fetcher import ReplicaFetchers
+from .replication.isr import IsrManager
+from .replication.throttle import ReplicationThrottle
 
 log = logging.getLogger("straitmq.broker")
 OFFSETS_SEGMENT_BYTES = 64 * 1024 * 1024
+
+
+class BrokerStartupError(Exception):
+    """The broker cannot join: wrong cluster id, duplicate node id, bad data dir."""
 
 
 class Broker:
@@ -29,20 +48,25 @@ class Broker:
         self.metrics = BrokerMetrics()
         self.connections: set[Any] = set()
         self.stopping = False
-        self.ready = False
+        self.metadata_ready = False
+        self.incarnation = str(uuid.uuid4())
         self._servers: list[Any] = []
         self._tasks: list[asyncio.Task] = []
         os.makedirs(config.data_dir, exist_ok=True)
+        self.cluster_id = self._check_meta()
         self.topic_defaults = {"max.message.bytes": str(config.message_max_bytes)}
         if config.log_flush_interval_messages:
             self.topic_defaults["flush.messages"] = str(config.log_flush_interval_messages)
-        self.journal = MetadataJournal(os.path.join(config.data_dir, "metadata.log"))
-        self.controller = LocalController(self.journal)
         self.partitions = PartitionManager(
-            os.path.join(config.data_dir, "logs"), self.topic_defaults
+            os.path.join(config.data_dir, "logs"), self.topic_defaults, config.node_id
         )
-        self.controller.listeners.append(self._on_metadata)
+        self.fetchers = ReplicaFetchers(self)
+        self.isr = IsrManager(self)
+        self.throttle = ReplicationThrottle(self)
+        self.partitions.role_listeners.append(self.fetchers.on_role)
+        self.partitions.role_listeners.append(self._on_role)
         self.offsets = OffsetStore(config.offsets_topic_partitions)
+        self.offsets.bind(self._append_offsets)
         self.groups = GroupCoordinator(
             self.offsets,
             GroupSettings(
@@ -51,46 +75,134 @@ class Broker:
                 initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
             ),
         )
+        self.quorum: Quorum
+        self.active: ActiveController | None = None
+        self.controller: ControllerClient
+        self.lifecycle = Lifecycle(self)
+        self._producer_ids: list[int] = []  # [next, limit) of the block we hold
 
-    def _on_metadata(self, records: list[dict]) -> None:
-        # Producer-id blocks and the cluster id leave the logs alone; a full sync walks
-        # every partition and the data directory.
-        if any(r["type"] not in ("producer_ids", "cluster") for r in records):
-            self.partitions.sync(self.image)
+    # -- identity --------------------------------------------------------------------
+
+    def _check_meta(self) -> str:
+        """The data dir remembers which cluster and node id it belongs to."""
+        path = os.path.join(self.config.data_dir, "meta.json")
+        meta: dict = {}
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                meta = orjson.loads(f.read())
+            if meta.get("node_id") != self.config.node_id:
+                raise BrokerStartupError(
+                    f"data directory {self.config.data_dir} belongs to node "
+                    f"{meta.get('node_id')}, not {self.config.node_id}"
+                )
+            if self.config.cluster_id and meta.get("cluster_id") != self.config.cluster_id:
+                raise BrokerStartupError(
+                    f"data directory {self.config.data_dir} belongs to cluster "
+                    f"{meta.get('cluster_id')!r}, not {self.config.cluster_id!r}"
+                )
+        cluster_id = self.config.cluster_id or meta.get("cluster_id") or _new_cluster_id()
+        if not meta:
+            tmp = path + ".tmp"
+            with open(tmp, "wb") as f:
+                f.write(orjson.dumps({"node_id": self.config.node_id, "cluster_id": cluster_id}))
+            os.replace(tmp, path)
+        return cluster_id
 
     @property
     def image(self) -> MetadataImage:
-        return self.journal.image
+        return self.quorum.image
 
-    def _open_storage(self) -> None:
-        self.partitions.sync(self.image)
-        if OFFSETS_TOPIC not in self.image.topics:
-            self.controller.create_topic(
-                OFFSETS_TOPIC,
-                self.config.offsets_topic_partitions,
-                1,
-                # Kept forever and compacted by rewriting (see compact_offsets): time-based
-                # retention would drop the commits of idle groups.
-                {"segment.bytes": str(OFFSETS_SEGMENT_BYTES), "retention.ms": "-1"},
-                internal=True,
+    @property
+    def combined(self) -> bool:
+        return not self.config.controller_voters
+
+    # -- metadata --------------------------------------------------------------------
+
+    def _on_metadata(self, offset: int, records: list[dict], reset: bool) -> None:
+        if not self.metadata_ready:
+            return
+        if reset or any(r["type"] not in ("producer_ids", "cluster") for r in records):
+            self.partitions.sync(self.image)
+            for r in records:
+                if r["type"] == "remove_topic":
+                    self.offsets.delete_topic(r["name"])
+            if OFFSETS_TOPIC in self.image.topics:
+                self.offsets.partitions_count = len(self.image.topics[OFFSETS_TOPIC].partitions)
+
+    async def _wait_metadata(self) -> None:
+        """Apply nothing to local logs until the metadata log has been caught up once:
+        a stale or empty image would delete replicas that still exist."""
+        while not self.stopping:
+            st = self.quorum.status()
+            if st.get("leader_id") is not None and self.image.offset + 1 >= st["high_watermark"]:
+                if self.image.cluster_id:
+                    break
+            await asyncio.sleep(0.05)
+        if self.image.cluster_id != self.cluster_id:
+            raise BrokerStartupError(
+                f"this broker was started for cluster {self.cluster_id!r} but the controllers "
+                f"run cluster {self.image.cluster_id!r}"
             )
-        self.offsets.partitions_count = self.image.topics[OFFSETS_TOPIC].partitions
-        batches = []
-        for i in range(self.offsets.partitions_count):
-            part = self.partitions.get(OFFSETS_TOPIC, i)
-            assert part is not None
-            batches += part.log.batches(part.log.log_start_offset, part.log.log_end_offset)
-        self.offsets.load(batches)
-        self.offsets.bind(self._append_offsets)
-        self.compact_offsets()
+        self.metadata_ready = True
+        self.partitions.sync(self.image)
+        if OFFSETS_TOPIC in self.image.topics:
+            self.offsets.partitions_count = len(self.image.topics[OFFSETS_TOPIC].partitions)
+
+    # -- groups follow the leadership of __consumer_offsets partitions ----------------
+
+    def _on_role(self, part: Partition, role: str) -> None:
+        if part.topic != OFFSETS_TOPIC:
+            return
+        if role == LEADER:
+            plog = part.log
+            self.offsets.load_partition(
+                part.index, plog.batches(plog.log_start_offset, plog.log_end_offset)
+            )
+        else:
+            self.offsets.unload_partition(part.index)
+            self.groups.unload(lambda g: self.offsets.partition_for(g) == part.index)
+
+    def _append_offsets(self, index: int, data: memoryview, batches: list[BatchInfo]) -> int:
+        part = self.partitions.leader_of(OFFSETS_TOPIC, index)
+        if part is None:
+            raise ControllerError(16, "not the coordinator for this group")
+        part.append(data, batches)
+        return part.log.log_end_offset
+
+    async def ensure_offsets_topic(self) -> bool:
+        if OFFSETS_TOPIC in self.image.topics:
+            return True
+        try:
+            await self.controller.call(
+                "create_topic",
+                {
+                    "name": OFFSETS_TOPIC,
+                    "partitions": self.config.offsets_topic_partitions,
+                    "replication_factor": self.config.offsets_topic_replication_factor,
+                    # Kept forever and compacted by rewriting (see compact_offsets): time
+                    # retention would drop the commits of idle groups.
+                    "configs": {
+                        "segment.bytes": str(OFFSETS_SEGMENT_BYTES),
+                        "retention.ms": "-1",
+                    },
+                    "internal": True,
+                },
+                within_s=5.0,
+            )
+        except ControllerError as e:
+            if e.code != 36:  # TOPIC_ALREADY_EXISTS: someone else made it
+                log.debug("cannot create the offsets topic yet", extra={"reason": e.message})
+                return False
+        return OFFSETS_TOPIC in self.image.topics
 
     def compact_offsets(self) -> int:
-        """Keep `__consumer_offsets` small: once a partition has rolled, write its live
-        commits again at the head and drop the older segments. A crash in between only
-        means the old records are replayed before the new ones, which win."""
+        """Keep `__consumer_offsets` small: once a partition we lead has rolled, write its
+        live commits again at the head and drop the older segments. Followers copy the
+        rewrite and follow the new log start. A crash in between only means the old
+        records are replayed before the new ones, which win."""
         dropped = 0
         for i in range(self.offsets.partitions_count):
-            part = self.partitions.get(OFFSETS_TOPIC, i)
+            part = self.partitions.leader_of(OFFSETS_TOPIC, i)
             if part is None or len(part.log.segments) < 2:
                 continue
             part.log.roll()
@@ -99,28 +211,96 @@ class Broker:
             dropped += part.log.drop_segments_before(head)
         return dropped
 
-    def _append_offsets(self, index: int, data: memoryview, batches: list[BatchInfo]) -> None:
-        part = self.partitions.get(OFFSETS_TOPIC, index)
-        assert part is not None, "offsets topic partition missing"
-        part.append(data, batches)
+    async def control(self, op: str, body: dict, within_s: float = 15.0) -> dict:
+        """Call the active controller, then wait (briefly) until our image shows the
+        change, so the caller's next read sees it."""
+        reply = await self.controller.call(op, body, within_s)
+        offset = reply.get("offset", -1)
+        for _ in range(200):
+            if self.image.offset >= offset:
+                break
+            await asyncio.sleep(0.01)
+        return reply
+
+    # -- producer ids ----------------------------------------------------------------
+
+    async def next_producer_id(self) -> int:
+        if not self._producer_ids or self._producer_ids[0] >= self._producer_ids[1]:
+            reply = await self.controller.call("allocate_producer_ids", {"broker": self.node_id})
+            self._producer_ids = [reply["start"], reply["start"] + reply["count"]]
+        pid = self._producer_ids[0]
+        self._producer_ids[0] += 1
+        return pid
+
+    @property
+    def node_id(self) -> int:
+        return self.config.node_id
+
+    # -- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> None:
         from .http_api import start_http
         from .server import serve
 
-        self._open_storage()
-        server = await serve(self, self.config.host, self.config.port)
+        cfg = self.config
+        server = await serve(self, cfg.host, cfg.port)
         self._servers.append(server)
-        if self.config.port == 0:
-            self.config.port = server.sockets[0].getsockname()[1]
-            if self.config.advertised_port == 0:
-                self.config.advertised_port = self.config.port
-        runner, http_port = await start_http(self, self.config.http_host, self.config.http_port)
-        self.config.http_port = http_port
+        if cfg.port == 0:
+            cfg.port = server.sockets[0].getsockname()[1]
+            if cfg.advertised_port == 0:
+                cfg.advertised_port = cfg.port
+        runner, http_port = await start_http(self, cfg.http_host, cfg.http_port)
+        cfg.http_port = http_port
         self._servers.append(runner)
-        self._tasks.append(asyncio.get_running_loop().create_task(self._retention_loop()))
-        self.ready = True
-        log.info("broker started", extra={"port": self.config.port, "http": http_port})
+        raft = RaftConfig(
+            election_timeout_ms=cfg.election_timeout_ms, fetch_timeout_ms=cfg.fetch_timeout_ms
+        )
+        if self.combined:
+            voters = {cfg.node_id: f"http://{cfg.http_host}:{http_port}"}
+            self.quorum = Quorum(cfg.node_id, voters, cfg.data_dir, raft)
+            self.active = ActiveController(
+                self.quorum,
+                ControllerSettings(
+                    cluster_id=self.cluster_id,
+                    session_timeout_ms=cfg.session_timeout_ms,
+                    leader_rebalance_interval_ms=cfg.leader_rebalance_interval_ms,
+                    default_partitions=cfg.num_partitions,
+                    default_replication_factor=cfg.default_replication_factor,
+                ),
+            )
+            local = (lambda: self.active is not None and self.active.active, handlers(self.active))
+            self.controller = ControllerClient(voters, lambda: self.quorum.leader_id, local)
+        else:
+            voters = parse_voters(cfg.controller_voters or "")
+            self.quorum = Quorum(cfg.node_id, voters, cfg.data_dir, raft)
+            self.controller = ControllerClient(voters, lambda: self.quorum.leader_id)
+        self.quorum.listeners.append(self._on_metadata)
+        await self.quorum.start()
+        if self.active is not None:
+            await self.active.start()
+        await self._wait_metadata()
+        await self.lifecycle.register()
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self.lifecycle.heartbeat_loop()))
+        self._tasks.append(loop.create_task(self.isr.run()))
+        self._tasks.append(loop.create_task(self._retention_loop()))
+        for _ in range(200):  # the first heartbeat unfences us once metadata caught up
+            if self.ready:
+                break
+            await asyncio.sleep(0.05)
+        # Once enough brokers are up the offsets topic can exist; FindCoordinator retries.
+        await self.ensure_offsets_topic()
+        log.info("broker started", extra={"port": cfg.port, "http": http_port})
+
+    @property
+    def ready(self) -> bool:
+        b = self.image.brokers.get(self.node_id) if self.metadata_ready else None
+        return (
+            not self.stopping
+            and b is not None
+            and b.incarnation == self.incarnation
+            and not b.fenced
+        )
 
     async def _retention_loop(self) -> None:
         while True:
@@ -133,11 +313,19 @@ class Broker:
             except OSError:
                 log.exception("retention check failed")
 
-    async def stop(self) -> None:
+    async def stop(self, controlled: bool = True) -> None:
+        if controlled and not self.stopping and self.metadata_ready:
+            with contextlib.suppress(Exception):
+                await self.lifecycle.controlled_shutdown()
         self.stopping = True
-        self.ready = False
         for t in self._tasks:
             t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        await self.fetchers.stop()
+        if self.active is not None:
+            await self.active.stop()
         for s in self._servers:
             if hasattr(s, "cleanup"):
                 await s.cleanup()
@@ -145,11 +333,15 @@ class Broker:
                 s.close()
         for c in list(self.connections):
             c.close()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await self.quorum.stop()
+        await self.controller.close()
         self.partitions.close()
-        self.journal.close()
 
 
-__all__ = ["Broker", "BrokerConfig"]
+def _new_cluster_id() -> str:
+    import base64
+
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+
+
+__all__ = ["Broker", "BrokerConfig", "BrokerStartupError"]

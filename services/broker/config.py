@@ -28,6 +28,18 @@ class BrokerConfig:
     retention_check_interval_ms: int = 300_000
     fetch_max_wait_s: float = 30.0
     log_flush_interval_messages: int | None = None
+    # Cluster membership. No controller voters = a combined single node.
+    cluster_id: str | None = None
+    controller_voters: str | None = None
+    offsets_topic_replication_factor: int = 1
+    heartbeat_interval_ms: int = 2000
+    replica_lag_time_max_ms: int = 30_000
+    controlled_shutdown_timeout_ms: int = 30_000
+    # The combined node's own quorum and controller.
+    election_timeout_ms: int = 1000
+    fetch_timeout_ms: int = 2000
+    session_timeout_ms: int = 9000
+    leader_rebalance_interval_ms: int = 30_000
 
     def describe(self) -> dict[str, str]:
         """Broker configs as DescribeConfigs shows them (Kafka names)."""
@@ -44,6 +56,10 @@ class BrokerConfig:
             "group.min.session.timeout.ms": str(self.group_min_session_timeout_ms),
             "group.max.session.timeout.ms": str(self.group_max_session_timeout_ms),
             "log.retention.check.interval.ms": str(self.retention_check_interval_ms),
+            "offsets.topic.replication.factor": str(self.offsets_topic_replication_factor),
+            "broker.heartbeat.interval.ms": str(self.heartbeat_interval_ms),
+            "replica.lag.time.max.ms": str(self.replica_lag_time_max_ms),
+            "controller.quorum.voters": self.controller_voters or "",
         }
 
     def as_dict(self) -> dict:

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
-from straitmq.controller.local_controller import ControllerError
+from straitmq.controller.errors import ControllerError
+from straitmq.controller.http_api import add_routes as add_controller_routes
 from straitmq.metadata.topic_config import effective
 
 from .groups.offsets import OFFSETS_TOPIC
@@ -70,17 +71,23 @@ def _int_param(request: web.Request, name: str, default: int) -> int:
 
 
 def _topic_view(broker: Broker, name: str) -> dict:
+    """The topic as the metadata says, plus what this broker's replicas hold."""
     t = broker.image.topics[name]
     parts = []
-    for i in range(t.partitions):
+    for i, meta in enumerate(t.partitions):
         p = broker.partitions.get(name, i)
         parts.append(
             {
                 "partition": i,
-                "leader": broker.config.node_id,
-                "replicas": [broker.config.node_id],
-                "isr": [broker.config.node_id],
+                "leader": meta.leader,
+                "leader_epoch": meta.leader_epoch,
+                "replicas": meta.replicas,
+                "isr": meta.isr,
+                "adding": meta.adding,
+                "removing": meta.removing,
+                "local": p.role if p else None,
                 "log_start_offset": p.log.log_start_offset if p else -1,
+                "log_end_offset": p.log.log_end_offset if p else -1,
                 "high_watermark": p.high_watermark if p else -1,
                 "size_bytes": p.log.size_bytes if p else 0,
                 "segments": len(p.log.segments) if p else 0,
@@ -95,6 +102,36 @@ def _topic_view(broker: Broker, name: str) -> dict:
         "configs": t.configs,
         "effective_configs": effective({**broker.topic_defaults, **t.configs}),
     }
+
+
+def _elsewhere(broker: Broker, request: web.Request, node: int) -> web.Response:
+    """Another broker leads this partition or coordinates this group: redirect there
+    (307 keeps the method and body)."""
+    b = broker.image.brokers.get(node)
+    if b is None or b.fenced:
+        return _error(503, "no live leader for this partition right now; retry")
+    host = b.host
+    url = f"http://{host}:{b.http_port}{request.rel_url}"
+    raise web.HTTPTemporaryRedirect(url)
+
+
+async def _end_offset(broker: Broker, topic: str, index: int) -> int:
+    p = broker.partitions.leader_of(topic, index)
+    if p is not None:
+        return p.high_watermark
+    meta = broker.image.partition(topic, index)
+    b = broker.image.brokers.get(meta.leader) if meta is not None else None
+    if b is None:
+        return -1
+    import aiohttp
+
+    url = f"http://{b.host}:{b.http_port}/api/v1/topics/{topic}"
+    try:
+        async with aiohttp.ClientSession() as s, s.get(url, timeout=aiohttp.ClientTimeout(2)) as r:
+            body = orjson.loads(await r.read())
+        return int(body["partitions"][index]["high_watermark"])
+    except (aiohttp.ClientError, TimeoutError, KeyError, IndexError, ValueError):
+        return -1
 
 
 def _encode_value(v: Any) -> bytes | None:
@@ -129,19 +166,32 @@ def build_app(broker: Broker) -> web.Application:
 
     @routes.get("/api/v1/cluster")
     async def cluster(_: web.Request) -> web.Response:
-        c = broker.config
+        image = broker.image
+        offline = under = 0
+        for t in image.topics.values():
+            for p in t.partitions:
+                offline += p.leader < 0
+                under += p.leader >= 0 and len(p.isr) < len(p.replicas)
         return _json(
             {
-                "cluster_id": broker.image.cluster_id,
-                "controller": c.node_id,
+                "cluster_id": image.cluster_id,
+                "node_id": broker.node_id,
+                "controller": broker.quorum.leader_id,
                 "brokers": [
                     {
-                        "id": c.node_id,
-                        "host": c.advertised_host,
-                        "port": c.advertised_port,
-                        "rack": c.rack,
+                        "id": b.id,
+                        "host": b.host,
+                        "port": b.port,
+                        "http_port": b.http_port,
+                        "rack": b.rack,
+                        "fenced": b.fenced,
+                        "shutting_down": b.shutting_down,
                     }
+                    for b in sorted(image.brokers.values(), key=lambda b: b.id)
                 ],
+                "offline_partitions": offline,
+                "under_replicated_partitions": under,
+                "quorum": broker.quorum.status(),
                 "metrics": broker.metrics.snapshot(),
             }
         )
@@ -168,8 +218,14 @@ def build_app(broker: Broker) -> web.Application:
         ):
             return _error(400, "'configs' must map config names to strings")
         try:
-            broker.controller.create_topic(
-                name, partitions, rf, {k: str(v) for k, v in configs.items()}
+            await broker.control(
+                "create_topic",
+                {
+                    "name": name,
+                    "partitions": partitions,
+                    "replication_factor": rf,
+                    "configs": {k: str(v) for k, v in configs.items()},
+                },
             )
         except ControllerError as e:
             return _controller_error(e)
@@ -194,8 +250,7 @@ def build_app(broker: Broker) -> web.Application:
         if name == OFFSETS_TOPIC:
             return _error(400, "the internal offsets topic cannot be deleted")
         try:
-            broker.controller.delete_topic(name)
-            broker.offsets.delete_topic(name)
+            await broker.control("delete_topic", {"name": name})
         except ControllerError as e:
             return _controller_error(e)
         return _json({"deleted": name})
@@ -209,14 +264,20 @@ def build_app(broker: Broker) -> web.Application:
             if "partitions" in body:
                 if not isinstance(body["partitions"], int):
                     return _error(400, "'partitions' must be an integer")
-                if body["partitions"] != broker.image.topics[name].partitions:
-                    broker.controller.create_partitions(name, body["partitions"])
+                if body["partitions"] != len(broker.image.topics[name].partitions):
+                    await broker.control(
+                        "create_partitions", {"name": name, "count": body["partitions"]}
+                    )
             if "configs" in body:
                 changes = body["configs"]
                 if not isinstance(changes, dict):
                     return _error(400, "'configs' must be an object (null deletes a key)")
-                broker.controller.alter_configs(
-                    name, {k: None if v is None else str(v) for k, v in changes.items()}
+                await broker.control(
+                    "alter_configs",
+                    {
+                        "name": name,
+                        "changes": {k: None if v is None else str(v) for k, v in changes.items()},
+                    },
                 )
         except ControllerError as e:
             return _controller_error(e)
@@ -240,9 +301,11 @@ def build_app(broker: Broker) -> web.Application:
             part = r.get("partition")
             key = _encode_value(r.get("key"))
             if part is None:
-                part = (zlib.crc32(key) if key is not None else i) % topic.partitions
-            if not isinstance(part, int) or not 0 <= part < topic.partitions:
-                return _error(400, f"records[{i}].partition must be in [0, {topic.partitions})")
+                part = (zlib.crc32(key) if key is not None else i) % len(topic.partitions)
+            if not isinstance(part, int) or not 0 <= part < len(topic.partitions):
+                return _error(
+                    400, f"records[{i}].partition must be in [0, {len(topic.partitions)})"
+                )
             headers = r.get("headers") or {}
             if not isinstance(headers, dict):
                 return _error(400, f"records[{i}].headers must be an object")
@@ -253,11 +316,15 @@ def build_app(broker: Broker) -> web.Application:
                     [(str(k), _encode_value(v)) for k, v in headers.items()],
                 )
             )
+        for part in by_partition:
+            if broker.partitions.leader_of(name, part) is None:
+                return _elsewhere(broker, request, topic.partitions[part].leader)
         results = []
         now = int(time.time() * 1000)
         for part, recs in sorted(by_partition.items()):
-            p = broker.partitions.get(name, part)
-            assert p is not None
+            p = broker.partitions.leader_of(name, part)
+            if p is None:
+                return _error(503, f"partition {part} lost its leader; retry")
             view = memoryview(build_batch(recs, now))
             try:
                 batches = validate_batches(view, p.log.config.max_message_bytes)
@@ -266,6 +333,8 @@ def build_app(broker: Broker) -> web.Application:
                 return _error(413 if e.code == 10 else 400, str(e))
             except (DuplicateBatch, SequenceError) as e:  # pragma: no cover - no producer id
                 return _error(500, str(e))
+            if not await p.wait_for_hw(p.log.log_end_offset, 30.0):
+                return _error(503, f"partition {part}: the ISR did not confirm the write")
             results.append({"partition": part, "base_offset": base, "count": len(recs)})
             broker.metrics.bytes_in[name] += len(view)
             broker.metrics.messages_in[name] += len(recs)
@@ -279,10 +348,15 @@ def build_app(broker: Broker) -> web.Application:
             part_no = int(request.match_info["partition"])
         except ValueError:
             return _error(400, "partition must be an integer")
-        p = broker.partitions.get(name, part_no)
-        if p is None:
+        meta = broker.image.partition(name, part_no)
+        if meta is None:
             return _error(404, f"topic '{name}' has no partition {part_no}")
+        p = broker.partitions.leader_of(name, part_no)
         group = request.query.get("group")
+        if p is None or (group and not broker.offsets.owns(group)):
+            if p is not None and group:
+                return _error(400, "with 'group', ask the group's coordinator (see /api/v1/groups)")
+            return _elsewhere(broker, request, meta.leader)
         default_offset = p.log.log_start_offset
         if group:
             c = broker.offsets.fetch(group).get((name, part_no))
@@ -314,7 +388,12 @@ def build_app(broker: Broker) -> web.Application:
             if len(out) >= limit:
                 break
         if group and out:
-            broker.offsets.commit(group, [(name, part_no, pos, p.leader_epoch, "rest")])
+            end = broker.offsets.commit(group, [(name, part_no, pos, p.leader_epoch, "rest")])
+            part = broker.partitions.leader_of(
+                OFFSETS_TOPIC, broker.offsets.partition_for(group)
+            )
+            if part is not None:
+                await part.wait_for_hw(end, 5.0)
         return _json({"records": out, "next_offset": pos, "high_watermark": p.high_watermark})
 
     @routes.get("/api/v1/groups")
@@ -331,20 +410,24 @@ def build_app(broker: Broker) -> web.Application:
     @routes.get("/api/v1/groups/{group}")
     async def describe_group(request: web.Request) -> web.Response:
         gid = request.match_info["group"]
+        if not broker.offsets.owns(gid):
+            meta = broker.image.partition(OFFSETS_TOPIC, broker.offsets.partition_for(gid))
+            if meta is None:
+                return _error(404, f"group '{gid}' does not exist")
+            return _elsewhere(broker, request, meta.leader)
         d = broker.groups.describe(gid)
         if d["group_state"] == "Dead":
             return _error(404, f"group '{gid}' does not exist")
         offsets = []
         for (t, part), c in sorted(broker.offsets.fetch(gid).items()):
-            p = broker.partitions.get(t, part)
-            end = p.high_watermark if p else -1
+            end = await _end_offset(broker, t, part)
             offsets.append(
                 {
                     "topic": t,
                     "partition": part,
                     "committed": c.offset,
                     "end": end,
-                    "lag": max(0, end - c.offset) if p else None,
+                    "lag": max(0, end - c.offset) if end >= 0 else None,
                 }
             )
         return _json(
@@ -368,6 +451,11 @@ def build_app(broker: Broker) -> web.Application:
     @routes.delete("/api/v1/groups/{group}")
     async def delete_group(request: web.Request) -> web.Response:
         gid = request.match_info["group"]
+        if not broker.offsets.owns(gid):
+            meta = broker.image.partition(OFFSETS_TOPIC, broker.offsets.partition_for(gid))
+            if meta is None:
+                return _error(404, f"group '{gid}' does not exist")
+            return _elsewhere(broker, request, meta.leader)
         code = broker.groups.delete(gid)
         if code == 69:
             return _error(404, f"group '{gid}' does not exist")
@@ -377,6 +465,8 @@ def build_app(broker: Broker) -> web.Application:
 
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.add_routes(routes)
+    if broker.combined:
+        add_controller_routes(app, broker)
     return app
 
 

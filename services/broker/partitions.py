@@ -1,23 +1,33 @@
-"""The partitions this broker holds, kept in step with the metadata image.
+"""The partition replicas this broker holds, kept in step with the metadata image.
 
-Single node: this broker leads every partition and its high watermark is the log end.
-Long-polling fetches park a future on each partition they read; an append wakes them.
+A replica is the leader (it appends, tracks its followers' log ends and moves the high
+watermark) or a follower (a fetcher copies the leader's log). Which one, and at which
+leader epoch, is what the metadata image says; `PartitionManager.sync` applies it.
+
+Long-polling fetches park a future in `waiters`; appends and high-watermark moves wake
+them. acks=all produces wait in `hw_waiters` until the high watermark passes them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import os
 import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from straitmq.metadata.image import MetadataImage, TopicImage
+from straitmq.metadata.image import MetadataImage, PartitionImage, TopicImage
 from straitmq.metadata.topic_config import effective
 
 from .records import BatchInfo
 from .storage.log import LogConfig, PartitionLog
 
 log = logging.getLogger("straitmq.broker")
+
+LEADER, FOLLOWER = "leader", "follower"
 
 
 def log_config_for(topic: TopicImage, broker_defaults: dict[str, str]) -> LogConfig:
@@ -34,36 +44,239 @@ def log_config_for(topic: TopicImage, broker_defaults: dict[str, str]) -> LogCon
     )
 
 
-class Partition:
-    __slots__ = ("index", "leader_epoch", "log", "topic", "waiters")
+def _now() -> float:
+    return time.monotonic()
 
-    def __init__(self, topic: str, index: int, plog: PartitionLog) -> None:
+
+@dataclass(slots=True)
+class FollowerState:
+    """What the leader knows of one follower, from its fetches (Kafka's Replica)."""
+
+    log_end_offset: int = -1
+    last_fetch: float = 0.0
+    last_caught_up: float = 0.0
+    leo_at_last_fetch: int = -1  # the leader's LEO when this follower last fetched
+
+
+class Partition:
+    __slots__ = (
+        "epoch_start_offset",
+        "followers",
+        "high_watermark",
+        "hw_waiters",
+        "index",
+        "isr",
+        "leader",
+        "leader_epoch",
+        "log",
+        "min_isr",
+        "node_id",
+        "partition_epoch",
+        "pending_isr",
+        "replicas",
+        "role",
+        "topic",
+        "waiters",
+    )
+
+    def __init__(self, topic: str, index: int, plog: PartitionLog, node_id: int) -> None:
         self.topic = topic
         self.index = index
         self.log = plog
-        self.leader_epoch = 0
+        self.node_id = node_id
+        self.role = ""
+        self.leader = -1
+        self.leader_epoch = -1
+        self.partition_epoch = -1
+        self.replicas: list[int] = []
+        self.isr: list[int] = []
+        self.pending_isr: list[int] | None = None  # an AlterPartition in flight
+        self.min_isr = 1
+        self.high_watermark = 0
+        self.epoch_start_offset = 0
+        self.followers: dict[int, FollowerState] = {}
         self.waiters: set[asyncio.Future[None]] = set()
+        self.hw_waiters: list[tuple[int, int, asyncio.Future[bool]]] = []
 
     @property
-    def high_watermark(self) -> int:
-        return self.log.log_end_offset
+    def is_leader(self) -> bool:
+        return self.role == LEADER
+
+    # -- role changes (from the metadata image) ----------------------------------------
+
+    def update(self, p: PartitionImage, min_isr: int) -> str | None:
+        """Apply the image's view; returns "leader"/"follower" when the role or leader
+        epoch changed (the caller then starts or moves the replica fetcher)."""
+        self.min_isr = min_isr
+        self.replicas = list(p.replicas)
+        changed = p.leader_epoch != self.leader_epoch or p.leader != self.leader
+        self.isr = list(p.isr)
+        if p.partition_epoch != self.partition_epoch:
+            self.pending_isr = None
+        self.partition_epoch = p.partition_epoch
+        if not changed and self.role:
+            if self.is_leader:
+                for r in self.replicas:
+                    if r != self.node_id:
+                        self.followers.setdefault(r, FollowerState())
+                self.maybe_advance_hw()
+            return None
+        self.leader = p.leader
+        self.leader_epoch = p.leader_epoch
+        if p.leader == self.node_id:
+            self._become_leader()
+        else:
+            self._become_follower()
+        return self.role
+
+    def _become_leader(self) -> None:
+        self.role = LEADER
+        now = _now()
+        leo = self.log.log_end_offset
+        self.epoch_start_offset = leo
+        self.log.epochs.assign(self.leader_epoch, leo)
+        # Followers start "caught up now" so the lag clock starts at the election.
+        self.followers = {
+            r: FollowerState(last_fetch=now, last_caught_up=now)
+            for r in self.replicas
+            if r != self.node_id
+        }
+        self.pending_isr = None
+        self.maybe_advance_hw()
+        self._wake()
+
+    def _become_follower(self) -> None:
+        self.role = FOLLOWER
+        self.followers = {}
+        self.pending_isr = None
+        self.fail_hw_waiters()
+        self._wake()
+
+    # -- leader side -------------------------------------------------------------------
 
     def append(self, data: memoryview, batches: list[BatchInfo]) -> int:
         base = self.log.append(data, batches, self.leader_epoch)
+        self.maybe_advance_hw()
+        self._wake()
+        return base
+
+    def maximal_isr(self) -> list[int]:
+        """The ISR used for the high watermark: a pending expansion counts at once, a
+        pending shrink only after it commits (KIP-497's safety rule)."""
+        if self.pending_isr is None:
+            return self.isr
+        return self.isr + [r for r in self.pending_isr if r not in self.isr]
+
+    def maybe_advance_hw(self) -> None:
+        if not self.is_leader:
+            return
+        hw = self.log.log_end_offset
+        for r in self.maximal_isr():
+            if r == self.node_id:
+                continue
+            f = self.followers.get(r)
+            hw = min(hw, f.log_end_offset if f is not None else -1)
+        if hw > self.high_watermark:
+            self.high_watermark = hw
+            waiters = self.hw_waiters
+            while waiters and waiters[0][0] <= hw:
+                _, _, fut = heapq.heappop(waiters)
+                if not fut.done():
+                    fut.set_result(True)
+            self._wake()
+
+    def on_follower_fetch(self, replica: int, fetch_offset: int) -> None:
+        """Kafka's rule: a follower is caught up if it asks for the leader's LEO, or for
+        what the LEO was at its previous fetch (then it was caught up back then)."""
+        f = self.followers.get(replica)
+        if f is None:
+            return
+        now = _now()
+        leo = self.log.log_end_offset
+        if fetch_offset >= leo:
+            f.last_caught_up = now
+        elif fetch_offset >= f.leo_at_last_fetch >= 0:
+            f.last_caught_up = max(f.last_caught_up, f.last_fetch)
+        f.log_end_offset = fetch_offset
+        f.last_fetch = now
+        f.leo_at_last_fetch = leo
+        self.maybe_advance_hw()
+
+    def isr_change(self, lag_max_s: float, alive: Callable[[int], bool]) -> list[int] | None:
+        """The ISR this leader should propose now, or None."""
+        if not self.is_leader or self.pending_isr is not None:
+            return None
+        now = _now()
+        isr = [
+            r
+            for r in self.isr
+            if r == self.node_id
+            or (
+                (f := self.followers.get(r)) is not None
+                and now - f.last_caught_up <= lag_max_s
+            )
+        ]
+        for r in self.replicas:
+            f = self.followers.get(r)
+            if (
+                r not in isr
+                and f is not None
+                and f.log_end_offset >= max(self.high_watermark, self.epoch_start_offset)
+                and now - f.last_caught_up <= lag_max_s
+                and alive(r)
+            ):
+                isr.append(r)
+        if self.node_id not in isr:
+            isr.insert(0, self.node_id)
+        return isr if sorted(isr) != sorted(self.isr) else None
+
+    async def wait_for_hw(self, offset: int, within_s: float) -> bool:
+        """True once the high watermark reaches `offset`; False on timeout or if this
+        replica stops leading (the write may or may not survive then)."""
+        if self.high_watermark >= offset:
+            return True
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self.hw_waiters, (offset, id(fut), fut))
+        try:
+            return await asyncio.wait_for(fut, within_s)
+        except TimeoutError:
+            return False
+
+    def fail_hw_waiters(self) -> None:
+        for _, _, fut in self.hw_waiters:
+            if not fut.done():
+                fut.set_result(False)
+        self.hw_waiters.clear()
+
+    # -- follower side -----------------------------------------------------------------
+
+    def append_replicated(self, data: memoryview, batches: list[BatchInfo], hw: int) -> None:
+        if batches:
+            self.log.append_replicated(data, batches)
+        self.set_follower_hw(hw)
+        self._wake()
+
+    def set_follower_hw(self, leader_hw: int) -> None:
+        self.high_watermark = max(0, min(leader_hw, self.log.log_end_offset))
+
+    def _wake(self) -> None:
         if self.waiters:
             for fut in self.waiters:
                 if not fut.done():
                     fut.set_result(None)
             self.waiters.clear()
-        return base
 
 
 class PartitionManager:
-    def __init__(self, data_dir: str, broker_defaults: dict[str, str]) -> None:
+    def __init__(self, data_dir: str, broker_defaults: dict[str, str], node_id: int) -> None:
         self.data_dir = data_dir
         self.broker_defaults = broker_defaults
+        self.node_id = node_id
         self.partitions: dict[tuple[str, int], Partition] = {}
         self.topic_ids: dict[str, object] = {}
+        # Called with (partition, role) when a replica becomes leader or follower, and
+        # with (partition, "") when it goes away.
+        self.role_listeners: list[Callable[[Partition, str], None]] = []
         os.makedirs(data_dir, exist_ok=True)
 
     @staticmethod
@@ -73,28 +286,41 @@ class PartitionManager:
     def get(self, topic: str, index: int) -> Partition | None:
         return self.partitions.get((topic, index))
 
+    def leader_of(self, topic: str, index: int) -> Partition | None:
+        p = self.partitions.get((topic, index))
+        return p if p is not None and p.is_leader else None
+
     def sync(self, image: MetadataImage) -> None:
-        """Open, configure and delete logs so they match the image."""
+        """Open, configure, re-role and delete replicas so they match the image."""
+        me = self.node_id
         for (topic, index), part in list(self.partitions.items()):
             t = image.topics.get(topic)
-            if t is None or t.topic_id != self.topic_ids.get(topic):
-                part.log.close()
-                shutil.rmtree(part.log.directory, ignore_errors=True)
-                del self.partitions[(topic, index)]
+            p = t.partitions[index] if t is not None and index < len(t.partitions) else None
+            if p is None or t is None or t.topic_id != self.topic_ids.get(topic) or (
+                me not in p.replicas
+            ):
+                self._drop(part)
         wanted = set()
         for t in image.topics.values():
             self.topic_ids[t.name] = t.topic_id
             cfg = log_config_for(t, self.broker_defaults)
-            for i in range(t.partitions):
+            min_isr = int(effective({**self.broker_defaults, **t.configs})["min.insync.replicas"])
+            for i, p in enumerate(t.partitions):
+                if me not in p.replicas:
+                    continue
                 wanted.add(self.dir_name(t.name, i))
                 part = self.partitions.get((t.name, i))
                 if part is None:
                     path = os.path.join(self.data_dir, self.dir_name(t.name, i))
                     self._check_owner(path, str(t.topic_id))
-                    part = Partition(t.name, i, PartitionLog(path, cfg))
+                    part = Partition(t.name, i, PartitionLog(path, cfg), me)
                     self.partitions[(t.name, i)] = part
                 else:
                     part.log.config = cfg
+                role = part.update(p, min_isr)
+                if role:
+                    for cb in self.role_listeners:
+                        cb(part, role)
         for name in os.listdir(self.data_dir):
             path = os.path.join(self.data_dir, name)
             if (
@@ -103,6 +329,16 @@ class PartitionManager:
                 and os.path.exists(os.path.join(path, ".topic-id"))
             ):
                 shutil.rmtree(path, ignore_errors=True)
+
+    def _drop(self, part: Partition) -> None:
+        for cb in self.role_listeners:
+            cb(part, "")
+        part.role = ""
+        part.fail_hw_waiters()
+        part._wake()
+        part.log.close()
+        shutil.rmtree(part.log.directory, ignore_errors=True)
+        del self.partitions[(part.topic, part.index)]
 
     @staticmethod
     def _check_owner(path: str, topic_id: str) -> None:
@@ -118,8 +354,10 @@ class PartitionManager:
                 f.write(topic_id)
 
     def apply_retention(self) -> int:
-        return sum(p.log.apply_retention() for p in self.partitions.values())
+        # Followers follow the leader's log start instead (see the replica fetcher).
+        return sum(p.log.apply_retention() for p in self.partitions.values() if p.is_leader)
 
     def close(self) -> None:
         for p in self.partitions.values():
+            p.fail_hw_waiters()
             p.log.close()

@@ -141,3 +141,39 @@ def assign_offsets(
 
 def check_crc(buf: memoryview | bytes, pos: int, size: int) -> bool:
     return crc32c(buf[pos + 21 : pos + size]) == struct.unpack_from(">I", buf, pos + 17)[0]
+
+
+def batch_leader_epoch(buf: memoryview | bytes, pos: int) -> int:
+    """partitionLeaderEpoch of the batch at `pos` (a header field, outside the CRC)."""
+    return _INT32.unpack_from(buf, pos + 12)[0]
+
+
+def replicated_batches(data: memoryview) -> list[BatchInfo]:
+    """Split batches fetched from the leader: framing, magic and CRC as `validate_batches`
+    checks them, but none of the produce-time rules (max.message.bytes, transactional
+    batches): the leader applied those already, and a follower must copy what it has.
+    Offsets must follow on from each other. Empty data gives an empty list."""
+    batches: list[BatchInfo] = []
+    pos = 0
+    end = len(data)
+    expected = -1
+    while pos < end:
+        if end - pos < HEADER_SIZE:
+            raise InvalidRecords(2, "replicated record batch truncated")
+        _base, length = _LEN_AT_8.unpack_from(data, pos)
+        size = length + LOG_OVERHEAD
+        if data[pos + 16] != 2:
+            raise InvalidRecords(43, f"replicated record batch has magic {data[pos + 16]}")
+        if length < HEADER_SIZE - LOG_OVERHEAD or pos + size > end:
+            raise InvalidRecords(2, "replicated record batch length does not match the data")
+        if not check_crc(data, pos, size):
+            raise InvalidRecords(2, "replicated record batch CRC mismatch")
+        info = parse_header(data, pos, size)
+        if info.last_offset_delta < 0 or (expected >= 0 and info.base_offset != expected):
+            raise InvalidRecords(
+                2, f"replicated batch at offset {info.base_offset} does not follow {expected}"
+            )
+        expected = info.base_offset + info.last_offset_delta + 1
+        batches.append(info)
+        pos += size
+    return batches

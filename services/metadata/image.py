@@ -1,8 +1,20 @@
 """The metadata image: what the metadata log says the cluster looks like right now.
 
-Every change is a record (a plain dict with a "type") applied by `apply`; the broker
-reads the image, never the log. The single-node journal (journal.py) and, later, the
-Raft quorum both feed records through the same function.
+Every change is a record (a plain dict with a "type") applied by `apply`; brokers and
+the controller read the image, never the log. Records arrive in entries of the Raft
+metadata log; a snapshot is `to_dict()` of the image at an offset.
+
+Record types:
+  cluster           cluster_id
+  register_broker   id, incarnation, host, port, http_port, rack (registers fenced)
+  fence_broker / unfence_broker / broker_shutdown   id
+  topic             name, topic_id, configs, internal
+  partition         topic, index, replicas, isr, leader
+  partition_change  topic, index and any of leader, isr, replicas, adding, removing
+  config            name, changes {key: value | None}
+  cluster_config    changes {key: value | None} (e.g. the replication throttle)
+  remove_topic      name
+  producer_ids      next
 """
 
 from __future__ import annotations
@@ -12,51 +24,243 @@ from dataclasses import dataclass, field
 from typing import Any
 
 Record = dict[str, Any]
+NO_LEADER = -1
+
+
+@dataclass(slots=True)
+class BrokerImage:
+    id: int
+    incarnation: str
+    host: str
+    port: int
+    http_port: int
+    rack: str | None = None
+    fenced: bool = True
+    shutting_down: bool = False
+
+    @property
+    def alive(self) -> bool:
+        return not self.fenced and not self.shutting_down
+
+
+@dataclass(slots=True)
+class PartitionImage:
+    replicas: list[int]
+    isr: list[int]
+    leader: int
+    leader_epoch: int = 0
+    partition_epoch: int = 0
+    # An ongoing reassignment: replicas = target + removing; `removing` leave once every
+    # target replica is in the ISR.
+    adding: list[int] = field(default_factory=list)
+    removing: list[int] = field(default_factory=list)
+
+    @property
+    def preferred_leader(self) -> int:
+        return self.replicas[0] if self.replicas else NO_LEADER
 
 
 @dataclass(slots=True)
 class TopicImage:
     name: str
     topic_id: uuid.UUID
-    partitions: int
-    replication_factor: int
+    partitions: list[PartitionImage] = field(default_factory=list)
     configs: dict[str, str] = field(default_factory=dict)
     internal: bool = False
+
+    @property
+    def replication_factor(self) -> int:
+        if not self.partitions:
+            return 0
+        p = self.partitions[0]  # mid-reassignment, replicas also hold the leaving ones
+        return len(p.replicas) - len(p.removing)
 
 
 @dataclass(slots=True)
 class MetadataImage:
     cluster_id: str = ""
+    brokers: dict[int, BrokerImage] = field(default_factory=dict)
     topics: dict[str, TopicImage] = field(default_factory=dict)
+    cluster_configs: dict[str, str] = field(default_factory=dict)
     next_producer_id: int = 0
-    offset: int = -1  # of the last applied record
+    offset: int = -1  # Raft offset of the last applied entry
+
+    def partition(self, topic: str, index: int) -> PartitionImage | None:
+        t = self.topics.get(topic)
+        if t is None or not 0 <= index < len(t.partitions):
+            return None
+        return t.partitions[index]
+
+    def live_brokers(self) -> list[BrokerImage]:
+        return [b for b in self.brokers.values() if b.alive]
+
+    def apply_entry(self, offset: int, records: list[Record] | None) -> None:
+        for r in records or ():
+            self.apply(r)
+        self.offset = offset
 
     def apply(self, record: Record) -> None:
         kind = record["type"]
-        if kind == "cluster":
-            self.cluster_id = record["cluster_id"]
-        elif kind == "topic":
-            self.topics[record["name"]] = TopicImage(
-                record["name"],
-                uuid.UUID(record["topic_id"]),
-                record["partitions"],
-                record.get("replication_factor", 1),
-                dict(record.get("configs", {})),
-                record.get("internal", False),
-            )
-        elif kind == "partitions":
-            self.topics[record["name"]].partitions = record["count"]
-        elif kind == "config":
-            configs = self.topics[record["name"]].configs
-            for key, value in record["changes"].items():
-                if value is None:
-                    configs.pop(key, None)
-                else:
-                    configs[key] = value
-        elif kind == "remove_topic":
-            self.topics.pop(record["name"], None)
-        elif kind == "producer_ids":
-            self.next_producer_id = record["next"]
-        else:
+        handler = _HANDLERS.get(kind)
+        if handler is None:
             raise ValueError(f"unknown metadata record type {kind!r}")
-        self.offset += 1
+        handler(self, record)
+
+    # -- snapshots -------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        return {
+            "cluster_id": self.cluster_id,
+            "brokers": [_broker_dict(b) for b in self.brokers.values()],
+            "topics": [
+                {
+                    "name": t.name,
+                    "topic_id": str(t.topic_id),
+                    "configs": t.configs,
+                    "internal": t.internal,
+                    "partitions": [_partition_dict(p) for p in t.partitions],
+                }
+                for t in self.topics.values()
+            ],
+            "cluster_configs": self.cluster_configs,
+            "next_producer_id": self.next_producer_id,
+            "offset": self.offset,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> MetadataImage:
+        image = cls(
+            cluster_id=d["cluster_id"],
+            cluster_configs=dict(d["cluster_configs"]),
+            next_producer_id=d["next_producer_id"],
+            offset=d["offset"],
+        )
+        for b in d["brokers"]:
+            image.brokers[b["id"]] = BrokerImage(**b)
+        for t in d["topics"]:
+            image.topics[t["name"]] = TopicImage(
+                t["name"],
+                uuid.UUID(t["topic_id"]),
+                [PartitionImage(**p) for p in t["partitions"]],
+                dict(t["configs"]),
+                t["internal"],
+            )
+        return image
+
+
+def _broker_dict(b: BrokerImage) -> dict:
+    return {
+        "id": b.id,
+        "incarnation": b.incarnation,
+        "host": b.host,
+        "port": b.port,
+        "http_port": b.http_port,
+        "rack": b.rack,
+        "fenced": b.fenced,
+        "shutting_down": b.shutting_down,
+    }
+
+
+def _partition_dict(p: PartitionImage) -> dict:
+    return {
+        "replicas": p.replicas,
+        "isr": p.isr,
+        "leader": p.leader,
+        "leader_epoch": p.leader_epoch,
+        "partition_epoch": p.partition_epoch,
+        "adding": p.adding,
+        "removing": p.removing,
+    }
+
+
+def _cluster(img: MetadataImage, r: Record) -> None:
+    img.cluster_id = r["cluster_id"]
+
+
+def _register_broker(img: MetadataImage, r: Record) -> None:
+    img.brokers[r["id"]] = BrokerImage(
+        r["id"], r["incarnation"], r["host"], r["port"], r["http_port"], r.get("rack")
+    )
+
+
+def _fence(img: MetadataImage, r: Record) -> None:
+    img.brokers[r["id"]].fenced = True
+
+
+def _unfence(img: MetadataImage, r: Record) -> None:
+    b = img.brokers[r["id"]]
+    b.fenced = False
+    b.shutting_down = False
+
+
+def _shutdown(img: MetadataImage, r: Record) -> None:
+    img.brokers[r["id"]].shutting_down = True
+
+
+def _topic(img: MetadataImage, r: Record) -> None:
+    img.topics[r["name"]] = TopicImage(
+        r["name"],
+        uuid.UUID(r["topic_id"]),
+        [],
+        dict(r.get("configs", {})),
+        r.get("internal", False),
+    )
+
+
+def _partition(img: MetadataImage, r: Record) -> None:
+    parts = img.topics[r["topic"]].partitions
+    if r["index"] != len(parts):
+        raise ValueError(f"partition record {r['topic']}-{r['index']} out of order")
+    parts.append(PartitionImage(list(r["replicas"]), list(r["isr"]), r["leader"]))
+
+
+def _partition_change(img: MetadataImage, r: Record) -> None:
+    p = img.topics[r["topic"]].partitions[r["index"]]
+    if "leader" in r and r["leader"] != p.leader:
+        p.leader = r["leader"]
+        # Followers truncate by leader epoch, so every new leader needs a new epoch.
+        p.leader_epoch += 1
+    for key in ("isr", "replicas", "adding", "removing"):
+        if key in r:
+            setattr(p, key, list(r[key]))
+    p.partition_epoch += 1
+
+
+def _config(img: MetadataImage, r: Record) -> None:
+    _merge(img.topics[r["name"]].configs, r["changes"])
+
+
+def _cluster_config(img: MetadataImage, r: Record) -> None:
+    _merge(img.cluster_configs, r["changes"])
+
+
+def _merge(configs: dict[str, str], changes: dict[str, str | None]) -> None:
+    for key, value in changes.items():
+        if value is None:
+            configs.pop(key, None)
+        else:
+            configs[key] = value
+
+
+def _remove_topic(img: MetadataImage, r: Record) -> None:
+    img.topics.pop(r["name"], None)
+
+
+def _producer_ids(img: MetadataImage, r: Record) -> None:
+    img.next_producer_id = r["next"]
+
+
+_HANDLERS = {
+    "cluster": _cluster,
+    "register_broker": _register_broker,
+    "fence_broker": _fence,
+    "unfence_broker": _unfence,
+    "broker_shutdown": _shutdown,
+    "topic": _topic,
+    "partition": _partition,
+    "partition_change": _partition_change,
+    "config": _config,
+    "cluster_config": _cluster_config,
+    "remove_topic": _remove_topic,
+    "producer_ids": _producer_ids,
+}

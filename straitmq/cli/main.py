@@ -70,6 +70,9 @@ def _table(rows: list[list[Any]], headers: list[str]) -> str:
 
 
 def cmd_up(a: argparse.Namespace) -> None:
+    if not a.single:
+        _up_cluster(a)
+        return
     from straitmq.broker.__main__ import main as broker_main
 
     data = os.path.abspath(a.data_dir)
@@ -86,6 +89,58 @@ def cmd_up(a: argparse.Namespace) -> None:
             a.log_level,
         ]
     )
+
+
+def _up_cluster(a: argparse.Namespace) -> None:
+    """Controllers and brokers as separate processes; Ctrl-C stops them all (brokers
+    first, each with a controlled shutdown)."""
+    import signal
+    import time
+
+    from .local_cluster import LocalCluster
+
+    port = a.listen.rpartition(":")[2]
+    http_port = a.http_listen.rpartition(":")[2]
+    cluster = LocalCluster(
+        os.path.join(a.data_dir, "cluster"),
+        controllers=3,
+        brokers=a.brokers,
+        kafka_base=int(port),
+        http_base=int(http_port),
+        controller_base=a.controller_port,
+        broker_args=["--default-replication-factor", str(min(3, a.brokers)),
+                     "--offsets-topic-replication-factor", str(min(3, a.brokers))],
+        log_level=a.log_level,
+    )
+    stop = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        cluster.start()
+        print(
+            f"StraitMQ cluster {cluster.cluster_id} ready: 3 controllers "
+            f"({cluster.voters}), {a.brokers} brokers (Kafka {cluster.bootstrap}, HTTP "
+            f"{', '.join(str(b.http_port) for b in cluster.brokers.values())}); data and logs "
+            f"in {cluster.data_dir}; Ctrl-C stops all",
+            file=sys.stderr,
+            flush=True,
+        )
+        while not stop:
+            for n in cluster.nodes():
+                if not n.stopped and not n.alive():
+                    print(f"{n.name} exited; see {n.log_path}", file=sys.stderr)
+                    n.stopped = True
+            time.sleep(0.5)
+    except (RuntimeError, TimeoutError) as e:
+        print(f"strait up: {e}", file=sys.stderr)
+    finally:
+        print("stopping StraitMQ...", file=sys.stderr, flush=True)
+        cluster.stop()
 
 
 def cmd_topic(a: argparse.Namespace) -> None:
@@ -286,8 +341,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--single",
         action="store_true",
-        help="one combined node (the only mode until the cluster lands)",
+        help="one combined node (controller and broker in one process)",
     )
+    up.add_argument("--brokers", type=int, default=3, help="brokers in cluster mode")
+    up.add_argument("--controller-port", type=int, default=9191, help="first controller port")
     up.add_argument("--data-dir", default=".strait-data")
     up.add_argument("--listen", default="127.0.0.1:9092")
     up.add_argument("--http-listen", default="127.0.0.1:8080")

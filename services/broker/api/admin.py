@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from straitmq.controller.local_controller import ControllerError, check_topic_name
+from straitmq.controller.errors import ControllerError, check_topic_name
 from straitmq.metadata.topic_config import TOPIC_CONFIGS, effective
 
 from .context import RequestContext
@@ -50,16 +50,16 @@ async def handle_create_topics(ctx: RequestContext, req: Any) -> dict:
             if t.name in seen:
                 raise ControllerError(INVALID_REQUEST, f"topic '{t.name}' appears twice")
             seen.add(t.name)
+            assignments = None
             if t.assignments:
-                nodes = {b for a in t.assignments for b in a.broker_ids}
-                if nodes - {broker.config.node_id}:
+                ordered = sorted(t.assignments, key=lambda a: a.partition_index)
+                if [a.partition_index for a in ordered] != list(range(len(ordered))):
                     raise ControllerError(
-                        INVALID_REPLICA_ASSIGNMENT,
-                        f"assignment names brokers {sorted(nodes)} but only "
-                        f"{broker.config.node_id} exists",
+                        INVALID_REPLICA_ASSIGNMENT, "assignments must cover partitions 0..n-1"
                     )
-                partitions = len(t.assignments)
-                rf = len(t.assignments[0].broker_ids)
+                assignments = [list(a.broker_ids) for a in ordered]
+                partitions = len(assignments)
+                rf = len(assignments[0])
             else:
                 partitions = (
                     t.num_partitions if t.num_partitions != -1 else broker.config.num_partitions
@@ -70,7 +70,17 @@ async def handle_create_topics(ctx: RequestContext, req: Any) -> dict:
                     else broker.config.default_replication_factor
                 )
             configs = {c.name: c.value for c in t.configs}
-            broker.controller.create_topic(t.name, partitions, rf, configs, req.validate_only)
+            await broker.control(
+                "create_topic",
+                {
+                    "name": t.name,
+                    "partitions": partitions,
+                    "replication_factor": rf,
+                    "configs": configs,
+                    "assignments": assignments,
+                    "validate_only": req.validate_only,
+                },
+            )
             res["num_partitions"] = partitions
             res["replication_factor"] = rf
             topic = broker.image.topics.get(t.name)
@@ -101,8 +111,7 @@ async def handle_delete_topics(ctx: RequestContext, req: Any) -> dict:
         try:
             if name.startswith("__"):
                 raise ControllerError(INVALID_REQUEST, f"internal topic '{name}' cannot be deleted")
-            broker.controller.delete_topic(name)
-            broker.offsets.delete_topic(name)
+            await broker.control("delete_topic", {"name": name})
         except ControllerError as e:
             res["error_code"] = e.code
             res["error_message"] = e.message
@@ -115,7 +124,16 @@ async def handle_create_partitions(ctx: RequestContext, req: Any) -> dict:
     for t in req.topics:
         res = {"name": t.name, "error_code": 0, "error_message": None}
         try:
-            ctx.broker.controller.create_partitions(t.name, t.count, req.validate_only)
+            assignments = [list(a.broker_ids) for a in t.assignments] if t.assignments else None
+            await ctx.broker.control(
+                "create_partitions",
+                {
+                    "name": t.name,
+                    "count": t.count,
+                    "assignments": assignments,
+                    "validate_only": req.validate_only,
+                },
+            )
         except ControllerError as e:
             res["error_code"] = e.code
             res["error_message"] = e.message
@@ -216,7 +234,10 @@ async def handle_incremental_alter_configs(ctx: RequestContext, req: Any) -> dic
                         INVALID_CONFIG, f"{c.name}: APPEND/SUBTRACT apply to list configs only"
                     )
             check_topic_name(r.resource_name)
-            broker.controller.alter_configs(r.resource_name, changes, req.validate_only)
+            await broker.control(
+                "alter_configs",
+                {"name": r.resource_name, "changes": changes, "validate_only": req.validate_only},
+            )
         except ControllerError as e:
             res["error_code"] = e.code
             res["error_message"] = e.message
@@ -227,5 +248,8 @@ async def handle_init_producer_id(ctx: RequestContext, req: Any) -> dict:
     if req.transactional_id is not None:
         # Transactions are not implemented (and not advertised); be explicit.
         return {"throttle_time": 0, "error_code": 42, "producer_id": -1, "producer_epoch": -1}
-    pid = ctx.broker.controller.allocate_producer_id()
+    try:
+        pid = await ctx.broker.next_producer_id()
+    except ControllerError as e:
+        return {"throttle_time": 0, "error_code": e.code, "producer_id": -1, "producer_epoch": -1}
     return {"throttle_time": 0, "error_code": 0, "producer_id": pid, "producer_epoch": 0}

@@ -70,6 +70,7 @@ HANDLERS: dict[int, ApiSpec] = {
     19: ApiSpec(2, 7, admin.handle_create_topics),
     20: ApiSpec(1, 5, admin.handle_delete_topics),
     22: ApiSpec(0, 4, admin.handle_init_producer_id),
+    23: ApiSpec(2, 4, fetch.handle_offset_for_leader_epoch),
     32: ApiSpec(1, 4, admin.handle_describe_configs),
     37: ApiSpec(0, 3, admin.handle_create_partitions),
     42: ApiSpec(0, 2, groups.handle_delete_groups),

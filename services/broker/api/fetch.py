@@ -18,6 +18,9 @@ from .context import RawResponse, RequestContext
 
 OFFSET_OUT_OF_RANGE = 1
 UNKNOWN_TOPIC_OR_PARTITION = 3
+NOT_LEADER_OR_FOLLOWER = 6
+FENCED_LEADER_EPOCH = 74
+UNKNOWN_LEADER_EPOCH = 76
 LATEST = -1
 EARLIEST = -2
 
@@ -34,33 +37,52 @@ class _FetchPlan:
         self.ctx = ctx
         self.req = req
         self.read_committed = getattr(req, "isolation_level", 0) == 1
+        # A follower's fetch (replica_id >= 0) reads up to the log end and reports its
+        # position; a consumer's reads up to the high watermark.
+        self.replica = getattr(req, "replica_id", -1)
+        self.first = True
 
     def collect(self) -> tuple[list, int]:
         broker = self.ctx.broker
         budget = self.req.max_bytes if self.ctx.version >= 3 else 2**31 - 1
         topics = []
         total = 0
+        replica = self.replica
         for t in self.req.topics:
             parts = []
             for p in t.partitions:
                 partition = broker.partitions.get(t.topic, p.partition)
-                if partition is None:
-                    parts.append((p.partition, UNKNOWN_TOPIC_OR_PARTITION, -1, -1, None))
+                error = partition_error(
+                    broker, t.topic, p.partition, partition, getattr(p, "current_leader_epoch", -1)
+                )
+                if error:
+                    hw = partition.high_watermark if partition is not None else -1
+                    parts.append((p.partition, error, hw, -1, None))
                     continue
+                assert partition is not None
                 plog = partition.log
                 hw = partition.high_watermark
+                if replica >= 0 and self.first:
+                    partition.on_follower_fetch(replica, p.fetch_offset)
                 if p.fetch_offset < plog.log_start_offset or p.fetch_offset > plog.log_end_offset:
                     parts.append(
                         (p.partition, OFFSET_OUT_OF_RANGE, hw, plog.log_start_offset, None)
                     )
                     continue
                 limit = min(p.partition_max_bytes, budget) if total else p.partition_max_bytes
-                sl = plog.read(p.fetch_offset, max(limit, 1), hw) if limit > 0 else None
+                upper = hw
+                if replica >= 0:
+                    upper = plog.log_end_offset
+                    limit = broker.throttle.allowance(t.topic, p.partition, replica, limit)
+                sl = plog.read(p.fetch_offset, max(limit, 1), upper) if limit > 0 else None
                 if sl is not None:
                     total += sl.size
                     budget -= sl.size
+                    if replica >= 0:
+                        broker.throttle.spent(t.topic, p.partition, replica, sl.size)
                 parts.append((p.partition, 0, hw, plog.log_start_offset, sl))
             topics.append((t.topic, parts))
+        self.first = False
         return topics, total
 
     def partitions(self) -> list:
@@ -71,6 +93,21 @@ class _FetchPlan:
             for p in t.partitions
             if (part := broker.partitions.get(t.topic, p.partition)) is not None
         ]
+
+
+def partition_error(
+    broker: Any, topic: str, index: int, partition: Any, current_leader_epoch: int
+) -> int:
+    """The error for a request that must reach the partition's leader, or 0."""
+    if partition is None or not partition.is_leader:
+        if broker.image.partition(topic, index) is None:
+            return UNKNOWN_TOPIC_OR_PARTITION
+        return NOT_LEADER_OR_FOLLOWER
+    if current_leader_epoch >= 0 and current_leader_epoch != partition.leader_epoch:
+        if current_leader_epoch < partition.leader_epoch:
+            return FENCED_LEADER_EPOCH
+        return UNKNOWN_LEADER_EPOCH
+    return 0
 
 
 def _encode(ctx: RequestContext, topics: list) -> RawResponse:
@@ -158,8 +195,15 @@ async def handle_list_offsets(ctx: RequestContext, req: Any) -> dict:
                 "old_style_offsets": [],
             }
             partition = broker.partitions.get(t.name, p.partition_index)
-            if partition is None:
-                out["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
+            error = partition_error(
+                broker,
+                t.name,
+                p.partition_index,
+                partition,
+                getattr(p, "current_leader_epoch", -1),
+            )
+            if error:
+                out["error_code"] = error
             elif p.timestamp == LATEST:
                 out["offset"] = partition.high_watermark
                 out["leader_epoch"] = partition.leader_epoch
@@ -175,4 +219,30 @@ async def handle_list_offsets(ctx: RequestContext, req: Any) -> dict:
                 out["error_code"] = 42  # INVALID_REQUEST: unsupported special timestamp
             parts.append(out)
         topics.append({"name": t.name, "partitions": parts})
+    return {"throttle_time": 0, "topics": topics}
+
+
+async def handle_offset_for_leader_epoch(ctx: RequestContext, req: Any) -> dict:
+    """Where does leader epoch E end in this leader's log (KIP-279)? Followers truncate
+    to it after a leader change; consumers use it to detect truncation."""
+    broker = ctx.broker
+    topics = []
+    for t in req.topics:
+        parts = []
+        for p in t.partitions:
+            partition = broker.partitions.get(t.topic, p.partition)
+            error = partition_error(
+                broker, t.topic, p.partition, partition, getattr(p, "current_leader_epoch", -1)
+            )
+            epoch, end = -1, -1
+            if not error:
+                assert partition is not None
+                epoch, end = partition.log.epochs.end_offset_for(
+                    p.leader_epoch, partition.log.log_end_offset
+                )
+            parts.append(
+                {"error_code": error, "partition": p.partition, "leader_epoch": epoch,
+                 "end_offset": end}
+            )
+        topics.append({"topic": t.topic, "partitions": parts})
     return {"throttle_time": 0, "topics": topics}

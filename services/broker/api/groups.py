@@ -5,18 +5,42 @@ from __future__ import annotations
 from typing import Any
 
 from ..groups.coordinator import JoinError
+from ..groups.offsets import OFFSETS_TOPIC
 from .context import RequestContext
 
 INVALID_GROUP_ID = 24
 UNKNOWN_TOPIC_OR_PARTITION = 3
 COORDINATOR_NOT_AVAILABLE = 15
+NOT_COORDINATOR = 16
+REQUEST_TIMED_OUT = 7
 OFFSET_METADATA_TOO_LARGE = 12
 MAX_METADATA = 4096
 
 
+def _coordinator(ctx: RequestContext, group_id: str) -> dict:
+    """The leader of the group's offsets partition, or COORDINATOR_NOT_AVAILABLE."""
+    broker = ctx.broker
+    p = broker.image.partition(OFFSETS_TOPIC, broker.offsets.partition_for(group_id))
+    b = broker.image.brokers.get(p.leader) if p is not None else None
+    if b is None or not b.alive:
+        return {
+            "node_id": -1,
+            "host": "",
+            "port": -1,
+            "error_code": COORDINATOR_NOT_AVAILABLE,
+            "error_message": "the group coordinator is not available yet; retry",
+        }
+    return {"node_id": b.id, "host": b.host, "port": b.port, "error_code": 0,
+            "error_message": None}
+
+
+def not_coordinator(ctx: RequestContext, group_id: str) -> int:
+    """NOT_COORDINATOR unless this broker leads the group's offsets partition."""
+    return 0 if ctx.broker.offsets.owns(group_id) else NOT_COORDINATOR
+
+
 async def handle_find_coordinator(ctx: RequestContext, req: Any) -> dict:
-    cfg = ctx.broker.config
-    node = {"node_id": cfg.node_id, "host": cfg.advertised_host, "port": cfg.advertised_port}
+    await ctx.broker.ensure_offsets_topic()
     if ctx.version >= 4:
         keys = list(req.coordinator_keys)
     else:
@@ -35,7 +59,7 @@ async def handle_find_coordinator(ctx: RequestContext, req: Any) -> dict:
                 }
             )
         else:
-            coordinators.append({"key": key, **node, "error_code": 0, "error_message": None})
+            coordinators.append({"key": key, **_coordinator(ctx, key)})
     if ctx.version >= 4:
         return {"throttle_time": 0, "coordinators": coordinators}
     first = coordinators[0]
@@ -54,6 +78,8 @@ async def handle_join_group(ctx: RequestContext, req: Any) -> dict:
     rebalance = getattr(req, "rebalance_timeout", None)
     rebalance_ms = int(rebalance.total_seconds() * 1000) if rebalance is not None else session_ms
     try:
+        if code := not_coordinator(ctx, req.group_id):
+            raise JoinError(code, req.member_id)
         result = await ctx.broker.groups.join(
             req.group_id,
             req.member_id,
@@ -84,6 +110,8 @@ async def handle_join_group(ctx: RequestContext, req: Any) -> dict:
 
 async def handle_sync_group(ctx: RequestContext, req: Any) -> dict:
     try:
+        if code := not_coordinator(ctx, req.group_id):
+            raise JoinError(code)
         result = await ctx.broker.groups.sync(
             req.group_id,
             req.member_id,
@@ -103,6 +131,8 @@ async def handle_sync_group(ctx: RequestContext, req: Any) -> dict:
 
 
 async def handle_heartbeat(ctx: RequestContext, req: Any) -> dict:
+    if code := not_coordinator(ctx, req.group_id):
+        return {"throttle_time": 0, "error_code": code}
     code = ctx.broker.groups.heartbeat(
         req.group_id, req.member_id, getattr(req, "group_instance_id", None), req.generation_id
     )
@@ -114,7 +144,10 @@ async def handle_leave_group(ctx: RequestContext, req: Any) -> dict:
         members = [(m.member_id, m.group_instance_id) for m in req.members]
     else:
         members = [(req.member_id, None)]
-    top, results = ctx.broker.groups.leave(req.group_id, members)
+    if code := not_coordinator(ctx, req.group_id):
+        top, results = code, [(m, i, code) for m, i in members]
+    else:
+        top, results = ctx.broker.groups.leave(req.group_id, members)
     return {
         "throttle_time": 0,
         "error_code": top if ctx.version < 3 else 0,
@@ -135,6 +168,7 @@ async def handle_offset_commit(ctx: RequestContext, req: Any) -> dict:
     )
     if not req.group_id:
         code = INVALID_GROUP_ID
+    code = code or not_coordinator(ctx, req.group_id)
     topics = []
     entries = []
     for t in req.topics:
@@ -159,12 +193,23 @@ async def handle_offset_commit(ctx: RequestContext, req: Any) -> dict:
             parts.append({"partition_index": p.partition_index, "error_code": pcode})
         topics.append({"name": t.name, "partitions": parts})
     if entries:
-        broker.offsets.commit(req.group_id, entries)
+        # Like Kafka (offsets.commit.required.acks=-1): answer once the ISR has it.
+        end = broker.offsets.commit(req.group_id, entries)
+        part = broker.partitions.leader_of(
+            OFFSETS_TOPIC, broker.offsets.partition_for(req.group_id)
+        )
+        if part is None or not await part.wait_for_hw(end, 5.0):
+            for t in topics:
+                for p in t["partitions"]:
+                    if p["error_code"] == 0:
+                        p["error_code"] = REQUEST_TIMED_OUT if part else NOT_COORDINATOR
     return {"throttle_time": 0, "topics": topics}
 
 
 async def handle_offset_fetch(ctx: RequestContext, req: Any) -> dict:
     broker = ctx.broker
+    if code := not_coordinator(ctx, req.group_id):
+        return {"throttle_time": 0, "topics": [], "error_code": code}
     committed = broker.offsets.fetch(req.group_id)
     if req.topics is None:
         wanted: dict[str, list[int]] = {}
@@ -194,7 +239,8 @@ async def handle_describe_groups(ctx: RequestContext, req: Any) -> dict:
     groups = []
     for gid in req.groups:
         d = ctx.broker.groups.describe(gid)
-        groups.append({"error_code": 0 if gid else INVALID_GROUP_ID, **d})
+        code = not_coordinator(ctx, gid) if gid else INVALID_GROUP_ID
+        groups.append({"error_code": code, **d})
     return {"throttle_time": 0, "groups": groups}
 
 
@@ -210,6 +256,10 @@ async def handle_list_groups(ctx: RequestContext, req: Any) -> dict:
 
 async def handle_delete_groups(ctx: RequestContext, req: Any) -> dict:
     results = [
-        {"group_id": gid, "error_code": ctx.broker.groups.delete(gid)} for gid in req.groups_names
+        {
+            "group_id": gid,
+            "error_code": not_coordinator(ctx, gid) or ctx.broker.groups.delete(gid),
+        }
+        for gid in req.groups_names
     ]
     return {"throttle_time": 0, "results": results}

@@ -1,31 +1,39 @@
-"""Metadata and DescribeCluster: answered from the metadata image."""
+"""Metadata and DescribeCluster: answered from the metadata image.
+
+Clients see the live (unfenced) brokers, each partition's leader, leader epoch,
+replicas, ISR and offline replicas, exactly as the committed metadata says. The
+"controller" clients see is a live broker: KRaft clusters hide the quorum from clients.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from straitmq.controller.local_controller import ControllerError
+from straitmq.controller.errors import ControllerError
+from straitmq.metadata.image import NO_LEADER
 
 from .context import RequestContext
 
 UNKNOWN_TOPIC_OR_PARTITION = 3
 LEADER_NOT_AVAILABLE = 5
-INVALID_TOPIC_EXCEPTION = 17
 
 
-def _broker_entry(ctx: RequestContext, key: str = "node_id") -> dict:
-    cfg = ctx.broker.config
-    return {
-        key: cfg.node_id,
-        "host": cfg.advertised_host,
-        "port": cfg.advertised_port,
-        "rack": cfg.rack,
-    }
+def _brokers(ctx: RequestContext, key: str = "node_id") -> list[dict]:
+    return [
+        {key: b.id, "host": b.host, "port": b.port, "rack": b.rack}
+        for b in sorted(ctx.broker.image.brokers.values(), key=lambda b: b.id)
+        if not b.fenced
+    ]
+
+
+def _controller_id(ctx: RequestContext) -> int:
+    live = [b.id for b in ctx.broker.image.live_brokers()]
+    return ctx.broker.node_id if ctx.broker.node_id in live or not live else min(live)
 
 
 def topic_entry(ctx: RequestContext, name: str) -> dict:
-    broker = ctx.broker
-    topic = broker.image.topics.get(name)
+    image = ctx.broker.image
+    topic = image.topics.get(name)
     if topic is None:
         return {
             "error_code": UNKNOWN_TOPIC_OR_PARTITION,
@@ -34,19 +42,18 @@ def topic_entry(ctx: RequestContext, name: str) -> dict:
             "is_internal": False,
             "partitions": [],
         }
-    node = broker.config.node_id
     parts = []
-    for i in range(topic.partitions):
-        p = broker.partitions.get(name, i)
+    for i, p in enumerate(topic.partitions):
+        offline = [r for r in p.replicas if (b := image.brokers.get(r)) is None or b.fenced]
         parts.append(
             {
-                "error_code": 0 if p else LEADER_NOT_AVAILABLE,
+                "error_code": LEADER_NOT_AVAILABLE if p.leader == NO_LEADER else 0,
                 "partition_index": i,
-                "leader_id": node if p else -1,
-                "leader_epoch": p.leader_epoch if p else -1,
-                "replica_nodes": [node],
-                "isr_nodes": [node],
-                "offline_replicas": [],
+                "leader_id": p.leader,
+                "leader_epoch": p.leader_epoch,
+                "replica_nodes": p.replicas,
+                "isr_nodes": p.isr,
+                "offline_replicas": offline,
             }
         )
     return {
@@ -70,23 +77,20 @@ async def handle_metadata(ctx: RequestContext, req: Any) -> dict:
         if name not in broker.image.topics and req.topics is not None:
             if allow_auto and broker.config.auto_create_topics:
                 try:
-                    broker.controller.create_topic(
-                        name,
-                        broker.config.num_partitions,
-                        broker.config.default_replication_factor,
-                        {},
-                    )
+                    await broker.control("create_topic", {"name": name})
                 except ControllerError as e:
-                    topics.append(
-                        {"error_code": e.code, "name": name, "topic_id": None, "partitions": []}
-                    )
-                    continue
+                    if e.code != 36:  # TOPIC_ALREADY_EXISTS: a concurrent auto-create won
+                        topics.append(
+                            {"error_code": e.code, "name": name, "topic_id": None,
+                             "partitions": []}
+                        )
+                        continue
         topics.append(topic_entry(ctx, name))
     return {
         "throttle_time": 0,
-        "brokers": [_broker_entry(ctx)],
+        "brokers": _brokers(ctx),
         "cluster_id": broker.image.cluster_id,
-        "controller_id": broker.config.node_id,
+        "controller_id": _controller_id(ctx),
         "topics": topics,
     }
 
@@ -97,7 +101,7 @@ async def handle_describe_cluster(ctx: RequestContext, req: Any) -> dict:
         "error_code": 0,
         "error_message": None,
         "cluster_id": ctx.broker.image.cluster_id,
-        "controller_id": ctx.broker.config.node_id,
-        "brokers": [_broker_entry(ctx, "broker_id")],
+        "controller_id": _controller_id(ctx),
+        "brokers": _brokers(ctx, "broker_id"),
         "include_cluster_authorized_operations": False,
     }

@@ -1,10 +1,13 @@
 """Produce: validate batch headers and CRCs, check idempotent sequences, append.
 
-No record is decoded: the bytes the client sent are what lands in the log.
+No record is decoded: the bytes the client sent are what lands in the log. With
+acks=all the answer waits until the ISR has the batches (the high watermark passes
+them), and is refused up front when the ISR is smaller than min.insync.replicas.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from ..producer_state import DuplicateBatch, SequenceError
@@ -12,14 +15,32 @@ from ..records import InvalidRecords, validate_batches
 from .context import RequestContext
 
 UNKNOWN_TOPIC_OR_PARTITION = 3
+NOT_LEADER_OR_FOLLOWER = 6
+REQUEST_TIMED_OUT = 7
+NOT_ENOUGH_REPLICAS = 19
+NOT_ENOUGH_REPLICAS_AFTER_APPEND = 20
 INVALID_REQUIRED_ACKS = 21
 KAFKA_STORAGE_ERROR = 56
+
+
+async def _await_replication(out: dict, partition: Any, end: int, within_s: float) -> None:
+    if not await partition.wait_for_hw(end, within_s):
+        out["error_code"] = REQUEST_TIMED_OUT if partition.is_leader else NOT_LEADER_OR_FOLLOWER
+        out["error_message"] = "the in-sync replicas did not confirm the write in time"
+    elif len(partition.isr) < partition.min_isr:
+        out["error_code"] = NOT_ENOUGH_REPLICAS_AFTER_APPEND
+        out["error_message"] = (
+            f"written, but the ISR shrank to {len(partition.isr)} below "
+            f"min.insync.replicas={partition.min_isr}"
+        )
 
 
 async def handle_produce(ctx: RequestContext, req: Any) -> dict | None:
     broker = ctx.broker
     acks = req.acks
     responses = []
+    waits = []
+    within_s = req.timeout.total_seconds()
     metrics = broker.metrics
     for topic in req.topic_data:
         parts = []
@@ -39,8 +60,19 @@ async def handle_produce(ctx: RequestContext, req: Any) -> dict | None:
                 out["error_code"] = INVALID_REQUIRED_ACKS
                 continue
             partition = broker.partitions.get(topic.name, pd.index)
-            if partition is None or tconf is None:
+            if tconf is None or not 0 <= pd.index < len(tconf.partitions):
                 out["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
+                continue
+            if partition is None or not partition.is_leader:
+                out["error_code"] = NOT_LEADER_OR_FOLLOWER
+                continue
+            if acks == -1 and len(partition.isr) < partition.min_isr:
+                out["error_code"] = NOT_ENOUGH_REPLICAS
+                out["error_message"] = (
+                    f"ISR {partition.isr} is smaller than min.insync.replicas="
+                    f"{partition.min_isr}"
+                )
+                metrics.request_errors[(0, NOT_ENOUGH_REPLICAS)] += 1
                 continue
             data = memoryview(pd.records or b"")
             try:
@@ -50,6 +82,9 @@ async def handle_produce(ctx: RequestContext, req: Any) -> dict | None:
             except DuplicateBatch as dup:
                 out["base_offset"] = dup.cached.base_offset
                 out["log_start_offset"] = partition.log.log_start_offset
+                if acks == -1:
+                    end = dup.cached.base_offset + 1
+                    waits.append(_await_replication(out, partition, end, within_s))
                 continue
             except (InvalidRecords, SequenceError) as e:
                 out["error_code"] = e.code
@@ -64,8 +99,12 @@ async def handle_produce(ctx: RequestContext, req: Any) -> dict | None:
             out["log_start_offset"] = partition.log.log_start_offset
             metrics.bytes_in[topic.name] += len(data)
             metrics.messages_in[topic.name] += sum(b.record_count for b in batches)
+            if acks == -1:
+                end = partition.log.log_end_offset
+                waits.append(_await_replication(out, partition, end, within_s))
         responses.append({"name": topic.name, "partition_responses": parts})
     if acks == 0:
         return None
-    # Single node: acks=all is satisfied by the leader alone (ISR = {this broker}).
+    if waits:
+        await asyncio.gather(*waits)
     return {"responses": responses, "throttle_time": 0}

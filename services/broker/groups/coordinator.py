@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .offsets import OffsetStore
@@ -20,6 +21,7 @@ log = logging.getLogger("straitmq.groups")
 
 NONE = 0
 COORDINATOR_NOT_AVAILABLE = 15
+NOT_COORDINATOR = 16
 ILLEGAL_GENERATION = 22
 INCONSISTENT_GROUP_PROTOCOL = 23
 UNKNOWN_MEMBER_ID = 25
@@ -530,6 +532,19 @@ class GroupCoordinator:
                 continue
             out[gid] = (g.protocol_type or "consumer", g.state)
         return [(gid, pt, st) for gid, (pt, st) in sorted(out.items())]
+
+    def unload(self, belongs: Callable[[str], bool]) -> None:
+        """This broker stopped coordinating some groups (it no longer leads their offsets
+        partition): drop them; waiting members get NOT_COORDINATOR and find the new one."""
+        for gid in [g for g in self.groups if belongs(g)]:
+            group = self.groups.pop(gid)
+            self._cancel_rebalance_timer(group)
+            for member in list(group.members.values()):
+                if member.expiry:
+                    member.expiry.cancel()
+                for fut in (member.join_future, member.sync_future):
+                    if fut and not fut.done():
+                        fut.set_exception(JoinError(NOT_COORDINATOR))
 
     def delete(self, group_id: str) -> int:
         group = self.groups.get(group_id)

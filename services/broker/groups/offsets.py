@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import orjson
@@ -20,7 +20,8 @@ from ..records import BatchInfo, validate_batches
 
 OFFSETS_TOPIC = "__consumer_offsets"
 
-AppendFn = Callable[[int, memoryview, list[BatchInfo]], None]
+# Appends to the group's partition (as its leader); returns the log end offset after it.
+AppendFn = Callable[[int, memoryview, list[BatchInfo]], int]
 
 
 @dataclass(slots=True)
@@ -36,6 +37,7 @@ class OffsetStore:
         self.partitions_count = partitions_count
         self.offsets: dict[str, dict[tuple[str, int], Committed]] = {}
         self._append: AppendFn | None = None
+        self.owned: set[int] = set()  # partitions this broker leads, so coordinates
 
     def partition_for(self, group_id: str) -> int:
         return zlib.crc32(group_id.encode()) % self.partitions_count
@@ -43,7 +45,21 @@ class OffsetStore:
     def bind(self, append: AppendFn) -> None:
         self._append = append
 
-    def load(self, batches: list[bytes]) -> None:
+    def load_partition(self, partition: int, batches: Iterable[bytes]) -> None:
+        """We lead this offsets partition now: replay it (the newest value per key wins)."""
+        self.unload_partition(partition)
+        self.load(batches)
+        self.owned.add(partition)
+
+    def unload_partition(self, partition: int) -> None:
+        self.owned.discard(partition)
+        for group in [g for g in self.offsets if self.partition_for(g) == partition]:
+            del self.offsets[group]
+
+    def owns(self, group_id: str) -> bool:
+        return self.partition_for(group_id) in self.owned
+
+    def load(self, batches: Iterable[bytes]) -> None:
         for raw in batches:
             for rec in decode_batch(raw):
                 if rec.key is None:
@@ -74,12 +90,16 @@ class OffsetStore:
             )
         return orjson.dumps([group, topic, part]), value, []
 
-    def commit(self, group: str, entries: list[tuple[str, int, int, int, str | None]]) -> None:
-        """Durably record (topic, partition, offset, leader_epoch, metadata) entries."""
+    def commit(self, group: str, entries: list[tuple[str, int, int, int, str | None]]) -> int:
+        """Record (topic, partition, offset, leader_epoch, metadata) entries; returns the
+        offsets partition's log end, which the caller waits to see replicated."""
         now = int(time.time() * 1000)
         commits = {(t, p): Committed(o, e, m or "", now) for t, p, o, e, m in entries}
-        self._write(group, [self._record(group, t, p, c) for (t, p), c in commits.items()], now)
+        end = self._write(
+            group, [self._record(group, t, p, c) for (t, p), c in commits.items()], now
+        )
         self.offsets.setdefault(group, {}).update(commits)
+        return end
 
     def delete_group(self, group: str) -> None:
         keys = list(self.offsets.get(group, {}))
@@ -101,11 +121,11 @@ class OffsetStore:
         now = int(time.time() * 1000)
         self._write(group, [self._record(group, t, p, None) for t, p in keys], now)
 
-    def _write(self, group: str, records: list, now: int) -> None:
+    def _write(self, group: str, records: list, now: int) -> int:
         assert self._append is not None, "offset store is not bound to its topic"
         batch = build_batch(records, now)
         view = memoryview(batch)
-        self._append(self.partition_for(group), view, validate_batches(view, len(batch)))
+        return self._append(self.partition_for(group), view, validate_batches(view, len(batch)))
 
     def rewrite(self, partition: int, chunk: int = 500) -> None:
         """Append the live commits of one offsets partition again (for compaction)."""

@@ -18,7 +18,15 @@ from dataclasses import dataclass
 import orjson
 
 from ..producer_state import ProducerStateTable
-from ..records import HEADER_SIZE, LOG_OVERHEAD, BatchInfo, assign_offsets, parse_header
+from ..records import (
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    BatchInfo,
+    assign_offsets,
+    batch_leader_epoch,
+    parse_header,
+)
+from .epochs import LeaderEpochCache
 from .segment import Segment, segment_name
 
 log = logging.getLogger("straitmq.storage")
@@ -46,6 +54,24 @@ class ReadSlice:
     size: int
 
 
+class UnexpectedAppendOffset(Exception):
+    """Replicated batches do not start at this log's end (Kafka's
+    UnexpectedAppendOffsetException): the follower must truncate or reset first."""
+
+    def __init__(self, expected: int, first_offset: int, last_offset: int) -> None:
+        super().__init__(
+            f"replicated batches start at offset {first_offset} (last {last_offset}) "
+            f"but the log ends at {expected}"
+        )
+        self.expected = expected
+        self.first_offset = first_offset
+        self.last_offset = last_offset
+
+
+class OffsetOutOfRange(ValueError):
+    """Truncation below the log start, or a log start beyond the log end."""
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -58,6 +84,7 @@ class PartitionLog:
         self.segments: list[Segment] = []
         self.bases: list[int] = []
         self.producers = ProducerStateTable()
+        self.epochs = LeaderEpochCache(directory)
         self._unflushed_messages = 0
         self._last_flush_ms = _now_ms()
         self._load()
@@ -85,7 +112,47 @@ class PartitionLog:
         if not self.segments:
             self.segments.append(Segment(self.directory, 0, self.config.index_interval_bytes, now))
         self.bases = [s.base_offset for s in self.segments]
+        # Snapshots above the end describe a history that was cut (truncate_to or a torn
+        # tail); once the log grows past them again they would be taken for the new one.
+        self._delete_snapshots_above(self.log_end_offset)
         self._load_producer_state()
+        self._load_epochs()
+
+    def _load_epochs(self) -> None:
+        """Make the epoch cache agree with the log: the checkpoint may be ahead of a log
+        that was truncated (or whose tail was torn), behind one whose rename was lost in
+        a machine crash, or missing (logs written before the cache existed)."""
+        loaded = self.epochs.load()
+        end = self.log_end_offset
+        if loaded:
+            self.epochs.truncate_from_end(end)
+            self.epochs.truncate_from_start(self.log_start_offset)
+        last = self._last_batch_epoch()
+        if last > self.epochs.latest_epoch or (not loaded and last >= 0):
+            self.epochs.replace(self._scan_epochs())
+            log.warning(
+                "rebuilt the leader epoch cache from the log",
+                extra={"directory": self.directory, "epochs": len(self.epochs.entries)},
+            )
+
+    def _last_batch_epoch(self) -> int:
+        for seg in reversed(self.segments):
+            head = seg.last_header()
+            if head is not None:
+                return batch_leader_epoch(head, 0)
+        return -1
+
+    def _scan_epochs(self) -> list[tuple[int, int]]:
+        """(epoch, start offset) from every batch header; records are never read."""
+        entries: list[tuple[int, int]] = []
+        latest = -1
+        for seg in self.segments:
+            for _pos, _size, head in seg.headers_from(0):
+                epoch = batch_leader_epoch(head, 0)
+                if epoch > latest:
+                    entries.append((epoch, int.from_bytes(head[:8], "big", signed=True)))
+                    latest = epoch
+        return entries
 
     def _snapshots(self) -> list[int]:
         return sorted(
@@ -93,6 +160,11 @@ class PartitionLog:
             for n in os.listdir(self.directory)
             if n.endswith(SNAPSHOT_SUFFIX)
         )
+
+    def _delete_snapshots_above(self, offset: int) -> None:
+        for snap in self._snapshots():
+            if snap > offset:
+                os.unlink(os.path.join(self.directory, segment_name(snap, SNAPSHOT_SUFFIX)))
 
     def _load_producer_state(self) -> None:
         """Latest producer snapshot at or below the end, then replay the batches after it."""
@@ -155,10 +227,15 @@ class PartitionLog:
         ):
             active = self.roll()
         base = self.log_end_offset
+        if leader_epoch > self.epochs.latest_epoch:
+            # Checkpoint before the data: a crash leaves it ahead of the log (trimmed at
+            # load), never behind it.
+            self.epochs.assign(leader_epoch, base)
         pieces = assign_offsets(data, batches, base, leader_epoch)
         active.append(pieces, batches, total)
         for b in batches:
             self.producers.record(b)
+        # Inlined _after_append: this is the produce hot path.
         self._unflushed_messages += sum(b.last_offset_delta + 1 for b in batches)
         if (
             self._unflushed_messages >= self.config.flush_messages
@@ -166,6 +243,70 @@ class PartitionLog:
         ):
             self.flush()
         return base
+
+    def append_replicated(self, data: memoryview, batches: list[BatchInfo]) -> None:
+        """Follower append: batches fetched from the leader, stored byte for byte.
+
+        Offsets and leader epochs were set by the leader; `batches` come from
+        `records.replicated_batches(data)` (framing, magic, CRC, contiguous offsets) and
+        must lie back to back in `data`. The first must start at the log end offset, else
+        UnexpectedAppendOffset (truncate_to / reset_to first). One pwrite, no per-record
+        work: only header fields feed the indexes, producer state and epoch cache.
+        """
+        if not batches:
+            return
+        first, last = batches[0], batches[-1]
+        end = self.log_end_offset
+        if first.base_offset != end:
+            raise UnexpectedAppendOffset(
+                end, first.base_offset, last.base_offset + last.last_offset_delta
+            )
+        if self.epochs.latest_start >= end:
+            # An epoch this replica assigned when it became leader but never wrote to:
+            # nothing backs it, and left in place it would hide the leader's epochs here.
+            self.epochs.truncate_from_end(end)
+        start = first.position
+        expected_pos, expected_offset = start, end
+        for b in batches:
+            if b.position != expected_pos or b.base_offset != expected_offset:
+                raise ValueError(
+                    f"replicated batch at offset {b.base_offset} (position {b.position}) does "
+                    f"not follow offset {expected_offset} (position {expected_pos})"
+                )
+            expected_pos += b.size
+            expected_offset = b.base_offset + b.last_offset_delta + 1
+        total = expected_pos - start
+        active = self.segments[-1]
+        now = _now_ms()
+        if active.size and (
+            active.size + total > self.config.segment_bytes
+            or now - active.created_ms > self.config.segment_ms
+        ):
+            active = self.roll()
+        latest = self.epochs.latest_epoch
+        for b in batches:
+            epoch = batch_leader_epoch(data, b.position)
+            if epoch > latest:
+                self.epochs.assign(epoch, b.base_offset)  # before the data, as in append
+                latest = epoch
+            elif epoch < latest:
+                log.warning(
+                    "replicated batch has an older leader epoch than the cache",
+                    extra={"offset": b.base_offset, "epoch": epoch, "latest": latest},
+                )
+        active.append([data[start:expected_pos]], batches, total)
+        for b in batches:
+            self.producers.record(b)
+        self._after_append(batches, now)
+
+    def _after_append(self, batches: list[BatchInfo], now: int) -> None:
+        """flush.messages / flush.ms."""
+        self._unflushed_messages += sum(b.last_offset_delta + 1 for b in batches)
+        if (
+            self._unflushed_messages >= self.config.flush_messages
+            or now - self._last_flush_ms >= self.config.flush_ms
+        ):
+            self.flush()
 
     def roll(self) -> Segment:
         old = self.segments[-1]
@@ -272,6 +413,7 @@ class PartitionLog:
             for old in self._snapshots():
                 if old < self.log_start_offset and len(self._snapshots()) > 1:
                     os.unlink(os.path.join(self.directory, segment_name(old, SNAPSHOT_SUFFIX)))
+            self.epochs.truncate_from_start(self.log_start_offset)
         return deleted
 
     def drop_segments_before(self, offset: int) -> int:
@@ -281,7 +423,82 @@ class PartitionLog:
             self.segments.pop(0).delete()
             self.bases.pop(0)
             dropped += 1
+        if dropped:
+            self.epochs.truncate_from_start(self.log_start_offset)
         return dropped
+
+    # -- replication: follower log maintenance ------------------------------------------
+
+    def end_offset_for(self, epoch: int) -> tuple[int, int]:
+        """OffsetForLeaderEpoch answer for `epoch`: see LeaderEpochCache.end_offset_for."""
+        return self.epochs.end_offset_for(epoch, self.log_end_offset)
+
+    def advance_start(self, offset: int) -> int:
+        """Follow the leader's log start: delete whole segments that end at or before
+        `offset` and trim the epoch cache. The log start stays a segment base (<= offset),
+        as everywhere in this log. Returns how many segments were deleted.
+
+        Raises OffsetOutOfRange if `offset` is beyond the log end: then the follower has
+        nothing the leader still keeps and must `reset_to(offset)` instead.
+        """
+        if offset > self.log_end_offset:
+            raise OffsetOutOfRange(
+                f"log start {offset} is beyond the log end {self.log_end_offset}; use reset_to"
+            )
+        return self.drop_segments_before(offset)
+
+    def truncate_to(self, offset: int) -> int:
+        """Cut the log so it ends at `offset` (Kafka's truncateTo); returns the new log end.
+
+        `offset` should be a batch boundary; if it falls inside a batch, that whole batch
+        goes too and the returned end is its base offset (< `offset`). At or beyond the
+        log end nothing is cut, but epochs starting at or after the end are still dropped
+        (a leader that assigned its epoch and then lost leadership before appending).
+        Raises OffsetOutOfRange below the log start. The log takes appends at once.
+        """
+        if offset < self.log_start_offset:
+            raise OffsetOutOfRange(
+                f"cannot truncate to {offset}, below the log start {self.log_start_offset}"
+            )
+        if offset >= self.log_end_offset:
+            self.epochs.truncate_from_end(self.log_end_offset)
+            return self.log_end_offset
+        # Latest segments first: a crash part-way leaves a shorter but whole log.
+        while len(self.segments) > 1 and self.segments[-1].base_offset > offset:
+            self.segments.pop().delete()
+            self.bases.pop()
+        active = self.segments[-1]
+        active.truncate_to(offset)
+        active.fsync()
+        end = self.log_end_offset
+        # After the data (a crash leaves the checkpoint ahead, which load trims).
+        self.epochs.truncate_from_end(end)
+        self._delete_snapshots_above(end)
+        self.producers = ProducerStateTable()
+        self._load_producer_state()
+        self._unflushed_messages = 0
+        if end < offset:
+            log.info(
+                "truncation offset fell inside a batch; cut before it",
+                extra={"requested": offset, "end": end},
+            )
+        return end
+
+    def reset_to(self, offset: int) -> None:
+        """Delete everything and start empty at `offset` (Kafka's truncateFullyAndStartAt):
+        for a follower whose log has nothing the leader still keeps."""
+        # Latest segments first, as in truncate_to.
+        for seg in reversed(self.segments):
+            seg.delete()
+        for snap in self._snapshots():
+            os.unlink(os.path.join(self.directory, segment_name(snap, SNAPSHOT_SUFFIX)))
+        self.epochs.clear()
+        self.producers = ProducerStateTable()
+        seg = Segment(self.directory, offset, self.config.index_interval_bytes, _now_ms())
+        self.segments = [seg]
+        self.bases = [offset]
+        self._unflushed_messages = 0
+        self._last_flush_ms = _now_ms()
 
     def close(self) -> None:
         self.write_producer_snapshot()

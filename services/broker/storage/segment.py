@@ -164,12 +164,24 @@ class Segment:
 
     def batches_from(self, pos: int) -> Iterator[tuple[int, int, int, int]]:
         """(position, size, base_offset, max_timestamp) of each batch from `pos` on."""
+        for p, size, head in self.headers_from(pos):
+            info = parse_header(head, 0, 0)
+            yield p, size, info.base_offset, info.max_timestamp
+
+    def headers_from(self, pos: int) -> Iterator[tuple[int, int, bytes]]:
+        """(position, size, 61-byte header) of each batch from `pos` on; records unread."""
         while pos + HEADER_SIZE <= self.size:
             head = os.pread(self.fd, HEADER_SIZE, pos)
-            info = parse_header(head, 0, 0)
             size = _LEN.unpack_from(head, 0)[1] + 12
-            yield pos, size, info.base_offset, info.max_timestamp
+            yield pos, size, head
             pos += size
+
+    def last_header(self) -> bytes | None:
+        """Header of the last batch (found through the index), or None if empty."""
+        if not self.size:
+            return None
+        pos = self.position_of(self.next_offset - 1)
+        return None if pos is None else os.pread(self.fd, HEADER_SIZE, pos)
 
     def time_position(self, timestamp: int) -> int:
         i = bisect_right(self.time_stamps, timestamp - 1) - 1
@@ -290,7 +302,9 @@ class Segment:
         self.flush_indexes()
 
     def truncate_to(self, offset: int) -> None:
-        """Drop every batch at or after `offset` (which must be a batch boundary)."""
+        """Drop the batch holding `offset` and every later one, so the segment ends at a
+        batch boundary <= `offset`; indexes, next offset and max timestamp are rebuilt
+        by a rescan (rare: follower truncation after a leader change)."""
         pos = self.position_of(offset)
         if pos is None:
             return

@@ -1,0 +1,106 @@
+"""A broker's life as the controller sees it: register, heartbeat, controlled shutdown.
+
+A broker registers with a fresh incarnation id each start and stays fenced until its
+metadata has caught up; heartbeats keep its session; a broker that stops heartbeating
+is fenced by the controller and its leaderships move. On SIGTERM it asks to shut down,
+waits until it leads nothing, then stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from straitmq.controller import errors as E
+from straitmq.controller.errors import ControllerError
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+log = logging.getLogger("straitmq.broker")
+FATAL = {E.INCONSISTENT_CLUSTER_ID, E.DUPLICATE_BROKER_REGISTRATION}
+
+
+class Lifecycle:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.want_shutdown = False
+        self.shutdown_ok = asyncio.Event()
+
+    def _registration(self) -> dict:
+        c = self.broker.config
+        return {
+            "id": c.node_id,
+            "incarnation": self.broker.incarnation,
+            "cluster_id": self.broker.cluster_id,
+            "host": c.advertised_host,
+            "port": c.advertised_port,
+            "http_port": c.http_port,
+            "rack": c.rack,
+        }
+
+    async def register(self) -> None:
+        from .broker import BrokerStartupError
+
+        while True:
+            try:
+                await self.broker.controller.call("register", self._registration())
+                return
+            except ControllerError as e:
+                if e.code in FATAL:
+                    raise BrokerStartupError(e.message) from None
+                log.warning("registration failed; retrying", extra={"reason": e.message})
+                await asyncio.sleep(0.5)
+
+    async def heartbeat_loop(self) -> None:
+        interval = self.broker.config.heartbeat_interval_ms / 1000
+        while True:
+            await self.heartbeat()
+            await asyncio.sleep(interval / 4 if self.want_shutdown else interval)
+
+    async def heartbeat(self) -> None:
+        b = self.broker
+        try:
+            reply = await b.controller.call(
+                "heartbeat",
+                {
+                    "id": b.node_id,
+                    "incarnation": b.incarnation,
+                    "metadata_offset": b.image.offset,
+                    "want_shutdown": self.want_shutdown,
+                },
+                within_s=b.config.heartbeat_interval_ms / 1000,
+            )
+        except ControllerError as e:
+            if e.code == E.STALE_BROKER_EPOCH and not self.want_shutdown:
+                log.warning("controller forgot this broker; registering again")
+                try:
+                    await b.controller.call("register", self._registration())
+                except ControllerError as e2:
+                    log.warning("re-registration failed", extra={"reason": e2.message})
+            else:
+                log.info("heartbeat failed", extra={"reason": e.message})
+            return
+        if reply.get("shutdown_ok"):
+            self.shutdown_ok.set()
+
+    async def controlled_shutdown(self, within_s: float | None = None) -> None:
+        """Ask the controller to move our leaderships away; wait until it has."""
+        b = self.broker
+        if within_s is None:
+            within_s = b.config.controlled_shutdown_timeout_ms / 1000
+        self.want_shutdown = True
+        try:
+            await asyncio.wait_for(self._shutdown_wait(), within_s)
+        except TimeoutError:
+            log.warning("controlled shutdown timed out; stopping anyway")
+
+    async def _shutdown_wait(self) -> None:
+        while not self.shutdown_ok.is_set():
+            await self.heartbeat()
+            if self.shutdown_ok.is_set():
+                break
+            await asyncio.sleep(0.1)
+        # Let the partition changes reach us so clients get redirected, not dropped.
+        await asyncio.sleep(0.2)

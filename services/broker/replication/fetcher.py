@@ -1,0 +1,272 @@
+"""Replica fetchers: a follower copies its leaders' logs with the Kafka Fetch API.
+
+One task per leader broker fetches every partition this broker follows from it, as
+Kafka's ReplicaFetcherThread does. After a leader change a partition first asks the
+leader where their logs agree (OffsetForLeaderEpoch, KIP-279) and truncates there, then
+fetches from its log end. Batches are appended exactly as the leader wrote them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import typing
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from kio.index import load_request_schema
+
+from straitmq.protocol.client import ConnectionClosed, KafkaConnection
+
+from ..partitions import FOLLOWER, Partition
+from ..records import InvalidRecords, replicated_batches
+
+if TYPE_CHECKING:
+    from ..broker import Broker
+
+log = logging.getLogger("straitmq.replication")
+
+NONE = 0
+OFFSET_OUT_OF_RANGE = 1
+FETCH_MAX_WAIT_MS = 500
+PARTITION_MAX_BYTES = 1 << 20
+RESPONSE_MAX_BYTES = 16 << 20
+UNDEFINED = -1
+
+FetchRequest = load_request_schema(1, 12)
+OffsetForLeaderEpochRequest = load_request_schema(23, 4)
+
+
+def _schema_types() -> tuple[Any, Any, Any, Any]:
+    ft = typing.get_args(typing.get_type_hints(FetchRequest)["topics"])[0]
+    fp = typing.get_args(typing.get_type_hints(ft)["partitions"])[0]
+    ot = typing.get_args(typing.get_type_hints(OffsetForLeaderEpochRequest)["topics"])[0]
+    op = typing.get_args(typing.get_type_hints(ot)["partitions"])[0]
+    return ft, fp, ot, op
+
+
+FetchTopic, FetchPartition, EpochTopic, EpochPartition = _schema_types()
+
+
+@dataclass(slots=True)
+class Follow:
+    part: Partition
+    leader_epoch: int
+    truncating: bool = True
+
+
+class LeaderFetcher:
+    def __init__(self, broker: Broker, leader: int) -> None:
+        self.broker = broker
+        self.leader = leader
+        self.follows: dict[tuple[str, int], Follow] = {}
+        self.conn: KafkaConnection | None = None
+        self.task: asyncio.Task | None = None
+        self._wakeup = asyncio.Event()
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.task
+        if self.conn is not None:
+            self.conn.close()
+
+    def _address(self) -> tuple[str, int] | None:
+        b = self.broker.image.brokers.get(self.leader)
+        return (b.host, b.port) if b is not None else None
+
+    async def _run(self) -> None:
+        me = self.broker.config.node_id
+        while True:
+            if not self.follows:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            addr = self._address()
+            if addr is None:
+                await asyncio.sleep(0.2)
+                continue
+            if self.conn is None or (self.conn.host, self.conn.port) != addr:
+                if self.conn is not None:
+                    self.conn.close()
+                self.conn = KafkaConnection(addr[0], addr[1], f"replica-fetcher-{me}")
+            try:
+                if any(f.truncating for f in self.follows.values()):
+                    await self._truncate(me)
+                if any(not f.truncating for f in self.follows.values()):
+                    await self._fetch(me)
+                else:
+                    await asyncio.sleep(0.1)
+            except (ConnectionClosed, OSError, TimeoutError) as e:
+                log.debug("replica fetch failed", extra={"leader": self.leader, "error": str(e)})
+                if self.conn is not None:
+                    self.conn.close()
+                self.conn = None
+                await asyncio.sleep(0.25)
+
+    async def _truncate(self, me: int) -> None:
+        """Find where our log and the leader's agree and cut ours there."""
+        todo = [f for f in self.follows.values() if f.truncating]
+        by_topic: dict[str, list[Follow]] = {}
+        for f in todo:
+            by_topic.setdefault(f.part.topic, []).append(f)
+        req = OffsetForLeaderEpochRequest(
+            replica_id=me,
+            topics=tuple(
+                EpochTopic(
+                    topic=t,
+                    partitions=tuple(
+                        EpochPartition(
+                            partition=f.part.index,
+                            current_leader_epoch=f.leader_epoch,
+                            leader_epoch=f.part.log.epochs.latest_epoch,
+                        )
+                        for f in fs
+                    ),
+                )
+                for t, fs in by_topic.items()
+            ),
+        )
+        assert self.conn is not None
+        resp = await self.conn.request(23, 4, req, 10.0)
+        backoff = False
+        for t in resp.topics:
+            for r in t.partitions:
+                f = self.follows.get((t.topic, r.partition))
+                if f is None or not f.truncating:
+                    continue
+                if int(r.error_code) != NONE:
+                    backoff = True
+                    continue
+                self._truncate_one(f, r.leader_epoch, r.end_offset)
+        if backoff:
+            await asyncio.sleep(0.1)
+
+    @staticmethod
+    def _truncate_one(f: Follow, leader_epoch: int, leader_end: int) -> None:
+        plog = f.part.log
+        leo = plog.log_end_offset
+        ours = plog.epochs.latest_epoch
+        if ours == UNDEFINED or leo == plog.log_start_offset:
+            target = leo
+        elif leader_epoch == UNDEFINED or leader_end == UNDEFINED:
+            target = plog.log_start_offset  # nothing in common that we can prove
+        elif leader_epoch == ours:
+            target = min(leader_end, leo)
+        else:
+            target = min(leader_end, plog.epochs.end_offset_for(leader_epoch, leo)[1])
+        if target < leo:
+            log.info(
+                "truncating follower log",
+                extra={"partition": f"{f.part.topic}-{f.part.index}", "from": leo, "to": target},
+            )
+            plog.truncate_to(max(target, plog.log_start_offset))
+            f.part.set_follower_hw(f.part.high_watermark)
+        f.truncating = False
+
+    async def _fetch(self, me: int) -> None:
+        todo = [f for f in self.follows.values() if not f.truncating]
+        by_topic: dict[str, list[Follow]] = {}
+        for f in todo:
+            by_topic.setdefault(f.part.topic, []).append(f)
+        req = FetchRequest(
+            cluster_id=None,
+            replica_id=me,
+            max_wait=timedelta(milliseconds=FETCH_MAX_WAIT_MS),
+            min_bytes=1,
+            max_bytes=RESPONSE_MAX_BYTES,
+            isolation_level=0,
+            session_id=0,
+            session_epoch=-1,
+            topics=tuple(
+                FetchTopic(
+                    topic=t,
+                    partitions=tuple(
+                        FetchPartition(
+                            partition=f.part.index,
+                            current_leader_epoch=f.leader_epoch,
+                            fetch_offset=f.part.log.log_end_offset,
+                            last_fetched_epoch=f.part.log.epochs.latest_epoch,
+                            log_start_offset=f.part.log.log_start_offset,
+                            partition_max_bytes=PARTITION_MAX_BYTES,
+                        )
+                        for f in fs
+                    ),
+                )
+                for t, fs in by_topic.items()
+            ),
+            forgotten_topics_data=(),
+            rack_id=self.broker.config.rack or "",
+        )
+        assert self.conn is not None
+        sent = {(f.part.topic, f.part.index): f.part.log.log_end_offset for f in todo}
+        resp = await self.conn.request(1, 12, req, FETCH_MAX_WAIT_MS / 1000 + 10.0)
+        backoff = False
+        for t in resp.responses:
+            for r in t.partitions:
+                key = (t.topic, r.partition_index)
+                f = self.follows.get(key)
+                # Skip answers for a partition that changed role or epoch meanwhile.
+                if f is None or f.truncating or f.part.log.log_end_offset != sent.get(key):
+                    continue
+                err = int(r.error_code)
+                if err == NONE:
+                    self._apply(f, r)
+                elif err == OFFSET_OUT_OF_RANGE:
+                    plog = f.part.log
+                    if 0 <= plog.log_end_offset < r.log_start_offset:
+                        plog.reset_to(r.log_start_offset)
+                    else:
+                        f.truncating = True
+                else:
+                    backoff = True
+        if backoff:
+            await asyncio.sleep(0.1)
+
+    @staticmethod
+    def _apply(f: Follow, r: Any) -> None:
+        part = f.part
+        data = memoryview(r.records) if r.records else memoryview(b"")
+        try:
+            batches = replicated_batches(data) if len(data) else []
+        except InvalidRecords as e:
+            log.error(
+                "leader sent bad batches",
+                extra={"partition": f"{part.topic}-{part.index}", "error": str(e)},
+            )
+            return
+        part.append_replicated(data, batches, r.high_watermark)
+        if r.log_start_offset > part.log.log_start_offset:
+            part.log.advance_start(r.log_start_offset)
+
+
+class ReplicaFetchers:
+    """Keeps one LeaderFetcher per leader, fed by partition role changes."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.fetchers: dict[int, LeaderFetcher] = {}
+
+    def on_role(self, part: Partition, role: str) -> None:
+        key = (part.topic, part.index)
+        for fetcher in self.fetchers.values():
+            fetcher.follows.pop(key, None)
+        if role != FOLLOWER or part.leader < 0:
+            return
+        fetcher = self.fetchers.get(part.leader)
+        if fetcher is None:
+            fetcher = self.fetchers[part.leader] = LeaderFetcher(self.broker, part.leader)
+            fetcher.start()
+        fetcher.follows[key] = Follow(part, part.leader_epoch)
+        fetcher._wakeup.set()
+
+    async def stop(self) -> None:
+        for f in self.fetchers.values():
+            await f.stop()
+        self.fetchers.clear()

@@ -1,0 +1,77 @@
+"""ISR upkeep on the leader: shrink followers that lag longer than
+`replica.lag.time.max.ms`, add back those that caught up, through the controller
+(AlterPartition). One change in flight per partition; it counts once committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from straitmq.controller.errors import ControllerError
+
+from ..partitions import Partition
+
+if TYPE_CHECKING:
+    from ..broker import Broker
+
+log = logging.getLogger("straitmq.replication")
+
+
+class IsrManager:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.shrinks = 0
+        self.expands = 0
+
+    def _alive(self, broker_id: int) -> bool:
+        b = self.broker.image.brokers.get(broker_id)
+        return b is not None and b.alive
+
+    async def run(self) -> None:
+        lag_s = self.broker.config.replica_lag_time_max_ms / 1000
+        period = min(1.0, lag_s / 4)
+        while True:
+            await asyncio.sleep(period)
+            if not self.broker.ready:
+                continue
+            for part in list(self.broker.partitions.partitions.values()):
+                new = part.isr_change(lag_s, self._alive)
+                if new is not None:
+                    self.propose(part, new)
+
+    def propose(self, part: Partition, new_isr: list[int]) -> None:
+        part.pending_isr = new_isr
+        asyncio.get_running_loop().create_task(self._send(part, new_isr))
+
+    async def _send(self, part: Partition, new_isr: list[int]) -> None:
+        grew = len(new_isr) > len(part.isr)
+        try:
+            await self.broker.controller.call(
+                "alter_partition",
+                {
+                    "broker": self.broker.node_id,
+                    "topic": part.topic,
+                    "index": part.index,
+                    "leader_epoch": part.leader_epoch,
+                    "partition_epoch": part.partition_epoch,
+                    "isr": new_isr,
+                },
+                within_s=5.0,
+            )
+            if grew:
+                self.expands += 1
+            else:
+                self.shrinks += 1
+            log.info(
+                "ISR changed",
+                extra={"partition": f"{part.topic}-{part.index}", "isr": new_isr},
+            )
+        except ControllerError as e:
+            log.info(
+                "ISR change refused",
+                extra={"partition": f"{part.topic}-{part.index}", "reason": e.message},
+            )
+            if part.pending_isr == new_isr:
+                part.pending_isr = None

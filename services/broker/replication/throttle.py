@@ -1,0 +1,39 @@
+"""The reassignment throttle: bytes/s a leader sends to replicas a reassignment is
+adding (the cluster config `replication.throttled.rate`; -1 = unthrottled). Replicas
+already in the replica set are never throttled, as in Kafka."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..broker import Broker
+
+
+class ReplicationThrottle:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self._tokens = 0.0
+        self._stamp = time.monotonic()
+        self.throttled_bytes = 0
+
+    def _rate(self, topic: str, index: int, replica: int) -> int:
+        p = self.broker.image.partition(topic, index)
+        if p is None or replica not in p.adding:
+            return -1
+        return int(self.broker.image.cluster_configs.get("replication.throttled.rate", "-1"))
+
+    def allowance(self, topic: str, index: int, replica: int, want: int) -> int:
+        rate = self._rate(topic, index, replica)
+        if rate <= 0:
+            return want
+        now = time.monotonic()
+        self._tokens = min(float(rate), self._tokens + (now - self._stamp) * rate)
+        self._stamp = now
+        return min(want, int(self._tokens))
+
+    def spent(self, topic: str, index: int, replica: int, size: int) -> None:
+        if self._rate(topic, index, replica) > 0:
+            self._tokens -= size
+            self.throttled_bytes += size

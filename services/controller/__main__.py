@@ -1,0 +1,93 @@
+"""`strait-controller`: run one voter of the metadata quorum in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+
+import uvloop
+
+from straitmq import logs
+
+from .active import ControllerSettings
+from .node import ControllerNode
+from .quorum import parse_voters
+from .raft.core import RaftConfig
+
+
+def build(argv: list[str] | None = None) -> ControllerNode:
+    p = argparse.ArgumentParser(
+        prog="strait-controller", description="Run one voter of the StraitMQ controller quorum."
+    )
+    p.add_argument("--node-id", type=int, required=True)
+    p.add_argument(
+        "--voters", required=True, help="all voters: 1@127.0.0.1:9093,2@127.0.0.1:9094,..."
+    )
+    p.add_argument("--cluster-id", required=True)
+    p.add_argument("--data-dir", required=True)
+    p.add_argument("--listen", default=None, help="host:port (default: this node's voter address)")
+    p.add_argument("--election-timeout-ms", type=int, default=1000)
+    p.add_argument("--fetch-timeout-ms", type=int, default=2000)
+    p.add_argument("--broker-session-timeout-ms", type=int, default=9000)
+    p.add_argument("--leader-rebalance-interval-ms", type=int, default=30_000)
+    p.add_argument("--no-auto-leader-rebalance", action="store_true")
+    p.add_argument("--default-partitions", type=int, default=1)
+    p.add_argument("--default-replication-factor", type=int, default=1)
+    p.add_argument("--log-level", default=os.environ.get("STRAIT_LOG_LEVEL", "warning"))
+    a = p.parse_args(argv)
+    logs.setup(a.log_level)
+    try:
+        voters = parse_voters(a.voters)
+    except ValueError as e:
+        p.error(str(e))
+    if a.node_id not in voters:
+        p.error(f"--node-id {a.node_id} is not one of the --voters {sorted(voters)}")
+    listen = a.listen or voters[a.node_id].removeprefix("http://")
+    host, _, port = listen.rpartition(":")
+    return ControllerNode(
+        a.node_id,
+        voters,
+        a.data_dir,
+        ControllerSettings(
+            cluster_id=a.cluster_id,
+            session_timeout_ms=a.broker_session_timeout_ms,
+            leader_rebalance_interval_ms=a.leader_rebalance_interval_ms,
+            auto_leader_rebalance=not a.no_auto_leader_rebalance,
+            default_partitions=a.default_partitions,
+            default_replication_factor=a.default_replication_factor,
+        ),
+        RaftConfig(election_timeout_ms=a.election_timeout_ms, fetch_timeout_ms=a.fetch_timeout_ms),
+        host or "127.0.0.1",
+        int(port),
+    )
+
+
+async def run(node: ControllerNode) -> None:
+    await node.start()
+    print(
+        f"StraitMQ controller {node.quorum.node_id} ready on {node.host}:{node.port}",
+        file=sys.stderr,
+        flush=True,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await node.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    node = build(argv)
+    try:
+        uvloop.run(run(node))
+    except OSError as e:
+        print(f"strait-controller: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,389 @@
+"""The active controller: the Raft leader's duties.
+
+Every request becomes metadata records through `operations`; they take effect when the
+quorum commits them. Requests are serialized by one lock and each waits for its commit,
+so validation always sees every earlier change. Broker sessions (heartbeat deadlines)
+live only in memory: a new active controller gives every broker a fresh session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from straitmq.metadata.image import NO_LEADER, MetadataImage, Record
+
+from . import errors as E
+from . import operations as ops
+from .election import on_broker_leaving, on_broker_returning, preferred_leader_changes
+from .errors import ControllerError, NotController
+from .quorum import Quorum
+
+log = logging.getLogger("straitmq.controller")
+
+
+@dataclass
+class ControllerSettings:
+    cluster_id: str
+    session_timeout_ms: int = 9000
+    leader_rebalance_interval_ms: int = 30_000
+    auto_leader_rebalance: bool = True
+    default_partitions: int = 1
+    default_replication_factor: int = 1
+
+
+def _mono() -> float:
+    return time.monotonic()
+
+
+class ActiveController:
+    def __init__(self, quorum: Quorum, settings: ControllerSettings) -> None:
+        self.quorum = quorum
+        self.settings = settings
+        self.active = False
+        self._lock = asyncio.Lock()
+        self._sessions: dict[int, float] = {}  # broker id -> session deadline (monotonic)
+        self._caught_up_at: dict[int, int] = {}  # broker id -> metadata offset to unfence
+        self._task: asyncio.Task | None = None
+        self._activation: asyncio.Task | None = None
+        quorum.leader_listeners.append(self._on_leadership)
+
+    @property
+    def image(self) -> MetadataImage:
+        return self.quorum.image
+
+    async def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._housekeeping())
+        self._on_leadership()
+
+    async def stop(self) -> None:
+        for t in (self._task, self._activation):
+            if t is not None:
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+
+    # -- becoming active -------------------------------------------------------------
+
+    def _on_leadership(self) -> None:
+        self.active = False
+        if self.quorum.is_leader and (self._activation is None or self._activation.done()):
+            self._activation = asyncio.get_running_loop().create_task(self._activate())
+
+    async def _activate(self) -> None:
+        """Wait until everything before our epoch is committed and applied, then serve."""
+        try:
+            await self.quorum.propose([])
+            if not self.image.cluster_id:
+                await self.quorum.propose(
+                    [{"type": "cluster", "cluster_id": self.settings.cluster_id}]
+                )
+        except ControllerError:
+            return
+        deadline = _mono() + self.settings.session_timeout_ms / 1000
+        self._sessions = {b: deadline for b in self.image.brokers}
+        self._caught_up_at = {}
+        self.active = self.quorum.is_leader
+        if self.active:
+            log.info("active controller", extra={"epoch": self.quorum.node.epoch})
+
+    def _check_active(self) -> None:
+        if not self.active or not self.quorum.is_leader:
+            raise NotController(self.quorum.leader_id)
+
+    async def _commit(self, build: Callable[[MetadataImage], list[Record]]) -> int:
+        """Build records from the current image under the lock and wait for the commit."""
+        async with self._lock:
+            self._check_active()
+            records = build(self.image)
+            if not records:
+                return self.image.offset
+            return await self.quorum.propose(records)
+
+    # -- brokers ---------------------------------------------------------------------
+
+    async def register_broker(self, req: dict) -> dict:
+        bid = int(req["id"])
+
+        def build(image: MetadataImage) -> list[Record]:
+            if req.get("cluster_id") != image.cluster_id:
+                raise ControllerError(
+                    E.INCONSISTENT_CLUSTER_ID,
+                    f"broker {bid} has cluster id {req.get('cluster_id')!r} but this cluster "
+                    f"is {image.cluster_id!r}; point it at the right controllers or wipe "
+                    "its data directory",
+                )
+            old = image.brokers.get(bid)
+            # A restart reuses its listener address, so the old process is gone; a live
+            # session with another address is a second process claiming the same id.
+            if (
+                old is not None
+                and old.incarnation != req["incarnation"]
+                and (old.host, old.port) != (req["host"], int(req["port"]))
+                and not old.fenced
+                and self._sessions.get(bid, 0) > _mono()
+            ):
+                raise ControllerError(
+                    E.DUPLICATE_BROKER_REGISTRATION,
+                    f"node id {bid} is already registered by a live broker at "
+                    f"{old.host}:{old.port}; every broker needs its own node id",
+                )
+            rec = {
+                "type": "register_broker",
+                "id": bid,
+                "incarnation": req["incarnation"],
+                "host": req["host"],
+                "port": int(req["port"]),
+                "http_port": int(req["http_port"]),
+                "rack": req.get("rack"),
+            }
+            # A restarted broker comes back fenced: its old leaderships move first.
+            return [rec, *on_broker_leaving(image, bid)] if old is not None else [rec]
+
+        offset = await self._commit(build)
+        self._sessions[bid] = _mono() + self.settings.session_timeout_ms / 1000
+        self._caught_up_at[bid] = offset
+        return {"metadata_offset": offset}
+
+    async def heartbeat(self, req: dict) -> dict:
+        self._check_active()
+        bid = int(req["id"])
+        b = self.image.brokers.get(bid)
+        if b is None or b.incarnation != req["incarnation"]:
+            raise ControllerError(E.STALE_BROKER_EPOCH, f"broker {bid} must register again")
+        self._sessions[bid] = _mono() + self.settings.session_timeout_ms / 1000
+        offset = int(req.get("metadata_offset", -1))
+        target = self._caught_up_at.setdefault(bid, self.image.offset)
+        if req.get("want_shutdown"):
+            if not b.shutting_down:
+
+                def build_shutdown(image: MetadataImage) -> list[Record]:
+                    return [{"type": "broker_shutdown", "id": bid}, *on_broker_leaving(image, bid)]
+
+                await self._commit(build_shutdown)
+        elif b.fenced and offset >= target:
+
+            def build_unfence(image: MetadataImage) -> list[Record]:
+                if not image.brokers[bid].fenced:
+                    return []
+                return [{"type": "unfence_broker", "id": bid}, *on_broker_returning(image, bid)]
+
+            await self._commit(build_unfence)
+        b = self.image.brokers[bid]
+        leads = sum(1 for t in self.image.topics.values() for p in t.partitions if p.leader == bid)
+        return {
+            "fenced": b.fenced,
+            "shutting_down": b.shutting_down,
+            "shutdown_ok": b.shutting_down and leads == 0,
+            "metadata_offset": self.image.offset,
+        }
+
+    async def _fence_expired(self) -> None:
+        now = _mono()
+        for bid, deadline in list(self._sessions.items()):
+            b = self.image.brokers.get(bid)
+            if b is None or deadline > now or b.fenced:
+                continue
+            log.warning("fencing broker: session expired", extra={"broker": bid})
+
+            def build(image: MetadataImage, bid: int = bid) -> list[Record]:
+                if image.brokers[bid].fenced:
+                    return []
+                return [{"type": "fence_broker", "id": bid}, *on_broker_leaving(image, bid)]
+
+            await self._commit(build)
+
+    async def _housekeeping(self) -> None:
+        last_rebalance = _mono()
+        while True:
+            await asyncio.sleep(0.25)
+            if not self.active:
+                continue
+            try:
+                await self._fence_expired()
+                interval = self.settings.leader_rebalance_interval_ms / 1000
+                if self.settings.auto_leader_rebalance and _mono() - last_rebalance > interval:
+                    last_rebalance = _mono()
+                    await self._commit(preferred_leader_changes)
+            except ControllerError as e:
+                log.info("housekeeping skipped", extra={"reason": e.message})
+
+    # -- topics ----------------------------------------------------------------------
+
+    async def create_topic(self, req: dict) -> dict:
+        def build(image: MetadataImage) -> list[Record]:
+            records = ops.create_topic(
+                image,
+                req["name"],
+                int(req.get("partitions", -1)),
+                int(req.get("replication_factor", -1)),
+                req.get("configs") or {},
+                self.settings.default_partitions,
+                self.settings.default_replication_factor,
+                req.get("assignments"),
+                bool(req.get("internal", False)),
+            )
+            return [] if req.get("validate_only") else records
+
+        return {"offset": await self._commit(build)}
+
+    async def delete_topic(self, req: dict) -> dict:
+        return {"offset": await self._commit(lambda image: ops.delete_topic(image, req["name"]))}
+
+    async def create_partitions(self, req: dict) -> dict:
+        def build(image: MetadataImage) -> list[Record]:
+            records = ops.create_partitions(
+                image, req["name"], int(req["count"]), req.get("assignments")
+            )
+            return [] if req.get("validate_only") else records
+
+        return {"offset": await self._commit(build)}
+
+    async def alter_configs(self, req: dict) -> dict:
+        def build(image: MetadataImage) -> list[Record]:
+            records = ops.alter_configs(image, req["name"], req["changes"])
+            return [] if req.get("validate_only") else records
+
+        return {"offset": await self._commit(build)}
+
+    async def alter_cluster_configs(self, req: dict) -> dict:
+        return {
+            "offset": await self._commit(lambda image: ops.alter_cluster_configs(req["changes"]))
+        }
+
+    async def allocate_producer_ids(self, req: dict) -> dict:
+        start = 0
+
+        def build(image: MetadataImage) -> list[Record]:
+            nonlocal start
+            start, records = ops.allocate_producer_ids(image)
+            return records
+
+        offset = await self._commit(build)
+        return {"start": start, "count": ops.PRODUCER_ID_BLOCK, "offset": offset}
+
+    # -- partitions ------------------------------------------------------------------
+
+    async def alter_partition(self, req: dict) -> dict:
+        name, index = req["topic"], int(req["index"])
+        offset = await self._commit(
+            lambda image: ops.alter_partition(
+                image,
+                int(req["broker"]),
+                name,
+                index,
+                int(req["leader_epoch"]),
+                int(req["partition_epoch"]),
+                [int(r) for r in req["isr"]],
+            )
+        )
+        p = self.image.topics[name].partitions[index]
+        return {
+            "offset": offset,
+            "leader": p.leader,
+            "leader_epoch": p.leader_epoch,
+            "partition_epoch": p.partition_epoch,
+            "isr": p.isr,
+        }
+
+    async def reassign(self, req: dict) -> dict:
+        """{"partitions": [{"topic", "index", "replicas": [ids] | null}]}: all or nothing."""
+
+        def build(image: MetadataImage) -> list[Record]:
+            records: list[Record] = []
+            for item in req["partitions"]:
+                target = item.get("replicas")
+                records += ops.reassign(
+                    image,
+                    item["topic"],
+                    int(item["index"]),
+                    [int(r) for r in target] if target is not None else None,
+                )
+            return records
+
+        return {"offset": await self._commit(build)}
+
+    def list_reassignments(self) -> dict:
+        out = []
+        for t in self.image.topics.values():
+            for i, p in enumerate(t.partitions):
+                if p.adding or p.removing:
+                    out.append(
+                        {
+                            "topic": t.name,
+                            "index": i,
+                            "replicas": p.replicas,
+                            "adding": p.adding,
+                            "removing": p.removing,
+                            "isr": p.isr,
+                        }
+                    )
+        return {"reassignments": out}
+
+    async def elect_preferred(self, req: dict) -> dict:
+        return {"offset": await self._commit(preferred_leader_changes)}
+
+    def describe(self) -> dict:
+        """Brokers and partition health as the active controller sees them."""
+        image = self.image
+        offline = under = 0
+        for t in image.topics.values():
+            for p in t.partitions:
+                if p.leader == NO_LEADER:
+                    offline += 1
+                elif len(p.isr) < len(p.replicas):
+                    under += 1
+        return {
+            "cluster_id": image.cluster_id,
+            "active": self.active,
+            "brokers": [
+                {
+                    "id": b.id,
+                    "host": b.host,
+                    "port": b.port,
+                    "http_port": b.http_port,
+                    "rack": b.rack,
+                    "fenced": b.fenced,
+                    "shutting_down": b.shutting_down,
+                }
+                for b in sorted(image.brokers.values(), key=lambda b: b.id)
+            ],
+            "offline_partitions": offline,
+            "under_replicated_partitions": under,
+        }
+
+
+Handler = Callable[[dict], Awaitable[dict]]
+
+
+def handlers(c: ActiveController) -> dict[str, Handler]:
+    """The controller RPCs by name, for the HTTP API and the in-process client."""
+
+    async def list_reassignments(req: dict) -> dict:
+        c._check_active()
+        return c.list_reassignments()
+
+    async def describe(req: dict) -> dict:
+        return c.describe()
+
+    table: dict[str, Any] = {
+        "register": c.register_broker,
+        "heartbeat": c.heartbeat,
+        "create_topic": c.create_topic,
+        "delete_topic": c.delete_topic,
+        "create_partitions": c.create_partitions,
+        "alter_configs": c.alter_configs,
+        "alter_cluster_configs": c.alter_cluster_configs,
+        "allocate_producer_ids": c.allocate_producer_ids,
+        "alter_partition": c.alter_partition,
+        "reassign": c.reassign,
+        "list_reassignments": list_reassignments,
+        "elect_preferred": c.elect_preferred,
+        "describe": describe,
+    }
+    return table

@@ -1,0 +1,84 @@
+"""Calls to the active controller from brokers and tools, wherever it is.
+
+Tries the known leader, follows NOT_CONTROLLER redirects, walks the voters when nobody
+is known, and gives up after a deadline with REQUEST_TIMED_OUT. A combined node passes
+its own handlers so calls to itself skip HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+import orjson
+
+from . import errors as E
+from .errors import ControllerError
+
+Handler = Callable[[dict], Awaitable[dict]]
+
+
+class ControllerClient:
+    def __init__(
+        self,
+        voters: dict[int, str],
+        leader_hint: Callable[[], int | None] = lambda: None,
+        local: tuple[Callable[[], bool], dict[str, Handler]] | None = None,
+    ) -> None:
+        self.voters = voters
+        self.leader_hint = leader_hint
+        self.local = local
+        self._hint: int | None = None
+        self._order = itertools.cycle(sorted(voters))
+        self._session: aiohttp.ClientSession | None = None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def call(self, op: str, body: dict, within_s: float = 15.0) -> dict:
+        if self.local is not None and self.local[0]():
+            try:
+                return await self.local[1][op](body)
+            except E.NotController:
+                pass
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        deadline = time.monotonic() + within_s
+        last = "no controller answered"
+        while time.monotonic() < deadline:
+            target = self._hint if self._hint in self.voters else self.leader_hint()
+            if target not in self.voters:
+                target = next(self._order)
+            try:
+                async with self._session.post(
+                    f"{self.voters[target]}/controller/{op}",
+                    data=orjson.dumps(body),
+                    headers={"content-type": "application/json"},
+                    timeout=aiohttp.ClientTimeout(total=max(1.0, deadline - time.monotonic())),
+                ) as resp:
+                    reply = orjson.loads(await resp.read())
+                    if resp.status == 200:
+                        self._hint = target
+                        return reply
+                    if resp.status == 409:
+                        self._hint = reply.get("leader_id")
+                        last = reply.get("message", "not the active controller")
+                        if self._hint is None or self._hint == target:
+                            self._hint = None
+                            await asyncio.sleep(0.1)
+                        continue
+                    raise ControllerError(
+                        int(reply.get("error_code", E.INVALID_REQUEST)),
+                        reply.get("message", f"controller answered {resp.status}"),
+                    )
+            except (aiohttp.ClientError, TimeoutError, OSError, orjson.JSONDecodeError) as e:
+                last = f"controller {target}: {e or type(e).__name__}"
+                self._hint = None
+                await asyncio.sleep(0.1)
+        raise ControllerError(
+            E.REQUEST_TIMED_OUT, f"no active controller answered within {within_s:.0f}s ({last})"
+        )

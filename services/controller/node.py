@@ -1,0 +1,82 @@
+"""One controller process: a voter of the metadata quorum, active when it leads."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from aiohttp import web
+
+from .active import ActiveController, ControllerSettings
+from .http_api import add_routes
+from .quorum import Quorum
+from .raft.core import RaftConfig
+
+log = logging.getLogger("straitmq.controller")
+EXIT_CONFIG = 78
+
+
+class ControllerNode:
+    def __init__(
+        self,
+        node_id: int,
+        voters: dict[int, str],
+        data_dir: str,
+        settings: ControllerSettings,
+        raft_config: RaftConfig | None = None,
+        host: str = "127.0.0.1",
+        port: int = 9093,
+    ) -> None:
+        if node_id not in voters:
+            raise ValueError(f"controller {node_id} is not among the voters {sorted(voters)}")
+        self.host, self.port = host, port
+        self.quorum = Quorum(node_id, voters, data_dir, raft_config)
+        self.active = ActiveController(self.quorum, settings)
+        self.quorum.listeners.append(self._check_cluster_id)
+        self._runner: web.AppRunner | None = None
+
+    def _check_cluster_id(self, offset: int, records: list, reset: bool) -> None:
+        have = self.quorum.image.cluster_id
+        if have and have != self.active.settings.cluster_id:
+            log.error(
+                "wrong cluster id",
+                extra={"configured": self.active.settings.cluster_id, "metadata_log": have},
+            )
+            print(
+                f"strait-controller: this quorum belongs to cluster {have!r}, but this node "
+                f"was started with --cluster-id {self.active.settings.cluster_id!r}",
+                file=sys.stderr,
+            )
+            sys.stderr.flush()
+            import os
+
+            os._exit(EXIT_CONFIG)
+
+    async def start(self) -> None:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+
+        async def healthz(request: web.Request) -> web.Response:
+            return web.json_response({"status": "ok"})
+
+        async def readyz(request: web.Request) -> web.Response:
+            ok = self.quorum.leader_id is not None
+            return web.json_response(
+                {"ready": ok, "leader_id": self.quorum.leader_id}, status=200 if ok else 503
+            )
+
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/readyz", readyz)
+        add_routes(app, self)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        await site.start()
+        await self.quorum.start()
+        await self.active.start()
+        log.info("controller started", extra={"node": self.quorum.node_id, "port": self.port})
+
+    async def stop(self) -> None:
+        await self.active.stop()
+        await self.quorum.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()

@@ -1,0 +1,278 @@
+"""The active controller's decisions: a request and the current image in, metadata
+records out (or a ControllerError). Pure functions, no I/O: the quorum commits the
+records and every node applies them to its image.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from straitmq.metadata.image import NO_LEADER, MetadataImage, PartitionImage, Record, TopicImage
+from straitmq.metadata.topic_config import validate_topic_configs
+
+from . import errors as E
+from .election import elect, unclean_allowed
+from .errors import ControllerError, check_topic_name
+from .placement import place
+
+MAX_PARTITIONS = 10_000
+PRODUCER_ID_BLOCK = 1000
+CLUSTER_CONFIGS = {
+    # bytes/s a leader sends to replicas that a reassignment is adding; -1 = unthrottled
+    "replication.throttled.rate": -1,
+}
+
+
+def _topic(image: MetadataImage, name: str) -> TopicImage:
+    t = image.topics.get(name)
+    if t is None:
+        raise ControllerError(E.UNKNOWN_TOPIC_OR_PARTITION, f"topic '{name}' does not exist")
+    return t
+
+
+def _partition(image: MetadataImage, name: str, index: int) -> tuple[TopicImage, PartitionImage]:
+    t = _topic(image, name)
+    if not 0 <= index < len(t.partitions):
+        raise ControllerError(
+            E.UNKNOWN_TOPIC_OR_PARTITION, f"topic '{name}' has no partition {index}"
+        )
+    return t, t.partitions[index]
+
+
+def _placement_start(image: MetadataImage) -> int:
+    return sum(len(t.partitions) for t in image.topics.values())
+
+
+def _partition_records(
+    name: str, first: int, assignments: list[list[int]], alive: set[int]
+) -> list[Record]:
+    out = []
+    for i, replicas in enumerate(assignments, start=first):
+        isr = [r for r in replicas if r in alive]
+        out.append(
+            {
+                "type": "partition",
+                "topic": name,
+                "index": i,
+                "replicas": replicas,
+                "isr": isr,
+                "leader": isr[0] if isr else NO_LEADER,
+            }
+        )
+    return out
+
+
+def _check_assignments(image: MetadataImage, assignments: list[list[int]]) -> None:
+    for replicas in assignments:
+        if not replicas:
+            raise ControllerError(E.INVALID_REPLICA_ASSIGNMENT, "a replica list is empty")
+        if len(set(replicas)) != len(replicas):
+            raise ControllerError(
+                E.INVALID_REPLICA_ASSIGNMENT, f"replica list {replicas} repeats a broker"
+            )
+        for r in replicas:
+            if r not in image.brokers:
+                raise ControllerError(
+                    E.INVALID_REPLICA_ASSIGNMENT, f"broker {r} does not exist in this cluster"
+                )
+
+
+def create_topic(
+    image: MetadataImage,
+    name: str,
+    partitions: int,
+    replication_factor: int,
+    configs: dict[str, str | None],
+    default_partitions: int = 1,
+    default_replication_factor: int = 1,
+    assignments: list[list[int]] | None = None,
+    internal: bool = False,
+) -> list[Record]:
+    check_topic_name(name)
+    if name in image.topics:
+        raise ControllerError(E.TOPIC_ALREADY_EXISTS, f"topic '{name}' already exists")
+    problem = validate_topic_configs(configs)
+    if problem:
+        raise ControllerError(E.INVALID_CONFIG, problem)
+    live = image.live_brokers()
+    if assignments:
+        _check_assignments(image, assignments)
+        if len({len(a) for a in assignments}) != 1:
+            raise ControllerError(
+                E.INVALID_REPLICA_ASSIGNMENT, "every partition needs the same number of replicas"
+            )
+    else:
+        if partitions == -1:
+            partitions = default_partitions
+        if not 1 <= partitions <= MAX_PARTITIONS:
+            raise ControllerError(
+                E.INVALID_PARTITIONS, f"partitions must be between 1 and {MAX_PARTITIONS}"
+            )
+        if replication_factor == -1:
+            replication_factor = default_replication_factor
+        assignments = place(live, partitions, replication_factor, 0, _placement_start(image))
+    records: list[Record] = [
+        {
+            "type": "topic",
+            "name": name,
+            "topic_id": str(uuid.uuid4()),
+            "configs": {k: v for k, v in configs.items() if v is not None},
+            "internal": internal,
+        }
+    ]
+    return records + _partition_records(name, 0, assignments, {b.id for b in live})
+
+
+def create_partitions(
+    image: MetadataImage, name: str, count: int, assignments: list[list[int]] | None = None
+) -> list[Record]:
+    t = _topic(image, name)
+    have = len(t.partitions)
+    if count <= have:
+        raise ControllerError(
+            E.INVALID_PARTITIONS,
+            f"topic '{name}' has {have} partitions; the new count must be larger "
+            "(partitions never shrink)",
+        )
+    if count > MAX_PARTITIONS:
+        raise ControllerError(E.INVALID_PARTITIONS, f"at most {MAX_PARTITIONS} partitions")
+    live = image.live_brokers()
+    if assignments:
+        if len(assignments) != count - have:
+            raise ControllerError(
+                E.INVALID_REPLICA_ASSIGNMENT,
+                f"{count - have} new partitions but {len(assignments)} replica lists",
+            )
+        _check_assignments(image, assignments)
+    else:
+        assignments = place(
+            live, count - have, t.replication_factor, have, _placement_start(image)
+        )
+    return _partition_records(name, have, assignments, {b.id for b in live})
+
+
+def delete_topic(image: MetadataImage, name: str) -> list[Record]:
+    _topic(image, name)
+    return [{"type": "remove_topic", "name": name}]
+
+
+def alter_configs(
+    image: MetadataImage, name: str, changes: dict[str, str | None]
+) -> list[Record]:
+    _topic(image, name)
+    problem = validate_topic_configs(changes)
+    if problem:
+        raise ControllerError(E.INVALID_CONFIG, problem)
+    return [{"type": "config", "name": name, "changes": changes}] if changes else []
+
+
+def alter_cluster_configs(changes: dict[str, str | None]) -> list[Record]:
+    for key, value in changes.items():
+        if key not in CLUSTER_CONFIGS:
+            raise ControllerError(
+                E.INVALID_CONFIG,
+                f"unknown cluster config '{key}' (known: {', '.join(CLUSTER_CONFIGS)})",
+            )
+        if value is not None:
+            try:
+                n = int(value)
+            except ValueError:
+                n = -2
+            if n < -1 or n == 0:
+                raise ControllerError(
+                    E.INVALID_CONFIG, f"{key} must be a positive number of bytes/s or -1"
+                )
+    return [{"type": "cluster_config", "changes": changes}] if changes else []
+
+
+def allocate_producer_ids(image: MetadataImage) -> tuple[int, list[Record]]:
+    start = image.next_producer_id
+    return start, [{"type": "producer_ids", "next": start + PRODUCER_ID_BLOCK}]
+
+
+# -- ISR changes and reassignment ------------------------------------------------------
+
+
+def _finish_if_complete(
+    image: MetadataImage, t: TopicImage, p: PartitionImage, isr: list[int], rec: Record
+) -> None:
+    """A reassignment ends once every target replica is in the ISR: the leaving replicas
+    drop out of the replica set and, if one of them led, the leadership moves."""
+    if not p.adding and not p.removing:
+        return
+    target = [r for r in p.replicas if r not in p.removing]
+    if not all(r in isr for r in target):
+        return
+    new_isr = [r for r in isr if r in target]
+    rec.update(replicas=target, isr=new_isr, adding=[], removing=[])
+    if p.leader not in target:
+        alive = {b.id for b in image.live_brokers()}
+        shadow = PartitionImage(target, new_isr, p.leader)
+        rec["leader"], rec["isr"] = elect(shadow, new_isr, alive, unclean_allowed(t))
+
+
+def alter_partition(
+    image: MetadataImage,
+    broker: int,
+    name: str,
+    index: int,
+    leader_epoch: int,
+    partition_epoch: int,
+    new_isr: list[int],
+) -> list[Record]:
+    t, p = _partition(image, name, index)
+    if p.leader != broker or leader_epoch != p.leader_epoch:
+        raise ControllerError(
+            E.FENCED_LEADER_EPOCH,
+            f"broker {broker} at leader epoch {leader_epoch} is not the leader of "
+            f"{name}-{index} (leader {p.leader}, epoch {p.leader_epoch})",
+        )
+    if partition_epoch != p.partition_epoch:
+        raise ControllerError(
+            E.INVALID_UPDATE_VERSION,
+            f"{name}-{index} is at partition epoch {p.partition_epoch}, not {partition_epoch}",
+        )
+    if broker not in new_isr or any(r not in p.replicas for r in new_isr):
+        raise ControllerError(
+            E.INVALID_REQUEST, f"ISR {new_isr} must hold the leader and only replicas"
+        )
+    alive = {b.id for b in image.live_brokers()}
+    for r in new_isr:
+        if r not in p.isr and r not in alive:
+            raise ControllerError(
+                E.INVALID_REQUEST, f"broker {r} is fenced or shutting down; it cannot join"
+            )
+    rec: Record = {"type": "partition_change", "topic": name, "index": index, "isr": new_isr}
+    _finish_if_complete(image, t, p, new_isr, rec)
+    return [rec]
+
+
+def reassign(
+    image: MetadataImage, name: str, index: int, target: list[int] | None
+) -> list[Record]:
+    """Start (target) or cancel (None) moving a partition to other brokers."""
+    t, p = _partition(image, name, index)
+    original = [r for r in p.replicas if r not in p.adding]
+    rec: Record = {"type": "partition_change", "topic": name, "index": index}
+    if target is None:
+        if not p.adding and not p.removing:
+            raise ControllerError(
+                E.NO_REASSIGNMENT_IN_PROGRESS, f"{name}-{index} is not being reassigned"
+            )
+        isr = [r for r in p.isr if r in original] or p.isr
+        rec.update(replicas=original, isr=isr, adding=[], removing=[])
+        if p.leader not in original:
+            alive = {b.id for b in image.live_brokers()}
+            shadow = PartitionImage(original, isr, p.leader)
+            rec["leader"], rec["isr"] = elect(shadow, isr, alive, unclean_allowed(t))
+        return [rec]
+    _check_assignments(image, [target])
+    if target == p.replicas and not p.adding and not p.removing:
+        return []
+    adding = [r for r in target if r not in original]
+    removing = [r for r in original if r not in target]
+    replicas = list(target) + removing
+    shadow = PartitionImage(replicas, p.isr, p.leader, adding=adding, removing=removing)
+    rec.update(replicas=replicas, adding=adding, removing=removing)
+    _finish_if_complete(image, t, shadow, p.isr, rec)
+    return [rec]

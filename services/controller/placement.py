@@ -1,0 +1,52 @@
+"""Replica placement: spread replicas and leaders evenly, across racks when there are racks.
+
+Kafka's scheme: brokers in a rack-alternating order; partition p's first replica (its
+preferred leader) is broker (start + p) mod n, and the followers come after it with a
+shift that grows every n partitions, so a topic's replicas spread over every pair.
+`start` moves with the cluster's partition count so leaders of successive topics do not
+all begin on the same broker.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from straitmq.metadata.image import BrokerImage
+
+from .errors import INVALID_REPLICATION_FACTOR, ControllerError
+
+
+def rack_alternated(brokers: list[BrokerImage]) -> list[int]:
+    """Broker ids ordered r1-b1, r2-b1, r3-b1, r1-b2, ... (ids sorted within a rack)."""
+    by_rack: dict[str, list[int]] = defaultdict(list)
+    for b in sorted(brokers, key=lambda b: b.id):
+        by_rack[b.rack or ""].append(b.id)
+    racks = [by_rack[r] for r in sorted(by_rack)]
+    out: list[int] = []
+    for i in range(max((len(r) for r in racks), default=0)):
+        out.extend(r[i] for r in racks if i < len(r))
+    return out
+
+
+def place(
+    brokers: list[BrokerImage], partitions: int, rf: int, first: int, start: int
+) -> list[list[int]]:
+    """Replica lists for partitions first..first+partitions-1 of a topic."""
+    if rf < 1:
+        raise ControllerError(INVALID_REPLICATION_FACTOR, "replication factor must be at least 1")
+    if rf > len(brokers):
+        raise ControllerError(
+            INVALID_REPLICATION_FACTOR,
+            f"replication factor {rf} is larger than the {len(brokers)} available broker(s)",
+        )
+    ids = rack_alternated(brokers)
+    n = len(ids)
+    out = []
+    for p in range(first, first + partitions):
+        shift = p // n
+        head = (start + p) % n
+        replicas = [ids[head]]
+        for j in range(rf - 1):
+            replicas.append(ids[(head + 1 + (shift + j) % (n - 1)) % n])
+        out.append(replicas)
+    return out

@@ -1,0 +1,273 @@
+"""The asyncio shell around the sans-IO Raft node: disk, HTTP transport, timers, and the
+metadata image built from what commits.
+
+Transport is request/response over HTTP: a request message (Fetch, Vote, ...) is POSTed
+to the peer's `/raft`; the peer steps it and answers with the response message its node
+produces for that sender (a parked long-poll Fetch answers when the node releases it).
+Voters and observers (brokers following the metadata log) use the same shell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import orjson
+from straitmq.metadata.image import MetadataImage, Record
+
+from .errors import REQUEST_TIMED_OUT, ControllerError, NotController
+from .raft import messages as M
+from .raft.core import NotLeader, RaftConfig, RaftNode
+from .raft.storage import FileStorage, Snapshot
+
+log = logging.getLogger("straitmq.quorum")
+
+TICK_S = 0.02
+SNAPSHOT_EVERY = 2000  # applied entries between metadata snapshots
+RESPONSE_OF = {
+    "FetchRequest": "FetchResponse",
+    "FetchSnapshotRequest": "FetchSnapshotResponse",
+    "VoteRequest": "VoteResponse",
+    "BeginQuorumEpoch": "BeginQuorumEpochResponse",
+    "EndQuorumEpoch": "EndQuorumEpochResponse",
+}
+# Listener(offset, records, reset): reset=True means the image was replaced by a snapshot.
+Listener = Callable[[int, list[Record], bool], None]
+
+
+def now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+def parse_voters(spec: str) -> dict[int, str]:
+    """'1@127.0.0.1:9093,2@host:9093' -> {1: 'http://127.0.0.1:9093', ...}"""
+    voters: dict[int, str] = {}
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        node, _, addr = part.partition("@")
+        if not node.isdigit() or ":" not in addr:
+            raise ValueError(f"voter '{part}' is not of the form <id>@<host>:<port>")
+        voters[int(node)] = f"http://{addr}"
+    if not voters:
+        raise ValueError("no controller voters given")
+    return voters
+
+
+class Quorum:
+    def __init__(
+        self,
+        node_id: int,
+        voters: dict[int, str],
+        data_dir: str,
+        config: RaftConfig | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.voters = voters
+        self.config = config or RaftConfig()
+        self.storage = FileStorage(os.path.join(data_dir, "metadata-raft"))
+        self.node = RaftNode(
+            node_id, frozenset(voters), self.storage, self.config, random.Random(), now_ms()
+        )
+        self.image = MetadataImage()
+        self.listeners: list[Listener] = []
+        self.leader_listeners: list[Callable[[], None]] = []
+        self._applied_since_snapshot = 0
+        self._commit_waiters: dict[int, tuple[int, asyncio.Future[None]]] = {}
+        self._reply_waiters: dict[tuple[int, str], deque[asyncio.Future[Any]]] = defaultdict(
+            deque
+        )
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._ticker: asyncio.Task | None = None
+        self._was_leader = False
+        self.closed = False
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None),
+            connector=aiohttp.TCPConnector(limit_per_host=8),
+        )
+        self._pump()
+        self._ticker = asyncio.get_running_loop().create_task(self._tick_loop())
+
+    async def stop(self, resign: bool = True) -> None:
+        if resign and self.node.is_leader:
+            self.node.resign(now_ms())
+            self._pump()
+            await asyncio.sleep(0.05)  # let EndQuorumEpoch go out
+        self.closed = True
+        if self._ticker:
+            self._ticker.cancel()
+        for t in list(self._tasks):
+            t.cancel()
+        for t in [self._ticker, *self._tasks]:
+            if t is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+        if self._session:
+            await self._session.close()
+        self._fail_waiters(NotController(None))
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            try:
+                self.node.tick(now_ms())
+                self._pump()
+            except AssertionError:
+                log.exception("raft invariant broken; stopping this node")
+                os._exit(70)
+
+    # -- status ----------------------------------------------------------------------
+
+    @property
+    def is_leader(self) -> bool:
+        return self.node.is_leader
+
+    @property
+    def leader_id(self) -> int | None:
+        return self.node.leader_id
+
+    def leader_url(self) -> str | None:
+        lid = self.node.leader_id
+        return self.voters.get(lid) if lid is not None else None
+
+    def status(self) -> dict:
+        st = self.node.status()
+        st["applied_offset"] = self.image.offset
+        return st
+
+    # -- proposing -------------------------------------------------------------------
+
+    async def propose(self, records: list[Record], within_s: float = 10.0) -> int:
+        """Append records as one entry; return its offset once it is committed and applied."""
+        try:
+            offset = self.node.propose(records)
+        except NotLeader as e:
+            raise NotController(e.leader_id) from None
+        fut = asyncio.get_running_loop().create_future()
+        self._commit_waiters[offset] = (self.node.epoch, fut)
+        self._pump()
+        try:
+            await asyncio.wait_for(fut, within_s)
+        except TimeoutError:
+            self._commit_waiters.pop(offset, None)
+            raise ControllerError(
+                REQUEST_TIMED_OUT, "the metadata change did not commit in time (no quorum?)"
+            ) from None
+        return offset
+
+    def _fail_waiters(self, exc: Exception) -> None:
+        for _, fut in self._commit_waiters.values():
+            if not fut.done():
+                fut.set_exception(exc)
+        self._commit_waiters.clear()
+
+    # -- the pump: move what the node produced to disk, network and the image ---------
+
+    def _pump(self) -> None:
+        node = self.node
+        for msg in node.take_messages():
+            kind = type(msg).__name__
+            if kind in RESPONSE_OF.values():
+                waiters = self._reply_waiters.get((msg.dst, kind))
+                while waiters:
+                    fut = waiters.popleft()
+                    if not fut.done():
+                        fut.set_result(msg)
+                        break
+            else:
+                self._spawn(self._send(msg))
+        for item in node.take_committed():
+            if isinstance(item, Snapshot):
+                self.image = MetadataImage.from_dict(item.data)
+                self.image.offset = item.end_offset - 1
+                self._applied_since_snapshot = 0
+                for listener in self.listeners:
+                    listener(self.image.offset, [], True)
+                continue
+            offset, entry = item
+            records = entry.data or []
+            self.image.apply_entry(offset, records)
+            self._applied_since_snapshot += 1
+            waiter = self._commit_waiters.pop(offset, None)
+            if waiter is not None and not waiter[1].done():
+                if waiter[0] == entry.epoch:
+                    waiter[1].set_result(None)
+                else:
+                    waiter[1].set_exception(NotController(node.leader_id))
+            if records:
+                for listener in self.listeners:
+                    listener(offset, records, False)
+        if self._applied_since_snapshot >= SNAPSHOT_EVERY:
+            self._applied_since_snapshot = 0
+            node.create_snapshot(self.image.offset + 1, self.image.to_dict())
+        leader = node.is_leader
+        if leader != self._was_leader:
+            self._was_leader = leader
+            if not leader:
+                self._fail_waiters(NotController(node.leader_id))
+            for cb in self.leader_listeners:
+                cb()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, msg: Any) -> None:
+        url = self.voters.get(msg.dst)
+        if url is None or self._session is None:
+            return
+        wait = self.config.fetch_max_wait_ms / 1000 + 2.0
+        try:
+            async with self._session.post(
+                url + "/raft",
+                data=orjson.dumps(M.to_dict(msg)),
+                headers={"content-type": "application/json"},
+                timeout=aiohttp.ClientTimeout(total=wait, connect=1.0),
+            ) as resp:
+                if resp.status != 200:
+                    return
+                body = await resp.read()
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return
+        if self.closed:
+            return
+        self.node.step(M.from_dict(orjson.loads(body)), now_ms())
+        self._pump()
+
+    async def handle_request(self, body: dict) -> dict | None:
+        """A peer's request: step it and wait for our node's answer to that peer."""
+        msg = M.from_dict(body)
+        kind = RESPONSE_OF.get(type(msg).__name__)
+        if kind is None:
+            raise ValueError(f"not a request: {type(msg).__name__}")
+        fut = asyncio.get_running_loop().create_future()
+        key = (msg.src, kind)
+        self._reply_waiters[key].append(fut)
+        self.node.step(msg, now_ms())
+        self._pump()
+        try:
+            reply = await asyncio.wait_for(fut, self.config.fetch_max_wait_ms / 1000 + 1.0)
+        except TimeoutError:
+            return None
+        finally:
+            waiters = self._reply_waiters.get(key)
+            if waiters is not None and fut in waiters:
+                waiters.remove(fut)
+            if not waiters:
+                self._reply_waiters.pop(key, None)
+        return M.to_dict(reply)

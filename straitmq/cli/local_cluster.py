@@ -1,0 +1,248 @@
+"""A local StraitMQ cluster of separate processes: controllers and brokers.
+
+Used by `strait up` (in the foreground), by the fault tests and by the benchmarks.
+Each process has its own data folder under `data_dir` and its own log file; broker
+`i` (1-based) listens for Kafka on `kafka_base + i - 1` and HTTP on `http_base + i - 1`,
+controller `1000 + j` on `controller_base + j - 1`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+
+CONTROLLER_ID_BASE = 1000
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Node:
+    kind: str  # "broker" | "controller"
+    node_id: int
+    args: list[str]
+    log_path: str
+    http_port: int
+    kafka_port: int = 0
+    proc: subprocess.Popen | None = None
+    stopped: bool = field(default=False)
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}-{self.node_id}"
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            self.args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        log.close()
+        self.stopped = False
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 40.0) -> None:
+        if self.proc is None:
+            return
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.stopped = True
+
+    def kill9(self) -> None:
+        if self.proc is not None:
+            self.signal(signal.SIGKILL)
+            self.proc.wait()
+        self.stopped = True
+
+    def get(self, path: str, timeout: float = 2.0) -> dict | None:
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.http_port}{path}", timeout=timeout
+            ) as r:
+                return json.loads(r.read())
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+
+
+class LocalCluster:
+    def __init__(
+        self,
+        data_dir: str,
+        controllers: int = 3,
+        brokers: int = 3,
+        kafka_base: int | None = 9092,
+        http_base: int | None = 8080,
+        controller_base: int | None = 9191,
+        broker_args: list[str] | None = None,
+        controller_args: list[str] | None = None,
+        log_level: str = "warning",
+        python: str = sys.executable,
+    ) -> None:
+        self.data_dir = os.path.abspath(data_dir)
+        os.makedirs(self.data_dir, exist_ok=True)
+        self.cluster_id = self._cluster_id()
+        self.python = python
+        self.log_level = log_level
+        self.broker_args = broker_args or []
+        self.controller_args = controller_args or []
+        self.controllers: dict[int, Node] = {}
+        self.brokers: dict[int, Node] = {}
+        cports = [
+            controller_base + j if controller_base else free_port() for j in range(controllers)
+        ]
+        self.voters = ",".join(
+            f"{CONTROLLER_ID_BASE + j + 1}@127.0.0.1:{cports[j]}" for j in range(controllers)
+        )
+        for j in range(controllers):
+            cid = CONTROLLER_ID_BASE + j + 1
+            self.controllers[cid] = Node(
+                "controller",
+                cid,
+                self._controller_cmd(cid),
+                os.path.join(self.data_dir, f"controller-{cid}.log"),
+                cports[j],
+            )
+        for i in range(1, brokers + 1):
+            self.add_broker(
+                i,
+                kafka_base + i - 1 if kafka_base else free_port(),
+                http_base + i - 1 if http_base else free_port(),
+            )
+
+    def _cluster_id(self) -> str:
+        path = os.path.join(self.data_dir, "cluster-id")
+        if os.path.exists(path):
+            with open(path) as f:
+                return f.read().strip()
+        cid = uuid.uuid4().hex[:22]
+        with open(path, "w") as f:
+            f.write(cid)
+        return cid
+
+    def _controller_cmd(self, cid: int) -> list[str]:
+        return [
+            self.python, "-m", "straitmq.controller",
+            "--node-id", str(cid),
+            "--voters", self.voters,
+            "--cluster-id", self.cluster_id,
+            "--data-dir", os.path.join(self.data_dir, f"controller-{cid}"),
+            "--log-level", self.log_level,
+            *self.controller_args,
+        ]  # fmt: skip
+
+    def add_broker(
+        self, bid: int, kafka_port: int, http_port: int, rack: str | None = None
+    ) -> Node:
+        args = [
+            self.python, "-m", "straitmq.broker",
+            "--node-id", str(bid),
+            "--cluster-id", self.cluster_id,
+            "--controllers", self.voters,
+            "--data-dir", os.path.join(self.data_dir, f"broker-{bid}"),
+            "--listen", f"127.0.0.1:{kafka_port}",
+            "--http", f"127.0.0.1:{http_port}",
+            "--log-level", self.log_level,
+            *(["--rack", rack] if rack else []),
+            *self.broker_args,
+        ]  # fmt: skip
+        node = Node(
+            "broker",
+            bid,
+            args,
+            os.path.join(self.data_dir, f"broker-{bid}.log"),
+            http_port,
+            kafka_port,
+        )
+        self.brokers[bid] = node
+        return node
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(f"127.0.0.1:{b.kafka_port}" for b in self.brokers.values())
+
+    def nodes(self) -> list[Node]:
+        return [*self.controllers.values(), *self.brokers.values()]
+
+    def start(self, wait_s: float = 60.0) -> None:
+        for n in self.controllers.values():
+            n.start()
+        for n in self.brokers.values():
+            n.start()
+        self.wait_ready(wait_s)
+
+    def wait_ready(self, wait_s: float = 60.0, brokers: list[int] | None = None) -> None:
+        deadline = time.monotonic() + wait_s
+        want = brokers if brokers is not None else [
+            b for b, n in self.brokers.items() if not n.stopped
+        ]
+        while time.monotonic() < deadline:
+            for n in self.nodes():
+                if not n.stopped and n.proc is not None and n.proc.poll() is not None:
+                    raise RuntimeError(f"{n.name} exited with {n.proc.returncode}: {self.tail(n)}")
+            if all(self.brokers[b].get("/readyz", 1.0) for b in want):
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"brokers {want} not ready after {wait_s}s")
+
+    def tail(self, n: Node, size: int = 1500) -> str:
+        try:
+            with open(n.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - size))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def quorum(self) -> dict | None:
+        for n in self.controllers.values():
+            if n.alive():
+                st = n.get("/api/v1/quorum")
+                if st and st.get("leader_id") is not None:
+                    return st
+        return None
+
+    def active_controller(self) -> Node | None:
+        for n in self.controllers.values():
+            if n.alive():
+                st = n.get("/api/v1/quorum")
+                if st and st.get("active_controller"):
+                    return n
+        return None
+
+    def any_broker(self) -> Node:
+        for n in self.brokers.values():
+            if n.alive() and n.get("/readyz", 1.0):
+                return n
+        raise RuntimeError("no broker is ready")
+
+    def stop(self) -> None:
+        for n in self.brokers.values():
+            n.signal(signal.SIGCONT)
+            n.signal(signal.SIGTERM)
+        for n in self.brokers.values():
+            n.stop()
+        for n in self.controllers.values():
+            n.stop()

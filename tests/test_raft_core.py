@@ -1,0 +1,549 @@
+"""The Raft core driven message by message: one test per rule of the protocol."""
+
+from __future__ import annotations
+
+import random
+
+import orjson
+import pytest
+from straitmq.controller.raft.core import NotLeader, RaftConfig, RaftNode
+from straitmq.controller.raft.messages import (
+    FENCED_LEADER_EPOCH,
+    NOT_LEADER,
+    BeginQuorumEpoch,
+    BeginQuorumEpochResponse,
+    EndQuorumEpoch,
+    EndQuorumEpochResponse,
+    Entry,
+    FetchRequest,
+    FetchResponse,
+    FetchSnapshotRequest,
+    FetchSnapshotResponse,
+    Message,
+    VoteRequest,
+    VoteResponse,
+    from_dict,
+    to_dict,
+)
+from straitmq.controller.raft.storage import MemoryStorage, Snapshot
+
+CFG = RaftConfig(
+    election_timeout_ms=100,
+    fetch_timeout_ms=200,
+    fetch_max_wait_ms=50,
+    max_fetch_entries=4,
+    request_timeout_ms=100,
+    retry_backoff_ms=10,
+    end_quorum_backoff_ms=10,
+    begin_quorum_resend_ms=50,
+)
+VOTERS = frozenset({0, 1, 2})
+
+
+def disk(
+    epoch: int = 0, epochs: tuple[int, ...] = (), voted_for: int | None = None
+) -> MemoryStorage:
+    s = MemoryStorage()
+    s.epoch, s.voted_for = epoch, voted_for
+    s.entries = [Entry(e, f"d{i}") for i, e in enumerate(epochs)]
+    return s
+
+
+def node(
+    nid: int = 0, storage: MemoryStorage | None = None, voters=VOTERS, now: int = 0
+) -> RaftNode:
+    return RaftNode(nid, voters, storage or MemoryStorage(), CFG, random.Random(nid), now)
+
+
+def of(msgs: list[Message], kind: type) -> list:
+    return [m for m in msgs if isinstance(m, kind)]
+
+
+def elect(n: RaftNode, now: int = 300, grant_from: int = 1) -> list[Message]:
+    """Drive n through pre-vote and vote to leadership; the messages it sent as leader."""
+    n.tick(now)
+    assert n.role == "prospective"
+    n.take_messages()
+    n.step(VoteResponse(grant_from, n.node_id, n.epoch, True, pre_vote=True), now)
+    assert n.role == "candidate"
+    n.take_messages()
+    n.step(VoteResponse(grant_from, n.node_id, n.epoch, True, pre_vote=False), now)
+    assert n.is_leader
+    return n.take_messages()
+
+
+class Net:
+    """Instant, lossless delivery between real nodes, with some nodes cut off."""
+
+    def __init__(self, nodes: list[RaftNode]) -> None:
+        self.nodes = {n.node_id: n for n in nodes}
+        self.down: set[int] = set()
+        self.now = 0
+        self.sent: list[Message] = []
+
+    def pump(self) -> None:
+        for _ in range(10_000):
+            msgs = [m for n in self.nodes.values() for m in n.take_messages()]
+            if not msgs:
+                return
+            for m in msgs:
+                self.sent.append(m)
+                if m.src not in self.down and m.dst not in self.down and m.dst in self.nodes:
+                    self.nodes[m.dst].step(m, self.now)
+        raise AssertionError("message storm")
+
+    def run(self, ms: int, step: int = 10) -> None:
+        end = self.now + ms
+        while self.now < end:
+            self.now += step
+            for i, n in self.nodes.items():
+                if i not in self.down:
+                    n.tick(self.now)
+            self.pump()
+
+    def leader(self) -> RaftNode | None:
+        leaders = [n for i, n in self.nodes.items() if n.is_leader and i not in self.down]
+        assert len(leaders) <= 1
+        return leaders[0] if leaders else None
+
+
+# -- voting ------------------------------------------------------------------------------
+
+
+def test_vote_is_persisted_before_the_response_is_sent() -> None:
+    events: list[str] = []
+
+    class Recording(MemoryStorage):
+        def save_state(self, epoch: int, voted_for: int | None) -> None:
+            pending = of(n._outbox, VoteResponse)  # what the shell could already send
+            events.append(f"save {epoch} {voted_for} with {len(pending)} responses queued")
+            super().save_state(epoch, voted_for)
+
+    storage = Recording()
+    n = node(0, storage)
+    n.step(VoteRequest(1, 0, 1, 1, 0, 0, pre_vote=False), 5)
+    (resp,) = n.take_messages()
+    assert resp == VoteResponse(0, 1, 1, True, False, None)
+    assert events[-1] == "save 1 1 with 0 responses queued"
+    assert (storage.epoch, storage.voted_for) == (1, 1)
+
+
+def test_one_vote_per_epoch_survives_a_restart() -> None:
+    storage = MemoryStorage()
+    n = node(0, storage)
+    n.step(VoteRequest(1, 0, 1, 1, 0, 0), 5)
+    assert n.take_messages()[0].granted
+    n = node(0, storage)  # crash and restart
+    n.step(VoteRequest(2, 0, 1, 2, 0, 0), 5)
+    assert not n.take_messages()[0].granted
+    n.step(VoteRequest(1, 0, 1, 1, 0, 0), 5)  # the same candidate again: yes
+    assert n.take_messages()[0].granted
+
+
+@pytest.mark.parametrize(
+    ("last_epoch", "last_offset", "granted"),
+    [(1, 10, False), (2, 2, False), (2, 3, True), (3, 1, True)],
+)
+def test_vote_needs_a_log_at_least_as_up_to_date(last_epoch, last_offset, granted) -> None:
+    n = node(0, disk(2, (1, 2, 2)))  # last epoch 2, log end offset 3
+    n.step(VoteRequest(1, 0, 3, 1, last_epoch, last_offset), 5)
+    (resp,) = n.take_messages()
+    assert resp.granted is granted and resp.epoch == 3
+
+
+def test_higher_epoch_moves_the_node_durably() -> None:
+    storage = disk(1)
+    n = node(0, storage)
+    n.step(BeginQuorumEpoch(2, 0, 5, leader_id=2), 5)
+    assert (n.role, n.epoch, n.leader_id) == ("follower", 5, 2)
+    assert (storage.epoch, storage.voted_for) == (5, None)
+    assert of(n.take_messages(), FetchRequest)[0].dst == 2
+
+
+def test_prevote_does_not_bump_the_epoch() -> None:
+    storage = disk(3)
+    n = node(0, storage)
+    n.tick(250)
+    assert n.role == "prospective"
+    reqs = of(n.take_messages(), VoteRequest)
+    assert {r.dst for r in reqs} == {1, 2}
+    assert all(r.pre_vote and r.epoch == 4 for r in reqs)
+    assert (n.epoch, storage.epoch, storage.voted_for) == (3, 3, None)
+    # The receiver does not move either.
+    other_disk = disk(3)
+    other = node(1, other_disk)
+    other.step(reqs[0], 250)
+    assert other.take_messages()[0].granted
+    assert (other.epoch, other_disk.epoch, other_disk.voted_for) == (3, 3, None)
+
+
+def test_prevote_refused_while_a_leader_is_heard() -> None:
+    f = node(1, disk(1))
+    f.step(BeginQuorumEpoch(0, 1, 1, leader_id=0), 10)
+    fetch = of(f.take_messages(), FetchRequest)[0]
+    f.step(FetchResponse(0, 1, 1, 0, None, fetch.fetch_offset, last_fetched_epoch=0), 20)
+    f.take_messages()
+    prevote = VoteRequest(2, 1, 2, 2, 5, 100, pre_vote=True)  # a better log, even
+    f.step(prevote, 100)
+    assert of(f.take_messages(), VoteResponse) == [VoteResponse(1, 2, 1, False, True, 0)]
+    f.step(prevote, 20 + CFG.fetch_timeout_ms)  # the leader went quiet: now yes
+    assert of(f.take_messages(), VoteResponse)[0].granted
+
+
+def test_prevote_majority_then_vote_majority_makes_a_leader() -> None:
+    storage = disk(1, (1,))
+    n = node(0, storage)
+    msgs = elect(n)
+    assert (n.epoch, storage.epoch, storage.voted_for) == (2, 2, 0)
+    assert {m.dst for m in of(msgs, BeginQuorumEpoch)} == {1, 2}
+    # The leader's first entry is a control entry of its epoch.
+    assert storage.entries[-1] == Entry(2, None)
+
+
+def test_failed_prevote_retries_with_a_new_timeout() -> None:
+    n = node(0, disk(1))
+    n.tick(250)
+    n.take_messages()
+    n.step(VoteResponse(1, 0, 1, False, True), 251)
+    n.step(VoteResponse(2, 0, 1, False, True), 251)
+    assert n.role == "prospective" and n.epoch == 1
+    n.tick(250 + 2 * CFG.election_timeout_ms)
+    assert len(of(n.take_messages(), VoteRequest)) == 2  # a new round
+
+
+def test_prevote_rejection_naming_a_leader_makes_a_follower() -> None:
+    n = node(0, disk(1))
+    n.tick(250)
+    n.take_messages()
+    n.step(VoteResponse(1, 0, 1, False, True, leader_id=2), 251)
+    assert (n.role, n.leader_id) == ("follower", 2)
+
+
+def test_candidate_stuck_in_a_newer_epoch_pulls_the_leader_up() -> None:
+    # Node 1 lost a candidacy in epoch 5 while the others moved on under leader 0 in
+    # epoch 4; its pre-vote (epoch 6) must move them to epoch 5 or it could never rejoin.
+    leader = node(0, disk(3, (1, 2, 3)))
+    elect(leader, grant_from=2)
+    assert leader.epoch == 4
+    leader.step(VoteRequest(1, 0, 6, 1, 2, 2, pre_vote=True), 301)
+    assert (leader.role, leader.epoch) == ("unattached", 5)
+    assert not leader.take_messages()[-1].granted  # node 1's log is behind
+
+
+# -- replication -------------------------------------------------------------------------
+
+
+def test_new_leader_commits_nothing_before_an_entry_of_its_epoch() -> None:
+    leader = node(0, disk(1, (1, 1)))
+    elect(leader)  # epoch 2; log: [1, 1, 2(control)]
+    leader.step(FetchRequest(1, 0, 2, fetch_offset=2, last_fetched_epoch=1), 310)
+    (resp,) = leader.take_messages()
+    assert resp.entries == (Entry(2, None),) and resp.high_watermark == 0
+    assert leader.high_watermark == 0  # a majority has offsets 0-1, but they are epoch 1
+    leader.step(FetchRequest(1, 0, 2, fetch_offset=3, last_fetched_epoch=2), 320)
+    assert leader.high_watermark == 3
+    assert of(leader.take_messages(), FetchResponse)[0].high_watermark == 3
+    assert [o for o, _ in leader.take_committed()] == [0, 1, 2]
+
+
+def test_follower_high_watermark_is_capped_by_its_log_end() -> None:
+    f = node(1, disk(1))
+    f.step(BeginQuorumEpoch(0, 1, 1, leader_id=0), 10)
+    f.take_messages()
+    entries = (Entry(1, None), Entry(1, "a"))
+    f.step(FetchResponse(0, 1, 1, 0, None, 0, entries, high_watermark=5), 20)
+    assert f.high_watermark == 2
+    assert [e.data for _, e in f.take_committed()] == [None, "a"]
+
+
+def test_diverging_epoch_truncates_the_follower() -> None:
+    leader = node(0, disk(3, (1, 1, 3, 3)))
+    elect(leader, grant_from=2)  # epoch 4, log [1, 1, 3, 3, 4]
+    f = node(1, disk(2, (1, 1, 2, 2, 2)))
+    f.step(BeginQuorumEpoch(0, 1, 4, 0), 300)
+    (fetch,) = of(f.take_messages(), FetchRequest)
+    assert (fetch.fetch_offset, fetch.last_fetched_epoch) == (5, 2)
+    leader.step(fetch, 301)
+    (resp,) = leader.take_messages()
+    # Largest leader epoch <= 2 is 1, which ends at offset 2.
+    assert (resp.diverging_epoch, resp.diverging_end_offset, resp.entries) == (1, 2, ())
+    f.step(resp, 302)
+    assert f.log_end_offset == 2 and f._storage.entries == [Entry(1, "d0"), Entry(1, "d1")]
+    (fetch,) = of(f.take_messages(), FetchRequest)
+    assert (fetch.fetch_offset, fetch.last_fetched_epoch) == (2, 1)
+    leader.step(fetch, 303)
+    resp = leader.take_messages()[0]
+    assert [e.epoch for e in resp.entries] == [3, 3, 4] and resp.diverging_epoch is None
+    f.step(resp, 304)
+    assert [f.entry(o).epoch for o in range(5)] == [1, 1, 3, 3, 4]
+
+
+def test_truncation_below_the_high_watermark_is_refused() -> None:
+    f = node(1, disk(1))
+    f.step(BeginQuorumEpoch(0, 1, 1, 0), 10)
+    f.take_messages()
+    f.step(FetchResponse(0, 1, 1, 0, None, 0, (Entry(1, None), Entry(1, "a")),
+                         high_watermark=2), 20)
+    (fetch,) = f.take_messages()
+    bogus = FetchResponse(0, 1, 1, 0, None, fetch.fetch_offset, diverging_epoch=0,
+                          diverging_end_offset=0, last_fetched_epoch=fetch.last_fetched_epoch)
+    with pytest.raises(AssertionError, match="committed entry is never truncated"):
+        f.step(bogus, 30)
+
+
+def test_duplicate_or_stale_fetch_responses_are_ignored() -> None:
+    f = node(1, disk(1))
+    f.step(BeginQuorumEpoch(0, 1, 1, 0), 10)
+    f.take_messages()
+    resp = FetchResponse(0, 1, 1, 0, None, 0, (Entry(1, None),), high_watermark=0)
+    f.step(resp, 20)
+    f.step(resp, 21)  # a duplicate: would append at offset 1 otherwise
+    assert f.log_end_offset == 1
+    # An answer to a request we no longer wait for (other last_fetched_epoch).
+    f.step(FetchResponse(0, 1, 1, 0, None, 1, diverging_epoch=0, diverging_end_offset=0,
+                         last_fetched_epoch=7), 22)
+    assert f.log_end_offset == 1
+
+
+def test_snapshot_transfer_to_a_lagging_follower() -> None:
+    nodes = [node(i) for i in range(3)]
+    net = Net(nodes)
+    net.down = {2}
+    net.run(400)
+    leader = net.leader()
+    assert leader is not None
+    for i in range(10):
+        leader.propose(f"v{i}")
+    net.pump()
+    applied = leader.take_committed()
+    end = leader.high_watermark
+    assert len(applied) == end == 11
+    leader.create_snapshot(end, {"state": [e.data for _, e in applied]})
+    assert leader.log_start_offset == 11 and leader._storage.entries == []
+
+    lagging = nodes[2]
+    net.down = set()
+    net.run(300)
+    kinds = [type(m) for m in net.sent if 2 in (m.src, m.dst)]
+    assert FetchSnapshotRequest in kinds and FetchSnapshotResponse in kinds
+    got = lagging.take_committed()
+    assert got[0] == Snapshot(11, leader.epoch, {"state": [None, *(f"v{i}" for i in range(10))]})
+    assert lagging.log_start_offset == 11 and lagging.high_watermark == leader.high_watermark
+    assert lagging._storage.snapshot == got[0]
+
+
+def test_first_take_committed_returns_the_stored_snapshot() -> None:
+    storage = disk(2, (2, 2))
+    storage.snapshot, storage.log_start = Snapshot(5, 2, ["x"]), 5
+    n = node(0, storage)
+    assert n.take_committed() == [Snapshot(5, 2, ["x"])]
+    assert n.take_committed() == []
+    assert (n.high_watermark, n.log_end_offset, n.last_epoch) == (5, 7, 2)
+
+
+def test_long_poll_parks_an_empty_fetch_until_new_entries_or_max_wait() -> None:
+    leader = node(0)
+    elect(leader)  # log: [control] at offset 0
+    leader.step(FetchRequest(1, 0, 1, 0, 0), 300)
+    assert leader.take_messages()[0].entries == (Entry(1, None),)
+    leader.step(FetchRequest(1, 0, 1, 1, 1), 301)
+    (resp,) = leader.take_messages()  # the HW moved to 1: answered at once
+    assert resp.high_watermark == 1 and resp.entries == ()
+    leader.step(FetchRequest(1, 0, 1, 1, 1), 302)
+    assert leader.take_messages() == []  # parked
+    leader.propose("a")
+    (resp,) = leader.take_messages()
+    assert resp.entries == (Entry(1, "a"),)
+    leader.step(FetchRequest(1, 0, 1, 2, 1), 310)  # HW -> 2, answered
+    leader.take_messages()
+    leader.step(FetchRequest(1, 0, 1, 2, 1), 311)
+    leader.tick(311 + CFG.fetch_max_wait_ms - 1)
+    assert of(leader.take_messages(), FetchResponse) == []
+    leader.tick(311 + CFG.fetch_max_wait_ms)
+    (resp,) = of(leader.take_messages(), FetchResponse)
+    assert resp.entries == () and resp.error is None and resp.high_watermark == 2
+
+
+def test_fetch_responses_are_bounded() -> None:
+    leader = node(0)
+    elect(leader)
+    for i in range(10):
+        leader.propose(i)
+    leader.step(FetchRequest(1, 0, 1, 0, 0), 300)
+    assert len(leader.take_messages()[0].entries) == CFG.max_fetch_entries
+
+
+def test_stale_epoch_is_fenced() -> None:
+    leader = node(0, disk(4))
+    elect(leader)  # epoch 5
+    leader.step(FetchRequest(1, 0, 3, 0, 0), 301)
+    (resp,) = leader.take_messages()
+    assert (resp.error, resp.epoch, resp.leader_id) == (FENCED_LEADER_EPOCH, 5, 0)
+    old = node(1, disk(3))
+    old.step(resp, 302)  # the fenced node catches up with the epoch and the leader
+    assert (old.epoch, old.leader_id, old.role) == (5, 0, "follower")
+
+
+def test_non_leader_answers_fetch_with_a_leader_hint() -> None:
+    f = node(1, disk(1))
+    f.step(BeginQuorumEpoch(0, 1, 1, 0), 10)
+    f.take_messages()
+    f.step(FetchRequest(100, 1, 1, 0, 0, observer=True), 11)
+    (resp,) = f.take_messages()
+    assert (resp.error, resp.leader_id, resp.epoch) == (NOT_LEADER, 0, 1)
+
+
+# -- leadership changes ------------------------------------------------------------------
+
+
+def test_check_quorum_resigns_a_leader_that_hears_from_no_majority() -> None:
+    leader = node(0)
+    elect(leader, now=300)
+    leader.tick(300 + CFG.check_quorum_ms - 1)
+    assert leader.is_leader
+    leader.step(FetchRequest(1, 0, 1, 0, 0), 400)  # one follower keeps it alive
+    leader.tick(300 + CFG.check_quorum_ms)
+    assert leader.is_leader
+    leader.tick(400 + CFG.check_quorum_ms)
+    assert (leader.role, leader.epoch, leader.leader_id) == ("unattached", 1, None)
+    with pytest.raises(NotLeader) as exc:
+        leader.propose("x")
+    assert (exc.value.leader_id, exc.value.epoch) == (None, 1)
+
+
+def test_resign_hands_over_to_the_most_caught_up_voter() -> None:
+    nodes = [node(i) for i in range(3)]
+    net = Net(nodes)
+    net.run(400)
+    old = net.leader()
+    assert old is not None
+    old.propose("x")
+    net.pump()
+    epoch = old.epoch
+    old.resign(net.now)
+    ends = of(old.take_messages(), EndQuorumEpoch)
+    assert {m.dst for m in ends} == VOTERS - {old.node_id}
+    successors = ends[0].preferred_successors
+    assert successors == tuple(sorted(VOTERS - {old.node_id}))  # equal offsets: by id
+    assert old.role == "unattached" and old.epoch == ends[0].epoch
+    for m in ends:
+        net.nodes[m.dst].step(m, net.now)
+    net.pump()
+    started = net.now
+    net.run(60)
+    new = net.leader()
+    assert new is not None and new.node_id == successors[0] and new.epoch == epoch + 1
+    assert net.now - started < CFG.election_timeout_ms  # no need to wait for a timeout
+    assert of(net.sent, EndQuorumEpochResponse)
+
+
+def test_resign_orders_successors_by_fetched_offset() -> None:
+    leader = node(0)
+    elect(leader)
+    leader.propose("a")
+    leader.step(FetchRequest(2, 0, 1, 2, 1), 301)
+    leader.step(FetchRequest(1, 0, 1, 1, 1), 301)
+    leader.take_messages()
+    leader.resign(302)
+    assert of(leader.take_messages(), EndQuorumEpoch)[0].preferred_successors == (2, 1)
+
+
+def test_leader_resends_begin_quorum_epoch_until_voters_fetch() -> None:
+    leader = node(0)
+    elect(leader)
+    leader.step(BeginQuorumEpochResponse(1, 0, 1), 301)
+    leader.tick(300 + CFG.begin_quorum_resend_ms)
+    assert [m.dst for m in of(leader.take_messages(), BeginQuorumEpoch)] == [2]
+
+
+def test_end_quorum_epoch_from_an_old_epoch_is_answered_not_obeyed() -> None:
+    f = node(1, disk(3))
+    f.step(BeginQuorumEpoch(0, 1, 3, 0), 10)
+    f.take_messages()
+    f.step(EndQuorumEpoch(2, 1, 2, 2, (1,)), 11)
+    assert f.take_messages() == [EndQuorumEpochResponse(1, 2, 3)]
+    assert (f.role, f.leader_id) == ("follower", 0)
+
+
+def test_single_voter_elects_itself_and_commits_alone() -> None:
+    n = node(0, voters=frozenset({0}))
+    n.tick(250)
+    assert n.is_leader
+    assert n.propose("a") == 1
+    assert [e.data for _, e in n.take_committed()] == [None, "a"]
+
+
+# -- observers ---------------------------------------------------------------------------
+
+
+def test_observer_never_votes_nor_campaigns_and_finds_the_leader() -> None:
+    obs = node(100)
+    assert obs.role == "observer"
+    (first,) = obs.take_messages()
+    assert isinstance(first, FetchRequest) and first.observer and first.dst in VOTERS
+    obs.step(VoteRequest(1, 100, 1, 1, 5, 5), 5)
+    assert of(obs.take_messages(), VoteResponse) == [VoteResponse(100, 1, 1, False, False, None)]
+    obs.step(FetchResponse(first.dst, 100, 1, 2, NOT_LEADER, 0), 6)
+    (fetch,) = obs.take_messages()
+    assert fetch.dst == 2 and obs.leader_id == 2
+    for t in range(10, 3000, 10):
+        obs.tick(t)
+        assert obs.role == "observer"
+    assert not of(obs.take_messages(), VoteRequest)
+
+
+def test_observer_rotates_over_voters_when_the_fetch_times_out() -> None:
+    obs = node(100)
+    targets = set()
+    now = 0
+    for _ in range(6):
+        targets |= {m.dst for m in of(obs.take_messages(), FetchRequest)}
+        now += CFG.fetch_timeout_ms
+        obs.tick(now)
+    assert targets == VOTERS
+
+
+def test_leader_reports_voters_and_observers_in_status() -> None:
+    leader = node(0)
+    elect(leader)
+    leader.propose("a")
+    leader.step(FetchRequest(1, 0, 1, 2, 1), 310)
+    leader.step(FetchRequest(100, 0, 1, 1, 1, observer=True), 320)
+    s = leader.status()
+    assert (s["role"], s["epoch"], s["leader_id"], s["high_watermark"]) == ("leader", 1, 0, 2)
+    assert [(v["node_id"], v["lag"]) for v in s["voters"]] == [(0, 0), (1, 0), (2, 2)]
+    assert s["observers"] == [{"node_id": 100, "log_end_offset": 1, "lag": 1,
+                               "last_fetch_ms": 320, "last_caught_up_ms": None}]
+
+
+# -- messages ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        FetchRequest(1, 0, 3, 10, 2, observer=True),
+        FetchResponse(0, 1, 3, 0, None, 10, (Entry(3, {"a": [1, 2]}), Entry(3, None)), 9, 0,
+                      last_fetched_epoch=2),
+        FetchResponse(0, 1, 3, 0, None, 10, diverging_epoch=1, diverging_end_offset=4),
+        FetchSnapshotRequest(1, 0, 3, 100, 2),
+        FetchSnapshotResponse(0, 1, 3, 0, None, 100, 2, {"brokers": [1]}),
+        VoteRequest(1, 0, 4, 1, 3, 10, pre_vote=True),
+        VoteResponse(0, 1, 4, True, False, None),
+        BeginQuorumEpoch(0, 1, 4, 0),
+        BeginQuorumEpochResponse(1, 0, 4),
+        EndQuorumEpoch(0, 1, 4, 0, (2, 1)),
+        EndQuorumEpochResponse(1, 0, 4),
+    ],
+)
+def test_messages_survive_json(msg: Message) -> None:
+    d = orjson.loads(orjson.dumps(to_dict(msg)))
+    assert d["kind"] == type(msg).__name__
+    assert from_dict(d) == msg
+
+
+def test_from_dict_rejects_unknown_kinds() -> None:
+    with pytest.raises(ValueError, match="unknown raft message kind"):
+        from_dict({"kind": "Nope"})
+    with pytest.raises(ValueError, match="malformed"):
+        from_dict({"kind": "FetchRequest", "src": 1})

@@ -27,15 +27,20 @@ class CliError(Exception):
 
 def _request(base: str, method: str, path: str, body: Any = None) -> Any:
     data = orjson.dumps(body) if body is not None else None
-    req = urllib.request.Request(
-        base.rstrip("/") + path,
-        data=data,
-        method=method,
-        headers={"Content-Type": "application/json"},
-    )
+    url = base.rstrip("/") + path
     try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return orjson.loads(resp.read())
+        for _ in range(3):  # a broker redirects (307) to a partition's leader
+            req = urllib.request.Request(
+                url, data=data, method=method, headers={"Content-Type": "application/json"}
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=30) as resp:
+                    return orjson.loads(resp.read())
+            except urllib.error.HTTPError as e:
+                if e.code != 307 or not e.headers.get("Location"):
+                    raise
+                url = e.headers["Location"]
+        raise CliError(f"too many redirects for {path}")
     except urllib.error.HTTPError as e:
         try:
             message = orjson.loads(e.read()).get("error", e.reason)
@@ -332,6 +337,159 @@ def cmd_group(a: argparse.Namespace) -> None:
             print(f"member {m['member_id']} client {m['client_id']} host {m['host']}")
 
 
+def cmd_cluster(a: argparse.Namespace) -> None:
+    c = _request(a.http, "GET", "/api/v1/cluster")
+    try:
+        q = _request(a.http, "GET", "/api/v1/quorum")
+    except CliError as e:
+        q = {"error": str(e)}
+    print(f"cluster {c['cluster_id']}")
+    rows = [
+        [
+            b["id"],
+            f"{b['host']}:{b['port']}",
+            b["http_port"],
+            b["rack"] or "-",
+            "shutting down" if b["shutting_down"] else "fenced" if b["fenced"] else "alive",
+        ]
+        for b in c["brokers"]
+    ]
+    print(_table(rows, ["BROKER", "KAFKA", "HTTP", "RACK", "STATE"]))
+    if "error" in q:
+        print(f"controller quorum: {q['error']}")
+    else:
+        active = q["leader_id"] if q.get("active_controller", True) else "none yet"
+        print(
+            f"active controller {active}  quorum leader {q['leader_id']}  epoch {q['epoch']}  "
+            f"high watermark {q['high_watermark']}"
+        )
+        vrows = [
+            [
+                v["node_id"],
+                v.get("role") or ("unreachable" if v.get("reachable") is False else "-"),
+                v.get("log_end_offset", "-"),
+                v["lag"] if v.get("lag") is not None else "-",
+            ]
+            for v in q.get("voters", [])
+        ]
+        print(_table(vrows, ["VOTER", "ROLE", "LOG END", "LAG"]))
+    print(
+        f"under-replicated partitions {c['under_replicated_partitions']}  "
+        f"offline partitions {c['offline_partitions']}"
+    )
+
+
+def _reassign_rows(items: list[dict]) -> str:
+    rows = []
+    for r in items:
+        ends = r.get("replica_log_end_offsets") or {}
+        leo = r.get("leader_log_end_offset")
+        copied = ", ".join(
+            f"{x}: {ends[str(x)]}/{leo}" if str(x) in ends and leo is not None else f"{x}: ?"
+            for x in r["adding"]
+        )
+        rows.append(
+            [
+                f"{r['topic']}-{r['partition']}",
+                ",".join(map(str, r["target"])),
+                ",".join(map(str, r["adding"])) or "-",
+                ",".join(map(str, r["removing"])) or "-",
+                ",".join(map(str, r["isr"])),
+                copied or "-",
+            ]
+        )
+    return _table(rows, ["PARTITION", "TARGET", "ADDING", "REMOVING", "ISR", "COPIED"])
+
+
+def _set_throttle(base: str, value: int | None) -> None:
+    body = {"configs": {"replication.throttled.rate": value}}
+    _request(base, "PUT", "/api/v1/cluster/configs", body)
+
+
+def cmd_reassign(a: argparse.Namespace) -> None:
+    base = a.http
+    throttle_was_set = False
+    if a.list:
+        res = _request(base, "GET", "/api/v1/reassignments")
+        if not res["reassignments"]:
+            print("no reassignments in progress")
+        else:
+            print(_reassign_rows(res["reassignments"]))
+        rate = res["throttle_bytes_per_sec"]
+        print(f"replication throttle: {f'{rate} bytes/s' if rate > 0 else 'none'}")
+        return
+    moving = a.replicas is not None or a.cancel
+    if moving:
+        if a.topic is None or a.partition is None:
+            raise CliError("give --topic and --partition with --replicas or --cancel")
+        if a.replicas is not None and a.cancel:
+            raise CliError("give either --replicas or --cancel, not both")
+        replicas = None
+        if a.replicas is not None:
+            try:
+                replicas = [int(x) for x in a.replicas.split(",") if x.strip()]
+            except ValueError:
+                raise CliError(
+                    f"--replicas must be broker ids like 2,3,4, not {a.replicas!r}"
+                ) from None
+            if not replicas:
+                raise CliError("--replicas needs at least one broker id")
+        body: dict[str, Any] = {
+            "partitions": [{"topic": a.topic, "partition": a.partition, "replicas": replicas}]
+        }
+        if a.throttle is not None:
+            body["throttle_bytes_per_sec"] = a.throttle
+            throttle_was_set = a.throttle > 0
+        res = _request(base, "POST", "/api/v1/reassignments", body)
+        for p in res["partitions"]:
+            if replicas is None:
+                what = "cancelled"
+            elif p["done"]:
+                what = "done"
+            else:
+                what = f"started (adding {p['adding']}, removing {p['removing']})"
+            print(f"{p['topic']}-{p['partition']}: replicas {p['replicas']}: {what}")
+    elif a.throttle is not None:
+        value = a.throttle if a.throttle > 0 else None
+        _set_throttle(base, value)
+        print(f"replication throttle: {f'{a.throttle} bytes/s' if value else 'none'}")
+    elif not a.wait:
+        raise CliError("nothing to do: give --replicas, --cancel, --list, --throttle or --wait")
+    if a.wait:
+        _wait_reassignments(base, a.topic, a.partition, a.timeout)
+        if throttle_was_set:
+            left = _request(base, "GET", "/api/v1/reassignments")["reassignments"]
+            if not left:
+                _set_throttle(base, None)
+                print("replication throttle removed")
+
+
+def _wait_reassignments(
+    base: str, topic: str | None, partition: int | None, timeout: float
+) -> None:
+    """Poll until the partition (or, without --topic, every partition) stops moving."""
+    deadline = time.monotonic() + timeout if timeout else None
+    last = ""
+    while True:
+        res = _request(base, "GET", "/api/v1/reassignments")["reassignments"]
+        mine = [
+            r
+            for r in res
+            if (topic is None or r["topic"] == topic)
+            and (partition is None or r["partition"] == partition)
+        ]
+        if not mine:
+            print("reassignment complete")
+            return
+        text = _reassign_rows(mine)
+        if text != last:
+            print(text, flush=True)
+            last = text
+        if deadline is not None and time.monotonic() > deadline:
+            raise CliError(f"still reassigning after {timeout:.0f}s (see `strait reassign --list`)")
+        time.sleep(1.0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="strait", description="StraitMQ command line.")
     p.add_argument("--http", default=DEFAULT_HTTP, help="broker HTTP API (default %(default)s)")
@@ -392,6 +550,34 @@ def build_parser() -> argparse.ArgumentParser:
     cons.add_argument("--print-offset", action="store_true")
     cons.add_argument("--key-separator", default="\t")
     cons.set_defaults(func=cmd_consume)
+
+    clu = sub.add_parser("cluster", help="brokers, controller quorum and partition health")
+    csub = clu.add_subparsers(dest="action", required=True)
+    csub.add_parser("status")
+    clu.set_defaults(func=cmd_cluster)
+
+    rea = sub.add_parser(
+        "reassign",
+        help="move a partition's replicas to other brokers",
+        description="Start, cancel, list and wait for partition reassignments. Examples: "
+        "strait reassign --topic orders --partition 0 --replicas 2,3,4 --throttle 1048576 "
+        "--wait; strait reassign --topic orders --partition 0 --cancel; "
+        "strait reassign --list",
+    )
+    rea.add_argument("--topic")
+    rea.add_argument("--partition", type=int)
+    rea.add_argument("--replicas", help="target broker ids, preferred leader first: 2,3,4")
+    rea.add_argument("--cancel", action="store_true", help="stop moving this partition")
+    rea.add_argument("--list", action="store_true", help="show reassignments in progress")
+    rea.add_argument(
+        "--throttle",
+        type=int,
+        metavar="BYTES",
+        help="bytes/s for copying to new replicas (cluster-wide; 0 or -1 removes it)",
+    )
+    rea.add_argument("--wait", action="store_true", help="poll and print progress until done")
+    rea.add_argument("--timeout", type=float, default=0, help="with --wait: give up after N s")
+    rea.set_defaults(func=cmd_reassign)
 
     grp = sub.add_parser("group", help="list and describe consumer groups")
     gsub = grp.add_subparsers(dest="action", required=True)

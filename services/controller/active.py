@@ -196,7 +196,9 @@ class ActiveController:
                     return []
                 return [{"type": "fence_broker", "id": bid}, *on_broker_leaving(image, bid)]
 
-            await self._commit(build)
+            # A broker that wakes up (SIGSTOP, a healed partition) is unfenced only once
+            # its metadata shows its own fencing and the leadership moves that followed.
+            self._caught_up_at[bid] = await self._commit(build)
 
     async def _housekeeping(self) -> None:
         last_rebalance = _mono()

@@ -201,6 +201,7 @@ def read_range(
     from .schema import arrow_schema
 
     schema = arrow_schema(opts.include_headers)
+    _RESET = KafkaError._AUTO_OFFSET_RESET
     if start >= end:
         return
     consumer = _consumer(opts, "executor")

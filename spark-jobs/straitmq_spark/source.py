@@ -33,7 +33,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from .errors import StraitMQSparkError
+from .errors import StraitMQSparkError, one_line_errors
 from .kafka import Cluster, check_topic_exists, produce_rows, read_range
 from .options import (
     EARLIEST,
@@ -86,15 +86,19 @@ class StraitMQDataSource(DataSource):
         include = str(opts.get("includeheaders", "false")).strip().lower() in ("true", "1", "yes")
         return spark_schema(include)
 
+    @one_line_errors
     def reader(self, schema: StructType) -> DataSourceReader:
         return StraitMQBatchReader(SourceOptions.parse(self.options, streaming=False))
 
+    @one_line_errors
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return StraitMQStreamReader(SourceOptions.parse(self.options, streaming=True))
 
+    @one_line_errors
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         return StraitMQBatchWriter(self.options)
 
+    @one_line_errors
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         return StraitMQStreamWriter(self.options)
 
@@ -116,6 +120,7 @@ class StraitMQBatchReader(DataSourceReader):
                 )
         self.ranges = [OffsetRange(t, p, start[(t, p)], end[(t, p)]) for t, p in tps]
 
+    @one_line_errors
     def partitions(self) -> Sequence[InputPartition]:
         return list(self.ranges)
 
@@ -146,6 +151,7 @@ class StraitMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         tps = cluster.partitions()
         return tps, cluster.watermarks(tps)
 
+    @one_line_errors
     def initialOffset(self) -> Offsets:
         tps, marks = self._current()
         start = self._meta().resolve(
@@ -162,10 +168,12 @@ class StraitMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             out.setdefault(tp, low)
         return out
 
+    @one_line_errors
     def prepareForTriggerAvailableNow(self) -> None:
         _, marks = self._current()
         self._available_now = {tp: high for tp, (_, high) in marks.items()}
 
+    @one_line_errors
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         prev = flatten(start)
         tps, marks = self._current()
@@ -200,10 +208,12 @@ class StraitMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ReadMaxRows(self.opts.max_records_per_trigger)
         return ReadAllAvailable()
 
+    @one_line_errors
     def reportLatestOffset(self) -> Offsets | None:
         _, marks = self._current()
         return sorted_offsets({tp: high for tp, (_, high) in marks.items()})
 
+    @one_line_errors
     def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
         begin = flatten(start)
         stop = flatten(end)

@@ -4,6 +4,11 @@ Used by `strait up` (in the foreground), by the fault tests and by the benchmark
 Each process has its own data folder under `data_dir` and its own log file; broker
 `i` (1-based) listens for Kafka on `kafka_base + i - 1` and HTTP on `http_base + i - 1`,
 controller `1000 + j` on `controller_base + j - 1`.
+
+Every node binds 127.0.0.1 unless told otherwise: `node_hosts` maps a node name
+("broker-1", "controller-1001") to the address it binds and advertises, and `node_prefix`
+to a command prefix (e.g. `["ip", "netns", "exec", "ns1"]` to run it in a network
+namespace, as the network partition tests do).
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ class Node:
     kafka_port: int = 0
     proc: subprocess.Popen | None = None
     stopped: bool = field(default=False)
+    host: str = "127.0.0.1"
+    prefix: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -47,7 +54,7 @@ class Node:
     def start(self) -> None:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            self.args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            [*self.prefix, *self.args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         log.close()
         self.stopped = False
@@ -80,7 +87,7 @@ class Node:
     def get(self, path: str, timeout: float = 2.0) -> dict | None:
         try:
             with urllib.request.urlopen(
-                f"http://127.0.0.1:{self.http_port}{path}", timeout=timeout
+                f"http://{self.host}:{self.http_port}{path}", timeout=timeout
             ) as r:
                 return json.loads(r.read())
         except (urllib.error.URLError, OSError, ValueError):
@@ -100,6 +107,8 @@ class LocalCluster:
         controller_args: list[str] | None = None,
         log_level: str = "warning",
         python: str = sys.executable,
+        node_hosts: dict[str, str] | None = None,
+        node_prefix: dict[str, list[str]] | None = None,
     ) -> None:
         self.data_dir = os.path.abspath(data_dir)
         os.makedirs(self.data_dir, exist_ok=True)
@@ -110,11 +119,17 @@ class LocalCluster:
         self.controller_args = controller_args or []
         self.controllers: dict[int, Node] = {}
         self.brokers: dict[int, Node] = {}
+        self.node_hosts = node_hosts or {}
+        self.node_prefix = node_prefix or {}
+        chosts = [
+            self.node_hosts.get(f"controller-{CONTROLLER_ID_BASE + j + 1}", "127.0.0.1")
+            for j in range(controllers)
+        ]
         cports = [
             controller_base + j if controller_base else free_port() for j in range(controllers)
         ]
         self.voters = ",".join(
-            f"{CONTROLLER_ID_BASE + j + 1}@127.0.0.1:{cports[j]}" for j in range(controllers)
+            f"{CONTROLLER_ID_BASE + j + 1}@{chosts[j]}:{cports[j]}" for j in range(controllers)
         )
         for j in range(controllers):
             cid = CONTROLLER_ID_BASE + j + 1
@@ -124,6 +139,8 @@ class LocalCluster:
                 self._controller_cmd(cid),
                 os.path.join(self.data_dir, f"controller-{cid}.log"),
                 cports[j],
+                host=chosts[j],
+                prefix=list(self.node_prefix.get(f"controller-{cid}", [])),
             )
         for i in range(1, brokers + 1):
             self.add_broker(
@@ -156,14 +173,15 @@ class LocalCluster:
     def add_broker(
         self, bid: int, kafka_port: int, http_port: int, rack: str | None = None
     ) -> Node:
+        host = self.node_hosts.get(f"broker-{bid}", "127.0.0.1")
         args = [
             self.python, "-m", "straitmq.broker",
             "--node-id", str(bid),
             "--cluster-id", self.cluster_id,
             "--controllers", self.voters,
             "--data-dir", os.path.join(self.data_dir, f"broker-{bid}"),
-            "--listen", f"127.0.0.1:{kafka_port}",
-            "--http", f"127.0.0.1:{http_port}",
+            "--listen", f"{host}:{kafka_port}",
+            "--http", f"{host}:{http_port}",
             "--log-level", self.log_level,
             *(["--rack", rack] if rack else []),
             *self.broker_args,
@@ -175,13 +193,15 @@ class LocalCluster:
             os.path.join(self.data_dir, f"broker-{bid}.log"),
             http_port,
             kafka_port,
+            host=host,
+            prefix=list(self.node_prefix.get(f"broker-{bid}", [])),
         )
         self.brokers[bid] = node
         return node
 
     @property
     def bootstrap(self) -> str:
-        return ",".join(f"127.0.0.1:{b.kafka_port}" for b in self.brokers.values())
+        return ",".join(f"{b.host}:{b.kafka_port}" for b in self.brokers.values())
 
     def nodes(self) -> list[Node]:
         return [*self.controllers.values(), *self.brokers.values()]

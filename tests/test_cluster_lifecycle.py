@@ -1,0 +1,101 @@
+"""Broker lifecycle in a real 3+3 cluster: controlled shutdown moves leaderships away
+before a broker exits (no failed acks=all writes), a returning broker gets its preferred
+leaderships back, and unclean leader election happens only where a topic allows it."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import pytest
+from cluster_support import Workload, cluster_factory, verify, wait_for
+
+pytestmark = pytest.mark.timeout(150)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    yield from cluster_factory(tmp_path)
+
+
+def _leaders(c, topic: str, exclude: tuple[int, ...] = ()) -> list[int]:
+    return [p["leader"] for p in c.topic(topic, exclude=exclude)["partitions"]]
+
+
+def test_controlled_shutdown_moves_leaders_first(cluster) -> None:
+    c = cluster()
+    c.create_topic("cs", partitions=3, rf=3, min_isr=2)
+    w = Workload(c.bootstrap, "cs", prefix="cs").start()
+    w.wait_acked_growth(400, 20)
+    victim = _leaders(c, "cs")[0]
+    t0 = time.monotonic()
+    c.brokers[victim].stop()  # SIGTERM: controlled shutdown, then exit
+    took = time.monotonic() - t0
+    assert c.brokers[victim].proc.returncode == 0
+    # The moment it is gone, every partition already has another live leader.
+    leaders = _leaders(c, "cs", exclude=(victim,))
+    assert victim not in leaders and -1 not in leaders, leaders
+    w.wait_acked_growth(300, 20)
+    c.brokers[victim].start()
+    c.wait_ready(60, brokers=[victim])
+    c.wait_isr("cs", 3, timeout=40, exclude=(victim,))
+    w.stop()
+    fig = verify(c, w, "controlled-shutdown", {"victim": victim, "shutdown_s": round(took, 2)})
+    assert fig.ok(), fig.line()
+    # Controlled shutdown means no acks=all write failed or timed out on the way.
+    assert not w.errors, dict(w.errors)
+
+
+def _post(node, path: str, body: dict, method: str = "POST") -> dict:
+    req = urllib.request.Request(
+        f"http://{node.host}:{node.http_port}{path}",
+        data=json.dumps(body).encode(),
+        method=method,
+        headers={"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def test_unclean_election_only_where_allowed(cluster) -> None:
+    c = cluster()
+    any_broker = c.any_broker()
+    for name, unclean in (("clean", "false"), ("dirty", "true")):
+        _post(
+            any_broker,
+            "/api/v1/topics",
+            {
+                "name": name,
+                "partitions": 1,
+                "replication_factor": 2,
+                "configs": {"unclean.leader.election.enable": unclean},
+            },
+        )
+    # Stop the followers first so each ISR shrinks to its leader alone, then the leader:
+    # only an out-of-sync replica is left to lead.
+    for name in ("clean", "dirty"):
+        p = c.topic(name)["partitions"][0]
+        leader, follower = p["replicas"][0], p["replicas"][1]
+        c.brokers[follower].kill9()
+        wait_for(
+            lambda name=name, leader=leader: c.topic(name, exclude=(follower,))["partitions"][0][
+                "isr"
+            ]
+            == [leader],
+            20,
+            f"{name}: ISR shrinks to the leader",
+        )
+        c.brokers[leader].kill9()
+        c.brokers[follower].start()
+        c.wait_ready(60, brokers=[follower])
+        view = lambda name=name, leader=leader: c.topic(name, exclude=(leader,))["partitions"][0]  # noqa: E731
+        if name == "clean":
+            time.sleep(3)  # several heartbeats: nothing may change
+            assert view()["leader"] == -1, view()
+        else:
+            wait_for(lambda view=view, follower=follower: view()["leader"] == follower, 20,
+                     "unclean election of the returning out-of-sync replica")
+            assert view()["isr"] == [follower]
+        c.brokers[leader].start()
+        c.wait_ready(60, brokers=[leader])

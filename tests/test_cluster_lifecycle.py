@@ -77,25 +77,24 @@ def test_unclean_election_only_where_allowed(cluster) -> None:
     for name in ("clean", "dirty"):
         p = c.topic(name)["partitions"][0]
         leader, follower = p["replicas"][0], p["replicas"][1]
+
+        def view(name: str = name, leader: int = leader, follower: int = follower) -> dict:
+            return c.topic(name, exclude=(leader, follower))["partitions"][0]
+
         c.brokers[follower].kill9()
-        wait_for(
-            lambda name=name, leader=leader: c.topic(name, exclude=(follower,))["partitions"][0][
-                "isr"
-            ]
-            == [leader],
-            20,
-            f"{name}: ISR shrinks to the leader",
-        )
+        wait_for(lambda v=view, ld=leader: v()["isr"] == [ld], 20, f"{name}: ISR shrinks")
         c.brokers[leader].kill9()
         c.brokers[follower].start()
         c.wait_ready(60, brokers=[follower])
-        view = lambda name=name, leader=leader: c.topic(name, exclude=(leader,))["partitions"][0]  # noqa: E731
         if name == "clean":
             time.sleep(3)  # several heartbeats: nothing may change
             assert view()["leader"] == -1, view()
         else:
-            wait_for(lambda view=view, follower=follower: view()["leader"] == follower, 20,
-                     "unclean election of the returning out-of-sync replica")
+            wait_for(
+                lambda v=view, f=follower: v()["leader"] == f,
+                20,
+                "unclean election of the returning out-of-sync replica",
+            )
             assert view()["isr"] == [follower]
         c.brokers[leader].start()
         c.wait_ready(60, brokers=[leader])

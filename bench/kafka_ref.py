@@ -18,6 +18,11 @@ Readiness: the port accepts TCP connections AND a Metadata (v1) request answers 
 Standard library only (the readiness probe speaks the Kafka protocol over a raw socket).
 
 Command line (for manual runs):  python -m bench.kafka_ref [--port 19092] [--keep]
+
+KafkaCluster (further down) runs a multi-node KRaft cluster the same way: 3 dedicated
+controllers + N brokers, separate JVMs, with kill9()/restart() per node and active_controller()
+from a raw DescribeQuorum request (describe_quorum_probe) -- used by bench/failover.py and
+bench/cluster_throughput.py.
 """
 
 from __future__ import annotations
@@ -356,6 +361,424 @@ class KafkaRef:
     def __repr__(self) -> str:
         state = "running" if self.proc is not None and self.proc.poll() is None else "stopped"
         return f"KafkaRef({self.bootstrap}, {state}, workdir={self.workdir})"
+
+
+# ---------------------------------------------------------------- multi-node cluster
+
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _read_uvarint(data: bytes, pos: int) -> tuple[int, int]:
+    shift = n = 0
+    while True:
+        b = data[pos]
+        pos += 1
+        n |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return n, pos
+        shift += 7
+
+
+def _skip_tagged(data: bytes, pos: int) -> int:
+    count, pos = _read_uvarint(data, pos)
+    for _ in range(count):
+        _tag, pos = _read_uvarint(data, pos)
+        size, pos = _read_uvarint(data, pos)
+        pos += size
+    return pos
+
+
+def describe_quorum_probe(host: str, port: int, timeout: float = 1.0) -> dict:
+    """Send DescribeQuorum v0 (api key 55) for __cluster_metadata-0 to a KRaft controller.
+
+    Returns {"error_code", "leader_id", "leader_epoch", "high_watermark",
+    "voters": [(replica_id, log_end_offset)]}. Only the Raft leader answers with error 0;
+    the other voters answer NOT_LEADER_OR_FOLLOWER (6). Raises OSError / ValueError when the
+    node does not answer.
+    """
+    corr = 0x5EEE
+    client_id = b"straitmq-quorum-probe"
+    topic = b"__cluster_metadata"
+    header = struct.pack(">hhih", 55, 0, corr, len(client_id)) + client_id + b"\x00"
+    body = (
+        _uvarint(2)  # topics: compact array of 1
+        + _uvarint(len(topic) + 1)
+        + topic
+        + _uvarint(2)  # partitions: compact array of 1
+        + struct.pack(">i", 0)
+        + b"\x00"  # partition tagged fields
+        + b"\x00"  # topic tagged fields
+        + b"\x00"  # request tagged fields
+    )
+    req = header + body
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        s.settimeout(timeout)
+        s.sendall(struct.pack(">i", len(req)) + req)
+        size = struct.unpack(">i", _recv_exact(s, 4))[0]
+        if size < 6 or size > 1_000_000:
+            raise ValueError(f"bad response size {size}")
+        data = _recv_exact(s, size)
+    (got_corr,) = struct.unpack_from(">i", data, 0)
+    if got_corr != corr:
+        raise ValueError(f"correlation id mismatch {got_corr} != {corr}")
+    pos = _skip_tagged(data, 4)  # response header v1
+    (err,) = struct.unpack_from(">h", data, pos)
+    pos += 2
+    res: dict = {"error_code": err, "leader_id": -1, "leader_epoch": -1, "voters": []}
+    if err:
+        return res
+    ntopics, pos = _read_uvarint(data, pos)
+    if ntopics < 2:
+        return res
+    nlen, pos = _read_uvarint(data, pos)
+    pos += nlen - 1
+    nparts, pos = _read_uvarint(data, pos)
+    if nparts < 2:
+        return res
+    _pidx, perr, leader, epoch, hw = struct.unpack_from(">ihiiq", data, pos)
+    pos += 22
+    res.update(error_code=perr, leader_id=leader, leader_epoch=epoch, high_watermark=hw)
+    if perr:
+        return res
+    nvoters, pos = _read_uvarint(data, pos)
+    for _ in range(nvoters - 1):
+        rid, leo = struct.unpack_from(">iq", data, pos)
+        pos += 12
+        pos = _skip_tagged(data, pos)
+        res["voters"].append((rid, leo))
+    return res
+
+
+CLUSTER_BROKER_JVM_ARGS = ["-Xmx512m", "-Xms512m", *KAFKA_JVM_PERFORMANCE_OPTS]
+CLUSTER_CONTROLLER_JVM_ARGS = ["-Xmx384m", "-Xms384m", *KAFKA_JVM_PERFORMANCE_OPTS]
+
+
+class KafkaNode:
+    """One process of a KafkaCluster (a broker or a controller), with its own folder."""
+
+    def __init__(self, cluster: KafkaCluster, node_id: int, role: str, port: int):
+        self.cluster = cluster
+        self.node_id = node_id
+        self.role = role  # "broker" | "controller"
+        self.port = port  # client listener (broker) or CONTROLLER listener (controller)
+        self.dir = cluster.workdir / f"{role}-{node_id}"
+        self.proc: subprocess.Popen | None = None
+        self._stdout = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.node_id}"
+
+    @property
+    def config_path(self) -> Path:
+        return self.dir / "server.properties"
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def write_config(self) -> None:
+        c = self.cluster
+        (self.dir / "logs").mkdir(parents=True, exist_ok=True)
+        (self.dir / "data").mkdir(exist_ok=True)
+        props: dict[str, object] = {
+            "node.id": self.node_id,
+            "controller.quorum.voters": c.voters,
+            "controller.listener.names": "CONTROLLER",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": str(self.dir / "data"),
+            "num.network.threads": 3,
+            "num.io.threads": 8,
+        }
+        if self.role == "controller":
+            props.update(
+                {
+                    "process.roles": "controller",
+                    "listeners": f"CONTROLLER://{c.host}:{self.port}",
+                }
+            )
+            props.update(c.controller_config)
+        else:
+            props.update(
+                {
+                    "process.roles": "broker",
+                    "listeners": f"PLAINTEXT://{c.host}:{self.port}",
+                    "advertised.listeners": f"PLAINTEXT://{c.host}:{self.port}",
+                    "inter.broker.listener.name": "PLAINTEXT",
+                    "num.partitions": 1,
+                    "default.replication.factor": min(3, len(c.brokers) or 3),
+                    "offsets.topic.replication.factor": min(3, len(c.brokers) or 3),
+                    "transaction.state.log.replication.factor": min(3, len(c.brokers) or 3),
+                    "transaction.state.log.min.isr": 1,
+                    "group.initial.rebalance.delay.ms": 0,
+                    "auto.create.topics.enable": "true",
+                    "log.segment.bytes": 1073741824,
+                }
+            )
+            props.update(c.broker_config)
+        self.config_path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        (self.dir / "log4j.properties").write_text(
+            _LOG4J.format(level=c.log_level, logdir=self.dir / "logs", request_level="WARN")
+        )
+
+    def _log_args(self) -> list[str]:
+        return [
+            f"-Dlog4j.configuration=file:{self.dir / 'log4j.properties'}",
+            f"-Dkafka.logs.dir={self.dir / 'logs'}",
+        ]
+
+    def format_cmd(self) -> list[str]:
+        return java_cmd(
+            STORAGE_TOOL,
+            ["format", f"--cluster-id={self.cluster.cluster_id}", "--config", self.config_path],
+            jvm_args=["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", *self._log_args()],
+            include_classes=False,
+        )
+
+    def start(self) -> None:
+        """Start the process (the storage must be formatted already); does not wait."""
+        if self.alive():
+            return
+        jvm = (
+            self.cluster.controller_jvm_args
+            if self.role == "controller"
+            else (self.cluster.broker_jvm_args)
+        )
+        cmd = java_cmd(
+            KAFKA_MAIN,
+            [self.config_path],
+            jvm_args=[*jvm, *self._log_args()],
+            include_classes=False,
+        )
+        if self._stdout is not None:
+            self._stdout.close()
+        self._stdout = open(self.dir / "logs" / "stdout.log", "ab")
+        in_main = threading.current_thread() is threading.main_thread()
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self._stdout,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=self.dir,
+            preexec_fn=_pdeathsig if in_main and sys.platform == "linux" else None,
+        )
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        if self._stdout is not None:
+            self._stdout.close()
+            self._stdout = None
+
+    def log_tail(self, n: int = 40) -> str:
+        out = []
+        for f in (self.dir / "logs" / "stdout.log", self.dir / "logs" / "server.log"):
+            try:
+                lines = f.read_text(errors="replace").splitlines()[-n:]
+                out.append(f"--- {f} (last {len(lines)} lines)\n" + "\n".join(lines))
+            except OSError:
+                pass
+        return "\n".join(out)
+
+
+class KafkaCluster:
+    """Apache Kafka 3.9 in KRaft mode as separate processes: `controllers` dedicated
+    controllers (node ids 1001, 1002, ...; process.roles=controller, static voters) and
+    `brokers` brokers (node ids 1, 2, ...), each with its own folder under one temp dir.
+
+        with KafkaCluster(broker_config={"broker.heartbeat.interval.ms": 300}) as kc:
+            kc.bootstrap                  # "127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3"
+            kc.active_controller()        # node id of the Raft leader (active controller)
+            kc.brokers[2].kill9(); kc.restart(2)
+
+    broker_config / controller_config: server.properties overrides per role.
+    """
+
+    CONTROLLER_ID_BASE = 1000
+
+    def __init__(
+        self,
+        controllers: int = 3,
+        brokers: int = 3,
+        *,
+        host: str = "127.0.0.1",
+        broker_config: Mapping[str, object] | None = None,
+        controller_config: Mapping[str, object] | None = None,
+        workdir: str | os.PathLike | None = None,
+        keep: bool = False,
+        broker_jvm_args: list[str] | None = None,
+        controller_jvm_args: list[str] | None = None,
+        log_level: str = "INFO",
+        startup_timeout: float = 180.0,
+    ):
+        self.host = host
+        self.broker_config = dict(broker_config or {})
+        self.controller_config = dict(controller_config or {})
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="kafka-cluster-"))
+        self.keep = keep
+        self.broker_jvm_args = list(broker_jvm_args or CLUSTER_BROKER_JVM_ARGS)
+        self.controller_jvm_args = list(controller_jvm_args or CLUSTER_CONTROLLER_JVM_ARGS)
+        self.log_level = log_level
+        self.startup_timeout = startup_timeout
+        self.cluster_id = random_cluster_id()
+        used: set[int] = set()
+
+        def port() -> int:
+            while True:
+                p = free_port(host)
+                if p not in used:
+                    used.add(p)
+                    return p
+
+        self.controllers: dict[int, KafkaNode] = {}
+        self.brokers: dict[int, KafkaNode] = {}
+        for j in range(controllers):
+            nid = self.CONTROLLER_ID_BASE + j + 1
+            self.controllers[nid] = KafkaNode(self, nid, "controller", port())
+        for i in range(1, brokers + 1):
+            self.brokers[i] = KafkaNode(self, i, "broker", port())
+        self.voters = ",".join(f"{n.node_id}@{host}:{n.port}" for n in self.controllers.values())
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(f"{self.host}:{b.port}" for b in self.brokers.values())
+
+    def nodes(self) -> list[KafkaNode]:
+        return [*self.controllers.values(), *self.brokers.values()]
+
+    def node(self, node_id: int) -> KafkaNode:
+        return self.brokers.get(node_id) or self.controllers[node_id]
+
+    def start(self) -> KafkaCluster:
+        _live_clusters.add(self)
+        try:
+            for n in self.nodes():
+                n.write_config()
+            fmts = [
+                subprocess.Popen(
+                    n.format_cmd(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+                )
+                for n in self.nodes()
+            ]
+            for n, f in zip(self.nodes(), fmts, strict=True):
+                out, _ = f.communicate(timeout=180)
+                if f.returncode != 0:
+                    raise RuntimeError(f"StorageTool format of {n.name} failed:\n{out[-3000:]}")
+            for n in self.nodes():
+                n.start()
+            self.wait_ready()
+        except BaseException:
+            tails = "\n".join(n.log_tail(20) for n in self.nodes())
+            self.stop()
+            raise RuntimeError(f"Kafka cluster did not start:\n{tails[-6000:]}") from None
+        return self
+
+    def wait_ready(self, timeout: float | None = None, brokers: list[int] | None = None) -> None:
+        """Wait until every (listed) broker answers Metadata listing all live brokers."""
+        deadline = time.monotonic() + (timeout or self.startup_timeout)
+        want = brokers if brokers is not None else list(self.brokers)
+        live = [b for b, n in self.brokers.items() if n.alive()]
+        while True:
+            for n in self.nodes():
+                if (
+                    n.proc is not None
+                    and n.proc.poll() is not None
+                    and n.node_id in (*want, *self.controllers)
+                ):
+                    raise RuntimeError(f"{n.name} exited with {n.proc.returncode}")
+            ok = True
+            for b in want:
+                try:
+                    seen = metadata_probe(self.host, self.brokers[b].port, timeout=2.0)
+                except (OSError, ValueError, struct.error):
+                    ok = False
+                    break
+                if not set(live) <= {nid for nid, _h, _p in seen}:
+                    ok = False
+                    break
+            if ok:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Kafka brokers {want} not ready")
+            time.sleep(0.2)
+
+    def restart(self, node_id: int, wait: bool = True) -> None:
+        n = self.node(node_id)
+        n.start()
+        if wait and n.role == "broker":
+            self.wait_ready(brokers=[node_id])
+
+    def quorum(self, timeout: float = 0.5) -> dict | None:
+        """DescribeQuorum answer of the Raft leader among the live controllers (None: none)."""
+        for n in self.controllers.values():
+            if not n.alive():
+                continue
+            try:
+                r = describe_quorum_probe(self.host, n.port, timeout=timeout)
+            except (OSError, ValueError, struct.error, IndexError):
+                continue
+            if r["error_code"] == 0:
+                r["answered_by"] = n.node_id
+                return r
+        return None
+
+    def active_controller(self, timeout: float = 0.5) -> int | None:
+        """Node id of the active controller (the Raft leader that says so itself)."""
+        q = self.quorum(timeout)
+        if q is not None and q["leader_id"] == q["answered_by"]:
+            return q["leader_id"]
+        return None
+
+    def stop(self) -> None:
+        for n in self.brokers.values():
+            if n.alive():
+                n.proc.terminate()
+        for n in self.brokers.values():
+            n.stop()
+        for n in self.controllers.values():
+            n.stop()
+        _live_clusters.discard(self)
+        if self._own_workdir and not self.keep:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> KafkaCluster:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+_live_clusters: weakref.WeakSet[KafkaCluster] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all_clusters() -> None:
+    for k in list(_live_clusters):
+        try:
+            k.stop()
+        except Exception:
+            pass
 
 
 def main(argv: list[str] | None = None) -> int:

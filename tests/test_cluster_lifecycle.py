@@ -33,9 +33,13 @@ def test_controlled_shutdown_moves_leaders_first(cluster) -> None:
     c.brokers[victim].stop()  # SIGTERM: controlled shutdown, then exit
     took = time.monotonic() - t0
     assert c.brokers[victim].proc.returncode == 0
-    # The moment it is gone, every partition already has another live leader.
-    leaders = _leaders(c, "cs", exclude=(victim,))
-    assert victim not in leaders and -1 not in leaders, leaders
+    # Every partition has another live leader (a surviving broker's metadata may show it
+    # a moment later); no acks=all write failed on the way (checked at the end).
+    wait_for(
+        lambda: not {victim, -1} & set(_leaders(c, "cs", exclude=(victim,))),
+        5,
+        "leaders moved off the stopped broker",
+    )
     w.wait_acked_growth(300, 20)
     c.brokers[victim].start()
     c.wait_ready(60, brokers=[victim])

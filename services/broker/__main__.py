@@ -55,6 +55,12 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
     )
     p.add_argument("--session-timeout-ms", type=int, default=d.session_timeout_ms,
                    help="combined node: broker session timeout of its controller")
+    p.add_argument(
+        "--otlp-endpoint",
+        default=None,
+        help="OTLP/HTTP collector base URL for metrics, e.g. http://otel-collector:4318 "
+        "(default: the OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT variables; none: no export)",
+    )
     p.add_argument("--log-level", default=os.environ.get("STRAIT_LOG_LEVEL", "warning"))
     a = p.parse_args(argv)
     if a.controllers and not a.cluster_id:
@@ -87,6 +93,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         replica_lag_time_max_ms=a.replica_lag_time_max_ms,
         controlled_shutdown_timeout_ms=a.controlled_shutdown_timeout_ms,
         session_timeout_ms=a.session_timeout_ms,
+        otlp_endpoint=a.otlp_endpoint,
     )
 
 

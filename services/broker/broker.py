@@ -16,6 +16,7 @@ import uuid
 from typing import Any
 
 import orjson
+from straitmq.controller import metrics as controller_metrics
 from straitmq.controller.active import ActiveController, ControllerSettings, handlers
 from straitmq.controller.client import ControllerClient
 from straitmq.controller.errors import ControllerError
@@ -23,6 +24,9 @@ from straitmq.controller.quorum import Quorum, parse_voters
 from straitmq.controller.raft.core import RaftConfig
 from straitmq.metadata.image import MetadataImage
 
+from straitmq.telemetry import Telemetry
+
+from . import metrics as broker_metrics
 from .config import BrokerConfig
 from .groups.coordinator import GroupCoordinator, GroupSettings
 from .groups.offsets import OFFSETS_TOPIC, OffsetStore
@@ -80,6 +84,8 @@ class Broker:
         self.controller: ControllerClient
         self.lifecycle = Lifecycle(self)
         self._producer_ids: list[int] = []  # [next, limit) of the block we hold
+        self.telemetry = Telemetry("straitmq-broker", str(config.node_id), config.otlp_endpoint)
+        broker_metrics.install(self.telemetry, self)
 
     # -- identity --------------------------------------------------------------------
 
@@ -143,6 +149,10 @@ class Broker:
                 f"this broker was started for cluster {self.cluster_id!r} but the controllers "
                 f"run cluster {self.image.cluster_id!r}"
             )
+
+    def _open_replicas(self) -> None:
+        """After registering: only now may this process act as the node id's replicas
+        (a refused duplicate must never fetch as, or serve for, another broker)."""
         self.metadata_ready = True
         self.partitions.sync(self.image)
         if OFFSETS_TOPIC in self.image.topics:
@@ -222,6 +232,11 @@ class Broker:
             await asyncio.sleep(0.01)
         return reply
 
+    async def catch_up_metadata(self) -> None:
+        """A read barrier: wait until our image has everything the active controller
+        has committed (for decisions that must not act on a stale view)."""
+        await self.control("describe", {})
+
     # -- producer ids ----------------------------------------------------------------
 
     async def next_producer_id(self) -> int:
@@ -274,12 +289,15 @@ class Broker:
             voters = parse_voters(cfg.controller_voters or "")
             self.quorum = Quorum(cfg.node_id, voters, cfg.data_dir, raft)
             self.controller = ControllerClient(voters, lambda: self.quorum.leader_id)
+        if self.active is not None:
+            controller_metrics.install(self.telemetry, self.quorum, self.active)
         self.quorum.listeners.append(self._on_metadata)
         await self.quorum.start()
         if self.active is not None:
             await self.active.start()
         await self._wait_metadata()
         await self.lifecycle.register()
+        self._open_replicas()
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self.lifecycle.heartbeat_loop()))
         self._tasks.append(loop.create_task(self.isr.run()))
@@ -336,6 +354,7 @@ class Broker:
         await self.quorum.stop()
         await self.controller.close()
         self.partitions.close()
+        self.telemetry.shutdown()
 
 
 def _new_cluster_id() -> str:

@@ -40,6 +40,8 @@ class BrokerConfig:
     fetch_timeout_ms: int = 2000
     session_timeout_ms: int = 9000
     leader_rebalance_interval_ms: int = 30_000
+    # Metrics: OTLP/HTTP collector base URL (None: the OTEL_EXPORTER_OTLP_* variables).
+    otlp_endpoint: str | None = None
 
     def describe(self) -> dict[str, str]:
         """Broker configs as DescribeConfigs shows them (Kafka names)."""

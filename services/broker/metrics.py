@@ -1,9 +1,42 @@
-"""In-process counters the HTTP API reports; the OpenTelemetry export builds on these."""
+"""The broker's metrics: cheap counters on the request path, read out at collection.
+
+The request path only adds to plain dicts (`bytes_in[topic] += n`) and records request
+latency into a pre-bound `FastHistogram`; everything else (partition state, log sizes,
+consumer lag, group states) is read from the broker's own state when Prometheus scrapes
+`/metrics` or the OTLP exporter collects, so serving traffic pays nothing for it.
+
+Consumer lag (high watermark - committed offset) is computed by the broker that
+coordinates the group, which holds the committed offsets, for the partitions it has a
+replica of: the high watermark of the partitions it leads, and for those it follows the
+high watermark its leader last sent (at most one replica fetch behind). A (group,
+partition) whose coordinator holds no replica of the partition is absent. With
+replication factor = broker count (and on a single node) every pair is reported; sum over
+brokers to see a group, each pair comes from one broker.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from straitmq.telemetry import catalog as C
+from straitmq.telemetry.histogram import LATENCY_BUCKETS_S, FastHistogram, HistogramFamily
+from straitmq.telemetry.kafka_names import FETCH_FOLLOWER, api_name, error_name
+
+if TYPE_CHECKING:
+    from straitmq.telemetry import Telemetry
+
+    from .broker import Broker
+
+FOLLOWER_FETCH_KEY = -1  # latency key of Fetch requests from follower replicas
+MAX_LAG_SERIES = 10_000  # (group, partition) pairs reported per scrape; the rest dropped
+
+
+def _latency_family() -> HistogramFamily:
+    inst = C.BROKER_REQUEST_DURATION
+    return HistogramFamily(inst.name, inst.unit, inst.description, LATENCY_BUCKETS_S)
 
 
 @dataclass
@@ -11,8 +44,20 @@ class BrokerMetrics:
     requests: Counter = field(default_factory=Counter)  # api key -> count
     request_errors: Counter = field(default_factory=Counter)  # (api key, error code) -> count
     bytes_in: Counter = field(default_factory=Counter)  # topic -> bytes
-    bytes_out: Counter = field(default_factory=Counter)
+    bytes_out: Counter = field(default_factory=Counter)  # topic -> bytes sent to consumers
     messages_in: Counter = field(default_factory=Counter)
+    messages_out: Counter = field(default_factory=Counter)  # topic -> offsets sent to consumers
+    replication_bytes_out: int = 0  # bytes sent to follower replicas
+    latency_family: HistogramFamily = field(default_factory=_latency_family)
+    latency: dict[int, FastHistogram] = field(default_factory=dict)  # api key -> histogram
+
+    def observe(self, key: int, seconds: float) -> None:
+        """One request's duration; `key` is the API key, or FOLLOWER_FETCH_KEY."""
+        h = self.latency.get(key)
+        if h is None:
+            name = FETCH_FOLLOWER if key == FOLLOWER_FETCH_KEY else api_name(key)
+            h = self.latency[key] = self.latency_family.bind({C.API: name})
+        h.record(seconds)
 
     def snapshot(self) -> dict:
         return {
@@ -21,4 +66,94 @@ class BrokerMetrics:
             "bytes_in": dict(self.bytes_in),
             "bytes_out": dict(self.bytes_out),
             "messages_in": dict(self.messages_in),
+            "messages_out": dict(self.messages_out),
+            "replication_bytes_out": self.replication_bytes_out,
         }
+
+
+Points = Iterator[tuple[float, dict[str, Any]]]
+
+
+def install(telemetry: Telemetry, broker: Broker) -> None:
+    """Register the broker's instruments (and, on a combined node, the controller's)."""
+    m = broker.metrics
+    telemetry.attach_fast_histogram(C.BROKER_REQUEST_DURATION, m.latency_family)
+
+    def topic_io() -> Points:
+        for topic, n in list(m.bytes_in.items()):
+            yield n, {C.TOPIC: topic, C.DIRECTION: "receive"}
+        for topic, n in list(m.bytes_out.items()):
+            yield n, {C.TOPIC: topic, C.DIRECTION: "transmit"}
+
+    def topic_messages() -> Points:
+        for topic, n in list(m.messages_in.items()):
+            yield n, {C.TOPIC: topic, C.DIRECTION: "receive"}
+        for topic, n in list(m.messages_out.items()):
+            yield n, {C.TOPIC: topic, C.DIRECTION: "transmit"}
+
+    def errors() -> Points:
+        for (key, code), n in list(m.request_errors.items()):
+            yield n, {C.API: api_name(key), C.ERROR: error_name(code)}
+
+    def partitions() -> list:
+        return list(broker.partitions.partitions.values())
+
+    def led() -> list:
+        return [p for p in partitions() if p.is_leader]
+
+    def log_points(attr: str) -> Points:
+        for p in partitions():
+            plog = p.log
+            value = plog.size_bytes if attr == "size" else len(plog.segments)
+            yield value, {C.TOPIC: p.topic, C.PARTITION: str(p.index)}
+
+    def lag() -> Points:
+        emitted = 0
+        for group, committed in list(broker.offsets.offsets.items()):
+            for (topic, index), c in list(committed.items()):
+                part = broker.partitions.get(topic, index)
+                if part is None or not part.role:
+                    continue
+                yield (
+                    max(0, part.high_watermark - c.offset),
+                    {C.GROUP: group, C.TOPIC: topic, C.PARTITION: str(index)},
+                )
+                emitted += 1
+                if emitted >= MAX_LAG_SERIES:
+                    return
+
+    def group_states() -> Points:
+        for gid, _protocol, state in broker.groups.list_groups():
+            yield 1, {C.GROUP: gid, C.GROUP_STATE: state}
+
+    def group_members() -> Points:
+        for gid, g in list(broker.groups.groups.items()):
+            yield len(g.members), {C.GROUP: gid}
+
+    isr = broker.isr
+    t = telemetry
+    t.observe(C.BROKER_TOPIC_IO, topic_io)
+    t.observe(C.BROKER_TOPIC_MESSAGES, topic_messages)
+    t.observe(
+        C.BROKER_REPLICATION_IO, lambda: [(m.replication_bytes_out, {C.DIRECTION: "transmit"})]
+    )
+    t.observe(C.BROKER_REQUEST_ERRORS, errors)
+    t.observe(C.BROKER_PARTITIONS, lambda: [(len(partitions()), {})])
+    t.observe(C.BROKER_LEADERS, lambda: [(len(led()), {})])
+    t.observe(
+        C.BROKER_UNDER_REPLICATED,
+        lambda: [(sum(len(p.isr) < len(p.replicas) for p in led()), {})],
+    )
+    t.observe(C.BROKER_UNDER_MIN_ISR, lambda: [(sum(len(p.isr) < p.min_isr for p in led()), {})])
+    t.observe(
+        C.BROKER_ISR_OPERATIONS,
+        lambda: [
+            (isr.shrinks, {C.ISR_OPERATION: "shrink"}),
+            (isr.expands, {C.ISR_OPERATION: "expand"}),
+        ],
+    )
+    t.observe(C.BROKER_LOG_SIZE, lambda: log_points("size"))
+    t.observe(C.BROKER_LOG_SEGMENTS, lambda: log_points("segments"))
+    t.observe(C.CONSUMER_GROUP_LAG, lag)
+    t.observe(C.CONSUMER_GROUP_STATE, group_states)
+    t.observe(C.CONSUMER_GROUP_MEMBERS, group_members)

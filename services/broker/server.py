@@ -13,6 +13,7 @@ import logging
 import os
 import struct
 from collections import deque
+from time import perf_counter
 from typing import TYPE_CHECKING
 
 from straitmq.protocol.build import build
@@ -27,6 +28,7 @@ from straitmq.protocol.guard import check_array_lengths
 
 from .api.context import RawResponse, RequestContext
 from .api.dispatch import HANDLERS, api_versions_fallback
+from .metrics import FOLLOWER_FETCH_KEY
 from .storage.log import ReadSlice
 
 if TYPE_CHECKING:
@@ -147,6 +149,7 @@ class KafkaConnection(asyncio.Protocol):
             self.close()
 
     async def handle(self, frame: memoryview) -> None:
+        start = perf_counter()
         broker = self.broker
         api_key, version, correlation_id = parse_header_prefix(frame)
         spec = HANDLERS.get(api_key)
@@ -171,15 +174,20 @@ class KafkaConnection(asyncio.Protocol):
         ctx = RequestContext(
             broker, api_key, version, correlation_id, header.client_id, self.client_host
         )
-        broker.metrics.requests[api_key] += 1
+        metrics = broker.metrics
+        metrics.requests[api_key] += 1
+        key = api_key if api_key != 1 or body.replica_id < 0 else FOLLOWER_FETCH_KEY
         result = await spec.handler(ctx, body)
-        if result is None or self.closed:
-            return
-        if isinstance(result, RawResponse):
-            await self.write_raw(result)
-        else:
-            body = build(response_schema(api_key, version), result)
-            self.write(encode_response(api_key, version, correlation_id, body))
+        if result is not None and not self.closed:
+            if isinstance(result, RawResponse):
+                await self.write_raw(result)
+            else:
+                code = result.get("error_code") if type(result) is dict else None
+                if code:  # a top-level error (Produce and Fetch count theirs per partition)
+                    metrics.request_errors[(api_key, code)] += 1
+                body = build(response_schema(api_key, version), result)
+                self.write(encode_response(api_key, version, correlation_id, body))
+        metrics.observe(key, perf_counter() - start)
 
     def write(self, data: bytes) -> None:
         if not self.closed and self.transport is not None:

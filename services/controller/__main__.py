@@ -36,6 +36,12 @@ def build(argv: list[str] | None = None) -> ControllerNode:
     p.add_argument("--no-auto-leader-rebalance", action="store_true")
     p.add_argument("--default-partitions", type=int, default=1)
     p.add_argument("--default-replication-factor", type=int, default=1)
+    p.add_argument(
+        "--otlp-endpoint",
+        default=None,
+        help="OTLP/HTTP collector base URL for metrics, e.g. http://otel-collector:4318 "
+        "(default: the OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT variables; none: no export)",
+    )
     p.add_argument("--log-level", default=os.environ.get("STRAIT_LOG_LEVEL", "warning"))
     a = p.parse_args(argv)
     logs.setup(a.log_level)
@@ -62,6 +68,7 @@ def build(argv: list[str] | None = None) -> ControllerNode:
         RaftConfig(election_timeout_ms=a.election_timeout_ms, fetch_timeout_ms=a.fetch_timeout_ms),
         host or "127.0.0.1",
         int(port),
+        otlp_endpoint=a.otlp_endpoint,
     )
 
 

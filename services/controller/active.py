@@ -16,11 +16,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from straitmq.metadata.image import NO_LEADER, MetadataImage, Record
+from straitmq.metadata.image import MetadataImage, Record
 
 from . import errors as E
 from . import operations as ops
-from .election import on_broker_leaving, on_broker_returning, preferred_leader_changes
+from .election import (
+    on_broker_leaving,
+    on_broker_returning,
+    preferred_leader_changes,
+    unclean_offline_elections,
+)
 from .errors import ControllerError, NotController
 from .quorum import Quorum
 
@@ -51,6 +56,7 @@ class ActiveController:
         self._caught_up_at: dict[int, int] = {}  # broker id -> metadata offset to unfence
         self._task: asyncio.Task | None = None
         self._activation: asyncio.Task | None = None
+        self.fencings = 0  # brokers fenced on session expiry while active (a metric)
         quorum.leader_listeners.append(self._on_leadership)
 
     @property
@@ -199,6 +205,7 @@ class ActiveController:
             # A broker that wakes up (SIGSTOP, a healed partition) is unfenced only once
             # its metadata shows its own fencing and the leadership moves that followed.
             self._caught_up_at[bid] = await self._commit(build)
+            self.fencings += 1
 
     async def _housekeeping(self) -> None:
         last_rebalance = _mono()
@@ -249,7 +256,11 @@ class ActiveController:
     async def alter_configs(self, req: dict) -> dict:
         def build(image: MetadataImage) -> list[Record]:
             records = ops.alter_configs(image, req["name"], req["changes"])
-            return [] if req.get("validate_only") else records
+            if req.get("validate_only"):
+                return []
+            if req["changes"].get("unclean.leader.election.enable") == "true":
+                records += unclean_offline_elections(image, req["name"])
+            return records
 
         return {"offset": await self._commit(build)}
 
@@ -328,33 +339,20 @@ class ActiveController:
         return {"reassignments": out}
 
     async def elect_preferred(self, req: dict) -> dict:
-        return {"offset": await self._commit(preferred_leader_changes)}
+        """{"partitions": [{"topic", "index"}]} or nothing for every partition."""
+        items = req.get("partitions")
+        only = {(p["topic"], int(p["index"])) for p in items} if items is not None else None
+        return {"offset": await self._commit(lambda image: preferred_leader_changes(image, only))}
 
     def describe(self) -> dict:
         """Brokers and partition health as the active controller sees them."""
         image = self.image
-        offline = under = 0
-        for t in image.topics.values():
-            for p in t.partitions:
-                if p.leader == NO_LEADER:
-                    offline += 1
-                elif len(p.isr) < len(p.replicas):
-                    under += 1
+        offline, under = image.partition_health()
         return {
+            "offset": image.offset,
             "cluster_id": image.cluster_id,
             "active": self.active,
-            "brokers": [
-                {
-                    "id": b.id,
-                    "host": b.host,
-                    "port": b.port,
-                    "http_port": b.http_port,
-                    "rack": b.rack,
-                    "fenced": b.fenced,
-                    "shutting_down": b.shutting_down,
-                }
-                for b in sorted(image.brokers.values(), key=lambda b: b.id)
-            ],
+            "brokers": image.describe_brokers(),
             "offline_partitions": offline,
             "under_replicated_partitions": under,
         }

@@ -73,13 +73,31 @@ def on_broker_returning(image: MetadataImage, broker: int) -> list[Record]:
     return out
 
 
-def preferred_leader_changes(image: MetadataImage) -> list[Record]:
+def preferred_leader_changes(
+    image: MetadataImage, only: set[tuple[str, int]] | None = None
+) -> list[Record]:
     """Move leadership back to preferred replicas that are alive and in sync."""
     alive = {b.id for b in image.live_brokers()}
     out = []
     for t in image.topics.values():
         for i, p in enumerate(t.partitions):
+            if only is not None and (t.name, i) not in only:
+                continue
             pref = p.preferred_leader
             if pref != p.leader and pref in p.isr and pref in alive and pref not in p.removing:
                 out.append(_change(t, i, p, pref, p.isr))
+    return out
+
+
+def unclean_offline_elections(image: MetadataImage, topic: str) -> list[Record]:
+    """A topic just allowed unclean election: lead its offline partitions from any live
+    replica now, not at the next broker change."""
+    t = image.topics[topic]
+    alive = {b.id for b in image.live_brokers()}
+    out = []
+    for i, p in enumerate(t.partitions):
+        if p.leader == NO_LEADER:
+            leader, isr = elect(p, p.isr, alive, True)
+            if leader != NO_LEADER:
+                out.append(_change(t, i, p, leader, isr))
     return out

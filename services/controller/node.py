@@ -7,6 +7,9 @@ import sys
 
 from aiohttp import web
 
+from straitmq.telemetry import Telemetry, add_metrics_route
+
+from . import metrics
 from .active import ActiveController, ControllerSettings
 from .http_api import add_routes
 from .quorum import Quorum
@@ -26,6 +29,7 @@ class ControllerNode:
         raft_config: RaftConfig | None = None,
         host: str = "127.0.0.1",
         port: int = 9093,
+        otlp_endpoint: str | None = None,
     ) -> None:
         if node_id not in voters:
             raise ValueError(f"controller {node_id} is not among the voters {sorted(voters)}")
@@ -34,6 +38,8 @@ class ControllerNode:
         self.active = ActiveController(self.quorum, settings)
         self.quorum.listeners.append(self._check_cluster_id)
         self._runner: web.AppRunner | None = None
+        self.telemetry = Telemetry("straitmq-controller", str(node_id), otlp_endpoint)
+        metrics.install(self.telemetry, self.quorum, self.active)
 
     def _check_cluster_id(self, offset: int, records: list, reset: bool) -> None:
         have = self.quorum.image.cluster_id
@@ -67,6 +73,7 @@ class ControllerNode:
         app.router.add_get("/healthz", healthz)
         app.router.add_get("/readyz", readyz)
         add_routes(app, self)
+        add_metrics_route(app, self.telemetry)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
@@ -80,3 +87,4 @@ class ControllerNode:
         await self.quorum.stop()
         if self._runner is not None:
             await self._runner.cleanup()
+        self.telemetry.shutdown()

@@ -272,7 +272,22 @@ def reassign(
     adding = [r for r in target if r not in original]
     removing = [r for r in original if r not in target]
     replicas = list(target) + removing
-    shadow = PartitionImage(replicas, p.isr, p.leader, adding=adding, removing=removing)
+    # A new target can drop a replica an earlier one was adding: it leaves the ISR too.
+    isr = [r for r in p.isr if r in replicas]
+    if not isr:
+        raise ControllerError(
+            E.INVALID_REPLICA_ASSIGNMENT,
+            f"{name}-{index}: no in-sync replica would be left; keep one of {p.isr}",
+        )
     rec.update(replicas=replicas, adding=adding, removing=removing)
-    _finish_if_complete(image, t, shadow, p.isr, rec)
+    if isr != p.isr:
+        rec["isr"] = isr
+    leader = p.leader
+    if leader not in replicas:
+        alive = {b.id for b in image.live_brokers()}
+        shadow = PartitionImage(replicas, isr, leader, removing=removing)
+        leader, isr = elect(shadow, isr, alive, unclean_allowed(t))
+        rec["leader"], rec["isr"] = leader, isr
+    shadow = PartitionImage(replicas, isr, leader, adding=adding, removing=removing)
+    _finish_if_complete(image, t, shadow, isr, rec)
     return [rec]

@@ -40,13 +40,32 @@ def place(
             f"replication factor {rf} is larger than the {len(brokers)} available broker(s)",
         )
     ids = rack_alternated(brokers)
+    rack_of = {b.id: b.rack or "" for b in brokers}
+    racks = len(set(rack_of.values()))
     n = len(ids)
     out = []
     for p in range(first, first + partitions):
         shift = p // n
         head = (start + p) % n
         replicas = [ids[head]]
-        for j in range(rf - 1):
-            replicas.append(ids[(head + 1 + (shift + j) % (n - 1)) % n])
+        if racks <= 1:
+            for j in range(rf - 1):
+                replicas.append(ids[(head + 1 + (shift + j) % (n - 1)) % n])
+        else:
+            # Kafka's rack-aware walk: the followers' shift grows by a whole round of
+            # racks, and a broker is skipped while its rack (or the broker itself)
+            # already holds a replica and some rack (or broker) holds none.
+            used_racks = {rack_of[ids[head]]}
+            k = 0
+            for _ in range(rf - 1):
+                while True:
+                    b = ids[(head + 1 + (shift * racks + k) % (n - 1)) % n]
+                    k += 1
+                    if (rack_of[b] not in used_racks or len(used_racks) == racks) and (
+                        b not in replicas or len(replicas) == n
+                    ):
+                        replicas.append(b)
+                        used_racks.add(rack_of[b])
+                        break
         out.append(replicas)
     return out

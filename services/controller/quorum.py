@@ -91,6 +91,7 @@ class Quorum:
         self._ticker: asyncio.Task | None = None
         self._was_leader = False
         self.closed = False
+        self.commit_latency: Callable[[float], None] | None = None  # seconds, per proposal
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -153,6 +154,7 @@ class Quorum:
 
     async def propose(self, records: list[Record], within_s: float = 10.0) -> int:
         """Append records as one entry; return its offset once it is committed and applied."""
+        start = time.monotonic()
         try:
             offset = self.node.propose(records)
         except NotLeader as e:
@@ -167,6 +169,8 @@ class Quorum:
             raise ControllerError(
                 REQUEST_TIMED_OUT, "the metadata change did not commit in time (no quorum?)"
             ) from None
+        if self.commit_latency is not None:
+            self.commit_latency(time.monotonic() - start)
         return offset
 
     def _fail_waiters(self, exc: Exception) -> None:

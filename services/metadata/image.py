@@ -94,6 +94,20 @@ class MetadataImage:
     def live_brokers(self) -> list[BrokerImage]:
         return [b for b in self.brokers.values() if b.alive]
 
+    def partition_health(self) -> tuple[int, int]:
+        """(offline, under-replicated) partition counts."""
+        offline = under = 0
+        for t in self.topics.values():
+            for p in t.partitions:
+                if p.leader == NO_LEADER:
+                    offline += 1
+                elif len(p.isr) < len(p.replicas):
+                    under += 1
+        return offline, under
+
+    def describe_brokers(self) -> list[dict]:
+        return [broker_dict(b) for b in sorted(self.brokers.values(), key=lambda b: b.id)]
+
     def apply_entry(self, offset: int, records: list[Record] | None) -> None:
         for r in records or ():
             self.apply(r)
@@ -111,7 +125,7 @@ class MetadataImage:
     def to_dict(self) -> dict:
         return {
             "cluster_id": self.cluster_id,
-            "brokers": [_broker_dict(b) for b in self.brokers.values()],
+            "brokers": [broker_dict(b) for b in self.brokers.values()],
             "topics": [
                 {
                     "name": t.name,
@@ -148,7 +162,7 @@ class MetadataImage:
         return image
 
 
-def _broker_dict(b: BrokerImage) -> dict:
+def broker_dict(b: BrokerImage) -> dict:
     return {
         "id": b.id,
         "incarnation": b.incarnation,

@@ -366,7 +366,9 @@ def cmd_cluster(a: argparse.Namespace) -> None:
         vrows = [
             [
                 v["node_id"],
-                v.get("role") or ("unreachable" if v.get("reachable") is False else "-"),
+                v.get("role")
+                or ("unreachable" if v.get("reachable") is False else None)
+                or ("leader" if v["node_id"] == q["leader_id"] else "-"),
                 v.get("log_end_offset", "-"),
                 v["lag"] if v.get("lag") is not None else "-",
             ]

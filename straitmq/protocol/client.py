@@ -62,8 +62,11 @@ class KafkaConnection:
             self._writer.write(bytes(data))
             del data
             await self._writer.drain()
-            size = _I32.unpack(await asyncio.wait_for(self._reader.readexactly(4), within_s))[0]
-            frame = memoryview(await asyncio.wait_for(self._reader.readexactly(size), within_s))
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+            # (CPython gh-86296) and a stopping broker would wait on its fetcher forever.
+            async with asyncio.timeout(within_s):
+                size = _I32.unpack(await self._reader.readexactly(4))[0]
+                frame = memoryview(await self._reader.readexactly(size))
         except (OSError, asyncio.IncompleteReadError, TimeoutError) as e:
             self.close()
             raise ConnectionClosed(f"{self.host}:{self.port}: {e or type(e).__name__}") from None

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import admin, fetch, groups, metadata, produce
+from . import admin, fetch, groups, metadata, produce, reassign
 from .context import RequestContext
 
 Handler = Callable[[RequestContext, Any], Awaitable[Any]]
@@ -74,6 +74,9 @@ HANDLERS: dict[int, ApiSpec] = {
     32: ApiSpec(1, 4, admin.handle_describe_configs),
     37: ApiSpec(0, 3, admin.handle_create_partitions),
     42: ApiSpec(0, 2, groups.handle_delete_groups),
+    43: ApiSpec(0, 2, reassign.handle_elect_leaders),
     44: ApiSpec(0, 1, admin.handle_incremental_alter_configs),
+    45: ApiSpec(0, 0, reassign.handle_alter_partition_reassignments),
+    46: ApiSpec(0, 0, reassign.handle_list_partition_reassignments),
     60: ApiSpec(0, 1, metadata.handle_describe_cluster),
 }

@@ -7,7 +7,9 @@ segment file to the socket with sendfile instead of through Python memory.
 from __future__ import annotations
 
 import asyncio
+import os
 import struct
+from bisect import bisect_right
 from typing import Any
 
 from straitmq.protocol.codec import response_header_bytes
@@ -172,12 +174,40 @@ async def handle_fetch(ctx: RequestContext, req: Any) -> RawResponse:
         finally:
             for part in parts:
                 part.waiters.discard(fut)
-    metrics = ctx.broker.metrics
-    for name, parts in topics:
-        for p in parts:
-            if p[4] is not None:
-                metrics.bytes_out[name] += p[4].size
+    _count(ctx, req, topics, plan.replica >= 0)
     return _encode(ctx, topics)
+
+
+def _count(ctx: RequestContext, req: Any, topics: list, follower: bool) -> None:
+    """Metrics of one answered fetch: errors, bytes and records out per topic.
+
+    Records are counted as the offsets the slice covers past the fetch offset: the
+    first offset after the slice is the base offset of the batch that follows it on
+    disk (an 8-byte read), or the next segment's base or the high watermark."""
+    broker = ctx.broker
+    metrics = broker.metrics
+    for (name, parts), t in zip(topics, req.topics, strict=False):
+        for p, rp in zip(parts, t.partitions, strict=False):
+            sl = p[4]
+            if p[1]:
+                metrics.request_errors[(1, p[1])] += 1
+            elif sl is not None:
+                if follower:
+                    metrics.replication_bytes_out += sl.size
+                    continue
+                metrics.bytes_out[name] += sl.size
+                head = os.pread(sl.fd, 8, sl.position + sl.size)
+                if len(head) == 8:
+                    end = min(_I64.unpack(head)[0], p[2])
+                else:
+                    part = broker.partitions.get(name, p[0])
+                    end = p[2]
+                    if part is not None:
+                        bases = part.log.bases
+                        i = bisect_right(bases, rp.fetch_offset)
+                        if i < len(bases):
+                            end = min(end, bases[i])
+                metrics.messages_out[name] += max(0, end - rp.fetch_offset)
 
 
 async def handle_list_offsets(ctx: RequestContext, req: Any) -> dict:

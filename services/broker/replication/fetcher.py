@@ -110,12 +110,16 @@ class LeaderFetcher:
                 self.conn = None
                 await asyncio.sleep(0.25)
 
+    def _by_topic(self, truncating: bool) -> dict[str, list[Follow]]:
+        out: dict[str, list[Follow]] = {}
+        for f in self.follows.values():
+            if f.truncating == truncating:
+                out.setdefault(f.part.topic, []).append(f)
+        return out
+
     async def _truncate(self, me: int) -> None:
         """Find where our log and the leader's agree and cut ours there."""
-        todo = [f for f in self.follows.values() if f.truncating]
-        by_topic: dict[str, list[Follow]] = {}
-        for f in todo:
-            by_topic.setdefault(f.part.topic, []).append(f)
+        by_topic = self._by_topic(truncating=True)
         req = OffsetForLeaderEpochRequest(
             replica_id=me,
             topics=tuple(
@@ -171,10 +175,8 @@ class LeaderFetcher:
         f.truncating = False
 
     async def _fetch(self, me: int) -> None:
-        todo = [f for f in self.follows.values() if not f.truncating]
-        by_topic: dict[str, list[Follow]] = {}
-        for f in todo:
-            by_topic.setdefault(f.part.topic, []).append(f)
+        by_topic = self._by_topic(truncating=False)
+        todo = [f for fs in by_topic.values() for f in fs]
         req = FetchRequest(
             cluster_id=None,
             replica_id=me,

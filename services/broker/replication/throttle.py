@@ -20,7 +20,9 @@ class ReplicationThrottle:
 
     def _rate(self, topic: str, index: int, replica: int) -> int:
         p = self.broker.image.partition(topic, index)
-        if p is None or replica not in p.adding:
+        # A replica we do not know yet is one a reassignment is adding whose metadata is
+        # ahead of ours: throttle it too.
+        if p is None or (replica in p.replicas and replica not in p.adding):
             return -1
         return int(self.broker.image.cluster_configs.get("replication.throttled.rate", "-1"))
 

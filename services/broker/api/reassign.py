@@ -1,0 +1,173 @@
+"""Partition reassignment and leader election over the Kafka protocol.
+
+AlterPartitionReassignments, ListPartitionReassignments and ElectLeaders map onto the
+active controller's `reassign`, `list_reassignments` and `elect_preferred` calls. Any
+broker answers them (clients send them to the "controller" that Metadata names, which is
+a broker in KRaft clusters). Each partition gets its own error code and message, as
+Kafka's admin clients expect.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from straitmq.controller.errors import ControllerError
+from straitmq.metadata.image import NO_LEADER
+
+from .context import RequestContext
+
+UNKNOWN_TOPIC_OR_PARTITION = 3
+INVALID_REQUEST = 42
+PREFERRED_LEADER_NOT_AVAILABLE = 80
+ELECTION_NOT_NEEDED = 84
+PREFERRED, UNCLEAN = 0, 1
+
+
+async def handle_alter_partition_reassignments(ctx: RequestContext, req: Any) -> dict:
+    """One controller call per partition, so one bad partition does not fail the others
+    (Kafka applies them independently too). `replicas` null cancels."""
+    broker = ctx.broker
+    responses = []
+    for t in req.topics:
+        results = []
+        seen: set[int] = set()
+        for p in t.partitions:
+            res: dict[str, Any] = {
+                "partition_index": p.partition_index,
+                "error_code": 0,
+                "error_message": None,
+            }
+            results.append(res)
+            try:
+                if p.partition_index in seen:
+                    raise ControllerError(
+                        INVALID_REQUEST, f"{t.name}-{p.partition_index} appears twice"
+                    )
+                seen.add(p.partition_index)
+                replicas = list(p.replicas) if p.replicas is not None else None
+                await broker.control(
+                    "reassign",
+                    {
+                        "partitions": [
+                            {"topic": t.name, "index": p.partition_index, "replicas": replicas}
+                        ]
+                    },
+                )
+            except ControllerError as e:
+                res["error_code"] = e.code
+                res["error_message"] = e.message
+        responses.append({"name": t.name, "partitions": results})
+    return {"throttle_time": 0, "error_code": 0, "error_message": None, "responses": responses}
+
+
+async def handle_list_partition_reassignments(ctx: RequestContext, req: Any) -> dict:
+    """Ongoing reassignments, all or of the named partitions (unknown topics and
+    partitions that are not moving are left out, as in Kafka)."""
+    try:
+        reply = await ctx.broker.control("list_reassignments", {})
+    except ControllerError as e:
+        return {"throttle_time": 0, "error_code": e.code, "error_message": e.message, "topics": []}
+    wanted: dict[str, set[int]] | None = None
+    if req.topics is not None:
+        wanted = {}
+        for t in req.topics:
+            wanted.setdefault(t.name, set()).update(t.partition_indexes)
+    by_topic: dict[str, list[dict]] = {}
+    for r in reply["reassignments"]:
+        if wanted is not None and r["index"] not in wanted.get(r["topic"], ()):
+            continue
+        by_topic.setdefault(r["topic"], []).append(
+            {
+                "partition_index": r["index"],
+                "replicas": r["replicas"],
+                "adding_replicas": r["adding"],
+                "removing_replicas": r["removing"],
+            }
+        )
+    return {
+        "throttle_time": 0,
+        "error_code": 0,
+        "error_message": None,
+        "topics": [{"name": n, "partitions": ps} for n, ps in sorted(by_topic.items())],
+    }
+
+
+def _election_check(ctx: RequestContext, topic: str, index: int, kind: int) -> tuple[int, str]:
+    """(error code, message) before electing; 0 means this partition can move."""
+    image = ctx.broker.image
+    t = image.topics.get(topic)
+    if t is None or not 0 <= index < len(t.partitions):
+        return UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{index} does not exist"
+    p = t.partitions[index]
+    if kind == UNCLEAN:
+        if p.leader != NO_LEADER:
+            return ELECTION_NOT_NEEDED, f"{topic}-{index} has a leader ({p.leader})"
+        return (
+            INVALID_REQUEST,
+            f"{topic}-{index} has no leader; unclean election on request is not supported: "
+            "set unclean.leader.election.enable=true on the topic to let an out-of-sync "
+            "replica lead",
+        )
+    pref = p.preferred_leader
+    if p.leader == pref:
+        return ELECTION_NOT_NEEDED, f"broker {pref} already leads {topic}-{index}"
+    b = image.brokers.get(pref)
+    if pref not in p.isr or b is None or not b.alive or pref in p.removing:
+        return (
+            PREFERRED_LEADER_NOT_AVAILABLE,
+            f"preferred leader {pref} of {topic}-{index} is not alive and in sync (ISR {p.isr})",
+        )
+    return 0, ""
+
+
+async def handle_elect_leaders(ctx: RequestContext, req: Any) -> dict:
+    """Preferred-leader election (v0 has no type). The controller moves the eligible
+    requested partitions to their preferred leaders in one change; each then reports
+    whether it got there."""
+    kind = getattr(req, "election_type", PREFERRED)
+    try:
+        await ctx.broker.catch_up_metadata()
+    except ControllerError:
+        pass  # decide on what we have; the controller re-checks eligibility anyway
+    image = ctx.broker.image
+    all_partitions = req.topic_partitions is None
+    if all_partitions:
+        asked = [(n, i) for n, t in sorted(image.topics.items()) for i in range(len(t.partitions))]
+    else:
+        asked = [(t.topic, i) for t in req.topic_partitions for i in t.partitions]
+    checks = {tp: _election_check(ctx, *tp, kind) for tp in asked}
+    top_error = 0
+    if kind not in (PREFERRED, UNCLEAN):
+        top_error = INVALID_REQUEST
+        checks = {tp: (INVALID_REQUEST, f"unknown election type {kind}") for tp in asked}
+    elif any(code == 0 for code, _ in checks.values()):
+        try:
+            eligible = [{"topic": t, "index": i} for (t, i), c in checks.items() if c[0] == 0]
+            await ctx.broker.control("elect_preferred", {"partitions": eligible})
+        except ControllerError as e:
+            checks = {tp: (e.code, e.message) if c[0] == 0 else c for tp, c in checks.items()}
+        image = ctx.broker.image
+        for tp, (code, _) in list(checks.items()):
+            if code != 0:
+                continue
+            p = image.partition(*tp)
+            if p is None or p.leader != p.preferred_leader:
+                checks[tp] = (
+                    PREFERRED_LEADER_NOT_AVAILABLE,
+                    f"preferred leader of {tp[0]}-{tp[1]} could not take over; retry",
+                )
+    by_topic: dict[str, list[dict]] = {}
+    for (topic, index), (code, message) in checks.items():
+        # Asked for every partition, Kafka leaves out the ones already well led.
+        if all_partitions and code == ELECTION_NOT_NEEDED:
+            continue
+        by_topic.setdefault(topic, []).append(
+            {"partition_id": index, "error_code": code, "error_message": message or None}
+        )
+    return {
+        "throttle_time": 0,
+        "error_code": top_error,
+        "replica_election_results": [
+            {"topic": n, "partition_result": rs} for n, rs in by_topic.items()
+        ],
+    }

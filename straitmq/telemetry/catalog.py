@@ -1,0 +1,203 @@
+"""Every instrument StraitMQ exports, declared once: name, kind, unit, attributes.
+
+Names follow OpenTelemetry's conventions: dotted, lower case, namespaced by component,
+units in UCUM (`By`, `s`, `{message}`), no `_total` or unit in the name (the Prometheus
+exporter adds them: `straitmq.broker.topic.io` in `By` is scraped as
+`straitmq_broker_topic_io_bytes_total`). Attribute keys reuse the messaging semantic
+conventions where they fit (`messaging.destination.name` for the topic, ...).
+
+Cardinality stays bounded by the cluster's own objects (topics, partitions, groups,
+brokers, Kafka APIs, error codes); nothing is labelled by client id or host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Attribute keys
+TOPIC = "messaging.destination.name"
+PARTITION = "messaging.destination.partition.id"
+GROUP = "messaging.consumer.group.name"
+DIRECTION = "network.io.direction"  # "receive" (produce) | "transmit" (fetch)
+API = "kafka.api.name"  # Produce, Fetch (consumers), FetchFollower (replicas), Metadata, ...
+ERROR = "error.type"  # the Kafka error name, e.g. NOT_LEADER_OR_FOLLOWER
+ISR_OPERATION = "straitmq.isr.operation"  # shrink | expand
+GROUP_STATE = "straitmq.consumer_group.state"  # Empty, PreparingRebalance, ..., Stable
+BROKER_STATE = "straitmq.broker.state"  # active | fenced | shutting_down
+NODE = "straitmq.node.id"
+REPLICA_KIND = "straitmq.raft.replica.kind"  # voter | observer
+FENCE_REASON = "straitmq.fence.reason"  # session_expired
+RESOURCE_KIND = "straitmq.resource.kind"  # MQCluster | Topic
+OUTCOME = "straitmq.reconcile.outcome"  # success | error | requeue
+
+COUNTER = "counter"
+HISTOGRAM = "histogram"  # SDK histogram (off the request path)
+FAST_HISTOGRAM = "fast_histogram"  # request path: see histogram.py
+OBSERVABLE_COUNTER = "observable_counter"
+OBSERVABLE_GAUGE = "observable_gauge"
+
+
+@dataclass(frozen=True)
+class Instrument:
+    name: str
+    kind: str
+    unit: str
+    description: str
+    attributes: tuple[str, ...] = ()
+
+    @property
+    def scope(self) -> str:
+        """The meter (instrumentation scope) it belongs to: straitmq.<component>."""
+        return ".".join(self.name.split(".")[:2])
+
+
+def _i(name: str, kind: str, unit: str, description: str, *attributes: str) -> Instrument:
+    return Instrument(name, kind, unit, description, attributes)
+
+
+# -- broker ---------------------------------------------------------------------------
+
+BROKER_TOPIC_IO = _i(
+    "straitmq.broker.topic.io", OBSERVABLE_COUNTER, "By",
+    "Record batch bytes produced to (receive) and fetched by consumers from (transmit) "
+    "each topic, on this broker", TOPIC, DIRECTION,
+)  # fmt: skip
+BROKER_TOPIC_MESSAGES = _i(
+    "straitmq.broker.topic.messages", OBSERVABLE_COUNTER, "{message}",
+    "Records produced to (receive) and fetched by consumers from (transmit) each topic; "
+    "transmit counts the offsets a fetch covers", TOPIC, DIRECTION,
+)  # fmt: skip
+BROKER_REPLICATION_IO = _i(
+    "straitmq.broker.replication.io", OBSERVABLE_COUNTER, "By",
+    "Record batch bytes this broker served to follower replicas", DIRECTION,
+)  # fmt: skip
+BROKER_REQUEST_DURATION = _i(
+    "straitmq.broker.request.duration", FAST_HISTOGRAM, "s",
+    "Time from the broker taking up a Kafka request to its response being written (queueing "
+    "behind earlier requests of the connection excluded), per API", API,
+)  # fmt: skip
+BROKER_REQUEST_ERRORS = _i(
+    "straitmq.broker.request.errors", OBSERVABLE_COUNTER, "{error}",
+    "Error codes returned: per partition for Produce and Fetch, the top-level error code for "
+    "other APIs", API, ERROR,
+)  # fmt: skip
+BROKER_PARTITIONS = _i(
+    "straitmq.broker.partitions", OBSERVABLE_GAUGE, "{partition}",
+    "Partition replicas hosted on this broker",
+)  # fmt: skip
+BROKER_LEADERS = _i(
+    "straitmq.broker.leaders", OBSERVABLE_GAUGE, "{partition}",
+    "Partitions this broker leads",
+)  # fmt: skip
+BROKER_UNDER_REPLICATED = _i(
+    "straitmq.broker.partitions.under_replicated", OBSERVABLE_GAUGE, "{partition}",
+    "Partitions this broker leads whose ISR is smaller than the replica set",
+)  # fmt: skip
+BROKER_UNDER_MIN_ISR = _i(
+    "straitmq.broker.partitions.under_min_isr", OBSERVABLE_GAUGE, "{partition}",
+    "Partitions this broker leads whose ISR is below min.insync.replicas (acks=all fails)",
+)  # fmt: skip
+BROKER_ISR_OPERATIONS = _i(
+    "straitmq.broker.isr.operations", OBSERVABLE_COUNTER, "{operation}",
+    "ISR shrinks and expands this broker's partitions committed", ISR_OPERATION,
+)  # fmt: skip
+BROKER_LOG_SIZE = _i(
+    "straitmq.broker.log.size", OBSERVABLE_GAUGE, "By",
+    "Bytes in each partition replica's log on this broker", TOPIC, PARTITION,
+)  # fmt: skip
+BROKER_LOG_SEGMENTS = _i(
+    "straitmq.broker.log.segments", OBSERVABLE_GAUGE, "{segment}",
+    "Segment files of each partition replica's log on this broker", TOPIC, PARTITION,
+)  # fmt: skip
+CONSUMER_GROUP_LAG = _i(
+    "straitmq.consumer_group.lag", OBSERVABLE_GAUGE, "{message}",
+    "High watermark minus committed offset, for groups this broker coordinates on "
+    "partitions it holds a replica of", GROUP, TOPIC, PARTITION,
+)  # fmt: skip
+CONSUMER_GROUP_STATE = _i(
+    "straitmq.consumer_group.state", OBSERVABLE_GAUGE, "1",
+    "1 for each group this broker coordinates, labelled with the group's state",
+    GROUP, GROUP_STATE,
+)  # fmt: skip
+CONSUMER_GROUP_MEMBERS = _i(
+    "straitmq.consumer_group.members", OBSERVABLE_GAUGE, "{member}",
+    "Members of each group this broker coordinates", GROUP,
+)  # fmt: skip
+
+# -- controller (the quorum voters; a combined node reports these too) --------------
+
+CONTROLLER_ACTIVE = _i(
+    "straitmq.controller.active", OBSERVABLE_GAUGE, "1",
+    "1 on the active controller (the quorum leader, once it serves), else 0",
+)  # fmt: skip
+QUORUM_EPOCH = _i(
+    "straitmq.controller.quorum.epoch", OBSERVABLE_GAUGE, "{epoch}",
+    "This voter's current Raft epoch",
+)  # fmt: skip
+QUORUM_HIGH_WATERMARK = _i(
+    "straitmq.controller.quorum.high_watermark", OBSERVABLE_GAUGE, "{record}",
+    "Committed end of the metadata log as this voter knows it",
+)  # fmt: skip
+QUORUM_COMMIT_DURATION = _i(
+    "straitmq.controller.quorum.commit.duration", HISTOGRAM, "s",
+    "Time from proposing a metadata change on the leader to its commit",
+)  # fmt: skip
+QUORUM_FOLLOWER_LAG = _i(
+    "straitmq.controller.quorum.follower.lag", OBSERVABLE_GAUGE, "{record}",
+    "Records each voter and observer (broker) is behind the leader's log end; "
+    "reported by the leader", NODE, REPLICA_KIND,
+)  # fmt: skip
+CONTROLLER_FENCINGS = _i(
+    "straitmq.controller.broker.fencings", OBSERVABLE_COUNTER, "{event}",
+    "Brokers this controller fenced while active", FENCE_REASON,
+)  # fmt: skip
+CONTROLLER_BROKERS = _i(
+    "straitmq.controller.brokers", OBSERVABLE_GAUGE, "{broker}",
+    "Registered brokers by state; reported by the active controller only", BROKER_STATE,
+)  # fmt: skip
+CONTROLLER_TOPICS = _i(
+    "straitmq.controller.topics", OBSERVABLE_GAUGE, "{topic}",
+    "Topics in the metadata image; reported by the active controller only",
+)  # fmt: skip
+CONTROLLER_PARTITIONS = _i(
+    "straitmq.controller.partitions", OBSERVABLE_GAUGE, "{partition}",
+    "Partitions in the metadata image; reported by the active controller only",
+)  # fmt: skip
+CONTROLLER_OFFLINE = _i(
+    "straitmq.controller.partitions.offline", OBSERVABLE_GAUGE, "{partition}",
+    "Partitions without a leader; reported by the active controller only",
+)  # fmt: skip
+CONTROLLER_UNDER_REPLICATED = _i(
+    "straitmq.controller.partitions.under_replicated", OBSERVABLE_GAUGE, "{partition}",
+    "Partitions with a leader whose ISR is smaller than the replica set; reported by the "
+    "active controller only",
+)  # fmt: skip
+
+# -- operator (straitmq.operator uses these through operator.OperatorMetrics) -------
+
+OPERATOR_RECONCILES = _i(
+    "straitmq.operator.reconciles", COUNTER, "{reconcile}",
+    "Reconcile passes, by resource kind and outcome", RESOURCE_KIND, OUTCOME,
+)  # fmt: skip
+OPERATOR_RECONCILE_DURATION = _i(
+    "straitmq.operator.reconcile.duration", HISTOGRAM, "s",
+    "Time one reconcile pass took", RESOURCE_KIND,
+)  # fmt: skip
+OPERATOR_RECONCILE_ERRORS = _i(
+    "straitmq.operator.reconcile.errors", COUNTER, "{error}",
+    "Reconcile passes that failed, by resource kind and error type", RESOURCE_KIND, ERROR,
+)  # fmt: skip
+
+BROKER = (
+    BROKER_TOPIC_IO, BROKER_TOPIC_MESSAGES, BROKER_REPLICATION_IO, BROKER_REQUEST_DURATION,
+    BROKER_REQUEST_ERRORS, BROKER_PARTITIONS, BROKER_LEADERS, BROKER_UNDER_REPLICATED,
+    BROKER_UNDER_MIN_ISR, BROKER_ISR_OPERATIONS, BROKER_LOG_SIZE, BROKER_LOG_SEGMENTS,
+    CONSUMER_GROUP_LAG, CONSUMER_GROUP_STATE, CONSUMER_GROUP_MEMBERS,
+)  # fmt: skip
+CONTROLLER = (
+    CONTROLLER_ACTIVE, QUORUM_EPOCH, QUORUM_HIGH_WATERMARK, QUORUM_COMMIT_DURATION,
+    QUORUM_FOLLOWER_LAG, CONTROLLER_FENCINGS, CONTROLLER_BROKERS, CONTROLLER_TOPICS,
+    CONTROLLER_PARTITIONS, CONTROLLER_OFFLINE, CONTROLLER_UNDER_REPLICATED,
+)  # fmt: skip
+OPERATOR = (OPERATOR_RECONCILES, OPERATOR_RECONCILE_DURATION, OPERATOR_RECONCILE_ERRORS)
+ALL = BROKER + CONTROLLER + OPERATOR

@@ -1,0 +1,391 @@
+"""The controller's decisions as pure functions: placement, election, reassignment,
+ISR changes. Each test builds a MetadataImage by hand (or through the operations
+themselves), feeds one request and checks the records, then applies them the way every
+node does and checks the resulting image."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from services.controller import errors as E
+from services.controller import operations as ops
+from services.controller.election import (
+    on_broker_leaving,
+    on_broker_returning,
+    preferred_leader_changes,
+)
+from services.controller.errors import ControllerError
+from services.controller.placement import place, rack_alternated
+from services.metadata.image import NO_LEADER, MetadataImage, Record
+
+# -- building images -----------------------------------------------------------------------
+
+
+def cluster(brokers: int | dict[int, str | None], fenced: tuple[int, ...] = ()) -> MetadataImage:
+    """Brokers 1..n (or {id: rack}), registered and unfenced except `fenced`."""
+    racks = brokers if isinstance(brokers, dict) else {b: None for b in range(1, brokers + 1)}
+    img = MetadataImage(cluster_id="test-cluster")
+    for bid, rack in racks.items():
+        img.apply(
+            {
+                "type": "register_broker",
+                "id": bid,
+                "incarnation": f"inc-{bid}",
+                "host": "127.0.0.1",
+                "port": 9000 + bid,
+                "http_port": 8000 + bid,
+                "rack": rack,
+            }
+        )
+        if bid not in fenced:
+            img.apply({"type": "unfence_broker", "id": bid})
+    return img
+
+
+def apply(img: MetadataImage, records: list[Record]) -> MetadataImage:
+    for r in records:
+        img.apply(r)
+    return img
+
+
+def topic(
+    img: MetadataImage,
+    name: str,
+    assignments: list[list[int]],
+    configs: dict[str, str | None] | None = None,
+) -> MetadataImage:
+    return apply(img, ops.create_topic(img, name, -1, -1, configs or {}, assignments=assignments))
+
+
+def fence(img: MetadataImage, bid: int) -> MetadataImage:
+    """What the active controller commits when a broker's session expires."""
+    return apply(img, [{"type": "fence_broker", "id": bid}, *on_broker_leaving(img, bid)])
+
+
+def unfence(img: MetadataImage, bid: int) -> MetadataImage:
+    return apply(img, [{"type": "unfence_broker", "id": bid}, *on_broker_returning(img, bid)])
+
+
+def set_isr(img: MetadataImage, name: str, index: int, isr: list[int]) -> list[Record]:
+    """The partition's leader proposes `isr` (AlterPartition) at the current epochs."""
+    p = img.topics[name].partitions[index]
+    return ops.alter_partition(img, p.leader, name, index, p.leader_epoch, p.partition_epoch, isr)
+
+
+def code_of(call) -> tuple[int, str]:  # type: ignore[no-untyped-def]
+    with pytest.raises(ControllerError) as info:
+        call()
+    return info.value.code, info.value.message
+
+
+# -- placement -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("brokers", "partitions", "rf"), [(3, 30, 3), (5, 100, 3), (6, 60, 2)])
+def test_placement_spreads_leaders_and_replicas_evenly(
+    brokers: int, partitions: int, rf: int
+) -> None:
+    img = cluster(brokers)
+    lists = place(img.live_brokers(), partitions, rf, 0, 0)
+    assert all(len(r) == rf and len(set(r)) == rf for r in lists)
+    leaders = Counter(r[0] for r in lists)
+    replicas = Counter(b for r in lists for b in r)
+    assert set(leaders) == set(replicas) == set(range(1, brokers + 1))
+    assert max(leaders.values()) - min(leaders.values()) <= 1, leaders
+    assert max(replicas.values()) - min(replicas.values()) <= 1, replicas
+
+
+def test_successive_topics_start_their_leaders_on_different_brokers() -> None:
+    img = cluster(3)
+    for name in ("a", "b", "c"):
+        apply(img, ops.create_topic(img, name, 1, 3, {}))
+    leaders = [img.topics[n].partitions[0].leader for n in ("a", "b", "c")]
+    assert sorted(leaders) == [1, 2, 3]
+    # Many single-partition topics: leadership stays balanced across brokers.
+    for i in range(30):
+        apply(img, ops.create_topic(img, f"t{i}", 1, 2, {}))
+    counts = Counter(t.partitions[0].leader for t in img.topics.values())
+    assert max(counts.values()) - min(counts.values()) <= 1, counts
+
+
+def test_rack_aware_placement_puts_one_replica_in_each_rack() -> None:
+    racks = {1: "a", 2: "a", 3: "b", 4: "b", 5: "c", 6: "c"}
+    img = cluster(racks)
+    assert rack_alternated(img.live_brokers()) == [1, 3, 5, 2, 4, 6]
+    lists = place(img.live_brokers(), 60, 3, 0, 7)
+    for replicas in lists:
+        assert sorted(racks[b] for b in replicas) == ["a", "b", "c"], replicas
+    leaders = Counter(r[0] for r in lists)
+    assert max(leaders.values()) - min(leaders.values()) <= 1
+
+
+def test_rack_aware_placement_through_create_topic() -> None:
+    racks = {1: "r1", 2: "r2", 3: "r3"}
+    img = cluster(racks)
+    apply(img, ops.create_topic(img, "t", 12, 3, {}))
+    for p in img.topics["t"].partitions:
+        assert {racks[b] for b in p.replicas} == {"r1", "r2", "r3"}
+        assert p.isr == p.replicas and p.leader == p.replicas[0]
+
+
+def test_replication_factor_larger_than_live_brokers_is_refused() -> None:
+    img = cluster(4, fenced=(4,))  # 4 registered, 3 alive
+    code, message = code_of(lambda: ops.create_topic(img, "t", 1, 4, {}))
+    assert code == E.INVALID_REPLICATION_FACTOR == 38
+    assert "replication factor 4" in message and "3 available" in message
+    apply(img, ops.create_topic(img, "t", 1, 3, {}))
+    assert 4 not in img.topics["t"].partitions[0].replicas
+    assert code_of(lambda: ops.create_topic(img, "u", 1, 0, {}))[0] == 38
+    assert code_of(lambda: ops.create_partitions(img, "t", 2, [[1, 9]]))[0] == 39
+
+
+# -- election ------------------------------------------------------------------------------
+
+
+def test_election_prefers_the_preferred_replica_in_the_isr() -> None:
+    img = topic(cluster(4), "t", [[2, 3, 4]])
+    assert img.topics["t"].partitions[0].leader == 2
+    fence(img, 2)
+    p = img.topics["t"].partitions[0]
+    assert (p.leader, p.isr, p.leader_epoch) == (3, [3, 4], 1)
+    # 3 leads; when it goes too, 4 (the next replica in the ISR) takes over.
+    fence(img, 3)
+    assert (p.leader, p.isr) == (4, [4])
+    # A returning broker that is not in the ISR does not take over...
+    unfence(img, 2)
+    assert (p.leader, p.isr) == (4, [4])
+    # ...and preferred-leader rebalancing waits until it is back in sync.
+    assert preferred_leader_changes(img) == []
+    apply(img, set_isr(img, "t", 0, [4, 2]))
+    apply(img, preferred_leader_changes(img))
+    assert (p.leader, p.isr) == (2, [4, 2])
+
+
+def test_election_skips_a_preferred_replica_that_is_not_in_sync() -> None:
+    img = topic(cluster(3), "t", [[1, 2, 3]])
+    apply(img, set_isr(img, "t", 0, [1, 3]))  # 2 fell behind
+    fence(img, 1)
+    p = img.topics["t"].partitions[0]
+    assert (p.leader, p.isr) == (3, [3])
+
+
+def test_no_leader_when_the_isr_is_dead_unless_unclean_election_is_enabled() -> None:
+    for unclean in (False, True):
+        configs = {"unclean.leader.election.enable": "true"} if unclean else {}
+        img = topic(cluster(3), "t", [[1, 2, 3]], configs)
+        apply(img, set_isr(img, "t", 0, [1]))  # followers fell behind
+        fence(img, 1)
+        p = img.topics["t"].partitions[0]
+        if unclean:
+            assert (p.leader, p.isr) == (2, [2])  # data loss accepted by the topic
+        else:
+            assert (p.leader, p.isr) == (NO_LEADER, [1])  # offline, waiting for 1
+            unfence(img, 1)
+            assert (p.leader, p.isr) == (1, [1])  # back with all its data
+
+
+def test_broker_leaving_keeps_the_last_isr_member() -> None:
+    img = topic(cluster(3), "t", [[1, 2, 3]])
+    fence(img, 3)
+    fence(img, 2)
+    p = img.topics["t"].partitions[0]
+    assert (p.leader, p.isr) == (1, [1])
+    fence(img, 1)
+    assert (p.leader, p.isr) == (NO_LEADER, [1])
+    # A replica that was not in the ISR coming back does not lead (clean election only).
+    unfence(img, 2)
+    assert (p.leader, p.isr) == (NO_LEADER, [1])
+    unfence(img, 1)
+    assert (p.leader, p.isr) == (1, [1])
+
+
+def test_controlled_shutdown_moves_leadership_and_drops_the_broker_from_isrs() -> None:
+    img = topic(cluster(3), "t", [[1, 2, 3], [2, 3, 1]])
+    apply(img, [{"type": "broker_shutdown", "id": 1}, *on_broker_leaving(img, 1)])
+    p0, p1 = img.topics["t"].partitions
+    assert (p0.leader, p0.isr) == (2, [2, 3])
+    assert (p1.leader, p1.isr) == (2, [2, 3])
+
+
+def test_preferred_leader_rebalancing() -> None:
+    img = topic(cluster(3), "t", [[1, 2, 3], [2, 3, 1], [3, 1, 2]])
+    fence(img, 1)
+    unfence(img, 1)
+    parts = img.topics["t"].partitions
+    assert [p.leader for p in parts] == [2, 2, 3]
+    assert preferred_leader_changes(img) == []  # 1 is alive but not back in the ISRs
+    apply(img, set_isr(img, "t", 0, [2, 3, 1]))
+    changes = preferred_leader_changes(img)
+    assert changes == [{"type": "partition_change", "topic": "t", "index": 0, "leader": 1}]
+    apply(img, changes)
+    assert [p.leader for p in parts] == [1, 2, 3]
+    assert parts[0].leader_epoch == 2  # 1 -> 2 (epoch 1) -> 1 (epoch 2)
+    assert preferred_leader_changes(img) == []
+    # A fenced preferred replica is never chosen, even if the ISR still lists it.
+    img2 = topic(cluster(3), "u", [[1, 2, 3]])
+    apply(img2, [{"type": "partition_change", "topic": "u", "index": 0, "leader": 2}])
+    apply(img2, [{"type": "fence_broker", "id": 1}])
+    assert preferred_leader_changes(img2) == []
+
+
+# -- reassignment --------------------------------------------------------------------------
+
+
+def test_reassignment_adds_then_removes_replicas_once_the_new_ones_are_in_sync() -> None:
+    img = topic(cluster(4), "t", [[1, 2, 3]])
+    p = img.topics["t"].partitions[0]
+    apply(img, ops.reassign(img, "t", 0, [2, 3, 4]))
+    assert (p.replicas, p.adding, p.removing, p.isr) == ([2, 3, 4, 1], [4], [1], [1, 2, 3])
+    assert img.topics["t"].replication_factor == 3
+    assert p.leader == 1  # leadership stays until the move completes
+    # The leader reports 4 in sync: the move completes in the same change.
+    apply(img, set_isr(img, "t", 0, [1, 2, 3, 4]))
+    assert (p.replicas, p.adding, p.removing) == ([2, 3, 4], [], [])
+    assert p.isr == [2, 3, 4]
+    assert p.leader == 2  # 1 left, the new preferred replica leads
+    # An ISR change that leaves a target replica out does not complete it.
+    img = topic(cluster(4), "t", [[1, 2, 3]])
+    p = img.topics["t"].partitions[0]
+    apply(img, ops.reassign(img, "t", 0, [2, 3, 4]))
+    apply(img, set_isr(img, "t", 0, [1, 2, 4]))
+    assert (p.adding, p.removing, p.replicas) == ([4], [1], [2, 3, 4, 1])
+
+
+def test_reassignment_that_only_removes_replicas_completes_at_once() -> None:
+    img = topic(cluster(3), "t", [[1, 2, 3]])
+    p = img.topics["t"].partitions[0]
+    apply(img, ops.reassign(img, "t", 0, [2, 3]))
+    assert (p.replicas, p.isr, p.adding, p.removing, p.leader) == ([2, 3], [2, 3], [], [], 2)
+    assert ops.reassign(img, "t", 0, [2, 3]) == []  # already there: nothing to do
+
+
+def test_cancelling_a_reassignment_restores_the_original_replicas() -> None:
+    img = topic(cluster(5), "t", [[1, 2, 3]])
+    p = img.topics["t"].partitions[0]
+    apply(img, ops.reassign(img, "t", 0, [3, 4, 5]))
+    assert (p.replicas, p.adding, p.removing) == ([3, 4, 5, 1, 2], [4, 5], [1, 2])
+    apply(img, set_isr(img, "t", 0, [1, 2, 3, 4]))  # 4 caught up, 5 not yet
+    apply(img, ops.reassign(img, "t", 0, None))
+    # Kafka's revert too keeps the merged order (target + removing, minus adding).
+    assert (p.replicas, p.isr, p.adding, p.removing) == ([3, 1, 2], [1, 2, 3], [], [])
+    assert p.leader == 1
+    code, message = code_of(lambda: ops.reassign(img, "t", 0, None))
+    assert code == E.NO_REASSIGNMENT_IN_PROGRESS == 85
+    assert "t-0" in message
+
+
+def test_reassignment_is_refused_for_unknown_brokers_topics_and_partitions() -> None:
+    img = topic(cluster(3), "t", [[1, 2, 3]])
+    code, message = code_of(lambda: ops.reassign(img, "t", 0, [1, 2, 99]))
+    assert code == E.INVALID_REPLICA_ASSIGNMENT == 39 and "broker 99" in message
+    assert code_of(lambda: ops.reassign(img, "t", 0, [1, 1, 2]))[0] == 39
+    assert code_of(lambda: ops.reassign(img, "t", 0, []))[0] == 39
+    assert code_of(lambda: ops.reassign(img, "nope", 0, [1]))[0] == E.UNKNOWN_TOPIC_OR_PARTITION
+    assert code_of(lambda: ops.reassign(img, "t", 5, [1]))[0] == E.UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_changing_the_target_of_a_reassignment_in_flight() -> None:
+    img = topic(cluster(5), "t", [[1, 2, 3]])
+    p = img.topics["t"].partitions[0]
+    apply(img, ops.reassign(img, "t", 0, [1, 2, 4]))
+    assert (p.replicas, p.adding, p.removing) == ([1, 2, 4, 3], [4], [3])
+    # 4 is dropped before it caught up; 5 is the new destination.
+    apply(img, ops.reassign(img, "t", 0, [1, 2, 5]))
+    assert (p.replicas, p.adding, p.removing) == ([1, 2, 5, 3], [5], [3])
+    assert all(r in p.replicas for r in p.isr)
+    apply(img, set_isr(img, "t", 0, [1, 2, 3, 5]))
+    assert (p.replicas, p.isr, p.adding, p.removing) == ([1, 2, 5], [1, 2, 5], [], [])
+
+
+def test_a_replica_dropped_from_the_target_in_flight_also_leaves_the_isr() -> None:
+    img = topic(cluster(6), "t", [[1, 2, 3]])
+    p = img.topics["t"].partitions[0]
+    apply(img, ops.reassign(img, "t", 0, [1, 4, 5]))
+    apply(img, set_isr(img, "t", 0, [1, 2, 3, 4]))  # 4 in sync, 5 not yet
+    assert (p.adding, p.removing) == ([4, 5], [2, 3])
+    apply(img, ops.reassign(img, "t", 0, [1, 5, 6]))  # 4 is not wanted after all
+    assert 4 not in p.replicas
+    assert 4 not in p.isr, f"ISR {p.isr} holds a broker that is no longer a replica"
+
+
+def test_alter_partition_fences_stale_leaders_and_stale_partition_epochs() -> None:
+    img = topic(cluster(3), "t", [[1, 2, 3]])
+    p = img.topics["t"].partitions[0]
+    le, pe = p.leader_epoch, p.partition_epoch
+    # Not the leader.
+    code, _ = code_of(lambda: ops.alter_partition(img, 2, "t", 0, le, pe, [2, 3]))
+    assert code == E.FENCED_LEADER_EPOCH == 74
+    # The leader, but from an older leader epoch (it was replaced and came back).
+    fence(img, 1)
+    unfence(img, 1)
+    apply(img, set_isr(img, "t", 0, [2, 3, 1]))
+    apply(img, preferred_leader_changes(img))
+    assert p.leader == 1 and p.leader_epoch == le + 2
+    code, message = code_of(lambda: ops.alter_partition(img, 1, "t", 0, le, p.partition_epoch, [1]))
+    assert code == 74 and f"epoch {p.leader_epoch}" in message
+    # The right leader epoch but an older partition epoch: someone changed it meanwhile.
+    stale = p.partition_epoch
+    apply(img, ops.alter_partition(img, 1, "t", 0, p.leader_epoch, stale, [1, 2]))
+    code, _ = code_of(lambda: ops.alter_partition(img, 1, "t", 0, p.leader_epoch, stale, [1]))
+    assert code == E.INVALID_UPDATE_VERSION == 95
+    # The ISR must hold the leader and only replicas; fenced brokers cannot join.
+    cur = (p.leader_epoch, p.partition_epoch)
+    assert code_of(lambda: ops.alter_partition(img, 1, "t", 0, *cur, [2, 3]))[0] == 42
+    assert code_of(lambda: ops.alter_partition(img, 1, "t", 0, *cur, [1, 7]))[0] == 42
+    apply(img, [{"type": "fence_broker", "id": 3}])
+    code, message = code_of(lambda: ops.alter_partition(img, 1, "t", 0, *cur, [1, 2, 3]))
+    assert code == 42 and "broker 3" in message
+    # Each accepted change moves the partition epoch on.
+    before = p.partition_epoch
+    apply(img, ops.alter_partition(img, 1, "t", 0, *cur, [1]))
+    assert (p.isr, p.partition_epoch) == ([1], before + 1)
+
+
+def test_cluster_configs_validate_the_throttle() -> None:
+    rec = ops.alter_cluster_configs({"replication.throttled.rate": "1048576"})
+    img = apply(cluster(1), rec)
+    assert img.cluster_configs == {"replication.throttled.rate": "1048576"}
+    apply(img, ops.alter_cluster_configs({"replication.throttled.rate": None}))
+    assert img.cluster_configs == {}
+    for bad in ("0", "-5", "fast"):
+        code, _ = code_of(
+            lambda bad=bad: ops.alter_cluster_configs({"replication.throttled.rate": bad})
+        )
+        assert code == E.INVALID_CONFIG
+    code, message = code_of(lambda: ops.alter_cluster_configs({"no.such": "1"}))
+    assert code == E.INVALID_CONFIG and "replication.throttled.rate" in message
+
+
+def test_image_snapshots_keep_reassignments() -> None:
+    img = topic(cluster(4), "t", [[1, 2, 3]])
+    apply(img, ops.reassign(img, "t", 0, [2, 3, 4]))
+    again = MetadataImage.from_dict(img.to_dict())
+    p = again.topics["t"].partitions[0]
+    assert (p.replicas, p.adding, p.removing) == ([2, 3, 4, 1], [4], [1])
+    assert again.to_dict() == img.to_dict()
+
+
+def test_a_new_target_that_drops_the_leader_elects_another() -> None:
+    img = topic(cluster(5), "t", [[1, 2, 3]])
+    p = img.topics["t"].partitions[0]
+    apply(img, ops.reassign(img, "t", 0, [4, 5, 3]))
+    apply(img, set_isr(img, "t", 0, [1, 2, 3, 4]))  # 4 in sync, 5 not yet
+    fence(img, 1)
+    assert p.leader == 4  # the first target replica in sync leads
+    apply(img, ops.reassign(img, "t", 0, [1, 2, 3]))  # back to where it came from
+    assert (p.replicas, p.adding, p.removing) == ([1, 2, 3], [], [])
+    assert (p.leader, p.isr) == (2, [2, 3])
+
+
+def test_a_new_target_that_would_leave_no_in_sync_replica_is_refused() -> None:
+    img = topic(cluster(6), "t", [[1, 2, 3]])
+    p = img.topics["t"].partitions[0]
+    apply(img, ops.reassign(img, "t", 0, [4, 5, 6]))
+    apply(img, set_isr(img, "t", 0, [1, 2, 3, 4]))
+    for b in (1, 2, 3):
+        fence(img, b)
+    assert (p.leader, p.isr) == (4, [4])
+    code, message = code_of(lambda: ops.reassign(img, "t", 0, [1, 5, 6]))
+    assert code == E.INVALID_REPLICA_ASSIGNMENT and "keep one of [4]" in message

@@ -80,7 +80,10 @@ def test_unclean_election_only_where_allowed(cluster) -> None:
     # only an out-of-sync replica is left to lead.
     for name in ("clean", "dirty"):
         p = c.topic(name)["partitions"][0]
-        leader, follower = p["replicas"][0], p["replicas"][1]
+        # The current leader (it may have moved while the other topic's brokers went
+        # down and came back) and its one follower.
+        leader = p["leader"]
+        (follower,) = [r for r in p["replicas"] if r != leader]
 
         def view(name: str = name, leader: int = leader, follower: int = follower) -> dict:
             return c.topic(name, exclude=(leader, follower))["partitions"][0]

@@ -22,10 +22,11 @@ import time
 import typing
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cluster_support import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -49,17 +50,6 @@ BROKER_ARGS = [
 THROTTLE = 256 * 1024  # bytes/s while copying to the new replica
 PAYLOAD = 1000  # bytes per message
 PRELOAD = 2000  # messages before the move: ~2 MB, ~8 s at the throttle
-
-
-def wait_for(pred: Callable[[], object], timeout: float, what: str, every: float = 0.1) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(every)
 
 
 def http(node: Node, method: str, path: str, body: object = None) -> tuple[int, dict]:

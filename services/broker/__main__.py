@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
-import signal
 import sys
 
 import uvloop
 
 from straitmq import logs
+from straitmq.signals import wait_for_stop_signal
 
 from .broker import Broker, BrokerStartupError
 from .config import BrokerConfig
@@ -113,11 +112,7 @@ async def run(config: BrokerConfig, announce: bool = True) -> None:
             file=sys.stderr,
             flush=True,
         )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await wait_for_stop_signal()
     await broker.stop()
 
 

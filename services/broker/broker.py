@@ -128,12 +128,16 @@ class Broker:
         if not self.metadata_ready:
             return
         if reset or any(r["type"] not in ("producer_ids", "cluster") for r in records):
-            self.partitions.sync(self.image)
+            self._sync_replicas()
             for r in records:
                 if r["type"] == "remove_topic":
                     self.offsets.delete_topic(r["name"])
-            if OFFSETS_TOPIC in self.image.topics:
-                self.offsets.partitions_count = len(self.image.topics[OFFSETS_TOPIC].partitions)
+
+    def _sync_replicas(self) -> None:
+        # The group -> partition mapping must be current before leaderships load groups.
+        if OFFSETS_TOPIC in self.image.topics:
+            self.offsets.partitions_count = len(self.image.topics[OFFSETS_TOPIC].partitions)
+        self.partitions.sync(self.image)
 
     async def _wait_metadata(self) -> None:
         """Apply nothing to local logs until the metadata log has been caught up once:
@@ -154,9 +158,7 @@ class Broker:
         """After registering: only now may this process act as the node id's replicas
         (a refused duplicate must never fetch as, or serve for, another broker)."""
         self.metadata_ready = True
-        self.partitions.sync(self.image)
-        if OFFSETS_TOPIC in self.image.topics:
-            self.offsets.partitions_count = len(self.image.topics[OFFSETS_TOPIC].partitions)
+        self._sync_replicas()
 
     # -- groups follow the leadership of __consumer_offsets partitions ----------------
 

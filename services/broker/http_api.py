@@ -6,11 +6,13 @@ to fix; nothing here can take the broker down.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 import zlib
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
 import orjson
 from aiohttp import web
 from straitmq.controller.errors import ControllerError
@@ -123,14 +125,10 @@ async def _end_offset(broker: Broker, topic: str, index: int) -> int:
     b = broker.image.brokers.get(meta.leader) if meta is not None else None
     if b is None:
         return -1
-    import aiohttp
-
-    url = f"http://{b.host}:{b.http_port}/api/v1/topics/{topic}"
     try:
-        async with aiohttp.ClientSession() as s, s.get(url, timeout=aiohttp.ClientTimeout(2)) as r:
-            body = orjson.loads(await r.read())
+        _, body = await _get_json(f"http://{b.host}:{b.http_port}/api/v1/topics/{topic}")
         return int(body["partitions"][index]["high_watermark"])
-    except (aiohttp.ClientError, TimeoutError, KeyError, IndexError, ValueError):
+    except (aiohttp.ClientError, TimeoutError, OSError, KeyError, IndexError, ValueError):
         return -1
 
 
@@ -500,8 +498,6 @@ def _local_progress(broker: Broker) -> list[dict]:
 
 
 async def _get_json(url: str, timeout_s: float = 2.0) -> Any:
-    import aiohttp
-
     async with (
         aiohttp.ClientSession() as s,
         s.get(url, timeout=aiohttp.ClientTimeout(timeout_s)) as r,
@@ -514,9 +510,6 @@ def _throttle(broker: Broker) -> int:
 
 
 def add_cluster_routes(app: web.Application, broker: Broker) -> None:
-    import asyncio
-
-    import aiohttp
     from straitmq.controller.operations import CLUSTER_CONFIGS
 
     routes = web.RouteTableDef()

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
-import signal
 import sys
 
 import uvloop
 
 from straitmq import logs
+from straitmq.signals import wait_for_stop_signal
 
 from .active import ControllerSettings
 from .node import ControllerNode
@@ -79,11 +78,7 @@ async def run(node: ControllerNode) -> None:
         file=sys.stderr,
         flush=True,
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await wait_for_stop_signal()
     await node.stop()
 
 

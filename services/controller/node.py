@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from aiohttp import web
@@ -54,8 +55,6 @@ class ControllerNode:
                 file=sys.stderr,
             )
             sys.stderr.flush()
-            import os
-
             os._exit(EXIT_CONFIG)
 
     async def start(self) -> None:

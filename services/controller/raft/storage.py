@@ -48,25 +48,26 @@ LoadedState = tuple[int, int | None, Snapshot | None, int, list[Entry]]
 
 
 class RaftStorage(Protocol):
+    """What the core needs from a disk; `MemoryStorage` and `FileStorage` implement it.
+    Every call returns only once what it wrote is durable."""
+
     def load(self) -> LoadedState:
         """(epoch, voted_for, latest snapshot or None, log start offset, entries)."""
-        ...
 
-    def save_state(self, epoch: int, voted_for: int | None) -> None: ...
+    def save_state(self, epoch: int, voted_for: int | None) -> None:
+        """Persist the quorum state (before a vote is granted)."""
 
-    def append(self, entries: list[Entry]) -> None: ...
+    def append(self, entries: list[Entry]) -> None:
+        """Append entries at the log end."""
 
     def truncate(self, end_offset: int) -> None:
         """Drop the entries at offsets >= end_offset."""
-        ...
 
     def save_snapshot(self, snapshot: Snapshot) -> None:
         """Keep `snapshot` and drop the log entries below its end offset."""
-        ...
 
     def install_snapshot(self, snapshot: Snapshot) -> None:
         """Replace the whole log by `snapshot` (a follower catching up)."""
-        ...
 
 
 class MemoryStorage:

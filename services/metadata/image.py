@@ -123,6 +123,8 @@ class MetadataImage:
     # -- snapshots -------------------------------------------------------------------
 
     def to_dict(self) -> dict:
+        # Copies of the config dicts: `apply` edits them in place, and a snapshot must
+        # not change after it is taken (the Raft node may keep it to send to followers).
         return {
             "cluster_id": self.cluster_id,
             "brokers": [broker_dict(b) for b in self.brokers.values()],
@@ -130,13 +132,13 @@ class MetadataImage:
                 {
                     "name": t.name,
                     "topic_id": str(t.topic_id),
-                    "configs": t.configs,
+                    "configs": dict(t.configs),
                     "internal": t.internal,
                     "partitions": [_partition_dict(p) for p in t.partitions],
                 }
                 for t in self.topics.values()
             ],
-            "cluster_configs": self.cluster_configs,
+            "cluster_configs": dict(self.cluster_configs),
             "next_producer_id": self.next_producer_id,
             "offset": self.offset,
         }

@@ -47,6 +47,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from bench.javatools import KAFKA_JVM_PERFORMANCE_OPTS, KAFKA_MAIN, STORAGE_TOOL, java_cmd
+from straitmq.cli.local_cluster import free_port
 
 BROKER_JVM_ARGS = ["-Xmx1g", "-Xms1g", *KAFKA_JVM_PERFORMANCE_OPTS]
 
@@ -67,13 +68,6 @@ log4j.logger.org.apache.kafka.controller=INFO
 log4j.logger.state.change.logger=WARN
 log4j.logger.kafka.log.LogCleaner=WARN
 """
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago on ``host``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def random_cluster_id() -> str:

@@ -27,7 +27,6 @@ import argparse
 import datetime as _dt
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ if __package__ in (None, ""):  # allow `python bench/spark_read.py`
 
 from bench.javatools import REPO_ROOT
 from bench.kafka_ref import KafkaRef
+from straitmq.cli.local_cluster import free_port
 
 sys.path.insert(0, str(REPO_ROOT / "spark-jobs" / "jobs"))
 
@@ -56,12 +56,6 @@ BASELINE = ("kafka", "kafka")
 
 def log(msg: str) -> None:
     print(f"[spark_read] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class StraitBroker:

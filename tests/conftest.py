@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -23,6 +22,8 @@ sys.path.insert(0, str(ROOT))
 
 from straitmq.broker.record_codec import build_batch  # noqa: E402
 
+from straitmq.cli.local_cluster import free_port  # noqa: E402
+
 
 def record_batch(
     values: list[bytes],
@@ -38,12 +39,6 @@ def record_batch(
         struct.pack_into(">qhi", data, 43, pid, epoch, seq)
         struct.pack_into(">I", data, 17, crc32c(bytes(data[21:])))
     return bytes(data)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -28,10 +29,28 @@ from dataclasses import dataclass, field
 CONTROLLER_ID_BASE = 1000
 
 
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port that was free a moment ago, picked below the kernel's ephemeral range: a
+    port the kernel hands out (port 0) can be taken by any outgoing connection's source
+    port before the server that was meant to get it binds."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(20_000, low) if low > 21_000 else 0
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise OSError(f"no free port found on {host}")
 
 
 @dataclass

@@ -9,6 +9,7 @@ import sys
 import uvloop
 
 from straitmq import logs
+from straitmq.node_identity import ordinal_from_hostname
 from straitmq.signals import wait_for_stop_signal
 
 from .broker import Broker, BrokerStartupError
@@ -18,7 +19,11 @@ from .config import BrokerConfig
 def parse_args(argv: list[str] | None = None) -> BrokerConfig:
     d = BrokerConfig()
     p = argparse.ArgumentParser(prog="strait-broker", description="Run a StraitMQ broker.")
-    p.add_argument("--node-id", type=int, default=d.node_id)
+    p.add_argument(
+        "--node-id",
+        default=str(d.node_id),
+        help="a number, or 'auto': the ordinal at the end of the host name (StatefulSet pods)",
+    )
     p.add_argument("--data-dir", default=d.data_dir)
     p.add_argument("--listen", default=f"{d.host}:{d.port}", help="Kafka listener host:port")
     p.add_argument("--advertise", default=None, help="host:port clients should use")
@@ -64,12 +69,16 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
     a = p.parse_args(argv)
     if a.controllers and not a.cluster_id:
         p.error("--cluster-id is required with --controllers")
+    try:
+        node_id = ordinal_from_hostname() if a.node_id == "auto" else int(a.node_id)
+    except ValueError as e:
+        p.error(f"--node-id: {e}")
     host, _, port = a.listen.rpartition(":")
     adv_host, _, adv_port = (a.advertise or a.listen).rpartition(":")
     http_host, _, http_port = a.http.rpartition(":")
     logs.setup(a.log_level)
     return BrokerConfig(
-        node_id=a.node_id,
+        node_id=node_id,
         data_dir=a.data_dir,
         host=host or "127.0.0.1",
         port=int(port),

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import orjson
 from aiohttp import web
-from straitmq.controller.errors import ControllerError
+from straitmq.controller.errors import ControllerError, error_name
 from straitmq.controller.http_api import add_routes as add_controller_routes
 from straitmq.metadata.topic_config import effective
 
@@ -35,8 +35,12 @@ def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
 
 
-def _error(status: int, message: str) -> web.Response:
-    return _json({"error": message}, status)
+def _error(status: int, message: str, code: int | None = None) -> web.Response:
+    body: dict[str, Any] = {"error": message}
+    if code is not None:  # the Kafka error, for clients (the operator) that branch on it
+        body["error_code"] = code
+        body["error_name"] = error_name(code)
+    return _json(body, status)
 
 
 async def _body(request: web.Request) -> dict:
@@ -56,7 +60,7 @@ async def _body(request: web.Request) -> dict:
 
 
 def _controller_error(e: ControllerError) -> web.Response:
-    return _error(_ERROR_STATUS.get(e.code, 400), e.message)
+    return _error(_ERROR_STATUS.get(e.code, 400), e.message, e.code)
 
 
 def _int_param(request: web.Request, name: str, default: int) -> int:
@@ -471,7 +475,7 @@ _OPS_STATUS = {**_ERROR_STATUS, 85: 409, 7: 503, 41: 503}
 
 
 def _ops_error(e: ControllerError) -> web.Response:
-    return _error(_OPS_STATUS.get(e.code, 400), e.message)
+    return _error(_OPS_STATUS.get(e.code, 400), e.message, e.code)
 
 
 def _local_progress(broker: Broker) -> list[dict]:

@@ -9,6 +9,7 @@ import sys
 import uvloop
 
 from straitmq import logs
+from straitmq.node_identity import voter_for_hostname
 from straitmq.signals import wait_for_stop_signal
 
 from .active import ControllerSettings
@@ -21,7 +22,11 @@ def build(argv: list[str] | None = None) -> ControllerNode:
     p = argparse.ArgumentParser(
         prog="strait-controller", description="Run one voter of the StraitMQ controller quorum."
     )
-    p.add_argument("--node-id", type=int, required=True)
+    p.add_argument(
+        "--node-id",
+        required=True,
+        help="a number, or 'auto': the voter whose DNS name starts with this host's name",
+    )
     p.add_argument(
         "--voters", required=True, help="all voters: 1@127.0.0.1:9093,2@127.0.0.1:9094,..."
     )
@@ -48,12 +53,16 @@ def build(argv: list[str] | None = None) -> ControllerNode:
         voters = parse_voters(a.voters)
     except ValueError as e:
         p.error(str(e))
-    if a.node_id not in voters:
-        p.error(f"--node-id {a.node_id} is not one of the --voters {sorted(voters)}")
-    listen = a.listen or voters[a.node_id].removeprefix("http://")
+    try:
+        node_id = voter_for_hostname(voters) if a.node_id == "auto" else int(a.node_id)
+    except ValueError as e:
+        p.error(f"--node-id: {e}")
+    if node_id not in voters:
+        p.error(f"--node-id {node_id} is not one of the --voters {sorted(voters)}")
+    listen = a.listen or voters[node_id].removeprefix("http://")
     host, _, port = listen.rpartition(":")
     return ControllerNode(
-        a.node_id,
+        node_id,
         voters,
         a.data_dir,
         ControllerSettings(

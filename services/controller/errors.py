@@ -24,6 +24,14 @@ DUPLICATE_BROKER_REGISTRATION = 101
 INCONSISTENT_CLUSTER_ID = 104
 REQUEST_TIMED_OUT = 7
 
+_NAMES = {v: k for k, v in dict(globals()).items() if k.isupper() and isinstance(v, int)}
+
+
+def error_name(code: int) -> str:
+    """The Kafka name of an error code, e.g. 38 -> INVALID_REPLICATION_FACTOR."""
+    return _NAMES.get(code, f"ERROR_{code}")
+
+
 _LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_NAME = 249
 

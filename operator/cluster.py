@@ -1,0 +1,391 @@
+"""MQCluster reconciliation: one level-triggered pass, run again every few seconds.
+
+A pass reads what is (StatefulSets, pods, the cluster's admin API), decides the next
+safe step (grow, move partitions, shrink, restart one pod), takes it, and returns the
+status. Nothing is remembered between passes except what the status records, so an
+operator restart picks up where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import names as n
+from . import planning, render
+from .admin import AdminClient, AdminError, Topic
+from .conditions import set_condition
+from .kube import Kube, ordinal, pod_ready
+from .spec import ClusterSpec, SpecError, parse
+
+log = logging.getLogger("straitmq.operator.cluster")
+
+# emit(type "Normal"|"Warning", reason, message): an Event on the MQCluster.
+Emit = Callable[[str, str, str], None]
+
+
+def admin_url(body: dict[str, Any], spec: ClusterSpec) -> str:
+    override = (body.get("metadata", {}).get("annotations") or {}).get(n.ADMIN_URL_ANNOTATION)
+    if override:
+        return override
+    return f"http://{n.bootstrap_service(spec.name)}.{spec.namespace}.svc:{spec.http_port}"
+
+
+@dataclass
+class Observed:
+    """What the cluster's admin API said this pass; None fields: it could not be asked."""
+
+    cluster: dict[str, Any] | None = None
+    topics: list[Topic] | None = None
+    reassigning: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def reachable(self) -> bool:
+        return self.cluster is not None and self.topics is not None
+
+    def live_brokers(self) -> set[int]:
+        """Registered, unfenced, not shutting down."""
+        if self.cluster is None:
+            return set()
+        return {
+            b["id"]
+            for b in self.cluster.get("brokers", [])
+            if not b.get("fenced") and not b.get("shutting_down")
+        }
+
+
+@dataclass
+class Pass:
+    """The decisions of one pass, turned into status at the end."""
+
+    phase: str = "Ready"
+    progressing: tuple[str, str] | None = None  # (reason, message)
+    degraded: tuple[str, str] | None = None
+    scaling: dict[str, Any] | None = None
+    rolling: dict[str, Any] | None = None
+
+
+class ClusterReconciler:
+    def __init__(self, kube: Kube, emit: Emit, admin_timeout_s: float = 10.0) -> None:
+        self.kube = kube
+        self.emit = emit
+        self.admin_timeout_s = admin_timeout_s
+
+    async def reconcile(self, body: dict[str, Any]) -> dict[str, Any]:
+        """One pass; returns the new status (the caller writes it)."""
+        meta = body["metadata"]
+        old = body.get("status") or {}
+        generation = meta.get("generation")
+        try:
+            spec = parse(body)
+        except SpecError as e:
+            self.emit("Warning", "InvalidSpec", str(e))
+            conds = list(old.get("conditions") or [])
+            conds = set_condition(conds, "Ready", False, "InvalidSpec", str(e), generation)
+            conds = set_condition(conds, "Degraded", True, "InvalidSpec", str(e), generation)
+            return {**old, "phase": "Degraded", "conditions": conds}
+
+        sts_name = n.statefulset(spec.name, n.BROKER)
+        sts = await self.kube.get("apps/v1", "StatefulSet", spec.namespace, sts_name)
+        current = sts["spec"]["replicas"] if sts else None
+        want = spec.brokers
+        async with AdminClient(admin_url(body, spec), self.admin_timeout_s) as admin:
+            seen = await self._observe(admin)
+            p = Pass()
+            if current is None:
+                replicas = want
+                p.phase = "Creating"
+                p.progressing = ("Creating", f"creating 3 controllers and {want} brokers")
+            elif want > current:
+                replicas = want
+                p.scaling = {"adding": list(range(current, want)), "removing": []}
+            elif want < current:
+                replicas = await self._scale_down(admin, spec, seen, current, p)
+            else:
+                replicas = current
+                prev = (old.get("scaling") or {}).get("adding") or []
+                if prev:
+                    p.scaling = {"adding": [b for b in prev if b < want], "removing": []}
+            for obj in render.objects(spec, replicas):
+                await self.kube.apply(obj)
+            if p.scaling and p.scaling.get("adding"):
+                await self._spread(admin, spec, seen, want, p)
+            if p.phase in ("Ready", "Creating") and current is not None:
+                await self._roll(spec, seen, p)
+        return await self._status(spec, old, generation, seen, p, replicas)
+
+    async def _observe(self, admin: AdminClient) -> Observed:
+        seen = Observed()
+        try:
+            seen.cluster = await admin.cluster()
+            seen.topics = await admin.topics(internal=True)
+            seen.reassigning = await admin.reassignments()
+        except AdminError as e:
+            seen.cluster = seen.topics = None
+            seen.error = e.message
+        return seen
+
+    # -- scaling ---------------------------------------------------------------------
+
+    async def _scale_down(
+        self, admin: AdminClient, spec: ClusterSpec, seen: Observed, current: int, p: Pass
+    ) -> int:
+        """Drain brokers [want, current) and return the replicas to keep for now."""
+        want = spec.brokers
+        removing = list(range(want, current))
+        p.scaling = {"adding": [], "removing": removing}
+        if not seen.reachable:
+            p.phase = "Draining"
+            p.progressing = ("Draining", f"waiting for the admin API: {seen.error}")
+            return current
+        assert seen.topics is not None
+        blocker = planning.blocking_topic(seen.topics, want)
+        if blocker is not None:
+            msg = (
+                f"refusing to scale brokers {current} -> {want}: topic '{blocker.name}' has "
+                f"replicationFactor {blocker.replication_factor}, more than {want} brokers"
+            )
+            p.phase = "Degraded"
+            p.degraded = ("ScaleDownRefused", msg)
+            p.scaling = None
+            self.emit("Warning", "ScaleDownRefused", msg)
+            return current
+        partitions = planning.all_partitions(seen.topics)
+        if seen.reassigning:
+            p.phase = "Draining"
+            p.scaling |= {"partitionsMoving": len(seen.reassigning)}
+            p.progressing = (
+                "Draining",
+                f"moving {len(seen.reassigning)} partitions off brokers {removing}",
+            )
+            return current
+        staying = sorted(b for b in seen.live_brokers() if b < want)
+        holding = [x for x in partitions if set(removing) & set(x.replicas)]
+        if not holding:
+            await self._clear_throttle(admin)
+            self.emit("Normal", "ScaledDown", f"brokers {removing} hold no replicas; shrinking")
+            return want
+        max_rf = max(len(x.replicas) for x in holding)
+        if len(staying) < max_rf:
+            p.phase = "Draining"
+            p.progressing = (
+                "Draining",
+                f"waiting for brokers to stay: {len(staying)} of {want} are live, "
+                f"partitions need {max_rf}",
+            )
+            return current
+        moves = planning.drain(partitions, set(removing), staying)
+        await admin.reassign(moves, spec.throttle_bytes_per_sec)
+        self.emit(
+            "Normal",
+            "Draining",
+            f"moving {len(moves)} partitions off brokers {removing} before scaling down",
+        )
+        p.phase = "Draining"
+        p.scaling |= {"partitionsToMove": len(moves), "partitionsMoving": len(moves)}
+        p.progressing = ("Draining", f"moving {len(moves)} partitions off brokers {removing}")
+        return current
+
+    async def _spread(
+        self, admin: AdminClient, spec: ClusterSpec, seen: Observed, want: int, p: Pass
+    ) -> None:
+        """After a scale up: once the new brokers are Ready, move replicas onto them."""
+        assert p.scaling is not None
+        adding = p.scaling["adding"]
+        p.phase = "ScalingUp"
+        pods = await self.kube.list_pods(
+            spec.namespace, n.selector_string(spec.name, n.BROKER)
+        )
+        ready_pods = {ordinal(x) for x in pods if pod_ready(x)}
+        live = seen.live_brokers()
+        waiting = [b for b in adding if b not in ready_pods or b not in live]
+        if waiting or not seen.reachable:
+            why = seen.error if not seen.reachable else f"brokers {waiting} not Ready yet"
+            p.progressing = ("ScalingUp", f"waiting: {why}")
+            return
+        if seen.reassigning:
+            p.scaling |= {"partitionsMoving": len(seen.reassigning)}
+            p.progressing = (
+                "ScalingUp",
+                f"moving {len(seen.reassigning)} partitions onto brokers {adding}",
+            )
+            return
+        assert seen.topics is not None
+        brokers = sorted(b for b in live if b < want)
+        moves = planning.spread_onto(planning.all_partitions(seen.topics), set(adding), brokers)
+        if not moves:
+            await self._clear_throttle(admin)
+            self.emit("Normal", "ScaledUp", f"brokers {adding} hold their share of replicas")
+            p.phase = "Ready"
+            p.scaling = None
+            return
+        await admin.reassign(moves, spec.throttle_bytes_per_sec)
+        self.emit("Normal", "Rebalancing", f"moving {len(moves)} partitions onto {adding}")
+        p.scaling |= {"partitionsToMove": len(moves), "partitionsMoving": len(moves)}
+        p.progressing = ("ScalingUp", f"moving {len(moves)} partitions onto brokers {adding}")
+
+    async def _clear_throttle(self, admin: AdminClient) -> None:
+        try:
+            await admin.clear_throttle()
+        except AdminError as e:  # the next move sets it again; only the leftover differs
+            log.warning("could not clear the replication throttle", extra={"error": e.message})
+
+    # -- rolling restarts -------------------------------------------------------------
+
+    async def _roll(self, spec: ClusterSpec, seen: Observed, p: Pass) -> None:
+        """Restart one outdated pod if everything is healthy: controllers, then brokers."""
+        for component in (n.CONTROLLER, n.BROKER):
+            sts = await self.kube.get(
+                "apps/v1", "StatefulSet", spec.namespace, n.statefulset(spec.name, component)
+            )
+            if sts is None:
+                return
+            st = sts.get("status") or {}
+            if st.get("observedGeneration", 0) < sts["metadata"].get("generation", 0):
+                return  # the StatefulSet controller has not computed the new revision yet
+            revision = st.get("updateRevision")
+            pods = await self.kube.list_pods(
+                spec.namespace, n.selector_string(spec.name, component)
+            )
+            outdated = sorted(
+                (x for x in pods if x["metadata"]["labels"].get("controller-revision-hash")
+                 != revision),
+                key=ordinal,
+            )
+            if not outdated:
+                continue
+            names = [x["metadata"]["name"] for x in outdated]
+            p.phase = "Rolling"
+            p.rolling = {"component": component, "pending": names}
+            not_ready = [x["metadata"]["name"] for x in pods if not pod_ready(x)]
+            if not_ready or len(pods) < sts["spec"]["replicas"]:
+                p.progressing = ("Rolling", f"waiting for {not_ready or 'pods'} to be Ready")
+                return
+            victim = self._pick_victim(component, outdated, seen, p)
+            if victim is None:
+                return
+            name = victim["metadata"]["name"]
+            await self.kube.delete_pod(spec.namespace, name)
+            self.emit("Normal", "RollingRestart", f"restarted {name} for the new spec")
+            p.progressing = ("Rolling", f"restarted {name}; {len(names) - 1} to go")
+            return
+
+    def _pick_victim(
+        self, component: str, outdated: list[dict], seen: Observed, p: Pass
+    ) -> dict | None:
+        if not seen.reachable:
+            p.progressing = ("Rolling", f"waiting for the admin API: {seen.error}")
+            return None
+        assert seen.topics is not None and seen.cluster is not None
+        under = planning.under_min_isr(seen.topics)
+        if under:
+            p.progressing = ("Rolling", f"waiting: {under} partitions are under min ISR")
+            return None
+        if component == n.CONTROLLER:
+            # The active controller last: each restart of it costs an election.
+            active = seen.cluster.get("controller")
+            return sorted(
+                outdated,
+                key=lambda x: (n.CONTROLLER_ID_BASE + ordinal(x) == active, -ordinal(x)),
+            )[0]
+        live = seen.live_brokers()
+        for pod in sorted(outdated, key=lambda x: -ordinal(x)):
+            b = ordinal(pod)
+            if b not in live and len(live) > 0:
+                return pod  # not serving anything: restarting it cannot hurt
+            topic = planning.restart_would_break_min_isr(seen.topics, b)
+            if topic is None:
+                return pod
+            p.progressing = (
+                "Rolling",
+                f"waiting: restarting broker {b} would take topic '{topic.name}' below "
+                f"min.insync.replicas={topic.min_insync}",
+            )
+        return None
+
+    # -- status -----------------------------------------------------------------------
+
+    async def _status(
+        self,
+        spec: ClusterSpec,
+        old: dict[str, Any],
+        generation: int | None,
+        seen: Observed,
+        p: Pass,
+        replicas: int,
+    ) -> dict[str, Any]:
+        sts = await self.kube.get(
+            "apps/v1", "StatefulSet", spec.namespace, n.statefulset(spec.name, n.BROKER)
+        )
+        ctl = await self.kube.get(
+            "apps/v1", "StatefulSet", spec.namespace, n.statefulset(spec.name, n.CONTROLLER)
+        )
+        st = (sts or {}).get("status") or {}
+        ready = st.get("readyReplicas", 0)
+        ctl_ready = ((ctl or {}).get("status") or {}).get("readyReplicas", 0)
+        status: dict[str, Any] = {
+            "observedGeneration": generation,
+            "brokers": {
+                "replicas": st.get("replicas", 0),
+                "ready": ready,
+                "registered": sorted(seen.live_brokers()),
+                "selector": n.selector_string(spec.name, n.BROKER),
+            },
+            "scaling": p.scaling,
+            "rollingRestart": p.rolling,
+        }
+        offline = under = under_min = 0
+        if seen.reachable:
+            assert seen.cluster is not None and seen.topics is not None
+            offline = seen.cluster.get("offline_partitions", 0)
+            under = seen.cluster.get("under_replicated_partitions", 0)
+            under_min = planning.under_min_isr(seen.topics)
+            status |= {
+                "activeController": seen.cluster.get("controller"),
+                "offlinePartitions": offline,
+                "underReplicatedPartitions": under,
+                "underMinIsrPartitions": under_min,
+            }
+        if p.phase == "Creating" or (p.phase == "Ready" and not seen.reachable):
+            first = old.get("phase") in (None, "Creating")
+            p.phase = "Creating" if first else "Degraded"
+            why = seen.error or "starting"
+            if p.phase == "Degraded":
+                p.degraded = ("AdminUnreachable", why)
+            else:
+                p.progressing = ("Creating", f"waiting for the cluster: {why}")
+        if p.phase == "Ready" and (ready < spec.brokers or ctl_ready < 3):
+            p.phase = "Creating" if old.get("phase") in (None, "Creating") else "Degraded"
+            msg = f"{ready}/{spec.brokers} brokers and {ctl_ready}/3 controllers Ready"
+            if p.phase == "Creating":
+                p.progressing = ("Creating", msg)
+            else:
+                p.degraded = ("PodsNotReady", msg)
+        if p.phase == "Ready" and (offline or under_min):
+            p.phase = "Degraded"
+            p.degraded = (
+                "PartitionsUnavailable",
+                f"{offline} offline and {under_min} under-min-ISR partitions",
+            )
+        status["phase"] = p.phase
+        conds = list(old.get("conditions") or [])
+        ready_msg = (
+            f"{ready} brokers and {ctl_ready} controllers Ready, "
+            f"{under} under-replicated partitions"
+        )
+        # Ready: clients are served. A scale or a roll in progress does not change that.
+        enough = ready >= min(replicas, spec.brokers)
+        serving = seen.reachable and not offline and ctl_ready == 3 and enough
+        reason = p.phase if serving or p.phase != "Ready" else "NotServing"
+        conds = set_condition(conds, "Ready", bool(serving), reason, ready_msg, generation)
+        prog = p.progressing or ("Reconciled", "nothing in progress")
+        conds = set_condition(conds, "Progressing", p.progressing is not None, *prog, generation)
+        deg = p.degraded or ("AsExpected", "no problems seen")
+        conds = set_condition(conds, "Degraded", p.degraded is not None, *deg, generation)
+        status["conditions"] = conds
+        if old.get("phase") != p.phase:
+            self.emit("Normal", f"Phase{p.phase}", f"phase {old.get('phase')} -> {p.phase}")
+        return status

@@ -1,0 +1,122 @@
+"""The few Kubernetes API calls the operator makes (the client is synchronous: threads)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import NotFoundError
+
+from . import names as n
+
+
+def api_client() -> client.ApiClient:
+    """In a pod: its service account; elsewhere: KUBECONFIG / ~/.kube/config."""
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self._dynamic: DynamicClient | None = None
+
+    def _dyn(self) -> DynamicClient:
+        if self._dynamic is None:  # discovery: a burst of requests, once
+            self._dynamic = DynamicClient(self.api)
+        return self._dynamic
+
+    def _resource(self, api_version: str, kind: str) -> Any:
+        return self._dyn().resources.get(api_version=api_version, kind=kind)
+
+    async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply as the operator's field manager (forcing: we own these)."""
+
+        def call() -> dict[str, Any]:
+            res = self._resource(obj["apiVersion"], obj["kind"])
+            meta = obj["metadata"]
+            out = res.server_side_apply(
+                body=obj,
+                name=meta["name"],
+                namespace=meta.get("namespace"),
+                field_manager=n.FIELD_MANAGER,
+                force_conflicts=True,
+            )
+            return out.to_dict()
+
+        return await asyncio.to_thread(call)
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
+        def call() -> dict | None:
+            try:
+                res = self._resource(api_version, kind)
+                return res.get(name=name, namespace=namespace).to_dict()
+            except NotFoundError:
+                return None
+
+        return await asyncio.to_thread(call)
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        def call() -> list[dict[str, Any]]:
+            pods = self.core.list_namespaced_pod(namespace, label_selector=selector)
+            return [self.api.sanitize_for_serialization(p) for p in pods.items]
+
+        return await asyncio.to_thread(call)
+
+    async def delete_pod(self, namespace: str, name: str) -> None:
+        def call() -> None:
+            try:
+                self.core.delete_namespaced_pod(name, namespace)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+
+        await asyncio.to_thread(call)
+
+    async def get_custom(self, plural: str, namespace: str, name: str) -> dict | None:
+        def call() -> dict | None:
+            try:
+                return self.custom.get_namespaced_custom_object(
+                    n.GROUP, n.VERSION, namespace, plural, name
+                )
+            except ApiException as e:
+                if e.status == 404:
+                    return None
+                raise
+
+        return await asyncio.to_thread(call)
+
+    async def patch_status(
+        self, plural: str, namespace: str, name: str, status: dict[str, Any]
+    ) -> None:
+        def call() -> None:
+            try:
+                self.custom.patch_namespaced_custom_object_status(
+                    n.GROUP, n.VERSION, namespace, plural, name, {"status": status}
+                )
+            except ApiException as e:
+                if e.status != 404:  # deleted meanwhile: nothing to report on
+                    raise
+
+        await asyncio.to_thread(call)
+
+
+def pod_ready(pod: dict[str, Any]) -> bool:
+    if pod.get("metadata", {}).get("deletionTimestamp"):
+        return False
+    for c in pod.get("status", {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return c.get("status") == "True"
+    return False
+
+
+def ordinal(pod: dict[str, Any]) -> int:
+    return int(pod["metadata"]["name"].rsplit("-", 1)[1])

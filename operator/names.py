@@ -1,0 +1,72 @@
+"""Names and labels the operator gives the objects it owns."""
+
+from __future__ import annotations
+
+GROUP = "straitmq.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+CLUSTERS = "mqclusters"
+TOPICS = "topics"
+FIELD_MANAGER = "straitmq-operator"
+
+# Where the operator reaches a cluster's admin API if not at its bootstrap Service, e.g.
+# an operator run outside the cluster, or brokers that stand in for the pods in tests.
+ADMIN_URL_ANNOTATION = "straitmq.io/admin-url"
+CONFIG_HASH_ANNOTATION = "straitmq.io/config-hash"
+
+# Controllers get ids apart from brokers' ordinals: both share the metadata log's id space.
+CONTROLLER_ID_BASE = 1000
+
+BROKER = "broker"
+CONTROLLER = "controller"
+
+
+def labels(cluster: str, component: str | None = None) -> dict[str, str]:
+    out = {
+        "app.kubernetes.io/name": "straitmq",
+        "app.kubernetes.io/instance": cluster,
+        "app.kubernetes.io/part-of": "straitmq",
+        "app.kubernetes.io/managed-by": "straitmq-operator",
+    }
+    if component:
+        out["app.kubernetes.io/component"] = component
+    return out
+
+
+def selector(cluster: str, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "straitmq",
+        "app.kubernetes.io/instance": cluster,
+        "app.kubernetes.io/component": component,
+    }
+
+
+def selector_string(cluster: str, component: str) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector(cluster, component).items())
+
+
+def statefulset(cluster: str, component: str) -> str:
+    return f"{cluster}-{component}"
+
+
+def headless_service(cluster: str, component: str) -> str:
+    return f"{cluster}-{component}"
+
+
+def bootstrap_service(cluster: str) -> str:
+    return f"{cluster}-bootstrap"
+
+
+def config_map(cluster: str) -> str:
+    return f"{cluster}-config"
+
+
+def pdb(cluster: str, component: str) -> str:
+    return f"{cluster}-{component}"
+
+
+def pod_dns(cluster: str, component: str, ordinal: int, namespace: str) -> str:
+    return (
+        f"{statefulset(cluster, component)}-{ordinal}."
+        f"{headless_service(cluster, component)}.{namespace}.svc"
+    )

@@ -1,0 +1,321 @@
+"""An MQCluster's Kubernetes objects, as plain manifests (pure: spec in, dicts out)."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import orjson
+
+from . import names as n
+from .spec import ClusterSpec, Storage
+
+DATA_DIR = "/data"
+RUN_AS = 10001  # the image's non-root user
+
+
+def owner_reference(spec: ClusterSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": n.API_VERSION,
+        "kind": "MQCluster",
+        "name": spec.name,
+        "uid": spec.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _meta(spec: ClusterSpec, name: str, component: str | None = None) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": spec.namespace,
+        "labels": n.labels(spec.name, component),
+        "ownerReferences": [owner_reference(spec)],
+    }
+
+
+def voters(spec: ClusterSpec) -> str:
+    """The quorum's static voters by pod DNS name: 1000@<cluster>-controller-0.<svc>...:9093."""
+    return ",".join(
+        f"{n.CONTROLLER_ID_BASE + i}@"
+        f"{n.pod_dns(spec.name, n.CONTROLLER, i, spec.namespace)}:{spec.controller_port}"
+        for i in range(3)
+    )
+
+
+def config_map(spec: ClusterSpec) -> dict[str, Any]:
+    lines = [f"{k}={v}" for k, v in sorted(spec.broker_config.items())]
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(spec, n.config_map(spec.name)),
+        "data": {
+            "STRAIT_CLUSTER_ID": spec.cluster_id,
+            "STRAIT_CONTROLLER_VOTERS": voters(spec),
+            "broker.properties": "\n".join(lines) + ("\n" if lines else ""),
+        },
+    }
+
+
+def config_hash(spec: ClusterSpec) -> str:
+    """Changes whenever a pod would start differently; pods carry it, so it rolls them."""
+    data = orjson.dumps(
+        [config_map(spec)["data"], spec.broker_args(), spec.controller_args(), spec.otlp_endpoint],
+        option=orjson.OPT_SORT_KEYS,
+    )
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def _headless(spec: ClusterSpec, component: str, ports: list[dict]) -> dict[str, Any]:
+    name = n.headless_service(spec.name, component)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(spec, name, component),
+        "spec": {
+            "clusterIP": "None",
+            # Pods must resolve each other before they are Ready: the quorum forms, and
+            # brokers register, only once they can reach one another.
+            "publishNotReadyAddresses": True,
+            "selector": n.selector(spec.name, component),
+            "ports": ports,
+        },
+    }
+
+
+def services(spec: ClusterSpec) -> list[dict[str, Any]]:
+    broker_ports = [
+        {"name": "kafka", "port": spec.kafka_port, "targetPort": "kafka"},
+        {"name": "http", "port": spec.http_port, "targetPort": "http"},
+    ]
+    bootstrap = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(spec, n.bootstrap_service(spec.name), n.BROKER),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": n.selector(spec.name, n.BROKER),
+            "ports": broker_ports,
+        },
+    }
+    return [
+        _headless(
+            spec,
+            n.CONTROLLER,
+            [{"name": "http", "port": spec.controller_port, "targetPort": "http"}],
+        ),
+        _headless(spec, n.BROKER, broker_ports),
+        bootstrap,
+    ]
+
+
+def pdbs(spec: ClusterSpec) -> list[dict[str, Any]]:
+    out = []
+    for component in (n.CONTROLLER, n.BROKER):
+        out.append(
+            {
+                "apiVersion": "policy/v1",
+                "kind": "PodDisruptionBudget",
+                "metadata": _meta(spec, n.pdb(spec.name, component), component),
+                "spec": {
+                    # One voter of three, or one broker, at a time: the quorum keeps a
+                    # majority and RF>=2 partitions keep a leader.
+                    "maxUnavailable": 1,
+                    "selector": {"matchLabels": n.selector(spec.name, component)},
+                },
+            }
+        )
+    return out
+
+
+def _env(spec: ClusterSpec) -> list[dict[str, Any]]:
+    cm = n.config_map(spec.name)
+    env: list[dict[str, Any]] = [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {
+            "name": "STRAIT_CLUSTER_ID",
+            "valueFrom": {"configMapKeyRef": {"name": cm, "key": "STRAIT_CLUSTER_ID"}},
+        },
+        {
+            "name": "STRAIT_CONTROLLER_VOTERS",
+            "valueFrom": {"configMapKeyRef": {"name": cm, "key": "STRAIT_CONTROLLER_VOTERS"}},
+        },
+        {"name": "STRAIT_LOG_LEVEL", "value": "info"},
+    ]
+    if spec.otlp_endpoint:
+        env.append({"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": spec.otlp_endpoint})
+    return env
+
+
+def _probes(port: str) -> dict[str, Any]:
+    return {
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", "port": port},
+            "periodSeconds": 5,
+            "timeoutSeconds": 3,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": port},
+            "initialDelaySeconds": 15,
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 6,
+        },
+    }
+
+
+def _claim(storage: Storage) -> dict[str, Any]:
+    claim: dict[str, Any] = {
+        "metadata": {"name": "data"},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": storage.size}},
+        },
+    }
+    if storage.storage_class:
+        claim["spec"]["storageClassName"] = storage.storage_class
+    return claim
+
+
+_CONTAINER_SECURITY = {
+    "runAsNonRoot": True,
+    "runAsUser": RUN_AS,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
+def _statefulset(
+    spec: ClusterSpec,
+    component: str,
+    replicas: int,
+    container: dict[str, Any],
+    storage: Storage,
+    grace_s: int,
+    when_scaled: str,
+    metrics_port: int,
+) -> dict[str, Any]:
+    name = n.statefulset(spec.name, component)
+    pod_annotations = {n.CONFIG_HASH_ANNOTATION: config_hash(spec)}
+    if spec.metrics_enabled:
+        pod_annotations.update(
+            {"prometheus.io/scrape": "true", "prometheus.io/port": str(metrics_port),
+             "prometheus.io/path": "/metrics"}
+        )
+    pod_spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": grace_s,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "fsGroup": RUN_AS},
+        "containers": [container],
+        "enableServiceLinks": False,
+    }
+    if spec.rack_topology_key:
+        pod_spec["topologySpreadConstraints"] = [
+            {
+                "maxSkew": 1,
+                "topologyKey": spec.rack_topology_key,
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": n.selector(spec.name, component)},
+            }
+        ]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _meta(spec, name, component),
+        "spec": {
+            "serviceName": n.headless_service(spec.name, component),
+            "replicas": replicas,
+            # Voters must all start to elect a leader; brokers need no order either.
+            "podManagementPolicy": "Parallel",
+            # The operator restarts pods itself, one at a time, checking min ISR between.
+            "updateStrategy": {"type": "OnDelete"},
+            "persistentVolumeClaimRetentionPolicy": {
+                "whenDeleted": "Retain",
+                "whenScaled": when_scaled,
+            },
+            "selector": {"matchLabels": n.selector(spec.name, component)},
+            "template": {
+                "metadata": {
+                    "labels": n.labels(spec.name, component),
+                    "annotations": pod_annotations,
+                },
+                "spec": pod_spec,
+            },
+            "volumeClaimTemplates": [_claim(storage)],
+        },
+    }
+
+
+def controller_statefulset(spec: ClusterSpec) -> dict[str, Any]:
+    container = {
+        "name": n.CONTROLLER,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["strait-controller"],
+        "args": [
+            "--node-id=auto",
+            "--voters=$(STRAIT_CONTROLLER_VOTERS)",
+            "--cluster-id=$(STRAIT_CLUSTER_ID)",
+            f"--data-dir={DATA_DIR}",
+            f"--listen=0.0.0.0:{spec.controller_port}",
+            *spec.controller_args(),
+        ],
+        "env": _env(spec),
+        "ports": [{"name": "http", "containerPort": spec.controller_port}],
+        "volumeMounts": [{"name": "data", "mountPath": DATA_DIR}],
+        "resources": spec.controller_resources,
+        "securityContext": _CONTAINER_SECURITY,
+        **_probes("http"),
+    }
+    return _statefulset(
+        spec, n.CONTROLLER, 3, container, spec.controller_storage, 30, "Retain",
+        spec.controller_port,
+    )
+
+
+def broker_statefulset(spec: ClusterSpec, replicas: int) -> dict[str, Any]:
+    headless = n.headless_service(spec.name, n.BROKER)
+    container = {
+        "name": n.BROKER,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["strait-broker"],
+        "args": [
+            "--node-id=auto",
+            "--cluster-id=$(STRAIT_CLUSTER_ID)",
+            "--controllers=$(STRAIT_CONTROLLER_VOTERS)",
+            f"--data-dir={DATA_DIR}",
+            f"--listen=0.0.0.0:{spec.kafka_port}",
+            # Each broker advertises its own pod DNS name: clients reach the partition
+            # leader directly, through the headless Service.
+            f"--advertise=$(POD_NAME).{headless}.$(POD_NAMESPACE).svc:{spec.kafka_port}",
+            f"--http=0.0.0.0:{spec.http_port}",
+            *spec.broker_args(),
+        ],
+        "env": _env(spec),
+        "ports": [
+            {"name": "kafka", "containerPort": spec.kafka_port},
+            {"name": "http", "containerPort": spec.http_port},
+        ],
+        "volumeMounts": [{"name": "data", "mountPath": DATA_DIR}],
+        "resources": spec.broker_resources,
+        "securityContext": _CONTAINER_SECURITY,
+        **_probes("http"),
+    }
+    # A drained broker's volume holds nothing the cluster needs: drop it on scale down.
+    return _statefulset(
+        spec, n.BROKER, replicas, container, spec.broker_storage, 120, "Delete", spec.http_port
+    )
+
+
+def objects(spec: ClusterSpec, broker_replicas: int) -> list[dict[str, Any]]:
+    """Everything an MQCluster owns, in the order to apply it."""
+    return [
+        config_map(spec),
+        *services(spec),
+        *pdbs(spec),
+        controller_statefulset(spec),
+        broker_statefulset(spec, broker_replicas),
+    ]

@@ -1,0 +1,145 @@
+"""An MQCluster's spec with the CRD's defaults filled in, and broker configs checked.
+
+The API server applies the schema defaults, but the operator must not depend on them
+(an object stored before a default existed has none), so they are repeated here.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+# Broker configs an MQCluster may set, and the broker (and controller) flag for each.
+# Names are Kafka's, so a Kafka user's settings carry over.
+BROKER_FLAGS = {
+    "num.partitions": "--num-partitions",
+    "default.replication.factor": "--default-replication-factor",
+    "offsets.topic.replication.factor": "--offsets-topic-replication-factor",
+    "message.max.bytes": "--message-max-bytes",
+    "replica.lag.time.max.ms": "--replica-lag-time-max-ms",
+    "log.retention.check.interval.ms": "--retention-check-interval-ms",
+    "group.initial.rebalance.delay.ms": "--group-initial-rebalance-delay-ms",
+    "controlled.shutdown.timeout.ms": "--controlled-shutdown-timeout-ms",
+}
+BOOLEAN_CONFIGS = {"auto.create.topics.enable"}
+CONTROLLER_FLAGS = {
+    "num.partitions": "--default-partitions",
+    "default.replication.factor": "--default-replication-factor",
+}
+
+
+class SpecError(ValueError):
+    """The spec cannot be turned into a cluster; the message says which field and why."""
+
+
+@dataclass(frozen=True)
+class Storage:
+    size: str = "1Gi"
+    storage_class: str | None = None
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    namespace: str
+    uid: str
+    image: str
+    image_pull_policy: str = "IfNotPresent"
+    brokers: int = 3
+    broker_storage: Storage = Storage()
+    broker_resources: dict[str, Any] = field(default_factory=dict)
+    broker_config: dict[str, str] = field(default_factory=dict)
+    rack_topology_key: str | None = None
+    throttle_bytes_per_sec: int = 10 * 1024 * 1024
+    controller_storage: Storage = Storage()
+    controller_resources: dict[str, Any] = field(default_factory=dict)
+    kafka_port: int = 9092
+    http_port: int = 8080
+    controller_port: int = 9093
+    metrics_enabled: bool = True
+    otlp_endpoint: str | None = None
+
+    @property
+    def cluster_id(self) -> str:
+        """Kafka-style cluster id (22 chars of URL-safe base64), fixed by the object's uid."""
+        key = uuid.UUID(self.uid) if self.uid else uuid.uuid5(uuid.NAMESPACE_DNS, self.name)
+        raw = key.bytes
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    def broker_args(self) -> list[str]:
+        args = []
+        for key, value in sorted(self.broker_config.items()):
+            if key in BOOLEAN_CONFIGS:
+                if key == "auto.create.topics.enable" and value == "false":
+                    args.append("--no-auto-create")
+            else:
+                args.append(f"{BROKER_FLAGS[key]}={value}")
+        return args
+
+    def controller_args(self) -> list[str]:
+        return [
+            f"{CONTROLLER_FLAGS[k]}={v}"
+            for k, v in sorted(self.broker_config.items())
+            if k in CONTROLLER_FLAGS
+        ]
+
+
+def _storage(raw: Any) -> Storage:
+    raw = raw or {}
+    return Storage(size=str(raw.get("size") or "1Gi"), storage_class=raw.get("class") or None)
+
+
+def _config(raw: Any) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in (raw or {}).items():
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        if key in BOOLEAN_CONFIGS:
+            if text not in ("true", "false"):
+                raise SpecError(f"spec.brokers.config.{key} must be true or false, not {text!r}")
+        elif key in BROKER_FLAGS:
+            if not text.lstrip("-").isdigit():
+                raise SpecError(f"spec.brokers.config.{key} must be an integer, not {text!r}")
+        else:
+            known = ", ".join(sorted([*BROKER_FLAGS, *BOOLEAN_CONFIGS]))
+            raise SpecError(f"spec.brokers.config.{key} is not a broker config (known: {known})")
+        out[key] = text
+    return out
+
+
+def parse(body: dict[str, Any]) -> ClusterSpec:
+    meta = body.get("metadata", {})
+    spec = body.get("spec") or {}
+    image = spec.get("image")
+    if not image:
+        raise SpecError("spec.image is required")
+    controllers = spec.get("controllers") or {}
+    if controllers.get("replicas", 3) != 3:
+        raise SpecError("spec.controllers.replicas must be 3")
+    brokers = spec.get("brokers") or {}
+    listeners = spec.get("listeners") or {}
+    metrics = spec.get("metrics") or {}
+    replicas = int(brokers.get("replicas", 3))
+    if replicas < 1:
+        raise SpecError("spec.brokers.replicas must be at least 1")
+    return ClusterSpec(
+        name=meta["name"],
+        namespace=meta.get("namespace") or "default",
+        uid=meta.get("uid") or "",
+        image=image,
+        image_pull_policy=spec.get("imagePullPolicy") or "IfNotPresent",
+        brokers=replicas,
+        broker_storage=_storage(brokers.get("storage")),
+        broker_resources=dict(brokers.get("resources") or {}),
+        broker_config=_config(brokers.get("config")),
+        rack_topology_key=(brokers.get("rack") or {}).get("topologyKey") or None,
+        throttle_bytes_per_sec=int(brokers.get("rebalanceThrottleBytesPerSecond") or 10485760),
+        controller_storage=_storage(controllers.get("storage")),
+        controller_resources=dict(controllers.get("resources") or {}),
+        kafka_port=int((listeners.get("kafka") or {}).get("port", 9092)),
+        http_port=int((listeners.get("http") or {}).get("port", 8080)),
+        controller_port=int((listeners.get("controller") or {}).get("port", 9093)),
+        metrics_enabled=bool(metrics.get("enabled", True)),
+        otlp_endpoint=metrics.get("otlpEndpoint") or None,
+    )

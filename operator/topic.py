@@ -1,0 +1,173 @@
+"""Topic reconciliation: make the cluster's topic match the Topic resource's spec."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from . import names as n
+from .admin import AdminClient, AdminError
+from .cluster import Emit, admin_url
+from .conditions import set_condition
+from .kube import Kube
+from .spec import SpecError, parse
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    cluster: str
+    name: str
+    partitions: int
+    replication_factor: int
+    config: dict[str, str]
+
+
+def topic_spec(body: dict[str, Any]) -> TopicSpec:
+    spec = body.get("spec") or {}
+    return TopicSpec(
+        cluster=spec["cluster"],
+        name=spec.get("topicName") or body["metadata"]["name"],
+        partitions=int(spec["partitions"]),
+        replication_factor=int(spec.get("replicationFactor", 3)),
+        config={
+            k: str(v).lower() if isinstance(v, bool) else str(v)
+            for k, v in (spec.get("config") or {}).items()
+        },
+    )
+
+
+class TopicProblem(Exception):
+    """The topic cannot be made to match its spec; `reason` becomes the condition's."""
+
+    def __init__(self, reason: str, message: str, retry: bool = True) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.retry = retry
+
+
+def _reason(e: AdminError) -> str:
+    if e.unreachable:
+        return "ClusterUnreachable"
+    if e.error_name:  # INVALID_REPLICATION_FACTOR -> InvalidReplicationFactor
+        return "".join(w.capitalize() for w in e.error_name.split("_"))
+    return f"AdminError{e.status}"
+
+
+class TopicReconciler:
+    def __init__(self, kube: Kube, emit: Emit, admin_timeout_s: float = 10.0) -> None:
+        self.kube = kube
+        self.emit = emit
+        self.admin_timeout_s = admin_timeout_s
+
+    async def _admin(self, body: dict[str, Any], ts: TopicSpec) -> AdminClient:
+        ns = body["metadata"].get("namespace") or "default"
+        cluster = await self.kube.get_custom(n.CLUSTERS, ns, ts.cluster)
+        if cluster is None:
+            raise TopicProblem(
+                "ClusterNotFound", f"MQCluster '{ts.cluster}' does not exist in namespace '{ns}'"
+            )
+        try:
+            cspec = parse(cluster)
+        except SpecError as e:
+            raise TopicProblem("ClusterInvalid", f"MQCluster '{ts.cluster}': {e}") from None
+        return AdminClient(admin_url(cluster, cspec), self.admin_timeout_s)
+
+    async def reconcile(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create, grow or reconfigure the topic; returns the new status."""
+        old = body.get("status") or {}
+        generation = body["metadata"].get("generation")
+        conds = list(old.get("conditions") or [])
+        try:
+            ts = topic_spec(body)
+            async with await self._admin(body, ts) as admin:
+                status = await self._ensure(admin, ts)
+        except TopicProblem as e:
+            if not _same_problem(conds, e.reason, e.message):
+                self.emit("Warning", e.reason, e.message)
+            conds = set_condition(conds, "Ready", False, e.reason, e.message, generation)
+            return {**old, "observedGeneration": generation, "conditions": conds}
+        conds = set_condition(
+            conds,
+            "Ready",
+            True,
+            "Reconciled",
+            f"topic '{ts.name}' has {status['partitions']} partitions",
+            generation,
+        )
+        if old.get("conditions") and not _ready(old["conditions"]):
+            self.emit("Normal", "Ready", f"topic '{ts.name}' matches its spec")
+        return {**status, "observedGeneration": generation, "conditions": conds}
+
+    async def _ensure(self, admin: AdminClient, ts: TopicSpec) -> dict[str, Any]:
+        try:
+            topic = await admin.topic(ts.name)
+            if topic is None:
+                topic = await admin.create_topic(
+                    ts.name, ts.partitions, ts.replication_factor, ts.config
+                )
+                self.emit("Normal", "Created", f"created topic '{ts.name}'")
+            else:
+                have = len(topic.partitions)
+                if have < ts.partitions:
+                    topic = await admin.alter_topic(ts.name, partitions=ts.partitions)
+                    self.emit(
+                        "Normal", "PartitionsIncreased", f"partitions {have} -> {ts.partitions}"
+                    )
+                elif have > ts.partitions:
+                    raise TopicProblem(
+                        "PartitionsCannotDecrease",
+                        f"topic '{ts.name}' has {have} partitions; spec asks for "
+                        f"{ts.partitions}, and partitions cannot be removed",
+                    )
+                changes: dict[str, str | None] = {
+                    k: v for k, v in ts.config.items() if topic.configs.get(k) != v
+                }
+                changes |= {k: None for k in topic.configs if k not in ts.config}
+                if changes:
+                    topic = await admin.alter_topic(ts.name, configs=changes)
+                    self.emit("Normal", "ConfigChanged", f"configs set: {sorted(changes)}")
+                if topic.replication_factor != ts.replication_factor:
+                    raise TopicProblem(
+                        "ReplicationFactorMismatch",
+                        f"topic '{ts.name}' has replication factor "
+                        f"{topic.replication_factor}; changing it is not supported",
+                    )
+        except AdminError as e:
+            raise TopicProblem(_reason(e), e.message) from None
+        return {
+            "topicName": ts.name,
+            "topicId": topic.topic_id,
+            "partitions": len(topic.partitions),
+            "replicationFactor": topic.replication_factor,
+        }
+
+    async def delete(self, body: dict[str, Any]) -> str:
+        """Delete the topic from its cluster; returns what happened, for the log."""
+        ts = topic_spec(body)
+        try:
+            admin = await self._admin(body, ts)
+        except TopicProblem as e:
+            if e.reason == "ClusterNotFound":  # nothing left to delete it from
+                return f"cluster gone, nothing to delete: {e.message}"
+            raise
+        async with admin:
+            try:
+                deleted = await admin.delete_topic(ts.name)
+            except AdminError as e:
+                raise TopicProblem(_reason(e), e.message) from None
+        if deleted:
+            self.emit("Normal", "Deleted", f"deleted topic '{ts.name}'")
+        return "deleted" if deleted else "already gone"
+
+
+def _ready(conditions: list[dict[str, Any]]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _same_problem(conditions: list[dict[str, Any]], reason: str, message: str) -> bool:
+    """Already reported: the timer retries quietly instead of an Event every pass."""
+    return any(
+        c.get("type") == "Ready" and c.get("reason") == reason and c.get("message") == message
+        for c in conditions
+    )

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Builds the Kubernetes control plane the operator tests run against, once, into
+# .cache/k8s/bin (git-ignored): kube-apiserver, kube-controller-manager and kube-scheduler
+# (kwok fakes the nodes and kubelets, not the scheduler) from the Go
+# module proxy (k8s.io/kubernetes cannot be `go install`ed: its go.mod replaces the
+# staging modules with local paths, so a wrapper module pins them to their published
+# v0.N.M twins), kwok and helm with `go install`, and etcd from Debian's package.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+K8S_VERSION="${K8S_VERSION:-v1.33.13}"
+KWOK_VERSION="${KWOK_VERSION:-v0.7.0}"
+HELM_VERSION="${HELM_VERSION:-v3.17.4}"
+ROOT="$PWD/.cache/k8s"
+BIN="$ROOT/bin"
+STAMP="$BIN/.versions"
+WANT="k8s=$K8S_VERSION kwok=$KWOK_VERSION helm=$HELM_VERSION etcd=debian"
+mkdir -p "$BIN"
+
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
+  for b in kube-apiserver kube-controller-manager kube-scheduler kwok helm etcd; do
+    [[ -x "$BIN/$b" ]] || { rm -f "$STAMP"; break; }
+  done
+  [[ -f "$STAMP" ]] && exit 0
+fi
+
+log() { echo "fetch-k8s: $*" >&2; }
+
+# --- etcd from Debian -------------------------------------------------------------
+if [[ ! -x "$BIN/etcd" ]]; then
+  log "etcd from Debian's etcd-server package"
+  tmp="$(mktemp -d)"
+  ( cd "$tmp" && { apt-get download etcd-server >/dev/null 2>&1 \
+      || { apt-get update -qq >/dev/null && apt-get download etcd-server >/dev/null; }; } )
+  dpkg-deb -x "$tmp"/etcd-server_*.deb "$tmp/x"
+  install -m 0755 "$tmp/x/usr/bin/etcd" "$BIN/etcd"
+  rm -rf "$tmp"
+fi
+
+# --- kube-apiserver + kube-controller-manager ---------------------------------------
+minor="${K8S_VERSION#v1.}"            # 32.13
+staging="v0.${minor}"                 # v0.32.13
+mod="$ROOT/build-$K8S_VERSION"
+if [[ ! -x "$BIN/kube-apiserver" || ! -x "$BIN/kube-controller-manager" || ! -x "$BIN/kube-scheduler" \
+      || ! -f "$mod/.built" ]]; then
+  log "kube-apiserver, kube-controller-manager and kube-scheduler $K8S_VERSION (minutes on 2 cores)"
+  mkdir -p "$mod"
+  gomod="$(curl -fsSL "https://proxy.golang.org/k8s.io/kubernetes/@v/$K8S_VERSION.mod")"
+  {
+    echo "module straitmq.local/k8sbuild"
+    echo
+    echo "go $(go env GOVERSION | sed -E 's/^go([0-9]+\.[0-9]+).*/\1/')"
+    echo
+    echo "require k8s.io/kubernetes $K8S_VERSION"
+    echo
+    echo "replace ("
+    # Every `k8s.io/x => ./staging/src/k8s.io/x` line becomes `k8s.io/x => k8s.io/x v0.N.M`.
+    sed -nE 's#^[[:space:]]*(k8s\.io/[a-z0-9-]+) => \./staging/src/k8s\.io/[a-z0-9-]+#\1#p' <<<"$gomod" \
+      | sort -u | while read -r m; do echo "	$m => $m $staging"; done
+    echo ")"
+  } >"$mod/go.mod"
+  cat >"$mod/tools.go" <<'GO'
+//go:build tools
+
+package k8sbuild
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+)
+GO
+  ldflags="-s -w"
+  for v in "k8s.io/component-base/version" "k8s.io/client-go/pkg/version"; do
+    ldflags+=" -X $v.gitVersion=$K8S_VERSION -X $v.gitMajor=1 -X $v.gitMinor=${minor%%.*}"
+    ldflags+=" -X $v.gitTreeState=clean -X $v.buildDate=1970-01-01T00:00:00Z"
+  done
+  ( cd "$mod" && GOFLAGS=-mod=mod go mod tidy -e >/dev/null 2>&1 || true
+    cd "$mod" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" \
+      -o "$BIN/" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+      k8s.io/kubernetes/cmd/kube-scheduler )
+  touch "$mod/.built"
+fi
+
+# --- kwok and helm -----------------------------------------------------------------
+if [[ ! -x "$BIN/kwok" ]]; then
+  log "kwok $KWOK_VERSION"
+  GOBIN="$BIN" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+fi
+if [[ ! -x "$BIN/helm" ]]; then
+  log "helm $HELM_VERSION"
+  GOBIN="$BIN" CGO_ENABLED=0 go install -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+    "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+fi
+
+echo "$WANT" >"$STAMP"

@@ -1,0 +1,179 @@
+"""The operator's pure parts: spec parsing, rendered manifests, partition-move plans."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+from straitmq.operator import names as n
+from straitmq.operator import planning, render
+from straitmq.operator.admin import Partition, Topic
+from straitmq.operator.spec import SpecError, parse
+
+
+UID = "6f1c2d4e-0000-4000-8000-00000000abcd"
+
+
+def body(**spec) -> dict:
+    return {
+        "apiVersion": "straitmq.io/v1alpha1",
+        "kind": "MQCluster",
+        "metadata": {"name": "demo", "namespace": "prod", "uid": UID},
+        "spec": {"image": "straitmq:1", **spec},
+    }
+
+
+def test_spec_defaults_and_broker_configs() -> None:
+    config = {"num.partitions": 6, "auto.create.topics.enable": False}
+    s = parse(body(brokers={"replicas": 5, "config": config}))
+    assert s.brokers == 5 and s.kafka_port == 9092 and s.http_port == 8080
+    assert s.broker_args() == ["--no-auto-create", "--num-partitions=6"]
+    assert s.controller_args() == ["--default-partitions=6"]
+    assert len(s.cluster_id) == 22 and s.cluster_id == parse(body()).cluster_id
+
+
+@pytest.mark.parametrize(
+    ("spec", "error"),
+    [
+        ({"controllers": {"replicas": 2}}, "controllers.replicas must be 3"),
+        ({"brokers": {"config": {"log.dirs": "/x"}}}, "log.dirs is not a broker config"),
+        ({"brokers": {"config": {"num.partitions": "many"}}}, "must be an integer"),
+        ({"brokers": {"config": {"auto.create.topics.enable": "maybe"}}}, "true or false"),
+    ],
+)
+def test_spec_errors_say_which_field(spec: dict, error: str) -> None:
+    with pytest.raises(SpecError, match=error):
+        parse(body(**spec))
+
+
+def test_rendered_objects() -> None:
+    s = parse(body(brokers={"replicas": 4, "rack": {"topologyKey": "topology.kubernetes.io/zone"}}))
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in render.objects(s, 4)}
+    assert set(objs) == {
+        ("ConfigMap", "demo-config"),
+        ("Service", "demo-controller"),
+        ("Service", "demo-broker"),
+        ("Service", "demo-bootstrap"),
+        ("PodDisruptionBudget", "demo-controller"),
+        ("PodDisruptionBudget", "demo-broker"),
+        ("StatefulSet", "demo-controller"),
+        ("StatefulSet", "demo-broker"),
+    }
+    for o in objs.values():
+        (ref,) = o["metadata"]["ownerReferences"]
+        assert ref["kind"] == "MQCluster" and ref["uid"] == s.uid and ref["controller"] is True
+        assert o["metadata"]["namespace"] == "prod"
+    assert objs[("ConfigMap", "demo-config")]["data"]["STRAIT_CONTROLLER_VOTERS"] == (
+        "1000@demo-controller-0.demo-controller.prod.svc:9093,"
+        "1001@demo-controller-1.demo-controller.prod.svc:9093,"
+        "1002@demo-controller-2.demo-controller.prod.svc:9093"
+    )
+    for svc in ("demo-controller", "demo-broker"):
+        spec = objs[("Service", svc)]["spec"]
+        assert spec["clusterIP"] == "None" and spec["publishNotReadyAddresses"] is True
+    assert "clusterIP" not in objs[("Service", "demo-bootstrap")]["spec"]
+    ctl = objs[("StatefulSet", "demo-controller")]["spec"]
+    brk = objs[("StatefulSet", "demo-broker")]["spec"]
+    assert ctl["replicas"] == 3 and brk["replicas"] == 4
+    for sts in (ctl, brk):
+        assert sts["podManagementPolicy"] == "Parallel"
+        assert sts["updateStrategy"] == {"type": "OnDelete"}
+        (c,) = sts["template"]["spec"]["containers"]
+        assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        assert c["securityContext"]["runAsNonRoot"] is True
+        labels = sts["template"]["metadata"]["labels"]
+        assert labels.items() >= sts["selector"]["matchLabels"].items()
+    (c,) = brk["template"]["spec"]["containers"]
+    assert "--advertise=$(POD_NAME).demo-broker.$(POD_NAMESPACE).svc:9092" in c["args"]
+    assert "--node-id=auto" in c["args"]
+    assert brk["template"]["spec"]["topologySpreadConstraints"][0]["topologyKey"] == (
+        "topology.kubernetes.io/zone"
+    )
+    assert brk["persistentVolumeClaimRetentionPolicy"]["whenScaled"] == "Delete"
+
+
+def test_config_change_changes_the_pod_template_hash() -> None:
+    a = parse(body())
+    b = parse(body(brokers={"config": {"message.max.bytes": 2000000}}))
+    key = n.CONFIG_HASH_ANNOTATION
+    ha = render.broker_statefulset(a, 3)["spec"]["template"]["metadata"]["annotations"][key]
+    hb = render.broker_statefulset(b, 3)["spec"]["template"]["metadata"]["annotations"][key]
+    assert ha != hb
+    assert ha == render.broker_statefulset(parse(body()), 5)["spec"]["template"]["metadata"][
+        "annotations"
+    ][key], "scaling alone must not restart pods"
+
+
+def layout(rng: random.Random, brokers: int, topics: int = 4, rf: int = 3) -> list[Topic]:
+    out = []
+    for t in range(topics):
+        parts = []
+        for i in range(rng.randint(1, 12)):
+            reps = rng.sample(range(brokers), rf)
+            parts.append(Partition(f"t{t}", i, reps, list(reps), reps[0], [], []))
+        out.append(Topic(f"t{t}", "", False, rf, {}, 2, parts))
+    return out
+
+
+def apply(parts: list[Partition], moves: planning.Moves) -> list[Partition]:
+    return [
+        Partition(p.topic, p.index, moves.get((p.topic, p.index), p.replicas), [], -1, [], [])
+        for p in parts
+    ]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_drain_moves_every_replica_off_and_keeps_replication(seed: int) -> None:
+    rng = random.Random(seed)
+    total = rng.randint(4, 7)
+    keep = rng.randint(3, total - 1)
+    parts = planning.all_partitions(layout(rng, total))
+    moves = planning.drain(parts, set(range(keep, total)), list(range(keep)))
+    after = apply(parts, moves)
+    for before, p in zip(parts, after, strict=True):
+        assert len(set(p.replicas)) == len(before.replicas) == 3
+        assert all(b < keep for b in p.replicas)
+        # replicas that stay keep their position (and so the preferred leader)
+        for x, y in zip(before.replicas, p.replicas, strict=True):
+            assert x == y or x >= keep
+    counts = planning.replica_counts(after, range(keep))
+    untouched = planning.replica_counts(
+        [p for p in parts if (p.topic, p.index) not in moves], range(keep)
+    )
+    assert max(counts.values()) - min(counts.values()) <= max(untouched.values()) - min(
+        untouched.values()
+    ) + 1
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_spread_gives_new_brokers_their_share(seed: int) -> None:
+    rng = random.Random(seed)
+    old = rng.randint(3, 5)
+    new = rng.randint(1, 3)
+    parts = planning.all_partitions(layout(rng, old))
+    brokers = list(range(old + new))
+    moves = planning.spread_onto(parts, set(range(old, old + new)), brokers)
+    after = apply(parts, moves)
+    counts = planning.replica_counts(after, brokers)
+    fair = sum(counts.values()) // len(brokers)
+    for b in range(old, old + new):
+        assert counts[b] >= min(fair, len(parts)), counts
+    for p in after:
+        assert len(set(p.replicas)) == 3
+    assert planning.spread_onto(after, set(range(old, old + new)), brokers) == {}, "idempotent"
+    leaders = Counter(p.replicas[0] for p in after)
+    assert any(leaders[b] for b in range(old, old + new)), "leadership spreads too"
+
+
+def test_refusals_and_min_isr_rules() -> None:
+    reps = [0, 1, 2]
+    t3 = Topic("orders", "", False, 3, {}, 2, [Partition("orders", 0, reps, [0, 1], 0, [], [])])
+    t1 = Topic("scratch", "", False, 1, {}, 1, [Partition("scratch", 0, [2], [2], 2, [], [])])
+    assert planning.blocking_topic([t3, t1], 2) is t3
+    assert planning.blocking_topic([t3, t1], 3) is None
+    # ISR {0,1} with min ISR 2: restarting 0 or 1 would go below; 2 is not in the ISR
+    assert planning.restart_would_break_min_isr([t3, t1], 0) is t3
+    assert planning.restart_would_break_min_isr([t3, t1], 2) is None, "RF1 topics do not block"
+    assert planning.under_min_isr([t3, t1]) == 0

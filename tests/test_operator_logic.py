@@ -11,7 +11,6 @@ from straitmq.operator import planning, render
 from straitmq.operator.admin import Partition, Topic
 from straitmq.operator.spec import SpecError, parse
 
-
 UID = "6f1c2d4e-0000-4000-8000-00000000abcd"
 
 

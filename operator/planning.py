@@ -26,9 +26,11 @@ def all_partitions(topics: Iterable[Topic]) -> list[Partition]:
 
 
 def blocking_topic(topics: Iterable[Topic], brokers: int) -> Topic | None:
-    """The topic with the highest replication factor above `brokers`, if any."""
+    """A topic whose replication factor is above `brokers`, if any: a user's topic
+    before an internal one (that is the one to name), then the highest factor."""
     over = [t for t in topics if t.replication_factor > brokers]
-    return max(over, key=lambda t: (t.replication_factor, t.name)) if over else None
+    key = lambda t: (not t.internal, t.replication_factor, t.name)  # noqa: E731
+    return max(over, key=key) if over else None
 
 
 def drain(partitions: list[Partition], removing: set[int], staying: list[int]) -> Moves:

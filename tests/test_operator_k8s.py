@@ -1,0 +1,663 @@
+"""The operator against a real control plane (kube-apiserver, etcd, controller-manager,
+scheduler, kwok nodes), installed with the real `helm`, driven with the real `kubectl`.
+
+kwok fakes the kubelets, so pods become Ready but run nothing. Where a test needs the
+pods' processes, `PodStandIns` plays the kubelet: for every broker or controller pod it
+runs a local StraitMQ process with that pod's node id, restarts it when the pod is
+replaced, and stops it when the pod goes. The operator reaches that cluster's admin
+API through the MQCluster's `straitmq.io/admin-url` annotation.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster_support import BROKER_ARGS, CONTROLLER_ARGS, PYTHON, Workload, consume_all
+
+from straitmq.cli.local_cluster import LocalCluster, Node, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+NS = "apps"
+RELEASE_NS = "straitmq-system"
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def yaml_doc(obj: dict) -> str:
+    return json.dumps(obj)  # JSON is YAML; kubectl reads either
+
+
+def mqcluster(name: str, replicas: int = 3, annotations: dict | None = None, **spec: Any) -> dict:
+    return {
+        "apiVersion": "straitmq.io/v1alpha1",
+        "kind": "MQCluster",
+        "metadata": {"name": name, "annotations": annotations or {}},
+        "spec": {"image": "straitmq:test", "brokers": {"replicas": replicas}, **spec},
+    }
+
+
+def topic(name: str, cluster: str, partitions: int, rf: int = 3, **spec: Any) -> dict:
+    return {
+        "apiVersion": "straitmq.io/v1alpha1",
+        "kind": "Topic",
+        "metadata": {"name": name},
+        "spec": {"cluster": cluster, "partitions": partitions, "replicationFactor": rf, **spec},
+    }
+
+
+def get_json(kube: Any, *args: str) -> dict:
+    return json.loads(kube.kubectl("get", *args, "-o", "json").stdout)
+
+
+def condition(obj: dict, type_: str) -> dict:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c["type"] == type_:
+            return c
+    return {}
+
+
+def http_json(url: str, method: str = "GET", timeout: float = 3.0) -> Any:
+    req = urllib.request.Request(url, method=method)
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+# --- fixtures ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def installed(kube: Any) -> Any:
+    """`helm install` of the chart: the CRDs and the operator's Deployment and RBAC."""
+    kube.helm(
+        "install", "straitmq", str(ROOT / "charts" / "straitmq"),
+        "--namespace", RELEASE_NS, "--create-namespace", "--wait", "--timeout", "180s",
+    )  # fmt: skip
+    return kube
+
+
+class Operator:
+    def __init__(self, kube: Any, log_path: Path) -> None:
+        self.metrics_port = free_port()
+        self.health_port = free_port()
+        self.log_path = log_path
+        env = {
+            **kube.env,
+            "STRAITMQ_OPERATOR_BUSY_INTERVAL_S": "1",
+            "STRAITMQ_OPERATOR_IDLE_INTERVAL_S": "4",
+        }
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [PYTHON, "-m", "straitmq.operator", "--namespace", NS,
+                 "--metrics-port", str(self.metrics_port),
+                 "--health-port", str(self.health_port), "--log-level", "info"],
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+
+    def metrics(self) -> str:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=3) as r:
+            return r.read().decode()
+
+    def log_lines(self) -> list[str]:
+        return self.log_path.read_text(errors="replace").splitlines()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def operator(installed: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    kube = installed
+    kube.create_namespace(NS)
+    op = Operator(kube, tmp_path_factory.mktemp("operator") / "operator.log")
+
+    def healthy() -> bool:
+        if op.proc.poll() is not None:
+            raise AssertionError(f"operator exited: {op.log_lines()[-20:]}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{op.health_port}/healthz", timeout=1)
+        except OSError:
+            return False
+        return True
+
+    kube.wait_for(healthy, 60, "operator /healthz")
+    yield op
+    op.stop()
+
+
+class PodStandIns:
+    """The kubelet's part for one MQCluster: a local process per pod, by pod uid."""
+
+    def __init__(self, kube: Any, cluster: str, data_dir: Path) -> None:
+        self.kube = kube
+        self.cluster = cluster
+        self.local = LocalCluster(
+            str(data_dir), controllers=3, brokers=0, kafka_base=None, http_base=None,
+            controller_base=None, broker_args=BROKER_ARGS, controller_args=CONTROLLER_ARGS,
+            log_level="info", python=PYTHON,
+        )  # fmt: skip
+        for ordinal in range(5):  # ports fixed up front: the admin URL names broker 0's
+            self.local.add_broker(ordinal, free_port(), free_port())
+        self.running: dict[tuple[str, int], str] = {}  # -> pod uid
+        self.history: list[tuple[float, str, str, int]] = []  # (t, start|stop, kind, ordinal)
+        self.max_brokers_down = 0
+        self.watch_down = False
+        self._stop = threading.Event()
+        self._api = kube.api_client()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.local.brokers[0].http_port}"
+
+    def node(self, kind: str, ordinal: int) -> Node:
+        if kind == "controller":
+            return self.local.controllers[1001 + ordinal]
+        return self.local.brokers[ordinal]
+
+    def start(self) -> PodStandIns:
+        self.thread.start()
+        return self
+
+    def _pods(self) -> list[Any]:
+        from kubernetes import client
+
+        core = client.CoreV1Api(self._api)
+        sel = f"app.kubernetes.io/instance={self.cluster}"
+        return core.list_namespaced_pod(NS, label_selector=sel).items
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._step()
+                self._stop.wait(0.3)
+        except BaseException as e:  # surfaced by check()
+            self.error = e
+
+    def _step(self) -> None:
+        want: dict[tuple[str, int], str] = {}
+        down = 0
+        brokers_seen = 0
+        for pod in self._pods():
+            kind = pod.metadata.labels.get("app.kubernetes.io/component")
+            ordinal = int(pod.metadata.name.rsplit("-", 1)[1])
+            if kind == "broker":
+                brokers_seen += 1
+            if pod.metadata.deletion_timestamp is None:
+                want[(kind, ordinal)] = pod.metadata.uid
+            if kind == "broker" and (
+                pod.metadata.deletion_timestamp is not None
+                or not any(c.type == "Ready" and c.status == "True"
+                           for c in (pod.status.conditions or []))
+            ):
+                down += 1
+        if self.watch_down:
+            sts = self._broker_replicas()
+            down += max(0, sts - brokers_seen)  # deleted, not yet recreated
+            self.max_brokers_down = max(self.max_brokers_down, down)
+        for key, uid in list(self.running.items()):
+            if want.get(key) != uid:
+                self.node(*key).stop()
+                del self.running[key]
+                self.history.append((time.monotonic(), "stop", *key))
+        for key, uid in want.items():
+            if key not in self.running:
+                self.node(*key).start()
+                self.running[key] = uid
+                self.history.append((time.monotonic(), "start", *key))
+
+    def _broker_replicas(self) -> int:
+        from kubernetes import client
+
+        apps = client.AppsV1Api(self._api)
+        return apps.read_namespaced_stateful_set(f"{self.cluster}-broker", NS).spec.replicas
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise AssertionError(f"pod stand-ins failed: {self.error!r}")
+
+    def topics(self) -> dict[str, dict]:
+        for ordinal in (0, 1, 2):
+            try:
+                body = http_json(
+                    f"http://127.0.0.1:{self.local.brokers[ordinal].http_port}"
+                    "/api/v1/topics?internal=true"
+                )
+                return {t["name"]: t for t in body["topics"]}
+            except OSError:
+                continue
+        raise AssertionError("no broker answers the admin API")
+
+    def replicas_on(self, brokers: set[int]) -> int:
+        return sum(
+            1
+            for t in self.topics().values()
+            for p in t["partitions"]
+            for r in p["replicas"]
+            if r in brokers
+        )
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(60)
+        self.local.stop()
+        self._api.close()
+
+
+@pytest.fixture(scope="module")
+def demo(kube: Any, operator: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """MQCluster `demo` (3 brokers), its pods backed by local StraitMQ processes."""
+    standins = PodStandIns(kube, "demo", tmp_path_factory.mktemp("demo")).start()
+    kube.kubectl(
+        "apply", "-n", NS, "-f", "-",
+        input=yaml_doc(mqcluster("demo", 3, {"straitmq.io/admin-url": standins.admin_url})),
+    )  # fmt: skip
+
+    def ready() -> bool:
+        standins.check()
+        return get_json(kube, "mqcluster", "demo", "-n", NS).get("status", {}).get(
+            "phase"
+        ) == "Ready"
+
+    try:
+        try:
+            kube.wait_for(ready, 120, "MQCluster demo Ready")
+        except TimeoutError as e:
+            st = get_json(kube, "mqcluster", "demo", "-n", NS).get("status")
+            tail = "\n".join(operator.log_lines()[-15:])
+            raise AssertionError(f"{e}: status {st}; stand-ins {standins.history}; {tail}")
+        yield standins
+    finally:
+        standins.stop()
+
+
+# --- the chart and the schemas -------------------------------------------------------
+
+
+def test_helm_install_registers_crds_and_operator_rbac(installed: Any) -> None:
+    kube = installed
+    names = {
+        c["metadata"]["name"]
+        for c in get_json(kube, "crd", "-l", "app.kubernetes.io/part-of=straitmq")["items"]
+    }
+    assert {"mqclusters.straitmq.io", "topics.straitmq.io"} <= names
+    for crd in ("mqclusters.straitmq.io", "topics.straitmq.io"):
+        kube.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=30s")
+    status = kube.helm("status", "straitmq", "-n", RELEASE_NS, "-o", "json")
+    assert json.loads(status.stdout)["info"]["status"] == "deployed"
+    deploy = get_json(kube, "deployment", "-n", RELEASE_NS, "-l", "app.kubernetes.io/name=straitmq")
+    (dep,) = deploy["items"]
+    sa = dep["spec"]["template"]["spec"]["serviceAccountName"]
+    who = f"system:serviceaccount:{RELEASE_NS}:{sa}"
+
+    def can(*args: str) -> bool:
+        out = kube.kubectl("auth", "can-i", *args, f"--as={who}", check=False)
+        return out.stdout.strip() == "yes"
+
+    assert can("patch", "statefulsets.apps", "-n", NS)
+    assert can("update", "topics.straitmq.io/status", "-n", NS)
+    assert can("delete", "pods", "-n", NS)
+    assert not can("get", "secrets", "-n", NS), "the operator never needs secrets"
+    assert not can("delete", "nodes")
+    assert not can("create", "clusterrolebindings.rbac.authorization.k8s.io")
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        (mqcluster("two-voters", controllers={"replicas": 2}), "controllers"),
+        (mqcluster("no-brokers", 0), "spec.brokers.replicas"),
+        (topic("negative", "demo", -1), "spec.partitions"),
+        (topic("bad-rf", "demo", 1, rf=0), "spec.replicationFactor"),
+        ({**topic("no-cluster", "demo", 1), "spec": {"partitions": 1}}, "spec.cluster"),
+    ],
+    ids=["2-controllers", "0-brokers", "negative-partitions", "rf-0", "no-cluster"],
+)
+def test_api_server_rejects_invalid_resources(installed: Any, doc: dict, message: str) -> None:
+    out = installed.kubectl(
+        "apply", "-n", "default", "-f", "-", input=yaml_doc(doc), check=False
+    )
+    assert out.returncode != 0, f"accepted: {doc}"
+    assert message in out.stderr, out.stderr
+
+
+def test_cel_rules_guard_updates(installed: Any) -> None:
+    kube = installed
+    ns = "default"  # no operator watches it: only the API server's rules act here
+    kube.kubectl("apply", "-n", ns, "-f", "-", input=yaml_doc(topic("frozen", "x", 4)))
+    for patch, message in [
+        ({"spec": {"partitions": 2}}, "partitions may not decrease"),
+        ({"spec": {"replicationFactor": 2}}, "replicationFactor is immutable"),
+        ({"spec": {"cluster": "other"}}, "cluster is immutable"),
+    ]:
+        out = kube.kubectl(
+            "patch", "topic", "frozen", "-n", ns, "--type=merge", "-p", json.dumps(patch),
+            check=False,
+        )  # fmt: skip
+        assert out.returncode != 0 and message in out.stderr, out.stderr
+    kube.kubectl(
+        "patch", "topic", "frozen", "-n", ns, "--type=merge", "-p", '{"spec":{"partitions":8}}'
+    )
+    kube.kubectl("apply", "-n", ns, "-f", "-", input=yaml_doc(mqcluster("three")))
+    out = kube.kubectl(
+        "patch", "mqcluster", "three", "-n", ns, "--type=merge",
+        "-p", '{"spec":{"controllers":{"replicas":5}}}', check=False,
+    )  # fmt: skip
+    assert out.returncode != 0 and "controllers" in out.stderr
+    scaled = kube.kubectl("scale", "mqcluster", "three", "-n", ns, "--replicas=4")
+    assert scaled.returncode == 0
+    assert get_json(kube, "mqcluster", "three", "-n", ns)["spec"]["brokers"]["replicas"] == 4
+    kube.kubectl("delete", "topic", "frozen", "-n", ns)
+    kube.kubectl("delete", "mqcluster", "three", "-n", ns)
+
+
+# --- what the operator makes ---------------------------------------------------------
+
+
+def test_mqcluster_becomes_statefulsets_services_and_pdbs(kube: Any, operator: Operator) -> None:
+    body = mqcluster(
+        "shape", 3,
+        brokers={"replicas": 3, "storage": {"size": "2Gi"},
+                 "rack": {"topologyKey": "topology.kubernetes.io/zone"},
+                 "config": {"num.partitions": 6}},
+    )  # fmt: skip
+    kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(body))
+    uid = get_json(kube, "mqcluster", "shape", "-n", NS)["metadata"]["uid"]
+
+    def sts(component: str) -> dict:
+        return get_json(kube, "statefulset", f"shape-{component}", "-n", NS)
+
+    kube.wait_for(lambda: sts("broker") and sts("controller"), 60, "StatefulSets")
+    for kind, name in [
+        ("statefulset", "shape-broker"), ("statefulset", "shape-controller"),
+        ("service", "shape-broker"), ("service", "shape-controller"),
+        ("service", "shape-bootstrap"), ("configmap", "shape-config"),
+        ("poddisruptionbudget", "shape-broker"), ("poddisruptionbudget", "shape-controller"),
+    ]:  # fmt: skip
+        obj = get_json(kube, kind, name, "-n", NS)
+        (ref,) = obj["metadata"]["ownerReferences"]
+        assert ref["uid"] == uid and ref["kind"] == "MQCluster" and ref["controller"], name
+    for svc in ("shape-broker", "shape-controller"):
+        spec = get_json(kube, "service", svc, "-n", NS)["spec"]
+        assert spec["clusterIP"] == "None" and spec["publishNotReadyAddresses"] is True
+    voters = get_json(kube, "configmap", "shape-config", "-n", NS)["data"]
+    assert voters["STRAIT_CONTROLLER_VOTERS"].startswith(
+        f"1000@shape-controller-0.shape-controller.{NS}.svc:9093,"
+    )
+    broker = sts("broker")["spec"]
+    (c,) = broker["template"]["spec"]["containers"]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http", "scheme": "HTTP"}
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert "--num-partitions=6" in c["args"]
+    assert "--advertise=$(POD_NAME).shape-broker.$(POD_NAMESPACE).svc:9092" in c["args"]
+    assert broker["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "2Gi"
+    assert sts("controller")["spec"]["replicas"] == 3
+    # The real StatefulSet controller, scheduler, PV binder and kwok do the rest.
+    kube.wait_for(
+        lambda: sts("broker").get("status", {}).get("readyReplicas") == 3
+        and sts("controller").get("status", {}).get("readyReplicas") == 3,
+        120,
+        "pods Ready on kwok nodes",
+    )
+    pods = get_json(kube, "pods", "-n", NS, "-l", "app.kubernetes.io/instance=shape")["items"]
+    assert {p["metadata"]["name"] for p in pods} == {
+        "shape-broker-0", "shape-broker-1", "shape-broker-2",
+        "shape-controller-0", "shape-controller-1", "shape-controller-2",
+    }  # fmt: skip
+    pvcs = get_json(kube, "pvc", "-n", NS, "-l", "app.kubernetes.io/instance=shape")["items"]
+    assert len(pvcs) == 6 and all(p["status"]["phase"] == "Bound" for p in pvcs)
+    # Nothing answers at the bootstrap Service's DNS name here: the status says so.
+    st = kube.wait_for(
+        lambda: (get_json(kube, "mqcluster", "shape", "-n", NS).get("status") or {}).get(
+            "conditions"
+        )
+        and get_json(kube, "mqcluster", "shape", "-n", NS)["status"],
+        30,
+        "status",
+    )
+    assert st["brokers"]["selector"].startswith("app.kubernetes.io/name=straitmq")
+    assert condition({"status": st}, "Ready")["status"] == "False"
+    printed = kube.kubectl("get", "mqcluster", "shape", "-n", NS).stdout
+    assert "BROKERS" in printed and "PHASE" in printed
+    # Deleting the MQCluster lets the garbage collector remove everything it owns.
+    kube.kubectl("delete", "mqcluster", "shape", "-n", NS, "--wait=true", timeout=60)
+    kube.wait_for(
+        lambda: kube.kubectl(
+            "get", "statefulset,service,configmap,pdb", "-n", NS,
+            "-l", "app.kubernetes.io/instance=shape", "-o", "name",
+        ).stdout.strip() == "",
+        60,
+        "owned objects garbage-collected",
+    )  # fmt: skip
+
+
+# --- a real StraitMQ cluster behind the pods -----------------------------------------
+
+
+def test_topic_from_examples_is_created_and_listed(kube: Any, demo: PodStandIns) -> None:
+    kube.kubectl("apply", "-n", NS, "-f", str(ROOT / "examples" / "topic.yaml"))
+    spec = get_json(kube, "topic", "orders", "-n", NS)["spec"]
+
+    def ready() -> dict | None:
+        demo.check()
+        t = get_json(kube, "topic", "orders", "-n", NS)
+        return t if condition(t, "Ready").get("status") == "True" else None
+
+    kube.wait_for(ready, 60, "Topic orders Ready")
+    made = demo.topics()["orders"]
+    assert len(made["partitions"]) == spec["partitions"]
+    assert made["replication_factor"] == spec["replicationFactor"]
+    for k, v in (spec.get("config") or {}).items():
+        assert made["configs"][k] == str(v)
+    listed = kube.kubectl("get", "topics", "-n", NS).stdout.splitlines()
+    row = next(line.split() for line in listed if line.startswith("orders "))
+    header = listed[0].split()
+    assert row[header.index("READY")] == "True"
+    assert row[header.index("PARTITIONS")] == str(spec["partitions"])
+
+
+def test_scale_up_then_down_moves_partitions_and_loses_nothing(
+    kube: Any, demo: PodStandIns
+) -> None:
+    parts = len(demo.topics()["orders"]["partitions"])
+    bootstrap = ",".join(f"127.0.0.1:{demo.local.brokers[i].kafka_port}" for i in range(3))
+    w = Workload(bootstrap, "orders", partitions=parts, rate=150).start()
+    try:
+        kube.wait_for(lambda: w.acked_count() > 200, 60, "first acks")
+        # 3 -> 5: the StatefulSet grows; once brokers 3 and 4 serve, partitions move.
+        kube.kubectl("scale", "mqcluster", "demo", "-n", NS, "--replicas=5")
+
+        def spread() -> bool:
+            demo.check()
+            st = get_json(kube, "mqcluster", "demo", "-n", NS).get("status") or {}
+            return (
+                st.get("phase") == "Ready"
+                and not st.get("scaling")
+                and demo.replicas_on({3}) > 0
+                and demo.replicas_on({4}) > 0
+            )
+
+        kube.wait_for(spread, 180, "partitions spread onto brokers 3 and 4")
+        assert get_json(kube, "statefulset", "demo-broker", "-n", NS)["spec"]["replicas"] == 5
+        events = kube.kubectl(
+            "get", "events", "-n", NS, "--field-selector", "involvedObject.name=demo"
+        ).stdout
+        assert "Rebalancing" in events and "ScaledUp" in events
+
+        # 5 -> 2 would leave `orders` (RF 3) short of brokers: refused, with the reason.
+        kube.kubectl("scale", "mqcluster", "demo", "-n", NS, "--replicas=2")
+
+        def refused() -> dict | None:
+            c = condition(get_json(kube, "mqcluster", "demo", "-n", NS), "Degraded")
+            return c if c.get("reason") == "ScaleDownRefused" else None
+
+        c = kube.wait_for(refused, 60, "ScaleDownRefused")
+        assert c["status"] == "True" and "'orders'" in c["message"] and "3" in c["message"]
+        time.sleep(3)
+        assert get_json(kube, "statefulset", "demo-broker", "-n", NS)["spec"]["replicas"] == 5
+
+        # 5 -> 3: brokers 4 and 3 are drained first; only then does the StatefulSet shrink.
+        kube.kubectl("scale", "mqcluster", "demo", "-n", NS, "--replicas=3")
+        deadline = time.monotonic() + 180
+        while True:
+            demo.check()
+            assert time.monotonic() < deadline, "StatefulSet never shrank"
+            replicas = get_json(kube, "statefulset", "demo-broker", "-n", NS)["spec"]["replicas"]
+            if replicas == 3:
+                assert demo.replicas_on({3, 4}) == 0, "shrank before brokers 3, 4 were drained"
+                break
+            assert replicas == 5
+            time.sleep(0.2)
+        kube.wait_for(
+            lambda: get_json(kube, "mqcluster", "demo", "-n", NS)["status"].get("phase")
+            == "Ready",
+            120,
+            "Ready at 3 brokers",
+        )
+        kube.wait_for(
+            lambda: {3, 4}
+            <= {o for _, what, kind, o in demo.history if what == "stop" and kind == "broker"},
+            60,
+            "the processes behind pods 3 and 4 stopped",
+        )
+    finally:
+        w.stop()
+    assert not w.fatal, w.fatal
+    acked = dict(w.acked)
+    got = consume_all(bootstrap, "orders", "verify-scale", len(acked))
+    values = {v for _, _, v in got}
+    lost = [v for v in acked if v not in values]
+    assert len(acked) > 500 and not lost, f"{len(lost)} of {len(acked)} acked messages lost"
+
+
+def test_topic_partitions_config_drift_and_delete(kube: Any, demo: PodStandIns) -> None:
+    patch = {"spec": {"partitions": 6, "config": {"retention.ms": "3600000"}}}
+    kube.kubectl("patch", "topic", "orders", "-n", NS, "--type=merge", "-p", json.dumps(patch))
+    kube.wait_for(
+        lambda: len(demo.topics()["orders"]["partitions"]) == 6
+        and demo.topics()["orders"]["configs"].get("retention.ms") == "3600000",
+        60,
+        "orders at 6 partitions with the new retention",
+    )
+    kube.wait_for(
+        lambda: get_json(kube, "topic", "orders", "-n", NS)["status"].get("partitions") == 6,
+        30,
+        "status.partitions 6",
+    )
+    # Drift: a topic deleted behind the operator's back comes back on the next pass.
+    kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(topic("audit", "demo", 2)))
+    kube.wait_for(lambda: "audit" in demo.topics(), 60, "audit created")
+    http_json(f"{demo.admin_url}/api/v1/topics/audit", method="DELETE")
+    kube.wait_for(lambda: "audit" in demo.topics(), 60, "audit re-created after drift")
+    # kubectl delete: the finalizer deletes it from StraitMQ before the resource goes.
+    kube.kubectl("delete", "topic", "audit", "-n", NS, "--wait=true", timeout=60)
+    kube.wait_for(lambda: "audit" not in demo.topics(), 30, "audit deleted")
+    out = kube.kubectl("get", "topic", "audit", "-n", NS, check=False)
+    assert out.returncode != 0 and "NotFound" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("doc", "reason", "words"),
+    [
+        (topic("too-wide", "demo", 1, rf=7), "InvalidReplicationFactor", "replication factor"),
+        (topic("orphan", "nowhere", 1), "ClusterNotFound", "nowhere"),
+    ],
+    ids=["rf-above-brokers", "unknown-cluster"],
+)
+def test_impossible_topic_gets_a_condition_and_an_event(
+    kube: Any,
+    demo: PodStandIns, doc: dict, reason: str, words: str
+) -> None:
+    name = doc["metadata"]["name"]
+    kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(doc))
+
+    def failed() -> dict | None:
+        c = condition(get_json(kube, "topic", name, "-n", NS), "Ready")
+        return c if c.get("reason") == reason else None
+
+    c = kube.wait_for(failed, 60, f"{name}: {reason}")
+    assert c["status"] == "False" and words in c["message"].lower(), c
+    events = kube.kubectl(
+        "get", "events", "-n", NS, "--field-selector", f"involvedObject.name={name}"
+    ).stdout
+    assert reason in events
+    assert name not in demo.topics()
+    kube.kubectl("delete", "topic", name, "-n", NS, "--wait=true", timeout=60)
+
+
+def test_config_change_rolls_one_pod_at_a_time(kube: Any, demo: PodStandIns) -> None:
+    parts = len(demo.topics()["orders"]["partitions"])
+    bootstrap = ",".join(f"127.0.0.1:{demo.local.brokers[i].kafka_port}" for i in range(3))
+    before = {
+        p["metadata"]["name"]: p["metadata"]["uid"]
+        for p in get_json(kube, "pods", "-n", NS, "-l", "app.kubernetes.io/instance=demo")[
+            "items"
+        ]
+    }
+    w = Workload(bootstrap, "orders", partitions=parts, prefix="roll", rate=150).start()
+    t0 = time.monotonic()
+    try:
+        kube.wait_for(lambda: w.acked_count() > 100, 60, "acks before the roll")
+        demo.watch_down = True
+        patch = {"spec": {"brokers": {"config": {"message.max.bytes": 2000000}}}}
+        kube.kubectl(
+            "patch", "mqcluster", "demo", "-n", NS, "--type=merge", "-p", json.dumps(patch)
+        )
+
+        def rolled() -> bool:
+            demo.check()
+            pods = get_json(kube, "pods", "-n", NS, "-l", "app.kubernetes.io/instance=demo")
+            uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods["items"]}
+            st = get_json(kube, "mqcluster", "demo", "-n", NS)["status"]
+            return (
+                len(uids) == 6
+                and all(uids[n] != before[n] for n in before)
+                and st.get("phase") == "Ready"
+            )
+
+        kube.wait_for(rolled, 300, "every pod replaced and the cluster Ready")
+    finally:
+        demo.watch_down = False
+        w.stop()
+    restarts = [(t, kind, o) for t, what, kind, o in demo.history if what == "start" and t > t0]
+    kinds = [kind for _, kind, _ in sorted(restarts)]
+    assert kinds == ["controller"] * 3 + ["broker"] * 3, kinds  # controllers first
+    assert demo.max_brokers_down <= 1, f"{demo.max_brokers_down} brokers down at once"
+    sts = get_json(kube, "statefulset", "demo-broker", "-n", NS)["spec"]
+    (c,) = sts["template"]["spec"]["containers"]
+    assert "--message-max-bytes=2000000" in c["args"]
+    acked = dict(w.acked)
+    got = consume_all(bootstrap, "orders", "verify-roll", len(acked))
+    values = {v for _, _, v in got}
+    assert not [v for v in acked if v not in values]
+
+
+def test_operator_logs_are_structured_and_metrics_count_reconciles(
+    demo: PodStandIns, operator: Operator
+) -> None:
+    lines = [line for line in operator.log_lines() if line.strip()]
+    assert lines
+    for line in lines[-200:]:
+        rec = json.loads(line)  # every line is one JSON object
+        assert {"ts", "level", "logger", "msg"} <= rec.keys()
+    text = operator.metrics()
+    ok = [
+        line for line in text.splitlines()
+        if line.startswith("straitmq_operator_reconciles_total{")
+        and 'success"' in line and 'MQCluster"' in line
+    ]  # fmt: skip
+    assert ok and float(ok[0].rsplit(" ", 1)[1]) > 0, text[:2000]

@@ -141,3 +141,21 @@ def broker_factory(tmp_path: Path) -> Iterator:
 @pytest.fixture
 def broker(broker_factory) -> BrokerProcess:  # type: ignore[no-untyped-def]
     return broker_factory()
+
+
+# --- Kubernetes control plane (tests/kube_support.py) -------------------------------------
+
+
+@pytest.fixture(scope="session")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """A real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+    three kwok nodes in zone-a/b/c, 24 static 10Gi volumes) shared by the whole session.
+    Missing binaries fail the test loudly; STRAITMQ_K8S_OPTIONAL=1 turns that into a skip."""
+    from kube_support import KubeControlPlane, require_available
+
+    require_available()
+    cp = KubeControlPlane(tmp_path_factory.mktemp("kube"))
+    try:
+        yield cp.start()
+    finally:
+        cp.stop()

@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 from cluster_support import BROKER_ARGS, CONTROLLER_ARGS, PYTHON, Workload, consume_all
+from prometheus_client.parser import text_string_to_metric_families
+from test_metrics import check_served, dashboards
 
 from straitmq.cli.local_cluster import LocalCluster, Node, free_port
 
@@ -279,7 +281,7 @@ def demo(kube: Any, operator: Any, tmp_path_factory: pytest.TempPathFactory) -> 
         except TimeoutError as e:
             st = get_json(kube, "mqcluster", "demo", "-n", NS).get("status")
             tail = "\n".join(operator.log_lines()[-15:])
-            raise AssertionError(f"{e}: status {st}; stand-ins {standins.history}; {tail}")
+            raise AssertionError(f"{e}: status {st}; stand-ins {standins.history}; {tail}") from e
         yield standins
     finally:
         standins.stop()
@@ -443,6 +445,27 @@ def test_mqcluster_becomes_statefulsets_services_and_pdbs(kube: Any, operator: O
         60,
         "owned objects garbage-collected",
     )  # fmt: skip
+
+
+def test_spec_the_schema_allows_but_the_operator_cannot_run_is_a_condition(
+    kube: Any, operator: Operator
+) -> None:
+    body = mqcluster("typo", brokers={"replicas": 3, "config": {"log.dirz": "/x"}})
+    kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(body))
+
+    def degraded() -> dict | None:
+        c = condition(get_json(kube, "mqcluster", "typo", "-n", NS), "Degraded")
+        return c if c.get("reason") == "InvalidSpec" else None
+
+    c = kube.wait_for(degraded, 60, "InvalidSpec condition")
+    assert c["status"] == "True" and "log.dirz is not a broker config" in c["message"]
+    events = kube.kubectl(
+        "get", "events", "-n", NS, "--field-selector", "involvedObject.name=typo"
+    ).stdout
+    assert "InvalidSpec" in events
+    out = kube.kubectl("get", "statefulset", "typo-broker", "-n", NS, check=False)
+    assert out.returncode != 0, "nothing is created from a spec the operator refused"
+    kube.kubectl("delete", "mqcluster", "typo", "-n", NS)
 
 
 # --- a real StraitMQ cluster behind the pods -----------------------------------------
@@ -655,6 +678,18 @@ def test_operator_logs_are_structured_and_metrics_count_reconciles(
         rec = json.loads(line)  # every line is one JSON object
         assert {"ts", "level", "logger", "msg"} <= rec.keys()
     text = operator.metrics()
+    served: dict = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            served.setdefault(sample.name, []).append((sample.labels, sample.value))
+    board = dashboards()["operator"]
+    # Error series appear with the first error, which a healthy run may never have;
+    # test_metrics checks those panels against an in-process failure.
+    board = {**board, "panels": [
+        p for p in board["panels"] if "reconcile_errors" not in json.dumps(p.get("targets"))
+    ]}  # fmt: skip
+    assert board["panels"]
+    check_served(board, served, "the running operator")
     ok = [
         line for line in text.splitlines()
         if line.startswith("straitmq_operator_reconciles_total{")

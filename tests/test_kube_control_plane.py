@@ -280,7 +280,8 @@ def test_rbac_is_enforced(kube: KubeControlPlane) -> None:
 def test_kubectl_and_helm_talk_to_the_cluster(kube: KubeControlPlane) -> None:
     version = json.loads(kube.kubectl("version", "-o", "json").stdout)
     assert version["serverVersion"]["gitVersion"] == "v1.33.13"
-    assert kube.helm("list", "--all-namespaces", "-o", "json").stdout.strip() == "[]"
+    # The control plane is shared by the session: other tests' releases may be listed.
+    assert isinstance(json.loads(kube.helm("list", "--all-namespaces", "-o", "json").stdout), list)
     assert kube.kubectl("get", "storageclass", "standard", "-o", "name").stdout.strip() == (
         "storageclass.storage.k8s.io/standard"
     )

@@ -91,7 +91,9 @@ def services(spec: ClusterSpec) -> list[dict[str, Any]]:
     bootstrap = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(spec, n.bootstrap_service(spec.name), n.BROKER),
+        # Its own component label: scrapers that select by Service would otherwise
+        # scrape each broker twice (here and through the headless Service).
+        "metadata": _meta(spec, n.bootstrap_service(spec.name), "bootstrap"),
         "spec": {
             "type": "ClusterIP",
             "selector": n.selector(spec.name, n.BROKER),

@@ -14,7 +14,7 @@ HELM_VERSION="${HELM_VERSION:-v3.17.4}"
 ROOT="$PWD/.cache/k8s"
 BIN="$ROOT/bin"
 STAMP="$BIN/.versions"
-WANT="k8s=$K8S_VERSION kwok=$KWOK_VERSION helm=$HELM_VERSION etcd=debian"
+WANT="k8s=$K8S_VERSION kwok=$KWOK_VERSION helm=$HELM_VERSION+k8s etcd=debian"
 mkdir -p "$BIN"
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
@@ -90,7 +90,11 @@ fi
 if [[ ! -x "$BIN/helm" ]]; then
   log "helm $HELM_VERSION"
   GOBIN="$BIN" CGO_ENABLED=0 go install -trimpath \
-    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION \
+      -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 \
+      -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=${minor%%.*} \
+      -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 \
+      -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=${minor%%.*}" \
     "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 fi
 

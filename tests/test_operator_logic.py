@@ -176,3 +176,19 @@ def test_refusals_and_min_isr_rules() -> None:
     assert planning.restart_would_break_min_isr([t3, t1], 0) is t3
     assert planning.restart_would_break_min_isr([t3, t1], 2) is None, "RF1 topics do not block"
     assert planning.under_min_isr([t3, t1]) == 0
+
+
+def test_operator_folder_never_shadows_the_stdlib_operator() -> None:
+    """`operator/` must not be a package: from the repository root it would replace the
+    standard library's `operator` (a fresh clone's `python -m venv` failed on it)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    assert not (root / "operator" / "__init__.py").exists()
+    out = subprocess.run(
+        [sys.executable, "-c", "import operator, collections; print(operator.eq(1, 1))"],
+        cwd=root, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr

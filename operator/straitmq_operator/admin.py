@@ -111,6 +111,9 @@ class AdminClient:
     async def cluster(self) -> dict[str, Any]:
         return (await self._call("GET", "/api/v1/cluster"))[1]
 
+    async def quorum(self) -> dict[str, Any]:
+        return (await self._call("GET", "/api/v1/quorum"))[1]
+
     async def topics(self, internal: bool = True) -> list[Topic]:
         path = "/api/v1/topics" + ("?internal=true" if internal else "")
         return [_topic(t) for t in (await self._call("GET", path))[1]["topics"]]

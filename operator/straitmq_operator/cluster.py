@@ -40,7 +40,18 @@ class Observed:
     cluster: dict[str, Any] | None = None
     topics: list[Topic] | None = None
     reassigning: list[dict[str, Any]] = field(default_factory=list)
+    quorum: dict[str, Any] | None = None
     error: str | None = None
+
+    def lagging_voters(self, max_lag: int = 100) -> list[int] | None:
+        """Voters unreachable or behind the quorum leader; None: the quorum is unknown."""
+        if self.quorum is None:
+            return None
+        return [
+            v["node_id"]
+            for v in self.quorum.get("voters", [])
+            if not v.get("reachable") or v.get("lag") is None or v["lag"] > max_lag
+        ]
 
     @property
     def reachable(self) -> bool:
@@ -126,6 +137,11 @@ class ClusterReconciler:
         except AdminError as e:
             seen.cluster = seen.topics = None
             seen.error = e.message
+            return seen
+        try:
+            seen.quorum = await admin.quorum()
+        except AdminError:  # only controller restarts need it; they wait without it
+            seen.quorum = None
         return seen
 
     # -- scaling ---------------------------------------------------------------------
@@ -285,6 +301,13 @@ class ClusterReconciler:
             p.progressing = ("Rolling", f"waiting: {under} partitions are under min ISR")
             return None
         if component == n.CONTROLLER:
+            # A voter restarts only while the other two are in step with the leader:
+            # otherwise the restart could leave the quorum without a majority.
+            lagging = seen.lagging_voters()
+            if lagging is None or lagging:
+                why = "quorum status unknown" if lagging is None else f"voters {lagging} behind"
+                p.progressing = ("Rolling", f"waiting: {why}")
+                return None
             # The active controller last: each restart of it costs an election.
             active = seen.cluster.get("controller")
             return sorted(

@@ -234,14 +234,9 @@ class PodStandIns:
 
     def topics(self) -> dict[str, dict]:
         for ordinal in (0, 1, 2):
-            try:
-                body = http_json(
-                    f"http://127.0.0.1:{self.local.brokers[ordinal].http_port}"
-                    "/api/v1/topics?internal=true"
-                )
+            body = self.local.brokers[ordinal].get("/api/v1/topics?internal=true", timeout=3.0)
+            if body is not None:
                 return {t["name"]: t for t in body["topics"]}
-            except OSError:
-                continue
         raise AssertionError("no broker answers the admin API")
 
     def replicas_on(self, brokers: set[int]) -> int:
@@ -652,7 +647,11 @@ def test_config_change_rolls_one_pod_at_a_time(kube: Any, demo: PodStandIns) -> 
                 and st.get("phase") == "Ready"
             )
 
-        kube.wait_for(rolled, 300, "every pod replaced and the cluster Ready")
+        try:
+            kube.wait_for(rolled, 300, "every pod replaced and the cluster Ready")
+        except TimeoutError as e:  # say where it stuck
+            st = get_json(kube, "mqcluster", "demo", "-n", NS).get("status")
+            raise AssertionError(f"{e}: status {st}; stand-ins {demo.history[-12:]}") from e
     finally:
         demo.watch_down = False
         w.stop()

@@ -26,27 +26,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_support import wait_for
+from cluster_support import BROKER_ARGS, PYTHON, wait_for
+from cluster_support import CONTROLLER_ARGS as FAULT_CONTROLLER_ARGS
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from straitmq.cli.local_cluster import LocalCluster, Node, free_port  # noqa: E402
 
-PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable
-CONTROLLER_ARGS = [
-    "--broker-session-timeout-ms", "2000",
-    "--election-timeout-ms", "500",
-    "--fetch-timeout-ms", "1000",
-    "--no-auto-leader-rebalance",  # the ElectLeaders test moves leaders itself
-]  # fmt: skip
-BROKER_ARGS = [
-    "--heartbeat-interval-ms", "300",
-    "--replica-lag-time-max-ms", "3000",
-    "--default-replication-factor", "3",
-    "--offsets-topic-replication-factor", "3",
-    "--group-initial-rebalance-delay-ms", "0",
-]  # fmt: skip
+# The fault tests' settings, but the ElectLeaders test moves leaders itself.
+CONTROLLER_ARGS = [*FAULT_CONTROLLER_ARGS, "--no-auto-leader-rebalance"]
 THROTTLE = 256 * 1024  # bytes/s while copying to the new replica
 PAYLOAD = 1000  # bytes per message
 PRELOAD = 2000  # messages before the move: ~2 MB, ~8 s at the throttle

@@ -120,13 +120,18 @@ class ClusterReconciler:
                 prev = (old.get("scaling") or {}).get("adding") or []
                 if prev:
                     p.scaling = {"adding": [b for b in prev if b < want], "removing": []}
+            # Apply answers with the stored object, status included: the StatefulSets
+            # as they are now, with no second read.
+            sets: dict[str, dict[str, Any]] = {}
             for obj in render.objects(spec, replicas):
-                await self.kube.apply(obj)
+                stored = await self.kube.apply(obj)
+                if obj["kind"] == "StatefulSet":
+                    sets[obj["metadata"]["labels"]["app.kubernetes.io/component"]] = stored
             if p.scaling and p.scaling.get("adding"):
                 await self._spread(admin, spec, seen, want, p)
             if p.phase in ("Ready", "Creating") and current is not None:
-                await self._roll(spec, seen, p)
-        return await self._status(spec, old, generation, seen, p, replicas)
+                await self._roll(spec, seen, p, sets)
+        return self._status(spec, old, generation, seen, p, replicas, sets)
 
     async def _observe(self, admin: AdminClient) -> Observed:
         seen = Observed()
@@ -251,14 +256,12 @@ class ClusterReconciler:
 
     # -- rolling restarts -------------------------------------------------------------
 
-    async def _roll(self, spec: ClusterSpec, seen: Observed, p: Pass) -> None:
+    async def _roll(
+        self, spec: ClusterSpec, seen: Observed, p: Pass, sets: dict[str, dict[str, Any]]
+    ) -> None:
         """Restart one outdated pod if everything is healthy: controllers, then brokers."""
         for component in (n.CONTROLLER, n.BROKER):
-            sts = await self.kube.get(
-                "apps/v1", "StatefulSet", spec.namespace, n.statefulset(spec.name, component)
-            )
-            if sts is None:
-                return
+            sts = sets[component]
             st = sts.get("status") or {}
             if st.get("observedGeneration", 0) < sts["metadata"].get("generation", 0):
                 return  # the StatefulSet controller has not computed the new revision yet
@@ -331,7 +334,7 @@ class ClusterReconciler:
 
     # -- status -----------------------------------------------------------------------
 
-    async def _status(
+    def _status(
         self,
         spec: ClusterSpec,
         old: dict[str, Any],
@@ -339,16 +342,11 @@ class ClusterReconciler:
         seen: Observed,
         p: Pass,
         replicas: int,
+        sets: dict[str, dict[str, Any]],
     ) -> dict[str, Any]:
-        sts = await self.kube.get(
-            "apps/v1", "StatefulSet", spec.namespace, n.statefulset(spec.name, n.BROKER)
-        )
-        ctl = await self.kube.get(
-            "apps/v1", "StatefulSet", spec.namespace, n.statefulset(spec.name, n.CONTROLLER)
-        )
-        st = (sts or {}).get("status") or {}
+        st = sets[n.BROKER].get("status") or {}
         ready = st.get("readyReplicas", 0)
-        ctl_ready = ((ctl or {}).get("status") or {}).get("readyReplicas", 0)
+        ctl_ready = (sets[n.CONTROLLER].get("status") or {}).get("readyReplicas", 0)
         status: dict[str, Any] = {
             "observedGeneration": generation,
             "brokers": {

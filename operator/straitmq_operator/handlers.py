@@ -20,6 +20,7 @@ from straitmq.telemetry.provider import Telemetry
 
 from . import names as n
 from .cluster import ClusterReconciler
+from .conditions import set_condition
 from .kube import Kube, api_client
 from .topic import TopicProblem, TopicReconciler
 
@@ -141,8 +142,6 @@ async def _loop(
 
 
 def _error_status(status: dict[str, Any], body: dict[str, Any], e: Exception) -> dict[str, Any]:
-    from .conditions import set_condition
-
     gen = body["metadata"].get("generation")
     msg = f"{type(e).__name__}: {e}"
     conds = set_condition(list(status.get("conditions") or []), "Ready", False, "ReconcileError",

@@ -10,6 +10,8 @@ from kubernetes.client.rest import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError
 
+from straitmq.node_identity import ordinal_from_hostname
+
 from . import names as n
 
 
@@ -119,4 +121,4 @@ def pod_ready(pod: dict[str, Any]) -> bool:
 
 
 def ordinal(pod: dict[str, Any]) -> int:
-    return int(pod["metadata"]["name"].rsplit("-", 1)[1])
+    return ordinal_from_hostname(pod["metadata"]["name"])

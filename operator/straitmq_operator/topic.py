@@ -8,7 +8,7 @@ from typing import Any
 from . import names as n
 from .admin import AdminClient, AdminError
 from .cluster import Emit, admin_url
-from .conditions import set_condition
+from .conditions import get_condition, set_condition
 from .kube import Kube
 from .spec import SpecError, parse
 
@@ -162,12 +162,10 @@ class TopicReconciler:
 
 
 def _ready(conditions: list[dict[str, Any]]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    return (get_condition(conditions, "Ready") or {}).get("status") == "True"
 
 
 def _same_problem(conditions: list[dict[str, Any]], reason: str, message: str) -> bool:
     """Already reported: the timer retries quietly instead of an Event every pass."""
-    return any(
-        c.get("type") == "Ready" and c.get("reason") == reason and c.get("message") == message
-        for c in conditions
-    )
+    c = get_condition(conditions, "Ready") or {}
+    return c.get("reason") == reason and c.get("message") == message

@@ -299,6 +299,7 @@ def test_throttled_reassignment_onto_a_new_broker_while_consumers_read(four: Loc
             assert ongoing[tp]["adding_replicas"] == [4], ongoing
             assert ongoing[tp]["removing_replicas"] == [leaving], ongoing
             assert sorted(ongoing[tp]["replicas"]) == sorted([*before, 4])
+
             # Progress as the HTTP API and the CLI show it.
             def progress() -> dict | None:
                 # The leader reports its followers' log ends once its own metadata shows
@@ -498,8 +499,14 @@ def test_preferred_leader_election_through_kafka_and_http(four: LocalCluster) ->
         resp = ac.elect_leaders(0, {"elect": [0]})
         (r,) = resp.replica_election_results
         assert [(p.partition_id, p.error_code) for p in r.partition_result] == [(0, 0)]
-        p = topic_view(b, "elect")["partitions"][0]
-        assert p["leader"] == reordered[0] and p["leader_epoch"] >= 1
+        # The election is committed when ElectLeaders answers; broker b may be served its
+        # metadata a moment later, as in Kafka, so its view is awaited, not assumed.
+        p = wait_for(
+            lambda: (q := topic_view(b, "elect")["partitions"][0])["leader"] == reordered[0] and q,
+            10,
+            "broker b to see the preferred leader",
+        )
+        assert p["leader_epoch"] >= 1
         # Already there: ELECTION_NOT_NEEDED (84), which the client does not raise.
         resp = ac.elect_leaders(0, {"elect": [0]})
         assert resp.replica_election_results[0].partition_result[0].error_code == 84

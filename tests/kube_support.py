@@ -286,6 +286,22 @@ class KubeControlPlane:
 
         return config.new_client_from_config(config_file=self.kubeconfig)
 
+    def service_account_kubeconfig(self, ns: str, sa: str, path: Path) -> Path:
+        """A kubeconfig that authenticates as the ServiceAccount (a bound token), so whatever
+        runs with it has exactly that account's RBAC."""
+        token = self.kubectl("create", "token", sa, "-n", ns, "--duration=1h").stdout.strip()
+        cluster = json.loads(Path(self.kubeconfig).read_text())["clusters"][0]
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [cluster],
+            "users": [{"name": sa, "user": {"token": token}}],
+            "contexts": [{"name": sa, "context": {"cluster": cluster["name"], "user": sa}}],
+            "current-context": sa,
+        }
+        path.write_text(json.dumps(config))  # JSON is YAML
+        return path
+
     def wait_for(
         self, predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.25
     ) -> T:

@@ -132,9 +132,8 @@ def test_defaults_install_the_operator_and_dashboards_only(tmp_path: Path) -> No
             ("ClusterRole", "sm-straitmq-edit"),
             ("ClusterRole", "sm-straitmq-view"),
             ("ClusterRoleBinding", OPERATOR),
+            ("ClusterRole", NODE_READER),
             ("Deployment", OPERATOR),
-            ("Role", f"{OPERATOR}-lease"),
-            ("RoleBinding", f"{OPERATOR}-lease"),
             ("Service", f"{OPERATOR}-metrics"),
             ("ServiceAccount", OPERATOR),
         ]
@@ -167,7 +166,6 @@ NAMESPACED_RULES = {
     ("straitmq.io", "topics/status"): {"get", "patch", "update"},
     ("straitmq.io", "mqclusters/finalizers"): {"get", "patch", "update"},
     ("straitmq.io", "topics/finalizers"): {"get", "patch", "update"},
-    ("straitmq.io", "mqclusters/scale"): {"get"},
     ("apps", "statefulsets"): {"get", "list", "watch", "create", "patch", "update", "delete"},
     ("", "services"): {"get", "list", "watch", "create", "patch", "update", "delete"},
     ("", "configmaps"): {"get", "list", "watch", "create", "patch", "update", "delete"},
@@ -181,22 +179,29 @@ NAMESPACED_RULES = {
         "delete",
     },
     ("", "pods"): {"get", "list", "watch", "delete"},
-    ("", "persistentvolumeclaims"): {"get", "list", "delete"},
-    ("", "events"): {"create", "patch"},
-    ("events.k8s.io", "events"): {"create", "patch"},
+    ("", "events"): {"create"},
+    ("", "serviceaccounts"): {"get", "create", "patch"},  # the brokers' (rack awareness)
 }
 CRD_READ = {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
 NAMESPACES_READ = {("", "namespaces"): {"get", "list", "watch"}}
-LEASES = {("coordination.k8s.io", "leases"): {"get", "create", "patch", "update"}}
+NODE_READER = "sm-straitmq-node-reader"
+# Rack awareness: bind the node reader (and only it) to rack-aware clusters' brokers.
+RACK_BINDING = {
+    ("rbac.authorization.k8s.io", "clusterrolebindings"): {"get", "create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", f"clusterroles/{NODE_READER}"): {"bind"},
+}
 
 
 def grants(role: dict) -> dict[tuple[str, str], set[str]]:
+    """(group, resource) -> verbs; a rule limited to names gives (group, resource/name)."""
     out: dict[tuple[str, str], set[str]] = {}
     for rule in role["rules"]:
-        assert "resourceNames" not in rule and "nonResourceURLs" not in rule, rule
+        assert "nonResourceURLs" not in rule, rule
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
-                out.setdefault((group, resource), set()).update(rule["verbs"])
+                for name in rule.get("resourceNames") or [None]:
+                    key = (group, f"{resource}/{name}" if name else resource)
+                    out.setdefault(key, set()).update(rule["verbs"])
     return out
 
 
@@ -207,7 +212,10 @@ def assert_no_wildcards(objs: list[dict]) -> None:
         for rule in role["rules"]:
             for key in ("apiGroups", "resources", "verbs"):
                 assert all("*" not in v for v in rule[key]), (role["metadata"]["name"], rule)
-            assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
+            assert not {"escalate", "impersonate"} & set(rule["verbs"]), rule
+            if "bind" in rule["verbs"]:  # the node reader only, by name
+                assert rule["resources"] == ["clusterroles"], rule
+                assert rule["resourceNames"] == [NODE_READER], rule
             assert "secrets" not in rule["resources"], rule
 
 
@@ -235,22 +243,25 @@ def test_cluster_wide_rbac_is_exactly_the_contract(tmp_path: Path) -> None:
     objs = render(tmp_path)
     assert_no_wildcards(objs)
     cr = only(objs, "ClusterRole", OPERATOR)
-    assert grants(cr) == {**NAMESPACED_RULES, **CRD_READ}
+    assert grants(cr) == {**NAMESPACED_RULES, **CRD_READ, **RACK_BINDING}
     bound_to_operator(objs, "ClusterRoleBinding", cr)
-    lease = only(objs, "Role", f"{OPERATOR}-lease")
-    assert lease["metadata"]["namespace"] == NAMESPACE
-    assert grants(lease) == LEASES
-    bound_to_operator(objs, "RoleBinding", lease)
+    assert grants(only(objs, "ClusterRole", NODE_READER)) == {("", "nodes"): {"get"}}
+    # The operator binds it itself, per rack-aware MQCluster; the chart binds it to no one.
+    assert not [b for b in objs if "roleRef" in b and b["roleRef"]["name"] == NODE_READER]
+    env = only(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "STRAITMQ_RACK_CLUSTER_ROLE", "value": NODE_READER} in env
     args = only(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--all-namespaces" in args
     assert not [a for a in args if a.startswith("--namespace")]
 
 
-def test_namespaced_rbac_grants_nothing_cluster_wide_but_reads(tmp_path: Path) -> None:
+def test_namespaced_rbac_grants_cluster_wide_only_reads_and_the_rack_binding(
+    tmp_path: Path,
+) -> None:
     objs = render(tmp_path, NAMESPACED_MODE)
     assert_no_wildcards(objs)
     cr = only(objs, "ClusterRole", OPERATOR)
-    assert grants(cr) == {**CRD_READ, **NAMESPACES_READ}
+    assert grants(cr) == {**CRD_READ, **NAMESPACES_READ, **RACK_BINDING}
     bound_to_operator(objs, "ClusterRoleBinding", cr)
     roles = {
         o["metadata"]["namespace"]: o
@@ -261,7 +272,6 @@ def test_namespaced_rbac_grants_nothing_cluster_wide_but_reads(tmp_path: Path) -
     for role in roles.values():
         assert grants(role) == NAMESPACED_RULES
         bound_to_operator(objs, "RoleBinding", role)
-    assert grants(only(objs, "Role", f"{OPERATOR}-lease")) == LEASES
     args = only(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
     assert "--all-namespaces" not in args
@@ -286,7 +296,21 @@ def test_user_roles_aggregate_into_the_builtin_roles(tmp_path: Path) -> None:
     assert "update" in grants(edit)[("straitmq.io", "mqclusters/scale")]  # kubectl scale
     assert all(v <= {"get", "list", "watch"} for v in grants(view).values())
     off = render(tmp_path, {"rbac": {"aggregateToDefaultRoles": False}})
-    assert [o["metadata"]["name"] for o in off if o["kind"] == "ClusterRole"] == [OPERATOR]
+    names = sorted(o["metadata"]["name"] for o in off if o["kind"] == "ClusterRole")
+    assert names == sorted([OPERATOR, NODE_READER])
+
+
+def test_rack_awareness_off_grants_nothing_cluster_scoped_to_bind(tmp_path: Path) -> None:
+    for mode in ({}, NAMESPACED_MODE):
+        objs = render(tmp_path, {**mode, "rbac": {"rackAwareness": False}})
+        assert_no_wildcards(objs)
+        assert not [o for o in objs if o["metadata"]["name"] == NODE_READER]
+        everything = {k: v for o in objs if o["kind"] in ("Role", "ClusterRole")
+                      for k, v in grants(o).items()}  # fmt: skip
+        assert not set(RACK_BINDING) & set(everything)
+        assert ("", "serviceaccounts") not in everything
+        env = only(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+        assert "STRAITMQ_RACK_CLUSTER_ROLE" not in {e["name"] for e in env}
 
 
 # -- the operator Deployment ------------------------------------------------------------------
@@ -683,36 +707,18 @@ def test_chart_installs_on_a_real_api_server(kube: Any, tmp_path: Path) -> None:
         assert can("create", "events", "-n", watched)
         assert can("watch", "customresourcedefinitions.apiextensions.k8s.io")
         assert can("list", "namespaces")
-        assert can("update", "leases.coordination.k8s.io", "-n", ns)
+        assert can("create", "clusterrolebindings.rbac.authorization.k8s.io")
+        assert can("bind", "clusterroles.rbac.authorization.k8s.io/chartcheck-straitmq-node-reader")
         # Only the watched namespace, and never secrets or cluster-wide writes.
         assert not can("patch", "statefulsets.apps", "-n", ns)
         assert not can("list", "pods", "-n", "default")
         assert not can("get", "secrets", "-n", watched)
-        assert not can("update", "leases.coordination.k8s.io", "-n", watched)
-        assert not can("create", "clusterrolebindings.rbac.authorization.k8s.io")
+        assert not can("bind", "clusterroles.rbac.authorization.k8s.io/cluster-admin")
+        assert not can("escalate", "clusterroles.rbac.authorization.k8s.io")
+        assert not can("get", "nodes")
+        assert not can("delete", "persistentvolumeclaims", "-n", watched)
     finally:
         kube.helm("uninstall", release, "--namespace", ns, check=False)
-
-
-def _service_account_kubeconfig(kube: Any, ns: str, sa: str, path: Path) -> Path:
-    """A kubeconfig that authenticates as the ServiceAccount (a bound token), so whatever
-    runs with it has exactly the chart's RBAC."""
-    token = kube.kubectl("create", "token", sa, "-n", ns, "--duration=1h").stdout.strip()
-    admin = yaml.safe_load(Path(kube.kubeconfig).read_text())
-    cluster = admin["clusters"][0]
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [cluster],
-                "users": [{"name": sa, "user": {"token": token}}],
-                "contexts": [{"name": sa, "context": {"cluster": cluster["name"], "user": sa}}],
-                "current-context": sa,
-            }
-        )
-    )
-    return path
 
 
 def test_operator_reconciles_with_nothing_but_the_charts_rbac(kube: Any, tmp_path: Path) -> None:
@@ -731,6 +737,8 @@ def test_operator_reconciles_with_nothing_but_the_charts_rbac(kube: Any, tmp_pat
             # No brokers really run (kwok fakes the pods): point the admin API somewhere
             # that refuses at once instead of waiting on DNS.
             "annotations": {"straitmq.io/admin-url": "http://127.0.0.1:1"},
+            # Rack-aware: the operator must also bind the node reader to the brokers.
+            "spec": {"brokers": {"rack": {"topologyKey": "topology.kubernetes.io/zone"}}},
         },
         "topics": [{"name": "orders", "partitions": 3}],
     }
@@ -738,12 +746,15 @@ def test_operator_reconciles_with_nothing_but_the_charts_rbac(kube: Any, tmp_pat
     f.write_text(yaml.safe_dump(values))
     kube.helm("install", release, str(CHART), "--namespace", ns, "--values", str(f))
     sa = f"{release}-straitmq-operator"
-    kubeconfig = _service_account_kubeconfig(kube, ns, sa, tmp_path / "sa.kubeconfig")
+    kubeconfig = kube.service_account_kubeconfig(ns, sa, tmp_path / "sa.kubeconfig")
     env = {
         **kube.env,
         "KUBECONFIG": str(kubeconfig),
         "STRAITMQ_OPERATOR_BUSY_INTERVAL_S": "1",
+        "STRAITMQ_RACK_CLUSTER_ROLE": f"{release}-straitmq-node-reader",  # as the chart sets
     }
+    binding = f"straitmq-rack-{ns}-demo"
+    brokers = f"--as=system:serviceaccount:{ns}:demo-broker"
 
     def run_operator(scope: list[str], log: Path) -> subprocess.Popen[bytes]:
         with open(log, "wb") as out:
@@ -783,6 +794,16 @@ def test_operator_reconciles_with_nothing_but_the_charts_rbac(kube: Any, tmp_pat
             time.sleep(0.5)
         pdbs = kube.kubectl("get", "pdb", "-n", ns, "-o", "name").stdout.split()
         assert len(pdbs) == 2
+        # The brokers' account may read nodes (their rack label) and nothing more.
+        got = kube.kubectl("get", "clusterrolebinding", binding, "-o", "yaml")
+        crb = yaml.safe_load(got.stdout)
+        assert crb["roleRef"]["name"] == f"{release}-straitmq-node-reader"
+        assert crb["subjects"] == [{"kind": "ServiceAccount", "name": "demo-broker",
+                                    "namespace": ns}]  # fmt: skip
+        for verb, what, yes in (("get", "nodes", True), ("list", "nodes", False),
+                                ("get", "pods", False), ("get", "secrets", False)):  # fmt: skip
+            out = kube.kubectl("auth", "can-i", verb, what, "-n", ns, brokers, check=False)
+            assert (out.stdout.strip() == "yes") == yes, (verb, what, out.stdout)
         assert not forbidden(log), "\n".join(forbidden(log))
     finally:
         proc.terminate()
@@ -799,6 +820,10 @@ def test_operator_reconciles_with_nothing_but_the_charts_rbac(kube: Any, tmp_pat
     try:
         time.sleep(8)  # startup scans CRDs and starts its watches within a few seconds
         assert proc.poll() is None, log.read_text()[-3000:]
+        # Deleting the MQCluster takes its rack binding (cluster-scoped: no owner reference).
+        kube.kubectl("delete", "mqcluster", "demo", "-n", ns, "--timeout=60s")
+        gone = kube.kubectl("get", "clusterrolebinding", binding, check=False)
+        assert gone.returncode != 0 and "NotFound" in gone.stderr, gone
         assert not forbidden(log), "\n".join(forbidden(log))
     finally:
         proc.terminate()

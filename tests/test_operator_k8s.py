@@ -11,6 +11,7 @@ API through the MQCluster's `straitmq.io/admin-url` annotation.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 import time
@@ -28,6 +29,7 @@ from straitmq.cli.local_cluster import LocalCluster, Node, free_port
 ROOT = Path(__file__).resolve().parent.parent
 NS = "apps"
 RELEASE_NS = "straitmq-system"
+ZONE = "topology.kubernetes.io/zone"
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -93,6 +95,8 @@ class Operator:
             **kube.env,
             "STRAITMQ_OPERATOR_BUSY_INTERVAL_S": "1",
             "STRAITMQ_OPERATOR_IDLE_INTERVAL_S": "4",
+            # The node reader the chart installed, which the Deployment would name.
+            "STRAITMQ_RACK_CLUSTER_ROLE": "straitmq-node-reader",
         }
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
@@ -141,18 +145,29 @@ def operator(installed: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 class PodStandIns:
-    """The kubelet's part for one MQCluster: a local process per pod, by pod uid."""
+    """The kubelet's part for one MQCluster: a local process per pod, by pod uid.
+
+    A broker pod with init containers (rack awareness) gets them run first, as the
+    kubelet would: the container's own command from the venv, its env with the downward
+    API's spec.nodeName, its volume mounts mapped to a local folder, and a kubeconfig
+    holding a token of the pod's ServiceAccount, so the RBAC is the pod's. The broker
+    then starts with the --rack-file its container asks for, mapped the same way."""
 
     def __init__(self, kube: Any, cluster: str, data_dir: Path) -> None:
         self.kube = kube
         self.cluster = cluster
+        self.data_dir = data_dir
+        self.base_args: dict[int, list[str]] = {}  # ordinal -> arguments before any pod's
+        self._retry_at: dict[str, float] = {}  # pod uid -> when to rerun failed init steps
+        self.init_failures: list[tuple[str, str]] = []  # (pod, stderr tail)
         self.local = LocalCluster(
             str(data_dir), controllers=3, brokers=0, kafka_base=None, http_base=None,
             controller_base=None, broker_args=BROKER_ARGS, controller_args=CONTROLLER_ARGS,
             log_level="info", python=PYTHON,
         )  # fmt: skip
         for ordinal in range(5):  # ports fixed up front: the admin URL names broker 0's
-            self.local.add_broker(ordinal, free_port(), free_port())
+            node = self.local.add_broker(ordinal, free_port(), free_port())
+            self.base_args[ordinal] = list(node.args)
         self.running: dict[tuple[str, int], str] = {}  # -> pod uid
         self.history: list[tuple[float, str, str, int]] = []  # (t, start|stop, kind, ordinal)
         self.max_brokers_down = 0
@@ -192,6 +207,7 @@ class PodStandIns:
 
     def _step(self) -> None:
         want: dict[tuple[str, int], str] = {}
+        pods: dict[tuple[str, int], Any] = {}
         down = 0
         brokers_seen = 0
         for pod in self._pods():
@@ -201,6 +217,7 @@ class PodStandIns:
                 brokers_seen += 1
             if pod.metadata.deletion_timestamp is None:
                 want[(kind, ordinal)] = pod.metadata.uid
+                pods[(kind, ordinal)] = pod
             if kind == "broker" and (
                 pod.metadata.deletion_timestamp is not None
                 or not any(c.type == "Ready" and c.status == "True"
@@ -218,9 +235,54 @@ class PodStandIns:
                 self.history.append((time.monotonic(), "stop", *key))
         for key, uid in want.items():
             if key not in self.running:
+                if key[0] == "broker" and not self._init(pods[key]):
+                    continue  # as a kubelet: the main container waits for its init steps
                 self.node(*key).start()
                 self.running[key] = uid
                 self.history.append((time.monotonic(), "start", *key))
+
+    def _mapped(self, ordinal: int, arg: str, mounts: list[Any]) -> str:
+        local = self.data_dir / f"pod-volumes-{ordinal}"
+        for m in mounts:
+            if m.mount_path in arg:
+                return arg.replace(m.mount_path, str(local / m.name))
+        return arg
+
+    def _init(self, pod: Any) -> bool:
+        """Run the pod's init containers; True when the main container may start."""
+        ordinal = int(pod.metadata.name.rsplit("-", 1)[1])
+        node = self.local.brokers[ordinal]
+        (main,) = pod.spec.containers
+        extra = [self._mapped(ordinal, a, main.volume_mounts or [])
+                 for a in main.args if a.startswith("--rack-file=")]  # fmt: skip
+        node.args = [*self.base_args[ordinal], *extra]
+        if not pod.spec.init_containers:
+            return True
+        if not pod.spec.node_name:
+            return False  # not scheduled yet
+        if time.monotonic() < self._retry_at.get(pod.metadata.uid, 0.0):
+            return False  # back off after a failed init step, as the kubelet does
+        cfg = self.data_dir / f"sa-{pod.spec.service_account_name}.kubeconfig"
+        if not cfg.exists():
+            self.kube.service_account_kubeconfig(NS, pod.spec.service_account_name, cfg)
+        for c in pod.spec.init_containers:
+            env = {"PATH": os.environ["PATH"], "KUBECONFIG": str(cfg)}
+            for e in c.env or []:
+                if e.value_from and e.value_from.field_ref:
+                    assert e.value_from.field_ref.field_path == "spec.nodeName", e
+                    env[e.name] = pod.spec.node_name
+                else:
+                    env[e.name] = e.value
+            command = [str(Path(PYTHON).parent / c.command[0]), *c.command[1:]]
+            args = [self._mapped(ordinal, a, c.volume_mounts or []) for a in c.args or []]
+            done = subprocess.run(
+                [*command, *args], env=env, capture_output=True, text=True, timeout=120
+            )
+            if done.returncode != 0:
+                self.init_failures.append((pod.metadata.name, done.stderr[-500:]))
+                self._retry_at[pod.metadata.uid] = time.monotonic() + 3.0
+                return False
+        return True
 
     def _broker_replicas(self) -> int:
         from kubernetes import client
@@ -257,12 +319,12 @@ class PodStandIns:
 
 @pytest.fixture(scope="module")
 def demo(kube: Any, operator: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """MQCluster `demo` (3 brokers), its pods backed by local StraitMQ processes."""
+    """MQCluster `demo` (3 brokers, rack-aware by zone), its pods backed by local StraitMQ
+    processes."""
     standins = PodStandIns(kube, "demo", tmp_path_factory.mktemp("demo")).start()
-    kube.kubectl(
-        "apply", "-n", NS, "-f", "-",
-        input=yaml_doc(mqcluster("demo", 3, {"straitmq.io/admin-url": standins.admin_url})),
-    )  # fmt: skip
+    doc = mqcluster("demo", 3, {"straitmq.io/admin-url": standins.admin_url},
+                    brokers={"replicas": 3, "rack": {"topologyKey": ZONE}})  # fmt: skip
+    kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(doc))
 
     def ready() -> bool:
         standins.check()
@@ -276,7 +338,10 @@ def demo(kube: Any, operator: Any, tmp_path_factory: pytest.TempPathFactory) -> 
         except TimeoutError as e:
             st = get_json(kube, "mqcluster", "demo", "-n", NS).get("status")
             tail = "\n".join(operator.log_lines()[-15:])
-            raise AssertionError(f"{e}: status {st}; stand-ins {standins.history}; {tail}") from e
+            raise AssertionError(
+                f"{e}: status {st}; stand-ins {standins.history}; "
+                f"init failures {standins.init_failures[-3:]}; {tail}"
+            ) from e
         yield standins
     finally:
         standins.stop()
@@ -310,7 +375,11 @@ def test_helm_install_registers_crds_and_operator_rbac(installed: Any) -> None:
     assert can("delete", "pods", "-n", NS)
     assert not can("get", "secrets", "-n", NS), "the operator never needs secrets"
     assert not can("delete", "nodes")
-    assert not can("create", "clusterrolebindings.rbac.authorization.k8s.io")
+    # Rack awareness: it may create bindings, but bind only the node reader to anyone.
+    assert can("create", "clusterrolebindings.rbac.authorization.k8s.io")
+    assert can("bind", "clusterroles.rbac.authorization.k8s.io/straitmq-node-reader")
+    assert not can("bind", "clusterroles.rbac.authorization.k8s.io/cluster-admin")
+    assert not can("escalate", "clusterroles.rbac.authorization.k8s.io")
 
 
 @pytest.mark.parametrize(
@@ -384,6 +453,7 @@ def test_mqcluster_becomes_statefulsets_services_and_pdbs(kube: Any, operator: O
         ("service", "shape-broker"), ("service", "shape-controller"),
         ("service", "shape-bootstrap"), ("configmap", "shape-config"),
         ("poddisruptionbudget", "shape-broker"), ("poddisruptionbudget", "shape-controller"),
+        ("serviceaccount", "shape-broker"),
     ]:  # fmt: skip
         obj = get_json(kube, kind, name, "-n", NS)
         (ref,) = obj["metadata"]["ownerReferences"]
@@ -430,11 +500,16 @@ def test_mqcluster_becomes_statefulsets_services_and_pdbs(kube: Any, operator: O
     assert condition({"status": st}, "Ready")["status"] == "False"
     printed = kube.kubectl("get", "mqcluster", "shape", "-n", NS).stdout
     assert "BROKERS" in printed and "PHASE" in printed
-    # Deleting the MQCluster lets the garbage collector remove everything it owns.
+    crb = f"straitmq-rack-{NS}-shape"  # cluster-scoped: no owner reference can reach it
+    assert get_json(kube, "clusterrolebinding", crb)["subjects"][0]["name"] == "shape-broker"
+    # Deleting the MQCluster lets the garbage collector remove everything it owns, and the
+    # operator removes the rack binding before it lets the MQCluster go.
     kube.kubectl("delete", "mqcluster", "shape", "-n", NS, "--wait=true", timeout=60)
+    gone = kube.kubectl("get", "clusterrolebinding", crb, check=False)
+    assert gone.returncode != 0 and "NotFound" in gone.stderr, gone
     kube.wait_for(
         lambda: kube.kubectl(
-            "get", "statefulset,service,configmap,pdb", "-n", NS,
+            "get", "statefulset,service,configmap,pdb,serviceaccount", "-n", NS,
             "-l", "app.kubernetes.io/instance=shape", "-o", "name",
         ).stdout.strip() == "",
         60,
@@ -486,6 +561,36 @@ def test_topic_from_examples_is_created_and_listed(kube: Any, demo: PodStandIns)
     header = listed[0].split()
     assert row[header.index("READY")] == "True"
     assert row[header.index("PARTITIONS")] == str(spec["partitions"])
+
+
+def test_brokers_take_their_rack_from_their_node(kube: Any, demo: PodStandIns) -> None:
+    """Each broker registered the zone of the node its pod was scheduled on, read by the
+    pod's init step with the pod's own ServiceAccount through the binding the operator
+    made; the pods were spread over the zones."""
+    zones = {
+        x["metadata"]["name"]: x["metadata"]["labels"][ZONE]
+        for x in get_json(kube, "nodes")["items"]
+    }
+    sel = "app.kubernetes.io/instance=demo,app.kubernetes.io/component=broker"
+    pods = get_json(kube, "pods", "-n", NS, "-l", sel)["items"]
+    want = {int(p["metadata"]["name"].rsplit("-", 1)[1]): zones[p["spec"]["nodeName"]]
+            for p in pods}  # fmt: skip
+    assert sorted(want) == [0, 1, 2] and sorted(want.values()) == sorted(set(zones.values()))
+    for p in pods:
+        assert [c["name"] for c in p["spec"]["initContainers"]] == ["rack"]
+        assert p["spec"]["serviceAccountName"] == "demo-broker"
+
+    def registered() -> dict | None:
+        brokers = http_json(f"{demo.admin_url}/api/v1/cluster")["brokers"]
+        got = {b["id"]: b["rack"] for b in brokers if b["id"] in want}
+        return got if got == want else None
+
+    kube.wait_for(registered, 30, f"brokers registered with racks {want}")
+    assert not demo.init_failures, demo.init_failures
+    crb = get_json(kube, "clusterrolebinding", f"straitmq-rack-{NS}-demo")
+    assert crb["roleRef"]["name"] == "straitmq-node-reader"
+    sa = get_json(kube, "serviceaccount", "demo-broker", "-n", NS)
+    assert sa["metadata"]["ownerReferences"][0]["kind"] == "MQCluster"
 
 
 def test_scale_up_then_down_moves_partitions_and_loses_nothing(

@@ -56,6 +56,7 @@ def test_rendered_objects() -> None:
         ("Service", "demo-bootstrap"),
         ("PodDisruptionBudget", "demo-controller"),
         ("PodDisruptionBudget", "demo-broker"),
+        ("ServiceAccount", "demo-broker"),
         ("StatefulSet", "demo-controller"),
         ("StatefulSet", "demo-broker"),
     }
@@ -91,6 +92,45 @@ def test_rendered_objects() -> None:
         "topology.kubernetes.io/zone"
     )
     assert brk["persistentVolumeClaimRetentionPolicy"]["whenScaled"] == "Delete"
+
+
+def test_rack_aware_brokers_read_their_node_and_others_mount_no_token() -> None:
+    key = "topology.kubernetes.io/zone"
+    s = parse(body(brokers={"rack": {"topologyKey": key}}))
+    pod = render.broker_statefulset(s, 3)["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "demo-broker"
+    assert pod["automountServiceAccountToken"] is True
+    (init,) = pod["initContainers"]
+    assert init["command"] == ["strait", "rack-from-node"]
+    assert init["args"] == [f"--label={key}", f"--out={n.RACK_FILE}"]
+    assert init["env"] == [
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+    ]
+    assert init["image"] == "straitmq:1" and init["securityContext"]["readOnlyRootFilesystem"]
+    assert init["volumeMounts"] == [{"name": "rack", "mountPath": n.RACK_DIR}]
+    (c,) = pod["containers"]
+    assert f"--rack-file={n.RACK_FILE}" in c["args"]
+    assert {"name": "rack", "mountPath": n.RACK_DIR, "readOnly": True} in c["volumeMounts"]
+    assert {"name": "rack", "emptyDir": {"sizeLimit": "1Mi"}} in pod["volumes"]
+
+    crb = render.rack_binding(s, "sm-straitmq-node-reader")
+    assert crb["metadata"]["name"] == "straitmq-rack-prod-demo"
+    assert "ownerReferences" not in crb["metadata"]  # cluster-scoped: the operator deletes it
+    assert crb["metadata"]["labels"][n.CLUSTER_NAMESPACE_LABEL] == "prod"
+    assert crb["roleRef"]["name"] == "sm-straitmq-node-reader"
+    assert crb["subjects"] == [{"kind": "ServiceAccount", "name": "demo-broker",
+                                "namespace": "prod"}]  # fmt: skip
+
+    plain = parse(body())
+    for sts in (render.broker_statefulset(plain, 3), render.controller_statefulset(s)):
+        spec = sts["spec"]["template"]["spec"]
+        assert spec["automountServiceAccountToken"] is False
+        assert "initContainers" not in spec
+        assert not [a for a in spec["containers"][0]["args"] if a.startswith("--rack")]
+    # Turning rack awareness on changes the pods (a roll); clusters without it keep their
+    # hash from before rack awareness existed.
+    assert render.config_hash(s) != render.config_hash(plain)
+    assert render.config_hash(plain) == "473757f81597ffc8"  # as before rack awareness
 
 
 def test_config_change_changes_the_pod_template_hash() -> None:

@@ -25,6 +25,12 @@ log = logging.getLogger("straitmq.operator.cluster")
 # emit(type "Normal"|"Warning", reason, message): an Event on the MQCluster.
 Emit = Callable[[str, str, str], None]
 
+RBAC = "rbac.authorization.k8s.io/v1"
+
+
+class RackUnavailable(Exception):
+    """The spec asks for rack awareness that this install cannot give."""
+
 
 def admin_url(body: dict[str, Any], spec: ClusterSpec) -> str:
     override = (body.get("metadata", {}).get("annotations") or {}).get(n.ADMIN_URL_ANNOTATION)
@@ -80,10 +86,19 @@ class Pass:
 
 
 class ClusterReconciler:
-    def __init__(self, kube: Kube, emit: Emit, admin_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        emit: Emit,
+        admin_timeout_s: float = 10.0,
+        rack_cluster_role: str | None = None,
+    ) -> None:
         self.kube = kube
         self.emit = emit
         self.admin_timeout_s = admin_timeout_s
+        # The ClusterRole (get nodes) that rack-aware broker pods are bound to; None: this
+        # install does not offer rack awareness.
+        self.rack_cluster_role = rack_cluster_role
 
     async def reconcile(self, body: dict[str, Any]) -> dict[str, Any]:
         """One pass; returns the new status (the caller writes it)."""
@@ -92,11 +107,13 @@ class ClusterReconciler:
         generation = meta.get("generation")
         try:
             spec = parse(body)
-        except SpecError as e:
-            self.emit("Warning", "InvalidSpec", str(e))
+            await self._rack_binding(spec)
+        except (SpecError, RackUnavailable) as e:
+            reason = type(e).__name__ if isinstance(e, RackUnavailable) else "InvalidSpec"
+            self.emit("Warning", reason, str(e))
             conds = list(old.get("conditions") or [])
-            conds = set_condition(conds, "Ready", False, "InvalidSpec", str(e), generation)
-            conds = set_condition(conds, "Degraded", True, "InvalidSpec", str(e), generation)
+            conds = set_condition(conds, "Ready", False, reason, str(e), generation)
+            conds = set_condition(conds, "Degraded", True, reason, str(e), generation)
             return {**old, "phase": "Degraded", "conditions": conds}
 
         sts_name = n.statefulset(spec.name, n.BROKER)
@@ -132,6 +149,38 @@ class ClusterReconciler:
             if p.phase in ("Ready", "Creating") and current is not None:
                 await self._roll(spec, seen, p, sets)
         return self._status(spec, old, generation, seen, p, replicas, sets)
+
+    async def _rack_binding(self, spec: ClusterSpec) -> None:
+        """Bind the broker pods' service account to the node reader, or unbind it."""
+        name = n.rack_binding(spec.namespace, spec.name)
+        if not spec.rack_topology_key:
+            # Without a node-reader role this install never made one (nor may read them).
+            if self.rack_cluster_role:
+                if await self.kube.get(RBAC, "ClusterRoleBinding", None, name) is not None:
+                    await self.kube.delete(RBAC, "ClusterRoleBinding", None, name)
+            return
+        if not self.rack_cluster_role:
+            raise RackUnavailable(
+                "spec.brokers.rack.topologyKey needs rack awareness, which this operator "
+                "install does not offer (STRAITMQ_RACK_CLUSTER_ROLE is unset; the Helm chart "
+                "sets it unless rbac.rackAwareness is false)"
+            )
+        try:
+            await self.kube.apply(render.rack_binding(spec, self.rack_cluster_role))
+        except Exception as e:
+            if getattr(e, "status", None) != 403:
+                raise
+            raise RackUnavailable(
+                f"the operator may not bind ClusterRole {self.rack_cluster_role} to the broker "
+                f"pods (HTTP 403): it needs create/patch on clusterrolebindings and the bind "
+                f"verb on that ClusterRole"
+            ) from None
+
+    async def delete(self, body: dict[str, Any]) -> bool:
+        """On MQCluster deletion: what owner references cannot clean up."""
+        meta = body["metadata"]
+        name = n.rack_binding(meta.get("namespace") or "default", meta["name"])
+        return await self.kube.delete(RBAC, "ClusterRoleBinding", None, name)
 
     async def _observe(self, admin: AdminClient) -> Observed:
         seen = Observed()

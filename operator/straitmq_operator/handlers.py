@@ -28,6 +28,8 @@ log = logging.getLogger("straitmq.operator")
 
 BUSY_INTERVAL_S = float(os.environ.get("STRAITMQ_OPERATOR_BUSY_INTERVAL_S", "3"))
 IDLE_INTERVAL_S = float(os.environ.get("STRAITMQ_OPERATOR_IDLE_INTERVAL_S", "30"))
+# The ClusterRole (get nodes) bound to rack-aware broker pods; the Helm chart creates it.
+RACK_CLUSTER_ROLE = os.environ.get("STRAITMQ_RACK_CLUSTER_ROLE") or None
 
 _wake: dict[str, asyncio.Event] = {}
 _seen: dict[str, tuple[Any, ...]] = {}
@@ -153,8 +155,15 @@ def _error_status(status: dict[str, Any], body: dict[str, Any], e: Exception) ->
 
 @kopf.daemon(n.GROUP, n.VERSION, n.CLUSTERS, cancellation_timeout=5.0)
 async def cluster_daemon(body: kopf.Body, uid: str, stopped: Any, **_: Any) -> None:
-    reconciler = ClusterReconciler(kube(), _emitter(body))
+    reconciler = ClusterReconciler(kube(), _emitter(body), rack_cluster_role=RACK_CLUSTER_ROLE)
     await _loop("MQCluster", n.CLUSTERS, body, uid, stopped, reconciler.reconcile)
+
+
+@kopf.on.delete(n.GROUP, n.VERSION, n.CLUSTERS)
+async def cluster_deleted(body: kopf.Body, **_: Any) -> None:
+    # Everything namespaced goes with the owner references; the rack binding cannot.
+    if await ClusterReconciler(kube(), _emitter(body)).delete(dict(body)):
+        log.info("rack binding deleted", extra={"object": f"MQCluster/{body['metadata']['name']}"})
 
 
 @kopf.daemon(n.GROUP, n.VERSION, n.TOPICS, cancellation_timeout=5.0)

@@ -66,6 +66,18 @@ class Kube:
 
         return await asyncio.to_thread(call)
 
+    async def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> bool:
+        """False if it was not there."""
+
+        def call() -> bool:
+            try:
+                self._resource(api_version, kind).delete(name=name, namespace=namespace)
+            except NotFoundError:
+                return False
+            return True
+
+        return await asyncio.to_thread(call)
+
     async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         def call() -> list[dict[str, Any]]:
             pods = self.core.list_namespaced_pod(namespace, label_selector=selector)

@@ -20,6 +20,14 @@ CONTROLLER_ID_BASE = 1000
 BROKER = "broker"
 CONTROLLER = "controller"
 
+# Rack awareness: broker pods' init container writes the node's rack label here.
+RACK_VOLUME = "rack"
+RACK_DIR = "/opt/straitmq/rack"
+RACK_FILE = f"{RACK_DIR}/rack"
+# Which MQCluster a cluster-scoped object (the rack ClusterRoleBinding) belongs to:
+# owner references cannot point from a cluster-scoped object to a namespaced one.
+CLUSTER_NAMESPACE_LABEL = "straitmq.io/cluster-namespace"
+
 
 def labels(cluster: str, component: str | None = None) -> dict[str, str]:
     out = {
@@ -70,3 +78,12 @@ def pod_dns(cluster: str, component: str, ordinal: int, namespace: str) -> str:
         f"{statefulset(cluster, component)}-{ordinal}."
         f"{headless_service(cluster, component)}.{namespace}.svc"
     )
+
+
+def broker_service_account(cluster: str) -> str:
+    return f"{cluster}-broker"
+
+
+def rack_binding(namespace: str, cluster: str) -> str:
+    """Cluster-scoped, so the namespace is part of the name."""
+    return f"straitmq-rack-{namespace}-{cluster}"

@@ -59,10 +59,15 @@ def config_map(spec: ClusterSpec) -> dict[str, Any]:
 
 def config_hash(spec: ClusterSpec) -> str:
     """Changes whenever a pod would start differently; pods carry it, so it rolls them."""
-    data = orjson.dumps(
-        [config_map(spec)["data"], spec.broker_args(), spec.controller_args(), spec.otlp_endpoint],
-        option=orjson.OPT_SORT_KEYS,
-    )
+    parts: list[Any] = [
+        config_map(spec)["data"],
+        spec.broker_args(),
+        spec.controller_args(),
+        spec.otlp_endpoint,
+    ]
+    if spec.rack_topology_key:  # only then, so clusters without one keep their hash
+        parts.append({"rack": spec.rack_topology_key})
+    data = orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(data).hexdigest()[:16]
 
 
@@ -199,19 +204,26 @@ def _statefulset(
     grace_s: int,
     when_scaled: str,
     metrics_port: int,
+    pod_extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     name = n.statefulset(spec.name, component)
     pod_annotations = {n.CONFIG_HASH_ANNOTATION: config_hash(spec)}
     if spec.metrics_enabled:
         pod_annotations.update(
-            {"prometheus.io/scrape": "true", "prometheus.io/port": str(metrics_port),
-             "prometheus.io/path": "/metrics"}
+            {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(metrics_port),
+                "prometheus.io/path": "/metrics",
+            }
         )
     pod_spec: dict[str, Any] = {
         "terminationGracePeriodSeconds": grace_s,
         "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "fsGroup": RUN_AS},
         "containers": [container],
         "enableServiceLinks": False,
+        # Only a rack-aware broker talks to the API server (its init container does).
+        "automountServiceAccountToken": False,
+        **(pod_extra or {}),
     }
     if spec.rack_topology_key:
         pod_spec["topologySpreadConstraints"] = [
@@ -272,7 +284,13 @@ def controller_statefulset(spec: ClusterSpec) -> dict[str, Any]:
         **_probes("http"),
     }
     return _statefulset(
-        spec, n.CONTROLLER, 3, container, spec.controller_storage, 30, "Retain",
+        spec,
+        n.CONTROLLER,
+        3,
+        container,
+        spec.controller_storage,
+        30,
+        "Retain",
         spec.controller_port,
     )
 
@@ -306,10 +324,78 @@ def broker_statefulset(spec: ClusterSpec, replicas: int) -> dict[str, Any]:
         "securityContext": _CONTAINER_SECURITY,
         **_probes("http"),
     }
+    pod_extra: dict[str, Any] = {"serviceAccountName": n.broker_service_account(spec.name)}
+    if spec.rack_topology_key:
+        mount = {"name": n.RACK_VOLUME, "mountPath": n.RACK_DIR}
+        container["args"].append(f"--rack-file={n.RACK_FILE}")
+        container["volumeMounts"].append({**mount, "readOnly": True})
+        pod_extra |= {
+            "automountServiceAccountToken": True,
+            "initContainers": [rack_init_container(spec, mount)],
+            "volumes": [{"name": n.RACK_VOLUME, "emptyDir": {"sizeLimit": "1Mi"}}],
+        }
     # A drained broker's volume holds nothing the cluster needs: drop it on scale down.
     return _statefulset(
-        spec, n.BROKER, replicas, container, spec.broker_storage, 120, "Delete", spec.http_port
+        spec,
+        n.BROKER,
+        replicas,
+        container,
+        spec.broker_storage,
+        120,
+        "Delete",
+        spec.http_port,
+        pod_extra,
     )
+
+
+def rack_init_container(spec: ClusterSpec, mount: dict[str, Any]) -> dict[str, Any]:
+    """Reads the pod's Node and leaves its rack label where the broker's --rack-file is."""
+    assert spec.rack_topology_key
+    return {
+        "name": n.RACK_VOLUME,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["strait", "rack-from-node"],
+        "args": [f"--label={spec.rack_topology_key}", f"--out={n.RACK_FILE}"],
+        "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+        "volumeMounts": [mount],
+        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+        "securityContext": _CONTAINER_SECURITY,
+    }
+
+
+def broker_service_account(spec: ClusterSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _meta(spec, n.broker_service_account(spec.name), n.BROKER),
+        "automountServiceAccountToken": False,
+    }
+
+
+def rack_binding(spec: ClusterSpec, cluster_role: str) -> dict[str, Any]:
+    """Lets the broker pods' service account read Nodes (the rack label), nothing else.
+    Cluster-scoped: no owner reference; the operator deletes it with the MQCluster."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {
+            "name": n.rack_binding(spec.namespace, spec.name),
+            "labels": {**n.labels(spec.name, n.BROKER), n.CLUSTER_NAMESPACE_LABEL: spec.namespace},
+        },
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": cluster_role,
+        },
+        "subjects": [
+            {
+                "kind": "ServiceAccount",
+                "name": n.broker_service_account(spec.name),
+                "namespace": spec.namespace,
+            }
+        ],
+    }
 
 
 def objects(spec: ClusterSpec, broker_replicas: int) -> list[dict[str, Any]]:
@@ -318,6 +404,7 @@ def objects(spec: ClusterSpec, broker_replicas: int) -> list[dict[str, Any]]:
         config_map(spec),
         *services(spec),
         *pdbs(spec),
+        broker_service_account(spec),
         controller_statefulset(spec),
         broker_statefulset(spec, broker_replicas),
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 import uvloop
 
@@ -28,7 +29,14 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
     p.add_argument("--listen", default=f"{d.host}:{d.port}", help="Kafka listener host:port")
     p.add_argument("--advertise", default=None, help="host:port clients should use")
     p.add_argument("--http", default=f"{d.http_host}:{d.http_port}", help="HTTP host:port")
-    p.add_argument("--rack", default=None)
+    rack = p.add_mutually_exclusive_group()
+    rack.add_argument("--rack", default=None, help="broker.rack: where this broker runs")
+    rack.add_argument(
+        "--rack-file",
+        default=None,
+        help="read broker.rack from this file (on Kubernetes, written by an init container "
+        "from the node's label)",
+    )
     p.add_argument("--no-auto-create", action="store_true", help="auto.create.topics.enable=false")
     p.add_argument("--num-partitions", type=int, default=d.num_partitions)
     p.add_argument("--message-max-bytes", type=int, default=d.message_max_bytes)
@@ -73,6 +81,14 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         node_id = ordinal_from_hostname() if a.node_id == "auto" else int(a.node_id)
     except ValueError as e:
         p.error(f"--node-id: {e}")
+    rack_name = a.rack
+    if a.rack_file:
+        try:
+            rack_name = Path(a.rack_file).read_text().strip()
+        except OSError as e:
+            p.error(f"--rack-file: {e}")
+        if not rack_name:
+            p.error(f"--rack-file: {a.rack_file} is empty")
     host, _, port = a.listen.rpartition(":")
     adv_host, _, adv_port = (a.advertise or a.listen).rpartition(":")
     http_host, _, http_port = a.http.rpartition(":")
@@ -86,7 +102,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         advertised_port=int(adv_port),
         http_host=http_host or "127.0.0.1",
         http_port=int(http_port),
-        rack=a.rack,
+        rack=rack_name,
         auto_create_topics=not a.no_auto_create,
         num_partitions=a.num_partitions,
         message_max_bytes=a.message_max_bytes,

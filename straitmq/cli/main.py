@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -492,6 +493,18 @@ def _wait_reassignments(
         time.sleep(1.0)
 
 
+def cmd_rack_from_node(a: argparse.Namespace) -> None:
+    from straitmq.operator.node_rack import RackError, write_rack
+
+    if not a.node:
+        raise CliError("--node or NODE_NAME is required")
+    try:
+        rack = write_rack(a.node, a.label, Path(a.out))
+    except RackError as e:
+        raise CliError(str(e)) from None
+    print(f"rack {rack} (node {a.node}, label {a.label}) written to {a.out}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="strait", description="StraitMQ command line.")
     p.add_argument("--http", default=DEFAULT_HTTP, help="broker HTTP API (default %(default)s)")
@@ -587,6 +600,16 @@ def build_parser() -> argparse.ArgumentParser:
     gd = gsub.add_parser("describe")
     gd.add_argument("group")
     grp.set_defaults(func=cmd_group)
+
+    rack = sub.add_parser(
+        "rack-from-node",
+        help="write a Kubernetes node's rack label to a file (the broker pods' init step)",
+    )
+    rack.add_argument("--node", default=os.environ.get("NODE_NAME"),
+                      help="the node's name (default: $NODE_NAME, from spec.nodeName)")
+    rack.add_argument("--label", required=True, help="the node label that names the rack")
+    rack.add_argument("--out", required=True, help="the file to write the rack to")
+    rack.set_defaults(func=cmd_rack_from_node)
     return p
 
 

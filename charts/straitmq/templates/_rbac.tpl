@@ -14,9 +14,6 @@ Roles (operator.watchNamespaces). Each rule says what needs it.
 - apiGroups: [straitmq.io]
   resources: [mqclusters/status, topics/status, mqclusters/finalizers, topics/finalizers]
   verbs: [get, patch, update]
-- apiGroups: [straitmq.io]
-  resources: [mqclusters/scale]
-  verbs: [get]
 # What an MQCluster is rendered into.
 - apiGroups: [apps]
   resources: [statefulsets]
@@ -31,23 +28,39 @@ Roles (operator.watchNamespaces). Each rule says what needs it.
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, delete]
-# Volume claims of brokers removed by a scale-down are deleted once they are drained.
-- apiGroups: [""]
-  resources: [persistentvolumeclaims]
-  verbs: [get, list, delete]
-# kopf reports handler progress and errors as events on the resources.
+# Events on MQClusters and Topics (kopf posts core/v1 events, and only creates them).
 - apiGroups: [""]
   resources: [events]
-  verbs: [create, patch]
-- apiGroups: [events.k8s.io]
-  resources: [events]
-  verbs: [create, patch]
+  verbs: [create]
+{{- if .Values.rbac.rackAwareness }}
+# The broker pods' service account, bound to the node reader when the cluster is rack-aware.
+- apiGroups: [""]
+  resources: [serviceaccounts]
+  verbs: [get, create, patch]
+{{- end }}
 {{- end -}}
 
-{{/* Cluster-scoped reads, needed in both modes. */}}
+{{/* Cluster-scoped rules, needed in both modes. */}}
 {{- define "straitmq.operator.clusterRules" -}}
 # kopf scans and watches CRDs to find the resources it serves (and notice them change).
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
   verbs: [get, list, watch]
+{{- if .Values.rbac.rackAwareness }}
+# Rack awareness: one ClusterRoleBinding per rack-aware MQCluster gives its broker pods
+# the node reader (they read their Node's rack label). Bindings are cluster-scoped; the
+# operator may bind that one ClusterRole and no other.
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [clusterrolebindings]
+  verbs: [get, create, patch, delete]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [clusterroles]
+  verbs: [bind]
+  resourceNames: [{{ include "straitmq.nodeReaderName" . }}]
+{{- end }}
+{{- end -}}
+
+{{/* The ClusterRole rack-aware broker pods are bound to. */}}
+{{- define "straitmq.nodeReaderName" -}}
+{{- printf "%s-node-reader" (include "straitmq.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end -}}

@@ -407,7 +407,6 @@ def test_cel_rules_guard_updates(installed: Any) -> None:
     kube.kubectl("apply", "-n", ns, "-f", "-", input=yaml_doc(topic("frozen", "x", 4)))
     for patch, message in [
         ({"spec": {"partitions": 2}}, "partitions may not decrease"),
-        ({"spec": {"replicationFactor": 2}}, "replicationFactor is immutable"),
         ({"spec": {"cluster": "other"}}, "cluster is immutable"),
     ]:
         out = kube.kubectl(
@@ -720,6 +719,72 @@ def test_impossible_topic_gets_a_condition_and_an_event(
     assert reason in events
     assert name not in demo.topics()
     kube.kubectl("delete", "topic", name, "-n", NS, "--wait=true", timeout=60)
+
+
+def test_replication_factor_change_moves_replicas_and_loses_nothing(
+    kube: Any, demo: PodStandIns
+) -> None:
+    """RF 2 -> 3 under an acks=all producer adds a replica to each partition (throttled
+    reassignment, rack-aware); RF 4 (above the 3 brokers) and RF 1 (below min ISR 2) are
+    refused with their reasons; RF 3 -> 2 drops a replica and keeps every leader."""
+    doc = topic("rf", "demo", 3, rf=2, config={"min.insync.replicas": 2})
+    kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(doc))
+
+    def status() -> dict:
+        return get_json(kube, "topic", "rf", "-n", NS).get("status") or {}
+
+    def settled(rf: int) -> dict | None:
+        demo.check()
+        t = demo.topics().get("rf")
+        st = status()
+        if t is None or condition({"status": st}, "Progressing").get("status") == "True":
+            return None
+        ok = all(len(p["replicas"]) == rf and len(p["isr"]) == rf and not p.get("adding")
+                 and not p.get("removing") for p in t["partitions"])  # fmt: skip
+        return t if ok and st.get("reassigningPartitions") == 0 else None
+
+    kube.wait_for(lambda: settled(2), 60, "rf created with 2 replicas")
+    bootstrap = ",".join(f"127.0.0.1:{demo.local.brokers[i].kafka_port}" for i in range(3))
+    w = Workload(bootstrap, "rf", partitions=3, rate=150).start()
+    try:
+        kube.wait_for(lambda: w.acked_count() > 150, 60, "first acks")
+        kube.kubectl("patch", "topic", "rf", "-n", NS, "--type=merge",
+                     "-p", '{"spec":{"replicationFactor":3}}')  # fmt: skip
+        t = kube.wait_for(lambda: settled(3), 120, "every partition at 3 in-sync replicas")
+        for p in t["partitions"]:  # one replica per zone: brokers 0-2 sit in zones a-c
+            assert sorted(p["replicas"]) == [0, 1, 2], p
+        assert status()["replicationFactor"] == 3
+        events = kube.kubectl(
+            "get", "events", "-n", NS, "--field-selector", "involvedObject.name=rf"
+        ).stdout
+        assert "ReplicationFactorChanging" in events and "ReplicationFactorChanged" in events
+
+        for rf, reason in ((4, "InvalidReplicationFactor"), (1, "ReplicationFactorBelowMinInsync")):
+            kube.kubectl("patch", "topic", "rf", "-n", NS, "--type=merge",
+                         "-p", json.dumps({"spec": {"replicationFactor": rf}}))  # fmt: skip
+            c = kube.wait_for(
+                lambda r=reason: (c := condition(get_json(kube, "topic", "rf", "-n", NS),
+                                                 "Ready")).get("reason") == r and c,
+                60, reason,
+            )  # fmt: skip
+            assert c["status"] == "False", c
+            assert all(len(p["replicas"]) == 3 for p in demo.topics()["rf"]["partitions"])
+
+        leaders = {p["partition"]: p["leader"] for p in demo.topics()["rf"]["partitions"]}
+        kube.kubectl("patch", "topic", "rf", "-n", NS, "--type=merge",
+                     "-p", '{"spec":{"replicationFactor":2}}')  # fmt: skip
+        t = kube.wait_for(lambda: settled(2), 120, "back to 2 replicas")
+        assert {p["partition"]: p["leader"] for p in t["partitions"]} == leaders
+        assert condition({"status": status()}, "Ready")["status"] == "True"
+    finally:
+        w.stop()
+    assert not w.fatal, w.fatal
+    acked = dict(w.acked)
+    got = consume_all(bootstrap, "rf", "verify-rf", len(acked))
+    values = {v for _, _, v in got}
+    lost = [v for v in acked if v not in values]
+    assert len(acked) > 150 and not lost, f"{len(lost)} of {len(acked)} acked messages lost"
+    kube.kubectl("delete", "topic", "rf", "-n", NS, "--wait=true", timeout=60)
 
 
 def test_config_change_rolls_one_pod_at_a_time(kube: Any, demo: PodStandIns) -> None:

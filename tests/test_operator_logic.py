@@ -232,3 +232,28 @@ def test_operator_folder_never_shadows_the_stdlib_operator() -> None:
         cwd=root, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr
+
+
+def test_replication_factor_growth_is_rack_aware_and_balanced() -> None:
+    parts = [Partition("t", i, [i % 2, (i + 1) % 2], [i % 2, (i + 1) % 2], i % 2, [], [])
+             for i in range(4)]  # fmt: skip
+    racks = {0: "a", 1: "a", 2: "b", 3: "c"}
+    moves = planning.change_replication(parts, 3, racks, Counter({0: 4, 1: 4, 2: 0, 3: 0}))
+    assert sorted(moves) == [("t", i) for i in range(4)]
+    for p in parts:
+        target = moves[(p.topic, p.index)]
+        assert target[:2] == p.replicas  # the existing replicas keep their positions
+        assert target[2] in (2, 3)  # a rack the partition lacks
+    assert Counter(t[2] for t in moves.values()) == Counter({2: 2, 3: 2})  # spread evenly
+
+
+def test_replication_factor_shrink_keeps_leaders_and_drops_lagging_replicas_first() -> None:
+    p = Partition("t", 0, [0, 1, 2], [0, 2], 2, [], [])  # 1 is out of sync, 2 leads
+    assert planning.change_replication([p], 2, {0: None, 1: None, 2: None}, Counter()) == {
+        ("t", 0): [0, 2]
+    }
+    q = Partition("t", 1, [0, 1, 2], [0, 1, 2], 1, [], [])
+    assert planning.change_replication([q], 2, {}, Counter()) == {("t", 1): [0, 1]}
+    assert planning.change_replication([q], 1, {}, Counter()) == {("t", 1): [1]}  # the leader
+    assert planning.change_replication([q], 3, {0: None, 1: None, 2: None}, Counter()) == {}
+

@@ -108,3 +108,46 @@ def restart_would_break_min_isr(topics: Iterable[Topic], broker: int) -> Topic |
 
 def under_min_isr(topics: Iterable[Topic]) -> int:
     return sum(1 for t in topics for p in t.partitions if len(p.isr) < t.min_insync)
+
+
+def change_replication(
+    partitions: list[Partition],
+    rf: int,
+    racks: dict[int, str | None],
+    load: Counter[int],
+) -> Moves:
+    """Targets that give each partition `rf` replicas (a topic's replication factor change).
+
+    Growing appends live brokers (`racks`' keys), on racks the partition lacks first, then
+    the least loaded. Shrinking drops out-of-sync replicas first, then from the end, never
+    the preferred (first) replica or the current leader, so leadership does not move.
+    """
+    load = Counter(load)
+    moves: Moves = {}
+    for p in sorted(partitions, key=lambda p: (p.topic, p.index)):
+        replicas = list(p.replicas)
+        if len(replicas) < rf:
+            while len(replicas) < rf:
+                used = {racks.get(r) for r in replicas}
+                free = [b for b in racks if b not in replicas]
+                if not free:
+                    break
+                pick = min(free, key=lambda b: (racks[b] in used, load[b], b))
+                replicas.append(pick)
+                load[pick] += 1
+        elif len(replicas) > rf:
+            # The current leader stays (no leadership move), and with room the preferred.
+            lead = p.leader if p.leader in replicas else replicas[0]
+            keep = {lead, replicas[0]} if rf >= 2 else {lead}
+            order = [r for r in reversed(replicas) if r not in p.isr] + [
+                r for r in reversed(replicas) if r in p.isr
+            ]
+            for r in order:
+                if len(replicas) == rf:
+                    break
+                if r not in keep:
+                    replicas.remove(r)
+                    load[r] -= 1
+        if replicas != p.replicas:
+            moves[(p.topic, p.index)] = replicas
+    return moves

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import names as n
-from .admin import AdminClient, AdminError
+from . import planning
+from .admin import AdminClient, AdminError, Partition, Topic
 from .cluster import Emit, admin_url
 from .conditions import get_condition, set_condition
 from .kube import Kube
@@ -60,7 +61,8 @@ class TopicReconciler:
         self.emit = emit
         self.admin_timeout_s = admin_timeout_s
 
-    async def _admin(self, body: dict[str, Any], ts: TopicSpec) -> AdminClient:
+    async def _admin(self, body: dict[str, Any], ts: TopicSpec) -> tuple[AdminClient, int]:
+        """The cluster's admin API, and its rebalance throttle (bytes/s)."""
         ns = body["metadata"].get("namespace") or "default"
         cluster = await self.kube.get_custom(n.CLUSTERS, ns, ts.cluster)
         if cluster is None:
@@ -71,7 +73,8 @@ class TopicReconciler:
             cspec = parse(cluster)
         except SpecError as e:
             raise TopicProblem("ClusterInvalid", f"MQCluster '{ts.cluster}': {e}") from None
-        return AdminClient(admin_url(cluster, cspec), self.admin_timeout_s)
+        admin = AdminClient(admin_url(cluster, cspec), self.admin_timeout_s)
+        return admin, cspec.throttle_bytes_per_sec
 
     async def reconcile(self, body: dict[str, Any]) -> dict[str, Any]:
         """Create, grow or reconfigure the topic; returns the new status."""
@@ -80,8 +83,10 @@ class TopicReconciler:
         conds = list(old.get("conditions") or [])
         try:
             ts = topic_spec(body)
-            async with await self._admin(body, ts) as admin:
+            admin, throttle = await self._admin(body, ts)
+            async with admin:
                 status = await self._ensure(admin, ts)
+                moving = await self._replication(admin, ts, throttle, conds)
         except TopicProblem as e:
             if not _same_problem(conds, e.reason, e.message):
                 self.emit("Warning", e.reason, e.message)
@@ -95,6 +100,13 @@ class TopicReconciler:
             f"topic '{ts.name}' has {status['partitions']} partitions",
             generation,
         )
+        if moving:
+            msg = f"moving {moving} partitions to replication factor {ts.replication_factor}"
+            conds = set_condition(conds, "Progressing", True, "ReplicationFactorChanging", msg,
+                                  generation)  # fmt: skip
+        elif get_condition(conds, "Progressing"):
+            conds = set_condition(conds, "Progressing", False, "Reconciled", "", generation)
+        status["reassigningPartitions"] = moving
         if old.get("conditions") and not _ready(old["conditions"]):
             self.emit("Normal", "Ready", f"topic '{ts.name}' matches its spec")
         return {**status, "observedGeneration": generation, "conditions": conds}
@@ -127,12 +139,6 @@ class TopicReconciler:
                 if changes:
                     topic = await admin.alter_topic(ts.name, configs=changes)
                     self.emit("Normal", "ConfigChanged", f"configs set: {sorted(changes)}")
-                if topic.replication_factor != ts.replication_factor:
-                    raise TopicProblem(
-                        "ReplicationFactorMismatch",
-                        f"topic '{ts.name}' has replication factor "
-                        f"{topic.replication_factor}; changing it is not supported",
-                    )
         except AdminError as e:
             raise TopicProblem(_reason(e), e.message) from None
         return {
@@ -142,11 +148,66 @@ class TopicReconciler:
             "replicationFactor": topic.replication_factor,
         }
 
+    async def _replication(
+        self, admin: AdminClient, ts: TopicSpec, throttle: int, conds: list[dict[str, Any]]
+    ) -> int:
+        """Move replicas until every partition has the spec's replication factor; returns
+        how many partitions of the topic are still moving."""
+        rf = ts.replication_factor
+        try:
+            moving = [r for r in await admin.reassignments() if r["topic"] == ts.name]
+            if moving:
+                return len(moving)
+            topic = await admin.topic(ts.name)
+            if topic is None:
+                return 0
+            off = [p for p in topic.partitions if len(p.replicas) - len(p.removing) != rf]
+            if not off:
+                was = get_condition(conds, "Progressing") or {}
+                if was.get("status") == "True" and was.get("reason") == "ReplicationFactorChanging":
+                    if not await admin.reassignments():  # another move may still want it
+                        await admin.clear_throttle()
+                    self.emit("Normal", "ReplicationFactorChanged",
+                              f"every partition of '{ts.name}' has {rf} replicas")  # fmt: skip
+                return 0
+            moves = await self._plan(admin, topic, off, rf)
+            await admin.reassign(moves, throttle)
+        except AdminError as e:
+            raise TopicProblem(_reason(e), e.message) from None
+        self.emit("Normal", "ReplicationFactorChanging",
+                  f"moving {len(moves)} partitions of '{ts.name}' to {rf} replicas")  # fmt: skip
+        return len(moves)
+
+    async def _plan(
+        self, admin: AdminClient, topic: Topic, off: list[Partition], rf: int
+    ) -> planning.Moves:
+        brokers = (await admin.cluster()).get("brokers", [])
+        racks = {
+            b["id"]: b.get("rack")
+            for b in brokers
+            if not b.get("fenced") and not b.get("shutting_down")
+        }
+        if rf > len(racks):
+            raise TopicProblem(
+                "InvalidReplicationFactor",
+                f"replication factor {rf} is more than the {len(racks)} live brokers",
+            )
+        if rf < topic.min_insync:
+            raise TopicProblem(
+                "ReplicationFactorBelowMinInsync",
+                f"replication factor {rf} is below min.insync.replicas {topic.min_insync}: "
+                "acks=all writes would fail; lower min.insync.replicas first",
+            )
+        load = planning.replica_counts(
+            planning.all_partitions(await admin.topics(internal=True)), racks
+        )
+        return planning.change_replication(off, rf, racks, load)
+
     async def delete(self, body: dict[str, Any]) -> str:
         """Delete the topic from its cluster; returns what happened, for the log."""
         ts = topic_spec(body)
         try:
-            admin = await self._admin(body, ts)
+            admin, _ = await self._admin(body, ts)
         except TopicProblem as e:
             if e.reason == "ClusterNotFound":  # nothing left to delete it from
                 return f"cluster gone, nothing to delete: {e.message}"

@@ -73,6 +73,18 @@ def http_json(url: str, method: str = "GET", timeout: float = 3.0) -> Any:
         return json.loads(r.read())
 
 
+def assert_none_lost(
+    w: Workload, bootstrap: str, topic: str, group: str, at_least: int = 1
+) -> None:
+    """Every message the (stopped) producer saw acknowledged is read back."""
+    assert not w.fatal, w.fatal
+    acked = dict(w.acked)
+    got = consume_all(bootstrap, topic, group, len(acked))
+    values = {v for _, _, v in got}
+    lost = [v for v in acked if v not in values]
+    assert len(acked) >= at_least and not lost, f"{len(lost)} of {len(acked)} acked lost"
+
+
 # --- fixtures ------------------------------------------------------------------------
 
 
@@ -658,12 +670,7 @@ def test_scale_up_then_down_moves_partitions_and_loses_nothing(
         )
     finally:
         w.stop()
-    assert not w.fatal, w.fatal
-    acked = dict(w.acked)
-    got = consume_all(bootstrap, "orders", "verify-scale", len(acked))
-    values = {v for _, _, v in got}
-    lost = [v for v in acked if v not in values]
-    assert len(acked) > 500 and not lost, f"{len(lost)} of {len(acked)} acked messages lost"
+    assert_none_lost(w, bootstrap, "orders", "verify-scale", at_least=500)
 
 
 def test_topic_partitions_config_drift_and_delete(kube: Any, demo: PodStandIns) -> None:
@@ -778,12 +785,7 @@ def test_replication_factor_change_moves_replicas_and_loses_nothing(
         assert condition({"status": status()}, "Ready")["status"] == "True"
     finally:
         w.stop()
-    assert not w.fatal, w.fatal
-    acked = dict(w.acked)
-    got = consume_all(bootstrap, "rf", "verify-rf", len(acked))
-    values = {v for _, _, v in got}
-    lost = [v for v in acked if v not in values]
-    assert len(acked) > 150 and not lost, f"{len(lost)} of {len(acked)} acked messages lost"
+    assert_none_lost(w, bootstrap, "rf", "verify-rf", at_least=150)
     kube.kubectl("delete", "topic", "rf", "-n", NS, "--wait=true", timeout=60)
 
 
@@ -832,10 +834,7 @@ def test_config_change_rolls_one_pod_at_a_time(kube: Any, demo: PodStandIns) -> 
     sts = get_json(kube, "statefulset", "demo-broker", "-n", NS)["spec"]
     (c,) = sts["template"]["spec"]["containers"]
     assert "--message-max-bytes=2000000" in c["args"]
-    acked = dict(w.acked)
-    got = consume_all(bootstrap, "orders", "verify-roll", len(acked))
-    values = {v for _, _, v in got}
-    assert not [v for v in acked if v not in values]
+    assert_none_lost(w, bootstrap, "orders", "verify-roll")
 
 
 def test_operator_logs_are_structured_and_metrics_count_reconciles(

@@ -140,9 +140,6 @@ class StraitTarget:
         try:
             self.cluster.stop()
         finally:
-            for n in self.cluster.nodes():  # whatever is still alive after stop()
-                if n.alive():
-                    n.kill9()
             if keep_logs is not None:
                 keep_logs.mkdir(parents=True, exist_ok=True)
                 for n in self.cluster.nodes():

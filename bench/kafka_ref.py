@@ -154,7 +154,8 @@ def _pdeathsig() -> None:  # runs in the child between fork and exec
         pass
 
 
-_live: weakref.WeakSet[KafkaRef] = weakref.WeakSet()
+# Single brokers and clusters still running; stopped if the interpreter exits first.
+_live: weakref.WeakSet[KafkaRef | KafkaCluster] = weakref.WeakSet()
 
 
 @atexit.register
@@ -665,7 +666,7 @@ class KafkaCluster:
         return self.brokers.get(node_id) or self.controllers[node_id]
 
     def start(self) -> KafkaCluster:
-        _live_clusters.add(self)
+        _live.add(self)
         try:
             for n in self.nodes():
                 n.write_config()
@@ -752,7 +753,7 @@ class KafkaCluster:
             n.stop()
         for n in self.controllers.values():
             n.stop()
-        _live_clusters.discard(self)
+        _live.discard(self)
         if self._own_workdir and not self.keep:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -761,18 +762,6 @@ class KafkaCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-_live_clusters: weakref.WeakSet[KafkaCluster] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_all_clusters() -> None:
-    for k in list(_live_clusters):
-        try:
-            k.stop()
-        except Exception:
-            pass
 
 
 def main(argv: list[str] | None = None) -> int:

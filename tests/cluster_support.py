@@ -221,9 +221,6 @@ def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
         try:
             c.stop()
         finally:
-            for n in c.nodes():
-                if n.alive():
-                    n.kill9()
             if c.net is not None:
                 c.net.teardown()
 

@@ -77,23 +77,25 @@ def test_kill9_partition_leader(cluster) -> None:
     _assert_ok(fig)
 
 
-def test_sigstop_partition_leader(cluster) -> None:
-    c = cluster()
+def _cut_off_leader(c, prefix: str, scenario: str, cut, heal, cut_key: str) -> None:
+    """Partition 0's leader is cut off (`cut(victim)`) for well beyond the session timeout
+    under an acks=all workload, then restored (`heal(victim)`): a new leader takes over,
+    the old one comes back as a follower, and nothing acknowledged is lost."""
     c.create_topic(TOPIC, partitions=3, rf=3, min_isr=2)
-    w = Workload(c.bootstrap, TOPIC, prefix="stop").start()
+    w = Workload(c.bootstrap, TOPIC, prefix=prefix).start()
     w.wait_acked_growth(600, 20)
     victim = c.leader_of(TOPIC, 0)
     epoch_before = c.topic(TOPIC)["partitions"][0]["leader_epoch"]
-    c.brokers[victim].signal(signal.SIGSTOP)
-    stopped_at = time.monotonic()
+    cut(victim)
+    cut_at = time.monotonic()
     try:
         new, failover_s = c.wait_new_leader(TOPIC, 0, victim)
         w.wait_acked_growth(300, 30)
-        # Paused for well beyond the session timeout: fenced, its partitions moved.
-        time.sleep(max(0.0, SESSION_TIMEOUT_MS / 1000 * 2.5 - (time.monotonic() - stopped_at)))
+        # Cut off for well beyond the session timeout: fenced, its partitions moved.
+        time.sleep(max(0.0, SESSION_TIMEOUT_MS / 1000 * 2.5 - (time.monotonic() - cut_at)))
     finally:
-        c.brokers[victim].signal(signal.SIGCONT)
-    paused_s = time.monotonic() - stopped_at
+        heal(victim)
+    cut_s = time.monotonic() - cut_at
     t0 = time.monotonic()
     c.wait_isr(TOPIC, 3, timeout=40, exclude=(victim,))
     rejoin_s = time.monotonic() - t0
@@ -102,14 +104,24 @@ def test_sigstop_partition_leader(cluster) -> None:
     w.wait_acked_growth(300, 20)
     w.stop()
     fig = verify(
-        c, w, "sigstop-leader",
+        c, w, scenario,
         {
-            "victim": victim, "new_leader": new, "paused_s": round(paused_s, 1),
+            "victim": victim, "new_leader": new, cut_key: round(cut_s, 1),
             "failover_s": round(failover_s, 2), "isr_back_to_3_s": round(rejoin_s, 2),
             "truncations": c.broker_log_count(victim, "truncating follower log"),
         },
     )  # fmt: skip
     _assert_ok(fig)
+
+
+def test_sigstop_partition_leader(cluster) -> None:
+    c = cluster()
+    _cut_off_leader(
+        c, "stop", "sigstop-leader",
+        cut=lambda v: c.brokers[v].signal(signal.SIGSTOP),
+        heal=lambda v: c.brokers[v].signal(signal.SIGCONT),
+        cut_key="paused_s",
+    )  # fmt: skip
 
 
 def test_kill9_active_controller(cluster) -> None:
@@ -193,36 +205,11 @@ def test_sigstop_active_controller(cluster) -> None:
 
 def test_network_partition_isolates_leader(cluster) -> None:
     c = cluster(netns=True)
-    c.create_topic(TOPIC, partitions=3, rf=3, min_isr=2)
-    w = Workload(c.bootstrap, TOPIC, prefix="net").start()
-    w.wait_acked_growth(600, 20)
-    victim = c.leader_of(TOPIC, 0)
-    epoch_before = c.topic(TOPIC)["partitions"][0]["leader_epoch"]
     assert c.net is not None
-    c.net.isolate(victim)
-    cut_at = time.monotonic()
-    try:
-        new, failover_s = c.wait_new_leader(TOPIC, 0, victim)
-        w.wait_acked_growth(300, 30)
-        time.sleep(max(0.0, SESSION_TIMEOUT_MS / 1000 * 2.5 - (time.monotonic() - cut_at)))
-    finally:
-        c.net.heal(victim)
-    cut_s = time.monotonic() - cut_at
-    t0 = time.monotonic()
-    c.wait_isr(TOPIC, 3, timeout=40, exclude=(victim,))
-    rejoin_s = time.monotonic() - t0
-    _wait_rejoined(c, victim, epoch_before)
-    w.wait_acked_growth(300, 20)
-    w.stop()
-    fig = verify(
-        c, w, "netns-partition-leader",
-        {
-            "victim": victim, "new_leader": new, "cut_s": round(cut_s, 1),
-            "failover_s": round(failover_s, 2), "isr_back_to_3_s": round(rejoin_s, 2),
-            "truncations": c.broker_log_count(victim, "truncating follower log"),
-        },
+    _cut_off_leader(
+        c, "net", "netns-partition-leader",
+        cut=c.net.isolate, heal=c.net.heal, cut_key="cut_s",
     )  # fmt: skip
-    _assert_ok(fig)
 
 
 class GroupMember:

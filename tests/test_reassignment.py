@@ -71,6 +71,13 @@ def topic_view(node: Node, name: str) -> dict:
     return body
 
 
+def create_topic(node: Node, name: str, partitions: int, rf: int) -> dict:
+    body = {"name": name, "partitions": partitions, "replication_factor": rf}
+    status, created = http(node, "POST", "/api/v1/topics", body)
+    assert status == 201, created
+    return created
+
+
 def admin(cluster: LocalCluster):  # type: ignore[no-untyped-def]
     from kafka import KafkaAdminClient
 
@@ -120,12 +127,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         c.start(wait_s=60)
         yield c
     finally:
-        try:
-            c.stop()
-        finally:
-            for n in c.nodes():
-                if n.alive():
-                    n.kill9()
+        c.stop()
 
 
 @pytest.fixture(scope="module")
@@ -385,9 +387,7 @@ def test_reassignment_errors_name_the_problem(four: LocalCluster) -> None:
 
     c = four
     b = c.brokers[2]
-    st, body = http(b, "POST", "/api/v1/topics", {"name": "fixed", "partitions": 2,
-                                                 "replication_factor": 3})  # fmt: skip
-    assert st == 201, body
+    body = create_topic(b, "fixed", partitions=2, rf=3)
     replicas = body["partitions"][0]["replicas"]
     ac = admin(c)
     try:
@@ -440,9 +440,7 @@ def test_reassignment_errors_name_the_problem(four: LocalCluster) -> None:
 def test_cli_reassign_wait_and_cluster_status(four: LocalCluster) -> None:
     c = four
     b = c.brokers[4]
-    st, body = http(b, "POST", "/api/v1/topics", {"name": "viacli", "partitions": 1,
-                                                 "replication_factor": 2})  # fmt: skip
-    assert st == 201, body
+    body = create_topic(b, "viacli", partitions=1, rf=2)
     old = body["partitions"][0]["replicas"]
     new = [x for x in (1, 2, 3, 4) if x not in old][:2]
     rec = {"records": [{"value": "v" * 500} for _ in range(200)]}
@@ -482,9 +480,7 @@ def test_preferred_leader_election_through_kafka_and_http(four: LocalCluster) ->
 
     c = four
     b = c.brokers[1]
-    st, body = http(b, "POST", "/api/v1/topics", {"name": "elect", "partitions": 1,
-                                                 "replication_factor": 3})  # fmt: skip
-    assert st == 201, body
+    body = create_topic(b, "elect", partitions=1, rf=3)
     replicas = body["partitions"][0]["replicas"]
     leader = body["partitions"][0]["leader"]
     assert leader == replicas[0]

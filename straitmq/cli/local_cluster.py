@@ -278,10 +278,17 @@ class LocalCluster:
         raise RuntimeError("no broker is ready")
 
     def stop(self) -> None:
-        for n in self.brokers.values():
-            n.signal(signal.SIGCONT)
-            n.signal(signal.SIGTERM)
-        for n in self.brokers.values():
-            n.stop()
-        for n in self.controllers.values():
-            n.stop()
+        """Brokers first (a controlled shutdown needs the controllers), then controllers;
+        if anything fails on the way, whatever is still alive is killed."""
+        try:
+            for n in self.brokers.values():
+                n.signal(signal.SIGCONT)
+                n.signal(signal.SIGTERM)
+            for n in self.brokers.values():
+                n.stop()
+            for n in self.controllers.values():
+                n.stop()
+        finally:
+            for n in self.nodes():
+                if n.alive():
+                    n.kill9()

@@ -85,8 +85,8 @@ class TopicReconciler:
             ts = topic_spec(body)
             admin, throttle = await self._admin(body, ts)
             async with admin:
-                status = await self._ensure(admin, ts)
-                moving = await self._replication(admin, ts, throttle, conds)
+                topic = await self._ensure(admin, ts)
+                moving = await self._replication(admin, ts, topic, throttle, conds)
         except TopicProblem as e:
             if not _same_problem(conds, e.reason, e.message):
                 self.emit("Warning", e.reason, e.message)
@@ -97,7 +97,7 @@ class TopicReconciler:
             "Ready",
             True,
             "Reconciled",
-            f"topic '{ts.name}' has {status['partitions']} partitions",
+            f"topic '{ts.name}' has {len(topic.partitions)} partitions",
             generation,
         )
         if moving:
@@ -106,12 +106,20 @@ class TopicReconciler:
                                   generation)  # fmt: skip
         elif get_condition(conds, "Progressing"):
             conds = set_condition(conds, "Progressing", False, "Reconciled", "", generation)
-        status["reassigningPartitions"] = moving
         if old.get("conditions") and not _ready(old["conditions"]):
             self.emit("Normal", "Ready", f"topic '{ts.name}' matches its spec")
-        return {**status, "observedGeneration": generation, "conditions": conds}
+        return {
+            "topicName": ts.name,
+            "topicId": topic.topic_id,
+            "partitions": len(topic.partitions),
+            "replicationFactor": topic.replication_factor,
+            "reassigningPartitions": moving,
+            "observedGeneration": generation,
+            "conditions": conds,
+        }
 
-    async def _ensure(self, admin: AdminClient, ts: TopicSpec) -> dict[str, Any]:
+    async def _ensure(self, admin: AdminClient, ts: TopicSpec) -> Topic:
+        """Create the topic, or grow it and set its configs; returns it as it now is."""
         try:
             topic = await admin.topic(ts.name)
             if topic is None:
@@ -141,31 +149,29 @@ class TopicReconciler:
                     self.emit("Normal", "ConfigChanged", f"configs set: {sorted(changes)}")
         except AdminError as e:
             raise TopicProblem(_reason(e), e.message) from None
-        return {
-            "topicName": ts.name,
-            "topicId": topic.topic_id,
-            "partitions": len(topic.partitions),
-            "replicationFactor": topic.replication_factor,
-        }
+        return topic
 
     async def _replication(
-        self, admin: AdminClient, ts: TopicSpec, throttle: int, conds: list[dict[str, Any]]
+        self,
+        admin: AdminClient,
+        ts: TopicSpec,
+        topic: Topic,
+        throttle: int,
+        conds: list[dict[str, Any]],
     ) -> int:
         """Move replicas until every partition has the spec's replication factor; returns
         how many partitions of the topic are still moving."""
         rf = ts.replication_factor
         try:
-            moving = [r for r in await admin.reassignments() if r["topic"] == ts.name]
+            reassigning = await admin.reassignments()
+            moving = [r for r in reassigning if r["topic"] == ts.name]
             if moving:
                 return len(moving)
-            topic = await admin.topic(ts.name)
-            if topic is None:
-                return 0
             off = [p for p in topic.partitions if len(p.replicas) - len(p.removing) != rf]
             if not off:
                 was = get_condition(conds, "Progressing") or {}
                 if was.get("status") == "True" and was.get("reason") == "ReplicationFactorChanging":
-                    if not await admin.reassignments():  # another move may still want it
+                    if not reassigning:  # another move would still want the throttle
                         await admin.clear_throttle()
                     self.emit("Normal", "ReplicationFactorChanged",
                               f"every partition of '{ts.name}' has {rf} replicas")  # fmt: skip

@@ -6,9 +6,14 @@ import asyncio
 import signal
 
 
-async def wait_for_stop_signal() -> None:
+def stop_signal() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM from now on (also while the process starts)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    return stop
+
+
+async def wait_for_stop_signal() -> None:
+    await stop_signal().wait()

@@ -58,7 +58,8 @@ class BrokerProcess:
     def http(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
 
-    def start(self, timeout: float = 20.0) -> BrokerProcess:
+    def launch(self) -> BrokerProcess:
+        """Start the process and return at once (the startup tests race it)."""
         self.log_path = self.data_dir.parent / f"broker-{self.port}.log"
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
@@ -82,6 +83,12 @@ class BrokerProcess:
             stderr=subprocess.STDOUT,
             cwd=ROOT,
         )
+        log.close()
+        return self
+
+    def start(self, timeout: float = 20.0) -> BrokerProcess:
+        self.launch()
+        assert self.proc is not None and self.log_path is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -114,6 +114,32 @@ def test_rest_errors_on_existing_topic(broker):
     assert call(broker, "POST", "/api/v1/topics", orjson.dumps({"name": "e"}))[0] == 409
 
 
+def test_rest_and_kafka_produce_refuse_alike_below_min_insync(broker):
+    """One write path: a topic whose ISR (1) is below min.insync.replicas (2) refuses a
+    Kafka acks=all produce and a REST produce with the same error, and stores nothing;
+    acks=1 is still accepted, as in Kafka."""
+    from confluent_kafka import KafkaError, Producer
+
+    body = {"name": "strict", "partitions": 1, "configs": {"min.insync.replicas": "2"}}
+    assert call(broker, "POST", "/api/v1/topics", orjson.dumps(body))[0] == 201
+    status, res = call(
+        broker, "POST", "/api/v1/topics/strict/records", b'{"records": [{"value": "v"}]}'
+    )
+    assert status == 503, res
+    assert res["error_name"] == "NOT_ENOUGH_REPLICAS" and "min.insync.replicas=2" in res["error"]
+    errors = []
+    p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "retries": 0,
+                  "message.timeout.ms": 5000})
+    p.produce("strict", b"v", on_delivery=lambda err, m: errors.append(err))
+    p.flush(10)
+    assert [e.code() for e in errors] == [KafkaError.NOT_ENOUGH_REPLICAS]
+    status, page = call(broker, "GET", "/api/v1/topics/strict/partitions/0/records")
+    assert status == 200 and page["records"] == []
+    p1 = Producer({"bootstrap.servers": broker.bootstrap, "acks": 1})
+    p1.produce("strict", b"v1")
+    assert p1.flush(10) == 0
+
+
 def test_cli_end_to_end(broker):
     r = strait(broker, "topic", "create", "cli", "-p", "2", "-c", "retention.ms=3600000")
     assert r.returncode == 0, r.stderr

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -11,7 +13,7 @@ import uvloop
 
 from straitmq import logs
 from straitmq.node_identity import ordinal_from_hostname
-from straitmq.signals import wait_for_stop_signal
+from straitmq.signals import stop_signal
 
 from .broker import Broker, BrokerStartupError
 from .config import BrokerConfig
@@ -121,10 +123,28 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
     )
 
 
+STARTUP_REPORT_S = 10.0  # how often a broker that is not serving yet says why
+
+
 async def run(config: BrokerConfig, announce: bool = True) -> None:
     broker = Broker(config)
+    stop = stop_signal()
+    starting = asyncio.ensure_future(broker.start())
+    stopped = asyncio.ensure_future(stop.wait())
+    while not starting.done():
+        await asyncio.wait({starting, stopped}, timeout=STARTUP_REPORT_S,
+                           return_when=asyncio.FIRST_COMPLETED)
+        if stopped.done() and not starting.done():  # asked to stop before it served
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await starting
+            await broker.stop(controlled=False)
+            return
+        if not starting.done():
+            print(f"strait-broker {config.node_id}: not serving yet: {broker.phase}",
+                  file=sys.stderr, flush=True)
     try:
-        await broker.start()
+        starting.result()
     except BrokerStartupError as e:
         print(f"strait-broker {config.node_id}: cannot join: {e}", file=sys.stderr, flush=True)
         await broker.stop(controlled=False)
@@ -137,7 +157,8 @@ async def run(config: BrokerConfig, announce: bool = True) -> None:
             file=sys.stderr,
             flush=True,
         )
-    await wait_for_stop_signal()
+    await stop.wait()
+    stopped.cancel()
     await broker.stop()
 
 

@@ -40,6 +40,10 @@ from .replication.throttle import ReplicationThrottle
 
 log = logging.getLogger("straitmq.broker")
 OFFSETS_SEGMENT_BYTES = 64 * 1024 * 1024
+METADATA_WAIT_S = 10.0  # how long a caller waits for a committed change to reach us
+
+
+_NO_IMAGE = MetadataImage()
 
 
 class BrokerStartupError(Exception):
@@ -53,6 +57,11 @@ class Broker:
         self.connections: set[Any] = set()
         self.stopping = False
         self.metadata_ready = False
+        # What the broker is doing until it serves: the reason /readyz and the HTTP API
+        # give while they refuse. "serving" once the Kafka listener accepts.
+        self.phase = "starting"
+        self.serving = False
+        self._kafka_sockets: list[Any] = []
         self.incarnation = str(uuid.uuid4())
         self._servers: list[Any] = []
         self._tasks: list[asyncio.Task] = []
@@ -116,7 +125,10 @@ class Broker:
 
     @property
     def image(self) -> MetadataImage:
-        return self.quorum.image
+        quorum = getattr(self, "quorum", None)
+        # Before the quorum shell exists (the first moments of start) the broker knows
+        # nothing: an empty image, which nothing serves from (see not_ready_reason).
+        return quorum.image if quorum is not None else _NO_IMAGE
 
     @property
     def combined(self) -> bool:
@@ -143,11 +155,15 @@ class Broker:
         """Apply nothing to local logs until the metadata log has been caught up once:
         a stale or empty image would delete replicas that still exist."""
         while not self.stopping:
-            st = self.quorum.status()
-            if st.get("leader_id") is not None and self.image.offset + 1 >= st["high_watermark"]:
-                if self.image.cluster_id:
-                    break
-            await asyncio.sleep(0.05)
+            if self.quorum.leader_id is None:
+                self.phase = "waiting for the controller quorum (no active controller known yet)"
+            elif self.quorum.caught_up() and self.image.cluster_id:
+                break
+            else:
+                self.phase = (
+                    f"catching up with the metadata log (applied offset {self.image.offset})"
+                )
+            await self.quorum.changed()
         if self.image.cluster_id != self.cluster_id:
             raise BrokerStartupError(
                 f"this broker was started for cluster {self.cluster_id!r} but the controllers "
@@ -224,14 +240,10 @@ class Broker:
         return dropped
 
     async def control(self, op: str, body: dict, within_s: float = 15.0) -> dict:
-        """Call the active controller, then wait (briefly) until our image shows the
-        change, so the caller's next read sees it."""
+        """Call the active controller, then wait until our image shows the change, so
+        the caller's next read sees it (REQUEST_TIMED_OUT if it does not in time)."""
         reply = await self.controller.call(op, body, within_s)
-        offset = reply.get("offset", -1)
-        for _ in range(200):
-            if self.image.offset >= offset:
-                break
-            await asyncio.sleep(0.01)
+        await self.quorum.wait_applied(reply.get("offset", -1), METADATA_WAIT_S)
         return reply
 
     async def catch_up_metadata(self) -> None:
@@ -256,14 +268,18 @@ class Broker:
     # -- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Bring the broker up; the Kafka listener accepts connections only at the end,
+        once this broker is registered, caught up, unfenced and has opened its replicas
+        (as Kafka does): a client that connects the moment the port opens never sees an
+        empty or stale view. HTTP comes up first, for liveness and a readiness reason."""
         from .http_api import start_http
-        from .server import serve
+        from .server import bind
 
         cfg = self.config
-        server = await serve(self, cfg.host, cfg.port)
-        self._servers.append(server)
+        # Bound now (the port is ours and known, also for port 0), listening only later.
+        self._kafka_sockets = bind(cfg.host, cfg.port)
         if cfg.port == 0:
-            cfg.port = server.sockets[0].getsockname()[1]
+            cfg.port = self._kafka_sockets[0].getsockname()[1]
             if cfg.advertised_port == 0:
                 cfg.advertised_port = cfg.port
         runner, http_port = await start_http(self, cfg.http_host, cfg.http_port)
@@ -298,22 +314,33 @@ class Broker:
         if self.active is not None:
             await self.active.start()
         await self._wait_metadata()
+        self.phase = "registering with the active controller"
         await self.lifecycle.register()
+        self.phase = "opening partition logs (recovering any torn tails)"
+        await self.partitions.preopen(self.image)
         self._open_replicas()
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self.lifecycle.heartbeat_loop()))
         self._tasks.append(loop.create_task(self.isr.run()))
         self._tasks.append(loop.create_task(self._retention_loop()))
-        for _ in range(200):  # the first heartbeat unfences us once metadata caught up
-            if self.ready:
-                break
-            await asyncio.sleep(0.05)
+        self.phase = "waiting for the active controller to unfence this broker"
+        while not self.ready:
+            if self.stopping:
+                return
+            await self.quorum.changed()
         # Once enough brokers are up the offsets topic can exist; FindCoordinator retries.
         await self.ensure_offsets_topic()
+        from .server import serve
+
+        self._servers.append(await serve(self, self._kafka_sockets))
+        self._kafka_sockets = []  # the server owns (and closes) them now
+        self.serving = True
+        self.phase = "serving"
         log.info("broker started", extra={"port": cfg.port, "http": http_port})
 
     @property
     def ready(self) -> bool:
+        """Registered (this incarnation), unfenced, and not leaving."""
         b = self.image.brokers.get(self.node_id) if self.metadata_ready else None
         return (
             not self.stopping
@@ -321,6 +348,19 @@ class Broker:
             and b.incarnation == self.incarnation
             and not b.fenced
         )
+
+    def not_ready_reason(self) -> str | None:
+        """None while this broker serves clients; otherwise what it is waiting for."""
+        if self.stopping:
+            return "this broker is shutting down"
+        if not self.serving:
+            return f"this broker is starting: {self.phase}"
+        if not self.ready:
+            b = self.image.brokers.get(self.node_id)
+            if b is not None and b.incarnation == self.incarnation and b.fenced:
+                return "the active controller has fenced this broker (no heartbeat got through)"
+            return "this broker is not registered with the active controller"
+        return None
 
     async def _retention_loop(self) -> None:
         while True:
@@ -334,10 +374,23 @@ class Broker:
                 log.exception("retention check failed")
 
     async def stop(self, controlled: bool = True) -> None:
-        if controlled and not self.stopping and self.metadata_ready:
+        if controlled and self.serving and not self.stopping:
+            # Leaderships move away first; until then this broker keeps serving them.
             with contextlib.suppress(Exception):
                 await self.lifecycle.controlled_shutdown()
         self.stopping = True
+        self.phase = "shutting down"
+        # Stop answering before anything else goes: a leaving broker must not go on
+        # acting as a leader; clients reconnect to the brokers that lead now.
+        self.serving = False
+        for s in self._servers:
+            if not hasattr(s, "cleanup"):
+                s.close()
+        for c in list(self.connections):
+            c.close()
+        for sock in self._kafka_sockets:  # bound, never served
+            sock.close()
+        self._kafka_sockets = []
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -349,12 +402,10 @@ class Broker:
         for s in self._servers:
             if hasattr(s, "cleanup"):
                 await s.cleanup()
-            else:
-                s.close()
-        for c in list(self.connections):
-            c.close()
-        await self.quorum.stop()
-        await self.controller.close()
+        if hasattr(self, "quorum"):
+            await self.quorum.stop()
+        if hasattr(self, "controller"):
+            await self.controller.close()
         self.partitions.close()
         self.telemetry.shutdown()
 

@@ -15,19 +15,28 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import orjson
 from aiohttp import web
+from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError, error_name
 from straitmq.controller.http_api import add_routes as add_controller_routes
 from straitmq.metadata.topic_config import effective
 
 from .groups.offsets import OFFSETS_TOPIC
-from .producer_state import DuplicateBatch, SequenceError
+from .partition_write import begin_write
 from .record_codec import build_batch, decode_batch
-from .records import InvalidRecords, validate_batches
 
 if TYPE_CHECKING:
     from .broker import Broker
 
 MAX_REST_RECORDS = 10_000
+REST_WRITE_TIMEOUT_S = 30.0
+# A refused REST write's status; any other refusal (not enough replicas, timed out, a
+# storage error) is a 503: retry later.
+_WRITE_STATUS = {
+    ErrorCode.message_too_large: 413,
+    ErrorCode.corrupt_message: 400,
+    ErrorCode.invalid_record: 400,
+    ErrorCode.unknown_topic_or_partition: 404,
+}
 _ERROR_STATUS = {3: 404, 36: 409, 17: 400, 37: 400, 38: 400, 39: 400, 40: 400, 42: 400, 10: 413}
 
 
@@ -153,6 +162,31 @@ def _decode_bytes(b: bytes | None) -> dict:
         return {"base64": base64.b64encode(b).decode()}
 
 
+# Answered in every phase: liveness, readiness (with its reason) and metrics.
+ALWAYS_OPEN = frozenset({"/healthz", "/readyz", "/metrics"})
+# The controller quorum's own endpoints: they answer from the quorum, not from this
+# broker's view, once the quorum shell exists (a combined node votes through them).
+QUORUM_PATHS = ("/raft", "/controller/", "/api/v1/quorum")
+
+
+def _gate(broker: Broker) -> Any:
+    """Until the broker serves (and once it is leaving), admin and REST calls get a 503
+    with the reason instead of an answer from a view the broker does not have yet."""
+
+    @web.middleware
+    async def gate(request: web.Request, handler: Any) -> web.StreamResponse:
+        path = request.path
+        if broker.serving or path in ALWAYS_OPEN:
+            return await handler(request)
+        if path.startswith(QUORUM_PATHS) and hasattr(broker, "quorum"):
+            return await handler(request)
+        resp = _error(503, f"{broker.not_ready_reason()}; retry shortly")
+        resp.headers["Retry-After"] = "1"
+        return resp
+
+    return gate
+
+
 def build_app(broker: Broker) -> web.Application:
     routes = web.RouteTableDef()
 
@@ -162,9 +196,10 @@ def build_app(broker: Broker) -> web.Application:
 
     @routes.get("/readyz")
     async def readyz(_: web.Request) -> web.Response:
-        if broker.ready and not broker.stopping:
+        reason = broker.not_ready_reason()
+        if reason is None:
             return _json({"status": "ready"})
-        return _json({"status": "not ready"}, 503)
+        return _json({"status": "not ready", "reason": reason}, 503)
 
     @routes.get("/api/v1/cluster")
     async def cluster(_: web.Request) -> web.Response:
@@ -309,22 +344,19 @@ def build_app(broker: Broker) -> web.Application:
         results = []
         now = int(time.time() * 1000)
         for part, recs in sorted(by_partition.items()):
-            p = broker.partitions.leader_of(name, part)
-            if p is None:
-                return _error(503, f"partition {part} lost its leader; retry")
-            view = memoryview(build_batch(recs, now))
-            try:
-                batches = validate_batches(view, p.log.config.max_message_bytes)
-                base = p.append(view, batches)
-            except InvalidRecords as e:
-                return _error(413 if e.code == 10 else 400, str(e))
-            except (DuplicateBatch, SequenceError) as e:  # pragma: no cover - no producer id
-                return _error(500, str(e))
-            if not await p.wait_for_hw(p.log.log_end_offset, 30.0):
-                return _error(503, f"partition {part}: the ISR did not confirm the write")
-            results.append({"partition": part, "base_offset": base, "count": len(recs)})
-            broker.metrics.bytes_in[name] += len(view)
-            broker.metrics.messages_in[name] += len(recs)
+            # The same write as Kafka's Produce with acks=all: min ISR, storage errors,
+            # the ISR's confirmation.
+            w = begin_write(broker, name, part, memoryview(build_batch(recs, now)), acks=-1)
+            await w.replicated(REST_WRITE_TIMEOUT_S)
+            if w.error_code == ErrorCode.not_leader_or_follower:
+                now_topic = broker.image.topics.get(name)
+                leader = now_topic.partitions[part].leader if now_topic else -1
+                return _elsewhere(broker, request, leader)
+            if w.error_code:
+                message = w.error_message or error_name(w.error_code)
+                status = _WRITE_STATUS.get(w.error_code, 503)  # 503: retriable
+                return _error(status, f"partition {part}: {message}", w.error_code)
+            results.append({"partition": part, "base_offset": w.base_offset, "count": len(recs)})
         return _json({"offsets": results})
 
     @routes.get("/api/v1/topics/{name}/partitions/{partition}/records")
@@ -450,7 +482,7 @@ def build_app(broker: Broker) -> web.Application:
             return _error(409, f"group '{gid}' still has members")
         return _json({"deleted": gid})
 
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_gate(broker)])
     app.add_routes(routes)
     add_cluster_routes(app, broker)
     broker.telemetry.add_routes(app)  # GET /metrics

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("straitmq.broker")
 FATAL = {E.INCONSISTENT_CLUSTER_ID, E.DUPLICATE_BROKER_REGISTRATION}
+REGISTRATION_WAIT_S = 10.0
 
 
 class Lifecycle:
@@ -45,7 +46,12 @@ class Lifecycle:
 
         while True:
             try:
-                await self.broker.controller.call("register", self._registration())
+                reply = await self.broker.controller.call("register", self._registration())
+                # Our image must show the registration before the first heartbeat, which
+                # then unfences us at once instead of one heartbeat interval later.
+                await self.broker.quorum.wait_applied(
+                    reply.get("metadata_offset", -1), REGISTRATION_WAIT_S
+                )
                 return
             except ControllerError as e:
                 if e.code in FATAL:

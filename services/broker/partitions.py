@@ -277,6 +277,8 @@ class PartitionManager:
         # Called with (partition, role) when a replica becomes leader or follower, and
         # with (partition, "") when it goes away.
         self.role_listeners: list[Callable[[Partition, str], None]] = []
+        # Logs opened off the event loop at startup (see preopen), taken over by sync.
+        self._preopened: dict[tuple[str, int], tuple[str, PartitionLog]] = {}
         os.makedirs(data_dir, exist_ok=True)
 
     @staticmethod
@@ -312,8 +314,16 @@ class PartitionManager:
                 part = self.partitions.get((t.name, i))
                 if part is None:
                     path = os.path.join(self.data_dir, self.dir_name(t.name, i))
-                    self._check_owner(path, str(t.topic_id))
-                    part = Partition(t.name, i, PartitionLog(path, cfg), me)
+                    pre = self._preopened.pop((t.name, i), None)
+                    if pre is not None and pre[0] == str(t.topic_id):
+                        plog = pre[1]
+                        plog.config = cfg
+                    else:
+                        if pre is not None:
+                            pre[1].close()
+                        self._check_owner(path, str(t.topic_id))
+                        plog = PartitionLog(path, cfg)
+                    part = Partition(t.name, i, plog, me)
                     self.partitions[(t.name, i)] = part
                 else:
                     part.log.config = cfg
@@ -321,6 +331,9 @@ class PartitionManager:
                 if role:
                     for cb in self.role_listeners:
                         cb(part, role)
+        for _, plog in self._preopened.values():  # replicas the image no longer gives us
+            plog.close()
+        self._preopened.clear()
         for name in os.listdir(self.data_dir):
             path = os.path.join(self.data_dir, name)
             if (
@@ -339,6 +352,27 @@ class PartitionManager:
         part.log.close()
         shutil.rmtree(part.log.directory, ignore_errors=True)
         del self.partitions[(part.topic, part.index)]
+
+    async def preopen(self, image: MetadataImage) -> None:
+        """Open the logs this broker already holds for the image's replicas in a worker
+        thread, one at a time: recovering a large torn segment after a crash scans and
+        checks it, and the event loop keeps answering (liveness, the quorum) meanwhile."""
+        me = self.node_id
+        for t in image.topics.values():
+            cfg = log_config_for(t, self.broker_defaults)
+            for i, p in enumerate(t.partitions):
+                key = (t.name, i)
+                if me not in p.replicas or key in self.partitions or key in self._preopened:
+                    continue
+                path = os.path.join(self.data_dir, self.dir_name(t.name, i))
+                try:
+                    with open(os.path.join(path, ".topic-id")) as f:
+                        if f.read().strip() != str(t.topic_id):
+                            continue
+                except OSError:
+                    continue  # nothing here yet (or a deleted topic's): sync decides
+                plog = await asyncio.to_thread(PartitionLog, path, cfg)
+                self._preopened[key] = (str(t.topic_id), plog)
 
     @staticmethod
     def _check_owner(path: str, topic_id: str) -> None:
@@ -361,3 +395,6 @@ class PartitionManager:
         for p in self.partitions.values():
             p.fail_hw_waiters()
             p.log.close()
+        for _, plog in self._preopened.values():
+            plog.close()
+        self._preopened.clear()

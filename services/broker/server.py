@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import struct
 from collections import deque
 from time import perf_counter
@@ -247,8 +248,48 @@ def _resolve(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-async def serve(broker: Broker, host: str, port: int) -> asyncio.Server:
-    loop = asyncio.get_running_loop()
-    return await loop.create_server(
-        lambda: KafkaConnection(broker), host, port, reuse_address=True, backlog=1024
+def bind(host: str, port: int) -> list[socket.socket]:
+    """Bind the Kafka listener's sockets without listening: the port is reserved and
+    known (also when 0 was asked for), but connections are refused until `serve`.
+    Port 0 on a name with several addresses takes the first address's port for all."""
+    infos = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )
+    socks: list[socket.socket] = []
+    try:
+        for family, type_, proto, _, addr in dict.fromkeys(infos):
+            sock = socket.socket(family, type_, proto)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(socks) > 1:
+                addr = (addr[0], socks[0].getsockname()[1], *addr[2:])
+            sock.bind(addr)
+            sock.setblocking(False)
+    except OSError as e:
+        for sock in socks:
+            sock.close()
+        raise OSError(e.errno, f"cannot bind the Kafka listener {host}:{port}: {e.strerror}") from e
+    return socks
+
+
+async def serve(broker: Broker, socks: list[socket.socket]) -> asyncio.Server:
+    """Start accepting on the sockets `bind` made: from now on clients are answered."""
+    loop = asyncio.get_running_loop()
+    servers = [
+        await loop.create_server(lambda: KafkaConnection(broker), sock=s, backlog=1024)
+        for s in socks
+    ]
+    return servers[0] if len(servers) == 1 else _Servers(servers)
+
+
+class _Servers:
+    """Several listening addresses (a host name with IPv4 and IPv6) closed as one."""
+
+    def __init__(self, servers: list[asyncio.Server]) -> None:
+        self.servers = servers
+
+    def close(self) -> None:
+        for s in self.servers:
+            s.close()

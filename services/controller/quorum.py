@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import logging
 import os
 import random
@@ -83,6 +85,11 @@ class Quorum:
         self.leader_listeners: list[Callable[[], None]] = []
         self._applied_since_snapshot = 0
         self._commit_waiters: dict[int, tuple[int, asyncio.Future[None]]] = {}
+        # (offset, seq, future): resolved once the image has applied `offset`.
+        self._applied_waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._waiter_seq = itertools.count()
+        # Resolved at the end of every pump: a wake-up for "has anything changed?" waits.
+        self._pumped: asyncio.Future[None] | None = None
         self._reply_waiters: dict[tuple[int, str], deque[asyncio.Future[Any]]] = defaultdict(
             deque
         )
@@ -149,6 +156,45 @@ class Quorum:
         st = self.node.status()
         st["applied_offset"] = self.image.offset
         return st
+
+    def caught_up(self) -> bool:
+        """A leader is known and our image holds everything it had committed when it
+        last told us its high watermark."""
+        st = self.node.status()
+        return st.get("leader_id") is not None and self.image.offset + 1 >= st["high_watermark"]
+
+    # -- waiting on the image ----------------------------------------------------------
+
+    async def wait_applied(self, offset: int, within_s: float) -> None:
+        """Return once the image has applied the entry at `offset`; ControllerError
+        REQUEST_TIMED_OUT if it has not within `within_s` (never act on a stale view)."""
+        if self.image.offset >= offset:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._applied_waiters, (offset, next(self._waiter_seq), fut))
+        try:
+            await asyncio.wait_for(fut, within_s)
+        except TimeoutError:
+            raise ControllerError(
+                REQUEST_TIMED_OUT,
+                f"this node's metadata has reached offset {self.image.offset}, not {offset}, "
+                f"after {within_s:g} s (is the controller quorum reachable?)",
+            ) from None
+
+    async def changed(self) -> None:
+        """Return after the next pump: messages handled, entries applied or a tick."""
+        if self._pumped is None or self._pumped.done():
+            self._pumped = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._pumped)
+
+    def _wake_waiters(self) -> None:
+        waiters = self._applied_waiters
+        while waiters and waiters[0][0] <= self.image.offset:
+            fut = heapq.heappop(waiters)[2]
+            if not fut.done():
+                fut.set_result(None)
+        if self._pumped is not None and not self._pumped.done():
+            self._pumped.set_result(None)
 
     # -- proposing -------------------------------------------------------------------
 
@@ -225,6 +271,7 @@ class Quorum:
                 self._fail_waiters(NotController(node.leader_id))
             for cb in self.leader_listeners:
                 cb()
+        self._wake_waiters()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

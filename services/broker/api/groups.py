@@ -171,12 +171,17 @@ async def handle_offset_commit(ctx: RequestContext, req: Any) -> dict:
     code = code or not_coordinator(ctx, req.group_id)
     topics = []
     entries = []
+    image_topics = broker.image.topics
     for t in req.topics:
         parts = []
+        known = image_topics.get(t.name)
+        # The partition must exist, not be held here: the coordinator commits offsets of
+        # partitions on any broker (Kafka checks its metadata cache the same way).
+        count = len(known.partitions) if known is not None else 0
         for p in t.partitions:
             pcode = code
             if pcode == 0:
-                if broker.partitions.get(t.name, p.partition_index) is None:
+                if not 0 <= p.partition_index < count:
                     pcode = UNKNOWN_TOPIC_OR_PARTITION
                 elif p.committed_metadata and len(p.committed_metadata) > MAX_METADATA:
                     pcode = OFFSET_METADATA_TOO_LARGE

@@ -19,11 +19,18 @@ LEADER_NOT_AVAILABLE = 5
 
 
 def _brokers(ctx: RequestContext, key: str = "node_id") -> list[dict]:
-    return [
+    live = [
         {key: b.id, "host": b.host, "port": b.port, "rack": b.rack}
         for b in sorted(ctx.broker.image.brokers.values(), key=lambda b: b.id)
         if not b.fenced
     ]
+    if not live:
+        # Never zero brokers (librdkafka takes that as a partial response and stalls):
+        # when the image shows every broker fenced, this one still answers.
+        c = ctx.broker.config
+        live = [{key: c.node_id, "host": c.advertised_host, "port": c.advertised_port,
+                 "rack": c.rack}]
+    return live
 
 
 def _controller_id(ctx: RequestContext) -> int:

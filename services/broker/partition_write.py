@@ -1,0 +1,107 @@
+"""One partition-level write: validate, append as leader, wait for the ISR, answer.
+
+Kafka's Produce and the REST produce both go through `begin_write` and
+`PartitionWrite.replicated`, so they refuse, store and acknowledge exactly alike:
+unknown partitions, non-leaders, min.insync.replicas with acks=all, invalid batches,
+producer sequences, storage errors, and the ISR confirming the write in time.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kio.schema.errors import ErrorCode
+
+from .producer_state import DuplicateBatch, SequenceError
+from .records import InvalidRecords, validate_batches
+
+if TYPE_CHECKING:
+    from .broker import Broker
+    from .partitions import Partition
+
+
+class PartitionWrite:
+    """The outcome of one write; `replicated` completes it for acks=all."""
+
+    __slots__ = ("_end", "_errors", "_partition", "base_offset", "error_code", "error_message",
+                 "log_start_offset")
+
+    def __init__(self, errors: dict) -> None:
+        self.error_code = 0
+        self.error_message: str | None = None
+        self.base_offset = -1
+        self.log_start_offset = -1
+        self._errors = errors  # the broker's request error counters, keyed (api, code)
+        self._partition: Partition | None = None
+        self._end = -1  # wait until the high watermark reaches this (acks=all)
+
+    def fail(self, code: int, message: str | None = None) -> PartitionWrite:
+        self.error_code = code
+        self.error_message = message
+        self._errors[(0, int(code))] += 1
+        return self
+
+    @property
+    def pending(self) -> bool:
+        return self._partition is not None
+
+    async def replicated(self, within_s: float) -> None:
+        """acks=all: wait until the in-sync replicas have the write."""
+        partition = self._partition
+        if partition is None:
+            return
+        self._partition = None
+        if not await partition.wait_for_hw(self._end, within_s):
+            if partition.is_leader:
+                self.fail(ErrorCode.request_timed_out,
+                          "the in-sync replicas did not confirm the write in time")
+            else:
+                self.fail(ErrorCode.not_leader_or_follower,
+                          "this broker stopped leading the partition before the write "
+                          "was confirmed")
+        elif len(partition.isr) < partition.min_isr:
+            self.fail(
+                ErrorCode.not_enough_replicas_after_append,
+                f"written, but the ISR shrank to {len(partition.isr)} below "
+                f"min.insync.replicas={partition.min_isr}",
+            )
+
+
+def begin_write(broker: Broker, topic: str, index: int, data: memoryview,
+                acks: int) -> PartitionWrite:
+    """Validate and append one partition's batches as its leader. With acks=all the
+    result is `pending` until `replicated` has waited for the ISR."""
+    metrics = broker.metrics
+    w = PartitionWrite(metrics.request_errors)
+    if acks not in (0, 1, -1):
+        return w.fail(ErrorCode.invalid_required_acks)
+    meta = broker.image.topics.get(topic)
+    if meta is None or not 0 <= index < len(meta.partitions):
+        return w.fail(ErrorCode.unknown_topic_or_partition)
+    partition = broker.partitions.get(topic, index)
+    if partition is None or not partition.is_leader or not broker.serving:
+        return w.fail(ErrorCode.not_leader_or_follower)
+    if acks == -1 and len(partition.isr) < partition.min_isr:
+        return w.fail(
+            ErrorCode.not_enough_replicas,
+            f"ISR {partition.isr} is smaller than min.insync.replicas={partition.min_isr}",
+        )
+    try:
+        batches = validate_batches(data, partition.log.config.max_message_bytes)
+        partition.log.producers.check(batches)
+        w.base_offset = partition.append(data, batches)
+        end = partition.log.log_end_offset
+        metrics.bytes_in[topic] += len(data)
+        metrics.messages_in[topic] += sum(b.record_count for b in batches)
+    except DuplicateBatch as dup:  # answered with the first write's offset
+        w.base_offset = dup.cached.base_offset
+        end = dup.cached.base_offset + 1
+    except (InvalidRecords, SequenceError) as e:
+        return w.fail(e.code, str(e))
+    except OSError as e:
+        return w.fail(ErrorCode.kafka_storage_error, f"storage error: {e}")
+    w.log_start_offset = partition.log.log_start_offset
+    if acks == -1:
+        w._partition = partition
+        w._end = end
+    return w

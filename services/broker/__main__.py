@@ -16,7 +16,7 @@ from straitmq.node_identity import ordinal_from_hostname
 from straitmq.signals import stop_signal
 
 from .broker import Broker, BrokerStartupError
-from .config import BrokerConfig
+from .config import BrokerConfig, flag_settings
 
 
 def parse_args(argv: list[str] | None = None) -> BrokerConfig:
@@ -27,7 +27,10 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         default=str(d.node_id),
         help="a number, or 'auto': the ordinal at the end of the host name (StatefulSet pods)",
     )
-    p.add_argument("--data-dir", default=d.data_dir)
+    # The settings with a plain flag, as config.py declares them.
+    for name, flag, type_, default, help_ in flag_settings():
+        p.add_argument(flag, dest=name, type=type_, default=default, help=help_)
+    # Settings whose flag is shaped differently from the field(s) it sets.
     p.add_argument("--listen", default=f"{d.host}:{d.port}", help="Kafka listener host:port")
     p.add_argument("--advertise", default=None, help="host:port clients should use")
     p.add_argument("--http", default=f"{d.http_host}:{d.http_port}", help="HTTP host:port")
@@ -40,44 +43,9 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         "from the node's label)",
     )
     p.add_argument("--no-auto-create", action="store_true", help="auto.create.topics.enable=false")
-    p.add_argument("--num-partitions", type=int, default=d.num_partitions)
-    p.add_argument("--message-max-bytes", type=int, default=d.message_max_bytes)
-    p.add_argument(
-        "--group-initial-rebalance-delay-ms", type=int, default=d.group_initial_rebalance_delay_ms
-    )
-    p.add_argument("--retention-check-interval-ms", type=int, default=d.retention_check_interval_ms)
-    p.add_argument(
-        "--flush-messages",
-        type=int,
-        default=None,
-        help="fsync every N messages (default: rely on the OS, as Kafka does)",
-    )
-    p.add_argument("--cluster-id", default=None, help="required with --controllers")
-    p.add_argument(
-        "--controllers",
-        default=None,
-        help="controller voters 1001@host:port,...; without it this is a combined single node",
-    )
-    p.add_argument("--default-replication-factor", type=int, default=d.default_replication_factor)
-    p.add_argument(
-        "--offsets-topic-replication-factor", type=int, default=d.offsets_topic_replication_factor
-    )
-    p.add_argument("--heartbeat-interval-ms", type=int, default=d.heartbeat_interval_ms)
-    p.add_argument("--replica-lag-time-max-ms", type=int, default=d.replica_lag_time_max_ms)
-    p.add_argument(
-        "--controlled-shutdown-timeout-ms", type=int, default=d.controlled_shutdown_timeout_ms
-    )
-    p.add_argument("--session-timeout-ms", type=int, default=d.session_timeout_ms,
-                   help="combined node: broker session timeout of its controller")
-    p.add_argument(
-        "--otlp-endpoint",
-        default=None,
-        help="OTLP/HTTP collector base URL for metrics, e.g. http://otel-collector:4318 "
-        "(default: the OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT variables; none: no export)",
-    )
     p.add_argument("--log-level", default=os.environ.get("STRAIT_LOG_LEVEL", "warning"))
     a = p.parse_args(argv)
-    if a.controllers and not a.cluster_id:
+    if a.controller_voters and not a.cluster_id:
         p.error("--cluster-id is required with --controllers")
     try:
         node_id = ordinal_from_hostname() if a.node_id == "auto" else int(a.node_id)
@@ -97,7 +65,6 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
     logs.setup(a.log_level)
     return BrokerConfig(
         node_id=node_id,
-        data_dir=a.data_dir,
         host=host or "127.0.0.1",
         port=int(port),
         advertised_host=adv_host or host or "127.0.0.1",
@@ -106,20 +73,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         http_port=int(http_port),
         rack=rack_name,
         auto_create_topics=not a.no_auto_create,
-        num_partitions=a.num_partitions,
-        message_max_bytes=a.message_max_bytes,
-        group_initial_rebalance_delay_ms=a.group_initial_rebalance_delay_ms,
-        retention_check_interval_ms=a.retention_check_interval_ms,
-        log_flush_interval_messages=a.flush_messages,
-        cluster_id=a.cluster_id,
-        controller_voters=a.controllers,
-        default_replication_factor=a.default_replication_factor,
-        offsets_topic_replication_factor=a.offsets_topic_replication_factor,
-        heartbeat_interval_ms=a.heartbeat_interval_ms,
-        replica_lag_time_max_ms=a.replica_lag_time_max_ms,
-        controlled_shutdown_timeout_ms=a.controlled_shutdown_timeout_ms,
-        session_timeout_ms=a.session_timeout_ms,
-        otlp_endpoint=a.otlp_endpoint,
+        **{name: getattr(a, name) for name, *_ in flag_settings()},
     )
 
 
@@ -132,8 +86,9 @@ async def run(config: BrokerConfig, announce: bool = True) -> None:
     starting = asyncio.ensure_future(broker.start())
     stopped = asyncio.ensure_future(stop.wait())
     while not starting.done():
-        await asyncio.wait({starting, stopped}, timeout=STARTUP_REPORT_S,
-                           return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            {starting, stopped}, timeout=STARTUP_REPORT_S, return_when=asyncio.FIRST_COMPLETED
+        )
         if stopped.done() and not starting.done():  # asked to stop before it served
             starting.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -141,8 +96,11 @@ async def run(config: BrokerConfig, announce: bool = True) -> None:
             await broker.stop(controlled=False)
             return
         if not starting.done():
-            print(f"strait-broker {config.node_id}: not serving yet: {broker.phase}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"strait-broker {config.node_id}: not serving yet: {broker.phase}",
+                file=sys.stderr,
+                flush=True,
+            )
     try:
         starting.result()
     except BrokerStartupError as e:

@@ -16,6 +16,7 @@ import uuid
 from typing import Any
 
 import orjson
+from kio.schema.errors import ErrorCode
 from straitmq.controller import metrics as controller_metrics
 from straitmq.controller.active import ActiveController, ControllerSettings, handlers
 from straitmq.controller.client import ControllerClient
@@ -193,7 +194,7 @@ class Broker:
     def _append_offsets(self, index: int, data: memoryview, batches: list[BatchInfo]) -> int:
         part = self.partitions.leader_of(OFFSETS_TOPIC, index)
         if part is None:
-            raise ControllerError(16, "not the coordinator for this group")
+            raise ControllerError(ErrorCode.not_coordinator, "not the coordinator for this group")
         part.append(data, batches)
         return part.log.log_end_offset
 
@@ -218,7 +219,7 @@ class Broker:
                 within_s=5.0,
             )
         except ControllerError as e:
-            if e.code != 36:  # TOPIC_ALREADY_EXISTS: someone else made it
+            if e.code != ErrorCode.topic_already_exists:  # someone else made it
                 log.debug("cannot create the offsets topic yet", extra={"reason": e.message})
                 return False
         return OFFSETS_TOPIC in self.image.topics

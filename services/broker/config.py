@@ -1,68 +1,110 @@
-"""Broker settings, with Kafka's names where Kafka has the same knob."""
+"""Broker settings, each declared once: its default, its Kafka name (what DescribeConfigs
+shows) and its `strait-broker` flag, with Kafka's names where Kafka has the same knob.
+
+`setting(...)` puts the name and flag in the dataclass field's metadata; `describe()` and
+the command line (`straitmq.broker.__main__`) are both built from these declarations.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+def setting(
+    default: Any, kafka: str | None = None, flag: str | None = None, help: str | None = None
+) -> Any:
+    """A field with its Kafka name and command-line flag (both optional)."""
+    return field(default=default, metadata={"kafka": kafka, "flag": flag, "help": help})
 
 
 @dataclass
 class BrokerConfig:
-    node_id: int = 1
-    data_dir: str = "./.strait-data"
-    host: str = "127.0.0.1"
-    port: int = 9092
+    node_id: int = setting(1, "node.id")  # flag --node-id: a number or 'auto'
+    data_dir: str = setting("./.strait-data", "log.dirs", "--data-dir")
+    host: str = "127.0.0.1"  # host, port and the advertised pair come from --listen,
+    port: int = 9092  # --advertise and --http (host:port each)
     advertised_host: str = "127.0.0.1"
     advertised_port: int = 9092
     http_host: str = "127.0.0.1"
     http_port: int = 8080
-    rack: str | None = None
-    auto_create_topics: bool = True
-    num_partitions: int = 1
-    default_replication_factor: int = 1
-    message_max_bytes: int = 1048588
-    socket_request_max_bytes: int = 104857600
-    offsets_topic_partitions: int = 16
-    group_initial_rebalance_delay_ms: int = 3000
-    group_min_session_timeout_ms: int = 6000
-    group_max_session_timeout_ms: int = 1_800_000
-    retention_check_interval_ms: int = 300_000
+    rack: str | None = None  # --rack or --rack-file
+    auto_create_topics: bool = setting(True, "auto.create.topics.enable")  # --no-auto-create
+    num_partitions: int = setting(1, "num.partitions", "--num-partitions")
+    default_replication_factor: int = setting(
+        1, "default.replication.factor", "--default-replication-factor"
+    )
+    message_max_bytes: int = setting(1048588, "message.max.bytes", "--message-max-bytes")
+    socket_request_max_bytes: int = setting(104857600, "socket.request.max.bytes")
+    offsets_topic_partitions: int = setting(16, "offsets.topic.num.partitions")
+    group_initial_rebalance_delay_ms: int = setting(
+        3000, "group.initial.rebalance.delay.ms", "--group-initial-rebalance-delay-ms"
+    )
+    group_min_session_timeout_ms: int = setting(6000, "group.min.session.timeout.ms")
+    group_max_session_timeout_ms: int = setting(1_800_000, "group.max.session.timeout.ms")
+    retention_check_interval_ms: int = setting(
+        300_000, "log.retention.check.interval.ms", "--retention-check-interval-ms"
+    )
     fetch_max_wait_s: float = 30.0
-    log_flush_interval_messages: int | None = None
+    log_flush_interval_messages: int | None = setting(
+        None, None, "--flush-messages",
+        "fsync every N messages (default: rely on the OS, as Kafka does)",
+    )  # fmt: skip
     # Cluster membership. No controller voters = a combined single node.
-    cluster_id: str | None = None
-    controller_voters: str | None = None
-    offsets_topic_replication_factor: int = 1
-    heartbeat_interval_ms: int = 2000
-    replica_lag_time_max_ms: int = 30_000
-    controlled_shutdown_timeout_ms: int = 30_000
+    cluster_id: str | None = setting(None, None, "--cluster-id", "required with --controllers")
+    controller_voters: str | None = setting(
+        None, "controller.quorum.voters", "--controllers",
+        "controller voters 1001@host:port,...; without it this is a combined single node",
+    )  # fmt: skip
+    offsets_topic_replication_factor: int = setting(
+        1, "offsets.topic.replication.factor", "--offsets-topic-replication-factor"
+    )
+    heartbeat_interval_ms: int = setting(
+        2000, "broker.heartbeat.interval.ms", "--heartbeat-interval-ms"
+    )
+    replica_lag_time_max_ms: int = setting(
+        30_000, "replica.lag.time.max.ms", "--replica-lag-time-max-ms"
+    )
+    controlled_shutdown_timeout_ms: int = setting(30_000, None, "--controlled-shutdown-timeout-ms")
     # The combined node's own quorum and controller.
     election_timeout_ms: int = 1000
     fetch_timeout_ms: int = 2000
-    session_timeout_ms: int = 9000
+    session_timeout_ms: int = setting(
+        9000, None, "--session-timeout-ms",
+        "combined node: broker session timeout of its controller",
+    )  # fmt: skip
     leader_rebalance_interval_ms: int = 30_000
-    # Metrics: OTLP/HTTP collector base URL (None: the OTEL_EXPORTER_OTLP_* variables).
-    otlp_endpoint: str | None = None
+    otlp_endpoint: str | None = setting(
+        None, None, "--otlp-endpoint",
+        "OTLP/HTTP collector base URL for metrics, e.g. http://otel-collector:4318 "
+        "(default: the OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT variables; none: no export)",
+    )  # fmt: skip
 
     def describe(self) -> dict[str, str]:
         """Broker configs as DescribeConfigs shows them (Kafka names)."""
-        return {
-            "node.id": str(self.node_id),
-            "log.dirs": self.data_dir,
-            "auto.create.topics.enable": str(self.auto_create_topics).lower(),
-            "num.partitions": str(self.num_partitions),
-            "default.replication.factor": str(self.default_replication_factor),
-            "message.max.bytes": str(self.message_max_bytes),
-            "socket.request.max.bytes": str(self.socket_request_max_bytes),
-            "offsets.topic.num.partitions": str(self.offsets_topic_partitions),
-            "group.initial.rebalance.delay.ms": str(self.group_initial_rebalance_delay_ms),
-            "group.min.session.timeout.ms": str(self.group_min_session_timeout_ms),
-            "group.max.session.timeout.ms": str(self.group_max_session_timeout_ms),
-            "log.retention.check.interval.ms": str(self.retention_check_interval_ms),
-            "offsets.topic.replication.factor": str(self.offsets_topic_replication_factor),
-            "broker.heartbeat.interval.ms": str(self.heartbeat_interval_ms),
-            "replica.lag.time.max.ms": str(self.replica_lag_time_max_ms),
-            "controller.quorum.voters": self.controller_voters or "",
-        }
+        out = {}
+        for f in fields(self):
+            name = f.metadata.get("kafka")
+            if name:
+                value = getattr(self, f.name)
+                out[name] = (
+                    ""
+                    if value is None
+                    else str(value).lower()
+                    if isinstance(value, bool)
+                    else str(value)
+                )
+        return out
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def flag_settings() -> list[tuple[str, str, type, Any, str | None]]:
+    """(field, flag, type, default, help) of every setting with a plain flag."""
+    types = {"int": int, "int | None": int, "float": float, "str": str, "str | None": str}
+    return [
+        (f.name, f.metadata["flag"], types[str(f.type)], f.default, f.metadata.get("help"))
+        for f in fields(BrokerConfig)
+        if f.metadata.get("flag")
+    ]

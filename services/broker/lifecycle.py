@@ -12,14 +12,14 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from straitmq.controller import errors as E
+from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError
 
 if TYPE_CHECKING:
     from .broker import Broker
 
 log = logging.getLogger("straitmq.broker")
-FATAL = {E.INCONSISTENT_CLUSTER_ID, E.DUPLICATE_BROKER_REGISTRATION}
+FATAL = {ErrorCode.inconsistent_cluster_id, ErrorCode.duplicate_broker_registration}
 REGISTRATION_WAIT_S = 10.0
 
 
@@ -79,7 +79,7 @@ class Lifecycle:
                 within_s=b.config.heartbeat_interval_ms / 1000,
             )
         except ControllerError as e:
-            if e.code == E.STALE_BROKER_EPOCH and not self.want_shutdown:
+            if e.code == ErrorCode.stale_broker_epoch and not self.want_shutdown:
                 log.warning("controller forgot this broker; registering again")
                 try:
                     await b.controller.call("register", self._registration())

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from kio.schema.errors import ErrorCode
+
 from .records import BatchInfo
 
 DEDUP_WINDOW = 5
-OUT_OF_ORDER_SEQUENCE_NUMBER = 45
-INVALID_PRODUCER_EPOCH = 47
 
 
 @dataclass(slots=True)
@@ -71,7 +71,7 @@ class ProducerStateTable:
                 else:
                     if b.producer_epoch < entry.epoch:
                         raise SequenceError(
-                            INVALID_PRODUCER_EPOCH,
+                            ErrorCode.invalid_producer_epoch,
                             f"producer {b.producer_id} epoch {b.producer_epoch} is older "
                             f"than {entry.epoch}",
                         )
@@ -87,7 +87,7 @@ class ProducerStateTable:
             expected = (last + 1) % 2**31
             if b.base_sequence != expected:
                 raise SequenceError(
-                    OUT_OF_ORDER_SEQUENCE_NUMBER,
+                    ErrorCode.out_of_order_sequence_number,
                     f"producer {b.producer_id}: sequence {b.base_sequence}, expected {expected}",
                 )
             pending[b.producer_id] = (epoch, b.last_sequence)

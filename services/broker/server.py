@@ -17,6 +17,8 @@ from collections import deque
 from time import perf_counter
 from typing import TYPE_CHECKING
 
+from kio.schema.errors import ErrorCode
+
 from straitmq.protocol.build import build
 from straitmq.protocol.codec import (
     ProtocolError,
@@ -162,7 +164,7 @@ class KafkaConnection(asyncio.Protocol):
                 "closing connection: unsupported API",
                 extra={"client": self.client_host, "api_key": api_key, "version": version},
             )
-            broker.metrics.request_errors[(api_key, 35)] += 1
+            broker.metrics.request_errors[(api_key, ErrorCode.unsupported_version)] += 1
             self.close()
             return
         try:

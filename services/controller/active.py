@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kio.schema.errors import ErrorCode
 from straitmq.metadata.image import MetadataImage, Record
 
-from . import errors as E
 from . import operations as ops
 from .election import (
     on_broker_leaving,
@@ -119,7 +119,7 @@ class ActiveController:
         def build(image: MetadataImage) -> list[Record]:
             if req.get("cluster_id") != image.cluster_id:
                 raise ControllerError(
-                    E.INCONSISTENT_CLUSTER_ID,
+                    ErrorCode.inconsistent_cluster_id,
                     f"broker {bid} has cluster id {req.get('cluster_id')!r} but this cluster "
                     f"is {image.cluster_id!r}; point it at the right controllers or wipe "
                     "its data directory",
@@ -135,7 +135,7 @@ class ActiveController:
                 and self._sessions.get(bid, 0) > _mono()
             ):
                 raise ControllerError(
-                    E.DUPLICATE_BROKER_REGISTRATION,
+                    ErrorCode.duplicate_broker_registration,
                     f"node id {bid} is already registered by a live broker at "
                     f"{old.host}:{old.port}; every broker needs its own node id",
                 )
@@ -161,7 +161,7 @@ class ActiveController:
         bid = int(req["id"])
         b = self.image.brokers.get(bid)
         if b is None or b.incarnation != req["incarnation"]:
-            raise ControllerError(E.STALE_BROKER_EPOCH, f"broker {bid} must register again")
+            raise ControllerError(ErrorCode.stale_broker_epoch, f"broker {bid} must register again")
         self._sessions[bid] = _mono() + self.settings.session_timeout_ms / 1000
         offset = int(req.get("metadata_offset", -1))
         target = self._caught_up_at.setdefault(bid, self.image.offset)
@@ -305,10 +305,18 @@ class ActiveController:
         }
 
     async def reassign(self, req: dict) -> dict:
-        """{"partitions": [{"topic", "index", "replicas": [ids] | null}]}: all or nothing."""
+        """{"partitions": [{"topic", "index", "replicas": [ids] | null}], "throttle":
+        bytes/s | null (optional)}: all or nothing, the throttle (when given) and the moves
+        in one metadata entry, so the copying starts throttled and a refused move leaves
+        the throttle as it was."""
 
         def build(image: MetadataImage) -> list[Record]:
             records: list[Record] = []
+            if "throttle" in req:
+                rate = req["throttle"]
+                records += ops.alter_cluster_configs(
+                    {"replication.throttled.rate": None if rate is None else str(rate)}
+                )
             for item in req["partitions"]:
                 target = item.get("replicas")
                 records += ops.reassign(

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 import orjson
+from kio.schema.errors import ErrorCode
 
 from . import errors as E
 from .errors import ControllerError
@@ -72,7 +73,7 @@ class ControllerClient:
                             await asyncio.sleep(0.1)
                         continue
                     raise ControllerError(
-                        int(reply.get("error_code", E.INVALID_REQUEST)),
+                        int(reply.get("error_code", ErrorCode.invalid_request)),
                         reply.get("message", f"controller answered {resp.status}"),
                     )
             except (aiohttp.ClientError, TimeoutError, OSError, orjson.JSONDecodeError) as e:
@@ -80,5 +81,6 @@ class ControllerClient:
                 self._hint = None
                 await asyncio.sleep(0.1)
         raise ControllerError(
-            E.REQUEST_TIMED_OUT, f"no active controller answered within {within_s:.0f}s ({last})"
+            ErrorCode.request_timed_out,
+            f"no active controller answered within {within_s:.0f}s ({last})",
         )

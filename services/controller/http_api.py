@@ -12,8 +12,8 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from kio.schema.errors import ErrorCode
 
-from . import errors as E
 from .active import handlers
 from .errors import ControllerError, NotController
 
@@ -40,10 +40,14 @@ def add_routes(app: web.Application, owner: Any) -> None:
         op = request.match_info["op"]
         quorum, active = owner.quorum, owner.active
         if active is None:
-            return _json({"error_code": E.NOT_CONTROLLER, "message": "not a controller"}, 404)
+            return _json(
+                {"error_code": ErrorCode.not_controller, "message": "not a controller"}, 404
+            )
         handler = handlers(active).get(op)
         if handler is None:
-            return _json({"error_code": E.INVALID_REQUEST, "message": f"no such call {op}"}, 404)
+            return _json(
+                {"error_code": ErrorCode.invalid_request, "message": f"no such call {op}"}, 404
+            )
         try:
             body = orjson.loads(await request.read() or b"{}")
             if not isinstance(body, dict):
@@ -63,7 +67,9 @@ def add_routes(app: web.Application, owner: Any) -> None:
         except ControllerError as e:
             return _json({"error_code": e.code, "message": e.message}, 400)
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-            return _json({"error_code": E.INVALID_REQUEST, "message": f"bad request: {e}"}, 400)
+            return _json(
+                {"error_code": ErrorCode.invalid_request, "message": f"bad request: {e}"}, 400
+            )
 
     async def quorum_status(request: web.Request) -> web.Response:
         quorum, active = owner.quorum, owner.active

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import uuid
 
+from kio.schema.errors import ErrorCode
 from straitmq.metadata.image import NO_LEADER, MetadataImage, PartitionImage, Record, TopicImage
 from straitmq.metadata.topic_config import validate_topic_configs
 
-from . import errors as E
 from .election import elect, unclean_allowed
 from .errors import ControllerError, check_topic_name
 from .placement import place
@@ -26,7 +26,9 @@ CLUSTER_CONFIGS = {
 def _topic(image: MetadataImage, name: str) -> TopicImage:
     t = image.topics.get(name)
     if t is None:
-        raise ControllerError(E.UNKNOWN_TOPIC_OR_PARTITION, f"topic '{name}' does not exist")
+        raise ControllerError(
+            ErrorCode.unknown_topic_or_partition, f"topic '{name}' does not exist"
+        )
     return t
 
 
@@ -34,7 +36,7 @@ def _partition(image: MetadataImage, name: str, index: int) -> tuple[TopicImage,
     t = _topic(image, name)
     if not 0 <= index < len(t.partitions):
         raise ControllerError(
-            E.UNKNOWN_TOPIC_OR_PARTITION, f"topic '{name}' has no partition {index}"
+            ErrorCode.unknown_topic_or_partition, f"topic '{name}' has no partition {index}"
         )
     return t, t.partitions[index]
 
@@ -65,15 +67,16 @@ def _partition_records(
 def _check_assignments(image: MetadataImage, assignments: list[list[int]]) -> None:
     for replicas in assignments:
         if not replicas:
-            raise ControllerError(E.INVALID_REPLICA_ASSIGNMENT, "a replica list is empty")
+            raise ControllerError(ErrorCode.invalid_replica_assignment, "a replica list is empty")
         if len(set(replicas)) != len(replicas):
             raise ControllerError(
-                E.INVALID_REPLICA_ASSIGNMENT, f"replica list {replicas} repeats a broker"
+                ErrorCode.invalid_replica_assignment, f"replica list {replicas} repeats a broker"
             )
         for r in replicas:
             if r not in image.brokers:
                 raise ControllerError(
-                    E.INVALID_REPLICA_ASSIGNMENT, f"broker {r} does not exist in this cluster"
+                    ErrorCode.invalid_replica_assignment,
+                    f"broker {r} does not exist in this cluster",
                 )
 
 
@@ -90,23 +93,24 @@ def create_topic(
 ) -> list[Record]:
     check_topic_name(name)
     if name in image.topics:
-        raise ControllerError(E.TOPIC_ALREADY_EXISTS, f"topic '{name}' already exists")
+        raise ControllerError(ErrorCode.topic_already_exists, f"topic '{name}' already exists")
     problem = validate_topic_configs(configs)
     if problem:
-        raise ControllerError(E.INVALID_CONFIG, problem)
+        raise ControllerError(ErrorCode.invalid_config, problem)
     live = image.live_brokers()
     if assignments:
         _check_assignments(image, assignments)
         if len({len(a) for a in assignments}) != 1:
             raise ControllerError(
-                E.INVALID_REPLICA_ASSIGNMENT, "every partition needs the same number of replicas"
+                ErrorCode.invalid_replica_assignment,
+                "every partition needs the same number of replicas",
             )
     else:
         if partitions == -1:
             partitions = default_partitions
         if not 1 <= partitions <= MAX_PARTITIONS:
             raise ControllerError(
-                E.INVALID_PARTITIONS, f"partitions must be between 1 and {MAX_PARTITIONS}"
+                ErrorCode.invalid_partitions, f"partitions must be between 1 and {MAX_PARTITIONS}"
             )
         if replication_factor == -1:
             replication_factor = default_replication_factor
@@ -130,24 +134,22 @@ def create_partitions(
     have = len(t.partitions)
     if count <= have:
         raise ControllerError(
-            E.INVALID_PARTITIONS,
+            ErrorCode.invalid_partitions,
             f"topic '{name}' has {have} partitions; the new count must be larger "
             "(partitions never shrink)",
         )
     if count > MAX_PARTITIONS:
-        raise ControllerError(E.INVALID_PARTITIONS, f"at most {MAX_PARTITIONS} partitions")
+        raise ControllerError(ErrorCode.invalid_partitions, f"at most {MAX_PARTITIONS} partitions")
     live = image.live_brokers()
     if assignments:
         if len(assignments) != count - have:
             raise ControllerError(
-                E.INVALID_REPLICA_ASSIGNMENT,
+                ErrorCode.invalid_replica_assignment,
                 f"{count - have} new partitions but {len(assignments)} replica lists",
             )
         _check_assignments(image, assignments)
     else:
-        assignments = place(
-            live, count - have, t.replication_factor, have, _placement_start(image)
-        )
+        assignments = place(live, count - have, t.replication_factor, have, _placement_start(image))
     return _partition_records(name, have, assignments, {b.id for b in live})
 
 
@@ -156,13 +158,11 @@ def delete_topic(image: MetadataImage, name: str) -> list[Record]:
     return [{"type": "remove_topic", "name": name}]
 
 
-def alter_configs(
-    image: MetadataImage, name: str, changes: dict[str, str | None]
-) -> list[Record]:
+def alter_configs(image: MetadataImage, name: str, changes: dict[str, str | None]) -> list[Record]:
     _topic(image, name)
     problem = validate_topic_configs(changes)
     if problem:
-        raise ControllerError(E.INVALID_CONFIG, problem)
+        raise ControllerError(ErrorCode.invalid_config, problem)
     return [{"type": "config", "name": name, "changes": changes}] if changes else []
 
 
@@ -170,7 +170,7 @@ def alter_cluster_configs(changes: dict[str, str | None]) -> list[Record]:
     for key, value in changes.items():
         if key not in CLUSTER_CONFIGS:
             raise ControllerError(
-                E.INVALID_CONFIG,
+                ErrorCode.invalid_config,
                 f"unknown cluster config '{key}' (known: {', '.join(CLUSTER_CONFIGS)})",
             )
         if value is not None:
@@ -180,7 +180,7 @@ def alter_cluster_configs(changes: dict[str, str | None]) -> list[Record]:
                 n = -2
             if n < -1 or n == 0:
                 raise ControllerError(
-                    E.INVALID_CONFIG, f"{key} must be a positive number of bytes/s or -1"
+                    ErrorCode.invalid_config, f"{key} must be a positive number of bytes/s or -1"
                 )
     return [{"type": "cluster_config", "changes": changes}] if changes else []
 
@@ -223,33 +223,31 @@ def alter_partition(
     t, p = _partition(image, name, index)
     if p.leader != broker or leader_epoch != p.leader_epoch:
         raise ControllerError(
-            E.FENCED_LEADER_EPOCH,
+            ErrorCode.fenced_leader_epoch,
             f"broker {broker} at leader epoch {leader_epoch} is not the leader of "
             f"{name}-{index} (leader {p.leader}, epoch {p.leader_epoch})",
         )
     if partition_epoch != p.partition_epoch:
         raise ControllerError(
-            E.INVALID_UPDATE_VERSION,
+            ErrorCode.invalid_update_version,
             f"{name}-{index} is at partition epoch {p.partition_epoch}, not {partition_epoch}",
         )
     if broker not in new_isr or any(r not in p.replicas for r in new_isr):
         raise ControllerError(
-            E.INVALID_REQUEST, f"ISR {new_isr} must hold the leader and only replicas"
+            ErrorCode.invalid_request, f"ISR {new_isr} must hold the leader and only replicas"
         )
     alive = {b.id for b in image.live_brokers()}
     for r in new_isr:
         if r not in p.isr and r not in alive:
             raise ControllerError(
-                E.INVALID_REQUEST, f"broker {r} is fenced or shutting down; it cannot join"
+                ErrorCode.invalid_request, f"broker {r} is fenced or shutting down; it cannot join"
             )
     rec: Record = {"type": "partition_change", "topic": name, "index": index, "isr": new_isr}
     _finish_if_complete(image, t, p, new_isr, rec)
     return [rec]
 
 
-def reassign(
-    image: MetadataImage, name: str, index: int, target: list[int] | None
-) -> list[Record]:
+def reassign(image: MetadataImage, name: str, index: int, target: list[int] | None) -> list[Record]:
     """Start (target) or cancel (None) moving a partition to other brokers."""
     t, p = _partition(image, name, index)
     original = [r for r in p.replicas if r not in p.adding]
@@ -257,7 +255,7 @@ def reassign(
     if target is None:
         if not p.adding and not p.removing:
             raise ControllerError(
-                E.NO_REASSIGNMENT_IN_PROGRESS, f"{name}-{index} is not being reassigned"
+                ErrorCode.no_reassignment_in_progress, f"{name}-{index} is not being reassigned"
             )
         isr = [r for r in p.isr if r in original] or p.isr
         rec.update(replicas=original, isr=isr, adding=[], removing=[])
@@ -276,7 +274,7 @@ def reassign(
     isr = [r for r in p.isr if r in replicas]
     if not isr:
         raise ControllerError(
-            E.INVALID_REPLICA_ASSIGNMENT,
+            ErrorCode.invalid_replica_assignment,
             f"{name}-{index}: no in-sync replica would be left; keep one of {p.isr}",
         )
     rec.update(replicas=replicas, adding=adding, removing=removing)

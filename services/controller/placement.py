@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from kio.schema.errors import ErrorCode
 from straitmq.metadata.image import BrokerImage
 
-from .errors import INVALID_REPLICATION_FACTOR, ControllerError
+from .errors import ControllerError
 
 
 def rack_alternated(brokers: list[BrokerImage]) -> list[int]:
@@ -33,10 +34,12 @@ def place(
 ) -> list[list[int]]:
     """Replica lists for partitions first..first+partitions-1 of a topic."""
     if rf < 1:
-        raise ControllerError(INVALID_REPLICATION_FACTOR, "replication factor must be at least 1")
+        raise ControllerError(
+            ErrorCode.invalid_replication_factor, "replication factor must be at least 1"
+        )
     if rf > len(brokers):
         raise ControllerError(
-            INVALID_REPLICATION_FACTOR,
+            ErrorCode.invalid_replication_factor,
             f"replication factor {rf} is larger than the {len(brokers)} available broker(s)",
         )
     ids = rack_alternated(brokers)

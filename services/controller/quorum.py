@@ -16,23 +16,27 @@ import itertools
 import logging
 import os
 import random
+import sys
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import orjson
+from kio.schema.errors import ErrorCode
 from straitmq.metadata.image import MetadataImage, Record
 
-from .errors import REQUEST_TIMED_OUT, ControllerError, NotController
+from .errors import ControllerError, NotController
 from .raft import messages as M
 from .raft.core import NotLeader, RaftConfig, RaftNode
 from .raft.storage import FileStorage, Snapshot
 
 log = logging.getLogger("straitmq.quorum")
 
+T = TypeVar("T")
 TICK_S = 0.02
+EXIT_INVARIANT = 70  # EX_SOFTWARE: the process stopped itself on a broken invariant
 SNAPSHOT_EVERY = 2000  # applied entries between metadata snapshots
 RESPONSE_OF = {
     "FetchRequest": "FetchResponse",
@@ -90,9 +94,7 @@ class Quorum:
         self._waiter_seq = itertools.count()
         # Resolved at the end of every pump: a wake-up for "has anything changed?" waits.
         self._pumped: asyncio.Future[None] | None = None
-        self._reply_waiters: dict[tuple[int, str], deque[asyncio.Future[Any]]] = defaultdict(
-            deque
-        )
+        self._reply_waiters: dict[tuple[int, str], deque[asyncio.Future[Any]]] = defaultdict(deque)
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task] = set()
         self._ticker: asyncio.Task | None = None
@@ -107,13 +109,12 @@ class Quorum:
             timeout=aiohttp.ClientTimeout(total=None),
             connector=aiohttp.TCPConnector(limit_per_host=8),
         )
-        self._pump()
+        self._advance(lambda: None)
         self._ticker = asyncio.get_running_loop().create_task(self._tick_loop())
 
     async def stop(self, resign: bool = True) -> None:
         if resign and self.node.is_leader:
-            self.node.resign(now_ms())
-            self._pump()
+            self._advance(lambda: self.node.resign(now_ms()))
             await asyncio.sleep(0.05)  # let EndQuorumEpoch go out
         self.closed = True
         if self._ticker:
@@ -131,12 +132,21 @@ class Quorum:
     async def _tick_loop(self) -> None:
         while True:
             await asyncio.sleep(TICK_S)
-            try:
-                self.node.tick(now_ms())
-                self._pump()
-            except AssertionError:
-                log.exception("raft invariant broken; stopping this node")
-                os._exit(70)
+            self._advance(lambda: self.node.tick(now_ms()))
+
+    def _advance(self, op: Callable[[], T]) -> T:
+        """Every call into the Raft node goes through here, then the pump. A broken
+        invariant (an AssertionError from the core) stops the process at once, wherever
+        the call came from (tick, a peer's request, a proposal): a node whose state is
+        known to be wrong must not go on voting, leading or answering."""
+        try:
+            result = op()
+            self._pump()
+            return result
+        except AssertionError as e:
+            log.critical("raft invariant broken; stopping this node", exc_info=True)
+            print(f"raft invariant broken, stopping: {e}", file=sys.stderr, flush=True)
+            os._exit(EXIT_INVARIANT)
 
     # -- status ----------------------------------------------------------------------
 
@@ -167,7 +177,7 @@ class Quorum:
 
     async def wait_applied(self, offset: int, within_s: float) -> None:
         """Return once the image has applied the entry at `offset`; ControllerError
-        REQUEST_TIMED_OUT if it has not within `within_s` (never act on a stale view)."""
+        ErrorCode.request_timed_out if it has not within `within_s` (never act on a stale view)."""
         if self.image.offset >= offset:
             return
         fut = asyncio.get_running_loop().create_future()
@@ -176,7 +186,7 @@ class Quorum:
             await asyncio.wait_for(fut, within_s)
         except TimeoutError:
             raise ControllerError(
-                REQUEST_TIMED_OUT,
+                ErrorCode.request_timed_out,
                 f"this node's metadata has reached offset {self.image.offset}, not {offset}, "
                 f"after {within_s:g} s (is the controller quorum reachable?)",
             ) from None
@@ -201,19 +211,25 @@ class Quorum:
     async def propose(self, records: list[Record], within_s: float = 10.0) -> int:
         """Append records as one entry; return its offset once it is committed and applied."""
         start = time.monotonic()
-        try:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def append() -> int:
             offset = self.node.propose(records)
+            # Registered before the pump: a one-voter quorum commits within it.
+            self._commit_waiters[offset] = (self.node.epoch, fut)
+            return offset
+
+        try:
+            offset = self._advance(append)
         except NotLeader as e:
             raise NotController(e.leader_id) from None
-        fut = asyncio.get_running_loop().create_future()
-        self._commit_waiters[offset] = (self.node.epoch, fut)
-        self._pump()
         try:
             await asyncio.wait_for(fut, within_s)
         except TimeoutError:
             self._commit_waiters.pop(offset, None)
             raise ControllerError(
-                REQUEST_TIMED_OUT, "the metadata change did not commit in time (no quorum?)"
+                ErrorCode.request_timed_out,
+                "the metadata change did not commit in time (no quorum?)",
             ) from None
         if self.commit_latency is not None:
             self.commit_latency(time.monotonic() - start)
@@ -297,8 +313,8 @@ class Quorum:
             return
         if self.closed:
             return
-        self.node.step(M.from_dict(orjson.loads(body)), now_ms())
-        self._pump()
+        reply = M.from_dict(orjson.loads(body))
+        self._advance(lambda: self.node.step(reply, now_ms()))
 
     async def handle_request(self, body: dict) -> dict | None:
         """A peer's request: step it and wait for our node's answer to that peer."""
@@ -309,8 +325,7 @@ class Quorum:
         fut = asyncio.get_running_loop().create_future()
         key = (msg.src, kind)
         self._reply_waiters[key].append(fut)
-        self.node.step(msg, now_ms())
-        self._pump()
+        self._advance(lambda: self.node.step(msg, now_ms()))
         try:
             reply = await asyncio.wait_for(fut, self.config.fetch_max_wait_ms / 1000 + 1.0)
         except TimeoutError:

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError, check_topic_name
 from straitmq.metadata.topic_config import TOPIC_CONFIGS, effective
 
 from .context import RequestContext
 
-UNKNOWN_TOPIC_OR_PARTITION = 3
-INVALID_REQUEST = 42
-INVALID_CONFIG = 40
-INVALID_REPLICA_ASSIGNMENT = 39
 TOPIC_RESOURCE = 2
 BROKER_RESOURCE = 4
 SOURCE_DEFAULT = 5
@@ -48,14 +45,15 @@ async def handle_create_topics(ctx: RequestContext, req: Any) -> dict:
         results.append(res)
         try:
             if t.name in seen:
-                raise ControllerError(INVALID_REQUEST, f"topic '{t.name}' appears twice")
+                raise ControllerError(ErrorCode.invalid_request, f"topic '{t.name}' appears twice")
             seen.add(t.name)
             assignments = None
             if t.assignments:
                 ordered = sorted(t.assignments, key=lambda a: a.partition_index)
                 if [a.partition_index for a in ordered] != list(range(len(ordered))):
                     raise ControllerError(
-                        INVALID_REPLICA_ASSIGNMENT, "assignments must cover partitions 0..n-1"
+                        ErrorCode.invalid_replica_assignment,
+                        "assignments must cover partitions 0..n-1",
                     )
                 assignments = [list(a.broker_ids) for a in ordered]
                 partitions = len(assignments)
@@ -110,7 +108,9 @@ async def handle_delete_topics(ctx: RequestContext, req: Any) -> dict:
         res = {"name": name, "error_code": 0, "error_message": None}
         try:
             if name.startswith("__"):
-                raise ControllerError(INVALID_REQUEST, f"internal topic '{name}' cannot be deleted")
+                raise ControllerError(
+                    ErrorCode.invalid_request, f"internal topic '{name}' cannot be deleted"
+                )
             await broker.control("delete_topic", {"name": name})
         except ControllerError as e:
             res["error_code"] = e.code
@@ -181,7 +181,7 @@ async def handle_describe_configs(ctx: RequestContext, req: Any) -> dict:
         if r.resource_type == TOPIC_RESOURCE:
             topic = broker.image.topics.get(r.resource_name)
             if topic is None:
-                res["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
+                res["error_code"] = ErrorCode.unknown_topic_or_partition
                 res["error_message"] = f"topic '{r.resource_name}' does not exist"
             else:
                 values = effective({**broker.topic_defaults, **topic.configs})
@@ -190,7 +190,7 @@ async def handle_describe_configs(ctx: RequestContext, req: Any) -> dict:
                 )
         elif r.resource_type == BROKER_RESOURCE:
             if r.resource_name not in ("", str(broker.config.node_id)):
-                res["error_code"] = INVALID_REQUEST
+                res["error_code"] = ErrorCode.invalid_request
                 res["error_message"] = f"broker '{r.resource_name}' is not this broker"
             else:
                 values = broker.config.describe()
@@ -198,7 +198,7 @@ async def handle_describe_configs(ctx: RequestContext, req: Any) -> dict:
                     values, set(values), keys, SOURCE_STATIC_BROKER, docs
                 )
         else:
-            res["error_code"] = INVALID_REQUEST
+            res["error_code"] = ErrorCode.invalid_request
             res["error_message"] = f"resource type {r.resource_type} is not supported"
         results.append(res)
     return {"throttle_time": 0, "results": results}
@@ -219,7 +219,7 @@ async def handle_incremental_alter_configs(ctx: RequestContext, req: Any) -> dic
         }
         responses.append(res)
         if r.resource_type != TOPIC_RESOURCE:
-            res["error_code"] = INVALID_REQUEST
+            res["error_code"] = ErrorCode.invalid_request
             res["error_message"] = "only topic configs can be altered at runtime"
             continue
         changes: dict[str, str | None] = {}
@@ -231,7 +231,8 @@ async def handle_incremental_alter_configs(ctx: RequestContext, req: Any) -> dic
                     changes[c.name] = None
                 else:
                     raise ControllerError(
-                        INVALID_CONFIG, f"{c.name}: APPEND/SUBTRACT apply to list configs only"
+                        ErrorCode.invalid_config,
+                        f"{c.name}: APPEND/SUBTRACT apply to list configs only",
                     )
             check_topic_name(r.resource_name)
             await broker.control(
@@ -247,7 +248,12 @@ async def handle_incremental_alter_configs(ctx: RequestContext, req: Any) -> dic
 async def handle_init_producer_id(ctx: RequestContext, req: Any) -> dict:
     if req.transactional_id is not None:
         # Transactions are not implemented (and not advertised); be explicit.
-        return {"throttle_time": 0, "error_code": 42, "producer_id": -1, "producer_epoch": -1}
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.invalid_request,
+            "producer_id": -1,
+            "producer_epoch": -1,
+        }
     try:
         pid = await ctx.broker.next_producer_id()
     except ControllerError as e:

@@ -12,6 +12,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kio.schema.errors import ErrorCode
+
 from . import admin, fetch, groups, metadata, produce, reassign
 from .context import RequestContext
 
@@ -46,7 +48,7 @@ def advertised() -> list[dict]:
 def api_versions_fallback(correlation_id: int) -> bytes:
     """ApiVersions v0 response with UNSUPPORTED_VERSION, for a version we do not know."""
     keys = advertised()
-    body = struct.pack(">ihi", correlation_id, 35, len(keys)) + b"".join(
+    body = struct.pack(">ihi", correlation_id, ErrorCode.unsupported_version, len(keys)) + b"".join(
         struct.pack(">hhh", k["api_key"], k["min_version"], k["max_version"]) for k in keys
     )
     return struct.pack(">i", len(body)) + body

@@ -12,17 +12,14 @@ import struct
 from bisect import bisect_right
 from typing import Any
 
+from kio.schema.errors import ErrorCode
+
 from straitmq.protocol.codec import response_header_bytes
 from straitmq.protocol.varint import uvarint as _uvarint
 
 from ..storage.log import ReadSlice
 from .context import RawResponse, RequestContext
 
-OFFSET_OUT_OF_RANGE = 1
-UNKNOWN_TOPIC_OR_PARTITION = 3
-NOT_LEADER_OR_FOLLOWER = 6
-FENCED_LEADER_EPOCH = 74
-UNKNOWN_LEADER_EPOCH = 76
 LATEST = -1
 EARLIEST = -2
 
@@ -68,7 +65,13 @@ class _FetchPlan:
                     partition.on_follower_fetch(replica, p.fetch_offset)
                 if p.fetch_offset < plog.log_start_offset or p.fetch_offset > plog.log_end_offset:
                     parts.append(
-                        (p.partition, OFFSET_OUT_OF_RANGE, hw, plog.log_start_offset, None)
+                        (
+                            p.partition,
+                            ErrorCode.offset_out_of_range,
+                            hw,
+                            plog.log_start_offset,
+                            None,
+                        )
                     )
                     continue
                 limit = min(p.partition_max_bytes, budget) if total else p.partition_max_bytes
@@ -103,12 +106,12 @@ def partition_error(
     """The error for a request that must reach the partition's leader, or 0."""
     if partition is None or not partition.is_leader:
         if broker.image.partition(topic, index) is None:
-            return UNKNOWN_TOPIC_OR_PARTITION
-        return NOT_LEADER_OR_FOLLOWER
+            return ErrorCode.unknown_topic_or_partition
+        return ErrorCode.not_leader_or_follower
     if current_leader_epoch >= 0 and current_leader_epoch != partition.leader_epoch:
         if current_leader_epoch < partition.leader_epoch:
-            return FENCED_LEADER_EPOCH
-        return UNKNOWN_LEADER_EPOCH
+            return ErrorCode.fenced_leader_epoch
+        return ErrorCode.unknown_leader_epoch
     return 0
 
 
@@ -271,8 +274,12 @@ async def handle_offset_for_leader_epoch(ctx: RequestContext, req: Any) -> dict:
                     p.leader_epoch, partition.log.log_end_offset
                 )
             parts.append(
-                {"error_code": error, "partition": p.partition, "leader_epoch": epoch,
-                 "end_offset": end}
+                {
+                    "error_code": error,
+                    "partition": p.partition,
+                    "leader_epoch": epoch,
+                    "end_offset": end,
+                }
             )
         topics.append({"topic": t.topic, "partitions": parts})
     return {"throttle_time": 0, "topics": topics}

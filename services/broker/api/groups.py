@@ -4,16 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from kio.schema.errors import ErrorCode
+
 from ..groups.coordinator import JoinError
 from ..groups.offsets import OFFSETS_TOPIC
 from .context import RequestContext
 
-INVALID_GROUP_ID = 24
-UNKNOWN_TOPIC_OR_PARTITION = 3
-COORDINATOR_NOT_AVAILABLE = 15
-NOT_COORDINATOR = 16
-REQUEST_TIMED_OUT = 7
-OFFSET_METADATA_TOO_LARGE = 12
 MAX_METADATA = 4096
 
 
@@ -27,16 +23,15 @@ def _coordinator(ctx: RequestContext, group_id: str) -> dict:
             "node_id": -1,
             "host": "",
             "port": -1,
-            "error_code": COORDINATOR_NOT_AVAILABLE,
+            "error_code": ErrorCode.coordinator_not_available,
             "error_message": "the group coordinator is not available yet; retry",
         }
-    return {"node_id": b.id, "host": b.host, "port": b.port, "error_code": 0,
-            "error_message": None}
+    return {"node_id": b.id, "host": b.host, "port": b.port, "error_code": 0, "error_message": None}
 
 
 def not_coordinator(ctx: RequestContext, group_id: str) -> int:
     """NOT_COORDINATOR unless this broker leads the group's offsets partition."""
-    return 0 if ctx.broker.offsets.owns(group_id) else NOT_COORDINATOR
+    return 0 if ctx.broker.offsets.owns(group_id) else ErrorCode.not_coordinator
 
 
 async def handle_find_coordinator(ctx: RequestContext, req: Any) -> dict:
@@ -54,7 +49,7 @@ async def handle_find_coordinator(ctx: RequestContext, req: Any) -> dict:
                     "node_id": -1,
                     "host": "",
                     "port": -1,
-                    "error_code": COORDINATOR_NOT_AVAILABLE,
+                    "error_code": ErrorCode.coordinator_not_available,
                     "error_message": "transactions are not supported",
                 }
             )
@@ -167,7 +162,7 @@ async def handle_offset_commit(ctx: RequestContext, req: Any) -> dict:
         req.group_id, req.member_id, getattr(req, "group_instance_id", None), generation
     )
     if not req.group_id:
-        code = INVALID_GROUP_ID
+        code = ErrorCode.invalid_group_id
     code = code or not_coordinator(ctx, req.group_id)
     topics = []
     entries = []
@@ -182,9 +177,9 @@ async def handle_offset_commit(ctx: RequestContext, req: Any) -> dict:
             pcode = code
             if pcode == 0:
                 if not 0 <= p.partition_index < count:
-                    pcode = UNKNOWN_TOPIC_OR_PARTITION
+                    pcode = ErrorCode.unknown_topic_or_partition
                 elif p.committed_metadata and len(p.committed_metadata) > MAX_METADATA:
-                    pcode = OFFSET_METADATA_TOO_LARGE
+                    pcode = ErrorCode.offset_metadata_too_large
                 else:
                     entries.append(
                         (
@@ -207,7 +202,9 @@ async def handle_offset_commit(ctx: RequestContext, req: Any) -> dict:
             for t in topics:
                 for p in t["partitions"]:
                     if p["error_code"] == 0:
-                        p["error_code"] = REQUEST_TIMED_OUT if part else NOT_COORDINATOR
+                        p["error_code"] = (
+                            ErrorCode.request_timed_out if part else ErrorCode.not_coordinator
+                        )
     return {"throttle_time": 0, "topics": topics}
 
 
@@ -244,7 +241,7 @@ async def handle_describe_groups(ctx: RequestContext, req: Any) -> dict:
     groups = []
     for gid in req.groups:
         d = ctx.broker.groups.describe(gid)
-        code = not_coordinator(ctx, gid) if gid else INVALID_GROUP_ID
+        code = not_coordinator(ctx, gid) if gid else ErrorCode.invalid_group_id
         groups.append({"error_code": code, **d})
     return {"throttle_time": 0, "groups": groups}
 

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError
 from straitmq.metadata.image import NO_LEADER
 
 from .context import RequestContext
-
-UNKNOWN_TOPIC_OR_PARTITION = 3
-LEADER_NOT_AVAILABLE = 5
 
 
 def _brokers(ctx: RequestContext, key: str = "node_id") -> list[dict]:
@@ -28,8 +26,9 @@ def _brokers(ctx: RequestContext, key: str = "node_id") -> list[dict]:
         # Never zero brokers (librdkafka takes that as a partial response and stalls):
         # when the image shows every broker fenced, this one still answers.
         c = ctx.broker.config
-        live = [{key: c.node_id, "host": c.advertised_host, "port": c.advertised_port,
-                 "rack": c.rack}]
+        live = [
+            {key: c.node_id, "host": c.advertised_host, "port": c.advertised_port, "rack": c.rack}
+        ]
     return live
 
 
@@ -43,7 +42,7 @@ def topic_entry(ctx: RequestContext, name: str) -> dict:
     topic = image.topics.get(name)
     if topic is None:
         return {
-            "error_code": UNKNOWN_TOPIC_OR_PARTITION,
+            "error_code": ErrorCode.unknown_topic_or_partition,
             "name": name,
             "topic_id": None,
             "is_internal": False,
@@ -54,7 +53,7 @@ def topic_entry(ctx: RequestContext, name: str) -> dict:
         offline = [r for r in p.replicas if (b := image.brokers.get(r)) is None or b.fenced]
         parts.append(
             {
-                "error_code": LEADER_NOT_AVAILABLE if p.leader == NO_LEADER else 0,
+                "error_code": ErrorCode.leader_not_available if p.leader == NO_LEADER else 0,
                 "partition_index": i,
                 "leader_id": p.leader,
                 "leader_epoch": p.leader_epoch,
@@ -86,10 +85,9 @@ async def handle_metadata(ctx: RequestContext, req: Any) -> dict:
                 try:
                     await broker.control("create_topic", {"name": name})
                 except ControllerError as e:
-                    if e.code != 36:  # TOPIC_ALREADY_EXISTS: a concurrent auto-create won
+                    if e.code != ErrorCode.topic_already_exists:  # a concurrent create won
                         topics.append(
-                            {"error_code": e.code, "name": name, "topic_id": None,
-                             "partitions": []}
+                            {"error_code": e.code, "name": name, "topic_id": None, "partitions": []}
                         )
                         continue
         topics.append(topic_entry(ctx, name))

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError
 from straitmq.metadata.image import NO_LEADER
 
 from .context import RequestContext
 
-UNKNOWN_TOPIC_OR_PARTITION = 3
-INVALID_REQUEST = 42
-PREFERRED_LEADER_NOT_AVAILABLE = 80
-ELECTION_NOT_NEEDED = 84
 PREFERRED, UNCLEAN = 0, 1
 
 
@@ -41,7 +38,7 @@ async def handle_alter_partition_reassignments(ctx: RequestContext, req: Any) ->
             try:
                 if p.partition_index in seen:
                     raise ControllerError(
-                        INVALID_REQUEST, f"{t.name}-{p.partition_index} appears twice"
+                        ErrorCode.invalid_request, f"{t.name}-{p.partition_index} appears twice"
                     )
                 seen.add(p.partition_index)
                 replicas = list(p.replicas) if p.replicas is not None else None
@@ -97,24 +94,24 @@ def _election_check(ctx: RequestContext, topic: str, index: int, kind: int) -> t
     image = ctx.broker.image
     t = image.topics.get(topic)
     if t is None or not 0 <= index < len(t.partitions):
-        return UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{index} does not exist"
+        return ErrorCode.unknown_topic_or_partition, f"{topic}-{index} does not exist"
     p = t.partitions[index]
     if kind == UNCLEAN:
         if p.leader != NO_LEADER:
-            return ELECTION_NOT_NEEDED, f"{topic}-{index} has a leader ({p.leader})"
+            return ErrorCode.election_not_needed, f"{topic}-{index} has a leader ({p.leader})"
         return (
-            INVALID_REQUEST,
+            ErrorCode.invalid_request,
             f"{topic}-{index} has no leader; unclean election on request is not supported: "
             "set unclean.leader.election.enable=true on the topic to let an out-of-sync "
             "replica lead",
         )
     pref = p.preferred_leader
     if p.leader == pref:
-        return ELECTION_NOT_NEEDED, f"broker {pref} already leads {topic}-{index}"
+        return ErrorCode.election_not_needed, f"broker {pref} already leads {topic}-{index}"
     b = image.brokers.get(pref)
     if pref not in p.isr or b is None or not b.alive or pref in p.removing:
         return (
-            PREFERRED_LEADER_NOT_AVAILABLE,
+            ErrorCode.preferred_leader_not_available,
             f"preferred leader {pref} of {topic}-{index} is not alive and in sync (ISR {p.isr})",
         )
     return 0, ""
@@ -138,8 +135,8 @@ async def handle_elect_leaders(ctx: RequestContext, req: Any) -> dict:
     checks = {tp: _election_check(ctx, *tp, kind) for tp in asked}
     top_error = 0
     if kind not in (PREFERRED, UNCLEAN):
-        top_error = INVALID_REQUEST
-        checks = {tp: (INVALID_REQUEST, f"unknown election type {kind}") for tp in asked}
+        top_error = ErrorCode.invalid_request
+        checks = {tp: (ErrorCode.invalid_request, f"unknown election type {kind}") for tp in asked}
     elif any(code == 0 for code, _ in checks.values()):
         try:
             eligible = [{"topic": t, "index": i} for (t, i), c in checks.items() if c[0] == 0]
@@ -153,13 +150,13 @@ async def handle_elect_leaders(ctx: RequestContext, req: Any) -> dict:
             p = image.partition(*tp)
             if p is None or p.leader != p.preferred_leader:
                 checks[tp] = (
-                    PREFERRED_LEADER_NOT_AVAILABLE,
+                    ErrorCode.preferred_leader_not_available,
                     f"preferred leader of {tp[0]}-{tp[1]} could not take over; retry",
                 )
     by_topic: dict[str, list[dict]] = {}
     for (topic, index), (code, message) in checks.items():
         # Asked for every partition, Kafka leaves out the ones already well led.
-        if all_partitions and code == ELECTION_NOT_NEEDED:
+        if all_partitions and code == ErrorCode.election_not_needed:
             continue
         by_topic.setdefault(topic, []).append(
             {"partition_id": index, "error_code": code, "error_message": message or None}

@@ -15,24 +15,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kio.schema.errors import ErrorCode
+
 from .offsets import OffsetStore
 
 log = logging.getLogger("straitmq.groups")
 
-NONE = 0
-COORDINATOR_NOT_AVAILABLE = 15
-NOT_COORDINATOR = 16
-ILLEGAL_GENERATION = 22
-INCONSISTENT_GROUP_PROTOCOL = 23
-UNKNOWN_MEMBER_ID = 25
-INVALID_SESSION_TIMEOUT = 26
-REBALANCE_IN_PROGRESS = 27
-INVALID_GROUP_ID = 24
-NON_EMPTY_GROUP = 68
-GROUP_ID_NOT_FOUND = 69
-MEMBER_ID_REQUIRED = 79
-FENCED_INSTANCE_ID = 82
-GROUP_MAX_SIZE_REACHED = 81
 
 EMPTY = "Empty"
 PREPARING = "PreparingRebalance"
@@ -128,7 +116,7 @@ class GroupCoordinator:
             member.expiry.cancel()
         for fut in (member.join_future, member.sync_future):
             if fut and not fut.done():
-                fut.set_exception(JoinError(UNKNOWN_MEMBER_ID))
+                fut.set_exception(JoinError(ErrorCode.unknown_member_id))
         group.members.pop(member.member_id, None)
         if member.instance_id and group.static.get(member.instance_id) == member.member_id:
             del group.static[member.instance_id]
@@ -158,7 +146,7 @@ class GroupCoordinator:
         # Members parked in SyncGroup learn that the generation moved on.
         for m in group.members.values():
             if m.sync_future and not m.sync_future.done():
-                m.sync_future.set_exception(JoinError(REBALANCE_IN_PROGRESS))
+                m.sync_future.set_exception(JoinError(ErrorCode.rebalance_in_progress))
         group.state = PREPARING
         self._cancel_rebalance_timer(group)
         timeout = max((m.rebalance_timeout_ms for m in group.members.values()), default=0)
@@ -243,7 +231,7 @@ class GroupCoordinator:
         ]
         for m in group.members.values():
             result = {
-                "error_code": NONE,
+                "error_code": ErrorCode.none,
                 "generation_id": group.generation,
                 "protocol_type": group.protocol_type,
                 "protocol_name": group.protocol_name,
@@ -272,10 +260,10 @@ class GroupCoordinator:
         require_known_member_id: bool,
     ) -> dict:
         if not group_id:
-            raise JoinError(INVALID_GROUP_ID)
+            raise JoinError(ErrorCode.invalid_group_id)
         s = self.settings
         if not s.min_session_timeout_ms <= session_timeout_ms <= s.max_session_timeout_ms:
-            raise JoinError(INVALID_SESSION_TIMEOUT)
+            raise JoinError(ErrorCode.invalid_session_timeout)
         if rebalance_timeout_ms <= 0:
             rebalance_timeout_ms = session_timeout_ms
         group = self.groups.get(group_id)
@@ -288,12 +276,12 @@ class GroupCoordinator:
                 or not self._protocols_fit(group, {n for n, _ in protocols}, member_id)
             )
         ):
-            raise JoinError(INCONSISTENT_GROUP_PROTOCOL, member_id)
+            raise JoinError(ErrorCode.inconsistent_group_protocol, member_id)
 
         if instance_id:
             old_id = group.static.get(instance_id)
             if member_id and old_id and member_id != old_id and member_id in group.members:
-                raise JoinError(FENCED_INSTANCE_ID, member_id)
+                raise JoinError(ErrorCode.fenced_instance_id, member_id)
             if old_id and old_id in group.members and member_id != old_id:
                 # A static member came back with a new id: take over its place.
                 old = group.members.pop(old_id)
@@ -301,7 +289,7 @@ class GroupCoordinator:
                     old.expiry.cancel()
                 for fut in (old.join_future, old.sync_future):
                     if fut and not fut.done():
-                        fut.set_exception(JoinError(FENCED_INSTANCE_ID))
+                        fut.set_exception(JoinError(ErrorCode.fenced_instance_id))
                 new_id = member_id or f"{instance_id}-{uuid.uuid4()}"
                 old.member_id = new_id
                 old.join_future = old.sync_future = old.expiry = None
@@ -314,7 +302,7 @@ class GroupCoordinator:
                 if group.state == STABLE and old.protocols == protocols:
                     self._touch(group, old)
                     return {
-                        "error_code": NONE,
+                        "error_code": ErrorCode.none,
                         "generation_id": group.generation,
                         "protocol_type": group.protocol_type,
                         "protocol_name": group.protocol_name,
@@ -332,15 +320,15 @@ class GroupCoordinator:
             member_id = f"{client_id or 'member'}-{uuid.uuid4()}"
             if require_known_member_id:
                 group.pending.add(member_id)
-                raise JoinError(MEMBER_ID_REQUIRED, member_id)
+                raise JoinError(ErrorCode.member_id_required, member_id)
         elif member_id not in group.members and member_id not in group.pending:
-            raise JoinError(UNKNOWN_MEMBER_ID, member_id)
+            raise JoinError(ErrorCode.unknown_member_id, member_id)
 
         group.pending.discard(member_id)
         member = group.members.get(member_id)
         if member is None:
             if len(group.members) >= s.max_size:
-                raise JoinError(GROUP_MAX_SIZE_REACHED, member_id)
+                raise JoinError(ErrorCode.group_max_size_reached, member_id)
             member = Member(
                 member_id,
                 instance_id,
@@ -363,7 +351,7 @@ class GroupCoordinator:
             member.expiry.cancel()
             member.expiry = None
         if member.join_future and not member.join_future.done():
-            member.join_future.set_exception(JoinError(UNKNOWN_MEMBER_ID))
+            member.join_future.set_exception(JoinError(ErrorCode.unknown_member_id))
         member.join_future = self._loop().create_future()
         fut = member.join_future
         del changed  # any join outside a rebalance starts one, as the leader's does in Kafka
@@ -387,11 +375,11 @@ class GroupCoordinator:
         group = self.groups.get(group_id)
         if group is None or member_id not in group.members:
             if instance_id and group and instance_id in group.static:
-                raise JoinError(FENCED_INSTANCE_ID)
-            raise JoinError(UNKNOWN_MEMBER_ID)
+                raise JoinError(ErrorCode.fenced_instance_id)
+            raise JoinError(ErrorCode.unknown_member_id)
         member = group.members[member_id]
         if instance_id and member.instance_id and member.instance_id != instance_id:
-            raise JoinError(FENCED_INSTANCE_ID)
+            raise JoinError(ErrorCode.fenced_instance_id)
         return group, member
 
     async def sync(
@@ -404,9 +392,9 @@ class GroupCoordinator:
     ) -> dict:
         group, member = self._member(group_id, member_id, instance_id)
         if generation != group.generation:
-            raise JoinError(ILLEGAL_GENERATION)
+            raise JoinError(ErrorCode.illegal_generation)
         if group.state == PREPARING:
-            raise JoinError(REBALANCE_IN_PROGRESS)
+            raise JoinError(ErrorCode.rebalance_in_progress)
         result = {
             "protocol_type": group.protocol_type,
             "protocol_name": group.protocol_name,
@@ -425,7 +413,7 @@ class GroupCoordinator:
                 m.sync_future = None
             return {**result, "assignment": member.assignment}
         if member.sync_future and not member.sync_future.done():
-            member.sync_future.set_exception(JoinError(REBALANCE_IN_PROGRESS))
+            member.sync_future.set_exception(JoinError(ErrorCode.rebalance_in_progress))
         member.sync_future = self._loop().create_future()
         assignment = await member.sync_future
         return {**result, "assignment": assignment}
@@ -438,41 +426,41 @@ class GroupCoordinator:
         except JoinError as e:
             return e.code
         if generation != group.generation:
-            return ILLEGAL_GENERATION
+            return ErrorCode.illegal_generation
         self._touch(group, member)
         if group.state == PREPARING:
-            return REBALANCE_IN_PROGRESS
-        return NONE
+            return ErrorCode.rebalance_in_progress
+        return ErrorCode.none
 
     def leave(self, group_id: str, members: list[tuple[str, str | None]]) -> tuple[int, list]:
         group = self.groups.get(group_id)
         results = []
         changed = False
         for member_id, instance_id in members:
-            code = NONE
+            code = ErrorCode.none
             target = None
             if group is not None:
                 if instance_id:
                     mid = group.static.get(instance_id)
                     if mid is None:
-                        code = UNKNOWN_MEMBER_ID
+                        code = ErrorCode.unknown_member_id
                     elif member_id and member_id != mid:
-                        code = FENCED_INSTANCE_ID
+                        code = ErrorCode.fenced_instance_id
                     else:
                         target = group.members.get(mid)
                 else:
                     target = group.members.get(member_id)
                     if target is None:
-                        code = UNKNOWN_MEMBER_ID
+                        code = ErrorCode.unknown_member_id
             else:
-                code = UNKNOWN_MEMBER_ID
+                code = ErrorCode.unknown_member_id
             if target is not None:
                 self._remove_member(group, target)  # type: ignore[arg-type]
                 changed = True
             results.append((member_id, instance_id, code))
         if changed and group is not None:
             self._after_membership_change(group)
-        top = results[0][2] if len(results) == 1 else NONE
+        top = results[0][2] if len(results) == 1 else ErrorCode.none
         return top, results
 
     def commit_check(
@@ -481,18 +469,20 @@ class GroupCoordinator:
         group = self.groups.get(group_id)
         if generation < 0 and not member_id:
             if group is not None and group.members:
-                return UNKNOWN_MEMBER_ID  # as Kafka: an anonymous commit to an active group
-            return NONE
+                return (
+                    ErrorCode.unknown_member_id
+                )  # as Kafka: an anonymous commit to an active group
+            return ErrorCode.none
         try:
             group, member = self._member(group_id, member_id, instance_id)
         except JoinError as e:
             return e.code
         if generation != group.generation:
-            return ILLEGAL_GENERATION
+            return ErrorCode.illegal_generation
         if group.state == COMPLETING:
-            return REBALANCE_IN_PROGRESS
+            return ErrorCode.rebalance_in_progress
         self._touch(group, member)
-        return NONE
+        return ErrorCode.none
 
     def describe(self, group_id: str) -> dict:
         group = self.groups.get(group_id)
@@ -544,14 +534,14 @@ class GroupCoordinator:
                     member.expiry.cancel()
                 for fut in (member.join_future, member.sync_future):
                     if fut and not fut.done():
-                        fut.set_exception(JoinError(NOT_COORDINATOR))
+                        fut.set_exception(JoinError(ErrorCode.not_coordinator))
 
     def delete(self, group_id: str) -> int:
         group = self.groups.get(group_id)
         if group is not None and group.members:
-            return NON_EMPTY_GROUP
+            return ErrorCode.non_empty_group
         if group is None and not self.offsets.has_group(group_id):
-            return GROUP_ID_NOT_FOUND
+            return ErrorCode.group_id_not_found
         self.groups.pop(group_id, None)
         self.offsets.delete_group(group_id)
-        return NONE
+        return ErrorCode.none

@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from kio.index import load_request_schema
+from kio.schema.errors import ErrorCode
 
 from straitmq.protocol.client import ConnectionClosed, KafkaConnection
 
@@ -28,8 +29,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("straitmq.replication")
 
-NONE = 0
-OFFSET_OUT_OF_RANGE = 1
 FETCH_MAX_WAIT_MS = 500
 PARTITION_MAX_BYTES = 1 << 20
 RESPONSE_MAX_BYTES = 16 << 20
@@ -145,7 +144,7 @@ class LeaderFetcher:
                 f = self.follows.get((t.topic, r.partition))
                 if f is None or not f.truncating:
                     continue
-                if int(r.error_code) != NONE:
+                if int(r.error_code) != ErrorCode.none:
                     backoff = True
                     continue
                 self._truncate_one(f, r.leader_epoch, r.end_offset)
@@ -218,9 +217,9 @@ class LeaderFetcher:
                 if f is None or f.truncating or f.part.log.log_end_offset != sent.get(key):
                     continue
                 err = int(r.error_code)
-                if err == NONE:
+                if err == ErrorCode.none:
                     self._apply(f, r)
-                elif err == OFFSET_OUT_OF_RANGE:
+                elif err == ErrorCode.offset_out_of_range:
                     plog = f.part.log
                     if 0 <= plog.log_end_offset < r.log_start_offset:
                         plog.reset_to(r.log_start_offset)

@@ -1,0 +1,68 @@
+"""HTTP side of a broker, by resource: health and readiness, topics, records (REST
+produce/consume), groups and cluster operations, plus the controller's endpoints on a
+combined node. JSON in and out (orjson); every error is a 4xx/5xx with {"error": "..."}
+that says what to fix; nothing here can take the broker down.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from straitmq.controller.http_api import add_routes as add_controller_routes
+
+from . import cluster, groups, health, records, topics
+from .common import PEERS, Peers, _error
+
+if TYPE_CHECKING:
+    from ..broker import Broker
+
+# Answered in every phase: liveness, readiness (with its reason) and metrics.
+ALWAYS_OPEN = frozenset({"/healthz", "/readyz", "/metrics"})
+# The controller quorum's own endpoints: they answer from the quorum, not from this
+# broker's view, once the quorum shell exists (a combined node votes through them).
+QUORUM_PATHS = ("/raft", "/controller/", "/api/v1/quorum")
+
+
+def _gate(broker: Broker) -> Any:
+    """Until the broker serves (and once it is leaving), admin and REST calls get a 503
+    with the reason instead of an answer from a view the broker does not have yet."""
+
+    @web.middleware
+    async def gate(request: web.Request, handler: Any) -> web.StreamResponse:
+        path = request.path
+        if broker.serving or path in ALWAYS_OPEN:
+            return await handler(request)
+        if path.startswith(QUORUM_PATHS) and hasattr(broker, "quorum"):
+            return await handler(request)
+        resp = _error(503, f"{broker.not_ready_reason()}; retry shortly")
+        resp.headers["Retry-After"] = "1"
+        return resp
+
+    return gate
+
+
+def build_app(broker: Broker) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_gate(broker)])
+    app[PEERS] = Peers()
+
+    async def close_peers(app: web.Application) -> None:
+        await app[PEERS].close()
+
+    app.on_cleanup.append(close_peers)
+    for resource in (health, topics, records, groups, cluster):
+        resource.add_routes(app, broker)
+    broker.telemetry.add_routes(app)  # GET /metrics
+    if broker.combined:
+        add_controller_routes(app, broker)
+    return app
+
+
+async def start_http(broker: Broker, host: str, port: int) -> tuple[web.AppRunner, int]:
+    runner = web.AppRunner(build_app(broker), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    sockets = site._server.sockets if site._server else []  # type: ignore[union-attr]
+    actual = sockets[0].getsockname()[1] if sockets else port
+    return runner, actual

@@ -1,0 +1,282 @@
+"""Cluster operations: reassignment with its throttle, cluster configs, preferred-leader
+election and the controller quorum's status."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+import aiohttp
+import orjson
+from aiohttp import web
+from kio.schema.errors import ErrorCode
+from straitmq.controller.errors import ControllerError
+
+from .common import _ERROR_STATUS, PEERS, _body, _error, _json
+
+if TYPE_CHECKING:
+    from ..broker import Broker
+
+_OPS_STATUS = {
+    **_ERROR_STATUS,
+    ErrorCode.no_reassignment_in_progress: 409,
+    ErrorCode.request_timed_out: 503,
+    ErrorCode.not_controller: 503,
+}
+
+
+def _ops_error(e: ControllerError) -> web.Response:
+    return _error(_OPS_STATUS.get(e.code, 400), e.message, e.code)
+
+
+def _local_progress(broker: Broker) -> list[dict]:
+    """Replica log ends of the moving partitions this broker leads."""
+    out = []
+    for t in broker.image.topics.values():
+        for i, meta in enumerate(t.partitions):
+            if not (meta.adding or meta.removing):
+                continue
+            p = broker.partitions.leader_of(t.name, i)
+            if p is None:
+                continue
+            ends = {str(r): f.log_end_offset for r, f in p.followers.items()}
+            ends[str(broker.node_id)] = p.log.log_end_offset
+            out.append(
+                {
+                    "topic": t.name,
+                    "partition": i,
+                    "leader_log_end_offset": p.log.log_end_offset,
+                    "replica_log_end_offsets": ends,
+                }
+            )
+    return out
+
+
+def _throttle(broker: Broker) -> int:
+    return int(broker.image.cluster_configs.get("replication.throttled.rate", "-1"))
+
+
+def add_routes(app: web.Application, broker: Broker) -> None:
+    from straitmq.controller.operations import CLUSTER_CONFIGS
+
+    routes = web.RouteTableDef()
+
+    @routes.get("/api/v1/reassignments")
+    async def list_reassignments(request: web.Request) -> web.Response:
+        if request.query.get("local") == "true":
+            return _json({"progress": _local_progress(broker)})
+        try:
+            reply = await broker.control("list_reassignments", {})
+        except ControllerError as e:
+            return _ops_error(e)
+        progress = {(p["topic"], p["partition"]): p for p in _local_progress(broker)}
+        leaders = set()
+        for r in reply["reassignments"]:
+            meta = broker.image.partition(r["topic"], r["index"])
+            if meta is not None and (r["topic"], r["index"]) not in progress:
+                leaders.add(meta.leader)
+
+        async def ask(node: int) -> list[dict]:
+            b = broker.image.brokers.get(node)
+            if b is None or node == broker.node_id:
+                return []
+            try:
+                _, body = await request.app[PEERS].get_json(
+                    f"http://{b.host}:{b.http_port}/api/v1/reassignments?local=true"
+                )
+                return body.get("progress", [])
+            except (aiohttp.ClientError, TimeoutError, OSError, orjson.JSONDecodeError):
+                return []
+
+        for found in await asyncio.gather(*(ask(n) for n in leaders)):
+            progress.update({(p["topic"], p["partition"]): p for p in found})
+        out = []
+        for r in reply["reassignments"]:
+            meta = broker.image.partition(r["topic"], r["index"])
+            prog = progress.get((r["topic"], r["index"]), {})
+            out.append(
+                {
+                    "topic": r["topic"],
+                    "partition": r["index"],
+                    "replicas": r["replicas"],
+                    "target": [x for x in r["replicas"] if x not in r["removing"]],
+                    "adding": r["adding"],
+                    "removing": r["removing"],
+                    "isr": r["isr"],
+                    "leader": meta.leader if meta is not None else -1,
+                    "leader_log_end_offset": prog.get("leader_log_end_offset"),
+                    "replica_log_end_offsets": prog.get("replica_log_end_offsets", {}),
+                }
+            )
+        return _json({"reassignments": out, "throttle_bytes_per_sec": _throttle(broker)})
+
+    @routes.post("/api/v1/reassignments")
+    async def reassign(request: web.Request) -> web.Response:
+        body = await _body(request)
+        parts = body.get("partitions")
+        if not isinstance(parts, list) or not parts:
+            return _error(
+                400,
+                "'partitions' must be a non-empty list of "
+                '{"topic", "partition", "replicas": [broker ids] | null}',
+            )
+        items = []
+        for i, p in enumerate(parts):
+            if not isinstance(p, dict):
+                return _error(400, f"partitions[{i}] must be an object")
+            topic, index = p.get("topic"), p.get("partition")
+            if not isinstance(topic, str) or not isinstance(index, int):
+                return _error(
+                    400, f"partitions[{i}] needs 'topic' (string) and 'partition' (integer)"
+                )
+            if "replicas" not in p:
+                return _error(
+                    400,
+                    f"partitions[{i}] needs 'replicas': a list of broker ids, "
+                    "or null to cancel the partition's reassignment",
+                )
+            replicas = p["replicas"]
+            if replicas is not None and (
+                not isinstance(replicas, list)
+                or not replicas
+                or not all(isinstance(r, int) and not isinstance(r, bool) for r in replicas)
+            ):
+                return _error(
+                    400, f"partitions[{i}].replicas must be a non-empty list of broker ids or null"
+                )
+            items.append({"topic": topic, "index": index, "replicas": replicas})
+        throttle = body.get("throttle_bytes_per_sec")
+        is_int = isinstance(throttle, int) and not isinstance(throttle, bool)
+        if throttle is not None and not (is_int and (throttle > 0 or throttle == -1)):
+            return _error(
+                400, "'throttle_bytes_per_sec' must be a positive integer, or -1/null for none"
+            )
+        request_body: dict = {"partitions": items}
+        if "throttle_bytes_per_sec" in body:
+            request_body["throttle"] = None if throttle in (None, -1) else throttle
+        try:
+            await broker.control("reassign", request_body)
+        except ControllerError as e:
+            return _ops_error(e)
+        state = []
+        for it in items:
+            meta = broker.image.partition(it["topic"], it["index"])
+            if meta is None:
+                continue
+            state.append(
+                {
+                    "topic": it["topic"],
+                    "partition": it["index"],
+                    "replicas": meta.replicas,
+                    "adding": meta.adding,
+                    "removing": meta.removing,
+                    "isr": meta.isr,
+                    "leader": meta.leader,
+                    "done": not meta.adding and not meta.removing,
+                }
+            )
+        return _json({"partitions": state, "throttle_bytes_per_sec": _throttle(broker)}, 202)
+
+    @routes.get("/api/v1/cluster/configs")
+    async def get_cluster_configs(_: web.Request) -> web.Response:
+        configs = {k: str(v) for k, v in CLUSTER_CONFIGS.items()}
+        configs.update(broker.image.cluster_configs)
+        return _json({"configs": configs})
+
+    @routes.put("/api/v1/cluster/configs")
+    async def put_cluster_configs(request: web.Request) -> web.Response:
+        body = await _body(request)
+        changes = body.get("configs")
+        if not isinstance(changes, dict) or not changes:
+            return _error(
+                400,
+                'body must be {"configs": {"replication.throttled.rate": "<bytes/s>" | null}}',
+            )
+        if not all(v is None or isinstance(v, str | int) for v in changes.values()):
+            return _error(400, "config values must be strings or integers (null resets)")
+        try:
+            await broker.control(
+                "alter_cluster_configs",
+                {"changes": {k: None if v is None else str(v) for k, v in changes.items()}},
+            )
+        except ControllerError as e:
+            return _ops_error(e)
+        return await get_cluster_configs(request)
+
+    @routes.post("/api/v1/elect-preferred")
+    async def elect_preferred(_: web.Request) -> web.Response:
+        def leaders() -> dict[tuple[str, int], int]:
+            return {
+                (t.name, i): p.leader
+                for t in broker.image.topics.values()
+                for i, p in enumerate(t.partitions)
+            }
+
+        before = leaders()
+        try:
+            await broker.control("elect_preferred", {})
+        except ControllerError as e:
+            return _ops_error(e)
+        moved = [
+            {"topic": t, "partition": i, "from": before[(t, i)], "to": leader}
+            for (t, i), leader in sorted(leaders().items())
+            if (t, i) in before and before[(t, i)] != leader
+        ]
+        return _json({"elected": moved})
+
+    async def quorum(request: web.Request) -> web.Response:
+        """Each voter's own status plus the leader's view of their lag."""
+        voters = broker.quorum.voters
+
+        async def ask(url: str) -> dict | None:
+            try:
+                status, body = await request.app[PEERS].get_json(f"{url}/api/v1/quorum")
+                return body if status == 200 and isinstance(body, dict) else None
+            except (aiohttp.ClientError, TimeoutError, OSError, orjson.JSONDecodeError):
+                return None
+
+        answers = dict(zip(voters, await asyncio.gather(*map(ask, voters.values())), strict=True))
+        leader = next(
+            (s for s in answers.values() if s is not None and s.get("role") == "leader"), None
+        )
+        if leader is None:
+            reachable = [n for n, s in answers.items() if s is not None]
+            return _error(
+                503,
+                f"no controller quorum leader right now (voters {sorted(voters)}, reachable "
+                f"{reachable}); check the controller processes and their logs",
+            )
+        lag = {v["node_id"]: v for v in leader.get("voters", [])}
+        out = []
+        for node, url in sorted(voters.items()):
+            s = answers[node]
+            view = lag.get(node, {})
+            out.append(
+                {
+                    "node_id": node,
+                    "url": url,
+                    "reachable": s is not None,
+                    "role": s.get("role") if s else None,
+                    "epoch": s.get("epoch") if s else None,
+                    "log_end_offset": view.get("log_end_offset"),
+                    "lag": view.get("lag"),
+                    "last_fetch_ms": view.get("last_fetch_ms"),
+                    "last_caught_up_ms": view.get("last_caught_up_ms"),
+                }
+            )
+        return _json(
+            {
+                "cluster_id": leader.get("cluster_id"),
+                "leader_id": leader["node_id"],
+                "epoch": leader["epoch"],
+                "high_watermark": leader["high_watermark"],
+                "log_end_offset": leader["log_end_offset"],
+                "active_controller": leader.get("active_controller"),
+                "voters": out,
+                "observers": leader.get("observers", []),
+            }
+        )
+
+    if not broker.combined:  # a combined node serves its own quorum's status already
+        routes.get("/api/v1/quorum")(quorum)
+    app.add_routes(routes)

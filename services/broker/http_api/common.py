@@ -1,0 +1,113 @@
+"""Shared pieces of the broker's HTTP API: JSON bodies and errors, query parameters,
+redirects to the broker that owns a partition or group, and the one client session this
+broker uses to ask its peers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+from kio.schema.errors import ErrorCode
+from straitmq.controller.errors import ControllerError, error_name
+
+if TYPE_CHECKING:
+    from ..broker import Broker
+
+_ERROR_STATUS = {
+    ErrorCode.unknown_topic_or_partition: 404,
+    ErrorCode.topic_already_exists: 409,
+    ErrorCode.invalid_topic_exception: 400,
+    ErrorCode.invalid_partitions: 400,
+    ErrorCode.invalid_replication_factor: 400,
+    ErrorCode.invalid_replica_assignment: 400,
+    ErrorCode.invalid_config: 400,
+    ErrorCode.invalid_request: 400,
+    ErrorCode.message_too_large: 413,
+}
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def _error(status: int, message: str, code: int | None = None) -> web.Response:
+    body: dict[str, Any] = {"error": message}
+    if code is not None:  # the Kafka error, for clients (the operator) that branch on it
+        body["error_code"] = code
+        body["error_name"] = error_name(code)
+    return _json(body, status)
+
+
+async def _body(request: web.Request) -> dict:
+    try:
+        data = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as e:
+        raise web.HTTPBadRequest(
+            body=orjson.dumps({"error": f"request body is not valid JSON: {e}"}),
+            content_type="application/json",
+        ) from None
+    if not isinstance(data, dict):
+        raise web.HTTPBadRequest(
+            body=orjson.dumps({"error": "request body must be a JSON object"}),
+            content_type="application/json",
+        )
+    return data
+
+
+def _controller_error(e: ControllerError) -> web.Response:
+    return _error(_ERROR_STATUS.get(e.code, 400), e.message, e.code)
+
+
+def _int_param(request: web.Request, name: str, default: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise web.HTTPBadRequest(
+            body=orjson.dumps({"error": f"query parameter '{name}' must be an integer"}),
+            content_type="application/json",
+        ) from None
+
+
+def _elsewhere(broker: Broker, request: web.Request, node: int) -> web.Response:
+    """Another broker leads this partition or coordinates this group: redirect there
+    (307 keeps the method and body)."""
+    b = broker.image.brokers.get(node)
+    if b is None or b.fenced:
+        return _error(503, "no live leader for this partition right now; retry")
+    host = b.host
+    url = f"http://{host}:{b.http_port}{request.rel_url}"
+    raise web.HTTPTemporaryRedirect(url)
+
+
+def _topic_or_404(broker: Broker, name: str) -> None:
+    if name not in broker.image.topics:
+        raise web.HTTPNotFound(
+            body=orjson.dumps({"error": f"topic '{name}' does not exist"}),
+            content_type="application/json",
+        )
+
+
+class Peers:
+    """One HTTP client session for every call this broker makes to its peers' APIs."""
+
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+
+    async def get_json(self, url: str, timeout_s: float = 2.0) -> tuple[int, Any]:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        async with self._session.get(url, timeout=aiohttp.ClientTimeout(timeout_s)) as r:
+            return r.status, orjson.loads(await r.read())
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+PEERS = web.AppKey("peers", Peers)

@@ -1,0 +1,122 @@
+"""Consumer groups: list, describe (members, committed offsets and lag) and delete."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+import aiohttp
+from aiohttp import web
+from kio.schema.errors import ErrorCode
+
+from ..groups.offsets import OFFSETS_TOPIC
+from .common import PEERS, Peers, _elsewhere, _error, _json
+
+if TYPE_CHECKING:
+    from ..broker import Broker
+
+
+async def _end_offsets(
+    broker: Broker, peers: Peers, wanted: list[tuple[str, int]]
+) -> dict[tuple[str, int], int]:
+    """The high watermark of each partition: ours where we lead it, else asked of its
+    leader, one request per (leader, topic) however many partitions; -1 if unknown."""
+    out: dict[tuple[str, int], int] = {}
+    remote: dict[tuple[int, str], list[int]] = {}
+    for topic, index in wanted:
+        p = broker.partitions.leader_of(topic, index)
+        meta = broker.image.partition(topic, index)
+        out[(topic, index)] = p.high_watermark if p is not None else -1
+        if p is None and meta is not None:
+            remote.setdefault((meta.leader, topic), []).append(index)
+
+    async def ask(leader: int, topic: str, indexes: list[int]) -> None:
+        b = broker.image.brokers.get(leader)
+        if b is None:
+            return
+        try:
+            _, body = await peers.get_json(f"http://{b.host}:{b.http_port}/api/v1/topics/{topic}")
+            parts = body["partitions"]
+            for i in indexes:
+                out[(topic, i)] = int(parts[i]["high_watermark"])
+        except (aiohttp.ClientError, TimeoutError, OSError, KeyError, IndexError, ValueError):
+            pass
+
+    await asyncio.gather(*(ask(leader, t, ix) for (leader, t), ix in remote.items()))
+    return out
+
+
+def add_routes(app: web.Application, broker: Broker) -> None:
+    """/api/v1/groups[/{group}]"""
+    routes = web.RouteTableDef()
+
+    @routes.get("/api/v1/groups")
+    async def list_groups(_: web.Request) -> web.Response:
+        return _json(
+            {
+                "groups": [
+                    {"group_id": g, "protocol_type": pt, "state": st}
+                    for g, pt, st in broker.groups.list_groups()
+                ]
+            }
+        )
+
+    @routes.get("/api/v1/groups/{group}")
+    async def describe_group(request: web.Request) -> web.Response:
+        gid = request.match_info["group"]
+        if not broker.offsets.owns(gid):
+            meta = broker.image.partition(OFFSETS_TOPIC, broker.offsets.partition_for(gid))
+            if meta is None:
+                return _error(404, f"group '{gid}' does not exist")
+            return _elsewhere(broker, request, meta.leader)
+        d = broker.groups.describe(gid)
+        if d["group_state"] == "Dead":
+            return _error(404, f"group '{gid}' does not exist")
+        offsets = []
+        committed = sorted(broker.offsets.fetch(gid).items())
+        ends = await _end_offsets(broker, request.app[PEERS], [tp for tp, _ in committed])
+        for (t, part), c in committed:
+            end = ends[(t, part)]
+            offsets.append(
+                {
+                    "topic": t,
+                    "partition": part,
+                    "committed": c.offset,
+                    "end": end,
+                    "lag": max(0, end - c.offset) if end >= 0 else None,
+                }
+            )
+        return _json(
+            {
+                "group_id": gid,
+                "state": d["group_state"],
+                "protocol": d["protocol_data"],
+                "members": [
+                    {
+                        "member_id": m["member_id"],
+                        "client_id": m["client_id"],
+                        "host": m["client_host"],
+                        "instance_id": m["group_instance_id"],
+                    }
+                    for m in d["members"]
+                ],
+                "offsets": offsets,
+            }
+        )
+
+    @routes.delete("/api/v1/groups/{group}")
+    async def delete_group(request: web.Request) -> web.Response:
+        gid = request.match_info["group"]
+        if not broker.offsets.owns(gid):
+            meta = broker.image.partition(OFFSETS_TOPIC, broker.offsets.partition_for(gid))
+            if meta is None:
+                return _error(404, f"group '{gid}' does not exist")
+            return _elsewhere(broker, request, meta.leader)
+        code = broker.groups.delete(gid)
+        if code == ErrorCode.group_id_not_found:
+            return _error(404, f"group '{gid}' does not exist")
+        if code == ErrorCode.non_empty_group:
+            return _error(409, f"group '{gid}' still has members")
+        return _json({"deleted": gid})
+
+    app.add_routes(routes)

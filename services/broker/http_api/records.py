@@ -1,0 +1,165 @@
+"""REST produce and consume, JSON in and out. A produce is the same partition write as
+Kafka's Produce with acks=all (see partition_write)."""
+
+from __future__ import annotations
+
+import base64
+import time
+import zlib
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiohttp import web
+from kio.schema.errors import ErrorCode
+from straitmq.controller.errors import error_name
+
+from ..groups.offsets import OFFSETS_TOPIC
+from ..partition_write import begin_write
+from ..record_codec import build_batch, decode_batch
+from .common import _body, _elsewhere, _error, _int_param, _json, _topic_or_404
+
+if TYPE_CHECKING:
+    from ..broker import Broker
+
+MAX_REST_RECORDS = 10_000
+REST_WRITE_TIMEOUT_S = 30.0
+# A refused REST write's status; any other refusal (not enough replicas, timed out, a
+# storage error) is a 503: retry later.
+_WRITE_STATUS = {
+    ErrorCode.message_too_large: 413,
+    ErrorCode.corrupt_message: 400,
+    ErrorCode.invalid_record: 400,
+    ErrorCode.unknown_topic_or_partition: 404,
+}
+
+
+def _encode_value(v: Any) -> bytes | None:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return v.encode()
+    return orjson.dumps(v)
+
+
+def _decode_bytes(b: bytes | None) -> dict:
+    if b is None:
+        return {"text": None}
+    try:
+        return {"text": b.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(b).decode()}
+
+
+def add_routes(app: web.Application, broker: Broker) -> None:
+    """/api/v1/topics/{name}/records and .../partitions/{p}/records"""
+    routes = web.RouteTableDef()
+
+    @routes.post("/api/v1/topics/{name}/records")
+    async def produce(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        _topic_or_404(broker, name)
+        body = await _body(request)
+        records = body.get("records")
+        if not isinstance(records, list) or not records:
+            return _error(400, "'records' must be a non-empty list")
+        if len(records) > MAX_REST_RECORDS:
+            return _error(413, f"at most {MAX_REST_RECORDS} records per request")
+        topic = broker.image.topics[name]
+        by_partition: dict[int, list] = {}
+        for i, r in enumerate(records):
+            if not isinstance(r, dict):
+                return _error(400, f"records[{i}] must be an object")
+            part = r.get("partition")
+            key = _encode_value(r.get("key"))
+            if part is None:
+                part = (zlib.crc32(key) if key is not None else i) % len(topic.partitions)
+            if not isinstance(part, int) or not 0 <= part < len(topic.partitions):
+                return _error(
+                    400, f"records[{i}].partition must be in [0, {len(topic.partitions)})"
+                )
+            headers = r.get("headers") or {}
+            if not isinstance(headers, dict):
+                return _error(400, f"records[{i}].headers must be an object")
+            by_partition.setdefault(part, []).append(
+                (
+                    key,
+                    _encode_value(r.get("value")),
+                    [(str(k), _encode_value(v)) for k, v in headers.items()],
+                )
+            )
+        for part in by_partition:
+            if broker.partitions.leader_of(name, part) is None:
+                return _elsewhere(broker, request, topic.partitions[part].leader)
+        results = []
+        now = int(time.time() * 1000)
+        for part, recs in sorted(by_partition.items()):
+            # The same write as Kafka's Produce with acks=all: min ISR, storage errors,
+            # the ISR's confirmation.
+            w = begin_write(broker, name, part, memoryview(build_batch(recs, now)), acks=-1)
+            await w.replicated(REST_WRITE_TIMEOUT_S)
+            if w.error_code == ErrorCode.not_leader_or_follower:
+                now_topic = broker.image.topics.get(name)
+                leader = now_topic.partitions[part].leader if now_topic else -1
+                return _elsewhere(broker, request, leader)
+            if w.error_code:
+                message = w.error_message or error_name(w.error_code)
+                status = _WRITE_STATUS.get(w.error_code, 503)  # 503: retriable
+                return _error(status, f"partition {part}: {message}", w.error_code)
+            results.append({"partition": part, "base_offset": w.base_offset, "count": len(recs)})
+        return _json({"offsets": results})
+
+    @routes.get("/api/v1/topics/{name}/partitions/{partition}/records")
+    async def consume(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        _topic_or_404(broker, name)
+        try:
+            part_no = int(request.match_info["partition"])
+        except ValueError:
+            return _error(400, "partition must be an integer")
+        meta = broker.image.partition(name, part_no)
+        if meta is None:
+            return _error(404, f"topic '{name}' has no partition {part_no}")
+        p = broker.partitions.leader_of(name, part_no)
+        group = request.query.get("group")
+        if p is None or (group and not broker.offsets.owns(group)):
+            if p is not None and group:
+                return _error(400, "with 'group', ask the group's coordinator (see /api/v1/groups)")
+            return _elsewhere(broker, request, meta.leader)
+        default_offset = p.log.log_start_offset
+        if group:
+            c = broker.offsets.fetch(group).get((name, part_no))
+            if c is not None:
+                default_offset = c.offset
+        offset = _int_param(request, "offset", default_offset)
+        limit = max(1, min(_int_param(request, "limit", 100), MAX_REST_RECORDS))
+        max_bytes = max(1, min(_int_param(request, "max_bytes", 1 << 20), 64 << 20))
+        if offset < p.log.log_start_offset or offset > p.log.log_end_offset:
+            return _error(
+                416,
+                f"offset {offset} is outside [{p.log.log_start_offset}, {p.log.log_end_offset}]",
+            )
+        out = []
+        pos = offset
+        for raw in p.log.batches(offset, p.high_watermark, max_bytes):
+            for rec in decode_batch(raw):
+                if rec.offset >= offset and len(out) < limit:
+                    out.append(
+                        {
+                            "offset": rec.offset,
+                            "timestamp": rec.timestamp,
+                            "key": _decode_bytes(rec.key),
+                            "value": _decode_bytes(rec.value),
+                            "headers": {k: _decode_bytes(v) for k, v in rec.headers},
+                        }
+                    )
+                    pos = rec.offset + 1
+            if len(out) >= limit:
+                break
+        if group and out:
+            end = broker.offsets.commit(group, [(name, part_no, pos, p.leader_epoch, "rest")])
+            part = broker.partitions.leader_of(OFFSETS_TOPIC, broker.offsets.partition_for(group))
+            if part is not None:
+                await part.wait_for_hw(end, 5.0)
+        return _json({"records": out, "next_offset": pos, "high_watermark": p.high_watermark})
+
+    app.add_routes(routes)

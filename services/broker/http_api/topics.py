@@ -1,0 +1,136 @@
+"""Topic admin: list, create, describe, alter (partitions, configs) and delete."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from straitmq.controller.errors import ControllerError
+from straitmq.metadata.topic_config import effective
+
+from ..groups.offsets import OFFSETS_TOPIC
+from .common import _body, _controller_error, _error, _json, _topic_or_404
+
+if TYPE_CHECKING:
+    from ..broker import Broker
+
+
+def _topic_view(broker: Broker, name: str) -> dict:
+    """The topic as the metadata says, plus what this broker's replicas hold."""
+    t = broker.image.topics[name]
+    parts = []
+    for i, meta in enumerate(t.partitions):
+        p = broker.partitions.get(name, i)
+        parts.append(
+            {
+                "partition": i,
+                "leader": meta.leader,
+                "leader_epoch": meta.leader_epoch,
+                "replicas": meta.replicas,
+                "isr": meta.isr,
+                "adding": meta.adding,
+                "removing": meta.removing,
+                "local": p.role if p else None,
+                "log_start_offset": p.log.log_start_offset if p else -1,
+                "log_end_offset": p.log.log_end_offset if p else -1,
+                "high_watermark": p.high_watermark if p else -1,
+                "size_bytes": p.log.size_bytes if p else 0,
+                "segments": len(p.log.segments) if p else 0,
+            }
+        )
+    return {
+        "name": name,
+        "topic_id": str(t.topic_id),
+        "internal": t.internal,
+        "partitions": parts,
+        "replication_factor": t.replication_factor,
+        "configs": t.configs,
+        "effective_configs": effective({**broker.topic_defaults, **t.configs}),
+    }
+
+
+def add_routes(app: web.Application, broker: Broker) -> None:
+    """/api/v1/topics[/{name}]"""
+    routes = web.RouteTableDef()
+
+    @routes.get("/api/v1/topics")
+    async def list_topics(request: web.Request) -> web.Response:
+        internal = request.query.get("internal") == "true"
+        names = sorted(n for n, t in broker.image.topics.items() if internal or not t.internal)
+        return _json({"topics": [_topic_view(broker, n) for n in names]})
+
+    @routes.post("/api/v1/topics")
+    async def create_topic(request: web.Request) -> web.Response:
+        body = await _body(request)
+        name = body.get("name")
+        if not isinstance(name, str):
+            return _error(400, "'name' (string) is required")
+        partitions = body.get("partitions", broker.config.num_partitions)
+        rf = body.get("replication_factor", broker.config.default_replication_factor)
+        configs = body.get("configs", {})
+        if not isinstance(partitions, int) or not isinstance(rf, int):
+            return _error(400, "'partitions' and 'replication_factor' must be integers")
+        if not isinstance(configs, dict) or not all(
+            isinstance(v, str | int) for v in configs.values()
+        ):
+            return _error(400, "'configs' must map config names to strings")
+        try:
+            await broker.control(
+                "create_topic",
+                {
+                    "name": name,
+                    "partitions": partitions,
+                    "replication_factor": rf,
+                    "configs": {k: str(v) for k, v in configs.items()},
+                },
+            )
+        except ControllerError as e:
+            return _controller_error(e)
+        return _json(_topic_view(broker, name), 201)
+
+    @routes.get("/api/v1/topics/{name}")
+    async def describe_topic(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        _topic_or_404(broker, name)
+        return _json(_topic_view(broker, name))
+
+    @routes.delete("/api/v1/topics/{name}")
+    async def delete_topic(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name == OFFSETS_TOPIC:
+            return _error(400, "the internal offsets topic cannot be deleted")
+        try:
+            await broker.control("delete_topic", {"name": name})
+        except ControllerError as e:
+            return _controller_error(e)
+        return _json({"deleted": name})
+
+    @routes.patch("/api/v1/topics/{name}")
+    async def alter_topic(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        _topic_or_404(broker, name)
+        body = await _body(request)
+        try:
+            if "partitions" in body:
+                if not isinstance(body["partitions"], int):
+                    return _error(400, "'partitions' must be an integer")
+                if body["partitions"] != len(broker.image.topics[name].partitions):
+                    await broker.control(
+                        "create_partitions", {"name": name, "count": body["partitions"]}
+                    )
+            if "configs" in body:
+                changes = body["configs"]
+                if not isinstance(changes, dict):
+                    return _error(400, "'configs' must be an object (null deletes a key)")
+                await broker.control(
+                    "alter_configs",
+                    {
+                        "name": name,
+                        "changes": {k: None if v is None else str(v) for k, v in changes.items()},
+                    },
+                )
+        except ControllerError as e:
+            return _controller_error(e)
+        return _json(_topic_view(broker, name))
+
+    app.add_routes(routes)

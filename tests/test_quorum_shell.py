@@ -1,0 +1,112 @@
+"""The asyncio shell around the Raft core: a broken invariant stops the process on every
+path into the node (a tick, a peer's request, a proposal), and metadata waits resolve
+when entries are applied or fail with a clear error when they are not."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from kio.schema.errors import ErrorCode
+from straitmq.controller import quorum as quorum_module
+from straitmq.controller.errors import ControllerError
+from straitmq.controller.quorum import EXIT_INVARIANT, Quorum
+from straitmq.controller.raft.core import RaftConfig
+from straitmq.controller.raft.messages import VoteRequest, to_dict
+
+CFG = RaftConfig(election_timeout_ms=50, fetch_timeout_ms=100)
+
+
+class Exited(BaseException):
+    """Stands in for os._exit so the test process survives to check the exit code."""
+
+
+@pytest.fixture
+def exits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    codes: list[int] = []
+
+    def fake_exit(code: int) -> None:
+        codes.append(code)
+        raise Exited(code)
+
+    monkeypatch.setattr(quorum_module.os, "_exit", fake_exit)
+    return codes
+
+
+async def _leader(tmp_path: Path) -> Quorum:
+    q = Quorum(1, {1: "http://127.0.0.1:9"}, str(tmp_path), CFG)
+    await q.start()
+    while not q.is_leader:
+        await q.changed()
+    return q
+
+
+async def _close(q: Quorum) -> None:
+    """What the process exit would have released."""
+    assert q._session is not None
+    await q._session.close()
+
+
+def _broken(*_: object) -> None:
+    raise AssertionError("invariant: made up by the test")
+
+
+def test_invariant_broken_in_a_peer_request_stops_the_process(tmp_path, exits) -> None:
+    async def go() -> None:
+        q = await _leader(tmp_path)
+        q._ticker.cancel()  # only the request path may reach the broken node
+        q.node.step = _broken  # type: ignore[method-assign]
+        vote = VoteRequest(src=2, dst=1, epoch=9, candidate_id=2, last_epoch=0, last_offset=0)
+        with pytest.raises(Exited):
+            await q.handle_request(to_dict(vote))
+        await _close(q)
+
+    asyncio.run(go())
+    assert exits == [EXIT_INVARIANT]
+
+
+def test_invariant_broken_in_a_proposal_stops_the_process(tmp_path, exits) -> None:
+    async def go() -> None:
+        q = await _leader(tmp_path)
+        q._ticker.cancel()
+        q.node.propose = _broken  # type: ignore[method-assign]
+        with pytest.raises(Exited):
+            await q.propose([{"type": "cluster", "cluster_id": "x"}])
+        await _close(q)
+
+    asyncio.run(go())
+    assert exits == [EXIT_INVARIANT]
+
+
+def test_invariant_broken_in_a_tick_stops_the_process(tmp_path, exits) -> None:
+    async def go() -> None:
+        q = await _leader(tmp_path)
+        q.node.tick = _broken  # type: ignore[method-assign]
+        with pytest.raises(Exited):
+            await q._ticker
+        await _close(q)
+
+    asyncio.run(go())
+    assert exits == [EXIT_INVARIANT]
+
+
+def test_wait_applied_resolves_on_apply_and_times_out_with_a_reason(tmp_path) -> None:
+    async def go() -> None:
+        q = await _leader(tmp_path)
+        try:
+            target = q.image.offset + 1
+            waiter = asyncio.ensure_future(q.wait_applied(target, 5.0))
+            await asyncio.sleep(0)
+            assert not waiter.done()
+            offset = await q.propose([{"type": "cluster", "cluster_id": "abc"}])
+            assert offset == target
+            await asyncio.wait_for(waiter, 5.0)
+            with pytest.raises(ControllerError) as e:
+                await q.wait_applied(q.image.offset + 100, 0.05)
+            assert e.value.code == ErrorCode.request_timed_out
+            assert "not" in e.value.message and "quorum" in e.value.message
+        finally:
+            await q.stop()
+
+    asyncio.run(go())

@@ -7,12 +7,12 @@ fatal error instead of a retriable one. No module may define its own error const
 
 from __future__ import annotations
 
-import datetime
+import dataclasses
 import re
 from pathlib import Path
 
 from kio.schema.errors import ErrorCode
-from test_errors import Raw, code, fetch_partition, kio_module, make, new_topic
+from test_errors import Raw, code, fetch, fetch_partition, new_topic
 
 ROOT = Path(__file__).resolve().parent.parent
 KAFKA_NAMES = {e.name.upper() for e in ErrorCode}
@@ -30,29 +30,12 @@ def test_no_module_defines_its_own_kafka_error_codes() -> None:
 
 
 def _fetch_at_epoch(topic: str, epoch: int) -> object:
-    m = kio_module("fetch", 12)
-    part = make(
-        m.FetchPartition,
-        partition=0,
-        fetch_offset=0,
-        partition_max_bytes=1 << 16,
-        current_leader_epoch=epoch,
-        log_start_offset=-1,
-        last_fetched_epoch=-1,
-    )
-    return make(
-        m.FetchRequest,
-        replica_id=-1,
-        max_wait=datetime.timedelta(0),
-        min_bytes=0,
-        max_bytes=1 << 16,
-        isolation_level=0,
-        session_id=0,
-        session_epoch=-1,
-        topics=(make(m.FetchTopic, topic=topic, partitions=(part,)),),
-        forgotten_topics_data=(),
-        rack_id="",
-    )
+    """test_errors' Fetch v12, with the client's idea of the leader epoch."""
+    req = fetch(12, topic, 0)
+    (t,) = req.topics
+    (p,) = t.partitions
+    p = dataclasses.replace(p, current_leader_epoch=epoch)
+    return dataclasses.replace(req, topics=(dataclasses.replace(t, partitions=(p,)),))
 
 
 def test_fetch_with_a_newer_leader_epoch_is_unknown_leader_epoch(broker) -> None:

@@ -95,7 +95,7 @@ def test_wait_applied_resolves_on_apply_and_times_out_with_a_reason(tmp_path) ->
     async def go() -> None:
         q = await _leader(tmp_path)
         try:
-            target = q.image.offset + 1
+            target = q.node.log_end_offset  # the next entry
             waiter = asyncio.ensure_future(q.wait_applied(target, 5.0))
             await asyncio.sleep(0)
             assert not waiter.done()

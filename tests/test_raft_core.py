@@ -26,6 +26,7 @@ from straitmq.controller.raft.messages import (
     to_dict,
 )
 from straitmq.controller.raft.storage import MemoryStorage, Snapshot
+from straitmq.controller.raft.storage import apply as apply_ops
 
 CFG = RaftConfig(
     election_timeout_ms=100,
@@ -364,6 +365,25 @@ def test_long_poll_parks_an_empty_fetch_until_new_entries_or_max_wait() -> None:
     assert resp.entries == () and resp.error is None and resp.high_watermark == 2
 
 
+def test_a_fetcher_behind_the_high_watermark_is_answered_not_parked() -> None:
+    """KIP-1166: an observer that re-fetches after the HW moved without it (the voters'
+    fetches moved it) would otherwise wait out the whole long poll to learn the commit."""
+    leader = node(0)
+    elect(leader)
+    leader.step(FetchRequest(1, 0, 1, 0, 0), 300)
+    leader.take_messages()
+    leader.step(FetchRequest(1, 0, 1, 1, 1), 301)  # voter 1 caught up: HW -> 1
+    leader.take_messages()
+    observer = 7
+    leader.step(FetchRequest(observer, 0, 1, 1, 1, observer=True, high_watermark=0), 302)
+    (resp,) = leader.take_messages()  # nothing new to send but the HW: at once
+    assert resp.entries == () and resp.high_watermark == 1
+    leader.step(FetchRequest(observer, 0, 1, 1, 1, observer=True, high_watermark=1), 303)
+    assert leader.take_messages() == []  # up to date: parked
+    leader.step(FetchRequest(2, 0, 1, 1, 1, high_watermark=-1), 304)  # an older sender
+    assert leader.take_messages() == []  # parked, as before the field existed
+
+
 def test_fetch_responses_are_bounded() -> None:
     leader = node(0)
     elect(leader)
@@ -547,3 +567,54 @@ def test_from_dict_rejects_unknown_kinds() -> None:
         from_dict({"kind": "Nope"})
     with pytest.raises(ValueError, match="malformed"):
         from_dict({"kind": "FetchRequest", "src": 1})
+
+
+# -- deferred persistence (the shell's mode: etcd-raft's Ready) ------------------------------
+
+
+def deferred(nid: int = 0, storage: MemoryStorage | None = None, voters=VOTERS) -> RaftNode:
+    return RaftNode(nid, voters, storage or MemoryStorage(), CFG, random.Random(nid), 0,
+                    persist_inline=False)
+
+
+def test_deferred_vote_is_answered_only_once_it_is_durable() -> None:
+    storage = MemoryStorage()
+    n = deferred(0, storage)
+    n.step(VoteRequest(1, 0, 1, 1, 0, 0), 10)
+    assert n.take_messages() == []  # the grant waits for the disk
+    assert (storage.epoch, storage.voted_for) == (0, None)
+    ops, seq = n.take_storage()
+    assert ops == [("state", 1, None), ("state", 1, 1)]
+    apply_ops(storage, ops)
+    n.persisted(seq)
+    (resp,) = n.take_messages()
+    assert isinstance(resp, VoteResponse) and resp.granted
+    assert (storage.epoch, storage.voted_for) == (1, 1)
+
+
+def test_deferred_candidate_asks_for_votes_only_after_voting_for_itself_durably() -> None:
+    n = deferred(0)
+    n.tick(300)
+    n.take_messages()  # pre-votes need nothing durable
+    n.step(VoteResponse(1, 0, 0, True, pre_vote=True), 300)
+    assert n.role == "candidate" and n.take_messages() == []
+    ops, seq = n.take_storage()
+    assert ops == [("state", 1, 0)]
+    n.persisted(seq)
+    assert {m.dst for m in of(n.take_messages(), VoteRequest)} == {1, 2}
+
+
+def test_deferred_leader_counts_its_own_log_only_as_far_as_it_is_durable() -> None:
+    storage = MemoryStorage()
+    n = deferred(0, storage, voters=frozenset({0}))  # one voter: its own disk decides
+    n.tick(300)
+    assert n.is_leader
+    offset = n.propose("a")
+    assert n.high_watermark == 0 and n.take_committed() == []
+    ops, seq = n.take_storage()
+    apply_ops(storage, ops)
+    assert n.high_watermark == 0  # written, but not yet reported durable
+    n.persisted(seq)
+    assert n.high_watermark == offset + 1
+    assert [e for _, e in n.take_committed()][-1] == Entry(1, "a")
+    assert storage.entries == [Entry(1, None), Entry(1, "a")]

@@ -426,7 +426,7 @@ def check_storm(
     )
 
 
-def _values(client: Client, tag: str, n: int = NEW_VALUES) -> list[bytes]:
+def _values(tag: str, n: int = NEW_VALUES) -> list[bytes]:
     return _java_values(f"{tag}-", n)
 
 
@@ -436,7 +436,7 @@ def _values(client: Client, tag: str, n: int = NEW_VALUES) -> list[bytes]:
 @pytest.mark.parametrize("client", CLIENTS, ids=lambda c: c.name)
 def test_fresh_single_node_serves_its_first_clients(client: Client, tmp_path: Path) -> None:
     b = BrokerProcess(tmp_path / "data")
-    values = _values(client, "fresh")
+    values = _values("fresh")
     t, out = storm_at_open(
         client,
         [("127.0.0.1", b.port)],
@@ -501,11 +501,11 @@ def test_single_node_restarted_after_kill9_with_a_large_log(client: Client, tmp_
     try:
         b.create_topic("orders", PARTITIONS)
         b.create_topic("bulk", 1)
-        before = _values(client, "before", 200)
+        before = _values("before", 200)
         assert _fill(b.bootstrap, "orders", before) == len(before)
         assert _fill(b.bootstrap, "bulk", [os.urandom(BULK_VALUE)] * BULK_COUNT) == BULK_COUNT
         b.kill9()
-        values = _values(client, "after")
+        values = _values("after")
         expect = set(before) | set(values)
         t, out = storm_at_open(
             client,
@@ -550,7 +550,7 @@ def test_cluster_started_in_random_order_serves_its_first_clients(
         log_level="info",
         python=PYTHON,
     )
-    values = _values(client, "cluster")
+    values = _values("cluster")
     addrs = [(n.host, n.kafka_port) for n in cluster.brokers.values()]
     t, out = storm_at_open(
         client,

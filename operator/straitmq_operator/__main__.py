@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import sys
 
 import kopf
 from aiohttp import web
 
-from straitmq import logs
-
-from . import handlers
+from . import handlers, log_format
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -64,12 +61,7 @@ async def run(a: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
-    if a.log_format == "json":
-        logs.setup(a.log_level)
-    else:
-        logging.basicConfig(
-            level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-        )
+    log_format.setup(a.log_format, a.log_level)
     try:
         asyncio.run(run(a))
     except KeyboardInterrupt:

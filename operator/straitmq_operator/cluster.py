@@ -13,12 +13,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubernetes.client.rest import ApiException
+from kubernetes.utils import parse_quantity
+
 from . import names as n
 from . import planning, render
 from .admin import AdminClient, AdminError, Topic
-from .conditions import set_condition
+from .conditions import get_condition, set_condition
 from .kube import Kube, ordinal, pod_ready
-from .spec import ClusterSpec, SpecError, parse
+from .spec import ClusterSpec, SpecError, Storage, parse
 
 log = logging.getLogger("straitmq.operator.cluster")
 
@@ -30,6 +33,10 @@ RBAC = "rbac.authorization.k8s.io/v1"
 
 class RackUnavailable(Exception):
     """The spec asks for rack awareness that this install cannot give."""
+
+
+class StorageImmutable(Exception):
+    """The spec changes the storage of existing StatefulSets, which Kubernetes refuses."""
 
 
 def admin_url(body: dict[str, Any], spec: ClusterSpec) -> str:
@@ -110,11 +117,7 @@ class ClusterReconciler:
             await self._rack_binding(spec)
         except (SpecError, RackUnavailable) as e:
             reason = type(e).__name__ if isinstance(e, RackUnavailable) else "InvalidSpec"
-            self.emit("Warning", reason, str(e))
-            conds = list(old.get("conditions") or [])
-            conds = set_condition(conds, "Ready", False, reason, str(e), generation)
-            conds = set_condition(conds, "Degraded", True, reason, str(e), generation)
-            return {**old, "phase": "Degraded", "conditions": conds}
+            return self._refused(old, generation, reason, str(e), always_emit=True)
 
         sts_name = n.statefulset(spec.name, n.BROKER)
         sts = await self.kube.get("apps/v1", "StatefulSet", spec.namespace, sts_name)
@@ -141,7 +144,13 @@ class ClusterReconciler:
             # as they are now, with no second read.
             sets: dict[str, dict[str, Any]] = {}
             for obj in render.objects(spec, replicas):
-                stored = await self.kube.apply(obj)
+                try:
+                    stored = await self.kube.apply(obj)
+                except ApiException as e:
+                    refusal = await self._storage_refusal(spec, obj, e)
+                    if refusal is None:
+                        raise
+                    return self._refused(old, generation, "StorageImmutable", str(refusal))
                 if obj["kind"] == "StatefulSet":
                     sets[obj["metadata"]["labels"]["app.kubernetes.io/component"]] = stored
             if p.scaling and p.scaling.get("adding"):
@@ -149,6 +158,64 @@ class ClusterReconciler:
             if p.phase in ("Ready", "Creating") and current is not None:
                 await self._roll(spec, seen, p, sets)
         return self._status(spec, old, generation, seen, p, replicas, sets)
+
+    def _refused(
+        self,
+        old: dict[str, Any],
+        generation: int | None,
+        reason: str,
+        message: str,
+        always_emit: bool = False,
+    ) -> dict[str, Any]:
+        """A spec the operator cannot carry out: Degraded, with a Warning Event."""
+        conds = list(old.get("conditions") or [])
+        seen = get_condition(conds, "Degraded") or {}
+        if always_emit or (seen.get("reason"), seen.get("message")) != (reason, message):
+            self.emit("Warning", reason, message)
+        conds = set_condition(conds, "Ready", False, reason, message, generation)
+        conds = set_condition(conds, "Degraded", True, reason, message, generation)
+        return {**old, "phase": "Degraded", "conditions": conds}
+
+    async def _storage_refusal(
+        self, spec: ClusterSpec, obj: dict[str, Any], e: ApiException
+    ) -> StorageImmutable | None:
+        """A StatefulSet the API server refused because its volume claims would change.
+
+        Kubernetes forbids changing a StatefulSet's volumeClaimTemplates, so a storage
+        edit on an existing MQCluster cannot be applied; None: refused for another reason.
+        """
+        if obj["kind"] != "StatefulSet" or e.status != 422:
+            return None
+        meta = obj["metadata"]
+        stored = await self.kube.get("apps/v1", "StatefulSet", meta["namespace"], meta["name"])
+        if stored is None:
+            return None
+        have = _claim_storage(stored)
+        want = _claim_storage(obj)
+        if have is None or want is None:
+            return None
+        name = meta["name"]
+        path = f"spec.{meta['labels']['app.kubernetes.io/component']}s.storage"
+        if _quantity(have.size) != _quantity(want.size):
+            change = f"from {have.size} to {want.size}"
+            undo = f"revert {path}.size to {have.size}"
+        elif have.storage_class != want.storage_class:
+            change = f"from class {have.storage_class or '(default)'} to " + (
+                want.storage_class or "(default)"
+            )
+            undo = (
+                f"revert {path}.class to {have.storage_class}"
+                if have.storage_class
+                else f"remove {path}.class"
+            )
+        else:
+            return None
+        return StorageImmutable(
+            f"the storage of an existing MQCluster cannot be changed in place (Kubernetes does "
+            f"not allow StatefulSet {name}'s volume claims to change {change}): {undo}; to grow "
+            f"the volumes, resize each PersistentVolumeClaim data-{name}-N instead if its "
+            f"StorageClass allows volume expansion"
+        )
 
     async def _rack_binding(self, spec: ClusterSpec) -> None:
         """Bind the broker pods' service account to the node reader, or unbind it."""
@@ -459,3 +526,21 @@ class ClusterReconciler:
         if old.get("phase") != p.phase:
             self.emit("Normal", f"Phase{p.phase}", f"phase {old.get('phase')} -> {p.phase}")
         return status
+
+
+def _claim_storage(sts: dict[str, Any]) -> Storage | None:
+    """The size and class of a StatefulSet's data volume claim template."""
+    templates = (sts.get("spec") or {}).get("volumeClaimTemplates") or []
+    claim = next((t for t in templates if (t.get("metadata") or {}).get("name") == "data"), None)
+    if claim is None:
+        return None
+    cspec = claim.get("spec") or {}
+    size = ((cspec.get("resources") or {}).get("requests") or {}).get("storage")
+    return Storage(size=str(size), storage_class=cspec.get("storageClassName") or None)
+
+
+def _quantity(text: str) -> Any:
+    try:
+        return parse_quantity(text)
+    except ValueError:
+        return text

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -21,7 +22,7 @@ from straitmq.telemetry.provider import Telemetry
 from . import names as n
 from .cluster import ClusterReconciler
 from .conditions import set_condition
-from .kube import Kube, api_client
+from .kube import Kube, api_client, explain
 from .topic import TopicProblem, TopicReconciler
 
 log = logging.getLogger("straitmq.operator")
@@ -67,13 +68,15 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.networking.request_timeout = 30
 
 
+def _ref(body: Mapping[str, Any]) -> str:
+    """Kind/namespace/name, as the operator's log lines name an object."""
+    meta = body["metadata"]
+    return "/".join(x for x in (body.get("kind"), meta.get("namespace"), meta["name"]) if x)
+
+
 def _emitter(body: kopf.Body) -> Any:
     def emit(type_: str, reason: str, message: str) -> None:
-        log.info(
-            "event",
-            extra={"object": f"{body['kind']}/{body['metadata']['name']}", "reason": reason,
-                   "detail": message},
-        )
+        log.info("event", extra={"object": _ref(body), "reason": reason, "detail": message})
         kopf.event(body, type=type_, reason=reason, message=message)
 
     return emit
@@ -133,9 +136,10 @@ async def _loop(
                 with metrics().reconcile(kind):
                     status = await reconcile(current)
             except Exception as e:  # any failure: an Event, a condition, and a retry
-                log.exception("reconcile failed", extra={"object": f"{kind}/{ns}/{name}"})
-                kopf.exception(body, reason="ReconcileError", message=f"{type(e).__name__}: {e}")
-                status = _error_status(status, current, e)
+                why = explain(e)
+                log.exception("reconcile failed", extra={"object": _ref(current), "error": why})
+                kopf.exception(body, reason="ReconcileError", message=why)
+                status = _error_status(status, current, why)
             await kube().patch_status(plural, ns, name, status)
             await _sleep(uid, BUSY_INTERVAL_S if _busy(status) else IDLE_INTERVAL_S)
     finally:
@@ -143,9 +147,8 @@ async def _loop(
         _seen.pop(uid, None)
 
 
-def _error_status(status: dict[str, Any], body: dict[str, Any], e: Exception) -> dict[str, Any]:
+def _error_status(status: dict[str, Any], body: dict[str, Any], msg: str) -> dict[str, Any]:
     gen = body["metadata"].get("generation")
-    msg = f"{type(e).__name__}: {e}"
     conds = set_condition(list(status.get("conditions") or []), "Ready", False, "ReconcileError",
                           msg, gen)
     if body.get("kind") == "MQCluster":
@@ -163,7 +166,7 @@ async def cluster_daemon(body: kopf.Body, uid: str, stopped: Any, **_: Any) -> N
 async def cluster_deleted(body: kopf.Body, **_: Any) -> None:
     # Everything namespaced goes with the owner references; the rack binding cannot.
     if await ClusterReconciler(kube(), _emitter(body)).delete(dict(body)):
-        log.info("rack binding deleted", extra={"object": f"MQCluster/{body['metadata']['name']}"})
+        log.info("rack binding deleted", extra={"object": _ref(body)})
 
 
 @kopf.daemon(n.GROUP, n.VERSION, n.TOPICS, cancellation_timeout=5.0)
@@ -181,5 +184,4 @@ async def topic_deleted(body: kopf.Body, **_: Any) -> None:
     except TopicProblem as e:
         # kopf keeps the finalizer and retries; the Event says why it is stuck.
         raise kopf.TemporaryError(f"{e.reason}: {e.message}", delay=10) from None
-    log.info("topic deleted", extra={"object": f"Topic/{body['metadata']['name']}",
-                                     "outcome": outcome})
+    log.info("topic deleted", extra={"object": _ref(body), "outcome": outcome})

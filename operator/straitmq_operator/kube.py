@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from kubernetes import client, config
@@ -121,6 +122,51 @@ class Kube:
                     raise
 
         await asyncio.to_thread(call)
+
+
+# What a person can do about a refusal, by HTTP status (the API server's message says what).
+_API_HINTS = {
+    401: "check the operator's service account token",
+    403: "grant the operator's service account that permission (the Helm chart's RBAC)",
+    404: "check that the object and its CRD exist",
+    409: "another client changed the object meanwhile; the operator retries",
+    422: "correct the field the message names",
+    429: "the API server is overloaded; the operator retries",
+}
+
+
+def api_message(e: ApiException) -> str:
+    """The `message` of the Status the API server answered with (the body if not JSON)."""
+    body = e.body.decode(errors="replace") if isinstance(e.body, bytes) else e.body
+    if not body:
+        return ""
+    try:
+        status = json.loads(body)
+    except ValueError:
+        return " ".join(str(body).split())[:300]
+    if isinstance(status, dict) and status.get("message"):
+        return " ".join(str(status["message"]).split())
+    return ""
+
+
+def explain(e: BaseException) -> str:
+    """One line for a condition or an Event: what went wrong and, if known, what to do.
+
+    A Kubernetes client error's own text carries the HTTP response headers and body;
+    this keeps the status, the reason and the API server's message."""
+    if isinstance(e, ApiException):
+        what = f"the Kubernetes API refused a request (HTTP {e.status} {e.reason or ''}".rstrip()
+        what += ")"
+        message = api_message(e)
+        if message:
+            what += f": {message.rstrip('.')}"
+        code = int(e.status or 0)
+        hint = _API_HINTS.get(code) or (
+            "the API server is unavailable; the operator retries" if code >= 500 else None
+        )
+        return f"{what}; {hint}" if hint else what
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def pod_ready(pod: dict[str, Any]) -> bool:

@@ -30,13 +30,15 @@ from straitmq.metadata.image import MetadataImage, Record
 from .errors import ControllerError, NotController
 from .raft import messages as M
 from .raft.core import NotLeader, RaftConfig, RaftNode
-from .raft.storage import FileStorage, Snapshot
+from .raft.storage import FileStorage, Snapshot, StorageOp
+from .raft.storage import apply as apply_ops
 
 log = logging.getLogger("straitmq.quorum")
 
 T = TypeVar("T")
 TICK_S = 0.02
 EXIT_INVARIANT = 70  # EX_SOFTWARE: the process stopped itself on a broken invariant
+EXIT_STORAGE = 74  # EX_IOERR: the metadata log could not be written
 SNAPSHOT_EVERY = 2000  # applied entries between metadata snapshots
 RESPONSE_OF = {
     "FetchRequest": "FetchResponse",
@@ -82,8 +84,13 @@ class Quorum:
         self.config = config or RaftConfig()
         self.storage = FileStorage(os.path.join(data_dir, "metadata-raft"))
         self.node = RaftNode(
-            node_id, frozenset(voters), self.storage, self.config, random.Random(), now_ms()
+            node_id, frozenset(voters), self.storage, self.config, random.Random(), now_ms(),
+            persist_inline=False,
         )
+        # Storage ops handed out by the node, written by one worker thread at a time;
+        # what piles up while a batch is written goes out as the next batch (one fsync).
+        self._unwritten: list[tuple[list[StorageOp], int]] = []
+        self._writing: asyncio.Task | None = None
         self.image = MetadataImage()
         self.listeners: list[Listener] = []
         self.leader_listeners: list[Callable[[], None]] = []
@@ -117,6 +124,9 @@ class Quorum:
             self._advance(lambda: self.node.resign(now_ms()))
             await asyncio.sleep(0.05)  # let EndQuorumEpoch go out
         self.closed = True
+        if self._writing is not None:  # never cut a write short
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._writing
         if self._ticker:
             self._ticker.cancel()
         for t in list(self._tasks):
@@ -245,6 +255,12 @@ class Quorum:
 
     def _pump(self) -> None:
         node = self.node
+        ops, seq = node.take_storage()
+        if ops:
+            self._unwritten.append((ops, seq))
+        if self._unwritten and self._writing is None and not self.closed:
+            batches, self._unwritten = self._unwritten, []
+            self._writing = asyncio.get_running_loop().create_task(self._write(batches))
         for msg in node.take_messages():
             kind = type(msg).__name__
             if kind in RESPONSE_OF.values():
@@ -288,6 +304,23 @@ class Quorum:
             for cb in self.leader_listeners:
                 cb()
         self._wake_waiters()
+
+    async def _write(self, batches: list[tuple[list[StorageOp], int]]) -> None:
+        """Persist off the event loop, then tell the node (which may release messages,
+        move the high watermark and hand out the next batch)."""
+        ops = [op for batch, _ in batches for op in batch]
+        try:
+            await asyncio.to_thread(apply_ops, self.storage, ops)
+        except OSError as e:
+            # The metadata log cannot be written: this node must not vote or acknowledge
+            # anything it did not persist. Stop, saying why (a restart recovers).
+            log.critical("cannot write the metadata log; stopping this node", exc_info=True)
+            print(f"cannot write the metadata log ({e}); stopping", file=sys.stderr, flush=True)
+            os._exit(EXIT_STORAGE)
+        finally:
+            self._writing = None
+        if not self.closed:
+            self._advance(lambda: self.node.persisted(batches[-1][1]))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

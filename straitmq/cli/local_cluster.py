@@ -13,7 +13,6 @@ namespace, as the network partition tests do).
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -21,10 +20,10 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from dataclasses import dataclass, field
+
+from straitmq.admin_client import AdminError, request_sync
 
 CONTROLLER_ID_BASE = 1000
 
@@ -104,12 +103,11 @@ class Node:
         self.stopped = True
 
     def get(self, path: str, timeout: float = 2.0) -> dict | None:
+        """The node's JSON answer to GET `path`, or None if it refuses or is not up."""
         try:
-            with urllib.request.urlopen(
-                f"http://{self.host}:{self.http_port}{path}", timeout=timeout
-            ) as r:
-                return json.loads(r.read())
-        except (urllib.error.URLError, OSError, ValueError):
+            return request_sync(f"http://{self.host}:{self.http_port}", "GET", path,
+                                timeout_s=timeout)  # fmt: skip
+        except AdminError:
             return None
 
 

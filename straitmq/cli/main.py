@@ -11,13 +11,11 @@ import argparse
 import os
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-import orjson
+from straitmq.admin_client import AdminError, request_sync
 
 DEFAULT_HTTP = os.environ.get("STRAIT_HTTP", "http://127.0.0.1:8080")
 
@@ -27,31 +25,14 @@ class CliError(Exception):
 
 
 def _request(base: str, method: str, path: str, body: Any = None) -> Any:
-    data = orjson.dumps(body) if body is not None else None
-    url = base.rstrip("/") + path
     try:
-        for _ in range(3):  # a broker redirects (307) to a partition's leader
-            req = urllib.request.Request(
-                url, data=data, method=method, headers={"Content-Type": "application/json"}
-            )
-            try:
-                with urllib.request.urlopen(req, timeout=30) as resp:
-                    return orjson.loads(resp.read())
-            except urllib.error.HTTPError as e:
-                if e.code != 307 or not e.headers.get("Location"):
-                    raise
-                url = e.headers["Location"]
-        raise CliError(f"too many redirects for {path}")
-    except urllib.error.HTTPError as e:
-        try:
-            message = orjson.loads(e.read()).get("error", e.reason)
-        except (orjson.JSONDecodeError, AttributeError):
-            message = e.reason
-        raise CliError(message) from None
-    except urllib.error.URLError as e:
-        raise CliError(
-            f"cannot reach StraitMQ at {base} ({e.reason}); is it running? (`strait up`)"
-        ) from None
+        return request_sync(base, method, path, body)
+    except AdminError as e:
+        if e.unreachable:
+            raise CliError(
+                f"cannot reach StraitMQ at {base} ({e.message}); is it running? (`strait up`)"
+            ) from None
+        raise CliError(e.message) from None
 
 
 def _parse_configs(items: list[str] | None) -> dict[str, str | None]:

@@ -2,10 +2,12 @@
 
     metrics = OperatorMetrics(Telemetry("straitmq-operator", instance_id=pod_name))
     with metrics.reconcile("Topic"):
-        ...  # an exception counts as an error of its class name, then propagates
+        ...  # an exception counts as an error of its `error_type`, then propagates
     metrics.requeued("MQCluster")  # a pass that asked to be retried later
 
-The operator's own HTTP server serves `telemetry.render()` on /metrics.
+The operator's own HTTP server serves `telemetry.render()` on /metrics. Every counter
+series of a known label set exists from the first scrape, at zero: a healthy install's
+error panels show 0, not "No data".
 """
 
 from __future__ import annotations
@@ -20,6 +22,20 @@ from .provider import Telemetry
 # Reconciles wait on the API server and the controller: milliseconds to a minute.
 RECONCILE_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 KINDS = ("MQCluster", "Topic")
+# What a reconcile pass can fail with, named by the nearest of these classes an exception
+# derives from (`error_type`), which keeps the label's values few and known in advance:
+# the Kubernetes client's refusals (every status code and client flavour), the brokers'
+# admin API, a Topic its cluster cannot serve (on deletion), the API server unreachable
+# (urllib3), timeouts and other I/O. Anything else is named by its own class.
+ERROR_TYPES = ("ApiException", "AdminError", "TopicProblem", "HTTPError", "TimeoutError",
+               "OSError")  # fmt: skip
+
+
+def error_type(e: BaseException) -> str:
+    for cls in type(e).__mro__:
+        if cls.__name__ in ERROR_TYPES:
+            return cls.__name__
+    return type(e).__name__
 
 
 class OperatorMetrics:
@@ -33,10 +49,16 @@ class OperatorMetrics:
         for kind in KINDS:  # present from the first scrape, at zero
             for outcome in ("success", "error", "requeue"):
                 self._reconciles.add(0, self._outcome(kind, outcome))
+            for error in ERROR_TYPES:
+                self._errors.add(0, self._error(kind, error))
 
     @staticmethod
     def _outcome(kind: str, outcome: str) -> dict[str, str]:
         return {catalog.RESOURCE_KIND: kind, catalog.OUTCOME: outcome}
+
+    @staticmethod
+    def _error(kind: str, error: str) -> dict[str, str]:
+        return {catalog.RESOURCE_KIND: kind, catalog.ERROR: error}
 
     @contextmanager
     def reconcile(self, kind: str) -> Iterator[None]:
@@ -44,7 +66,7 @@ class OperatorMetrics:
         try:
             yield
         except Exception as e:
-            self._errors.add(1, {catalog.RESOURCE_KIND: kind, catalog.ERROR: type(e).__name__})
+            self._errors.add(1, self._error(kind, error_type(e)))
             self._reconciles.add(1, self._outcome(kind, "error"))
             raise
         else:

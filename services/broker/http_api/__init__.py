@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from straitmq.controller.http_api import add_routes as add_controller_routes
 
+from straitmq.admin_client import AdminClient
+
 from . import cluster, groups, health, records, topics
-from .common import PEERS, Peers, _error
+from .common import PEERS, _error
 
 if TYPE_CHECKING:
     from ..broker import Broker
@@ -44,7 +46,7 @@ def _gate(broker: Broker) -> Any:
 
 def build_app(broker: Broker) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_gate(broker)])
-    app[PEERS] = Peers()
+    app[PEERS] = AdminClient(timeout_s=2.0)
 
     async def close_peers(app: web.Application) -> None:
         await app[PEERS].close()

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-import aiohttp
-import orjson
 from aiohttp import web
 from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError
+
+from straitmq.admin_client import AdminError
 
 from .common import _ERROR_STATUS, PEERS, _body, _error, _json
 
@@ -81,11 +81,11 @@ def add_routes(app: web.Application, broker: Broker) -> None:
             if b is None or node == broker.node_id:
                 return []
             try:
-                _, body = await request.app[PEERS].get_json(
+                body = await request.app[PEERS].get(
                     f"http://{b.host}:{b.http_port}/api/v1/reassignments?local=true"
                 )
-                return body.get("progress", [])
-            except (aiohttp.ClientError, TimeoutError, OSError, orjson.JSONDecodeError):
+                return body.get("progress", []) if isinstance(body, dict) else []
+            except AdminError:
                 return []
 
         for found in await asyncio.gather(*(ask(n) for n in leaders)):
@@ -230,9 +230,9 @@ def add_routes(app: web.Application, broker: Broker) -> None:
 
         async def ask(url: str) -> dict | None:
             try:
-                status, body = await request.app[PEERS].get_json(f"{url}/api/v1/quorum")
-                return body if status == 200 and isinstance(body, dict) else None
-            except (aiohttp.ClientError, TimeoutError, OSError, orjson.JSONDecodeError):
+                body = await request.app[PEERS].get(f"{url}/api/v1/quorum")
+                return body if isinstance(body, dict) else None
+            except AdminError:
                 return None
 
         answers = dict(zip(voters, await asyncio.gather(*map(ask, voters.values())), strict=True))

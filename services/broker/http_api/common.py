@@ -1,17 +1,18 @@
 """Shared pieces of the broker's HTTP API: JSON bodies and errors, query parameters,
-redirects to the broker that owns a partition or group, and the one client session this
-broker uses to ask its peers.
+redirects to the broker that owns a partition or group, and the admin client this broker
+asks its peers with.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import orjson
 from aiohttp import web
 from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError, error_name
+
+from straitmq.admin_client import AdminClient
 
 if TYPE_CHECKING:
     from ..broker import Broker
@@ -93,21 +94,5 @@ def _topic_or_404(broker: Broker, name: str) -> None:
         )
 
 
-class Peers:
-    """One HTTP client session for every call this broker makes to its peers' APIs."""
-
-    def __init__(self) -> None:
-        self._session: aiohttp.ClientSession | None = None
-
-    async def get_json(self, url: str, timeout_s: float = 2.0) -> tuple[int, Any]:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
-        async with self._session.get(url, timeout=aiohttp.ClientTimeout(timeout_s)) as r:
-            return r.status, orjson.loads(await r.read())
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-
-
-PEERS = web.AppKey("peers", Peers)
+# The one admin client this broker asks its peers (brokers, controllers) with.
+PEERS = web.AppKey("peers", AdminClient)

@@ -5,19 +5,20 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-import aiohttp
 from aiohttp import web
 from kio.schema.errors import ErrorCode
 
+from straitmq.admin_client import AdminClient, AdminError
+
 from ..groups.offsets import OFFSETS_TOPIC
-from .common import PEERS, Peers, _elsewhere, _error, _json
+from .common import PEERS, _elsewhere, _error, _json
 
 if TYPE_CHECKING:
     from ..broker import Broker
 
 
 async def _end_offsets(
-    broker: Broker, peers: Peers, wanted: list[tuple[str, int]]
+    broker: Broker, peers: AdminClient, wanted: list[tuple[str, int]]
 ) -> dict[tuple[str, int], int]:
     """The high watermark of each partition: ours where we lead it, else asked of its
     leader, one request per (leader, topic) however many partitions; -1 if unknown."""
@@ -35,15 +36,26 @@ async def _end_offsets(
         if b is None:
             return
         try:
-            _, body = await peers.get_json(f"http://{b.host}:{b.http_port}/api/v1/topics/{topic}")
+            body = await peers.get(f"http://{b.host}:{b.http_port}/api/v1/topics/{topic}")
             parts = body["partitions"]
             for i in indexes:
                 out[(topic, i)] = int(parts[i]["high_watermark"])
-        except (aiohttp.ClientError, TimeoutError, OSError, KeyError, IndexError, ValueError):
+        except (AdminError, KeyError, IndexError, TypeError, ValueError):
             pass
 
     await asyncio.gather(*(ask(leader, t, ix) for (leader, t), ix in remote.items()))
     return out
+
+
+def _not_coordinator(broker: Broker, request: web.Request, gid: str) -> web.Response | None:
+    """None if this broker coordinates the group; else a 404 or a redirect to the one
+    that does."""
+    if broker.offsets.owns(gid):
+        return None
+    meta = broker.image.partition(OFFSETS_TOPIC, broker.offsets.partition_for(gid))
+    if meta is None:
+        return _error(404, f"group '{gid}' does not exist")
+    return _elsewhere(broker, request, meta.leader)
 
 
 def add_routes(app: web.Application, broker: Broker) -> None:
@@ -64,11 +76,8 @@ def add_routes(app: web.Application, broker: Broker) -> None:
     @routes.get("/api/v1/groups/{group}")
     async def describe_group(request: web.Request) -> web.Response:
         gid = request.match_info["group"]
-        if not broker.offsets.owns(gid):
-            meta = broker.image.partition(OFFSETS_TOPIC, broker.offsets.partition_for(gid))
-            if meta is None:
-                return _error(404, f"group '{gid}' does not exist")
-            return _elsewhere(broker, request, meta.leader)
+        if (elsewhere := _not_coordinator(broker, request, gid)) is not None:
+            return elsewhere
         d = broker.groups.describe(gid)
         if d["group_state"] == "Dead":
             return _error(404, f"group '{gid}' does not exist")
@@ -107,11 +116,8 @@ def add_routes(app: web.Application, broker: Broker) -> None:
     @routes.delete("/api/v1/groups/{group}")
     async def delete_group(request: web.Request) -> web.Response:
         gid = request.match_info["group"]
-        if not broker.offsets.owns(gid):
-            meta = broker.image.partition(OFFSETS_TOPIC, broker.offsets.partition_for(gid))
-            if meta is None:
-                return _error(404, f"group '{gid}' does not exist")
-            return _elsewhere(broker, request, meta.leader)
+        if (elsewhere := _not_coordinator(broker, request, gid)) is not None:
+            return elsewhere
         code = broker.groups.delete(gid)
         if code == ErrorCode.group_id_not_found:
             return _error(404, f"group '{gid}' does not exist")

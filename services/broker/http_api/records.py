@@ -3,6 +3,7 @@ Kafka's Produce with acks=all (see partition_write)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 import zlib
@@ -13,10 +14,12 @@ from aiohttp import web
 from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import error_name
 
+from straitmq.admin_client import AdminError
+
 from ..groups.offsets import OFFSETS_TOPIC
 from ..partition_write import begin_write
 from ..record_codec import build_batch, decode_batch
-from .common import _body, _elsewhere, _error, _int_param, _json, _topic_or_404
+from .common import PEERS, _body, _elsewhere, _error, _int_param, _json, _topic_or_404
 
 if TYPE_CHECKING:
     from ..broker import Broker
@@ -66,6 +69,7 @@ def add_routes(app: web.Application, broker: Broker) -> None:
             return _error(413, f"at most {MAX_REST_RECORDS} records per request")
         topic = broker.image.topics[name]
         by_partition: dict[int, list] = {}
+        raw_by_partition: dict[int, list[dict]] = {}  # as sent, for forwarding
         for i, r in enumerate(records):
             if not isinstance(r, dict):
                 return _error(400, f"records[{i}] must be an object")
@@ -87,25 +91,65 @@ def add_routes(app: web.Application, broker: Broker) -> None:
                     [(str(k), _encode_value(v)) for k, v in headers.items()],
                 )
             )
+            raw_by_partition.setdefault(part, []).append({**r, "partition": part})
+        # Partitions led elsewhere: one leader alone gets the whole request (307); with
+        # several, this broker writes its own and forwards each leader its share.
+        remote: dict[int, list[int]] = {}
         for part in by_partition:
             if broker.partitions.leader_of(name, part) is None:
-                return _elsewhere(broker, request, topic.partitions[part].leader)
-        results = []
+                remote.setdefault(topic.partitions[part].leader, []).append(part)
+        if len(remote) == 1 and sum(map(len, remote.values())) == len(by_partition):
+            return _elsewhere(broker, request, next(iter(remote)))
         now = int(time.time() * 1000)
-        for part, recs in sorted(by_partition.items()):
+        local = {
+            p: recs for p, recs in by_partition.items() if broker.partitions.leader_of(name, p)
+        }
+
+        async def write(part: int, recs: list) -> dict:
             # The same write as Kafka's Produce with acks=all: min ISR, storage errors,
             # the ISR's confirmation.
             w = begin_write(broker, name, part, memoryview(build_batch(recs, now)), acks=-1)
             await w.replicated(REST_WRITE_TIMEOUT_S)
-            if w.error_code == ErrorCode.not_leader_or_follower:
-                now_topic = broker.image.topics.get(name)
-                leader = now_topic.partitions[part].leader if now_topic else -1
-                return _elsewhere(broker, request, leader)
             if w.error_code:
                 message = w.error_message or error_name(w.error_code)
-                status = _WRITE_STATUS.get(w.error_code, 503)  # 503: retriable
-                return _error(status, f"partition {part}: {message}", w.error_code)
-            results.append({"partition": part, "base_offset": w.base_offset, "count": len(recs)})
+                raise AdminError(
+                    _WRITE_STATUS.get(w.error_code, 503),  # 503: retriable
+                    f"partition {part}: {message}", error_name(w.error_code), w.error_code,
+                )  # fmt: skip
+            return {"partition": part, "base_offset": w.base_offset, "count": len(recs)}
+
+        async def forward(leader: int, parts: list[int]) -> list[dict]:
+            b = broker.image.brokers.get(leader)
+            if b is None or b.fenced:
+                raise AdminError(503, f"partitions {parts}: no live leader right now; retry")
+            share = [rec for p in parts for rec in raw_by_partition[p]]
+            url = f"http://{b.host}:{b.http_port}/api/v1/topics/{name}/records"
+            answer = await request.app[PEERS].request(
+                "POST", url, {"records": share}, timeout_s=REST_WRITE_TIMEOUT_S + 5
+            )
+            return answer["offsets"]
+
+        outcomes = await asyncio.gather(
+            *(write(p, recs) for p, recs in sorted(local.items())),
+            *(forward(leader, parts) for leader, parts in remote.items()),
+            return_exceptions=True,
+        )
+        results: list[dict] = []
+        failure: AdminError | None = None
+        for o in outcomes:
+            if isinstance(o, AdminError):
+                failure = failure or o
+            elif isinstance(o, BaseException):
+                raise o
+            else:
+                results += o if isinstance(o, list) else [o]
+        results.sort(key=lambda r: r["partition"])
+        if failure is not None:  # what was written is said too: a retry may duplicate it
+            status = failure.status or 503
+            body = {"error": failure.message, "offsets": results}
+            if failure.error_code is not None:
+                body.update(error_code=failure.error_code, error_name=failure.error_name)
+            return _json(body, status)
         return _json({"offsets": results})
 
     @routes.get("/api/v1/topics/{name}/partitions/{partition}/records")

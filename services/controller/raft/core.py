@@ -9,8 +9,19 @@ the time (`tick`), sends what `take_messages` returns and applies what
                     now_ms)
     every 10-50 ms:   node.tick(now_ms)
     on a message:     node.step(from_dict(body), now_ms)
-    after either:     send node.take_messages(); apply node.take_committed()
+    after either:     persist node.take_storage() (then node.persisted(seq)),
+                      send node.take_messages(), apply node.take_committed()
     on the leader:    offset = node.propose({"type": ...})
+
+Persistence follows etcd-raft's Ready: the core does not write; it queues what must be
+durable (`take_storage`) and holds back every message produced after such a write until
+the shell reports it durable (`persisted`), so a vote is never granted, a candidacy never
+announced and a fetch offset (a follower's acknowledgement) never reported before the
+disk has it; the leader counts its own log toward the high watermark only up to what is
+durable. The shell may persist off its event loop and batch whatever piles up meanwhile.
+With `persist_inline=True` (the default) every op is written at once instead, which is
+always correct and what a test reading the storage after each step wants; the shell and
+the simulation use deferred persistence.
 
 Replication is pull-based: followers and observers Fetch from the leader with their
 log end offset and last epoch; the leader answers with entries, a diverging epoch
@@ -45,7 +56,8 @@ from .messages import (
     VoteRequest,
     VoteResponse,
 )
-from .storage import RaftStorage, Snapshot
+from .storage import RaftStorage, Snapshot, StorageOp
+from .storage import apply as apply_ops
 
 LEADER = "leader"
 CANDIDATE = "candidate"
@@ -124,6 +136,7 @@ class RaftNode:
         config: RaftConfig | None = None,
         rng: random.Random | None = None,
         now_ms: int = 0,
+        persist_inline: bool = True,
     ) -> None:
         if not voters:
             raise ValueError("a quorum needs at least one voter")
@@ -150,8 +163,17 @@ class RaftNode:
         self._next_apply = log_start
         self._pending_snapshot = snapshot  # for the first take_committed()
         self._truncations = 0  # bumped whenever the log tail is replaced (for the simulation)
+        # Storage ops not yet handed out / not yet durable, counted from 1.
+        self._inline = persist_inline
+        self._ops: list[StorageOp] = []
+        self._op_ends: list[int] = []  # the log end offset after each op in _ops
+        self._ops_taken = 0  # ops handed out by take_storage (sequence number)
+        self._seq = 0  # ops recorded
+        self._durable = 0  # ops the shell reported durable
+        self._durable_end = self.log_end_offset  # the log end that is on disk
+        self._ends_taken: list[tuple[int, int]] = []  # (seq, log end) handed out, not durable
 
-        self._outbox: list[Message] = []
+        self._outbox: list[tuple[int, Message]] = []  # (ops it waits for, message)
         self._role = UNATTACHED if self._is_voter else OBSERVER
         self._leader_id: int | None = None
         self._election_deadline = _NEVER
@@ -241,8 +263,50 @@ class RaftNode:
     # -- the shell's calls --------------------------------------------------------------
 
     def take_messages(self) -> list[Message]:
-        out, self._outbox = self._outbox, []
+        """Messages to send: those whose storage ops are durable (in order of making)."""
+        durable = self._durable
+        if not self._outbox or self._outbox[-1][0] <= durable:
+            out = [m for _, m in self._outbox]
+            self._outbox = []
+            return out
+        out = [m for need, m in self._outbox if need <= durable]
+        self._outbox = [(need, m) for need, m in self._outbox if need > durable]
         return out
+
+    def take_storage(self) -> tuple[list[StorageOp], int]:
+        """What to persist, in order, and the sequence number to report to `persisted`
+        once it is durable. ([], n) when nothing is pending."""
+        ops, self._ops = self._ops, []
+        ends, self._op_ends = self._op_ends, []
+        if ops:
+            self._ops_taken += len(ops)
+            self._ends_taken.append((self._ops_taken, ends[-1]))
+        return ops, self._ops_taken
+
+    def persisted(self, seq: int) -> None:
+        """The ops up to `seq` (from take_storage) are durable: release the messages that
+        waited for them; the leader's own durable log may move the high watermark."""
+        if seq <= self._durable:
+            return
+        if seq > self._ops_taken:
+            raise AssertionError(f"invariant: persisted({seq}) beyond the ops handed out "
+                                 f"({self._ops_taken}) on node {self.node_id}")
+        self._durable = seq
+        while self._ends_taken and self._ends_taken[0][0] <= seq:
+            self._durable_end = self._ends_taken.pop(0)[1]
+        if self._role == LEADER and self._maybe_advance_hw():
+            self._answer_parked()
+
+    def _persist(self, op: StorageOp) -> None:
+        """Record a storage op made after the in-memory change it describes."""
+        self._seq += 1
+        if self._inline:
+            apply_ops(self._storage, [op])
+            self._ops_taken = self._durable = self._seq
+            self._durable_end = self.log_end_offset
+            return
+        self._ops.append(op)
+        self._op_ends.append(self.log_end_offset)
 
     def take_committed(self) -> list[tuple[int, Entry] | Snapshot]:
         """Newly committed entries in order, each once; a Snapshot first means "reset
@@ -280,11 +344,11 @@ class RaftNode:
         if end_offset <= self._log_start:
             return  # the current snapshot already covers it
         snapshot = Snapshot(end_offset, self._entry_epoch(end_offset - 1), data)
-        self._storage.save_snapshot(snapshot)
         self._cache.truncate_start(end_offset, snapshot.epoch, self.log_end_offset)
         del self._log[: end_offset - self._log_start]
         self._log_start = end_offset
         self._snapshot = snapshot
+        self._persist(("snapshot", snapshot))
 
     def resign(self, now_ms: int) -> None:
         """Graceful shutdown of a leader: hand over to the most caught-up voters."""
@@ -331,7 +395,7 @@ class RaftNode:
             raise AssertionError(f"invariant: epochs never go back ({self._epoch} -> {epoch})")
         if epoch > self._epoch:
             self._epoch, self._voted_for = epoch, None
-            self._storage.save_state(epoch, None)
+            self._persist(("state", epoch, None))
 
     def _leave_role(self) -> None:
         if self._role == LEADER:
@@ -399,7 +463,7 @@ class RaftNode:
         self._leave_role()
         self._epoch += 1
         self._voted_for = self.node_id
-        self._storage.save_state(self._epoch, self.node_id)  # before asking for votes
+        self._persist(("state", self._epoch, self.node_id))  # the requests wait for it
         self._role = CANDIDATE
         self._leader_id = None
         self._grants.add(self.node_id)
@@ -465,8 +529,8 @@ class RaftNode:
         self._log.extend(entries)
 
     def _append_local(self, entries: list[Entry] | tuple[Entry, ...]) -> None:
-        self._storage.append(list(entries))
         self._append_to_memory(entries)
+        self._persist(("append", list(entries)))
 
     def _truncate(self, end_offset: int) -> None:
         if end_offset < self._hw:
@@ -476,10 +540,10 @@ class RaftNode:
             )
         if end_offset >= self.log_end_offset:
             return
-        self._storage.truncate(end_offset)
         del self._log[end_offset - self._log_start :]
         self._cache.truncate_end(end_offset)
         self._truncations += 1
+        self._persist(("truncate", end_offset))
 
     def _install_snapshot(self, snapshot: Snapshot) -> None:
         if snapshot.end_offset <= self._log_start:
@@ -489,11 +553,11 @@ class RaftNode:
                 f"invariant: a snapshot ending at {snapshot.end_offset} would drop committed "
                 f"entries below the high watermark {self._hw}"
             )
-        self._storage.install_snapshot(snapshot)
         self._snapshot = snapshot
         self._log_start = snapshot.end_offset
         self._log = []
         self._cache.reset(snapshot.epoch, snapshot.end_offset)
+        self._persist(("install", snapshot))
         self._set_hw(snapshot.end_offset)
         self._pending_snapshot = snapshot
         self._next_apply = snapshot.end_offset
@@ -513,8 +577,9 @@ class RaftNode:
     def _maybe_advance_hw(self) -> bool:
         """The largest offset a majority of voters reached, once it covers an entry of
         this epoch. True when it moved."""
-        ends = sorted([self.log_end_offset, *(r.end_offset for r in self._replicas.values())],
-                      reverse=True)
+        # Our own log counts only as far as it is durable (etcd-raft's rule as well).
+        own = min(self._durable_end, self.log_end_offset)
+        ends = sorted([own, *(r.end_offset for r in self._replicas.values())], reverse=True)
         reached = ends[self._majority - 1]
         if reached > self._hw and self._entry_epoch(reached - 1) == self._epoch:
             self._set_hw(reached)
@@ -596,8 +661,10 @@ class RaftNode:
             self._parked.pop(m.src, None)
             self._send(self._answer_fetch(m)[0])  # carries the new HW
             self._answer_parked()
-        elif valid and not resp.entries:
-            # Long poll: answer when there is something new, or at max wait.
+        elif valid and not resp.entries and not 0 <= m.high_watermark < self._hw:
+            # Long poll: answer when there is something new (entries or a high watermark
+            # the fetcher has not seen), or at max wait. A fetcher that does not say which
+            # high watermark it knows (-1) is parked too, as before.
             self._parked[m.src] = (m, now + self._cfg.fetch_max_wait_ms)
         else:
             self._parked.pop(m.src, None)
@@ -626,7 +693,7 @@ class RaftNode:
         deadline = self._now + self._cfg.fetch_max_wait_ms + self._cfg.request_timeout_ms
         self._inflight = _Inflight(False, target, offset, epoch, deadline)
         self._send(FetchRequest(self.node_id, target, self._epoch, offset, epoch,
-                                observer=not self._is_voter))
+                                observer=not self._is_voter, high_watermark=self._hw))
 
     def _tick_fetcher(self) -> None:
         now = self._now
@@ -792,7 +859,7 @@ class RaftNode:
             if granted:
                 if self._voted_for is None:
                     self._voted_for = m.candidate_id
-                    self._storage.save_state(self._epoch, m.candidate_id)  # before answering
+                    self._persist(("state", self._epoch, m.candidate_id))  # answer waits
                 if self._role == PROSPECTIVE:
                     self._leave_role()
                     self._role = UNATTACHED
@@ -853,7 +920,9 @@ class RaftNode:
         """An ack whose only content, the epoch, was handled by _observe_epoch."""
 
     def _send(self, msg: Message) -> None:
-        self._outbox.append(msg)
+        # Sent once everything recorded so far is durable (a vote, a candidacy, the
+        # entries a fetch offset acknowledges).
+        self._outbox.append((self._seq, msg))
 
 
 _HANDLERS: dict[type, Any] = {

@@ -41,6 +41,9 @@ class FetchRequest:
     fetch_offset: int  # the fetcher's log end offset
     last_fetched_epoch: int  # epoch of the fetcher's last entry (or snapshot); 0 if empty
     observer: bool = False
+    # The high watermark the fetcher knows (as KIP-1166): a leader whose own is newer
+    # answers at once instead of parking the fetch. -1: unknown (an older sender).
+    high_watermark: int = -1
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,8 @@ import orjson
 
 from .core import NotLeader, RaftConfig, RaftNode
 from .messages import Message, VoteResponse, from_dict, to_dict
-from .storage import MemoryStorage, RaftStorage, Snapshot
+from .storage import MemoryStorage, RaftStorage, Snapshot, StorageOp
+from .storage import apply as apply_ops
 
 # Time runs ten times faster than in production (same ratios as the defaults), so a
 # few simulated seconds hold dozens of elections.
@@ -70,6 +71,8 @@ class Faults:
     crash_after_vote: float  # crash-and-restart a voter right after it grants a vote
     crash_new_leader: float  # crash a leader right after its election
     crash_after_commit: float  # crash a leader right after its high watermark moved
+    defer_persist: float  # a node's new storage ops stay in flight (not yet durable)...
+    persist: float  # ...until this per-tick chance writes them; a crash loses them
 
     @classmethod
     def draw(cls, rng: random.Random) -> Faults:
@@ -89,6 +92,8 @@ class Faults:
             crash_after_vote=rng.choice([0.0, 0.0, 0.3]),
             crash_new_leader=rng.choice([0.0, 0.0, 0.1]),
             crash_after_commit=rng.choice([0.0, 0.0, 0.02]),
+            defer_persist=rng.choice([0.0, 0.5, 0.9]),
+            persist=rng.choice([0.1, 0.5]),
         )
 
 
@@ -122,6 +127,8 @@ class Simulation:
         # A restarted node reloads its storage object, as a process reloads its directory.
         make = storage_factory or (lambda _: MemoryStorage())
         self.disks: dict[int, RaftStorage] = {i: make(i) for i in self.ids}
+        # Storage ops a node handed out that are not on its disk yet: (ops, seq) batches.
+        self.in_flight: dict[int, list[tuple[list[StorageOp], int]]] = {i: [] for i in self.ids}
         self.nodes: dict[int, RaftNode | None] = {i: None for i in self.ids}
         self.group = {i: 0 for i in self.ids}  # partition: same group = connected
         self.queue: list[tuple[int, int, Message]] = []
@@ -148,7 +155,8 @@ class Simulation:
 
     def _start(self, i: int) -> None:
         node_rng = random.Random(self.rng.getrandbits(64))
-        self.nodes[i] = RaftNode(i, self.voter_ids, self.disks[i], self.config, node_rng, self.now)
+        self.nodes[i] = RaftNode(i, self.voter_ids, self.disks[i], self.config, node_rng,
+                                 self.now, persist_inline=False)
         self.applied[i] = []
         self._was_leader[i] = None
         self._matched[i] = (-1, -1)
@@ -157,6 +165,7 @@ class Simulation:
 
     def _crash(self, i: int) -> None:
         self.nodes[i] = None
+        self.in_flight[i] = []  # never reached the disk
         self.stats["crashes"] += 1
 
     def _send(self, msg: Message) -> None:
@@ -186,6 +195,11 @@ class Simulation:
         """Collect a node's output, apply what it committed, and check everything."""
         node = self.nodes[i]
         assert node is not None
+        ops, seq = node.take_storage()
+        if ops:
+            self.in_flight[i].append((ops, seq))
+        if self.in_flight[i] and self.rng.random() >= self.faults.defer_persist:
+            self._write(i)
         out = node.take_messages()
         for msg in out:
             self._send(msg)
@@ -275,6 +289,15 @@ class Simulation:
                     n.resign(self.now)
                     self._after(i)
 
+    def _write(self, i: int) -> None:
+        """Everything node i handed out reaches its disk, in order; it is told so."""
+        node = self.nodes[i]
+        assert node is not None
+        batches, self.in_flight[i] = self.in_flight[i], []
+        for ops, _ in batches:
+            apply_ops(self.disks[i], ops)
+        node.persisted(batches[-1][1])
+
     def _advance(self, until: int) -> None:
         """Deliver messages and tick nodes up to simulated time `until`."""
         while True:
@@ -291,6 +314,8 @@ class Simulation:
             for i in self.ids:
                 node = self.nodes[i]
                 if node is not None:
+                    if self.in_flight[i] and self.rng.random() < self.faults.persist:
+                        self._write(i)
                     node.tick(self.now)
                     self._after(i)
 
@@ -309,6 +334,7 @@ class Simulation:
         f = self.faults
         f.loss = f.duplicate = f.slow = 0.0
         f.crash_after_vote = f.crash_new_leader = f.crash_after_commit = 0.0
+        f.defer_persist = 0.0
         self._heal()
         for i in self.ids:
             if self.nodes[i] is None:

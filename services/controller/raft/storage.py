@@ -45,6 +45,10 @@ class Snapshot:
 
 
 LoadedState = tuple[int, int | None, Snapshot | None, int, list[Entry]]
+# What the core hands the shell to persist, in order (see RaftNode.take_storage):
+# ("state", epoch, voted_for) | ("append", [entries]) | ("truncate", end_offset)
+# | ("snapshot", Snapshot) | ("install", Snapshot)
+StorageOp = tuple[Any, ...]
 
 
 class RaftStorage(Protocol):
@@ -68,6 +72,32 @@ class RaftStorage(Protocol):
 
     def install_snapshot(self, snapshot: Snapshot) -> None:
         """Replace the whole log by `snapshot` (a follower catching up)."""
+
+
+def apply(storage: RaftStorage, ops: list[StorageOp]) -> None:
+    """Persist `ops` in order. Consecutive appends become one write and one fsync: the
+    batching a shell gets by persisting whatever piled up while the last batch ran."""
+    pending: list[Entry] = []
+    for op in ops:
+        if op[0] == "append":
+            pending.extend(op[1])
+            continue
+        if pending:
+            storage.append(pending)
+            pending = []
+        kind = op[0]
+        if kind == "state":
+            storage.save_state(op[1], op[2])
+        elif kind == "truncate":
+            storage.truncate(op[1])
+        elif kind == "snapshot":
+            storage.save_snapshot(op[1])
+        elif kind == "install":
+            storage.install_snapshot(op[1])
+        else:
+            raise ValueError(f"unknown storage op {kind!r}")
+    if pending:
+        storage.append(pending)
 
 
 class MemoryStorage:

@@ -73,6 +73,28 @@ class AdminClient:
         self, method: str, path: str, body: Any = None, timeout_s: float | None = None
     ) -> tuple[int, Any]:
         """(status, JSON answer) of a 2xx; AdminError otherwise."""
+        status, answer, raw = await self._exchange(method, path, body, timeout_s)
+        if status >= 400:
+            if isinstance(answer, dict) and "error" in answer:
+                raise AdminError(
+                    status, str(answer["error"]), answer.get("error_name"),
+                    answer.get("error_code"),
+                )  # fmt: skip
+            text = raw[:200].decode(errors="replace") or f"HTTP {status}"
+            raise AdminError(status, f"{method} {path}: {text}")
+        return status, answer
+
+    async def exchange(
+        self, method: str, path: str, body: Any = None, timeout_s: float | None = None
+    ) -> tuple[int, Any]:
+        """(status, JSON answer or None) whatever the status; AdminError only when the
+        server cannot be reached (for callers that look at refusals themselves)."""
+        status, answer, _ = await self._exchange(method, path, body, timeout_s)
+        return status, answer
+
+    async def _exchange(
+        self, method: str, path: str, body: Any, timeout_s: float | None
+    ) -> tuple[int, Any, bytes]:
         url = path if path.startswith(("http://", "https://")) else self.base_url + path
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession()
@@ -96,15 +118,7 @@ class AdminClient:
             answer = orjson.loads(raw) if raw else None
         except orjson.JSONDecodeError:
             answer = None
-        if status >= 400:
-            if isinstance(answer, dict) and "error" in answer:
-                raise AdminError(
-                    status, str(answer["error"]), answer.get("error_name"),
-                    answer.get("error_code"),
-                )  # fmt: skip
-            text = raw[:200].decode(errors="replace") or f"HTTP {status}"
-            raise AdminError(status, f"{method} {path}: {text}")
-        return status, answer
+        return status, answer, raw
 
     async def get(self, path: str, timeout_s: float | None = None) -> Any:
         return await self.request("GET", path, timeout_s=timeout_s)
@@ -118,6 +132,18 @@ def request_sync(
     async def go() -> Any:
         async with AdminClient(base_url, timeout_s) as admin:
             return await admin.request(method, path, body)
+
+    return asyncio.run(go())
+
+
+def exchange_sync(
+    base_url: str, method: str, path: str, body: Any = None, timeout_s: float = 30.0
+) -> tuple[int, Any]:
+    """(status, JSON answer) from synchronous code, whatever the status."""
+
+    async def go() -> tuple[int, Any]:
+        async with AdminClient(base_url, timeout_s) as admin:
+            return await admin.exchange(method, path, body)
 
     return asyncio.run(go())
 

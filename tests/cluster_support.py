@@ -23,13 +23,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from straitmq.broker.record_codec import decode_batch  # noqa: E402
 from straitmq.broker.storage.log import LogConfig, PartitionLog  # noqa: E402
+from waiting import wait_for  # noqa: E402  (also imported from here by tests)
 
 from straitmq.cli.local_cluster import LocalCluster, Node  # noqa: E402
 
@@ -48,17 +47,6 @@ BROKER_ARGS = [
     "--offsets-topic-replication-factor", "3",
     "--group-initial-rebalance-delay-ms", "0",
 ]  # fmt: skip
-
-
-def wait_for(pred: Callable[[], object], timeout: float, what: str, every: float = 0.1) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(every)
 
 
 # -- the cluster fixture ---------------------------------------------------------------
@@ -186,8 +174,7 @@ def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
         if netns:
             import netns as nsmod
 
-            if not nsmod.available():
-                pytest.skip("network namespaces need root and iproute2")
+            nsmod.require_available()
             net = nsmod.BrokerNetwork(brokers)
             net.setup()
             for j in range(3):

@@ -40,6 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script, tests/ is on sys.path but the repo is not
     sys.path.insert(0, str(ROOT))
 
+from waiting import wait_for  # noqa: E402
+
 from straitmq.cli.local_cluster import free_port  # noqa: E402
 
 if TYPE_CHECKING:
@@ -308,7 +310,9 @@ class KubeControlPlane:
         """Poll `predicate` until it returns something truthy and return that. Exceptions
         count as "not yet" (the last one is reported on timeout); a dead component fails
         at once rather than after the timeout."""
-        return self._wait_until(time.monotonic() + timeout, what, predicate, interval)
+        return wait_for(
+            predicate, timeout, what, interval, check=self.check_alive, ignore=(Exception,)
+        )
 
     def create_namespace(self, name: str, timeout: float = 30) -> str:
         """Create a namespace and wait for its `default` ServiceAccount, without which the
@@ -350,19 +354,8 @@ class KubeControlPlane:
         predicate: Callable[[], T],
         interval: float = 0.25,
     ) -> T:
-        last: BaseException | None = None
-        while True:
-            self.check_alive()
-            try:
-                result = predicate()
-                if result:
-                    return result
-            except Exception as e:
-                last = e
-            if time.monotonic() >= deadline:
-                detail = f" (last error: {last!r})" if last is not None else ""
-                raise TimeoutError(f"timed out waiting for {what}{detail}") from last
-            time.sleep(interval)
+        """`wait_for` up to a deadline shared by several waits (the start-up steps)."""
+        return self.wait_for(predicate, max(0.0, deadline - time.monotonic()), what, interval)
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
         log_path = self.log_path(name)

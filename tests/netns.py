@@ -18,14 +18,30 @@ import shutil
 import subprocess
 
 
-def available() -> bool:
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        return False
+def unavailable() -> str | None:
+    """None when namespaces can be made here, else why not."""
+    if os.geteuid() != 0:
+        return f"network namespaces need root (running as uid {os.geteuid()})"
+    if shutil.which("ip") is None:
+        return "network namespaces need iproute2's `ip`, which is not on PATH"
     name = f"smqp{os.getpid() % 100000}"
-    ok = subprocess.run(["ip", "netns", "add", name], capture_output=True).returncode == 0
-    if ok:
-        subprocess.run(["ip", "netns", "del", name], capture_output=True)
-    return ok
+    r = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"`ip netns add {name}` failed: {r.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    return None
+
+
+def require_available() -> None:
+    """For tests: fail loudly when namespaces cannot be made (CI runs as root with
+    iproute2 and must not skip silently), or skip when STRAITMQ_NETNS_OPTIONAL=1."""
+    import pytest
+
+    reason = unavailable()
+    if reason:
+        if os.environ.get("STRAITMQ_NETNS_OPTIONAL") == "1":
+            pytest.skip(reason)
+        pytest.fail(f"{reason} (STRAITMQ_NETNS_OPTIONAL=1 skips instead)", pytrace=False)
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:

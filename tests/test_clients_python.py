@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import pytest
+from waiting import wait_for
 
 PARTITIONS = 6
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -139,6 +140,14 @@ class GroupRun:
         with self.lock:
             return sum(len(r) for r in self.received)
 
+    def check(self) -> None:
+        """Fail at once when a member reported an error."""
+        if self.errors:
+            raise AssertionError(f"consumer errors: {self.errors}")
+
+    def describe(self) -> str:
+        return f"assignments={self.assignments}, received={self.total()}"
+
     def balanced(self, partitions: int) -> bool:
         """Every member holds partitions, none twice, all covered."""
         with self.lock:
@@ -151,29 +160,17 @@ class GroupRun:
         )
 
 
-def wait_for(
-    cond: Callable[[], bool], what: str, run: GroupRun | None = None, timeout: float = WAIT
-) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if run is not None and run.errors:
-            raise AssertionError(f"consumer errors while waiting for {what}: {run.errors}")
-        if cond():
-            return
-        time.sleep(0.05)
-    detail = f" (assignments={run.assignments}, received={run.total()})" if run else ""
-    raise AssertionError(f"timed out waiting for {what}{detail}")
-
-
 def wait_stable(run: GroupRun, partitions: int) -> None:
     """The group has settled: a balanced assignment that holds for a moment."""
     deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline:
         wait_for(
             lambda: run.balanced(partitions),
+            max(0.1, deadline - time.monotonic()),
             "a balanced assignment",
-            run,
-            timeout=max(0.1, deadline - time.monotonic()),
+            0.05,
+            check=run.check,
+            detail=run.describe,
         )
         snapshot = list(run.assignments)
         time.sleep(0.5)
@@ -671,7 +668,14 @@ def consume_in_group(
         if produce is not None:
             expected = produce()
         assert expected is not None
-        wait_for(lambda: run.total() >= len(expected), f"{len(expected)} messages", run)
+        wait_for(
+            lambda: run.total() >= len(expected),
+            WAIT,
+            f"{len(expected)} messages",
+            0.05,
+            check=run.check,
+            detail=run.describe,
+        )
         time.sleep(0.5)  # duplicates or strays would show up here
     finally:
         run.stop.set()

@@ -22,10 +22,9 @@ from typing import Any
 
 import pytest
 from conftest import record_batch
-
-from services.broker.record_codec import decode_batch
-from services.broker.records import validate_batches
-from services.broker.storage.log import LogConfig, PartitionLog
+from straitmq.broker.record_codec import decode_batch
+from straitmq.broker.records import validate_batches
+from straitmq.broker.storage.log import LogConfig, PartitionLog
 
 PARTITIONS = 3
 
@@ -333,7 +332,7 @@ def test_torn_tail_is_truncated_on_reopen(tmp_path: Any, tail: str, segment_byte
 def test_torn_tail_keeps_idempotent_producer_state(tmp_path: Any) -> None:
     """After recovery the producer state comes from the surviving batches only: a retry
     of the last surviving batch is a duplicate, the torn one must be accepted again."""
-    from services.broker.producer_state import DuplicateBatch
+    from straitmq.broker.producer_state import DuplicateBatch
 
     config = LogConfig()
     plog = PartitionLog(str(tmp_path / "p-0"), config)

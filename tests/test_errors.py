@@ -23,8 +23,7 @@ import pytest
 from conftest import record_batch
 from kio.index import load_response_schema
 from kio.serial import entity_reader, entity_writer
-
-from services.broker.record_codec import decode_batch
+from straitmq.broker.record_codec import decode_batch
 
 NONE = 0
 OFFSET_OUT_OF_RANGE = 1

@@ -31,9 +31,8 @@ from typing import Any
 import pytest
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
-
-from services.broker.api.dispatch import HANDLERS
-from services.broker.record_codec import build_batch
+from straitmq.broker.api.dispatch import HANDLERS
+from straitmq.broker.record_codec import build_batch
 
 SEED = int(os.environ.get("STRAITMQ_FUZZ_SEED") or random.SystemRandom().randrange(2**32))
 FRAMES = int(os.environ.get("STRAITMQ_FUZZ_FRAMES") or 4000)

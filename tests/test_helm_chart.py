@@ -23,13 +23,15 @@ import re
 import subprocess
 import sys
 import tarfile
-import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from conftest import ROOT
+from prometheus_client.parser import text_string_to_metric_families
+from waiting import wait_for
 
 HELM = ROOT / ".cache" / "k8s" / "bin" / "helm"
 CHART = ROOT / "charts" / "straitmq"
@@ -756,11 +758,14 @@ def test_operator_reconciles_with_nothing_but_the_charts_rbac(kube: Any, tmp_pat
     binding = f"straitmq-rack-{ns}-demo"
     brokers = f"--as=system:serviceaccount:{ns}:demo-broker"
 
+    metrics_ports: list[int] = []  # the last one is the running operator's
+
     def run_operator(scope: list[str], log: Path) -> subprocess.Popen[bytes]:
+        metrics_ports.append(free_port())
         with open(log, "wb") as out:
             return subprocess.Popen(
                 [sys.executable, "-m", "straitmq.operator", *scope, "--log-level=info",
-                 f"--metrics-port={free_port()}", f"--health-port={free_port()}"],
+                 f"--metrics-port={metrics_ports[-1]}", f"--health-port={free_port()}"],
                 env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
             )  # fmt: skip
 
@@ -770,6 +775,27 @@ def test_operator_reconciles_with_nothing_but_the_charts_rbac(kube: Any, tmp_pat
             for line in log.read_text(errors="replace").splitlines()
             if re.search(r"\b403\b|[Ff]orbidden|Not enough permissions", line)
         ]
+
+    def healthy(proc: subprocess.Popen[bytes], log: Path) -> None:
+        """Fail at once, not at a timeout: the operator died or was refused something."""
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert not forbidden(log), "\n".join(forbidden(log))
+
+    def passes(kind: str) -> int:
+        """Reconcile passes of `kind` this operator process finished (any outcome)."""
+        url = f"http://127.0.0.1:{metrics_ports[-1]}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                text = r.read().decode()
+        except OSError:
+            return 0  # not serving yet
+        return int(sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "straitmq_operator_reconciles_total"
+            and kind in sample.labels.values()
+        ))  # fmt: skip
 
     log = tmp_path / "operator-namespaced.log"
     proc = run_operator([f"--namespace={ns}"], log)
@@ -785,13 +811,15 @@ def test_operator_reconciles_with_nothing_but_the_charts_rbac(kube: Any, tmp_pat
                 and bool(status.get("phase"))
             )
 
-        # Not kube.wait_for: a refusal or a dead operator must fail at once, not time out.
-        deadline = time.monotonic() + 90
-        while not reconciled():
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert not forbidden(log), "\n".join(forbidden(log))
-            assert time.monotonic() < deadline, "the operator did not reconcile MQCluster demo"
-            time.sleep(0.5)
+        # Not kube.wait_for (it retries on exceptions): a refusal or a dead operator must
+        # fail at once, not time out.
+        wait_for(
+            reconciled,
+            90,
+            "the operator to reconcile MQCluster demo",
+            0.5,
+            check=lambda: healthy(proc, log),
+        )
         pdbs = kube.kubectl("get", "pdb", "-n", ns, "-o", "name").stdout.split()
         assert len(pdbs) == 2
         # The brokers' account may read nodes (their rack label) and nothing more.
@@ -818,8 +846,15 @@ def test_operator_reconciles_with_nothing_but_the_charts_rbac(kube: Any, tmp_pat
     log = tmp_path / "operator-clusterwide.log"
     proc = run_operator(["--all-namespaces"], log)
     try:
-        time.sleep(8)  # startup scans CRDs and starts its watches within a few seconds
-        assert proc.poll() is None, log.read_text()[-3000:]
+        # Started, scanned the CRDs and watching in every namespace: it has finished a
+        # pass over the MQCluster and the Topic, which it can only know of from its watches.
+        wait_for(
+            lambda: passes("MQCluster") > 0 and passes("Topic") > 0,
+            60,
+            "the cluster-wide operator's first passes over MQCluster demo and Topic orders",
+            0.5,
+            check=lambda: healthy(proc, log),
+        )
         # Deleting the MQCluster takes its rack binding (cluster-scoped: no owner reference).
         kube.kubectl("delete", "mqcluster", "demo", "-n", ns, "--timeout=60s")
         gone = kube.kubectl("get", "clusterrolebinding", binding, check=False)

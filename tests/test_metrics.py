@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, free_port
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import wait_for
 
 DASHBOARDS = ROOT / "charts" / "straitmq" / "dashboards"
 EXPECTED_DASHBOARDS = {
@@ -146,17 +147,6 @@ class OtlpReceiver:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
-
-
-def wait_for(check, timeout: float = 15.0, what: str = "condition"):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 # -- dashboards ------------------------------------------------------------------------

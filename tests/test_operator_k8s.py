@@ -23,6 +23,7 @@ import pytest
 from cluster_support import BROKER_ARGS, CONTROLLER_ARGS, PYTHON, Workload, consume_all
 from prometheus_client.parser import text_string_to_metric_families
 from test_metrics import check_served, dashboards
+from waiting import wait_for
 
 from straitmq.cli.local_cluster import LocalCluster, Node, free_port
 
@@ -634,28 +635,55 @@ def test_scale_up_then_down_moves_partitions_and_loses_nothing(
 
         # 5 -> 2 would leave `orders` (RF 3) short of brokers: refused, with the reason.
         kube.kubectl("scale", "mqcluster", "demo", "-n", NS, "--replicas=2")
+        generation = get_json(kube, "mqcluster", "demo", "-n", NS)["metadata"]["generation"]
 
         def refused() -> dict | None:
             c = condition(get_json(kube, "mqcluster", "demo", "-n", NS), "Degraded")
-            return c if c.get("reason") == "ScaleDownRefused" else None
+            # observedGeneration: the pass that saw replicas=2, not an older condition.
+            ok = c.get("reason") == "ScaleDownRefused" and c.get("observedGeneration") == generation
+            return c if ok else None
 
         c = kube.wait_for(refused, 60, "ScaleDownRefused")
         assert c["status"] == "True" and "'orders'" in c["message"] and "3" in c["message"]
-        time.sleep(3)
-        assert get_json(kube, "statefulset", "demo-broker", "-n", NS)["spec"]["replicas"] == 5
+
+        # The refusing pass left the StatefulSet at 5; so must the passes after it. Each
+        # pass that refuses posts an Event: watch the StatefulSet until two more have.
+        def refusals() -> int:
+            events = get_json(
+                kube, "events", "-n", NS, "--field-selector",
+                "involvedObject.kind=MQCluster,involvedObject.name=demo,reason=ScaleDownRefused",
+            )["items"]  # fmt: skip
+            return sum(e.get("count") or 1 for e in events)
+
+        def still_five() -> None:
+            demo.check()
+            replicas = get_json(kube, "statefulset", "demo-broker", "-n", NS)["spec"]["replicas"]
+            assert replicas == 5, f"a refused scale-down changed the StatefulSet to {replicas}"
+
+        before = refusals()
+        wait_for(
+            lambda: refusals() >= before + 2,
+            30,
+            "two more passes refusing the scale-down",
+            0.25,
+            check=still_five,
+        )
+        still_five()
 
         # 5 -> 3: brokers 4 and 3 are drained first; only then does the StatefulSet shrink.
         kube.kubectl("scale", "mqcluster", "demo", "-n", NS, "--replicas=3")
-        deadline = time.monotonic() + 180
-        while True:
+
+        def shrunk() -> bool:
             demo.check()
-            assert time.monotonic() < deadline, "StatefulSet never shrank"
             replicas = get_json(kube, "statefulset", "demo-broker", "-n", NS)["spec"]["replicas"]
             if replicas == 3:
                 assert demo.replicas_on({3, 4}) == 0, "shrank before brokers 3, 4 were drained"
-                break
-            assert replicas == 5
-            time.sleep(0.2)
+                return True
+            assert replicas == 5, replicas
+            return False
+
+        # Not kube.wait_for: that one retries on exceptions, these assertions must fail.
+        wait_for(shrunk, 180, "the StatefulSet to shrink to 3", 0.2, check=kube.check_alive)
         kube.wait_for(
             lambda: get_json(kube, "mqcluster", "demo", "-n", NS)["status"].get("phase")
             == "Ready",

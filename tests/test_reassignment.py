@@ -26,8 +26,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_support import BROKER_ARGS, PYTHON, wait_for
+from cluster_support import BROKER_ARGS, PYTHON, SESSION_TIMEOUT_MS, wait_for
 from cluster_support import CONTROLLER_ARGS as FAULT_CONTROLLER_ARGS
+from waiting import holds
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -193,15 +194,32 @@ def test_broker_with_the_wrong_cluster_id_exits_saying_why(
 def test_second_broker_with_a_taken_node_id_exits_saying_why(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
+    observer = cluster.brokers[1]
+
+    def registration() -> dict:
+        """Broker 2's registration as broker 1's metadata image has it."""
+        b2 = next(b for b in http(observer, "GET", "/api/v1/cluster")[1]["brokers"]
+                  if b["id"] == 2)  # fmt: skip
+        return {k: b2[k] for k in ("incarnation", "port", "fenced", "shutting_down")}
+
+    before = registration()
+    assert not before["fenced"] and before["port"] == cluster.brokers[2].kafka_port, before
     code, err, _ = _run_broker(cluster, tmp_path, 2, cluster.cluster_id)
     assert "node id 2" in err and "already registered" in err, err[-2000:]
-    # The real broker 2 kept its registration and stays alive and unfenced.
-    time.sleep(1.0)
-    brokers = http(cluster.any_broker(), "GET", "/api/v1/cluster")[1]["brokers"]
-    b2 = next(b for b in brokers if b["id"] == 2)
-    assert not b2["fenced"] and b2["port"] == cluster.brokers[2].kafka_port
     assert code is not None, f"the refused broker did not exit: {err[-2000:]}"
     assert code != 0
+    # The real broker 2 kept its registration and stays alive and unfenced: once broker 1
+    # has applied everything the quorum committed up to the refusal, its view of broker 2
+    # must not change for longer than a session timeout (a lost session would fence it).
+    quorum = cluster.quorum()
+    assert quorum is not None
+    hw = quorum["high_watermark"]
+    wait_for(
+        lambda: http(observer, "GET", "/api/v1/cluster")[1]["quorum"]["applied_offset"] + 1 >= hw,
+        10,
+        f"broker 1 to apply the metadata log up to offset {hw}",
+    )
+    holds(registration, SESSION_TIMEOUT_MS / 1000 * 1.5, "broker 2's registration", expect=before)
 
 
 # -- reassignment (4 brokers) --------------------------------------------------------------

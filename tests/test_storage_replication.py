@@ -10,12 +10,11 @@ from typing import Any
 
 import pytest
 from conftest import record_batch
-
-from services.broker.producer_state import DuplicateBatch
-from services.broker.record_codec import decode_batch
-from services.broker.records import InvalidRecords, replicated_batches, validate_batches
-from services.broker.storage.epochs import CHECKPOINT_NAME, LeaderEpochCache
-from services.broker.storage.log import (
+from straitmq.broker.producer_state import DuplicateBatch
+from straitmq.broker.record_codec import decode_batch
+from straitmq.broker.records import InvalidRecords, replicated_batches, validate_batches
+from straitmq.broker.storage.epochs import CHECKPOINT_NAME, LeaderEpochCache
+from straitmq.broker.storage.log import (
     LogConfig,
     OffsetOutOfRange,
     PartitionLog,

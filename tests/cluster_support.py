@@ -12,12 +12,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -30,6 +28,7 @@ from straitmq.broker.record_codec import decode_batch  # noqa: E402
 from straitmq.broker.storage.log import LogConfig, PartitionLog  # noqa: E402
 from waiting import wait_for  # noqa: E402  (also imported from here by tests)
 
+from straitmq.admin_client import request_sync  # noqa: E402
 from straitmq.cli.local_cluster import LocalCluster, Node  # noqa: E402
 
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable
@@ -77,14 +76,7 @@ class Cluster(LocalCluster):
             "configs": {"min.insync.replicas": str(min_isr)},
         }
         b = self.any_broker()
-        req = urllib.request.Request(
-            f"http://{b.host}:{b.http_port}/api/v1/topics",
-            data=json.dumps(body).encode(),
-            method="POST",
-            headers={"content-type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=10) as r:
-            r.read()
+        request_sync(f"http://{b.host}:{b.http_port}", "POST", "/api/v1/topics", body)
         self.wait_isr(name, rf, timeout=30)
 
     def wait_isr(

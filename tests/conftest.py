@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import struct
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 from straitmq.broker.record_codec import build_batch  # noqa: E402
 
+from straitmq.admin_client import AdminError, exchange_sync, request_sync  # noqa: E402
 from straitmq.cli.local_cluster import free_port  # noqa: E402
 
 
@@ -94,11 +93,11 @@ class BrokerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"broker exited: {self.log_path.read_text()[-3000:]}")
             try:
-                with urllib.request.urlopen(f"{self.http}/readyz", timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.1)
+                if exchange_sync(self.http, "GET", "/readyz", timeout_s=1)[0] == 200:
+                    return self
+            except AdminError:  # not listening yet
+                pass
+            time.sleep(0.1)
         raise RuntimeError("broker did not become ready")
 
     def stop(self) -> None:
@@ -117,14 +116,7 @@ class BrokerProcess:
 
     def create_topic(self, name: str, partitions: int = 1) -> None:
         """Create a topic through the HTTP admin API."""
-        req = urllib.request.Request(
-            f"{self.http}/api/v1/topics",
-            method="POST",
-            data=json.dumps({"name": name, "partitions": partitions}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=10) as r:
-            assert r.status == 201
+        request_sync(self.http, "POST", "/api/v1/topics", {"name": name, "partitions": partitions})
 
     def restart(self) -> BrokerProcess:
         self.stop()

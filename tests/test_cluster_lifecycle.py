@@ -4,13 +4,13 @@ leaderships back, and unclean leader election happens only where a topic allows 
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.request
 
 import pytest
 from cluster_support import Workload, cluster_factory, verify, wait_for
 from waiting import holds
+
+from straitmq.admin_client import request_sync
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -53,14 +53,7 @@ def test_controlled_shutdown_moves_leaders_first(cluster) -> None:
 
 
 def _post(node, path: str, body: dict, method: str = "POST") -> dict:
-    req = urllib.request.Request(
-        f"http://{node.host}:{node.http_port}{path}",
-        data=json.dumps(body).encode(),
-        method=method,
-        headers={"content-type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read())
+    return request_sync(f"http://{node.host}:{node.http_port}", method, path, body)
 
 
 def _registration(c, via: int, broker: int) -> dict:

@@ -13,11 +13,9 @@ PartitionLog directly.
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 import time
-import urllib.request
 from typing import Any
 
 import pytest
@@ -25,6 +23,8 @@ from conftest import record_batch
 from straitmq.broker.record_codec import decode_batch
 from straitmq.broker.records import validate_batches
 from straitmq.broker.storage.log import LogConfig, PartitionLog
+
+from straitmq.admin_client import request_sync
 
 PARTITIONS = 3
 
@@ -210,16 +210,8 @@ def test_sigkill_mid_stream_loses_no_acked_message(broker_factory: Any, case: st
 def test_sigkill_with_many_small_segments_recovers(broker_factory: Any) -> None:
     """Tiny segments: the kill lands among many rolled segments and producer snapshots."""
     b = broker_factory()
-    req = urllib.request.Request(
-        f"{b.http}/api/v1/topics",
-        method="POST",
-        data=json.dumps(
-            {"name": "rolls", "partitions": 1, "configs": {"segment.bytes": "1024"}}
-        ).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=10):
-        pass
+    request_sync(b.http, "POST", "/api/v1/topics",
+                 {"name": "rolls", "partitions": 1, "configs": {"segment.bytes": "1024"}})
     stream = Stream(
         b.bootstrap,
         "rolls",
@@ -237,8 +229,8 @@ def test_sigkill_with_many_small_segments_recovers(broker_factory: Any) -> None:
         assert not stream.failed, stream.failed[:5]
         log = _read_all(b.bootstrap, "rolls", 1)
         _check_log(stream, log, allow_duplicates=False)
-        with urllib.request.urlopen(f"{b.http}/api/v1/topics/rolls", timeout=10) as r:
-            assert json.loads(r.read())["partitions"][0]["segments"] > 5
+        topic = request_sync(b.http, "GET", "/api/v1/topics/rolls")
+        assert topic["partitions"][0]["segments"] > 5
     finally:
         PARTITIONS = saved
 

@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_metrics import check_served, dashboards
 from waiting import wait_for
 
+from straitmq.admin_client import request_sync
 from straitmq.cli.local_cluster import LocalCluster, Node, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,9 +70,7 @@ def condition(obj: dict, type_: str) -> dict:
 
 
 def http_json(url: str, method: str = "GET", timeout: float = 3.0) -> Any:
-    req = urllib.request.Request(url, method=method)
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
+    return request_sync(url, method, "", timeout_s=timeout)
 
 
 def assert_none_lost(

@@ -13,15 +13,12 @@ saying why.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
 import threading
 import time
 import typing
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +26,8 @@ import pytest
 from cluster_support import BROKER_ARGS, PYTHON, SESSION_TIMEOUT_MS, wait_for
 from cluster_support import CONTROLLER_ARGS as FAULT_CONTROLLER_ARGS
 from waiting import holds
+
+from straitmq.admin_client import exchange_sync
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -43,17 +42,7 @@ PRELOAD = 2000  # messages before the move: ~2 MB, ~8 s at the throttle
 
 
 def http(node: Node, method: str, path: str, body: object = None) -> tuple[int, dict]:
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{node.http_port}{path}",
-        data=json.dumps(body).encode() if body is not None else None,
-        method=method,
-        headers={"content-type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return exchange_sync(f"http://127.0.0.1:{node.http_port}", method, path, body)
 
 
 def strait(node: Node, *args: str) -> subprocess.CompletedProcess:

@@ -24,8 +24,6 @@ import socket
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +33,7 @@ from cluster_support import PYTHON, wait_for
 from conftest import ROOT, BrokerProcess
 
 from bench.javatools import STRAIT_CLIENT, ensure_jars, java_cmd
+from straitmq.admin_client import exchange_sync
 from straitmq.cli.local_cluster import LocalCluster, free_port
 
 pytestmark = pytest.mark.timeout(600)
@@ -584,17 +583,7 @@ def test_cluster_started_in_random_order_serves_its_first_clients(
 
 
 def _http(url: str, method: str = "GET", body: dict | None = None) -> tuple[int, dict]:
-    req = urllib.request.Request(
-        url,
-        method=method,
-        data=json.dumps(body).encode() if body is not None else None,
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=5) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return exchange_sync(url, method, "", body, timeout_s=5)
 
 
 def test_broker_without_reachable_controllers_says_why_and_serves_nothing(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv and installs StraitMQ with its test tools; cached by a stamp of pyproject.toml.
+# Creates .venv and installs StraitMQ with its test tools, the runtime dependencies pinned
+# by requirements.lock (the versions the image ships); cached by a stamp of both files.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -7,12 +8,12 @@ PY="${PYTHON:-python3.11}"
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 VENV="$ROOT/.venv"
 STAMP="$VENV/.stamp"
-WANT="$(sha256sum pyproject.toml | cut -c1-16)"
+WANT="$(cat pyproject.toml requirements.lock | sha256sum | cut -c1-16)"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
   exit 0
 fi
 echo "bootstrap: creating $VENV and installing packages (first run only)" >&2
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip >&2
-"$VENV/bin/python" -m pip install -q -e ".[test]" >&2
+"$VENV/bin/python" -m pip install -q -e ".[test]" -c requirements.lock >&2
 echo "$WANT" > "$STAMP"

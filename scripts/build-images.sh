@@ -1,0 +1,199 @@
+#!/usr/bin/env bash
+# Builds the container images the real-node tier runs, with no container registry:
+#   localhost/straitmq-python:3.11  a Debian bookworm base with python3.11 and pip, made
+#                                   here with mmdebstrap (stands in for python:3.11-slim)
+#   localhost/straitmq:dev          the repository's own Dockerfile, unchanged, built by
+#                                   buildah with --build-arg PYTHON_IMAGE=<the base above>
+#   localhost/pause:3.10            the pod sandbox image (a static Go binary that sleeps)
+#   localhost/coredns:<version>     CoreDNS from .cache/k8s/bin/coredns (fetch-k8s.sh --node)
+#   localhost/straitmq-client:dev   the tier's Kafka client pods: the base above plus
+#                                   confluent-kafka (a test dependency, not in the app image)
+# Each is saved as a docker-archive under .cache/images/ and, when the node's containerd
+# runs (scripts/node-up.sh), imported into its k8s.io namespace.
+# pip inside the build reaches the package index as the host does: host network, the
+# host's pip config and CA bundle mounted read-only.
+# Options: --force (rebuild everything), --only NAME (base|straitmq|pause|coredns|client).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO="$PWD"
+CACHE="$REPO/.cache/images"
+BIN="$REPO/.cache/k8s/bin"
+CTR_SOCK="${STRAITMQ_NODE_RUN:-/run/straitmq-node}/containerd/containerd.sock"
+BUILDAH_RUN="${STRAITMQ_BUILDAH_RUN:-/run/straitmq-buildah}"  # buildah's runroot (locks, mounts)
+BASE_IMAGE="localhost/straitmq-python:3.11"
+APP_IMAGE="localhost/straitmq:dev"
+PAUSE_IMAGE="localhost/pause:3.10"
+COREDNS_VERSION="${COREDNS_VERSION:-v1.12.4}"
+COREDNS_IMAGE="localhost/coredns:${COREDNS_VERSION#v}"
+CLIENT_IMAGE="localhost/straitmq-client:dev"
+CONFLUENT_KAFKA_VERSION="${CONFLUENT_KAFKA_VERSION:-2.16.1}"
+FORCE=0
+ONLY=""
+while (( $# )); do
+  case "$1" in
+    --force) FORCE=1 ;;
+    --only) ONLY="$2"; shift ;;
+    *) echo "usage: $0 [--force] [--only base|straitmq|pause|coredns|client]" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+log() { echo "build-images: $*" >&2; }
+die() { echo "build-images: $*" >&2; exit 1; }
+[[ "$(id -u)" == 0 ]] || die "must run as root (buildah with kernel overlayfs and host network)"
+for tool in buildah mmdebstrap go; do
+  command -v "$tool" >/dev/null || die "$tool is missing (scripts/node-up.sh installs buildah and mmdebstrap)"
+done
+mkdir -p "$CACHE" "$BUILDAH_RUN"
+BUILDAH=(buildah --root "$CACHE/buildah" --runroot "$BUILDAH_RUN" --storage-driver overlay)
+want() { [[ -z "$ONLY" || "$ONLY" == "$1" ]]; }
+step_t0=0
+step() { step_t0=$SECONDS; log "$*"; }
+done_step() { log "  done in $((SECONDS - step_t0))s"; }
+
+# docker-archive tar of an image in buildah's store ($1 image, $2 tar path).
+save() {
+  rm -f "$2.tmp"
+  "${BUILDAH[@]}" push --quiet "$1" "docker-archive:$2.tmp:$1" >/dev/null
+  mv "$2.tmp" "$2"
+}
+
+# --- the Python base: Debian bookworm + python3.11 + pip ----------------------------------
+base_tar="$CACHE/straitmq-python-3.11.tar"
+if want base && [[ $FORCE == 1 || ! -f "$base_tar" ]]; then
+  step "$BASE_IMAGE: mmdebstrap bookworm with python3.11 (host's apt sources)"
+  rootfs_tar="$CACHE/bookworm-python-rootfs.tar"
+  # The host's own sources file: the same mirror apt uses here, named nowhere in this repo.
+  sources=/etc/apt/sources.list.d/debian.sources
+  [[ -f "$sources" ]] || sources=/etc/apt/sources.list
+  [[ -f "$sources" ]] || die "no apt sources file on the host"
+  nice -n 10 mmdebstrap --quiet --variant=minbase --mode=root --format=tar --skip=output/dev \
+    --include=python3.11,python3-pip,python3-venv,python-is-python3,ca-certificates \
+    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+    --customize-hook='rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED' \
+    --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/* "$1"/var/log/*' \
+    bookworm "$rootfs_tar" "$sources"
+  ctr_id="$("${BUILDAH[@]}" from --pull=never scratch)"
+  "${BUILDAH[@]}" add --quiet "$ctr_id" "$rootfs_tar" / >/dev/null
+  "${BUILDAH[@]}" config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --env LANG=C.UTF-8 --cmd python3 \
+    --label org.opencontainers.image.description="Debian bookworm with python3.11 and pip, made locally" \
+    "$ctr_id"
+  "${BUILDAH[@]}" commit --quiet --rm "$ctr_id" "$BASE_IMAGE" >/dev/null
+  save "$BASE_IMAGE" "$base_tar"
+  rm -f "$rootfs_tar"
+  done_step
+fi
+
+# pip inside a build: the host's pip settings and CA bundle, read-only.
+vols=()
+for f in /etc/pip.conf /etc/ssl/certs/ca-certificates.crt; do
+  [[ -f "$f" ]] && vols+=(--volume "$f:$f:ro")
+done
+pip_env=()
+for v in PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST PIP_CERT PIP_DEFAULT_TIMEOUT \
+         HTTP_PROXY HTTPS_PROXY NO_PROXY http_proxy https_proxy no_proxy; do
+  [[ -n "${!v:-}" ]] && pip_env+=(--env "$v=${!v}")
+done
+
+# --- StraitMQ from the repository's Dockerfile -------------------------------------------
+app_tar="$CACHE/straitmq-dev.tar"
+if want straitmq; then
+  "${BUILDAH[@]}" images --quiet "$BASE_IMAGE" >/dev/null 2>&1 \
+    || die "$BASE_IMAGE is not in buildah's store: run $0 --only base"
+  step "$APP_IMAGE: buildah bud -f Dockerfile --build-arg PYTHON_IMAGE=$BASE_IMAGE"
+  # --layers: unchanged steps (the locked dependencies' wheels) are reused next time.
+  nice -n 10 "${BUILDAH[@]}" bud --quiet --layers --pull=never --network host --format docker \
+    "${vols[@]}" "${pip_env[@]+"${pip_env[@]}"}" \
+    --build-arg "PYTHON_IMAGE=$BASE_IMAGE" -f Dockerfile -t "$APP_IMAGE" . >&2
+  save "$APP_IMAGE" "$app_tar"
+  done_step
+fi
+
+# --- the tier's Kafka client -------------------------------------------------------------------
+client_tar="$CACHE/straitmq-client-dev.tar"
+if want client && [[ $FORCE == 1 || ! -f "$client_tar" ]]; then
+  "${BUILDAH[@]}" images --quiet "$BASE_IMAGE" >/dev/null 2>&1 \
+    || die "$BASE_IMAGE is not in buildah's store: run $0 --only base"
+  step "$CLIENT_IMAGE: $BASE_IMAGE + confluent-kafka $CONFLUENT_KAFKA_VERSION"
+  mkdir -p "$CACHE/client"
+  printf '%s\n' "FROM $BASE_IMAGE" \
+    "RUN pip install --no-cache-dir --disable-pip-version-check --only-binary=:all: confluent-kafka==$CONFLUENT_KAFKA_VERSION" \
+    "USER 10001:10001" >"$CACHE/client/Containerfile"
+  nice -n 10 "${BUILDAH[@]}" bud --quiet --layers --pull=never --network host --format docker \
+    "${vols[@]}" "${pip_env[@]+"${pip_env[@]}"}" -f "$CACHE/client/Containerfile" \
+    -t "$CLIENT_IMAGE" "$CACHE/client" >&2
+  save "$CLIENT_IMAGE" "$client_tar"
+  done_step
+fi
+
+# --- pause ---------------------------------------------------------------------------------
+pause_tar="$CACHE/pause-3.10.tar"
+if want pause && [[ $FORCE == 1 || ! -f "$pause_tar" ]]; then
+  step "$PAUSE_IMAGE: a static Go binary"
+  src="$CACHE/pause-src"
+  mkdir -p "$src"
+  cat >"$src/main.go" <<'GO'
+// pause: holds a pod's namespaces; exits on SIGINT/SIGTERM, reaps orphans (it is PID 1).
+package main
+
+import (
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGCHLD)
+	for s := range sigs {
+		if s == syscall.SIGCHLD {
+			for {
+				pid, err := syscall.Wait4(-1, nil, syscall.WNOHANG, nil)
+				if pid <= 0 || err != nil {
+					break
+				}
+			}
+			continue
+		}
+		os.Exit(0)
+	}
+}
+GO
+  printf 'module pause\n\ngo 1.21\n' >"$src/go.mod"
+  ( cd "$src" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o pause . )
+  ctr_id="$("${BUILDAH[@]}" from --pull=never scratch)"
+  "${BUILDAH[@]}" copy --quiet "$ctr_id" "$src/pause" /pause >/dev/null
+  "${BUILDAH[@]}" config --entrypoint '["/pause"]' --user 65535:65535 "$ctr_id"
+  "${BUILDAH[@]}" commit --quiet --rm "$ctr_id" "$PAUSE_IMAGE" >/dev/null
+  save "$PAUSE_IMAGE" "$pause_tar"
+  done_step
+fi
+
+# --- CoreDNS ---------------------------------------------------------------------------------
+coredns_tar="$CACHE/coredns-${COREDNS_VERSION#v}.tar"
+if want coredns && [[ $FORCE == 1 || ! -f "$coredns_tar" ]]; then
+  [[ -x "$BIN/coredns" ]] || die "$BIN/coredns is missing: run scripts/fetch-k8s.sh --node"
+  step "$COREDNS_IMAGE from $BIN/coredns"
+  ctr_id="$("${BUILDAH[@]}" from --pull=never scratch)"
+  "${BUILDAH[@]}" copy --quiet "$ctr_id" "$BIN/coredns" /coredns >/dev/null
+  "${BUILDAH[@]}" config --entrypoint '["/coredns"]' --port 53/udp --port 53/tcp "$ctr_id"
+  "${BUILDAH[@]}" commit --quiet --rm "$ctr_id" "$COREDNS_IMAGE" >/dev/null
+  save "$COREDNS_IMAGE" "$coredns_tar"
+  done_step
+fi
+
+# --- into the node's containerd ---------------------------------------------------------------
+if [[ -S "$CTR_SOCK" ]]; then
+  for tar in "$pause_tar" "$coredns_tar" "$app_tar" "$client_tar"; do
+    [[ -f "$tar" ]] || continue
+    step "ctr import $(basename "$tar")"
+    ctr --address "$CTR_SOCK" -n k8s.io images import "$tar" >/dev/null
+    done_step
+  done
+else
+  log "node's containerd is not running ($CTR_SOCK): images saved under $CACHE only"
+fi
+"${BUILDAH[@]}" images --format '{{.Name}}:{{.Tag}} {{.Size}}' >&2 || true
+ls -l "$CACHE"/*.tar >&2 2>/dev/null || true

@@ -1,0 +1,601 @@
+"""The image built from our Dockerfile, run by a real kubelet (tests/real_node_support.py):
+probes executed by the kubelet, names found through CoreDNS and kube-proxy, the chart's
+operator in a pod with in-cluster credentials, an MQCluster of real pods.
+
+Run: `.venv/bin/python -m pytest -m realnode tests/test_real_node.py` as root. The
+session fixture runs scripts/node-up.sh (which builds what is missing) and
+scripts/node-down.sh; a machine that cannot run the node fails, it never skips.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+from real_node_support import (
+    APP_IMAGE,
+    NODE_IP,
+    ClientPod,
+    NodeHandle,
+    assert_exactly_once,
+    node_fixture,
+)
+from waiting import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = [pytest.mark.realnode, pytest.mark.timeout(1200)]
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[NodeHandle]:
+    yield from node_fixture()
+
+
+@pytest.mark.timeout(2400)  # first: the node fixture builds what .cache/ lacks (cold: ~5 min)
+def test_node_is_a_real_kubelet_on_containerd(node: NodeHandle) -> None:
+    n = node.get("node", "straitmq-node")
+    info = n["status"]["nodeInfo"]
+    assert info["containerRuntimeVersion"].startswith("containerd://")
+    assert info["kubeletVersion"] == "v1.33.13"
+    addresses = {a["type"]: a["address"] for a in n["status"]["addresses"]}
+    assert addresses["InternalIP"] == NODE_IP
+    conditions = {c["type"]: c["status"] for c in n["status"]["conditions"]}
+    assert conditions["Ready"] == "True"
+    dns = node.get("deployment", "coredns", "-n", "kube-system")
+    assert dns["status"].get("readyReplicas") == 1
+    print(f"node up in {node.startup_seconds}s: {node.timings}")
+
+
+BROKER = """
+apiVersion: v1
+kind: Service
+metadata: {name: single}
+spec:
+  clusterIP: None
+  publishNotReadyAddresses: true
+  selector: {app: single}
+  ports: [{name: kafka, port: 9092}, {name: http, port: 8080}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: single-http}
+spec:
+  selector: {app: single}
+  ports: [{name: http, port: 80, targetPort: 8080}]
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: single}
+spec:
+  serviceName: single
+  replicas: 1
+  selector: {matchLabels: {app: single}}
+  template:
+    metadata: {labels: {app: single}}
+    spec:
+      securityContext: {runAsNonRoot: true, runAsUser: 10001, fsGroup: 10001}
+      terminationGracePeriodSeconds: 5
+      containers:
+      - name: broker
+        image: IMAGE
+        imagePullPolicy: Never
+        env:
+        - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
+        command: [strait-broker, --data-dir, /data, --listen, "0.0.0.0:9092",
+                  --http, "0.0.0.0:8080",
+                  --advertise, "$(POD_NAME).single.NS.svc.cluster.local:9092"]
+        readinessProbe: {httpGet: {path: /readyz, port: 8080}, periodSeconds: 2}
+        livenessProbe:
+          httpGet: {path: /healthz, port: 8080}
+          periodSeconds: 2
+          timeoutSeconds: 1
+          failureThreshold: 2
+        securityContext: {readOnlyRootFilesystem: true, allowPrivilegeEscalation: false}
+        volumeMounts: [{name: data, mountPath: /data}]
+      volumes: [{name: data, emptyDir: {}}]
+"""
+
+
+def test_combined_broker_pod_probes_and_cluster_dns(node: NodeHandle) -> None:
+    ns = "single"
+    node.kubectl("create", "namespace", ns)
+    node.kubectl(
+        "apply", "-n", ns, "-f", "-", input=BROKER.replace("IMAGE", APP_IMAGE).replace("NS", ns)
+    )
+    node.kubectl(
+        "wait", "-n", ns, "--for=condition=Ready", "pod/single-0", "--timeout=120s", timeout=150
+    )
+    # The pod's Ready condition comes from the kubelet's readiness probe.
+    pod = node.get("pod", "single-0", "-n", ns)
+    assert pod["status"]["containerStatuses"][0]["ready"] is True
+
+    # From another pod: the headless name (pod DNS), the Service's short name (search
+    # path) and the ClusterIP Service through kube-proxy, all answered by CoreDNS.
+    script = (
+        "import socket, urllib.request\n"
+        f"a = socket.getaddrinfo('single-0.single.{ns}.svc.cluster.local', 9092)[0][4][0]\n"
+        "b = socket.getaddrinfo('single', 9092)[0][4][0]\n"
+        "assert a == b, (a, b)\n"
+        f"r = urllib.request.urlopen('http://single-0.single.{ns}.svc:8080/healthz', timeout=5)\n"
+        "assert r.status == 200\n"
+        "r = urllib.request.urlopen('http://single-http/readyz', timeout=5)\n"
+        "assert r.status == 200\n"
+        "print('OK', a)\n"
+    )
+    out = node.run_pod("dns-client", ns, ["python", "-c", script])
+    assert out.startswith("OK "), out
+    assert out.split()[1] == pod["status"]["podIP"]
+
+    # Freeze the broker from the host: the kubelet's liveness probe fails and the
+    # kubelet restarts the container.
+    pid = node.container_pid(ns, "single-0", "broker")
+    os.kill(pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    wait_for(
+        lambda: (
+            node.get("pod", "single-0", "-n", ns)["status"]["containerStatuses"][0]["restartCount"]
+            >= 1
+        ),
+        60,
+        "the kubelet to restart the frozen broker",
+        every=0.5,
+        ignore=(RuntimeError, KeyError, IndexError),
+    )
+    restarted = time.monotonic() - t0
+    node.kubectl(
+        "wait", "-n", ns, "--for=condition=Ready", "pod/single-0", "--timeout=60s", timeout=90
+    )
+    events = node.kubectl("get", "events", "-n", ns, "-o", "json").stdout
+    assert "Liveness probe failed" in events
+    print(f"frozen broker restarted by the kubelet after {restarted:.1f}s")
+    node.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+# ----------------------------------------------------------------- the MQCluster of examples/
+
+NS = "demo"
+BOOTSTRAP = "demo-bootstrap:9092,demo-broker-0.demo-broker:9092,demo-broker-1.demo-broker:9092"
+BROKERS = "app.kubernetes.io/instance=demo,app.kubernetes.io/component=broker"
+CONTROLLERS = "app.kubernetes.io/instance=demo,app.kubernetes.io/component=controller"
+TOPIC = "orders"
+RETRY = (RuntimeError, KeyError, IndexError, OSError, ValueError, StopIteration)
+
+
+@pytest.fixture(scope="module")
+def demo(node: NodeHandle) -> dict[str, float]:
+    return install_demo(node)
+
+
+def install_demo(node: NodeHandle) -> dict[str, float]:
+    """helm install of the chart, examples/mqcluster.yaml and examples/topic.yaml, all
+    Ready; returns how long each took (bench/real_node.py uses it too)."""
+    node.kubectl("create", "namespace", "straitmq-system")
+    t0 = time.monotonic()
+    node.helm(
+        "install",
+        "smq",
+        str(ROOT / "charts" / "straitmq"),
+        "-n",
+        "straitmq-system",
+        "--set",
+        "image.repository=" + APP_IMAGE.rsplit(":", 1)[0],
+        "--set",
+        "image.tag=" + APP_IMAGE.rsplit(":", 1)[1],
+        "--set",
+        "image.pullPolicy=Never",
+        "--wait",
+        "--timeout",
+        "180s",
+        timeout=240,
+    )
+    operator_ready = time.monotonic() - t0
+    cluster = yaml.safe_load((ROOT / "examples" / "mqcluster.yaml").read_text())
+    cluster["spec"]["image"] = APP_IMAGE  # built here; the example names a user's build
+    cluster["spec"]["imagePullPolicy"] = "Never"
+    node.kubectl("create", "namespace", NS)
+    t1 = time.monotonic()
+    node.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(cluster))
+    wait_cluster_ready(node, 300)
+    ready_at = time.monotonic()
+    node.kubectl("apply", "-n", NS, "-f", str(ROOT / "examples" / "topic.yaml"))
+    t2 = time.monotonic()
+    node.kubectl(
+        "wait", "-n", NS, "--for=condition=Ready", f"topic/{TOPIC}", "--timeout=120s", timeout=150
+    )
+    return {
+        "helm_install_to_operator_ready": operator_ready,
+        "apply_to_mqcluster_ready": ready_at - t1,
+        "helm_install_to_mqcluster_ready": ready_at - t0,
+        "topic_ready": time.monotonic() - t2,
+    }
+
+
+@pytest.fixture(scope="module")
+def client(node: NodeHandle, demo: dict[str, float]) -> ClientPod:
+    return ClientPod(node, NS)
+
+
+def wait_cluster_ready(node: NodeHandle, timeout: float, brokers: int = 3) -> None:
+    def ready() -> bool:
+        st = node.get("mqcluster", "demo", "-n", NS).get("status", {})
+        return st.get("phase") == "Ready" and st.get("readyBrokers", brokers) == brokers
+
+    wait_for(
+        ready,
+        timeout,
+        f"MQCluster demo Ready with {brokers} brokers",
+        every=1,
+        ignore=RETRY,
+        detail=lambda: json.dumps(node.get("mqcluster", "demo", "-n", NS).get("status")),
+    )
+
+
+def partitions(node: NodeHandle) -> list[dict]:
+    return node.admin(NS, f"/api/v1/topics/{TOPIC}", BROKERS)["partitions"]
+
+
+def isr_full(node: NodeHandle, brokers: set[int] | None = None) -> bool:
+    """Every partition's ISR holds all its replicas (and, given, only `brokers`)."""
+    parts = partitions(node)
+    return all(
+        sorted(p["isr"]) == sorted(p["replicas"])
+        and not p["adding"]
+        and not p["removing"]
+        and (brokers is None or set(p["replicas"]) <= brokers)
+        for p in parts
+    )
+
+
+def claim_uid(node: NodeHandle, pod: str) -> str:
+    return node.get("pvc", f"data-{pod}", "-n", NS)["metadata"]["uid"]
+
+
+def pod_ready(
+    node: NodeHandle, pod: str, not_uid: str | None = None, min_restarts: int | None = None
+) -> bool:
+    p = node.get("pod", pod, "-n", NS)
+    if p["metadata"].get("deletionTimestamp") or (not_uid and p["metadata"]["uid"] == not_uid):
+        return False
+    st = p.get("status", {})
+    if (
+        min_restarts is not None
+        and sum(c.get("restartCount", 0) for c in st.get("containerStatuses", [])) < min_restarts
+    ):
+        return False
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in st.get("conditions", []))
+
+
+def test_helm_operator_runs_mqcluster_as_real_pods(
+    node: NodeHandle, demo: dict[str, float]
+) -> None:
+    pods = node.get("pods", "-n", "straitmq-system")["items"]
+    assert len(pods) == 1 and pods[0]["spec"]["serviceAccountName"].endswith("operator")
+    # In-cluster credentials: the projected service-account token, no kubeconfig.
+    volumes = [v.get("projected", {}) for v in pods[0]["spec"].get("volumes", [])]
+    assert any("serviceAccountToken" in str(v) for v in volumes), pods[0]["spec"]["volumes"]
+    pods = node.get("pods", "-n", NS)["items"]
+    assert len(pods) == 6
+    assert all(
+        c["type"] != "Ready" or c["status"] == "True"
+        for p in pods
+        for c in p["status"]["conditions"]
+    )
+    claims = node.get("pvc", "-n", NS)["items"]
+    assert len(claims) == 6 and all(c["status"]["phase"] == "Bound" for c in claims)
+    # Brokers found the quorum through the controllers' headless-Service names.
+    quorum = node.admin(NS, "/api/v1/quorum", BROKERS)
+    assert quorum["leader_id"] in (1000, 1001, 1002), quorum
+    assert isr_full(node)
+    # Produce through the bootstrap Service's DNS name, one partition per request: a broker
+    # that does not lead the partition answers 307 with the leader's headless-Service
+    # name, which the pod resolves and follows.
+    script = (
+        "import json, urllib.request, urllib.error\n"
+        "for p in range(3):\n"
+        "    url = 'http://demo-bootstrap:8080/api/v1/topics/orders/records'\n"
+        "    recs = [{'partition': p, 'value': f'v{i}'} for i in range(10)]\n"
+        "    body = json.dumps({'records': recs}).encode()\n"
+        "    for _ in range(3):\n"
+        "        req = urllib.request.Request(url, data=body, method='POST',\n"
+        "                                     headers={'Content-Type': 'application/json'})\n"
+        "        try:\n"
+        "            print(urllib.request.urlopen(req, timeout=10).read().decode()); break\n"
+        "        except urllib.error.HTTPError as e:\n"
+        "            assert e.code == 307, (e.code, e.read())\n"
+        "            url = e.headers['Location']\n"
+        "    else:\n"
+        "        raise SystemExit(f'partition {p}: no leader accepted the records')\n"
+    )
+    out = node.run_pod("producer", NS, ["python", "-c", script])
+    assert out.count('"offsets"') == 3, out
+    print(f"timings: {json.dumps({k: round(v, 1) for k, v in demo.items()})}")
+
+
+def test_kafka_idempotent_producer_and_consumer_group_in_cluster(
+    node: NodeHandle, client: ClientPod
+) -> None:
+    producer = client.producer(BOOTSTRAP, TOPIC, "basic", rate=200)
+    producer.wait_for_acks(500, 120, "steady producing")
+    print(producer.stop())
+    assert not producer.errors, producer.errors[:5]
+    records = client.consume(BOOTSTRAP, TOPIC, "verify-basic")
+    assert_exactly_once(producer.acked, records, "basic")
+    assert {p for p, _, _ in records} == {0, 1, 2}
+    # The group committed its offsets: the broker knows the group and its position.
+    group = node.admin(NS, "/api/v1/groups/verify-basic", BROKERS)
+    assert "verify-basic" in json.dumps(group)
+
+
+def test_metrics_scraped_through_services_carry_the_dashboards_metrics(
+    node: NodeHandle, client: ClientPod
+) -> None:
+    from test_metrics import check_served, dashboards
+
+    def scrape(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+        text = client.python(
+            "import sys, urllib.request\n"
+            "print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())",
+            url,
+        )
+        out: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                out.setdefault(s.name, []).append((s.labels, s.value))
+        return out
+
+    def merge(*scrapes: dict) -> dict[str, list[tuple[dict[str, str], float]]]:
+        out: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for one in scrapes:
+            for name, samples in one.items():
+                out.setdefault(name, []).extend(samples)
+        return out
+
+    # What a Prometheus that scrapes every pod sees: brokers through the bootstrap Service
+    # (ClusterIP, kube-proxy) and their headless names, controllers through their headless
+    # Service (only the active controller serves the cluster-wide gauges), the operator
+    # through the chart's metrics Service.
+    through_service = scrape("http://demo-bootstrap:8080/metrics")
+    assert "straitmq_broker_request_duration_seconds_count" in through_service or any(
+        k.startswith("straitmq_broker_") for k in through_service
+    ), sorted(through_service)[:20]
+    # A consumer group with committed offsets, for the lag panels.
+    client.consume(BOOTSTRAP, TOPIC, "metrics-lag")
+
+    def broker_scrapes() -> list[dict] | None:
+        got = [scrape(f"http://demo-broker-{i}.demo-broker:8080/metrics") for i in range(3)]
+        lag = [ls for one in got for ls, _ in one.get("straitmq_consumer_group_lag", [])]
+        return got if any(ls.get("messaging_consumer_group_name") for ls in lag) else None
+
+    brokers = wait_for(broker_scrapes, 60, "the group's lag in a broker's metrics", every=2)
+    controllers = [
+        scrape(f"http://demo-controller-{i}.demo-controller:9093/metrics") for i in range(3)
+    ]
+    cluster = merge(through_service, *brokers, *controllers)
+    svc = next(
+        s
+        for s in node.get("services", "-n", "straitmq-system")["items"]
+        if s["metadata"]["name"].endswith("-metrics")
+    )
+    port = svc["spec"]["ports"][0]["port"]
+    operator = scrape(f"http://{svc['metadata']['name']}.straitmq-system:{port}/metrics")
+    # An error counter has no series before its first increment: its panels stay empty
+    # while nothing failed (test_metrics.py checks them against induced errors).
+    skipped = []
+    for name, board in dashboards().items():
+        quiet = []
+        for p in board["panels"]:
+            if any("errors_total" in t["expr"] for t in p.get("targets", [])):
+                skipped.append(f"{name}: {p['title']}")
+            else:
+                quiet.append(p)
+        board = {**board, "panels": quiet}
+        if name == "operator":
+            check_served(board, operator, "the operator pod (its metrics Service)")
+        else:
+            check_served(board, cluster, "the broker and controller pods")
+    print(f"error-counter panels not checked here: {skipped}")
+
+
+def test_broker_pod_faults_while_producing(node: NodeHandle, client: ClientPod) -> None:
+    """Graceful delete, forced delete, SIGKILL from the host, SIGSTOP until the liveness
+    probe fails: each time the pod returns on its PVC and rejoins every ISR, and no
+    acknowledged record is lost or duplicated."""
+    producer = client.producer(BOOTSTRAP, TOPIC, "faults", rate=40)
+    producer.wait_for_acks(100, 120, "before the faults")
+    timings: dict[str, float] = {}
+
+    def fault(name: str, pod: str, do, restart: bool) -> None:
+        uid = claim_uid(node, pod)
+        before = node.get("pod", pod, "-n", NS)
+        restarts = sum(c.get("restartCount", 0) for c in before["status"]["containerStatuses"])
+        t0 = time.monotonic()
+        do(pod)
+        if restart:  # the same pod, its container restarted by the kubelet
+            wait_for(
+                lambda: pod_ready(node, pod, min_restarts=restarts + 1),
+                240,
+                f"{pod} restarted and Ready ({name})",
+                every=0.5,
+                ignore=RETRY,
+                check=producer.check,
+            )
+        else:  # a new pod from the StatefulSet
+            wait_for(
+                lambda: pod_ready(node, pod, not_uid=before["metadata"]["uid"]),
+                240,
+                f"{pod} replaced and Ready ({name})",
+                every=0.5,
+                ignore=RETRY,
+                check=producer.check,
+            )
+        assert claim_uid(node, pod) == uid, f"{pod} came back on another PVC ({name})"
+        wait_for(
+            lambda: isr_full(node),
+            180,
+            f"{pod} back in every ISR ({name})",
+            every=0.5,
+            ignore=RETRY,
+            check=producer.check,
+            detail=lambda: json.dumps([(p["partition"], p["isr"]) for p in partitions(node)]),
+        )
+        timings[name] = round(time.monotonic() - t0, 1)
+        producer.wait_for_acks(100, 120, f"after {name}")
+
+    fault(
+        "delete",
+        "demo-broker-1",
+        lambda pod: node.kubectl("delete", "pod", pod, "-n", NS, "--wait=false"),
+        False,
+    )
+    fault(
+        "force delete",
+        "demo-broker-2",
+        lambda pod: node.kubectl(
+            "delete", "pod", pod, "-n", NS, "--grace-period=0", "--force", "--wait=false"
+        ),
+        False,
+    )
+    fault(
+        "SIGKILL",
+        "demo-broker-0",
+        lambda pod: os.kill(node.container_pid(NS, pod, "broker"), signal.SIGKILL),
+        True,
+    )
+    fault(
+        "SIGSTOP",
+        "demo-broker-1",
+        lambda pod: os.kill(node.container_pid(NS, pod, "broker"), signal.SIGSTOP),
+        True,
+    )
+    events = node.kubectl("get", "events", "-n", NS, "-o", "json").stdout
+    assert "Liveness probe failed" in events
+    print(producer.stop())
+    records = client.consume(BOOTSTRAP, TOPIC, "verify-faults")
+    assert_exactly_once(producer.acked, records, "faults")
+    print(
+        f"back in the ISR after (s): {timings}; acked {len(producer.acked)}, "
+        f"delivery errors {len(producer.errors)}"
+    )
+
+
+def test_active_controller_pod_killed_while_producing(node: NodeHandle, client: ClientPod) -> None:
+    producer = client.producer(BOOTSTRAP, TOPIC, "ctrl", rate=40)
+    producer.wait_for_acks(100, 120, "before the controller fault")
+    old = node.admin(NS, "/api/v1/quorum", BROKERS)["leader_id"]
+    pod = f"demo-controller-{old - 1000}"
+    t0 = time.monotonic()
+    node.kubectl("delete", "pod", pod, "-n", NS, "--grace-period=0", "--force", "--wait=false")
+
+    def new_active() -> int | None:
+        q = node.admin(NS, "/api/v1/quorum", BROKERS)
+        lead = q.get("leader_id")
+        return lead if lead is not None and lead != old and q.get("active_controller") else None
+
+    lead = wait_for(
+        new_active, 60, "a new active controller", every=0.2, ignore=RETRY, check=producer.check
+    )
+    elected = time.monotonic() - t0
+    producer.wait_for_acks(200, 120, "after the controller fault")
+    wait_for(lambda: pod_ready(node, pod), 180, f"{pod} back", every=0.5, ignore=RETRY)
+    print(producer.stop())
+    records = client.consume(BOOTSTRAP, TOPIC, "verify-ctrl")
+    assert_exactly_once(producer.acked, records, "ctrl")
+    print(f"active controller {old} -> {lead} in {elected:.1f}s")
+    assert elected < 30, f"a new active controller took {elected:.1f}s"
+
+
+def test_scale_brokers_3_5_3_and_rolling_restart(node: NodeHandle, client: ClientPod) -> None:
+    producer = client.producer(BOOTSTRAP, TOPIC, "scale", rate=40)
+    producer.wait_for_acks(100, 120, "before scaling")
+    t0 = time.monotonic()
+    node.kubectl("scale", "mqcluster", "demo", "-n", NS, "--replicas=5")
+    wait_for(lambda: len(node.pods(NS, BROKERS)) == 5, 60, "5 broker pods", ignore=RETRY)
+    wait_cluster_ready(node, 600, brokers=5)
+    on_new = wait_for(
+        lambda: {b for p in partitions(node) for b in p["replicas"]} & {3, 4},
+        120,
+        "partitions spread onto brokers 3 and 4",
+        ignore=RETRY,
+    )
+    up = time.monotonic() - t0
+    producer.wait_for_acks(100, 120, "after scaling up")
+    t1 = time.monotonic()
+    node.kubectl("scale", "mqcluster", "demo", "-n", NS, "--replicas=3")
+    # Drained before the shrink: whenever the StatefulSet is seen below 5 replicas, no
+    # partition has a replica on broker 3 or 4 any more.
+    early: list[str] = []
+
+    def shrunk() -> bool:
+        sts = node.get("statefulset", "demo-broker", "-n", NS)["spec"]["replicas"]
+        if sts < 5:
+            on = [p["partition"] for p in partitions(node) if {3, 4} & set(p["replicas"])]
+            if on:
+                early.append(f"StatefulSet at {sts} with partitions {on} on brokers 3/4")
+        return sts == 3 and len(node.pods(NS, BROKERS)) == 3
+
+    wait_for(
+        shrunk,
+        600,
+        "3 broker pods again",
+        every=1,
+        ignore=RETRY,
+        check=producer.check,
+    )
+    wait_cluster_ready(node, 300, brokers=3)
+    # Drained before the shrink: nothing lives on 3 or 4, every ISR is whole.
+    wait_for(
+        lambda: isr_full(node, brokers={0, 1, 2}), 120, "ISRs on brokers 0-2 only", ignore=RETRY
+    )
+    down = time.monotonic() - t1
+    assert not early, early[:3]
+    reasons = [
+        e["reason"]
+        for e in sorted(
+            node.get("events", "-n", NS)["items"],
+            key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "",
+        )
+        if e["involvedObject"]["kind"] == "MQCluster"
+    ]
+    assert "Draining" in reasons and "ScaledDown" in reasons, reasons
+    assert reasons.index("Draining") < len(reasons) - reasons[::-1].index("ScaledDown"), reasons
+    producer.wait_for_acks(100, 120, "after scaling down")
+
+    # A broker config change restarts the brokers one at a time.
+    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in node.pods(NS, BROKERS)}
+    t2 = time.monotonic()
+    node.kubectl(
+        "patch",
+        "mqcluster",
+        "demo",
+        "-n",
+        NS,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"brokers": {"config": {"log.retention.check.interval.ms": 120000}}}}),
+    )
+
+    def rolled() -> bool:
+        pods = node.pods(NS, BROKERS)
+        return len(pods) == 3 and all(
+            uids.get(p["metadata"]["name"]) != p["metadata"]["uid"] for p in pods
+        )
+
+    wait_for(rolled, 600, "every broker pod replaced", every=1, ignore=RETRY, check=producer.check)
+    wait_cluster_ready(node, 300)
+    wait_for(lambda: isr_full(node), 120, "ISRs whole after the roll", ignore=RETRY)
+    roll = time.monotonic() - t2
+    producer.wait_for_acks(100, 120, "after the rolling restart")
+    print(producer.stop())
+    records = client.consume(BOOTSTRAP, TOPIC, "verify-scale")
+    assert_exactly_once(producer.acked, records, "scale")
+    print(
+        f"scale 3->5 with replicas on {sorted(on_new)} {up:.0f}s, 5->3 {down:.0f}s, "
+        f"rolling restart {roll:.0f}s"
+    )

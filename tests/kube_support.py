@@ -305,14 +305,40 @@ class KubeControlPlane:
         return path
 
     def wait_for(
-        self, predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.25
+        self,
+        predicate: Callable[[], T],
+        timeout: float,
+        what: str,
+        interval: float = 0.25,
+        namespace: str | None = None,
     ) -> T:
         """Poll `predicate` until it returns something truthy and return that. Exceptions
         count as "not yet" (the last one is reported on timeout); a dead component fails
-        at once rather than after the timeout."""
+        at once rather than after the timeout. With `namespace`, a timeout reports the
+        state of its pods, claims and events and of the volume pool."""
+        detail = (lambda: self.describe_state(namespace)) if namespace else None
         return wait_for(
-            predicate, timeout, what, interval, check=self.check_alive, ignore=(Exception,)
+            predicate,
+            timeout,
+            what,
+            interval,
+            check=self.check_alive,
+            detail=detail,
+            ignore=(Exception,),
         )
+
+    def describe_state(self, namespace: str) -> str:
+        """What a person would look at when pods do not come up: the namespace's
+        workloads, pods, claims and events, and the cluster's volumes."""
+        parts = []
+        for args in (
+            ("get", "statefulsets,pods,pvc", "-n", namespace, "-o", "wide"),
+            ("get", "events", "-n", namespace, "--sort-by=.lastTimestamp"),
+            ("get", "pv", "-o", "wide"),
+        ):
+            out = self.kubectl(*args, check=False)
+            parts.append(f"$ kubectl {' '.join(args)}\n{out.stdout}{out.stderr}")
+        return "\n".join(parts)
 
     def create_namespace(self, name: str, timeout: float = 30) -> str:
         """Create a namespace and wait for its `default` ServiceAccount, without which the

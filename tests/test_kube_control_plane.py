@@ -103,7 +103,9 @@ def web(kube: KubeControlPlane) -> Iterator[str]:
     for obj in objects:
         obj["metadata"]["namespace"] = ns
     apply(kube, *objects)
-    kube.wait_for(lambda: ready_replicas(kube, ns, "web") == 3, 90, "3 ready web pods")
+    kube.wait_for(
+        lambda: ready_replicas(kube, ns, "web") == 3, 180, "3 ready web pods", namespace=ns
+    )
     yield ns
 
 

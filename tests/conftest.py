@@ -48,6 +48,7 @@ class BrokerProcess:
     extra_args: list[str] = field(default_factory=list)
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
+    fd_limit: int | None = None  # RLIMIT_NOFILE for the process (ulimit -n)
 
     @property
     def bootstrap(self) -> str:
@@ -81,9 +82,16 @@ class BrokerProcess:
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
+            preexec_fn=None if self.fd_limit is None else self._limit_fds,
         )
         log.close()
         return self
+
+    def _limit_fds(self) -> None:
+        import resource
+
+        assert self.fd_limit is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.fd_limit, self.fd_limit))
 
     def start(self, timeout: float = 20.0) -> BrokerProcess:
         self.launch()

@@ -258,10 +258,7 @@ def _values(plog: PartitionLog) -> list[tuple[int, bytes]]:
 
 def _crash(plog: PartitionLog) -> None:
     """Drop the log like a killed process would: no close(), no snapshot, no index flush."""
-    for seg in plog.segments:
-        for fd in (seg.fd, seg._index_fd, seg._time_fd):
-            if fd >= 0:
-                os.close(fd)
+    plog.handles.close_all()
 
 
 def _active_path(plog: PartitionLog) -> str:

@@ -107,8 +107,7 @@ def test_producer_state_survives_reopen(tmp_path):
         plog.producers.check(batches)
         plog.append(view, batches, 0)
     # Simulate a crash: no close(), so no final producer snapshot.
-    for seg in plog.segments:
-        os.close(seg.fd)
+    plog.handles.close_all()
     reopened = PartitionLog(path, LogConfig(segment_bytes=600))
     dup = validate_batches(idem_batch(11), 1 << 20)
     try:

@@ -41,10 +41,13 @@ from .replication.throttle import ReplicationThrottle
 
 log = logging.getLogger("straitmq.broker")
 OFFSETS_SEGMENT_BYTES = 64 * 1024 * 1024
+STORAGE_RETRY_S = 5.0  # how often replicas whose log could not be opened are retried
 METADATA_WAIT_S = 10.0  # how long a caller waits for a committed change to reach us
 
 
 _NO_IMAGE = MetadataImage()
+# Metadata records that change a topic's replicas ("topic" or "name" says which).
+_TOPIC_RECORDS = frozenset({"topic", "partition", "partition_change", "config", "remove_topic"})
 
 
 class BrokerStartupError(Exception):
@@ -72,7 +75,10 @@ class Broker:
         if config.log_flush_interval_messages:
             self.topic_defaults["flush.messages"] = str(config.log_flush_interval_messages)
         self.partitions = PartitionManager(
-            os.path.join(config.data_dir, "logs"), self.topic_defaults, config.node_id
+            os.path.join(config.data_dir, "logs"),
+            self.topic_defaults,
+            config.node_id,
+            config.max_open_files,
         )
         self.fetchers = ReplicaFetchers(self)
         self.isr = IsrManager(self)
@@ -140,17 +146,23 @@ class Broker:
     def _on_metadata(self, offset: int, records: list[dict], reset: bool) -> None:
         if not self.metadata_ready:
             return
-        if reset or any(r["type"] not in ("producer_ids", "cluster") for r in records):
+        if reset:
             self._sync_replicas()
+            return
+        # Only the topics the records name: a sync over 100,000 partitions for each
+        # ISR change would stall the listener.
+        topics = {r.get("topic") or r["name"] for r in records if r["type"] in _TOPIC_RECORDS}
+        if topics:
+            self._sync_replicas(topics)
             for r in records:
                 if r["type"] == "remove_topic":
                     self.offsets.delete_topic(r["name"])
 
-    def _sync_replicas(self) -> None:
+    def _sync_replicas(self, topics: set[str] | None = None) -> None:
         # The group -> partition mapping must be current before leaderships load groups.
         if OFFSETS_TOPIC in self.image.topics:
             self.offsets.partitions_count = len(self.image.topics[OFFSETS_TOPIC].partitions)
-        self.partitions.sync(self.image)
+        self.partitions.sync(self.image, topics)
 
     async def _wait_metadata(self) -> None:
         """Apply nothing to local logs until the metadata log has been caught up once:
@@ -324,6 +336,7 @@ class Broker:
         self._tasks.append(loop.create_task(self.lifecycle.heartbeat_loop()))
         self._tasks.append(loop.create_task(self.isr.run()))
         self._tasks.append(loop.create_task(self._retention_loop()))
+        self._tasks.append(loop.create_task(self._storage_retry_loop()))
         self.phase = "waiting for the active controller to unfence this broker"
         while not self.ready:
             if self.stopping:
@@ -373,6 +386,14 @@ class Broker:
                     log.info("retention deleted segments", extra={"segments": deleted})
             except OSError:
                 log.exception("retention check failed")
+
+    async def _storage_retry_loop(self) -> None:
+        """Replicas whose log could not be opened (a full disk, no descriptors) are
+        tried again every few seconds, not only at the next metadata change."""
+        while True:
+            await asyncio.sleep(STORAGE_RETRY_S)
+            if self.partitions.unavailable and self.metadata_ready and not self.stopping:
+                self._sync_replicas(set())
 
     async def stop(self, controlled: bool = True) -> None:
         if controlled and self.serving and not self.stopping:

@@ -65,6 +65,11 @@ class BrokerConfig:
     replica_lag_time_max_ms: int = setting(
         30_000, "replica.lag.time.max.ms", "--replica-lag-time-max-ms"
     )
+    max_open_files: int | None = setting(
+        None, None, "--max-open-files",
+        "segment files kept open at once, least recently used closed first "
+        "(default: half the process's open-file limit)",
+    )  # fmt: skip
     controlled_shutdown_timeout_ms: int = setting(30_000, None, "--controlled-shutdown-timeout-ms")
     # The combined node's own quorum and controller.
     election_timeout_ms: int = 1000

@@ -154,6 +154,10 @@ def install(telemetry: Telemetry, broker: Broker) -> None:
     )
     t.observe(C.BROKER_LOG_SIZE, lambda: log_points("size"))
     t.observe(C.BROKER_LOG_SEGMENTS, lambda: log_points("segments"))
+    t.observe(C.BROKER_OPEN_SEGMENT_FILES, lambda: [(len(broker.partitions.handles), {})])
+    t.observe(
+        C.BROKER_STORAGE_UNAVAILABLE, lambda: [(len(broker.partitions.unavailable), {})]
+    )
     t.observe(C.CONSUMER_GROUP_LAG, lag)
     t.observe(C.CONSUMER_GROUP_STATE, group_states)
     t.observe(C.CONSUMER_GROUP_MEMBERS, group_members)

@@ -23,8 +23,15 @@ if TYPE_CHECKING:
 class PartitionWrite:
     """The outcome of one write; `replicated` completes it for acks=all."""
 
-    __slots__ = ("_end", "_errors", "_partition", "base_offset", "error_code", "error_message",
-                 "log_start_offset")
+    __slots__ = (
+        "_end",
+        "_errors",
+        "_partition",
+        "base_offset",
+        "error_code",
+        "error_message",
+        "log_start_offset",
+    )
 
     def __init__(self, errors: dict) -> None:
         self.error_code = 0
@@ -53,12 +60,15 @@ class PartitionWrite:
         self._partition = None
         if not await partition.wait_for_hw(self._end, within_s):
             if partition.is_leader:
-                self.fail(ErrorCode.request_timed_out,
-                          "the in-sync replicas did not confirm the write in time")
+                self.fail(
+                    ErrorCode.request_timed_out,
+                    "the in-sync replicas did not confirm the write in time",
+                )
             else:
-                self.fail(ErrorCode.not_leader_or_follower,
-                          "this broker stopped leading the partition before the write "
-                          "was confirmed")
+                self.fail(
+                    ErrorCode.not_leader_or_follower,
+                    "this broker stopped leading the partition before the write was confirmed",
+                )
         elif len(partition.isr) < partition.min_isr:
             self.fail(
                 ErrorCode.not_enough_replicas_after_append,
@@ -67,8 +77,9 @@ class PartitionWrite:
             )
 
 
-def begin_write(broker: Broker, topic: str, index: int, data: memoryview,
-                acks: int) -> PartitionWrite:
+def begin_write(
+    broker: Broker, topic: str, index: int, data: memoryview, acks: int
+) -> PartitionWrite:
     """Validate and append one partition's batches as its leader. With acks=all the
     result is `pending` until `replicated` has waited for the ISR."""
     metrics = broker.metrics
@@ -79,6 +90,8 @@ def begin_write(broker: Broker, topic: str, index: int, data: memoryview,
     if meta is None or not 0 <= index < len(meta.partitions):
         return w.fail(ErrorCode.unknown_topic_or_partition)
     partition = broker.partitions.get(topic, index)
+    if partition is None and (reason := broker.partitions.storage_error(topic, index)):
+        return w.fail(ErrorCode.kafka_storage_error, reason)
     if partition is None or not partition.is_leader or not broker.serving:
         return w.fail(ErrorCode.not_leader_or_follower)
     if acks == -1 and len(partition.isr) < partition.min_isr:

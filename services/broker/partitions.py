@@ -23,6 +23,7 @@ from straitmq.metadata.image import MetadataImage, PartitionImage, TopicImage
 from straitmq.metadata.topic_config import effective
 
 from .records import BatchInfo
+from .storage.handles import FileHandles
 from .storage.log import LogConfig, PartitionLog
 
 log = logging.getLogger("straitmq.broker")
@@ -211,10 +212,7 @@ class Partition:
             r
             for r in self.isr
             if r == self.node_id
-            or (
-                (f := self.followers.get(r)) is not None
-                and now - f.last_caught_up <= lag_max_s
-            )
+            or ((f := self.followers.get(r)) is not None and now - f.last_caught_up <= lag_max_s)
         ]
         for r in self.replicas:
             f = self.followers.get(r)
@@ -268,17 +266,31 @@ class Partition:
 
 
 class PartitionManager:
-    def __init__(self, data_dir: str, broker_defaults: dict[str, str], node_id: int) -> None:
+    def __init__(
+        self,
+        data_dir: str,
+        broker_defaults: dict[str, str],
+        node_id: int,
+        max_open_files: int | None = None,
+    ) -> None:
         self.data_dir = data_dir
         self.broker_defaults = broker_defaults
         self.node_id = node_id
         self.partitions: dict[tuple[str, int], Partition] = {}
+        self._by_topic: dict[str, set[int]] = {}
         self.topic_ids: dict[str, object] = {}
+        # Replicas the image gives this broker whose log cannot be opened or created
+        # (no descriptors, no disk): requests for them get KAFKA_STORAGE_ERROR with this
+        # reason, and every sync tries again.
+        self.unavailable: dict[tuple[str, int], str] = {}
+        # Every segment file of every log, open or not, under one bound.
+        self.handles = FileHandles(max_open_files)
         # Called with (partition, role) when a replica becomes leader or follower, and
         # with (partition, "") when it goes away.
         self.role_listeners: list[Callable[[Partition, str], None]] = []
         # Logs opened off the event loop at startup (see preopen), taken over by sync.
         self._preopened: dict[tuple[str, int], tuple[str, PartitionLog]] = {}
+        self._swept = False
         os.makedirs(data_dir, exist_ok=True)
 
     @staticmethod
@@ -292,56 +304,103 @@ class PartitionManager:
         p = self.partitions.get((topic, index))
         return p if p is not None and p.is_leader else None
 
-    def sync(self, image: MetadataImage) -> None:
-        """Open, configure, re-role and delete replicas so they match the image."""
+    def sync(self, image: MetadataImage, topics: set[str] | None = None) -> None:
+        """Open, configure, re-role and delete replicas so they match the image: every
+        topic, or only `topics` (the ones the latest records named). A replica whose log
+        cannot be opened is left out and listed in `unavailable`; the rest still follow
+        the image, so what the broker serves always matches what it applied."""
+        names = set(image.topics) | set(self._by_topic) if topics is None else set(topics)
+        # Then try the unavailable ones again, after the drops above freed what they held.
+        retry = {t for t, _ in self.unavailable} - names
+        for name in [*names, *retry]:
+            self._sync_topic(name, image.topics.get(name))
+        for _, plog in self._preopened.values():  # replicas the image no longer gives us
+            plog.close()
+        self._preopened.clear()
+        if not self._swept:
+            self._sweep()
+
+    def _sync_topic(self, name: str, t: TopicImage | None) -> None:
         me = self.node_id
-        for (topic, index), part in list(self.partitions.items()):
-            t = image.topics.get(topic)
+        for index in sorted(self._by_topic.get(name, ())):
+            part = self.partitions[(name, index)]
             p = t.partitions[index] if t is not None and index < len(t.partitions) else None
-            if p is None or t is None or t.topic_id != self.topic_ids.get(topic) or (
-                me not in p.replicas
+            if (
+                p is None
+                or t is None
+                or t.topic_id != self.topic_ids.get(name)
+                or (me not in p.replicas)
             ):
                 self._drop(part)
-        wanted = set()
-        for t in image.topics.values():
-            self.topic_ids[t.name] = t.topic_id
-            cfg = log_config_for(t, self.broker_defaults)
-            min_isr = int(effective({**self.broker_defaults, **t.configs})["min.insync.replicas"])
-            for i, p in enumerate(t.partitions):
-                if me not in p.replicas:
+        for key in [k for k in self.unavailable if k[0] == name]:
+            del self.unavailable[key]
+        if t is None:
+            self.topic_ids.pop(name, None)
+            return
+        self.topic_ids[name] = t.topic_id
+        cfg = log_config_for(t, self.broker_defaults)
+        min_isr = int(effective({**self.broker_defaults, **t.configs})["min.insync.replicas"])
+        for i, p in enumerate(t.partitions):
+            if me not in p.replicas:
+                continue
+            part = self.partitions.get((name, i))
+            if part is None:
+                try:
+                    plog = self._open_log(t, i, cfg)
+                except OSError as e:
+                    self.unavailable[(name, i)] = f"cannot open the log: {e}"
+                    log.warning(
+                        "replica unavailable: cannot open its log",
+                        extra={"topic": name, "partition": i, "error": str(e)},
+                    )
                     continue
-                wanted.add(self.dir_name(t.name, i))
-                part = self.partitions.get((t.name, i))
-                if part is None:
-                    path = os.path.join(self.data_dir, self.dir_name(t.name, i))
-                    pre = self._preopened.pop((t.name, i), None)
-                    if pre is not None and pre[0] == str(t.topic_id):
-                        plog = pre[1]
-                        plog.config = cfg
-                    else:
-                        if pre is not None:
-                            pre[1].close()
-                        self._check_owner(path, str(t.topic_id))
-                        plog = PartitionLog(path, cfg)
-                    part = Partition(t.name, i, plog, me)
-                    self.partitions[(t.name, i)] = part
-                else:
-                    part.log.config = cfg
+                part = Partition(name, i, plog, me)
+                self.partitions[(name, i)] = part
+                self._by_topic.setdefault(name, set()).add(i)
+            else:
+                part.log.config = cfg
+            try:
                 role = part.update(p, min_isr)
                 if role:
                     for cb in self.role_listeners:
                         cb(part, role)
-        for _, plog in self._preopened.values():  # replicas the image no longer gives us
-            plog.close()
-        self._preopened.clear()
+            except OSError as e:
+                # The role is taken in memory; only its epoch checkpoint (or a group
+                # load) failed. Appends retry the checkpoint and fail with a storage
+                # error until it is written.
+                log.warning(
+                    "replica took its role but could not write to its log directory",
+                    extra={"topic": name, "partition": i, "error": str(e)},
+                )
+
+    def _open_log(self, t: TopicImage, index: int, cfg: LogConfig) -> PartitionLog:
+        pre = self._preopened.pop((t.name, index), None)
+        if pre is not None and pre[0] == str(t.topic_id):
+            plog = pre[1]
+            plog.config = cfg
+            plog.adopt(self.handles)
+            return plog
+        if pre is not None:
+            pre[1].close()
+        path = os.path.join(self.data_dir, self.dir_name(t.name, index))
+        self._check_owner(path, str(t.topic_id))
+        return PartitionLog(path, cfg, self.handles)
+
+    def _sweep(self) -> None:
+        """Once, after the first sync: delete partition directories of replicas this
+        broker no longer holds (later removals delete their own, see _drop)."""
+        wanted = {self.dir_name(t, i) for t, i in self.partitions} | {
+            self.dir_name(t, i) for t, i in self.unavailable
+        }
         for name in os.listdir(self.data_dir):
             path = os.path.join(self.data_dir, name)
             if (
-                os.path.isdir(path)
-                and name not in wanted
+                name not in wanted
+                and os.path.isdir(path)
                 and os.path.exists(os.path.join(path, ".topic-id"))
             ):
                 shutil.rmtree(path, ignore_errors=True)
+        self._swept = True
 
     def _drop(self, part: Partition) -> None:
         for cb in self.role_listeners:
@@ -349,14 +408,24 @@ class PartitionManager:
         part.role = ""
         part.fail_hw_waiters()
         part._wake()
-        part.log.close()
-        shutil.rmtree(part.log.directory, ignore_errors=True)
         del self.partitions[(part.topic, part.index)]
+        indexes = self._by_topic.get(part.topic)
+        if indexes is not None:
+            indexes.discard(part.index)
+            if not indexes:
+                del self._by_topic[part.topic]
+        try:
+            part.log.close()
+        except OSError as e:  # its files go anyway
+            log.warning("closing a removed replica's log failed", extra={"error": str(e)})
+        shutil.rmtree(part.log.directory, ignore_errors=True)
 
     async def preopen(self, image: MetadataImage) -> None:
         """Open the logs this broker already holds for the image's replicas in a worker
         thread, one at a time: recovering a large torn segment after a crash scans and
-        checks it, and the event loop keeps answering (liveness, the quorum) meanwhile."""
+        checks it, and the event loop keeps answering (liveness, the quorum) meanwhile.
+        Each log is loaded with a small cache of its own (the shared one belongs to the
+        event loop's thread) and joins the shared one in sync."""
         me = self.node_id
         for t in image.topics.values():
             cfg = log_config_for(t, self.broker_defaults)
@@ -371,7 +440,13 @@ class PartitionManager:
                             continue
                 except OSError:
                     continue  # nothing here yet (or a deleted topic's): sync decides
-                plog = await asyncio.to_thread(PartitionLog, path, cfg)
+                try:
+                    plog = await asyncio.to_thread(_load_log, path, cfg)
+                except OSError as e:  # sync tries again and reports it
+                    log.warning(
+                        "could not open a log at startup", extra={"path": path, "error": str(e)}
+                    )
+                    continue
                 self._preopened[key] = (str(t.topic_id), plog)
 
     @staticmethod
@@ -384,8 +459,14 @@ class PartitionManager:
                     shutil.rmtree(path, ignore_errors=True)
         os.makedirs(path, exist_ok=True)
         if not os.path.exists(marker):
-            with open(marker, "w") as f:
+            tmp = marker + ".tmp"
+            with open(tmp, "w") as f:
                 f.write(topic_id)
+            os.replace(tmp, marker)  # never a half-written marker (a full disk)
+
+    def storage_error(self, topic: str, index: int) -> str | None:
+        """Why this broker cannot serve a replica the image gives it, or None."""
+        return self.unavailable.get((topic, index))
 
     def apply_retention(self) -> int:
         # Followers follow the leader's log start instead (see the replica fetcher).
@@ -394,7 +475,20 @@ class PartitionManager:
     def close(self) -> None:
         for p in self.partitions.values():
             p.fail_hw_waiters()
-            p.log.close()
+            try:
+                p.log.close()
+            except OSError as e:
+                log.warning("closing a log failed", extra={"dir": p.log.directory, "error": str(e)})
         for _, plog in self._preopened.values():
             plog.close()
         self._preopened.clear()
+        self.handles.close_all()
+
+
+def _load_log(path: str, cfg: LogConfig) -> PartitionLog:
+    """A log loaded in a worker thread with a private cache; its files are closed when
+    it is done, so the worker never holds more than a few descriptors."""
+    handles = FileHandles(4)
+    plog = PartitionLog(path, cfg, handles)
+    handles.close_all()
+    return plog

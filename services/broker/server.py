@@ -223,9 +223,13 @@ class KafkaConnection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         while remaining:
             try:
+                # piece.fd each time: the file may have been closed and reopened by the
+                # bounded cache while this waited on the socket.
                 sent = os.sendfile(fd, piece.fd, offset, remaining)
             except BlockingIOError:
                 sent = -1
+            except OSError as e:  # the segment was deleted, or no descriptor is left
+                raise ConnectionError(f"cannot send a fetched range: {e}") from e
             if sent == 0:
                 raise ConnectionError("file shrank under a fetch")  # truncated meanwhile
             if sent > 0:
@@ -254,9 +258,7 @@ def bind(host: str, port: int) -> list[socket.socket]:
     """Bind the Kafka listener's sockets without listening: the port is reserved and
     known (also when 0 was asked for), but connections are refused until `serve`.
     Port 0 on a name with several addresses takes the first address's port for all."""
-    infos = socket.getaddrinfo(
-        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     socks: list[socket.socket] = []
     try:
         for family, type_, proto, _, addr in dict.fromkeys(infos):

@@ -109,6 +109,16 @@ BROKER_LOG_SEGMENTS = _i(
     "straitmq.broker.log.segments", OBSERVABLE_GAUGE, "{segment}",
     "Segment files of each partition replica's log on this broker", TOPIC, PARTITION,
 )  # fmt: skip
+BROKER_OPEN_SEGMENT_FILES = _i(
+    "straitmq.broker.log.open_files", OBSERVABLE_GAUGE, "{file}",
+    "Segment files this broker holds open (at most --max-open-files; the least recently "
+    "used are closed and reopened on demand)",
+)  # fmt: skip
+BROKER_STORAGE_UNAVAILABLE = _i(
+    "straitmq.broker.partitions.storage_unavailable", OBSERVABLE_GAUGE, "{partition}",
+    "Replicas assigned to this broker whose log cannot be opened (no disk space or "
+    "descriptors); their requests get KAFKA_STORAGE_ERROR",
+)  # fmt: skip
 CONSUMER_GROUP_LAG = _i(
     "straitmq.consumer_group.lag", OBSERVABLE_GAUGE, "{message}",
     "High watermark minus committed offset, for groups this broker coordinates on "
@@ -192,7 +202,8 @@ BROKER = (
     BROKER_TOPIC_IO, BROKER_TOPIC_MESSAGES, BROKER_REPLICATION_IO, BROKER_REQUEST_DURATION,
     BROKER_REQUEST_ERRORS, BROKER_PARTITIONS, BROKER_LEADERS, BROKER_UNDER_REPLICATED,
     BROKER_UNDER_MIN_ISR, BROKER_ISR_OPERATIONS, BROKER_LOG_SIZE, BROKER_LOG_SEGMENTS,
-    CONSUMER_GROUP_LAG, CONSUMER_GROUP_STATE, CONSUMER_GROUP_MEMBERS,
+    BROKER_OPEN_SEGMENT_FILES, BROKER_STORAGE_UNAVAILABLE, CONSUMER_GROUP_LAG,
+    CONSUMER_GROUP_STATE, CONSUMER_GROUP_MEMBERS,
 )  # fmt: skip
 CONTROLLER = (
     CONTROLLER_ACTIVE, QUORUM_EPOCH, QUORUM_HIGH_WATERMARK, QUORUM_COMMIT_DURATION,

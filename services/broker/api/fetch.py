@@ -7,6 +7,7 @@ segment file to the socket with sendfile instead of through Python memory.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import struct
 from bisect import bisect_right
@@ -19,6 +20,8 @@ from straitmq.protocol.varint import uvarint as _uvarint
 
 from ..storage.log import ReadSlice
 from .context import RawResponse, RequestContext
+
+log = logging.getLogger("straitmq.broker")
 
 LATEST = -1
 EARLIEST = -2
@@ -79,7 +82,13 @@ class _FetchPlan:
                 if replica >= 0:
                     upper = plog.log_end_offset
                     limit = broker.throttle.allowance(t.topic, p.partition, replica, limit)
-                sl = plog.read(p.fetch_offset, max(limit, 1), upper) if limit > 0 else None
+                try:
+                    sl = plog.read(p.fetch_offset, max(limit, 1), upper) if limit > 0 else None
+                except OSError as e:  # out of descriptors, or the file went away
+                    log.warning("fetch read failed", extra={"topic": t.topic,
+                                "partition": p.partition, "error": str(e)})  # fmt: skip
+                    parts.append((p.partition, ErrorCode.kafka_storage_error, hw, -1, None))
+                    continue
                 if sl is not None:
                     total += sl.size
                     budget -= sl.size
@@ -107,6 +116,8 @@ def partition_error(
     if partition is None or not partition.is_leader:
         if broker.image.partition(topic, index) is None:
             return ErrorCode.unknown_topic_or_partition
+        if partition is None and broker.partitions.storage_error(topic, index):
+            return ErrorCode.kafka_storage_error
         return ErrorCode.not_leader_or_follower
     if current_leader_epoch >= 0 and current_leader_epoch != partition.leader_epoch:
         if current_leader_epoch < partition.leader_epoch:
@@ -199,7 +210,10 @@ def _count(ctx: RequestContext, req: Any, topics: list, follower: bool) -> None:
                     metrics.replication_bytes_out += sl.size
                     continue
                 metrics.bytes_out[name] += sl.size
-                head = os.pread(sl.fd, 8, sl.position + sl.size)
+                try:
+                    head = os.pread(sl.fd, 8, sl.position + sl.size)
+                except OSError:
+                    head = b""  # counted from the segment bases below
                 if len(head) == 8:
                     end = min(_I64.unpack(head)[0], p[2])
                 else:

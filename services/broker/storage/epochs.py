@@ -84,6 +84,7 @@ class LeaderEpochCache:
                 f"leader epoch {epoch} starts at {start_offset}, before epoch "
                 f"{self.latest_epoch} which starts at {self._starts[-1]}"
             )
+        before = (list(self._epochs), list(self._starts), self.latest_epoch)
         if self._starts and start_offset == self._starts[-1]:
             # The previous epoch wrote nothing (a leader that never appended): Kafka drops
             # it so start offsets stay strictly increasing.
@@ -92,7 +93,13 @@ class LeaderEpochCache:
         self._epochs.append(epoch)
         self._starts.append(start_offset)
         self.latest_epoch = epoch
-        self._write()
+        try:
+            self._write()
+        except OSError:
+            # Not assigned after all (a full disk): the next append tries again and is
+            # refused with a storage error until the checkpoint can be written.
+            self._epochs, self._starts, self.latest_epoch = before
+            raise
         return True
 
     def truncate_from_end(self, end_offset: int) -> None:

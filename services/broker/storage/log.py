@@ -27,6 +27,7 @@ from ..records import (
     parse_header,
 )
 from .epochs import LeaderEpochCache
+from .handles import FileHandles
 from .segment import Segment, segment_name
 
 log = logging.getLogger("straitmq.storage")
@@ -49,9 +50,16 @@ class LogConfig:
 
 @dataclass(slots=True)
 class ReadSlice:
-    fd: int
+    """A byte range of a segment file, sent later (sendfile): the descriptor is asked
+    for at each use, since the bounded cache may close and reopen it in between."""
+
+    segment: Segment
     position: int
     size: int
+
+    @property
+    def fd(self) -> int:
+        return self.segment.fd
 
 
 class UnexpectedAppendOffset(Exception):
@@ -77,9 +85,13 @@ def _now_ms() -> int:
 
 
 class PartitionLog:
-    def __init__(self, directory: str, config: LogConfig) -> None:
+    def __init__(
+        self, directory: str, config: LogConfig, handles: FileHandles | None = None
+    ) -> None:
         self.directory = directory
         self.config = config
+        # A log of its own (tests, tools) gets a small private cache.
+        self.handles = handles if handles is not None else FileHandles(8)
         os.makedirs(directory, exist_ok=True)
         self.segments: list[Segment] = []
         self.bases: list[int] = []
@@ -97,7 +109,7 @@ class PartitionLog:
         )
         now = _now_ms()
         for i, base in enumerate(bases):
-            seg = Segment(self.directory, base, self.config.index_interval_bytes, now)
+            seg = Segment(self.directory, base, self.config.index_interval_bytes, now, self.handles)
             last = i == len(bases) - 1
             if not last and seg.size and seg.load_indexes():
                 seg.created_ms = now
@@ -110,7 +122,9 @@ class PartitionLog:
                     )
             self.segments.append(seg)
         if not self.segments:
-            self.segments.append(Segment(self.directory, 0, self.config.index_interval_bytes, now))
+            self.segments.append(
+                Segment(self.directory, 0, self.config.index_interval_bytes, now, self.handles)
+            )
         self.bases = [s.base_offset for s in self.segments]
         # Snapshots above the end describe a history that was cut (truncate_to or a torn
         # tail); once the log grows past them again they would be taken for the new one.
@@ -194,7 +208,8 @@ class PartitionLog:
         path = os.path.join(self.directory, segment_name(offset, SNAPSHOT_SUFFIX))
         data = self.producers.to_json(_now_ms(), self.config.producer_id_expiration_ms)
         tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
+        fd = self.handles.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        with os.fdopen(fd, "wb") as f:
             f.write(orjson.dumps(data))
         os.replace(tmp, path)
         for old in self._snapshots()[:-2]:
@@ -312,7 +327,11 @@ class PartitionLog:
         old = self.segments[-1]
         old.fsync()
         seg = Segment(
-            self.directory, self.log_end_offset, self.config.index_interval_bytes, _now_ms()
+            self.directory,
+            self.log_end_offset,
+            self.config.index_interval_bytes,
+            _now_ms(),
+            self.handles,
         )
         self.segments.append(seg)
         self.bases.append(seg.base_offset)
@@ -347,7 +366,7 @@ class PartitionLog:
                         end = min(end, hw_pos)
                 if end <= pos:
                     return None
-                return ReadSlice(seg.fd, pos, end - pos)
+                return ReadSlice(seg, pos, end - pos)
             i += 1
         return None
 
@@ -494,16 +513,29 @@ class PartitionLog:
             os.unlink(os.path.join(self.directory, segment_name(snap, SNAPSHOT_SUFFIX)))
         self.epochs.clear()
         self.producers = ProducerStateTable()
-        seg = Segment(self.directory, offset, self.config.index_interval_bytes, _now_ms())
+        seg = Segment(
+            self.directory, offset, self.config.index_interval_bytes, _now_ms(), self.handles
+        )
         self.segments = [seg]
         self.bases = [offset]
         self._unflushed_messages = 0
         self._last_flush_ms = _now_ms()
 
-    def close(self) -> None:
-        self.write_producer_snapshot()
+    def adopt(self, handles: FileHandles) -> None:
+        """Use `handles` from now on (a log loaded in a worker thread joins the event
+        loop's cache; its files are closed and reopen on first use)."""
+        if handles is self.handles:
+            return
         for seg in self.segments:
-            seg.close()
+            seg.adopt(handles)
+        self.handles = handles
+
+    def close(self) -> None:
+        try:
+            self.write_producer_snapshot()
+        finally:
+            for seg in self.segments:
+                seg.close()
 
     def delete(self) -> None:
         for seg in self.segments:

@@ -4,10 +4,15 @@ The offset index maps (relative offset -> file position) every `index_interval` 
 the time index maps (max timestamp so far -> relative offset) at the same points. Both
 live in memory as arrays and are appended to `.index` / `.timeindex` files; a segment
 that was not closed cleanly gets them rebuilt by the recovery scan.
+
+The `.log` file's descriptor comes from the broker's bounded cache (`handles.py`): it may
+be closed between two uses and reopened on the next. Index files are opened only for
+the moment of an append.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from array import array
@@ -15,6 +20,7 @@ from bisect import bisect_right
 from collections.abc import Iterator
 
 from ..records import HEADER_SIZE, BatchInfo, check_crc, parse_header
+from .handles import FileHandles
 
 _LEN = struct.Struct(">qi")
 _OFFSET_ENTRY = struct.Struct(">ii")
@@ -29,14 +35,15 @@ def segment_name(base_offset: int, suffix: str) -> str:
 class Segment:
     __slots__ = (
         "_bytes_since_index",
-        "_index_fd",
+        "_create",
+        "_fd",
+        "_gone",
         "_pending_index",
         "_pending_time",
-        "_time_fd",
         "base_offset",
         "created_ms",
         "directory",
-        "fd",
+        "handles",
         "index_interval",
         "index_offsets",
         "index_positions",
@@ -47,12 +54,21 @@ class Segment:
         "time_stamps",
     )
 
-    def __init__(self, directory: str, base_offset: int, index_interval: int, now_ms: int):
+    def __init__(
+        self,
+        directory: str,
+        base_offset: int,
+        index_interval: int,
+        now_ms: int,
+        handles: FileHandles,
+    ) -> None:
         self.directory = directory
         self.base_offset = base_offset
         self.index_interval = index_interval
-        path = self.path(".log")
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.handles = handles
+        self._fd = -1
+        self._gone = False
+        self._create = True  # the first open may create the file, later ones must not
         self.size = os.fstat(self.fd).st_size
         self.next_offset = base_offset
         self.max_timestamp = -1
@@ -64,11 +80,27 @@ class Segment:
         self._bytes_since_index = 0
         self._pending_index = bytearray()
         self._pending_time = bytearray()
-        self._index_fd = -1
-        self._time_fd = -1
 
     def path(self, suffix: str) -> str:
         return os.path.join(self.directory, segment_name(self.base_offset, suffix))
+
+    @property
+    def fd(self) -> int:
+        """The `.log` file's descriptor: use it at once, ask again after an await."""
+        return self.handles.fd(self)
+
+    def _open_file(self) -> int:
+        if self._gone:
+            raise FileNotFoundError(errno.ENOENT, "segment closed or deleted", self.path(".log"))
+        flags = os.O_RDWR | (os.O_CREAT if self._create else 0)
+        fd = os.open(self.path(".log"), flags, 0o644)
+        self._create = False
+        return fd
+
+    def adopt(self, handles: FileHandles) -> None:
+        """Move to another cache (a log loaded in a worker thread joins the broker's)."""
+        self.handles.release(self)
+        self.handles = handles
 
     # -- writing -------------------------------------------------------------------
 
@@ -100,18 +132,21 @@ class Segment:
         self.next_offset = base + last_delta + 1
 
     def flush_indexes(self) -> None:
-        if self._pending_index:
-            if self._index_fd < 0:
-                self._index_fd = os.open(self.path(".index"), os.O_WRONLY | os.O_CREAT, 0o644)
-                os.lseek(self._index_fd, 0, os.SEEK_END)
-            os.write(self._index_fd, self._pending_index)
-            self._pending_index.clear()
-        if self._pending_time:
-            if self._time_fd < 0:
-                self._time_fd = os.open(self.path(".timeindex"), os.O_WRONLY | os.O_CREAT, 0o644)
-                os.lseek(self._time_fd, 0, os.SEEK_END)
-            os.write(self._time_fd, self._pending_time)
-            self._pending_time.clear()
+        # Rare (roll, fsync, close), so the index files are not kept open.
+        for suffix, pending in (
+            (".index", self._pending_index),
+            (".timeindex", self._pending_time),
+        ):
+            if pending:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+                fd = self.handles.open(self.path(suffix), flags)
+                try:
+                    written = os.write(fd, pending)
+                finally:
+                    os.close(fd)
+                if written != len(pending):
+                    raise OSError(errno.ENOSPC, f"short write to {self.path(suffix)}")
+                pending.clear()
 
     def fsync(self) -> None:
         self.flush_indexes()
@@ -246,10 +281,8 @@ class Segment:
     def load_indexes(self) -> bool:
         """Load index files of a closed segment; False if they look wrong."""
         try:
-            with open(self.path(".index"), "rb") as f:
-                data = f.read()
-            with open(self.path(".timeindex"), "rb") as f:
-                tdata = f.read()
+            data = self._read_file(".index")
+            tdata = self._read_file(".timeindex")
         except FileNotFoundError:
             return False
         if len(data) % 8 or len(tdata) % 12 or not data:
@@ -276,12 +309,15 @@ class Segment:
             self.max_timestamp = max(self.max_timestamp, self.time_stamps[-1])
         return True
 
+    def _read_file(self, suffix: str) -> bytes:
+        fd = self.handles.open(self.path(suffix), os.O_RDONLY)
+        try:
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                return f.read()
+        finally:
+            os.close(fd)
+
     def _rewrite_indexes(self) -> None:
-        for fd_attr in ("_index_fd", "_time_fd"):
-            fd = getattr(self, fd_attr)
-            if fd >= 0:
-                os.close(fd)
-                setattr(self, fd_attr, -1)
         self._pending_index = bytearray(
             b"".join(
                 _OFFSET_ENTRY.pack(r, p)
@@ -313,13 +349,18 @@ class Segment:
         self.recover(1 << 31)
 
     def close(self) -> None:
-        self.flush_indexes()
-        for fd in (self.fd, self._index_fd, self._time_fd):
-            if fd >= 0:
-                os.close(fd)
-        self.fd = self._index_fd = self._time_fd = -1
+        """Flush the indexes and let go of the file for good (a later use fails)."""
+        if self._gone:
+            return
+        try:
+            self.flush_indexes()
+        finally:
+            self._gone = True
+            self.handles.release(self)
 
     def delete(self) -> None:
+        self._pending_index.clear()  # nothing to keep: a full disk must not stop a delete
+        self._pending_time.clear()
         self.close()
         for suffix in (".log", ".index", ".timeindex"):
             try:

@@ -609,7 +609,16 @@ class KubeControlPlane:
         )
         self._spawn(
             "kube-scheduler",
-            [str(self.bin_dir / "kube-scheduler"), f"--config={cfg}", "--secure-port=0"],
+            [
+                str(self.bin_dir / "kube-scheduler"),
+                f"--config={cfg}",
+                "--secure-port=0",
+                # A pod tried while its Immediate claim was still unbound waits in the
+                # unschedulable queue; the claim's binding should requeue it, but the
+                # scheduler sometimes misses that, and the fallback flush is 5 minutes
+                # (seen twice in full CI runs: web-1 Pending with data-web-1 Bound).
+                "--pod-max-in-unschedulable-pods-duration=15s",
+            ],
         )
 
     def _start_kwok(self) -> None:

@@ -12,6 +12,7 @@ changes happen only on leader changes, truncation and retention, never per appen
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from bisect import bisect_right
@@ -172,23 +173,21 @@ class LeaderEpochCache:
         self._write()
 
     def _write(self) -> None:
-        """tmp + fsync + rename (+ directory fsync): a crash leaves the old or the new
-        file, never a torn one."""
+        """tmp + rename: a crash leaves the old or the new file, never a torn one. No
+        fsync (Kafka also took it off the leader-change path, KAFKA-15046): the batches
+        carry their epochs, so a checkpoint a machine crash lost or emptied is rebuilt
+        from the log at load (see PartitionLog._load_epochs), and the log itself is not
+        fsynced either. At startup each leader's new epoch cost two fsyncs."""
         body = "".join(f"{e} {s}\n" for e, s in zip(self._epochs, self._starts, strict=True))
         data = f"{_VERSION}\n{len(self._epochs)}\n{body}".encode("ascii")
         tmp = self.path + ".tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.write(fd, data)
-            os.fsync(fd)
+            if os.write(fd, data) != len(data):
+                raise OSError(errno.ENOSPC, f"short write to {tmp}")
         finally:
             os.close(fd)
         os.replace(tmp, self.path)
-        dfd = os.open(os.path.dirname(self.path), os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
 
     def __repr__(self) -> str:
         return f"LeaderEpochCache({self.entries})"

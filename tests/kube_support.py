@@ -132,6 +132,11 @@ except (OSError, AttributeError):  # not Linux
     _PRCTL = None
 
 
+# A self-signed (CA) or CA-signed certificate request with a P-256 key: RSA key
+# generation is slow on 2 cores.
+_CERT_REQ = ("req", "-x509", "-new", "-config", "openssl.cnf", "-days", "3650",
+             "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes")  # fmt: skip
+
 class KubeControlPlane:
     """etcd + kube-apiserver + kube-controller-manager + kube-scheduler + kwok, all on
     127.0.0.1 with free ports, logging to files under `work_dir`.
@@ -410,6 +415,13 @@ class KubeControlPlane:
             stdin=subprocess.DEVNULL,
         )
 
+    def _issue_cert(self, name: str, extensions: str, subject: str) -> None:
+        """`<name>.key` and `<name>.crt` signed by the test CA, with the `[server]` or
+        `[client]` extensions of openssl.cnf."""
+        self._openssl(*_CERT_REQ, "-CA", "ca.crt", "-CAkey", "ca.key",
+                      "-extensions", extensions, "-subj", subject,
+                      "-keyout", f"{name}.key", "-out", f"{name}.crt")  # fmt: skip
+
     def _make_pki(self) -> None:
         """A CA, the apiserver's serving cert, client certs (admin in system:masters, the
         controller-manager and scheduler with their bootstrap-RBAC identities) and the
@@ -438,11 +450,8 @@ class KubeControlPlane:
             "keyUsage = critical,digitalSignature,keyEncipherment\n"
             "extendedKeyUsage = clientAuth\n"
         )
-        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
-        common = ["req", "-x509", "-new", "-config", "openssl.cnf", "-days", "3650", *ec]
-        self._openssl(*common, "-extensions", "ca", "-subj", "/CN=straitmq-test-ca",
+        self._openssl(*_CERT_REQ, "-extensions", "ca", "-subj", "/CN=straitmq-test-ca",
                       "-keyout", "ca.key", "-out", "ca.crt")  # fmt: skip
-        signed = [*common, "-CA", "ca.crt", "-CAkey", "ca.key"]
         leafs = {
             "apiserver": ("server", "/CN=kube-apiserver"),
             "admin": ("client", "/O=system:masters/CN=straitmq-admin"),
@@ -450,8 +459,7 @@ class KubeControlPlane:
             "scheduler": ("client", "/CN=system:kube-scheduler"),
         }
         for name, (ext, subj) in leafs.items():
-            self._openssl(*signed, "-extensions", ext, "-subj", subj,
-                          "-keyout", f"{name}.key", "-out", f"{name}.crt")  # fmt: skip
+            self._issue_cert(name, ext, subj)
         self._openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256",
                       "-out", "sa.key")  # fmt: skip
         self._openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub")

@@ -219,64 +219,16 @@ class RealNode(KubeControlPlane):
         cnf = self.pki / "openssl.cnf"
         text = cnf.read_text().replace("IP:127.0.0.1,", f"IP:127.0.0.1,IP:{NODE_IP},", 1)
         cnf.write_text(text)
-        signed = [
-            "req",
-            "-x509",
-            "-new",
-            "-config",
-            "openssl.cnf",
-            "-days",
-            "3650",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-        ]
-        self._openssl(
-            *signed,
-            "-extensions",
-            "server",
-            "-subj",
-            "/CN=kube-apiserver",
-            "-keyout",
-            "apiserver.key",
-            "-out",
-            "apiserver.crt",
-        )
+        self._issue_cert("apiserver", "server", "/CN=kube-apiserver")
 
     def _make_node_pki(self) -> None:
-        signed = [
-            "req",
-            "-x509",
-            "-new",
-            "-config",
-            "openssl.cnf",
-            "-days",
-            "3650",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-extensions",
-            "client",
-        ]
         leafs = {
             "kubelet": f"/O=system:nodes/CN=system:node:{NODE_NAME}",
             "kube-proxy": "/CN=system:kube-proxy",
             "apiserver-kubelet-client": "/O=system:masters/CN=kube-apiserver-kubelet-client",
         }
         for name, subj in leafs.items():
-            self._openssl(*signed, "-subj", subj, "-keyout", f"{name}.key", "-out", f"{name}.crt")
+            self._issue_cert(name, "client", subj)
         for user in ("kubelet", "kube-proxy"):
             self._write_kubeconfig(str(self.pki / f"{user}.kubeconfig"), user)
 

@@ -419,14 +419,16 @@ class ClusterReconciler:
         if under:
             p.progressing = ("Rolling", f"waiting: {under} partitions are under min ISR")
             return None
+        # Every voter in step with the leader before any restart: a voter restart could
+        # otherwise leave the quorum without a majority, and a broker restart must not
+        # start while the last restarted controller is still catching up (its pod can be
+        # Ready before it serves the quorum).
+        lagging = seen.lagging_voters()
+        if lagging is None or lagging:
+            why = "quorum status unknown" if lagging is None else f"voters {lagging} behind"
+            p.progressing = ("Rolling", f"waiting: {why}")
+            return None
         if component == n.CONTROLLER:
-            # A voter restarts only while the other two are in step with the leader:
-            # otherwise the restart could leave the quorum without a majority.
-            lagging = seen.lagging_voters()
-            if lagging is None or lagging:
-                why = "quorum status unknown" if lagging is None else f"voters {lagging} behind"
-                p.progressing = ("Rolling", f"waiting: {why}")
-                return None
             # The active controller last: each restart of it costs an election.
             active = seen.cluster.get("controller")
             return sorted(

@@ -151,7 +151,8 @@ class Cluster(LocalCluster):
 
 
 def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
-    """The body of a `cluster` fixture: yields `make(brokers=3, netns=False)`. Use as
+    """The body of a `cluster` fixture: yields `make(brokers=3, netns=False, ...)`; the
+    default arguments are the short timeouts above. Use as
 
         @pytest.fixture
         def cluster(tmp_path):
@@ -159,7 +160,13 @@ def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
     """
     made: list[Cluster] = []
 
-    def make(brokers: int = 3, netns: bool = False, log_level: str = "info") -> Cluster:
+    def make(
+        brokers: int = 3,
+        netns: bool = False,
+        log_level: str = "info",
+        controller_args: list[str] | None = None,
+        broker_args: list[str] | None = None,
+    ) -> Cluster:
         hosts: dict[str, str] = {}
         prefix: dict[str, list[str]] = {}
         net = None
@@ -180,8 +187,8 @@ def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
             kafka_base=None,
             http_base=None,
             controller_base=None,
-            broker_args=BROKER_ARGS,
-            controller_args=CONTROLLER_ARGS,
+            broker_args=BROKER_ARGS if broker_args is None else broker_args,
+            controller_args=CONTROLLER_ARGS if controller_args is None else controller_args,
             log_level=log_level,
             python=PYTHON,
             node_hosts=hosts,

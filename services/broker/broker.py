@@ -329,10 +329,11 @@ class Broker:
         await self._wait_metadata()
         self.phase = "registering with the active controller"
         await self.lifecycle.register()
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self.lifecycle.session_stream_loop()))
         self.phase = "opening partition logs (recovering any torn tails)"
         await self.partitions.preopen(self.image)
         self._open_replicas()
-        loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self.lifecycle.heartbeat_loop()))
         self._tasks.append(loop.create_task(self.isr.run()))
         self._tasks.append(loop.create_task(self._retention_loop()))

@@ -12,6 +12,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+import aiohttp
 from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError
 
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("straitmq.broker")
 FATAL = {ErrorCode.inconsistent_cluster_id, ErrorCode.duplicate_broker_registration}
 REGISTRATION_WAIT_S = 10.0
+STREAM_RETRY_S = 0.2
 
 
 class Lifecycle:
@@ -64,6 +66,31 @@ class Lifecycle:
         while True:
             await self.heartbeat()
             await asyncio.sleep(interval / 4 if self.want_shutdown else interval)
+
+    async def session_stream_loop(self) -> None:
+        """Hold a session stream open to the active controller for this process's life.
+
+        The kernel closes it when the process dies, however it dies, and the controller
+        then fences this broker at once instead of after the session timeout.
+        """
+        b = self.broker
+        while True:
+            url = b.controller.session_url()
+            if url is None:
+                await asyncio.sleep(STREAM_RETRY_S)
+                continue
+            try:
+                async with b.controller.session().ws_connect(
+                    url,
+                    params={"id": str(b.node_id), "incarnation": b.incarnation},
+                    heartbeat=None,
+                    timeout=aiohttp.ClientWSTimeout(ws_close=1.0),
+                ) as ws:
+                    async for _ in ws:
+                        pass  # the controller sends nothing; it closes when it steps down
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                pass  # not the active controller (any more), or unreachable: try again
+            await asyncio.sleep(STREAM_RETRY_S)
 
     async def heartbeat(self) -> None:
         b = self.broker

@@ -2,8 +2,8 @@
 
 Every request becomes metadata records through `operations`; they take effect when the
 quorum commits them. Requests are serialized by one lock and each waits for its commit,
-so validation always sees every earlier change. Broker sessions (heartbeat deadlines)
-live only in memory: a new active controller gives every broker a fresh session.
+so validation always sees every earlier change. Broker sessions (`sessions.py`) live
+only in memory: a new active controller gives every broker a fresh session.
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ from .election import (
 )
 from .errors import ControllerError, NotController
 from .quorum import Quorum
+from .sessions import GRACE_S, BrokerSessions
 
 log = logging.getLogger("straitmq.controller")
+PROBE_TIMEOUT_S = 1.0
 
 
 @dataclass
@@ -52,11 +54,14 @@ class ActiveController:
         self.settings = settings
         self.active = False
         self._lock = asyncio.Lock()
-        self._sessions: dict[int, float] = {}  # broker id -> session deadline (monotonic)
+        self.sessions = BrokerSessions(settings.session_timeout_ms / 1000)
+        self._streams: set[Any] = set()  # open session streams, closed on losing leadership
+        self._probes: set[asyncio.Task] = set()
         self._caught_up_at: dict[int, int] = {}  # broker id -> metadata offset to unfence
         self._task: asyncio.Task | None = None
         self._activation: asyncio.Task | None = None
         self.fencings = 0  # brokers fenced on session expiry while active (a metric)
+        self.fast_fencings = 0  # brokers fenced at once: stream closed, port refused
         quorum.leader_listeners.append(self._on_leadership)
 
     @property
@@ -68,7 +73,7 @@ class ActiveController:
         self._on_leadership()
 
     async def stop(self) -> None:
-        for t in (self._task, self._activation):
+        for t in (self._task, self._activation, *self._probes):
             if t is not None:
                 t.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -78,6 +83,10 @@ class ActiveController:
 
     def _on_leadership(self) -> None:
         self.active = False
+        if not self.quorum.is_leader:
+            # The brokers reconnect their streams to the next active controller.
+            for ws in list(self._streams):
+                asyncio.get_running_loop().create_task(ws.close())
         if self.quorum.is_leader and (self._activation is None or self._activation.done()):
             self._activation = asyncio.get_running_loop().create_task(self._activate())
 
@@ -91,12 +100,19 @@ class ActiveController:
                 )
         except ControllerError:
             return
-        deadline = _mono() + self.settings.session_timeout_ms / 1000
-        self._sessions = {b: deadline for b in self.image.brokers}
+        to_probe = self.sessions.reset(
+            {b.id: b.incarnation for b in self.image.brokers.values()}, _mono()
+        )
         self._caught_up_at = {}
         self.active = self.quorum.is_leader
         if self.active:
             log.info("active controller", extra={"epoch": self.quorum.node.epoch})
+            # A broker that died with the previous active controller has no stream left
+            # to close: ask each once whether it is still there.
+            for bid in to_probe:
+                b = self.image.brokers.get(bid)
+                if b is not None and not b.fenced:
+                    self._spawn_probe(bid, b.incarnation)
 
     def _check_active(self) -> None:
         if not self.active or not self.quorum.is_leader:
@@ -132,7 +148,7 @@ class ActiveController:
                 and old.incarnation != req["incarnation"]
                 and (old.host, old.port) != (req["host"], int(req["port"]))
                 and not old.fenced
-                and self._sessions.get(bid, 0) > _mono()
+                and self.sessions.live(bid, _mono())
             ):
                 raise ControllerError(
                     ErrorCode.duplicate_broker_registration,
@@ -152,7 +168,7 @@ class ActiveController:
             return [rec, *on_broker_leaving(image, bid)] if old is not None else [rec]
 
         offset = await self._commit(build)
-        self._sessions[bid] = _mono() + self.settings.session_timeout_ms / 1000
+        self.sessions.touch(bid, req["incarnation"], _mono())
         self._caught_up_at[bid] = offset
         return {"metadata_offset": offset}
 
@@ -162,7 +178,7 @@ class ActiveController:
         b = self.image.brokers.get(bid)
         if b is None or b.incarnation != req["incarnation"]:
             raise ControllerError(ErrorCode.stale_broker_epoch, f"broker {bid} must register again")
-        self._sessions[bid] = _mono() + self.settings.session_timeout_ms / 1000
+        self.sessions.touch(bid, b.incarnation, _mono())
         offset = int(req.get("metadata_offset", -1))
         target = self._caught_up_at.setdefault(bid, self.image.offset)
         if req.get("want_shutdown"):
@@ -189,23 +205,80 @@ class ActiveController:
             "metadata_offset": self.image.offset,
         }
 
+    async def _fence(self, bid: int, incarnation: str, why: str) -> bool:
+        """Fence this incarnation of the broker and move its leaderships; False: no need."""
+
+        def build(image: MetadataImage) -> list[Record]:
+            b = image.brokers.get(bid)
+            if b is None or b.fenced or b.incarnation != incarnation:
+                return []
+            return [{"type": "fence_broker", "id": bid}, *on_broker_leaving(image, bid)]
+
+        b = self.image.brokers.get(bid)
+        if b is None or b.fenced or b.incarnation != incarnation:
+            return False
+        log.warning("fencing broker", extra={"broker": bid, "reason": why})
+        # A broker that wakes up (SIGSTOP, a healed partition) is unfenced only once
+        # its metadata shows its own fencing and the leadership moves that followed.
+        self._caught_up_at[bid] = await self._commit(build)
+        return True
+
     async def _fence_expired(self) -> None:
-        now = _mono()
-        for bid, deadline in list(self._sessions.items()):
+        for bid in self.sessions.expired(_mono()):
             b = self.image.brokers.get(bid)
-            if b is None or deadline > now or b.fenced:
-                continue
-            log.warning("fencing broker: session expired", extra={"broker": bid})
+            if b is not None and await self._fence(bid, b.incarnation, "session expired"):
+                self.fencings += 1
 
-            def build(image: MetadataImage, bid: int = bid) -> list[Record]:
-                if image.brokers[bid].fenced:
-                    return []
-                return [{"type": "fence_broker", "id": bid}, *on_broker_leaving(image, bid)]
+    # -- session streams: a broker's death seen at once -------------------------------
 
-            # A broker that wakes up (SIGSTOP, a healed partition) is unfenced only once
-            # its metadata shows its own fencing and the leadership moves that followed.
-            self._caught_up_at[bid] = await self._commit(build)
-            self.fencings += 1
+    def stream_opened(self, bid: int, incarnation: str, ws: Any) -> None:
+        """A broker's session stream is open; raises if this is not the place for it."""
+        self._check_active()
+        arm = self.sessions.stream_opened(bid, incarnation)
+        if arm is None:
+            raise ControllerError(ErrorCode.stale_broker_epoch, f"broker {bid} must register again")
+        self._streams.add(ws)
+        if arm:  # see that its port accepts while it lives
+            self._spawn_probe(bid, incarnation)
+
+    def stream_closed(self, bid: int, incarnation: str, ws: Any) -> None:
+        self._streams.discard(ws)
+        if self.active and self.sessions.stream_closed(bid, incarnation):
+            self._spawn_probe(bid, incarnation)
+
+    def _spawn_probe(self, bid: int, incarnation: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._probe(bid, incarnation))
+        self._probes.add(task)
+        task.add_done_callback(self._probes.discard)
+
+    async def _probe(self, bid: int, incarnation: str) -> None:
+        """Connect to the broker's HTTP port: accepted arms the fast path for it; refused
+        fences it at once if the sessions say a refusal counts now."""
+        b = self.image.brokers.get(bid)
+        if b is None or b.incarnation != incarnation:
+            return  # a fenced one is probed too: a broker registers fenced, then arms
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(b.host, b.http_port), PROBE_TIMEOUT_S
+            )
+            writer.close()
+            self.sessions.probe_connected(bid, incarnation)
+            return  # something answers: a slow broker is left to its session timeout
+        except ConnectionRefusedError:
+            pass
+        except (OSError, TimeoutError):
+            return  # unreachable proves nothing: the session timeout decides
+        if self.sessions.needs_grace(bid):
+            await asyncio.sleep(GRACE_S)  # a running broker reconnects its stream meanwhile
+        if not self.active or not self.sessions.probe_refused(bid, incarnation):
+            return
+        try:
+            if await self._fence(
+                bid, incarnation, "its session stream closed and its port refuses connections"
+            ):
+                self.fast_fencings += 1
+        except ControllerError as e:
+            log.info("fencing skipped", extra={"broker": bid, "reason": e.message})
 
     async def _housekeeping(self) -> None:
         last_rebalance = _mono()

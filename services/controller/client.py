@@ -40,14 +40,29 @@ class ControllerClient:
         if self._session is not None:
             await self._session.close()
 
+    def session_url(self) -> str | None:
+        """Where a session stream goes: the active controller's, if known and not us.
+
+        A combined node whose own controller is active needs none: if the process dies,
+        the controller dies with it and the next one probes every broker.
+        """
+        if self.local is not None and self.local[0]():
+            return None
+        target = self._hint if self._hint in self.voters else self.leader_hint()
+        return f"{self.voters[target]}/controller/session" if target in self.voters else None
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
     async def call(self, op: str, body: dict, within_s: float = 15.0) -> dict:
         if self.local is not None and self.local[0]():
             try:
                 return await self.local[1][op](body)
             except E.NotController:
                 pass
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
+        session = self.session()
         deadline = time.monotonic() + within_s
         last = "no controller answered"
         while time.monotonic() < deadline:
@@ -55,7 +70,7 @@ class ControllerClient:
             if target not in self.voters:
                 target = next(self._order)
             try:
-                async with self._session.post(
+                async with session.post(
                     f"{self.voters[target]}/controller/{op}",
                     data=orjson.dumps(body),
                     headers={"content-type": "application/json"},

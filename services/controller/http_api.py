@@ -71,6 +71,42 @@ def add_routes(app: web.Application, owner: Any) -> None:
                 {"error_code": ErrorCode.invalid_request, "message": f"bad request: {e}"}, 400
             )
 
+    async def session(request: web.Request) -> web.StreamResponse:
+        """A broker's session stream: open while the broker lives; its close is news.
+
+        The broker sends nothing and the controller nothing; the controller closes it when
+        it stops being active. See `sessions.py`.
+        """
+        active = owner.active
+        try:
+            bid = int(request.query["id"])
+            incarnation = request.query["incarnation"]
+        except (KeyError, ValueError):
+            return _json(
+                {"error_code": ErrorCode.invalid_request, "message": "needs ?id=&incarnation="},
+                400,
+            )
+        if active is None:
+            return _json(
+                {"error_code": ErrorCode.not_controller, "message": "not a controller"}, 404
+            )
+        ws = web.WebSocketResponse(heartbeat=None, autoping=True)
+        try:
+            active.stream_opened(bid, incarnation, ws)
+        except NotController as e:
+            return _json(
+                {"error_code": e.code, "message": e.message, "leader_id": e.leader_id}, 409
+            )
+        except ControllerError as e:
+            return _json({"error_code": e.code, "message": e.message}, 400)
+        try:
+            await ws.prepare(request)
+            async for _ in ws:
+                pass  # nothing is expected; a message is ignored
+        finally:
+            active.stream_closed(bid, incarnation, ws)
+        return ws
+
     async def quorum_status(request: web.Request) -> web.Response:
         quorum, active = owner.quorum, owner.active
         st = quorum.status()
@@ -79,5 +115,6 @@ def add_routes(app: web.Application, owner: Any) -> None:
         return _json(st)
 
     app.router.add_post("/raft", raft)
+    app.router.add_get("/controller/session", session)
     app.router.add_post("/controller/{op}", rpc)
     app.router.add_get("/api/v1/quorum", quorum_status)

@@ -63,7 +63,10 @@ def install(telemetry: Telemetry, quorum: Quorum, active: ActiveController) -> N
     t.observe(C.QUORUM_FOLLOWER_LAG, follower_lag)
     t.observe(
         C.CONTROLLER_FENCINGS,
-        lambda: [(active.fencings, {C.FENCE_REASON: "session_expired"})],
+        lambda: [
+            (active.fencings, {C.FENCE_REASON: "session_expired"}),
+            (active.fast_fencings, {C.FENCE_REASON: "process_gone"}),
+        ],
     )
     t.observe(C.CONTROLLER_BROKERS, brokers)
     t.observe(C.CONTROLLER_TOPICS, when_active(lambda: len(quorum.image.topics)))

@@ -26,7 +26,7 @@ GROUP_STATE = "straitmq.consumer_group.state"  # Empty, PreparingRebalance, ...,
 BROKER_STATE = "straitmq.broker.state"  # active | fenced | shutting_down
 NODE = "straitmq.node.id"
 REPLICA_KIND = "straitmq.raft.replica.kind"  # voter | observer
-FENCE_REASON = "straitmq.fence.reason"  # session_expired
+FENCE_REASON = "straitmq.fence.reason"  # session_expired, process_gone
 RESOURCE_KIND = "straitmq.resource.kind"  # MQCluster | Topic
 OUTCOME = "straitmq.reconcile.outcome"  # success | error | requeue
 

@@ -18,6 +18,12 @@ preferred-leader rebalancing.
 
   python -m bench.cluster_throughput [--with-kafka] [--rounds 3] [--num-records 100000]
 
+Besides the producer's own MB/s (acknowledged), each measurement waits until the topic's high
+watermarks cover every record, i.e. every in-sync replica has it and consumers can read it:
+``replicated_mb_s`` is MB/s up to that point (with acks=1 the followers may still be far
+behind when the producer is done), ``broker_cpu_s_per_gb`` the brokers' CPU seconds (user +
+system, all broker processes, replication included) per GB written.
+
 Output: a table (median per target, StraitMQ/Kafka ratio) and a JSON dump (default
 .cache/bench/cluster-throughput-<timestamp>.json).
 """
@@ -27,6 +33,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
 import statistics
 import sys
 import time
@@ -81,6 +88,36 @@ def delete_topic(bootstrap: str, topic: str) -> None:
         log(f"  delete {topic}: {e}")
 
 
+def wait_replicated(bootstrap: str, topic: str, partitions: int, n: int, within_s: float) -> float:
+    """Seconds until the topic's high watermarks add up to `n`: until every in-sync replica
+    has every acknowledged record and a consumer can read them all. With acks=1 the leader
+    answers first and its followers may still be far behind when the producer is done."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    a = AdminClient({"bootstrap.servers": bootstrap, "log_level": 2})
+    want = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)}
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < within_s:
+        got = a.list_offsets(want, request_timeout=10)
+        if sum(f.result(15).offset for f in got.values()) >= n:
+            return time.monotonic() - t0
+        time.sleep(0.02)
+    raise TimeoutError(f"{topic}: high watermarks short of {n} after {within_s:.0f}s")
+
+
+def broker_cpu_s(target: Any) -> float:
+    """CPU seconds (user + system) the target's broker processes have used so far."""
+    total = 0
+    for node in target.cluster.brokers.values():
+        if node.proc is None or node.proc.poll() is not None:
+            continue
+        with open(f"/proc/{node.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def measure(target, client: str, acks: str, a: argparse.Namespace, n: int) -> dict[str, float]:
     topic = f"ct-{client}-{acks}-{uuid.uuid4().hex[:6]}"
     create_topic(target.bootstrap, topic, a.partitions)
@@ -93,9 +130,21 @@ def measure(target, client: str, acks: str, a: argparse.Namespace, n: int) -> di
         producer_prop=[],
     )
     try:
+        cpu0 = broker_cpu_s(target)
         if client == "rdkafka":
-            return rdkafka_produce(target.bootstrap, topic, ns)
-        return producer_perf(target.bootstrap, topic, ns, acks)
+            res = rdkafka_produce(target.bootstrap, topic, ns)
+        else:
+            res = producer_perf(target.bootstrap, topic, ns, acks)
+        res["replicated_wait_s"] = wait_replicated(
+            target.bootstrap, topic, a.partitions, n, a.phase_timeout
+        )
+        # Brokers' CPU for the whole write, replication included, per GB written.
+        res["broker_cpu_s_per_gb"] = (broker_cpu_s(target) - cpu0) / (n * a.record_size / 1e9)
+        if "seconds" in res:  # MB/s until the last record is on every in-sync replica
+            res["replicated_mb_s"] = (
+                res["mb_s"] * res["seconds"] / (res["seconds"] + res["replicated_wait_s"])
+            )
+        return res
     finally:
         delete_topic(target.bootstrap, topic)
 
@@ -156,7 +205,10 @@ def main(argv: list[str] | None = None) -> int:
                             errors.append(f"{t.name} {key} round {r + 1}: {e}")
                             log(f"  {t.name} {key}: FAILED {e}")
                             continue
-                        for m in ("mb_s", "rec_s", "avg_lat_ms", "p99_ms"):
+                        for m in (
+                            "mb_s", "rec_s", "avg_lat_ms", "p99_ms", "replicated_mb_s",
+                            "replicated_wait_s", "broker_cpu_s_per_gb",
+                        ):  # fmt: skip
                             if m in res:
                                 raw[t.name].setdefault(f"{key}_{m}", []).append(res[m])
                         lat = f", avg {res['avg_lat_ms']:.1f} ms" if "avg_lat_ms" in res else ""
@@ -183,6 +235,10 @@ def main(argv: list[str] | None = None) -> int:
             allv = med[t].get(f"{c}_acksall_mb_s")
             if one and allv:
                 print(f"{t} {c}: acks=all / acks=1 throughput = {allv / one:.2f}")
+            one = med[t].get(f"{c}_acks1_replicated_mb_s")
+            allv = med[t].get(f"{c}_acksall_replicated_mb_s")
+            if one and allv:
+                print(f"{t} {c}: acks=all / acks=1 until replicated = {allv / one:.2f}")
     if errors:
         print("\nerrors:\n  " + "\n  ".join(errors))
     path = Path(a.json) if a.json else (

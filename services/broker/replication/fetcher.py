@@ -108,6 +108,12 @@ class LeaderFetcher:
                     self.conn.close()
                 self.conn = None
                 await asyncio.sleep(0.25)
+            except Exception:  # a bug must not stop replication from this leader for good
+                log.exception("replica fetcher error; retrying", extra={"leader": self.leader})
+                if self.conn is not None:
+                    self.conn.close()
+                self.conn = None
+                await asyncio.sleep(1.0)
 
     def _by_topic(self, truncating: bool) -> dict[str, list[Follow]]:
         out: dict[str, list[Follow]] = {}

@@ -20,11 +20,16 @@ At the end the test partition is read back: every acknowledged message must be t
 
 Both systems get the same timeouts (broker session 2 s, heartbeat 300 ms, Raft election
 500 ms, Raft fetch 1 s, replica lag 3 s) and no automatic preferred-leader rebalancing.
-Kafka runs as 3 dedicated KRaft controllers + 3 brokers, separate JVMs (bench/kafka_ref.py
-KafkaCluster); StraitMQ as straitmq.cli.local_cluster.LocalCluster. One target after the
-other (both clusters are never up at the same time here).
+With ``--defaults`` neither gets any timeout override: each runs with its own defaults
+(Kafka's: broker session 9 s, heartbeat 2 s, Raft election 1 s, Raft fetch 2 s, replica lag
+30 s; StraitMQ's: what LocalCluster starts with no flags, the same values) -- expect ~10 s
+leader failovers then.
+Kafka (4.1, the reference of bench/kafka_ref.py) runs as 3 dedicated KRaft controllers + 3
+brokers, separate JVMs (bench/kafka_ref.py KafkaCluster); StraitMQ as
+straitmq.cli.local_cluster.LocalCluster. One target after the other (both clusters are never
+up at the same time here).
 
-  python -m bench.failover --kills 10 [--with-kafka] [--no-strait] [--json PATH]
+  python -m bench.failover --kills 10 [--with-kafka] [--no-strait] [--defaults] [--json PATH]
 
 Output: a table of p50 / p99 / min / max per target and a JSON dump (default
 .cache/bench/failover-<timestamp>.json). With 10-20 kills, p99 is the maximum.
@@ -53,6 +58,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.javatools import REPO_ROOT
+from bench.kafka_ref import REF_KAFKA as KAFKA_VERSION
 from bench.kafka_ref import KafkaCluster
 from straitmq.cli.local_cluster import LocalCluster
 
@@ -191,7 +197,9 @@ class StraitTarget:
 
 
 class KafkaTarget:
-    """Apache Kafka 3.9: 3 KRaft controllers + 3 brokers, separate JVMs (KafkaCluster)."""
+    """Apache Kafka (4.1): 3 KRaft controllers + 3 brokers, separate JVMs (KafkaCluster).
+
+    fast_failover=False: no timeout overrides (Kafka's defaults)."""
 
     name = "kafka"
 
@@ -639,8 +647,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--controller-kills", type=int, default=None, help="active controller kills (= --kills)"
     )
-    ap.add_argument("--with-kafka", action="store_true", help="also run Apache Kafka 3.9")
+    ap.add_argument("--with-kafka", action="store_true", help="also run Apache Kafka 4.1")
     ap.add_argument("--no-strait", action="store_true", help="skip StraitMQ")
+    ap.add_argument(
+        "--defaults",
+        action="store_true",
+        help="no timeout overrides: both systems run with their default session/heartbeat/"
+        "election/fetch/replica-lag timeouts (Kafka: 9 s / 2 s / 1 s / 2 s / 30 s)",
+    )
     ap.add_argument("--interval-ms", type=float, default=5.0, help="probe producer send interval")
     ap.add_argument("--timeout", type=float, default=60.0, help="give up on one failover after")
     ap.add_argument("--strait-log-level", default="warning")
@@ -656,9 +670,11 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     results = []
     if not a.no_strait:
-        results.append(run_target(StraitTarget(log_level=a.strait_log_level), a))
+        results.append(
+            run_target(StraitTarget(fast_failover=not a.defaults, log_level=a.strait_log_level), a)
+        )
     if a.with_kafka:
-        results.append(run_target(KafkaTarget(), a))
+        results.append(run_target(KafkaTarget(fast_failover=not a.defaults), a))
     print_table(results)
     path = (
         Path(a.json)
@@ -666,14 +682,18 @@ def main(argv: list[str] | None = None) -> int:
         else (REPO_ROOT / ".cache" / "bench" / f"failover-{_dt.datetime.now():%Y%m%d-%H%M%S}.json")
     )
     path.parent.mkdir(parents=True, exist_ok=True)
-    settings = {
-        "broker_session_timeout_ms": SESSION_TIMEOUT_MS,
-        "heartbeat_interval_ms": HEARTBEAT_INTERVAL_MS,
-        "election_timeout_ms": ELECTION_TIMEOUT_MS,
-        "fetch_timeout_ms": FETCH_TIMEOUT_MS,
-        "replica_lag_time_max_ms": REPLICA_LAG_MS,
-        "interval_ms": a.interval_ms,
-    }
+    if a.defaults:
+        settings: dict[str, Any] = {"timeouts": "defaults", "interval_ms": a.interval_ms}
+    else:
+        settings = {
+            "broker_session_timeout_ms": SESSION_TIMEOUT_MS,
+            "heartbeat_interval_ms": HEARTBEAT_INTERVAL_MS,
+            "election_timeout_ms": ELECTION_TIMEOUT_MS,
+            "fetch_timeout_ms": FETCH_TIMEOUT_MS,
+            "replica_lag_time_max_ms": REPLICA_LAG_MS,
+            "interval_ms": a.interval_ms,
+        }
+    settings["kafka_version"] = KAFKA_VERSION
     path.write_text(json.dumps({"settings": settings, "results": results}, indent=1))
     log(f"results written to {path}")
     return 0 if all("error" not in r for r in results) else 1

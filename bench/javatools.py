@@ -1,7 +1,10 @@
-"""Run Java tools (the Apache Kafka 3.9 jars and the StraitClient harness) from Python.
+"""Run Java tools (the Apache Kafka jars and the StraitClient harness) from Python.
 
 The jars are fetched from Maven Central by ``scripts/fetch-jars.sh`` into ``.cache/jars/``;
-:func:`classpath` runs that script (a no-op taking milliseconds once the stamp file is there).
+:func:`classpath` runs that script (a no-op taking milliseconds once the stamp files are there).
+Two sets: ``kafka-3.9`` (the default here: StraitClient is compiled against it, the tests and
+the perf tools run with it) and ``kafka-4.1`` (``jars="4.1"``: the reference broker of
+bench/kafka_ref.py and the Kafka 4.1 CLI tools, see KAFKA41_TOOLS).
 
     from bench.javatools import classpath, run_java, straitclient
     r = straitclient(["admin", "--bootstrap", "127.0.0.1:9092", "list-topics"])
@@ -24,11 +27,17 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CACHE_DIR = REPO_ROOT / ".cache"
 JARS_DIR = CACHE_DIR / "jars" / "kafka-3.9"
+KAFKA41_JARS_DIR = CACHE_DIR / "jars" / "kafka-4.1"
+# jar set name -> folder (scripts/fetch-jars.sh fills both)
+JAR_SETS = {"3.9": JARS_DIR, "4.1": KAFKA41_JARS_DIR}
+# the Apache Kafka that bench/kafka_ref.py runs as the reference broker
+REF_KAFKA = "4.1"
 CLASSES_DIR = CACHE_DIR / "jars" / "classes"
 FETCH_SCRIPT = REPO_ROOT / "scripts" / "fetch-jars.sh"
-LOG4J_CONFIG = REPO_ROOT / "tools" / "java" / "log4j.properties"
+LOG4J_CONFIG = REPO_ROOT / "tools" / "java" / "log4j.properties"  # log4j 1 (3.9 jars)
+LOG4J2_CONFIG = REPO_ROOT / "tools" / "java" / "kafka-4.1" / "log4j2-tools.xml"  # 4.1 jars
 
-# Main classes present in the Kafka 3.9 jars (see also bench/kafka_ref.py).
+# Main classes present in the Kafka 3.9 and 4.1 jars (see also bench/kafka_ref.py).
 KAFKA_MAIN = "kafka.Kafka"  # the broker (kafka_2.13 jar)
 STORAGE_TOOL = "kafka.tools.StorageTool"  # `kafka-storage.sh format` (kafka_2.13 jar)
 PRODUCER_PERF = (
@@ -41,6 +50,37 @@ END_TO_END_LATENCY = (
     "org.apache.kafka.tools.EndToEndLatency"  # kafka-e2e-latency.sh (kafka-tools jar)
 )
 STRAIT_CLIENT = "StraitClient"  # tools/java/StraitClient.java
+
+# bin/kafka-*.sh -> main class, in the Kafka 4.1 jars (kafka-tools unless noted). Many tools
+# moved from kafka.* (Scala, core) to org.apache.kafka.tools.* between 3.x and 4.0.
+KAFKA41_TOOLS = {
+    "kafka-server-start": KAFKA_MAIN,  # kafka_2.13
+    "kafka-storage": STORAGE_TOOL,  # kafka_2.13
+    "kafka-configs": "kafka.admin.ConfigCommand",  # kafka_2.13 (still Scala in 4.1)
+    "kafka-topics": "org.apache.kafka.tools.TopicCommand",
+    "kafka-console-producer": "org.apache.kafka.tools.ConsoleProducer",
+    "kafka-console-consumer": "org.apache.kafka.tools.consumer.ConsoleConsumer",
+    "kafka-consumer-groups": "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+    "kafka-share-groups": "org.apache.kafka.tools.consumer.group.ShareGroupCommand",
+    "kafka-groups": "org.apache.kafka.tools.GroupsCommand",
+    "kafka-broker-api-versions": "org.apache.kafka.tools.BrokerApiVersionsCommand",
+    "kafka-metadata-quorum": "org.apache.kafka.tools.MetadataQuorumCommand",
+    "kafka-log-dirs": "org.apache.kafka.tools.LogDirsCommand",
+    "kafka-get-offsets": "org.apache.kafka.tools.GetOffsetShell",
+    "kafka-delete-records": "org.apache.kafka.tools.DeleteRecordsCommand",
+    "kafka-leader-election": "org.apache.kafka.tools.LeaderElectionCommand",
+    "kafka-reassign-partitions": "org.apache.kafka.tools.reassign.ReassignPartitionsCommand",
+    "kafka-features": "org.apache.kafka.tools.FeatureCommand",
+    "kafka-cluster": "org.apache.kafka.tools.ClusterTool",
+    "kafka-acls": "org.apache.kafka.tools.AclCommand",
+    "kafka-transactions": "org.apache.kafka.tools.TransactionsCommand",
+    "kafka-delegation-tokens": "org.apache.kafka.tools.DelegationTokenCommand",
+    "kafka-client-metrics": "org.apache.kafka.tools.ClientMetricsCommand",
+    "kafka-streams-groups": "org.apache.kafka.tools.streams.StreamsGroupCommand",
+    "kafka-producer-perf-test": PRODUCER_PERF,
+    "kafka-consumer-perf-test": CONSUMER_PERF,
+    "kafka-e2e-latency": END_TO_END_LATENCY,
+}
 
 # JVM flags for short-lived client tools (StraitClient): fast start-up matters more than speed.
 CLIENT_JVM_ARGS = ["-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto"]
@@ -77,18 +117,22 @@ def ensure_jars(force: bool = False) -> None:
         )
 
 
-def classpath(include_classes: bool = True) -> str:
+def classpath(include_classes: bool = True, jars: str = "3.9") -> str:
     """Ensure fetch-jars ran; return the Java classpath (absolute paths, jar wildcard).
 
     include_classes=False leaves out the compiled StraitClient classes dir (used for the broker).
+    jars: which jar set, "3.9" (default) or "4.1"; StraitClient (built against 3.9) is never
+    put on the 4.1 classpath.
     """
     global _classpath
+    if jars not in JAR_SETS:
+        raise ValueError(f"unknown jar set {jars!r} (one of {sorted(JAR_SETS)})")
     with _lock:
         if _classpath is None:
             ensure_jars()
             _classpath = "ok"
-    parts = [str(JARS_DIR / "*")]
-    if include_classes:
+    parts = [str(JAR_SETS[jars] / "*")]
+    if include_classes and jars == "3.9":
         parts.insert(0, str(CLASSES_DIR))
     return os.pathsep.join(parts)
 
@@ -99,17 +143,25 @@ def java_cmd(
     jvm_args: Sequence[str] | None = None,
     include_classes: bool = True,
     log_level: str | None = None,
+    jars: str = "3.9",
 ) -> list[str]:
-    """Build the java command line for ``main_class`` (does not run it)."""
+    """Build the java command line for ``main_class`` (does not run it).
+
+    jars="4.1" runs it from the Kafka 4.1 jars, logging through Log4j 2 (WARN and up to stderr
+    unless jvm_args bring their own -Dlog4j2.configurationFile)."""
     java = os.environ.get("JAVA", "java")
     if jvm_args is None:
         jvm_args = CLIENT_JVM_ARGS
     level = log_level or os.environ.get("STRAIT_JAVA_LOGLEVEL", "WARN")
-    has_log_cfg = any(str(a).startswith("-Dlog4j.configuration=") for a in jvm_args)
+    cfg_prefix = "-Dlog4j2.configurationFile=" if jars != "3.9" else "-Dlog4j.configuration="
+    has_log_cfg = any(str(a).startswith(cfg_prefix) for a in jvm_args)
     cmd = [java, *jvm_args]
     if not has_log_cfg:
-        cmd += [f"-Dlog4j.configuration=file:{LOG4J_CONFIG}", f"-Dstrait.loglevel={level}"]
-    cmd += ["-cp", classpath(include_classes), main_class, *[str(a) for a in args]]
+        if jars == "3.9":
+            cmd += [f"-Dlog4j.configuration=file:{LOG4J_CONFIG}", f"-Dstrait.loglevel={level}"]
+        else:
+            cmd += [f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}", f"-Dstrait.loglevel={level}"]
+    cmd += ["-cp", classpath(include_classes, jars), main_class, *[str(a) for a in args]]
     return cmd
 
 
@@ -120,6 +172,7 @@ def run_java(
     jvm_args: Sequence[str] | None = None,
     include_classes: bool = True,
     log_level: str | None = None,
+    jars: str = "3.9",
     **popen_kwargs: Any,
 ) -> subprocess.Popen:
     """Start ``java <jvm_args> -cp <classpath> main_class args...``; returns the Popen.
@@ -127,7 +180,12 @@ def run_java(
     popen_kwargs go to subprocess.Popen (stdout=..., stderr=..., cwd=..., text=True, ...).
     """
     cmd = java_cmd(
-        main_class, args, jvm_args=jvm_args, include_classes=include_classes, log_level=log_level
+        main_class,
+        args,
+        jvm_args=jvm_args,
+        include_classes=include_classes,
+        log_level=log_level,
+        jars=jars,
     )
     return subprocess.Popen(cmd, **popen_kwargs)
 

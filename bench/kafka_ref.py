@@ -1,23 +1,33 @@
-"""A real Apache Kafka 3.9 broker for reference runs (tests and benchmarks).
+"""A real Apache Kafka broker (4.1 by default) for reference runs (tests and benchmarks).
 
     from bench.kafka_ref import KafkaRef
     with KafkaRef(19092) as k:          # or KafkaRef() for a free port
         print(k.bootstrap)              # "127.0.0.1:19092"
 
-The broker runs from the jars fetched by scripts/fetch-jars.sh, in KRaft combined mode
+The broker runs from the jars fetched by scripts/fetch-jars.sh (.cache/jars/kafka-4.1/; with
+kafka_version="3.9" from .cache/jars/kafka-3.9/), in KRaft combined mode
 (process.roles=broker,controller, node.id=1, one static voter), listening on 127.0.0.1 only,
 with its data and logs in a temporary folder that is removed at the end (keep=True keeps it).
+`KafkaBroker` is another name for `KafkaRef`.
 
-Main classes used (all in the Kafka 3.9 jars):
+Main classes used (same names in the 3.9 and 4.1 jars, kafka_2.13):
   kafka.tools.StorageTool   `kafka-storage.sh format -t <cluster-id> -c server.properties`
   kafka.Kafka               `kafka-server-start.sh server.properties`
 JVM flags mirror bin/kafka-server-start.sh + kafka-run-class.sh: -Xmx1g -Xms1g, G1 with
 MaxGCPauseMillis=20, InitiatingHeapOccupancyPercent=35, ExplicitGCInvokesConcurrent.
+Logging: Kafka 4 logs through Log4j 2 (a log4j2.xml written next to server.properties, passed
+with -Dlog4j2.configurationFile); Kafka 3.9 through log4j 1 / reload4j (log4j.properties).
+Both write logs/server.log (and logs/kafka-request.log with request_log=True).
+
+The quorum is static (controller.quorum.voters + `format --cluster-id`), which Kafka 4.1 still
+supports next to the dynamic quorum of KIP-853 (--standalone / --initial-controllers): every
+node is formatted alike, and a voter set fixed in the config is what bench/failover.py kills
+and restarts controllers against.
 
 Readiness: the port accepts TCP connections AND a Metadata (v1) request answers with >= 1 broker.
 Standard library only (the readiness probe speaks the Kafka protocol over a raw socket).
 
-Command line (for manual runs):  python -m bench.kafka_ref [--port 19092] [--keep]
+Command line (for manual runs):  python -m bench.kafka_ref [--port 19092] [--keep] [--version 3.9]
 
 KafkaCluster (further down) runs a multi-node KRaft cluster the same way: 3 dedicated
 controllers + N brokers, separate JVMs, with kill9()/restart() per node and active_controller()
@@ -45,8 +55,16 @@ import uuid
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
+from xml.sax.saxutils import quoteattr
 
-from bench.javatools import KAFKA_JVM_PERFORMANCE_OPTS, KAFKA_MAIN, STORAGE_TOOL, java_cmd
+from bench.javatools import (
+    JAR_SETS,
+    KAFKA_JVM_PERFORMANCE_OPTS,
+    KAFKA_MAIN,
+    REF_KAFKA,
+    STORAGE_TOOL,
+    java_cmd,
+)
 from straitmq.cli.local_cluster import free_port
 
 BROKER_JVM_ARGS = ["-Xmx1g", "-Xms1g", *KAFKA_JVM_PERFORMANCE_OPTS]
@@ -68,6 +86,60 @@ log4j.logger.org.apache.kafka.controller=INFO
 log4j.logger.state.change.logger=WARN
 log4j.logger.kafka.log.LogCleaner=WARN
 """
+
+# Kafka 4.x: Log4j 2 (the same loggers and files as _LOG4J above; no console output)
+_LOG4J2 = """\
+<?xml version="1.0" encoding="UTF-8"?>
+<Configuration status="WARN">
+  <Appenders>
+    <File name="kafkaAppender" fileName={server_log}>
+      <PatternLayout pattern="[%d] %p %m (%c)%n"/>
+    </File>
+    <File name="requestAppender" fileName={request_log} createOnDemand="true">
+      <PatternLayout pattern="[%d] %p %m (%c)%n"/>
+    </File>
+  </Appenders>
+  <Loggers>
+    <Root level="{level}">
+      <AppenderRef ref="kafkaAppender"/>
+    </Root>
+    <Logger name="kafka.request.logger" level="{request_level}" additivity="false">
+      <AppenderRef ref="requestAppender"/>
+    </Logger>
+    <Logger name="org.apache.kafka.raft" level="WARN"/>
+    <Logger name="org.apache.kafka.controller" level="INFO"/>
+    <Logger name="state.change.logger" level="WARN"/>
+    <Logger name="kafka.log.LogCleaner" level="WARN"/>
+  </Loggers>
+</Configuration>
+"""
+
+
+def _check_version(kafka_version: str) -> str:
+    if kafka_version not in JAR_SETS:
+        raise ValueError(f"kafka_version must be one of {sorted(JAR_SETS)}, not {kafka_version!r}")
+    return kafka_version
+
+
+def write_log_config(
+    folder: Path, logdir: Path, kafka_version: str, level: str, request_level: str
+) -> list[str]:
+    """Write the logging configuration of one Kafka process into `folder` (log4j.properties
+    for 3.9, log4j2.xml for 4.x) and return the JVM flags that make Kafka use it."""
+    if kafka_version == "3.9":
+        f = folder / "log4j.properties"
+        f.write_text(_LOG4J.format(level=level, logdir=logdir, request_level=request_level))
+        return [f"-Dlog4j.configuration=file:{f}", f"-Dkafka.logs.dir={logdir}"]
+    f = folder / "log4j2.xml"
+    f.write_text(
+        _LOG4J2.format(
+            level=level,
+            request_level=request_level,
+            server_log=quoteattr(str(logdir / "server.log")),
+            request_log=quoteattr(str(logdir / "kafka-request.log")),
+        )
+    )
+    return [f"-Dlog4j2.configurationFile={f}", f"-Dkafka.logs.dir={logdir}"]
 
 
 def random_cluster_id() -> str:
@@ -168,7 +240,9 @@ def _stop_all() -> None:
 
 
 class KafkaRef:
-    """Apache Kafka 3.9 broker (KRaft combined mode) on 127.0.0.1, as a context manager.
+    """Apache Kafka broker (KRaft combined mode) on 127.0.0.1, as a context manager.
+
+    Kafka 4.1 (REF_KAFKA) unless kafka_version="3.9".
 
     port:            client listener port (None: a free port)
     controller_port: KRaft controller listener port (None: a free port)
@@ -176,6 +250,7 @@ class KafkaRef:
     workdir:         where data/ and logs/ go (None: a new temp dir, removed on stop unless keep)
     request_log:     log every request (header with api key/version, timings) at DEBUG into
                      logs/kafka-request.log, see request_versions(): what real clients send
+    kafka_version:   "4.1" (default: .cache/jars/kafka-4.1) or "3.9" (.cache/jars/kafka-3.9)
     """
 
     def __init__(
@@ -192,7 +267,9 @@ class KafkaRef:
         request_log: bool = False,
         startup_timeout: float = 120.0,
         stop_timeout: float = 30.0,
+        kafka_version: str = REF_KAFKA,
     ):
+        self.kafka_version = _check_version(kafka_version)
         self.host = host
         self.port = port or free_port(host)
         self.controller_port = controller_port or free_port(host)
@@ -282,15 +359,13 @@ class KafkaRef:
         (self.workdir / "data").mkdir(exist_ok=True)
         cfg = self.workdir / "server.properties"
         cfg.write_text("".join(f"{k}={v}\n" for k, v in self.server_properties().items()))
-        log4j = self.workdir / "log4j.properties"
-        log4j.write_text(
-            _LOG4J.format(
-                level=self.log_level,
-                logdir=logs,
-                request_level="DEBUG" if self.request_log else "WARN",
-            )
+        log_args = write_log_config(
+            self.workdir,
+            logs,
+            self.kafka_version,
+            level=self.log_level,
+            request_level="DEBUG" if self.request_log else "WARN",
         )
-        log_args = [f"-Dlog4j.configuration=file:{log4j}", f"-Dkafka.logs.dir={logs}"]
 
         # 1. format the storage (kafka-storage.sh format)
         fmt = java_cmd(
@@ -298,6 +373,7 @@ class KafkaRef:
             ["format", f"--cluster-id={self.cluster_id}", "--config", str(cfg)],
             jvm_args=["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", *log_args],
             include_classes=False,
+            jars=self.kafka_version,
         )
         r = subprocess.run(
             fmt, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120
@@ -308,7 +384,11 @@ class KafkaRef:
 
         # 2. start the broker
         cmd = java_cmd(
-            KAFKA_MAIN, [str(cfg)], jvm_args=[*self.jvm_args, *log_args], include_classes=False
+            KAFKA_MAIN,
+            [str(cfg)],
+            jvm_args=[*self.jvm_args, *log_args],
+            include_classes=False,
+            jars=self.kafka_version,
         )
         self._stdout = open(logs / "stdout.log", "wb")
         in_main = threading.current_thread() is threading.main_thread()
@@ -355,7 +435,10 @@ class KafkaRef:
 
     def __repr__(self) -> str:
         state = "running" if self.proc is not None and self.proc.poll() is None else "stopped"
-        return f"KafkaRef({self.bootstrap}, {state}, workdir={self.workdir})"
+        return f"KafkaRef({self.kafka_version}, {self.bootstrap}, {state}, workdir={self.workdir})"
+
+
+KafkaBroker = KafkaRef  # the name bench docs use for the single-node reference broker
 
 
 # ---------------------------------------------------------------- multi-node cluster
@@ -467,6 +550,7 @@ class KafkaNode:
         self.role = role  # "broker" | "controller"
         self.port = port  # client listener (broker) or CONTROLLER listener (controller)
         self.dir = cluster.workdir / f"{role}-{node_id}"
+        self._log_jvm_args: list[str] = []
         self.proc: subprocess.Popen | None = None
         self._stdout = None
 
@@ -521,15 +605,12 @@ class KafkaNode:
             )
             props.update(c.broker_config)
         self.config_path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-        (self.dir / "log4j.properties").write_text(
-            _LOG4J.format(level=c.log_level, logdir=self.dir / "logs", request_level="WARN")
+        self._log_jvm_args = write_log_config(
+            self.dir, self.dir / "logs", c.kafka_version, level=c.log_level, request_level="WARN"
         )
 
     def _log_args(self) -> list[str]:
-        return [
-            f"-Dlog4j.configuration=file:{self.dir / 'log4j.properties'}",
-            f"-Dkafka.logs.dir={self.dir / 'logs'}",
-        ]
+        return list(self._log_jvm_args)
 
     def format_cmd(self) -> list[str]:
         return java_cmd(
@@ -537,6 +618,7 @@ class KafkaNode:
             ["format", f"--cluster-id={self.cluster.cluster_id}", "--config", self.config_path],
             jvm_args=["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", *self._log_args()],
             include_classes=False,
+            jars=self.cluster.kafka_version,
         )
 
     def start(self) -> None:
@@ -553,6 +635,7 @@ class KafkaNode:
             [self.config_path],
             jvm_args=[*jvm, *self._log_args()],
             include_classes=False,
+            jars=self.cluster.kafka_version,
         )
         if self._stdout is not None:
             self._stdout.close()
@@ -597,16 +680,21 @@ class KafkaNode:
 
 
 class KafkaCluster:
-    """Apache Kafka 3.9 in KRaft mode as separate processes: `controllers` dedicated
-    controllers (node ids 1001, 1002, ...; process.roles=controller, static voters) and
-    `brokers` brokers (node ids 1, 2, ...), each with its own folder under one temp dir.
+    """Apache Kafka (4.1 by default, kafka_version="3.9" for the old one) in KRaft mode as
+    separate processes: `controllers` dedicated controllers (node ids 1001, 1002, ...;
+    process.roles=controller, static voters in controller.quorum.voters, every node formatted
+    with the same --cluster-id) and `brokers` brokers (node ids 1, 2, ...), each with its own
+    folder under one temp dir.
 
         with KafkaCluster(broker_config={"broker.heartbeat.interval.ms": 300}) as kc:
             kc.bootstrap                  # "127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3"
             kc.active_controller()        # node id of the Raft leader (active controller)
             kc.brokers[2].kill9(); kc.restart(2)
 
-    broker_config / controller_config: server.properties overrides per role.
+    broker_config / controller_config: server.properties overrides per role; with none, every
+    timeout is Kafka's default (broker.session.timeout.ms 9000, broker.heartbeat.interval.ms
+    2000, controller.quorum.election.timeout.ms 1000, controller.quorum.fetch.timeout.ms 2000,
+    replica.lag.time.max.ms 30000).
     """
 
     CONTROLLER_ID_BASE = 1000
@@ -625,7 +713,9 @@ class KafkaCluster:
         controller_jvm_args: list[str] | None = None,
         log_level: str = "INFO",
         startup_timeout: float = 180.0,
+        kafka_version: str = REF_KAFKA,
     ):
+        self.kafka_version = _check_version(kafka_version)
         self.host = host
         self.broker_config = dict(broker_config or {})
         self.controller_config = dict(controller_config or {})
@@ -768,8 +858,9 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(
-        description="Run a reference Apache Kafka 3.9 broker until Ctrl-C."
+        description="Run a reference Apache Kafka broker (default 4.1) until Ctrl-C."
     )
+    ap.add_argument("--version", default=REF_KAFKA, choices=sorted(JAR_SETS))
     ap.add_argument("--port", type=int, default=None)
     ap.add_argument("--controller-port", type=int, default=None)
     ap.add_argument("--keep", action="store_true", help="keep the work dir (data and logs)")
@@ -778,9 +869,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     a = ap.parse_args(argv)
     t0 = time.monotonic()
-    with KafkaRef(a.port, a.controller_port, keep=a.keep) as k:
+    with KafkaRef(a.port, a.controller_port, keep=a.keep, kafka_version=a.version) as k:
         print(
-            f"Kafka ready on {k.bootstrap} in {time.monotonic() - t0:.1f}s (workdir {k.workdir})",
+            f"Kafka {k.kafka_version} ready on {k.bootstrap} in {time.monotonic() - t0:.1f}s "
+            f"(workdir {k.workdir})",
             file=sys.stderr,
             flush=True,
         )

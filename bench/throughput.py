@@ -56,7 +56,7 @@ from bench.javatools import (
     java_cmd,
     straitclient,
 )
-from bench.kafka_ref import KafkaRef, wait_for_broker
+from bench.kafka_ref import REF_KAFKA, KafkaRef, wait_for_broker
 
 try:
     import confluent_kafka  # type: ignore
@@ -704,7 +704,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--with-kafka",
         action="store_true",
-        help="start a reference Apache Kafka 3.9 (bench.kafka_ref.KafkaRef) as target 'kafka'",
+        help="start a reference Apache Kafka 4.1 (bench.kafka_ref.KafkaRef) as target 'kafka'",
     )
     ap.add_argument(
         "--kafka-port", type=int, default=None, help="port for --with-kafka (default: free)"
@@ -823,9 +823,9 @@ def main(argv: list[str] | None = None) -> int:
     samples: dict[str, list[dict[str, float]]] = {}
     try:
         if a.with_kafka:
-            log("starting reference Kafka 3.9 (KafkaRef) ...")
+            log(f"starting reference Kafka {REF_KAFKA} (KafkaRef) ...")
             kafka_ref = KafkaRef(a.kafka_port).start()
-            log(f"Kafka ready on {kafka_ref.bootstrap}")
+            log(f"Kafka {kafka_ref.kafka_version} ready on {kafka_ref.bootstrap}")
             targets.insert(0, ("kafka", kafka_ref.bootstrap))
         # rounds alternate the targets (A B A B ...) so that drift and JIT warm-up do not all
         # land on one side; each metric is the median over the rounds

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Fetch Apache Kafka 3.9.x (broker + tools + clients + all transitive deps) from
-# Maven Central into .cache/jars/kafka-3.9/, and compile tools/java/StraitClient.java
-# into .cache/jars/classes/.
+# Fetch Apache Kafka jars (broker + tools + clients + all transitive deps) from Maven
+# Central, and compile tools/java/StraitClient.java into .cache/jars/classes/:
+#   .cache/jars/kafka-3.9/   Kafka 3.9.x (tools/java/pom.xml): the StraitClient harness and
+#                            the tests are compiled against / run with these
+#   .cache/jars/kafka-4.1/   Kafka 4.1.x (tools/java/kafka-4.1/pom.xml): the reference broker
+#                            of the benchmarks (bench/kafka_ref.py) and the 4.1 CLI tools
 #
-# Idempotent: a stamp file records the sha256 of tools/java/pom.xml (jars) and of
-# the Java sources (classes); when both match, the script exits at once.
+# Idempotent: one stamp file per jar set records the sha256 of its POM, another the sha256
+# of the Java sources (classes); when all match, the script exits at once.
 # Needs only `mvn` (local repository: the default ~/.m2) and a JDK 17 (`javac`).
 # Progress goes to stderr; stdout is left empty (callers may parse it).
 #
@@ -15,12 +18,15 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 POM="$ROOT/tools/java/pom.xml"
+POM_41="$ROOT/tools/java/kafka-4.1/pom.xml"
 SRC_DIR="$ROOT/tools/java"
 CACHE="$ROOT/.cache"
 JARS_PARENT="$CACHE/jars"
 JAR_DIR="$JARS_PARENT/kafka-3.9"
 CLASSES="$JARS_PARENT/classes"
 JAR_STAMP="$JARS_PARENT/.kafka-3.9.stamp"
+JAR_DIR_41="$JARS_PARENT/kafka-4.1"
+JAR_STAMP_41="$JARS_PARENT/.kafka-4.1.stamp"
 CLS_STAMP="$JARS_PARENT/.classes.stamp"
 MVN="${MVN:-mvn}"
 JAVAC="${JAVAC:-javac}"
@@ -43,39 +49,53 @@ fi
 hash_of() { cat "$@" | sha256sum | cut -d' ' -f1; }
 
 # ---- 1. jars -------------------------------------------------------------
-jar_hash="$(hash_of "$POM")"
-if [[ $force -eq 0 && -f "$JAR_STAMP" && "$(cat "$JAR_STAMP")" == "$jar_hash" && -d "$JAR_DIR" ]]; then
-    :
-else
+# fetch_jars NAME POM DIR STAMP: copy POM's runtime dependencies into DIR unless STAMP holds
+# the POM's hash already. Sets fetched=1 when it (re)fetched, 0 when there was nothing to do.
+# (Called as a plain command, not in an `if`, so that `set -e` stays in force inside.)
+fetched=0
+fetch_jars() {
+    local name="$1" pom="$2" dir="$3" stamp="$4"
+    local hash
+    fetched=0
+    hash="$(hash_of "$pom")"
+    if [[ $force -eq 0 && -f "$stamp" && "$(cat "$stamp")" == "$hash" && -d "$dir" ]]; then
+        return 0
+    fi
     command -v "$MVN" >/dev/null || { log "error: '$MVN' not found (Maven is required)"; exit 1; }
-    log "downloading Kafka jars from Maven Central (first run takes a minute or two) ..."
+    log "downloading Kafka $name jars from Maven Central (first run takes a minute or two) ..."
+    local start mvn_log n   # tmp stays global: the EXIT trap may need it
     start=$(date +%s)
-    tmp="$JARS_PARENT/.kafka-3.9.tmp.$$"
+    tmp="$JARS_PARENT/.kafka-$name.tmp.$$"
     rm -rf "$tmp"
     trap 'rm -rf "$tmp"' EXIT
     # Maven's own log goes to a file (shown on stderr only if it fails): stdout stays clean.
-    mvn_log="$JARS_PARENT/mvn.log"
+    if [[ "$name" == "3.9" ]]; then mvn_log="$JARS_PARENT/mvn.log"; else mvn_log="$JARS_PARENT/mvn-kafka-$name.log"; fi
     # shellcheck disable=SC2086
-    if ! "$MVN" -B -Dstyle.color=never -f "$POM" ${MVN_ARGS:-} \
+    if ! "$MVN" -B -Dstyle.color=never -f "$pom" ${MVN_ARGS:-} \
             dependency:copy-dependencies \
             -DincludeScope=runtime \
             -DoutputDirectory="$tmp" > "$mvn_log" 2>&1; then
         tail -n 40 "$mvn_log" >&2
-        log "error: mvn dependency:copy-dependencies failed (full log: $mvn_log)"
+        log "error: mvn dependency:copy-dependencies failed for Kafka $name (full log: $mvn_log)"
         exit 1
     fi
     n=$(ls "$tmp"/*.jar 2>/dev/null | wc -l)
     if [[ "$n" -lt 20 ]]; then
-        log "error: only $n jars were copied; something is wrong"
+        log "error: only $n jars were copied for Kafka $name; something is wrong"
         exit 1
     fi
-    rm -rf "$JAR_DIR"
-    mv "$tmp" "$JAR_DIR"
+    rm -rf "$dir"
+    mv "$tmp" "$dir"
     trap - EXIT
-    echo "$jar_hash" > "$JAR_STAMP"
-    rm -f "$CLS_STAMP"   # recompile against the new jars
-    log "$n jars in ${JAR_DIR#"$ROOT"/} ($(( $(date +%s) - start )) s)"
-fi
+    echo "$hash" > "$stamp"
+    log "$n jars in ${dir#"$ROOT"/} ($(( $(date +%s) - start )) s)"
+    fetched=1
+}
+
+fetch_jars 3.9 "$POM" "$JAR_DIR" "$JAR_STAMP"
+if [[ $fetched -eq 1 ]]; then rm -f "$CLS_STAMP"; fi   # recompile against the new jars
+# Kafka 4.1: the benchmarks' reference broker and CLI tools (nothing is compiled against it)
+fetch_jars 4.1 "$POM_41" "$JAR_DIR_41" "$JAR_STAMP_41"
 
 # ---- 2. classes ----------------------------------------------------------
 shopt -s nullglob

@@ -48,6 +48,31 @@ def _mono() -> float:
     return time.monotonic()
 
 
+async def _answers(host: str, port: int) -> bool | None:
+    """True: an HTTP server answers there. False: nothing listens (refused, or the
+    connection reset before any answer: a dying process's kernel can still accept for a
+    moment after the process's other sockets closed). None: no answer in time."""
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port), PROBE_TIMEOUT_S
+        )
+    except ConnectionRefusedError:
+        return False
+    except (OSError, TimeoutError) as e:
+        log.debug("probe: no answer", extra={"host": host, "port": port, "error": str(e)})
+        return None
+    try:
+        writer.write(b"GET /healthz HTTP/1.0\r\nHost: probe\r\n\r\n")
+        first = await asyncio.wait_for(reader.read(1), PROBE_TIMEOUT_S)
+        return first != b""
+    except (ConnectionResetError, BrokenPipeError):
+        return False
+    except (OSError, TimeoutError):
+        return None
+    finally:
+        writer.close()
+
+
 class ActiveController:
     def __init__(self, quorum: Quorum, settings: ControllerSettings) -> None:
         self.quorum = quorum
@@ -238,11 +263,13 @@ class ActiveController:
         if arm is None:
             raise ControllerError(ErrorCode.stale_broker_epoch, f"broker {bid} must register again")
         self._streams.add(ws)
+        log.debug("session stream open", extra={"broker": bid, "incarnation": incarnation})
         if arm:  # see that its port accepts while it lives
             self._spawn_probe(bid, incarnation)
 
     def stream_closed(self, bid: int, incarnation: str, ws: Any) -> None:
         self._streams.discard(ws)
+        log.debug("session stream closed", extra={"broker": bid, "incarnation": incarnation})
         if self.active and self.sessions.stream_closed(bid, incarnation):
             self._spawn_probe(bid, incarnation)
 
@@ -252,25 +279,22 @@ class ActiveController:
         task.add_done_callback(self._probes.discard)
 
     async def _probe(self, bid: int, incarnation: str) -> None:
-        """Connect to the broker's HTTP port: accepted arms the fast path for it; refused
-        fences it at once if the sessions say a refusal counts now."""
+        """Ask the broker's HTTP port for /healthz: an answer arms the fast path for it;
+        a refusal, or a reset without an answer, fences it at once if the sessions say a
+        refusal counts now. No answer in time (a frozen process) proves nothing."""
         b = self.image.brokers.get(bid)
         if b is None or b.incarnation != incarnation:
             return  # a fenced one is probed too: a broker registers fenced, then arms
-        try:
-            _, writer = await asyncio.wait_for(
-                asyncio.open_connection(b.host, b.http_port), PROBE_TIMEOUT_S
-            )
-            writer.close()
+        answer = await _answers(b.host, b.http_port)
+        if answer:
             self.sessions.probe_connected(bid, incarnation)
-            return  # something answers: a slow broker is left to its session timeout
-        except ConnectionRefusedError:
-            pass
-        except (OSError, TimeoutError):
-            return  # unreachable proves nothing: the session timeout decides
+            log.debug("probe: answered", extra={"broker": bid, "incarnation": incarnation})
+        if answer is not False:
+            return  # alive, or no proof either way: the session timeout decides
         if self.sessions.needs_grace(bid):
             await asyncio.sleep(GRACE_S)  # a running broker reconnects its stream meanwhile
         if not self.active or not self.sessions.probe_refused(bid, incarnation):
+            log.debug("probe: refused, not counted", extra={"broker": bid})
             return
         try:
             if await self._fence(

@@ -5,10 +5,11 @@ closing, the answers of connection probes and the time; it answers which brokers
 and which to fence. A broker is fenced in one of two ways:
 
 - **Its death is visible.** Each broker holds a session stream (a WebSocket) open to the
-  active controller. When it closes, the controller probes the broker's HTTP port; a
-  refused connection means the broker's host answers but nothing listens there: the
-  process is gone, and it is fenced at once. This only counts for a broker whose port was
-  seen accepting while it lived (a probe when its stream opened): a broker advertising
+  active controller. When it closes, the controller asks the broker's HTTP port for
+  /healthz; a refused connection (or one reset before any answer: a dying process's
+  kernel closes its sockets one by one and may accept for a moment) means the broker's
+  host answers but nothing serves there: the process is gone, and it is fenced at once. This only counts for a broker whose port was
+  seen answering while it lived (a probe when its stream opened): a broker advertising
   an address the controller cannot connect to is never fenced by a refusal.
   A new active controller probes every broker once, since one that died with the old
   controller has no stream left to close; a refusal counts there if no stream and no
@@ -30,7 +31,7 @@ class _Session:
     incarnation: str
     deadline: float
     streams: int = 0  # session streams open from this incarnation
-    armed: bool = False  # its port was seen accepting: a refusal means it is gone
+    armed: bool = False  # its port was seen answering: a refusal means it is gone
     unheard: bool = False  # from a new controller's reset, not heard from since
 
 
@@ -85,7 +86,7 @@ class BrokerSessions:
         """A probe found nothing listening. True: fence it now.
 
         Only with no stream open from it (a running broker keeps or reopens one), and
-        only if its port was seen accepting before, or (after a reset) if it has not been
+        only if its port was seen answering before, or (after a reset) if it has not been
         heard from at all: ask again after `GRACE_S` then.
         """
         s = self._s.get(bid)

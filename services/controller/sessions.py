@@ -8,9 +8,10 @@ and which to fence. A broker is fenced in one of two ways:
   active controller. When it closes, the controller asks the broker's HTTP port for
   /healthz; a refused connection (or one reset before any answer: a dying process's
   kernel closes its sockets one by one and may accept for a moment) means the broker's
-  host answers but nothing serves there: the process is gone, and it is fenced at once. This only counts for a broker whose port was
-  seen answering while it lived (a probe when its stream opened): a broker advertising
-  an address the controller cannot connect to is never fenced by a refusal.
+  host answers but nothing serves there: the process is gone, and it is fenced at once.
+  This only counts for a broker whose port was seen answering while it lived (a probe
+  when its stream opened): a broker advertising an address the controller cannot
+  connect to is never fenced by a refusal.
   A new active controller probes every broker once, since one that died with the old
   controller has no stream left to close; a refusal counts there if no stream and no
   heartbeat came from the broker within `GRACE_S`, as every running broker reconnects.

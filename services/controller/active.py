@@ -476,6 +476,23 @@ def handlers(c: ActiveController) -> dict[str, Handler]:
     async def describe(req: dict) -> dict:
         return c.describe()
 
+    async def describe_quorum(req: dict) -> dict:
+        """The Raft leader's view of its voters and observers (DescribeQuorum), times as
+        wall-clock milliseconds (the core keeps monotonic ones)."""
+        c._check_active()
+        st = c.quorum.status()
+        core_now = next(v["last_fetch_ms"] for v in st["voters"] if v["node_id"] == st["node_id"])
+        skew = int(time.time() * 1000) - core_now
+
+        def wall(ms: int | None) -> int:
+            return -1 if ms is None else ms + skew
+
+        for r in (*st["voters"], *st["observers"]):
+            r["last_fetch_ms"] = wall(r["last_fetch_ms"])
+            r["last_caught_up_ms"] = wall(r["last_caught_up_ms"])
+        st["voter_urls"] = {str(n): url for n, url in c.quorum.voters.items()}
+        return st
+
     table: dict[str, Any] = {
         "register": c.register_broker,
         "heartbeat": c.heartbeat,
@@ -490,5 +507,6 @@ def handlers(c: ActiveController) -> dict[str, Handler]:
         "list_reassignments": list_reassignments,
         "elect_preferred": c.elect_preferred,
         "describe": describe,
+        "describe_quorum": describe_quorum,
     }
     return table

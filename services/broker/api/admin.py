@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -10,10 +12,14 @@ from straitmq.metadata.topic_config import TOPIC_CONFIGS, effective
 
 from .context import RequestContext
 
+log = logging.getLogger("straitmq.broker")
+
 TOPIC_RESOURCE = 2
 BROKER_RESOURCE = 4
 SOURCE_DEFAULT = 5
 SOURCE_TOPIC = 1
+SOURCE_DYNAMIC_BROKER = 2
+SOURCE_DYNAMIC_DEFAULT_BROKER = 3
 SOURCE_STATIC_BROKER = 4
 _TYPE_CODES = {
     "boolean": 1,
@@ -197,6 +203,7 @@ async def handle_describe_configs(ctx: RequestContext, req: Any) -> dict:
                 res["configs"] = _config_entries(
                     values, set(values), keys, SOURCE_STATIC_BROKER, docs
                 )
+                res["configs"] += _throttle_entries(broker, r.resource_name, keys)
         else:
             res["error_code"] = ErrorCode.invalid_request
             res["error_message"] = f"resource type {r.resource_type} is not supported"
@@ -218,9 +225,12 @@ async def handle_incremental_alter_configs(ctx: RequestContext, req: Any) -> dic
             "resource_name": r.resource_name,
         }
         responses.append(res)
+        if r.resource_type == BROKER_RESOURCE:
+            await _alter_broker_throttle(broker, r, req.validate_only, res)
+            continue
         if r.resource_type != TOPIC_RESOURCE:
             res["error_code"] = ErrorCode.invalid_request
-            res["error_message"] = "only topic configs can be altered at runtime"
+            res["error_message"] = "only topic and broker throttle configs can be altered"
             continue
         changes: dict[str, str | None] = {}
         try:
@@ -245,6 +255,69 @@ async def handle_incremental_alter_configs(ctx: RequestContext, req: Any) -> dic
     return {"throttle_time": 0, "responses": responses}
 
 
+# Kafka's per-broker reassignment throttles; StraitMQ has one cluster-wide rate.
+BROKER_THROTTLES = ("leader.replication.throttled.rate", "follower.replication.throttled.rate")
+
+
+def _throttle_entries(broker: Any, resource_name: str, keys: Any) -> list[dict]:
+    """The cluster's replication throttle, shown as the broker-level keys that set it, as
+    dynamic configs: `kafka-configs --delete-config` only deletes keys it sees there."""
+    rate = broker.image.cluster_configs.get("replication.throttled.rate", "-1")
+    if rate == "-1":
+        return []
+    source = SOURCE_DYNAMIC_BROKER if resource_name else SOURCE_DYNAMIC_DEFAULT_BROKER
+    return [
+        {
+            "name": name,
+            "value": rate,
+            "read_only": False,
+            "config_source": source,
+            "is_default": False,
+            "is_sensitive": False,
+            "synonyms": [],
+            "config_type": _TYPE_CODES["long"],
+            "documentation": None,
+        }
+        for name in BROKER_THROTTLES
+        if not keys or name in keys
+    ]
+
+
+async def _alter_broker_throttle(broker: Any, r: Any, validate_only: bool, res: dict) -> None:
+    """A broker's leader/follower replication throttle (what `kafka-reassign-partitions
+    --throttle` sets and `--verify` clears) becomes the cluster's one replication
+    throttle, `replication.throttled.rate`; every other broker config is static."""
+    rate: str | None = None
+    try:
+        if r.resource_name and not r.resource_name.isdigit():
+            raise ControllerError(ErrorCode.invalid_request, f"'{r.resource_name}' is no broker id")
+        if r.resource_name and int(r.resource_name) not in broker.image.brokers:
+            raise ControllerError(ErrorCode.invalid_request, f"no broker {r.resource_name}")
+        for c in r.configs:
+            if c.name not in BROKER_THROTTLES:
+                raise ControllerError(
+                    ErrorCode.invalid_config,
+                    f"broker config {c.name} cannot be altered at runtime; only "
+                    f"{' and '.join(BROKER_THROTTLES)} can (they set the cluster-wide "
+                    "replication.throttled.rate)",
+                )
+            if c.config_operation == SET:
+                if c.value is None or not c.value.isdigit():
+                    raise ControllerError(
+                        ErrorCode.invalid_config, f"{c.name} must be bytes per second"
+                    )
+                rate = c.value
+            elif c.config_operation != DELETE:
+                raise ControllerError(ErrorCode.invalid_config, f"{c.name}: SET or DELETE only")
+        if not validate_only and r.configs:
+            await broker.control(
+                "alter_cluster_configs", {"changes": {"replication.throttled.rate": rate}}
+            )
+    except ControllerError as e:
+        res["error_code"] = e.code
+        res["error_message"] = e.message
+
+
 async def handle_init_producer_id(ctx: RequestContext, req: Any) -> dict:
     if req.transactional_id is not None:
         # Transactions are not implemented (and not advertised); be explicit.
@@ -259,3 +332,36 @@ async def handle_init_producer_id(ctx: RequestContext, req: Any) -> dict:
     except ControllerError as e:
         return {"throttle_time": 0, "error_code": e.code, "producer_id": -1, "producer_epoch": -1}
     return {"throttle_time": 0, "error_code": 0, "producer_id": pid, "producer_epoch": 0}
+
+
+async def handle_describe_log_dirs(ctx: RequestContext, req: Any) -> dict:
+    """DescribeLogDirs (`kafka-log-dirs --describe`): this broker's one log directory,
+    the size of each replica it holds and how far its log end is behind the high
+    watermark; v4 adds the volume's total and usable bytes."""
+    pm = ctx.broker.partitions
+    wanted = None if req.topics is None else {t.topic: set(t.partitions) for t in req.topics}
+    topics: dict[str, list[dict]] = {}
+    for (name, index), p in sorted(pm.partitions.items()):
+        if wanted is not None and index not in wanted.get(name, ()):
+            continue
+        topics.setdefault(name, []).append(
+            {
+                "partition_index": index,
+                "partition_size": p.log.size_bytes,
+                "offset_lag": max(0, p.high_watermark - p.log.log_end_offset),
+                "is_future_key": False,
+            }
+        )
+    result: dict[str, Any] = {
+        "error_code": 0,
+        "log_dir": os.path.abspath(pm.data_dir),
+        "topics": [{"name": n, "partitions": ps} for n, ps in topics.items()],
+    }
+    try:
+        st = os.statvfs(pm.data_dir)
+        result["total_bytes"] = st.f_blocks * st.f_frsize
+        result["usable_bytes"] = st.f_bavail * st.f_frsize
+    except OSError as e:  # the directory is gone or unreadable: say so for this dir
+        result["error_code"] = ErrorCode.kafka_storage_error
+        log.warning("describe log dirs: %s", e)
+    return {"throttle_time": 0, "error_code": 0, "results": [result]}

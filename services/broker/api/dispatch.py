@@ -14,7 +14,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from . import admin, fetch, groups, metadata, produce, reassign
+from . import admin, fetch, groups, metadata, produce, quorum, reassign
 from .context import RequestContext
 
 Handler = Callable[[RequestContext, Any], Awaitable[Any]]
@@ -74,11 +74,13 @@ HANDLERS: dict[int, ApiSpec] = {
     22: ApiSpec(0, 4, admin.handle_init_producer_id),
     23: ApiSpec(2, 4, fetch.handle_offset_for_leader_epoch),
     32: ApiSpec(1, 4, admin.handle_describe_configs),
+    35: ApiSpec(1, 4, admin.handle_describe_log_dirs),
     37: ApiSpec(0, 3, admin.handle_create_partitions),
     42: ApiSpec(0, 2, groups.handle_delete_groups),
     43: ApiSpec(0, 2, reassign.handle_elect_leaders),
     44: ApiSpec(0, 1, admin.handle_incremental_alter_configs),
     45: ApiSpec(0, 0, reassign.handle_alter_partition_reassignments),
     46: ApiSpec(0, 0, reassign.handle_list_partition_reassignments),
+    55: ApiSpec(0, 2, quorum.handle_describe_quorum),
     60: ApiSpec(0, 1, metadata.handle_describe_cluster),
 }

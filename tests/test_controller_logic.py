@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import orjson
 import pytest
 from kio.schema.errors import ErrorCode
 from straitmq.controller import operations as ops
@@ -364,6 +365,35 @@ def test_image_snapshots_keep_reassignments() -> None:
     p = again.topics["t"].partitions[0]
     assert (p.replicas, p.adding, p.removing) == ([2, 3, 4, 1], [4], [1])
     assert again.to_dict() == img.to_dict()
+
+
+def test_snapshot_encoding_is_incremental_and_exact() -> None:
+    """`encoded()` reuses unchanged topics' bytes; after any mix of changes it still
+    decodes to exactly `to_dict()`, and both load back to the same image. Snapshots
+    written before the positional partition form (a dict per partition) still load."""
+    img = topic(topic(cluster(4), "a", [[1, 2, 3]] * 3), "b", [[2, 3, 4]] * 2)
+    first = img.encoded()
+    assert orjson.loads(first) == img.to_dict()
+    cached_b = img._encoded["b"]
+    apply(img, ops.reassign(img, "a", 1, [2, 3, 4]))  # changes a, not b
+    apply(img, ops.alter_configs(img, "a", {"retention.ms": "1000"}))
+    apply(img, ops.alter_cluster_configs({"replication.throttled.rate": "1048576"}))
+    fence(img, 2)  # leaders and ISRs of both topics move
+    apply(img, ops.delete_topic(img, "b"))
+    img = topic(img, "b", [[1, 3, 4]])  # a new topic of the same name
+    assert img._encoded.get("b") is not cached_b
+    again = img.encoded()
+    assert orjson.loads(again) == img.to_dict()
+    assert MetadataImage.from_dict(orjson.loads(again)).to_dict() == img.to_dict()
+    old_form = img.to_dict()
+    fields = ("replicas", "isr", "leader", "leader_epoch", "partition_epoch", "adding", "removing")
+    for t in old_form["topics"]:
+        t["partitions"] = [dict(zip(fields, p, strict=True)) for p in t["partitions"]]
+    assert MetadataImage.from_dict(old_form).to_dict() == img.to_dict()
+    # copy() is independent of the original.
+    dup = img.copy()
+    fence(dup, 3)
+    assert dup.to_dict() != img.to_dict() and orjson.loads(img.encoded()) == img.to_dict()
 
 
 def test_a_new_target_that_drops_the_leader_elects_another() -> None:

@@ -83,6 +83,9 @@ class ActiveController:
         self._streams: set[Any] = set()  # open session streams, closed on losing leadership
         self._probes: set[asyncio.Task] = set()
         self._caught_up_at: dict[int, int] = {}  # broker id -> metadata offset to unfence
+        # The image including our appended but uncommitted entries, and the last of them.
+        self._spec: MetadataImage | None = None
+        self._tail: tuple[int, asyncio.Future[None]] | None = None
         self._task: asyncio.Task | None = None
         self._activation: asyncio.Task | None = None
         self.fencings = 0  # brokers fenced on session expiry while active (a metric)
@@ -108,6 +111,7 @@ class ActiveController:
 
     def _on_leadership(self) -> None:
         self.active = False
+        self._spec, self._tail = None, None  # our uncommitted entries may be truncated
         if not self.quorum.is_leader:
             # The brokers reconnect their streams to the next active controller.
             for ws in list(self._streams):
@@ -144,13 +148,46 @@ class ActiveController:
             raise NotController(self.quorum.leader_id)
 
     async def _commit(self, build: Callable[[MetadataImage], list[Record]]) -> int:
-        """Build records from the current image under the lock and wait for the commit."""
+        """Build records under the lock from the image as it will be once everything
+        already appended commits, append them, and wait for their commit outside the
+        lock: requests pipeline, and what piles up is written and replicated together.
+        An answer with no records (an error, nothing to change) still waits for the
+        entries it was judged against, so it never rests on an uncommitted view."""
         async with self._lock:
             self._check_active()
-            records = build(self.image)
-            if not records:
-                return self.image.offset
-            return await self.quorum.propose(records)
+            spec = await self._speculative()
+            error: ControllerError | None = None
+            try:
+                records = build(spec)
+            except ControllerError as e:
+                error, records = e, []
+            if records:
+                offset, done = self.quorum.append(records)
+                try:
+                    spec.apply_entry(offset, records)
+                except Exception:
+                    self._spec = None  # rebuilt from the committed image after this entry
+                    raise
+                self._tail = (offset, done)
+            elif self._tail is not None and not self._tail[1].done():
+                offset, done = self._tail
+            else:
+                offset, done = self.image.offset, None
+        if done is not None:
+            await self.quorum.committed(done)
+        if error is not None:
+            raise error
+        return offset
+
+    async def _speculative(self) -> MetadataImage:
+        """The image after every entry this leader appended (committed or not). Made
+        from the committed image once nothing of ours is pending: at activation every
+        earlier entry is committed and applied (`_activate`)."""
+        if self._spec is None:
+            if self._tail is not None:
+                await self.quorum.committed(self._tail[1])
+            self._spec = self.image.copy()
+        return self._spec
 
     # -- brokers ---------------------------------------------------------------------
 

@@ -220,6 +220,13 @@ class Quorum:
 
     async def propose(self, records: list[Record], within_s: float = 10.0) -> int:
         """Append records as one entry; return its offset once it is committed and applied."""
+        offset, done = self.append(records)
+        await self.committed(done, within_s)
+        return offset
+
+    def append(self, records: list[Record]) -> tuple[int, asyncio.Future[None]]:
+        """Append records as one entry without waiting: its offset, and a future resolved
+        once it is committed and applied (NotController if it never will be)."""
         start = time.monotonic()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
@@ -233,17 +240,26 @@ class Quorum:
             offset = self._advance(append)
         except NotLeader as e:
             raise NotController(e.leader_id) from None
-        try:
-            await asyncio.wait_for(fut, within_s)
-        except TimeoutError:
-            self._commit_waiters.pop(offset, None)
+
+        def done(f: asyncio.Future[None]) -> None:
+            if f.cancelled() or f.exception() is not None:  # retrieved: nobody may wait
+                return
+            if self.commit_latency is not None:
+                self.commit_latency(time.monotonic() - start)
+
+        fut.add_done_callback(done)
+        return offset, fut
+
+    @staticmethod
+    async def committed(done: asyncio.Future[None], within_s: float = 10.0) -> None:
+        """Wait for an appended entry's future (several callers may share one)."""
+        finished, _ = await asyncio.wait({done}, timeout=within_s)
+        if not finished:
             raise ControllerError(
                 ErrorCode.request_timed_out,
                 "the metadata change did not commit in time (no quorum?)",
-            ) from None
-        if self.commit_latency is not None:
-            self.commit_latency(time.monotonic() - start)
-        return offset
+            )
+        done.result()
 
     def _fail_waiters(self, exc: Exception) -> None:
         for _, fut in self._commit_waiters.values():
@@ -295,7 +311,9 @@ class Quorum:
                     listener(offset, records, False)
         if self._applied_since_snapshot >= SNAPSHOT_EVERY:
             self._applied_since_snapshot = 0
-            node.create_snapshot(self.image.offset + 1, self.image.to_dict())
+            # Pre-encoded JSON, re-encoding only the topics changed since the last one;
+            # storage and FetchSnapshot embed it as it is.
+            node.create_snapshot(self.image.offset + 1, orjson.Fragment(self.image.encoded()))
         leader = node.is_leader
         if leader != self._was_leader:
             self._was_leader = leader

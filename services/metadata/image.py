@@ -2,7 +2,7 @@
 
 Every change is a record (a plain dict with a "type") applied by `apply`; brokers and
 the controller read the image, never the log. Records arrive in entries of the Raft
-metadata log; a snapshot is `to_dict()` of the image at an offset.
+metadata log; a snapshot is `to_dict()` of the image at an offset, written as `encoded()`.
 
 Record types:
   cluster           cluster_id
@@ -22,6 +22,8 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 Record = dict[str, Any]
 NO_LEADER = -1
@@ -84,6 +86,9 @@ class MetadataImage:
     cluster_configs: dict[str, str] = field(default_factory=dict)
     next_producer_id: int = 0
     offset: int = -1  # Raft offset of the last applied entry
+    # Each topic's snapshot encoding, dropped when a record changes the topic: a snapshot
+    # re-encodes only what changed since the last one.
+    _encoded: dict[str, bytes] = field(default_factory=dict, repr=False, compare=False)
 
     def partition(self, topic: str, index: int) -> PartitionImage | None:
         t = self.topics.get(topic)
@@ -120,7 +125,48 @@ class MetadataImage:
             raise ValueError(f"unknown metadata record type {kind!r}")
         handler(self, record)
 
+    def copy(self) -> MetadataImage:
+        """An independent image: applying records to one never changes the other. Lists
+        of broker ids are shared, as `apply` replaces them and never edits one in place."""
+        return MetadataImage(
+            self.cluster_id,
+            {i: _copy_broker(b) for i, b in self.brokers.items()},
+            {
+                name: TopicImage(
+                    t.name,
+                    t.topic_id,
+                    [_copy_partition(p) for p in t.partitions],
+                    dict(t.configs),
+                    t.internal,
+                )
+                for name, t in self.topics.items()
+            },
+            dict(self.cluster_configs),
+            self.next_producer_id,
+            self.offset,
+        )
+
     # -- snapshots -------------------------------------------------------------------
+
+    def encoded(self) -> bytes:
+        """`to_dict()` as JSON, made incrementally: unchanged topics reuse their bytes."""
+        cache = self._encoded
+        topics = []
+        for name, t in self.topics.items():
+            b = cache.get(name)
+            if b is None:
+                b = cache[name] = orjson.dumps(_topic_dict(t))
+            topics.append(b)
+        rest = orjson.dumps(
+            {
+                "cluster_id": self.cluster_id,
+                "brokers": [broker_dict(b) for b in self.brokers.values()],
+                "cluster_configs": self.cluster_configs,
+                "next_producer_id": self.next_producer_id,
+                "offset": self.offset,
+            }
+        )
+        return b'{"topics":[' + b",".join(topics) + b"]," + rest[1:]
 
     def to_dict(self) -> dict:
         # Copies of the config dicts: `apply` edits them in place, and a snapshot must
@@ -128,16 +174,7 @@ class MetadataImage:
         return {
             "cluster_id": self.cluster_id,
             "brokers": [broker_dict(b) for b in self.brokers.values()],
-            "topics": [
-                {
-                    "name": t.name,
-                    "topic_id": str(t.topic_id),
-                    "configs": dict(t.configs),
-                    "internal": t.internal,
-                    "partitions": [_partition_dict(p) for p in t.partitions],
-                }
-                for t in self.topics.values()
-            ],
+            "topics": [_topic_dict(t) for t in self.topics.values()],
             "cluster_configs": dict(self.cluster_configs),
             "next_producer_id": self.next_producer_id,
             "offset": self.offset,
@@ -157,11 +194,23 @@ class MetadataImage:
             image.topics[t["name"]] = TopicImage(
                 t["name"],
                 uuid.UUID(t["topic_id"]),
-                [PartitionImage(**p) for p in t["partitions"]],
+                [_load_partition(p) for p in t["partitions"]],
                 dict(t["configs"]),
                 t["internal"],
             )
         return image
+
+
+def _copy_broker(b: BrokerImage) -> BrokerImage:
+    return BrokerImage(
+        b.id, b.incarnation, b.host, b.port, b.http_port, b.rack, b.fenced, b.shutting_down
+    )
+
+
+def _copy_partition(p: PartitionImage) -> PartitionImage:
+    return PartitionImage(
+        p.replicas, p.isr, p.leader, p.leader_epoch, p.partition_epoch, p.adding, p.removing
+    )
 
 
 def broker_dict(b: BrokerImage) -> dict:
@@ -177,16 +226,23 @@ def broker_dict(b: BrokerImage) -> dict:
     }
 
 
-def _partition_dict(p: PartitionImage) -> dict:
+def _topic_dict(t: TopicImage) -> dict:
     return {
-        "replicas": p.replicas,
-        "isr": p.isr,
-        "leader": p.leader,
-        "leader_epoch": p.leader_epoch,
-        "partition_epoch": p.partition_epoch,
-        "adding": p.adding,
-        "removing": p.removing,
+        "name": t.name,
+        "topic_id": str(t.topic_id),
+        "configs": dict(t.configs),
+        "internal": t.internal,
+        # Positional, in PartitionImage's field order: a third of the size of named fields.
+        "partitions": [
+            [p.replicas, p.isr, p.leader, p.leader_epoch, p.partition_epoch, p.adding, p.removing]
+            for p in t.partitions
+        ],
     }
+
+
+def _load_partition(p: list | dict) -> PartitionImage:
+    # Snapshots written before the positional form hold a dict per partition.
+    return PartitionImage(*p) if isinstance(p, list) else PartitionImage(**p)
 
 
 def _cluster(img: MetadataImage, r: Record) -> None:
@@ -214,6 +270,7 @@ def _shutdown(img: MetadataImage, r: Record) -> None:
 
 
 def _topic(img: MetadataImage, r: Record) -> None:
+    img._encoded.pop(r["name"], None)
     img.topics[r["name"]] = TopicImage(
         r["name"],
         uuid.UUID(r["topic_id"]),
@@ -224,6 +281,7 @@ def _topic(img: MetadataImage, r: Record) -> None:
 
 
 def _partition(img: MetadataImage, r: Record) -> None:
+    img._encoded.pop(r["topic"], None)
     parts = img.topics[r["topic"]].partitions
     if r["index"] != len(parts):
         raise ValueError(f"partition record {r['topic']}-{r['index']} out of order")
@@ -231,6 +289,7 @@ def _partition(img: MetadataImage, r: Record) -> None:
 
 
 def _partition_change(img: MetadataImage, r: Record) -> None:
+    img._encoded.pop(r["topic"], None)
     p = img.topics[r["topic"]].partitions[r["index"]]
     if "leader" in r and r["leader"] != p.leader:
         p.leader = r["leader"]
@@ -243,6 +302,7 @@ def _partition_change(img: MetadataImage, r: Record) -> None:
 
 
 def _config(img: MetadataImage, r: Record) -> None:
+    img._encoded.pop(r["name"], None)
     _merge(img.topics[r["name"]].configs, r["changes"])
 
 
@@ -259,6 +319,7 @@ def _merge(configs: dict[str, str], changes: dict[str, str | None]) -> None:
 
 
 def _remove_topic(img: MetadataImage, r: Record) -> None:
+    img._encoded.pop(r["name"], None)
     img.topics.pop(r["name"], None)
 
 

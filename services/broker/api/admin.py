@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from typing import Any
@@ -38,21 +39,9 @@ async def handle_create_topics(ctx: RequestContext, req: Any) -> dict:
     broker = ctx.broker
     results = []
     seen: set[str] = set()
-    for t in req.topics:
-        res = {
-            "name": t.name,
-            "topic_id": None,
-            "error_code": 0,
-            "error_message": None,
-            "num_partitions": -1,
-            "replication_factor": -1,
-            "configs": [],
-        }
-        results.append(res)
+
+    async def create(t: Any, res: dict) -> None:
         try:
-            if t.name in seen:
-                raise ControllerError(ErrorCode.invalid_request, f"topic '{t.name}' appears twice")
-            seen.add(t.name)
             assignments = None
             if t.assignments:
                 ordered = sorted(t.assignments, key=lambda a: a.partition_index)
@@ -103,6 +92,27 @@ async def handle_create_topics(ctx: RequestContext, req: Any) -> dict:
         except ControllerError as e:
             res["error_code"] = e.code
             res["error_message"] = e.message
+
+    # Every topic's change goes to the controller at once: they commit together.
+    pending = []
+    for t in req.topics:
+        res = {
+            "name": t.name,
+            "topic_id": None,
+            "error_code": 0,
+            "error_message": None,
+            "num_partitions": -1,
+            "replication_factor": -1,
+            "configs": [],
+        }
+        results.append(res)
+        if t.name in seen:
+            res["error_code"] = ErrorCode.invalid_request
+            res["error_message"] = f"topic '{t.name}' appears twice"
+            continue
+        seen.add(t.name)
+        pending.append(create(t, res))
+    await asyncio.gather(*pending)
     return {"throttle_time": 0, "topics": results}
 
 
@@ -110,8 +120,8 @@ async def handle_delete_topics(ctx: RequestContext, req: Any) -> dict:
     broker = ctx.broker
     names = list(req.topic_names) if hasattr(req, "topic_names") else [t.name for t in req.topics]
     responses = []
-    for name in names:
-        res = {"name": name, "error_code": 0, "error_message": None}
+
+    async def delete(name: str, res: dict) -> None:
         try:
             if name.startswith("__"):
                 raise ControllerError(
@@ -121,14 +131,20 @@ async def handle_delete_topics(ctx: RequestContext, req: Any) -> dict:
         except ControllerError as e:
             res["error_code"] = e.code
             res["error_message"] = e.message
+
+    pending = []
+    for name in names:
+        res = {"name": name, "error_code": 0, "error_message": None}
         responses.append(res)
+        pending.append(delete(name, res))
+    await asyncio.gather(*pending)
     return {"throttle_time": 0, "responses": responses}
 
 
 async def handle_create_partitions(ctx: RequestContext, req: Any) -> dict:
     results = []
-    for t in req.topics:
-        res = {"name": t.name, "error_code": 0, "error_message": None}
+
+    async def grow(t: Any, res: dict) -> None:
         try:
             assignments = [list(a.broker_ids) for a in t.assignments] if t.assignments else None
             await ctx.broker.control(
@@ -143,7 +159,13 @@ async def handle_create_partitions(ctx: RequestContext, req: Any) -> dict:
         except ControllerError as e:
             res["error_code"] = e.code
             res["error_message"] = e.message
+
+    pending = []
+    for t in req.topics:
+        res = {"name": t.name, "error_code": 0, "error_message": None}
         results.append(res)
+        pending.append(grow(t, res))
+    await asyncio.gather(*pending)
     return {"throttle_time": 0, "results": results}
 
 

@@ -1,0 +1,212 @@
+"""Metadata at scale on a 3-controller / 3-broker cluster, StraitMQ and Apache Kafka side by
+side (not a pytest test; issue 13 point 2).
+
+For each target, one after the other (never both up at once):
+  create      `--partitions` partitions, RF 3, in topics of `--per-topic`, through
+              librdkafka's AdminClient, `--topics-per-request` topics per CreateTopics
+              (what `kafka-topics` or a provisioning script sends); time until every
+              request is answered, and partitions/s.
+  memory      resident memory of the active controller and of a broker before and after,
+              per partition.
+  failover    kill -9 the active controller; time until another one says it is active,
+              and until a CreateTopics is answered again.
+  restart     kill -9 broker 1 and start it again; time until it serves (StraitMQ:
+              /readyz 200; Kafka: it answers Metadata listing every broker).
+For StraitMQ also the metadata snapshot: its size in the on-disk format and the time to
+encode and decode it, measured on the image replayed from a controller's own log.
+
+    python -m bench.metadata_scale --partitions 10000 [--with-kafka] [--no-strait]
+
+Prints one JSON line per target after a summary table. Every process runs under
+`ulimit -n --fd-limit` (default 1024, the issue's limit; Kafka keeps every segment and
+index open, so it gets `--kafka-fd-limit`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from bench.failover import KafkaTarget, StraitTarget
+
+
+def rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) / 1024
+
+
+def create(bootstrap: str, names: list[str], per_topic: int, per_request: int) -> float:
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 60000})
+    t0 = time.monotonic()
+    for i in range(0, len(names), per_request):
+        chunk = [NewTopic(n, num_partitions=per_topic, replication_factor=3)
+                 for n in names[i : i + per_request]]  # fmt: skip
+        futs = admin.create_topics(chunk, operation_timeout=300, request_timeout=300)
+        for f in futs.values():
+            f.result(600)
+    return time.monotonic() - t0
+
+
+def until(cond, timeout: float, what: str) -> float:  # type: ignore[no-untyped-def]
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if cond():
+            return time.monotonic() - t0
+        time.sleep(0.02)
+    raise TimeoutError(what)
+
+
+def created_again(bootstrap: str, name: str) -> bool:
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 2000})
+    try:
+        admin.create_topics([NewTopic(name, 1, 3)], request_timeout=2)[name].result(3)
+        return True
+    except KafkaException as e:
+        # An earlier attempt that timed out on our side may have created it.
+        return e.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS
+    except Exception:
+        return False
+
+
+def run(target, a: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def]
+    names = [f"m{i}" for i in range(a.partitions // a.per_topic)]
+    target.start()
+    try:
+        ctrl = target.active_controller()
+        c_proc = _proc(target, ctrl)
+        b_proc = _proc(target, 1)
+        before = {"controller": rss_mb(c_proc.pid), "broker": rss_mb(b_proc.pid)}
+        create_s = create(target.bootstrap, names, a.per_topic, a.topics_per_request)
+        time.sleep(2)  # let replicas open and the ISR settle before measuring memory
+        after = {"controller": rss_mb(c_proc.pid), "broker": rss_mb(b_proc.pid)}
+        out: dict = {
+            "target": target.name,
+            "partitions": len(names) * a.per_topic,
+            "per_topic": a.per_topic,
+            "topics_per_request": a.topics_per_request,
+            "create_s": round(create_s, 2),
+            "partitions_per_s": round(len(names) * a.per_topic / create_s),
+            "rss_mb_before": before,
+            "rss_mb_after": after,
+            "kb_per_partition": {
+                k: round((after[k] - before[k]) * 1024 / (len(names) * a.per_topic), 2)
+                for k in after
+            },
+        }
+        if target.name == "straitmq":
+            out["snapshot"] = snapshot_figures(Path(target.dir) / f"controller-{ctrl}")
+        # Active controller failover.
+        target.kill9(ctrl)
+        new = until(lambda: target.active_controller(exclude=ctrl) is not None, 120,
+                    "a new active controller")  # fmt: skip
+        again = until(lambda: created_again(target.bootstrap, "after-failover"), 120,
+                      "CreateTopics answered after the failover")  # fmt: skip
+        out["controller_failover_s"] = round(new, 2)
+        out["create_after_failover_s"] = round(new + again, 2)
+        target.restart_controller(ctrl, timeout=300)
+        # Broker restart after kill -9.
+        target.kill9(1)
+        t0 = time.monotonic()
+        target.restart_broker(1)
+        out["broker_restart_s"] = round(time.monotonic() - t0, 2)
+        return out
+    finally:
+        target.stop()
+
+
+def _proc(target, node_id: int):  # type: ignore[no-untyped-def]
+    c = target.cluster
+    n = c.brokers.get(node_id) or c.controllers[node_id]
+    return n.proc
+
+
+def snapshot_figures(controller_dir: Path) -> dict:
+    """Replay this controller's metadata log into an image, then time what a snapshot
+    costs: the first encoding (every topic), the next one after a partition change
+    (incremental), and loading it back; and its size on disk."""
+    import orjson
+    from straitmq.controller.raft.storage import FileStorage
+    from straitmq.metadata.image import MetadataImage
+
+    storage = FileStorage(str(controller_dir / "metadata-raft"))
+    _, _, snap, start, entries = storage.load()
+    storage.close()
+    image = MetadataImage.from_dict(snap.data) if snap is not None else MetadataImage()
+    for offset, e in enumerate(entries, start):
+        image.apply_entry(offset, e.data)
+    encode = getattr(image, "encoded", lambda: orjson.dumps(image.to_dict()))  # older builds
+    t0 = time.perf_counter()
+    blob = encode()
+    full_s = time.perf_counter() - t0
+    name = next(iter(image.topics))
+    p = image.topics[name].partitions[0]
+    image.apply({"type": "partition_change", "topic": name, "index": 0, "isr": p.isr})
+    t0 = time.perf_counter()
+    encode()
+    incremental_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    MetadataImage.from_dict(orjson.loads(blob))
+    load_s = time.perf_counter() - t0
+    partitions = sum(len(t.partitions) for t in image.topics.values())
+    return {
+        "bytes": len(blob),
+        "bytes_per_partition": round(len(blob) / max(1, partitions), 1),
+        "encode_full_s": round(full_s, 3),
+        "encode_incremental_s": round(incremental_s, 4),
+        "load_s": round(load_s, 3),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--partitions", type=int, default=10_000)
+    p.add_argument("--per-topic", type=int, default=100)
+    p.add_argument("--topics-per-request", type=int, default=10)
+    p.add_argument("--fd-limit", type=int, default=1024)
+    p.add_argument("--kafka-fd-limit", type=int, default=200_000)
+    p.add_argument("--with-kafka", action="store_true")
+    p.add_argument("--no-strait", action="store_true")
+    a = p.parse_args()
+    results = []
+    if not a.no_strait:
+        os.environ.setdefault("STRAITMQ_LOG_LEVEL", "warning")
+        _limit_children(a.fd_limit)
+        results.append(run(StraitTarget(fast_failover=False), a))
+    if a.with_kafka:
+        _limit_children(a.kafka_fd_limit)
+        results.append(run(KafkaTarget(fast_failover=False), a))
+    for r in results:
+        print(
+            f"{r['target']:9} {r['partitions']} partitions: created in {r['create_s']} s "
+            f"({r['partitions_per_s']}/s); controller failover {r['controller_failover_s']} s "
+            f"(create answered {r['create_after_failover_s']} s); broker restart "
+            f"{r['broker_restart_s']} s; KB/partition {r['kb_per_partition']}"
+            + (f"; snapshot {r['snapshot']}" if "snapshot" in r else "")
+        )
+    for r in results:
+        print(json.dumps(r))
+
+
+def _limit_children(n: int) -> None:
+    """Children inherit the limit: set it on this process (soft and hard)."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and n > hard:
+        sys.exit(f"--fd-limit {n} is above this shell's hard limit {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (n, hard))
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    tempfile.tempdir = tempfile.gettempdir()
+    main()

@@ -8,11 +8,14 @@
 #   localhost/coredns:<version>     CoreDNS from .cache/k8s/bin/coredns (fetch-k8s.sh --node)
 #   localhost/straitmq-client:dev   the tier's Kafka client pods: the base above plus
 #                                   confluent-kafka (a test dependency, not in the app image)
+#   localhost/local-path-provisioner:<version>  from .cache/k8s/bin (fetch-k8s.sh --node);
+#                                   its helper pods run the Python base above (a shell)
 # Each is saved as a docker-archive under .cache/images/ and, when the node's containerd
 # runs (scripts/node-up.sh), imported into its k8s.io namespace.
 # pip inside the build reaches the package index as the host does: host network, the
 # host's pip config and CA bundle mounted read-only.
-# Options: --force (rebuild everything), --only NAME (base|straitmq|pause|coredns|client).
+# Options: --force (rebuild everything),
+#          --only NAME (base|straitmq|pause|coredns|client|local-path).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO="$PWD"
@@ -26,6 +29,8 @@ PAUSE_IMAGE="localhost/pause:3.10"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.12.4}"
 COREDNS_IMAGE="localhost/coredns:${COREDNS_VERSION#v}"
 CLIENT_IMAGE="localhost/straitmq-client:dev"
+LOCAL_PATH_VERSION="${LOCAL_PATH_VERSION:-v0.0.30}"
+LOCAL_PATH_IMAGE="localhost/local-path-provisioner:$LOCAL_PATH_VERSION"
 CONFLUENT_KAFKA_VERSION="${CONFLUENT_KAFKA_VERSION:-2.16.1}"
 FORCE=0
 ONLY=""
@@ -33,7 +38,8 @@ while (( $# )); do
   case "$1" in
     --force) FORCE=1 ;;
     --only) ONLY="$2"; shift ;;
-    *) echo "usage: $0 [--force] [--only base|straitmq|pause|coredns|client]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--force] [--only base|straitmq|pause|coredns|client|local-path]" >&2
+       exit 2 ;;
   esac
   shift
 done
@@ -184,9 +190,25 @@ if want coredns && [[ $FORCE == 1 || ! -f "$coredns_tar" ]]; then
   done_step
 fi
 
+# --- local-path-provisioner ----------------------------------------------------------------------
+local_path_tar="$CACHE/local-path-provisioner-$LOCAL_PATH_VERSION.tar"
+if want local-path && [[ $FORCE == 1 || ! -f "$local_path_tar" ]]; then
+  [[ -x "$BIN/local-path-provisioner" ]] \
+    || die "$BIN/local-path-provisioner is missing: run scripts/fetch-k8s.sh --node"
+  step "$LOCAL_PATH_IMAGE from $BIN/local-path-provisioner"
+  ctr_id="$("${BUILDAH[@]}" from --pull=never scratch)"
+  "${BUILDAH[@]}" copy --quiet "$ctr_id" "$BIN/local-path-provisioner" \
+    /usr/bin/local-path-provisioner >/dev/null
+  "${BUILDAH[@]}" config --env PATH=/usr/bin --entrypoint '["/usr/bin/local-path-provisioner"]' \
+    "$ctr_id"
+  "${BUILDAH[@]}" commit --quiet --rm "$ctr_id" "$LOCAL_PATH_IMAGE" >/dev/null
+  save "$LOCAL_PATH_IMAGE" "$local_path_tar"
+  done_step
+fi
+
 # --- into the node's containerd ---------------------------------------------------------------
 if [[ -S "$CTR_SOCK" ]]; then
-  for tar in "$pause_tar" "$coredns_tar" "$app_tar" "$client_tar"; do
+  for tar in "$pause_tar" "$coredns_tar" "$app_tar" "$client_tar" "$local_path_tar"; do
     [[ -f "$tar" ]] || continue
     step "ctr import $(basename "$tar")"
     ctr --address "$CTR_SOCK" -n k8s.io images import "$tar" >/dev/null

@@ -7,8 +7,9 @@
 # v0.N.M twins), kwok and helm with `go install`, and etcd from Debian's package.
 #
 # `--node` also builds what a real node runs (scripts/node-up.sh): kubelet and kube-proxy
-# from the same wrapper module (seconds to minutes once the API server is built) and
-# CoreDNS with `go install` (its go.mod has no local replaces).
+# from the same wrapper module (seconds to minutes once the API server is built), and
+# CoreDNS and rancher/local-path-provisioner (dynamic hostPath PersistentVolumes) with
+# `go install` (their go.mod files have no local replaces).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +17,7 @@ K8S_VERSION="${K8S_VERSION:-v1.33.13}"
 KWOK_VERSION="${KWOK_VERSION:-v0.7.0}"
 HELM_VERSION="${HELM_VERSION:-v3.17.4}"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.12.4}"
+LOCAL_PATH_VERSION="${LOCAL_PATH_VERSION:-v0.0.30}"
 NODE=0
 [[ "${1:-}" == "--node" ]] && NODE=1
 ROOT="$PWD/.cache/k8s"
@@ -26,9 +28,10 @@ mkdir -p "$BIN"
 
 NODE_STAMP="$BIN/.node-versions"
 NODE_WANT="kubelet=$K8S_VERSION kube-proxy=$K8S_VERSION coredns=$COREDNS_VERSION"
+NODE_WANT+=" local-path-provisioner=$LOCAL_PATH_VERSION"
 node_ready() {
   [[ -f "$NODE_STAMP" && "$(cat "$NODE_STAMP")" == "$NODE_WANT" ]] || return 1
-  for b in kubelet kube-proxy coredns; do [[ -x "$BIN/$b" ]] || return 1; done
+  for b in kubelet kube-proxy coredns local-path-provisioner; do [[ -x "$BIN/$b" ]] || return 1; done
 }
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
@@ -131,6 +134,11 @@ if (( NODE == 1 )) && ! node_ready; then
     log "coredns $COREDNS_VERSION (a few minutes on 2 cores)"
     GOBIN="$BIN" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" \
       "github.com/coredns/coredns@$COREDNS_VERSION"
+  fi
+  if [[ ! -x "$BIN/local-path-provisioner" ]]; then
+    log "local-path-provisioner $LOCAL_PATH_VERSION (about 2 minutes on 2 cores)"
+    GOBIN="$BIN" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" \
+      "github.com/rancher/local-path-provisioner@$LOCAL_PATH_VERSION"
   fi
   echo "$NODE_WANT" >"$NODE_STAMP"
 fi

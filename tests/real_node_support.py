@@ -59,7 +59,12 @@ PAUSE_IMAGE = "localhost/pause:3.10"
 COREDNS_IMAGE = "localhost/coredns:1.12.4"
 APP_IMAGE = "localhost/straitmq:dev"
 CLIENT_IMAGE = "localhost/straitmq-client:dev"  # the base + confluent-kafka (client pods)
-NODE_BINARIES = ("kubelet", "kube-proxy", "coredns")
+BASE_IMAGE = "localhost/straitmq-python:3.11"  # Debian + python: the provisioner's helper pods
+LOCAL_PATH_IMAGE = "localhost/local-path-provisioner:v0.0.30"
+LOCAL_PATH_PROVISIONER = "rancher.io/local-path"
+LOCAL_PATH_NS = "local-path-storage"
+STORAGE_CLASS = "local-path"
+NODE_BINARIES = ("kubelet", "kube-proxy", "coredns", "local-path-provisioner")
 HOST_TOOLS = (
     "containerd",
     "containerd-shim-runc-v2",
@@ -95,7 +100,13 @@ def why_not() -> str | None:
     plugins = [p for p in CNI_PLUGINS if not (CNI_DIR / p).is_file()]
     if plugins:
         return f"CNI plugins missing from {CNI_DIR}: {', '.join(plugins)}"
-    for tar in ("pause-3.10.tar", "coredns-1.12.4.tar", "straitmq-client-dev.tar"):
+    for tar in (
+        "pause-3.10.tar",
+        "coredns-1.12.4.tar",
+        "straitmq-client-dev.tar",
+        "straitmq-python-3.11.tar",
+        "local-path-provisioner-v0.0.30.tar",
+    ):
         if not (IMAGES_DIR / tar).is_file():
             return f"{IMAGES_DIR / tar} is missing (scripts/build-images.sh)"
     return None
@@ -113,10 +124,11 @@ def _sh(*args: str, check: bool = True, timeout: float = 60) -> subprocess.Compl
 class RealNode(KubeControlPlane):
     """KubeControlPlane with the API server on NODE_IP and, instead of kwok, a real node."""
 
-    def __init__(self, run_dir: Path = RUN_DIR, volumes: int = 12) -> None:
+    def __init__(self, run_dir: Path = RUN_DIR) -> None:
         self.run_dir = run_dir
-        # Static hostPath volumes with kube_support's reclaimer: no provisioner yet.
-        super().__init__(run_dir / "work", nodes=0, volumes=volumes)
+        # No static volumes: local-path-provisioner makes one per claim under volume_root.
+        super().__init__(run_dir / "work", nodes=0, volumes=0)
+        self.volume_root = run_dir / "local-path"
         self.server = f"https://{NODE_IP}:{self.apiserver_port}"
         self.node_names = [NODE_NAME]
         self.ctr_sock = run_dir / "containerd" / "containerd.sock"
@@ -172,9 +184,11 @@ class RealNode(KubeControlPlane):
                 )
                 mark("coredns")
                 self._wait_until(
-                    deadline, "PersistentVolumes Available", lambda: self._volumes_available(core)
+                    deadline,
+                    "local-path-provisioner Ready",
+                    lambda: self._deployment_ready("local-path-provisioner", LOCAL_PATH_NS),
                 )
-            self._start_reclaimer()
+                mark("provisioner")
         except BaseException:
             self.stop()
             raise
@@ -349,6 +363,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             ("coredns-1.12.4.tar", COREDNS_IMAGE),
             ("straitmq-dev.tar", APP_IMAGE),
             ("straitmq-client-dev.tar", CLIENT_IMAGE),
+            ("straitmq-python-3.11.tar", BASE_IMAGE),
+            ("local-path-provisioner-v0.0.30.tar", LOCAL_PATH_IMAGE),
         ):
             path = IMAGES_DIR / tar
             stamp = CACHE_DIR / f"{tar}.imported"
@@ -444,12 +460,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         self._spawn("kube-proxy", [str(self.bin_dir / "kube-proxy"), f"--config={path}", "--v=1"])
 
     def _cluster_objects(self) -> list[dict[str, Any]]:
-        objects = [o for o in super()._cluster_objects() if o["kind"] != "Node"]
-        # hostPath directories are root's; fsGroup does not reach them, and the image
-        # runs as uid 10001: open them up as local-path-provisioner does.
-        for name in self.volume_names:
-            (self.work_dir / "volumes" / name).chmod(0o777)
-        return coredns_objects() + objects
+        # kube_support's no-provisioner StorageClass goes: the provisioner's is the default.
+        objects = [
+            o for o in super()._cluster_objects() if o["kind"] not in ("Node", "StorageClass")
+        ]
+        return coredns_objects() + local_path_objects(self.volume_root) + objects
 
     def _deployment_ready(self, name: str, ns: str = "kube-system") -> bool:
         out = self.kubectl("get", "deployment", name, "-n", ns, "-o", "json", check=False)
@@ -463,6 +478,165 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         with self._lock:
             pids = {c.name: c.proc.pid for c in self._components}
         (self.run_dir / "pids.json").write_text(json.dumps(pids))
+
+
+def local_path_objects(volume_root: Path) -> list[dict[str, Any]]:
+    """rancher/local-path-provisioner as its deploy/local-path-storage.yaml installs it, with
+    the locally built images and its volumes under `volume_root`: the default StorageClass,
+    bound when a pod is scheduled, a claim's directory deleted with it."""
+    meta = {"namespace": LOCAL_PATH_NS}
+    sa = "local-path-provisioner-service-account"
+    labels = {"app": "local-path-provisioner"}
+    config = {"nodePathMap": [{"node": "DEFAULT_PATH_FOR_NON_LISTED_NODES",
+                               "paths": [str(volume_root)]}]}  # fmt: skip
+    # The helper pod creates and deletes a volume's directory on the node. 0777: fsGroup
+    # does not reach hostPath volumes, and our images run as uid 10001.
+    helper = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "helper-pod"},
+        "spec": {
+            "priorityClassName": "system-node-critical",
+            "containers": [{"name": "helper-pod", "image": BASE_IMAGE, "imagePullPolicy": "Never"}],
+        },
+    }
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LOCAL_PATH_NS}},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, **meta}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "local-path-provisioner-role", **meta},
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["pods"],
+                    "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"],
+                }
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": "local-path-provisioner-role"},
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": [
+                        "nodes",
+                        "persistentvolumeclaims",
+                        "configmaps",
+                        "pods",
+                        "pods/log",
+                    ],
+                    "verbs": ["get", "list", "watch"],
+                },
+                {
+                    "apiGroups": [""],
+                    "resources": ["persistentvolumes"],
+                    "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"],
+                },
+                {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+                {
+                    "apiGroups": ["storage.k8s.io"],
+                    "resources": ["storageclasses"],
+                    "verbs": ["get", "list", "watch"],
+                },
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "local-path-provisioner-bind", **meta},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "local-path-provisioner-role",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": sa, **meta}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "local-path-provisioner-bind"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "local-path-provisioner-role",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": sa, **meta}],
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "local-path-config", **meta},
+            "data": {
+                "config.json": json.dumps(config),
+                "setup": '#!/bin/sh\nset -eu\nmkdir -m 0777 -p "$VOL_DIR"\n',
+                "teardown": '#!/bin/sh\nset -eu\nrm -rf "$VOL_DIR"\n',
+                "helperPod.yaml": json.dumps(helper),  # JSON is YAML
+            },
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "local-path-provisioner", **meta, "labels": labels},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "serviceAccountName": sa,
+                        "priorityClassName": "system-cluster-critical",
+                        "tolerations": [{"operator": "Exists"}],
+                        "containers": [
+                            {
+                                "name": "local-path-provisioner",
+                                "image": LOCAL_PATH_IMAGE,
+                                "imagePullPolicy": "Never",
+                                "command": [
+                                    "local-path-provisioner",
+                                    "--debug",
+                                    "start",
+                                    "--config",
+                                    "/etc/config/config.json",
+                                    f"--helper-image={BASE_IMAGE}",
+                                ],
+                                "env": [
+                                    {
+                                        "name": "POD_NAMESPACE",
+                                        "valueFrom": {
+                                            "fieldRef": {"fieldPath": "metadata.namespace"}
+                                        },
+                                    },
+                                    {"name": "CONFIG_MOUNT_PATH", "value": "/etc/config/"},
+                                ],
+                                "volumeMounts": [
+                                    {"name": "config-volume", "mountPath": "/etc/config/"}
+                                ],
+                                "securityContext": {"readOnlyRootFilesystem": True},
+                            }
+                        ],
+                        "volumes": [
+                            {"name": "config-volume", "configMap": {"name": "local-path-config"}}
+                        ],
+                    },
+                },
+            },
+        },
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {
+                "name": STORAGE_CLASS,
+                "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
+            },
+            "provisioner": LOCAL_PATH_PROVISIONER,
+            "volumeBindingMode": "WaitForFirstConsumer",
+            "reclaimPolicy": "Delete",
+        },
+    ]
 
 
 def coredns_objects() -> list[dict[str, Any]]:
@@ -779,6 +953,7 @@ def serve(run_dir: Path) -> int:
                 {
                     "kubeconfig": node.kubeconfig,
                     "server": node.server,
+                    "volume_root": str(node.volume_root),
                     "timings": node.timings,
                     "seconds": node.startup_seconds,
                 }
@@ -852,6 +1027,7 @@ class NodeHandle:
         self.timings = ready["timings"]
         self.startup_seconds = ready["seconds"]
         self.work_dir = Path(self.kubeconfig).parent
+        self.volume_root = Path(ready["volume_root"])  # local-path-provisioner's directories
         self.env = {
             **os.environ,
             "KUBECONFIG": self.kubeconfig,

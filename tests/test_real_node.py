@@ -21,7 +21,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from real_node_support import (
     APP_IMAGE,
+    LOCAL_PATH_PROVISIONER,
     NODE_IP,
+    STORAGE_CLASS,
     ClientPod,
     NodeHandle,
     assert_exactly_once,
@@ -257,6 +259,24 @@ def claim_uid(node: NodeHandle, pod: str) -> str:
     return node.get("pvc", f"data-{pod}", "-n", NS)["metadata"]["uid"]
 
 
+def provisioned_volume(node: NodeHandle, claim: dict) -> tuple[str, Path]:
+    """The PV bound to `claim` and its directory on this machine, checking that
+    local-path-provisioner made it for that claim."""
+    assert claim["status"]["phase"] == "Bound", claim["status"]
+    assert claim["spec"]["storageClassName"] == STORAGE_CLASS, claim["spec"]
+    pv = node.get("pv", claim["spec"]["volumeName"])
+    by = pv["metadata"].get("annotations", {}).get("pv.kubernetes.io/provisioned-by")
+    assert by == LOCAL_PATH_PROVISIONER, pv["metadata"]
+    assert pv["spec"]["claimRef"]["uid"] == claim["metadata"]["uid"]
+    path = Path(pv["spec"]["hostPath"]["path"])
+    assert path.parent == node.volume_root and path.is_dir(), path
+    return pv["metadata"]["name"], path
+
+
+def volume_files(path: Path) -> set[str]:
+    return {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()}
+
+
 def pod_ready(
     node: NodeHandle, pod: str, not_uid: str | None = None, min_restarts: int | None = None
 ) -> bool:
@@ -287,8 +307,13 @@ def test_helm_operator_runs_mqcluster_as_real_pods(
         for p in pods
         for c in p["status"]["conditions"]
     )
+    # Each claim bound to a volume local-path-provisioner made for it, a directory that
+    # the pod's non-root user filled.
     claims = node.get("pvc", "-n", NS)["items"]
-    assert len(claims) == 6 and all(c["status"]["phase"] == "Bound" for c in claims)
+    assert len(claims) == 6
+    for claim in claims:
+        _, path = provisioned_volume(node, claim)
+        assert volume_files(path), f"{path} is empty"
     # Brokers found the quorum through the controllers' headless-Service names.
     quorum = node.admin(NS, "/api/v1/quorum", BROKERS)
     assert quorum["leader_id"] in (1000, 1001, 1002), quorum
@@ -413,6 +438,8 @@ def test_broker_pod_faults_while_producing(node: NodeHandle, client: ClientPod) 
 
     def fault(name: str, pod: str, do, restart: bool) -> None:
         uid = claim_uid(node, pod)
+        volume, path = provisioned_volume(node, node.get("pvc", f"data-{pod}", "-n", NS))
+        segments = {f for f in volume_files(path) if f.endswith(".log")}
         before = node.get("pod", pod, "-n", NS)
         restarts = sum(c.get("restartCount", 0) for c in before["status"]["containerStatuses"])
         t0 = time.monotonic()
@@ -436,6 +463,12 @@ def test_broker_pod_faults_while_producing(node: NodeHandle, client: ClientPod) 
                 check=producer.check,
             )
         assert claim_uid(node, pod) == uid, f"{pod} came back on another PVC ({name})"
+        # The same volume, and what the broker had written is still there.
+        assert provisioned_volume(node, node.get("pvc", f"data-{pod}", "-n", NS)) == (
+            volume,
+            path,
+        ), f"{pod} came back on another volume ({name})"
+        assert segments and segments <= volume_files(path), (name, segments, volume_files(path))
         wait_for(
             lambda: isr_full(node),
             180,
@@ -526,6 +559,10 @@ def test_scale_brokers_3_5_3_and_rolling_restart(node: NodeHandle, client: Clien
     )
     up = time.monotonic() - t0
     producer.wait_for_acks(100, 120, "after scaling up")
+    new_volumes = {
+        c: provisioned_volume(node, node.get("pvc", c, "-n", NS))
+        for c in ("data-demo-broker-3", "data-demo-broker-4")
+    }
     t1 = time.monotonic()
     node.kubectl("scale", "mqcluster", "demo", "-n", NS, "--replicas=3")
     # Drained before the shrink: whenever the StatefulSet is seen below 5 replicas, no
@@ -555,6 +592,19 @@ def test_scale_brokers_3_5_3_and_rolling_restart(node: NodeHandle, client: Clien
     )
     down = time.monotonic() - t1
     assert not early, early[:3]
+    # The drained brokers' claims go with the shrink (whenScaled: Delete), and with them
+    # their volumes: the provisioner deletes the PVs and their directories.
+    for claim, (pv, path) in new_volumes.items():
+        wait_for(
+            lambda claim=claim, pv=pv, path=path: (
+                node.kubectl("get", "pvc", claim, "-n", NS, check=False).returncode != 0
+                and node.kubectl("get", "pv", pv, check=False).returncode != 0
+                and not path.exists()
+            ),
+            120,
+            f"{claim}, its volume {pv} and {path} deleted",
+            ignore=RETRY,
+        )
     reasons = [
         e["reason"]
         for e in sorted(

@@ -40,7 +40,8 @@ COPY straitmq ./straitmq
 COPY services ./services
 COPY operator ./operator
 COPY spark-jobs/straitmq_spark ./spark-jobs/straitmq_spark
-RUN pip wheel --no-deps --no-build-isolation --wheel-dir /wheels .
+RUN pip wheel --no-deps --no-build-isolation --wheel-dir /wheels . \
+    && cd /wheels && sha256sum *.whl >/src/wheels.sha256
 
 # --- runtime ------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE}
@@ -56,6 +57,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
+
+# The hashes of the wheels installed below, kept in the image as a record of what it holds.
+# Copying them first also ties the install step's cache to the wheels: a builder that keys
+# a RUN's cache without the content of its bind mounts (buildah 1.28 with --layers) reused
+# an install of stale sources after every code change.
+COPY --from=build /src/wheels.sha256 /usr/local/share/straitmq/wheels.sha256
 
 # Offline install from the build stage's wheels, constrained by the lock: a dependency
 # missing from the lock fails the build instead of silently floating. The bind mount

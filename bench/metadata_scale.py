@@ -5,7 +5,8 @@ For each target, one after the other (never both up at once):
   create      `--partitions` partitions, RF 3, in topics of `--per-topic`, through
               librdkafka's AdminClient, `--topics-per-request` topics per CreateTopics
               (what `kafka-topics` or a provisioning script sends); time until every
-              request is answered, and partitions/s.
+              request is answered, and partitions/s. Meanwhile ApiVersions every 20 ms
+              to broker 1: the longest answer is how long its listener stalled.
   memory      resident memory of the active controller and of a broker before and after,
               per partition.
   failover    kill -9 the active controller; time until another one says it is active,
@@ -28,8 +29,11 @@ import argparse
 import json
 import os
 import signal
+import socket
+import struct
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -54,6 +58,47 @@ def create(bootstrap: str, names: list[str], per_topic: int, per_request: int) -
         for f in futs.values():
             f.result(600)
     return time.monotonic() - t0
+
+
+class ListenerProbe(threading.Thread):
+    """ApiVersions to one broker every 20 ms on one connection: the longest wait for an
+    answer is how long its Kafka listener stalled (applying metadata, opening logs)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(daemon=True)
+        self.addr = (host, port)
+        self.latencies: list[float] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        client = b"probe"
+        body = struct.pack(">hhih", 18, 0, 0, len(client)) + client
+        with socket.create_connection(self.addr, timeout=120) as s:
+            while not self.stop.is_set():
+                t0 = time.monotonic()
+                s.sendall(struct.pack(">i", len(body)) + body)
+                size = struct.unpack(">i", _read(s, 4))[0]
+                _read(s, size)
+                self.latencies.append(time.monotonic() - t0)
+                self.stop.wait(0.02)
+
+    def figures(self) -> dict:
+        lat = sorted(self.latencies)
+        return {
+            "requests": len(lat),
+            "p99_ms": round(lat[int(0.99 * (len(lat) - 1))] * 1000, 1) if lat else None,
+            "max_ms": round(lat[-1] * 1000, 1) if lat else None,
+        }
+
+
+def _read(s: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("the broker closed the probe connection")
+        buf += chunk
+    return buf
 
 
 def until(cond, timeout: float, what: str) -> float:  # type: ignore[no-untyped-def]
@@ -85,7 +130,12 @@ def run(target, a: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def]
         c_proc = _proc(target, ctrl)
         b_proc = _proc(target, 1)
         before = {"controller": rss_mb(c_proc.pid), "broker": rss_mb(b_proc.pid)}
+        host, port = target.bootstrap.split(",")[0].rsplit(":", 1)
+        probe = ListenerProbe(host, int(port))
+        probe.start()
         create_s = create(target.bootstrap, names, a.per_topic, a.topics_per_request)
+        probe.stop.set()
+        probe.join(30)
         time.sleep(2)  # let replicas open and the ISR settle before measuring memory
         after = {"controller": rss_mb(c_proc.pid), "broker": rss_mb(b_proc.pid)}
         out: dict = {
@@ -94,6 +144,7 @@ def run(target, a: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def]
             "per_topic": a.per_topic,
             "topics_per_request": a.topics_per_request,
             "create_s": round(create_s, 2),
+            "listener_during_create": probe.figures(),
             "partitions_per_s": round(len(names) * a.per_topic / create_s),
             "rss_mb_before": before,
             "rss_mb_after": after,
@@ -189,7 +240,8 @@ def main() -> None:
             f"{r['target']:9} {r['partitions']} partitions: created in {r['create_s']} s "
             f"({r['partitions_per_s']}/s); controller failover {r['controller_failover_s']} s "
             f"(create answered {r['create_after_failover_s']} s); broker restart "
-            f"{r['broker_restart_s']} s; KB/partition {r['kb_per_partition']}"
+            f"{r['broker_restart_s']} s; listener {r['listener_during_create']}; "
+            f"KB/partition {r['kb_per_partition']}"
             + (f"; snapshot {r['snapshot']}" if "snapshot" in r else "")
         )
     for r in results:

@@ -257,6 +257,8 @@ class Broker:
         the caller's next read sees it (REQUEST_TIMED_OUT if it does not in time)."""
         reply = await self.controller.call(op, body, within_s)
         await self.quorum.wait_applied(reply.get("offset", -1), METADATA_WAIT_S)
+        if op in ("create_topic", "create_partitions") and not body.get("validate_only"):
+            await self.partitions.created(body["name"], METADATA_WAIT_S)
         return reply
 
     async def catch_up_metadata(self) -> None:

@@ -291,6 +291,13 @@ class PartitionManager:
         self.role_listeners: list[Callable[[Partition, str], None]] = []
         # Logs opened off the event loop at startup (see preopen), taken over by sync.
         self._preopened: dict[tuple[str, int], tuple[str, PartitionLog]] = {}
+        # New replicas whose logs a worker thread is creating (see _create_logs): file
+        # creation for thousands of partitions at once must not stall the listener.
+        self._creating: dict[tuple[str, int], tuple[str, str, LogConfig]] = {}
+        self._creator: asyncio.Task | None = None
+        self._image: MetadataImage | None = None
+        self._failed_create: set[tuple[str, int]] = set()
+        self._chunk_done: asyncio.Future[None] | None = None  # resolved after each chunk
         self._swept = False
         os.makedirs(data_dir, exist_ok=True)
 
@@ -310,6 +317,7 @@ class PartitionManager:
         topic, or only `topics` (the ones the latest records named). A replica whose log
         cannot be opened is left out and listed in `unavailable`; the rest still follow
         the image, so what the broker serves always matches what it applied."""
+        self._image = image
         names = set(image.topics) | set(self._by_topic) if topics is None else set(topics)
         # Then try the unavailable ones again, after the drops above freed what they held.
         retry = {t for t, _ in self.unavailable} - names
@@ -345,6 +353,8 @@ class PartitionManager:
             if me not in p.replicas:
                 continue
             part = self.partitions.get((name, i))
+            if part is None and self._defer_new(t, i, cfg):
+                continue
             if part is None:
                 try:
                     plog = self._open_log(t, i, cfg)
@@ -373,6 +383,68 @@ class PartitionManager:
                     "replica took its role but could not write to its log directory",
                     extra={"topic": name, "partition": i, "error": str(e)},
                 )
+
+    def _defer_new(self, t: TopicImage, index: int, cfg: LogConfig) -> bool:
+        """A replica with no log on disk yet is created in a worker thread, then joins
+        through sync; until then requests for it get NOT_LEADER_OR_FOLLOWER (retriable,
+        as while Kafka's broker becomes leader). Needs a running event loop."""
+        key = (t.name, index)
+        if key in self._creating:
+            return True
+        if key in self._preopened or key in self._failed_create:
+            return False
+        path = os.path.join(self.data_dir, self.dir_name(t.name, index))
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return False  # tools and tests that drive sync without a loop open inline
+        if os.path.exists(path):
+            return False
+        self._creating[key] = (path, str(t.topic_id), cfg)
+        if self._creator is None or self._creator.done():
+            self._creator = asyncio.get_running_loop().create_task(self._create_logs())
+        return True
+
+    async def created(self, topic: str, within_s: float) -> None:
+        """Return once this broker's new replicas of `topic` have their logs (or could
+        not get them), or after `within_s`: a topic is usable here the moment its
+        creation is answered."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        while any(key[0] == topic for key in self._creating):
+            if self._chunk_done is None or self._chunk_done.done():
+                self._chunk_done = loop.create_future()
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            await asyncio.wait({self._chunk_done}, timeout=left)
+
+    async def _create_logs(self) -> None:
+        while self._creating:
+            chunk = list(self._creating.items())[:PREOPEN_CHUNK]
+            todo = [(key, path, topic_id, cfg) for key, (path, topic_id, cfg) in chunk]
+            made, failed = await asyncio.to_thread(_make_logs, todo)
+            for key, _ in chunk:
+                self._creating.pop(key, None)
+            for key, topic_id, plog in made:
+                self._preopened[key] = (topic_id, plog)
+            if self._image is None:
+                continue
+            if self._chunk_done is not None and not self._chunk_done.done():
+                self._chunk_done.set_result(None)
+            # One that failed here is tried inline by this sync, which reports it (and
+            # the 5 s retry of unavailable replicas goes on from there), never in a loop.
+            self._failed_create = set(failed)
+            try:
+                self.sync(self._image, {key[0] for key, _ in chunk})
+            finally:
+                self._failed_create = set()
+            # A replica that went away meanwhile (topic deleted, moved) leaves no files.
+            for key, (path, _, _) in chunk:
+                if key not in self.partitions and key not in self._creating:
+                    p = self._image.partition(*key)
+                    if p is None or self.node_id not in p.replicas:
+                        shutil.rmtree(path, ignore_errors=True)
 
     def _open_log(self, t: TopicImage, index: int, cfg: LogConfig) -> PartitionLog:
         pre = self._preopened.pop((t.name, index), None)
@@ -469,6 +541,8 @@ class PartitionManager:
         return sum(p.log.apply_retention() for p in self.partitions.values() if p.is_leader)
 
     def close(self) -> None:
+        if self._creator is not None:
+            self._creator.cancel()
         for p in self.partitions.values():
             p.fail_hw_waiters()
             try:
@@ -479,6 +553,28 @@ class PartitionManager:
             plog.close()
         self._preopened.clear()
         self.handles.close_all()
+
+
+def _make_logs(
+    todo: list[tuple[tuple[str, int], str, str, LogConfig]],
+) -> tuple[list[tuple[tuple[str, int], str, PartitionLog]], dict[tuple[str, int], str]]:
+    """Create new replicas' logs in a worker thread, each with a private cache closed
+    after it (as `_load_logs`); the ones that fail, with the reason."""
+    made, failed = [], {}
+    handles = FileHandles(4)
+    for key, path, topic_id, cfg in todo:
+        try:
+            PartitionManager._check_owner(path, topic_id)
+            made.append((key, topic_id, PartitionLog(path, cfg, handles)))
+        except OSError as e:
+            failed[key] = f"cannot open the log: {e}"
+            log.warning(
+                "replica unavailable: cannot open its log",
+                extra={"topic": key[0], "partition": key[1], "error": str(e)},
+            )
+        finally:
+            handles.close_all()
+    return made, failed
 
 
 def _load_logs(

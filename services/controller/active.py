@@ -259,11 +259,14 @@ class ActiveController:
 
             await self._commit(build_unfence)
         b = self.image.brokers[bid]
-        leads = sum(1 for t in self.image.topics.values() for p in t.partitions if p.leader == bid)
+        # Only a leaving broker asks (a scan of every partition, not for each heartbeat).
+        shutdown_ok = b.shutting_down and not any(
+            p.leader == bid for t in self.image.topics.values() for p in t.partitions
+        )
         return {
             "fenced": b.fenced,
             "shutting_down": b.shutting_down,
-            "shutdown_ok": b.shutting_down and leads == 0,
+            "shutdown_ok": shutdown_ok,
             "metadata_offset": self.image.offset,
         }
 

@@ -81,6 +81,8 @@ def _elsewhere(broker: Broker, request: web.Request, node: int) -> web.Response:
     b = broker.image.brokers.get(node)
     if b is None or b.fenced:
         return _error(503, "no live leader for this partition right now; retry")
+    if node == broker.node_id:  # ours by the metadata, its log not open yet: never loop
+        return _error(503, "this broker is opening the partition's log; retry")
     host = b.host
     url = f"http://{host}:{b.http_port}{request.rel_url}"
     raise web.HTTPTemporaryRedirect(url)

@@ -1,0 +1,120 @@
+"""New replicas' logs are created in a worker thread, so a broker applying thousands of
+new partitions at once keeps answering: the real PartitionManager on a real directory,
+driven by metadata images as the broker drives it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import uuid
+from pathlib import Path
+
+from straitmq.broker import partitions as partitions_module
+from straitmq.broker.partitions import PartitionManager
+from straitmq.metadata.image import MetadataImage
+
+ME = 1
+
+
+def image_with(topics: dict[str, int]) -> MetadataImage:
+    img = MetadataImage(cluster_id="c")
+    img.apply({"type": "register_broker", "id": ME, "incarnation": "i", "host": "h",
+               "port": 1, "http_port": 2})  # fmt: skip
+    for name, n in topics.items():
+        img.apply({"type": "topic", "name": name, "topic_id": str(uuid.uuid4())})
+        for i in range(n):
+            img.apply({"type": "partition", "topic": name, "index": i, "replicas": [ME],
+                       "isr": [ME], "leader": ME})  # fmt: skip
+    return img
+
+
+async def settle(pm: PartitionManager) -> None:
+    for _ in range(2000):
+        if not pm._creating and (pm._creator is None or pm._creator.done()):
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("replica creation did not finish")
+
+
+def test_new_replicas_are_created_off_the_event_loop(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    threads: set[str] = set()
+    real = partitions_module._make_logs
+
+    def spy(todo):  # type: ignore[no-untyped-def]
+        threads.add(threading.current_thread().name)
+        return real(todo)
+
+    monkeypatch.setattr(partitions_module, "_make_logs", spy)
+
+    async def go() -> None:
+        pm = PartitionManager(str(tmp_path), {}, ME)
+        img = image_with({"big": 600})
+        pm.sync(img)
+        # Nothing was created inline: the sync returned at once, the worker creates.
+        assert not pm.partitions and len(pm._creating) == 600
+        # What CreateTopics waits for before answering: this broker's replicas are open.
+        await pm.created("big", 60)
+        assert len(pm.partitions) == 600 and all(p.is_leader for p in pm.partitions.values())
+        assert threading.main_thread().name not in threads
+        topic_id = str(img.topics["big"].topic_id)
+        assert (tmp_path / "big-599" / ".topic-id").read_text() == topic_id
+        # Restarted replicas with logs on disk still open inline (nothing to create).
+        pm.close()
+        pm2 = PartitionManager(str(tmp_path), {}, ME)
+        pm2.sync(img)
+        assert len(pm2.partitions) == 600 and not pm2._creating
+        pm2.close()
+
+    asyncio.run(go())
+
+
+def test_a_topic_deleted_while_its_logs_are_created_leaves_nothing(tmp_path: Path) -> None:
+    async def go() -> None:
+        pm = PartitionManager(str(tmp_path), {}, ME)
+        img = image_with({"gone": 300, "kept": 3})
+        pm.sync(img)
+        img.apply({"type": "remove_topic", "name": "gone"})
+        pm.sync(img, {"gone"})
+        await settle(pm)
+        assert sorted(pm.partitions) == [("kept", i) for i in range(3)]
+        assert sorted(os.listdir(tmp_path)) == ["kept-0", "kept-1", "kept-2"]
+        pm.close()
+
+    asyncio.run(go())
+
+
+def test_a_replica_that_cannot_be_created_is_reported_not_retried_in_a_loop(
+    tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    calls = []
+    real = partitions_module._make_logs
+
+    def counted(todo):  # type: ignore[no-untyped-def]
+        calls.append(len(todo))
+        return real(todo)
+
+    monkeypatch.setattr(partitions_module, "_make_logs", counted)
+
+    real_check = PartitionManager._check_owner
+
+    def full_disk(path: str, topic_id: str) -> None:
+        if path.endswith("t-1"):
+            raise OSError(28, "No space left on device")
+        real_check(path, topic_id)
+
+    monkeypatch.setattr(PartitionManager, "_check_owner", staticmethod(full_disk))
+
+    async def go() -> None:
+        pm = PartitionManager(str(tmp_path), {}, ME)
+        img = image_with({"t": 2})
+        pm.sync(img)
+        await settle(pm)
+        assert ("t", 0) in pm.partitions and ("t", 1) not in pm.partitions
+        assert "No space left" in (pm.storage_error("t", 1) or "")
+        for _ in range(20):  # no retry loop in the background
+            await asyncio.sleep(0.01)
+        assert calls == [2] and not pm._creating
+        pm.close()
+
+    asyncio.run(go())

@@ -10,12 +10,16 @@
 #                                   confluent-kafka (a test dependency, not in the app image)
 #   localhost/local-path-provisioner:<version>  from .cache/k8s/bin (fetch-k8s.sh --node);
 #                                   its helper pods run the Python base above (a shell)
+#   localhost/spark:4.2.0           stands in for apache/spark:4.2.0-...-python3: the base
+#                                   above + Debian's Java 17 + the pyspark wheel's Spark
+#                                   (scripts/spark-base/: its layout and entrypoint)
+#   localhost/straitmq-spark-jobs:dev  spark-jobs/k8s/Dockerfile, unchanged, on that base
 # Each is saved as a docker-archive under .cache/images/ and, when the node's containerd
 # runs (scripts/node-up.sh), imported into its k8s.io namespace.
 # pip inside the build reaches the package index as the host does: host network, the
 # host's pip config and CA bundle mounted read-only.
 # Options: --force (rebuild everything),
-#          --only NAME (base|straitmq|pause|coredns|client|local-path).
+#          --only NAME (base|straitmq|pause|coredns|client|local-path|spark|spark-jobs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO="$PWD"
@@ -31,6 +35,9 @@ COREDNS_IMAGE="localhost/coredns:${COREDNS_VERSION#v}"
 CLIENT_IMAGE="localhost/straitmq-client:dev"
 LOCAL_PATH_VERSION="${LOCAL_PATH_VERSION:-v0.0.30}"
 LOCAL_PATH_IMAGE="localhost/local-path-provisioner:$LOCAL_PATH_VERSION"
+SPARK_VERSION=4.2.0  # pyspark's version in requirements: the .venv's spark-submit submits
+SPARK_IMAGE="localhost/spark:$SPARK_VERSION"
+SPARK_JOBS_IMAGE="localhost/straitmq-spark-jobs:dev"
 CONFLUENT_KAFKA_VERSION="${CONFLUENT_KAFKA_VERSION:-2.16.1}"
 FORCE=0
 ONLY=""
@@ -38,7 +45,7 @@ while (( $# )); do
   case "$1" in
     --force) FORCE=1 ;;
     --only) ONLY="$2"; shift ;;
-    *) echo "usage: $0 [--force] [--only base|straitmq|pause|coredns|client|local-path]" >&2
+    *) echo "usage: $0 [--force] [--only base|straitmq|pause|coredns|client|local-path|spark|spark-jobs]" >&2
        exit 2 ;;
   esac
   shift
@@ -62,6 +69,16 @@ save() {
   rm -f "$2.tmp"
   "${BUILDAH[@]}" push --quiet "$1" "docker-archive:$2.tmp:$1" >/dev/null
   mv "$2.tmp" "$2"
+}
+
+# save, unless the tar already holds this very image (a multi-GB tar takes a while to
+# write, and the node re-imports a tar whose mtime changed).
+save_changed() {
+  local id
+  id="$("${BUILDAH[@]}" images --quiet --no-trunc "$1" | head -1)"
+  if [[ -f "$2" && -f "$2.id" && "$(cat "$2.id")" == "$id" ]]; then return 0; fi
+  save "$1" "$2"
+  echo "$id" >"$2.id"
 }
 
 # --- the Python base: Debian bookworm + python3.11 + pip ----------------------------------
@@ -206,9 +223,45 @@ if want local-path && [[ $FORCE == 1 || ! -f "$local_path_tar" ]]; then
   done_step
 fi
 
+# --- Spark: a base like Apache Spark's image, and the jobs' image from its Dockerfile --------------
+spark_tar="$CACHE/spark-$SPARK_VERSION.tar"
+if want spark && [[ $FORCE == 1 || ! -f "$spark_tar" ]]; then
+  "${BUILDAH[@]}" images --quiet "$BASE_IMAGE" >/dev/null 2>&1 \
+    || die "$BASE_IMAGE is not in buildah's store: run $0 --only base"
+  step "$SPARK_IMAGE: $BASE_IMAGE + openjdk-17-jre-headless + pyspark $SPARK_VERSION"
+  # The pyspark wheel, built on the host (PyPI has an sdist; pip's cache keeps the wheel).
+  ctx="$CACHE/spark-base"
+  rm -rf "$ctx" && mkdir -p "$ctx/wheels"
+  cp scripts/spark-base/Containerfile scripts/spark-base/entrypoint.sh "$ctx/"
+  nice -n 10 "$REPO/.venv/bin/pip" wheel --quiet --disable-pip-version-check \
+    "pyspark==$SPARK_VERSION" -w "$ctx/wheels" >&2
+  # apt inside the build: the host's sources (the base keeps them), host network.
+  nice -n 10 "${BUILDAH[@]}" bud --quiet --layers --pull=never --network host --format docker \
+    "${vols[@]}" "${pip_env[@]+"${pip_env[@]}"}" --build-arg "BASE_IMAGE=$BASE_IMAGE" \
+    -f "$ctx/Containerfile" -t "$SPARK_IMAGE" "$ctx" >&2
+  save "$SPARK_IMAGE" "$spark_tar"
+  rm -rf "$ctx"
+  done_step
+fi
+spark_jobs_tar="$CACHE/straitmq-spark-jobs-dev.tar"
+if want spark-jobs; then
+  "${BUILDAH[@]}" images --quiet "$SPARK_IMAGE" >/dev/null 2>&1 \
+    || die "$SPARK_IMAGE is not in buildah's store: run $0 --only spark"
+  ls .cache/jars/spark-kafka/*.jar >/dev/null 2>&1 \
+    || die ".cache/jars/spark-kafka/ is empty: run scripts/fetch-jars.sh"
+  step "$SPARK_JOBS_IMAGE: buildah bud -f spark-jobs/k8s/Dockerfile --build-arg SPARK_IMAGE=$SPARK_IMAGE"
+  nice -n 10 "${BUILDAH[@]}" bud --quiet --layers --pull=never --network host --format docker \
+    "${vols[@]}" "${pip_env[@]+"${pip_env[@]}"}" --build-arg "SPARK_IMAGE=$SPARK_IMAGE" \
+    --ignorefile spark-jobs/k8s/Dockerfile.dockerignore \
+    -f spark-jobs/k8s/Dockerfile -t "$SPARK_JOBS_IMAGE" . >&2
+  save_changed "$SPARK_JOBS_IMAGE" "$spark_jobs_tar"
+  done_step
+fi
+
 # --- into the node's containerd ---------------------------------------------------------------
 if [[ -S "$CTR_SOCK" ]]; then
-  for tar in "$pause_tar" "$coredns_tar" "$app_tar" "$client_tar" "$local_path_tar"; do
+  for tar in "$pause_tar" "$coredns_tar" "$app_tar" "$client_tar" "$local_path_tar" \
+             "$spark_jobs_tar"; do
     [[ -f "$tar" ]] || continue
     step "ctr import $(basename "$tar")"
     ctr --address "$CTR_SOCK" -n k8s.io images import "$tar" >/dev/null

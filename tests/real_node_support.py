@@ -64,6 +64,10 @@ LOCAL_PATH_IMAGE = "localhost/local-path-provisioner:v0.0.30"
 LOCAL_PATH_PROVISIONER = "rancher.io/local-path"
 LOCAL_PATH_NS = "local-path-storage"
 STORAGE_CLASS = "local-path"
+# ReadWriteMany for pods that share a volume (Spark's driver and executors): one node's
+# directory is what every node sees, so the provisioner's shared-filesystem mode is true.
+SHARED_STORAGE_CLASS = "local-path-shared"
+SPARK_JOBS_IMAGE = "localhost/straitmq-spark-jobs:dev"  # spark-jobs/k8s/Dockerfile
 NODE_BINARIES = ("kubelet", "kube-proxy", "coredns", "local-path-provisioner")
 HOST_TOOLS = (
     "containerd",
@@ -106,6 +110,7 @@ def why_not() -> str | None:
         "straitmq-client-dev.tar",
         "straitmq-python-3.11.tar",
         "local-path-provisioner-v0.0.30.tar",
+        "straitmq-spark-jobs-dev.tar",
     ):
         if not (IMAGES_DIR / tar).is_file():
             return f"{IMAGES_DIR / tar} is missing (scripts/build-images.sh)"
@@ -365,6 +370,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             ("straitmq-client-dev.tar", CLIENT_IMAGE),
             ("straitmq-python-3.11.tar", BASE_IMAGE),
             ("local-path-provisioner-v0.0.30.tar", LOCAL_PATH_IMAGE),
+            ("straitmq-spark-jobs-dev.tar", SPARK_JOBS_IMAGE),
         ):
             path = IMAGES_DIR / tar
             stamp = CACHE_DIR / f"{tar}.imported"
@@ -487,8 +493,16 @@ def local_path_objects(volume_root: Path) -> list[dict[str, Any]]:
     meta = {"namespace": LOCAL_PATH_NS}
     sa = "local-path-provisioner-service-account"
     labels = {"app": "local-path-provisioner"}
-    config = {"nodePathMap": [{"node": "DEFAULT_PATH_FOR_NON_LISTED_NODES",
-                               "paths": [str(volume_root)]}]}  # fmt: skip
+    config = {
+        "storageClassConfigs": {
+            STORAGE_CLASS: {
+                "nodePathMap": [
+                    {"node": "DEFAULT_PATH_FOR_NON_LISTED_NODES", "paths": [str(volume_root)]}
+                ]
+            },
+            SHARED_STORAGE_CLASS: {"sharedFileSystemPath": str(volume_root / "shared")},
+        }
+    }
     # The helper pod creates and deletes a volume's directory on the node. 0777: fsGroup
     # does not reach hostPath volumes, and our images run as uid 10001.
     helper = {
@@ -632,6 +646,14 @@ def local_path_objects(volume_root: Path) -> list[dict[str, Any]]:
                 "name": STORAGE_CLASS,
                 "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
             },
+            "provisioner": LOCAL_PATH_PROVISIONER,
+            "volumeBindingMode": "WaitForFirstConsumer",
+            "reclaimPolicy": "Delete",
+        },
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": SHARED_STORAGE_CLASS},
             "provisioner": LOCAL_PATH_PROVISIONER,
             "volumeBindingMode": "WaitForFirstConsumer",
             "reclaimPolicy": "Delete",
@@ -1028,6 +1050,7 @@ class NodeHandle:
         self.startup_seconds = ready["seconds"]
         self.work_dir = Path(self.kubeconfig).parent
         self.volume_root = Path(ready["volume_root"])  # local-path-provisioner's directories
+        self.server = ready["server"]  # the API server, as spark-submit k8s:// names it
         self.env = {
             **os.environ,
             "KUBECONFIG": self.kubeconfig,

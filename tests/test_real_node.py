@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,8 @@ from real_node_support import (
     APP_IMAGE,
     LOCAL_PATH_PROVISIONER,
     NODE_IP,
+    SHARED_STORAGE_CLASS,
+    SPARK_JOBS_IMAGE,
     STORAGE_CLASS,
     ClientPod,
     NodeHandle,
@@ -685,3 +688,154 @@ def test_scale_brokers_3_5_3_and_rolling_restart(node: NodeHandle, client: Clien
         f"scale 3->5 with replicas on {sorted(on_new)} {up:.0f}s, 5->3 {down:.0f}s, "
         f"rolling restart {roll:.0f}s"
     )
+
+
+# ----------------------------------------------------------------- Spark on Kubernetes
+
+SPARK_NS = "spark-jobs"
+SPARK_TOPIC = "spark-orders"
+SPARK_RECORDS = 3000
+
+# Run in the client pod: an idempotent acks=all producer writing `n` records to `topic`,
+# one "ACK <value> <partition> <offset>" line per acknowledged record.
+PRODUCE_N = r"""
+import sys
+from confluent_kafka import Producer
+bootstrap, topic, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+              "linger.ms": 5})
+def report(err, msg):
+    if err is None:
+        print(f"ACK {msg.value().decode()} {msg.partition()} {msg.offset()}")
+    else:
+        print(f"ERR {msg.value().decode()} {err}")
+for i in range(n):
+    p.produce(topic, key=str(i).encode(), value=f"spark-{i}".encode(), on_delivery=report)
+    p.poll(0)
+assert p.flush(120) == 0
+"""
+
+
+def test_spark_on_kubernetes_reads_a_topic_into_its_volume(
+    node: NodeHandle, client: ClientPod
+) -> None:
+    """spark-jobs/k8s/spark-submit.sh as its README says: spark-submit (the .venv's
+    pyspark) against the API server in cluster mode; the driver pod starts an executor pod,
+    both read the topic from the brokers' Service and write Parquet to the job's PVC."""
+    topic = yaml.safe_load((ROOT / "examples" / "topic.yaml").read_text())
+    topic["metadata"]["name"] = SPARK_TOPIC
+    node.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(topic))
+    node.kubectl(
+        "wait", "-n", NS, "--for=condition=Ready", f"topic/{SPARK_TOPIC}", "--timeout=120s",
+        timeout=150,
+    )  # fmt: skip
+    out = client.python(PRODUCE_N, BOOTSTRAP, SPARK_TOPIC, str(SPARK_RECORDS))
+    acked = {}
+    for line in out.splitlines():
+        words = line.split()
+        assert words[0] == "ACK", line
+        acked[words[1]] = (int(words[2]), int(words[3]))
+    assert len(acked) == SPARK_RECORDS
+
+    node.kubectl("create", "namespace", SPARK_NS)
+    node.kubectl("apply", "-n", SPARK_NS, "-f", str(ROOT / "spark-jobs" / "k8s" / "rbac.yaml"))
+    claim = yaml.safe_load((ROOT / "spark-jobs" / "k8s" / "storage.yaml").read_text())
+    # ReadWriteMany, shared by the driver and the executors: the provisioner's shared class.
+    claim["spec"]["storageClassName"] = SHARED_STORAGE_CLASS
+    node.kubectl("apply", "-n", SPARK_NS, "-f", "-", input=json.dumps(claim))
+
+    # What a user adds to spark-submit.sh for a small node, through spark-defaults.conf:
+    # the locally imported image, small requests, and executor pods kept to be checked.
+    conf_dir = node.work_dir / "spark-conf"
+    conf_dir.mkdir(exist_ok=True)
+    (conf_dir / "spark-defaults.conf").write_text(
+        "\n".join(
+            [
+                "spark.kubernetes.container.image.pullPolicy Never",
+                "spark.kubernetes.driver.request.cores 100m",
+                "spark.kubernetes.executor.request.cores 100m",
+                "spark.driver.memory 512m",
+                "spark.executor.memory 512m",
+                "spark.kubernetes.executor.deleteOnTermination false",
+                "spark.kubernetes.submission.waitAppCompletion true",
+                "",
+            ]
+        )
+    )
+    # spark-submit authenticates as the job's ServiceAccount (a bound token): its Kubernetes
+    # client cannot read the admin kubeconfig's EC client key.
+    token = node.kubectl("create", "token", "spark", "-n", SPARK_NS, "--duration=1h").stdout
+    cluster = json.loads(Path(node.kubeconfig).read_text())["clusters"][0]
+    kubeconfig = node.work_dir / "spark-submit.kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [cluster],
+                "users": [{"name": "spark", "user": {"token": token.strip()}}],
+                "contexts": [{"name": "spark", "context": {"cluster": cluster["name"],
+                                                          "user": "spark"}}],
+                "current-context": "spark",
+            }
+        )
+    )  # fmt: skip
+    env = {
+        **node.env,
+        "KUBECONFIG": str(kubeconfig),
+        "K8S_API": node.server,
+        "NAMESPACE": SPARK_NS,
+        "IMAGE": SPARK_JOBS_IMAGE,
+        "EXECUTORS": "1",
+        # The .venv activated: its spark-submit finds Spark through the python on PATH.
+        "PATH": f"{ROOT / '.venv' / 'bin'}{os.pathsep}{node.env['PATH']}",
+        "SPARK_SUBMIT": "spark-submit",
+        "SPARK_CONF_DIR": str(conf_dir),
+    }
+    t0 = time.monotonic()
+    submit = subprocess.run(
+        [
+            str(ROOT / "spark-jobs" / "k8s" / "spark-submit.sh"),
+            "topic_to_parquet.py",
+            "--bootstrap",
+            f"demo-bootstrap.{NS}.svc:9092",
+            "--topic",
+            SPARK_TOPIC,
+            "--out",
+            "/data/out/orders.parquet",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+    )
+    took = time.monotonic() - t0
+    drivers = node.pods(SPARK_NS, "spark-role=driver")
+    executors = node.pods(SPARK_NS, "spark-role=executor")
+    logs = "".join(
+        node.kubectl("logs", "-n", SPARK_NS, p["metadata"]["name"], check=False).stdout[-3000:]
+        for p in drivers
+    )
+    said = "\n".join(ln for ln in submit.stderr.splitlines() if not ln.startswith("\tat "))
+    assert submit.returncode == 0, f"{said[-4000:]}\ndriver:\n{logs}"
+    assert [p["status"]["phase"] for p in drivers] == ["Succeeded"], logs
+    assert executors, "no executor pod was started"
+    assert f"{SPARK_RECORDS} records in /data/out/orders.parquet" in logs, logs
+
+    # The output, read from the claim's directory on this machine.
+    import pyarrow.parquet as pq
+
+    pvc = node.get("pvc", "spark-data", "-n", SPARK_NS)
+    pv = node.get("pv", pvc["spec"]["volumeName"])
+    assert pv["metadata"]["annotations"]["pv.kubernetes.io/provisioned-by"] == (
+        LOCAL_PATH_PROVISIONER
+    )
+    table = pq.read_table(Path(pv["spec"]["hostPath"]["path"]) / "out" / "orders.parquet")
+    rows = table.select(["value", "partition", "offset"]).to_pylist()
+    got = {r["value"]: (r["partition"], r["offset"]) for r in rows}
+    assert len(rows) == len(got) == SPARK_RECORDS
+    assert got == acked
+    node.kubectl("delete", "namespace", SPARK_NS, "--wait=false")
+    print(f"spark-submit to a finished job: {took:.0f}s, {len(executors)} executor pod(s)")

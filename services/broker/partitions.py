@@ -208,6 +208,8 @@ class Partition:
         """The ISR this leader should propose now, or None."""
         if not self.is_leader or self.pending_isr is not None:
             return None
+        if len(self.replicas) == 1 and self.isr == self.replicas:
+            return None  # a sole replica is its own ISR
         now = _now()
         isr = [
             r

@@ -19,6 +19,7 @@ Record types:
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,6 +90,10 @@ class MetadataImage:
     # Each topic's snapshot encoding, dropped when a record changes the topic: a snapshot
     # re-encodes only what changed since the last one.
     _encoded: dict[str, bytes] = field(default_factory=dict, repr=False, compare=False)
+    # Bumped by every record that changes a topic / any broker: what answers built from
+    # the image (Metadata) are cached against.
+    topic_versions: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+    brokers_version: int = field(default=0, repr=False, compare=False)
 
     def partition(self, topic: str, index: int) -> PartitionImage | None:
         t = self.topics.get(topic)
@@ -249,28 +254,40 @@ def _cluster(img: MetadataImage, r: Record) -> None:
     img.cluster_id = r["cluster_id"]
 
 
+_versions = itertools.count(1)
+
+
+def _topic_changed(img: MetadataImage, name: str) -> None:
+    img._encoded.pop(name, None)
+    img.topic_versions[name] = next(_versions)
+
+
 def _register_broker(img: MetadataImage, r: Record) -> None:
+    img.brokers_version += 1
     img.brokers[r["id"]] = BrokerImage(
         r["id"], r["incarnation"], r["host"], r["port"], r["http_port"], r.get("rack")
     )
 
 
 def _fence(img: MetadataImage, r: Record) -> None:
+    img.brokers_version += 1
     img.brokers[r["id"]].fenced = True
 
 
 def _unfence(img: MetadataImage, r: Record) -> None:
+    img.brokers_version += 1
     b = img.brokers[r["id"]]
     b.fenced = False
     b.shutting_down = False
 
 
 def _shutdown(img: MetadataImage, r: Record) -> None:
+    img.brokers_version += 1
     img.brokers[r["id"]].shutting_down = True
 
 
 def _topic(img: MetadataImage, r: Record) -> None:
-    img._encoded.pop(r["name"], None)
+    _topic_changed(img, r["name"])
     img.topics[r["name"]] = TopicImage(
         r["name"],
         uuid.UUID(r["topic_id"]),
@@ -281,7 +298,7 @@ def _topic(img: MetadataImage, r: Record) -> None:
 
 
 def _partition(img: MetadataImage, r: Record) -> None:
-    img._encoded.pop(r["topic"], None)
+    _topic_changed(img, r["topic"])
     parts = img.topics[r["topic"]].partitions
     if r["index"] != len(parts):
         raise ValueError(f"partition record {r['topic']}-{r['index']} out of order")
@@ -289,7 +306,7 @@ def _partition(img: MetadataImage, r: Record) -> None:
 
 
 def _partition_change(img: MetadataImage, r: Record) -> None:
-    img._encoded.pop(r["topic"], None)
+    _topic_changed(img, r["topic"])
     p = img.topics[r["topic"]].partitions[r["index"]]
     if "leader" in r and r["leader"] != p.leader:
         p.leader = r["leader"]
@@ -302,7 +319,7 @@ def _partition_change(img: MetadataImage, r: Record) -> None:
 
 
 def _config(img: MetadataImage, r: Record) -> None:
-    img._encoded.pop(r["name"], None)
+    _topic_changed(img, r["name"])
     _merge(img.topics[r["name"]].configs, r["changes"])
 
 
@@ -319,7 +336,7 @@ def _merge(configs: dict[str, str], changes: dict[str, str | None]) -> None:
 
 
 def _remove_topic(img: MetadataImage, r: Record) -> None:
-    img._encoded.pop(r["name"], None)
+    _topic_changed(img, r["name"])
     img.topics.pop(r["name"], None)
 
 

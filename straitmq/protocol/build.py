@@ -73,6 +73,14 @@ def _plan(schema: type) -> tuple[tuple[str, int, type | None, bool], ...]:
     return tuple(plan)
 
 
+def nested_schema(schema: type, field_name: str) -> type:
+    """The entity class of one of `schema`'s nested fields (e.g. a response's topics)."""
+    for name, _, nested, _ in _plan(schema):
+        if name == field_name and nested is not None:
+            return nested
+    raise KeyError(f"{schema.__qualname__} has no nested field {field_name!r}")
+
+
 _ZERO_DEFAULTS = {_TIMEDELTA: 0, _ERROR: 0, _NESTED_TUPLE: ()}
 
 

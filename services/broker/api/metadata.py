@@ -11,9 +11,39 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError
-from straitmq.metadata.image import NO_LEADER
+from straitmq.metadata.image import NO_LEADER, MetadataImage
+
+from straitmq.protocol.build import build, nested_schema
+from straitmq.protocol.codec import response_schema
 
 from .context import RequestContext
+
+
+class TopicEntities:
+    """Each topic's Metadata answer as a built kio entity, per response version, reused
+    until a record changes the topic or any broker: a client that asks for thousands of
+    topics (librdkafka asks for every topic it knows) costs a lookup per unchanged one."""
+
+    def __init__(self) -> None:
+        self.image: MetadataImage | None = None
+        self.entries: dict[tuple[int, str], tuple[tuple[int, int], Any]] = {}
+
+    def get(self, ctx: RequestContext, name: str) -> Any:
+        image = ctx.broker.image
+        if self.image is not image or len(self.entries) > 4 * len(image.topics) + 1000:
+            self.image, self.entries = image, {}  # a snapshot replaced it, or churn
+        key = (ctx.version, name)
+        stamp = (image.topic_versions.get(name, 0), image.brokers_version)
+        hit = self.entries.get(key)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        entity = build(nested_schema(response_schema(3, ctx.version), "topics"),
+                       topic_entry(ctx, name))  # fmt: skip
+        self.entries[key] = (stamp, entity)
+        return entity
+
+
+_ENTITIES: dict[int, TopicEntities] = {}  # per broker (tests run several in one process)
 
 
 def _brokers(ctx: RequestContext, key: str = "node_id") -> list[dict]:
@@ -90,7 +120,10 @@ async def handle_metadata(ctx: RequestContext, req: Any) -> dict:
                             {"error_code": e.code, "name": name, "topic_id": None, "partitions": []}
                         )
                         continue
-        topics.append(topic_entry(ctx, name))
+        if name in broker.image.topics:
+            topics.append(_ENTITIES.setdefault(id(broker), TopicEntities()).get(ctx, name))
+        else:
+            topics.append(topic_entry(ctx, name))
     return {
         "throttle_time": 0,
         "brokers": _brokers(ctx),

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ..broker import Broker
 
 log = logging.getLogger("straitmq.replication")
+SCAN_CHUNK = 2000  # replicas checked between yields to the event loop
 
 
 class IsrManager:
@@ -36,10 +37,13 @@ class IsrManager:
             await asyncio.sleep(period)
             if not self.broker.ready:
                 continue
-            for part in list(self.broker.partitions.partitions.values()):
+            parts = list(self.broker.partitions.partitions.values())
+            for n, part in enumerate(parts, 1):
                 new = part.isr_change(lag_s, self._alive)
                 if new is not None:
                     self.propose(part, new)
+                if n % SCAN_CHUNK == 0:
+                    await asyncio.sleep(0)  # 100,000 replicas: let the listener answer
 
     def propose(self, part: Partition, new_isr: list[int]) -> None:
         part.pending_isr = new_isr

@@ -28,6 +28,7 @@ from straitmq.metadata.image import MetadataImage
 from straitmq.telemetry import Telemetry
 
 from . import metrics as broker_metrics
+from .api.metadata import TopicEntities
 from .config import BrokerConfig
 from .groups.coordinator import GroupCoordinator, GroupSettings
 from .groups.offsets import OFFSETS_TOPIC, OffsetStore
@@ -80,6 +81,7 @@ class Broker:
             config.node_id,
             config.max_open_files,
         )
+        self.metadata_answers = TopicEntities()
         self.fetchers = ReplicaFetchers(self)
         self.isr = IsrManager(self)
         self.throttle = ReplicationThrottle(self)

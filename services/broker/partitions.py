@@ -430,13 +430,13 @@ class PartitionManager:
                 self._creating.pop(key, None)
             for key, topic_id, plog in made:
                 self._preopened[key] = (topic_id, plog)
-            if self._image is None:
-                continue
             if self._chunk_done is not None and not self._chunk_done.done():
                 self._chunk_done.set_result(None)
+            if self._image is None:
+                continue
             # One that failed here is tried inline by this sync, which reports it (and
             # the 5 s retry of unavailable replicas goes on from there), never in a loop.
-            self._failed_create = set(failed)
+            self._failed_create = failed
             try:
                 self.sync(self._image, {key[0] for key, _ in chunk})
             finally:
@@ -559,21 +559,18 @@ class PartitionManager:
 
 def _make_logs(
     todo: list[tuple[tuple[str, int], str, str, LogConfig]],
-) -> tuple[list[tuple[tuple[str, int], str, PartitionLog]], dict[tuple[str, int], str]]:
+) -> tuple[list[tuple[tuple[str, int], str, PartitionLog]], set[tuple[str, int]]]:
     """Create new replicas' logs in a worker thread, each with a private cache closed
-    after it (as `_load_logs`); the ones that fail, with the reason."""
-    made, failed = [], {}
+    after it (as `_load_logs`); and the keys that failed (sync retries those inline and
+    reports them)."""
+    made, failed = [], set()
     handles = FileHandles(4)
     for key, path, topic_id, cfg in todo:
         try:
             PartitionManager._check_owner(path, topic_id)
             made.append((key, topic_id, PartitionLog(path, cfg, handles)))
-        except OSError as e:
-            failed[key] = f"cannot open the log: {e}"
-            log.warning(
-                "replica unavailable: cannot open its log",
-                extra={"topic": key[0], "partition": key[1], "error": str(e)},
-            )
+        except OSError:
+            failed.add(key)
         finally:
             handles.close_all()
     return made, failed

@@ -87,13 +87,15 @@ class MetadataImage:
     cluster_configs: dict[str, str] = field(default_factory=dict)
     next_producer_id: int = 0
     offset: int = -1  # Raft offset of the last applied entry
-    # Each topic's snapshot encoding, dropped when a record changes the topic: a snapshot
-    # re-encodes only what changed since the last one.
-    _encoded: dict[str, bytes] = field(default_factory=dict, repr=False, compare=False)
-    # Bumped by every record that changes a topic / any broker: what answers built from
-    # the image (Metadata) are cached against.
+    # Bumped by every record that changes a topic / any broker: what is built from the
+    # image (snapshot bytes, Metadata answers) is cached against these.
     topic_versions: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
     brokers_version: int = field(default=0, repr=False, compare=False)
+    # Each topic's snapshot encoding with the topic version it was made at: a snapshot
+    # re-encodes only what changed since the last one.
+    _encoded: dict[str, tuple[int, bytes]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     def partition(self, topic: str, index: int) -> PartitionImage | None:
         t = self.topics.get(topic)
@@ -155,13 +157,16 @@ class MetadataImage:
 
     def encoded(self) -> bytes:
         """`to_dict()` as JSON, made incrementally: unchanged topics reuse their bytes."""
-        cache = self._encoded
-        topics = []
+        old, cache = self._encoded, {}  # rebuilt, so deleted topics drop out
         for name, t in self.topics.items():
-            b = cache.get(name)
-            if b is None:
-                b = cache[name] = orjson.dumps(_topic_dict(t))
-            topics.append(b)
+            version = self.topic_versions.get(name, 0)
+            hit = old.get(name)
+            cache[name] = (
+                hit if hit is not None and hit[0] == version
+                else (version, orjson.dumps(_topic_dict(t)))
+            )  # fmt: skip
+        self._encoded = cache
+        topics = [b for _, b in cache.values()]
         rest = orjson.dumps(
             {
                 "cluster_id": self.cluster_id,
@@ -258,7 +263,6 @@ _versions = itertools.count(1)
 
 
 def _topic_changed(img: MetadataImage, name: str) -> None:
-    img._encoded.pop(name, None)
     img.topic_versions[name] = next(_versions)
 
 

@@ -43,9 +43,6 @@ class TopicEntities:
         return entity
 
 
-_ENTITIES: dict[int, TopicEntities] = {}  # per broker (tests run several in one process)
-
-
 def _brokers(ctx: RequestContext, key: str = "node_id") -> list[dict]:
     live = [
         {key: b.id, "host": b.host, "port": b.port, "rack": b.rack}
@@ -121,7 +118,7 @@ async def handle_metadata(ctx: RequestContext, req: Any) -> dict:
                         )
                         continue
         if name in broker.image.topics:
-            topics.append(_ENTITIES.setdefault(id(broker), TopicEntities()).get(ctx, name))
+            topics.append(broker.metadata_answers.get(ctx, name))
         else:
             topics.append(topic_entry(ctx, name))
     return {

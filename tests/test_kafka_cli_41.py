@@ -2,8 +2,9 @@
 
 Each tool runs as a user runs it, through its main class from the 4.1 jars
 (`bench/javatools.py` KAFKA41_TOOLS), and its output is checked. These are the tools
-a platform team reaches for first; tools that need APIs StraitMQ does not have yet
-(DescribeQuorum, DeleteRecords, ListOffsets v7+, features) are not here.
+a platform team reaches for first. Where a tool changes something (delete-records),
+the effect is checked too, also after a restart and on a follower that becomes leader;
+bad input is sent straight to the broker to check Kafka's error codes.
 """
 
 from __future__ import annotations
@@ -12,13 +13,19 @@ import json
 import subprocess
 import time
 import urllib.request
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from cluster_support import cluster_factory
 from confluent_kafka import Producer
+from kio.schema.delete_records.v2 import request as dr
+from kio.schema.errors import ErrorCode
+from kio.static.primitive import i32, i64
+from test_errors import Raw
 
 from bench.javatools import KAFKA41_TOOLS, ensure_jars, java_cmd
+from straitmq.admin_client import request_sync
 
 pytestmark = pytest.mark.timeout(300)
 SIDES = ("leader", "follower")
@@ -36,6 +43,14 @@ def tool(name: str, *args: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
     assert r.returncode == 0, f"{name} {' '.join(args)}: exit {r.returncode}\n{r.stderr[-3000:]}"
     return r
+
+
+def run_tool(name: str, *args: str) -> subprocess.CompletedProcess:
+    """A tool run that may fail (bad input): its exit code is the caller's to check."""
+    return subprocess.run(
+        java_cmd(KAFKA41_TOOLS[name], args, jars="4.1"),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
 
 
 def produce(bootstrap: str, topic: str, n: int) -> None:
@@ -161,3 +176,116 @@ def test_metadata_quorum_on_a_cluster(cluster) -> None:  # type: ignore[no-untyp
     assert sorted(k for k, v in status.items() if v == "Observer") == sorted(
         str(b) for b in c.brokers
     ), r.stdout
+
+
+# -- kafka-delete-records (DeleteRecords) ---------------------------------------------------
+
+
+def delete_records(bootstrap: str, tmp_path: Path, offsets: dict[tuple[str, int], int]) -> dict:
+    """Run kafka-delete-records; {"topic-partition": low watermark or "error: ..."}."""
+    spec = tmp_path / f"delete-{len(list(tmp_path.glob('delete-*')))}.json"
+    spec.write_text(json.dumps({"version": 1, "partitions": [
+        {"topic": t, "partition": p, "offset": o} for (t, p), o in offsets.items()
+    ]}))  # fmt: skip
+    r = tool("kafka-delete-records", "--bootstrap-server", bootstrap,
+             "--offset-json-file", str(spec))  # fmt: skip
+    assert "Records delete operation completed:" in r.stdout, r.stdout
+    out = {}
+    for line in r.stdout.splitlines():
+        if line.startswith("partition: "):
+            where, what = line[len("partition: ") :].split("\t", 1)
+            key, _, value = what.partition(": ")
+            out[where] = int(value) if key == "low_watermark" else f"{key}: {value}"
+    return out
+
+
+def earliest(bootstrap: str, topic: str) -> list[str]:
+    r = tool("kafka-get-offsets", "--bootstrap-server", bootstrap, "--topic", topic,
+             "--time", "-2")  # fmt: skip
+    return sorted(r.stdout.split())
+
+
+def first_offsets(bootstrap: str, topic: str, partition: int, n: int = 3) -> list[int]:
+    """The offsets kafka-console-consumer reads first from the beginning of a partition."""
+    r = tool("kafka-console-consumer", "--bootstrap-server", bootstrap, "--topic", topic,
+             "--partition", str(partition), "--offset", "earliest", "--max-messages", str(n),
+             "--property", "print.offset=true", "--timeout-ms", "30000")  # fmt: skip
+    return [int(line.split("Offset:")[1].split()[0]) for line in r.stdout.splitlines()
+            if line.startswith("Offset:")]  # fmt: skip
+
+
+def delete_request(*parts: tuple[str, int, int]) -> dr.DeleteRecordsRequest:
+    by_topic: dict[str, list] = {}
+    for t, p, o in parts:
+        by_topic.setdefault(t, []).append(
+            dr.DeleteRecordsPartition(partition_index=i32(p), offset=i64(o))
+        )
+    return dr.DeleteRecordsRequest(
+        topics=tuple(dr.DeleteRecordsTopic(name=t, partitions=tuple(ps))
+                     for t, ps in by_topic.items()),
+        timeout=timedelta(seconds=10),
+    )  # fmt: skip
+
+
+def answers(resp: object) -> dict[tuple[str, int], tuple[int, int]]:
+    """{(topic, partition): (error code, low watermark)}; a partition answered twice fails."""
+    out: dict[tuple[str, int], tuple[int, int]] = {}
+    for t in resp.topics:  # type: ignore[attr-defined]
+        for p in t.partitions:
+            key = (t.name, int(p.partition_index))
+            assert key not in out, f"{key} answered twice"
+            out[key] = (int(p.error_code), int(p.low_watermark))
+    return out
+
+
+def test_delete_records(broker, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    b = broker.bootstrap
+    # Small segments (below what kafka-topics accepts), so whole segments fall below the
+    # new log start and are deleted.
+    spec = {"name": "cli41d", "partitions": 2, "configs": {"segment.bytes": "300"}}
+    request_sync(broker.http, "POST", "/api/v1/topics", spec)
+    for _ in range(8):  # a batch of 10 records per partition each time, ~1 per segment
+        produce(b, "cli41d", 20)
+    assert earliest(b, "cli41d") == ["cli41d:0:0", "cli41d:1:0"]
+    segments_before = len(list((broker.data_dir / "logs" / "cli41d-0").glob("*.log")))
+    assert segments_before > 3
+
+    # 37 lies inside a segment and inside a batch; -1 is the high watermark.
+    got = delete_records(b, tmp_path, {("cli41d", 0): 37, ("cli41d", 1): -1})
+    assert got == {"cli41d-0": 37, "cli41d-1": 80}, got
+    assert earliest(b, "cli41d") == ["cli41d:0:37", "cli41d:1:80"]
+    assert first_offsets(b, "cli41d", 0) == [37, 38, 39]
+    assert len(list((broker.data_dir / "logs" / "cli41d-0").glob("*.log"))) < segments_before
+    # Below the log start, ListOffsets by time finds nothing older than the start either.
+    r = tool("kafka-get-offsets", "--bootstrap-server", b, "--topic", "cli41d",
+             "--partitions", "0", "--time", "0")  # fmt: skip
+    assert r.stdout.split() == ["cli41d:0:37"], r.stdout
+
+    # An offset above the high watermark: OFFSET_OUT_OF_RANGE, nothing moves; a lower
+    # offset than the start changes nothing and answers the start.
+    got = delete_records(b, tmp_path, {("cli41d", 0): 10_000, ("cli41d", 1): 3})
+    assert "OffsetOutOfRange" in str(got["cli41d-0"]), got
+    assert got["cli41d-1"] == 80, got
+
+    r = Raw(broker)
+    try:
+        resp = answers(r.call(delete_request(
+            ("cli41d", 0, 40), ("nope", 0, 1), ("cli41d", 5, 1), ("cli41d", 0, 41),
+            ("__consumer_offsets", 0, 0),
+        )))  # fmt: skip
+    finally:
+        r.close()
+    assert resp == {
+        ("cli41d", 0): (0, 41),  # named twice: once, the last offset (Kafka's map)
+        ("nope", 0): (ErrorCode.unknown_topic_or_partition, -1),
+        ("cli41d", 5): (ErrorCode.unknown_topic_or_partition, -1),
+        ("__consumer_offsets", 0): (ErrorCode.invalid_topic_exception, -1),
+    }, resp
+
+    # The log start survives a restart (its checkpoint), and so do the deleted segments'
+    # absence and the consumers' view.
+    broker.restart()
+    assert earliest(b, "cli41d") == ["cli41d:0:41", "cli41d:1:80"]
+    assert first_offsets(b, "cli41d", 0) == [41, 42, 43]
+    produce(b, "cli41d", 2)
+    assert first_offsets(b, "cli41d", 1, 1) == [80]

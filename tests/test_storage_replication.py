@@ -347,29 +347,64 @@ def test_advance_start_and_retention_trim_epochs(tmp_path: Any) -> None:
     plog, expected = _build(path, EPOCHS)
     assert plog.bases == [0, 6, 12, 18, 24]
     assert plog.advance_start(5) == 0, "no segment ends at or before it"
-    assert plog.epochs.entries == [(0, 0), (1, 6), (2, 14), (3, 24)]
+    assert plog.log_start_offset == 5, "the log start may sit inside a segment and a batch"
+    assert plog.epochs.entries == [(0, 5), (1, 6), (2, 14), (3, 24)]
+    assert plog.advance_start(3) == 0 and plog.log_start_offset == 5, "never backwards"
     assert plog.advance_start(13) == 2
     start = plog.log_start_offset
-    assert start == 12, "the log start stays a segment base"
-    want = [(1, 12), (2, 14), (3, 24)]  # epoch 0 is gone, epoch 1 now starts at 12
+    assert start == 13 and plog.bases == [12, 18, 24]
+    want = [(1, 13), (2, 14), (3, 24)]  # epoch 0 is gone, epoch 1 now starts at 13
     assert plog.epochs.entries == want
-    assert plog.end_offset_for(0) == (0, 12)
-    assert _values(plog) == [(o, v) for o, v in expected if o >= start]
+    assert plog.end_offset_for(0) == (0, 13)
+    # Reads start at the batch holding the start (12-13), as Kafka's do; callers filter.
+    assert _values(plog) == [(o, v) for o, v in expected if o >= 12]
     with pytest.raises(OffsetOutOfRange):
         plog.advance_start(plog.log_end_offset + 1)
     plog.close()
     plog = PartitionLog(path, CFG)
-    assert plog.log_start_offset == start and plog.epochs.entries == want
+    assert plog.log_start_offset == start and plog.epochs.entries == want, "checkpointed"
     assert _is_duplicate(plog, len(EPOCHS) - 1)
 
     plog.config = LogConfig(segment_bytes=300, retention_bytes=1)
     assert plog.apply_retention() == 2
-    assert plog.bases == [24]
+    assert plog.bases == [24] and plog.log_start_offset == 24
     assert plog.epochs.entries == [(3, 24)]
     plog.close()
     plog = PartitionLog(path, CFG)
-    assert plog.epochs.entries == [(3, 24)]
+    assert plog.epochs.entries == [(3, 24)] and plog.log_start_offset == 24
     plog.close()
+
+
+def test_log_start_inside_a_segment(tmp_path: Any) -> None:
+    """DeleteRecords' log start: timestamps, retention, truncation and a reset respect it."""
+    path = str(tmp_path / "p")
+    plog, expected = _build(path, EPOCHS)  # segments [0, 6, 12, 18, 24]
+    assert plog.advance_start(19) == 3 and plog.bases == [18, 24]
+    assert plog.offset_for_timestamp(0) == (19, TS), "the first record at or after the start"
+    assert plog.max_timestamp_offset() == (19, TS), "equal timestamps: the first one"
+    # Retention with nothing to delete by time or size keeps the start where it is.
+    assert plog.apply_retention() == 0 and plog.log_start_offset == 19
+    # Retention deletes a segment wholly below the start; here the start is in the
+    # first one, so nothing goes until the start passes its end.
+    assert plog.advance_start(24) == 1 and plog.bases == [24]
+    assert plog.advance_start(25) == 0
+    plog.close()
+    plog = PartitionLog(path, CFG)
+    assert plog.log_start_offset == 25
+    # A follower truncating into the batch holding its start: the start comes down to
+    # the new end (what lay between is gone), and stays there after a reopen.
+    assert plog.truncate_to(25) == 24
+    assert (plog.log_start_offset, plog.log_end_offset) == (24, 24)
+    plog.close()
+    plog = PartitionLog(path, CFG)
+    assert (plog.log_start_offset, plog.log_end_offset) == (24, 24)
+    # reset_to drops the checkpoint with the segments: the new base is the start.
+    plog.reset_to(30)
+    plog.close()
+    plog = PartitionLog(path, CFG)
+    assert (plog.log_start_offset, plog.log_end_offset) == (30, 30)
+    plog.close()
+    assert expected[-1][0] == 27
 
 
 def test_reset_to_starts_empty_at_the_leaders_log_start(tmp_path: Any) -> None:

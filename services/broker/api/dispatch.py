@@ -14,7 +14,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from . import admin, fetch, groups, metadata, produce, quorum, reassign
+from . import admin, fetch, groups, metadata, produce, quorum, reassign, records
 from .context import RequestContext
 
 Handler = Callable[[RequestContext, Any], Awaitable[Any]]
@@ -71,6 +71,7 @@ HANDLERS: dict[int, ApiSpec] = {
     18: ApiSpec(0, 4, handle_api_versions),
     19: ApiSpec(2, 7, admin.handle_create_topics),
     20: ApiSpec(1, 5, admin.handle_delete_topics),
+    21: ApiSpec(0, 2, records.handle_delete_records),
     22: ApiSpec(0, 4, admin.handle_init_producer_id),
     23: ApiSpec(2, 4, fetch.handle_offset_for_leader_epoch),
     32: ApiSpec(1, 4, admin.handle_describe_configs),

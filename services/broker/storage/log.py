@@ -33,6 +33,12 @@ from .segment import Segment, segment_name
 log = logging.getLogger("straitmq.storage")
 
 SNAPSHOT_SUFFIX = ".snapshot"
+# The logical log start (Kafka's logStartOffset), when it sits above the first segment's
+# base: DeleteRecords, or a follower copying its leader's. Kafka keeps one
+# log-start-offset-checkpoint per log directory, written every minute; here it is one
+# small file per partition, rewritten at each move (moves are rare: DeleteRecords and
+# the followers that copy it), so a restart never shows deleted records again.
+LOG_START_CHECKPOINT = "log-start-offset-checkpoint"
 
 
 @dataclass(slots=True)
@@ -99,6 +105,9 @@ class PartitionLog:
         self.epochs = LeaderEpochCache(directory)
         self._unflushed_messages = 0
         self._last_flush_ms = _now_ms()
+        # Kafka's logStartOffset: >= the first segment's base, <= the log end. Reads,
+        # ListOffsets and fetches below it see nothing (OFFSET_OUT_OF_RANGE).
+        self.log_start_offset = 0
         self._load()
 
     # -- startup ---------------------------------------------------------------------
@@ -126,6 +135,10 @@ class PartitionLog:
                 Segment(self.directory, 0, self.config.index_interval_bytes, now, self.handles)
             )
         self.bases = [s.base_offset for s in self.segments]
+        self.log_start_offset = min(
+            max(self._read_start_checkpoint(), self.segments[0].base_offset),
+            self.log_end_offset,
+        )
         # Snapshots above the end describe a history that was cut (truncate_to or a torn
         # tail); once the log grows past them again they would be taken for the new one.
         self._delete_snapshots_above(self.log_end_offset)
@@ -215,11 +228,36 @@ class PartitionLog:
         for old in self._snapshots()[:-2]:
             os.unlink(os.path.join(self.directory, segment_name(old, SNAPSHOT_SUFFIX)))
 
-    # -- offsets ---------------------------------------------------------------------
+    def _read_start_checkpoint(self) -> int:
+        """The checkpointed log start, or -1 (missing or unreadable: the first segment's
+        base then, as before any DeleteRecords)."""
+        path = os.path.join(self.directory, LOG_START_CHECKPOINT)
+        try:
+            with open(path, "rb") as f:
+                return int(f.read().strip() or b"-1")
+        except FileNotFoundError:
+            return -1
+        except (OSError, ValueError) as e:
+            log.warning(
+                "ignoring unreadable log start checkpoint", extra={"path": path, "error": str(e)}
+            )
+            return -1
 
-    @property
-    def log_start_offset(self) -> int:
-        return self.segments[0].base_offset
+    def _write_start_checkpoint(self) -> None:
+        """tmp + rename, no fsync (as the leader epoch checkpoint: the log is not fsynced
+        either, and a follower relearns the start from its leader)."""
+        path = os.path.join(self.directory, LOG_START_CHECKPOINT)
+        tmp = path + ".tmp"
+        data = b"%d\n" % self.log_start_offset
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            if os.write(fd, data) != len(data):
+                raise OSError(f"short write to {tmp}")
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+
+    # -- offsets ---------------------------------------------------------------------
 
     @property
     def log_end_offset(self) -> int:
@@ -392,17 +430,48 @@ class PartitionLog:
                 pos += size
 
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record with timestamp >= `timestamp`."""
+        """(offset, timestamp) of the first record at or after the log start with
+        timestamp >= `timestamp`."""
         from ..record_codec import decode_batch
 
+        start = self.log_start_offset
         for seg in self.segments:
-            if seg.max_timestamp < timestamp:
+            if seg.max_timestamp < timestamp or seg.next_offset <= start:
                 continue
-            for pos, size, _base, max_ts in seg.batches_from(seg.time_position(timestamp)):
+            first = seg.time_position(timestamp)
+            if seg.base_offset < start:
+                first = max(first, seg.position_of(start) or 0)
+            for pos, size, _base, max_ts in seg.batches_from(first):
                 if max_ts >= timestamp:
                     for rec in decode_batch(os.pread(seg.fd, size, pos)):
-                        if rec.timestamp >= timestamp:
+                        if rec.timestamp >= timestamp and rec.offset >= start:
                             return rec.offset, rec.timestamp
+        return None
+
+    def max_timestamp_offset(self) -> tuple[int, int] | None:
+        """(offset, timestamp) of the record with the largest timestamp at or after the
+        log start (the first such record on a tie), for ListOffsets MAX_TIMESTAMP (-3).
+
+        Segments keep their largest timestamp, so only the batches of the one segment
+        holding it are read, and only the one batch holding it is decoded."""
+        from ..record_codec import decode_batch
+
+        start = self.log_start_offset
+        best: Segment | None = None
+        for seg in self.segments:
+            if seg.next_offset > start and seg.size and (
+                best is None or seg.max_timestamp > best.max_timestamp
+            ):
+                best = seg
+        if best is None or best.max_timestamp < 0:
+            return None
+        target = best.max_timestamp
+        pos0 = best.position_of(start) or 0 if best.base_offset < start else 0
+        for pos, size, _base, max_ts in best.batches_from(pos0):
+            if max_ts == target:
+                for rec in decode_batch(os.pread(best.fd, size, pos)):
+                    if rec.timestamp == target and rec.offset >= start:
+                        return rec.offset, rec.timestamp
         return None
 
     # -- retention ----------------------------------------------------------------------
@@ -410,7 +479,9 @@ class PartitionLog:
     def apply_retention(self, now_ms: int | None = None) -> int:
         """Delete whole segments beyond retention.ms / retention.bytes; returns how many."""
         now = now_ms if now_ms is not None else _now_ms()
-        deleted = 0
+        # Segments wholly below the log start go first (Kafka's
+        # deleteLogStartOffsetBreachedSegments): DeleteRecords moved the start past them.
+        deleted = self.drop_segments_before(self.log_start_offset)
         while len(self.segments) > 1:
             oldest = self.segments[0]
             too_old = (
@@ -427,6 +498,7 @@ class PartitionLog:
             oldest.delete()
             self.segments.pop(0)
             self.bases.pop(0)
+            self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
             deleted += 1
         if deleted:
             for old in self._snapshots():
@@ -443,6 +515,7 @@ class PartitionLog:
             self.bases.pop(0)
             dropped += 1
         if dropped:
+            self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
             self.epochs.truncate_from_start(self.log_start_offset)
         return dropped
 
@@ -453,9 +526,12 @@ class PartitionLog:
         return self.epochs.end_offset_for(epoch, self.log_end_offset)
 
     def advance_start(self, offset: int) -> int:
-        """Follow the leader's log start: delete whole segments that end at or before
-        `offset` and trim the epoch cache. The log start stays a segment base (<= offset),
-        as everywhere in this log. Returns how many segments were deleted.
+        """Move the log start up to `offset` (Kafka's maybeIncrementLogStartOffset): a
+        leader's DeleteRecords, or a follower following its leader's log start. The start
+        may fall inside a segment, even inside a batch: it is checkpointed, reads below it
+        are refused by the callers, and whole segments that end at or before it are
+        deleted now (the rest go with retention once their end passes it). A lower
+        offset changes nothing. Returns how many segments were deleted.
 
         Raises OffsetOutOfRange if `offset` is beyond the log end: then the follower has
         nothing the leader still keeps and must `reset_to(offset)` instead.
@@ -464,7 +540,15 @@ class PartitionLog:
             raise OffsetOutOfRange(
                 f"log start {offset} is beyond the log end {self.log_end_offset}; use reset_to"
             )
-        return self.drop_segments_before(offset)
+        if offset <= self.log_start_offset:
+            return 0
+        self.log_start_offset = offset
+        # Before the segments go: a crash in between keeps the new start, never a
+        # start that points at deleted files.
+        self._write_start_checkpoint()
+        dropped = self.drop_segments_before(offset)
+        self.epochs.truncate_from_start(offset)
+        return dropped
 
     def truncate_to(self, offset: int) -> int:
         """Cut the log so it ends at `offset` (Kafka's truncateTo); returns the new log end.
@@ -490,6 +574,12 @@ class PartitionLog:
         active.truncate_to(offset)
         active.fsync()
         end = self.log_end_offset
+        if end < self.log_start_offset:
+            # The cut batch held the log start (as Kafka's truncateTo lowers
+            # logStartOffset): nothing below the new end was deleted, nothing is left
+            # between it and the old start.
+            self.log_start_offset = max(end, self.segments[0].base_offset)
+            self._write_start_checkpoint()
         # After the data (a crash leaves the checkpoint ahead, which load trims).
         self.epochs.truncate_from_end(end)
         self._delete_snapshots_above(end)
@@ -518,6 +608,12 @@ class PartitionLog:
         )
         self.segments = [seg]
         self.bases = [offset]
+        self.log_start_offset = offset
+        # The first segment's base is the start now; an old checkpoint may be above it.
+        try:
+            os.unlink(os.path.join(self.directory, LOG_START_CHECKPOINT))
+        except FileNotFoundError:
+            pass
         self._unflushed_messages = 0
         self._last_flush_ms = _now_ms()
 

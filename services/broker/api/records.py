@@ -1,0 +1,79 @@
+"""DeleteRecords (API key 21): move partitions' log start forward, as Kafka does.
+
+`kafka-delete-records.sh` and Admin.deleteRecords send it to each partition's leader.
+The leader moves its logical log start (checkpointed, see storage/log.py), deletes the
+segments that now lie wholly below it, and wakes its long-polling fetchers so followers
+see the new start in their next fetch answer and move theirs.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from ..storage.log import OffsetOutOfRange
+from .context import RequestContext
+from .fetch import partition_error
+
+log = logging.getLogger("straitmq.broker")
+
+HIGH_WATERMARK = -1  # DeleteRecordsRequest.HIGH_WATERMARK: delete everything committed
+INVALID_LOW_WATERMARK = -1
+
+
+def _delete_on_leader(broker: Any, topic: str, index: int, offset: int) -> tuple[int, int]:
+    """(error, low watermark) for one partition (Kafka's deleteRecordsOnLeader)."""
+    t = broker.image.topics.get(topic)
+    if t is not None and t.internal:
+        return ErrorCode.invalid_topic_exception, INVALID_LOW_WATERMARK
+    part = broker.partitions.get(topic, index)
+    error = partition_error(broker, topic, index, part, -1)
+    if error:
+        return error, INVALID_LOW_WATERMARK
+    assert part is not None
+    target = part.high_watermark if offset == HIGH_WATERMARK else offset
+    # Only committed records can go: above the high watermark is out of range, as in
+    # Kafka's maybeIncrementLogStartOffset.
+    if target < 0 or target > part.high_watermark:
+        return ErrorCode.offset_out_of_range, INVALID_LOW_WATERMARK
+    plog = part.log
+    if target > plog.log_start_offset:
+        try:
+            dropped = plog.advance_start(target)
+        except OffsetOutOfRange:  # the high watermark is never above the log end
+            return ErrorCode.offset_out_of_range, INVALID_LOW_WATERMARK
+        except OSError as e:
+            log.warning("DeleteRecords could not move the log start",
+                        extra={"topic": topic, "partition": index, "error": str(e)})  # fmt: skip
+            return ErrorCode.kafka_storage_error, INVALID_LOW_WATERMARK
+        log.info("log start moved by DeleteRecords",
+                 extra={"topic": topic, "partition": index, "log_start": target,
+                        "segments_deleted": dropped})  # fmt: skip
+        # Parked fetches answer now: consumers below the start get OFFSET_OUT_OF_RANGE
+        # and followers learn the new log start from the answer.
+        part._wake()
+    # The low watermark is the leader's log start. Kafka's is the minimum over the
+    # replicas on live brokers and the answer waits until it reaches the requested
+    # offset; that needs each follower's log start from its fetches, which the leader
+    # does not keep yet (FollowerState has only the log end).
+    return ErrorCode.none, plog.log_start_offset
+
+
+async def handle_delete_records(ctx: RequestContext, req: Any) -> dict:
+    broker = ctx.broker
+    # A partition named twice counts once, with its last offset (Kafka collects the
+    # request into a map); the answer names it once.
+    wanted: dict[str, dict[int, int]] = {}
+    for t in req.topics:
+        for p in t.partitions:
+            wanted.setdefault(t.name, {})[p.partition_index] = p.offset
+    topics = []
+    for name, parts in wanted.items():
+        results = []
+        for index, offset in parts.items():
+            error, low = _delete_on_leader(broker, name, index, offset)
+            results.append({"partition_index": index, "low_watermark": low, "error_code": error})
+        topics.append({"name": name, "partitions": results})
+    return {"throttle_time": 0, "topics": topics}

@@ -15,6 +15,7 @@ import time
 import urllib.request
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from cluster_support import cluster_factory
@@ -23,6 +24,7 @@ from kio.schema.delete_records.v2 import request as dr
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32, i64
 from test_errors import Raw
+from waiting import wait_for
 
 from bench.javatools import KAFKA41_TOOLS, ensure_jars, java_cmd
 from straitmq.admin_client import request_sync
@@ -289,3 +291,51 @@ def test_delete_records(broker, tmp_path) -> None:  # type: ignore[no-untyped-de
     assert first_offsets(b, "cli41d", 0) == [41, 42, 43]
     produce(b, "cli41d", 2)
     assert first_offsets(b, "cli41d", 1, 1) == [80]
+
+
+def test_delete_records_on_a_cluster(cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """RF 3: the followers copy the leader's new log start, so a follower that becomes
+    leader (the leader killed) serves from it; a restarted replica learns a later one."""
+    c = cluster()
+    spec = {"name": "cli41r", "partitions": 2, "replication_factor": 3,
+            "configs": {"segment.bytes": "300", "min.insync.replicas": "2"}}  # fmt: skip
+    node = c.any_broker()
+    request_sync(f"http://{node.host}:{node.http_port}", "POST", "/api/v1/topics", spec)
+    c.wait_isr("cli41r", 3)
+    for _ in range(8):
+        produce(c.bootstrap, "cli41r", 20)
+    leader = c.leader_of("cli41r", 0)
+
+    def starts() -> dict[int, int]:
+        return {b: c.topic("cli41r", via=b)["partitions"][0]["log_start_offset"]
+                for b, n in c.brokers.items() if n.alive()}  # fmt: skip
+
+    assert delete_records(c.bootstrap, tmp_path, {("cli41r", 0): 37}) == {"cli41r-0": 37}
+    wait_for(lambda: set(starts().values()) == {37}, 20, "every replica's log start at 37",
+             detail=lambda: str(starts()))  # fmt: skip
+
+    # A replica that does not lead refuses: NOT_LEADER_OR_FOLLOWER, nothing moves.
+    follower = next(b for b in c.brokers if b != leader)
+    r = Raw(SimpleNamespace(port=c.brokers[follower].kafka_port))
+    try:
+        resp = answers(r.call(delete_request(("cli41r", 0, 40))))
+    finally:
+        r.close()
+    assert resp == {("cli41r", 0): (ErrorCode.not_leader_or_follower, -1)}, resp
+    assert set(starts().values()) == {37}
+
+    c.brokers[leader].kill9()
+    new, _ = c.wait_new_leader("cli41r", 0, leader)
+    alive = ",".join(f"{n.host}:{n.kafka_port}" for n in c.live_brokers())
+    assert earliest(alive, "cli41r") == ["cli41r:0:37", "cli41r:1:0"]
+    assert first_offsets(alive, "cli41r", 0) == [37, 38, 39]
+
+    # The new leader deletes further; the old leader comes back as a follower with its
+    # own checkpoint (37) and takes the leader's start (45) from its fetches.
+    assert delete_records(alive, tmp_path, {("cli41r", 0): 45}) == {"cli41r-0": 45}
+    c.brokers[leader].start()
+    c.wait_isr("cli41r", 3)
+    wait_for(lambda: starts() == {b: 45 for b in c.brokers}, 30,
+             "the restarted replica at the leader's log start", ignore=(RuntimeError,))  # fmt: skip
+    assert first_offsets(c.bootstrap, "cli41r", 0) == [45, 46, 47]
+    assert new != leader

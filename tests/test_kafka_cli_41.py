@@ -9,6 +9,7 @@ bad input is sent straight to the broker to check Kafka's error codes.
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import time
@@ -339,3 +340,77 @@ def test_delete_records_on_a_cluster(cluster, tmp_path) -> None:  # type: ignore
              "the restarted replica at the leader's log start", ignore=(RuntimeError,))  # fmt: skip
     assert first_offsets(c.bootstrap, "cli41r", 0) == [45, 46, 47]
     assert new != leader
+
+
+# -- kafka-get-offsets --time -3/-4/-5 (ListOffsets v7-v10) -----------------------------------
+
+
+def list_offsets(version: int, *parts: tuple[str, int, int]) -> object:
+    mod = importlib.import_module(f"kio.schema.list_offsets.v{version}.request")
+    by_topic: dict[str, list] = {}
+    for t, p, ts in parts:
+        by_topic.setdefault(t, []).append(
+            mod.ListOffsetsPartition(partition_index=i32(p), timestamp=i64(ts))
+        )
+    extra = {"timeout": timedelta(seconds=5)} if version >= 10 else {}
+    return mod.ListOffsetsRequest(
+        replica_id=i32(-1), isolation_level=0, **extra,
+        topics=tuple(mod.ListOffsetsTopic(name=t, partitions=tuple(ps))
+                     for t, ps in by_topic.items()),
+    )  # fmt: skip
+
+
+def offsets_answer(resp: object) -> list[tuple[str, int, int, int, int]]:
+    """(topic, partition, error, offset, timestamp) in the order answered."""
+    return [(t.name, int(p.partition_index), int(p.error_code), int(p.offset), int(p.timestamp))
+            for t in resp.topics for p in t.partitions]  # type: ignore[attr-defined]  # fmt: skip
+
+
+def test_get_offsets_special_times(broker) -> None:  # type: ignore[no-untyped-def]
+    b = broker.bootstrap
+    broker.create_topic("cli41t", partitions=1)
+    now = int(time.time() * 1000)
+    stamps = [now + 1, now + 5000, now + 2, now + 5000, now + 3]  # largest: offset 1 first
+    p = Producer({"bootstrap.servers": b, "acks": "all"})
+    for i, ts in enumerate(stamps):
+        p.produce("cli41t", value=b"t%d" % i, partition=0, timestamp=ts)
+        assert p.flush(30) == 0  # a batch each, so the largest is not in the last batch
+    # -5 (latest tiered) is offset -1 without tiered storage, which the tool leaves out,
+    # as it does against Kafka.
+    times = {"-1": ["cli41t:0:5"], "-2": ["cli41t:0:0"], "-3": ["cli41t:0:1"],
+             "-4": ["cli41t:0:0"], "-5": []}  # fmt: skip
+    for when, want in times.items():
+        r = tool("kafka-get-offsets", "--bootstrap-server", b, "--topic", "cli41t",
+                 "--time", when)  # fmt: skip
+        assert r.stdout.split() == want and "rror" not in r.stderr, (when, r.stdout, r.stderr)
+    r = tool("kafka-get-offsets", "--bootstrap-server", b, "--topic", "cli41t",
+             "--time", "max-timestamp")  # fmt: skip
+    assert r.stdout.split() == ["cli41t:0:1"], r.stdout
+
+    raw = Raw(broker)
+    try:
+        for v in (7, 10):
+            got = offsets_answer(raw.call(list_offsets(v, ("cli41t", 0, -3))))
+            assert got == [("cli41t", 0, 0, 1, now + 5000)], (v, got)
+        # Each special time from its own version on; a partition named twice is
+        # INVALID_REQUEST, answered once; an unknown topic, UNKNOWN_TOPIC_OR_PARTITION.
+        assert offsets_answer(raw.call(list_offsets(6, ("cli41t", 0, -3)))) == [
+            ("cli41t", 0, ErrorCode.unsupported_version, -1, -1)]  # fmt: skip
+        assert offsets_answer(raw.call(list_offsets(8, ("cli41t", 0, -5)))) == [
+            ("cli41t", 0, ErrorCode.unsupported_version, -1, -1)]  # fmt: skip
+        got = offsets_answer(raw.call(list_offsets(
+            9, ("cli41t", 0, -4), ("cli41t", 0, -1), ("nope", 0, -3))))  # fmt: skip
+        assert got == [
+            ("cli41t", 0, ErrorCode.invalid_request, -1, -1),
+            ("nope", 0, ErrorCode.unknown_topic_or_partition, -1, -1),
+        ], got
+        # After DeleteRecords, earliest and earliest-local are the new log start and the
+        # largest timestamp is looked for from there (offset 3 has it too).
+        assert answers(raw.call(delete_request(("cli41t", 0, 2)))) == {("cli41t", 0): (0, 2)}
+        got = [offsets_answer(raw.call(list_offsets(9, ("cli41t", 0, when))))[0][2:4]
+               for when in (-2, -4, -3, -5)]  # fmt: skip
+    finally:
+        raw.close()
+    assert got == [(0, 2), (0, 2), (0, 3), (0, -1)], got
+    r = tool("kafka-get-offsets", "--bootstrap-server", b, "--topic", "cli41t", "--time", "-3")
+    assert r.stdout.split() == ["cli41t:0:3"], r.stdout

@@ -381,7 +381,7 @@ def test_log_start_inside_a_segment(tmp_path: Any) -> None:
     plog, expected = _build(path, EPOCHS)  # segments [0, 6, 12, 18, 24]
     assert plog.advance_start(19) == 3 and plog.bases == [18, 24]
     assert plog.offset_for_timestamp(0) == (19, TS), "the first record at or after the start"
-    assert plog.max_timestamp_offset() == (19, TS), "equal timestamps: the first one"
+    assert plog.max_timestamp_offset() == (19, TS, 2), "equal timestamps: the first one"
     # Retention with nothing to delete by time or size keeps the start where it is.
     assert plog.apply_retention() == 0 and plog.log_start_offset == 19
     # Retention deletes a segment wholly below the start; here the start is in the
@@ -437,3 +437,16 @@ def test_reset_to_starts_empty_at_the_leaders_log_start(tmp_path: Any) -> None:
     assert plog.epochs.entries == [(6, 20), (7, 22)]
     plog.close()
     leader.close()
+
+
+def test_max_timestamp_offset(tmp_path: Any) -> None:
+    """ListOffsets -3: the record with the largest timestamp, wherever it is, its batch's
+    epoch; the first one on a tie; nothing in an empty log."""
+    plog = PartitionLog(str(tmp_path / "p"), CFG)
+    assert plog.max_timestamp_offset() is None
+    for i, (ts, epoch) in enumerate([(TS, 0), (TS + 50, 1), (TS + 10, 1), (TS + 50, 2)]):
+        view = memoryview(record_batch([b"a%d" % i, b"b%d" % i], None, ts))
+        plog.append(view, validate_batches(view, 1 << 20), epoch)
+    assert len(plog.segments) > 1
+    assert plog.max_timestamp_offset() == (2, TS + 50, 1)
+    plog.close()

@@ -57,7 +57,7 @@ def api_versions_fallback(correlation_id: int) -> bytes:
 HANDLERS: dict[int, ApiSpec] = {
     0: ApiSpec(3, 9, produce.handle_produce, advertised_min=0),
     1: ApiSpec(4, 12, fetch.handle_fetch),
-    2: ApiSpec(1, 6, fetch.handle_list_offsets),
+    2: ApiSpec(1, 10, fetch.handle_list_offsets),
     3: ApiSpec(0, 12, metadata.handle_metadata),
     8: ApiSpec(2, 8, groups.handle_offset_commit),
     9: ApiSpec(1, 7, groups.handle_offset_fetch),

@@ -227,12 +227,67 @@ def _count(ctx: RequestContext, req: Any, topics: list, follower: bool) -> None:
                 metrics.messages_out[name] += max(0, end - rp.fetch_offset)
 
 
+MAX_TIMESTAMP = -3  # KIP-734: the record with the largest timestamp
+EARLIEST_LOCAL = -4  # KIP-405: the local log start; without tiered storage, the log start
+LATEST_TIERED = -5  # KIP-1005: the last tiered offset; none without tiered storage
+# The first ListOffsets version that may ask for each special timestamp (Kafka's
+# timestampMinSupportedVersion); older requests get UNSUPPORTED_VERSION for it.
+_SPECIAL_MIN_VERSION = {
+    EARLIEST: 1,
+    LATEST: 1,
+    MAX_TIMESTAMP: 7,
+    EARLIEST_LOCAL: 8,
+    LATEST_TIERED: 9,
+}
+
+
+def _list_offset(partition: Any, timestamp: int) -> tuple[int, int, int]:
+    """(offset, timestamp, leader epoch) a leader answers for one ListOffsets timestamp."""
+    plog = partition.log
+    if timestamp == LATEST:
+        return partition.high_watermark, -1, partition.leader_epoch
+    if timestamp in (EARLIEST, EARLIEST_LOCAL):
+        return plog.log_start_offset, -1, partition.leader_epoch
+    if timestamp == LATEST_TIERED:
+        return -1, -1, -1  # as Kafka answers for a topic without remote storage
+    if timestamp == MAX_TIMESTAMP:
+        found = plog.max_timestamp_offset()
+        if found is None:
+            return -1, -1, -1
+        offset, ts, epoch = found
+    else:
+        by_time = plog.offset_for_timestamp(timestamp)
+        if by_time is None:
+            return -1, -1, -1
+        (offset, ts), epoch = by_time, partition.leader_epoch
+    # Only committed records are found (Kafka: nothing at or above the last fetchable
+    # offset, the high watermark for a consumer).
+    if offset >= partition.high_watermark:
+        return -1, -1, -1
+    return offset, ts, epoch
+
+
 async def handle_list_offsets(ctx: RequestContext, req: Any) -> dict:
     broker = ctx.broker
+    version = ctx.version
+    # A partition named twice gets INVALID_REQUEST, answered once (Kafka's rule).
+    seen: set[tuple[str, int]] = set()
+    duplicates = set()
+    for t in req.topics:
+        for p in t.partitions:
+            key = (t.name, p.partition_index)
+            if key in seen:
+                duplicates.add(key)
+            seen.add(key)
     topics = []
     for t in req.topics:
         parts = []
         for p in t.partitions:
+            key = (t.name, p.partition_index)
+            if key in duplicates:
+                if key not in seen:
+                    continue  # answered already
+                seen.discard(key)
             out = {
                 "partition_index": p.partition_index,
                 "error_code": 0,
@@ -241,6 +296,18 @@ async def handle_list_offsets(ctx: RequestContext, req: Any) -> dict:
                 "leader_epoch": -1,
                 "old_style_offsets": [],
             }
+            parts.append(out)
+            if key in duplicates:
+                out["error_code"] = ErrorCode.invalid_request
+                continue
+            if p.timestamp < 0:
+                least = _SPECIAL_MIN_VERSION.get(p.timestamp)
+                if least is None:
+                    out["error_code"] = ErrorCode.invalid_request  # no such special timestamp
+                    continue
+                if version < least:
+                    out["error_code"] = ErrorCode.unsupported_version
+                    continue
             partition = broker.partitions.get(t.name, p.partition_index)
             error = partition_error(
                 broker,
@@ -251,21 +318,12 @@ async def handle_list_offsets(ctx: RequestContext, req: Any) -> dict:
             )
             if error:
                 out["error_code"] = error
-            elif p.timestamp == LATEST:
-                out["offset"] = partition.high_watermark
-                out["leader_epoch"] = partition.leader_epoch
-            elif p.timestamp == EARLIEST:
-                out["offset"] = partition.log.log_start_offset
-                out["leader_epoch"] = partition.leader_epoch
-            elif p.timestamp >= 0:
-                found = partition.log.offset_for_timestamp(p.timestamp)
-                if found is not None:
-                    out["offset"], out["timestamp"] = found
-                    out["leader_epoch"] = partition.leader_epoch
-            else:
-                out["error_code"] = 42  # INVALID_REQUEST: unsupported special timestamp
-            parts.append(out)
-        topics.append({"name": t.name, "partitions": parts})
+                continue
+            out["offset"], out["timestamp"], out["leader_epoch"] = _list_offset(
+                partition, p.timestamp
+            )
+        if parts:
+            topics.append({"name": t.name, "partitions": parts})
     return {"throttle_time": 0, "topics": topics}
 
 

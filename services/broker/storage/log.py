@@ -448,12 +448,14 @@ class PartitionLog:
                             return rec.offset, rec.timestamp
         return None
 
-    def max_timestamp_offset(self) -> tuple[int, int] | None:
-        """(offset, timestamp) of the record with the largest timestamp at or after the
-        log start (the first such record on a tie), for ListOffsets MAX_TIMESTAMP (-3).
+    def max_timestamp_offset(self) -> tuple[int, int, int] | None:
+        """(offset, timestamp, batch leader epoch) of the record with the largest
+        timestamp (the first such record on a tie), for ListOffsets MAX_TIMESTAMP (-3).
 
-        Segments keep their largest timestamp, so only the batches of the one segment
-        holding it are read, and only the one batch holding it is decoded."""
+        Segments keep their largest timestamp, so only the batch headers of the one
+        segment holding it are read, and only the one batch holding it is decoded. A
+        record below the log start is not answered (Kafka's would be); if the largest
+        timestamp is only there, this finds nothing."""
         from ..record_codec import decode_batch
 
         start = self.log_start_offset
@@ -469,9 +471,10 @@ class PartitionLog:
         pos0 = best.position_of(start) or 0 if best.base_offset < start else 0
         for pos, size, _base, max_ts in best.batches_from(pos0):
             if max_ts == target:
-                for rec in decode_batch(os.pread(best.fd, size, pos)):
+                raw = os.pread(best.fd, size, pos)
+                for rec in decode_batch(raw):
                     if rec.timestamp == target and rec.offset >= start:
-                        return rec.offset, rec.timestamp
+                        return rec.offset, rec.timestamp, batch_leader_epoch(raw, 0)
         return None
 
     # -- retention ----------------------------------------------------------------------

@@ -414,3 +414,75 @@ def test_get_offsets_special_times(broker) -> None:  # type: ignore[no-untyped-d
     assert got == [(0, 2), (0, 2), (0, 3), (0, -1)], got
     r = tool("kafka-get-offsets", "--bootstrap-server", b, "--topic", "cli41t", "--time", "-3")
     assert r.stdout.split() == ["cli41t:0:3"], r.stdout
+
+
+# -- kafka-topics --describe (DescribeTopicPartitions) ----------------------------------------
+
+
+def describe_partitions(
+    names: list[str], limit: int = 2000, cursor: tuple[str, int] | None = None
+) -> object:
+    from kio.schema.describe_topic_partitions.v0 import request as dtp
+
+    return dtp.DescribeTopicPartitionsRequest(
+        topics=tuple(dtp.TopicRequest(name=n) for n in names),
+        response_partition_limit=i32(limit),
+        cursor=None if cursor is None else dtp.Cursor(topic_name=cursor[0],
+                                                      partition_index=i32(cursor[1])),
+    )  # fmt: skip
+
+
+def pages(resp: object) -> tuple[list[tuple[str, int, list[int]]], tuple[str, int] | None]:
+    """([(topic, error, [partition indexes])], next cursor)."""
+    topics = [(t.name, int(t.error_code), [int(p.partition_index) for p in t.partitions])
+              for t in resp.topics]  # type: ignore[attr-defined]  # fmt: skip
+    c = resp.next_cursor  # type: ignore[attr-defined]
+    return topics, None if c is None else (c.topic_name, int(c.partition_index))
+
+
+def test_describe_topic_partitions(broker) -> None:  # type: ignore[no-untyped-def]
+    b = broker.bootstrap
+    broker.create_topic("cli41p-a", partitions=3)
+    broker.create_topic("cli41p-b", partitions=2)
+    # The tool pages with the API's cursor when the limit is below the partition count.
+    r = tool("kafka-topics", "--bootstrap-server", b, "--describe", "--topic", "cli41p-.*",
+             "--partition-size-limit-per-response", "2")  # fmt: skip
+    lines = r.stdout.splitlines()
+    rows = [line.lstrip("\t").split("\t") for line in lines if "Partition: " in line]
+    assert [(row[0], row[1]) for row in rows] == [
+        ("Topic: cli41p-a", "Partition: 0"), ("Topic: cli41p-a", "Partition: 1"),
+        ("Topic: cli41p-a", "Partition: 2"), ("Topic: cli41p-b", "Partition: 0"),
+        ("Topic: cli41p-b", "Partition: 1"),
+    ], r.stdout  # fmt: skip
+    node = rows[0][2].split(": ")[1]
+    for row in rows:
+        # No ELR, as Kafka with ELR off answers: empty lists, not N/A (Metadata's answer).
+        assert row[2:] == [f"Leader: {node}", f"Replicas: {node}", f"Isr: {node}", "Elr: ",
+                           "LastKnownElr: "], row  # fmt: skip
+    assert "PartitionCount: 3" in r.stdout and "PartitionCount: 2" in r.stdout, r.stdout
+
+    raw = Raw(broker)
+    try:
+        call = lambda *a, **k: pages(raw.call(describe_partitions(*a, **k)))  # noqa: E731
+        both = ["cli41p-b", "cli41p-a", "cli41p-b"]  # unsorted, one named twice
+        assert call(both, 2) == ([("cli41p-a", 0, [0, 1])], ("cli41p-a", 2))
+        assert call(both, 2, ("cli41p-a", 2)) == (
+            [("cli41p-a", 0, [2]), ("cli41p-b", 0, [0])], ("cli41p-b", 1))
+        assert call(both, 3, ("cli41p-a", 2)) == (
+            [("cli41p-a", 0, [2]), ("cli41p-b", 0, [0, 1])], None)  # fmt: skip
+        # A limit that ends exactly at a topic's end: the next topic starts the cursor.
+        assert call(both, 3) == ([("cli41p-a", 0, [0, 1, 2])], ("cli41p-b", 0))
+        assert call(both, 0) == ([("cli41p-a", 0, [0])], ("cli41p-a", 1)), "at least one"
+        # Every topic when none is named (absent ones are simply not there).
+        every, _ = call([])
+        assert ("cli41p-b", 0, [0, 1]) in every and "nope" not in str(every)
+        assert call(["cli41p-a", "nope", "bad/name"]) == ([
+            ("bad/name", ErrorCode.invalid_topic_exception, []), ("cli41p-a", 0, [0, 1, 2]),
+            ("nope", ErrorCode.unknown_topic_or_partition, []),
+        ], None)  # fmt: skip
+        # The cursor's topic must be one of those named, its partition valid.
+        for cursor in (("cli41p-c", 0), ("cli41p-a", -1)):
+            assert call(["cli41p-a"], 10, cursor) == (
+                [("cli41p-a", ErrorCode.invalid_request, [])], None), cursor  # fmt: skip
+    finally:
+        raw.close()

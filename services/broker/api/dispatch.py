@@ -14,7 +14,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from . import admin, fetch, groups, metadata, produce, quorum, reassign, records
+from . import admin, describe_topics, fetch, groups, metadata, produce, quorum, reassign, records
 from .context import RequestContext
 
 Handler = Callable[[RequestContext, Any], Awaitable[Any]]
@@ -84,4 +84,5 @@ HANDLERS: dict[int, ApiSpec] = {
     46: ApiSpec(0, 0, reassign.handle_list_partition_reassignments),
     55: ApiSpec(0, 2, quorum.handle_describe_quorum),
     60: ApiSpec(0, 1, metadata.handle_describe_cluster),
+    75: ApiSpec(0, 0, describe_topics.handle_describe_topic_partitions),
 }

@@ -86,6 +86,7 @@ async def handle_join_group(ctx: RequestContext, req: Any) -> dict:
             req.protocol_type,
             [(p.name, p.metadata) for p in req.protocols],
             require_known_member_id=ctx.version >= 4,
+            supports_skip_assignment=ctx.version >= 9,
         )
     except JoinError as e:
         return {
@@ -113,6 +114,9 @@ async def handle_sync_group(ctx: RequestContext, req: Any) -> dict:
             getattr(req, "group_instance_id", None),
             req.generation_id,
             {a.member_id: a.assignment for a in req.assignments},
+            # v5+ says which protocol it synced for; a mismatch is refused.
+            protocol_type=getattr(req, "protocol_type", None),
+            protocol_name=getattr(req, "protocol_name", None),
         )
     except JoinError as e:
         return {

@@ -1,0 +1,126 @@
+"""What goes into the group state machine and what comes out of it.
+
+In: requests (JoinRequest, SyncRequest, ... as typed values) and the time. Out
+(`Output`, from `GroupStateMachine.take_output`): answers to parked requests by the
+shell's handle, timers to arm or cancel by key, and what must be persisted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .classic_group import Protocols
+
+
+@dataclass(frozen=True, slots=True)
+class JoinRequest:
+    group_id: str
+    member_id: str
+    instance_id: str | None
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocol_type: str
+    protocols: Protocols
+    require_known_member_id: bool = True  # JoinGroup v4+: MEMBER_ID_REQUIRED round trip
+    supports_skip_assignment: bool = False  # JoinGroup v9+
+
+
+@dataclass(frozen=True, slots=True)
+class SyncRequest:
+    group_id: str
+    member_id: str
+    instance_id: str | None
+    generation: int
+    assignments: dict[str, bytes]
+    protocol_type: str | None = None  # SyncGroup v5+: checked against the group's
+    protocol_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JoinResponse:
+    error: int
+    member_id: str = ""
+    generation: int = -1
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    leader: str = ""
+    members: tuple[dict, ...] = ()  # only the leader's answer lists the members
+    skip_assignment: bool = False  # v9+: the leader keeps the current assignment
+
+    def as_dict(self) -> dict:
+        return {
+            "error_code": self.error,
+            "generation_id": self.generation,
+            "protocol_type": self.protocol_type,
+            "protocol_name": self.protocol_name,
+            "leader": self.leader,
+            "skip_assignment": self.skip_assignment,
+            "member_id": self.member_id,
+            "members": list(self.members),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SyncResponse:
+    error: int
+    assignment: bytes = b""
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """The answer to the parked request the shell registered under `handle`."""
+
+    handle: int
+    response: JoinResponse | SyncResponse
+
+
+@dataclass(frozen=True, slots=True)
+class TimerKey:
+    """heartbeat: a member's session (or a new member's join timeout); join: the end of
+    a group's join phase; sync: the deadline for SyncGroup after a join phase."""
+
+    kind: str
+    group_id: str
+    member_id: str = ""
+
+
+HEARTBEAT = "heartbeat"
+JOIN = "join"
+SYNC = "sync"
+
+
+@dataclass(frozen=True, slots=True)
+class TimerSet:
+    """Arm `key` to fire at `deadline_ms` (replacing its earlier deadline, if any)."""
+
+    key: TimerKey
+    deadline_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TimerCancel:
+    key: TimerKey
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteGroupOffsets:
+    """Write tombstones for every committed offset of the group (DeleteGroups)."""
+
+    group_id: str
+
+
+@dataclass(slots=True)
+class Output:
+    replies: list[Reply] = field(default_factory=list)
+    timers: list[TimerSet | TimerCancel] = field(default_factory=list)
+    # To write to __consumer_offsets. Classic group membership is not persisted (as
+    # before: a new coordinator starts with no members and they rejoin); KIP-848 groups
+    # will add their member epochs and assignments here.
+    persist: list[DeleteGroupOffsets] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.replies or self.timers or self.persist)

@@ -1,0 +1,761 @@
+"""The group coordinator's decisions, as a sans-IO state machine (classic protocol).
+
+No asyncio, no clock, no sockets: the shell (`coordinator.py`) feeds requests and the
+time in milliseconds, then applies `take_output()`: it answers parked requests by
+handle, arms or cancels timers by key (and calls `expire(key, now)` when one fires;
+`tick(now)` fires every due timer instead, which is what tests with a fake clock use),
+and persists what it is told to. Tests drive this very class request by request.
+
+Semantics follow Kafka's group coordinator for classic groups (GroupMetadataManager /
+ClassicGroup, Kafka 3.7+), state by state:
+
+    Empty --join--> PreparingRebalance --all joined / timeout--> CompletingRebalance
+          --leader's SyncGroup--> Stable --join with new metadata / leave / expiry-->
+    PreparingRebalance ...
+
+- JoinGroup v4+ without a member id gets MEMBER_ID_REQUIRED and a pending id, which
+  blocks the join phase until it rejoins or its session timeout passes.
+- The first rebalance of an empty group waits `initial_rebalance_delay_ms`, longer
+  while new members keep arriving, up to the rebalance timeout.
+- At the end of a join phase, dynamic members that did not rejoin are removed; static
+  members stay until their session times out. Members that do not send SyncGroup
+  within the rebalance timeout are removed and the group rebalances again.
+- Static membership: a JoinGroup with a known group.instance.id and no member id takes
+  the old member's place under a new member id; the old id is fenced
+  (FENCED_INSTANCE_ID) in every later request. In Stable it does not rebalance unless
+  the group's selected protocol would change.
+
+Part 2 (KIP-848, ConsumerGroupHeartbeat) belongs in this same class: its heartbeat is
+one more input answered at once, member epochs and the server-side assignor are state
+and pure functions here, and the member/assignment records it must persist go out in
+`Output.persist`; classic and consumer groups then share `groups`, the offsets view and
+the timers.
+
+Internal invariants raise AssertionError naming the invariant (never stripped by -O).
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from kio.schema.errors import ErrorCode
+
+from .classic_group import (
+    COMPLETING,
+    DEAD,
+    EMPTY,
+    PREPARING,
+    STABLE,
+    ClassicGroup,
+    ClassicMember,
+)
+from .messages import (
+    HEARTBEAT,
+    JOIN,
+    SYNC,
+    DeleteGroupOffsets,
+    JoinRequest,
+    JoinResponse,
+    Output,
+    Reply,
+    SyncRequest,
+    SyncResponse,
+    TimerCancel,
+    TimerKey,
+    TimerSet,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSettings:
+    min_session_timeout_ms: int = 6000  # group.min.session.timeout.ms
+    max_session_timeout_ms: int = 1_800_000  # group.max.session.timeout.ms
+    initial_rebalance_delay_ms: int = 3000  # group.initial.rebalance.delay.ms
+    max_size: int = 1000  # group.max.size (Kafka's default is unlimited)
+    new_member_join_timeout_ms: int = 300_000  # Kafka's, not configurable there either
+
+
+class CommittedGroups(Protocol):
+    """What the state machine reads of the committed offsets (OffsetStore has it): a
+    group with offsets exists (Empty) even with no members in memory."""
+
+    def has_group(self, group_id: str) -> bool: ...
+
+    def group_ids(self) -> list[str]: ...
+
+
+class GroupStateMachine:
+    def __init__(
+        self,
+        settings: GroupSettings,
+        offsets: CommittedGroups,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.settings = settings
+        self.groups: dict[str, ClassicGroup] = {}
+        self._offsets = offsets
+        self._rng = rng or random.Random()
+        self._timers: dict[TimerKey, int] = {}  # armed timers: key -> deadline (ms)
+        self._now = 0
+        self._out = Output()
+
+    # -- what the shell reads back --------------------------------------------------------
+
+    def take_output(self) -> Output:
+        out, self._out = self._out, Output()
+        return out
+
+    def next_deadline(self) -> int | None:
+        return min(self._timers.values(), default=None)
+
+    def timers(self) -> dict[TimerKey, int]:
+        return dict(self._timers)
+
+    # -- time ---------------------------------------------------------------------------
+
+    def tick(self, now: int) -> None:
+        """Fire every timer due at `now`, earliest first, each at its own deadline (as
+        if the clock had moved there step by step: what it re-arms counts from then). A
+        fired timer may arm or cancel others, so the due set is read again after each."""
+        while True:
+            due = [(d, k) for k, d in self._timers.items() if d <= now]
+            if not due:
+                break
+            deadline, key = min(due, key=lambda dk: dk[0])
+            self.expire(key, max(deadline, self._now))
+        self._now = now
+
+    def expire(self, key: TimerKey, now: int) -> None:
+        """The timer `key` fired. The shell calls this when its own timer for the key
+        runs; a key no longer armed (cancelled or re-armed meanwhile) does nothing."""
+        self._now = now
+        if self._timers.pop(key, None) is None:
+            return
+        group = self.groups.get(key.group_id)
+        if group is None:
+            return
+        if key.kind == HEARTBEAT:
+            self._expire_heartbeat(group, key.member_id)
+        elif key.kind == JOIN:
+            self._expire_join(group)
+        elif key.kind == SYNC:
+            self._expire_sync(group)
+        else:
+            raise AssertionError(f"invariant: unknown timer kind {key.kind!r}")
+
+    # -- JoinGroup ------------------------------------------------------------------------
+
+    def join(self, handle: int, req: JoinRequest, now: int) -> None:
+        """The answer comes out as a Reply for `handle`: at once, or when the join phase
+        completes."""
+        self._now = now
+        s = self.settings
+        if not req.group_id:
+            return self._reply_join(handle, ErrorCode.invalid_group_id, req.member_id)
+        if not s.min_session_timeout_ms <= req.session_timeout_ms <= s.max_session_timeout_ms:
+            return self._reply_join(handle, ErrorCode.invalid_session_timeout, req.member_id)
+        group = self.groups.get(req.group_id)
+        if group is None:
+            if req.member_id:
+                # A member id for a group that does not exist here: it is not a member.
+                return self._reply_join(handle, ErrorCode.unknown_member_id, req.member_id)
+            group = self.groups[req.group_id] = ClassicGroup(req.group_id)
+        if not self._accepts_joining(group, req.member_id):
+            self._drop_refused(group, req.member_id)
+            return self._reply_join(handle, ErrorCode.group_max_size_reached, "")
+        if not req.member_id:
+            self._join_new_member(handle, group, req)
+        else:
+            self._join_existing_member(handle, group, req)
+
+    def _accepts_joining(self, group: ClassicGroup, member_id: str) -> bool:
+        member = group.members.get(member_id)
+        if group.state in (EMPTY, DEAD):
+            return True
+        if group.state == PREPARING:
+            # Counting members awaiting a join (not all members) lets the group shrink
+            # back under a lowered max size: the last to rejoin are turned away.
+            return (member is not None and member.awaiting_join) or (
+                group.awaiting_join_count() < self.settings.max_size
+            )
+        return member is not None or len(group.members) < self.settings.max_size
+
+    def _drop_refused(self, group: ClassicGroup, member_id: str) -> None:
+        if member_id in group.pending_join:
+            group.pending_join.discard(member_id)
+            self._cancel(TimerKey(HEARTBEAT, group.group_id, member_id))
+        member = group.members.get(member_id)
+        if member is not None:
+            self._remove_member(group, member, ErrorCode.group_max_size_reached)
+            self._after_member_left(group)
+
+    def _join_new_member(self, handle: int, group: ClassicGroup, req: JoinRequest) -> None:
+        if not group.supports_protocols(req.protocol_type, {n for n, _ in req.protocols}):
+            return self._reply_join(handle, ErrorCode.inconsistent_group_protocol, "")
+        new_id = f"{req.instance_id or req.client_id}-{self._new_uuid()}"
+        if req.instance_id is not None:
+            old_id = group.static.get(req.instance_id)
+            if old_id is None:
+                return self._add_member_and_rebalance(handle, group, req, new_id)
+            return self._replace_static_member(handle, group, req, old_id, new_id)
+        if req.require_known_member_id:
+            # The client learns its id first, so a retried JoinGroup after a lost answer
+            # finds the same member instead of adding a ghost one.
+            group.pending_join.add(new_id)
+            self._arm(TimerKey(HEARTBEAT, group.group_id, new_id), req.session_timeout_ms)
+            return self._reply_join(handle, ErrorCode.member_id_required, new_id)
+        self._add_member_and_rebalance(handle, group, req, new_id)
+
+    def _join_existing_member(self, handle: int, group: ClassicGroup, req: JoinRequest) -> None:
+        member_id = req.member_id
+        if not group.supports_protocols(req.protocol_type, {n for n, _ in req.protocols}):
+            return self._reply_join(handle, ErrorCode.inconsistent_group_protocol, member_id)
+        if member_id in group.pending_join:
+            if req.instance_id is not None:
+                # Pending ids are only handed to dynamic members.
+                return self._reply_join(handle, ErrorCode.unknown_member_id, member_id)
+            return self._add_member_and_rebalance(handle, group, req, member_id)
+        if code := group.validate_member(member_id, req.instance_id):
+            return self._reply_join(handle, code, member_id)
+        member = group.members[member_id]
+        if group.state == PREPARING:
+            return self._update_member_and_rebalance(handle, group, member, req)
+        if group.state == COMPLETING:
+            if member.protocols == req.protocols:
+                # It lost the answer of this generation's join: answer it again.
+                return self._reply_current_generation(handle, group, member_id)
+            return self._update_member_and_rebalance(handle, group, member, req)
+        if group.state == STABLE:
+            if member_id == group.leader_id or member.protocols != req.protocols:
+                # The leader rejoins to have the group reassigned (e.g. topics changed).
+                return self._update_member_and_rebalance(handle, group, member, req)
+            return self._reply_current_generation(handle, group, member_id, members=False)
+        # Empty: the member is gone from this generation; let it start over.
+        self._reply_join(handle, ErrorCode.unknown_member_id, member_id)
+
+    def _add_member_and_rebalance(
+        self, handle: int, group: ClassicGroup, req: JoinRequest, member_id: str
+    ) -> None:
+        member = ClassicMember(
+            member_id,
+            req.instance_id,
+            req.client_id,
+            req.client_host,
+            req.session_timeout_ms,
+            self._rebalance_timeout(req),
+            req.protocol_type,
+            req.protocols,
+            join_handle=handle,
+            is_new=True,
+        )
+        if group.state == PREPARING and group.previous_state == EMPTY:
+            group.new_member_added = True  # extends the initial rebalance delay
+        group.add(member)
+        # It cannot heartbeat while its JoinGroup is parked and a disconnect goes
+        # unnoticed, so a new member that never completes a join is dropped after this.
+        self._arm(
+            TimerKey(HEARTBEAT, group.group_id, member_id),
+            self.settings.new_member_join_timeout_ms,
+        )
+        self._prepare_rebalance_or_complete_join(group)
+
+    def _update_member_and_rebalance(
+        self, handle: int, group: ClassicGroup, member: ClassicMember, req: JoinRequest
+    ) -> None:
+        self._update_member(member, req, handle)
+        self._prepare_rebalance_or_complete_join(group)
+
+    def _update_member(self, member: ClassicMember, req: JoinRequest, handle: int) -> None:
+        member.protocols = req.protocols
+        member.rebalance_timeout_ms = self._rebalance_timeout(req)
+        member.session_timeout_ms = req.session_timeout_ms
+        if member.join_handle is not None:
+            # A retried JoinGroup replaces the parked one, whose client gave up on it.
+            self._reply_join(member.join_handle, ErrorCode.rebalance_in_progress, member.member_id)
+        member.join_handle = handle
+
+    def _replace_static_member(
+        self, handle: int, group: ClassicGroup, req: JoinRequest, old_id: str, new_id: str
+    ) -> None:
+        old = group.members[old_id]
+        # Whatever the old incarnation still has parked is fenced now.
+        if old.join_handle is not None:
+            self._out.replies.append(
+                Reply(old.join_handle, JoinResponse(ErrorCode.fenced_instance_id, old_id))
+            )
+            old.join_handle = None
+        if old.sync_handle is not None:
+            self._out.replies.append(
+                Reply(old.sync_handle, SyncResponse(ErrorCode.fenced_instance_id))
+            )
+            old.sync_handle = None
+        self._cancel(TimerKey(HEARTBEAT, group.group_id, old_id))
+        previous_leader = group.leader_id
+        member = group.replace_static(req.instance_id or "", old_id, new_id)
+        self._arm(TimerKey(HEARTBEAT, group.group_id, new_id), member.session_timeout_ms)
+        self._update_member(member, req, handle)
+        if group.state == STABLE:
+            # A restarted static member (same protocols) keeps its assignment without
+            # a rebalance, unless the protocol the group would select changes.
+            if group.select_protocol() == group.protocol_name:
+                member.join_handle = None
+                if req.supports_skip_assignment:
+                    # v9+: a returning leader learns the members and that it must not
+                    # compute a new assignment.
+                    skip = member.member_id == group.leader_id
+                    members = tuple(group.join_members()) if skip else ()
+                    leader = group.leader_id or ""
+                else:
+                    # Older clients would reassign if they saw themselves as leader: they
+                    # are told the leader as it was before the replacement.
+                    skip, members, leader = False, (), previous_leader or ""
+                self._out.replies.append(
+                    Reply(
+                        handle,
+                        JoinResponse(
+                            ErrorCode.none,
+                            new_id,
+                            group.generation,
+                            group.protocol_type,
+                            group.protocol_name,
+                            leader,
+                            members,
+                            skip,
+                        ),
+                    )
+                )
+                return
+            return self._prepare_rebalance_or_complete_join(group)
+        if group.state == COMPLETING:
+            # The leader may already hold the old id in its member list and would assign
+            # nothing to the new one: rebalance so the new id gets an assignment.
+            return self._prepare_rebalance(group)
+        if group.state != PREPARING:
+            raise AssertionError(
+                f"invariant: a static member is known in {group.group_id} in state {group.state}"
+            )
+        self._maybe_complete_join_phase(group)
+
+    def _reply_current_generation(
+        self, handle: int, group: ClassicGroup, member_id: str, members: bool = True
+    ) -> None:
+        leader = member_id == group.leader_id
+        self._out.replies.append(
+            Reply(
+                handle,
+                JoinResponse(
+                    ErrorCode.none,
+                    member_id,
+                    group.generation,
+                    group.protocol_type,
+                    group.protocol_name,
+                    group.leader_id or "",
+                    tuple(group.join_members()) if members and leader else (),
+                ),
+            )
+        )
+
+    # -- rebalance phases -----------------------------------------------------------------
+
+    def _prepare_rebalance_or_complete_join(self, group: ClassicGroup) -> None:
+        if group.state in (STABLE, COMPLETING, EMPTY):
+            self._prepare_rebalance(group)
+        else:
+            self._maybe_complete_join_phase(group)
+
+    def _prepare_rebalance(self, group: ClassicGroup) -> None:
+        if group.state == COMPLETING:
+            # Members parked in SyncGroup learn that the generation is moving on.
+            self._propagate_assignment(group, ErrorCode.rebalance_in_progress, reset=True)
+        self._cancel(TimerKey(SYNC, group.group_id))
+        initial = group.state == EMPTY
+        delay = self.settings.initial_rebalance_delay_ms
+        group.transition(PREPARING)
+        if initial and delay > 0:
+            remaining = max(group.rebalance_timeout_ms() - delay, 0)
+            group.initial_delay = (delay, remaining)
+            self._arm(TimerKey(JOIN, group.group_id), delay)
+            return
+        self._complete_join_or_schedule(group)
+
+    def _complete_join_or_schedule(self, group: ClassicGroup) -> None:
+        if group.has_all_members_joined():
+            self._complete_join(group)
+        else:
+            self._arm(TimerKey(JOIN, group.group_id), group.rebalance_timeout_ms())
+
+    def _maybe_complete_join_phase(self, group: ClassicGroup) -> None:
+        # During the initial delay only its timer ends the join phase.
+        if (
+            group.state == PREPARING
+            and group.has_all_members_joined()
+            and group.initial_delay is None
+        ):
+            self._complete_join(group)
+
+    def _expire_join(self, group: ClassicGroup) -> None:
+        if group.state != PREPARING:
+            return
+        if group.initial_delay is not None:
+            delay, remaining = group.initial_delay
+            if group.new_member_added and remaining:
+                # Someone joined during the delay: wait once more, within the timeout.
+                group.new_member_added = False
+                next_delay = min(self.settings.initial_rebalance_delay_ms, remaining)
+                group.initial_delay = (next_delay, max(remaining - delay, 0))
+                self._arm(TimerKey(JOIN, group.group_id), next_delay)
+                return
+        self._complete_join(group)
+
+    def _complete_join(self, group: ClassicGroup) -> None:
+        self._cancel(TimerKey(JOIN, group.group_id))
+        group.initial_delay = None
+        group.new_member_added = False
+        for m in [m for m in group.members.values() if not m.awaiting_join]:
+            # Static members keep their place until their session runs out.
+            if m.instance_id is None:
+                self._remove_member(group, m, ErrorCode.unknown_member_id)
+        if not group.elect_joined_leader() and group.members:
+            # Only static members that did not rejoin are left: wait for them (or for
+            # their sessions to expire) another rebalance timeout.
+            self._arm(TimerKey(JOIN, group.group_id), group.rebalance_timeout_ms())
+            return
+        group.init_next_generation()
+        if group.state == EMPTY:
+            return
+        members = tuple(group.join_members())
+        for m in group.members.values():
+            if m.join_handle is not None:
+                leader = m.member_id == group.leader_id
+                self._out.replies.append(
+                    Reply(
+                        m.join_handle,
+                        JoinResponse(
+                            ErrorCode.none,
+                            m.member_id,
+                            group.generation,
+                            group.protocol_type,
+                            group.protocol_name,
+                            group.leader_id or "",
+                            members if leader else (),
+                        ),
+                    )
+                )
+                m.join_handle = None
+            self._arm(TimerKey(HEARTBEAT, group.group_id, m.member_id), m.session_timeout_ms)
+            m.is_new = False
+            group.pending_sync.add(m.member_id)
+        self._arm(TimerKey(SYNC, group.group_id), group.rebalance_timeout_ms())
+
+    def _expire_sync(self, group: ClassicGroup) -> None:
+        if group.state not in (COMPLETING, STABLE) or not group.pending_sync:
+            return
+        for member_id in sorted(group.pending_sync):
+            member = group.members.get(member_id)
+            if member is not None:
+                self._remove_member(group, member, ErrorCode.unknown_member_id)
+        self._prepare_rebalance(group)
+
+    def _propagate_assignment(self, group: ClassicGroup, error: int, reset: bool) -> None:
+        for m in group.members.values():
+            if reset:
+                m.assignment = b""
+            if m.sync_handle is None:
+                continue
+            ok = error == ErrorCode.none
+            self._out.replies.append(
+                Reply(
+                    m.sync_handle,
+                    SyncResponse(
+                        error,
+                        m.assignment,
+                        group.protocol_type if ok else None,
+                        group.protocol_name if ok else None,
+                    ),
+                )
+            )
+            m.sync_handle = None
+            # Its session was on hold while it waited; it starts again now.
+            self._arm(TimerKey(HEARTBEAT, group.group_id, m.member_id), m.session_timeout_ms)
+
+    # -- SyncGroup ------------------------------------------------------------------------
+
+    def sync(self, handle: int, req: SyncRequest, now: int) -> None:
+        self._now = now
+        group = self.groups.get(req.group_id)
+        if group is None:
+            return self._reply_sync(handle, ErrorCode.unknown_member_id)
+        code = group.validate_member(req.member_id, req.instance_id)
+        if not code and req.generation != group.generation:
+            code = ErrorCode.illegal_generation
+        if not code and (
+            _differs(req.protocol_type, group.protocol_type)
+            or _differs(req.protocol_name, group.protocol_name)
+        ):
+            code = ErrorCode.inconsistent_group_protocol
+        if code:
+            return self._reply_sync(handle, code)
+        if group.state == EMPTY:
+            return self._reply_sync(handle, ErrorCode.unknown_member_id)
+        if group.state == PREPARING:
+            return self._reply_sync(handle, ErrorCode.rebalance_in_progress)
+        member = group.members[req.member_id]
+        self._synced(group, req.member_id)
+        if group.state == STABLE:
+            self._out.replies.append(
+                Reply(
+                    handle,
+                    SyncResponse(
+                        ErrorCode.none, member.assignment, group.protocol_type, group.protocol_name
+                    ),
+                )
+            )
+            return
+        # CompletingRebalance: park until the leader's assignment arrives.
+        if member.sync_handle is not None:
+            self._reply_sync(member.sync_handle, ErrorCode.rebalance_in_progress)
+        member.sync_handle = handle
+        if req.member_id == group.leader_id:
+            for m in group.members.values():
+                # A member the leader left out gets an empty assignment.
+                m.assignment = req.assignments.get(m.member_id, b"")
+            self._propagate_assignment(group, ErrorCode.none, reset=False)
+            group.transition(STABLE)
+
+    def _synced(self, group: ClassicGroup, member_id: str) -> None:
+        group.pending_sync.discard(member_id)
+        if not group.pending_sync:
+            self._cancel(TimerKey(SYNC, group.group_id))
+
+    # -- Heartbeat, OffsetCommit ----------------------------------------------------------
+
+    def heartbeat(
+        self, group_id: str, member_id: str, instance_id: str | None, generation: int, now: int
+    ) -> int:
+        self._now = now
+        group = self.groups.get(group_id)
+        if group is None:
+            return ErrorCode.unknown_member_id
+        if code := group.validate_member(member_id, instance_id):
+            return code
+        if generation != group.generation:
+            return ErrorCode.illegal_generation
+        if group.state == EMPTY:
+            return ErrorCode.unknown_member_id
+        member = group.members[member_id]
+        self._arm(TimerKey(HEARTBEAT, group_id, member_id), member.session_timeout_ms)
+        if group.state == PREPARING:
+            return ErrorCode.rebalance_in_progress
+        return ErrorCode.none
+
+    def commit_check(
+        self, group_id: str, member_id: str, instance_id: str | None, generation: int, now: int
+    ) -> int:
+        """May this OffsetCommit (v2-8) be written? Kafka's validateOffsetCommit."""
+        self._now = now
+        group = self.groups.get(group_id)
+        if group is None:
+            if generation < 0:
+                return ErrorCode.none  # a "simple" group: manual assignment, no members
+            if self._offsets.has_group(group_id):
+                return ErrorCode.unknown_member_id  # an Empty group knows no members
+            return ErrorCode.illegal_generation  # what Kafka answers before v9
+        if generation < 0 and group.state == EMPTY:
+            return ErrorCode.none
+        if generation >= 0 or member_id or instance_id is not None:
+            if code := group.validate_member(member_id, instance_id):
+                return code
+            if generation != group.generation:
+                return ErrorCode.illegal_generation
+        elif group.state != EMPTY:
+            return ErrorCode.unknown_member_id  # no member id: only while nobody is in it
+        if group.state == COMPLETING:
+            return ErrorCode.rebalance_in_progress
+        member = group.members.get(member_id)
+        if member is not None:
+            # A commit shows the member is alive, as Kafka's classic coordinator counted it.
+            self._arm(TimerKey(HEARTBEAT, group_id, member_id), member.session_timeout_ms)
+        return ErrorCode.none
+
+    # -- LeaveGroup -----------------------------------------------------------------------
+
+    def leave(
+        self, group_id: str, members: Iterable[tuple[str, str | None]], now: int
+    ) -> list[tuple[str, str | None, int]]:
+        """(member id, instance id, error) per member leaving. A member id of "" with an
+        instance id removes that static member (LeaveGroup v3+, e.g. by an admin)."""
+        self._now = now
+        group = self.groups.get(group_id)
+        if group is None:
+            return [(m, i, ErrorCode.unknown_member_id) for m, i in members]
+        results: list[tuple[str, str | None, int]] = []
+        left = False
+        for member_id, instance_id in members:
+            code: int = ErrorCode.none
+            if not member_id:
+                current = group.static.get(instance_id) if instance_id is not None else None
+                if current is None:
+                    code = ErrorCode.unknown_member_id
+                else:
+                    self._remove_member(group, group.members[current], ErrorCode.unknown_member_id)
+            elif member_id in group.pending_join:
+                group.pending_join.discard(member_id)
+                self._cancel(TimerKey(HEARTBEAT, group_id, member_id))
+            elif code := group.validate_member(member_id, instance_id):
+                pass
+            else:
+                self._remove_member(group, group.members[member_id], ErrorCode.unknown_member_id)
+            left = left or code == ErrorCode.none
+            results.append((member_id, instance_id, code))
+        if left:
+            if group.state in (STABLE, COMPLETING):
+                self._prepare_rebalance_or_complete_join(group)
+            elif group.state == PREPARING:
+                self._maybe_complete_join_phase(group)
+        return results
+
+    # -- expiry and removal ---------------------------------------------------------------
+
+    def _expire_heartbeat(self, group: ClassicGroup, member_id: str) -> None:
+        if member_id in group.pending_join:
+            # Got MEMBER_ID_REQUIRED and never came back.
+            group.pending_join.discard(member_id)
+            if group.state in (STABLE, COMPLETING):
+                self._prepare_rebalance_or_complete_join(group)
+            elif group.state == PREPARING:
+                self._maybe_complete_join_phase(group)
+            return
+        member = group.members.get(member_id)
+        if member is None or member.has_satisfied_heartbeat():
+            # A parked member's session restarts when its request is answered.
+            return
+        self._remove_member(group, member, ErrorCode.unknown_member_id)
+        self._after_member_left(group)
+
+    def _after_member_left(self, group: ClassicGroup) -> None:
+        if group.state in (STABLE, COMPLETING):
+            self._prepare_rebalance_or_complete_join(group)
+        elif group.state == PREPARING and group.has_all_members_joined():
+            self._complete_join(group)
+
+    def _remove_member(self, group: ClassicGroup, member: ClassicMember, error: int) -> None:
+        """Take the member out; a request it has parked is answered with `error` (a
+        member timed out in a JoinGroup retries with UNKNOWN_MEMBER_ID)."""
+        if member.join_handle is not None:
+            self._out.replies.append(Reply(member.join_handle, JoinResponse(error, "")))
+            member.join_handle = None
+        if member.sync_handle is not None:
+            self._reply_sync(member.sync_handle, error)
+            member.sync_handle = None
+        self._cancel(TimerKey(HEARTBEAT, group.group_id, member.member_id))
+        group.remove(member.member_id)
+
+    # -- admin: describe, list, delete, unload --------------------------------------------
+
+    def describe(self, group_id: str) -> dict:
+        group = self.groups.get(group_id)
+        if group is None:
+            state = EMPTY if self._offsets.has_group(group_id) else DEAD
+            return {
+                "group_id": group_id,
+                "group_state": state,
+                "protocol_type": "",
+                "protocol_data": "",
+                "members": [],
+            }
+        # As Kafka: metadata and assignments only once they are settled (Stable).
+        stable = group.state == STABLE
+        return {
+            "group_id": group_id,
+            "group_state": group.state,
+            "protocol_type": group.protocol_type or "",
+            "protocol_data": (group.protocol_name or "") if stable else "",
+            "members": [
+                {
+                    "member_id": m.member_id,
+                    "group_instance_id": m.instance_id,
+                    "client_id": m.client_id,
+                    "client_host": m.client_host,
+                    "member_metadata": m.metadata_for(group.protocol_name) if stable else b"",
+                    "member_assignment": m.assignment if stable else b"",
+                }
+                for m in group.members.values()
+            ],
+        }
+
+    def list_groups(self) -> list[tuple[str, str, str]]:
+        """(group id, protocol type, state), sorted by id."""
+        out = {gid: ("consumer", EMPTY) for gid in self._offsets.group_ids()}
+        for gid, g in self.groups.items():
+            # A group made only by a JoinGroup that got MEMBER_ID_REQUIRED has nothing
+            # to show yet.
+            if g.state == EMPTY and not g.protocol_type and gid not in out:
+                continue
+            out[gid] = (g.protocol_type or "consumer", g.state)
+        return [(gid, pt, st) for gid, (pt, st) in sorted(out.items())]
+
+    def delete(self, group_id: str) -> int:
+        group = self.groups.get(group_id)
+        if group is not None and group.state != EMPTY:
+            return ErrorCode.non_empty_group
+        if group is None and not self._offsets.has_group(group_id):
+            return ErrorCode.group_id_not_found
+        if group is not None:
+            self._drop_group(group)
+        self._out.persist.append(DeleteGroupOffsets(group_id))
+        return ErrorCode.none
+
+    def unload(self, belongs: Callable[[str], bool]) -> None:
+        """This broker stopped coordinating some groups (it no longer leads their offsets
+        partition): forget them; parked members get NOT_COORDINATOR and find the new one."""
+        for gid in [g for g in self.groups if belongs(g)]:
+            group = self.groups[gid]
+            for m in group.members.values():
+                if m.join_handle is not None:
+                    self._out.replies.append(
+                        Reply(m.join_handle, JoinResponse(ErrorCode.not_coordinator, m.member_id))
+                    )
+                    m.join_handle = None
+                if m.sync_handle is not None:
+                    self._reply_sync(m.sync_handle, ErrorCode.not_coordinator)
+                    m.sync_handle = None
+            group.transition(DEAD)
+            self._drop_group(group)
+
+    def _drop_group(self, group: ClassicGroup) -> None:
+        for key in [k for k in self._timers if k.group_id == group.group_id]:
+            self._cancel(key)
+        del self.groups[group.group_id]
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _arm(self, key: TimerKey, after_ms: int) -> None:
+        deadline = self._now + after_ms
+        self._timers[key] = deadline
+        self._out.timers.append(TimerSet(key, deadline))
+
+    def _cancel(self, key: TimerKey) -> None:
+        if self._timers.pop(key, None) is not None:
+            self._out.timers.append(TimerCancel(key))
+
+    def _reply_join(self, handle: int, error: int, member_id: str) -> None:
+        self._out.replies.append(Reply(handle, JoinResponse(error, member_id)))
+
+    def _reply_sync(self, handle: int, error: int) -> None:
+        self._out.replies.append(Reply(handle, SyncResponse(error)))
+
+    def _new_uuid(self) -> uuid.UUID:
+        return uuid.UUID(int=self._rng.getrandbits(128), version=4)
+
+    @staticmethod
+    def _rebalance_timeout(req: JoinRequest) -> int:
+        # JoinGroup v0 has no rebalance timeout: the session timeout stands in.
+        return req.rebalance_timeout_ms if req.rebalance_timeout_ms > 0 else req.session_timeout_ms
+
+
+def _differs(requested: str | None, current: str | None) -> bool:
+    return requested is not None and current is not None and requested != current

@@ -30,6 +30,7 @@ from straitmq.telemetry import Telemetry
 from . import metrics as broker_metrics
 from .api.metadata import TopicEntities
 from .config import BrokerConfig
+from .fetch_sessions import FetchSessions
 from .groups.coordinator import GroupCoordinator, GroupSettings
 from .groups.offsets import OFFSETS_TOPIC, OffsetStore
 from .lifecycle import Lifecycle
@@ -82,10 +83,13 @@ class Broker:
             config.max_open_files,
         )
         self.metadata_answers = TopicEntities()
+        self.fetch_sessions = FetchSessions()
+        self.partitions.change_listener = self.fetch_sessions.changed
         self.fetchers = ReplicaFetchers(self)
         self.isr = IsrManager(self)
         self.throttle = ReplicationThrottle(self)
         self.partitions.role_listeners.append(self.fetchers.on_role)
+        self.partitions.role_listeners.append(self.isr.on_role)
         self.partitions.role_listeners.append(self._on_role)
         self.offsets = OffsetStore(config.offsets_topic_partitions)
         self.offsets.bind(self._append_offsets)

@@ -158,6 +158,15 @@ def install(telemetry: Telemetry, broker: Broker) -> None:
     t.observe(
         C.BROKER_STORAGE_UNAVAILABLE, lambda: [(len(broker.partitions.unavailable), {})]
     )
+    sessions = broker.fetch_sessions
+
+    def session_points(count_partitions: bool) -> Points:
+        for kind, n in sessions.stats(count_partitions).items():
+            yield n, {C.FETCHER_KIND: kind}
+
+    t.observe(C.BROKER_FETCH_SESSIONS, lambda: session_points(False))
+    t.observe(C.BROKER_FETCH_SESSION_PARTITIONS, lambda: session_points(True))
+    t.observe(C.BROKER_FETCH_SESSION_EVICTIONS, lambda: [(sessions.evictions, {})])
     t.observe(C.CONSUMER_GROUP_LAG, lag)
     t.observe(C.CONSUMER_GROUP_STATE, group_states)
     t.observe(C.CONSUMER_GROUP_MEMBERS, group_members)

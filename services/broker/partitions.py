@@ -18,6 +18,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from straitmq.metadata.image import MetadataImage, PartitionImage, TopicImage
 from straitmq.metadata.topic_config import effective
@@ -58,6 +59,9 @@ class FollowerState:
     last_fetch: float = 0.0
     last_caught_up: float = 0.0
     leo_at_last_fetch: int = -1  # the leader's LEO when this follower last fetched
+    # The follower's fetch session (KIP-227): while this partition sits in it unchanged,
+    # each fetch in the session keeps the follower caught up without naming it.
+    session: Any = None
 
 
 class Partition:
@@ -73,6 +77,7 @@ class Partition:
         "log",
         "min_isr",
         "node_id",
+        "on_change",
         "partition_epoch",
         "pending_isr",
         "replicas",
@@ -99,6 +104,9 @@ class Partition:
         self.followers: dict[int, FollowerState] = {}
         self.waiters: set[asyncio.Future[None]] = set()
         self.hw_waiters: list[tuple[int, int, asyncio.Future[bool]]] = []
+        # Told of every append, high watermark, log start or role change: the fetch
+        # sessions holding this partition mark it dirty.
+        self.on_change: Callable[[Partition], None] | None = None
 
     @property
     def is_leader(self) -> bool:
@@ -157,6 +165,12 @@ class Partition:
     # -- leader side -------------------------------------------------------------------
 
     def append(self, data: memoryview, batches: list[BatchInfo]) -> int:
+        if self.followers:
+            # Followers in fetch sessions were caught up until this append, though no
+            # fetch named this partition since: record it before the log end moves.
+            for f in self.followers.values():
+                if f.session is not None:
+                    f.last_caught_up = self.caught_up_at(f)
         base = self.log.append(data, batches, self.leader_epoch)
         self.maybe_advance_hw()
         self._wake()
@@ -187,7 +201,7 @@ class Partition:
                     fut.set_result(True)
             self._wake()
 
-    def on_follower_fetch(self, replica: int, fetch_offset: int) -> None:
+    def on_follower_fetch(self, replica: int, fetch_offset: int, session: Any = None) -> None:
         """Kafka's rule: a follower is caught up if it asks for the leader's LEO, or for
         what the LEO was at its previous fetch (then it was caught up back then)."""
         f = self.followers.get(replica)
@@ -202,7 +216,23 @@ class Partition:
         f.log_end_offset = fetch_offset
         f.last_fetch = now
         f.leo_at_last_fetch = leo
+        f.session = session
         self.maybe_advance_hw()
+
+    def caught_up_at(self, f: FollowerState) -> float:
+        """When the follower was last known caught up. A follower that holds the log
+        end and keeps this partition in a live fetch session is caught up as of its
+        session's last fetch: an append would have put the partition in that fetch."""
+        t = f.last_caught_up
+        s = f.session
+        if (
+            s is not None
+            and s.alive
+            and f.log_end_offset >= self.log.log_end_offset
+            and (self.topic, self.index) in s.parts
+        ):
+            t = max(t, s.last_fetch)
+        return t
 
     def isr_change(self, lag_max_s: float, alive: Callable[[int], bool]) -> list[int] | None:
         """The ISR this leader should propose now, or None."""
@@ -215,7 +245,9 @@ class Partition:
             r
             for r in self.isr
             if r == self.node_id
-            or ((f := self.followers.get(r)) is not None and now - f.last_caught_up <= lag_max_s)
+            or (
+                (f := self.followers.get(r)) is not None and now - self.caught_up_at(f) <= lag_max_s
+            )
         ]
         for r in self.replicas:
             f = self.followers.get(r)
@@ -223,7 +255,7 @@ class Partition:
                 r not in isr
                 and f is not None
                 and f.log_end_offset >= max(self.high_watermark, self.epoch_start_offset)
-                and now - f.last_caught_up <= lag_max_s
+                and now - self.caught_up_at(f) <= lag_max_s
                 and alive(r)
             ):
                 isr.append(r)
@@ -266,6 +298,8 @@ class Partition:
                 if not fut.done():
                     fut.set_result(None)
             self.waiters.clear()
+        if self.on_change is not None:
+            self.on_change(self)
 
 
 class PartitionManager:
@@ -291,6 +325,7 @@ class PartitionManager:
         # Called with (partition, role) when a replica becomes leader or follower, and
         # with (partition, "") when it goes away.
         self.role_listeners: list[Callable[[Partition, str], None]] = []
+        self.change_listener: Callable[[Partition], None] | None = None
         # Logs opened off the event loop at startup (see preopen), taken over by sync.
         self._preopened: dict[tuple[str, int], tuple[str, PartitionLog]] = {}
         # New replicas whose logs a worker thread is creating (see _create_logs): file
@@ -368,6 +403,7 @@ class PartitionManager:
                     )
                     continue
                 part = Partition(name, i, plog, me)
+                part.on_change = self.change_listener
                 self.partitions[(name, i)] = part
                 self._by_topic.setdefault(name, set()).add(i)
             else:
@@ -540,7 +576,12 @@ class PartitionManager:
 
     def apply_retention(self) -> int:
         # Followers follow the leader's log start instead (see the replica fetcher).
-        return sum(p.log.apply_retention() for p in self.partitions.values() if p.is_leader)
+        deleted = 0
+        for p in self.partitions.values():
+            if p.is_leader and (n := p.log.apply_retention()):
+                deleted += n
+                p._wake()  # the log start moved: fetch sessions carry it to followers
+        return deleted
 
     def close(self) -> None:
         if self._creator is not None:

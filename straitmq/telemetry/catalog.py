@@ -29,6 +29,7 @@ REPLICA_KIND = "straitmq.raft.replica.kind"  # voter | observer
 FENCE_REASON = "straitmq.fence.reason"  # session_expired, process_gone
 RESOURCE_KIND = "straitmq.resource.kind"  # MQCluster | Topic
 OUTCOME = "straitmq.reconcile.outcome"  # success | error | requeue
+FETCHER_KIND = "straitmq.fetch_session.fetcher"  # follower | consumer
 
 COUNTER = "counter"
 HISTOGRAM = "histogram"  # SDK histogram (off the request path)
@@ -113,6 +114,19 @@ BROKER_OPEN_SEGMENT_FILES = _i(
     "straitmq.broker.log.open_files", OBSERVABLE_GAUGE, "{file}",
     "Segment files this broker holds open (at most --max-open-files; the least recently "
     "used are closed and reopened on demand)",
+)  # fmt: skip
+BROKER_FETCH_SESSIONS = _i(
+    "straitmq.broker.fetch_sessions", OBSERVABLE_GAUGE, "{session}",
+    "Incremental fetch sessions (KIP-227) this broker holds as a leader, for follower "
+    "replicas and for consumers", FETCHER_KIND,
+)  # fmt: skip
+BROKER_FETCH_SESSION_PARTITIONS = _i(
+    "straitmq.broker.fetch_sessions.partitions", OBSERVABLE_GAUGE, "{partition}",
+    "Partitions held in this broker's fetch sessions", FETCHER_KIND,
+)  # fmt: skip
+BROKER_FETCH_SESSION_EVICTIONS = _i(
+    "straitmq.broker.fetch_sessions.evictions", OBSERVABLE_COUNTER, "{session}",
+    "Fetch sessions evicted to make room for new ones (the cache holds at most 1000)",
 )  # fmt: skip
 BROKER_STORAGE_UNAVAILABLE = _i(
     "straitmq.broker.partitions.storage_unavailable", OBSERVABLE_GAUGE, "{partition}",
@@ -202,7 +216,8 @@ BROKER = (
     BROKER_TOPIC_IO, BROKER_TOPIC_MESSAGES, BROKER_REPLICATION_IO, BROKER_REQUEST_DURATION,
     BROKER_REQUEST_ERRORS, BROKER_PARTITIONS, BROKER_LEADERS, BROKER_UNDER_REPLICATED,
     BROKER_UNDER_MIN_ISR, BROKER_ISR_OPERATIONS, BROKER_LOG_SIZE, BROKER_LOG_SEGMENTS,
-    BROKER_OPEN_SEGMENT_FILES, BROKER_STORAGE_UNAVAILABLE, CONSUMER_GROUP_LAG,
+    BROKER_OPEN_SEGMENT_FILES, BROKER_STORAGE_UNAVAILABLE, BROKER_FETCH_SESSIONS,
+    BROKER_FETCH_SESSION_PARTITIONS, BROKER_FETCH_SESSION_EVICTIONS, CONSUMER_GROUP_LAG,
     CONSUMER_GROUP_STATE, CONSUMER_GROUP_MEMBERS,
 )  # fmt: skip
 CONTROLLER = (

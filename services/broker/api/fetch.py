@@ -18,6 +18,13 @@ from kio.schema.errors import ErrorCode
 from straitmq.protocol.codec import response_header_bytes
 from straitmq.protocol.varint import uvarint as _uvarint
 
+from ..fetch_sessions import (
+    FINAL_EPOCH,
+    INITIAL_EPOCH,
+    INVALID_SESSION_ID,
+    FetchSession,
+    next_epoch,
+)
 from ..storage.log import ReadSlice
 from .context import RawResponse, RequestContext
 
@@ -32,72 +39,148 @@ _PART_V4 = struct.Struct(">ihqq")  # partition, error, high watermark, last stab
 _I64 = struct.Struct(">q")
 
 
-class _FetchPlan:
-    """The partitions of one Fetch request and what each would return right now."""
+# topic -> [(partition, fetch offset, partition max bytes, current leader epoch)]
+Wanted = list[tuple[str, list[tuple[int, int, int, int]]]]
 
-    def __init__(self, ctx: RequestContext, req: Any) -> None:
+
+def _wanted(p: Any) -> tuple[int, int, int, int]:
+    return (
+        p.partition,
+        p.fetch_offset,
+        p.partition_max_bytes,
+        getattr(p, "current_leader_epoch", -1),
+    )
+
+
+class _FetchPlan:
+    """The partitions of one Fetch request, or of its session, and what each would
+    return right now."""
+
+    def __init__(
+        self,
+        ctx: RequestContext,
+        req: Any,
+        session: FetchSession | None = None,
+        incremental: bool = False,
+    ) -> None:
         self.ctx = ctx
         self.req = req
-        self.read_committed = getattr(req, "isolation_level", 0) == 1
         # A follower's fetch (replica_id >= 0) reads up to the log end and reports its
         # position; a consumer's reads up to the high watermark.
         self.replica = getattr(req, "replica_id", -1)
-        self.first = True
+        self.session = session
+        self.incremental = incremental
+        # The partitions whose follower position this fetch has reported: each once, at
+        # its first look (a session partition may first show up dirty mid-wait).
+        self.reported: set[tuple[str, int]] = set()
+        self.named: Wanted = [(t.topic, [_wanted(p) for p in t.partitions]) for t in req.topics]
 
-    def collect(self) -> tuple[list, int]:
+    def wanted(self) -> Wanted:
+        """Everything the request names; in an incremental session fetch, the session's
+        partitions the request names or that changed since they were last answered."""
+        session = self.session
+        if not self.incremental or session is None:
+            return self.named
+        keys = {(t, p[0]) for t, ps in self.named for p in ps}
+        keys |= session.dirty
+        by_topic: dict[str, list[tuple[int, int, int, int]]] = {}
+        for key in keys:
+            sp = session.parts.get(key)
+            if sp is not None:
+                by_topic.setdefault(key[0], []).append(
+                    (key[1], sp.fetch_offset, sp.max_bytes, sp.leader_epoch)
+                )
+        return list(by_topic.items())
+
+    def collect(self, wanted: Wanted) -> tuple[list, int, set]:
+        """The answer for `wanted` now, its record bytes, and the partitions that have
+        records to send but got none (the response's byte budget ran out)."""
         broker = self.ctx.broker
         budget = self.req.max_bytes if self.ctx.version >= 3 else 2**31 - 1
         topics = []
         total = 0
+        unsent: set[tuple[str, int]] = set()
         replica = self.replica
-        for t in self.req.topics:
+        session = self.session
+        for topic, wants in wanted:
             parts = []
-            for p in t.partitions:
-                partition = broker.partitions.get(t.topic, p.partition)
-                error = partition_error(
-                    broker, t.topic, p.partition, partition, getattr(p, "current_leader_epoch", -1)
-                )
+            for index, fetch_offset, max_bytes, leader_epoch in wants:
+                partition = broker.partitions.get(topic, index)
+                error = partition_error(broker, topic, index, partition, leader_epoch)
                 if error:
                     hw = partition.high_watermark if partition is not None else -1
-                    parts.append((p.partition, error, hw, -1, None))
+                    parts.append((index, error, hw, -1, None, fetch_offset))
                     continue
                 assert partition is not None
                 plog = partition.log
                 hw = partition.high_watermark
-                if replica >= 0 and self.first:
-                    partition.on_follower_fetch(replica, p.fetch_offset)
-                if p.fetch_offset < plog.log_start_offset or p.fetch_offset > plog.log_end_offset:
-                    parts.append(
-                        (
-                            p.partition,
-                            ErrorCode.offset_out_of_range,
-                            hw,
-                            plog.log_start_offset,
-                            None,
-                        )
-                    )
+                if replica >= 0 and (topic, index) not in self.reported:
+                    self.reported.add((topic, index))
+                    partition.on_follower_fetch(replica, fetch_offset, session)
+                if fetch_offset < plog.log_start_offset or fetch_offset > plog.log_end_offset:
+                    error = ErrorCode.offset_out_of_range
+                    parts.append((index, error, hw, plog.log_start_offset, None, fetch_offset))
                     continue
-                limit = min(p.partition_max_bytes, budget) if total else p.partition_max_bytes
+                limit = min(max_bytes, budget) if total else max_bytes
                 upper = hw
                 if replica >= 0:
                     upper = plog.log_end_offset
-                    limit = broker.throttle.allowance(t.topic, p.partition, replica, limit)
+                    limit = broker.throttle.allowance(topic, index, replica, limit)
                 try:
-                    sl = plog.read(p.fetch_offset, max(limit, 1), upper) if limit > 0 else None
+                    sl = plog.read(fetch_offset, max(limit, 1), upper) if limit > 0 else None
                 except OSError as e:  # out of descriptors, or the file went away
-                    log.warning("fetch read failed", extra={"topic": t.topic,
-                                "partition": p.partition, "error": str(e)})  # fmt: skip
-                    parts.append((p.partition, ErrorCode.kafka_storage_error, hw, -1, None))
+                    log.warning(
+                        "fetch read failed",
+                        extra={"topic": topic, "partition": index, "error": str(e)},
+                    )
+                    error = ErrorCode.kafka_storage_error
+                    parts.append((index, error, hw, -1, None, fetch_offset))
                     continue
                 if sl is not None:
                     total += sl.size
                     budget -= sl.size
                     if replica >= 0:
-                        broker.throttle.spent(t.topic, p.partition, replica, sl.size)
-                parts.append((p.partition, 0, hw, plog.log_start_offset, sl))
-            topics.append((t.topic, parts))
-        self.first = False
-        return topics, total
+                        broker.throttle.spent(topic, index, replica, sl.size)
+                elif fetch_offset < upper:
+                    unsent.add((topic, index))
+                parts.append((index, 0, hw, plog.log_start_offset, sl, fetch_offset))
+            topics.append((topic, parts))
+        return topics, total, unsent
+
+    def changed_only(self, topics: list) -> list:
+        """An incremental answer lists only partitions with records, an error, or a high
+        watermark or log start the fetcher has not been told yet."""
+        assert self.session is not None
+        parts_of = self.session.parts
+        out = []
+        for name, parts in topics:
+            keep = []
+            for part in parts:
+                sp = parts_of.get((name, part[0]))
+                if (
+                    sp is None
+                    or part[1]
+                    or part[4] is not None
+                    or part[2] != sp.hw
+                    or part[3] != sp.log_start
+                ):
+                    keep.append(part)
+            if keep:
+                out.append((name, keep))
+        return out
+
+    def answered(self, topics: list, unsent: set) -> None:
+        """Remember what the session's fetcher now knows; what could not be sent stays
+        dirty for the next fetch."""
+        session = self.session
+        assert session is not None
+        for name, parts in topics:
+            for part in parts:
+                sp = session.parts.get((name, part[0]))
+                if sp is not None:
+                    sp.hw = part[2]
+                    sp.log_start = part[3]
+        session.dirty = {k for k in unsent if k in session.parts}
 
     def partitions(self) -> list:
         broker = self.ctx.broker
@@ -126,21 +209,21 @@ def partition_error(
     return 0
 
 
-def _encode(ctx: RequestContext, topics: list) -> RawResponse:
+def _encode(ctx: RequestContext, topics: list, error: int = 0, session_id: int = 0) -> RawResponse:
     v = ctx.version
     flexible = v >= 12
     out = RawResponse()
     head = bytearray(_I32.pack(0))  # throttle
     if v >= 7:
-        head += _I16.pack(0) + _I32.pack(0)  # error, session id (no incremental sessions)
+        head += _I16.pack(error) + _I32.pack(session_id)
     head += _uvarint(len(topics) + 1) if flexible else _I32.pack(len(topics))
     chunks: list[Any] = []
     for name, parts in topics:
         raw = name.encode()
         head += (_uvarint(len(raw) + 1) if flexible else _I16.pack(len(raw))) + raw
         head += _uvarint(len(parts) + 1) if flexible else _I32.pack(len(parts))
-        for index, error, hw, log_start, sl in parts:
-            head += _PART_V4.pack(index, error, hw, hw)
+        for index, p_error, hw, log_start, sl, _ in parts:
+            head += _PART_V4.pack(index, p_error, hw, hw)
             if v >= 5:
                 head += _I64.pack(log_start)
             head += _uvarint(1) if flexible else _I32.pack(0)  # no aborted transactions
@@ -167,32 +250,87 @@ def _encode(ctx: RequestContext, topics: list) -> RawResponse:
     return out
 
 
+def _session_for(
+    ctx: RequestContext, req: Any, replica: int
+) -> tuple[FetchSession | None, bool, int]:
+    """KIP-227: (the session, whether this fetch is incremental, a top-level error).
+    Epoch -1 fetches without a session (closing the named one), epoch 0 opens a new
+    session (closing the named one), any other epoch continues a session."""
+    if ctx.version < 7:
+        return None, False, 0
+    sessions = ctx.broker.fetch_sessions
+    sid, epoch = req.session_id, req.session_epoch
+    if epoch in (FINAL_EPOCH, INITIAL_EPOCH):
+        if sid != INVALID_SESSION_ID:
+            sessions.close(sid)
+        if epoch == FINAL_EPOCH:
+            return None, False, 0
+        session = sessions.open(replica)
+        if session is not None:
+            for t in req.topics:
+                for p in t.partitions:
+                    sessions.put(session, t.topic, _wanted(p))
+        return session, False, 0
+    session = sessions.get(sid)
+    if session is None or session.replica != replica:
+        return None, False, ErrorCode.fetch_session_id_not_found
+    if session.epoch != epoch:
+        return None, False, ErrorCode.invalid_fetch_session_epoch
+    session.epoch = next_epoch(epoch)
+    for t in req.forgotten_topics_data:
+        for index in t.partitions:
+            sessions.forget(session, (t.topic, index))
+    for t in req.topics:
+        for p in t.partitions:
+            sessions.put(session, t.topic, _wanted(p))
+    return session, True, 0
+
+
 async def handle_fetch(ctx: RequestContext, req: Any) -> RawResponse:
-    plan = _FetchPlan(ctx, req)
+    replica = getattr(req, "replica_id", -1)
+    session, incremental, error = _session_for(ctx, req, replica)
+    if error:
+        ctx.broker.metrics.request_errors[(1, error)] += 1
+        return _encode(ctx, [], error)
+    plan = _FetchPlan(ctx, req, session, incremental)
     loop = asyncio.get_running_loop()
     max_wait = req.max_wait.total_seconds()
     deadline = loop.time() + min(max_wait, ctx.broker.config.fetch_max_wait_s)
     while True:
-        topics, total = plan.collect()
+        topics, total, unsent = plan.collect(plan.wanted())
+        if incremental:
+            topics = plan.changed_only(topics)
         remaining = deadline - loop.time()
         if total >= max(req.min_bytes, 1) or remaining <= 0 or ctx.broker.stopping:
             break
         fut: asyncio.Future[None] = loop.create_future()
-        parts = plan.partitions()
-        for part in parts:
-            part.waiters.add(fut)
+        if session is not None:
+            # The session's partitions mark themselves dirty and wake it: no waiter
+            # on each of tens of thousands of partitions.
+            if not session.alive:
+                break
+            session.waiter = fut
+            parts = []
+        else:
+            parts = plan.partitions()
+            for part in parts:
+                part.waiters.add(fut)
         try:
             await asyncio.wait_for(fut, remaining)
         except TimeoutError:
             pass
         finally:
+            if session is not None and session.waiter is fut:
+                session.waiter = None
             for part in parts:
                 part.waiters.discard(fut)
-    _count(ctx, req, topics, plan.replica >= 0)
-    return _encode(ctx, topics)
+    if session is not None:
+        plan.answered(topics, unsent)
+    _count(ctx, topics, plan.replica >= 0)
+    return _encode(ctx, topics, 0, session.id if session is not None else INVALID_SESSION_ID)
 
 
-def _count(ctx: RequestContext, req: Any, topics: list, follower: bool) -> None:
+def _count(ctx: RequestContext, topics: list, follower: bool) -> None:
     """Metrics of one answered fetch: errors, bytes and records out per topic.
 
     Records are counted as the offsets the slice covers past the fetch offset: the
@@ -200,9 +338,10 @@ def _count(ctx: RequestContext, req: Any, topics: list, follower: bool) -> None:
     disk (an 8-byte read), or the next segment's base or the high watermark."""
     broker = ctx.broker
     metrics = broker.metrics
-    for (name, parts), t in zip(topics, req.topics, strict=False):
-        for p, rp in zip(parts, t.partitions, strict=False):
+    for name, parts in topics:
+        for p in parts:
             sl = p[4]
+            fetch_offset = p[5]
             if p[1]:
                 metrics.request_errors[(1, p[1])] += 1
             elif sl is not None:
@@ -221,10 +360,10 @@ def _count(ctx: RequestContext, req: Any, topics: list, follower: bool) -> None:
                     end = p[2]
                     if part is not None:
                         bases = part.log.bases
-                        i = bisect_right(bases, rp.fetch_offset)
+                        i = bisect_right(bases, fetch_offset)
                         if i < len(bases):
                             end = min(end, bases[i])
-                metrics.messages_out[name] += max(0, end - rp.fetch_offset)
+                metrics.messages_out[name] += max(0, end - fetch_offset)
 
 
 MAX_TIMESTAMP = -3  # KIP-734: the record with the largest timestamp

@@ -1,7 +1,9 @@
 """Replica fetchers: a follower copies its leaders' logs with the Kafka Fetch API.
 
 One task per leader broker fetches every partition this broker follows from it, as
-Kafka's ReplicaFetcherThread does. After a leader change a partition first asks the
+Kafka's ReplicaFetcherThread does, in an incremental fetch session (KIP-227): after the
+first fetch, a request names only partitions whose position changed and the leader
+answers only partitions with something new. After a leader change a partition first asks the
 leader where their logs agree (OffsetForLeaderEpoch, KIP-279) and truncates there, then
 fetches from its log end. Batches are appended exactly as the leader wrote them.
 """
@@ -21,6 +23,7 @@ from kio.schema.errors import ErrorCode
 
 from straitmq.protocol.client import ConnectionClosed, KafkaConnection
 
+from ..fetch_sessions import next_epoch
 from ..partitions import FOLLOWER, Partition
 from ..records import InvalidRecords, replicated_batches
 
@@ -35,6 +38,9 @@ RESPONSE_MAX_BYTES = 16 << 20
 UNDEFINED = -1
 
 FetchRequest = load_request_schema(1, 12)
+ForgottenTopic = typing.get_args(typing.get_type_hints(FetchRequest)["forgotten_topics_data"])[0]
+# What the leader's session holds for a partition: fetch offset, leader epoch, log start.
+SessionState = tuple[int, int, int]
 OffsetForLeaderEpochRequest = load_request_schema(23, 4)
 
 
@@ -64,6 +70,14 @@ class LeaderFetcher:
         self.conn: KafkaConnection | None = None
         self.task: asyncio.Task | None = None
         self._wakeup = asyncio.Event()
+        self.session_id = 0
+        self.session_epoch = 0  # 0: the next fetch opens a new session
+        self.in_session: dict[tuple[str, int], SessionState] = {}
+
+    def reset_session(self) -> None:
+        """Start over with a full fetch (the leader closes the old session)."""
+        self.session_epoch = 0
+        self.in_session = {}
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run())
@@ -95,6 +109,8 @@ class LeaderFetcher:
                 if self.conn is not None:
                     self.conn.close()
                 self.conn = KafkaConnection(addr[0], addr[1], f"replica-fetcher-{me}")
+                self.session_id = 0  # a session lives on one leader
+                self.reset_session()
             try:
                 if any(f.truncating for f in self.follows.values()):
                     await self._truncate(me)
@@ -104,12 +120,14 @@ class LeaderFetcher:
                     await asyncio.sleep(0.1)
             except (ConnectionClosed, OSError, TimeoutError) as e:
                 log.debug("replica fetch failed", extra={"leader": self.leader, "error": str(e)})
+                self.reset_session()
                 if self.conn is not None:
                     self.conn.close()
                 self.conn = None
                 await asyncio.sleep(0.25)
             except Exception:  # a bug must not stop replication from this leader for good
                 log.exception("replica fetcher error; retrying", extra={"leader": self.leader})
+                self.reset_session()
                 if self.conn is not None:
                     self.conn.close()
                 self.conn = None
@@ -180,8 +198,31 @@ class LeaderFetcher:
         f.truncating = False
 
     async def _fetch(self, me: int) -> None:
-        by_topic = self._by_topic(truncating=False)
-        todo = [f for fs in by_topic.values() for f in fs]
+        full = self.session_epoch == 0
+        states: dict[tuple[str, int], SessionState] = {}
+        send: dict[str, list[Any]] = {}
+        for key, f in self.follows.items():
+            if f.truncating:
+                continue
+            plog = f.part.log
+            state = (plog.log_end_offset, f.leader_epoch, plog.log_start_offset)
+            states[key] = state
+            if full or self.in_session.get(key) != state:
+                send.setdefault(key[0], []).append(
+                    FetchPartition(
+                        partition=key[1],
+                        current_leader_epoch=f.leader_epoch,
+                        fetch_offset=state[0],
+                        last_fetched_epoch=plog.epochs.latest_epoch,
+                        log_start_offset=state[2],
+                        partition_max_bytes=PARTITION_MAX_BYTES,
+                    )
+                )
+        forgotten: dict[str, list[int]] = {}
+        if not full:
+            for key in self.in_session:
+                if key not in states:
+                    forgotten.setdefault(key[0], []).append(key[1])
         req = FetchRequest(
             cluster_id=None,
             replica_id=me,
@@ -189,38 +230,54 @@ class LeaderFetcher:
             min_bytes=1,
             max_bytes=RESPONSE_MAX_BYTES,
             isolation_level=0,
-            session_id=0,
-            session_epoch=-1,
-            topics=tuple(
-                FetchTopic(
-                    topic=t,
-                    partitions=tuple(
-                        FetchPartition(
-                            partition=f.part.index,
-                            current_leader_epoch=f.leader_epoch,
-                            fetch_offset=f.part.log.log_end_offset,
-                            last_fetched_epoch=f.part.log.epochs.latest_epoch,
-                            log_start_offset=f.part.log.log_start_offset,
-                            partition_max_bytes=PARTITION_MAX_BYTES,
-                        )
-                        for f in fs
-                    ),
-                )
-                for t, fs in by_topic.items()
+            session_id=self.session_id,
+            session_epoch=self.session_epoch,
+            topics=tuple(FetchTopic(topic=t, partitions=tuple(ps)) for t, ps in send.items()),
+            forgotten_topics_data=tuple(
+                ForgottenTopic(topic=t, partitions=tuple(ps)) for t, ps in forgotten.items()
             ),
-            forgotten_topics_data=(),
             rack_id=self.broker.config.rack or "",
         )
         assert self.conn is not None
-        sent = {(f.part.topic, f.part.index): f.part.log.log_end_offset for f in todo}
         resp = await self.conn.request(1, 12, req, FETCH_MAX_WAIT_MS / 1000 + 10.0)
+        top = int(resp.error_code)
+        if top != ErrorCode.none:
+            # FETCH_SESSION_ID_NOT_FOUND (evicted, or the leader restarted) or
+            # INVALID_FETCH_SESSION_EPOCH: open a new session with a full fetch.
+            log.debug("fetch session reset", extra={"leader": self.leader, "error": top})
+            if top == ErrorCode.fetch_session_id_not_found:
+                self.session_id = 0
+            self.reset_session()
+            return
+        # What the leader's session holds now; its answers are about these positions.
+        if full:
+            self.in_session = states
+            self.session_id = resp.session_id
+            self.session_epoch = 1 if resp.session_id else 0
+        else:
+            for t, ps in forgotten.items():
+                for index in ps:
+                    self.in_session.pop((t, index), None)
+            for t, fps in send.items():
+                for fp in fps:
+                    key = (t, fp.partition)
+                    self.in_session[key] = states[key]
+            self.session_epoch = next_epoch(self.session_epoch)
         backoff = False
         for t in resp.responses:
             for r in t.partitions:
                 key = (t.topic, r.partition_index)
                 f = self.follows.get(key)
-                # Skip answers for a partition that changed role or epoch meanwhile.
-                if f is None or f.truncating or f.part.log.log_end_offset != sent.get(key):
+                held = self.in_session.get(key)
+                # Skip answers for a partition that changed role, epoch or position
+                # meanwhile (its next request names it again).
+                if (
+                    f is None
+                    or f.truncating
+                    or held is None
+                    or f.part.log.log_end_offset != held[0]
+                    or f.leader_epoch != held[1]
+                ):
                     continue
                 err = int(r.error_code)
                 if err == ErrorCode.none:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from straitmq.controller.errors import ControllerError
 
-from ..partitions import Partition
+from ..partitions import LEADER, Partition
 
 if TYPE_CHECKING:
     from ..broker import Broker
@@ -25,6 +25,14 @@ class IsrManager:
         self.broker = broker
         self.shrinks = 0
         self.expands = 0
+        # Only leaders change an ISR: the scan visits them, not every replica.
+        self.led: dict[tuple[str, int], Partition] = {}
+
+    def on_role(self, part: Partition, role: str) -> None:
+        if role == LEADER:
+            self.led[(part.topic, part.index)] = part
+        else:
+            self.led.pop((part.topic, part.index), None)
 
     def _alive(self, broker_id: int) -> bool:
         b = self.broker.image.brokers.get(broker_id)
@@ -37,7 +45,7 @@ class IsrManager:
             await asyncio.sleep(period)
             if not self.broker.ready:
                 continue
-            parts = list(self.broker.partitions.partitions.values())
+            parts = list(self.led.values())
             for n, part in enumerate(parts, 1):
                 new = part.isr_change(lag_s, self._alive)
                 if new is not None:

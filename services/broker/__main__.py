@@ -17,6 +17,7 @@ from straitmq.signals import stop_signal
 
 from .broker import Broker, BrokerStartupError
 from .config import BrokerConfig, flag_settings
+from .security.settings import FIELDS, check_keys, read_properties
 
 
 def parse_args(argv: list[str] | None = None) -> BrokerConfig:
@@ -43,6 +44,19 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         "from the node's label)",
     )
     p.add_argument("--no-auto-create", action="store_true", help="auto.create.topics.enable=false")
+    p.add_argument(
+        "--properties",
+        default=None,
+        help="a Kafka-style key=value file of listener and security settings (listeners, "
+        "listener.security.protocol.map, ssl.*, sasl.*, listener.name.<name>.*)",
+    )
+    p.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one such setting; repeatable, wins over --properties",
+    )
     p.add_argument("--log-level", default=os.environ.get("STRAIT_LOG_LEVEL", "warning"))
     a = p.parse_args(argv)
     if a.controller_voters and not a.cluster_id:
@@ -62,8 +76,26 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
     host, _, port = a.listen.rpartition(":")
     adv_host, _, adv_port = (a.advertise or a.listen).rpartition(":")
     http_host, _, http_port = a.http.rpartition(":")
+    try:
+        props = read_properties(a.properties) if a.properties else {}
+    except OSError as e:
+        p.error(f"--properties: {e}")
+    for item in a.override:
+        key, sep, value = item.partition("=")
+        if not sep:
+            p.error(f"--override expects KEY=VALUE, got {item!r}")
+        props[key.strip()] = value.strip()
+    try:
+        check_keys(props)
+    except ValueError as e:
+        p.error(str(e))
+    for key, name in FIELDS.items():  # a flag given on the command line wins
+        if key in props and getattr(a, name) == getattr(d, name):
+            value = props.pop(key)
+            setattr(a, name, int(value) if isinstance(getattr(d, name), int) else value)
     logs.setup(a.log_level)
     return BrokerConfig(
+        security=props,
         node_id=node_id,
         host=host or "127.0.0.1",
         port=int(port),

@@ -40,6 +40,7 @@ from .records import BatchInfo
 from .replication.fetcher import ReplicaFetchers
 from .replication.isr import IsrManager
 from .replication.throttle import ReplicationThrottle
+from .security.listeners import Listener, bind_listeners, build_listeners
 
 log = logging.getLogger("straitmq.broker")
 OFFSETS_SEGMENT_BYTES = 64 * 1024 * 1024
@@ -68,6 +69,11 @@ class Broker:
         self.phase = "starting"
         self.serving = False
         self._kafka_sockets: list[Any] = []
+        try:  # a bad listener, certificate or SASL setting stops the broker here, saying why
+            self.listeners = build_listeners(config)
+        except ValueError as e:
+            raise BrokerStartupError(str(e)) from None
+        self._bound: list[tuple[Listener, list[Any]]] = []
         self.incarnation = str(uuid.uuid4())
         self._servers: list[Any] = []
         self._tasks: list[asyncio.Task] = []
@@ -298,11 +304,8 @@ class Broker:
 
         cfg = self.config
         # Bound now (the port is ours and known, also for port 0), listening only later.
-        self._kafka_sockets = bind(cfg.host, cfg.port)
-        if cfg.port == 0:
-            cfg.port = self._kafka_sockets[0].getsockname()[1]
-            if cfg.advertised_port == 0:
-                cfg.advertised_port = cfg.port
+        self._bound = bind_listeners(cfg, self.listeners, bind)
+        self._kafka_sockets = [s for _, socks in self._bound for s in socks]
         runner, http_port = await start_http(self, cfg.http_host, cfg.http_port)
         cfg.http_port = http_port
         self._servers.append(runner)
@@ -355,7 +358,11 @@ class Broker:
         await self.ensure_offsets_topic()
         from .server import serve
 
-        self._servers.append(await serve(self, self._kafka_sockets))
+        for listener, socks in self._bound:
+            self._servers.append(await serve(self, socks, listener))
+            if listener.tls is not None:  # rotated certificate files, for new connections
+                self._tasks.append(loop.create_task(listener.tls.watch()))
+        self._bound = []
         self._kafka_sockets = []  # the server owns (and closes) them now
         self.serving = True
         self.phase = "serving"

@@ -79,6 +79,34 @@ class BrokerConfig:
         "combined node: broker session timeout of its controller",
     )  # fmt: skip
     leader_rebalance_interval_ms: int = 30_000
+    # Named listeners, as Kafka names them (see straitmq.broker.security.listeners). Unset:
+    # one PLAINTEXT listener on --listen / --advertise, exactly as before listeners existed.
+    listeners: str | None = setting(
+        None, "listeners", "--listeners",
+        "named listeners NAME://host:port,... (e.g. CLIENT://:9092,REPLICATION://:9192); "
+        "replaces --listen",
+    )  # fmt: skip
+    advertised_listeners: str | None = setting(
+        None, "advertised.listeners", "--advertised-listeners",
+        "NAME://host:port,... clients are told to use (default: each listener's own)",
+    )  # fmt: skip
+    listener_security_protocol_map: str | None = setting(
+        None, "listener.security.protocol.map", "--listener-security-protocol-map",
+        "NAME:PROTOCOL,... (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL); default: each "
+        "protocol's own name",
+    )  # fmt: skip
+    inter_broker_listener_name: str | None = setting(
+        None, "inter.broker.listener.name", "--inter-broker-listener-name",
+        "the listener replicas fetch from and the controller probes (must be PLAINTEXT "
+        "for now; default: the first PLAINTEXT listener)",
+    )  # fmt: skip
+    connections_max_reauth_ms: int = setting(
+        0, "connections.max.reauth.ms", "--connections-max-reauth-ms",
+        "SASL session lifetime (KIP-368); 0: sessions never expire",
+    )  # fmt: skip
+    # ssl.*, sasl.* and listener.name.<name>.* settings (Kafka names) from --properties
+    # and --override; never shown by DescribeConfigs (they hold passwords).
+    security: dict[str, str] = field(default_factory=dict)
     otlp_endpoint: str | None = setting(
         None, None, "--otlp-endpoint",
         "OTLP/HTTP collector base URL for metrics, e.g. http://otel-collector:4318 "

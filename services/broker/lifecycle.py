@@ -33,7 +33,15 @@ class Lifecycle:
 
     def _registration(self) -> dict:
         c = self.broker.config
+        # Named listeners register every advertised endpoint; the single default
+        # listener registers as before (its host/port are the endpoint).
+        endpoints = (
+            {ln.name: [ln.spec.advertised_host, ln.spec.advertised_port]
+             for ln in self.broker.listeners}
+            if c.listeners else None
+        )  # fmt: skip
         return {
+            "endpoints": endpoints,
             "id": c.node_id,
             "incarnation": self.broker.incarnation,
             "cluster_id": self.broker.cluster_id,

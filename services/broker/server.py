@@ -32,6 +32,9 @@ from straitmq.protocol.guard import check_array_lengths
 from .api.context import RawResponse, RequestContext
 from .api.dispatch import HANDLERS, api_versions_fallback
 from .metrics import FOLLOWER_FETCH_KEY
+from .security.listeners import Listener
+from .security.sasl import ConnectionSecurity
+from .security.tls import principal_from_cert
 from .storage.log import ReadSlice
 
 if TYPE_CHECKING:
@@ -40,11 +43,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("straitmq.server")
 _SIZE = struct.Struct(">i")
 MAX_QUEUED_FRAMES = 64
+TLS_COPY_CHUNK = 256 * 1024  # fetched file ranges read into memory per TLS write
 
 
 class KafkaConnection(asyncio.Protocol):
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, listener: Listener | None = None) -> None:
         self.broker = broker
+        self.listener = listener
+        self.listener_name = listener.name if listener is not None else ""
+        self.tls = listener is not None and listener.tls is not None
+        self.security = ConnectionSecurity(None, _no_credentials)
         self.buf = bytearray()
         self.frames: deque[memoryview] = deque()
         self.wakeup = asyncio.Event()
@@ -64,6 +72,16 @@ class KafkaConnection(asyncio.Protocol):
         transport.set_write_buffer_limits(high=0)
         peer = transport.get_extra_info("peername")
         self.client_host = f"/{peer[0]}" if peer else ""
+        if self.listener is not None:
+            # Called once the TLS handshake is done: the client certificate (if any) is
+            # verified by now and names the principal until SASL names another.
+            cert = transport.get_extra_info("peercert") if self.tls else None
+            broker = self.broker
+            self.security = ConnectionSecurity(
+                self.listener.sasl,
+                lambda user, mech: broker.image.scram_credentials.get(user, {}).get(mech),
+                principal_from_cert(cert),
+            )
         self.broker.connections.add(self)
         self.task = asyncio.get_running_loop().create_task(self.run())
 
@@ -80,7 +98,8 @@ class KafkaConnection(asyncio.Protocol):
         end = len(frames_view)
         while end - pos >= 4:
             (size,) = _SIZE.unpack_from(frames_view, pos)
-            if size < 8 or size > limit:
+            # Unframed SASL tokens (SaslHandshake v0) may be short or empty.
+            if size < (0 if self.security.raw_tokens else 8) or size > limit:
                 log.info(
                     "closing connection: bad frame size",
                     extra={"client": self.client_host, "size": size},
@@ -154,7 +173,19 @@ class KafkaConnection(asyncio.Protocol):
     async def handle(self, frame: memoryview) -> None:
         start = perf_counter()
         broker = self.broker
+        security = self.security
+        if security.raw_tokens:
+            self._raw_sasl_token(frame)
+            return
         api_key, version, correlation_id = parse_header_prefix(frame)
+        refusal = security.refusal(api_key)
+        if refusal is not None:
+            # Kafka's behaviour: the connection closes, the client reports it at once.
+            log.info("closing connection: %s", refusal,
+                     extra={"client": self.client_host, "api_key": api_key,
+                            "listener": self.listener_name})  # fmt: skip
+            self.close()
+            return
         spec = HANDLERS.get(api_key)
         if spec is None or not spec.min_version <= version <= spec.max_version:
             if api_key == 18:  # ApiVersions: answer in v0 format with UNSUPPORTED_VERSION
@@ -175,8 +206,9 @@ class KafkaConnection(asyncio.Protocol):
             self.close()
             return
         ctx = RequestContext(
-            broker, api_key, version, correlation_id, header.client_id, self.client_host
-        )
+            broker, api_key, version, correlation_id, header.client_id, self.client_host,
+            self.listener_name, security,
+        )  # fmt: skip
         metrics = broker.metrics
         metrics.requests[api_key] += 1
         key = api_key if api_key != 1 or body.replica_id < 0 else FOLLOWER_FETCH_KEY
@@ -190,7 +222,18 @@ class KafkaConnection(asyncio.Protocol):
                     metrics.request_errors[(api_key, code)] += 1
                 body = build(response_schema(api_key, version), result)
                 self.write(encode_response(api_key, version, correlation_id, body))
+        if security.close_after_reply:  # a failed authentication: the answer, then close
+            self.close()
         metrics.observe(key, perf_counter() - start)
+
+    def _raw_sasl_token(self, frame: memoryview) -> None:
+        """After SaslHandshake v0 the tokens come and go size-prefixed, with no header;
+        a failure closes the connection (v0 has no way to carry an error)."""
+        outcome = self.security.authenticate(bytes(frame))
+        if outcome.close:
+            self.close()
+            return
+        self.write(_SIZE.pack(len(outcome.auth_bytes)) + outcome.auth_bytes)
 
     def write(self, data: bytes) -> None:
         if not self.closed and self.transport is not None:
@@ -217,6 +260,9 @@ class KafkaConnection(asyncio.Protocol):
             await self.drained.wait()
         if self.closed:
             raise ConnectionError("closed")
+        if self.tls:
+            await self._send_copy(piece)
+            return
         sock = self.transport.get_extra_info("socket")
         fd = sock.fileno()
         offset, remaining = piece.position, piece.size
@@ -249,6 +295,31 @@ class KafkaConnection(asyncio.Protocol):
                 raise ConnectionError("closed")
 
 
+    async def _send_copy(self, piece: ReadSlice) -> None:
+        """TLS encrypts in user space, so a file range cannot go by sendfile: read it in
+        chunks and write each through the transport, waiting for the buffer to drain."""
+        assert self.transport is not None
+        offset, remaining = piece.position, piece.size
+        while remaining:
+            try:
+                chunk = os.pread(piece.fd, min(remaining, TLS_COPY_CHUNK), offset)
+            except OSError as e:  # the segment was deleted, or no descriptor is left
+                raise ConnectionError(f"cannot send a fetched range: {e}") from e
+            if not chunk:
+                raise ConnectionError("file shrank under a fetch")
+            self.transport.write(chunk)
+            offset += len(chunk)
+            remaining -= len(chunk)
+            if self.transport.get_write_buffer_size():
+                await self.drained.wait()
+            if self.closed:
+                raise ConnectionError("closed")
+
+
+def _no_credentials(user: str, mechanism: str) -> dict | None:
+    return None
+
+
 def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -278,11 +349,16 @@ def bind(host: str, port: int) -> list[socket.socket]:
     return socks
 
 
-async def serve(broker: Broker, socks: list[socket.socket]) -> asyncio.Server:
+async def serve(
+    broker: Broker, socks: list[socket.socket], listener: Listener | None = None
+) -> asyncio.Server:
     """Start accepting on the sockets `bind` made: from now on clients are answered."""
     loop = asyncio.get_running_loop()
+    ssl_ctx = listener.tls.server_context if listener is not None and listener.tls else None
     servers = [
-        await loop.create_server(lambda: KafkaConnection(broker), sock=s, backlog=1024)
+        await loop.create_server(
+            lambda: KafkaConnection(broker, listener), sock=s, backlog=1024, ssl=ssl_ctx
+        )
         for s in socks
     ]
     return servers[0] if len(servers) == 1 else _Servers(servers)

@@ -226,6 +226,8 @@ class ActiveController:
                 "http_port": int(req["http_port"]),
                 "rack": req.get("rack"),
             }
+            if req.get("endpoints"):  # named listeners: {name: [host, port]}
+                rec["endpoints"] = {n: [h, int(p)] for n, (h, p) in req["endpoints"].items()}
             # A restarted broker comes back fenced: its old leaderships move first.
             return [rec, *on_broker_leaving(image, bid)] if old is not None else [rec]
 
@@ -406,6 +408,21 @@ class ActiveController:
             "offset": await self._commit(lambda image: ops.alter_cluster_configs(req["changes"]))
         }
 
+    async def alter_scram_credentials(self, req: dict) -> dict:
+        """Upsert and delete SCRAM credentials (already salted and hashed by the broker);
+        deleting one that does not exist is that user's RESOURCE_NOT_FOUND."""
+        errors: dict[str, str] = {}
+
+        def build(image: MetadataImage) -> list[Record]:
+            errors.clear()
+            records, missing = ops.alter_scram_credentials(
+                image, req.get("upsertions", []), req.get("deletions", [])
+            )
+            errors.update(missing)
+            return records
+
+        return {"offset": await self._commit(build), "errors": errors}
+
     async def allocate_producer_ids(self, req: dict) -> dict:
         start = 0
 
@@ -542,6 +559,7 @@ def handlers(c: ActiveController) -> dict[str, Handler]:
         "alter_configs": c.alter_configs,
         "alter_cluster_configs": c.alter_cluster_configs,
         "allocate_producer_ids": c.allocate_producer_ids,
+        "alter_scram_credentials": c.alter_scram_credentials,
         "alter_partition": c.alter_partition,
         "reassign": c.reassign,
         "list_reassignments": list_reassignments,

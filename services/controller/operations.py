@@ -185,6 +185,26 @@ def alter_cluster_configs(changes: dict[str, str | None]) -> list[Record]:
     return [{"type": "cluster_config", "changes": changes}] if changes else []
 
 
+def alter_scram_credentials(
+    image: MetadataImage, upsertions: list[dict], deletions: list[dict]
+) -> tuple[list[Record], dict[str, str]]:
+    """Records for SCRAM credential changes, and {user: why} for deletions of a
+    credential that does not exist (Kafka answers those RESOURCE_NOT_FOUND)."""
+    records: list[Record] = []
+    missing: dict[str, str] = {}
+    for d in deletions:
+        if d["mechanism"] not in image.scram_credentials.get(d["name"], {}):
+            missing[d["name"]] = (
+                f"attempt to delete a {d['mechanism']} credential of user {d['name']!r} "
+                "that does not exist"
+            )
+            continue
+        records.append({"type": "remove_user_scram_credential", **d})
+    for u in upsertions:
+        records.append({"type": "user_scram_credential", **u})
+    return records, missing
+
+
 def allocate_producer_ids(image: MetadataImage) -> tuple[int, list[Record]]:
     start = image.next_producer_id
     return start, [{"type": "producer_ids", "next": start + PRODUCER_ID_BLOCK}]

@@ -6,7 +6,8 @@ metadata log; a snapshot is `to_dict()` of the image at an offset, written as `e
 
 Record types:
   cluster           cluster_id
-  register_broker   id, incarnation, host, port, http_port, rack (registers fenced)
+  register_broker   id, incarnation, host, port, http_port, rack (registers fenced),
+                    endpoints {listener name: [host, port]} (named listeners)
   fence_broker / unfence_broker / broker_shutdown   id
   topic             name, topic_id, configs, internal
   partition         topic, index, replicas, isr, leader
@@ -15,6 +16,9 @@ Record types:
   cluster_config    changes {key: value | None} (e.g. the replication throttle)
   remove_topic      name
   producer_ids      next
+  user_scram_credential         name, mechanism, salt, iterations, stored_key, server_key
+                                (SCRAM, base64; never the password)
+  remove_user_scram_credential  name, mechanism
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ class BrokerImage:
     rack: str | None = None
     fenced: bool = True
     shutting_down: bool = False
+    # Advertised endpoint per listener name; {} for a broker registered before named
+    # listeners (its host/port are its PLAINTEXT listener).
+    endpoints: dict[str, list] = field(default_factory=dict)
 
     @property
     def alive(self) -> bool:
@@ -87,6 +94,8 @@ class MetadataImage:
     cluster_configs: dict[str, str] = field(default_factory=dict)
     next_producer_id: int = 0
     offset: int = -1  # Raft offset of the last applied entry
+    # user -> mechanism -> {"salt", "iterations", "stored_key", "server_key"} (base64)
+    scram_credentials: dict[str, dict[str, dict]] = field(default_factory=dict)
     # Bumped by every record that changes a topic / any broker: what is built from the
     # image (snapshot bytes, Metadata answers) is cached against these.
     topic_versions: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
@@ -151,6 +160,7 @@ class MetadataImage:
             dict(self.cluster_configs),
             self.next_producer_id,
             self.offset,
+            {user: dict(creds) for user, creds in self.scram_credentials.items()},
         )
 
     # -- snapshots -------------------------------------------------------------------
@@ -174,6 +184,7 @@ class MetadataImage:
                 "cluster_configs": self.cluster_configs,
                 "next_producer_id": self.next_producer_id,
                 "offset": self.offset,
+                "scram_credentials": self.scram_credentials,
             }
         )
         return b'{"topics":[' + b",".join(topics) + b"]," + rest[1:]
@@ -188,6 +199,7 @@ class MetadataImage:
             "cluster_configs": dict(self.cluster_configs),
             "next_producer_id": self.next_producer_id,
             "offset": self.offset,
+            "scram_credentials": {u: dict(c) for u, c in self.scram_credentials.items()},
         }
 
     @classmethod
@@ -197,6 +209,8 @@ class MetadataImage:
             cluster_configs=dict(d["cluster_configs"]),
             next_producer_id=d["next_producer_id"],
             offset=d["offset"],
+            # Snapshots written before SCRAM hold none.
+            scram_credentials={u: dict(c) for u, c in d.get("scram_credentials", {}).items()},
         )
         for b in d["brokers"]:
             image.brokers[b["id"]] = BrokerImage(**b)
@@ -213,7 +227,8 @@ class MetadataImage:
 
 def _copy_broker(b: BrokerImage) -> BrokerImage:
     return BrokerImage(
-        b.id, b.incarnation, b.host, b.port, b.http_port, b.rack, b.fenced, b.shutting_down
+        b.id, b.incarnation, b.host, b.port, b.http_port, b.rack, b.fenced, b.shutting_down,
+        b.endpoints,
     )
 
 
@@ -233,6 +248,7 @@ def broker_dict(b: BrokerImage) -> dict:
         "rack": b.rack,
         "fenced": b.fenced,
         "shutting_down": b.shutting_down,
+        "endpoints": b.endpoints,
     }
 
 
@@ -269,7 +285,8 @@ def _topic_changed(img: MetadataImage, name: str) -> None:
 def _register_broker(img: MetadataImage, r: Record) -> None:
     img.brokers_version += 1
     img.brokers[r["id"]] = BrokerImage(
-        r["id"], r["incarnation"], r["host"], r["port"], r["http_port"], r.get("rack")
+        r["id"], r["incarnation"], r["host"], r["port"], r["http_port"], r.get("rack"),
+        endpoints=dict(r.get("endpoints") or {}),
     )
 
 
@@ -348,6 +365,23 @@ def _producer_ids(img: MetadataImage, r: Record) -> None:
     img.next_producer_id = r["next"]
 
 
+def _user_scram_credential(img: MetadataImage, r: Record) -> None:
+    img.scram_credentials.setdefault(r["name"], {})[r["mechanism"]] = {
+        "salt": r["salt"],
+        "iterations": r["iterations"],
+        "stored_key": r["stored_key"],
+        "server_key": r["server_key"],
+    }
+
+
+def _remove_user_scram_credential(img: MetadataImage, r: Record) -> None:
+    creds = img.scram_credentials.get(r["name"])
+    if creds is not None:
+        creds.pop(r["mechanism"], None)
+        if not creds:
+            del img.scram_credentials[r["name"]]
+
+
 _HANDLERS = {
     "cluster": _cluster,
     "register_broker": _register_broker,
@@ -361,4 +395,6 @@ _HANDLERS = {
     "cluster_config": _cluster_config,
     "remove_topic": _remove_topic,
     "producer_ids": _producer_ids,
+    "user_scram_credential": _user_scram_credential,
+    "remove_user_scram_credential": _remove_user_scram_credential,
 }

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..broker import Broker
+    from ..security.sasl import ConnectionSecurity
     from ..storage.log import ReadSlice
 
 
@@ -18,6 +19,10 @@ class RequestContext:
     correlation_id: int
     client_id: str | None
     client_host: str
+    # The listener the request came in on (Metadata answers with its endpoints) and the
+    # connection's security state (principal, SASL exchange); None outside a connection.
+    listener: str = ""
+    security: ConnectionSecurity | None = None
 
 
 @dataclass(slots=True)

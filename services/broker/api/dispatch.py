@@ -15,6 +15,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from . import admin, describe_topics, fetch, groups, metadata, produce, quorum, reassign, records
+from . import security as sec
 from .context import RequestContext
 
 Handler = Callable[[RequestContext, Any], Awaitable[Any]]
@@ -68,6 +69,7 @@ HANDLERS: dict[int, ApiSpec] = {
     14: ApiSpec(0, 5, groups.handle_sync_group),
     15: ApiSpec(0, 5, groups.handle_describe_groups),
     16: ApiSpec(0, 4, groups.handle_list_groups),
+    17: ApiSpec(0, 1, sec.handle_sasl_handshake),
     18: ApiSpec(0, 4, handle_api_versions),
     19: ApiSpec(2, 7, admin.handle_create_topics),
     20: ApiSpec(1, 5, admin.handle_delete_topics),
@@ -76,12 +78,16 @@ HANDLERS: dict[int, ApiSpec] = {
     23: ApiSpec(2, 4, fetch.handle_offset_for_leader_epoch),
     32: ApiSpec(1, 4, admin.handle_describe_configs),
     35: ApiSpec(1, 4, admin.handle_describe_log_dirs),
+    36: ApiSpec(0, 2, sec.handle_sasl_authenticate),
     37: ApiSpec(0, 3, admin.handle_create_partitions),
     42: ApiSpec(0, 2, groups.handle_delete_groups),
     43: ApiSpec(0, 2, reassign.handle_elect_leaders),
     44: ApiSpec(0, 1, admin.handle_incremental_alter_configs),
     45: ApiSpec(0, 0, reassign.handle_alter_partition_reassignments),
     46: ApiSpec(0, 0, reassign.handle_list_partition_reassignments),
+    48: ApiSpec(0, 1, sec.handle_describe_client_quotas),
+    50: ApiSpec(0, 0, sec.handle_describe_user_scram_credentials),
+    51: ApiSpec(0, 0, sec.handle_alter_user_scram_credentials),
     55: ApiSpec(0, 2, quorum.handle_describe_quorum),
     60: ApiSpec(0, 1, metadata.handle_describe_cluster),
     75: ApiSpec(0, 0, describe_topics.handle_describe_topic_partitions),

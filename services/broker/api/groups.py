@@ -8,6 +8,7 @@ from kio.schema.errors import ErrorCode
 
 from ..groups.coordinator import JoinError
 from ..groups.offsets import OFFSETS_TOPIC
+from ..security.listeners import endpoint_for
 from .context import RequestContext
 
 MAX_METADATA = 4096
@@ -18,7 +19,8 @@ def _coordinator(ctx: RequestContext, group_id: str) -> dict:
     broker = ctx.broker
     p = broker.image.partition(OFFSETS_TOPIC, broker.offsets.partition_for(group_id))
     b = broker.image.brokers.get(p.leader) if p is not None else None
-    if b is None or not b.alive:
+    ep = endpoint_for(b, ctx.listener) if b is not None else None  # the client's listener
+    if b is None or not b.alive or ep is None:
         return {
             "node_id": -1,
             "host": "",
@@ -26,7 +28,7 @@ def _coordinator(ctx: RequestContext, group_id: str) -> dict:
             "error_code": ErrorCode.coordinator_not_available,
             "error_message": "the group coordinator is not available yet; retry",
         }
-    return {"node_id": b.id, "host": b.host, "port": b.port, "error_code": 0, "error_message": None}
+    return {"node_id": b.id, "host": ep[0], "port": ep[1], "error_code": 0, "error_message": None}
 
 
 def not_coordinator(ctx: RequestContext, group_id: str) -> int:

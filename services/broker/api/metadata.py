@@ -16,6 +16,7 @@ from straitmq.metadata.image import NO_LEADER, MetadataImage
 from straitmq.protocol.build import build, nested_schema
 from straitmq.protocol.codec import response_schema
 
+from ..security.listeners import endpoint_for
 from .context import RequestContext
 
 
@@ -44,18 +45,22 @@ class TopicEntities:
 
 
 def _brokers(ctx: RequestContext, key: str = "node_id") -> list[dict]:
-    live = [
-        {key: b.id, "host": b.host, "port": b.port, "rack": b.rack}
-        for b in sorted(ctx.broker.image.brokers.values(), key=lambda b: b.id)
-        if not b.fenced
-    ]
+    """The live brokers' endpoints on the listener this client came in on; brokers
+    without that listener are left out, as Kafka does."""
+    live = []
+    for b in sorted(ctx.broker.image.brokers.values(), key=lambda b: b.id):
+        ep = endpoint_for(b, ctx.listener) if not b.fenced else None
+        if ep is not None:
+            live.append({key: b.id, "host": ep[0], "port": ep[1], "rack": b.rack})
     if not live:
         # Never zero brokers (librdkafka takes that as a partial response and stalls):
         # when the image shows every broker fenced, this one still answers.
         c = ctx.broker.config
-        live = [
-            {key: c.node_id, "host": c.advertised_host, "port": c.advertised_port, "rack": c.rack}
-        ]
+        host, port = c.advertised_host, c.advertised_port
+        for ln in ctx.broker.listeners:
+            if ln.name == ctx.listener:
+                host, port = ln.spec.advertised_host, ln.spec.advertised_port
+        live = [{key: c.node_id, "host": host, "port": port, "rack": c.rack}]
     return live
 
 

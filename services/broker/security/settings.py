@@ -1,0 +1,70 @@
+"""Security settings by their Kafka names, per listener.
+
+They come from `--properties FILE` (a Kafka-style `key=value` file) and `--override
+key=value`. A listener's own value (`listener.name.<name>.<key>`, the name in lower case
+as Kafka writes it) wins over the broker-wide one (`<key>`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# Every other key is refused: a typo must not silently leave a listener open.
+SECURITY_KEYS = frozenset({
+    "ssl.keystore.type",
+    "ssl.keystore.location",
+    "ssl.key.password",
+    "ssl.truststore.type",
+    "ssl.truststore.location",
+    "ssl.client.auth",
+    "ssl.reload.interval.ms",
+    "sasl.enabled.mechanisms",
+    "plain.sasl.jaas.config",
+    "connections.max.reauth.ms",
+})  # fmt: skip
+# Listener settings that also have a command-line flag (BrokerConfig fields).
+FIELDS = {
+    "listeners": "listeners",
+    "advertised.listeners": "advertised_listeners",
+    "listener.security.protocol.map": "listener_security_protocol_map",
+    "inter.broker.listener.name": "inter_broker_listener_name",
+    "connections.max.reauth.ms": "connections_max_reauth_ms",
+}
+
+
+def read_properties(path: str) -> dict[str, str]:
+    """A Java properties file, the simple form Kafka's docs use: `key=value` lines,
+    `#`/`!` comments, and a trailing backslash continuing a line (JAAS configs)."""
+    out: dict[str, str] = {}
+    pending = ""
+    for raw in Path(path).read_text().splitlines():
+        line = pending + raw.strip()
+        pending = ""
+        if line.endswith("\\"):
+            pending = line[:-1] + " "
+            continue
+        if not line or line[0] in "#!":
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            key, _, value = line.partition(":")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def check_keys(props: dict[str, str]) -> None:
+    for key in props:
+        base = key
+        if key.startswith("listener.name."):
+            base = key[len("listener.name.") :].partition(".")[2]
+        if key not in FIELDS and base not in SECURITY_KEYS:
+            raise ValueError(
+                f"unknown setting {key!r}: --properties/--override take {', '.join(FIELDS)} "
+                f"and, broker-wide or as listener.name.<name>.<key>, "
+                f"{', '.join(sorted(SECURITY_KEYS))}"
+            )
+
+
+def listener_value(props: dict[str, str], listener: str, key: str) -> str | None:
+    own = props.get(f"listener.name.{listener.lower()}.{key}")
+    return own if own is not None else props.get(key)

@@ -486,3 +486,46 @@ def test_describe_topic_partitions(broker) -> None:  # type: ignore[no-untyped-d
                 [("cli41p-a", ErrorCode.invalid_request, [])], None), cursor  # fmt: skip
     finally:
         raw.close()
+
+
+# -- kafka-features describe (ApiVersions v3+ feature flags) -----------------------------------
+
+
+def api_versions(version: int) -> object:
+    mod = importlib.import_module(f"kio.schema.api_versions.v{version}.request")
+    extra = {"client_software_name": "test", "client_software_version": "1"} if version >= 3 else {}
+    return mod.ApiVersionsRequest(**extra)
+
+
+def test_features_describe(broker) -> None:  # type: ignore[no-untyped-def]
+    r = tool("kafka-features", "--bootstrap-server", broker.bootstrap, "describe")
+    rows = [dict(field.split(": ", 1) for field in line.split("\t"))
+            for line in r.stdout.splitlines() if line.startswith("Feature: ")]  # fmt: skip
+    by_name = {row.pop("Feature"): row for row in rows}
+    assert list(by_name) == sorted(by_name), "the tool sorts them"
+    assert by_name["metadata.version"] == {
+        "SupportedMinVersion": "3.3-IV3", "SupportedMaxVersion": "4.1-IV1",
+        "FinalizedVersionLevel": "4.1-IV1", "Epoch": by_name["metadata.version"]["Epoch"],
+    }, r.stdout  # fmt: skip
+    assert int(by_name["metadata.version"]["Epoch"]) > 0, r.stdout
+    off = ("kraft.version", "group.version", "transaction.version",
+           "eligible.leader.replicas.version", "share.version", "streams.version")  # fmt: skip
+    assert set(by_name) == {"metadata.version", *off}, r.stdout
+    for name in off:
+        assert [by_name[name][k] for k in ("SupportedMinVersion", "SupportedMaxVersion",
+                "FinalizedVersionLevel")] == ["0", "0", "0"], (name, r.stdout)  # fmt: skip
+
+    raw = Raw(broker)
+    try:
+        answers = {v: raw.call(api_versions(v)) for v in (2, 3, 4)}
+    finally:
+        raw.close()
+    assert not hasattr(answers[2], "supported_features")
+    # Before v4, features whose supported minimum is 0 are left out (KAFKA-17492).
+    assert [f.name for f in answers[3].supported_features] == ["metadata.version"]
+    assert len(answers[4].supported_features) == 7
+    for v in (3, 4):
+        (fin,) = answers[v].finalized_features
+        assert (fin.name, fin.min_version_level, fin.max_version_level) == (
+            "metadata.version", 27, 27)  # fmt: skip
+        assert answers[v].finalized_features_epoch > 0

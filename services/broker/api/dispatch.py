@@ -14,7 +14,18 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from . import admin, describe_topics, fetch, groups, metadata, produce, quorum, reassign, records
+from . import (
+    admin,
+    describe_topics,
+    features,
+    fetch,
+    groups,
+    metadata,
+    produce,
+    quorum,
+    reassign,
+    records,
+)
 from . import security as sec
 from .context import RequestContext
 
@@ -70,7 +81,7 @@ HANDLERS: dict[int, ApiSpec] = {
     15: ApiSpec(0, 5, groups.handle_describe_groups),
     16: ApiSpec(0, 4, groups.handle_list_groups),
     17: ApiSpec(0, 1, sec.handle_sasl_handshake),
-    18: ApiSpec(0, 4, handle_api_versions),
+    18: ApiSpec(0, 4, features.handle_api_versions),  # with feature flags (v3+)
     19: ApiSpec(2, 7, admin.handle_create_topics),
     20: ApiSpec(1, 5, admin.handle_delete_topics),
     21: ApiSpec(0, 2, records.handle_delete_records),

@@ -1,0 +1,70 @@
+"""ApiVersions with feature flags (KIP-584): what `kafka-features.sh describe` shows.
+
+Kafka's Admin.describeFeatures asks a broker's ApiVersions (v3+) and prints, for every
+supported feature, its supported range and finalized level. The levels below are what
+StraitMQ really implements, named as Kafka 4.1 names them:
+
+- metadata.version: 3.3-IV3 (7) to 4.1-IV1 (27), finalized at 4.1-IV1, as a new Kafka
+  4.1 cluster reports. StraitMQ's metadata log has its own records, so the level only
+  tells tools which Kafka APIs and versions to expect (those of 4.1).
+- kraft.version 0 (static voters: no AddRaftVoter/RemoveRaftVoter), group.version 0 (the
+  classic group protocol only, no KIP-848 ConsumerGroupHeartbeat), transaction.version 0
+  (no transactions; a finalized 2 would make Java 4.x producers use KIP-890's protocol),
+  eligible.leader.replicas.version 0 (no ELR), share.version 0, streams.version 0.
+
+As in Kafka, a finalized level 0 is not listed (the tool prints 0 for it), and before
+v4 features whose supported minimum is 0 are left out (KAFKA-17492: older clients fail
+to read them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .context import RequestContext
+
+METADATA_VERSION_MIN = 7  # 3.3-IV3, the oldest metadata.version Kafka 4.x knows
+METADATA_VERSION = 27  # 4.1-IV1, Kafka 4.1's latest production level
+
+# name -> (supported min, supported max, finalized level)
+FEATURES: dict[str, tuple[int, int, int]] = {
+    "metadata.version": (METADATA_VERSION_MIN, METADATA_VERSION, METADATA_VERSION),
+    "kraft.version": (0, 0, 0),
+    "group.version": (0, 0, 0),
+    "transaction.version": (0, 0, 0),
+    "eligible.leader.replicas.version": (0, 0, 0),
+    "share.version": (0, 0, 0),
+    "streams.version": (0, 0, 0),
+}
+
+
+def feature_fields(version: int, epoch: int) -> dict:
+    """The ApiVersions fields for features, for response `version` (none before v3)."""
+    if version < 3:
+        return {}
+    return {
+        "supported_features": [
+            {"name": name, "min_version": lo, "max_version": hi}
+            for name, (lo, hi, _) in FEATURES.items()
+            if version >= 4 or lo > 0
+        ],
+        "finalized_features_epoch": epoch,
+        "finalized_features": [
+            {"name": name, "min_version_level": level, "max_version_level": level}
+            for name, (_, _, level) in FEATURES.items()
+            if level > 0
+        ],
+    }
+
+
+async def handle_api_versions(ctx: RequestContext, req: Any) -> dict:
+    from .dispatch import advertised  # the API table imports this module
+
+    # Kafka's finalized-features epoch is the metadata offset the levels were read at.
+    epoch = max(ctx.broker.image.offset, 0)
+    return {
+        "error_code": 0,
+        "api_keys": advertised(),
+        "throttle_time": 0,
+        **feature_fields(ctx.version, epoch),
+    }

@@ -14,6 +14,7 @@ from straitmq.controller import operations as ops
 from straitmq.controller.election import (
     on_broker_leaving,
     on_broker_returning,
+    on_replicas_offline,
     preferred_leader_changes,
 )
 from straitmq.controller.errors import ControllerError
@@ -207,6 +208,25 @@ def test_controlled_shutdown_moves_leadership_and_drops_the_broker_from_isrs() -
     p0, p1 = img.topics["t"].partitions
     assert (p0.leader, p0.isr) == (2, [2, 3])
     assert (p1.leader, p1.isr) == (2, [2, 3])
+
+
+def test_replicas_a_broker_cannot_open_are_led_elsewhere_and_leave_the_isr() -> None:
+    img = topic(cluster(3), "t", [[1, 2, 3], [2, 1, 3]])
+    fence(img, 3)
+    topic(img, "s", [[1]])
+    topic(img, "u", [[1, 2]])
+    apply(img, set_isr(img, "u", 0, [1]))
+    offline = [("t", 0), ("t", 1), ("s", 0), ("u", 0), ("gone", 0), ("t", 9)]
+    apply(img, on_replicas_offline(img, 1, offline))
+    t0, t1 = img.topics["t"].partitions
+    assert (t0.leader, t0.isr) == (2, [2])  # led elsewhere, 1 out of the ISR
+    assert (t1.leader, t1.isr) == (2, [2])  # 1 only leaves the ISR
+    s0 = img.topics["s"].partitions[0]
+    assert (s0.leader, s0.isr) == (1, [1])  # the only replica: stays, leads once it opens
+    u0 = img.topics["u"].partitions[0]
+    assert (u0.leader, u0.isr) == (1, [1])  # the last in-sync copy stays
+    # Nothing left to change: a steady report writes nothing.
+    assert on_replicas_offline(img, 1, offline) == []
 
 
 def test_preferred_leader_rebalancing() -> None:

@@ -9,6 +9,7 @@ waits until it leads nothing, then stops.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,7 @@ log = logging.getLogger("straitmq.broker")
 FATAL = {ErrorCode.inconsistent_cluster_id, ErrorCode.duplicate_broker_registration}
 REGISTRATION_WAIT_S = 10.0
 STREAM_RETRY_S = 0.2
+OFFLINE_MAX = 2000  # unavailable replicas named per heartbeat
 
 
 class Lifecycle:
@@ -110,6 +112,9 @@ class Lifecycle:
                     "incarnation": b.incarnation,
                     "metadata_offset": b.image.offset,
                     "want_shutdown": self.want_shutdown,
+                    # Replicas whose log cannot be opened: the controller leads them
+                    # elsewhere. At most a few thousand per heartbeat; the rest follow.
+                    "offline": list(itertools.islice(b.partitions.unavailable, OFFLINE_MAX)),
                 },
                 within_s=b.config.heartbeat_interval_ms / 1000,
             )

@@ -23,6 +23,7 @@ from . import operations as ops
 from .election import (
     on_broker_leaving,
     on_broker_returning,
+    on_replicas_offline,
     preferred_leader_changes,
     unclean_offline_elections,
 )
@@ -260,6 +261,17 @@ class ActiveController:
                 return [{"type": "unfence_broker", "id": bid}, *on_broker_returning(image, bid)]
 
             await self._commit(build_unfence)
+        elif not b.fenced and (offline := [(str(t), int(i)) for t, i in req.get("offline", ())]):
+            # Replicas it holds but cannot open: move what it leads and drop it from ISRs.
+            # Judged first against the committed image, so a steady report costs no write.
+            if on_replicas_offline(self.image, bid, offline):
+
+                def build_offline(image: MetadataImage) -> list[Record]:
+                    return on_replicas_offline(image, bid, offline)
+
+                log.warning("replicas offline on broker", extra={"broker": bid,
+                            "replicas": len(offline)})  # fmt: skip
+                await self._commit(build_offline)
         b = self.image.brokers[bid]
         # Only a leaving broker asks (a scan of every partition, not for each heartbeat).
         shutdown_ok = b.shutting_down and not any(

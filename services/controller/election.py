@@ -59,6 +59,32 @@ def on_broker_leaving(image: MetadataImage, broker: int) -> list[Record]:
     return out
 
 
+def on_replicas_offline(
+    image: MetadataImage, broker: int, replicas: list[tuple[str, int]]
+) -> list[Record]:
+    """`broker` is alive but cannot open these replicas' logs (a full disk, no
+    descriptors, a failed directory): lead them from another in-sync replica and drop
+    the broker from their ISRs, as Kafka does for replicas in an offline log dir. The
+    last in-sync copy stays where it is: it leads again once its log opens."""
+    alive = {b.id for b in image.live_brokers()} - {broker}
+    out = []
+    for name, i in replicas:
+        t = image.topics.get(name)
+        if t is None or not 0 <= i < len(t.partitions):
+            continue
+        p = t.partitions[i]
+        if broker not in p.isr:
+            continue
+        isr = [r for r in p.isr if r != broker]
+        leader = p.leader
+        if leader == broker or leader not in alive:
+            leader, isr = elect(p, isr, alive, False) if isr else (NO_LEADER, isr)
+        if leader == NO_LEADER:
+            continue
+        out.append(_change(t, i, p, leader, isr))
+    return out
+
+
 def on_broker_returning(image: MetadataImage, broker: int) -> list[Record]:
     """Give offline partitions back a leader once `broker` is alive again."""
     alive = {b.id for b in image.live_brokers()} | {broker}

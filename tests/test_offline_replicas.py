@@ -1,0 +1,59 @@
+"""A broker that is alive but cannot open some replicas' logs (its log directory refuses
+new files) reports them in its heartbeats; the controller leads them from other in-sync
+replicas and drops the broker from their ISRs, so clients write and read them with no
+error, and the broker takes its replicas back once its directory accepts files again.
+
+The directory is made immutable with `chattr +i` (root cannot create files in it
+either), which fails the replicas' creation the way a full or broken disk does.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from cluster_support import Workload, cluster_factory, verify, wait_for
+
+pytestmark = pytest.mark.timeout(150)
+
+
+@pytest.fixture
+def cluster(tmp_path):  # type: ignore[no-untyped-def]
+    yield from cluster_factory(tmp_path)
+
+
+def _chattr(flag: str, path: Path) -> None:
+    assert shutil.which("chattr"), "chattr (e2fsprogs) is needed to make a directory refuse files"
+    subprocess.run(["chattr", flag, str(path)], check=True)
+
+
+def test_replicas_a_broker_cannot_open_are_led_elsewhere(cluster) -> None:  # type: ignore[no-untyped-def]
+    c = cluster()
+    victim = 1
+    logs = Path(c.data_dir) / f"broker-{victim}" / "logs"
+    assert logs.is_dir()
+    _chattr("+i", logs)
+    try:
+        c.create_topic("off", partitions=6, rf=3, min_isr=2)
+
+        def moved() -> bool:
+            parts = c.topic("off")["partitions"]
+            return all(p["leader"] not in (victim, -1) and victim not in p["isr"] for p in parts)
+
+        wait_for(moved, 30, f"broker {victim}'s replicas led elsewhere and out of the ISRs",
+                 detail=lambda: str(c.topic("off")["partitions"]))  # fmt: skip
+        # Not by fencing: the broker stays registered, unfenced and serving.
+        assert c.brokers[victim].get("/readyz") == {"status": "ready"}
+        w = Workload(c.bootstrap, "off", partitions=6, prefix="off").start()
+        w.wait_acked_growth(300, 30)
+        assert not w.errors, dict(w.errors)
+    finally:
+        _chattr("-i", logs)
+    # Its directory takes files again: the replicas open, catch up and rejoin the ISRs.
+    c.wait_isr("off", 3, timeout=60)
+    w.wait_acked_growth(200, 30)
+    w.stop()
+    fig = verify(c, w, "offline-replicas", {"victim": victim})
+    assert fig.ok(), fig.line()

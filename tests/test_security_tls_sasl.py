@@ -739,3 +739,99 @@ def test_bad_security_settings_stop_the_broker_saying_why(tmp_path: Path) -> Non
         assert why in out, out
         if not why:
             assert "unknown setting 'ssl.keystore.lokation'" in out, out
+
+
+# -- the Java client and the Kafka CLI tools ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def jars() -> None:
+    from bench.javatools import ensure_jars
+
+    ensure_jars()
+
+
+def java_props(secure: Secure, kind: str) -> tuple[int, list[str]]:
+    """(port, StraitClient --prop values) for each way in."""
+    c = secure.certs
+    trust = ["ssl.truststore.type=PEM", f"ssl.truststore.location={c.path('ca.pem')}"]
+    scram = ('org.apache.kafka.common.security.scram.ScramLoginModule required '
+             'username="alice" password="alice-pw";')  # fmt: skip
+    plain = ('org.apache.kafka.common.security.plain.PlainLoginModule required '
+             'username="bob" password="bob-pw";')  # fmt: skip
+    ways = {
+        "ssl": ("TLS", ["security.protocol=SSL", *trust]),
+        "mtls": ("MTLS", ["security.protocol=SSL", *trust, "ssl.keystore.type=PEM",
+                          f"ssl.keystore.location={c.path('alice.pem')}"]),
+        "scram-sha-512": ("SCRAM", ["security.protocol=SASL_SSL", *trust,
+                                    "sasl.mechanism=SCRAM-SHA-512", f"sasl.jaas.config={scram}"]),
+        "plain": ("PLAIN", ["security.protocol=SASL_SSL", *trust, "sasl.mechanism=PLAIN",
+                            f"sasl.jaas.config={plain}"]),
+    }  # fmt: skip
+    listener, props = ways[kind]
+    return secure.ports[listener], props
+
+
+@pytest.mark.parametrize("kind", ["ssl", "mtls", "scram-sha-512", "plain"])
+def test_java_client(secure: Secure, jars: None, kind: str) -> None:
+    from bench.javatools import straitclient
+
+    port, props = java_props(secure, kind)
+    extra = [a for p in props for a in ("--prop", p)]
+    topic = f"java-{kind}"
+    bootstrap = f"127.0.0.1:{port}"
+    sent = straitclient(["produce", "--bootstrap", bootstrap, "--topic", topic, "--count", 30,
+                         "--value-size", 20000, *extra], timeout=180)  # fmt: skip
+    assert sent.returncode == 0, sent.stderr[-3000:]
+    assert sent.json["acked"] == 30 and sent.json["errors"] == 0
+    got = straitclient(["consume", "--bootstrap", bootstrap, "--topic", topic, "--group",
+                        f"jg-{kind}", "--count", 30, "--timeout-ms", 60000,
+                        "--offset-reset", "earliest", *extra], timeout=180)  # fmt: skip
+    assert got.returncode == 0, got.stderr[-3000:]
+    assert sorted(int(r["v"][1:].rstrip("x")) for r in got.records) == list(range(30))
+
+
+def test_java_client_with_a_wrong_password_is_told_why(secure: Secure, jars: None) -> None:
+    from bench.javatools import straitclient
+
+    port, props = java_props(secure, "scram-sha-512")
+    props = [p.replace("alice-pw", "wrong") for p in props]
+    extra = [a for p in props for a in ("--prop", p)]
+    res = straitclient(["admin", "--bootstrap", f"127.0.0.1:{port}", "list-topics",
+                        "--timeout-ms", 20000, *extra], timeout=120)  # fmt: skip
+    assert res.returncode != 0
+    assert "SaslAuthenticationException" in res.stdout + res.stderr, res.stderr[-3000:]
+    assert "invalid credentials" in res.stdout + res.stderr
+
+
+def test_kafka_configs_manages_scram_users(secure: Secure, jars: None, tmp_path: Path) -> None:
+    """kafka-configs (Kafka 4.1) with --command-config, as a platform team runs it."""
+    import subprocess
+
+    from bench.javatools import KAFKA41_TOOLS, java_cmd
+
+    port, props = java_props(secure, "plain")
+    config = tmp_path / "admin.properties"
+    config.write_text("\n".join(props) + "\n")
+
+    def configs(*args: str) -> str:
+        r = subprocess.run(
+            java_cmd(KAFKA41_TOOLS["kafka-configs"], ["--bootstrap-server",
+                     f"127.0.0.1:{port}", "--command-config", str(config), *args], jars="4.1"),
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert r.returncode == 0, f"kafka-configs {args}: {r.stdout[-2000:]}{r.stderr[-3000:]}"
+        return r.stdout
+
+    configs("--alter", "--add-config", "SCRAM-SHA-512=[iterations=8192,password=dave-pw]",
+            "--entity-type", "users", "--entity-name", "dave")  # fmt: skip
+    described = configs("--describe", "--entity-type", "users", "--entity-name", "dave")
+    assert "SCRAM-SHA-512=iterations=8192" in described, described
+    everyone = configs("--describe", "--entity-type", "users")
+    assert "'dave'" in everyone and "'alice'" in everyone, everyone
+    dave = secure.sasl("SCRAM", "SCRAM-SHA-512", "dave", "dave-pw")
+    produce(dave, "dave", [b"hi"])
+    configs("--alter", "--delete-config", "SCRAM-SHA-512", "--entity-type", "users",
+            "--entity-name", "dave")  # fmt: skip
+    assert "SCRAM" not in configs("--describe", "--entity-type", "users", "--entity-name", "dave")
+    assert "Authentication failed" in refused(dave)

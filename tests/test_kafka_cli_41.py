@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import shutil
 import subprocess
 import time
 import urllib.request
@@ -339,7 +340,19 @@ def test_delete_records_on_a_cluster(cluster, tmp_path) -> None:  # type: ignore
     wait_for(lambda: starts() == {b: 45 for b in c.brokers}, 30,
              "the restarted replica at the leader's log start", ignore=(RuntimeError,))  # fmt: skip
     assert first_offsets(c.bootstrap, "cli41r", 0) == [45, 46, 47]
-    assert new != leader
+
+    # A replica that lost its copy starts empty, at the leader's log start, which lies
+    # inside a batch (40-49): it takes that whole batch and keeps the start.
+    wiped = next(b for b in c.brokers if b not in (new, leader))
+    c.brokers[wiped].stop()
+    replica_dir = Path(c.data_dir) / f"broker-{wiped}" / "logs" / "cli41r-0"
+    assert replica_dir.is_dir()
+    shutil.rmtree(replica_dir)
+    c.brokers[wiped].start()
+    c.wait_isr("cli41r", 3)
+    wait_for(lambda: starts() == {b: 45 for b in c.brokers}, 30,
+             "the wiped replica at the leader's log start", ignore=(RuntimeError,))  # fmt: skip
+    c.converge("cli41r")
 
 
 # -- kafka-get-offsets --time -3/-4/-5 (ListOffsets v7-v10) -----------------------------------

@@ -450,3 +450,30 @@ def test_max_timestamp_offset(tmp_path: Any) -> None:
     assert len(plog.segments) > 1
     assert plog.max_timestamp_offset() == (2, TS + 50, 1)
     plog.close()
+
+
+def test_empty_follower_starts_at_a_log_start_inside_a_batch(tmp_path: Any) -> None:
+    """After DeleteRecords put the leader's log start inside a batch, a new (empty)
+    follower reset to that start is sent the whole batch: it starts its log at the
+    batch's base, keeps the log start, and the bytes match the leader's."""
+    leader, expected = _build(str(tmp_path / "leader"), EPOCHS)
+    leader.advance_start(15)  # inside the batch 14-15
+    # A log with records still refuses a batch that starts below its end.
+    other, _ = _build(str(tmp_path / "other"), EPOCHS[:7])
+    _append(other, [b"x"], 2)
+    assert other.log_end_offset == 15
+    with pytest.raises(UnexpectedAppendOffset):
+        _replicate(leader, other, 1 << 20)
+    other.close()
+    follower = PartitionLog(str(tmp_path / "f"), CFG)
+    follower.reset_to(leader.log_start_offset)
+    assert (follower.log_start_offset, follower.log_end_offset) == (15, 15)
+    _replicate(leader, follower, 1 << 20)
+    assert follower.log_start_offset == 15 and follower.bases[0] == 14
+    assert _values(follower) == [(o, v) for o, v in expected if o >= 14]
+    assert follower.epochs.entries == [(2, 14), (3, 24)]
+    follower.close()
+    follower = PartitionLog(str(tmp_path / "f"), CFG)
+    assert (follower.log_start_offset, follower.log_end_offset) == (15, 28)
+    follower.close()
+    leader.close()

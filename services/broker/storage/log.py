@@ -310,6 +310,21 @@ class PartitionLog:
             return
         first, last = batches[0], batches[-1]
         end = self.log_end_offset
+        if (
+            first.base_offset < end <= first.base_offset + first.last_offset_delta
+            and end == self.log_start_offset
+            and self.segments[0].size == 0
+            and len(self.segments) == 1
+        ):
+            # An empty follower log reset to a leader's log start that DeleteRecords put
+            # inside a batch: the leader sends that whole batch. Start the log at the
+            # batch's base and keep the log start (Kafka's
+            # appendRecordsToFollowerOrFutureReplica does the same).
+            start = self.log_start_offset
+            self.reset_to(first.base_offset)
+            self.log_start_offset = start
+            self._write_start_checkpoint()
+            end = first.base_offset
         if first.base_offset != end:
             raise UnexpectedAppendOffset(
                 end, first.base_offset, last.base_offset + last.last_offset_delta

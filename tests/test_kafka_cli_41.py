@@ -16,6 +16,7 @@ import subprocess
 import time
 import urllib.request
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -453,6 +454,12 @@ def pages(resp: object) -> tuple[list[tuple[str, int, list[int]]], tuple[str, in
     return topics, None if c is None else (c.topic_name, int(c.partition_index))
 
 
+def paged(
+    raw: Raw, names: list[str], limit: int = 2000, cursor: tuple[str, int] | None = None
+) -> tuple[list[tuple[str, int, list[int]]], tuple[str, int] | None]:
+    return pages(raw.call(describe_partitions(names, limit, cursor)))
+
+
 def test_describe_topic_partitions(broker) -> None:  # type: ignore[no-untyped-def]
     b = broker.bootstrap
     broker.create_topic("cli41p-a", partitions=3)
@@ -476,7 +483,7 @@ def test_describe_topic_partitions(broker) -> None:  # type: ignore[no-untyped-d
 
     raw = Raw(broker)
     try:
-        call = lambda *a, **k: pages(raw.call(describe_partitions(*a, **k)))  # noqa: E731
+        call = partial(paged, raw)
         both = ["cli41p-b", "cli41p-a", "cli41p-b"]  # unsorted, one named twice
         assert call(both, 2) == ([("cli41p-a", 0, [0, 1])], ("cli41p-a", 2))
         assert call(both, 2, ("cli41p-a", 2)) == (
@@ -530,15 +537,15 @@ def test_features_describe(broker) -> None:  # type: ignore[no-untyped-def]
 
     raw = Raw(broker)
     try:
-        answers = {v: raw.call(api_versions(v)) for v in (2, 3, 4)}
+        replies = {v: raw.call(api_versions(v)) for v in (2, 3, 4)}
     finally:
         raw.close()
-    assert not hasattr(answers[2], "supported_features")
+    assert not hasattr(replies[2], "supported_features")
     # Before v4, features whose supported minimum is 0 are left out (KAFKA-17492).
-    assert [f.name for f in answers[3].supported_features] == ["metadata.version"]
-    assert len(answers[4].supported_features) == 7
+    assert [f.name for f in replies[3].supported_features] == ["metadata.version"]
+    assert len(replies[4].supported_features) == 7
     for v in (3, 4):
-        (fin,) = answers[v].finalized_features
+        (fin,) = replies[v].finalized_features
         assert (fin.name, fin.min_version_level, fin.max_version_level) == (
             "metadata.version", 27, 27)  # fmt: skip
-        assert answers[v].finalized_features_epoch > 0
+        assert replies[v].finalized_features_epoch > 0

@@ -364,6 +364,11 @@ def test_commit_rules_for_groups_without_members() -> None:
     # A group known only by its committed offsets is an Empty group: no such member.
     h.offsets.groups.add("committed")
     assert h.commit("m", 3, group="committed") == E.unknown_member_id
+    # An in-memory Empty group takes commits with generation -1, member id or not.
+    pending = h.join_answer(h.join(group="empty")).member_id
+    assert h.state("empty") == EMPTY
+    assert h.commit(pending, -1, group="empty") == E.none
+    assert h.commit("", -1, group="empty") == E.none
     # An anonymous commit into a group with members is refused.
     form_group(h, 1)
     assert h.commit("", -1) == E.unknown_member_id
@@ -438,6 +443,60 @@ def test_group_max_size_reached() -> None:
     ja = h.join(member_id=f.ids[0])
     jb = h.join(member_id=f.ids[1])
     assert h.join_answer(ja).error == h.join_answer(jb).error == E.none
+
+
+def test_group_max_size_while_preparing_turns_away_the_last_to_rejoin() -> None:
+    h = Harness(dataclasses.replace(SETTINGS, max_size=2))
+    f = form_group(h, 2)
+    a, b = f.ids
+    ja = h.join(member_id=a)  # a rebalance: a is awaiting its join
+    c, jc = new_dynamic(h, client="c")  # 1 awaiting < 2: c gets in
+    assert h.answer(jc) is None and c in h.group.members
+    # b rejoins last, when as many members as the group may hold await their join:
+    # refused and removed, so the group can complete with a and c.
+    r = h.join_answer(h.join(member_id=b))
+    assert r.error == E.group_max_size_reached
+    assert b not in h.group.members
+    assert h.join_answer(ja).generation == h.join_answer(jc).generation == f.generation + 1
+
+
+def test_leader_sync_gives_members_it_left_out_an_empty_assignment() -> None:
+    h = Harness()
+    a, ja = new_dynamic(h, client="a")
+    b, _ = new_dynamic(h, client="b")
+    h.advance(2 * DELAY)
+    sb = h.sync(b, 1)
+    h.sync(a, 1, {a: b"everything"})
+    assert h.sync_answer(sb).error == E.none and h.sync_answer(sb).assignment == b""
+
+
+def test_a_retried_join_replaces_the_parked_one() -> None:
+    h = Harness()
+    f = form_group(h, 2)
+    a, b = f.ids
+    first = h.join(member_id=a)
+    second = h.join(member_id=a)  # the client timed out and asked again
+    assert h.join_answer(first).error == E.rebalance_in_progress
+    assert h.answer(second) is None
+    jb = h.join(member_id=b)
+    assert h.join_answer(second).generation == h.join_answer(jb).generation == f.generation + 1
+
+
+def test_heartbeat_and_commit_keep_the_session_between_join_and_sync() -> None:
+    h = Harness()
+    a, _ = new_dynamic(h, client="a")
+    h.advance(DELAY)
+    assert h.state() == COMPLETING
+    h.advance(SESSION - 1)
+    assert h.heartbeat(a, 1) == E.none  # heartbeats before SyncGroup are fine
+    h.advance(SESSION - 1)
+    h.sync(a, 1, {a: b"x"})
+    h.advance(SESSION - 1)
+    assert h.commit(a, 1) == E.none  # a commit shows it is alive too
+    h.advance(SESSION - 1)
+    assert a in h.group.members
+    h.advance(1)
+    assert a not in h.group.members
 
 
 def test_invalid_session_timeout_and_group_id() -> None:
@@ -607,20 +666,20 @@ def test_static_member_takeover_fences_the_old_member_id_without_a_rebalance() -
 
 def test_static_takeover_fences_requests_the_old_incarnation_has_parked() -> None:
     h = Harness()
+    b, _jb = new_dynamic(h, client="b")  # b joins first and leads
     ja = h.join(instance="i1", client="a")
-    b, _jb = new_dynamic(h, client="b")
     h.advance(2 * DELAY)
     old = h.join_answer(ja).member_id
-    sb = h.sync(b, 1)
-    s_old = h.sync(old, 1, instance="i1") if old != h.group.leader_id else None
-    assert h.state() == COMPLETING
+    assert h.group.leader_id == b
+    sb = h.sync(old, 1, instance="i1")
+    assert h.answer(sb) is None and h.state() == COMPLETING
     j_new = h.join(instance="i1", client="a2")
-    if s_old is not None:
-        assert h.sync_answer(s_old).error == E.fenced_instance_id
+    # Its parked SyncGroup is fenced, not just told to rejoin.
+    assert h.sync_answer(sb).error == E.fenced_instance_id
     # In CompletingRebalance the takeover rebalances: the leader may have assigned to the
     # old id, and the new one must get an assignment.
-    assert h.sync_answer(sb).error == E.rebalance_in_progress
     assert h.state() == PREPARING
+    assert h.heartbeat(b, 1) == E.rebalance_in_progress
     jb2 = h.join(member_id=b)
     assert h.join_answer(j_new).generation == h.join_answer(jb2).generation == 2
 

@@ -462,7 +462,7 @@ def test_group_max_size_while_preparing_turns_away_the_last_to_rejoin() -> None:
 
 def test_leader_sync_gives_members_it_left_out_an_empty_assignment() -> None:
     h = Harness()
-    a, ja = new_dynamic(h, client="a")
+    a, _ = new_dynamic(h, client="a")
     b, _ = new_dynamic(h, client="b")
     h.advance(2 * DELAY)
     sb = h.sync(b, 1)

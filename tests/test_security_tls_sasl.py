@@ -724,6 +724,8 @@ def test_bad_security_settings_stop_the_broker_saying_why(tmp_path: Path) -> Non
         ("listeners=PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0\n"
          "sasl.enabled.mechanisms=PLAIN"): "PLAIN is enabled but has no users",
         "listeners=PLAINTEXT://127.0.0.1:0\nssl.keystore.lokation=x": "",  # a typo: refused
+        ("listeners=PLAINTEXT://127.0.0.1:0\n"
+         "listener.name.clinet.ssl.client.auth=required"): "there is no listener CLINET",
     }  # fmt: skip
     for i, (text, why) in enumerate(cases.items()):
         props = tmp_path / f"{i}.properties"

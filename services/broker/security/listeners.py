@@ -153,9 +153,11 @@ def resolve(config: BrokerConfig) -> list[ListenerSpec]:
 
 def endpoint_for(b: BrokerImage, listener: str) -> tuple[str, int] | None:
     """Where a client of `listener` reaches broker `b`; None when `b` lacks that listener.
-    Brokers registered before named listeners have one endpoint, the PLAINTEXT one."""
-    if not b.endpoints or not listener:
+    A broker without named listeners has one endpoint, its PLAINTEXT listener."""
+    if not listener:
         return b.host, b.port
+    if not b.endpoints:
+        return (b.host, b.port) if listener == DEFAULT_LISTENER else None
     ep = b.endpoints.get(listener)
     return (ep[0], ep[1]) if ep is not None else None
 
@@ -180,10 +182,17 @@ class Listener:
 
 def build_listeners(config: BrokerConfig) -> list[Listener]:
     """Every listener of the config, the inter-broker one first (ValueError if unusable)."""
-    return [
-        Listener(spec, config.security, config.connections_max_reauth_ms)
-        for spec in resolve(config)
-    ]
+    specs = resolve(config)
+    names = {s.name.lower() for s in specs}
+    for key in config.security:
+        if key.startswith("listener.name."):
+            name = key[len("listener.name.") :].partition(".")[0]
+            if name.lower() not in names:  # a typo would leave that listener unconfigured
+                raise ListenerConfigError(
+                    f"{key}: there is no listener {name.upper()} (listeners: "
+                    f"{', '.join(s.name for s in specs)})"
+                )
+    return [Listener(spec, config.security, config.connections_max_reauth_ms) for spec in specs]
 
 
 def bind_listeners(

@@ -66,5 +66,8 @@ def check_keys(props: dict[str, str]) -> None:
 
 
 def listener_value(props: dict[str, str], listener: str, key: str) -> str | None:
-    own = props.get(f"listener.name.{listener.lower()}.{key}")
-    return own if own is not None else props.get(key)
+    for name in (listener.lower(), listener):  # Kafka writes the name in lower case
+        own = props.get(f"listener.name.{name}.{key}")
+        if own is not None:
+            return own
+    return props.get(key)

@@ -117,6 +117,8 @@ def test_end_offset_for_kip279_cases(tmp_path: Any) -> None:
     # An epoch that wrote nothing is replaced by the next one at the same offset (Kafka).
     assert cache.assign(6, 25)
     assert cache.entries == [(1, 5), (3, 10), (6, 25)]
+    # The epoch a record was written in (ListOffsets answers it with offsets).
+    assert [cache.epoch_for(o) for o in (4, 5, 9, 10, 24, 25, 99)] == [-1, 1, 1, 3, 3, 6, 6]
 
     reopened = LeaderEpochCache(str(tmp_path))
     assert reopened.load() and reopened.entries == cache.entries

@@ -386,7 +386,9 @@ def _list_offset(partition: Any, timestamp: int) -> tuple[int, int, int]:
     if timestamp == LATEST:
         return partition.high_watermark, -1, partition.leader_epoch
     if timestamp in (EARLIEST, EARLIEST_LOCAL):
-        return plog.log_start_offset, -1, partition.leader_epoch
+        # The epoch the first record was written in, as Kafka answers: consumers check
+        # their position against it (KIP-320).
+        return plog.log_start_offset, -1, plog.epochs.epoch_for(plog.log_start_offset)
     if timestamp == LATEST_TIERED:
         return -1, -1, -1  # as Kafka answers for a topic without remote storage
     if timestamp == MAX_TIMESTAMP:
@@ -398,7 +400,7 @@ def _list_offset(partition: Any, timestamp: int) -> tuple[int, int, int]:
         by_time = plog.offset_for_timestamp(timestamp)
         if by_time is None:
             return -1, -1, -1
-        (offset, ts), epoch = by_time, partition.leader_epoch
+        (offset, ts), epoch = by_time, plog.epochs.epoch_for(by_time[0])
     # Only committed records are found (Kafka: nothing at or above the last fetchable
     # offset, the high watermark for a consumer).
     if offset >= partition.high_watermark:

@@ -51,6 +51,12 @@ class LeaderEpochCache:
     def latest_start(self) -> int:
         return self._starts[-1] if self._starts else -1
 
+    def epoch_for(self, offset: int) -> int:
+        """The epoch the record at `offset` was written in (Kafka's epochForOffset), or
+        -1 if it lies before every known epoch (ListOffsets answers it with offsets)."""
+        i = bisect_right(self._starts, offset) - 1
+        return self._epochs[i] if i >= 0 else UNDEFINED_EPOCH
+
     def end_offset_for(self, epoch: int, log_end_offset: int) -> tuple[int, int]:
         """(epoch, end offset) as Kafka's `endOffsetFor` answers OffsetForLeaderEpoch.
 

@@ -518,6 +518,12 @@ def test_nothing_is_served_before_authentication(secure: Secure) -> None:
     assert answer.error_code == UNSUPPORTED_MECHANISM
     assert set(answer.mechanisms) == {"PLAIN", "SCRAM-SHA-512"} and raw.closed()
     raw.close()
+    # A frame too big for a SASL token (Kafka's sasl.server.max.receive.size, 512 kB) is
+    # not buffered: the connection closes once its size is read.
+    raw = Raw(port)
+    raw.sock.sendall(struct.pack(">i", 600_000) + b"\0" * 1000)
+    assert raw.closed()
+    raw.close()
     # The same on a TLS listener, after a good TLS handshake.
     raw = Raw(secure.ports["SCRAM"], tls_ca=secure.certs.path("ca.pem"))
     assert raw.metadata() is None

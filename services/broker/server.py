@@ -44,6 +44,7 @@ log = logging.getLogger("straitmq.server")
 _SIZE = struct.Struct(">i")
 MAX_QUEUED_FRAMES = 64
 TLS_COPY_CHUNK = 256 * 1024  # fetched file ranges read into memory per TLS write
+PRE_AUTH_MAX_BYTES = 512 * 1024  # Kafka's sasl.server.max.receive.size
 
 
 class KafkaConnection(asyncio.Protocol):
@@ -93,7 +94,11 @@ class KafkaConnection(asyncio.Protocol):
         else:
             buf += data
             frames_view = memoryview(buf)
-        limit = self.broker.config.socket_request_max_bytes
+        limit = (
+            self.broker.config.socket_request_max_bytes
+            if self.security.authenticated
+            else PRE_AUTH_MAX_BYTES  # nobody buffers 100 MB on a connection it cannot name
+        )
         pos = 0
         end = len(frames_view)
         while end - pos >= 4:

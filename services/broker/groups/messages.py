@@ -7,6 +7,7 @@ shell's handle, timers to arm or cancel by key, and what must be persisted.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 
 from .classic_group import Protocols
@@ -91,6 +92,37 @@ class TimerKey:
 HEARTBEAT = "heartbeat"
 JOIN = "join"
 SYNC = "sync"
+CONSUMER_SESSION = "consumer-session"  # a KIP-848 member's session
+REVOCATION = "revocation"  # a KIP-848 member's deadline to give partitions up
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerHeartbeatRequest:
+    """ConsumerGroupHeartbeat (KIP-848). None (or -1 for the timeout) means unchanged
+    since the member's last heartbeat."""
+
+    group_id: str
+    member_id: str
+    member_epoch: int
+    instance_id: str | None = None
+    rack_id: str | None = None
+    rebalance_timeout_ms: int = -1
+    subscribed_topic_names: tuple[str, ...] | None = None
+    server_assignor: str | None = None
+    owned: tuple[tuple[uuid.UUID, tuple[int, ...]], ...] | None = None
+    client_id: str = ""
+    client_host: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerHeartbeatResponse:
+    error: int
+    message: str | None = None
+    member_id: str | None = None
+    member_epoch: int = 0
+    heartbeat_interval_ms: int = 0
+    # topic id -> partitions; None: the assignment did not change since the last answer.
+    assignment: dict[uuid.UUID, tuple[int, ...]] | None = None
 
 
 @dataclass(frozen=True, slots=True)

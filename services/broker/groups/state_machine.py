@@ -44,6 +44,7 @@ from typing import Protocol
 
 from kio.schema.errors import ErrorCode
 
+from .assignors import ASSIGNORS, TopicPartition
 from .classic_group import (
     COMPLETING,
     DEAD,
@@ -53,10 +54,22 @@ from .classic_group import (
     ClassicGroup,
     ClassicMember,
 )
+from .consumer_group import (
+    LEAVE_EPOCH,
+    STATIC_LEAVE_EPOCH,
+    UNREVOKED,
+    ConsumerGroup,
+    ConsumerMember,
+    reconcile,
+)
 from .messages import (
+    CONSUMER_SESSION,
     HEARTBEAT,
     JOIN,
+    REVOCATION,
     SYNC,
+    ConsumerHeartbeatRequest,
+    ConsumerHeartbeatResponse,
     DeleteGroupOffsets,
     JoinRequest,
     JoinResponse,
@@ -77,6 +90,10 @@ class GroupSettings:
     initial_rebalance_delay_ms: int = 3000  # group.initial.rebalance.delay.ms
     max_size: int = 1000  # group.max.size (Kafka's default is unlimited)
     new_member_join_timeout_ms: int = 300_000  # Kafka's, not configurable there either
+    # KIP-848 consumer groups (Kafka's group.consumer.* defaults).
+    consumer_session_timeout_ms: int = 45_000
+    consumer_heartbeat_interval_ms: int = 5_000
+    consumer_assignors: tuple[str, ...] = ("uniform", "range")  # the first is the default
 
 
 class CommittedGroups(Protocol):
@@ -88,6 +105,14 @@ class CommittedGroups(Protocol):
     def group_ids(self) -> list[str]: ...
 
 
+class TopicsView(Protocol):
+    """The metadata image as a consumer group's assignment needs it."""
+
+    def topic(self, name: str) -> tuple[uuid.UUID, int] | None:
+        """(topic id, partition count), or None if there is no such topic."""
+        ...
+
+
 class GroupStateMachine:
     def __init__(
         self,
@@ -97,6 +122,7 @@ class GroupStateMachine:
     ) -> None:
         self.settings = settings
         self.groups: dict[str, ClassicGroup] = {}
+        self.consumer_groups: dict[str, ConsumerGroup] = {}
         self._offsets = offsets
         self._rng = rng or random.Random()
         self._timers: dict[TimerKey, int] = {}  # armed timers: key -> deadline (ms)
@@ -135,6 +161,8 @@ class GroupStateMachine:
         self._now = now
         if self._timers.pop(key, None) is None:
             return
+        if key.kind in (CONSUMER_SESSION, REVOCATION):
+            return self._expire_consumer_member(key)
         group = self.groups.get(key.group_id)
         if group is None:
             return
@@ -158,6 +186,14 @@ class GroupStateMachine:
             return self._reply_join(handle, ErrorCode.invalid_group_id, req.member_id)
         if not s.min_session_timeout_ms <= req.session_timeout_ms <= s.max_session_timeout_ms:
             return self._reply_join(handle, ErrorCode.invalid_session_timeout, req.member_id)
+        consumer = self.consumer_groups.get(req.group_id)
+        if consumer is not None:
+            if consumer.members:
+                # Classic members cannot join a group run by ConsumerGroupHeartbeat.
+                return self._reply_join(
+                    handle, ErrorCode.inconsistent_group_protocol, req.member_id
+                )
+            self._drop_consumer_group(consumer)
         group = self.groups.get(req.group_id)
         if group is None:
             if req.member_id:
@@ -557,6 +593,9 @@ class GroupStateMachine:
     ) -> int:
         """May this OffsetCommit (v2-8) be written? Kafka's validateOffsetCommit."""
         self._now = now
+        consumer = self.consumer_groups.get(group_id)
+        if consumer is not None:
+            return self._consumer_commit_check(consumer, member_id, generation)
         group = self.groups.get(group_id)
         if group is None:
             if generation < 0:
@@ -657,6 +696,25 @@ class GroupStateMachine:
     # -- admin: describe, list, delete, unload --------------------------------------------
 
     def describe(self, group_id: str) -> dict:
+        consumer = self.consumer_groups.get(group_id)
+        if consumer is not None:
+            return {
+                "group_id": group_id,
+                "group_state": consumer.state,
+                "protocol_type": "consumer",
+                "protocol_data": "",
+                "members": [
+                    {
+                        "member_id": m.member_id,
+                        "group_instance_id": m.instance_id,
+                        "client_id": m.client_id,
+                        "client_host": m.client_host,
+                        "member_metadata": b"",
+                        "member_assignment": b"",
+                    }
+                    for m in consumer.members.values()
+                ],
+            }
         group = self.groups.get(group_id)
         if group is None:
             state = EMPTY if self._offsets.has_group(group_id) else DEAD
@@ -696,9 +754,18 @@ class GroupStateMachine:
             if g.state == EMPTY and not g.protocol_type and gid not in out:
                 continue
             out[gid] = (g.protocol_type or "consumer", g.state)
+        for gid, cg in self.consumer_groups.items():
+            out[gid] = ("consumer", cg.state)
         return [(gid, pt, st) for gid, (pt, st) in sorted(out.items())]
 
     def delete(self, group_id: str) -> int:
+        consumer = self.consumer_groups.get(group_id)
+        if consumer is not None:
+            if consumer.members:
+                return ErrorCode.non_empty_group
+            self._drop_consumer_group(consumer)
+            self._out.persist.append(DeleteGroupOffsets(group_id))
+            return ErrorCode.none
         group = self.groups.get(group_id)
         if group is not None and group.state != EMPTY:
             return ErrorCode.non_empty_group
@@ -725,11 +792,296 @@ class GroupStateMachine:
                     m.sync_handle = None
             group.transition(DEAD)
             self._drop_group(group)
+        for gid in [g for g in self.consumer_groups if belongs(g)]:
+            self._drop_consumer_group(self.consumer_groups[gid])
 
     def _drop_group(self, group: ClassicGroup) -> None:
         for key in [k for k in self._timers if k.group_id == group.group_id]:
             self._cancel(key)
         del self.groups[group.group_id]
+
+    # -- ConsumerGroupHeartbeat (KIP-848) ----------------------------------------------
+
+    def consumer_heartbeat(
+        self, req: ConsumerHeartbeatRequest, topics: TopicsView, now: int
+    ) -> ConsumerHeartbeatResponse:
+        """Answered at once: the member learns its epoch and, when it changed, its
+        assignment; it heartbeats again within the interval to move on."""
+        self._now = now
+        if error := self._invalid_consumer_heartbeat(req):
+            return error
+        if req.member_epoch in (LEAVE_EPOCH, STATIC_LEAVE_EPOCH):
+            return self._consumer_leave(req)
+        classic = self.groups.get(req.group_id)
+        if classic is not None:
+            if classic.members or classic.pending_join:
+                return _consumer_error(
+                    ErrorCode.group_id_not_found,
+                    f"group {req.group_id} is a classic group with members",
+                )
+            self._drop_group(classic)  # an empty classic group turns into this one
+        group = self.consumer_groups.get(req.group_id)
+        if group is None:
+            if req.member_epoch != 0:
+                # Membership is not persisted: after a coordinator change every member is
+                # unknown and rejoins (Kafka, which persists it, says GROUP_ID_NOT_FOUND).
+                return _consumer_error(ErrorCode.unknown_member_id, "rejoin with epoch 0")
+            group = self.consumer_groups[req.group_id] = ConsumerGroup(req.group_id)
+        member, changed, error = self._consumer_member(group, req)
+        if error is not None:
+            return error
+        assert member is not None
+        changed |= self._update_consumer_member(member, req)
+        changed |= self._refresh_topics(group, topics)
+        if changed:
+            group.epoch += 1
+        if group.assignment_epoch < group.epoch:
+            self._compute_target(group)
+        was_revoking = member.state == UNREVOKED
+        owned = _owned(req.owned)
+        reconcile(
+            member,
+            group.assignment_epoch,
+            group.target.get(member.member_id, frozenset()),
+            group.owner_of(),
+            owned,
+        )
+        revocation = TimerKey(REVOCATION, group.group_id, member.member_id)
+        if member.state == UNREVOKED and not was_revoking:
+            self._arm(revocation, member.rebalance_timeout_ms)
+        elif member.state != UNREVOKED and was_revoking:
+            self._cancel(revocation)
+        self._arm(
+            TimerKey(CONSUMER_SESSION, group.group_id, member.member_id),
+            self.settings.consumer_session_timeout_ms,
+        )
+        assignment = None
+        if req.member_epoch == 0 or member.assigned != member.last_sent:
+            member.last_sent = member.assigned
+            assignment = _by_topic(member.assigned)
+        return ConsumerHeartbeatResponse(
+            ErrorCode.none,
+            None,
+            member.member_id,
+            member.epoch,
+            self.settings.consumer_heartbeat_interval_ms,
+            assignment,
+        )
+
+    def _invalid_consumer_heartbeat(
+        self, req: ConsumerHeartbeatRequest
+    ) -> ConsumerHeartbeatResponse | None:
+        if not req.group_id:
+            return _consumer_error(ErrorCode.invalid_request, "GroupId can't be empty.")
+        if (req.member_epoch > 0 or req.member_epoch == LEAVE_EPOCH) and not req.member_id:
+            return _consumer_error(ErrorCode.invalid_request, "MemberId can't be empty.")
+        if req.member_epoch == 0:
+            if req.rebalance_timeout_ms == -1:
+                return _consumer_error(ErrorCode.invalid_request, "RebalanceTimeoutMs must be set.")
+            if not req.subscribed_topic_names:
+                return _consumer_error(
+                    ErrorCode.invalid_request, "SubscribedTopicNames must be set in first request."
+                )
+            if req.owned:
+                return _consumer_error(
+                    ErrorCode.invalid_request, "TopicPartitions must be empty when (re-)joining."
+                )
+        if req.member_epoch == STATIC_LEAVE_EPOCH and req.instance_id is None:
+            return _consumer_error(ErrorCode.invalid_request, "InstanceId can't be null.")
+        if req.member_epoch < STATIC_LEAVE_EPOCH:
+            return _consumer_error(ErrorCode.invalid_request, "MemberEpoch is invalid.")
+        if req.server_assignor is not None and req.server_assignor not in (
+            self.settings.consumer_assignors
+        ):
+            return _consumer_error(
+                ErrorCode.unsupported_assignor, f"{req.server_assignor} is not supported."
+            )
+        return None
+
+    def _consumer_member(
+        self, group: ConsumerGroup, req: ConsumerHeartbeatRequest
+    ) -> tuple[ConsumerMember | None, bool, ConsumerHeartbeatResponse | None]:
+        """The member the heartbeat is from: (member, it is new, error)."""
+        if req.member_epoch == 0 and req.instance_id is not None:
+            current = group.static.get(req.instance_id)
+            if current is not None and current != req.member_id:
+                old = group.members[current]
+                if old.epoch != STATIC_LEAVE_EPOCH:
+                    return (
+                        None,
+                        False,
+                        _consumer_error(
+                            ErrorCode.unreleased_instance_id,
+                            f"instance {req.instance_id} is in use by another member",
+                        ),
+                    )
+                # A static member restarted after its temporary leave: the new member
+                # id takes its place and partitions, from epoch 0.
+                new = ConsumerMember(
+                    req.member_id or str(self._new_uuid()),
+                    req.instance_id,
+                    old.rack_id,
+                    old.client_id,
+                    old.client_host,
+                    old.rebalance_timeout_ms,
+                    old.subscribed,
+                    old.assignor,
+                    assigned=old.assigned,
+                    pending_revocation=old.pending_revocation,
+                )
+                inherited = group.target.get(old.member_id, old.assigned)
+                self._remove_consumer_member(group, old, bump=False)
+                group.members[new.member_id] = new
+                group.static[req.instance_id] = new.member_id
+                # It inherits the old member's target too, so nothing moves.
+                group.target[new.member_id] = inherited
+                return new, False, None
+        member = group.members.get(req.member_id) if req.member_id else None
+        if member is None:
+            if req.member_epoch != 0:
+                return None, False, _consumer_error(ErrorCode.unknown_member_id, None)
+            if len(group.members) >= self.settings.max_size:
+                return None, False, _consumer_error(ErrorCode.group_max_size_reached, None)
+            member = ConsumerMember(
+                req.member_id or str(self._new_uuid()),
+                req.instance_id,
+                req.rack_id,
+                req.client_id,
+                req.client_host,
+                req.rebalance_timeout_ms,
+            )
+            group.members[member.member_id] = member
+            if req.instance_id is not None:
+                group.static[req.instance_id] = member.member_id
+            return member, True, None
+        if req.instance_id is not None and group.static.get(req.instance_id) != member.member_id:
+            return None, False, _consumer_error(ErrorCode.fenced_instance_id, None)
+        received = req.member_epoch
+        owned = _owned(req.owned)
+        if received > member.epoch or (
+            received < member.epoch
+            and (received != member.previous_epoch or owned is None or not owned <= member.assigned)
+        ):
+            # It missed more than the last answer: it must drop its partitions and rejoin.
+            return (
+                None,
+                False,
+                _consumer_error(
+                    ErrorCode.fenced_member_epoch,
+                    f"member epoch {received} is not the coordinator's {member.epoch}",
+                ),
+            )
+        return member, False, None
+
+    def _update_consumer_member(
+        self, member: ConsumerMember, req: ConsumerHeartbeatRequest
+    ) -> bool:
+        """Apply what the heartbeat changes; True if the assignment must be recomputed."""
+        changed = False
+        if req.subscribed_topic_names is not None:
+            subscribed = frozenset(req.subscribed_topic_names)
+            changed |= subscribed != member.subscribed
+            member.subscribed = subscribed
+        if req.server_assignor is not None:
+            changed |= req.server_assignor != member.assignor
+            member.assignor = req.server_assignor
+        if req.rebalance_timeout_ms != -1:
+            member.rebalance_timeout_ms = req.rebalance_timeout_ms
+        if req.rack_id is not None:
+            member.rack_id = req.rack_id
+        if req.client_id:
+            member.client_id, member.client_host = req.client_id, req.client_host
+        return changed
+
+    def _refresh_topics(self, group: ConsumerGroup, topics: TopicsView) -> bool:
+        """The subscribed topics as the metadata has them now; True if that changed
+        (a topic created, deleted or given more partitions)."""
+        names = sorted({n for m in group.members.values() for n in m.subscribed})
+        seen = {n: t for n in names if (t := topics.topic(n)) is not None}
+        if seen == group.topics:
+            return False
+        group.topics = seen
+        return True
+
+    def _compute_target(self, group: ConsumerGroup) -> None:
+        votes: dict[str, int] = {}
+        for m in group.members.values():
+            if m.assignor is not None:
+                votes[m.assignor] = votes.get(m.assignor, 0) + 1
+        name = (
+            max(sorted(votes), key=lambda a: votes[a])
+            if votes
+            else self.settings.consumer_assignors[0]
+        )
+        subscriptions = {
+            mid: frozenset(group.topics[n][0] for n in m.subscribed if n in group.topics)
+            for mid, m in group.members.items()
+        }
+        partitions = dict(group.topics.values())
+        current = {mid: group.target.get(mid, frozenset()) for mid in group.members}
+        group.target = ASSIGNORS[name](subscriptions, partitions, current)
+        group.assignment_epoch = group.epoch
+
+    def _consumer_leave(self, req: ConsumerHeartbeatRequest) -> ConsumerHeartbeatResponse:
+        group = self.consumer_groups.get(req.group_id)
+        member = group.members.get(req.member_id) if group is not None else None
+        if req.member_epoch == STATIC_LEAVE_EPOCH and group is not None and member is None:
+            current = group.static.get(req.instance_id or "")
+            member = group.members.get(current) if current is not None else None
+        if group is None or member is None:
+            return _consumer_error(ErrorCode.unknown_member_id, None)
+        if req.instance_id is not None and group.static.get(req.instance_id) != member.member_id:
+            return _consumer_error(ErrorCode.fenced_instance_id, None)
+        if req.member_epoch == STATIC_LEAVE_EPOCH and member.instance_id is not None:
+            # It means to come back: its partitions wait for it until its session ends.
+            member.epoch = STATIC_LEAVE_EPOCH
+            self._cancel(TimerKey(REVOCATION, group.group_id, member.member_id))
+            self._arm(
+                TimerKey(CONSUMER_SESSION, group.group_id, member.member_id),
+                self.settings.consumer_session_timeout_ms,
+            )
+        else:
+            self._remove_consumer_member(group, member)
+        return ConsumerHeartbeatResponse(
+            ErrorCode.none, None, member.member_id, req.member_epoch, 0, None
+        )
+
+    def _expire_consumer_member(self, key: TimerKey) -> None:
+        group = self.consumer_groups.get(key.group_id)
+        member = group.members.get(key.member_id) if group is not None else None
+        if group is None or member is None:
+            return
+        if key.kind == REVOCATION and member.state != UNREVOKED:
+            return
+        # Silent past its session, or holding on to partitions past its rebalance
+        # timeout: fenced, and its partitions go to the others.
+        self._remove_consumer_member(group, member)
+
+    def _remove_consumer_member(
+        self, group: ConsumerGroup, member: ConsumerMember, bump: bool = True
+    ) -> None:
+        for kind in (CONSUMER_SESSION, REVOCATION):
+            self._cancel(TimerKey(kind, group.group_id, member.member_id))
+        group.remove(member.member_id)
+        if bump:
+            group.epoch += 1
+
+    def _consumer_commit_check(
+        self, group: ConsumerGroup, member_id: str, member_epoch: int
+    ) -> int:
+        if member_epoch < 0 and not group.members:
+            return ErrorCode.none
+        member = group.members.get(member_id)
+        if member is None:
+            return ErrorCode.unknown_member_id
+        if member_epoch != member.epoch:
+            return ErrorCode.stale_member_epoch
+        return ErrorCode.none
+
+    def _drop_consumer_group(self, group: ConsumerGroup) -> None:
+        for key in [k for k in self._timers if k.group_id == group.group_id]:
+            self._cancel(key)
+        del self.consumer_groups[group.group_id]
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -759,3 +1111,22 @@ class GroupStateMachine:
 
 def _differs(requested: str | None, current: str | None) -> bool:
     return requested is not None and current is not None and requested != current
+
+
+def _consumer_error(code: int, message: str | None) -> ConsumerHeartbeatResponse:
+    return ConsumerHeartbeatResponse(code, message, None, -1)
+
+
+def _owned(
+    owned: tuple[tuple[uuid.UUID, tuple[int, ...]], ...] | None,
+) -> frozenset[TopicPartition] | None:
+    if owned is None:
+        return None
+    return frozenset((t, p) for t, parts in owned for p in parts)
+
+
+def _by_topic(tps: frozenset[TopicPartition]) -> dict[uuid.UUID, tuple[int, ...]]:
+    out: dict[uuid.UUID, list[int]] = {}
+    for t, p in tps:
+        out.setdefault(t, []).append(p)
+    return {t: tuple(sorted(ps)) for t, ps in sorted(out.items(), key=lambda kv: str(kv[0]))}

@@ -587,6 +587,59 @@ def test_malformed_or_wrong_sasl_tokens_fail_cleanly(secure: Secure, case: str) 
     ok.close()
 
 
+def test_fuzzed_sasl_tokens_frames_and_tls_records(secure: Secure) -> None:
+    """Seeded random tokens, truncations and bit flips of good ones, truncated
+    SaslAuthenticate frames and garbage TLS records: every connection gets an answer or a
+    close (never a hang: each socket read has a 10 s timeout), none is let in with a bad
+    token, and a good client logs in afterwards."""
+    import random
+
+    rng = random.Random(15)
+    port = secure.ports["SASLPT"]
+
+    def mutate(good: bytes) -> bytes:
+        kind = rng.randrange(3)
+        if kind == 0:
+            return rng.randbytes(rng.randrange(0, 400))
+        if kind == 1:
+            return good[: rng.randrange(len(good))]
+        out = bytearray(good)
+        for _ in range(rng.randrange(1, 4)):
+            out[rng.randrange(len(out))] ^= rng.randrange(1, 256)
+        return bytes(out)
+
+    for _ in range(120):
+        raw = Raw(port)
+        mechanism = rng.choice(["PLAIN", "SCRAM-SHA-512"])
+        assert raw.handshake(mechanism).error_code == 0
+        good = b"\0bob\0bob-pw" if mechanism == "PLAIN" else ScramClient("alice", "x").first()
+        answer = raw.authenticate(mutate(good))
+        if answer is not None and answer.error_code == 0:  # a SCRAM first that still parses
+            assert mechanism != "PLAIN"
+            answer = raw.authenticate(mutate(b"c=biws,r=" + answer.auth_bytes[2:40] + b",p=AA=="))
+        assert answer is not None and answer.error_code == SASL_FAILED, answer
+        assert raw.closed()
+        raw.close()
+    frame = encode_request(SaslAuthenticateRequest(auth_bytes=b"n,,n=alice,r=abcdef"), 2)
+    for cut in range(5, len(frame) - 1, 3):
+        raw = Raw(port)
+        assert raw.handshake("SCRAM-SHA-512").error_code == 0
+        body = frame[4:cut]
+        raw.sock.sendall(struct.pack(">i", len(body)) + body)
+        assert raw.closed(), f"a frame cut at {cut} closes the connection"
+        raw.close()
+    for size in (0, 1, 5, 64, 3000):
+        with socket.create_connection(("127.0.0.1", secure.ports["TLS"]), timeout=10) as s:
+            s.sendall(b"\x16\x03\x01" + rng.randbytes(size))
+            s.shutdown(socket.SHUT_WR)
+            while s.recv(1 << 16):  # an alert, then EOF; a hang raises socket.timeout
+                pass
+    ok = Raw(port)
+    ScramClient("alice", "alice-pw").login(ok)
+    assert ok.metadata() is not None
+    ok.close()
+
+
 def test_handshake_v0_with_unframed_tokens(secure: Secure) -> None:
     raw = Raw(secure.ports["SASLPT"])
     assert raw.call(SaslHandshakeV0(mechanism="PLAIN")).error_code == 0

@@ -45,6 +45,7 @@ _SIZE = struct.Struct(">i")
 MAX_QUEUED_FRAMES = 64
 TLS_COPY_CHUNK = 256 * 1024  # fetched file ranges read into memory per TLS write
 PRE_AUTH_MAX_BYTES = 512 * 1024  # Kafka's sasl.server.max.receive.size
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
 
 class KafkaConnection(asyncio.Protocol):
@@ -362,7 +363,12 @@ async def serve(
     ssl_ctx = listener.tls.server_context if listener is not None and listener.tls else None
     servers = [
         await loop.create_server(
-            lambda: KafkaConnection(broker, listener), sock=s, backlog=1024, ssl=ssl_ctx
+            lambda: KafkaConnection(broker, listener),
+            sock=s,
+            backlog=1024,
+            ssl=ssl_ctx,
+            # A client that opens TLS and stalls holds a connection this long at most.
+            ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if ssl_ctx else None,
         )
         for s in socks
     ]

@@ -425,3 +425,77 @@ def test_random_membership_never_holds_a_partition_twice_and_settles(seed: int) 
         held = [tp for m in live for tp in m.owned]
         assert len(held) == len(set(held))
         assert set(held) == set().union(*g.target.values())
+
+
+# -- the handler (API 68), called directly: it is not registered in dispatch yet ------------
+
+
+def test_handler_converts_kio_requests_and_answers_a_buildable_response() -> None:
+    import asyncio
+    import datetime
+    import io
+    from types import SimpleNamespace
+
+    from kio.schema.consumer_group_heartbeat.v1 import request as v1
+    from kio.schema.consumer_group_heartbeat.v1.response import ConsumerGroupHeartbeatResponse
+    from kio.serial import entity_writer
+    from straitmq.broker.api.groups import handle_consumer_group_heartbeat
+    from straitmq.broker.groups.coordinator import GroupCoordinator
+
+    from straitmq.protocol.build import build
+
+    class Offsets(NoOffsets):
+        def owns(self, group_id: str) -> bool:
+            return group_id == G
+
+    image = SimpleNamespace(topics={"t1": SimpleNamespace(topic_id=T1, partitions=[0, 1, 2])})
+    broker = SimpleNamespace(
+        offsets=Offsets(),
+        image=image,
+        groups=GroupCoordinator(Offsets(), SETTINGS),  # type: ignore[arg-type]
+    )
+
+    def ctx() -> SimpleNamespace:
+        return SimpleNamespace(broker=broker, client_id="app", client_host="/10.0.0.9")
+
+    def request(group: str, epoch: int, member: str, **kw) -> v1.ConsumerGroupHeartbeatRequest:
+        fields = {
+            "group_id": group,
+            "member_id": member,
+            "member_epoch": epoch,
+            "instance_id": None,
+            "rack_id": None,
+            "rebalance_timeout": datetime.timedelta(milliseconds=-1),
+            "subscribed_topic_names": None,
+            "subscribed_topic_regex": None,
+            "server_assignor": None,
+            "topic_partitions": None,
+        }
+        return v1.ConsumerGroupHeartbeatRequest(**{**fields, **kw})
+
+    async def run() -> None:
+        member = str(uuid.uuid4())  # v1: the client makes up its member id
+        join = request(
+            G, 0, member,
+            rebalance_timeout=datetime.timedelta(seconds=30),
+            subscribed_topic_names=("t1",),
+            topic_partitions=(),
+        )  # fmt: skip
+        d = await handle_consumer_group_heartbeat(ctx(), join)  # type: ignore[arg-type]
+        resp = build(ConsumerGroupHeartbeatResponse, d)
+        entity_writer(ConsumerGroupHeartbeatResponse)(io.BytesIO(), resp)  # encodes
+        assert resp.error_code == E.none and resp.member_id == member and resp.member_epoch == 1
+        assert resp.heartbeat_interval == datetime.timedelta(seconds=5)
+        (tps,) = resp.assignment.topic_partitions
+        assert tps.topic_id == T1 and tps.partitions == (0, 1, 2)
+        owned = (v1.TopicPartitions(topic_id=T1, partitions=(0, 1, 2)),)
+        beat = request(G, 1, member, topic_partitions=owned)
+        d = await handle_consumer_group_heartbeat(ctx(), beat)  # type: ignore[arg-type]
+        assert build(ConsumerGroupHeartbeatResponse, d).assignment is None  # unchanged
+        d = await handle_consumer_group_heartbeat(ctx(), request("elsewhere", 1, member))  # type: ignore[arg-type]
+        assert d["error_code"] == E.not_coordinator
+        regex = request(G, 1, member, subscribed_topic_regex="t.*")
+        d = await handle_consumer_group_heartbeat(ctx(), regex)  # type: ignore[arg-type]
+        assert d["error_code"] == E.invalid_request
+
+    asyncio.run(run())

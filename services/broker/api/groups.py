@@ -7,6 +7,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from ..groups.coordinator import JoinError
+from ..groups.messages import ConsumerHeartbeatRequest
 from ..groups.offsets import OFFSETS_TOPIC
 from ..security.listeners import endpoint_for
 from .context import RequestContext
@@ -271,3 +272,71 @@ async def handle_delete_groups(ctx: RequestContext, req: Any) -> dict:
         for gid in req.groups_names
     ]
     return {"throttle_time": 0, "results": results}
+
+
+class _ImageTopics:
+    """The metadata image as the consumer group assignors read it."""
+
+    def __init__(self, image: Any) -> None:
+        self._topics = image.topics
+
+    def topic(self, name: str) -> tuple[Any, int] | None:
+        t = self._topics.get(name)
+        return (t.topic_id, len(t.partitions)) if t is not None else None
+
+
+async def handle_consumer_group_heartbeat(ctx: RequestContext, req: Any) -> dict:
+    """ConsumerGroupHeartbeat v0-1 (KIP-848). Not registered in dispatch yet: clients
+    need OffsetCommit/OffsetFetch v9 (member epochs) along with it."""
+    answer: dict[str, Any] = {
+        "throttle_time": 0,
+        "error_message": None,
+        "member_id": None,
+        "member_epoch": -1,
+        "heartbeat_interval": 0,
+        "assignment": None,
+    }
+    if code := not_coordinator(ctx, req.group_id):
+        return {**answer, "error_code": code}
+    if getattr(req, "subscribed_topic_regex", None) is not None:
+        return {
+            **answer,
+            "error_code": ErrorCode.invalid_request,
+            "error_message": "SubscribedTopicRegex is not supported; subscribe by topic names",
+        }
+    names = req.subscribed_topic_names
+    owned = req.topic_partitions
+    r = ctx.broker.groups.consumer_heartbeat(
+        ConsumerHeartbeatRequest(
+            req.group_id,
+            req.member_id,
+            req.member_epoch,
+            req.instance_id,
+            req.rack_id,
+            int(req.rebalance_timeout.total_seconds() * 1000),
+            tuple(names) if names is not None else None,
+            req.server_assignor,
+            tuple((tp.topic_id, tuple(tp.partitions)) for tp in owned)
+            if owned is not None
+            else None,
+            ctx.client_id or "",
+            ctx.client_host,
+        ),
+        _ImageTopics(ctx.broker.image),
+    )
+    assignment = None
+    if r.assignment is not None:
+        assignment = {
+            "topic_partitions": [
+                {"topic_id": t, "partitions": ps} for t, ps in r.assignment.items()
+            ]
+        }
+    return {
+        **answer,
+        "error_code": r.error,
+        "error_message": r.message,
+        "member_id": r.member_id,
+        "member_epoch": r.member_epoch,
+        "heartbeat_interval": r.heartbeat_interval_ms,
+        "assignment": assignment,
+    }

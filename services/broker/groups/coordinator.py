@@ -18,6 +18,8 @@ from kio.schema.errors import ErrorCode
 
 from .classic_group import ClassicGroup
 from .messages import (
+    ConsumerHeartbeatRequest,
+    ConsumerHeartbeatResponse,
     JoinRequest,
     JoinResponse,
     Output,
@@ -27,7 +29,7 @@ from .messages import (
     TimerKey,
 )
 from .offsets import OffsetStore
-from .state_machine import GroupSettings, GroupStateMachine
+from .state_machine import GroupSettings, GroupStateMachine, TopicsView
 
 __all__ = ["GroupCoordinator", "GroupSettings", "JoinError"]
 
@@ -176,6 +178,14 @@ class GroupCoordinator:
         code = self.machine.commit_check(group_id, member_id, instance_id, generation, self._now())
         self._apply()
         return code
+
+    def consumer_heartbeat(
+        self, req: ConsumerHeartbeatRequest, topics: TopicsView
+    ) -> ConsumerHeartbeatResponse:
+        """ConsumerGroupHeartbeat (KIP-848): answered at once, nothing is parked."""
+        resp = self.machine.consumer_heartbeat(req, topics, self._now())
+        self._apply()
+        return resp
 
     def describe(self, group_id: str) -> dict:
         return self.machine.describe(group_id)

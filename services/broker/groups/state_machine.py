@@ -25,11 +25,12 @@ ClassicGroup, Kafka 3.7+), state by state:
   (FENCED_INSTANCE_ID) in every later request. In Stable it does not rebalance unless
   the group's selected protocol would change.
 
-Part 2 (KIP-848, ConsumerGroupHeartbeat) belongs in this same class: its heartbeat is
-one more input answered at once, member epochs and the server-side assignor are state
-and pure functions here, and the member/assignment records it must persist go out in
-`Output.persist`; classic and consumer groups then share `groups`, the offsets view and
-the timers.
+KIP-848 consumer groups (ConsumerGroupHeartbeat) live in the same class: their
+heartbeat is one more input, answered at once; group, assignment and member epochs are
+state in `consumer_group.py`, the server-side assignors pure functions in
+`assignors.py`; they share the offsets view and the timers with classic groups, and a
+group id is one kind or the other. Once membership is persisted, its records go out in
+`Output.persist`.
 
 Internal invariants raise AssertionError naming the invariant (never stripped by -O).
 """

@@ -15,6 +15,7 @@ from straitmq.broker.record_codec import decode_batch
 from straitmq.broker.records import InvalidRecords, replicated_batches, validate_batches
 from straitmq.broker.storage.epochs import CHECKPOINT_NAME, LeaderEpochCache
 from straitmq.broker.storage.log import (
+    LOG_START_CHECKPOINT,
     LogConfig,
     OffsetOutOfRange,
     PartitionLog,
@@ -407,6 +408,18 @@ def test_log_start_inside_a_segment(tmp_path: Any) -> None:
     assert (plog.log_start_offset, plog.log_end_offset) == (30, 30)
     plog.close()
     assert expected[-1][0] == 27
+
+    # A crash after the checkpoint was written but before the segments below it went:
+    # they go when the log is opened.
+    path = str(tmp_path / "crashed")
+    plog, _ = _build(path, EPOCHS)
+    plog.close()
+    with open(os.path.join(path, LOG_START_CHECKPOINT), "w") as f:
+        f.write("13\n")
+    plog = PartitionLog(path, CFG)
+    assert plog.log_start_offset == 13 and plog.bases == [12, 18, 24]
+    assert plog.epochs.entries == [(1, 13), (2, 14), (3, 24)]
+    plog.close()
 
 
 def test_reset_to_starts_empty_at_the_leaders_log_start(tmp_path: Any) -> None:

@@ -144,6 +144,9 @@ class PartitionLog:
         self._delete_snapshots_above(self.log_end_offset)
         self._load_producer_state()
         self._load_epochs()
+        # A crash between the checkpoint and the deletion it announced leaves segments
+        # wholly below the start: they go now (followers run no retention of their own).
+        self.drop_segments_before(self.log_start_offset)
 
     def _load_epochs(self) -> None:
         """Make the epoch cache agree with the log: the checkpoint may be ahead of a log

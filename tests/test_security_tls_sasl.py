@@ -340,11 +340,14 @@ def test_principal_from_a_real_client_certificate(secure: Secure) -> None:
     assert principal_from_cert(None) is None
 
 
-def test_untrusted_or_missing_client_certificate_is_refused(secure: Secure) -> None:
+def test_untrusted_expired_or_missing_client_certificate_is_refused(secure: Secure) -> None:
     c = secure.certs
     untrusted = secure.conf("MTLS", ssl_certificate_location=c.path("mallory.crt"),
                             ssl_key_location=c.path("mallory.key"))  # fmt: skip
     assert refused(untrusted)
+    expired = secure.conf("MTLS", ssl_certificate_location=c.path("old.crt"),
+                          ssl_key_location=c.path("old.key"))  # fmt: skip
+    assert refused(expired)
     assert refused(secure.conf("MTLS"))  # no certificate at all
     # Raw: the TLS 1.3 handshake completes on the client's side, then nothing is served.
     raw = Raw(secure.ports["MTLS"], tls_ca=c.path("ca.pem"))

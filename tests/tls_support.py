@@ -39,10 +39,26 @@ class Certs:
         crt = (self.dir / f"{name}.crt").read_text()
         (self.dir / f"{name}.pem").write_text(key + crt)
 
+    def expired_leaf(self, name: str, ca: str, subject: str) -> None:
+        """Like `leaf`, valid for one day in 2020 (`openssl ca` can backdate; x509 cannot)."""
+        (self.dir / "index.txt").write_text("")
+        (self.dir / "ca.cnf").write_text(
+            "[ca]\ndefault_ca = d\n[d]\ndatabase = index.txt\nnew_certs_dir = .\n"
+            "serial = serial\ndefault_md = sha256\npolicy = p\nunique_subject = no\n"
+            "[p]\ncommonName = supplied\norganizationName = optional\n"
+        )
+        (self.dir / "serial").write_text("1000\n")
+        _run("req", "-new", "-nodes", "-newkey", "ec", "-pkeyopt",
+             "ec_paramgen_curve:prime256v1", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+             "-subj", subject, cwd=self.dir)  # fmt: skip
+        _run("ca", "-batch", "-config", "ca.cnf", "-cert", f"{ca}.pem", "-keyfile", f"{ca}.key",
+             "-in", f"{name}.csr", "-out", f"{name}.crt", "-notext", "-startdate",
+             "20200101000000Z", "-enddate", "20200102000000Z", cwd=self.dir)  # fmt: skip
+
 
 def make_certs(directory: Path) -> Certs:
-    """ca (trusted) signs server (127.0.0.1/localhost) and alice (C=US, O=Acme, CN=alice);
-    evil (trusted by nobody) signs mallory."""
+    """ca (trusted) signs server (127.0.0.1/localhost), alice (C=US, O=Acme, CN=alice) and
+    old (expired); evil (trusted by nobody) signs mallory."""
     directory.mkdir(parents=True, exist_ok=True)
     c = Certs(directory)
     c.ca("ca")
@@ -50,4 +66,5 @@ def make_certs(directory: Path) -> Certs:
     c.leaf("server", "ca", "/CN=localhost", "IP:127.0.0.1,DNS:localhost")
     c.leaf("alice", "ca", "/C=US/O=Acme/CN=alice", "DNS:alice")
     c.leaf("mallory", "evil", "/CN=mallory", "DNS:mallory")
+    c.expired_leaf("old", "ca", "/O=Acme/CN=old")  # trusted CA, expired in 2020
     return c

@@ -204,7 +204,7 @@ def test_unchanged_partition_in_a_live_session_stays_in_the_isr(tmp_path: Path) 
     cache = FetchSessions()
     session = cache.open(2)
     assert session is not None
-    cache.put(session, "t", (0, 0, 1 << 20, 1))
+    cache.put(session, "t", (0, 0, 1 << 20, 1, 0))
     part.on_follower_fetch(2, 0, session)  # caught up: the log is empty
     lag = 1.0
     # Long after the last fetch that named the partition, the session keeps fetching.

@@ -42,6 +42,7 @@ class SessionPartition:
     fetch_offset: int
     max_bytes: int
     leader_epoch: int
+    fetcher_log_start: int  # the follower's own log start, as its last fetch said
     hw: int = -1  # -1: never answered, so the next answer includes it
     log_start: int = -1
 
@@ -152,18 +153,20 @@ class FetchSessions:
 
     # -- partitions of a session ----------------------------------------------------------
 
-    def put(self, s: FetchSession, topic: str, wanted: tuple[int, int, int, int]) -> None:
-        """Add or update a partition: (index, fetch offset, max bytes, leader epoch)."""
-        index, fetch_offset, max_bytes, epoch = wanted
+    def put(self, s: FetchSession, topic: str, wanted: tuple[int, int, int, int, int]) -> None:
+        """Add or update a partition: (index, fetch offset, max bytes, leader epoch,
+        the fetcher's log start)."""
+        index, fetch_offset, max_bytes, epoch, log_start = wanted
         key = (topic, index)
         sp = s.parts.get(key)
         if sp is None:
-            s.parts[key] = SessionPartition(fetch_offset, max_bytes, epoch)
+            s.parts[key] = SessionPartition(fetch_offset, max_bytes, epoch, log_start)
             self.watch.setdefault(key, set()).add(s)
         else:
             sp.fetch_offset = fetch_offset
             sp.max_bytes = max_bytes
             sp.leader_epoch = epoch
+            sp.fetcher_log_start = log_start
 
     def forget(self, s: FetchSession, key: Key) -> None:
         if s.parts.pop(key, None) is not None:

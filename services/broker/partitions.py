@@ -59,6 +59,7 @@ class FollowerState:
     last_fetch: float = 0.0
     last_caught_up: float = 0.0
     leo_at_last_fetch: int = -1  # the leader's LEO when this follower last fetched
+    log_start_offset: int = -1  # the follower's own log start, from its fetches
     # The follower's fetch session (KIP-227): while this partition sits in it unchanged,
     # each fetch in the session keeps the follower caught up without naming it.
     session: Any = None
@@ -75,6 +76,7 @@ class Partition:
         "leader",
         "leader_epoch",
         "log",
+        "low_watermark_waiters",
         "min_isr",
         "node_id",
         "on_change",
@@ -104,6 +106,11 @@ class Partition:
         self.followers: dict[int, FollowerState] = {}
         self.waiters: set[asyncio.Future[None]] = set()
         self.hw_waiters: list[tuple[int, int, asyncio.Future[bool]]] = []
+        # DeleteRecords answers waiting for every replica's log start: (offset, future,
+        # whether a broker is alive).
+        self.low_watermark_waiters: list[
+            tuple[int, asyncio.Future[None], Callable[[int], bool]]
+        ] = []
         # Told of every append, high watermark, log start or role change: the fetch
         # sessions holding this partition mark it dirty.
         self.on_change: Callable[[Partition], None] | None = None
@@ -201,7 +208,9 @@ class Partition:
                     fut.set_result(True)
             self._wake()
 
-    def on_follower_fetch(self, replica: int, fetch_offset: int, session: Any = None) -> None:
+    def on_follower_fetch(
+        self, replica: int, fetch_offset: int, session: Any = None, log_start: int = -1
+    ) -> None:
         """Kafka's rule: a follower is caught up if it asks for the leader's LEO, or for
         what the LEO was at its previous fetch (then it was caught up back then)."""
         f = self.followers.get(replica)
@@ -217,6 +226,9 @@ class Partition:
         f.last_fetch = now
         f.leo_at_last_fetch = leo
         f.session = session
+        if log_start != f.log_start_offset and log_start >= 0:
+            f.log_start_offset = log_start
+            self.check_low_watermark()
         self.maybe_advance_hw()
 
     def caught_up_at(self, f: FollowerState) -> float:
@@ -274,6 +286,37 @@ class Partition:
             return await asyncio.wait_for(fut, within_s)
         except TimeoutError:
             return False
+
+    def low_watermark(self, alive: Callable[[int], bool]) -> int:
+        """The lowest log start over this leader and its followers on live brokers
+        (Kafka's lowWatermarkIfLeader); a follower that has not fetched yet counts as
+        unknown (-1). What DeleteRecords waits for."""
+        low = self.log.log_start_offset
+        for r, f in self.followers.items():
+            if alive(r):
+                low = min(low, f.log_start_offset)
+        return low
+
+    async def wait_low_watermark(
+        self, offset: int, within_s: float, alive: Callable[[int], bool]
+    ) -> bool:
+        """True once every live replica's log start reached `offset` (checked on each
+        follower fetch that reports a new one); False on timeout."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.low_watermark_waiters.append((offset, fut, alive))
+        self.check_low_watermark()
+        try:
+            await asyncio.wait_for(fut, within_s)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self.low_watermark_waiters = [w for w in self.low_watermark_waiters if w[1] is not fut]
+
+    def check_low_watermark(self) -> None:
+        for offset, fut, alive in self.low_watermark_waiters:
+            if not fut.done() and self.low_watermark(alive) >= offset:
+                fut.set_result(None)
 
     def fail_hw_waiters(self) -> None:
         for _, _, fut in self.hw_waiters:

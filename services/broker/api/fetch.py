@@ -39,16 +39,19 @@ _PART_V4 = struct.Struct(">ihqq")  # partition, error, high watermark, last stab
 _I64 = struct.Struct(">q")
 
 
-# topic -> [(partition, fetch offset, partition max bytes, current leader epoch)]
-Wanted = list[tuple[str, list[tuple[int, int, int, int]]]]
+# topic -> [(partition, fetch offset, partition max bytes, current leader epoch,
+#            the fetching follower's log start)]
+WantedPartition = tuple[int, int, int, int, int]
+Wanted = list[tuple[str, list[WantedPartition]]]
 
 
-def _wanted(p: Any) -> tuple[int, int, int, int]:
+def _wanted(p: Any) -> WantedPartition:
     return (
         p.partition,
         p.fetch_offset,
         p.partition_max_bytes,
         getattr(p, "current_leader_epoch", -1),
+        getattr(p, "log_start_offset", -1),
     )
 
 
@@ -83,12 +86,12 @@ class _FetchPlan:
             return self.named
         keys = {(t, p[0]) for t, ps in self.named for p in ps}
         keys |= session.dirty
-        by_topic: dict[str, list[tuple[int, int, int, int]]] = {}
+        by_topic: dict[str, list[WantedPartition]] = {}
         for key in keys:
             sp = session.parts.get(key)
             if sp is not None:
                 by_topic.setdefault(key[0], []).append(
-                    (key[1], sp.fetch_offset, sp.max_bytes, sp.leader_epoch)
+                    (key[1], sp.fetch_offset, sp.max_bytes, sp.leader_epoch, sp.fetcher_log_start)
                 )
         return list(by_topic.items())
 
@@ -104,7 +107,7 @@ class _FetchPlan:
         session = self.session
         for topic, wants in wanted:
             parts = []
-            for index, fetch_offset, max_bytes, leader_epoch in wants:
+            for index, fetch_offset, max_bytes, leader_epoch, follower_start in wants:
                 partition = broker.partitions.get(topic, index)
                 error = partition_error(broker, topic, index, partition, leader_epoch)
                 if error:
@@ -116,7 +119,7 @@ class _FetchPlan:
                 hw = partition.high_watermark
                 if replica >= 0 and (topic, index) not in self.reported:
                     self.reported.add((topic, index))
-                    partition.on_follower_fetch(replica, fetch_offset, session)
+                    partition.on_follower_fetch(replica, fetch_offset, session, follower_start)
                 if fetch_offset < plog.log_start_offset or fetch_offset > plog.log_end_offset:
                     error = ErrorCode.offset_out_of_range
                     parts.append((index, error, hw, plog.log_start_offset, None, fetch_offset))

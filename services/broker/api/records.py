@@ -3,11 +3,14 @@
 `kafka-delete-records.sh` and Admin.deleteRecords send it to each partition's leader.
 The leader moves its logical log start (checkpointed, see storage/log.py), deletes the
 segments that now lie wholly below it, and wakes its long-polling fetchers so followers
-see the new start in their next fetch answer and move theirs.
+see the new start in their next fetch answer and move theirs. The answer waits until
+every replica on a live broker reports a log start at or past the offset in its fetches
+(Kafka's low watermark), so no follower that could be elected still serves the records.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -54,11 +57,7 @@ def _delete_on_leader(broker: Any, topic: str, index: int, offset: int) -> tuple
         # Parked fetches answer now: consumers below the start get OFFSET_OUT_OF_RANGE
         # and followers learn the new log start from the answer.
         part._wake()
-    # The low watermark is the leader's log start. Kafka's is the minimum over the
-    # replicas on live brokers and the answer waits until it reaches the requested
-    # offset; that needs each follower's log start from its fetches, which the leader
-    # does not keep yet (FollowerState has only the log end).
-    return ErrorCode.none, plog.log_start_offset
+    return ErrorCode.none, max(target, plog.log_start_offset)
 
 
 async def handle_delete_records(ctx: RequestContext, req: Any) -> dict:
@@ -69,11 +68,28 @@ async def handle_delete_records(ctx: RequestContext, req: Any) -> dict:
     for t in req.topics:
         for p in t.partitions:
             wanted.setdefault(t.name, {})[p.partition_index] = p.offset
+    within_s = max(0.0, req.timeout.total_seconds())
+
+    def alive(bid: int) -> bool:
+        b = broker.image.brokers.get(bid)
+        return b is not None and b.alive
+
+    async def one(name: str, index: int, offset: int) -> dict:
+        error, target = _delete_on_leader(broker, name, index, offset)
+        low = INVALID_LOW_WATERMARK
+        if not error:
+            part = broker.partitions.get(name, index)
+            assert part is not None
+            if not await part.wait_low_watermark(target, within_s, alive):
+                error = ErrorCode.request_timed_out
+            elif broker.partitions.get(name, index) is not part or not part.is_leader:
+                error = ErrorCode.not_leader_or_follower  # leadership moved meanwhile
+            else:
+                low = part.low_watermark(alive)
+        return {"partition_index": index, "low_watermark": low, "error_code": error}
+
     topics = []
     for name, parts in wanted.items():
-        results = []
-        for index, offset in parts.items():
-            error, low = _delete_on_leader(broker, name, index, offset)
-            results.append({"partition_index": index, "low_watermark": low, "error_code": error})
-        topics.append({"name": name, "partitions": results})
+        results = await asyncio.gather(*(one(name, i, off) for i, off in parts.items()))
+        topics.append({"name": name, "partitions": list(results)})
     return {"throttle_time": 0, "topics": topics}

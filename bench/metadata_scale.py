@@ -13,6 +13,9 @@ For each target, one after the other (never both up at once):
               and until a CreateTopics is answered again.
   restart     kill -9 broker 1 and start it again; time until it serves (StraitMQ:
               /readyz 200; Kafka: it answers Metadata listing every broker).
+  sample      before the failover, one acks=all record (idempotent librdkafka producer)
+              to each of `--sample` random partitions; after the restart, every one is
+              read back at its acknowledged offset ("lost" must be 0).
 For StraitMQ also the metadata snapshot: its size in the on-disk format and the time to
 encode and decode it, measured on the image replayed from a controller's own log.
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import socket
 import struct
@@ -122,6 +126,51 @@ def created_again(bootstrap: str, name: str) -> bool:
         return False
 
 
+def produce_sample(bootstrap: str, partitions: list[tuple[str, int]]) -> tuple[float, dict]:
+    """One acks=all record to each partition; (seconds, {(topic, p): (offset, value)})."""
+    from confluent_kafka import Producer
+
+    prod = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+                     "linger.ms": 5})  # fmt: skip
+    acked: dict[tuple[str, int], tuple[int, bytes]] = {}
+    failed: list[str] = []
+
+    def done(err, msg) -> None:  # type: ignore[no-untyped-def]
+        if err is None:
+            acked[(msg.topic(), msg.partition())] = (msg.offset(), msg.value())
+        else:
+            failed.append(str(err))
+
+    t0 = time.monotonic()
+    for i, (topic, index) in enumerate(partitions):
+        prod.produce(topic, value=f"sample-{i}".encode(), partition=index, on_delivery=done)
+        prod.poll(0)
+    left = prod.flush(300)
+    if left or failed:
+        raise RuntimeError(f"sample produce: {left} unsent, errors {failed[:3]}")
+    return time.monotonic() - t0, acked
+
+
+def read_sample(bootstrap: str, acked: dict) -> int:
+    """How many of the acknowledged records read back at their offsets."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "sample-check",
+                  "enable.auto.commit": False})  # fmt: skip
+    c.assign([TopicPartition(t, p, off) for (t, p), (off, _) in acked.items()])
+    found = 0
+    seen: set[tuple[str, int]] = set()
+    deadline = time.monotonic() + 300
+    while len(seen) < len(acked) and time.monotonic() < deadline:
+        for m in c.consume(500, 1.0):
+            key = (m.topic(), m.partition())
+            if m.error() is None and key not in seen and acked.get(key) == (m.offset(), m.value()):
+                seen.add(key)
+                found += 1
+    c.close()
+    return found
+
+
 def run(target, a: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def]
     names = [f"m{i}" for i in range(a.partitions // a.per_topic)]
     target.start()
@@ -155,6 +204,15 @@ def run(target, a: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def]
         }
         if target.name == "straitmq":
             out["snapshot"] = snapshot_figures(Path(target.dir) / f"controller-{ctrl}")
+        acked: dict = {}
+        if a.sample:
+            rng = random.Random(a.seed)
+            picks = rng.sample(
+                range(len(names) * a.per_topic), min(a.sample, len(names) * a.per_topic)
+            )
+            parts = [(names[i // a.per_topic], i % a.per_topic) for i in picks]
+            produce_s, acked = produce_sample(target.bootstrap, parts)
+            out["sample"] = {"partitions": len(parts), "produce_s": round(produce_s, 2)}
         # Active controller failover.
         target.kill9(ctrl)
         new = until(lambda: target.active_controller(exclude=ctrl) is not None, 120,
@@ -169,6 +227,9 @@ def run(target, a: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def]
         t0 = time.monotonic()
         target.restart_broker(1)
         out["broker_restart_s"] = round(time.monotonic() - t0, 2)
+        if acked:
+            found = read_sample(target.bootstrap, acked)
+            out["sample"].update(read_back=found, lost=len(acked) - found)
         return out
     finally:
         target.stop()
@@ -226,6 +287,8 @@ def main() -> None:
     p.add_argument("--kafka-fd-limit", type=int, default=200_000)
     p.add_argument("--with-kafka", action="store_true")
     p.add_argument("--no-strait", action="store_true")
+    p.add_argument("--sample", type=int, default=1000, help="partitions to write and read back")
+    p.add_argument("--seed", type=int, default=1)
     a = p.parse_args()
     results = []
     if not a.no_strait:
@@ -243,6 +306,7 @@ def main() -> None:
             f"{r['broker_restart_s']} s; listener {r['listener_during_create']}; "
             f"KB/partition {r['kb_per_partition']}"
             + (f"; snapshot {r['snapshot']}" if "snapshot" in r else "")
+            + (f"; sample {r['sample']}" if "sample" in r else "")
         )
     for r in results:
         print(json.dumps(r))

@@ -40,10 +40,6 @@ class ApiSpec:
     advertised_min: int | None = None
 
 
-async def handle_api_versions(ctx: RequestContext, req: Any) -> dict:
-    return {"error_code": 0, "api_keys": advertised(), "throttle_time": 0}
-
-
 def advertised() -> list[dict]:
     return [
         {

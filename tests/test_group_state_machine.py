@@ -69,6 +69,7 @@ class Harness:
         self.answers: dict[int, JoinResponse | SyncResponse] = {}
         self.shell_timers: dict[TimerKey, int] = {}
         self.persisted: list[DeleteGroupOffsets] = []
+        self.events: list[tuple[str, str]] = []  # (member id, what), for the operator's log
 
     # -- driving -------------------------------------------------------------------------
 
@@ -198,6 +199,7 @@ class Harness:
                 assert isinstance(t, TimerCancel)
                 self.shell_timers.pop(t.key, None)
         self.persisted.extend(out.persist)
+        self.events.extend((e.member_id, e.what) for e in out.events)
         assert self.shell_timers == self.m.timers(), "the shell's timers drifted from the machine's"
 
 
@@ -524,6 +526,9 @@ def test_session_expiry_removes_a_silent_member_and_rebalances() -> None:
     r = h.join_answer(jb)
     assert r.generation == f.generation + 1 and r.leader == b and len(r.members) == 1
     assert h.heartbeat(a, f.generation) == E.unknown_member_id
+    # The operator's log says who went and why, and which generation formed.
+    assert (a, "member removed: session expired") in h.events
+    assert (b, "generation 2: 1 members, protocol range") in h.events
 
 
 def test_session_runs_from_the_last_heartbeat() -> None:

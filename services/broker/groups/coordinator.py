@@ -81,6 +81,8 @@ class GroupCoordinator:
                 )
         for rec in out.persist:
             self.offsets.delete_group(rec.group_id)
+        for e in out.events:
+            log.info(e.what, extra={"group": e.group_id, "member": e.member_id})
 
     def _fire(self, key: TimerKey) -> None:
         self._timers.pop(key, None)

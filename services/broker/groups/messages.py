@@ -145,6 +145,16 @@ class DeleteGroupOffsets:
     group_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class GroupEvent:
+    """Something an operator wants in the log (a member removed and why, a generation
+    formed); the shell logs it."""
+
+    group_id: str
+    member_id: str
+    what: str
+
+
 @dataclass(slots=True)
 class Output:
     replies: list[Reply] = field(default_factory=list)
@@ -153,6 +163,7 @@ class Output:
     # before: a new coordinator starts with no members and they rejoin); KIP-848 groups
     # will add their member epochs and assignments here.
     persist: list[DeleteGroupOffsets] = field(default_factory=list)
+    events: list[GroupEvent] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.replies or self.timers or self.persist)
+        return bool(self.replies or self.timers or self.persist or self.events)

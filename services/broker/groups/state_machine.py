@@ -72,6 +72,7 @@ from .messages import (
     ConsumerHeartbeatRequest,
     ConsumerHeartbeatResponse,
     DeleteGroupOffsets,
+    GroupEvent,
     JoinRequest,
     JoinResponse,
     Output,
@@ -227,7 +228,9 @@ class GroupStateMachine:
             self._cancel(TimerKey(HEARTBEAT, group.group_id, member_id))
         member = group.members.get(member_id)
         if member is not None:
-            self._remove_member(group, member, ErrorCode.group_max_size_reached)
+            self._remove_member(
+                group, member, ErrorCode.group_max_size_reached, "group max size reached"
+            )
             self._after_member_left(group)
 
     def _join_new_member(self, handle: int, group: ClassicGroup, req: JoinRequest) -> None:
@@ -331,6 +334,7 @@ class GroupStateMachine:
             )
             old.sync_handle = None
         self._cancel(TimerKey(HEARTBEAT, group.group_id, old_id))
+        self._event(group.group_id, new_id, f"static member {req.instance_id} replaced {old_id}")
         previous_leader = group.leader_id
         member = group.replace_static(req.instance_id or "", old_id, new_id)
         self._arm(TimerKey(HEARTBEAT, group.group_id, new_id), member.session_timeout_ms)
@@ -455,13 +459,21 @@ class GroupStateMachine:
         for m in [m for m in group.members.values() if not m.awaiting_join]:
             # Static members keep their place until their session runs out.
             if m.instance_id is None:
-                self._remove_member(group, m, ErrorCode.unknown_member_id)
+                self._remove_member(
+                    group, m, ErrorCode.unknown_member_id, "did not rejoin in the rebalance timeout"
+                )
         if not group.elect_joined_leader() and group.members:
             # Only static members that did not rejoin are left: wait for them (or for
             # their sessions to expire) another rebalance timeout.
             self._arm(TimerKey(JOIN, group.group_id), group.rebalance_timeout_ms())
             return
         group.init_next_generation()
+        self._event(
+            group.group_id,
+            group.leader_id or "",
+            f"generation {group.generation}: {len(group.members)} members, "
+            f"protocol {group.protocol_name}",
+        )
         if group.state == EMPTY:
             return
         members = tuple(group.join_members())
@@ -494,7 +506,12 @@ class GroupStateMachine:
         for member_id in sorted(group.pending_sync):
             member = group.members.get(member_id)
             if member is not None:
-                self._remove_member(group, member, ErrorCode.unknown_member_id)
+                self._remove_member(
+                    group,
+                    member,
+                    ErrorCode.unknown_member_id,
+                    "no SyncGroup in the rebalance timeout",
+                )
         self._prepare_rebalance(group)
 
     def _propagate_assignment(self, group: ClassicGroup, error: int, reset: bool) -> None:
@@ -641,14 +658,18 @@ class GroupStateMachine:
                 if current is None:
                     code = ErrorCode.unknown_member_id
                 else:
-                    self._remove_member(group, group.members[current], ErrorCode.unknown_member_id)
+                    self._remove_member(
+                        group, group.members[current], ErrorCode.unknown_member_id, "left"
+                    )
             elif member_id in group.pending_join:
                 group.pending_join.discard(member_id)
                 self._cancel(TimerKey(HEARTBEAT, group_id, member_id))
             elif code := group.validate_member(member_id, instance_id):
                 pass
             else:
-                self._remove_member(group, group.members[member_id], ErrorCode.unknown_member_id)
+                self._remove_member(
+                    group, group.members[member_id], ErrorCode.unknown_member_id, "left"
+                )
             left = left or code == ErrorCode.none
             results.append((member_id, instance_id, code))
         if left:
@@ -673,7 +694,8 @@ class GroupStateMachine:
         if member is None or member.has_satisfied_heartbeat():
             # A parked member's session restarts when its request is answered.
             return
-        self._remove_member(group, member, ErrorCode.unknown_member_id)
+        reason = "its join did not complete in time" if member.is_new else "session expired"
+        self._remove_member(group, member, ErrorCode.unknown_member_id, reason)
         self._after_member_left(group)
 
     def _after_member_left(self, group: ClassicGroup) -> None:
@@ -682,9 +704,12 @@ class GroupStateMachine:
         elif group.state == PREPARING and group.has_all_members_joined():
             self._complete_join(group)
 
-    def _remove_member(self, group: ClassicGroup, member: ClassicMember, error: int) -> None:
+    def _remove_member(
+        self, group: ClassicGroup, member: ClassicMember, error: int, reason: str
+    ) -> None:
         """Take the member out; a request it has parked is answered with `error` (a
         member timed out in a JoinGroup retries with UNKNOWN_MEMBER_ID)."""
+        self._event(group.group_id, member.member_id, f"member removed: {reason}")
         if member.join_handle is not None:
             self._out.replies.append(Reply(member.join_handle, JoinResponse(error, "")))
             member.join_handle = None
@@ -931,7 +956,7 @@ class GroupStateMachine:
                     pending_revocation=old.pending_revocation,
                 )
                 inherited = group.target.get(old.member_id, old.assigned)
-                self._remove_consumer_member(group, old, bump=False)
+                self._remove_consumer_member(group, old, "replaced by a new member id", bump=False)
                 group.members[new.member_id] = new
                 group.static[req.instance_id] = new.member_id
                 # It inherits the old member's target too, so nothing moves.
@@ -1042,7 +1067,7 @@ class GroupStateMachine:
                 self.settings.consumer_session_timeout_ms,
             )
         else:
-            self._remove_consumer_member(group, member)
+            self._remove_consumer_member(group, member, "left")
         return ConsumerHeartbeatResponse(
             ErrorCode.none, None, member.member_id, req.member_epoch, 0, None
         )
@@ -1056,11 +1081,13 @@ class GroupStateMachine:
             return
         # Silent past its session, or holding on to partitions past its rebalance
         # timeout: fenced, and its partitions go to the others.
-        self._remove_consumer_member(group, member)
+        reason = "session expired" if key.kind == CONSUMER_SESSION else "did not revoke in time"
+        self._remove_consumer_member(group, member, reason)
 
     def _remove_consumer_member(
-        self, group: ConsumerGroup, member: ConsumerMember, bump: bool = True
+        self, group: ConsumerGroup, member: ConsumerMember, reason: str, bump: bool = True
     ) -> None:
+        self._event(group.group_id, member.member_id, f"member removed: {reason}")
         for kind in (CONSUMER_SESSION, REVOCATION):
             self._cancel(TimerKey(kind, group.group_id, member.member_id))
         group.remove(member.member_id)
@@ -1085,6 +1112,9 @@ class GroupStateMachine:
         del self.consumer_groups[group.group_id]
 
     # -- helpers --------------------------------------------------------------------------
+
+    def _event(self, group_id: str, member_id: str, what: str) -> None:
+        self._out.events.append(GroupEvent(group_id, member_id, what))
 
     def _arm(self, key: TimerKey, after_ms: int) -> None:
         deadline = self._now + after_ms

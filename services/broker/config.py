@@ -97,8 +97,8 @@ class BrokerConfig:
     )  # fmt: skip
     inter_broker_listener_name: str | None = setting(
         None, "inter.broker.listener.name", "--inter-broker-listener-name",
-        "the listener replicas fetch from and the controller probes (must be PLAINTEXT "
-        "for now; default: the first PLAINTEXT listener)",
+        "the listener replicas fetch from, of any security protocol (default: the first "
+        "PLAINTEXT listener)",
     )  # fmt: skip
     connections_max_reauth_ms: int = setting(
         0, "connections.max.reauth.ms", "--connections-max-reauth-ms",

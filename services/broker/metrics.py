@@ -48,6 +48,12 @@ class BrokerMetrics:
     messages_in: Counter = field(default_factory=Counter)
     messages_out: Counter = field(default_factory=Counter)  # topic -> offsets sent to consumers
     replication_bytes_out: int = 0  # bytes sent to follower replicas
+    # Per listener: which one replication and logins really use (e.g. that replica
+    # fetchers come in over the TLS/SASL inter-broker listener, as whom, and how often
+    # their connections log in again).
+    listener_connections: Counter = field(default_factory=Counter)  # listener -> accepted
+    follower_fetches: Counter = field(default_factory=Counter)  # (listener, principal) -> n
+    sasl_logins: Counter = field(default_factory=Counter)  # (listener, principal) -> n
     latency_family: HistogramFamily = field(default_factory=_latency_family)
     latency: dict[int, FastHistogram] = field(default_factory=dict)  # api key -> histogram
 
@@ -68,7 +74,17 @@ class BrokerMetrics:
             "messages_in": dict(self.messages_in),
             "messages_out": dict(self.messages_out),
             "replication_bytes_out": self.replication_bytes_out,
+            "listener_connections": dict(self.listener_connections),
+            "follower_fetches": _by_listener(self.follower_fetches),
+            "sasl_logins": _by_listener(self.sasl_logins),
         }
+
+
+def _by_listener(counts: Counter) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for (listener, principal), n in counts.items():
+        out.setdefault(listener, {})[principal] = n
+    return out
 
 
 Points = Iterator[tuple[float, dict[str, Any]]]

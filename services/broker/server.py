@@ -85,6 +85,7 @@ class KafkaConnection(asyncio.Protocol):
                 principal_from_cert(cert),
             )
         self.broker.connections.add(self)
+        self.broker.metrics.listener_connections[self.listener_name] += 1
         self.task = asyncio.get_running_loop().create_task(self.run())
 
     def data_received(self, data: bytes) -> None:
@@ -218,7 +219,12 @@ class KafkaConnection(asyncio.Protocol):
         metrics = broker.metrics
         metrics.requests[api_key] += 1
         key = api_key if api_key != 1 or body.replica_id < 0 else FOLLOWER_FETCH_KEY
+        if key == FOLLOWER_FETCH_KEY:
+            metrics.follower_fetches[(self.listener_name, security.principal)] += 1
         result = await spec.handler(ctx, body)
+        if api_key == 36 and security.exchange is not None and security.exchange.done:
+            if type(result) is dict and not result.get("error_code"):
+                metrics.sasl_logins[(self.listener_name, security.principal)] += 1
         if result is not None and not self.closed:
             if isinstance(result, RawResponse):
                 await self.write_raw(result)

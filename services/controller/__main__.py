@@ -13,6 +13,7 @@ from straitmq.node_identity import voter_for_hostname
 from straitmq.signals import wait_for_stop_signal
 
 from .active import ControllerSettings
+from .bootstrap import parse_add_scram
 from .node import ControllerNode
 from .quorum import parse_voters
 from .raft.core import RaftConfig
@@ -46,9 +47,22 @@ def build(argv: list[str] | None = None) -> ControllerNode:
         help="OTLP/HTTP collector base URL for metrics, e.g. http://otel-collector:4318 "
         "(default: the OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT variables; none: no export)",
     )
+    p.add_argument(
+        "--add-scram",
+        action="append",
+        default=[],
+        metavar="'SCRAM-SHA-512=[name=U,password=P]'",
+        help="a SCRAM user written when the cluster is created, as kafka-storage format "
+        "--add-scram (e.g. the brokers' own user for a SASL inter-broker listener); "
+        "repeatable; give every controller the same",
+    )
     p.add_argument("--log-level", default=os.environ.get("STRAIT_LOG_LEVEL", "warning"))
     a = p.parse_args(argv)
     logs.setup(a.log_level)
+    try:
+        bootstrap = tuple(parse_add_scram(v) for v in a.add_scram)
+    except ValueError as e:
+        p.error(str(e))
     try:
         voters = parse_voters(a.voters)
     except ValueError as e:
@@ -72,6 +86,7 @@ def build(argv: list[str] | None = None) -> ControllerNode:
             auto_leader_rebalance=not a.no_auto_leader_rebalance,
             default_partitions=a.default_partitions,
             default_replication_factor=a.default_replication_factor,
+            bootstrap_records=bootstrap,
         ),
         RaftConfig(election_timeout_ms=a.election_timeout_ms, fetch_timeout_ms=a.fetch_timeout_ms),
         host or "127.0.0.1",

@@ -43,6 +43,8 @@ class ControllerSettings:
     auto_leader_rebalance: bool = True
     default_partitions: int = 1
     default_replication_factor: int = 1
+    # Written with the cluster id when the metadata log is created (bootstrap.py).
+    bootstrap_records: tuple[dict, ...] = ()
 
 
 def _mono() -> float:
@@ -126,7 +128,10 @@ class ActiveController:
             await self.quorum.propose([])
             if not self.image.cluster_id:
                 await self.quorum.propose(
-                    [{"type": "cluster", "cluster_id": self.settings.cluster_id}]
+                    [
+                        {"type": "cluster", "cluster_id": self.settings.cluster_id},
+                        *self.settings.bootstrap_records,
+                    ]
                 )
         except ControllerError:
             return

@@ -1,24 +1,70 @@
 """A small asyncio Kafka client connection, for broker-to-broker calls (replica fetch,
 OffsetForLeaderEpoch). Requests and responses go through kio's generated schemas.
 One request in flight per connection, which is how a replica fetcher uses it.
+
+Optional security (`ClientSecurity`), as a Kafka client's security.protocol: TLS with the
+given SSLContext (CA, client certificate for mTLS, hostname check), and a SASL login
+(SaslHandshake v1 + SaslAuthenticate v2; PLAIN, SCRAM-SHA-256/512) done right after
+connecting, before the first request. When the broker answers a session lifetime
+(KIP-368), the connection logs in again at 85-95 % of it, as Kafka's client does: between
+two requests, so a long-poll fetch in flight is never cut. A refused login raises
+`AuthenticationFailed` (a ConnectionClosed) with the broker's reason.
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
+import random
+import ssl
 import struct
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from kio.index import load_request_schema
+from kio.schema.errors import ErrorCode
 
 from .codec import _reader, _writer, response_schema
+from .sasl_client import MECHANISMS, SaslClientError, new_exchange
 
 _I32 = struct.Struct(">i")
+_SaslHandshake = load_request_schema(17, 1)
+_SaslAuthenticate = load_request_schema(36, 2)
 
 
 class ConnectionClosed(Exception):
     pass
+
+
+class AuthenticationFailed(ConnectionClosed):
+    """The TLS handshake or the SASL login was refused; retrying at once will not help."""
+
+
+@dataclass(frozen=True, slots=True)
+class SaslLogin:
+    mechanism: str  # PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
+    username: str
+    password: str = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if self.mechanism not in MECHANISMS:
+            raise ValueError(f"SASL mechanism {self.mechanism}: one of {', '.join(MECHANISMS)}")
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSecurity:
+    """How to reach a secured listener: `tls` (None: plaintext) and `sasl` (None: no login).
+    Whether the server's name is checked is the context's check_hostname."""
+
+    tls: ssl.SSLContext | None = None
+    sasl: SaslLogin | None = None
+
+    @property
+    def protocol(self) -> str:
+        if self.sasl is not None:
+            return "SASL_SSL" if self.tls is not None else "SASL_PLAINTEXT"
+        return "SSL" if self.tls is not None else "PLAINTEXT"
 
 
 class _Frames(asyncio.BufferedProtocol):
@@ -87,15 +133,73 @@ class _Frames(asyncio.BufferedProtocol):
 
 
 class KafkaConnection:
-    def __init__(self, host: str, port: int, client_id: str) -> None:
+    def __init__(
+        self, host: str, port: int, client_id: str, security: ClientSecurity | None = None
+    ) -> None:
         self.host, self.port, self.client_id = host, port, client_id
+        self.security = security
         self._proto: _Frames | None = None
         self._correlation = 0
+        self._reauth_at: float | None = None  # monotonic time of the next login
+        self.logins = 0  # SASL logins on this object, re-authentications included
+        self.session_lifetime_ms = 0  # the last one the broker answered
 
     async def connect(self, within_s: float = 3.0) -> None:
-        _, self._proto = await asyncio.wait_for(
-            asyncio.get_running_loop().create_connection(_Frames, self.host, self.port),
-            within_s,
+        sec = self.security
+        tls = sec.tls if sec is not None else None
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(within_s):
+                _, self._proto = await loop.create_connection(
+                    _Frames,
+                    self.host,
+                    self.port,
+                    ssl=tls,
+                    ssl_handshake_timeout=within_s if tls is not None else None,
+                )
+        except ssl.SSLError as e:  # an untrusted or misnamed certificate, a refused client one
+            raise AuthenticationFailed(
+                f"{self.host}:{self.port}: TLS handshake failed: {e.reason or e}"
+            ) from None
+        if sec is not None and sec.sasl is not None:
+            try:
+                await self._login(sec.sasl, within_s)
+            except BaseException:
+                self.close()
+                raise
+
+    async def _login(self, login: SaslLogin, within_s: float) -> None:
+        where = f"{self.host}:{self.port}"
+        hs = await self._roundtrip(17, 1, _SaslHandshake(mechanism=login.mechanism), within_s)
+        if int(hs.error_code) != ErrorCode.none:
+            raise AuthenticationFailed(
+                f"{where}: SASL mechanism {login.mechanism} refused "
+                f"({ErrorCode(hs.error_code).name}); the listener offers "
+                f"{', '.join(hs.mechanisms) or 'none'}"
+            )
+        exchange = new_exchange(login.mechanism, login.username, login.password)
+        token: bytes | None = exchange.first()
+        lifetime_ms = 0
+        while token is not None:
+            resp = await self._roundtrip(36, 2, _SaslAuthenticate(auth_bytes=token), within_s)
+            if int(resp.error_code) != ErrorCode.none:
+                raise AuthenticationFailed(
+                    f"{where}: SASL {login.mechanism} login as {login.username!r} refused: "
+                    f"{resp.error_message or ErrorCode(resp.error_code).name}"
+                )
+            lifetime_ms = int(resp.session_lifetime.total_seconds() * 1000)
+            try:
+                token = exchange.step(bytes(resp.auth_bytes))
+            except SaslClientError as e:
+                raise AuthenticationFailed(f"{where}: SASL {login.mechanism}: {e}") from None
+        self.logins += 1
+        self.session_lifetime_ms = lifetime_ms
+        # Kafka's client re-authenticates at a random 85-95 % of the lifetime, so many
+        # connections made together do not all log in again at the same moment.
+        self._reauth_at = (
+            time.monotonic() + lifetime_ms / 1000 * random.uniform(0.85, 0.95)
+            if lifetime_ms > 0
+            else None
         )
 
     def close(self) -> None:
@@ -107,7 +211,21 @@ class KafkaConnection:
     async def request(self, api_key: int, version: int, body: Any, within_s: float) -> Any:
         if self._proto is None:
             await self.connect()
+        elif self._reauth_at is not None and time.monotonic() >= self._reauth_at:
+            # KIP-368: between requests, so nothing in flight is cut; a refused
+            # re-authentication ends the connection like a refused first login.
+            assert self.security is not None and self.security.sasl is not None
+            try:
+                await self._login(self.security.sasl, min(within_s, 10.0))
+            except BaseException:
+                self.close()
+                raise
+        return await self._roundtrip(api_key, version, body, within_s)
+
+    async def _roundtrip(self, api_key: int, version: int, body: Any, within_s: float) -> Any:
         proto = self._proto
+        if proto is None:
+            raise ConnectionClosed(f"{self.host}:{self.port}: not connected")
         assert proto is not None and proto.transport is not None
         self._correlation += 1
         schema = load_request_schema(api_key, version)

@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 
-from straitmq.protocol.client import ConnectionClosed, KafkaConnection
+from straitmq.protocol.client import AuthenticationFailed, ConnectionClosed, KafkaConnection
 
 from ..fetch_sessions import next_epoch
 from ..partitions import FOLLOWER, Partition
 from ..records import InvalidRecords, replicated_batches
+from ..security.listeners import endpoint_for
 
 if TYPE_CHECKING:
     from ..broker import Broker
@@ -33,6 +34,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("straitmq.replication")
 
 FETCH_MAX_WAIT_MS = 500
+# After a refused TLS handshake or SASL login: wait this long, doubling up to the max (a
+# wrong password is not fixed by hammering the leader with logins).
+AUTH_BACKOFF_S = 0.5
+AUTH_BACKOFF_MAX_S = 10.0
 PARTITION_MAX_BYTES = 1 << 20
 RESPONSE_MAX_BYTES = 16 << 20
 UNDEFINED = -1
@@ -73,6 +78,8 @@ class LeaderFetcher:
         self.session_id = 0
         self.session_epoch = 0  # 0: the next fetch opens a new session
         self.in_session: dict[tuple[str, int], SessionState] = {}
+        self.auth_error: str | None = None  # the last refused login, logged once
+        self._auth_backoff = AUTH_BACKOFF_S
 
     def reset_session(self) -> None:
         """Start over with a full fetch (the leader closes the old session)."""
@@ -91,8 +98,12 @@ class LeaderFetcher:
             self.conn.close()
 
     def _address(self) -> tuple[str, int] | None:
+        """The leader's endpoint on our inter-broker listener (its registered host/port
+        when it has no named listeners, i.e. one PLAINTEXT listener)."""
         b = self.broker.image.brokers.get(self.leader)
-        return (b.host, b.port) if b is not None else None
+        if b is None:
+            return None
+        return endpoint_for(b, self.broker.listeners[0].name) or (b.host, b.port)
 
     async def _run(self) -> None:
         me = self.broker.config.node_id
@@ -108,7 +119,9 @@ class LeaderFetcher:
             if self.conn is None or (self.conn.host, self.conn.port) != addr:
                 if self.conn is not None:
                     self.conn.close()
-                self.conn = KafkaConnection(addr[0], addr[1], f"replica-fetcher-{me}")
+                self.conn = KafkaConnection(
+                    addr[0], addr[1], f"replica-fetcher-{me}", self.broker.listeners[0].client
+                )
                 self.session_id = 0  # a session lives on one leader
                 self.reset_session()
             try:
@@ -118,6 +131,15 @@ class LeaderFetcher:
                     await self._fetch(me)
                 else:
                     await asyncio.sleep(0.1)
+                self._auth_ok()
+            except AuthenticationFailed as e:
+                self._auth_refused(str(e))
+                self.reset_session()
+                if self.conn is not None:
+                    self.conn.close()
+                self.conn = None
+                await asyncio.sleep(self._auth_backoff)
+                self._auth_backoff = min(self._auth_backoff * 2, AUTH_BACKOFF_MAX_S)
             except (ConnectionClosed, OSError, TimeoutError) as e:
                 log.debug("replica fetch failed", extra={"leader": self.leader, "error": str(e)})
                 self.reset_session()
@@ -132,6 +154,22 @@ class LeaderFetcher:
                     self.conn.close()
                 self.conn = None
                 await asyncio.sleep(1.0)
+
+    def _auth_refused(self, why: str) -> None:
+        # Once per distinct reason: a wrong password retried with backoff would
+        # otherwise write a line every few seconds for as long as it stays wrong.
+        if why != self.auth_error:
+            log.error(
+                "replica fetcher cannot log in to the leader; retrying with backoff",
+                extra={"leader": self.leader, "error": why},
+            )
+        self.auth_error = why
+
+    def _auth_ok(self) -> None:
+        if self.auth_error is not None:
+            log.info("replica fetcher logged in to the leader", extra={"leader": self.leader})
+            self.auth_error = None
+        self._auth_backoff = AUTH_BACKOFF_S
 
     def _by_topic(self, truncating: bool) -> dict[str, list[Follow]]:
         out: dict[str, list[Follow]] = {}

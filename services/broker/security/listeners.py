@@ -4,7 +4,8 @@
 name; `listener.security.protocol.map=CLIENT:SASL_SSL,REPLICATION:PLAINTEXT` says what
 each speaks (a name that is itself a protocol maps to it by default, as in Kafka);
 `advertised.listeners` what clients are told; `inter.broker.listener.name` the one the
-other brokers (replica fetchers) and the controller's liveness probe use.
+other brokers' replica fetchers connect to, with any security protocol (inter_broker.py
+says how they log in).
 
 Each broker registers every advertised endpoint; Metadata, DescribeCluster and
 FindCoordinator answer a client with the endpoints of the listener it connected to, and
@@ -20,6 +21,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from straitmq.metadata.image import BrokerImage
+
+    from straitmq.protocol.client import ClientSecurity
 
     from ..config import BrokerConfig
 
@@ -136,18 +139,13 @@ def resolve(config: BrokerConfig) -> list[ListenerSpec]:
         plain = [s.name for s in specs if s.protocol == "PLAINTEXT"]
         if not plain:
             raise ListenerConfigError(
-                "no PLAINTEXT listener for replication: set inter.broker.listener.name to a "
-                "PLAINTEXT listener (replication over TLS/SASL is not supported yet)"
+                "no PLAINTEXT listener for replication: set inter.broker.listener.name to "
+                "the listener the brokers replicate over (any security protocol)"
             )
         inter = plain[0]
     first = next((s for s in specs if s.name == inter), None)
     if first is None:
         raise ListenerConfigError(f"inter.broker.listener.name: {inter} is not in listeners")
-    if first.protocol != "PLAINTEXT":
-        raise ListenerConfigError(
-            f"inter.broker.listener.name: {inter} is {first.protocol}; replica fetchers "
-            "speak PLAINTEXT only for now, so replication needs a PLAINTEXT listener"
-        )
     return [first, *(s for s in specs if s is not first)]
 
 
@@ -174,6 +172,9 @@ class Listener:
         self.spec = spec
         self.tls = TlsListener(TlsSettings.from_properties(props, spec.name)) if spec.tls else None
         self.sasl = SaslSettings.from_properties(props, spec.name, reauth_ms) if spec.sasl else None
+        # On the inter-broker listener: how this broker connects to the others' (TLS
+        # context, SASL login); None for PLAINTEXT (see inter_broker.py).
+        self.client: ClientSecurity | None = None
 
     @property
     def name(self) -> str:
@@ -192,7 +193,11 @@ def build_listeners(config: BrokerConfig) -> list[Listener]:
                     f"{key}: there is no listener {name.upper()} (listeners: "
                     f"{', '.join(s.name for s in specs)})"
                 )
-    return [Listener(spec, config.security, config.connections_max_reauth_ms) for spec in specs]
+    from .inter_broker import inter_broker_security
+
+    listeners = [Listener(s, config.security, config.connections_max_reauth_ms) for s in specs]
+    listeners[0].client = inter_broker_security(listeners[0], config.security)
+    return listeners
 
 
 def bind_listeners(

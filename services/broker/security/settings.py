@@ -21,6 +21,12 @@ SECURITY_KEYS = frozenset({
     "sasl.enabled.mechanisms",
     "plain.sasl.jaas.config",
     "connections.max.reauth.ms",
+    # the inter-broker listener's client side (inter_broker.py)
+    "sasl.mechanism.inter.broker.protocol",
+    "sasl.jaas.config",
+    "scram-sha-256.sasl.jaas.config",
+    "scram-sha-512.sasl.jaas.config",
+    "ssl.endpoint.identification.algorithm",
 })  # fmt: skip
 # Listener settings that also have a command-line flag (BrokerConfig fields).
 FIELDS = {

@@ -1,0 +1,114 @@
+"""How this broker logs in to the other brokers' inter-broker listener (replica fetchers).
+
+Kafka's settings, read for the listener `inter.broker.listener.name` names:
+  sasl.mechanism.inter.broker.protocol   PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; default:
+                                         the listener's first enabled mechanism
+  listener.name.<name>.<mechanism>.sasl.jaas.config
+                                         the broker's own user, `username="..."
+                                         password="..."` (PlainLoginModule or
+                                         ScramLoginModule); `sasl.jaas.config` also works
+  ssl.truststore.location                CAs the other brokers' certificates chain to
+                                         (default: the system's)
+  ssl.keystore.location                  also the client certificate this broker shows
+                                         (mTLS: the listener's ssl.client.auth)
+  ssl.endpoint.identification.algorithm  https (default): the certificate must name the
+                                         host connected to; empty: not checked
+
+Everything is checked at startup, so a missing password or unreadable CA stops the broker
+with a message instead of a replica fetcher failing forever.
+"""
+
+from __future__ import annotations
+
+import re
+import ssl
+
+from straitmq.protocol.client import ClientSecurity, SaslLogin
+from straitmq.protocol.sasl_client import MECHANISMS
+
+from .listeners import Listener, ListenerConfigError
+from .settings import listener_value
+
+_JAAS_FIELD = r'\b{}\s*=\s*"((?:[^"\\]|\\.)*)"'
+
+
+def _jaas(jaas: str, key: str) -> str | None:
+    m = re.search(_JAAS_FIELD.format(key), jaas)
+    return m.group(1).replace('\\"', '"') if m else None
+
+
+def inter_broker_security(listener: Listener, props: dict[str, str]) -> ClientSecurity | None:
+    """The ClientSecurity for `listener` (the inter-broker one); None for PLAINTEXT."""
+    spec = listener.spec
+    if not spec.tls and not spec.sasl:
+        return None
+    return ClientSecurity(
+        tls=_tls_context(listener, props) if spec.tls else None,
+        sasl=_sasl_login(listener, props) if spec.sasl else None,
+    )
+
+
+def _sasl_login(listener: Listener, props: dict[str, str]) -> SaslLogin:
+    name = listener.name
+    enabled = listener.sasl.mechanisms if listener.sasl is not None else ()
+    mechanism = (props.get("sasl.mechanism.inter.broker.protocol") or "").strip().upper()
+    if not mechanism:
+        mechanism = enabled[0] if enabled else "PLAIN"
+    if mechanism not in MECHANISMS:
+        raise ListenerConfigError(
+            f"sasl.mechanism.inter.broker.protocol {mechanism}: one of {', '.join(MECHANISMS)}"
+        )
+    if mechanism not in enabled:
+        raise ListenerConfigError(
+            f"sasl.mechanism.inter.broker.protocol {mechanism} is not enabled on the "
+            f"inter-broker listener {name} (enabled: {', '.join(enabled)})"
+        )
+    key = f"{mechanism.lower()}.sasl.jaas.config"
+    jaas = listener_value(props, name, key) or props.get("sasl.jaas.config") or ""
+    username, password = _jaas(jaas, "username"), _jaas(jaas, "password")
+    if not username or password is None:
+        raise ListenerConfigError(
+            f"inter-broker listener {name} uses SASL {mechanism} but this broker has no login "
+            f"for it: set listener.name.{name.lower()}.{key} to "
+            f'"{_login_module(mechanism)} required username=\\"broker\\" password=\\"...\\";"'
+        )
+    return SaslLogin(mechanism, username, password)
+
+
+def _login_module(mechanism: str) -> str:
+    if mechanism == "PLAIN":
+        return "org.apache.kafka.common.security.plain.PlainLoginModule"
+    return "org.apache.kafka.common.security.scram.ScramLoginModule"
+
+
+def _tls_context(listener: Listener, props: dict[str, str]) -> ssl.SSLContext:
+    name = listener.name
+
+    def get(key: str) -> str | None:
+        return listener_value(props, name, key)
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    algorithm = (get("ssl.endpoint.identification.algorithm") or "https").strip().lower()
+    if get("ssl.endpoint.identification.algorithm") == "":
+        algorithm = ""
+    if algorithm not in ("https", ""):
+        raise ListenerConfigError(
+            f"ssl.endpoint.identification.algorithm {algorithm!r}: https, or empty for none"
+        )
+    ctx.check_hostname = algorithm == "https"
+    ctx.verify_mode = ssl.CERT_REQUIRED  # the peer's certificate is always checked
+    truststore = get("ssl.truststore.location")
+    keystore = get("ssl.keystore.location")
+    try:
+        if truststore:
+            ctx.load_verify_locations(cafile=truststore)
+        else:
+            ctx.load_default_certs(ssl.Purpose.SERVER_AUTH)
+        if keystore:  # shown when the peer asks (ssl.client.auth), as Kafka's brokers do
+            ctx.load_cert_chain(keystore, password=get("ssl.key.password"))
+    except (OSError, ssl.SSLError) as e:
+        raise ListenerConfigError(
+            f"inter-broker listener {name}: cannot load TLS files for replication: {e}"
+        ) from e
+    return ctx

@@ -1,0 +1,153 @@
+"""The pieces of inter-broker security without a cluster: the SCRAM/PLAIN client against
+the broker's own SASL server code, the inter-broker login and TLS settings, and the
+controllers' `--add-scram` bootstrap records (tests/test_security_replication.py runs
+them all on a real cluster)."""
+
+from __future__ import annotations
+
+import base64
+import ssl
+from pathlib import Path
+
+import pytest
+from straitmq.broker.config import BrokerConfig
+from straitmq.broker.security.listeners import ListenerConfigError, build_listeners
+from straitmq.broker.security.sasl import PlainServer
+from straitmq.broker.security.scram import ScramError, ScramServer
+from straitmq.controller.bootstrap import parse_add_scram
+from straitmq.metadata.image import MetadataImage
+from tls_support import make_certs
+
+from straitmq.protocol.sasl_client import PlainClient, SaslClientError, ScramClient
+
+SCRAM_JAAS = (
+    "org.apache.kafka.common.security.scram.ScramLoginModule required "
+    'username="broker" password="broker-secret";'
+)
+
+
+def _lookup_for(*records: dict):
+    creds: dict[tuple[str, str], dict] = {}
+    for r in records:
+        creds[(r["name"], r["mechanism"])] = {k: v for k, v in r.items() if k != "type"}
+    return lambda user, mech: creds.get((user, mech))
+
+
+def _exchange(client: ScramClient | PlainClient, server: ScramServer | PlainServer) -> None:
+    token: bytes | None = client.first()
+    while token is not None:
+        reply = server.step(token)
+        token = client.step(reply)
+    assert server.done
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_scram_client_logs_in_and_checks_the_server(mechanism: str) -> None:
+    cred = parse_add_scram(f"{mechanism}=[name=broker,password=broker-secret]")
+    lookup = _lookup_for(cred)
+    client = ScramClient(mechanism, "broker", "broker-secret")
+    server = ScramServer(mechanism, lookup)
+    _exchange(client, server)
+    assert client.done and server.user == "broker"
+
+    # A wrong password: the server refuses the proof.
+    with pytest.raises(ScramError, match="invalid credentials"):
+        _exchange(ScramClient(mechanism, "broker", "wrong"), ScramServer(mechanism, lookup))
+
+    # A server that does not hold the user's ServerKey cannot finish: the client refuses
+    # its signature (someone in between, or the wrong cluster).
+    forged = dict(cred, server_key=base64.b64encode(b"\0" * 64).decode())
+    client = ScramClient(mechanism, "broker", "broker-secret")
+    server = ScramServer(mechanism, _lookup_for(forged))
+    final = server.step(client.step(server.step(client.first())))  # type: ignore[arg-type]
+    with pytest.raises(SaslClientError, match="signature does not verify"):
+        client.step(final)
+    assert not client.done
+
+
+def test_scram_client_refuses_a_weak_or_foreign_server_first() -> None:
+    client = ScramClient("SCRAM-SHA-512", "broker", "pw")
+    nonce = client.first().decode().split("r=")[1]
+    with pytest.raises(SaslClientError, match="fewer than 4096"):
+        client.step(f"r={nonce}xyz,s={base64.b64encode(b'salt').decode()},i=1000".encode())
+    with pytest.raises(SaslClientError, match="nonce"):
+        ScramClient("SCRAM-SHA-512", "broker", "pw").step(b"r=other,s=c2FsdA==,i=4096")
+
+
+def test_plain_client_against_the_plain_server() -> None:
+    _exchange(PlainClient("admin", "admin-secret"), PlainServer({"admin": "admin-secret"}))
+    with pytest.raises(ScramError):
+        _exchange(PlainClient("admin", "nope"), PlainServer({"admin": "admin-secret"}))
+
+
+def test_add_scram_writes_a_salted_credential_the_image_applies() -> None:
+    rec = parse_add_scram('SCRAM-SHA-512=[name=broker,password="a,b=c",iterations=8192]')
+    assert rec["type"] == "user_scram_credential" and rec["iterations"] == 8192
+    assert "a,b=c" not in str(rec)  # salted and hashed, never the password
+    img = MetadataImage()
+    img.apply(rec)
+    lookup = lambda u, m: img.scram_credentials.get(u, {}).get(m)  # noqa: E731
+    _exchange(ScramClient("SCRAM-SHA-512", "broker", "a,b=c"), ScramServer("SCRAM-SHA-512", lookup))
+    for bad in ("SCRAM-SHA-1=[name=a,password=b]", "SCRAM-SHA-512=[name=a]",
+                "SCRAM-SHA-512=[name=a,password=b,iterations=10]"):  # fmt: skip
+        with pytest.raises(ValueError, match="--add-scram"):
+            parse_add_scram(bad)
+
+
+def _config(protocol: str, **security: str) -> BrokerConfig:
+    return BrokerConfig(
+        node_id=1,
+        listeners="REPLICATION://127.0.0.1:0,CLIENT://127.0.0.1:0",
+        listener_security_protocol_map=f"REPLICATION:{protocol},CLIENT:PLAINTEXT",
+        inter_broker_listener_name="REPLICATION",
+        security=dict(security),
+    )
+
+
+def test_inter_broker_listener_settings(tmp_path: Path) -> None:
+    certs = make_certs(tmp_path / "certs")
+    tls = {
+        "ssl.keystore.location": certs.path("server.pem"),
+        "listener.name.replication.ssl.truststore.location": certs.path("ca.pem"),
+    }
+    # PLAINTEXT replication: no client security at all.
+    assert build_listeners(_config("PLAINTEXT"))[0].client is None
+
+    sasl_ssl = build_listeners(_config(
+        "SASL_SSL", **tls,
+        **{"listener.name.replication.sasl.enabled.mechanisms": "SCRAM-SHA-512",
+           "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
+           "listener.name.replication.scram-sha-512.sasl.jaas.config": SCRAM_JAAS},
+    ))[0]  # fmt: skip
+    client = sasl_ssl.client
+    assert sasl_ssl.name == "REPLICATION" and client is not None
+    assert client.protocol == "SASL_SSL"
+    assert client.sasl is not None and client.sasl.username == "broker"
+    assert "broker-secret" not in repr(client.sasl)
+    assert client.tls is not None and client.tls.check_hostname  # Kafka's default: https
+    assert client.tls.verify_mode == ssl.CERT_REQUIRED
+
+    ssl_only = build_listeners(
+        _config("SSL", **tls, **{"ssl.endpoint.identification.algorithm": ""})
+    )[0].client
+    assert ssl_only is not None and ssl_only.sasl is None
+    assert ssl_only.tls is not None and not ssl_only.tls.check_hostname
+
+    refusals = {
+        "no login": ({"listener.name.replication.sasl.enabled.mechanisms": "SCRAM-SHA-512"},
+                     "has no login"),
+        "not enabled": ({"listener.name.replication.sasl.enabled.mechanisms": "SCRAM-SHA-512",
+                         "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-256",
+                         "sasl.jaas.config": SCRAM_JAAS}, "not enabled"),
+        "bad CA": ({"listener.name.replication.sasl.enabled.mechanisms": "SCRAM-SHA-512",
+                    "sasl.jaas.config": SCRAM_JAAS,
+                    "listener.name.replication.ssl.truststore.location": str(tmp_path / "no")},
+                   "cannot load TLS files"),
+        "bad algorithm": ({"ssl.endpoint.identification.algorithm": "ldap",
+                           "sasl.jaas.config": SCRAM_JAAS}, "identification"),
+    }  # fmt: skip
+    for case, (extra, message) in refusals.items():
+        # ValueError: a listener's own TLS check (TlsConfigError) may see a file first
+        with pytest.raises((ListenerConfigError, ValueError), match=message):
+            build_listeners(_config("SASL_SSL", **{**tls, **extra}))
+            pytest.fail(case)

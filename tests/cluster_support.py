@@ -55,6 +55,12 @@ class Cluster(LocalCluster):
     """A LocalCluster plus the HTTP views the fault tests need."""
 
     net = None  # a tests.netns.BrokerNetwork when the brokers run in namespaces
+    # host:port,... of the clients' listener when it is not --listen's (named listeners)
+    client_bootstrap: str | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return self.client_bootstrap or LocalCluster.bootstrap.fget(self)  # type: ignore[attr-defined]
 
     def live_brokers(self, exclude: tuple[int, ...] = ()) -> list[Node]:
         return [n for b, n in self.brokers.items() if n.alive() and b not in exclude]

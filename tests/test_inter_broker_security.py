@@ -5,19 +5,37 @@ them all on a real cluster)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import ssl
 from pathlib import Path
+from typing import Any
 
 import pytest
+from confluent_kafka.admin import (
+    AdminClient,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
+from conftest import BrokerProcess
 from straitmq.broker.config import BrokerConfig
 from straitmq.broker.security.listeners import ListenerConfigError, build_listeners
 from straitmq.broker.security.sasl import PlainServer
 from straitmq.broker.security.scram import ScramError, ScramServer
 from straitmq.controller.bootstrap import parse_add_scram
 from straitmq.metadata.image import MetadataImage
+from test_fetch_sessions import _request as _fetch_request
 from tls_support import make_certs
 
+from straitmq.admin_client import request_sync
+from straitmq.cli.local_cluster import free_port
+from straitmq.protocol.client import (
+    AuthenticationFailed,
+    ClientSecurity,
+    KafkaConnection,
+    SaslLogin,
+)
 from straitmq.protocol.sasl_client import PlainClient, SaslClientError, ScramClient
 
 SCRAM_JAAS = (
@@ -151,3 +169,136 @@ def test_inter_broker_listener_settings(tmp_path: Path) -> None:
         with pytest.raises((ListenerConfigError, ValueError), match=message):
             build_listeners(_config("SASL_SSL", **{**tls, **extra}))
             pytest.fail(case)
+
+
+# -- KafkaConnection against a real broker ------------------------------------------------
+
+LOGIN_REAUTH_MS = 1000
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One broker: REPL (PLAINTEXT, for setup), SECURE (SASL_SSL, SCRAM-SHA-512 and PLAIN,
+    1 s sessions) and MTLS (SSL, client certificates required)."""
+    d = tmp_path_factory.mktemp("inter-broker")
+    certs = make_certs(d / "certs")
+    ports = {n: free_port() for n in ("REPL", "SECURE", "MTLS")}
+    props = [
+        "listeners=" + ",".join(f"{n}://127.0.0.1:{p}" for n, p in ports.items()),
+        "listener.security.protocol.map=REPL:PLAINTEXT,SECURE:SASL_SSL,MTLS:SSL",
+        "inter.broker.listener.name=REPL",
+        f"ssl.keystore.location={certs.path('server.pem')}",
+        f"ssl.truststore.location={certs.path('ca.pem')}",
+        "listener.name.mtls.ssl.client.auth=required",
+        "listener.name.secure.sasl.enabled.mechanisms=SCRAM-SHA-512,PLAIN",
+        "listener.name.secure.plain.sasl.jaas.config=org.apache.kafka.common.security.plain"
+        '.PlainLoginModule required user_admin="admin-secret";',
+        f"listener.name.secure.connections.max.reauth.ms={LOGIN_REAUTH_MS}",
+    ]
+    (d / "server.properties").write_text("\n".join(props) + "\n")
+    b = BrokerProcess(d / "data", port=ports["REPL"],
+                      extra_args=["--properties", str(d / "server.properties")])  # fmt: skip
+    b.start()
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    upsert = UserScramCredentialUpsertion(
+        "broker", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096), b"broker-secret"
+    )
+    admin.alter_user_scram_credentials([upsert])["broker"].result(timeout=30)
+    b.create_topic("lp", partitions=1)
+    yield b, ports, certs
+    b.stop()
+
+
+def _client_tls(certs: Any, ca: str = "ca.pem", cert: str | None = None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=certs.path(ca))
+    if cert is not None:
+        ctx.load_cert_chain(certs.path(cert))
+    return ctx
+
+
+def _run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+def _metrics(b: Any) -> dict:
+    return request_sync(b.http, "GET", "/api/v1/cluster")["metrics"]
+
+
+SCRAM_LOGIN = SaslLogin("SCRAM-SHA-512", "broker", "broker-secret")
+
+
+def test_logins_are_renewed_between_long_polls_on_one_connection(secured: Any) -> None:
+    b, ports, certs = secured
+    security = ClientSecurity(_client_tls(certs), SCRAM_LOGIN)
+    before = _metrics(b)
+
+    async def scenario() -> tuple[int, int, int]:
+        conn = KafkaConnection("127.0.0.1", ports["SECURE"], "t", security)
+        fetches = 0
+        try:
+            loop = asyncio.get_running_loop()
+            end = loop.time() + 4 * LOGIN_REAUTH_MS / 1000
+            while loop.time() < end:
+                # 600 ms long polls with nothing to read: some are in flight when the
+                # session's renewal time passes, and must come back whole.
+                req = _fetch_request("lp", 0, 0, {0: 0}, max_wait_ms=600)
+                r = await conn.request(1, 12, req, 10.0)
+                assert int(r.error_code) == 0
+                assert [int(p.error_code) for t in r.responses for p in t.partitions] == [0]
+                fetches += 1
+            return conn.logins, fetches, conn.session_lifetime_ms
+        finally:
+            conn.close()
+
+    logins, fetches, lifetime = _run(scenario())
+    assert lifetime == LOGIN_REAUTH_MS
+    assert fetches >= 5 and logins >= 4, (logins, fetches)
+    after = _metrics(b)
+    # One connection for all of it, logged in `logins` times, never closed for expiry.
+    opened = after["listener_connections"]["SECURE"]
+    assert opened - before["listener_connections"].get("SECURE", 0) == 1
+    principal = "User:broker"
+    seen = after["sasl_logins"]["SECURE"][principal]
+    assert seen - before["sasl_logins"].get("SECURE", {}).get(principal, 0) == logins
+    assert "SASL session expired" not in b.log_path.read_text()
+
+
+def test_a_refused_login_is_a_clear_error_at_once(secured: Any) -> None:
+    b, ports, certs = secured
+    cases = {
+        "wrong password": (ports["SECURE"], ClientSecurity(
+            _client_tls(certs), SaslLogin("SCRAM-SHA-512", "broker", "wrong")),
+            "login as 'broker' refused: .*invalid credentials"),
+        "unknown user": (ports["SECURE"], ClientSecurity(
+            _client_tls(certs), SaslLogin("SCRAM-SHA-512", "nobody", "x")),
+            "login as 'nobody' refused"),
+        "mechanism not enabled": (ports["SECURE"], ClientSecurity(
+            _client_tls(certs), SaslLogin("SCRAM-SHA-256", "broker", "broker-secret")),
+            "SCRAM-SHA-256 refused .*offers SCRAM-SHA-512, PLAIN"),
+        "untrusted server certificate": (ports["SECURE"], ClientSecurity(
+            _client_tls(certs, ca="evil.pem"), SCRAM_LOGIN), "TLS handshake failed"),
+    }  # fmt: skip
+
+    async def attempt(port: int, security: ClientSecurity) -> None:
+        conn = KafkaConnection("127.0.0.1", port, "t", security)
+        try:
+            await conn.request(18, 3, _api_versions(), 5.0)
+        finally:
+            conn.close()
+
+    for case, (port, security, message) in cases.items():
+        with pytest.raises(AuthenticationFailed, match=message):
+            _run(attempt(port, security))
+            pytest.fail(case)
+    # PLAIN works too, and so do the mTLS listener's client certificates.
+    _run(attempt(ports["SECURE"], ClientSecurity(
+        _client_tls(certs), SaslLogin("PLAIN", "admin", "admin-secret"))))  # fmt: skip
+    _run(attempt(ports["MTLS"], ClientSecurity(_client_tls(certs, cert="alice.pem"))))
+    fetched = _metrics(b)["listener_connections"]
+    assert fetched["MTLS"] >= 1
+
+
+def _api_versions() -> Any:
+    from kio.index import load_request_schema
+
+    return load_request_schema(18, 3)(client_software_name="t", client_software_version="1")

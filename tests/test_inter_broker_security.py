@@ -179,15 +179,20 @@ LOGIN_REAUTH_MS = 1000
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """One broker: REPL (PLAINTEXT, for setup), SECURE (SASL_SSL, SCRAM-SHA-512 and PLAIN,
-    1 s sessions) and MTLS (SSL, client certificates required)."""
+    1 s sessions), MTLS (SSL, client certificates required), SASLPT (SASL_PLAINTEXT) and
+    ALICE (SSL with a certificate for another host name)."""
     d = tmp_path_factory.mktemp("inter-broker")
     certs = make_certs(d / "certs")
-    ports = {n: free_port() for n in ("REPL", "SECURE", "MTLS")}
+    ports = {n: free_port() for n in ("REPL", "SECURE", "MTLS", "SASLPT", "ALICE")}
     props = [
         "listeners=" + ",".join(f"{n}://127.0.0.1:{p}" for n, p in ports.items()),
-        "listener.security.protocol.map=REPL:PLAINTEXT,SECURE:SASL_SSL,MTLS:SSL",
+        "listener.security.protocol.map=REPL:PLAINTEXT,SECURE:SASL_SSL,MTLS:SSL,"
+        "SASLPT:SASL_PLAINTEXT,ALICE:SSL",
         "inter.broker.listener.name=REPL",
         f"ssl.keystore.location={certs.path('server.pem')}",
+        # a certificate naming another host (DNS:alice), for the host name check
+        f"listener.name.alice.ssl.keystore.location={certs.path('alice.pem')}",
+        "listener.name.saslpt.sasl.enabled.mechanisms=SCRAM-SHA-512",
         f"ssl.truststore.location={certs.path('ca.pem')}",
         "listener.name.mtls.ssl.client.auth=required",
         "listener.name.secure.sasl.enabled.mechanisms=SCRAM-SHA-512,PLAIN",
@@ -277,6 +282,10 @@ def test_a_refused_login_is_a_clear_error_at_once(secured: Any) -> None:
             "SCRAM-SHA-256 refused .*offers SCRAM-SHA-512, PLAIN"),
         "untrusted server certificate": (ports["SECURE"], ClientSecurity(
             _client_tls(certs, ca="evil.pem"), SCRAM_LOGIN), "TLS handshake failed"),
+        "certificate for another host": (ports["ALICE"], ClientSecurity(
+            _client_tls(certs)), "TLS handshake failed: CERTIFICATE_VERIFY_FAILED"),
+        "wrong password, SASL_PLAINTEXT": (ports["SASLPT"], ClientSecurity(
+            None, SaslLogin("SCRAM-SHA-512", "broker", "wrong")), "invalid credentials"),
     }  # fmt: skip
 
     async def attempt(port: int, security: ClientSecurity) -> None:
@@ -290,10 +299,16 @@ def test_a_refused_login_is_a_clear_error_at_once(secured: Any) -> None:
         with pytest.raises(AuthenticationFailed, match=message):
             _run(attempt(port, security))
             pytest.fail(case)
-    # PLAIN works too, and so do the mTLS listener's client certificates.
+    # PLAIN works too, and so do the mTLS listener's client certificates and SASL
+    # without TLS.
     _run(attempt(ports["SECURE"], ClientSecurity(
         _client_tls(certs), SaslLogin("PLAIN", "admin", "admin-secret"))))  # fmt: skip
     _run(attempt(ports["MTLS"], ClientSecurity(_client_tls(certs, cert="alice.pem"))))
+    _run(attempt(ports["SASLPT"], ClientSecurity(None, SCRAM_LOGIN)))
+    # ssl.endpoint.identification.algorithm= (empty): the CA is checked, the name is not.
+    unnamed = _client_tls(certs)
+    unnamed.check_hostname = False
+    _run(attempt(ports["ALICE"], ClientSecurity(unnamed)))
     fetched = _metrics(b)["listener_connections"]
     assert fetched["MTLS"] >= 1
 

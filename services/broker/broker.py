@@ -40,6 +40,7 @@ from .records import BatchInfo
 from .replication.fetcher import ReplicaFetchers
 from .replication.isr import IsrManager
 from .replication.throttle import ReplicationThrottle
+from .security.acls import Authorizer, AuthorizerSettings
 from .security.listeners import Listener, bind_listeners, build_listeners
 
 log = logging.getLogger("straitmq.broker")
@@ -111,6 +112,10 @@ class Broker:
         self.active: ActiveController | None = None
         self.controller: ControllerClient
         self.lifecycle = Lifecycle(self)
+        # Off (everything allowed, as before ACLs) unless authorizer.class.name is set.
+        self.authorizer = Authorizer(
+            AuthorizerSettings.from_properties(config.security), lambda: self.image
+        )
         self._producer_ids: list[int] = []  # [next, limit) of the block we hold
         self.telemetry = Telemetry("straitmq-broker", str(config.node_id), config.otlp_endpoint)
         broker_metrics.install(self.telemetry, self)

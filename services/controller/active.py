@@ -440,6 +440,14 @@ class ActiveController:
 
         return {"offset": await self._commit(build), "errors": errors}
 
+    async def alter_acls(self, req: dict) -> dict:
+        """Add and remove ACL bindings (7-value lists, Kafka's codes)."""
+
+        def build(image: MetadataImage) -> list[Record]:
+            return ops.alter_acls(image, req.get("creations", []), req.get("deletions", []))
+
+        return {"offset": await self._commit(build)}
+
     async def allocate_producer_ids(self, req: dict) -> dict:
         start = 0
 
@@ -577,6 +585,7 @@ def handlers(c: ActiveController) -> dict[str, Handler]:
         "alter_cluster_configs": c.alter_cluster_configs,
         "allocate_producer_ids": c.allocate_producer_ids,
         "alter_scram_credentials": c.alter_scram_credentials,
+        "alter_acls": c.alter_acls,
         "alter_partition": c.alter_partition,
         "reassign": c.reassign,
         "list_reassignments": list_reassignments,

@@ -205,6 +205,19 @@ def alter_scram_credentials(
     return records, missing
 
 
+def alter_acls(image: MetadataImage, creations: list[list], deletions: list[list]) -> list[Record]:
+    """Records adding the bindings not there yet and removing those that are (the broker
+    validated them and resolved DeleteAcls filters against its image)."""
+    records: list[Record] = []
+    for b in deletions:
+        if tuple(b) in image.acls:
+            records.append({"type": "remove_acl", "binding": list(b)})
+    for b in creations:
+        if tuple(b) not in image.acls:
+            records.append({"type": "acl", "binding": list(b)})
+    return records
+
+
 def allocate_producer_ids(image: MetadataImage) -> tuple[int, list[Record]]:
     start = image.next_producer_id
     return start, [{"type": "producer_ids", "next": start + PRODUCER_ID_BLOCK}]

@@ -19,6 +19,9 @@ Record types:
   user_scram_credential         name, mechanism, salt, iterations, stored_key, server_key
                                 (SCRAM, base64; never the password)
   remove_user_scram_credential  name, mechanism
+  acl               binding [resource_type, resource_name, pattern_type, principal, host,
+                    operation, permission] (Kafka's codes; straitmq.broker.security.acls)
+  remove_acl        binding (the same seven values)
 """
 
 from __future__ import annotations
@@ -96,6 +99,13 @@ class MetadataImage:
     offset: int = -1  # Raft offset of the last applied entry
     # user -> mechanism -> {"salt", "iterations", "stored_key", "server_key"} (base64)
     scram_credentials: dict[str, dict[str, dict]] = field(default_factory=dict)
+    # ACL bindings as 7-tuples (a dict: ordered, no duplicates, O(1) removal).
+    acls: dict[tuple, None] = field(default_factory=dict)
+    # A new value whenever `acls` changes, unique across images: authorizers drop their
+    # cached decisions when it moves.
+    acls_version: int = field(
+        default_factory=lambda: next(_versions), repr=False, compare=False
+    )
     # Bumped by every record that changes a topic / any broker: what is built from the
     # image (snapshot bytes, Metadata answers) is cached against these.
     topic_versions: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
@@ -161,6 +171,7 @@ class MetadataImage:
             self.next_producer_id,
             self.offset,
             {user: dict(creds) for user, creds in self.scram_credentials.items()},
+            dict(self.acls),
         )
 
     # -- snapshots -------------------------------------------------------------------
@@ -185,6 +196,7 @@ class MetadataImage:
                 "next_producer_id": self.next_producer_id,
                 "offset": self.offset,
                 "scram_credentials": self.scram_credentials,
+                "acls": list(self.acls),
             }
         )
         return b'{"topics":[' + b",".join(topics) + b"]," + rest[1:]
@@ -200,6 +212,7 @@ class MetadataImage:
             "next_producer_id": self.next_producer_id,
             "offset": self.offset,
             "scram_credentials": {u: dict(c) for u, c in self.scram_credentials.items()},
+            "acls": [list(b) for b in self.acls],
         }
 
     @classmethod
@@ -211,6 +224,8 @@ class MetadataImage:
             offset=d["offset"],
             # Snapshots written before SCRAM hold none.
             scram_credentials={u: dict(c) for u, c in d.get("scram_credentials", {}).items()},
+            # ... nor ACLs.
+            acls={tuple(b): None for b in d.get("acls", ())},
         )
         for b in d["brokers"]:
             image.brokers[b["id"]] = BrokerImage(**b)
@@ -382,6 +397,16 @@ def _remove_user_scram_credential(img: MetadataImage, r: Record) -> None:
             del img.scram_credentials[r["name"]]
 
 
+def _acl(img: MetadataImage, r: Record) -> None:
+    img.acls[tuple(r["binding"])] = None
+    img.acls_version = next(_versions)
+
+
+def _remove_acl(img: MetadataImage, r: Record) -> None:
+    img.acls.pop(tuple(r["binding"]), None)
+    img.acls_version = next(_versions)
+
+
 _HANDLERS = {
     "cluster": _cluster,
     "register_broker": _register_broker,
@@ -397,4 +422,6 @@ _HANDLERS = {
     "producer_ids": _producer_ids,
     "user_scram_credential": _user_scram_credential,
     "remove_user_scram_credential": _remove_user_scram_credential,
+    "acl": _acl,
+    "remove_acl": _remove_acl,
 }

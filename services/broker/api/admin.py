@@ -11,6 +11,17 @@ from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError, check_topic_name
 from straitmq.metadata.topic_config import TOPIC_CONFIGS, effective
 
+from ..security.acls import (
+    ALTER,
+    ALTER_CONFIGS,
+    CREATE,
+    DESCRIBE,
+    DESCRIBE_CONFIGS,
+    IDEMPOTENT_WRITE,
+    TOPIC,
+    WRITE,
+)
+from ..security.acls import DELETE as ACL_DELETE
 from .context import RequestContext
 
 log = logging.getLogger("straitmq.broker")
@@ -111,6 +122,11 @@ async def handle_create_topics(ctx: RequestContext, req: Any) -> dict:
             res["error_message"] = f"topic '{t.name}' appears twice"
             continue
         seen.add(t.name)
+        # Kafka: CREATE on the cluster, or on the topic (a literal or prefixed binding).
+        if not ctx.cluster_allowed(CREATE) and not ctx.allowed(CREATE, TOPIC, t.name):
+            res["error_code"] = ErrorCode.topic_authorization_failed
+            res["error_message"] = "Authorization failed."
+            continue
         pending.append(create(t, res))
     await asyncio.gather(*pending)
     return {"throttle_time": 0, "topics": results}
@@ -136,6 +152,10 @@ async def handle_delete_topics(ctx: RequestContext, req: Any) -> dict:
     for name in names:
         res = {"name": name, "error_code": 0, "error_message": None}
         responses.append(res)
+        if not ctx.allowed(ACL_DELETE, TOPIC, name):
+            res["error_code"] = ErrorCode.topic_authorization_failed
+            res["error_message"] = "Authorization failed."
+            continue
         pending.append(delete(name, res))
     await asyncio.gather(*pending)
     return {"throttle_time": 0, "responses": responses}
@@ -164,6 +184,10 @@ async def handle_create_partitions(ctx: RequestContext, req: Any) -> dict:
     for t in req.topics:
         res = {"name": t.name, "error_code": 0, "error_message": None}
         results.append(res)
+        if not ctx.allowed(ALTER, TOPIC, t.name):
+            res["error_code"] = ErrorCode.topic_authorization_failed
+            res["error_message"] = "Authorization failed."
+            continue
         pending.append(grow(t, res))
     await asyncio.gather(*pending)
     return {"throttle_time": 0, "results": results}
@@ -206,7 +230,10 @@ async def handle_describe_configs(ctx: RequestContext, req: Any) -> dict:
             "configs": [],
         }
         keys = set(r.configuration_keys) if r.configuration_keys else None
-        if r.resource_type == TOPIC_RESOURCE:
+        if denied := _config_denied(ctx, r.resource_type, r.resource_name, DESCRIBE_CONFIGS):
+            res["error_code"] = denied
+            res["error_message"] = "Authorization failed."
+        elif r.resource_type == TOPIC_RESOURCE:
             topic = broker.image.topics.get(r.resource_name)
             if topic is None:
                 res["error_code"] = ErrorCode.unknown_topic_or_partition
@@ -236,6 +263,16 @@ async def handle_describe_configs(ctx: RequestContext, req: Any) -> dict:
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 
 
+def _config_denied(ctx: RequestContext, rtype: int, name: str, operation: int) -> int:
+    """Kafka: a topic's configs need the operation on the topic, a broker's on the
+    cluster; 0 when allowed."""
+    if rtype == TOPIC_RESOURCE:
+        return 0 if ctx.allowed(operation, TOPIC, name) else ErrorCode.topic_authorization_failed
+    if rtype == BROKER_RESOURCE:
+        return 0 if ctx.cluster_allowed(operation) else ErrorCode.cluster_authorization_failed
+    return 0
+
+
 async def handle_incremental_alter_configs(ctx: RequestContext, req: Any) -> dict:
     broker = ctx.broker
     responses = []
@@ -247,6 +284,10 @@ async def handle_incremental_alter_configs(ctx: RequestContext, req: Any) -> dic
             "resource_name": r.resource_name,
         }
         responses.append(res)
+        if denied := _config_denied(ctx, r.resource_type, r.resource_name, ALTER_CONFIGS):
+            res["error_code"] = denied
+            res["error_message"] = "Authorization failed."
+            continue
         if r.resource_type == BROKER_RESOURCE:
             await _alter_broker_throttle(broker, r, req.validate_only, res)
             continue
@@ -349,6 +390,10 @@ async def handle_init_producer_id(ctx: RequestContext, req: Any) -> dict:
             "producer_id": -1,
             "producer_epoch": -1,
         }
+    # Kafka 3+: IDEMPOTENT_WRITE on the cluster, or WRITE on some topic (KIP-679).
+    if not ctx.cluster_allowed(IDEMPOTENT_WRITE) and not _writes_some_topic(ctx):
+        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
+                "producer_id": -1, "producer_epoch": -1}  # fmt: skip
     try:
         pid = await ctx.broker.next_producer_id()
     except ControllerError as e:
@@ -356,10 +401,18 @@ async def handle_init_producer_id(ctx: RequestContext, req: Any) -> dict:
     return {"throttle_time": 0, "error_code": 0, "producer_id": pid, "producer_epoch": 0}
 
 
+def _writes_some_topic(ctx: RequestContext) -> bool:
+    a, sec = ctx.broker.authorizer, ctx.security
+    return sec is None or a.authorize_any_topic(sec.principal, ctx.acl_host, WRITE)
+
+
 async def handle_describe_log_dirs(ctx: RequestContext, req: Any) -> dict:
     """DescribeLogDirs (`kafka-log-dirs --describe`): this broker's one log directory,
     the size of each replica it holds and how far its log end is behind the high
     watermark; v4 adds the volume's total and usable bytes."""
+    if not ctx.cluster_allowed(DESCRIBE):
+        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
+                "results": []}  # fmt: skip
     pm = ctx.broker.partitions
     wanted = None if req.topics is None else {t.topic: set(t.partitions) for t in req.topics}
     topics: dict[str, list[dict]] = {}

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..security.acls import CLUSTER, CLUSTER_NAME
+
 if TYPE_CHECKING:
     from ..broker import Broker
     from ..security.sasl import ConnectionSecurity
@@ -23,6 +25,25 @@ class RequestContext:
     # connection's security state (principal, SASL exchange); None outside a connection.
     listener: str = ""
     security: ConnectionSecurity | None = None
+
+    def allowed(self, operation: int, resource_type: int, name: str) -> bool:
+        """May this connection's principal do `operation` on the resource? Always yes
+        with the authorizer off (one attribute read on the hot path)."""
+        authorizer = self.broker.authorizer
+        if not authorizer.enabled or self.security is None:
+            return True  # no connection: an in-process caller, not a client
+        return authorizer.authorize(
+            self.security.principal, self.acl_host, operation, resource_type, name
+        )
+
+    @property
+    def acl_host(self) -> str:
+        # client_host is Kafka's "/1.2.3.4" form (JoinGroup shows it); bindings name the
+        # bare address.
+        return self.client_host.removeprefix("/")
+
+    def cluster_allowed(self, operation: int) -> bool:
+        return self.allowed(operation, CLUSTER, CLUSTER_NAME)
 
 
 @dataclass(slots=True)

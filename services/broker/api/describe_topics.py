@@ -20,6 +20,7 @@ from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError, check_topic_name
 from straitmq.metadata.image import MetadataImage
 
+from ..security.acls import DESCRIBE, TOPIC
 from .context import RequestContext
 
 MAX_REQUEST_PARTITION_SIZE_LIMIT = 2000  # Kafka's max.request.partition.size.limit default
@@ -91,6 +92,11 @@ async def handle_describe_topic_partitions(ctx: RequestContext, req: Any) -> dic
             # Every partition of the previous topics went out: go on from this one.
             next_cursor = {"topic_name": name, "partition_index": 0}
             break
+        if not ctx.allowed(DESCRIBE, TOPIC, name):
+            if not every:  # named: refused; listing everything: left out (Kafka)
+                topics.append({**_missing(name),
+                               "error_code": ErrorCode.topic_authorization_failed})  # fmt: skip
+            continue
         topic = image.topics.get(name)
         if topic is None:
             if not every:

@@ -15,6 +15,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from . import (
+    acls,
     admin,
     describe_topics,
     features,
@@ -83,6 +84,9 @@ HANDLERS: dict[int, ApiSpec] = {
     21: ApiSpec(0, 2, records.handle_delete_records),
     22: ApiSpec(0, 4, admin.handle_init_producer_id),
     23: ApiSpec(2, 4, fetch.handle_offset_for_leader_epoch),
+    29: ApiSpec(2, 3, acls.handle_describe_acls),
+    30: ApiSpec(2, 3, acls.handle_create_acls),
+    31: ApiSpec(2, 3, acls.handle_delete_acls),
     32: ApiSpec(1, 4, admin.handle_describe_configs),
     35: ApiSpec(1, 4, admin.handle_describe_log_dirs),
     36: ApiSpec(0, 2, sec.handle_sasl_authenticate),

@@ -25,6 +25,7 @@ from ..fetch_sessions import (
     FetchSession,
     next_epoch,
 )
+from ..security.acls import CLUSTER_ACTION, DESCRIBE, READ, TOPIC
 from ..storage.log import ReadSlice
 from .context import RawResponse, RequestContext
 
@@ -77,6 +78,14 @@ class _FetchPlan:
         # its first look (a session partition may first show up dirty mid-wait).
         self.reported: set[tuple[str, int]] = set()
         self.named: Wanted = [(t.topic, [_wanted(p) for p in t.partitions]) for t in req.topics]
+        # A follower needs CLUSTER_ACTION on the cluster (Kafka), asked once per request;
+        # a consumer READ on each topic (a cached decision per topic per pass).
+        self.follower_ok = self.replica < 0 or ctx.cluster_allowed(CLUSTER_ACTION)
+
+    def may_read(self, topic: str) -> bool:
+        if self.replica >= 0:
+            return self.follower_ok
+        return self.ctx.allowed(READ, TOPIC, topic)
 
     def wanted(self) -> Wanted:
         """Everything the request names; in an incremental session fetch, the session's
@@ -107,7 +116,12 @@ class _FetchPlan:
         session = self.session
         for topic, wants in wanted:
             parts = []
+            denied = not self.may_read(topic)
             for index, fetch_offset, max_bytes, leader_epoch, follower_start in wants:
+                if denied:
+                    error = ErrorCode.topic_authorization_failed
+                    parts.append((index, error, -1, -1, None, fetch_offset))
+                    continue
                 partition = broker.partitions.get(topic, index)
                 error = partition_error(broker, topic, index, partition, leader_epoch)
                 if error:
@@ -444,6 +458,9 @@ async def handle_list_offsets(ctx: RequestContext, req: Any) -> dict:
             if key in duplicates:
                 out["error_code"] = ErrorCode.invalid_request
                 continue
+            if not ctx.allowed(DESCRIBE, TOPIC, t.name):
+                out["error_code"] = ErrorCode.topic_authorization_failed
+                continue
             if p.timestamp < 0:
                 least = _SPECIAL_MIN_VERSION.get(p.timestamp)
                 if least is None:
@@ -476,13 +493,19 @@ async def handle_offset_for_leader_epoch(ctx: RequestContext, req: Any) -> dict:
     to it after a leader change; consumers use it to detect truncation."""
     broker = ctx.broker
     topics = []
+    # Kafka: a follower (replica_id >= 0) needs CLUSTER_ACTION, a client DESCRIBE.
+    follower = getattr(req, "replica_id", -1) >= 0
+    cluster_ok = not follower or ctx.cluster_allowed(CLUSTER_ACTION)
     for t in req.topics:
         parts = []
+        ok = cluster_ok if follower else ctx.allowed(DESCRIBE, TOPIC, t.topic)
         for p in t.partitions:
             partition = broker.partitions.get(t.topic, p.partition)
             error = partition_error(
                 broker, t.topic, p.partition, partition, getattr(p, "current_leader_epoch", -1)
             )
+            if not ok:
+                error = ErrorCode.topic_authorization_failed
             epoch, end = -1, -1
             if not error:
                 assert partition is not None

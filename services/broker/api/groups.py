@@ -9,10 +9,18 @@ from kio.schema.errors import ErrorCode
 from ..groups.coordinator import JoinError
 from ..groups.messages import ConsumerHeartbeatRequest
 from ..groups.offsets import OFFSETS_TOPIC
+from ..security.acls import DELETE, DESCRIBE, GROUP, READ, TOPIC
 from ..security.listeners import endpoint_for
 from .context import RequestContext
 
 MAX_METADATA = 4096
+_GROUP_DENIED = ErrorCode.group_authorization_failed
+
+
+def _no_read(ctx: RequestContext, group_id: str) -> int:
+    """GROUP_AUTHORIZATION_FAILED unless the principal may READ the group (Kafka's
+    check for joining, syncing, heartbeats, leaving and offsets)."""
+    return 0 if ctx.allowed(READ, GROUP, group_id) else _GROUP_DENIED
 
 
 def _coordinator(ctx: RequestContext, group_id: str) -> dict:
@@ -56,6 +64,9 @@ async def handle_find_coordinator(ctx: RequestContext, req: Any) -> dict:
                     "error_message": "transactions are not supported",
                 }
             )
+        elif not ctx.allowed(DESCRIBE, GROUP, key):
+            denied = {"node_id": -1, "host": "", "port": -1, "error_code": _GROUP_DENIED}
+            coordinators.append({"key": key, **denied, "error_message": None})
         else:
             coordinators.append({"key": key, **_coordinator(ctx, key)})
     if ctx.version >= 4:
@@ -76,7 +87,7 @@ async def handle_join_group(ctx: RequestContext, req: Any) -> dict:
     rebalance = getattr(req, "rebalance_timeout", None)
     rebalance_ms = int(rebalance.total_seconds() * 1000) if rebalance is not None else session_ms
     try:
-        if code := not_coordinator(ctx, req.group_id):
+        if code := _no_read(ctx, req.group_id) or not_coordinator(ctx, req.group_id):
             raise JoinError(code, req.member_id)
         result = await ctx.broker.groups.join(
             req.group_id,
@@ -109,7 +120,7 @@ async def handle_join_group(ctx: RequestContext, req: Any) -> dict:
 
 async def handle_sync_group(ctx: RequestContext, req: Any) -> dict:
     try:
-        if code := not_coordinator(ctx, req.group_id):
+        if code := _no_read(ctx, req.group_id) or not_coordinator(ctx, req.group_id):
             raise JoinError(code)
         result = await ctx.broker.groups.sync(
             req.group_id,
@@ -133,7 +144,7 @@ async def handle_sync_group(ctx: RequestContext, req: Any) -> dict:
 
 
 async def handle_heartbeat(ctx: RequestContext, req: Any) -> dict:
-    if code := not_coordinator(ctx, req.group_id):
+    if code := _no_read(ctx, req.group_id) or not_coordinator(ctx, req.group_id):
         return {"throttle_time": 0, "error_code": code}
     code = ctx.broker.groups.heartbeat(
         req.group_id, req.member_id, getattr(req, "group_instance_id", None), req.generation_id
@@ -146,7 +157,7 @@ async def handle_leave_group(ctx: RequestContext, req: Any) -> dict:
         members = [(m.member_id, m.group_instance_id) for m in req.members]
     else:
         members = [(req.member_id, None)]
-    if code := not_coordinator(ctx, req.group_id):
+    if code := _no_read(ctx, req.group_id) or not_coordinator(ctx, req.group_id):
         top, results = code, [(m, i, code) for m, i in members]
     else:
         top, results = ctx.broker.groups.leave(req.group_id, members)
@@ -170,7 +181,7 @@ async def handle_offset_commit(ctx: RequestContext, req: Any) -> dict:
     )
     if not req.group_id:
         code = ErrorCode.invalid_group_id
-    code = code or not_coordinator(ctx, req.group_id)
+    code = code or _no_read(ctx, req.group_id) or not_coordinator(ctx, req.group_id)
     topics = []
     entries = []
     image_topics = broker.image.topics
@@ -180,8 +191,9 @@ async def handle_offset_commit(ctx: RequestContext, req: Any) -> dict:
         # The partition must exist, not be held here: the coordinator commits offsets of
         # partitions on any broker (Kafka checks its metadata cache the same way).
         count = len(known.partitions) if known is not None else 0
+        topic_ok = code != 0 or ctx.allowed(READ, TOPIC, t.name)
         for p in t.partitions:
-            pcode = code
+            pcode = code if topic_ok else ErrorCode.topic_authorization_failed
             if pcode == 0:
                 if not 0 <= p.partition_index < count:
                     pcode = ErrorCode.unknown_topic_or_partition
@@ -217,7 +229,7 @@ async def handle_offset_commit(ctx: RequestContext, req: Any) -> dict:
 
 async def handle_offset_fetch(ctx: RequestContext, req: Any) -> dict:
     broker = ctx.broker
-    if code := not_coordinator(ctx, req.group_id):
+    if code := _no_read(ctx, req.group_id) or not_coordinator(ctx, req.group_id):
         return {"throttle_time": 0, "topics": [], "error_code": code}
     committed = broker.offsets.fetch(req.group_id)
     if req.topics is None:
@@ -228,6 +240,16 @@ async def handle_offset_fetch(ctx: RequestContext, req: Any) -> dict:
         wanted = {t.name: list(t.partition_indexes) for t in req.topics}
     topics = []
     for name, parts in wanted.items():
+        # Kafka: topics the principal may not DESCRIBE are left out of an all-topics
+        # fetch and answered TOPIC_AUTHORIZATION_FAILED when named.
+        if not ctx.allowed(DESCRIBE, TOPIC, name):
+            if req.topics is not None:
+                topics.append({"name": name, "partitions": [
+                    {"partition_index": p, "committed_offset": -1, "committed_leader_epoch": -1,
+                     "metadata": "", "error_code": ErrorCode.topic_authorization_failed}
+                    for p in parts
+                ]})  # fmt: skip
+            continue
         out = []
         for p in parts:
             c = committed.get((name, p))
@@ -249,16 +271,22 @@ async def handle_describe_groups(ctx: RequestContext, req: Any) -> dict:
     for gid in req.groups:
         d = ctx.broker.groups.describe(gid)
         code = not_coordinator(ctx, gid) if gid else ErrorCode.invalid_group_id
+        if gid and not ctx.allowed(DESCRIBE, GROUP, gid):
+            code = _GROUP_DENIED
+            d = {**d, "group_state": "", "protocol_type": "", "protocol_data": "", "members": []}
         groups.append({"error_code": code, **d})
     return {"throttle_time": 0, "groups": groups}
 
 
 async def handle_list_groups(ctx: RequestContext, req: Any) -> dict:
     states = set(getattr(req, "states_filter", ()) or ())
+    # Kafka: DESCRIBE on the cluster lists every group, else those the principal may
+    # DESCRIBE.
+    everything = ctx.cluster_allowed(DESCRIBE)
     groups = [
         {"group_id": gid, "protocol_type": pt, "group_state": st, "group_type": "classic"}
         for gid, pt, st in ctx.broker.groups.list_groups()
-        if not states or st in states
+        if (not states or st in states) and (everything or ctx.allowed(DESCRIBE, GROUP, gid))
     ]
     return {"throttle_time": 0, "error_code": 0, "groups": groups}
 
@@ -267,7 +295,8 @@ async def handle_delete_groups(ctx: RequestContext, req: Any) -> dict:
     results = [
         {
             "group_id": gid,
-            "error_code": not_coordinator(ctx, gid) or ctx.broker.groups.delete(gid),
+            "error_code": (_GROUP_DENIED if not ctx.allowed(DELETE, GROUP, gid)
+                           else not_coordinator(ctx, gid) or ctx.broker.groups.delete(gid)),
         }
         for gid in req.groups_names
     ]

@@ -16,6 +16,7 @@ from straitmq.metadata.image import NO_LEADER, MetadataImage
 from straitmq.protocol.build import build, nested_schema
 from straitmq.protocol.codec import response_schema
 
+from ..security.acls import CREATE, DESCRIBE, TOPIC
 from ..security.listeners import endpoint_for
 from .context import RequestContext
 
@@ -112,8 +113,17 @@ async def handle_metadata(ctx: RequestContext, req: Any) -> dict:
     allow_auto = getattr(req, "allow_auto_topic_creation", True)
     topics = []
     for name in names:
+        # Kafka: all topics lists only those the principal may DESCRIBE; a named topic
+        # it may not is TOPIC_AUTHORIZATION_FAILED, whether it exists or not.
+        if not ctx.allowed(DESCRIBE, TOPIC, name):
+            if req.topics is not None:
+                topics.append(_refused(name))
+            continue
         if name not in broker.image.topics and req.topics is not None:
             if allow_auto and broker.config.auto_create_topics:
+                if not ctx.cluster_allowed(CREATE) and not ctx.allowed(CREATE, TOPIC, name):
+                    topics.append(_refused(name))
+                    continue
                 try:
                     await broker.control("create_topic", {"name": name})
                 except ControllerError as e:
@@ -133,6 +143,11 @@ async def handle_metadata(ctx: RequestContext, req: Any) -> dict:
         "controller_id": _controller_id(ctx),
         "topics": topics,
     }
+
+
+def _refused(name: str) -> dict:
+    return {"error_code": ErrorCode.topic_authorization_failed, "name": name,
+            "topic_id": None, "is_internal": False, "partitions": []}  # fmt: skip
 
 
 async def handle_describe_cluster(ctx: RequestContext, req: Any) -> dict:

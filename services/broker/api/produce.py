@@ -10,8 +10,21 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from kio.schema.errors import ErrorCode
+
 from ..partition_write import begin_write
+from ..security.acls import TOPIC, TRANSACTIONAL_ID, WRITE
 from .context import RequestContext
+
+
+class _Refused:
+    """A partition's answer when the principal may not WRITE the topic."""
+
+    pending = False
+    error_code = ErrorCode.topic_authorization_failed
+    base_offset = -1
+    log_start_offset = -1
+    error_message = None
 
 
 async def handle_produce(ctx: RequestContext, req: Any) -> dict | None:
@@ -19,8 +32,15 @@ async def handle_produce(ctx: RequestContext, req: Any) -> dict | None:
     acks = req.acks
     responses = []
     writes = []
+    txn = getattr(req, "transactional_id", None)
+    txn_ok = not txn or ctx.allowed(WRITE, TRANSACTIONAL_ID, txn)
     for topic in req.topic_data:
         parts = []
+        # Checked once per topic (a cached decision), never per record.
+        if not txn_ok or not ctx.allowed(WRITE, TOPIC, topic.name):
+            parts = [(pd.index, _Refused) for pd in topic.partition_data]
+            responses.append((topic.name, parts))
+            continue
         for pd in topic.partition_data:
             w = begin_write(broker, topic.name, pd.index, memoryview(pd.records or b""), acks)
             writes.append(w)

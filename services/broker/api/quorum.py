@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError
 
+from ..security.acls import DESCRIBE
 from .context import RequestContext
 
 METADATA_TOPIC = "__cluster_metadata"
@@ -35,6 +36,10 @@ def _nodes(voter_urls: dict[str, str]) -> list[dict]:
 
 
 async def handle_describe_quorum(ctx: RequestContext, req: Any) -> dict:
+    if not ctx.cluster_allowed(DESCRIBE):
+        why = "DESCRIBE on the cluster is needed"
+        return {"error_code": ErrorCode.cluster_authorization_failed, "error_message": why,
+                "topics": [], "nodes": []}  # fmt: skip
     try:
         st = await ctx.broker.controller.call("describe_quorum", {}, within_s=10.0)
     except ControllerError as e:

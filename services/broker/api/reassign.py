@@ -15,6 +15,7 @@ from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError
 from straitmq.metadata.image import NO_LEADER
 
+from ..security.acls import ALTER, DESCRIBE
 from .context import RequestContext
 
 PREFERRED, UNCLEAN = 0, 1
@@ -24,6 +25,9 @@ async def handle_alter_partition_reassignments(ctx: RequestContext, req: Any) ->
     """One controller call per partition, so one bad partition does not fail the others
     (Kafka applies them independently too). `replicas` null cancels."""
     broker = ctx.broker
+    if not ctx.cluster_allowed(ALTER):
+        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
+                "error_message": "ALTER on the cluster is needed", "responses": []}  # fmt: skip
     responses = []
     for t in req.topics:
         results = []
@@ -60,6 +64,9 @@ async def handle_alter_partition_reassignments(ctx: RequestContext, req: Any) ->
 async def handle_list_partition_reassignments(ctx: RequestContext, req: Any) -> dict:
     """Ongoing reassignments, all or of the named partitions (unknown topics and
     partitions that are not moving are left out, as in Kafka)."""
+    if not ctx.cluster_allowed(DESCRIBE):
+        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
+                "error_message": "DESCRIBE on the cluster is needed", "topics": []}  # fmt: skip
     try:
         reply = await ctx.broker.control("list_reassignments", {})
     except ControllerError as e:
@@ -122,6 +129,9 @@ async def handle_elect_leaders(ctx: RequestContext, req: Any) -> dict:
     requested partitions to their preferred leaders in one change; each then reports
     whether it got there."""
     kind = getattr(req, "election_type", PREFERRED)
+    if not ctx.cluster_allowed(ALTER):
+        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
+                "replica_election_results": []}  # fmt: skip
     try:
         await ctx.broker.catch_up_metadata()
     except ControllerError:

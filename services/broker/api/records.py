@@ -16,6 +16,8 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from ..security.acls import DELETE as ACL_DELETE
+from ..security.acls import TOPIC
 from ..storage.log import OffsetOutOfRange
 from .context import RequestContext
 from .fetch import partition_error
@@ -75,6 +77,10 @@ async def handle_delete_records(ctx: RequestContext, req: Any) -> dict:
         return b is not None and b.alive
 
     async def one(name: str, index: int, offset: int) -> dict:
+        if not ctx.allowed(ACL_DELETE, TOPIC, name):
+            error = ErrorCode.topic_authorization_failed
+            return {"partition_index": index, "low_watermark": INVALID_LOW_WATERMARK,
+                    "error_code": error}  # fmt: skip
         error, target = _delete_on_leader(broker, name, index, offset)
         low = INVALID_LOW_WATERMARK
         if not error:

@@ -16,6 +16,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError
 
+from ..security.acls import ALTER, DESCRIBE
 from ..security.scram import BY_ID, MAX_ITERATIONS, MECHANISMS, MIN_ITERATIONS, credential_record
 from .context import RequestContext
 
@@ -55,6 +56,9 @@ async def handle_sasl_authenticate(ctx: RequestContext, req: Any) -> dict:
 
 
 async def handle_describe_user_scram_credentials(ctx: RequestContext, req: Any) -> dict:
+    if not ctx.cluster_allowed(DESCRIBE):
+        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
+                "error_message": "DESCRIBE on the cluster is needed", "results": []}  # fmt: skip
     creds = ctx.broker.image.scram_credentials
     if req.users is None or len(req.users) == 0:
         names = sorted(creds)
@@ -95,6 +99,12 @@ def _user_error(user: str, code: int, message: str) -> dict:
 async def handle_alter_user_scram_credentials(ctx: RequestContext, req: Any) -> dict:
     """The client sends SaltedPassword (the password never crosses the wire); the broker
     keeps only StoredKey and ServerKey, through the metadata log on every broker."""
+    if not ctx.cluster_allowed(ALTER):
+        names = dict.fromkeys(u.name for u in (*req.deletions, *req.upsertions))
+        return {"throttle_time": 0, "results": [
+            {"user": n, "error_code": ErrorCode.cluster_authorization_failed,
+             "error_message": "ALTER on the cluster is needed"} for n in names
+        ]}  # fmt: skip
     errors: dict[str, tuple[int, str]] = {}
     users: list[str] = []
     for item in (*req.deletions, *req.upsertions):

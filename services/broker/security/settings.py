@@ -27,6 +27,10 @@ SECURITY_KEYS = frozenset({
     "scram-sha-256.sasl.jaas.config",
     "scram-sha-512.sasl.jaas.config",
     "ssl.endpoint.identification.algorithm",
+    # ACLs (security/acls.py): broker-wide only, as in Kafka
+    "authorizer.class.name",
+    "super.users",
+    "allow.everyone.if.no.acl.found",
 })  # fmt: skip
 # Listener settings that also have a command-line flag (BrokerConfig fields).
 FIELDS = {

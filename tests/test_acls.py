@@ -591,3 +591,79 @@ def test_acls_survive_a_restart(secured: Secured) -> None:
     assert any(n == t for _, n, _, _, _ in _listed(secured, principal="User:erin"))
 
 
+
+# -- a 3+3 cluster -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Any:
+    from cluster_support import cluster_factory
+
+    yield from cluster_factory(tmp_path)
+
+
+def test_bindings_apply_on_every_broker_of_a_cluster(cluster: Any) -> None:
+    """A binding created at broker 1 decides at brokers 2 and 3 (it travels in the
+    metadata log); replication runs on a PLAINTEXT listener whose User:ANONYMOUS is a
+    super user, as Kafka needs for a PLAINTEXT inter-broker listener."""
+    from cluster_support import BROKER_ARGS
+
+    from straitmq.admin_client import request_sync
+
+    c = cluster(broker_args=[
+        *BROKER_ARGS,
+        "--listeners", "REPLICATION://127.0.0.1:0,CLIENT://127.0.0.1:0",
+        "--listener-security-protocol-map", "REPLICATION:PLAINTEXT,CLIENT:SASL_PLAINTEXT",
+        "--inter-broker-listener-name", "REPLICATION",
+        "--override", "listener.name.client.sasl.enabled.mechanisms=PLAIN",
+        "--override", f"listener.name.client.plain.sasl.jaas.config={JAAS}",
+        "--override", "authorizer.class.name=org.apache.kafka.metadata.authorizer."
+                      "StandardAuthorizer",
+        "--override", "super.users=User:admin;User:ANONYMOUS",
+    ])  # fmt: skip
+    first = next(iter(c.brokers.values()))
+    described = request_sync(f"http://{first.host}:{first.http_port}", "GET", "/api/v1/cluster")
+    client = {b["id"]: b["endpoints"]["CLIENT"][1] for b in described["brokers"]}
+    assert sorted(client) == [1, 2, 3]
+
+    def conf(user: str, broker: int) -> dict:
+        return {"bootstrap.servers": f"127.0.0.1:{client[broker]}",
+                "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+                "sasl.username": user, "sasl.password": USERS[user]}  # fmt: skip
+
+    admin = AdminClient(conf("admin", 1))
+    for name in ("shared", "private"):
+        admin.create_topics([NewTopic(name, 3, 3)])[name].result(timeout=30)
+    for f in admin.create_acls([acl("shared", AclOperation.WRITE), acl("shared", AclOperation.READ),
+                                acl("cl-g", AclOperation.READ, rtype=ResourceType.GROUP)]).values():
+        f.result(timeout=30)  # fmt: skip
+
+    def visible(broker: int) -> set[str] | None:
+        try:
+            md = AdminClient(conf("alice", broker)).list_topics(timeout=5)
+        except KafkaException:
+            return None
+        return {t for t in md.topics if not t.startswith("__")}
+
+    for broker in (1, 2, 3):
+        assert wait_for(lambda b=broker: visible(b) == {"shared"} or None, 30,
+                        f"broker {broker} applies the bindings") is True  # fmt: skip
+    p = Producer({**conf("alice", 3), "acks": "all", "enable.idempotence": True})
+    for i in range(90):
+        p.produce("shared", value=b"m%d" % i, partition=i % 3)
+    assert p.flush(60) == 0
+    err = produce_error(conf("alice", 2), "private")
+    assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    consumer = Consumer({**conf("alice", 2), "group.id": "cl-g", "auto.offset.reset": "earliest"})
+    consumer.subscribe(["shared"])
+    got: set[bytes] = set()
+
+    def read() -> bool:
+        m = consumer.poll(0.5)
+        if m is not None:
+            assert m.error() is None, m.error()
+            got.add(m.value())
+        return len(got) == 90
+
+    wait_for(read, 60, "every record read back by alice", every=0)
+    consumer.close()

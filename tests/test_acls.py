@@ -31,19 +31,50 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 from conftest import BrokerProcess
+from kio.schema.alter_partition_reassignments.v0.request import (
+    AlterPartitionReassignmentsRequest,
+    ReassignablePartition,
+    ReassignableTopic,
+)
 from kio.schema.create_acls.v3.request import AclCreation, CreateAclsRequest
+from kio.schema.delete_records.v2.request import (
+    DeleteRecordsPartition,
+    DeleteRecordsRequest,
+    DeleteRecordsTopic,
+)
 from kio.schema.describe_acls.v3.request import DescribeAclsRequest
+from kio.schema.describe_log_dirs.v4.request import DescribeLogDirsRequest
+from kio.schema.describe_quorum.v2.request import DescribeQuorumRequest, PartitionData, TopicData
+from kio.schema.describe_topic_partitions.v0.request import (
+    DescribeTopicPartitionsRequest,
+    TopicRequest,
+)
 from kio.schema.describe_user_scram_credentials.v0.request import (
     DescribeUserScramCredentialsRequest,
 )
+from kio.schema.elect_leaders.v2.request import ElectLeadersRequest, TopicPartitions
 from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic
 from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
+from kio.schema.incremental_alter_configs.v1.request import (
+    AlterableConfig,
+    AlterConfigsResource,
+    IncrementalAlterConfigsRequest,
+)
 from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
+from kio.schema.list_offsets.v8.request import (
+    ListOffsetsPartition,
+    ListOffsetsRequest,
+    ListOffsetsTopic,
+)
+from kio.schema.list_partition_reassignments.v0.request import (
+    ListPartitionReassignmentsRequest,
+)
 from kio.schema.offset_commit.v8.request import (
     OffsetCommitRequest,
     OffsetCommitRequestPartition,
     OffsetCommitRequestTopic,
 )
+from kio.schema.offset_fetch.v7.request import OffsetFetchRequest, OffsetFetchRequestTopic
 from kio.schema.offset_for_leader_epoch.v4.request import (
     OffsetForLeaderEpochRequest,
     OffsetForLeaderPartition,
@@ -85,8 +116,8 @@ from straitmq.cli.local_cluster import free_port
 pytestmark = pytest.mark.timeout(300)
 
 TOPIC_AUTH, GROUP_AUTH, CLUSTER_AUTH, INVALID_REQUEST = 29, 30, 31, 42
-USERS = {"admin": "admin-pw", "alice": "alice-pw", "bob": "bob-pw", "carol": "carol-pw",
-         "dave": "dave-pw", "erin": "erin-pw", "frank": "frank-pw", "gina": "gina-pw"}  # fmt: skip
+NAMES = ("admin", "alice", "bob", "carol", "dave", "erin", "frank", "gina", "hank", "ivan")
+USERS = {name: f"{name}-pw" for name in NAMES}
 JAAS = "org.apache.kafka.common.security.plain.PlainLoginModule required " + " ".join(
     f'user_{u}="{p}"' for u, p in USERS.items()
 ) + ";"
@@ -477,6 +508,82 @@ def test_replica_fetch_without_cluster_action_is_refused(secured: Secured) -> No
             partition=0, current_leader_epoch=-1, leader_epoch=0),)),)))  # fmt: skip
     assert [p.error_code for r in epochs.topics for p in r.partitions] == [TOPIC_AUTH]
     raw.close()
+
+
+def test_every_other_api_on_the_wire(secured: Secured) -> None:
+    """hank starts with nothing: each API answers Kafka's authorization error; after the
+    bindings it needs, the same request is served."""
+    t = secured.topic("wire-t")
+    assert produce_error(secured.conf("admin"), t) is None
+    zero = timedelta(seconds=5)
+    requests: dict[str, Any] = {
+        "list_offsets": ListOffsetsRequest(replica_id=-1, isolation_level=0, topics=(
+            ListOffsetsTopic(name=t, partitions=(ListOffsetsPartition(
+                partition_index=0, current_leader_epoch=-1, timestamp=-1),)),)),
+        "delete_records": DeleteRecordsRequest(timeout=zero, topics=(DeleteRecordsTopic(
+            name=t, partitions=(DeleteRecordsPartition(partition_index=0, offset=0),)),)),
+        "describe_topic": DescribeTopicPartitionsRequest(
+            topics=(TopicRequest(name=t),), response_partition_limit=100, cursor=None),
+        "alter_topic_config": IncrementalAlterConfigsRequest(validate_only=True, resources=(
+            AlterConfigsResource(resource_type=2, resource_name=t, configs=(AlterableConfig(
+                name="retention.ms", config_operation=0, value="60000"),)),)),
+        "alter_broker_config": IncrementalAlterConfigsRequest(validate_only=True, resources=(
+            AlterConfigsResource(resource_type=4, resource_name="1", configs=()),)),
+        "elect": ElectLeadersRequest(election_type=0, timeout=zero, topic_partitions=(
+            TopicPartitions(topic=t, partitions=(0,)),)),
+        "log_dirs": DescribeLogDirsRequest(topics=None),
+        "reassign": AlterPartitionReassignmentsRequest(timeout=zero, topics=(ReassignableTopic(
+            name=t, partitions=(ReassignablePartition(partition_index=0, replicas=None),)),)),
+        "list_reassign": ListPartitionReassignmentsRequest(timeout=zero, topics=None),
+        "quorum": DescribeQuorumRequest(topics=(TopicData(
+            topic_name="__cluster_metadata", partitions=(PartitionData(partition_index=0),)),)),
+        "offset_fetch": OffsetFetchRequest(group_id="hank-g", require_stable=False,
+                                           topics=(OffsetFetchRequestTopic(
+                                               name=t, partition_indexes=(0,)),)),
+    }  # fmt: skip
+
+    def codes(answer: Any, name: str) -> list[int]:
+        if name in ("list_offsets", "delete_records"):
+            return [p.error_code for r in answer.topics for p in r.partitions]
+        if name == "describe_topic":
+            return [r.error_code for r in answer.topics]
+        if name.startswith("alter_") and name.endswith("config"):
+            return [r.error_code for r in answer.responses]
+        if name == "offset_fetch":
+            return [answer.error_code]
+        return [answer.error_code]
+
+    def asked(user: str) -> dict[str, list[int]]:
+        raw = secured.raw_as(user)
+        try:
+            return {name: codes(raw.call(req), name) for name, req in requests.items()}
+        finally:
+            raw.close()
+
+    before = asked("hank")
+    assert before == {
+        "list_offsets": [TOPIC_AUTH], "delete_records": [TOPIC_AUTH],
+        "describe_topic": [TOPIC_AUTH], "alter_topic_config": [TOPIC_AUTH],
+        "alter_broker_config": [CLUSTER_AUTH], "elect": [CLUSTER_AUTH],
+        "log_dirs": [CLUSTER_AUTH], "reassign": [CLUSTER_AUTH], "list_reassign": [CLUSTER_AUTH],
+        "quorum": [CLUSTER_AUTH], "offset_fetch": [GROUP_AUTH],
+    }, before  # fmt: skip
+    cluster = {"rtype": ResourceType.BROKER}
+    secured.allow(
+        acl(t, AclOperation.DELETE, "hank"),  # implies DESCRIBE
+        acl(t, AclOperation.ALTER_CONFIGS, "hank"),
+        acl("kafka-cluster", AclOperation.ALTER, "hank", **cluster),
+        acl("kafka-cluster", AclOperation.DESCRIBE, "hank", **cluster),
+        acl("kafka-cluster", AclOperation.ALTER_CONFIGS, "hank", **cluster),
+        acl("hank-g", AclOperation.READ, "hank", rtype=ResourceType.GROUP),
+    )
+    after = asked("hank")
+    assert not {c for cs in after.values() for c in cs} & {TOPIC_AUTH, CLUSTER_AUTH, GROUP_AUTH}
+    assert after["list_offsets"] == [0] and after["delete_records"] == [0], after
+    assert after["describe_topic"] == [0] and after["alter_topic_config"] == [0], after
+    assert after["log_dirs"] == [0] and after["list_reassign"] == [0], after
+    assert after["offset_fetch"] == [0], after
+    assert asked("admin") == after, "the super user is served the same"
 
 
 def test_bad_bindings_get_invalid_request(secured: Secured) -> None:

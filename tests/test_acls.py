@@ -687,6 +687,56 @@ def test_kafka_acls_cli_adds_lists_and_removes(
     assert produce_error(frank, t).code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
 
 
+def test_kafka_python_and_the_java_client_are_refused_then_served(
+    secured: Secured, jars: None
+) -> None:
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailedError
+
+    from bench.javatools import straitclient
+
+    t = secured.topic("clients-t")
+    kp = dict(bootstrap_servers=f"127.0.0.1:{secured.sasl_port}",
+              security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+              sasl_plain_username="ivan", sasl_plain_password=USERS["ivan"])  # fmt: skip
+    producer = KafkaProducer(**kp, max_block_ms=15000)
+    with pytest.raises(TopicAuthorizationFailedError):
+        producer.send(t, b"kp").get(timeout=30)
+    producer.close()
+    jaas = ("org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'username="ivan" password="{USERS["ivan"]}";')  # fmt: skip
+    props = ["security.protocol=SASL_PLAINTEXT", "sasl.mechanism=PLAIN", f"sasl.jaas.config={jaas}"]
+    extra = [a for p in props for a in ("--prop", p)]
+    bootstrap = f"127.0.0.1:{secured.sasl_port}"
+    sent = straitclient(["produce", "--bootstrap", bootstrap, "--topic", t, "--count", 5,
+                         *extra], timeout=180)  # fmt: skip
+    assert sent.returncode != 0
+    assert "TopicAuthorizationException" in sent.stdout + sent.stderr, sent.stdout[-2000:]
+
+    secured.allow(acl(t, AclOperation.WRITE, "ivan"), acl(t, AclOperation.READ, "ivan"))
+    producer = KafkaProducer(**kp)
+    producer.send(t, b"kp").get(timeout=30)
+    producer.close()
+    sent = straitclient(["produce", "--bootstrap", bootstrap, "--topic", t, "--count", 5,
+                         *extra], timeout=180)  # fmt: skip
+    assert sent.returncode == 0 and sent.json["acked"] == 5, sent.stderr[-3000:]
+    consumer = KafkaConsumer(t, group_id="ivan-g", auto_offset_reset="earliest",
+                             consumer_timeout_ms=20000, **kp)  # fmt: skip
+    with pytest.raises(GroupAuthorizationFailedError):
+        next(iter(consumer))
+    consumer.close()
+    got = straitclient(["consume", "--bootstrap", bootstrap, "--topic", t, "--group", "ivan-g",
+                        "--count", 6, "--timeout-ms", 20000, "--offset-reset", "earliest",
+                        *extra], timeout=180)  # fmt: skip
+    assert got.returncode != 0
+    assert "GroupAuthorizationException" in got.stdout + got.stderr, got.stdout[-2000:]
+    secured.allow(acl("ivan-g", AclOperation.READ, "ivan", rtype=ResourceType.GROUP))
+    got = straitclient(["consume", "--bootstrap", bootstrap, "--topic", t, "--group", "ivan-g",
+                        "--count", 6, "--timeout-ms", 60000, "--offset-reset", "earliest",
+                        *extra], timeout=180)  # fmt: skip
+    assert got.returncode == 0 and len(got.records) == 6, got.stderr[-3000:]
+
+
 # Last in the module: restarts the broker.
 def test_acls_survive_a_restart(secured: Secured) -> None:
     t = secured.topic("acl-durable")

@@ -43,6 +43,7 @@ from kio.schema.delete_records.v2.request import (
     DeleteRecordsTopic,
 )
 from kio.schema.describe_acls.v3.request import DescribeAclsRequest
+from kio.schema.describe_groups.v5.request import DescribeGroupsRequest
 from kio.schema.describe_log_dirs.v4.request import DescribeLogDirsRequest
 from kio.schema.describe_quorum.v2.request import DescribeQuorumRequest, PartitionData, TopicData
 from kio.schema.describe_topic_partitions.v0.request import (
@@ -55,12 +56,15 @@ from kio.schema.describe_user_scram_credentials.v0.request import (
 from kio.schema.elect_leaders.v2.request import ElectLeadersRequest, TopicPartitions
 from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic
 from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
+from kio.schema.heartbeat.v4.request import HeartbeatRequest
 from kio.schema.incremental_alter_configs.v1.request import (
     AlterableConfig,
     AlterConfigsResource,
     IncrementalAlterConfigsRequest,
 )
 from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
+from kio.schema.join_group.v9.request import JoinGroupRequest, JoinGroupRequestProtocol
+from kio.schema.leave_group.v5.request import LeaveGroupRequest, MemberIdentity
 from kio.schema.list_offsets.v8.request import (
     ListOffsetsPartition,
     ListOffsetsRequest,
@@ -80,6 +84,7 @@ from kio.schema.offset_for_leader_epoch.v4.request import (
     OffsetForLeaderPartition,
     OffsetForLeaderTopic,
 )
+from kio.schema.sync_group.v5.request import SyncGroupRequest
 from straitmq.broker.security.acls import (
     ALL,
     ALLOW,
@@ -293,6 +298,20 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Any:
     b.stop()
 
 
+def fetch_codes(raw: Raw, topic: str, replica: int = -1) -> list[int]:
+    """The partition error codes of one Fetch (v12) of partition 0 from offset 0."""
+    answer = raw.call(FetchRequest(
+        cluster_id=None, replica_id=replica, max_wait=timedelta(0), min_bytes=1,
+        max_bytes=1 << 20, isolation_level=0, session_id=0, session_epoch=-1, rack_id="",
+        forgotten_topics_data=(),
+        topics=(FetchTopic(topic=topic, partitions=(FetchPartition(
+            partition=0, current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1,
+            log_start_offset=-1, partition_max_bytes=1 << 20),)),),
+    ))  # fmt: skip
+    assert answer is not None
+    return [p.error_code for r in answer.responses for p in r.partitions]
+
+
 def produce_error(conf: dict, topic: str, **extra: Any) -> KafkaError | None:
     """The delivery error of one record (None: delivered)."""
     outcome: list[Any] = []
@@ -328,8 +347,13 @@ def test_produce_needs_write_and_fetch_needs_read(secured: Secured) -> None:
     assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, err
     secured.allow(acl(t, AclOperation.WRITE))
     assert produce_error(secured.conf("alice"), t) is None
+    # WRITE implies DESCRIBE, not READ: her Fetch is refused on the wire.
+    raw = secured.raw_as("alice")
+    assert fetch_codes(raw, t) == [TOPIC_AUTH]
     # READ on the topic without READ on the group: the group refuses.
     secured.allow(acl(t, AclOperation.READ))
+    assert fetch_codes(raw, t) == [0], "the cached decision went with the binding change"
+    raw.close()
     got = consume_one(secured.conf("alice"), t, "acl-g1")
     assert isinstance(got, KafkaError) and got.code() == KafkaError.GROUP_AUTHORIZATION_FAILED, got
     secured.allow(acl("acl-g1", AclOperation.READ, rtype=ResourceType.GROUP))
@@ -471,6 +495,31 @@ def test_group_apis(secured: Secured) -> None:
         return [p.error_code for r in answer.topics for p in r.partitions]
 
     assert commit("other", t) == [GROUP_AUTH]
+    # DESCRIBE on a group is not READ: finding and describing it works, joining,
+    # syncing, heartbeats and leaving do not.
+    secured.allow(acl("desc-only", AclOperation.DESCRIBE, "carol", rtype=ResourceType.GROUP))
+    found = raw.call(FindCoordinatorRequest(key_type=0, coordinator_keys=("desc-only",)))
+    assert [c.error_code for c in found.coordinators] == [0]
+    described = raw.call(DescribeGroupsRequest(groups=("desc-only", "other"),
+                                               include_authorized_operations=False))
+    assert [g.error_code for g in described.groups] == [0, GROUP_AUTH]
+    joined = raw.call(JoinGroupRequest(
+        group_id="desc-only", session_timeout=timedelta(seconds=10),
+        rebalance_timeout=timedelta(seconds=10), member_id="", group_instance_id=None,
+        protocol_type="consumer", protocols=(JoinGroupRequestProtocol(name="range",
+                                                                      metadata=b""),),
+        reason=None))  # fmt: skip
+    assert joined.error_code == GROUP_AUTH
+    beat = raw.call(HeartbeatRequest(group_id="desc-only", generation_id=1, member_id="m",
+                                     group_instance_id=None))  # fmt: skip
+    assert beat.error_code == GROUP_AUTH
+    synced = raw.call(SyncGroupRequest(group_id="desc-only", generation_id=1, member_id="m",
+                                       group_instance_id=None, protocol_type="consumer",
+                                       protocol_name="range", assignments=()))  # fmt: skip
+    assert synced.error_code == GROUP_AUTH
+    left = raw.call(LeaveGroupRequest(group_id="desc-only", members=(
+        MemberIdentity(member_id="m", group_instance_id=None, reason=None),)))  # fmt: skip
+    assert [m.error_code for m in left.members] == [GROUP_AUTH]
     secured.topic("acl-grp-unread")
     assert commit("cg-1", "acl-grp-unread") == [TOPIC_AUTH]
     assert commit("cg-1", t) == [0]
@@ -492,17 +541,7 @@ def test_replica_fetch_without_cluster_action_is_refused(secured: Secured) -> No
     t = secured.topic("acl-repl")
     assert produce_error(secured.conf("admin"), t) is None
     raw = Raw(secured.broker.port)
-    req = FetchRequest(
-        cluster_id=None, replica_id=2, max_wait=timedelta(0), min_bytes=1, max_bytes=1 << 20,
-        isolation_level=0, session_id=0, session_epoch=-1, rack_id="",
-        forgotten_topics_data=(),
-        topics=(FetchTopic(topic=t, partitions=(FetchPartition(
-            partition=0, current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1,
-            log_start_offset=-1, partition_max_bytes=1 << 20),)),),
-    )  # fmt: skip
-    answer = raw.call(req)
-    assert answer is not None
-    assert [p.error_code for r in answer.responses for p in r.partitions] == [TOPIC_AUTH]
+    assert fetch_codes(raw, t, replica=2) == [TOPIC_AUTH]
     epochs = raw.call(OffsetForLeaderEpochRequest(replica_id=2, topics=(
         OffsetForLeaderTopic(topic=t, partitions=(OffsetForLeaderPartition(
             partition=0, current_leader_epoch=-1, leader_epoch=0),)),)))  # fmt: skip

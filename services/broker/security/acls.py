@@ -23,7 +23,7 @@ whenever the image's ACL version moves (a binding was added or removed).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -202,6 +202,9 @@ class Authorizer:
         self._cache: dict[tuple, bool] = {}
         self._version = -1
         self._by_type: dict[int, list[AclBinding]] = {}
+        # (resource type, pattern type, resource name) -> bindings: a decision looks up
+        # the name, `*` and each prefix of the name, never scans every binding.
+        self._index: dict[tuple[int, int, str], list[AclBinding]] = {}
 
     def _bindings(self) -> dict[int, list[AclBinding]]:
         image: MetadataImage = self._image()
@@ -209,23 +212,38 @@ class Authorizer:
             self._version = image.acls_version
             self._cache = {}
             by_type: dict[int, list[AclBinding]] = {}
+            index: dict[tuple[int, int, str], list[AclBinding]] = {}
             for t in image.acls:
                 b = AclBinding(*t)
                 by_type.setdefault(b.resource_type, []).append(b)
-            self._by_type = by_type
+                index.setdefault((b.resource_type, b.pattern_type, b.resource_name), []).append(b)
+            self._by_type, self._index = by_type, index
         return self._by_type
+
+    def _applying(self, rtype: int, name: str) -> list[AclBinding]:
+        """The bindings that apply to the resource: LITERAL with its name or `*`, and
+        PREFIXED with any prefix of its name."""
+        index = self._index
+        out: list[AclBinding] = []
+        for key in ((rtype, LITERAL, name), (rtype, LITERAL, WILDCARD)):
+            out += index.get(key, ())
+        for end in range(1, len(name) + 1):
+            hit = index.get((rtype, PREFIXED, name[:end]))
+            if hit:
+                out += hit
+        return out
 
     def authorize(
         self, principal: str, host: str, operation: int, resource_type: int, name: str
     ) -> bool:
         if not self.enabled:
             return True
-        by_type = self._bindings()
+        self._bindings()
         key = (principal, host, operation, resource_type, name)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        allowed = self._decide(by_type.get(resource_type, ()), *key)
+        allowed = self._decide(self._applying(resource_type, name), *key)
         if len(self._cache) >= MAX_CACHED_DECISIONS:
             self._cache = {}
         self._cache[key] = allowed
@@ -244,7 +262,7 @@ class Authorizer:
 
     def _decide(
         self,
-        bindings: Iterable[AclBinding],
+        bindings: list[AclBinding],
         principal: str,
         host: str,
         op: int,
@@ -254,14 +272,11 @@ class Authorizer:
         if principal in self.settings.super_users:
             return True
         allowed_by = _IMPLIED_BY.get(op, frozenset({op, ALL}))
-        found = allow = False
+        # `bindings` all apply to the resource (see _applying): any of them means an ACL
+        # was found for it, whoever it names.
+        found = bool(bindings)
+        allow = False
         for b in bindings:
-            if b.pattern_type == LITERAL:
-                if b.resource_name != name and b.resource_name != WILDCARD:
-                    continue
-            elif not name.startswith(b.resource_name):
-                continue
-            found = True
             if b.principal != principal and b.principal != WILDCARD_PRINCIPAL:
                 continue
             if b.host != WILDCARD and b.host != host:

@@ -456,7 +456,9 @@ def test_handler_converts_kio_requests_and_answers_a_buildable_response() -> Non
     )
 
     def ctx() -> SimpleNamespace:
-        return SimpleNamespace(broker=broker, client_id="app", client_host="/10.0.0.9")
+        return SimpleNamespace(
+            broker=broker, client_id="app", client_host="/10.0.0.9", allowed=lambda *_: True
+        )
 
     def request(group: str, epoch: int, member: str, **kw) -> v1.ConsumerGroupHeartbeatRequest:
         fields = {
@@ -494,8 +496,25 @@ def test_handler_converts_kio_requests_and_answers_a_buildable_response() -> Non
         assert build(ConsumerGroupHeartbeatResponse, d).assignment is None  # unchanged
         d = await handle_consumer_group_heartbeat(ctx(), request("elsewhere", 1, member))  # type: ignore[arg-type]
         assert d["error_code"] == E.not_coordinator
-        regex = request(G, 1, member, subscribed_topic_regex="t.*")
-        d = await handle_consumer_group_heartbeat(ctx(), regex)  # type: ignore[arg-type]
-        assert d["error_code"] == E.invalid_request
+        # v1 regular expressions (RE2): a bad one is refused and changes nothing...
+        bad = request(G, 1, member, subscribed_topic_regex="t(", topic_partitions=owned)
+        d = await handle_consumer_group_heartbeat(ctx(), bad)  # type: ignore[arg-type]
+        assert d["error_code"] == E.invalid_regular_expression
+        assert "missing )" in d["error_message"]
+        d = await handle_consumer_group_heartbeat(ctx(), beat)  # type: ignore[arg-type]
+        assert d["error_code"] == E.none and d["member_epoch"] == 1
+        # ...a good one replaces the names (matching whole names: "t" alone matches none).
+        only_t = request(
+            G, 1, member,
+            subscribed_topic_names=(), subscribed_topic_regex="t", topic_partitions=owned,
+        )  # fmt: skip
+        d = await handle_consumer_group_heartbeat(ctx(), only_t)  # type: ignore[arg-type]
+        assert d["error_code"] == E.none and d["assignment"]["topic_partitions"] == []
+        back = request(
+            G, d["member_epoch"], member, subscribed_topic_regex="t[0-9]+", topic_partitions=()
+        )  # it gave t1 up: now it gets it back through the expression
+        d = await handle_consumer_group_heartbeat(ctx(), back)  # type: ignore[arg-type]
+        (tps,) = build(ConsumerGroupHeartbeatResponse, d).assignment.topic_partitions
+        assert tps.topic_id == T1 and tps.partitions == (0, 1, 2)
 
     asyncio.run(run())

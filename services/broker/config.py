@@ -42,6 +42,13 @@ class BrokerConfig:
     )
     group_min_session_timeout_ms: int = setting(6000, "group.min.session.timeout.ms")
     group_max_session_timeout_ms: int = setting(1_800_000, "group.max.session.timeout.ms")
+    # KIP-848 consumer groups (Kafka's defaults).
+    group_consumer_session_timeout_ms: int = setting(
+        45_000, "group.consumer.session.timeout.ms", "--group-consumer-session-timeout-ms"
+    )
+    group_consumer_heartbeat_interval_ms: int = setting(
+        5_000, "group.consumer.heartbeat.interval.ms", "--group-consumer-heartbeat-interval-ms"
+    )
     retention_check_interval_ms: int = setting(
         300_000, "log.retention.check.interval.ms", "--retention-check-interval-ms"
     )

@@ -68,15 +68,15 @@ HANDLERS: dict[int, ApiSpec] = {
     1: ApiSpec(4, 12, fetch.handle_fetch),
     2: ApiSpec(1, 10, fetch.handle_list_offsets),
     3: ApiSpec(0, 12, metadata.handle_metadata),
-    8: ApiSpec(2, 8, groups.handle_offset_commit),
-    9: ApiSpec(1, 7, groups.handle_offset_fetch),
+    8: ApiSpec(2, 9, groups.handle_offset_commit),  # v9: KIP-848 member epochs
+    9: ApiSpec(1, 9, groups.handle_offset_fetch),  # v8: many groups, v9: member epochs
     10: ApiSpec(0, 4, groups.handle_find_coordinator),
     11: ApiSpec(0, 9, groups.handle_join_group),
     12: ApiSpec(0, 4, groups.handle_heartbeat),
     13: ApiSpec(0, 5, groups.handle_leave_group),
     14: ApiSpec(0, 5, groups.handle_sync_group),
     15: ApiSpec(0, 5, groups.handle_describe_groups),
-    16: ApiSpec(0, 4, groups.handle_list_groups),
+    16: ApiSpec(0, 5, groups.handle_list_groups),  # v5: group types
     17: ApiSpec(0, 1, sec.handle_sasl_handshake),
     18: ApiSpec(0, 4, features.handle_api_versions),  # with feature flags (v3+)
     19: ApiSpec(2, 7, admin.handle_create_topics),
@@ -101,5 +101,7 @@ HANDLERS: dict[int, ApiSpec] = {
     51: ApiSpec(0, 0, sec.handle_alter_user_scram_credentials),
     55: ApiSpec(0, 2, quorum.handle_describe_quorum),
     60: ApiSpec(0, 1, metadata.handle_describe_cluster),
+    68: ApiSpec(0, 1, groups.handle_consumer_group_heartbeat),  # KIP-848
+    69: ApiSpec(0, 1, groups.handle_consumer_group_describe),
     75: ApiSpec(0, 0, describe_topics.handle_describe_topic_partitions),
 }

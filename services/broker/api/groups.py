@@ -177,7 +177,11 @@ async def handle_offset_commit(ctx: RequestContext, req: Any) -> dict:
     if generation is None:
         generation = getattr(req, "generation_id", -1)
     code = broker.groups.commit_check(
-        req.group_id, req.member_id, getattr(req, "group_instance_id", None), generation
+        req.group_id,
+        req.member_id,
+        getattr(req, "group_instance_id", None),
+        generation,
+        ctx.version,  # v9+: a member epoch for a KIP-848 member
     )
     if not req.group_id:
         code = ErrorCode.invalid_group_id
@@ -228,22 +232,44 @@ async def handle_offset_commit(ctx: RequestContext, req: Any) -> dict:
 
 
 async def handle_offset_fetch(ctx: RequestContext, req: Any) -> dict:
+    if ctx.version < 8:
+        return {"throttle_time": 0, **_offset_fetch_group(ctx, req.group_id, req.topics)}
+    # v8+: several groups in one request; v9+ with the member's id and epoch (KIP-848).
+    groups = []
+    for g in req.groups:
+        answer = _offset_fetch_group(
+            ctx, g.group_id, g.topics, getattr(g, "member_id", None), getattr(g, "member_epoch", -1)
+        )
+        groups.append({"group_id": g.group_id, **answer})
+    return {"throttle_time": 0, "groups": groups}
+
+
+def _offset_fetch_group(
+    ctx: RequestContext,
+    group_id: str,
+    wanted_topics: Any,
+    member_id: str | None = None,
+    member_epoch: int = -1,
+) -> dict:
     broker = ctx.broker
-    if code := _no_read(ctx, req.group_id) or not_coordinator(ctx, req.group_id):
-        return {"throttle_time": 0, "topics": [], "error_code": code}
-    committed = broker.offsets.fetch(req.group_id)
-    if req.topics is None:
+    code = _no_read(ctx, group_id) or not_coordinator(ctx, group_id)
+    code = code or broker.groups.fetch_check(group_id, member_id, member_epoch)
+    if code:
+        return {"topics": [], "error_code": code}
+    committed = broker.offsets.fetch(group_id)
+    req = wanted_topics
+    if req is None:
         wanted: dict[str, list[int]] = {}
         for t, p in sorted(committed):
             wanted.setdefault(t, []).append(p)
     else:
-        wanted = {t.name: list(t.partition_indexes) for t in req.topics}
+        wanted = {t.name: list(t.partition_indexes) for t in req}
     topics = []
     for name, parts in wanted.items():
         # Kafka: topics the principal may not DESCRIBE are left out of an all-topics
         # fetch and answered TOPIC_AUTHORIZATION_FAILED when named.
         if not ctx.allowed(DESCRIBE, TOPIC, name):
-            if req.topics is not None:
+            if req is not None:
                 topics.append({"name": name, "partitions": [
                     {"partition_index": p, "committed_offset": -1, "committed_leader_epoch": -1,
                      "metadata": "", "error_code": ErrorCode.topic_authorization_failed}
@@ -263,13 +289,18 @@ async def handle_offset_fetch(ctx: RequestContext, req: Any) -> dict:
                 }
             )
         topics.append({"name": name, "partitions": out})
-    return {"throttle_time": 0, "topics": topics, "error_code": 0}
+    return {"topics": topics, "error_code": 0}
 
 
 async def handle_describe_groups(ctx: RequestContext, req: Any) -> dict:
     groups = []
     for gid in req.groups:
         d = ctx.broker.groups.describe(gid)
+        if d.get("protocol_type") == "consumer" and ctx.broker.groups.group_type(gid) == "consumer":
+            # Kafka 4.1 (DescribeGroups v0-5): a KIP-848 group is not a classic group, so it
+            # is answered as Dead; clients describe it with ConsumerGroupDescribe.
+            d = {**d, "group_state": "Dead", "protocol_type": "", "protocol_data": "",
+                 "members": []}  # fmt: skip
         code = not_coordinator(ctx, gid) if gid else ErrorCode.invalid_group_id
         if gid and not ctx.allowed(DESCRIBE, GROUP, gid):
             code = _GROUP_DENIED
@@ -279,15 +310,22 @@ async def handle_describe_groups(ctx: RequestContext, req: Any) -> dict:
 
 
 async def handle_list_groups(ctx: RequestContext, req: Any) -> dict:
-    states = set(getattr(req, "states_filter", ()) or ())
+    # Kafka compares both filters case-insensitively ("stable", "Consumer").
+    states = {s.lower() for s in getattr(req, "states_filter", ()) or ()}
+    types = {t.lower() for t in getattr(req, "types_filter", ()) or ()}
     # Kafka: DESCRIBE on the cluster lists every group, else those the principal may
     # DESCRIBE.
     everything = ctx.cluster_allowed(DESCRIBE)
-    groups = [
-        {"group_id": gid, "protocol_type": pt, "group_state": st, "group_type": "classic"}
-        for gid, pt, st in ctx.broker.groups.list_groups()
-        if (not states or st in states) and (everything or ctx.allowed(DESCRIBE, GROUP, gid))
-    ]
+    coordinator = ctx.broker.groups
+    groups = []
+    for gid, pt, st in coordinator.list_groups():
+        kind = coordinator.group_type(gid) or "classic"
+        if (states and st.lower() not in states) or (types and kind not in types):
+            continue
+        if everything or ctx.allowed(DESCRIBE, GROUP, gid):
+            groups.append(
+                {"group_id": gid, "protocol_type": pt, "group_state": st, "group_type": kind}
+            )
     return {"throttle_time": 0, "error_code": 0, "groups": groups}
 
 
@@ -306,17 +344,62 @@ async def handle_delete_groups(ctx: RequestContext, req: Any) -> dict:
 class _ImageTopics:
     """The metadata image as the consumer group assignors read it."""
 
+    # The names of the last image asked (images are immutable): regular expressions are
+    # matched against them at every heartbeat of a member that has one.
+    _names: tuple[Any, frozenset[str]] | None = None
+
     def __init__(self, image: Any) -> None:
+        self._image = image
         self._topics = image.topics
 
     def topic(self, name: str) -> tuple[Any, int] | None:
         t = self._topics.get(name)
         return (t.topic_id, len(t.partitions)) if t is not None else None
 
+    def names(self) -> frozenset[str]:
+        cached = _ImageTopics._names
+        if cached is None or cached[0] is not self._image:
+            cached = _ImageTopics._names = (self._image, frozenset(self._topics))
+        return cached[1]
+
+
+async def handle_consumer_group_describe(ctx: RequestContext, req: Any) -> dict:
+    """ConsumerGroupDescribe v0-1 (KIP-848): the group's epochs, each member's
+    subscription, current and target assignment (topic ids with their names)."""
+    names = {t.topic_id: name for name, t in ctx.broker.image.topics.items()}
+
+    def assignment(by_topic: dict) -> dict:
+        return {
+            "topic_partitions": [
+                {"topic_id": tid, "topic_name": names.get(tid, ""), "partitions": parts}
+                for tid, parts in by_topic.items()
+            ]
+        }
+
+    groups = []
+    for gid in req.group_ids:
+        if not ctx.allowed(DESCRIBE, GROUP, gid):
+            code, message, group = _GROUP_DENIED, None, None
+        elif code := not_coordinator(ctx, gid):
+            message, group = None, None
+        else:
+            code, message, group = ctx.broker.groups.consumer_describe(gid)
+        if group is None:
+            group = {"group_id": gid, "group_state": "", "group_epoch": -1,
+                     "assignment_epoch": -1, "assignor_name": "", "members": []}  # fmt: skip
+        else:
+            group["members"] = [
+                {**m, "assignment": assignment(m["assignment"]),
+                 "target_assignment": assignment(m["target_assignment"])}
+                for m in group["members"]
+            ]  # fmt: skip
+        groups.append({"error_code": code, "error_message": message, **group})
+    return {"throttle_time": 0, "groups": groups}
+
 
 async def handle_consumer_group_heartbeat(ctx: RequestContext, req: Any) -> dict:
-    """ConsumerGroupHeartbeat v0-1 (KIP-848). Not registered in dispatch yet: clients
-    need OffsetCommit/OffsetFetch v9 (member epochs) along with it."""
+    """ConsumerGroupHeartbeat v0-1 (KIP-848), with OffsetCommit/OffsetFetch v9 for the
+    member epochs and ConsumerGroupDescribe."""
     answer: dict[str, Any] = {
         "throttle_time": 0,
         "error_message": None,
@@ -325,14 +408,8 @@ async def handle_consumer_group_heartbeat(ctx: RequestContext, req: Any) -> dict
         "heartbeat_interval": 0,
         "assignment": None,
     }
-    if code := not_coordinator(ctx, req.group_id):
+    if code := _no_read(ctx, req.group_id) or not_coordinator(ctx, req.group_id):
         return {**answer, "error_code": code}
-    if getattr(req, "subscribed_topic_regex", None) is not None:
-        return {
-            **answer,
-            "error_code": ErrorCode.invalid_request,
-            "error_message": "SubscribedTopicRegex is not supported; subscribe by topic names",
-        }
     names = req.subscribed_topic_names
     owned = req.topic_partitions
     r = ctx.broker.groups.consumer_heartbeat(
@@ -350,6 +427,7 @@ async def handle_consumer_group_heartbeat(ctx: RequestContext, req: Any) -> dict
             else None,
             ctx.client_id or "",
             ctx.client_host,
+            getattr(req, "subscribed_topic_regex", None),  # v1+
         ),
         _ImageTopics(ctx.broker.image),
     )

@@ -112,6 +112,21 @@ async def handle_metadata(ctx: RequestContext, req: Any) -> dict:
         names = [t.name for t in req.topics if t.name is not None]
     allow_auto = getattr(req, "allow_auto_topic_creation", True)
     topics = []
+    if req.topics is not None and any(t.name is None for t in req.topics):
+        # v10+ asks by topic id (librdkafka does for the ids of a KIP-848 assignment).
+        # Kafka answers UNKNOWN_TOPIC_ID for an id it does not know or the principal
+        # may not DESCRIBE (so the answer does not tell which ids exist).
+        by_id = {t.topic_id: n for n, t in broker.image.topics.items()}
+        for t in req.topics:
+            if t.name is not None:
+                continue
+            name = by_id.get(getattr(t, "topic_id", None))
+            if name is not None and ctx.allowed(DESCRIBE, TOPIC, name):
+                topics.append(broker.metadata_answers.get(ctx, name))
+            else:
+                topics.append({"error_code": ErrorCode.unknown_topic_id, "name": None,
+                               "topic_id": t.topic_id, "is_internal": False,
+                               "partitions": []})  # fmt: skip
     for name in names:
         # Kafka: all topics lists only those the principal may DESCRIBE; a named topic
         # it may not is TOPIC_AUTHORIZATION_FAILED, whether it exists or not.

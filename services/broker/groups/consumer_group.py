@@ -35,6 +35,7 @@ class ConsumerMember:
     rebalance_timeout_ms: int
     subscribed: frozenset[str] = frozenset()
     assignor: str | None = None
+    subscribed_regex: str | None = None  # ConsumerGroupHeartbeat v1 (RE2 syntax)
     epoch: int = 0
     previous_epoch: int = 0
     state: str = STABLE_MEMBER
@@ -57,6 +58,14 @@ class ConsumerGroup:
     target: dict[str, frozenset[TopicPartition]] = field(default_factory=dict)
     # The subscribed topics as last seen: name -> (topic id, partition count).
     topics: dict[str, tuple[uuid.UUID, int]] = field(default_factory=dict)
+    # The members' regular expressions and the topic names each matched at the last refresh.
+    regex_matches: dict[str, frozenset[str]] = field(default_factory=dict)
+
+    def subscribed_names(self, member: ConsumerMember) -> frozenset[str]:
+        """Its topic names and what its regular expression matches."""
+        if member.subscribed_regex is None:
+            return member.subscribed
+        return member.subscribed | self.regex_matches.get(member.subscribed_regex, frozenset())
 
     @property
     def state(self) -> str:

@@ -175,9 +175,16 @@ class GroupCoordinator:
         return top, results
 
     def commit_check(
-        self, group_id: str, member_id: str, instance_id: str | None, generation: int
+        self,
+        group_id: str,
+        member_id: str,
+        instance_id: str | None,
+        generation: int,
+        version: int | None = None,
     ) -> int:
-        code = self.machine.commit_check(group_id, member_id, instance_id, generation, self._now())
+        code = self.machine.commit_check(
+            group_id, member_id, instance_id, generation, self._now(), version
+        )
         self._apply()
         return code
 
@@ -188,6 +195,15 @@ class GroupCoordinator:
         resp = self.machine.consumer_heartbeat(req, topics, self._now())
         self._apply()
         return resp
+
+    def fetch_check(self, group_id: str, member_id: str | None, member_epoch: int) -> int:
+        return self.machine.fetch_check(group_id, member_id, member_epoch)
+
+    def group_type(self, group_id: str) -> str | None:
+        return self.machine.group_type(group_id)
+
+    def consumer_describe(self, group_id: str) -> tuple[int, str | None, dict | None]:
+        return self.machine.consumer_describe(group_id)
 
     def describe(self, group_id: str) -> dict:
         return self.machine.describe(group_id)

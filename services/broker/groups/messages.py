@@ -112,6 +112,8 @@ class ConsumerHeartbeatRequest:
     owned: tuple[tuple[uuid.UUID, tuple[int, ...]], ...] | None = None
     client_id: str = ""
     client_host: str = ""
+    # v1: an RE2 expression matched against every topic name ("" clears it).
+    subscribed_topic_regex: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,6 +83,7 @@ from .messages import (
     TimerKey,
     TimerSet,
 )
+from .regex import INTERNAL_TOPICS, RegexError, compile_regex
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +113,10 @@ class TopicsView(Protocol):
 
     def topic(self, name: str) -> tuple[uuid.UUID, int] | None:
         """(topic id, partition count), or None if there is no such topic."""
+        ...
+
+    def names(self) -> frozenset[str]:
+        """Every topic name (regular expression subscriptions match them)."""
         ...
 
 
@@ -607,19 +612,29 @@ class GroupStateMachine:
         return ErrorCode.none
 
     def commit_check(
-        self, group_id: str, member_id: str, instance_id: str | None, generation: int, now: int
+        self,
+        group_id: str,
+        member_id: str,
+        instance_id: str | None,
+        generation: int,
+        now: int,
+        version: int | None = None,
     ) -> int:
-        """May this OffsetCommit (v2-8) be written? Kafka's validateOffsetCommit."""
+        """May this OffsetCommit (v2-9) be written? Kafka's validateOffsetCommit.
+        `generation` is the member epoch for a KIP-848 group (v9 names it so); the
+        request's version decides the errors that changed at v9 (None: not checked)."""
         self._now = now
         consumer = self.consumer_groups.get(group_id)
         if consumer is not None:
-            return self._consumer_commit_check(consumer, member_id, generation)
+            return self._consumer_commit_check(consumer, member_id, generation, version)
         group = self.groups.get(group_id)
         if group is None:
             if generation < 0:
                 return ErrorCode.none  # a "simple" group: manual assignment, no members
             if self._offsets.has_group(group_id):
                 return ErrorCode.unknown_member_id  # an Empty group knows no members
+            if version is not None and version >= 9:
+                return ErrorCode.group_id_not_found
             return ErrorCode.illegal_generation  # what Kafka answers before v9
         if generation < 0 and group.state == EMPTY:
             return ErrorCode.none
@@ -904,9 +919,11 @@ class GroupStateMachine:
         if req.member_epoch == 0:
             if req.rebalance_timeout_ms == -1:
                 return _consumer_error(ErrorCode.invalid_request, "RebalanceTimeoutMs must be set.")
-            if not req.subscribed_topic_names:
+            if req.subscribed_topic_names is None and req.subscribed_topic_regex is None:
+                # Kafka accepts an empty list (a member subscribed to nothing), not none.
                 return _consumer_error(
-                    ErrorCode.invalid_request, "SubscribedTopicNames must be set in first request."
+                    ErrorCode.invalid_request,
+                    "SubscribedTopicNames or SubscribedTopicRegex must be set in first request.",
                 )
             if req.owned:
                 return _consumer_error(
@@ -916,6 +933,16 @@ class GroupStateMachine:
             return _consumer_error(ErrorCode.invalid_request, "InstanceId can't be null.")
         if req.member_epoch < STATIC_LEAVE_EPOCH:
             return _consumer_error(ErrorCode.invalid_request, "MemberEpoch is invalid.")
+        if req.subscribed_topic_regex:
+            try:
+                compile_regex(req.subscribed_topic_regex)
+            except RegexError as e:
+                # Refused before anything changes: the group and the member are unharmed.
+                return _consumer_error(
+                    ErrorCode.invalid_regular_expression,
+                    f"SubscribedTopicRegex `{req.subscribed_topic_regex}` is not a valid "
+                    f"regular expression: {e}.",
+                )
         if req.server_assignor is not None and req.server_assignor not in (
             self.settings.consumer_assignors
         ):
@@ -1008,6 +1035,10 @@ class GroupStateMachine:
             subscribed = frozenset(req.subscribed_topic_names)
             changed |= subscribed != member.subscribed
             member.subscribed = subscribed
+        if req.subscribed_topic_regex is not None:
+            regex = req.subscribed_topic_regex or None  # "" clears it
+            changed |= regex != member.subscribed_regex
+            member.subscribed_regex = regex
         if req.server_assignor is not None:
             changed |= req.server_assignor != member.assignor
             member.assignor = req.server_assignor
@@ -1022,7 +1053,17 @@ class GroupStateMachine:
     def _refresh_topics(self, group: ConsumerGroup, topics: TopicsView) -> bool:
         """The subscribed topics as the metadata has them now; True if that changed
         (a topic created, deleted or given more partitions)."""
-        names = sorted({n for m in group.members.values() for n in m.subscribed})
+        regexes = {m.subscribed_regex for m in group.members.values()} - {None}
+        if regexes:
+            # Kafka matches every topic but the internal ones, in full (RE2/J matches()).
+            all_names = [n for n in topics.names() if n not in INTERNAL_TOPICS]
+            group.regex_matches = {
+                r: frozenset(n for n in all_names if compile_regex(r).fullmatch(n))
+                for r in sorted(regexes)  # type: ignore[type-var]
+            }
+        else:
+            group.regex_matches = {}
+        names = sorted({n for m in group.members.values() for n in group.subscribed_names(m)})
         seen = {n: t for n in names if (t := topics.topic(n)) is not None}
         if seen == group.topics:
             return False
@@ -1040,7 +1081,9 @@ class GroupStateMachine:
             else self.settings.consumer_assignors[0]
         )
         subscriptions = {
-            mid: frozenset(group.topics[n][0] for n in m.subscribed if n in group.topics)
+            mid: frozenset(
+                group.topics[n][0] for n in group.subscribed_names(m) if n in group.topics
+            )
             for mid, m in group.members.items()
         }
         partitions = dict(group.topics.values())
@@ -1095,16 +1138,78 @@ class GroupStateMachine:
             group.epoch += 1
 
     def _consumer_commit_check(
-        self, group: ConsumerGroup, member_id: str, member_epoch: int
+        self, group: ConsumerGroup, member_id: str, member_epoch: int, version: int | None
     ) -> int:
         if member_epoch < 0 and not group.members:
             return ErrorCode.none
         member = group.members.get(member_id)
         if member is None:
             return ErrorCode.unknown_member_id
+        if version is not None and version < 9:
+            # Kafka: members of the consumer protocol commit with v9+ only.
+            return ErrorCode.unsupported_version
         if member_epoch != member.epoch:
             return ErrorCode.stale_member_epoch
         return ErrorCode.none
+
+    def fetch_check(self, group_id: str, member_id: str | None, member_epoch: int) -> int:
+        """May this OffsetFetch (v9+, with the member) read the group's offsets? Kafka
+        checks the member only in a KIP-848 group; an admin sends no member and epoch -1."""
+        group = self.consumer_groups.get(group_id)
+        if group is None or (member_id is None and member_epoch < 0):
+            return ErrorCode.none
+        member = group.members.get(member_id or "")
+        if member is None:
+            return ErrorCode.unknown_member_id
+        if member_epoch != member.epoch:
+            return ErrorCode.stale_member_epoch
+        return ErrorCode.none
+
+    def group_type(self, group_id: str) -> str | None:
+        """"consumer" (KIP-848), "classic", or None if unknown (ListGroups v5)."""
+        if group_id in self.consumer_groups:
+            return "consumer"
+        if group_id in self.groups or self._offsets.has_group(group_id):
+            return "classic"
+        return None
+
+    def consumer_describe(self, group_id: str) -> tuple[int, str | None, dict | None]:
+        """ConsumerGroupDescribe: (error, message, the group with topic ids in its
+        assignments; the handler adds the names)."""
+        group = self.consumer_groups.get(group_id)
+        if group is None:
+            if group_id in self.groups:
+                why = f"Group {group_id} is not a consumer group."
+            else:
+                why = f"Group {group_id} not found."
+            return ErrorCode.group_id_not_found, why, None
+        votes = [m.assignor for m in group.members.values() if m.assignor is not None]
+        default = self.settings.consumer_assignors[0]
+        assignor = max(sorted(set(votes)), key=votes.count) if votes else default
+        members = [
+            {
+                "member_id": m.member_id,
+                "instance_id": m.instance_id,
+                "rack_id": m.rack_id,
+                "member_epoch": m.epoch,
+                "client_id": m.client_id,
+                "client_host": m.client_host,
+                "subscribed_topic_names": tuple(sorted(m.subscribed)),
+                "subscribed_topic_regex": m.subscribed_regex,
+                "assignment": _by_topic(m.assigned),
+                "target_assignment": _by_topic(group.target.get(m.member_id, frozenset())),
+                "member_type": 1,  # v1: 1 = the consumer protocol (0 would be classic)
+            }
+            for m in group.members.values()
+        ]
+        return ErrorCode.none, None, {
+            "group_id": group_id,
+            "group_state": group.state,
+            "group_epoch": group.epoch,
+            "assignment_epoch": group.assignment_epoch,
+            "assignor_name": assignor,
+            "members": members,
+        }
 
     def _drop_consumer_group(self, group: ConsumerGroup) -> None:
         for key in [k for k in self._timers if k.group_id == group.group_id]:

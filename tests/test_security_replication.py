@@ -34,6 +34,7 @@ JAAS = (
 JAAS_KEY = "listener.name.replication.scram-sha-512.sasl.jaas.config"
 TRUST_KEY = "listener.name.replication.ssl.truststore.location"
 REFUSED_LINE = "replica fetcher cannot log in to the leader"
+AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 
 
 @pytest.fixture
@@ -41,12 +42,16 @@ def cluster(tmp_path: Path) -> Any:
     yield from cluster_factory(tmp_path)
 
 
-def _listeners(protocol: str) -> list[str]:
+def _listeners(protocol: str, replication_principal: str) -> list[str]:
+    """Named listeners, with ACLs on: follower fetches need CLUSTER_ACTION, which only
+    super users have here (the brokers' principal, and the test's PLAINTEXT clients)."""
     return [
         *BROKER_ARGS,
         "--listeners", "REPLICATION://127.0.0.1:0,CLIENT://127.0.0.1:0",
         "--listener-security-protocol-map", f"REPLICATION:{protocol},CLIENT:PLAINTEXT",
         "--inter-broker-listener-name", "REPLICATION",
+        "--override", "authorizer.class.name=" + AUTHORIZER,
+        "--override", f"super.users={replication_principal};User:ANONYMOUS",
     ]  # fmt: skip
 
 
@@ -127,7 +132,7 @@ def test_replication_over_sasl_ssl_scram(cluster: Any, tmp_path: Path) -> None:
         controller_args=[*CONTROLLER_ARGS,
                          "--add-scram", "SCRAM-SHA-512=[name=broker,password=broker-secret]"],
         broker_args=[
-            *_listeners("SASL_SSL"),
+            *_listeners("SASL_SSL", "User:broker"),
             "--override", f"ssl.keystore.location={certs.path('server.pem')}",
             "--override", f"{TRUST_KEY}={certs.path('ca.pem')}",
             "--override", "listener.name.replication.sasl.enabled.mechanisms=SCRAM-SHA-512",
@@ -194,7 +199,7 @@ def test_replication_over_sasl_ssl_scram(cluster: Any, tmp_path: Path) -> None:
 def test_replication_over_ssl_with_client_certificates(cluster: Any, tmp_path: Path) -> None:
     certs = make_certs(tmp_path / "certs")
     c: Cluster = cluster(broker_args=[
-        *_listeners("SSL"),
+        *_listeners("SSL", "User:CN=localhost"),
         "--override", f"ssl.keystore.location={certs.path('server.pem')}",
         "--override", f"{TRUST_KEY}={certs.path('ca.pem')}",
         "--override", "listener.name.replication.ssl.client.auth=required",

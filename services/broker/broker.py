@@ -218,6 +218,7 @@ class Broker:
             self.offsets.load_partition(
                 part.index, plog.batches(plog.log_start_offset, plog.log_end_offset)
             )
+            self.groups.loaded(lambda g: self.offsets.partition_for(g) == part.index)
         else:
             self.offsets.unload_partition(part.index)
             self.groups.unload(lambda g: self.offsets.partition_for(g) == part.index)

@@ -216,6 +216,12 @@ class GroupCoordinator:
         self._apply()
         return code
 
+    def loaded(self, belongs: Callable[[str], bool]) -> None:
+        """This broker now coordinates the groups `belongs` selects (it leads their
+        offsets partition): hold KIP-848 assignments for a session timeout."""
+        now = self._now()
+        self.machine.hold_assignments(belongs, now + self.settings.consumer_session_timeout_ms)
+
     def unload(self, belongs: Callable[[str], bool]) -> None:
         self.machine.unload(belongs)
         self._apply()

@@ -135,6 +135,8 @@ class GroupStateMachine:
         self._timers: dict[TimerKey, int] = {}  # armed timers: key -> deadline (ms)
         self._now = 0
         self._out = Output()
+        # (which groups, until when): KIP-848 assignments held after a coordinator move.
+        self._holds: list[tuple[Callable[[str], bool], int]] = []
 
     # -- what the shell reads back --------------------------------------------------------
 
@@ -880,13 +882,13 @@ class GroupStateMachine:
             self._compute_target(group)
         was_revoking = member.state == UNREVOKED
         owned = _owned(req.owned)
-        reconcile(
-            member,
-            group.assignment_epoch,
-            group.target.get(member.member_id, frozenset()),
-            group.owner_of(),
-            owned,
-        )
+        target = group.target.get(member.member_id, frozenset())
+        owners = group.owner_of()
+        if self._held(group.group_id):
+            # Just became this group's coordinator: members from before may still hold
+            # any partition (membership is not persisted), so none is handed out yet.
+            owners = {tp: owners.get(tp, _HELD_BEFORE) for tp in target}
+        reconcile(member, group.assignment_epoch, target, owners, owned)
         revocation = TimerKey(REVOCATION, group.group_id, member.member_id)
         if member.state == UNREVOKED and not was_revoking:
             self._arm(revocation, member.rebalance_timeout_ms)
@@ -1152,6 +1154,22 @@ class GroupStateMachine:
             return ErrorCode.stale_member_epoch
         return ErrorCode.none
 
+    def hold_assignments(self, belongs: Callable[[str], bool], until_ms: int) -> None:
+        """This broker just became the coordinator of the groups `belongs` selects: KIP-848
+        members from before the move are not known here (membership is not persisted)
+        and may still consume their partitions until they heartbeat and hear
+        UNKNOWN_MEMBER_ID, which every live one does within its session timeout. Until
+        `until_ms`, members of those groups join and get their epochs but no partition,
+        so no partition is consumed by two members at once."""
+        self._holds = [(b, u) for b, u in self._holds if u > self._now] + [(belongs, until_ms)]
+
+    def _held(self, group_id: str) -> bool:
+        # Only groups with committed offsets can have had members here before (a group
+        # whose members never committed is not held: a brand-new group starts at once).
+        return any(
+            self._now < until and belongs(group_id) for belongs, until in self._holds
+        ) and self._offsets.has_group(group_id)
+
     def fetch_check(self, group_id: str, member_id: str | None, member_epoch: int) -> int:
         """May this OffsetFetch (v9+, with the member) read the group's offsets? Kafka
         checks the member only in a KIP-848 group; an admin sends no member and epoch -1."""
@@ -1243,6 +1261,9 @@ class GroupStateMachine:
     def _rebalance_timeout(req: JoinRequest) -> int:
         # JoinGroup v0 has no rebalance timeout: the session timeout stands in.
         return req.rebalance_timeout_ms if req.rebalance_timeout_ms > 0 else req.session_timeout_ms
+
+
+_HELD_BEFORE = ""  # the owner of a partition during a hold: a member from before (no id)
 
 
 def _differs(requested: str | None, current: str | None) -> bool:

@@ -242,7 +242,9 @@ class KafkaTarget:
         return t_kill, time.monotonic()
 
     def restart_broker(self, bid: int) -> None:
-        self.cluster.restart(bid)
+        # Kafka recovers every replica's log after kill -9: minutes with 10,000 of them.
+        self.cluster.restart(bid, wait=False)
+        self.cluster.wait_ready(600, brokers=[bid])
 
     def active_controller(self, exclude: int | None = None) -> int | None:
         q = self.cluster.quorum(timeout=0.5)

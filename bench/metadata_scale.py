@@ -295,6 +295,7 @@ def main() -> None:
         os.environ.setdefault("STRAITMQ_LOG_LEVEL", "warning")
         _limit_children(a.fd_limit)
         results.append(run(StraitTarget(fast_failover=False), a))
+        print(json.dumps(results[-1]), flush=True)  # kept if a later target fails
     if a.with_kafka:
         _limit_children(a.kafka_fd_limit)
         results.append(run(KafkaTarget(fast_failover=False), a))

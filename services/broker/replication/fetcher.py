@@ -42,6 +42,8 @@ PARTITION_MAX_BYTES = 1 << 20
 RESPONSE_MAX_BYTES = 16 << 20
 UNDEFINED = -1
 
+# Per-partition answers that mean the leader's authorizer refused this broker.
+REFUSED = {ErrorCode.topic_authorization_failed, ErrorCode.cluster_authorization_failed}
 FetchRequest = load_request_schema(1, 12)
 ForgottenTopic = typing.get_args(typing.get_type_hints(FetchRequest)["forgotten_topics_data"])[0]
 # What the leader's session holds for a partition: fetch offset, leader epoch, log start.
@@ -79,6 +81,7 @@ class LeaderFetcher:
         self.session_epoch = 0  # 0: the next fetch opens a new session
         self.in_session: dict[tuple[str, int], SessionState] = {}
         self.auth_error: str | None = None  # the last refused login, logged once
+        self.refused_logged: set[int] = set()  # authorization errors already logged
         self._auth_backoff = AUTH_BACKOFF_S
 
     def reset_session(self) -> None:
@@ -328,6 +331,16 @@ class LeaderFetcher:
                         f.truncating = True
                 else:
                     backoff = True
+                    if err in REFUSED and err not in self.refused_logged:
+                        # Retried with backoff, but said once: an ACL a super user
+                        # must fix, not something that heals by itself.
+                        self.refused_logged.add(err)
+                        log.error(
+                            "leader refuses this broker's replica fetches; it needs "
+                            "CLUSTER_ACTION on the cluster (or to be a super user)",
+                            extra={"leader": self.leader, "partition": f"{key[0]}-{key[1]}",
+                                   "error": ErrorCode(err).name},
+                        )  # fmt: skip
         if backoff:
             await asyncio.sleep(0.1)
 

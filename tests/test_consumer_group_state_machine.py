@@ -518,3 +518,14 @@ def test_handler_converts_kio_requests_and_answers_a_buildable_response() -> Non
         assert tps.topic_id == T1 and tps.partitions == (0, 1, 2)
 
     asyncio.run(run())
+
+
+def test_uniform_gives_joining_members_a_share_when_the_old_ones_are_at_the_ceiling() -> None:
+    # 6 partitions held 2 each by a, b, c; d and e join: 2, 1, 1, 1, 1 (found with the
+    # Java client: keeping up to ceil(6 / 5) = 2 each left d and e with nothing).
+    t = uuid.UUID(int=7)
+    current = {m: frozenset((t, p) for p in range(2 * i, 2 * i + 2)) for i, m in enumerate("abc")}
+    out = uniform({m: frozenset({t}) for m in "abcde"}, {t: 6}, current)
+    assert sorted(len(v) for v in out.values()) == [1, 1, 1, 1, 2]
+    assert all(out[m] <= current[m] for m in "abc")  # nothing moves between old members
+    assert frozenset().union(*out.values()) == frozenset((t, p) for p in range(6))

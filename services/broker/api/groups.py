@@ -344,9 +344,10 @@ async def handle_delete_groups(ctx: RequestContext, req: Any) -> dict:
 class _ImageTopics:
     """The metadata image as the consumer group assignors read it."""
 
-    # The names of the last image asked (images are immutable): regular expressions are
-    # matched against them at every heartbeat of a member that has one.
-    _names: tuple[Any, frozenset[str]] | None = None
+    # The topic names at the last metadata offset asked: regular expressions are matched
+    # against them at every heartbeat of a member that has one (the image is updated in
+    # place, so its offset tells whether they may have changed).
+    _names: tuple[Any, int, frozenset[str]] | None = None
 
     def __init__(self, image: Any) -> None:
         self._image = image
@@ -358,9 +359,10 @@ class _ImageTopics:
 
     def names(self) -> frozenset[str]:
         cached = _ImageTopics._names
-        if cached is None or cached[0] is not self._image:
-            cached = _ImageTopics._names = (self._image, frozenset(self._topics))
-        return cached[1]
+        offset = getattr(self._image, "offset", None)
+        if cached is None or cached[0] is not self._image or offset is None or cached[1] != offset:
+            cached = _ImageTopics._names = (self._image, offset or 0, frozenset(self._topics))
+        return cached[2]
 
 
 async def handle_consumer_group_describe(ctx: RequestContext, req: Any) -> dict:

@@ -37,16 +37,24 @@ def uniform(
     all_tps = sorted(((t, p) for t, n in partitions.items() for p in range(n)), key=_order)
     eligible = {tp: [m for m in members if tp[0] in subscriptions[m]] for tp in all_tps}
     assignable = [tp for tp in all_tps if eligible[tp]]
-    # The fair share if every member could take every partition; with mixed
-    # subscriptions a member may end up above it when nobody else can take the rest.
-    quota = -(-len(assignable) // len(members)) if members else 0
-    # Stickiness first: members keep current partitions up to the share.
+    # The fair share if every member could take every partition (`base`, and one more for
+    # `extra` of them); with mixed subscriptions a member may end up above it when
+    # nobody else can take the rest.
+    base, extra = divmod(len(assignable), len(members)) if members else (0, 0)
+    # Stickiness first: members keep current partitions up to `base`, then up to `extra`
+    # of them one more. (Keeping up to base + 1 each would leave new members nothing:
+    # 6 partitions held 2 each by 3 members, and 2 more join.)
     taken: set[TopicPartition] = set()
-    for m in members:
-        for tp in sorted(current.get(m, ()), key=_order):
-            if m in eligible.get(tp, ()) and tp not in taken and len(out[m]) < quota:
-                out[m].add(tp)
-                taken.add(tp)
+    for limit in (base, base + 1):
+        for m in members:
+            for tp in sorted(current.get(m, ()), key=_order):
+                if limit > base and extra == 0:
+                    break
+                if m in eligible.get(tp, ()) and tp not in taken and len(out[m]) < limit:
+                    out[m].add(tp)
+                    taken.add(tp)
+                    if limit > base:
+                        extra -= 1
     # The rest to the least loaded eligible member (ties by member id).
     for tp in assignable:
         if tp in taken:

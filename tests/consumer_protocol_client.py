@@ -1,0 +1,87 @@
+"""A confluent-kafka (librdkafka 2.x) consumer with group.protocol=consumer (KIP-848), run as
+a process by tests/test_consumer_protocol.py; the same JSON lines as
+tools/java/kafka-4.1/ConsumerProtocolClient.java:
+
+    python tests/consumer_protocol_client.py BOOTSTRAP GROUP TOPIC NAME [key=value ...]
+
+"assigned"/"revoked"/"lost" from the rebalance callbacks (wall-clock ms), "records" per
+batch before its offsets are committed synchronously, "committed" or "commit_failed". A
+line "stop" (or end of input) on stdin closes the consumer, which leaves the group.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+
+def emit(**event: object) -> None:
+    print(json.dumps(event), flush=True)
+
+
+def main() -> None:
+    bootstrap, group, topic, name, *extra = sys.argv[1:]
+    conf = {
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "group.protocol": "consumer",
+        "client.id": name,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+    }
+    conf.update(kv.split("=", 1) for kv in extra)
+    consumer = Consumer(conf)
+    stop = threading.Event()
+
+    def read_stdin() -> None:
+        for line in sys.stdin:
+            if line.strip() == "stop":
+                break
+        stop.set()
+
+    threading.Thread(target=read_stdin, daemon=True).start()
+
+    def now() -> int:
+        return int(time.time() * 1000)
+
+    consumer.subscribe(
+        [topic],
+        on_assign=lambda c, ps: emit(ev="assigned", ts=now(), parts=[p.partition for p in ps]),
+        on_revoke=lambda c, ps: emit(ev="revoked", ts=now(), parts=[p.partition for p in ps]),
+        on_lost=lambda c, ps: emit(ev="lost", ts=now(), parts=[p.partition for p in ps]),
+    )
+    emit(ev="started")
+    while not stop.is_set():
+        msgs = consumer.consume(num_messages=500, timeout=0.2)
+        good = [m for m in msgs if m.error() is None]
+        if not good:
+            continue
+        emit(
+            ev="records",
+            ts=now(),
+            recs=[[m.partition(), m.offset(), m.value().decode()] for m in good],
+        )
+        nxt: dict[int, int] = {}
+        for m in good:
+            nxt[m.partition()] = max(nxt.get(m.partition(), 0), m.offset() + 1)
+        try:
+            res = consumer.commit(
+                offsets=[TopicPartition(topic, p, o) for p, o in nxt.items()], asynchronous=False
+            )
+            done = [(tp.partition, tp.offset) for tp in res or () if tp.error is None]
+            emit(ev="committed", ts=now(), offsets=sorted(done))
+            if len(done) < len(nxt):
+                emit(ev="commit_failed", error=str([tp.error for tp in res if tp.error]))
+        except KafkaException as e:
+            # Refused during a rebalance or after fencing: the next owner reads them again.
+            emit(ev="commit_failed", error=str(e))
+    consumer.close()
+    emit(ev="closed", ts=now())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+// A KafkaConsumer (kafka-clients 4.1) in a group with group.protocol=consumer (KIP-848),
+// for tests/test_consumer_protocol.py. Run from source with the 4.1 jars:
+//   java -cp '.cache/jars/kafka-4.1/*' tools/java/kafka-4.1/ConsumerProtocolClient.java \
+//       BOOTSTRAP GROUP TOPIC NAME [key=value ...]
+// Prints one JSON object a line on stdout: "assigned"/"revoked"/"lost" from the rebalance
+// listener (with the wall-clock time, to check that no partition has two owners at once),
+// "records" (partition, offset, value) for each poll before its offsets are committed
+// (commitSync), "committed" or "commit_failed". A line "stop" (or end of input) on stdin
+// closes the consumer, which leaves the group.
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Collection;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Properties;
+import java.util.concurrent.atomic.AtomicBoolean;
+
+import org.apache.kafka.clients.consumer.ConsumerRebalanceListener;
+import org.apache.kafka.clients.consumer.ConsumerRecord;
+import org.apache.kafka.clients.consumer.ConsumerRecords;
+import org.apache.kafka.clients.consumer.KafkaConsumer;
+import org.apache.kafka.clients.consumer.OffsetAndMetadata;
+import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.errors.WakeupException;
+import org.apache.kafka.common.serialization.ByteArrayDeserializer;
+
+public class ConsumerProtocolClient {
+    static final Object OUT = new Object();
+
+    static void emit(String json) {
+        synchronized (OUT) {
+            System.out.println(json);
+            System.out.flush();
+        }
+    }
+
+    static String parts(Collection<TopicPartition> tps) {
+        List<String> out = new ArrayList<>();
+        for (TopicPartition tp : tps) out.add(Integer.toString(tp.partition()));
+        return "[" + String.join(",", out) + "]";
+    }
+
+    static String quote(String s) {
+        return "\"" + s.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", " ") + "\"";
+    }
+
+    public static void main(String[] args) throws Exception {
+        String bootstrap = args[0], group = args[1], topic = args[2], name = args[3];
+        Properties props = new Properties();
+        props.put("bootstrap.servers", bootstrap);
+        props.put("group.id", group);
+        props.put("group.protocol", "consumer");
+        props.put("client.id", name);
+        props.put("enable.auto.commit", "false");
+        props.put("auto.offset.reset", "earliest");
+        props.put("key.deserializer", ByteArrayDeserializer.class.getName());
+        props.put("value.deserializer", ByteArrayDeserializer.class.getName());
+        for (int i = 4; i < args.length; i++) {
+            String[] kv = args[i].split("=", 2);
+            props.put(kv[0], kv[1]);
+        }
+        AtomicBoolean stop = new AtomicBoolean(false);
+        KafkaConsumer<byte[], byte[]> consumer = new KafkaConsumer<>(props);
+        Thread stdin = new Thread(() -> {
+            try {
+                java.io.BufferedReader r = new java.io.BufferedReader(new java.io.InputStreamReader(System.in));
+                String line;
+                while ((line = r.readLine()) != null && !line.trim().equals("stop")) { }
+            } catch (java.io.IOException e) { }
+            stop.set(true);
+            consumer.wakeup();
+        });
+        stdin.setDaemon(true);
+        stdin.start();
+        consumer.subscribe(List.of(topic), new ConsumerRebalanceListener() {
+            public void onPartitionsRevoked(Collection<TopicPartition> tps) {
+                emit("{\"ev\":\"revoked\",\"ts\":" + System.currentTimeMillis() + ",\"parts\":" + parts(tps) + "}");
+            }
+            public void onPartitionsAssigned(Collection<TopicPartition> tps) {
+                emit("{\"ev\":\"assigned\",\"ts\":" + System.currentTimeMillis() + ",\"parts\":" + parts(tps) + "}");
+            }
+            public void onPartitionsLost(Collection<TopicPartition> tps) {
+                emit("{\"ev\":\"lost\",\"ts\":" + System.currentTimeMillis() + ",\"parts\":" + parts(tps) + "}");
+            }
+        });
+        emit("{\"ev\":\"started\"}");
+        try {
+            while (!stop.get()) {
+                ConsumerRecords<byte[], byte[]> records;
+                try {
+                    records = consumer.poll(Duration.ofMillis(200));
+                } catch (WakeupException e) {
+                    break;
+                }
+                if (records.isEmpty()) continue;
+                Map<TopicPartition, OffsetAndMetadata> next = new HashMap<>();
+                StringBuilder recs = new StringBuilder();
+                for (ConsumerRecord<byte[], byte[]> rec : records) {
+                    if (recs.length() > 0) recs.append(',');
+                    recs.append('[').append(rec.partition()).append(',').append(rec.offset()).append(',')
+                        .append(quote(new String(rec.value()))).append(']');
+                    next.put(new TopicPartition(rec.topic(), rec.partition()), new OffsetAndMetadata(rec.offset() + 1));
+                }
+                emit("{\"ev\":\"records\",\"ts\":" + System.currentTimeMillis() + ",\"recs\":[" + recs + "]}");
+                try {
+                    consumer.commitSync(next);
+                    StringBuilder c = new StringBuilder();
+                    for (Map.Entry<TopicPartition, OffsetAndMetadata> e : next.entrySet()) {
+                        if (c.length() > 0) c.append(',');
+                        c.append('[').append(e.getKey().partition()).append(',').append(e.getValue().offset()).append(']');
+                    }
+                    emit("{\"ev\":\"committed\",\"ts\":" + System.currentTimeMillis() + ",\"offsets\":[" + c + "]}");
+                } catch (WakeupException e) {
+                    break;
+                } catch (Exception e) {
+                    // A commit refused during a rebalance or after fencing (STALE_MEMBER_EPOCH,
+                    // UNKNOWN_MEMBER_ID): the records are processed again by the next owner.
+                    emit("{\"ev\":\"commit_failed\",\"error\":" + quote(e.getClass().getSimpleName() + ": " + e.getMessage()) + "}");
+                }
+            }
+        } finally {
+            consumer.close();
+            emit("{\"ev\":\"closed\",\"ts\":" + System.currentTimeMillis() + "}");
+        }
+    }
+}

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections import defaultdict
 from pathlib import Path
@@ -506,6 +507,14 @@ def test_bad_input_gets_kafkas_codes(broker_factory):
         assert {tp.topic_name for tp in member.assignment.topic_partitions} == {"bad-t"}
         assert (nope.error_code, nope.error_message) == (E.group_id_not_found,
                                                          "Group nope not found.")  # fmt: skip
+        # Its members are counted in the group metrics, as the classic ones are.
+        metrics = urllib.request.urlopen(f"{broker.http}/metrics", timeout=10).read().decode()
+        assert any(
+            line.startswith("straitmq_consumer_group_members{")
+            and f'_name="{g}"' in line
+            and line.rstrip().endswith(" 1.0")
+            for line in metrics.splitlines()
+        ), [ln for ln in metrics.splitlines() if "consumer_group_members" in ln]
     finally:
         r.close()
 

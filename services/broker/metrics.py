@@ -145,6 +145,9 @@ def install(telemetry: Telemetry, broker: Broker) -> None:
     def group_members() -> Points:
         for gid, g in list(broker.groups.groups.items()):
             yield len(g.members), {C.GROUP: gid}
+        # KIP-848 groups (ConsumerGroupHeartbeat) are kept apart from the classic ones.
+        for gid, cg in list(broker.groups.machine.consumer_groups.items()):
+            yield len(cg.members), {C.GROUP: gid}
 
     isr = broker.isr
     t = telemetry

@@ -26,11 +26,14 @@ import time
 import urllib.request
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from cluster_support import BROKER_ARGS as CLUSTER_BROKER_ARGS
+from cluster_support import cluster_factory
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kio.schema.consumer_group_describe.v1 import request as cgd
@@ -40,6 +43,7 @@ from kio.schema.errors import ErrorCode as E
 from kio.schema.list_groups.v5 import request as lg
 from kio.schema.offset_commit.v9 import request as oc
 from kio.schema.offset_fetch.v9 import request as of
+from straitmq.broker.groups.offsets import OffsetStore
 from test_errors import Raw
 from waiting import wait_for
 
@@ -160,8 +164,8 @@ class CommitWatcher:
     (rd_kafka_cgrp_op on an admin handle) when a coordinator error answers its
     ListConsumerGroupOffsets, as it does while the broker restarts."""
 
-    def __init__(self, port: int, group: str, topic: str) -> None:
-        self.port, self.group, self.topic = port, group, topic
+    def __init__(self, port_of: Callable[[], int], group: str, topic: str) -> None:
+        self.port_of, self.group, self.topic = port_of, group, topic
         self.seen: dict[int, list[int]] = defaultdict(list)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -176,7 +180,7 @@ class CommitWatcher:
         raw: Raw | None = None
         while not self._stop.wait(0.3):
             try:
-                raw = raw or Raw(SimpleNamespace(port=self.port))
+                raw = raw or Raw(SimpleNamespace(port=self.port_of()))
                 (g,) = raw.call(of.OffsetFetchRequest(groups=(grp,), require_stable=True)).groups
                 if g.error_code != E.none:
                     continue
@@ -184,7 +188,7 @@ class CommitWatcher:
                     for part in t.partitions:
                         if part.error_code == E.none and part.committed_offset >= 0:
                             self.seen[part.partition_index].append(part.committed_offset)
-            except OSError:  # the broker restarts meanwhile
+            except Exception:  # the coordinator restarts or moves meanwhile
                 if raw is not None:
                     raw.close()
                 raw = None
@@ -251,7 +255,7 @@ def test_group_grows_shrinks_loses_a_member_and_its_coordinator(broker_factory, 
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
     writer = Writer(broker.bootstrap, topic)
-    watcher = CommitWatcher(broker.port, group, topic)
+    watcher = CommitWatcher(lambda: broker.port, group, topic)
     members: list[Member] = []
 
     def start(n: int) -> None:
@@ -623,3 +627,105 @@ def test_kafka_consumer_groups_describe_shows_a_consumer_protocol_group(broker_f
         for m in members:
             if m.proc.poll() is None:
                 m.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    yield from cluster_factory(tmp_path)
+
+
+def test_coordinator_broker_killed_in_a_cluster(cluster, tmp_path):
+    """3 controllers + 3 brokers: the broker coordinating a group of 3 (librdkafka)
+    members is killed with SIGKILL while they consume; the offsets partition gets a new
+    leader, the members rejoin at the new coordinator, and the killed broker comes back.
+    Every acknowledged record processed, commits monotonic, one owner per partition."""
+    c = cluster(broker_args=[*CLUSTER_BROKER_ARGS, *BROKER_ARGS])
+    topic, group = "cp-cluster", "cp-cluster-group"
+    c.create_topic(topic, partitions=PARTITIONS, rf=3, min_isr=2)
+    offsets_partition = OffsetStore(16).partition_for(group)
+
+    def coordinator() -> int:
+        return c.leader_of("__consumer_offsets", offsets_partition, exclude=tuple(dead))
+
+    def coordinator_port() -> int:
+        return c.brokers[coordinator()].kafka_port
+
+    dead: list[int] = []
+    writer = Writer(c.bootstrap, topic)
+    members = [
+        Member("confluent", f"cl-{i}", c.bootstrap, group, topic, tmp_path) for i in range(3)
+    ]
+    watcher = CommitWatcher(coordinator_port, group, topic)
+
+    def check() -> None:
+        for m in members:
+            m.check_alive()
+
+    def status() -> str:
+        return str([(m.name, sorted(m.owned()), m.processed()) for m in members])
+
+    def settled() -> bool:
+        owned = [m.owned() for m in members]
+        try:
+            described = group_members(coordinator_port(), group)
+        except Exception:
+            return False
+        return len(described) == 3 and all(owned) and set().union(*owned) == set(range(PARTITIONS))
+
+    def progress() -> int:
+        return sum(m.processed() for m in members)
+
+    try:
+        wait_for(settled, 120, "3 members own every partition", 0.3, check=check, detail=status)
+        mark = progress()
+        wait_for(lambda: progress() > mark + 200, 60, "consuming", 0.2, check=check,
+                 detail=status)  # fmt: skip
+        victim = coordinator()
+        c.brokers[victim].kill9()
+        killed_at = now_ms()
+        dead.append(victim)
+        wait_for(lambda: coordinator() != victim, 60, "a new coordinator", 0.3,
+                 ignore=(Exception,))  # fmt: skip
+        # The members rejoin at the new coordinator (UNKNOWN_MEMBER_ID, partitions lost)
+        # and consume again.
+        wait_for(
+            lambda: settled() and all(
+                any(e["ev"] == "lost" and e["ts"] >= killed_at for e in m.events)
+                for m in members),
+            120, "3 members rejoin at the new coordinator", 0.3, check=check, detail=status,
+        )  # fmt: skip
+        mark = progress()
+        wait_for(lambda: progress() > mark + 200, 60, "consuming again", 0.2, check=check,
+                 detail=status)  # fmt: skip
+        c.brokers[victim].start()
+        dead.clear()
+        c.wait_isr(topic, 3)
+        writer.close()
+        assert not writer.errors, writer.errors[:5]
+        acked = set(writer.acked)
+        assert len(acked) > 1000
+
+        def processed() -> set[str]:
+            return {
+                r[2] for m in members for e in list(m.events) if e["ev"] == "records"
+                for r in e["recs"]
+            }  # fmt: skip
+
+        wait_for(lambda: acked <= processed(), 120, "every record processed", 0.3, check=check,
+                 detail=lambda: f"{len(acked - processed())} missing")  # fmt: skip
+        ends = _end_offsets(c.bootstrap, topic)
+        wait_for(
+            lambda: all(watcher.seen[p] and watcher.seen[p][-1] == ends[p] for p in ends),
+            60, "committed offsets reach the log end", 0.3, check=check,
+        )  # fmt: skip
+        for m in members:
+            m.stop()
+    finally:
+        writer.close()
+        watcher.close()
+        for m in members:
+            if m.proc.poll() is None:
+                m.kill()
+    for p, offs in watcher.seen.items():
+        assert offs == sorted(offs), f"partition {p}: commits went backwards: {offs}"
+    assert_single_owner(members)

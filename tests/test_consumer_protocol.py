@@ -729,3 +729,43 @@ def test_coordinator_broker_killed_in_a_cluster(cluster, tmp_path):
     for p, offs in watcher.seen.items():
         assert offs == sorted(offs), f"partition {p}: commits went backwards: {offs}"
     assert_single_owner(members)
+
+
+def test_librdkafka_regex_subscription_follows_new_topics(broker_factory):
+    """librdkafka sends a `^`-subscription as SubscribedTopicRegex: the broker matches it
+    (RE2) and a matching topic created while the consumer runs is assigned to it."""
+    from confluent_kafka import Consumer
+
+    broker = broker_factory(*BROKER_ARGS)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for t in ("cpx-a", "cpx-b", "not-cpx"):
+        admin.create_topics([NewTopic(t, 2, 1)])[t].result(30)
+    assigned: set[tuple[str, int]] = set()
+    consumer = Consumer({
+        "bootstrap.servers": broker.bootstrap, "group.id": "cpx-group",
+        "group.protocol": "consumer", "auto.offset.reset": "earliest",
+    })  # fmt: skip
+    try:
+        consumer.subscribe(
+            ["^cpx-.*"],
+            on_assign=lambda c, ps: assigned.update((p.topic, p.partition) for p in ps),
+            on_revoke=lambda c, ps: assigned.difference_update((p.topic, p.partition) for p in ps),
+        )
+
+        def poll_until(want: set[tuple[str, int]]) -> bool:
+            consumer.poll(0.2)
+            return assigned == want
+
+        first = {(t, p) for t in ("cpx-a", "cpx-b") for p in range(2)}
+        wait_for(lambda: poll_until(first), 60, "cpx-a and cpx-b assigned", 0,
+                 detail=lambda: str(assigned))  # fmt: skip
+        # The broker matched it: the member's subscription is the expression itself.
+        (member,) = group_members(broker.port, "cpx-group")
+        assert member.subscribed_topic_regex is not None
+        assert "cpx-" in member.subscribed_topic_regex
+        admin.create_topics([NewTopic("cpx-c", 3, 1)])["cpx-c"].result(30)
+        more = first | {("cpx-c", p) for p in range(3)}
+        wait_for(lambda: poll_until(more), 60, "cpx-c assigned too", 0,
+                 detail=lambda: str(assigned))  # fmt: skip
+    finally:
+        consumer.close()

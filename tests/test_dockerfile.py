@@ -238,6 +238,20 @@ def test_every_console_script_exists() -> None:
         assert func in funcs, f"{name} = {target}: {path.relative_to(ROOT)} has no {func}()"
 
 
+def test_every_package_folder_is_in_the_wheel() -> None:
+    """The editable install maps whole folders, so a new subpackage imports in the
+    .venv; the wheel (and so the image) holds only `packages`. A subpackage left out
+    there breaks every pod with ModuleNotFoundError, which only the real-node tier saw."""
+    setup = PYPROJECT["tool"]["setuptools"]
+    listed = set(setup["packages"])
+    found = set()
+    for name, folder in setup["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            found.add(".".join([name, *rel.parts]))
+    assert found - listed == set(), f"add to [tool.setuptools] packages: {sorted(found - listed)}"
+
+
 def test_dependencies_come_from_the_lock_and_install_offline() -> None:
     _, all_stages = stages()
     build, final = all_stages

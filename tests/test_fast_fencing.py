@@ -123,8 +123,11 @@ def test_new_active_controller_fences_a_broker_that_died_with_the_old_one(cluste
     # session timeout played no part.
     counts = fencings(c)
     assert counts["session_expired"] == 0, counts
-    # The brokers' streams follow the new controller: a second kill is seen at once.
+    # The brokers' streams follow the new controller: once `second`'s stream is open
+    # there and its port was seen answering, its kill is seen at once.
     second = min(c.brokers)
+    wait_for(lambda: second in (new.get("/api/v1/quorum") or {}).get("fast_fencing_armed", []),
+             10, f"broker {second}'s session stream at the new controller")  # fmt: skip
     c.brokers[second].kill9()
     wait_for(lambda: fenced(c, second), SESSION_S + 20, f"broker {second} fenced")
     counts = fencings(c)

@@ -112,6 +112,8 @@ def add_routes(app: web.Application, owner: Any) -> None:
         st = quorum.status()
         st["active_controller"] = active is not None and active.active
         st["cluster_id"] = quorum.image.cluster_id
+        if st["active_controller"]:
+            st["fast_fencing_armed"] = active.sessions.armed()
         return _json(st)
 
     app.router.add_post("/raft", raft)

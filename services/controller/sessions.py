@@ -56,6 +56,11 @@ class BrokerSessions:
         s.deadline = now + self.timeout_s
         s.unheard = False
 
+    def armed(self) -> list[int]:
+        """Brokers whose death this controller would see at once: a session stream is
+        open and their port was seen answering."""
+        return sorted(b for b, s in self._s.items() if s.streams > 0 and s.armed)
+
     def live(self, bid: int, now: float) -> bool:
         s = self._s.get(bid)
         return s is not None and s.deadline > now

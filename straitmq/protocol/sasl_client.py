@@ -21,6 +21,14 @@ MECHANISMS = ("PLAIN", *SCRAM_HASHES)
 MIN_ITERATIONS = 4096
 
 
+def scram_keys(hash_name: str, salted: bytes) -> tuple[bytes, bytes, bytes]:
+    """(ClientKey, StoredKey, ServerKey) from SaltedPassword (RFC 5802 section 3); the
+    broker's server side derives its stored credential with this too."""
+    client_key = hmac.digest(salted, b"Client Key", hash_name)
+    stored_key = hashlib.new(hash_name, client_key).digest()
+    return client_key, stored_key, hmac.digest(salted, b"Server Key", hash_name)
+
+
 class SaslClientError(Exception):
     """The exchange cannot go on; the message says why."""
 
@@ -79,13 +87,11 @@ class ScramClient:
             salted = _salted_password(self.hash, self.password, salt_b64, iterations)
         except ValueError:
             raise SaslClientError("malformed SCRAM server-first message: salt") from None
-        client_key = hmac.digest(salted, b"Client Key", self.hash)
-        stored_key = hashlib.new(self.hash, client_key).digest()
+        client_key, stored_key, server_key = scram_keys(self.hash, salted)
         without_proof = f"c={base64.b64encode(b'n,,').decode()},r={nonce}"
         auth_message = f"{self._bare},{server_first},{without_proof}".encode()
         signature = hmac.digest(stored_key, auth_message, self.hash)
         proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
-        server_key = hmac.digest(salted, b"Server Key", self.hash)
         self._server_signature = hmac.digest(server_key, auth_message, self.hash)
         return f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
 

@@ -14,6 +14,8 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from straitmq.protocol.sasl_client import scram_keys
+
 # name -> (hashlib name, Kafka's ScramMechanism id in AlterUserScramCredentials)
 MECHANISMS: dict[str, tuple[str, int]] = {
     "SCRAM-SHA-256": ("sha256", 1),
@@ -34,9 +36,8 @@ def _h(mechanism: str) -> str:
 
 def keys_from_salted_password(mechanism: str, salted: bytes) -> tuple[bytes, bytes]:
     """(StoredKey, ServerKey) from SaltedPassword = Hi(password, salt, i)."""
-    h = _h(mechanism)
-    client_key = hmac.digest(salted, b"Client Key", h)
-    return hashlib.new(h, client_key).digest(), hmac.digest(salted, b"Server Key", h)
+    _, stored_key, server_key = scram_keys(_h(mechanism), salted)
+    return stored_key, server_key
 
 
 def credential_record(

@@ -80,9 +80,9 @@ class FetchSessions:
     # -- partitions report changes --------------------------------------------------------
 
     def changed(self, part: Partition) -> None:
-        sessions = self.watch.get((part.topic, part.index))
+        key = (part.topic, part.index)
+        sessions = self.watch.get(key)
         if sessions:
-            key = (part.topic, part.index)
             for s in sessions:
                 s.dirty.add(key)
                 s.wake()

@@ -110,6 +110,11 @@ class MetadataImage:
     # image (snapshot bytes, Metadata answers) is cached against these.
     topic_versions: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
     brokers_version: int = field(default=0, repr=False, compare=False)
+    # Bumped when a topic is created or removed: the topic-id index is built against it.
+    topic_set_version: int = field(default=0, repr=False, compare=False)
+    _names_by_id: tuple[int, dict[uuid.UUID, str]] | None = field(
+        default=None, repr=False, compare=False
+    )
     # Each topic's snapshot encoding with the topic version it was made at: a snapshot
     # re-encodes only what changed since the last one.
     _encoded: dict[str, tuple[int, bytes]] = field(
@@ -124,6 +129,19 @@ class MetadataImage:
 
     def live_brokers(self) -> list[BrokerImage]:
         return [b for b in self.brokers.values() if b.alive]
+
+    def broker_alive(self, broker_id: int) -> bool:
+        b = self.brokers.get(broker_id)
+        return b is not None and b.alive
+
+    def topic_name(self, topic_id: uuid.UUID | None) -> str | None:
+        """The name of the topic with this id (requests that name topics by id), from an
+        index rebuilt only when a topic is created or removed."""
+        cached = self._names_by_id
+        if cached is None or cached[0] != self.topic_set_version:
+            by_id = {t.topic_id: name for name, t in self.topics.items()}
+            cached = self._names_by_id = (self.topic_set_version, by_id)
+        return cached[1].get(topic_id) if topic_id is not None else None
 
     def partition_health(self) -> tuple[int, int]:
         """(offline, under-replicated) partition counts."""
@@ -324,6 +342,7 @@ def _shutdown(img: MetadataImage, r: Record) -> None:
 
 def _topic(img: MetadataImage, r: Record) -> None:
     _topic_changed(img, r["name"])
+    img.topic_set_version += 1
     img.topics[r["name"]] = TopicImage(
         r["name"],
         uuid.UUID(r["topic_id"]),
@@ -373,6 +392,7 @@ def _merge(configs: dict[str, str], changes: dict[str, str | None]) -> None:
 
 def _remove_topic(img: MetadataImage, r: Record) -> None:
     _topic_changed(img, r["name"])
+    img.topic_set_version += 1
     img.topics.pop(r["name"], None)
 
 

@@ -64,6 +64,7 @@ class _FetchPlan:
         self,
         ctx: RequestContext,
         req: Any,
+        named: Wanted,
         session: FetchSession | None = None,
         incremental: bool = False,
     ) -> None:
@@ -77,7 +78,7 @@ class _FetchPlan:
         # The partitions whose follower position this fetch has reported: each once, at
         # its first look (a session partition may first show up dirty mid-wait).
         self.reported: set[tuple[str, int]] = set()
-        self.named: Wanted = [(t.topic, [_wanted(p) for p in t.partitions]) for t in req.topics]
+        self.named = named
         # A follower needs CLUSTER_ACTION on the cluster (Kafka), asked once per request;
         # a consumer READ on each topic (a cached decision per topic per pass).
         self.follower_ok = self.replica < 0 or ctx.cluster_allowed(CLUSTER_ACTION)
@@ -268,7 +269,7 @@ def _encode(ctx: RequestContext, topics: list, error: int = 0, session_id: int =
 
 
 def _session_for(
-    ctx: RequestContext, req: Any, replica: int
+    ctx: RequestContext, req: Any, replica: int, named: Wanted
 ) -> tuple[FetchSession | None, bool, int]:
     """KIP-227: (the session, whether this fetch is incremental, a top-level error).
     Epoch -1 fetches without a session (closing the named one), epoch 0 opens a new
@@ -284,9 +285,9 @@ def _session_for(
             return None, False, 0
         session = sessions.open(replica)
         if session is not None:
-            for t in req.topics:
-                for p in t.partitions:
-                    sessions.put(session, t.topic, _wanted(p))
+            for topic, wants in named:
+                for want in wants:
+                    sessions.put(session, topic, want)
         return session, False, 0
     session = sessions.get(sid)
     if session is None or session.replica != replica:
@@ -297,19 +298,20 @@ def _session_for(
     for t in req.forgotten_topics_data:
         for index in t.partitions:
             sessions.forget(session, (t.topic, index))
-    for t in req.topics:
-        for p in t.partitions:
-            sessions.put(session, t.topic, _wanted(p))
+    for topic, wants in named:
+        for want in wants:
+            sessions.put(session, topic, want)
     return session, True, 0
 
 
 async def handle_fetch(ctx: RequestContext, req: Any) -> RawResponse:
     replica = getattr(req, "replica_id", -1)
-    session, incremental, error = _session_for(ctx, req, replica)
+    named: Wanted = [(t.topic, [_wanted(p) for p in t.partitions]) for t in req.topics]
+    session, incremental, error = _session_for(ctx, req, replica, named)
     if error:
         ctx.broker.metrics.request_errors[(1, error)] += 1
         return _encode(ctx, [], error)
-    plan = _FetchPlan(ctx, req, session, incremental)
+    plan = _FetchPlan(ctx, req, named, session, incremental)
     loop = asyncio.get_running_loop()
     max_wait = req.max_wait.total_seconds()
     deadline = loop.time() + min(max_wait, ctx.broker.config.fetch_max_wait_s)

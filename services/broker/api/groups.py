@@ -368,12 +368,12 @@ class _ImageTopics:
 async def handle_consumer_group_describe(ctx: RequestContext, req: Any) -> dict:
     """ConsumerGroupDescribe v0-1 (KIP-848): the group's epochs, each member's
     subscription, current and target assignment (topic ids with their names)."""
-    names = {t.topic_id: name for name, t in ctx.broker.image.topics.items()}
+    image = ctx.broker.image
 
     def assignment(by_topic: dict) -> dict:
         return {
             "topic_partitions": [
-                {"topic_id": tid, "topic_name": names.get(tid, ""), "partitions": parts}
+                {"topic_id": tid, "topic_name": image.topic_name(tid) or "", "partitions": parts}
                 for tid, parts in by_topic.items()
             ]
         }

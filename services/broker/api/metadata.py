@@ -116,11 +116,10 @@ async def handle_metadata(ctx: RequestContext, req: Any) -> dict:
         # v10+ asks by topic id (librdkafka does for the ids of a KIP-848 assignment).
         # Kafka answers UNKNOWN_TOPIC_ID for an id it does not know or the principal
         # may not DESCRIBE (so the answer does not tell which ids exist).
-        by_id = {t.topic_id: n for n, t in broker.image.topics.items()}
         for t in req.topics:
             if t.name is not None:
                 continue
-            name = by_id.get(getattr(t, "topic_id", None))
+            name = broker.image.topic_name(getattr(t, "topic_id", None))
             if name is not None and ctx.allowed(DESCRIBE, TOPIC, name):
                 topics.append(broker.metadata_answers.get(ctx, name))
             else:

@@ -115,8 +115,7 @@ def _election_check(ctx: RequestContext, topic: str, index: int, kind: int) -> t
     pref = p.preferred_leader
     if p.leader == pref:
         return ErrorCode.election_not_needed, f"broker {pref} already leads {topic}-{index}"
-    b = image.brokers.get(pref)
-    if pref not in p.isr or b is None or not b.alive or pref in p.removing:
+    if pref not in p.isr or not image.broker_alive(pref) or pref in p.removing:
         return (
             ErrorCode.preferred_leader_not_available,
             f"preferred leader {pref} of {topic}-{index} is not alive and in sync (ISR {p.isr})",

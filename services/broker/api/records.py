@@ -72,9 +72,8 @@ async def handle_delete_records(ctx: RequestContext, req: Any) -> dict:
             wanted.setdefault(t.name, {})[p.partition_index] = p.offset
     within_s = max(0.0, req.timeout.total_seconds())
 
-    def alive(bid: int) -> bool:
-        b = broker.image.brokers.get(bid)
-        return b is not None and b.alive
+    def alive(bid: int) -> bool:  # the image the broker holds at each check
+        return broker.image.broker_alive(bid)
 
     async def one(name: str, index: int, offset: int) -> dict:
         if not ctx.allowed(ACL_DELETE, TOPIC, name):

@@ -113,11 +113,9 @@ class TopicsView(Protocol):
 
     def topic(self, name: str) -> tuple[uuid.UUID, int] | None:
         """(topic id, partition count), or None if there is no such topic."""
-        ...
 
     def names(self) -> frozenset[str]:
         """Every topic name (regular expression subscriptions match them)."""
-        ...
 
 
 class GroupStateMachine:

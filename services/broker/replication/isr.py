@@ -35,8 +35,7 @@ class IsrManager:
             self.led.pop((part.topic, part.index), None)
 
     def _alive(self, broker_id: int) -> bool:
-        b = self.broker.image.brokers.get(broker_id)
-        return b is not None and b.alive
+        return self.broker.image.broker_alive(broker_id)
 
     async def run(self) -> None:
         lag_s = self.broker.config.replica_lag_time_max_ms / 1000

@@ -228,6 +228,35 @@ def test_unchanged_partition_in_a_live_session_stays_in_the_isr(tmp_path: Path) 
     assert part.isr_change(lag, lambda _: True) == [1]
 
 
+def test_a_follower_added_after_it_named_the_partition_is_visited_again(tmp_path: Path) -> None:
+    """A reassignment adds broker 3. Its fetcher can learn that first and name the idle
+    partition in its session before this leader knows broker 3 is a replica: that
+    position goes unrecorded, and the fetcher never names an unchanged partition again.
+    Once the leader applies the new replicas the partition is dirty in the session, so
+    the next fetch counts the stored position and broker 3 can join the ISR (an idle
+    partition would otherwise keep the reassignment from ever finishing)."""
+    from straitmq.metadata.image import PartitionImage
+
+    part, _ = _leader_with_follower(tmp_path)
+    cache = FetchSessions()
+    part.on_change = cache.changed
+    session = cache.open(3)
+    assert session is not None
+    cache.put(session, "t", (0, 0, 1 << 20, 1, 0))
+    part.on_follower_fetch(3, 0, session)  # not a replica yet: nothing recorded
+    assert 3 not in part.followers
+    session.dirty.clear()  # the fetch that named it was answered
+    moved = PartitionImage(
+        replicas=[1, 2, 3], isr=[1, 2], leader=1, leader_epoch=1, partition_epoch=1, adding=[3]
+    )
+    assert part.update(moved, min_isr=1) is None  # same leader and epoch: no role change
+    assert ("t", 0) in session.dirty
+    sp = session.parts[("t", 0)]
+    part.on_follower_fetch(3, sp.fetch_offset, session, sp.fetcher_log_start)
+    part.followers[2].last_caught_up = time.monotonic()
+    assert part.isr_change(1.0, lambda _: True) == [1, 2, 3]
+
+
 # -- a 3+3 cluster ------------------------------------------------------------------------
 
 

@@ -133,10 +133,18 @@ class Partition:
         self.partition_epoch = p.partition_epoch
         if not changed and self.role:
             if self.is_leader:
+                added = False
                 for r in self.replicas:
-                    if r != self.node_id:
-                        self.followers.setdefault(r, FollowerState())
+                    if r != self.node_id and r not in self.followers:
+                        self.followers[r] = FollowerState()
+                        added = True
                 self.maybe_advance_hw()
+                if added:
+                    # A new follower (a reassignment) may have named this partition in
+                    # its fetch session before this leader knew it: its position went
+                    # unrecorded, and an idle partition would never be named again.
+                    # Waking marks it dirty, so the session's stored position counts.
+                    self._wake()
             return None
         self.leader = p.leader
         self.leader_epoch = p.leader_epoch

@@ -448,6 +448,9 @@ def test_handler_converts_kio_requests_and_answers_a_buildable_response() -> Non
         def owns(self, group_id: str) -> bool:
             return group_id == G
 
+        def write_group_records(self, group_id: str, records: list) -> int:
+            return 0  # the group's records: no durability to wait for here (unbound)
+
     image = SimpleNamespace(topics={"t1": SimpleNamespace(topic_id=T1, partitions=[0, 1, 2])})
     broker = SimpleNamespace(
         offsets=Offsets(),

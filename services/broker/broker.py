@@ -110,6 +110,7 @@ class Broker:
                 consumer_heartbeat_interval_ms=config.group_consumer_heartbeat_interval_ms,
             ),
         )
+        self.groups.bind(self._offsets_durable)
         self.quorum: Quorum
         self.active: ActiveController | None = None
         self.controller: ControllerClient
@@ -229,6 +230,12 @@ class Broker:
             raise ControllerError(ErrorCode.not_coordinator, "not the coordinator for this group")
         part.append(data, batches)
         return part.log.log_end_offset
+
+    async def _offsets_durable(self, group_id: str, end: int) -> bool:
+        """Group records written up to `end` are in the ISR of the group's offsets
+        partition (offsets.commit.required.acks=-1, as commits)."""
+        part = self.partitions.leader_of(OFFSETS_TOPIC, self.offsets.partition_for(group_id))
+        return part is not None and await part.wait_for_hw(end, 5.0)
 
     async def ensure_offsets_topic(self) -> bool:
         if OFFSETS_TOPIC in self.image.topics:
@@ -356,6 +363,7 @@ class Broker:
         self._tasks.append(loop.create_task(self.lifecycle.heartbeat_loop()))
         self._tasks.append(loop.create_task(self.isr.run()))
         self._tasks.append(loop.create_task(self._retention_loop()))
+        self._tasks.append(loop.create_task(self._offsets_expiry_loop()))
         self._tasks.append(loop.create_task(self._storage_retry_loop()))
         self.phase = "waiting for the active controller to unfence this broker"
         while not self.ready:
@@ -410,6 +418,19 @@ class Broker:
                     log.info("retention deleted segments", extra={"segments": deleted})
             except OSError:
                 log.exception("retention check failed")
+
+    async def _offsets_expiry_loop(self) -> None:
+        """offsets.retention.minutes, checked every offsets.retention.check.interval.ms
+        over the groups this broker coordinates (Kafka's offsets cleanup)."""
+        retention_ms = int(self.config.offsets_retention_minutes * 60_000)
+        while True:
+            await asyncio.sleep(self.config.offsets_retention_check_interval_ms / 1000)
+            try:
+                removed = self.groups.expire_groups(retention_ms)
+                if removed:
+                    log.info("removed expired groups", extra={"groups": removed})
+            except Exception:
+                log.exception("offsets expiry failed")
 
     async def _storage_retry_loop(self) -> None:
         """Replicas whose log could not be opened (a full disk, no descriptors) are

@@ -52,6 +52,15 @@ class BrokerConfig:
     retention_check_interval_ms: int = setting(
         300_000, "log.retention.check.interval.ms", "--retention-check-interval-ms"
     )
+    # Offsets of a group without members expire this long after the later of their
+    # commit and the moment the group became empty; a group left with neither is removed.
+    # Kafka's is whole minutes; a fraction is accepted here (tests).
+    offsets_retention_minutes: float = setting(
+        10080, "offsets.retention.minutes", "--offsets-retention-minutes"
+    )
+    offsets_retention_check_interval_ms: int = setting(
+        600_000, "offsets.retention.check.interval.ms", "--offsets-retention-check-interval-ms"
+    )
     fetch_max_wait_s: float = 30.0
     log_flush_interval_messages: int | None = setting(
         None, None, "--flush-messages",

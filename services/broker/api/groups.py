@@ -414,7 +414,7 @@ async def handle_consumer_group_heartbeat(ctx: RequestContext, req: Any) -> dict
         return {**answer, "error_code": code}
     names = req.subscribed_topic_names
     owned = req.topic_partitions
-    r = ctx.broker.groups.consumer_heartbeat(
+    r = await ctx.broker.groups.consumer_heartbeat(
         ConsumerHeartbeatRequest(
             req.group_id,
             req.member_id,

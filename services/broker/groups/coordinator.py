@@ -1,10 +1,13 @@
 """The group coordinator's asyncio shell around `GroupStateMachine`.
 
 The state machine decides; this shell only gives it the loop's time, turns parked
-requests into futures (one per handle), its timers into `loop.call_at`, and writes the
-offset deletions it asks for. The API the Kafka handlers call (`join`, `sync`,
-`heartbeat`, `leave`, `commit_check`, `describe`, `list_groups`, `delete`, `unload`) is
-that of the coordinator before the split, so the protocol on the wire is unchanged.
+requests into futures (one per handle), its timers into `loop.call_at`, and writes what
+it asks to persist (offset deletions, KIP-848 group records) to `__consumer_offsets`. A
+ConsumerGroupHeartbeat whose answer changed the group's records is answered once they
+are replicated (as Kafka answers once its write is committed). The API the Kafka
+handlers call (`join`, `sync`, `heartbeat`, `leave`, `commit_check`, `describe`,
+`list_groups`, `delete`, `unload`) is that of the coordinator before the split, so the
+protocol on the wire is unchanged.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 
 from kio.schema.errors import ErrorCode
 
@@ -20,6 +24,7 @@ from .classic_group import ClassicGroup
 from .messages import (
     ConsumerHeartbeatRequest,
     ConsumerHeartbeatResponse,
+    GroupRecords,
     JoinRequest,
     JoinResponse,
     Output,
@@ -34,6 +39,9 @@ from .state_machine import GroupSettings, GroupStateMachine, TopicsView
 __all__ = ["GroupCoordinator", "GroupSettings", "JoinError"]
 
 log = logging.getLogger("straitmq.groups")
+
+# (group id, log end offset after the write): True once the offsets partition's ISR has it.
+DurableFn = Callable[[str, int], Awaitable[bool]]
 
 
 class JoinError(Exception):
@@ -53,6 +61,11 @@ class GroupCoordinator:
         self._handles = itertools.count(1)
         self._parked: dict[int, asyncio.Future[JoinResponse | SyncResponse]] = {}
         self._timers: dict[TimerKey, asyncio.TimerHandle] = {}
+        self._durable: DurableFn | None = None
+
+    def bind(self, durable: DurableFn) -> None:
+        """How to wait for group records to be replicated (unbound: not waited for)."""
+        self._durable = durable
 
     @property
     def groups(self) -> dict[str, ClassicGroup]:
@@ -64,7 +77,9 @@ class GroupCoordinator:
     def _now() -> int:
         return int(asyncio.get_running_loop().time() * 1000)
 
-    def _apply(self) -> None:
+    def _apply(self) -> dict[str, int | None]:
+        """Carry out the machine's output; returns, per group whose records were
+        written, the offsets log end after them (None: the write failed)."""
         out: Output = self.machine.take_output()
         for reply in out.replies:
             fut = self._parked.pop(reply.handle, None)
@@ -79,10 +94,23 @@ class GroupCoordinator:
                 self._timers[t.key] = asyncio.get_running_loop().call_at(
                     t.deadline_ms / 1000, self._fire, t.key
                 )
+        written: dict[str, int | None] = {}
         for rec in out.persist:
-            self.offsets.delete_group(rec.group_id)
+            try:
+                if isinstance(rec, GroupRecords):
+                    written[rec.group_id] = self.offsets.write_group_records(
+                        rec.group_id, list(rec.records)
+                    )
+                else:
+                    self.offsets.delete_group(rec.group_id)
+            except Exception as e:  # no longer the offsets partition's leader
+                written[rec.group_id] = None
+                log.warning(
+                    "group records not written", extra={"group": rec.group_id, "reason": str(e)}
+                )
         for e in out.events:
             log.info(e.what, extra={"group": e.group_id, "member": e.member_id})
+        return written
 
     def _fire(self, key: TimerKey) -> None:
         self._timers.pop(key, None)
@@ -188,13 +216,26 @@ class GroupCoordinator:
         self._apply()
         return code
 
-    def consumer_heartbeat(
+    async def consumer_heartbeat(
         self, req: ConsumerHeartbeatRequest, topics: TopicsView
     ) -> ConsumerHeartbeatResponse:
-        """ConsumerGroupHeartbeat (KIP-848): answered at once, nothing is parked."""
+        """ConsumerGroupHeartbeat (KIP-848): decided at once, nothing is parked; answered
+        once the records it wrote are replicated. If they are not (this broker lost the
+        leadership, or the ISR did not catch up in time), the member hears
+        NOT_COORDINATOR or COORDINATOR_NOT_AVAILABLE, as from Kafka, and retries (at the
+        new coordinator, which has the group as of its last replicated records)."""
         resp = self.machine.consumer_heartbeat(req, topics, self._now())
-        self._apply()
-        return resp
+        end = self._apply().get(req.group_id, -1)
+        if end == -1 or resp.error:
+            return resp
+        code = ErrorCode.not_coordinator
+        if end is not None:
+            if self._durable is None or await self._durable(req.group_id, end):
+                return resp
+            code = ErrorCode.coordinator_not_available
+        # Its next successful answer carries the whole assignment again.
+        self.machine.assignment_unsent(req.group_id, resp.member_id or "")
+        return ConsumerHeartbeatResponse(code, "the group's state could not be written")
 
     def fetch_check(self, group_id: str, member_id: str | None, member_epoch: int) -> int:
         return self.machine.fetch_check(group_id, member_id, member_epoch)
@@ -218,9 +259,33 @@ class GroupCoordinator:
 
     def loaded(self, belongs: Callable[[str], bool]) -> None:
         """This broker now coordinates the groups `belongs` selects (it leads their
-        offsets partition): hold KIP-848 assignments for a session timeout."""
+        offsets partition, just replayed into `offsets`): rebuild the KIP-848 groups
+        from their records; hold assignments of groups without records for a session
+        timeout."""
         now = self._now()
+        records = {g: r for g, r in self.offsets.group_records.items() if belongs(g)}
+        self.machine.load_consumer_groups(records, now)
         self.machine.hold_assignments(belongs, now + self.settings.consumer_session_timeout_ms)
+        self._apply()
+
+    def expire_groups(self, retention_ms: int) -> list[str]:
+        """Kafka's offsets.retention.minutes: a group without members loses each commit
+        once `retention_ms` passed since the later of the commit and the moment the group
+        became empty; a group left with no member and no offset is removed (its records
+        deleted, ListGroups no longer shows it). Returns the groups removed."""
+        now = self._now()
+        wall = int(time.time() * 1000)
+        removed = []
+        for gid, since in sorted(self.machine.empty_groups().items()):
+            if not self.offsets.owns(gid):
+                continue
+            if since is None or now - since >= retention_ms:
+                self.offsets.expire(gid, wall - retention_ms)
+            if not self.offsets.has_group(gid):
+                self.machine.remove_expired(gid, now)
+                removed.append(gid)
+        self._apply()
+        return removed
 
     def unload(self, belongs: Callable[[str], bool]) -> None:
         self.machine.unload(belongs)

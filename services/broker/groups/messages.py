@@ -148,6 +148,15 @@ class DeleteGroupOffsets:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupRecords:
+    """Records of a KIP-848 group's state to append, in one batch, to the group's
+    offsets partition (`records.py`: (key, value), a None value is a tombstone)."""
+
+    group_id: str
+    records: tuple[tuple[tuple[str, str, str], dict | None], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class GroupEvent:
     """Something an operator wants in the log (a member removed and why, a generation
     formed); the shell logs it."""
@@ -161,10 +170,10 @@ class GroupEvent:
 class Output:
     replies: list[Reply] = field(default_factory=list)
     timers: list[TimerSet | TimerCancel] = field(default_factory=list)
-    # To write to __consumer_offsets. Classic group membership is not persisted (as
-    # before: a new coordinator starts with no members and they rejoin); KIP-848 groups
-    # will add their member epochs and assignments here.
-    persist: list[DeleteGroupOffsets] = field(default_factory=list)
+    # To write to __consumer_offsets, in order. Classic group membership is not
+    # persisted (a new coordinator starts with no members and they rejoin); KIP-848
+    # groups write their epochs, members and assignments (GroupRecords).
+    persist: list[DeleteGroupOffsets | GroupRecords] = field(default_factory=list)
     events: list[GroupEvent] = field(default_factory=list)
 
     def __bool__(self) -> bool:

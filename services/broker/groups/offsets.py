@@ -4,6 +4,10 @@ Each commit is one record batch appended to the group's partition of that topic 
 group/topic/partition, value: offset, leader epoch, metadata; a null value deletes). The
 store replays the topic at startup, so offsets survive restarts. Between restarts the
 latest value per key is kept in memory.
+
+The same partition holds the records of KIP-848 group state (`records.py`: a JSON object
+key where a commit has an array). The store keeps the newest of those per key too, so
+that a new coordinator rebuilds its groups from them and compaction writes them again.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import orjson
 
 from ..record_codec import build_batch, decode_batch
 from ..records import BatchInfo, validate_batches
+from .records import Record, RecordKey, decode_key, encode_key
 
 OFFSETS_TOPIC = "__consumer_offsets"
 
@@ -36,6 +41,8 @@ class OffsetStore:
     def __init__(self, partitions_count: int) -> None:
         self.partitions_count = partitions_count
         self.offsets: dict[str, dict[tuple[str, int], Committed]] = {}
+        # Group state records (records.py), newest per key: group -> key -> value.
+        self.group_records: dict[str, dict[RecordKey, dict]] = {}
         self._append: AppendFn | None = None
         self.owned: set[int] = set()  # partitions this broker leads, so coordinates
 
@@ -55,6 +62,8 @@ class OffsetStore:
         self.owned.discard(partition)
         for group in [g for g in self.offsets if self.partition_for(g) == partition]:
             del self.offsets[group]
+        for group in [g for g in self.group_records if self.partition_for(g) == partition]:
+            del self.group_records[group]
 
     def owns(self, group_id: str) -> bool:
         return self.partition_for(group_id) in self.owned
@@ -64,8 +73,25 @@ class OffsetStore:
             for rec in decode_batch(raw):
                 if rec.key is None:
                     continue
-                group, topic, part = orjson.loads(rec.key)
+                key = orjson.loads(rec.key)
+                if isinstance(key, dict):
+                    self._apply_group_record(
+                        decode_key(key), None if rec.value is None else orjson.loads(rec.value)
+                    )
+                    continue
+                group, topic, part = key
                 self._apply(group, topic, part, rec.value)
+
+    def _apply_group_record(self, key: RecordKey, value: dict | None) -> None:
+        group = key[1]
+        if value is None:
+            g = self.group_records.get(group)
+            if g is not None:
+                g.pop(key, None)
+                if not g:
+                    del self.group_records[group]
+            return
+        self.group_records.setdefault(group, {})[key] = value
 
     def _apply(self, group: str, topic: str, part: int, value: bytes | None) -> None:
         if value is None:
@@ -100,6 +126,36 @@ class OffsetStore:
         )
         self.offsets.setdefault(group, {}).update(commits)
         return end
+
+    def write_group_records(self, group: str, records: list[Record]) -> int:
+        """Append group state records (None values are tombstones) in one batch; returns
+        the offsets partition's log end, which the caller waits to see replicated."""
+        now = int(time.time() * 1000)
+        end = self._write(group, [self._group_record(k, v) for k, v in records], now)
+        for k, v in records:
+            self._apply_group_record(k, v)
+        return end
+
+    @staticmethod
+    def _group_record(key: RecordKey, value: dict | None) -> tuple:
+        return (
+            orjson.dumps(encode_key(key)),
+            None if value is None else orjson.dumps(value),
+            [],
+        )
+
+    def expire(self, group: str, older_than: int) -> int:
+        """Tombstone the group's commits made before `older_than` (ms since the epoch);
+        how many."""
+        g = self.offsets.get(group, {})
+        keys = [k for k, c in g.items() if c.timestamp < older_than]
+        if keys:
+            self._tombstones(group, keys)
+            for k in keys:
+                del g[k]
+            if not g:
+                del self.offsets[group]
+        return len(keys)
 
     def delete_group(self, group: str) -> None:
         keys = list(self.offsets.get(group, {}))
@@ -136,6 +192,11 @@ class OffsetStore:
             records = [self._record(group, t, p, c) for (t, p), c in g.items()]
             for i in range(0, len(records), chunk):
                 self._write(group, records[i : i + chunk], now)
+        for group, r in self.group_records.items():
+            if self.partition_for(group) != partition:
+                continue
+            # One batch per group, so a replay never sees half of one group's state.
+            self._write(group, [self._group_record(k, v) for k, v in r.items()], now)
 
     def fetch(self, group: str) -> dict[tuple[str, int], Committed]:
         return self.offsets.get(group, {})
@@ -145,3 +206,6 @@ class OffsetStore:
 
     def group_ids(self) -> list[str]:
         return list(self.offsets)
+
+    def records_of(self, group: str) -> dict[RecordKey, dict]:
+        return self.group_records.get(group, {})

@@ -29,8 +29,11 @@ KIP-848 consumer groups (ConsumerGroupHeartbeat) live in the same class: their
 heartbeat is one more input, answered at once; group, assignment and member epochs are
 state in `consumer_group.py`, the server-side assignors pure functions in
 `assignors.py`; they share the offsets view and the timers with classic groups, and a
-group id is one kind or the other. Once membership is persisted, its records go out in
-`Output.persist`.
+group id is one kind or the other. Their state goes out as records to persist
+(`Output.persist`, `records.py`): after each input, the records of every group it
+touched that differ from what was last written (new values, tombstones for members
+gone), one GroupRecords per group; `load_consumer_groups` rebuilds groups from the
+newest records when this broker becomes their coordinator.
 
 Internal invariants raise AssertionError naming the invariant (never stripped by -O).
 """
@@ -73,6 +76,7 @@ from .messages import (
     ConsumerHeartbeatResponse,
     DeleteGroupOffsets,
     GroupEvent,
+    GroupRecords,
     JoinRequest,
     JoinResponse,
     Output,
@@ -83,6 +87,7 @@ from .messages import (
     TimerKey,
     TimerSet,
 )
+from .records import RecordKey, group_image, member_image, member_keys, rebuild
 from .regex import INTERNAL_TOPICS, RegexError, compile_regex
 
 
@@ -135,10 +140,18 @@ class GroupStateMachine:
         self._out = Output()
         # (which groups, until when): KIP-848 assignments held after a coordinator move.
         self._holds: list[tuple[Callable[[str], bool], int]] = []
+        # KIP-848 groups: the records last written (or loaded), per group...
+        self._persisted: dict[str, dict[RecordKey, dict]] = {}
+        # ...and what this input touched: group -> member ids (None: every member).
+        self._dirty: dict[str, set[str] | None] = {}
+        self._restored: set[str] = set()  # rebuilt from records here (never held)
+        # Groups without members: when they became empty (their offsets expire from then).
+        self._empty_since: dict[str, int] = {}
 
     # -- what the shell reads back --------------------------------------------------------
 
     def take_output(self) -> Output:
+        self._flush_records()
         out, self._out = self._out, Output()
         return out
 
@@ -200,7 +213,7 @@ class GroupStateMachine:
                 return self._reply_join(
                     handle, ErrorCode.inconsistent_group_protocol, req.member_id
                 )
-            self._drop_consumer_group(consumer)
+            self._drop_consumer_group(consumer, tombstones=True)
         group = self.groups.get(req.group_id)
         if group is None:
             if req.member_id:
@@ -733,6 +746,8 @@ class GroupStateMachine:
             member.sync_handle = None
         self._cancel(TimerKey(HEARTBEAT, group.group_id, member.member_id))
         group.remove(member.member_id)
+        if not group.members:
+            self._empty_since[group.group_id] = self._now
 
     # -- admin: describe, list, delete, unload --------------------------------------------
 
@@ -804,7 +819,7 @@ class GroupStateMachine:
         if consumer is not None:
             if consumer.members:
                 return ErrorCode.non_empty_group
-            self._drop_consumer_group(consumer)
+            self._drop_consumer_group(consumer, tombstones=True)
             self._out.persist.append(DeleteGroupOffsets(group_id))
             return ErrorCode.none
         group = self.groups.get(group_id)
@@ -835,6 +850,11 @@ class GroupStateMachine:
             self._drop_group(group)
         for gid in [g for g in self.consumer_groups if belongs(g)]:
             self._drop_consumer_group(self.consumer_groups[gid])
+        for gid in [g for g in self._persisted if belongs(g)]:
+            del self._persisted[gid]
+        for gid in [g for g in self._empty_since if belongs(g)]:
+            del self._empty_since[gid]
+        self._restored = {g for g in self._restored if not belongs(g)}
 
     def _drop_group(self, group: ClassicGroup) -> None:
         for key in [k for k in self._timers if k.group_id == group.group_id]:
@@ -864,14 +884,16 @@ class GroupStateMachine:
         group = self.consumer_groups.get(req.group_id)
         if group is None:
             if req.member_epoch != 0:
-                # Membership is not persisted: after a coordinator change every member is
-                # unknown and rejoins (Kafka, which persists it, says GROUP_ID_NOT_FOUND).
+                # No such group here (deleted, expired, or from before membership was
+                # persisted): the member rejoins (Kafka says GROUP_ID_NOT_FOUND).
                 return _consumer_error(ErrorCode.unknown_member_id, "rejoin with epoch 0")
             group = self.consumer_groups[req.group_id] = ConsumerGroup(req.group_id)
         member, changed, error = self._consumer_member(group, req)
         if error is not None:
             return error
         assert member is not None
+        self._empty_since.pop(group.group_id, None)
+        self._touch(group.group_id, member.member_id)
         changed |= self._update_consumer_member(member, req)
         changed |= self._refresh_topics(group, topics)
         if changed:
@@ -882,9 +904,9 @@ class GroupStateMachine:
         owned = _owned(req.owned)
         target = group.target.get(member.member_id, frozenset())
         owners = group.owner_of()
-        if self._held(group.group_id):
-            # Just became this group's coordinator: members from before may still hold
-            # any partition (membership is not persisted), so none is handed out yet.
+        if self._held(group.group_id) and group.group_id not in self._restored:
+            # Just became this group's coordinator and it had no records: members from
+            # before may still hold any partition, so none is handed out yet.
             owners = {tp: owners.get(tp, _HELD_BEFORE) for tp in target}
         reconcile(member, group.assignment_epoch, target, owners, owned)
         revocation = TimerKey(REVOCATION, group.group_id, member.member_id)
@@ -1090,6 +1112,7 @@ class GroupStateMachine:
         current = {mid: group.target.get(mid, frozenset()) for mid in group.members}
         group.target = ASSIGNORS[name](subscriptions, partitions, current)
         group.assignment_epoch = group.epoch
+        self._touch(group.group_id)
 
     def _consumer_leave(self, req: ConsumerHeartbeatRequest) -> ConsumerHeartbeatResponse:
         group = self.consumer_groups.get(req.group_id)
@@ -1104,6 +1127,7 @@ class GroupStateMachine:
         if req.member_epoch == STATIC_LEAVE_EPOCH and member.instance_id is not None:
             # It means to come back: its partitions wait for it until its session ends.
             member.epoch = STATIC_LEAVE_EPOCH
+            self._touch(group.group_id, member.member_id)
             self._cancel(TimerKey(REVOCATION, group.group_id, member.member_id))
             self._arm(
                 TimerKey(CONSUMER_SESSION, group.group_id, member.member_id),
@@ -1136,6 +1160,9 @@ class GroupStateMachine:
         group.remove(member.member_id)
         if bump:
             group.epoch += 1
+        self._touch(group.group_id, member.member_id)
+        if not group.members:
+            self._empty_since[group.group_id] = self._now
 
     def _consumer_commit_check(
         self, group: ConsumerGroup, member_id: str, member_epoch: int, version: int | None
@@ -1153,12 +1180,13 @@ class GroupStateMachine:
         return ErrorCode.none
 
     def hold_assignments(self, belongs: Callable[[str], bool], until_ms: int) -> None:
-        """This broker just became the coordinator of the groups `belongs` selects: KIP-848
-        members from before the move are not known here (membership is not persisted)
-        and may still consume their partitions until they heartbeat and hear
-        UNKNOWN_MEMBER_ID, which every live one does within its session timeout. Until
-        `until_ms`, members of those groups join and get their epochs but no partition,
-        so no partition is consumed by two members at once."""
+        """This broker just became the coordinator of the groups `belongs` selects. A
+        group rebuilt from its records knows its members; one that has committed offsets
+        but no records (written by a broker from before membership was persisted) may
+        have members unknown here, which may still consume their partitions until they
+        heartbeat and hear UNKNOWN_MEMBER_ID, as every live one does within its session
+        timeout. Until `until_ms`, members of such a group join and get their epochs but
+        no partition, so no partition is consumed by two members at once."""
         self._holds = [(b, u) for b, u in self._holds if u > self._now] + [(belongs, until_ms)]
 
     def _held(self, group_id: str) -> bool:
@@ -1227,10 +1255,129 @@ class GroupStateMachine:
             "members": members,
         }
 
-    def _drop_consumer_group(self, group: ConsumerGroup) -> None:
+    def _drop_consumer_group(self, group: ConsumerGroup, tombstones: bool = False) -> None:
+        """Forget the group; with `tombstones`, its records are deleted too (a group
+        deleted, expired or turned classic; not one another broker coordinates now)."""
         for key in [k for k in self._timers if k.group_id == group.group_id]:
             self._cancel(key)
         del self.consumer_groups[group.group_id]
+        self._dirty.pop(group.group_id, None)
+        self._restored.discard(group.group_id)
+        written = self._persisted.pop(group.group_id, None)
+        if tombstones and written:
+            self._out.persist.append(
+                GroupRecords(group.group_id, tuple((k, None) for k in sorted(written)))
+            )
+
+    # -- persistence (KIP-848 groups) ---------------------------------------------------
+
+    def _touch(self, group_id: str, member_id: str | None = None) -> None:
+        """This input changed the group (and this member's records; None: any member's)."""
+        if member_id is None:
+            self._dirty[group_id] = None
+        elif group_id not in self._dirty:
+            self._dirty[group_id] = {member_id}
+        elif (touched := self._dirty[group_id]) is not None:
+            touched.add(member_id)
+
+    def _flush_records(self) -> None:
+        dirty, self._dirty = self._dirty, {}
+        for gid, member_ids in dirty.items():
+            group = self.consumer_groups.get(gid)
+            if group is None:
+                continue
+            written = self._persisted.setdefault(gid, {})
+            want: dict[RecordKey, dict | None] = dict(group_image(group))
+            if member_ids is None:
+                member_ids = set(group.members) | {k[2] for k in written if k[2]}
+            for mid in sorted(member_ids):
+                m = group.members.get(mid)
+                if m is not None:
+                    want.update(member_image(group, m))
+                else:
+                    want.update((k, None) for k in member_keys(gid, mid) if k in written)
+            records = tuple((k, v) for k, v in want.items() if written.get(k) != v)
+            if not records:
+                continue
+            for k, v in records:
+                if v is None:
+                    written.pop(k, None)
+                else:
+                    written[k] = v
+            self._out.persist.append(GroupRecords(gid, records))
+
+    def load_consumer_groups(
+        self, records: dict[str, dict[RecordKey, dict]], now: int
+    ) -> list[str]:
+        """This broker became the coordinator of these groups (it leads their offsets
+        partition): rebuild each from its newest records. Members keep their epochs and
+        assignments; their sessions (and a revocation under way) restart from now, as
+        Kafka gives every member a full session timeout after a failover. Returns the
+        groups rebuilt."""
+        self._now = now
+        loaded = []
+        for gid, recs in sorted(records.items()):
+            if gid in self.consumer_groups or gid in self.groups:
+                continue  # already here (the partition was not unloaded in between)
+            group = rebuild(gid, recs)
+            if group is None:
+                continue
+            self.consumer_groups[gid] = group
+            self._persisted[gid] = dict(recs)
+            self._restored.add(gid)
+            loaded.append(gid)
+            if not group.members:
+                self._empty_since[gid] = now
+            for m in group.members.values():
+                self._arm(
+                    TimerKey(CONSUMER_SESSION, gid, m.member_id),
+                    self.settings.consumer_session_timeout_ms,
+                )
+                if m.state == UNREVOKED:
+                    self._arm(TimerKey(REVOCATION, gid, m.member_id), m.rebalance_timeout_ms)
+            self._event(
+                gid, "", f"loaded: epoch {group.epoch}, {len(group.members)} members"
+            )
+        return loaded
+
+    def assignment_unsent(self, group_id: str, member_id: str) -> None:
+        """The member's last answer was not delivered (its records were not written):
+        the next one carries its whole assignment."""
+        group = self.consumer_groups.get(group_id)
+        member = group.members.get(member_id) if group is not None else None
+        if member is not None:
+            member.last_sent = None
+
+    # -- empty groups whose offsets expired ----------------------------------------------
+
+    def empty_groups(self) -> dict[str, int | None]:
+        """Groups with no member: group id -> since when it has been empty here (None:
+        not known, e.g. only its offsets were loaded)."""
+        out: dict[str, int | None] = {}
+        for gid in {*self._offsets.group_ids(), *self.groups, *self.consumer_groups}:
+            cg = self.consumer_groups.get(gid)
+            g = self.groups.get(gid)
+            if (cg is not None and cg.members) or (
+                g is not None and (g.members or g.pending_join)
+            ):
+                continue
+            out[gid] = self._empty_since.get(gid)
+        return out
+
+    def remove_expired(self, group_id: str, now: int) -> None:
+        """The empty group's offsets are all gone (expired): remove it, as Kafka does,
+        and delete its records."""
+        self._now = now
+        cg = self.consumer_groups.get(group_id)
+        g = self.groups.get(group_id)
+        if (cg is not None and cg.members) or (g is not None and (g.members or g.pending_join)):
+            return
+        if cg is not None:
+            self._drop_consumer_group(cg, tombstones=True)
+        if g is not None:
+            self._drop_group(g)
+        self._empty_since.pop(group_id, None)
+        self._event(group_id, "", "removed: empty and its offsets expired")
 
     # -- helpers --------------------------------------------------------------------------
 

@@ -1,0 +1,339 @@
+"""KIP-848 group state persisted in `__consumer_offsets` and rebuilt on failover, and
+empty groups removed once their offsets expire (offsets.retention.minutes). In-process:
+the state machine writes through a real OffsetStore into an in-memory log; a "failover"
+replays that log into a fresh store and state machine, as a new coordinator does."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+
+from kio.schema.errors import ErrorCode as E
+from straitmq.broker.groups.consumer_group import STABLE_MEMBER, UNREVOKED
+from straitmq.broker.groups.coordinator import GroupCoordinator
+from straitmq.broker.groups.messages import (
+    CONSUMER_SESSION,
+    REVOCATION,
+    ConsumerHeartbeatRequest,
+    DeleteGroupOffsets,
+    GroupRecords,
+    TimerKey,
+)
+from straitmq.broker.groups.offsets import OffsetStore
+from straitmq.broker.groups.state_machine import GroupStateMachine
+from test_consumer_group_state_machine import (
+    REBALANCE,
+    SESSION,
+    SETTINGS,
+    T1,
+    G,
+    Harness,
+    all_of,
+)
+
+
+class Log:
+    """One offsets partition's batches, appended as the leader would."""
+
+    def __init__(self) -> None:
+        self.batches: list[bytes] = []
+
+    def append(self, index: int, data: memoryview, infos: list) -> int:
+        assert index == 0
+        self.batches.append(bytes(data))
+        return len(self.batches)
+
+
+SEEDS = itertools.count(5)  # each coordinator its own member ids
+
+
+def store_on(log: Log) -> OffsetStore:
+    s = OffsetStore(1)
+    s.bind(log.append)
+    s.load_partition(0, list(log.batches))
+    return s
+
+
+class Coordinator(Harness):
+    """The harness of the consumer-group state machine tests, writing what the machine
+    persists to `log` through an OffsetStore, as the shell does."""
+
+    def __init__(self, log: Log, now: int = 0) -> None:
+        super().__init__()
+        self.log = log
+        self.store = store_on(log)
+        self.m = GroupStateMachine(SETTINGS, self.store, random.Random(next(SEEDS)))
+        self.now = now
+        self.written: list[GroupRecords] = []
+        take = self.m.take_output
+
+        def take_and_write():  # type: ignore[no-untyped-def]
+            out = take()
+            for rec in out.persist:
+                if isinstance(rec, GroupRecords):
+                    self.written.append(rec)
+                    self.store.write_group_records(rec.group_id, list(rec.records))
+                else:
+                    assert isinstance(rec, DeleteGroupOffsets)
+                    self.store.delete_group(rec.group_id)
+            return out
+
+        self.m.take_output = take_and_write  # type: ignore[method-assign]
+
+    def failover(self, after_ms: int = 0) -> Coordinator:
+        """A new coordinator replays the log and rebuilds the groups."""
+        new = Coordinator(self.log, self.now + after_ms)
+        new.m.load_consumer_groups(dict(new.store.group_records), new.now)
+        new._collect()
+        return new
+
+    def records(self) -> int:
+        """How many group records were written since the last call."""
+        n = sum(len(r.records) for r in self.written)
+        self.written.clear()
+        return n
+
+
+def describe(h: Harness) -> dict:
+    code, _, d = h.m.consumer_describe(G)
+    assert code == E.none and d is not None
+    return {
+        "epoch": d["group_epoch"],
+        "assignment_epoch": d["assignment_epoch"],
+        "state": d["group_state"],
+        "members": {
+            m["member_id"]: (m["member_epoch"], m["assignment"], m["target_assignment"],
+                             m["subscribed_topic_names"], m["instance_id"])
+            for m in d["members"]
+        },
+    }  # fmt: skip
+
+
+def test_a_heartbeat_that_changes_the_group_writes_its_records_and_a_steady_one_none() -> None:
+    h = Coordinator(Log())
+    a, _ = h.join()
+    kinds = {k[0] for r in h.written for k, _ in r.records}
+    assert kinds == {"cg", "cgp", "cgta", "cgm", "cgtm", "cgc"}
+    assert h.records() == 6
+    h.beat(a)
+    assert h.records() == 0  # nothing changed: nothing written (answered at once)
+    h.join()
+    # b's three records, the group and target epochs, a's new target.
+    assert h.records() == 6
+    h.beat(a)  # a starts revoking: its current assignment record
+    assert h.records() == 1
+    assert h.member(a.member_id).state == UNREVOKED
+
+
+def test_members_keep_epochs_and_assignments_across_a_failover() -> None:
+    h = Coordinator(Log())
+    a, _ = h.join()
+    b, _ = h.join(topics=("t1", "t2"), instance="i-b")
+    for _ in range(3):
+        h.beat(a), h.beat(b)
+    before = describe(h)
+    assert before["state"] == "Stable" and len(before["members"]) == 2
+    h.now += 1000
+    n = h.failover(after_ms=20_000)
+    assert describe(n) == before
+    # Sessions restart from the failover: a full session timeout for every member.
+    for m in (a, b):
+        assert n.m.timers()[TimerKey(CONSUMER_SESSION, G, m.member_id)] == n.now + SESSION
+    # Each member heartbeats the new coordinator with its epoch and goes on, keeping
+    # its partitions (the first answer carries its whole assignment again).
+    owned_a, owned_b = a.owned, b.owned
+    ra, rb = n.beat(a), n.beat(b)
+    assert ra.error == rb.error == E.none
+    assert (ra.member_epoch, rb.member_epoch) == (before["members"][a.member_id][0],
+                                                  before["members"][b.member_id][0])
+    assert (a.owned, b.owned) == (owned_a, owned_b)
+    assert n.beat(a).assignment is None
+    assert describe(n) == before
+    # The static member still holds its instance id.
+    assert n.m.consumer_groups[G].static == {"i-b": b.member_id}
+    # A new member gets its share only as the others give it up, as before the move.
+    c, rc = n.join()
+    assert rc.error == E.none and c.owned == frozenset()
+    for _ in range(4):
+        n.beat(a), n.beat(b), n.beat(c)
+    assert c.owned and not (c.owned & (a.owned | b.owned))
+
+
+def test_a_revocation_under_way_survives_a_failover() -> None:
+    h = Coordinator(Log())
+    a, _ = h.join()
+    b, _ = h.join()
+    h.beat(a)  # told to give up two partitions
+    assert h.member(a.member_id).state == UNREVOKED
+    n = h.failover(after_ms=5000)
+    ma = n.member(a.member_id)
+    assert ma.state == UNREVOKED and len(ma.pending_revocation) == 2
+    assert n.m.timers()[TimerKey(REVOCATION, G, a.member_id)] == n.now + REBALANCE
+    # b gets nothing a still holds; once a confirms, b gets the rest.
+    n.beat(b)
+    assert b.owned == frozenset()
+    assert n.beat(a).error == E.none
+    assert n.member(a.member_id).state == STABLE_MEMBER
+    n.beat(b)
+    assert a.owned | b.owned == all_of(T1, 4) and not (a.owned & b.owned)
+
+
+def test_a_member_that_left_or_expired_is_gone_after_a_failover() -> None:
+    h = Coordinator(Log())
+    a, _ = h.join()
+    b, _ = h.join()
+    c, _ = h.join()
+    assert h.hb(ConsumerHeartbeatRequest(G, a.member_id, -1)).error == E.none
+    for _ in range(3):
+        h.advance(SESSION // 3)
+        h.beat(c)
+    # a left, b's session expired: tombstones for their records.
+    tombstoned = {k[2] for r in h.written for k, v in r.records if v is None}
+    assert tombstoned == {a.member_id, b.member_id}
+    n = h.failover()
+    assert set(n.m.consumer_groups[G].members) == {c.member_id}
+    assert not any(k[2] in (a.member_id, b.member_id) for k in n.store.records_of(G))
+    r = n.beat(a)
+    assert r.error == E.unknown_member_id
+    n.beat(c), n.beat(c)
+    assert c.owned == all_of(T1, 4)
+
+
+def test_a_fenced_member_after_a_failover_is_still_fenced() -> None:
+    h = Coordinator(Log())
+    a, _ = h.join()
+    h.join()
+    h.beat(a), h.beat(a)
+    n = h.failover()
+    stale = ConsumerHeartbeatRequest(G, a.member_id, a.epoch + 1, owned=())
+    assert n.hb(stale).error == E.fenced_member_epoch
+
+
+def test_a_deleted_group_leaves_no_records() -> None:
+    h = Coordinator(Log())
+    a, _ = h.join()
+    h.hb(ConsumerHeartbeatRequest(G, a.member_id, -1))
+    assert h.m.delete(G) == E.none
+    h._collect()
+    assert h.store.records_of(G) == {}
+    n = h.failover()
+    assert G not in n.m.consumer_groups and n.m.list_groups() == []
+
+
+def test_an_empty_group_is_rebuilt_empty_and_a_member_rejoins_it() -> None:
+    h = Coordinator(Log())
+    a, _ = h.join()
+    epoch = h.m.consumer_groups[G].epoch
+    h.hb(ConsumerHeartbeatRequest(G, a.member_id, -1))
+    n = h.failover()
+    assert n.m.consumer_groups[G].members == {}
+    assert n.m.list_groups() == [(G, "consumer", "Empty")]
+    b, r = n.join()
+    assert r.error == E.none and r.member_epoch > epoch  # epochs never go back
+    assert b.owned == all_of(T1, 4)
+
+
+def test_compaction_rewrites_group_records_and_the_rewrite_replays_the_same() -> None:
+    h = Coordinator(Log())
+    a, _ = h.join()
+    b, _ = h.join()
+    for _ in range(3):
+        h.beat(a), h.beat(b)
+    before = describe(h)
+    head = len(h.log.batches)
+    h.store.rewrite(0)
+    compacted = Log()
+    compacted.batches = h.log.batches[head:]  # the older segments dropped
+    n = Coordinator(compacted)
+    n.m.load_consumer_groups(dict(n.store.group_records), 0)
+    assert describe(n) == before
+
+
+# -- offsets.retention.minutes: empty groups whose offsets expired are removed -----------
+
+
+def test_empty_groups_lose_expired_offsets_and_are_removed() -> None:
+    async def run() -> None:
+        log = Log()
+        store = store_on(log)
+        coord = GroupCoordinator(store, SETTINGS)
+        topics = Coordinator(Log()).topics
+        # "busy": a KIP-848 member, never expires; "idle": its member left;
+        # "old": only offsets (a classic or simple group, no member in memory).
+        join = ConsumerHeartbeatRequest(G, "", 0, None, None, REBALANCE, ("t1",), None, None)
+        busy = await coord.consumer_heartbeat(join, topics)
+        r = await coord.consumer_heartbeat(
+            ConsumerHeartbeatRequest("idle", "", 0, None, None, REBALANCE, ("t1",)), topics
+        )
+        await coord.consumer_heartbeat(ConsumerHeartbeatRequest("idle", r.member_id, -1), topics)
+        for g in (G, "idle", "old"):
+            store.commit(g, [("t1", 0, 5, 0, "")])
+        assert [g for g, *_ in coord.list_groups()] == [G, "idle", "old"]
+        assert coord.expire_groups(retention_ms=200) == []  # nothing old enough yet
+        await asyncio.sleep(0.3)
+        store.commit("idle", [("t1", 1, 7, 0, "")])  # a newer commit restarts its clock
+        assert coord.expire_groups(retention_ms=200) == ["old"]
+        assert set(store.fetch("idle")) == {("t1", 1)}  # the older commit expired
+        await asyncio.sleep(0.3)
+        assert coord.expire_groups(retention_ms=200) == ["idle"]
+        assert [g for g, *_ in coord.list_groups()] == [G]
+        assert busy.error == E.none and store.fetch(G)  # a group with members keeps all
+        # Replayed, the removed groups stay gone (offsets and records tombstoned).
+        again = store_on(log)
+        assert set(again.offsets) == {G} and set(again.group_records) == {G}
+        coord2 = GroupCoordinator(again, SETTINGS)
+        coord2.loaded(lambda g: True)
+        assert [g for g, *_ in coord2.list_groups()] == [G]
+
+    asyncio.run(run())
+
+
+def test_an_empty_group_keeps_its_offsets_for_the_retention_after_becoming_empty() -> None:
+    async def run() -> None:
+        store = store_on(Log())
+        coord = GroupCoordinator(store, SETTINGS)
+        topics = Coordinator(Log()).topics
+        store.commit(G, [("t1", 0, 5, 0, "")])
+        await asyncio.sleep(0.3)  # the commit is old...
+        r = await coord.consumer_heartbeat(
+            ConsumerHeartbeatRequest(G, "", 0, None, None, REBALANCE, ("t1",)), topics
+        )
+        assert coord.expire_groups(retention_ms=200) == []  # ...but the group has a member
+        await coord.consumer_heartbeat(ConsumerHeartbeatRequest(G, r.member_id, -1), topics)
+        # Empty only now: its offsets are kept a retention from now.
+        assert coord.expire_groups(retention_ms=200) == [] and store.fetch(G)
+        await asyncio.sleep(0.3)
+        assert coord.expire_groups(retention_ms=200) == [G]
+        assert coord.list_groups() == []
+
+    asyncio.run(run())
+
+
+def test_the_heartbeat_waits_for_its_records_and_fails_over_when_they_are_not_durable() -> None:
+    async def run() -> None:
+        store = store_on(Log())
+        coord = GroupCoordinator(store, SETTINGS)
+        topics = Coordinator(Log()).topics
+        waited: list[int] = []
+        durable = True
+
+        async def wait(group: str, end: int) -> bool:
+            waited.append(end)
+            return durable
+
+        coord.bind(wait)
+        join = ConsumerHeartbeatRequest(G, "", 0, None, None, REBALANCE, ("t1",))
+        r = await coord.consumer_heartbeat(join, topics)
+        assert r.error == E.none and waited == [1]
+        mid, epoch = r.member_id, r.member_epoch
+        owned = ((T1, (0, 1, 2, 3)),)
+        r = await coord.consumer_heartbeat(ConsumerHeartbeatRequest(G, mid, epoch, owned=owned),
+                                           topics)  # fmt: skip
+        assert r.error == E.none and waited == [1]  # nothing written: not waited for
+        durable = False
+        join2 = ConsumerHeartbeatRequest(G, "", 0, None, None, REBALANCE, ("t1",))
+        r = await coord.consumer_heartbeat(join2, topics)
+        assert r.error == E.coordinator_not_available and waited == [1, 2]
+
+    asyncio.run(run())

@@ -92,3 +92,26 @@ def run_main(main: Callable[[list[str]], int]) -> None:
         print(f"error: {msg}", file=sys.stderr)
         sys.exit(2)
     sys.exit(code)
+
+
+def client_options(path: str | None) -> dict[str, str]:
+    """A Kafka client properties file (what Kafka's tools take as --command-config:
+    security.protocol, sasl.mechanism, sasl.jaas.config, ssl.truststore.location, ...)
+    as `kafka.<name>` options, which both Spark sources accept."""
+    if not path:
+        return {}
+    out: dict[str, str] = {}
+    pending = ""
+    for raw in Path(path).read_text().splitlines():
+        line = pending + raw.strip()
+        pending = ""
+        if line.endswith("\\"):  # a continued line (JAAS entries often are)
+            pending = line[:-1] + " "
+            continue
+        if not line or line[0] in "#!":
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise SystemExit(f"{path}: not a key=value line: {line!r}")
+        out[f"kafka.{key.strip()}"] = value.strip()
+    return out

@@ -25,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import run_main, spark_session
+from common import client_options, run_main, spark_session
 
 EVENT_SCHEMA = "event_id LONG, user STRING, kind STRING, amount DOUBLE, ts LONG"
 
@@ -62,15 +62,19 @@ def run(
     out: str,
     checkpoint: str,
     continuous: bool = False,
+    client: dict[str, str] | None = None,
 ) -> list[Any]:
-    """Start the Parquet query (and the result-topic query); wait for them unless continuous."""
+    """Start the Parquet query (and the result-topic query); wait for them unless continuous.
+    `client`: `kafka.*` options (security settings) for the source and the sink."""
     from pyspark.sql import functions as F
 
+    client = client or {}
     events = (
         spark.readStream.format(source)
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", events_topic)
         .option("startingOffsets", "earliest")
+        .options(**client)
         .load()
     )
     agg = windows(events)
@@ -102,6 +106,7 @@ def run(
                 .outputMode("append")
                 .option("kafka.bootstrap.servers", bootstrap)
                 .option("topic", results_topic)
+                .options(**client)
                 .option("checkpointLocation", os.path.join(checkpoint, "topic"))
             ).start()
         )
@@ -120,6 +125,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--source", choices=["straitmq", "kafka"], default="straitmq")
     ap.add_argument("--continuous", action="store_true", help="run until stopped")
+    ap.add_argument(
+        "--command-config",
+        help="Kafka client properties file (security settings), as Kafka's tools take",
+    )
     a = ap.parse_args(argv)
     spark = spark_session("event-windows", with_kafka_jars=a.source == "kafka")
     queries = run(
@@ -131,6 +140,7 @@ def main(argv: list[str]) -> int:
         out=a.out,
         checkpoint=a.checkpoint,
         continuous=a.continuous,
+        client=client_options(a.command_config),
     )
     if a.continuous:
         spark.streams.awaitAnyTermination()

@@ -2,7 +2,8 @@
 
     python spark-jobs/jobs/topic_to_parquet.py --bootstrap 127.0.0.1:9092 --topic orders \\
         --out /tmp/orders.parquet [--source straitmq|kafka] \\
-        [--stream --checkpoint /tmp/orders.ckpt [--max-records 10000]]
+        [--stream --checkpoint /tmp/orders.ckpt [--max-records 10000]] \\
+        [--command-config client.properties]
 
 --source straitmq   the pure-Python data source (straitmq.spark): no jar needed
 --source kafka      Spark's own Kafka source (spark-sql-kafka-0-10), unchanged, pointed at
@@ -21,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import run_main, spark_session
+from common import client_options, run_main, spark_session
 
 COLUMNS = [
     "CAST(key AS STRING) AS key",
@@ -53,9 +54,11 @@ def run(
     stream: bool = False,
     checkpoint: str | None = None,
     max_records: int | None = None,
+    client: dict[str, str] | None = None,
 ) -> Any:
-    """Batch: write and return None. Stream: run until caught up, return the finished query."""
-    opts = {}
+    """Batch: write and return None. Stream: run until caught up, return the finished query.
+    `client`: `kafka.*` options (security settings) for either source."""
+    opts = dict(client or {})
     if max_records:
         opts["maxOffsetsPerTrigger" if source == "kafka" else "maxRecordsPerTrigger"] = str(
             max_records
@@ -86,6 +89,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--stream", action="store_true")
     ap.add_argument("--checkpoint")
     ap.add_argument("--max-records", type=int)
+    ap.add_argument(
+        "--command-config",
+        help="Kafka client properties file (security settings), as Kafka's tools take",
+    )
     a = ap.parse_args(argv)
     spark = spark_session("topic-to-parquet", with_kafka_jars=a.source == "kafka")
     run(
@@ -97,6 +104,7 @@ def main(argv: list[str]) -> int:
         stream=a.stream,
         checkpoint=a.checkpoint,
         max_records=a.max_records,
+        client=client_options(a.command_config),
     )
     n = spark.read.parquet(a.out).count()
     print(f"{n} records in {a.out}")

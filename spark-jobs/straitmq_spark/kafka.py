@@ -44,11 +44,24 @@ def _consumer_config(opts: SourceOptions, purpose: str) -> dict[str, Any]:
     return conf
 
 
-def _consumer(opts: SourceOptions, purpose: str) -> Any:
+# librdkafka's codes for a refused login or TLS handshake: retrying cannot fix those.
+_LOGIN_ERRORS = {"_AUTHENTICATION", "_SSL", "SASL_AUTHENTICATION_FAILED", "_UNSUPPORTED_FEATURE"}
+
+
+def _consumer(opts: SourceOptions, purpose: str, refused: list[str] | None = None) -> Any:
     from confluent_kafka import Consumer, KafkaException
 
+    conf = _consumer_config(opts, purpose)
+    if refused is not None:
+        # librdkafka reports a failed login here at once; without it the metadata
+        # request just runs into its timeout and the user sees "unreachable".
+        def on_error(err: Any) -> None:
+            if err.name() in _LOGIN_ERRORS:
+                refused.append(err.str())
+
+        conf["error_cb"] = on_error
     try:
-        return Consumer(_consumer_config(opts, purpose))
+        return Consumer(conf)
     except (KafkaException, ValueError, TypeError) as e:
         raise StraitMQSparkError(
             f"StraitMQ client options refused at bootstrap {opts.bootstrap}: {e} "
@@ -69,7 +82,8 @@ class Cluster:
 
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
-        self._consumer = _consumer(opts, "driver")
+        self._refused: list[str] = []
+        self._consumer = _consumer(opts, "driver", self._refused)
 
     def close(self) -> None:
         self._consumer.close()
@@ -84,12 +98,18 @@ class Cluster:
         """Every partition of the subscribed topics; a clear error if a topic is missing."""
         from confluent_kafka import KafkaException
 
-        timeout = self.opts.metadata_timeout_ms / 1000
-        try:
-            # All topics: asking for one by name could auto-create it on some clusters.
-            md = self._consumer.list_topics(timeout=timeout)
-        except KafkaException as e:
-            raise _unreachable(self.opts, "a metadata request", e.args[0]) from None
+        deadline = time.monotonic() + self.opts.metadata_timeout_ms / 1000
+        while True:
+            try:
+                # All topics: asking for one by name could auto-create it on some clusters.
+                md = self._consumer.list_topics(
+                    timeout=min(1.0, self.opts.metadata_timeout_ms / 1000)
+                )
+                break
+            except KafkaException as e:
+                self._poll_errors()
+                if time.monotonic() >= deadline:
+                    raise _unreachable(self.opts, "a metadata request", e.args[0]) from None
         out: list[TopicPartition] = []
         for topic in self.opts.topics:
             t = md.topics.get(topic)
@@ -102,6 +122,17 @@ class Cluster:
                 )
             out.extend((topic, p) for p in sorted(t.partitions))
         return out
+
+    def _poll_errors(self) -> None:
+        """Serve librdkafka's error callback; a refused login or handshake is final."""
+        self._consumer.poll(0)
+        if self._refused:
+            raise StraitMQSparkError(
+                f"StraitMQ at bootstrap {self.opts.bootstrap} refused the connection: "
+                f"{self._refused[-1]} (check kafka.security.protocol, kafka.sasl.mechanism, "
+                "kafka.sasl.jaas.config or sasl.username/sasl.password, and the CA in "
+                "kafka.ssl.truststore.location)"
+            )
 
     def watermarks(self, tps: list[TopicPartition]) -> dict[TopicPartition, tuple[int, int]]:
         """(log start offset, high watermark) of each partition."""

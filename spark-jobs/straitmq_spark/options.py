@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import StraitMQSparkError
+from .security import librdkafka_config
 
 EARLIEST = -2
 LATEST = -1
@@ -84,11 +85,7 @@ class SourceOptions:
                 "startingOffsets cannot use -1 (latest) in a batch read: it would read nothing"
             )
         max_records = _first(opts, ("maxrecordspertrigger", "maxoffsetspertrigger"))
-        client_config = {
-            k[len("kafka.") :]: v
-            for k, v in opts.items()
-            if k.startswith("kafka.") and k not in _BOOTSTRAP_KEYS
-        }
+        client_config = _client_config(opts)
         for key in client_config:
             if key in _JAVA_ONLY:
                 raise StraitMQSparkError(
@@ -113,6 +110,18 @@ class SourceOptions:
             or 15000,
             client_config=client_config,
         )
+
+
+def _client_config(opts: Mapping[str, str]) -> dict[str, str]:
+    """The `kafka.*` options for the client, with Java's security options (the ones a
+    user of Spark's Kafka source already has) in librdkafka's names."""
+    return librdkafka_config(
+        {
+            k[len("kafka.") :]: v
+            for k, v in opts.items()
+            if k.startswith("kafka.") and k not in _BOOTSTRAP_KEYS
+        }
+    )
 
 
 def _first(opts: Mapping[str, str], keys: tuple[str, ...]) -> str | None:
@@ -227,9 +236,5 @@ class SinkOptions:
                 "metadataTimeoutMs", opts.get("metadatatimeoutms", "15000")
             )
             or 15000,
-            client_config={
-                k[len("kafka.") :]: v
-                for k, v in opts.items()
-                if k.startswith("kafka.") and k not in _BOOTSTRAP_KEYS
-            },
+            client_config=_client_config(opts),
         )

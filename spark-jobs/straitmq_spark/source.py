@@ -72,6 +72,9 @@ class StraitMQDataSource(DataSource):
     kafkaConsumer.pollTimeoutMs   executor wait for records      default 120000
     metadataTimeoutMs         driver wait for metadata/offsets   default 15000
     kafka.<librdkafka option> passed to the client (security.protocol, sasl.*, ssl.*, ...)
+    kafka.<Java option>       Spark's Kafka-source security options work too:
+                              sasl.jaas.config (PLAIN/SCRAM), ssl.truststore.* (PEM),
+                              ssl.keystore.* (PEM/PKCS12); see straitmq.spark.security
 
     Writing (df.write / df.writeStream .format("straitmq")): kafka.bootstrap.servers and
     `topic` (or a `topic` column); rows need `value`, may have `key`, `partition`, `headers`.

@@ -634,10 +634,21 @@ def cluster(tmp_path):
     yield from cluster_factory(tmp_path)
 
 
+def described(port: int, group: str) -> dict[str, tuple[int, list[int]]]:
+    """ConsumerGroupDescribe of a Stable group: member id -> (member epoch, partitions)."""
+    return {
+        m.member_id: (m.member_epoch, sorted(p for tp in m.assignment.topic_partitions
+                                             for p in tp.partitions))
+        for m in group_members(port, group)
+    }  # fmt: skip
+
+
 def test_coordinator_broker_killed_in_a_cluster(cluster, tmp_path):
     """3 controllers + 3 brokers: the broker coordinating a group of 3 (librdkafka)
     members is killed with SIGKILL while they consume; the offsets partition gets a new
-    leader, the members rejoin at the new coordinator, and the killed broker comes back.
+    leader, which rebuilds the group from its records in `__consumer_offsets`: the
+    members go on with the same member ids, epochs and assignments (ConsumerGroupDescribe
+    before and after), no partition lost or revoked; the killed broker comes back.
     Every acknowledged record processed, commits monotonic, one owner per partition."""
     c = cluster(broker_args=[*CLUSTER_BROKER_ARGS, *BROKER_ARGS])
     topic, group = "cp-cluster", "cp-cluster-group"
@@ -681,22 +692,31 @@ def test_coordinator_broker_killed_in_a_cluster(cluster, tmp_path):
         wait_for(lambda: progress() > mark + 200, 60, "consuming", 0.2, check=check,
                  detail=status)  # fmt: skip
         victim = coordinator()
+        before = described(coordinator_port(), group)
+        assert len(before) == 3, before
         c.brokers[victim].kill9()
         killed_at = now_ms()
         dead.append(victim)
         wait_for(lambda: coordinator() != victim, 60, "a new coordinator", 0.3,
                  ignore=(Exception,))  # fmt: skip
-        # The members rejoin at the new coordinator (UNKNOWN_MEMBER_ID, partitions lost)
-        # and consume again.
-        wait_for(
-            lambda: settled() and all(
-                any(e["ev"] == "lost" and e["ts"] >= killed_at for e in m.events)
-                for m in members),
-            120, "3 members rejoin at the new coordinator", 0.3, check=check, detail=status,
-        )  # fmt: skip
+        # The new coordinator rebuilt the group: the same members, epochs, assignments.
+        after: dict = {}
+
+        def same_group() -> bool:
+            nonlocal after
+            after = described(coordinator_port(), group)
+            return after == before
+
+        wait_for(same_group, 60, "the new coordinator describes the same group", 0.3,
+                 check=check, ignore=(Exception,), detail=lambda: f"{before} -> {after}")
         mark = progress()
-        wait_for(lambda: progress() > mark + 200, 60, "consuming again", 0.2, check=check,
+        wait_for(lambda: progress() > mark + 200, 60, "consuming on", 0.2, check=check,
                  detail=status)  # fmt: skip
+        # The members heard of no change: nothing lost, revoked or assigned since.
+        moved = [(m.name, e) for m in members for e in list(m.events)
+                 if e["ev"] in ("assigned", "revoked", "lost") and e["ts"] >= killed_at]
+        assert not moved, moved
+        assert described(coordinator_port(), group) == before
         c.brokers[victim].start()
         dead.clear()
         c.wait_isr(topic, 3)
@@ -769,3 +789,60 @@ def test_librdkafka_regex_subscription_follows_new_topics(broker_factory):
                  detail=lambda: str(assigned))  # fmt: skip
     finally:
         consumer.close()
+
+
+def test_empty_group_removed_once_its_offsets_expire(broker_factory):
+    """offsets.retention.minutes (here 0.02 = 1.2 s, checked every 300 ms): a consumer
+    group whose member left loses its offsets a retention after it became empty and is
+    removed (ListGroups no longer shows it, OffsetFetch finds nothing); a group with a
+    member heartbeating all along keeps its offsets."""
+    broker = broker_factory(
+        *BROKER_ARGS,
+        "--offsets-retention-minutes", "0.02",
+        "--offsets-retention-check-interval-ms", "300",
+    )  # fmt: skip
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic("exp-t", 1, 1)])["exp-t"].result(30)
+    r = Raw(broker)
+
+    def listed() -> set[str]:
+        resp = r.call(lg.ListGroupsRequest(states_filter=(), types_filter=()))
+        return {g.group_id for g in resp.groups}
+
+    def committed(group: str) -> int:
+        topics = (of.OffsetFetchRequestTopics(name="exp-t", partition_indexes=(0,)),)
+        grp = of.OffsetFetchRequestGroup(
+            group_id=group, member_id=None, member_epoch=-1, topics=topics
+        )
+        (g,) = r.call(of.OffsetFetchRequest(groups=(grp,), require_stable=False)).groups
+        return g.topics[0].partitions[0].committed_offset
+
+    try:
+        members = {}
+        for g in ("exp-gone", "exp-live"):
+            m = str(uuid.uuid4())
+            joined = r.call(_join(g, m, subscribed_topic_names=("exp-t",)))
+            assert joined.error_code == E.none
+            commit = r.call(_commit(g, m, joined.member_epoch, "exp-t"))
+            assert commit.topics[0].partitions[0].error_code == E.none
+            members[g] = (m, joined.member_epoch, joined.assignment.topic_partitions)
+        m = members["exp-gone"][0]
+        assert r.call(_heartbeat("exp-gone", m, -1)).error_code == E.none  # leaves
+        assert {"exp-gone", "exp-live"} <= listed() and committed("exp-gone") == 1
+        left_at = time.monotonic()
+
+        def live_beat() -> bool:
+            m, epoch, owned = members["exp-live"]
+            resp = r.call(_heartbeat("exp-live", m, epoch, topic_partitions=owned))
+            assert resp.error_code == E.none
+            return "exp-gone" not in listed()
+
+        wait_for(live_beat, 30, "the empty group is removed", 0.3)
+        assert time.monotonic() - left_at >= 1.0  # not before its retention
+        assert committed("exp-gone") == -1
+        for _ in range(10):  # a group with a member keeps its offsets however old
+            live_beat()
+            time.sleep(0.3)
+        assert "exp-live" in listed() and committed("exp-live") == 1
+    finally:
+        r.close()

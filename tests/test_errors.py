@@ -73,8 +73,23 @@ class Raw:
             out += chunk
         return bytes(out)
 
+    def send(self, req: Any) -> None:
+        """A request with no answer (Produce with acks=0)."""
+        self.corr += 1
+        self.sock.sendall(self._frame(req))
+
     def call(self, req: Any) -> Any:
         self.corr += 1
+        self.sock.sendall(self._frame(req))
+        (size,) = struct.unpack(">i", self._recv(4))
+        payload = self._recv(size)
+        schema = load_response_schema(req.__api_key__, req.__version__)
+        header, offset = entity_reader(schema.__header_schema__)(payload, 0)
+        assert header.correlation_id == self.corr
+        resp, _ = entity_reader(schema)(payload, offset)
+        return resp
+
+    def _frame(self, req: Any) -> bytes:
         hs = req.__header_schema__
         buf = io.BytesIO()
         entity_writer(hs)(
@@ -88,14 +103,7 @@ class Raw:
         )
         entity_writer(type(req))(buf, req)
         body = buf.getvalue()
-        self.sock.sendall(struct.pack(">i", len(body)) + body)
-        (size,) = struct.unpack(">i", self._recv(4))
-        payload = self._recv(size)
-        schema = load_response_schema(req.__api_key__, req.__version__)
-        header, offset = entity_reader(schema.__header_schema__)(payload, 0)
-        assert header.correlation_id == self.corr
-        resp, _ = entity_reader(schema)(payload, offset)
-        return resp
+        return struct.pack(">i", len(body)) + body
 
 
 @pytest.fixture
@@ -289,6 +297,21 @@ def test_produce_larger_than_max_message_bytes(strict_broker: Any, raw: Any, ver
     assert produce_partition(ok).base_offset == 0
     latest = r.call(list_offsets(6, topic, -1)).topics[0].partitions[0]
     assert latest.offset == 1
+
+
+def test_refused_acks0_produce_closes_the_connection(strict_broker: Any, raw: Any) -> None:
+    """acks=0 has no answer to carry an error, so (as Kafka) a refused write closes the
+    connection; an accepted one leaves it open and the next request is served."""
+    r = raw(strict_broker)
+    new_topic(r, "fire-and-forget")
+    r.send(produce(9, "fire-and-forget", record_batch([b"a"]), acks=0))
+    assert r.call(list_offsets(6, "fire-and-forget", -1)).topics[0].partitions[0].offset == 1
+    r.send(produce(9, "no-such-topic-acks0", record_batch([b"b"]), acks=0))
+    with pytest.raises(ConnectionError):
+        r.call(list_offsets(6, "fire-and-forget", -1))
+    # Others are served as before.
+    assert code(produce_partition(raw(strict_broker).call(
+        produce(9, "fire-and-forget", record_batch([b"c"]))))) == NONE  # fmt: skip
 
 
 def test_produce_corrupt_batch(strict_broker: Any, raw: Any) -> None:

@@ -8,6 +8,7 @@ them), and is refused up front when the ISR is smaller than min.insync.replicas.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -15,6 +16,8 @@ from kio.schema.errors import ErrorCode
 from ..partition_write import begin_write
 from ..security.acls import TOPIC, TRANSACTIONAL_ID, WRITE
 from .context import RequestContext
+
+log = logging.getLogger("straitmq.produce")
 
 
 class _Refused:
@@ -47,6 +50,16 @@ async def handle_produce(ctx: RequestContext, req: Any) -> dict | None:
             parts.append((pd.index, w))
         responses.append((topic.name, parts))
     if acks == 0:
+        failed = next((w for _, parts in responses for _, w in parts if w.error_code), None)
+        if failed is not None:
+            # Kafka's rule: an acks=0 client gets no answer, so a refused write closes
+            # the connection; the client sees that, refreshes metadata and reconnects.
+            log.debug(
+                "closing connection: acks=0 produce refused",
+                extra={"client": ctx.client_host, "error": ErrorCode(failed.error_code).name},
+            )
+            if ctx.security is not None:
+                ctx.security.close_after_reply = True
         return None
     pending = [w.replicated(req.timeout.total_seconds()) for w in writes if w.pending]
     if pending:

@@ -130,7 +130,9 @@ class ConnectionSecurity:
         self.handshake_version = 1
         self.raw_tokens = False  # SaslHandshake v0: the tokens come unframed
         self.expires_at: float | None = None
-        self.close_after_reply = False  # set by a SASL answer that ends the connection
+        # Set by an answer that ends the connection: a failed SASL login, a refused
+        # acks=0 produce (nothing to answer it with).
+        self.close_after_reply = False
 
     def refusal(self, api_key: int) -> str | None:
         """Why this request closes the connection, or None to serve it."""

@@ -171,6 +171,44 @@ def test_inter_broker_listener_settings(tmp_path: Path) -> None:
             pytest.fail(case)
 
 
+def test_replication_tls_files_rotate_without_a_restart(tmp_path: Path) -> None:
+    """The CA file the replica fetchers trust is replaced (a new cluster CA): the next
+    connection uses it; a half-written file keeps the previous context."""
+    certs = make_certs(tmp_path / "certs")
+    trust = tmp_path / "trust.pem"
+    trust.write_text(Path(certs.path("ca.pem")).read_text())
+    client = build_listeners(_config(
+        "SSL", **{"ssl.keystore.location": certs.path("server.pem"),
+                  "listener.name.replication.ssl.truststore.location": str(trust),
+                  "ssl.endpoint.identification.algorithm": ""},
+    ))[0].client  # fmt: skip
+    assert client is not None
+    served = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    served.load_cert_chain(certs.path("mallory.pem"))  # signed by the `evil` CA
+
+    async def run() -> None:
+        server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0, ssl=served)
+        port = server.sockets[0].getsockname()[1]
+
+        async def handshake() -> None:
+            conn = KafkaConnection("127.0.0.1", port, "rotation-test", client)
+            await conn.connect(within_s=5)
+            conn.close()
+
+        try:
+            with pytest.raises(AuthenticationFailed):
+                await handshake()  # the old CA does not trust mallory
+            trust.write_text(Path(certs.path("evil.pem")).read_text())
+            await handshake()  # the rotated file does
+            trust.write_text("-----BEGIN CERTIFICATE-----\ntrunc")  # mid-write
+            await handshake()  # the previous context stays
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(run())
+
+
 # -- KafkaConnection against a real broker ------------------------------------------------
 
 LOGIN_REAUTH_MS = 1000

@@ -19,6 +19,7 @@ import random
 import ssl
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +60,12 @@ class ClientSecurity:
 
     tls: ssl.SSLContext | None = None
     sasl: SaslLogin | None = None
+    # Gives the context for each new connection, rebuilt when its files rotate; `tls`
+    # is then the one the files gave at startup.
+    tls_reload: Callable[[], ssl.SSLContext] | None = field(default=None, compare=False)
+
+    def context(self) -> ssl.SSLContext | None:
+        return self.tls_reload() if self.tls_reload is not None else self.tls
 
     @property
     def protocol(self) -> str:
@@ -146,7 +153,7 @@ class KafkaConnection:
 
     async def connect(self, within_s: float = 3.0) -> None:
         sec = self.security
-        tls = sec.tls if sec is not None else None
+        tls = sec.context() if sec is not None else None
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(within_s):

@@ -20,6 +20,8 @@ with a message instead of a replica fetcher failing forever.
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import ssl
 
@@ -29,6 +31,7 @@ from straitmq.protocol.sasl_client import MECHANISMS
 from .listeners import Listener, ListenerConfigError
 from .settings import listener_value
 
+log = logging.getLogger("straitmq.security")
 _JAAS_FIELD = r'\b{}\s*=\s*"((?:[^"\\]|\\.)*)"'
 
 
@@ -42,9 +45,11 @@ def inter_broker_security(listener: Listener, props: dict[str, str]) -> ClientSe
     spec = listener.spec
     if not spec.tls and not spec.sasl:
         return None
+    tls = _ClientTls(listener, props) if spec.tls else None
     return ClientSecurity(
-        tls=_tls_context(listener, props) if spec.tls else None,
+        tls=tls.current if tls is not None else None,
         sasl=_sasl_login(listener, props) if spec.sasl else None,
+        tls_reload=tls,
     )
 
 
@@ -79,6 +84,51 @@ def _login_module(mechanism: str) -> str:
     if mechanism == "PLAIN":
         return "org.apache.kafka.common.security.plain.PlainLoginModule"
     return "org.apache.kafka.common.security.scram.ScramLoginModule"
+
+
+class _ClientTls:
+    """The replica fetchers' TLS context, rebuilt for new connections when the CA or the
+    client certificate file is rotated (as the listeners reload theirs); files that do
+    not load keep the previous context, with a warning."""
+
+    def __init__(self, listener: Listener, props: dict[str, str]) -> None:
+        self.listener, self.props = listener, props
+        self.files = [
+            f
+            for f in (
+                listener_value(props, listener.name, "ssl.truststore.location"),
+                listener_value(props, listener.name, "ssl.keystore.location"),
+            )
+            if f
+        ]
+        self.current = _tls_context(listener, props)  # startup: a bad file stops the broker
+        self.stamp = self._stamp()
+        self.reloads = 0
+
+    def _stamp(self) -> tuple:
+        out = []
+        for f in self.files:
+            try:
+                st = os.stat(f)
+                out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
+    def __call__(self) -> ssl.SSLContext:
+        stamp = self._stamp()  # a stat or two per new connection: fetchers reconnect rarely
+        if stamp != self.stamp:
+            try:
+                self.current = _tls_context(self.listener, self.props)
+                self.reloads += 1
+                log.info("replication TLS files reloaded", extra={"listener": self.listener.name})
+            except ListenerConfigError as e:
+                log.warning(
+                    "replication TLS files changed but do not load; keeping the previous ones",
+                    extra={"listener": self.listener.name, "reason": str(e)},
+                )
+            self.stamp = stamp
+        return self.current
 
 
 def _tls_context(listener: Listener, props: dict[str, str]) -> ssl.SSLContext:

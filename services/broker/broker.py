@@ -41,6 +41,7 @@ from .replication.fetcher import ReplicaFetchers
 from .replication.isr import IsrManager
 from .replication.throttle import ReplicationThrottle
 from .security.acls import Authorizer, AuthorizerSettings
+from .security.http_security import HttpSecurity
 from .security.listeners import Listener, bind_listeners, build_listeners
 
 log = logging.getLogger("straitmq.broker")
@@ -119,6 +120,15 @@ class Broker:
         self.authorizer = Authorizer(
             AuthorizerSettings.from_properties(config.security), lambda: self.image
         )
+        try:  # TLS and authentication of the HTTP port (off unless http.* settings say)
+            self.http_security = HttpSecurity(
+                config.security,
+                self.authorizer,
+                lambda user: self.image.scram_credentials.get(user),
+                self.listeners,
+            )
+        except ValueError as e:
+            raise BrokerStartupError(str(e)) from None
         self._producer_ids: list[int] = []  # [next, limit) of the block we hold
         self.telemetry = Telemetry("straitmq-broker", str(config.node_id), config.otlp_endpoint)
         broker_metrics.install(self.telemetry, self)
@@ -324,11 +334,16 @@ class Broker:
         runner, http_port = await start_http(self, cfg.http_host, cfg.http_port)
         cfg.http_port = http_port
         self._servers.append(runner)
+        if self.http_security.tls is not None:  # rotated certificate files, new connections
+            self._tasks.append(
+                asyncio.get_running_loop().create_task(self.http_security.tls.watch())
+            )
         raft = RaftConfig(
             election_timeout_ms=cfg.election_timeout_ms, fetch_timeout_ms=cfg.fetch_timeout_ms
         )
         if self.combined:
-            voters = {cfg.node_id: f"http://{cfg.http_host}:{http_port}"}
+            scheme = self.http_security.scheme
+            voters = {cfg.node_id: f"{scheme}://{cfg.http_host}:{http_port}"}
             self.quorum = Quorum(cfg.node_id, voters, cfg.data_dir, raft)
             self.active = ActiveController(
                 self.quorum,
@@ -341,7 +356,9 @@ class Broker:
                 ),
             )
             local = (lambda: self.active is not None and self.active.active, handlers(self.active))
-            self.controller = ControllerClient(voters, lambda: self.quorum.leader_id, local)
+            self.controller = ControllerClient(
+                voters, lambda: self.quorum.leader_id, local, self.http_security.client
+            )
         else:
             voters = parse_voters(cfg.controller_voters or "")
             self.quorum = Quorum(cfg.node_id, voters, cfg.data_dir, raft)

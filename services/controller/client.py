@@ -16,6 +16,8 @@ import aiohttp
 import orjson
 from kio.schema.errors import ErrorCode
 
+from straitmq.admin_client import AdminAuth
+
 from . import errors as E
 from .errors import ControllerError
 
@@ -28,8 +30,10 @@ class ControllerClient:
         voters: dict[int, str],
         leader_hint: Callable[[], int | None] = lambda: None,
         local: tuple[Callable[[], bool], dict[str, Handler]] | None = None,
+        auth: AdminAuth | None = None,
     ) -> None:
         self.voters = voters
+        self.auth = auth  # TLS context and credentials for https voters (None: plain)
         self.leader_hint = leader_hint
         self.local = local
         self._hint: int | None = None
@@ -53,7 +57,13 @@ class ControllerClient:
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            auth = self.auth
+            ctx = auth.context() if auth is not None else None
+            header = auth.header() if auth is not None else None
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=ctx) if ctx is not None else None,
+                headers={"Authorization": header} if header else None,
+            )
         return self._session
 
     async def call(self, op: str, body: dict, within_s: float = 15.0) -> dict:

@@ -2,7 +2,9 @@
 
 Admin, produce and consume commands talk to a broker's HTTP API (default
 http://127.0.0.1:8080, or $STRAIT_HTTP); any Kafka client can use the Kafka listener.
-Errors are one line on stderr and exit status 1.
+A secured API (https, client certificates, HTTP Basic) takes --ca-file, --cert/--key
+and --user with $STRAIT_PASSWORD (or the $STRAIT_CA_FILE, $STRAIT_CERT, $STRAIT_KEY,
+$STRAIT_USER variables). Errors are one line on stderr and exit status 1.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from straitmq.admin_client import AdminError, request_sync
+from straitmq.admin_client import AdminAuth, AdminError, request_sync
 
 DEFAULT_HTTP = os.environ.get("STRAIT_HTTP", "http://127.0.0.1:8080")
+# How the HTTP API is reached when it is secured (set by main from the global options).
+_auth: AdminAuth | None = None
 
 
 class CliError(Exception):
@@ -26,8 +30,12 @@ class CliError(Exception):
 
 def _request(base: str, method: str, path: str, body: Any = None) -> Any:
     try:
-        return request_sync(base, method, path, body)
+        return request_sync(base, method, path, body, auth=_auth)
     except AdminError as e:
+        if e.status == 401:
+            raise CliError(
+                f"{e.message} (give --user and $STRAIT_PASSWORD, or --cert/--key)"
+            ) from None
         if e.unreachable:
             raise CliError(
                 f"cannot reach StraitMQ at {base} ({e.message}); is it running? (`strait up`)"
@@ -489,6 +497,19 @@ def cmd_rack_from_node(a: argparse.Namespace) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="strait", description="StraitMQ command line.")
     p.add_argument("--http", default=DEFAULT_HTTP, help="broker HTTP API (default %(default)s)")
+    env = os.environ.get
+    p.add_argument("--ca-file", default=env("STRAIT_CA_FILE"),
+                   help="CA file (PEM) the broker's https certificate chains to ($STRAIT_CA_FILE)")
+    p.add_argument("--cert", default=env("STRAIT_CERT"),
+                   help="client certificate (PEM) for mTLS ($STRAIT_CERT)")
+    p.add_argument("--key", default=env("STRAIT_KEY"),
+                   help="its private key, if not in the --cert file ($STRAIT_KEY)")
+    p.add_argument("--user", default=env("STRAIT_USER"),
+                   help="HTTP Basic user ($STRAIT_USER); the password from $STRAIT_PASSWORD "
+                   "or --password")
+    p.add_argument("--password", default=env("STRAIT_PASSWORD"),
+                   help="HTTP Basic password (prefer $STRAIT_PASSWORD: arguments are visible "
+                   "to other users of the machine)")  # fmt: skip
     sub = p.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="run a local StraitMQ in the foreground")
@@ -595,7 +616,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    global _auth
     args = build_parser().parse_args(argv)
+    _auth = None
+    if args.ca_file or args.cert or args.user:
+        if args.user and args.password is None:
+            print("strait: --user needs a password: set $STRAIT_PASSWORD", file=sys.stderr)
+            sys.exit(1)
+        _auth = AdminAuth(ca_file=args.ca_file, cert_file=args.cert, key_file=args.key,
+                          username=args.user, password=args.password)  # fmt: skip
     try:
         args.func(args)
     except CliError as e:

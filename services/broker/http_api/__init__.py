@@ -45,8 +45,15 @@ def _gate(broker: Broker) -> Any:
 
 
 def build_app(broker: Broker) -> web.Application:
-    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_gate(broker)])
-    app[PEERS] = AdminClient(timeout_s=2.0)
+    security = broker.http_security
+    # Who is calling and what the ACLs allow them, first (security/http_security.py);
+    # nothing is added while http.authentication is none.
+    middlewares = [security.middleware()] if security.enabled else []
+    app = web.Application(
+        client_max_size=64 * 1024 * 1024, middlewares=[*middlewares, _gate(broker)]
+    )
+    # Peers are asked as this broker: its HTTP certificate, its inter-broker user.
+    app[PEERS] = AdminClient(timeout_s=2.0, auth=security.client)
 
     async def close_peers(app: web.Application) -> None:
         await app[PEERS].close()
@@ -63,7 +70,14 @@ def build_app(broker: Broker) -> web.Application:
 async def start_http(broker: Broker, host: str, port: int) -> tuple[web.AppRunner, int]:
     runner = web.AppRunner(build_app(broker), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
+    tls = broker.http_security.tls  # https only, with certificate rotation, when configured
+    site = web.TCPSite(
+        runner,
+        host,
+        port,
+        reuse_address=True,
+        ssl_context=tls.server_context if tls is not None else None,
+    )
     await site.start()
     sockets = site._server.sockets if site._server else []  # type: ignore[union-attr]
     actual = sockets[0].getsockname()[1] if sockets else port

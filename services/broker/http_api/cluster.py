@@ -12,7 +12,7 @@ from straitmq.controller.errors import ControllerError
 
 from straitmq.admin_client import AdminError
 
-from .common import _ERROR_STATUS, PEERS, _body, _error, _json
+from .common import _ERROR_STATUS, PEERS, _body, _error, _json, peer_url
 
 if TYPE_CHECKING:
     from ..broker import Broker
@@ -82,7 +82,7 @@ def add_routes(app: web.Application, broker: Broker) -> None:
                 return []
             try:
                 body = await request.app[PEERS].get(
-                    f"http://{b.host}:{b.http_port}/api/v1/reassignments?local=true"
+                    peer_url(broker, node, "/api/v1/reassignments?local=true")
                 )
                 return body.get("progress", []) if isinstance(body, dict) else []
             except AdminError:

@@ -83,9 +83,14 @@ def _elsewhere(broker: Broker, request: web.Request, node: int) -> web.Response:
         return _error(503, "no live leader for this partition right now; retry")
     if node == broker.node_id:  # ours by the metadata, its log not open yet: never loop
         return _error(503, "this broker is opening the partition's log; retry")
-    host = b.host
-    url = f"http://{host}:{b.http_port}{request.rel_url}"
-    raise web.HTTPTemporaryRedirect(url)
+    raise web.HTTPTemporaryRedirect(peer_url(broker, node, str(request.rel_url)))
+
+
+def peer_url(broker: Broker, node: int, path: str) -> str:
+    """`path` on broker `node`'s HTTP API (https when this broker's port is: the brokers
+    of a cluster share their HTTP settings)."""
+    b = broker.image.brokers[node]
+    return f"{broker.http_security.scheme}://{b.host}:{b.http_port}{path}"
 
 
 def _topic_or_404(broker: Broker, name: str) -> None:

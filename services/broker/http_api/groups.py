@@ -11,7 +11,8 @@ from kio.schema.errors import ErrorCode
 from straitmq.admin_client import AdminClient, AdminError
 
 from ..groups.offsets import OFFSETS_TOPIC
-from .common import PEERS, _elsewhere, _error, _json
+from ..security.acls import DESCRIBE, GROUP, TOPIC
+from .common import PEERS, _elsewhere, _error, _json, peer_url
 
 if TYPE_CHECKING:
     from ..broker import Broker
@@ -36,7 +37,7 @@ async def _end_offsets(
         if b is None:
             return
         try:
-            body = await peers.get(f"http://{b.host}:{b.http_port}/api/v1/topics/{topic}")
+            body = await peers.get(peer_url(broker, leader, f"/api/v1/topics/{topic}"))
             parts = body["partitions"]
             for i in indexes:
                 out[(topic, i)] = int(parts[i]["high_watermark"])
@@ -63,12 +64,14 @@ def add_routes(app: web.Application, broker: Broker) -> None:
     routes = web.RouteTableDef()
 
     @routes.get("/api/v1/groups")
-    async def list_groups(_: web.Request) -> web.Response:
+    async def list_groups(request: web.Request) -> web.Response:
+        may = broker.http_security.permitted  # as ListGroups: those one may DESCRIBE
         return _json(
             {
                 "groups": [
                     {"group_id": g, "protocol_type": pt, "state": st}
                     for g, pt, st in broker.groups.list_groups()
+                    if may(request, DESCRIBE, GROUP, g)
                 ]
             }
         )
@@ -85,6 +88,8 @@ def add_routes(app: web.Application, broker: Broker) -> None:
         committed = sorted(broker.offsets.fetch(gid).items())
         ends = await _end_offsets(broker, request.app[PEERS], [tp for tp, _ in committed])
         for (t, part), c in committed:
+            if not broker.http_security.permitted(request, DESCRIBE, TOPIC, t):
+                continue  # as OffsetFetch: topics one may not DESCRIBE are left out
             end = ends[(t, part)]
             offsets.append(
                 {

@@ -19,7 +19,16 @@ from straitmq.admin_client import AdminError
 from ..groups.offsets import OFFSETS_TOPIC
 from ..partition_write import begin_write
 from ..record_codec import build_batch, decode_batch
-from .common import PEERS, _body, _elsewhere, _error, _int_param, _json, _topic_or_404
+from .common import (
+    PEERS,
+    _body,
+    _elsewhere,
+    _error,
+    _int_param,
+    _json,
+    _topic_or_404,
+    peer_url,
+)
 
 if TYPE_CHECKING:
     from ..broker import Broker
@@ -123,7 +132,7 @@ def add_routes(app: web.Application, broker: Broker) -> None:
             if b is None or b.fenced:
                 raise AdminError(503, f"partitions {parts}: no live leader right now; retry")
             share = [rec for p in parts for rec in raw_by_partition[p]]
-            url = f"http://{b.host}:{b.http_port}/api/v1/topics/{name}/records"
+            url = peer_url(broker, leader, f"/api/v1/topics/{name}/records")
             answer = await request.app[PEERS].request(
                 "POST", url, {"records": share}, timeout_s=REST_WRITE_TIMEOUT_S + 5
             )

@@ -9,6 +9,7 @@ from straitmq.controller.errors import ControllerError
 from straitmq.metadata.topic_config import effective
 
 from ..groups.offsets import OFFSETS_TOPIC
+from ..security.acls import DESCRIBE, TOPIC
 from .common import _body, _controller_error, _error, _json, _topic_or_404
 
 if TYPE_CHECKING:
@@ -56,7 +57,12 @@ def add_routes(app: web.Application, broker: Broker) -> None:
     @routes.get("/api/v1/topics")
     async def list_topics(request: web.Request) -> web.Response:
         internal = request.query.get("internal") == "true"
-        names = sorted(n for n, t in broker.image.topics.items() if internal or not t.internal)
+        may = broker.http_security.permitted  # as Metadata: only the topics one may DESCRIBE
+        names = sorted(
+            n
+            for n, t in broker.image.topics.items()
+            if (internal or not t.internal) and may(request, DESCRIBE, TOPIC, n)
+        )
         return _json({"topics": [_topic_view(broker, n) for n in names]})
 
     @routes.post("/api/v1/topics")

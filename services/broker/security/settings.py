@@ -31,6 +31,14 @@ SECURITY_KEYS = frozenset({
     "authorizer.class.name",
     "super.users",
     "allow.everyone.if.no.acl.found",
+    # the HTTP port (http_security.py): broker-wide only
+    "http.ssl.keystore.location",
+    "http.ssl.key.password",
+    "http.ssl.truststore.location",
+    "http.ssl.client.auth",
+    "http.ssl.reload.interval.ms",
+    "http.authentication",
+    "http.metrics.require.authentication",
 })  # fmt: skip
 # Listener settings that also have a command-line flag (BrokerConfig fields).
 FIELDS = {

@@ -1,0 +1,446 @@
+"""The HTTP API secured (issue 15 point 4): https from PEM files, HTTP Basic against the
+SCRAM users of the metadata log and the PLAIN users of the JAAS config, client
+certificates, and the ACLs of the Kafka listener deciding per route.
+
+One broker: a PLAINTEXT listener for replication, a SASL_PLAINTEXT one the tests write
+users and ACLs through (confluent-kafka, as `admin`), and an HTTP port with
+http.ssl.* (client certificates requested) and http.authentication=basic,mtls, the
+authorizer on with `admin` the super user. The negative handshakes use raw sockets and
+are each followed by a good request: the broker keeps serving.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
+from conftest import ROOT, BrokerProcess
+from tls_support import Certs, make_certs
+
+from straitmq.admin_client import AdminAuth, AdminError, exchange_sync, request_sync
+from straitmq.cli.local_cluster import free_port
+
+pytestmark = pytest.mark.timeout(300)
+
+JAAS = (
+    "org.apache.kafka.common.security.plain.PlainLoginModule required "
+    'user_admin="admin-secret" user_bob="bob-pw";'
+)
+ALICE_DN = "User:CN=alice,O=Acme,C=US"
+
+
+class Secured:
+    def __init__(self, broker: BrokerProcess, sasl_port: int, certs: Certs) -> None:
+        self.broker, self.sasl_port, self.certs = broker, sasl_port, certs
+        self.url = f"https://127.0.0.1:{broker.http_port}"
+
+    def auth(self, user: str | None = None, password: str | None = None, **kw: Any) -> AdminAuth:
+        return AdminAuth(ca_file=self.certs.path("ca.pem"), username=user, password=password, **kw)
+
+    def call(self, method: str, path: str, body: Any = None, **auth: Any) -> tuple[int, Any]:
+        return exchange_sync(self.url, method, path, body, timeout_s=15, auth=self.auth(**auth))
+
+    def as_admin(self, method: str, path: str, body: Any = None) -> Any:
+        return request_sync(self.url, method, path, body, auth=self.auth("admin", "admin-secret"))
+
+    def kafka_admin(self) -> AdminClient:
+        if getattr(self, "_kafka_admin", None) is None:  # kept: its futures need the handle
+            self._kafka_admin = self._new_kafka_admin()
+        return self._kafka_admin
+
+    def _new_kafka_admin(self) -> AdminClient:
+        return AdminClient({
+            "bootstrap.servers": f"127.0.0.1:{self.sasl_port}",
+            "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+            "sasl.username": "admin", "sasl.password": "admin-secret",
+        })  # fmt: skip
+
+    def allow(self, principal: str, op: AclOperation, rtype: ResourceType, name: str) -> None:
+        binding = AclBinding(rtype, name, ResourcePatternType.LITERAL, principal, "*", op,
+                             AclPermissionType.ALLOW)  # fmt: skip
+        for f in self.kafka_admin().create_acls([binding]).values():
+            f.result(timeout=30)
+
+    def scram_user(self, name: str, password: bytes, iterations: int = 4096) -> None:
+        info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, iterations)
+        fs = self.kafka_admin().alter_user_scram_credentials(
+            [UserScramCredentialUpsertion(name, info, password)]
+        )
+        for f in fs.values():
+            f.result(timeout=30)
+
+    def serving(self) -> None:
+        """The broker still answers a good client."""
+        assert self.call("GET", "/readyz")[0] == 200
+        assert self.call("GET", "/api/v1/cluster", user="admin", password="admin-secret")[0] == 200
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    d = tmp_path_factory.mktemp("http-security")
+    certs = make_certs(d / "certs")
+    repl, sasl = free_port(), free_port()
+    props = [
+        f"listeners=REPL://127.0.0.1:{repl},SASL://127.0.0.1:{sasl}",
+        "listener.security.protocol.map=REPL:PLAINTEXT,SASL:SASL_PLAINTEXT",
+        "inter.broker.listener.name=REPL",
+        "listener.name.sasl.sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-512",
+        f"listener.name.sasl.plain.sasl.jaas.config={JAAS}",
+        "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users=User:admin;User:ANONYMOUS",
+        f"http.ssl.keystore.location={certs.path('server.pem')}",
+        f"http.ssl.truststore.location={certs.path('ca.pem')}",
+        "http.ssl.client.auth=requested",
+        "http.authentication=basic,mtls",
+    ]
+    (d / "server.properties").write_text("\n".join(props) + "\n")
+    b = BrokerProcess(d / "data", port=repl,
+                      extra_args=["--properties", str(d / "server.properties")])  # fmt: skip
+    b.launch()
+    s = Secured(b, sasl, certs)
+    deadline = time.monotonic() + 30
+    while True:
+        assert b.proc is not None and b.proc.poll() is None, b.log_path.read_text()[-3000:]
+        try:
+            if s.call("GET", "/readyz")[0] == 200:
+                break
+        except AdminError:
+            pass
+        assert time.monotonic() < deadline, "broker did not become ready"
+        time.sleep(0.2)
+    s.scram_user("alice", b"alice-pw")
+    for name in ("secret", "orders"):
+        s.as_admin("POST", "/api/v1/topics", {"name": name, "partitions": 1})
+    yield s
+    b.stop()
+
+
+# -- TLS ----------------------------------------------------------------------------------
+
+
+def test_https_with_a_trusted_ca_and_open_probes(secured: Secured) -> None:
+    for path in ("/healthz", "/readyz", "/metrics"):  # no credentials: the kubelet, Prometheus
+        status, _ = secured.call("GET", path)
+        assert status == 200, path
+    assert secured.as_admin("GET", "/api/v1/cluster")["node_id"] == 1
+
+
+def test_plaintext_http_to_the_tls_port_fails_cleanly(secured: Secured) -> None:
+    plain = f"http://127.0.0.1:{secured.broker.http_port}"
+    with pytest.raises(AdminError) as e:
+        request_sync(plain, "GET", "/healthz", timeout_s=5)
+    assert e.value.unreachable or e.value.status == 400
+    with socket.create_connection(("127.0.0.1", secured.broker.http_port), timeout=5) as s:
+        s.sendall(b"GET /api/v1/topics HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.settimeout(5)
+        try:
+            data = s.recv(4096)
+        except (ConnectionResetError, TimeoutError):
+            data = b""
+        assert b"topics" not in data  # nothing is served in plaintext
+    secured.serving()
+
+
+def test_an_untrusted_server_or_client_certificate_is_refused(secured: Secured) -> None:
+    # The client trusts another CA: the server's certificate does not verify.
+    wrong_ca = AdminAuth(ca_file=secured.certs.path("evil.pem"))
+    with pytest.raises(AdminError) as e:
+        request_sync(secured.url, "GET", "/healthz", timeout_s=5, auth=wrong_ca)
+    assert e.value.unreachable and "certificate" in e.value.message.lower()
+    # A client certificate from a CA the broker does not trust: the handshake fails.
+    mallory = secured.auth(cert_file=secured.certs.path("mallory.pem"))
+    with pytest.raises(AdminError) as e:
+        request_sync(secured.url, "GET", "/api/v1/topics", timeout_s=5, auth=mallory)
+    assert e.value.unreachable
+    # Garbage instead of a ClientHello, and a handshake cut in the middle.
+    for junk in (b"\x16\x03\x01\x00\x05hello", b"\x00" * 64, b"\x16\x03\x01\xff\xff" + b"a" * 50):
+        with socket.create_connection(("127.0.0.1", secured.broker.http_port), timeout=5) as s:
+            s.sendall(junk)
+            s.settimeout(2)
+            try:
+                s.recv(100)
+            except (ConnectionResetError, TimeoutError):
+                pass
+    secured.serving()
+
+
+# -- authentication -----------------------------------------------------------------------
+
+
+def test_missing_or_wrong_credentials_get_401(secured: Secured) -> None:
+    status, body = secured.call("GET", "/api/v1/topics")
+    assert status == 401 and "authentication required" in body["error"]
+    for user, password in (("alice", "nope"), ("nobody", "x"), ("bob", "alice-pw")):
+        status, body = secured.call("GET", "/api/v1/topics", user=user, password=password)
+        assert status == 401, (user, body)
+        assert "wrong user or password" in body["error"]
+    # The challenge header, and a malformed Authorization header.
+    import asyncio
+
+    import aiohttp
+
+    async def raw(headers: dict) -> tuple[int, str | None, dict]:
+        ctx = ssl.create_default_context(cafile=secured.certs.path("ca.pem"))
+        async with aiohttp.ClientSession() as http, http.get(
+            f"{secured.url}/api/v1/topics", headers=headers, ssl=ctx
+        ) as resp:
+            return resp.status, resp.headers.get("WWW-Authenticate"), await resp.json()
+
+    status, challenge, body = asyncio.run(raw({}))
+    assert status == 401 and challenge is not None and challenge.startswith("Basic realm=")
+    assert "error" in body
+    status, _, body = asyncio.run(raw({"Authorization": "Basic !!notbase64"}))
+    assert status == 401 and "malformed" in body["error"]
+    status, _, body = asyncio.run(raw({"Authorization": "Bearer abc"}))
+    assert status == 401 and "Basic" in body["error"]
+
+
+def test_scram_and_plain_users_authenticate(secured: Secured) -> None:
+    # alice: SCRAM-SHA-512 in the metadata log; bob: PLAIN in the JAAS config.
+    for user, password in (("alice", "alice-pw"), ("bob", "bob-pw")):
+        status, body = secured.call("GET", "/api/v1/topics", user=user, password=password)
+        assert status == 200, body
+
+
+def test_a_changed_password_is_not_served_from_the_cache(secured: Secured) -> None:
+    secured.scram_user("erin", b"first", 4096)
+    assert secured.call("GET", "/api/v1/topics", user="erin", password="first")[0] == 200
+    secured.scram_user("erin", b"second", 4096)
+    deadline = time.monotonic() + 10
+    while secured.call("GET", "/api/v1/topics", user="erin", password="first")[0] != 401:
+        assert time.monotonic() < deadline, "the old password still works"
+        time.sleep(0.2)
+    assert secured.call("GET", "/api/v1/topics", user="erin", password="second")[0] == 200
+
+
+# -- authorization ------------------------------------------------------------------------
+
+
+def test_no_acl_means_403_and_hidden_topics_then_acls_open_each_route(secured: Secured) -> None:
+    who = {"user": "alice", "password": "alice-pw"}
+    status, body = secured.call("GET", "/api/v1/topics", **who)
+    assert status == 200 and body["topics"] == [], "unauthorized topics are not listed"
+    status, body = secured.call("GET", "/api/v1/topics/orders", **who)
+    assert status == 403 and "User:alice" in body["error"] and "DESCRIBE on TOPIC 'orders'" in (
+        body["error"]
+    )
+    status, body = secured.call("POST", "/api/v1/topics", {"name": "mine"}, **who)
+    assert status == 403 and "CREATE on CLUSTER 'kafka-cluster' or CREATE on TOPIC 'mine'" in (
+        body["error"]
+    )
+    records = {"records": [{"value": "v1"}, {"value": "v2"}]}
+    status, body = secured.call("POST", "/api/v1/topics/orders/records", records, **who)
+    assert status == 403 and "WRITE on TOPIC 'orders'" in body["error"]
+    status, body = secured.call("DELETE", "/api/v1/topics/orders", **who)
+    assert status == 403 and "DELETE on TOPIC 'orders'" in body["error"]
+    status, body = secured.call("PATCH", "/api/v1/topics/orders", {"configs": {"a": "1"}}, **who)
+    assert status == 403 and "ALTER_CONFIGS on TOPIC 'orders'" in body["error"]
+    status, body = secured.call("POST", "/api/v1/reassignments", {"partitions": []}, **who)
+    assert status == 403 and "ALTER on CLUSTER" in body["error"]
+    status, body = secured.call("PUT", "/api/v1/cluster/configs", {"configs": {}}, **who)
+    assert status == 403 and "ALTER_CONFIGS on CLUSTER" in body["error"]
+    assert secured.call("GET", "/api/v1/cluster", **who)[0] == 403
+
+    secured.allow("User:alice", AclOperation.WRITE, ResourceType.TOPIC, "orders")
+    secured.allow("User:alice", AclOperation.READ, ResourceType.TOPIC, "orders")
+    secured.allow("User:alice", AclOperation.CREATE, ResourceType.TOPIC, "mine")
+    status, body = secured.call("GET", "/api/v1/topics", **who)
+    assert status == 200 and [t["name"] for t in body["topics"]] == ["orders"]
+    status, body = secured.call("POST", "/api/v1/topics/orders/records", records, **who)
+    assert status == 200, body
+    path = "/api/v1/topics/orders/partitions/0/records?offset=0"
+    status, body = secured.call("GET", path, **who)
+    assert status == 200 and [r["value"]["text"] for r in body["records"]] == ["v1", "v2"]
+    # A group: READ on it too, as OffsetCommit.
+    status, body = secured.call("GET", path + "&group=billing", **who)
+    assert status == 403 and "READ on GROUP 'billing'" in body["error"]
+    secured.allow("User:alice", AclOperation.READ, ResourceType.GROUP, "billing")
+    status, body = secured.call("GET", path + "&group=billing", **who)
+    assert status == 200, body
+    status, body = secured.call("GET", "/api/v1/groups", **who)
+    assert status == 200 and [g["group_id"] for g in body["groups"]] == ["billing"]
+    assert secured.call("GET", "/api/v1/groups/billing", **who)[0] == 200
+    status, body = secured.call("DELETE", "/api/v1/groups/billing", **who)
+    assert status == 403 and "DELETE on GROUP 'billing'" in body["error"]
+    status, body = secured.call("POST", "/api/v1/topics", {"name": "mine"}, **who)
+    assert status == 201, body
+    # Still nothing on `secret`.
+    assert secured.call("GET", "/api/v1/topics/secret", **who)[0] == 403
+
+
+def test_a_super_user_may_do_everything(secured: Secured) -> None:
+    names = [t["name"] for t in secured.as_admin("GET", "/api/v1/topics")["topics"]]
+    assert {"secret", "orders"} <= set(names)
+    secured.as_admin("POST", "/api/v1/topics", {"name": "admin-made", "partitions": 1})
+    secured.as_admin("PATCH", "/api/v1/topics/admin-made", {"configs": {"retention.ms": "1000"}})
+    assert secured.as_admin("GET", "/api/v1/cluster/configs")["configs"]
+    secured.as_admin("DELETE", "/api/v1/topics/admin-made")
+
+
+def test_client_certificate_principal(secured: Secured) -> None:
+    cert = {"cert_file": secured.certs.path("alice.pem")}
+    status, body = secured.call("GET", "/api/v1/topics", **cert)
+    assert status == 200 and body["topics"] == []
+    status, body = secured.call("GET", "/api/v1/topics/secret", **cert)
+    assert status == 403 and ALICE_DN in body["error"]
+    secured.allow(ALICE_DN, AclOperation.DESCRIBE, ResourceType.TOPIC, "secret")
+    status, body = secured.call("GET", "/api/v1/topics", **cert)
+    assert status == 200 and [t["name"] for t in body["topics"]] == ["secret"]
+
+
+# -- the strait CLI -----------------------------------------------------------------------
+
+
+def _strait(secured: Secured, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "straitmq", "--http", secured.url, *args],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+def test_strait_cli_with_credentials(secured: Secured) -> None:
+    ca = secured.certs.path("ca.pem")
+    r = _strait(secured, "--ca-file", ca, "--user", "admin", "topic", "list",
+                env={"STRAIT_PASSWORD": "admin-secret"})  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "secret" in r.stdout and "orders" in r.stdout
+    r = _strait(secured, "topic", "list", env={"STRAIT_CA_FILE": ca})
+    assert r.returncode == 1 and "authentication required" in r.stderr and "--user" in r.stderr
+    r = _strait(secured, "topic", "list", env={"STRAIT_CA_FILE": ca, "STRAIT_USER": "alice",
+                                                "STRAIT_PASSWORD": "alice-pw"})  # fmt: skip
+    assert r.returncode == 0 and "secret" not in r.stdout, r.stderr
+    r = _strait(secured, "--cert", secured.certs.path("alice.pem"), "topic", "list",
+                env={"STRAIT_CA_FILE": ca})  # fmt: skip
+    assert r.returncode == 0 and "secret" in r.stdout, r.stderr
+
+
+# -- settings -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("http.authentication=mtls", "http.authentication=mtls needs TLS"),
+        ("http.authentication=token", "http.authentication 'token'"),
+        ("http.ssl.client.auth=required", "without http.ssl.keystore.location"),
+        ("http.metrics.require.authentication=maybe", "true or false"),
+    ],
+)
+def test_unusable_http_settings_stop_the_broker_saying_why(
+    tmp_path: Path, override: str, says: str
+) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "straitmq.broker", "--data-dir", str(tmp_path / "d"),
+         "--listen", f"127.0.0.1:{free_port()}", "--http", f"127.0.0.1:{free_port()}",
+         "--override", override],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 78 and says in r.stderr, r.stderr
+
+
+def test_basic_credentials_header() -> None:
+    assert AdminAuth(username="a", password="b:c").header() == "Basic " + base64.b64encode(
+        b"a:b:c"
+    ).decode()
+
+
+# -- a 3+3 cluster: brokers calling each other, redirects ---------------------------------
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    from cluster_support import cluster_factory
+
+    import straitmq.cli.local_cluster as local_cluster
+
+    certs = make_certs(tmp_path / "certs")
+    # The harness polls /readyz over http; the brokers' port speaks https.
+    plain = local_cluster.request_sync
+
+    def either(base: str, method: str, path: str, body: Any = None, timeout_s: float = 30.0,
+               auth: Any = None) -> Any:  # fmt: skip
+        try:
+            return plain(base, method, path, body, timeout_s, auth)
+        except AdminError as e:
+            if not e.unreachable or not base.startswith("http://"):
+                raise
+            tls = AdminAuth(ca_file=certs.path("ca.pem"))
+            return plain("https://" + base[7:], method, path, body, timeout_s, tls)
+
+    monkeypatch.setattr(local_cluster, "request_sync", either)
+    for make in cluster_factory(tmp_path):
+        yield make, certs
+
+
+def test_brokers_forward_and_redirect_over_https_as_themselves(cluster: Any) -> None:
+    from cluster_support import BROKER_ARGS
+
+    make, certs = cluster
+    c = make(broker_args=[
+        *BROKER_ARGS,
+        "--override", "authorizer.class.name=StandardAuthorizer",
+        # ANONYMOUS: replication over the PLAINTEXT listener; CN=localhost: the brokers'
+        # HTTP certificate, shown when they call each other.
+        "--override", "super.users=User:ANONYMOUS;User:CN=localhost",
+        "--override", f"http.ssl.keystore.location={certs.path('server.pem')}",
+        "--override", f"http.ssl.truststore.location={certs.path('ca.pem')}",
+        "--override", "http.ssl.client.auth=requested",
+        "--override", "http.authentication=basic,mtls",
+    ])  # fmt: skip
+    first = c.brokers[1]
+    url = f"https://127.0.0.1:{first.http_port}"
+    admin = AdminAuth(ca_file=certs.path("ca.pem"), cert_file=certs.path("server.pem"))
+    spread = {"name": "spread", "partitions": 6, "replication_factor": 3}
+    request_sync(url, "POST", "/api/v1/topics", spread, auth=admin)
+    kafka = AdminClient({"bootstrap.servers": c.bootstrap})
+    info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096)
+    fs = kafka.alter_user_scram_credentials([UserScramCredentialUpsertion("alice", info, b"pw")])
+    for f in fs.values():
+        f.result(timeout=30)
+    binding = AclBinding(ResourceType.TOPIC, "spread", ResourcePatternType.LITERAL,
+                         "User:alice", "*", AclOperation.ALL, AclPermissionType.ALLOW)  # fmt: skip
+    for f in kafka.create_acls([binding]).values():
+        f.result(timeout=30)
+    alice = AdminAuth(ca_file=certs.path("ca.pem"), username="alice", password="pw")
+    topic = request_sync(url, "GET", "/api/v1/topics/spread", auth=alice)
+    leaders = {p["partition"]: p["leader"] for p in topic["partitions"]}
+    assert set(leaders.values()) - {1}, f"every partition is led by broker 1: {leaders}"
+    # One produce through broker 1 for every partition: broker 1 writes its own and
+    # forwards the rest to their leaders over https, as CN=localhost.
+    records = [{"value": f"v{p}", "partition": p} for p in range(6)]
+    answer = request_sync(url, "POST", "/api/v1/topics/spread/records", {"records": records},
+                          auth=alice)  # fmt: skip
+    assert sorted(o["partition"] for o in answer["offsets"]) == list(range(6))
+    # A read of a partition led elsewhere: a 307 to https on its leader, followed with
+    # alice's credentials (aiohttp would drop them across origins).
+    elsewhere = next(p for p, leader in leaders.items() if leader != 1)
+    got = request_sync(url, "GET", f"/api/v1/topics/spread/partitions/{elsewhere}/records",
+                       auth=alice)  # fmt: skip
+    assert [r["value"]["text"] for r in got["records"]] == [f"v{elsewhere}"]
+    # Without the brokers' identity among the super users, the forwarded share is refused.
+    status, body = exchange_sync(
+        f"https://127.0.0.1:{c.brokers[leaders[elsewhere]].http_port}", "POST",
+        "/api/v1/topics/spread/records", {"records": [{"value": "x", "partition": elsewhere}]},
+        auth=AdminAuth(ca_file=certs.path("ca.pem"), cert_file=certs.path("alice.pem")),
+    )  # fmt: skip
+    assert status == 403 and "WRITE on TOPIC 'spread' or CLUSTER_ACTION" in body["error"]

@@ -530,11 +530,14 @@ def test_features_describe(broker) -> None:  # type: ignore[no-untyped-def]
     }, r.stdout  # fmt: skip
     assert int(by_name["metadata.version"]["Epoch"]) > 0, r.stdout
     off = ("kraft.version", "group.version", "transaction.version",
-           "eligible.leader.replicas.version", "share.version", "streams.version")  # fmt: skip
-    assert set(by_name) == {"metadata.version", *off}, r.stdout
+           "eligible.leader.replicas.version", "streams.version")  # fmt: skip
+    assert set(by_name) == {"metadata.version", "share.version", *off}, r.stdout
     for name in off:
         assert [by_name[name][k] for k in ("SupportedMinVersion", "SupportedMaxVersion",
                 "FinalizedVersionLevel")] == ["0", "0", "0"], (name, r.stdout)  # fmt: skip
+    # KIP-932 share groups are on (ShareGroupHeartbeat, ShareFetch, ... v1).
+    assert [by_name["share.version"][k] for k in ("SupportedMinVersion", "SupportedMaxVersion",
+            "FinalizedVersionLevel")] == ["0", "1", "1"], r.stdout  # fmt: skip
 
     raw = Raw(broker)
     try:
@@ -546,7 +549,7 @@ def test_features_describe(broker) -> None:  # type: ignore[no-untyped-def]
     assert [f.name for f in replies[3].supported_features] == ["metadata.version"]
     assert len(replies[4].supported_features) == 7
     for v in (3, 4):
-        (fin,) = replies[v].finalized_features
-        assert (fin.name, fin.min_version_level, fin.max_version_level) == (
-            "metadata.version", 27, 27)  # fmt: skip
+        assert [(f.name, f.min_version_level, f.max_version_level)
+                for f in replies[v].finalized_features] == [
+            ("metadata.version", 27, 27), ("share.version", 1, 1)]  # fmt: skip
         assert replies[v].finalized_features_epoch > 0

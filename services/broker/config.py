@@ -52,6 +52,27 @@ class BrokerConfig:
     retention_check_interval_ms: int = setting(
         300_000, "log.retention.check.interval.ms", "--retention-check-interval-ms"
     )
+    # KIP-932 share groups (Kafka's defaults; group.share.partition.max.record.locks 2000).
+    group_share_session_timeout_ms: int = setting(
+        45_000, "group.share.session.timeout.ms", "--group-share-session-timeout-ms"
+    )
+    group_share_heartbeat_interval_ms: int = setting(
+        5_000, "group.share.heartbeat.interval.ms", "--group-share-heartbeat-interval-ms"
+    )
+    group_share_record_lock_duration_ms: int = setting(
+        30_000, "group.share.record.lock.duration.ms", "--group-share-record-lock-duration-ms"
+    )
+    group_share_delivery_count_limit: int = setting(
+        5, "group.share.delivery.count.limit", "--group-share-delivery-count-limit"
+    )
+    group_share_partition_max_record_locks: int = setting(
+        2000, "group.share.partition.max.record.locks"
+    )
+    share_auto_offset_reset: str = setting(
+        "latest", None, "--share-auto-offset-reset",
+        "where a share group starts reading a partition: latest (Kafka's default) or "
+        "earliest (Kafka sets it per group: share.auto.offset.reset)",
+    )  # fmt: skip
     # Offsets of a group without members expire this long after the later of their
     # commit and the moment the group became empty; a group left with neither is removed.
     # Kafka's is whole minutes; a fraction is accepted here (tests).

@@ -26,6 +26,7 @@ from . import (
     quorum,
     reassign,
     records,
+    share,
 )
 from . import security as sec
 from .context import RequestContext
@@ -104,4 +105,8 @@ HANDLERS: dict[int, ApiSpec] = {
     68: ApiSpec(0, 1, groups.handle_consumer_group_heartbeat),  # KIP-848
     69: ApiSpec(0, 1, groups.handle_consumer_group_describe),
     75: ApiSpec(0, 0, describe_topics.handle_describe_topic_partitions),
+    76: ApiSpec(1, 1, share.handle_share_group_heartbeat),  # KIP-932 share groups
+    77: ApiSpec(1, 1, share.handle_share_group_describe),
+    78: ApiSpec(1, 1, share.handle_share_fetch),
+    79: ApiSpec(1, 1, share.handle_share_acknowledge),
 }

@@ -10,7 +10,9 @@ StraitMQ really implements, named as Kafka 4.1 names them:
 - kraft.version 0 (static voters: no AddRaftVoter/RemoveRaftVoter), group.version 0 (the
   classic group protocol only, no KIP-848 ConsumerGroupHeartbeat), transaction.version 0
   (no transactions; a finalized 2 would make Java 4.x producers use KIP-890's protocol),
-  eligible.leader.replicas.version 0 (no ELR), share.version 0, streams.version 0.
+  eligible.leader.replicas.version 0 (no ELR), streams.version 0.
+- share.version 1, finalized: KIP-932 share groups (ShareGroupHeartbeat, ShareGroupDescribe,
+  ShareFetch, ShareAcknowledge v1), as a Kafka 4.1 cluster with share groups enabled.
 
 As in Kafka, a finalized level 0 is not listed (the tool prints 0 for it), and before
 v4 features whose supported minimum is 0 are left out (KAFKA-17492: older clients fail
@@ -33,7 +35,7 @@ FEATURES: dict[str, tuple[int, int, int]] = {
     "group.version": (0, 0, 0),
     "transaction.version": (0, 0, 0),
     "eligible.leader.replicas.version": (0, 0, 0),
-    "share.version": (0, 0, 0),
+    "share.version": (0, 1, 1),
     "streams.version": (0, 0, 0),
 }
 

@@ -1,0 +1,142 @@
+"""Share sessions (KIP-932) on a partition leader, and the share-partitions they read.
+
+A share session belongs to one (group, member) on one broker. The client opens it with
+ShareFetch epoch 0 naming every partition it wants from this broker, then sends epochs
+1, 2, ... naming only partitions to add (and forgotten ones to drop); epoch -1 closes it
+(after applying the acknowledgements it carries). Like Kafka:
+
+- epoch 0 with acknowledgements: INVALID_REQUEST; epoch 0 for a (group, member) that has
+  a session replaces it (the old one's records are released);
+- any other epoch with no session: SHARE_SESSION_NOT_FOUND; the wrong epoch:
+  INVALID_SHARE_SESSION_EPOCH; at `max_sessions` open sessions a new one gets
+  SHARE_SESSION_LIMIT_REACHED.
+- A closed (or replaced) session's member gets its acquired records released at once.
+
+The share-partitions (`SharePartition`) are created at the first fetch of a group on a
+partition this broker leads, starting at the high watermark (Kafka's default
+share.auto.offset.reset=latest) or the log start (earliest), and dropped when this
+broker stops leading the partition. None of it is persisted.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from kio.schema.errors import ErrorCode
+
+from .partition import SharePartition
+
+INITIAL_EPOCH = 0
+FINAL_EPOCH = -1
+
+TopicPartitionKey = tuple[uuid.UUID, int]
+SharePartitionKey = tuple[str, str, int]  # group, topic name, partition
+
+
+@dataclass(slots=True)
+class ShareSession:
+    group_id: str
+    member_id: str
+    epoch: int = 1  # the epoch the next request must carry
+    partitions: set[TopicPartitionKey] = field(default_factory=set)
+
+
+def next_epoch(epoch: int) -> int:
+    return 1 if epoch >= 2**31 - 1 else epoch + 1
+
+
+class ShareState:
+    """Every share session and share-partition of one broker."""
+
+    def __init__(
+        self,
+        lock_duration_ms: int = 30_000,
+        delivery_limit: int = 5,
+        max_record_locks: int = 2000,
+        max_sessions: int = 2000,
+        auto_offset_reset: str = "latest",
+    ) -> None:
+        self.lock_duration_ms = lock_duration_ms
+        self.delivery_limit = delivery_limit
+        self.max_record_locks = max_record_locks
+        self.max_sessions = max_sessions
+        self.auto_offset_reset = auto_offset_reset
+        self.sessions: dict[tuple[str, str], ShareSession] = {}
+        self.partitions: dict[SharePartitionKey, SharePartition] = {}
+
+    # -- sessions -------------------------------------------------------------------------
+
+    def session_for(
+        self, group_id: str, member_id: str, epoch: int, acks: bool
+    ) -> tuple[ShareSession | None, int, str | None]:
+        """(the session, an error code, its message) for a request's epoch. Epoch -1
+        returns the session to close after its acknowledgements (see `close`)."""
+        key = (group_id, member_id)
+        if epoch == INITIAL_EPOCH:
+            if acks:
+                return (
+                    None,
+                    ErrorCode.invalid_request,
+                    ("acknowledgements cannot be sent with share session epoch 0"),
+                )
+            old = self.sessions.pop(key, None)
+            if old is not None:
+                self.release_member(group_id, member_id)
+            elif len(self.sessions) >= self.max_sessions:
+                return None, ErrorCode.share_session_limit_reached, None
+            session = self.sessions[key] = ShareSession(group_id, member_id)
+            return session, 0, None
+        session = self.sessions.get(key)
+        if session is None:
+            return None, ErrorCode.share_session_not_found, None
+        if epoch == FINAL_EPOCH:
+            return session, 0, None
+        if epoch != session.epoch:
+            return None, ErrorCode.invalid_share_session_epoch, None
+        session.epoch = next_epoch(epoch)
+        return session, 0, None
+
+    def close(self, session: ShareSession) -> None:
+        if self.sessions.get((session.group_id, session.member_id)) is session:
+            del self.sessions[(session.group_id, session.member_id)]
+        self.release_member(session.group_id, session.member_id)
+
+    def release_member(self, group_id: str, member_id: str) -> bool:
+        changed = False
+        for (g, _, _), sp in self.partitions.items():
+            if g == group_id:
+                changed |= sp.release_member(member_id)
+        return changed
+
+    # -- share-partitions ---------------------------------------------------------------
+
+    def partition(
+        self, group_id: str, topic: str, index: int, log_start: int, high_watermark: int
+    ) -> SharePartition:
+        key = (group_id, topic, index)
+        sp = self.partitions.get(key)
+        if sp is None:
+            start = log_start if self.auto_offset_reset == "earliest" else high_watermark
+            sp = self.partitions[key] = SharePartition(
+                start, self.lock_duration_ms, self.delivery_limit, self.max_record_locks
+            )
+        sp.skip_to(log_start)
+        return sp
+
+    def existing(self, group_id: str, topic: str, index: int) -> SharePartition | None:
+        return self.partitions.get((group_id, topic, index))
+
+    def drop_partition(self, topic: str, index: int) -> None:
+        """This broker no longer leads the partition: forget its share state."""
+        for key in [k for k in self.partitions if k[1] == topic and k[2] == index]:
+            del self.partitions[key]
+
+    def next_deadline(self, keys: list[SharePartitionKey]) -> int | None:
+        deadlines = [
+            d
+            for k in keys
+            if (sp := self.partitions.get(k)) is not None
+            if (d := sp.next_deadline()) is not None
+        ]
+        return min(deadlines) if deadlines else None

@@ -1,0 +1,514 @@
+"""Share groups (KIP-932): the share-partition state and the share-group membership as
+sans-IO units (milliseconds), the four APIs on the wire against a real broker, and the
+Java KafkaShareConsumer (kafka-clients 4.1, tools/java/kafka-4.1/ShareConsumerClient.java).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kio.schema.errors import ErrorCode as E
+from kio.schema.share_acknowledge.v1 import request as sa
+from kio.schema.share_fetch.v1 import request as sf
+from kio.schema.share_group_describe.v1 import request as sgd
+from kio.schema.share_group_heartbeat.v1 import request as sgh
+from straitmq.broker.groups.share_group import ShareGroupStateMachine, ShareSettings, assign
+from straitmq.broker.share.partition import (
+    ACCEPT,
+    ACKNOWLEDGED,
+    ACQUIRED,
+    ARCHIVED,
+    AVAILABLE,
+    REJECT,
+    RELEASE,
+    InvalidRecordState,
+    SharePartition,
+)
+from straitmq.broker.share.sessions import ShareState
+from test_errors import Raw
+from waiting import wait_for
+
+from bench.javatools import REPO_ROOT, ensure_jars, java_cmd
+
+pytestmark = pytest.mark.timeout(600)
+
+JAVA_CLIENT = REPO_ROOT / "tools" / "java" / "kafka-4.1" / "ShareConsumerClient.java"
+
+
+# -- the share-partition state, sans-IO ------------------------------------------------------
+
+
+def batches(*spans: tuple[int, int]) -> list[tuple[int, int]]:
+    return list(spans)
+
+
+def test_acquire_whole_batches_up_to_max_records_then_accept_moves_the_spso():
+    sp = SharePartition(10, lock_duration_ms=1000)
+    got = sp.acquire("m1", 0, 15, batches((10, 19), (20, 29), (30, 39)))
+    # A soft limit: the second batch is taken whole, the third is left.
+    assert [(a.first, a.last, a.delivery_count) for a in got] == [(10, 19, 1), (20, 29, 1)]
+    assert sp.next_offset == 30 and sp.spso == 10
+    assert sp.state_of(25) == (ACQUIRED, 1, "m1")
+    sp.acknowledge("m1", 20, 29, [ACCEPT])
+    assert sp.spso == 10, "the SPSO waits for the first batch"
+    sp.acknowledge("m1", 10, 19, [ACCEPT])
+    assert sp.spso == 30 and sp.ranges == [] and sp.state_of(12)[0] == ACKNOWLEDGED
+    sp.check()
+
+
+def test_lock_timeout_makes_records_available_to_another_member():
+    sp = SharePartition(0, lock_duration_ms=1000)
+    sp.acquire("m1", 0, 100, batches((0, 4)))
+    assert sp.acquire("m2", 500, 100, []) == [], "still locked by m1"
+    assert sp.next_deadline() == 1000
+    got = sp.acquire("m2", 1000, 100, [])
+    assert [(a.first, a.last, a.delivery_count) for a in got] == [(0, 4, 2)]
+    with pytest.raises(InvalidRecordState):
+        sp.acknowledge("m1", 0, 4, [ACCEPT])  # m1's lock is gone
+    sp.acknowledge("m2", 0, 4, [ACCEPT])
+    assert sp.spso == 5
+    sp.check()
+
+
+def test_release_redelivers_reject_archives_and_per_record_types_split_ranges():
+    sp = SharePartition(0)
+    sp.acquire("m1", 0, 100, batches((0, 9)))
+    # One type per record: 0-2 accepted, 3 rejected, 4-9 released.
+    sp.acknowledge("m1", 0, 9, [ACCEPT] * 3 + [REJECT] + [RELEASE] * 6)
+    assert sp.spso == 4, "accepted and rejected records at the start are done"
+    assert sp.state_of(3)[0] == ACKNOWLEDGED  # before the SPSO: done
+    assert sp.state_of(4) == (AVAILABLE, 1, None)
+    got = sp.acquire("m2", 1, 100, [])
+    assert [(a.first, a.last, a.delivery_count) for a in got] == [(4, 9, 2)]
+    sp.acknowledge("m2", 6, 6, [REJECT])  # part of an acquired range
+    assert sp.state_of(6)[0] == ARCHIVED and sp.state_of(5) == (ACQUIRED, 2, "m2")
+    sp.acknowledge("m2", 4, 5, [ACCEPT])
+    sp.acknowledge("m2", 7, 9, [ACCEPT])
+    assert sp.spso == 10 and not sp.ranges
+    sp.check()
+
+
+def test_delivery_limit_archives_records_released_or_timed_out_too_often():
+    sp = SharePartition(0, lock_duration_ms=100, delivery_limit=3)
+    sp.acquire("m", 0, 10, batches((0, 1)))
+    sp.acknowledge("m", 0, 1, [RELEASE])  # delivery 1
+    sp.acquire("m", 1, 10, [])
+    assert sp.acquire("m", 200, 10, [])[0].delivery_count == 3  # 2 timed out, 3rd delivery
+    sp.expire(300)  # the third lock times out: at the limit, archived
+    assert sp.spso == 2 and not sp.ranges
+    assert sp.acquire("m", 400, 10, []) == []
+    sp.check()
+
+
+def test_acknowledging_records_not_held_is_refused_and_changes_nothing():
+    sp = SharePartition(0)
+    sp.acquire("m1", 0, 10, batches((0, 4)))
+    sp.acquire("m2", 0, 10, batches((5, 9)))
+    for member, first, last in (("m2", 0, 4), ("m1", 3, 6), ("m1", 10, 12)):
+        with pytest.raises(InvalidRecordState):
+            sp.acknowledge(member, first, last, [ACCEPT])
+    with pytest.raises(ValueError):
+        sp.acknowledge("m1", 0, 4, [ACCEPT, ACCEPT])  # neither one type nor one per record
+    assert sp.state_of(3) == (ACQUIRED, 1, "m1") and sp.state_of(6) == (ACQUIRED, 1, "m2")
+    sp.check()
+
+
+def test_release_of_a_member_and_the_in_flight_cap_and_log_start():
+    sp = SharePartition(0, max_in_flight=20)
+    got = sp.acquire("m1", 0, 1000, batches((0, 9), (10, 19), (20, 29)))
+    assert got[-1].last == 19, "no more than 20 records in flight"
+    assert sp.release_member("m1") and sp.state_of(0) == (AVAILABLE, 1, None)
+    sp.skip_to(15)  # retention removed 0-14
+    assert sp.spso == 15 and sp.state_of(15) == (AVAILABLE, 1, None)
+    sp.check()
+    sp.skip_to(40)
+    assert sp.spso == sp.next_offset == 40 and not sp.ranges
+
+
+def test_a_batch_of_a_million_records_is_one_range():
+    sp = SharePartition(0)
+    start = time.perf_counter()
+    sp.acquire("m", 0, 10, batches((0, 999_999)))
+    sp.acknowledge("m", 0, 999_999, [ACCEPT])
+    assert sp.spso == 1_000_000 and time.perf_counter() - start < 0.01
+
+
+def test_share_sessions_epochs():
+    st = ShareState()
+    s, code, _ = st.session_for("g", "m", 0, False)
+    assert code == 0 and s is not None
+    assert st.session_for("g", "m", 0, True)[1] == E.invalid_request  # acks on a new session
+    assert st.session_for("g", "other", 1, False)[1] == E.share_session_not_found
+    assert st.session_for("g", "m", 2, False)[1] == E.invalid_share_session_epoch
+    assert st.session_for("g", "m", 1, False)[1] == 0
+    assert st.session_for("g", "m", 2, False)[1] == 0
+    sp = st.partition("g", "t", 0, 0, 10)
+    assert sp.spso == 10, "share.auto.offset.reset=latest by default"
+    s2, code, _ = st.session_for("g", "m", -1, False)
+    assert code == 0 and s2 is s
+    st.close(s2)
+    assert st.session_for("g", "m", 3, False)[1] == E.share_session_not_found
+    assert ShareState(auto_offset_reset="earliest").partition("g", "t", 0, 3, 10).spso == 3
+
+
+# -- membership, sans-IO --------------------------------------------------------------------
+
+T1, T2 = uuid.uuid4(), uuid.uuid4()
+
+
+class Topics:
+    def __init__(self, **counts: int) -> None:
+        self.counts = counts
+
+    def topic(self, name: str) -> tuple[uuid.UUID, int] | None:
+        n = self.counts.get(name)
+        return ({"a": T1, "b": T2}[name], n) if n is not None else None
+
+
+def test_assign_shares_partitions_when_members_outnumber_them():
+    parts = [(T1, 0), (T1, 1)]
+    six = assign([f"m{i}" for i in range(6)], parts)
+    assert all(a for a in six.values()), "every member gets a partition"
+    assert Counter(p for a in six.values() for p in a[T1]) == {0: 3, 1: 3}
+    one = assign(["m0"], parts)
+    assert one == {"m0": {T1: (0, 1)}}
+
+
+def test_share_group_heartbeats_epochs_and_errors():
+    sm = ShareGroupStateMachine(ShareSettings(session_timeout_ms=1000, heartbeat_interval_ms=100))
+    topics = Topics(a=2)
+
+    def hb(member: str, epoch: int, subs: tuple[str, ...] | None = None, now: int = 0) -> Any:
+        return sm.heartbeat("g", member, epoch, None, subs, "c", "/h", topics, now)
+
+    r1 = hb("m1", 0, ("a",))
+    assert r1.error == 0 and r1.member_epoch == 1 and r1.assignment == {T1: (0, 1)}
+    assert r1.heartbeat_interval_ms == 100
+    r2 = hb("m2", 0, ("a",))
+    assert r2.member_epoch == 2 and r2.assignment == {T1: (1,)}
+    # m1 learns of the new epoch and its new assignment at its next heartbeat.
+    r1b = hb("m1", 1)
+    assert r1b.member_epoch == 2 and r1b.assignment == {T1: (0,)}
+    assert hb("m1", 2).assignment is None, "unchanged: no assignment sent"
+    assert hb("m1", 1).error == E.fenced_member_epoch
+    assert hb("m1", 7).error == E.fenced_member_epoch
+    assert hb("ghost", 3).error == E.unknown_member_id
+    assert hb("", 0, ("a",)).error == E.invalid_request
+    assert hb("m3", 0).error == E.invalid_request  # a join without topics
+    assert hb("ghost", -1).error == E.unknown_member_id
+    # More partitions: a new epoch for everyone.
+    topics.counts["a"] = 4
+    assert hb("m2", 2).assignment == {T1: (1, 3)}
+    # m2 stops heartbeating: removed after the session timeout, m1 gets everything.
+    r = hb("m1", 2, now=900)
+    r = hb("m1", r.member_epoch, now=1500)
+    assert r.assignment == {T1: (0, 1, 2, 3)} and list(sm.groups["g"].members) == ["m1"]
+    assert hb("m1", -1, now=1600).member_epoch == -1
+    assert sm.groups["g"].state == "Empty"
+
+
+# -- on the wire ------------------------------------------------------------------------------
+
+
+def _create_topic(broker: Any, name: str, partitions: int) -> uuid.UUID:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(name, partitions, 1)])[name].result(30)
+    md = None
+
+    def have_id() -> bool:
+        nonlocal md
+        from kio.schema.metadata.v12 import request as mr
+
+        r = Raw(broker)
+        try:
+            md = r.call(mr.MetadataRequest(topics=(mr.MetadataRequestTopic(topic_id=None,
+                        name=name),), allow_auto_topic_creation=False,
+                        include_topic_authorized_operations=False))  # fmt: skip
+        finally:
+            r.close()
+        return md.topics[0].error_code == 0 and len(md.topics[0].partitions) == partitions
+
+    wait_for(have_id, 30, "topic metadata")
+    assert md is not None
+    return md.topics[0].topic_id
+
+
+def _produce(broker: Any, topic: str, values: list[str], partition: int | None = None) -> None:
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
+    for v in values:
+        if partition is None:
+            p.produce(topic, v.encode())
+        else:
+            p.produce(topic, v.encode(), partition=partition)
+    assert p.flush(30) == 0
+
+
+def _hb(group: str, member: str, epoch: int, topics: tuple[str, ...] | None = None) -> Any:
+    return sgh.ShareGroupHeartbeatRequest(
+        group_id=group, member_id=member, member_epoch=epoch, rack_id=None,
+        subscribed_topic_names=topics,
+    )  # fmt: skip
+
+
+def _fetch(group: str, member: str, epoch: int, tid: uuid.UUID, parts: dict, wait_ms: int = 500):
+    """parts: partition -> [(first, last, [types])] acknowledgements."""
+    import datetime
+
+    return sf.ShareFetchRequest(
+        group_id=group, member_id=member, share_session_epoch=epoch,
+        max_wait=datetime.timedelta(milliseconds=wait_ms), min_bytes=1, max_bytes=1 << 20,
+        max_records=500, batch_size=500,
+        topics=(sf.FetchTopic(topic_id=tid, partitions=tuple(
+            sf.FetchPartition(partition_index=p, acknowledgement_batches=tuple(
+                sf.AcknowledgementBatch(first_offset=f, last_offset=last,
+                                        acknowledge_types=tuple(ts))
+                for f, last, ts in acks))
+            for p, acks in parts.items())),),
+        forgotten_topics_data=(),
+    )  # fmt: skip
+
+
+def _ack(group: str, member: str, epoch: int, tid: uuid.UUID, parts: dict) -> Any:
+    return sa.ShareAcknowledgeRequest(
+        group_id=group, member_id=member, share_session_epoch=epoch,
+        topics=(sa.AcknowledgeTopic(topic_id=tid, partitions=tuple(
+            sa.AcknowledgePartition(partition_index=p, acknowledgement_batches=tuple(
+                sa.AcknowledgementBatch(first_offset=f, last_offset=last,
+                                        acknowledge_types=tuple(ts))
+                for f, last, ts in acks))
+            for p, acks in parts.items())),),
+    )  # fmt: skip
+
+
+def _acquired(resp: Any) -> dict[int, list[tuple[int, int, int]]]:
+    out: dict[int, list[tuple[int, int, int]]] = {}
+    for t in resp.responses:
+        for p in t.partitions:
+            assert p.error_code == 0, p
+            if p.acquired_records:
+                out[p.partition_index] = [
+                    (a.first_offset, a.last_offset, a.delivery_count) for a in p.acquired_records
+                ]
+    return out
+
+
+def test_wire_share_group_fetch_acknowledge_and_errors(broker_factory):
+    broker = broker_factory(
+        "--group-share-record-lock-duration-ms", "1500", "--group-share-delivery-count-limit", "2"
+    )
+    tid = _create_topic(broker, "sq", 2)
+    r = Raw(broker)
+    g, m1, m2 = "wire-share", str(uuid.uuid4()), str(uuid.uuid4())
+    try:
+        versions = {k.api_key: (k.min_version, k.max_version) for k in r.call(
+            __import__("kio.schema.api_versions.v3.request", fromlist=["x"]).ApiVersionsRequest(
+                client_software_name="t", client_software_version="1")).api_keys}  # fmt: skip
+        assert [versions[k] for k in (76, 77, 78, 79)] == [(1, 1)] * 4
+        j1 = r.call(_hb(g, m1, 0, ("sq",)))
+        assert j1.error_code == 0 and j1.member_epoch >= 1 and j1.heartbeat_interval.total_seconds()
+        assert sorted(j1.assignment.topic_partitions[0].partitions) == [0, 1]
+        j2 = r.call(_hb(g, m2, 0, ("sq",)))
+        assert j2.error_code == 0
+        # Bad input: Kafka's codes, the group unharmed.
+        assert r.call(_hb(g, m1, j1.member_epoch + 9)).error_code == E.fenced_member_epoch
+        assert r.call(_hb(g, "ghost", 3)).error_code == E.unknown_member_id
+        assert r.call(_hb(g, "", 0, ("sq",))).error_code == E.invalid_request
+        assert r.call(_hb(g, str(uuid.uuid4()), 0)).error_code == E.invalid_request
+        d = r.call(sgd.ShareGroupDescribeRequest(group_ids=(g, "nope"),
+                                                 include_authorized_operations=False))  # fmt: skip
+        assert d.groups[0].error_code == 0 and {m.member_id for m in d.groups[0].members} == {
+            m1, m2}  # fmt: skip
+        assert d.groups[0].group_state == "Stable"
+        assert d.groups[1].error_code == E.group_id_not_found
+
+        # A share session: epoch 0 opens it (latest: the share-partitions start at the end).
+        f0 = r.call(_fetch(g, m1, 0, tid, {0: [], 1: []}, wait_ms=100))
+        assert f0.error_code == 0 and _acquired(f0) == {}
+        assert f0.acquisition_lock_timeout.total_seconds() == 1.5
+        _produce(broker, "sq", [f"v{i}" for i in range(10)], partition=0)
+        f1 = r.call(_fetch(g, m1, 1, tid, {}, wait_ms=3000))
+        assert _acquired(f1) == {0: [(0, 9, 1)]}
+        records = next(p for t in f1.responses for p in t.partitions if p.partition_index == 0)
+        assert records.records, "the batches come with the acquired ranges"
+        # m2 sees nothing while m1 holds them.
+        g2 = r.call(_fetch(g, m2, 0, tid, {0: []}, wait_ms=100))
+        assert _acquired(g2) == {}
+        # m1 accepts 0-4 (piggybacked on a fetch) and releases 5-9 (ShareAcknowledge); m2
+        # gets 5-9 on its next fetch.
+        f2 = r.call(_fetch(g, m1, 2, tid, {0: [(0, 4, [1])]}, wait_ms=100))
+        acked = [p for t in f2.responses for p in t.partitions if p.partition_index == 0]
+        assert acked and acked[0].acknowledge_error_code == 0 and not acked[0].acquired_records
+        released = r.call(_ack(g, m1, 3, tid, {0: [(5, 9, [2])]}))
+        assert released.responses[0].partitions[0].error_code == 0
+        g3 = r.call(_fetch(g, m2, 1, tid, {}, wait_ms=2000))
+        assert _acquired(g3) == {0: [(5, 9, 2)]}
+        # Acknowledging records someone else holds: INVALID_RECORD_STATE.
+        bad = r.call(_ack(g, m1, 4, tid, {0: [(5, 9, [1])]}))
+        assert bad.responses[0].partitions[0].error_code == E.invalid_record_state
+        # m2 rejects 5 and lets 6-9 time out: at the delivery limit (2) they are archived.
+        ok = r.call(_ack(g, m2, 2, tid, {0: [(5, 5, [3])]}))
+        assert ok.error_code == 0 and ok.responses[0].partitions[0].error_code == 0
+        time.sleep(1.7)
+        assert _acquired(r.call(_fetch(g, m1, 5, tid, {}, wait_ms=300))) == {}
+        # Session errors.
+        assert r.call(_fetch(g, m1, 9, tid, {})).error_code == E.invalid_share_session_epoch
+        assert r.call(_fetch(g, "nobody", 1, tid, {})).error_code == E.share_session_not_found
+        assert r.call(_fetch(g, m1, 0, tid, {0: [(0, 0, [1])]})).error_code == E.invalid_request
+        assert r.call(_ack(g, m1, 0, tid, {})).error_code == E.invalid_share_session_epoch
+        # A member that closes its session (epoch -1) gives its records back at once.
+        _produce(broker, "sq", ["w0", "w1"], partition=1)
+        h = r.call(_fetch(g, m2, 3, tid, {1: []}, wait_ms=3000))
+        assert _acquired(h) == {1: [(0, 1, 1)]}
+        assert r.call(_ack(g, m2, -1, tid, {})).error_code == 0
+        again = r.call(_fetch(g, m1, 0, tid, {1: []}, wait_ms=2000))
+        assert _acquired(again) == {1: [(0, 1, 2)]}
+        # Leaving the group.
+        left = r.call(_hb(g, m2, -1))
+        assert left.error_code == 0 and left.member_epoch == -1
+    finally:
+        r.close()
+
+
+# -- the Java KafkaShareConsumer --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def _jars() -> None:
+    ensure_jars()
+
+
+class ShareMember:
+    def __init__(self, bootstrap: str, group: str, topic: str, name: str, mode: str, logs: Path):
+        self.name = name
+        cmd = java_cmd(str(JAVA_CLIENT), [bootstrap, group, topic, name, mode],
+                       include_classes=False, jars="4.1")  # fmt: skip
+        self.stderr = open(logs / f"{name}.err", "wb")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.stderr, text=True)  # fmt: skip
+        self.events: list[dict] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                self.events.append(json.loads(line))
+
+    def records(self) -> list[tuple[int, int, int, str]]:
+        return [tuple(r) for e in list(self.events) if e["ev"] == "records" for r in e["recs"]]
+
+    def alive(self) -> None:
+        if self.proc.poll() is not None:
+            self.stderr.flush()
+            err = Path(self.stderr.name).read_text()[-3000:]
+            raise AssertionError(f"{self.name} exited with {self.proc.returncode}: {err}")
+
+    def stop(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("stop\n")
+        self.proc.stdin.close()
+        self.proc.wait(60)
+        self._reader.join(10)
+
+    def kill(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+
+def _members_assigned(broker: Any, group: str, count: int) -> bool:
+    r = Raw(broker)
+    try:
+        d = r.call(sgd.ShareGroupDescribeRequest(group_ids=(group,),
+                                                 include_authorized_operations=False))  # fmt: skip
+    finally:
+        r.close()
+    g = d.groups[0]
+    return (g.error_code == 0 and len(g.members) == count
+            and all(m.assignment.topic_partitions for m in g.members))  # fmt: skip
+
+
+def test_java_share_consumers_share_two_partitions_and_redeliver_a_dead_members_records(
+    broker_factory, tmp_path, _jars
+):
+    broker = broker_factory(
+        "--group-share-record-lock-duration-ms", "4000",
+        "--group-share-session-timeout-ms", "6000",
+        "--group-share-heartbeat-interval-ms", "500",
+        "--share-auto-offset-reset", "earliest",
+    )  # fmt: skip
+    topic, group = "jshare", "jshare-group"
+    _create_topic(broker, topic, 2)
+    # One consumer that takes records and dies holding them (SIGKILL, no acknowledgement).
+    holder = ShareMember(broker.bootstrap, group, topic, "holder", "hold", tmp_path)
+    try:
+        wait_for(lambda: _members_assigned(broker, group, 1), 60, "the holder joins")
+        _produce(broker, topic, [f"h{i}" for i in range(20)])
+        wait_for(lambda: holder.alive() or holder.records(), 60, "the holder gets records")
+        held = {(p, o) for p, o, _, _ in holder.records()}
+        assert held
+        holder.kill()
+    finally:
+        if holder.proc.poll() is None:
+            holder.kill()
+    # Six consumers on the two partitions: all of them get records.
+    members = [ShareMember(broker.bootstrap, group, topic, f"c{i}", "accept", tmp_path)
+               for i in range(6)]  # fmt: skip
+    try:
+
+        def assigned() -> bool:
+            for m in members:
+                m.alive()
+            return _members_assigned(broker, group, 6)
+
+        wait_for(assigned, 90, "six members assigned")
+        total = 600
+        sent = 0
+        # Produce in rounds until every consumer has had records.
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            _produce(broker, topic, [f"v{sent + i}" for i in range(50)])
+            sent += 50
+            time.sleep(0.5)
+            for m in members:
+                m.alive()
+            if sent >= total and all(m.records() for m in members):
+                break
+        expected = {f"h{i}" for i in range(20)} | {f"v{i}" for i in range(sent)}
+
+        def everything() -> bool:
+            for m in members:
+                m.alive()
+            return {v for m in members for *_, v in m.records()} >= expected
+
+        wait_for(everything, 90, "every record consumed")
+        got = [rec for m in members for rec in m.records()]
+        assert all(m.records() for m in members), [len(m.records()) for m in members]
+        # The records the holder died with came back after its lock timed out.
+        redelivered = {(p, o): d for p, o, d, _ in got if (p, o) in held}
+        assert set(redelivered) == held and all(d >= 2 for d in redelivered.values())
+        counts = Counter((p, o) for p, o, _, _ in got)
+        dupes = {k: n for k, n in counts.items() if n > 1}
+        assert not dupes, f"accepted records delivered twice: {list(dupes.items())[:5]}"
+    finally:
+        for m in members:
+            if m.proc.poll() is None:
+                m.stop()
+    for m in members:
+        assert any(e["ev"] == "closed" for e in m.events), m.name
+        errors = [e for e in m.events if e["ev"] == "committed" and e["errors"]]
+        assert not errors, errors[:3]

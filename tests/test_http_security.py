@@ -99,6 +99,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Any:
     d = tmp_path_factory.mktemp("http-security")
     certs = make_certs(d / "certs")
     repl, sasl = free_port(), free_port()
+    (d / "certs" / "http.pem").write_text((d / "certs" / "server.pem").read_text())
     props = [
         f"listeners=REPL://127.0.0.1:{repl},SASL://127.0.0.1:{sasl}",
         "listener.security.protocol.map=REPL:PLAINTEXT,SASL:SASL_PLAINTEXT",
@@ -107,9 +108,10 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Any:
         f"listener.name.sasl.plain.sasl.jaas.config={JAAS}",
         "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
         "super.users=User:admin;User:ANONYMOUS",
-        f"http.ssl.keystore.location={certs.path('server.pem')}",
+        f"http.ssl.keystore.location={certs.path('http.pem')}",
         f"http.ssl.truststore.location={certs.path('ca.pem')}",
         "http.ssl.client.auth=requested",
+        "http.ssl.reload.interval.ms=100",
         "http.authentication=basic,mtls",
     ]
     (d / "server.properties").write_text("\n".join(props) + "\n")
@@ -305,6 +307,27 @@ def test_client_certificate_principal(secured: Secured) -> None:
     secured.allow(ALICE_DN, AclOperation.DESCRIBE, ResourceType.TOPIC, "secret")
     status, body = secured.call("GET", "/api/v1/topics", **cert)
     assert status == 200 and [t["name"] for t in body["topics"]] == ["secret"]
+
+
+def test_a_rotated_certificate_is_served_without_a_restart(secured: Secured) -> None:
+    def served_subject() -> str:
+        ctx = ssl.create_default_context(cafile=secured.certs.path("ca.pem"))
+        with socket.create_connection(("127.0.0.1", secured.broker.http_port), timeout=5) as raw:
+            with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                cert = tls.getpeercert()
+        return dict(x[0] for x in cert["subject"])["commonName"]
+
+    assert served_subject() == "localhost"
+    secured.certs.leaf("rotated", "ca", "/CN=rotated", "IP:127.0.0.1,DNS:localhost")
+    target = Path(secured.certs.path("http.pem"))
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(Path(secured.certs.path("rotated.pem")).read_text())
+    tmp.replace(target)  # atomically, as a Secret update does
+    deadline = time.monotonic() + 10
+    while served_subject() != "rotated":
+        assert time.monotonic() < deadline, "the rotated certificate is not served"
+        time.sleep(0.1)
+    secured.serving()
 
 
 # -- the strait CLI -----------------------------------------------------------------------

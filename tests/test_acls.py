@@ -121,7 +121,8 @@ from straitmq.cli.local_cluster import free_port
 pytestmark = pytest.mark.timeout(300)
 
 TOPIC_AUTH, GROUP_AUTH, CLUSTER_AUTH, INVALID_REQUEST = 29, 30, 31, 42
-NAMES = ("admin", "alice", "bob", "carol", "dave", "erin", "frank", "gina", "hank", "ivan")
+NAMES = ("admin", "alice", "bob", "carol", "dave", "erin", "frank", "gina", "hank", "ivan",
+         "judy")  # fmt: skip
 USERS = {name: f"{name}-pw" for name in NAMES}
 JAAS = "org.apache.kafka.common.security.plain.PlainLoginModule required " + " ".join(
     f'user_{u}="{p}"' for u, p in USERS.items()
@@ -397,6 +398,36 @@ def test_metadata_shows_only_what_the_principal_may_describe(secured: Secured) -
     err = produce_error(secured.conf("frank"), "acl-auto-new")
     assert err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, err
     assert "acl-auto-new" not in secured.admin().list_topics(timeout=20).topics
+
+
+def test_authorized_operations_are_the_principals_own(secured: Secured) -> None:
+    """Describe* with include_authorized_operations answers what this principal may do
+    (implied operations included); the super user gets all a resource supports."""
+    from confluent_kafka import TopicCollection
+
+    t = secured.topic("acl-ops")
+    secured.allow(
+        acl(t, AclOperation.READ, "judy"),
+        acl(t, AclOperation.ALTER_CONFIGS, "judy"),
+        acl("kafka-cluster", AclOperation.DESCRIBE, "judy", rtype=ResourceType.BROKER),
+        acl("acl-ops-g", AclOperation.READ, "judy", rtype=ResourceType.GROUP),
+    )
+    judy = AdminClient(secured.conf("judy"))
+
+    def topic_ops(admin: AdminClient) -> set:
+        got = admin.describe_topics(TopicCollection([t]), include_authorized_operations=True)
+        return set(got[t].result(timeout=30).authorized_operations)
+
+    op = AclOperation
+    assert topic_ops(judy) == {op.READ, op.DESCRIBE, op.ALTER_CONFIGS, op.DESCRIBE_CONFIGS}
+    everything = {op.READ, op.WRITE, op.CREATE, op.DESCRIBE, op.DELETE, op.ALTER,
+                  op.DESCRIBE_CONFIGS, op.ALTER_CONFIGS}  # fmt: skip
+    assert topic_ops(secured.admin()) == everything
+    cluster = judy.describe_cluster(include_authorized_operations=True).result(timeout=30)
+    assert set(cluster.authorized_operations) == {op.DESCRIBE}
+    group = judy.describe_consumer_groups(["acl-ops-g"], include_authorized_operations=True)
+    described = group["acl-ops-g"].result(timeout=30)
+    assert set(described.authorized_operations) == {op.READ, op.DESCRIBE}
 
 
 def test_topic_admin_apis(secured: Secured) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..security.acls import CLUSTER, CLUSTER_NAME
+from ..security.acls import CLUSTER, CLUSTER_NAME, operations_bitfield
 
 if TYPE_CHECKING:
     from ..broker import Broker
@@ -44,6 +44,10 @@ class RequestContext:
 
     def cluster_allowed(self, operation: int) -> bool:
         return self.allowed(operation, CLUSTER, CLUSTER_NAME)
+
+    def authorized_operations(self, resource_type: int, name: str) -> int:
+        """The authorized_operations bitfield Describe* answers carry when asked."""
+        return operations_bitfield(resource_type, lambda op: self.allowed(op, resource_type, name))
 
 
 @dataclass(slots=True)

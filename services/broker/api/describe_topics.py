@@ -105,7 +105,9 @@ async def handle_describe_topic_partitions(ctx: RequestContext, req: Any) -> dic
         start = cursor.partition_index if cursor is not None and name == after else 0
         parts, resume = _partitions(image, name, start, remaining)
         topics.append({"error_code": 0, "name": name, "topic_id": topic.topic_id,
-                       "is_internal": topic.internal, "partitions": parts})  # fmt: skip
+                       "is_internal": topic.internal, "partitions": parts,
+                       "topic_authorized_operations":
+                           ctx.authorized_operations(TOPIC, name)})  # fmt: skip
         if resume != -1:
             next_cursor = {"topic_name": name, "partition_index": resume}
             break

@@ -305,6 +305,8 @@ async def handle_describe_groups(ctx: RequestContext, req: Any) -> dict:
         if gid and not ctx.allowed(DESCRIBE, GROUP, gid):
             code = _GROUP_DENIED
             d = {**d, "group_state": "", "protocol_type": "", "protocol_data": "", "members": []}
+        if not code and getattr(req, "include_authorized_operations", False):  # v3+
+            d = {**d, "authorized_operations": ctx.authorized_operations(GROUP, gid)}
         groups.append({"error_code": code, **d})
     return {"throttle_time": 0, "groups": groups}
 
@@ -395,6 +397,8 @@ async def handle_consumer_group_describe(ctx: RequestContext, req: Any) -> dict:
                  "target_assignment": assignment(m["target_assignment"])}
                 for m in group["members"]
             ]  # fmt: skip
+        if code == 0 and req.include_authorized_operations:
+            group["authorized_operations"] = ctx.authorized_operations(GROUP, gid)
         groups.append({"error_code": code, "error_message": message, **group})
     return {"throttle_time": 0, "groups": groups}
 

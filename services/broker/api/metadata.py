@@ -7,6 +7,7 @@ replicas, ISR and offline replicas, exactly as the committed metadata says. The
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -16,7 +17,7 @@ from straitmq.metadata.image import NO_LEADER, MetadataImage
 from straitmq.protocol.build import build, nested_schema
 from straitmq.protocol.codec import response_schema
 
-from ..security.acls import CREATE, DESCRIBE, TOPIC
+from ..security.acls import CLUSTER, CLUSTER_NAME, CREATE, DESCRIBE, TOPIC
 from ..security.listeners import endpoint_for
 from .context import RequestContext
 
@@ -150,13 +151,26 @@ async def handle_metadata(ctx: RequestContext, req: Any) -> dict:
             topics.append(broker.metadata_answers.get(ctx, name))
         else:
             topics.append(topic_entry(ctx, name))
-    return {
+    out = {
         "throttle_time": 0,
         "brokers": _brokers(ctx),
         "cluster_id": broker.image.cluster_id,
         "controller_id": _controller_id(ctx),
         "topics": topics,
     }
+    if getattr(req, "include_topic_authorized_operations", False):  # v8+
+        # The cached entities are shared by every principal: the bits go on a copy.
+        out["topics"] = [
+            dataclasses.replace(
+                t, topic_authorized_operations=ctx.authorized_operations(TOPIC, t.name)
+            )
+            if not isinstance(t, dict) and t.error_code == 0
+            else t
+            for t in topics
+        ]
+    if getattr(req, "include_cluster_authorized_operations", False):  # v8-10
+        out["cluster_authorized_operations"] = ctx.authorized_operations(CLUSTER, CLUSTER_NAME)
+    return out
 
 
 def _refused(name: str) -> dict:
@@ -172,5 +186,9 @@ async def handle_describe_cluster(ctx: RequestContext, req: Any) -> dict:
         "cluster_id": ctx.broker.image.cluster_id,
         "controller_id": _controller_id(ctx),
         "brokers": _brokers(ctx, "broker_id"),
-        "include_cluster_authorized_operations": False,
+        **(
+            {"cluster_authorized_operations": ctx.authorized_operations(CLUSTER, CLUSTER_NAME)}
+            if req.include_cluster_authorized_operations
+            else {}
+        ),
     }

@@ -192,6 +192,27 @@ class AuthorizerSettings:
         )
 
 
+# What each resource type supports (Kafka's AclEntry.supportedOperations): the bits a
+# Describe* answer's authorized_operations may hold.
+SUPPORTED_OPERATIONS: dict[int, tuple[int, ...]] = {
+    TOPIC: (READ, WRITE, CREATE, DESCRIBE, DELETE, ALTER, DESCRIBE_CONFIGS, ALTER_CONFIGS),
+    GROUP: (READ, DESCRIBE, DELETE),
+    CLUSTER: (CREATE, CLUSTER_ACTION, DESCRIBE_CONFIGS, ALTER_CONFIGS, IDEMPOTENT_WRITE, ALTER,
+              DESCRIBE),
+    TRANSACTIONAL_ID: (DESCRIBE, WRITE),
+}  # fmt: skip
+
+
+def operations_bitfield(resource_type: int, allowed: Callable[[int], bool]) -> int:
+    """Kafka's authorized_operations: bit `code` set for each supported operation the
+    principal may do (all of them with no authorizer, as Kafka answers)."""
+    bits = 0
+    for op in SUPPORTED_OPERATIONS[resource_type]:
+        if allowed(op):
+            bits |= 1 << op
+    return bits
+
+
 class Authorizer:
     """Decides from the image's bindings; `authorize` is the one entry point."""
 

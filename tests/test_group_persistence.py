@@ -330,10 +330,20 @@ def test_the_heartbeat_waits_for_its_records_and_fails_over_when_they_are_not_du
         owned = ((T1, (0, 1, 2, 3)),)
         r = await coord.consumer_heartbeat(ConsumerHeartbeatRequest(G, mid, epoch, owned=owned),
                                            topics)  # fmt: skip
-        assert r.error == E.none and waited == [1]  # nothing written: not waited for
+        # Nothing written: it still waits for the group's last records (durable already).
+        assert r.error == E.none and waited == [1, 1]
         durable = False
         join2 = ConsumerHeartbeatRequest(G, "", 0, None, None, REBALANCE, ("t1",))
         r = await coord.consumer_heartbeat(join2, topics)
-        assert r.error == E.coordinator_not_available and waited == [1, 2]
+        assert r.error == E.coordinator_not_available and waited == [1, 1, 2]
+        # The first member is told to give up half: that answer is lost too...
+        beat = ConsumerHeartbeatRequest(G, mid, epoch, owned=owned)
+        r = await coord.consumer_heartbeat(beat, topics)
+        assert r.error == E.coordinator_not_available
+        # ...so the next one carries its whole (new) assignment.
+        durable = True
+        r = await coord.consumer_heartbeat(beat, topics)
+        assert r.error == E.none and r.assignment is not None
+        assert len(r.assignment[T1]) == 2
 
     asyncio.run(run())

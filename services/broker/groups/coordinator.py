@@ -62,6 +62,8 @@ class GroupCoordinator:
         self._parked: dict[int, asyncio.Future[JoinResponse | SyncResponse]] = {}
         self._timers: dict[TimerKey, asyncio.TimerHandle] = {}
         self._durable: DurableFn | None = None
+        # Per group, the offsets log end after its last records written.
+        self._written_to: dict[str, int] = {}
 
     def bind(self, durable: DurableFn) -> None:
         """How to wait for group records to be replicated (unbound: not waited for)."""
@@ -98,9 +100,8 @@ class GroupCoordinator:
         for rec in out.persist:
             try:
                 if isinstance(rec, GroupRecords):
-                    written[rec.group_id] = self.offsets.write_group_records(
-                        rec.group_id, list(rec.records)
-                    )
+                    end = self.offsets.write_group_records(rec.group_id, list(rec.records))
+                    written[rec.group_id] = self._written_to[rec.group_id] = end
                 else:
                     self.offsets.delete_group(rec.group_id)
             except Exception as e:  # no longer the offsets partition's leader
@@ -225,8 +226,14 @@ class GroupCoordinator:
         NOT_COORDINATOR or COORDINATOR_NOT_AVAILABLE, as from Kafka, and retries (at the
         new coordinator, which has the group as of its last replicated records)."""
         resp = self.machine.consumer_heartbeat(req, topics, self._now())
-        end = self._apply().get(req.group_id, -1)
-        if end == -1 or resp.error:
+        written = self._apply()
+        if resp.error:
+            return resp
+        # An answer that wrote nothing may still tell what an earlier heartbeat wrote
+        # and is not replicated yet: it waits for that too (Kafka's coordinator answers
+        # once its last written offset is committed).
+        end = written.get(req.group_id, self._written_to.get(req.group_id, -1))
+        if end == -1:
             return resp
         code = ErrorCode.not_coordinator
         if end is not None:
@@ -290,3 +297,5 @@ class GroupCoordinator:
     def unload(self, belongs: Callable[[str], bool]) -> None:
         self.machine.unload(belongs)
         self._apply()
+        for g in [g for g in self._written_to if belongs(g)]:
+            del self._written_to[g]

@@ -161,6 +161,19 @@ def test_share_sessions_epochs():
     assert ShareState(auto_offset_reset="earliest").partition("g", "t", 0, 3, 10).spso == 3
 
 
+def test_sessions_of_members_gone_are_closed_and_their_records_released():
+    st = ShareState(session_idle_ms=1000)
+    st.session_for("g", "m1", 0, False, now=0)
+    sp = st.partition("g", "t", 0, 0, 0)
+    sp.acquire("m1", 0, 10, batches((0, 4)))
+    assert st.drop_member("g", "m1") and sp.state_of(0) == (AVAILABLE, 1, None)
+    assert ("g", "m1") not in st.sessions
+    st.session_for("g", "m2", 0, False, now=0)
+    sp.acquire("m2", 0, 10, [])
+    st.session_for("g", "m3", 0, False, now=1500)  # m2 idle for longer than 1 s: evicted
+    assert ("g", "m2") not in st.sessions and sp.state_of(0) == (AVAILABLE, 2, None)
+
+
 # -- membership, sans-IO --------------------------------------------------------------------
 
 T1, T2 = uuid.uuid4(), uuid.uuid4()
@@ -215,6 +228,7 @@ def test_share_group_heartbeats_epochs_and_errors():
     assert r.assignment == {T1: (0, 1, 2, 3)} and list(sm.groups["g"].members) == ["m1"]
     assert hb("m1", -1, now=1600).member_epoch == -1
     assert sm.groups["g"].state == "Empty"
+    assert sm.take_removed() == [("g", "m2"), ("g", "m1")] and sm.take_removed() == []
 
 
 # -- on the wire ------------------------------------------------------------------------------
@@ -512,3 +526,48 @@ def test_java_share_consumers_share_two_partitions_and_redeliver_a_dead_members_
         assert any(e["ev"] == "closed" for e in m.events), m.name
         errors = [e for e in m.events if e["ev"] == "committed" and e["errors"]]
         assert not errors, errors[:3]
+
+
+def test_java_share_consumer_released_past_the_delivery_limit_or_rejected_is_archived(
+    broker_factory, tmp_path, _jars
+):
+    broker = broker_factory(
+        "--group-share-delivery-count-limit", "3",
+        "--group-share-heartbeat-interval-ms", "500",
+        "--share-auto-offset-reset", "earliest",
+    )  # fmt: skip
+    topic, group = "jlimit", "jlimit-group"
+    _create_topic(broker, topic, 1)
+    values = [f"ok{i}" for i in range(10)] + ["release-0", "release-1", "reject-0"]
+    values += [f"ok{i}" for i in range(10, 20)]
+    _produce(broker, topic, values, partition=0)
+    m = ShareMember(broker.bootstrap, group, topic, "limit", "accept", tmp_path)
+    try:
+
+        def settled() -> bool:
+            m.alive()
+            got = Counter(v for *_, v in m.records())
+            return got["release-0"] >= 3 and got["release-1"] >= 3 and got["ok19"] >= 1
+
+        wait_for(settled, 90, "released records delivered up to the limit")
+        time.sleep(3)  # any delivery past the limit would show up by now
+        got = m.records()
+    finally:
+        m.stop()
+    deliveries: dict[str, list[int]] = {}
+    for _, _, count, v in got:
+        deliveries.setdefault(v, []).append(count)
+    # Released: delivered exactly delivery.count.limit times, with counts 1, 2, 3; then
+    # archived. Rejected: delivered once. Accepted: once each.
+    assert deliveries["release-0"] == [1, 2, 3] and deliveries["release-1"] == [1, 2, 3]
+    assert deliveries["reject-0"] == [1]
+    assert all(deliveries[f"ok{i}"] == [1] for i in range(20)), deliveries
+    # A new member finds nothing left: everything is acknowledged or archived.
+    late = ShareMember(broker.bootstrap, group, topic, "late", "accept", tmp_path)
+    try:
+        wait_for(lambda: _members_assigned(broker, group, 1), 60, "the late member joins")
+        time.sleep(3)
+        late.alive()
+        assert late.records() == []
+    finally:
+        late.stop()

@@ -52,6 +52,7 @@ class _BrokerShare:
             delivery_limit=c.group_share_delivery_count_limit,
             max_record_locks=c.group_share_partition_max_record_locks,
             auto_offset_reset=c.share_auto_offset_reset,
+            session_idle_ms=c.group_share_session_timeout_ms,
         )
         # Fetches parked until records are released or acknowledged (acquirable again).
         self.waiters: set[asyncio.Future[None]] = set()
@@ -60,6 +61,15 @@ class _BrokerShare:
     def _on_role(self, part: Any, role: str) -> None:
         if role != LEADER:
             self.state.drop_partition(part.topic, part.index)
+
+    def members_gone(self) -> None:
+        """Members that left or were expired by this coordinator: what they hold on
+        this broker goes back at once (other leaders wait for the locks to expire)."""
+        released = False
+        for group_id, member_id in self.groups.take_removed():
+            released |= self.state.drop_member(group_id, member_id)
+        if released:
+            self.wake()
 
     def wake(self) -> None:
         for fut in self.waiters:
@@ -131,7 +141,8 @@ async def handle_share_group_heartbeat(ctx: RequestContext, req: Any) -> dict:
     for name in names or ():
         if not ctx.allowed(DESCRIBE, TOPIC, name):
             return {**answer, "error_code": ErrorCode.topic_authorization_failed}
-    r = share_of(ctx.broker).groups.heartbeat(
+    share = share_of(ctx.broker)
+    r = share.groups.heartbeat(
         gid,
         req.member_id,
         req.member_epoch,
@@ -142,6 +153,7 @@ async def handle_share_group_heartbeat(ctx: RequestContext, req: Any) -> dict:
         _Topics(ctx.broker.image),
         _now(),
     )
+    share.members_gone()
     return {
         **answer,
         "error_code": r.error,
@@ -156,6 +168,7 @@ async def handle_share_group_heartbeat(ctx: RequestContext, req: Any) -> dict:
 async def handle_share_group_describe(ctx: RequestContext, req: Any) -> dict:
     share = share_of(ctx.broker)
     share.groups.expire(_now())
+    share.members_gone()
     image = ctx.broker.image
     groups = []
     for gid in req.group_ids:
@@ -328,7 +341,7 @@ async def handle_share_fetch(ctx: RequestContext, req: Any) -> dict:
     if not ctx.allowed(READ, GROUP, group):
         return _session_error(_GROUP_DENIED, None, extra)
     has_acks = any(p.acknowledgement_batches for t in req.topics for p in t.partitions)
-    session, code, message = share.state.session_for(group, member, epoch, has_acks)
+    session, code, message = share.state.session_for(group, member, epoch, has_acks, _now())
     if code or session is None:
         return _session_error(code, message, extra)
     for t in req.forgotten_topics_data:
@@ -494,7 +507,7 @@ async def handle_share_acknowledge(ctx: RequestContext, req: Any) -> dict:
             "ShareAcknowledge cannot open a share session",
             {},
         )
-    session, code, message = share.state.session_for(group, member, epoch, True)
+    session, code, message = share.state.session_for(group, member, epoch, True, _now())
     if code or session is None:
         return _session_error(code, message, {})
     acks = _Acks(ctx, share, group, member)

@@ -103,6 +103,13 @@ class ShareGroupStateMachine:
     def __init__(self, settings: ShareSettings) -> None:
         self.settings = settings
         self.groups: dict[str, ShareGroup] = {}
+        # (group, member) of every member that left or was expired since the shell last
+        # took them (`take_removed`): the shell releases what they hold on this broker.
+        self.removed: list[tuple[str, str]] = []
+
+    def take_removed(self) -> list[tuple[str, str]]:
+        out, self.removed = self.removed, []
+        return out
 
     def heartbeat(
         self,
@@ -191,6 +198,7 @@ class ShareGroupStateMachine:
                 group.target.pop(m.member_id, None)
                 group.epoch += 1
                 gone.append((group.group_id, m.member_id))
+        self.removed += gone
         return gone
 
     def describe(self, group_id: str) -> ShareGroup | None:
@@ -209,6 +217,7 @@ class ShareGroupStateMachine:
         del group.members[member_id]
         group.target.pop(member_id, None)
         group.epoch += 1
+        self.removed.append((group.group_id, member_id))
         self._refresh(group, topics)
 
     def _refresh(self, group: ShareGroup, topics: TopicsView) -> None:

@@ -40,6 +40,7 @@ class ShareSession:
     member_id: str
     epoch: int = 1  # the epoch the next request must carry
     partitions: set[TopicPartitionKey] = field(default_factory=set)
+    last_used: int = 0  # ms, for evicting the sessions of clients that went away
 
 
 def next_epoch(epoch: int) -> int:
@@ -56,7 +57,9 @@ class ShareState:
         max_record_locks: int = 2000,
         max_sessions: int = 2000,
         auto_offset_reset: str = "latest",
+        session_idle_ms: int = 45_000,
     ) -> None:
+        self.session_idle_ms = session_idle_ms
         self.lock_duration_ms = lock_duration_ms
         self.delivery_limit = delivery_limit
         self.max_record_locks = max_record_locks
@@ -68,34 +71,47 @@ class ShareState:
     # -- sessions -------------------------------------------------------------------------
 
     def session_for(
-        self, group_id: str, member_id: str, epoch: int, acks: bool
+        self, group_id: str, member_id: str, epoch: int, acks: bool, now: int = 0
     ) -> tuple[ShareSession | None, int, str | None]:
         """(the session, an error code, its message) for a request's epoch. Epoch -1
         returns the session to close after its acknowledgements (see `close`)."""
         key = (group_id, member_id)
         if epoch == INITIAL_EPOCH:
             if acks:
-                return (
-                    None,
-                    ErrorCode.invalid_request,
-                    ("acknowledgements cannot be sent with share session epoch 0"),
-                )
+                message = "acknowledgements cannot be sent with share session epoch 0"
+                return None, ErrorCode.invalid_request, message
             old = self.sessions.pop(key, None)
             if old is not None:
                 self.release_member(group_id, member_id)
-            elif len(self.sessions) >= self.max_sessions:
-                return None, ErrorCode.share_session_limit_reached, None
-            session = self.sessions[key] = ShareSession(group_id, member_id)
+            else:
+                self.evict_idle(now)
+                if len(self.sessions) >= self.max_sessions:
+                    return None, ErrorCode.share_session_limit_reached, None
+            session = self.sessions[key] = ShareSession(group_id, member_id, last_used=now)
             return session, 0, None
         session = self.sessions.get(key)
         if session is None:
             return None, ErrorCode.share_session_not_found, None
+        session.last_used = now
         if epoch == FINAL_EPOCH:
             return session, 0, None
         if epoch != session.epoch:
             return None, ErrorCode.invalid_share_session_epoch, None
         session.epoch = next_epoch(epoch)
         return session, 0, None
+
+    def evict_idle(self, now: int) -> None:
+        """Close the sessions nobody used for `session_idle_ms` (a client that died
+        without closing its session; its records' locks have expired by then)."""
+        idle = [s for s in self.sessions.values() if now - s.last_used > self.session_idle_ms]
+        for s in idle:
+            self.close(s)
+
+    def drop_member(self, group_id: str, member_id: str) -> bool:
+        """The member left its group (or was expired): close its session, release its
+        records. True if anything was released."""
+        self.sessions.pop((group_id, member_id), None)
+        return self.release_member(group_id, member_id)
 
     def close(self, session: ShareSession) -> None:
         if self.sessions.get((session.group_id, session.member_id)) is session:

@@ -2,7 +2,8 @@
 // tests/test_share_groups.py. Run from source with the 4.1 jars:
 //   java -cp '.cache/jars/kafka-4.1/*' tools/java/kafka-4.1/ShareConsumerClient.java \
 //       BOOTSTRAP GROUP TOPIC NAME MODE [key=value ...]
-// MODE "accept": every record polled is acknowledged ACCEPT (explicit mode, commitSync).
+// MODE "accept": every record polled is acknowledged (explicit mode, commitSync): RELEASE
+// if its value starts with "release", REJECT if with "reject", else ACCEPT.
 // MODE "hold": the records of the first non-empty poll are printed and never
 // acknowledged; the process then only sleeps (the test kills it).
 // Prints one JSON object a line on stdout: "started", "records" (partition, offset,
@@ -83,7 +84,12 @@ public class ShareConsumerClient {
                     while (!stop.get()) Thread.sleep(100);
                     break;
                 }
-                for (ConsumerRecord<byte[], byte[]> rec : records) consumer.acknowledge(rec, AcknowledgeType.ACCEPT);
+                for (ConsumerRecord<byte[], byte[]> rec : records) {
+                    String v = new String(rec.value());
+                    AcknowledgeType type = v.startsWith("release") ? AcknowledgeType.RELEASE
+                        : v.startsWith("reject") ? AcknowledgeType.REJECT : AcknowledgeType.ACCEPT;
+                    consumer.acknowledge(rec, type);
+                }
                 try {
                     Map<TopicIdPartition, Optional<KafkaException>> result = consumer.commitSync();
                     StringBuilder errs = new StringBuilder();

@@ -347,3 +347,83 @@ def test_the_heartbeat_waits_for_its_records_and_fails_over_when_they_are_not_du
         assert len(r.assignment[T1]) == 2
 
     asyncio.run(run())
+
+
+# -- classic groups: Kafka's GroupMetadata record ------------------------------------------
+
+
+def test_a_classic_group_is_rebuilt_stable_with_its_generation_members_and_assignments() -> None:
+    import test_group_state_machine as classic
+    from straitmq.broker.groups.classic_group import EMPTY, STABLE
+    from straitmq.broker.groups.messages import HEARTBEAT, SyncRequest
+
+    h = classic.Harness()
+    f = classic.form_group(h, 3, instances=[None, "i-1", None])
+    log = Log()
+    store = store_on(log)
+    for rec in h.persisted:
+        if isinstance(rec, GroupRecords):
+            store.write_group_records(rec.group_id, list(rec.records))
+    new = GroupStateMachine(classic.SETTINGS, store_on(log), random.Random(1))
+    new.load_consumer_groups(dict(new._offsets.group_records), 50_000)  # type: ignore[attr-defined]
+    new.take_output()
+    g = new.groups[classic.G]
+    assert (g.state, g.generation, g.leader_id, g.protocol_name) == (
+        STABLE, f.generation, f.leader, "range"
+    )
+    assert list(g.members) == f.ids and g.static == {"i-1": f.ids[1]}
+    assert all(m.assignment == f"assign-{m.member_id}".encode() for m in g.members.values())
+    for mid in f.ids:  # a full session from the load
+        assert new.timers()[TimerKey(HEARTBEAT, classic.G, mid)] == 50_000 + classic.SESSION
+    # The members go on in their generation: heartbeats, commits, a SyncGroup again.
+    assert new.heartbeat(classic.G, f.ids[1], "i-1", f.generation, 50_000) == E.none
+    assert new.commit_check(classic.G, f.ids[0], None, f.generation, 50_000) == E.none
+    new.sync(9, SyncRequest(classic.G, f.ids[2], None, f.generation, {}), 50_000)
+    (reply,) = new.take_output().replies
+    assert reply.response.error == E.none
+    assert reply.response.assignment == f"assign-{f.ids[2]}".encode()
+    assert new.heartbeat(classic.G, f.ids[0], None, f.generation - 1, 50_000) == (
+        E.illegal_generation
+    )
+    # All leave: Empty, written with the next generation, rebuilt so.
+    for mid, inst in zip(f.ids, [None, "i-1", None], strict=True):
+        h.leave((mid, inst))
+    assert h.state() == EMPTY
+    for rec in h.persisted:
+        if isinstance(rec, GroupRecords):
+            store.write_group_records(rec.group_id, list(rec.records))
+    again = GroupStateMachine(classic.SETTINGS, store_on(log), random.Random(2))
+    again.load_consumer_groups(dict(again._offsets.group_records), 0)  # type: ignore[attr-defined]
+    e = again.groups[classic.G]
+    assert e.state == EMPTY and e.members == {} and e.generation == f.generation + 1
+    assert again.list_groups() == [(classic.G, "consumer", EMPTY)]
+
+
+def test_a_classic_sync_group_is_answered_once_the_generation_is_replicated() -> None:
+    from straitmq.broker.groups.coordinator import JoinError
+    from straitmq.broker.groups.state_machine import GroupSettings
+
+    async def run(durable: bool) -> int:
+        store = store_on(Log())
+        coord = GroupCoordinator(store, GroupSettings(initial_rebalance_delay_ms=0))
+        waited: list[int] = []
+
+        async def wait(group: str, end: int) -> bool:
+            waited.append(end)
+            return durable
+
+        coord.bind(wait)
+        j = await coord.join(
+            G, "", None, "c", "h", 10_000, 10_000, "consumer", [("range", b"m")], False
+        )
+        try:
+            s = await coord.sync(G, j["member_id"], None, j["generation_id"],
+                                 {j["member_id"]: b"a"})  # fmt: skip
+        except JoinError as err:
+            return err.code
+        assert s["assignment"] == b"a" and waited == [1]
+        assert store.records_of(G)  # the Stable generation is in the log
+        return E.none
+
+    assert asyncio.run(run(True)) == E.none
+    assert asyncio.run(run(False)) == E.coordinator_not_available

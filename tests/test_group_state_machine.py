@@ -23,6 +23,7 @@ from straitmq.broker.groups.messages import (
     JOIN,
     SYNC,
     DeleteGroupOffsets,
+    GroupRecords,
     JoinRequest,
     JoinResponse,
     SyncRequest,
@@ -68,7 +69,7 @@ class Harness:
         self.issued: set[int] = set()
         self.answers: dict[int, JoinResponse | SyncResponse] = {}
         self.shell_timers: dict[TimerKey, int] = {}
-        self.persisted: list[DeleteGroupOffsets] = []
+        self.persisted: list[DeleteGroupOffsets | GroupRecords] = []
         self.events: list[tuple[str, str]] = []  # (member id, what), for the operator's log
 
     # -- driving -------------------------------------------------------------------------
@@ -808,9 +809,17 @@ def test_last_member_leaving_empties_the_group_which_can_then_be_deleted() -> No
     assert h.state() == EMPTY and h.group.generation == f.generation + 1
     assert h.group.protocol_name is None
     assert ("g", "consumer", EMPTY) in h.m.list_groups()
+    # Written as Kafka writes GroupMetadata: Stable (after the leader's SyncGroup), then
+    # Empty; deleting the group deletes its record and offsets.
+    records = [r for r in h.persisted if not isinstance(r, DeleteGroupOffsets)]
+    assert [[v and v["generation"] for _, v in r.records] for r in records] == [
+        [f.generation],
+        [f.generation + 1],
+    ]
+    h.persisted.clear()
     assert h.m.delete(G) == E.none
     h._collect()
-    assert h.persisted == [DeleteGroupOffsets(G)]
+    assert h.persisted == [GroupRecords(G, ((("grp", G, ""), None),)), DeleteGroupOffsets(G)]
     assert h.state() == DEAD and h.m.timers() == {}
     assert h.m.delete(G) == E.group_id_not_found
 

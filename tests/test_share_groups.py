@@ -571,3 +571,43 @@ def test_java_share_consumer_released_past_the_delivery_limit_or_rejected_is_arc
         assert late.records() == []
     finally:
         late.stop()
+
+
+def test_wire_the_saved_spso_survives_a_broker_restart(broker_factory):
+    """The SPSO is saved (as a commit of the internal group __share_group_state.<group>)
+    and read back by the partition's next leader: after a restart the group goes on from
+    the first unacknowledged record, not from share.auto.offset.reset (latest)."""
+    broker = broker_factory()
+    tid = _create_topic(broker, "sr", 1)
+    g, m = "restart-share", str(uuid.uuid4())
+    r = Raw(broker)
+    try:
+        assert r.call(_hb(g, m, 0, ("sr",))).error_code == 0
+        assert _acquired(r.call(_fetch(g, m, 0, tid, {0: []}, wait_ms=100))) == {}
+        _produce(broker, "sr", [f"v{i}" for i in range(10)], partition=0)
+        assert _acquired(r.call(_fetch(g, m, 1, tid, {}, wait_ms=3000))) == {0: [(0, 9, 1)]}
+        ok = r.call(_ack(g, m, 2, tid, {0: [(0, 4, [1])]}))  # accept 0-4: SPSO 5
+        assert ok.responses[0].partitions[0].error_code == 0
+        time.sleep(1.5)  # saved within 0.5 s
+    finally:
+        r.close()
+    broker.restart()
+    r = Raw(broker)
+    try:
+
+        def rejoined() -> bool:
+            return r.call(_hb(g, m, 0, ("sr",))).error_code == 0
+
+        wait_for(rejoined, 30, "the member joins again")
+        got: dict = {}
+
+        def fetched() -> bool:
+            nonlocal got
+            resp = r.call(_fetch(g, m, 0, tid, {0: []}, wait_ms=1000))
+            got = _acquired(resp) if resp.error_code == 0 else {}
+            return bool(got)
+
+        wait_for(fetched, 30, "records 5-9 again")
+        assert got == {0: [(5, 9, 1)]}, "from the saved SPSO, delivery counts start over"
+    finally:
+        r.close()

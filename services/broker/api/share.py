@@ -24,6 +24,7 @@ from ..groups.share_group import ShareGroupStateMachine, ShareSettings
 from ..partitions import LEADER
 from ..security.acls import DESCRIBE, GROUP, READ, TOPIC
 from ..security.listeners import endpoint_for
+from ..share.checkpoints import ShareCheckpoints
 from ..share.partition import Acquired, InvalidRecordState
 from ..share.sessions import FINAL_EPOCH, INITIAL_EPOCH, ShareSession, ShareState
 from .context import RequestContext
@@ -54,6 +55,7 @@ class _BrokerShare:
             auto_offset_reset=c.share_auto_offset_reset,
             session_idle_ms=c.group_share_session_timeout_ms,
         )
+        self.checkpoints = ShareCheckpoints(broker, self.state)
         # Fetches parked until records are released or acknowledged (acquirable again).
         self.waiters: set[asyncio.Future[None]] = set()
         broker.partitions.role_listeners.append(self._on_role)
@@ -357,6 +359,7 @@ async def handle_share_fetch(ctx: RequestContext, req: Any) -> dict:
         share.state.close(session)
         share.wake()
         return _respond(ctx, {k: _only_ack(ctx, k, acks) for k in acks.results}, extra)
+    await _init_partitions(ctx, share, session)
     parts = await _fetch(ctx, share, session, req)
     for key in acks.results:
         parts.setdefault(key, _only_ack(ctx, key, acks))
@@ -402,6 +405,28 @@ def _respond(ctx: RequestContext, parts: dict, extra: dict) -> dict:
         "responses": [{"topic_id": tid, "partitions": ps} for tid, ps in by_topic.items()],
         "node_endpoints": _endpoints(ctx, leaders - {-1}),
     }
+
+
+async def _init_partitions(ctx: RequestContext, share: _BrokerShare, session: ShareSession) -> None:
+    """Make the share-partitions this broker leads and has no state for yet, each from
+    its saved SPSO (share/checkpoints.py) or, if none was ever saved, from
+    share.auto.offset.reset. A partition whose saved SPSO cannot be read now is left
+    for the next fetch (it answers no records meanwhile)."""
+    broker = ctx.broker
+    share.checkpoints.start()
+    for tid, index in list(session.partitions):
+        name = broker.image.topic_name(tid)
+        if name is None or share.state.existing(session.group_id, name, index) is not None:
+            continue
+        part = broker.partitions.get(name, index)
+        if part is None or not part.is_leader:
+            continue
+        answered, saved = await share.checkpoints.load(session.group_id, name, index)
+        if not answered or not part.is_leader:
+            continue
+        share.state.partition(
+            session.group_id, name, index, part.log.log_start_offset, part.high_watermark, saved
+        )
 
 
 async def _fetch(ctx: RequestContext, share: _BrokerShare, session: ShareSession, req: Any) -> dict:
@@ -472,7 +497,10 @@ def _collect(
             continue
         plog = part.log
         hw = part.high_watermark
-        sp = share.state.partition(session.group_id, name, index, plog.log_start_offset, hw)
+        sp = share.state.existing(session.group_id, name, index)
+        if sp is None:
+            continue  # its saved SPSO could not be read yet (see _init_partitions)
+        sp.skip_to(plog.log_start_offset)
         new: list[tuple[int, int]] = []
         if sp.next_offset < hw and sp.in_flight() < sp.max_in_flight:
             for base, last, _, _ in _batches(

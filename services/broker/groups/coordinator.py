@@ -64,6 +64,8 @@ class GroupCoordinator:
         self._durable: DurableFn | None = None
         # Per group, the offsets log end after its last records written.
         self._written_to: dict[str, int] = {}
+        self._handle_groups: dict[int, str] = {}  # parked request -> its group
+        self._answering: set[asyncio.Task] = set()  # answers waiting for durability
 
     def bind(self, durable: DurableFn) -> None:
         """How to wait for group records to be replicated (unbound: not waited for)."""
@@ -83,11 +85,24 @@ class GroupCoordinator:
         """Carry out the machine's output; returns, per group whose records were
         written, the offsets log end after them (None: the write failed)."""
         out: Output = self.machine.take_output()
+        written = self._persist(out)
         for reply in out.replies:
             fut = self._parked.pop(reply.handle, None)
+            gid = self._handle_groups.pop(reply.handle, None)
             # A client that went away left a cancelled future (or none): drop the answer.
-            if fut is not None and not fut.done():
+            if fut is None or fut.done():
+                continue
+            end = self._written_to.get(gid) if gid is not None else None
+            if end is None or self._durable is None:
                 fut.set_result(reply.response)
+            else:
+                # The answer may tell what the group's records say (a SyncGroup that made
+                # the generation Stable): sent once they are replicated, as Kafka does.
+                task = asyncio.get_running_loop().create_task(
+                    self._answer_when_durable(fut, reply.response, gid or "", end)
+                )
+                self._answering.add(task)
+                task.add_done_callback(self._answering.discard)
         for t in out.timers:
             old = self._timers.pop(t.key, None)
             if old is not None:
@@ -96,6 +111,23 @@ class GroupCoordinator:
                 self._timers[t.key] = asyncio.get_running_loop().call_at(
                     t.deadline_ms / 1000, self._fire, t.key
                 )
+        for e in out.events:
+            log.info(e.what, extra={"group": e.group_id, "member": e.member_id})
+        return written
+
+    async def _answer_when_durable(
+        self, fut: asyncio.Future, response: JoinResponse | SyncResponse, group_id: str, end: int
+    ) -> None:
+        assert self._durable is not None
+        ok = await self._durable(group_id, end)
+        if not ok and isinstance(response, SyncResponse) and response.error == ErrorCode.none:
+            # Not replicated (this broker lost the group, or the ISR lags): the members
+            # rejoin, at the new coordinator if it moved.
+            response = SyncResponse(ErrorCode.coordinator_not_available)
+        if not fut.done():
+            fut.set_result(response)
+
+    def _persist(self, out: Output) -> dict[str, int | None]:
         written: dict[str, int | None] = {}
         for rec in out.persist:
             try:
@@ -109,8 +141,6 @@ class GroupCoordinator:
                 log.warning(
                     "group records not written", extra={"group": rec.group_id, "reason": str(e)}
                 )
-        for e in out.events:
-            log.info(e.what, extra={"group": e.group_id, "member": e.member_id})
         return written
 
     def _fire(self, key: TimerKey) -> None:
@@ -118,18 +148,22 @@ class GroupCoordinator:
         self.machine.expire(key, self._now())
         self._apply()
 
-    async def _park(self, start: Callable[[int], None]) -> JoinResponse | SyncResponse:
+    async def _park(
+        self, group_id: str, start: Callable[[int], None]
+    ) -> JoinResponse | SyncResponse:
         handle = next(self._handles)
         fut: asyncio.Future[JoinResponse | SyncResponse] = (
             asyncio.get_running_loop().create_future()
         )
         self._parked[handle] = fut
+        self._handle_groups[handle] = group_id
         try:
             start(handle)
             self._apply()
             return await fut
         finally:
             self._parked.pop(handle, None)
+            self._handle_groups.pop(handle, None)
 
     # -- API ------------------------------------------------------------------------------
 
@@ -160,7 +194,7 @@ class GroupCoordinator:
             require_known_member_id,
             supports_skip_assignment,
         )
-        resp = await self._park(lambda h: self.machine.join(h, req, self._now()))
+        resp = await self._park(group_id, lambda h: self.machine.join(h, req, self._now()))
         assert isinstance(resp, JoinResponse), "invariant: a JoinGroup gets a JoinGroup answer"
         if resp.error:
             raise JoinError(resp.error, resp.member_id)
@@ -179,7 +213,7 @@ class GroupCoordinator:
         req = SyncRequest(
             group_id, member_id, instance_id, generation, assignments, protocol_type, protocol_name
         )
-        resp = await self._park(lambda h: self.machine.sync(h, req, self._now()))
+        resp = await self._park(group_id, lambda h: self.machine.sync(h, req, self._now()))
         assert isinstance(resp, SyncResponse), "invariant: a SyncGroup gets a SyncGroup answer"
         if resp.error:
             raise JoinError(resp.error)
@@ -296,6 +330,6 @@ class GroupCoordinator:
 
     def unload(self, belongs: Callable[[str], bool]) -> None:
         self.machine.unload(belongs)
-        self._apply()
         for g in [g for g in self._written_to if belongs(g)]:
             del self._written_to[g]
+        self._apply()

@@ -14,7 +14,8 @@ compact encoding, in the group's partition of the offsets topic, next to its com
     cgc   group, member  member epoch, previous epoch,    ...CurrentMemberAssignment
                          state, assigned, revoking
 
-A member that leaves gets tombstones for its three keys, a deleted group for all. A
+A member that leaves gets tombstones for its three keys, a deleted group for all.
+Classic groups have one record each (`grp`, as Kafka's GroupMetadata; below). A
 record key is a JSON object (`{"t": kind, "g": group, "m": member}`), so a replay tells
 it apart from a commit's key (a JSON array). Values are plain JSON data, compared as
 such to find what changed (`image` / `diff`), and turned back into a ConsumerGroup by
@@ -23,10 +24,12 @@ such to find what changed (`image` / `diff`), and turned back into a ConsumerGro
 
 from __future__ import annotations
 
+import base64
 import uuid
 from collections.abc import Iterable, Mapping
 
 from .assignors import TopicPartition
+from .classic_group import EMPTY, STABLE, ClassicGroup, ClassicMember
 from .consumer_group import ConsumerGroup, ConsumerMember
 
 # (kind, group id, member id or ""): what a record is about.
@@ -137,4 +140,68 @@ def rebuild(group_id: str, records: Mapping[RecordKey, dict]) -> ConsumerGroup |
         group.members[mid] = member
         if member.instance_id is not None:
             group.static[member.instance_id] = mid
+    return group
+
+
+# -- classic groups: one record per group, as Kafka's GroupMetadata ----------------------
+#
+#   grp   group   protocol type, generation, protocol, leader, members (id, instance id,
+#                 client, timeouts, the selected protocol's metadata, the assignment)
+#
+# written when a generation becomes Stable (the leader's SyncGroup) or the group Empty,
+# and when a static member is replaced in a Stable group; deleted with the group.
+
+
+def classic_key(group_id: str) -> RecordKey:
+    return ("grp", group_id, "")
+
+
+def classic_image(group: ClassicGroup) -> dict:
+    proto = group.protocol_name
+    return {
+        "type": group.protocol_type,
+        "generation": group.generation,
+        "protocol": proto,
+        "leader": group.leader_id,
+        "members": [
+            {
+                "id": m.member_id,
+                "instance": m.instance_id,
+                "client": m.client_id,
+                "host": m.client_host,
+                "session_ms": m.session_timeout_ms,
+                "rebalance_ms": m.rebalance_timeout_ms,
+                "metadata": base64.b64encode(m.metadata_for(proto)).decode(),
+                "assignment": base64.b64encode(m.assignment).decode(),
+            }
+            for m in group.members.values()
+        ],
+    }
+
+
+def rebuild_classic(group_id: str, v: Mapping) -> ClassicGroup:
+    """The group as its record describes it: Stable with its members, or Empty."""
+    group = ClassicGroup(
+        group_id,
+        generation=v["generation"],
+        protocol_type=v["type"],
+        protocol_name=v["protocol"],
+    )
+    for m in v["members"]:
+        member = ClassicMember(
+            m["id"],
+            m["instance"],
+            m["client"],
+            m["host"],
+            m["session_ms"],
+            m["rebalance_ms"],
+            v["type"] or "",
+            ((v["protocol"] or "", base64.b64decode(m["metadata"])),),
+            base64.b64decode(m["assignment"]),
+        )
+        group.members[member.member_id] = member
+        if member.instance_id is not None:
+            group.static[member.instance_id] = member.member_id
+    group.leader_id = v["leader"] if v["leader"] in group.members else None
+    group.transition(STABLE if group.members else EMPTY)
     return group

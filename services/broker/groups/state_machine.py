@@ -87,7 +87,16 @@ from .messages import (
     TimerKey,
     TimerSet,
 )
-from .records import RecordKey, group_image, member_image, member_keys, rebuild
+from .records import (
+    RecordKey,
+    classic_image,
+    classic_key,
+    group_image,
+    member_image,
+    member_keys,
+    rebuild,
+    rebuild_classic,
+)
 from .regex import INTERNAL_TOPICS, RegexError, compile_regex
 
 
@@ -144,6 +153,7 @@ class GroupStateMachine:
         self._persisted: dict[str, dict[RecordKey, dict]] = {}
         # ...and what this input touched: group -> member ids (None: every member).
         self._dirty: dict[str, set[str] | None] = {}
+        self._dirty_classic: set[str] = set()  # classic groups to write if Stable/Empty
         self._restored: set[str] = set()  # rebuilt from records here (never held)
         # Groups without members: when they became empty (their offsets expire from then).
         self._empty_since: dict[str, int] = {}
@@ -361,6 +371,7 @@ class GroupStateMachine:
             # A restarted static member (same protocols) keeps its assignment without
             # a rebalance, unless the protocol the group would select changes.
             if group.select_protocol() == group.protocol_name:
+                self._dirty_classic.add(group.group_id)  # the new member id, as Kafka
                 member.join_handle = None
                 if req.supports_skip_assignment:
                     # v9+: a returning leader learns the members and that it must not
@@ -486,6 +497,7 @@ class GroupStateMachine:
             self._arm(TimerKey(JOIN, group.group_id), group.rebalance_timeout_ms())
             return
         group.init_next_generation()
+        self._dirty_classic.add(group.group_id)  # written if it is Empty now
         self._event(
             group.group_id,
             group.leader_id or "",
@@ -597,6 +609,7 @@ class GroupStateMachine:
                 m.assignment = req.assignments.get(m.member_id, b"")
             self._propagate_assignment(group, ErrorCode.none, reset=False)
             group.transition(STABLE)
+            self._dirty_classic.add(group.group_id)
 
     def _synced(self, group: ClassicGroup, member_id: str) -> None:
         group.pending_sync.discard(member_id)
@@ -828,7 +841,7 @@ class GroupStateMachine:
         if group is None and not self._offsets.has_group(group_id):
             return ErrorCode.group_id_not_found
         if group is not None:
-            self._drop_group(group)
+            self._drop_group(group, tombstones=True)
         self._out.persist.append(DeleteGroupOffsets(group_id))
         return ErrorCode.none
 
@@ -856,10 +869,17 @@ class GroupStateMachine:
             del self._empty_since[gid]
         self._restored = {g for g in self._restored if not belongs(g)}
 
-    def _drop_group(self, group: ClassicGroup) -> None:
+    def _drop_group(self, group: ClassicGroup, tombstones: bool = False) -> None:
         for key in [k for k in self._timers if k.group_id == group.group_id]:
             self._cancel(key)
         del self.groups[group.group_id]
+        self._dirty_classic.discard(group.group_id)
+        if tombstones:
+            written = self._persisted.pop(group.group_id, None)
+            if written:
+                self._out.persist.append(
+                    GroupRecords(group.group_id, tuple((k, None) for k in sorted(written)))
+                )
 
     # -- ConsumerGroupHeartbeat (KIP-848) ----------------------------------------------
 
@@ -880,7 +900,8 @@ class GroupStateMachine:
                     ErrorCode.group_id_not_found,
                     f"group {req.group_id} is a classic group with members",
                 )
-            self._drop_group(classic)  # an empty classic group turns into this one
+            # An empty classic group turns into this one.
+            self._drop_group(classic, tombstones=True)
         group = self.consumer_groups.get(req.group_id)
         if group is None:
             if req.member_epoch != 0:
@@ -1281,6 +1302,17 @@ class GroupStateMachine:
             touched.add(member_id)
 
     def _flush_records(self) -> None:
+        dirty_classic, self._dirty_classic = self._dirty_classic, set()
+        for gid in sorted(dirty_classic):
+            g = self.groups.get(gid)
+            # Kafka writes a classic group as a generation settles (Stable) or it empties.
+            if g is None or g.state not in (STABLE, EMPTY) or g.generation == 0:
+                continue
+            key, value = classic_key(gid), classic_image(g)
+            written = self._persisted.setdefault(gid, {})
+            if written.get(key) != value:
+                written[key] = value
+                self._out.persist.append(GroupRecords(gid, ((key, value),)))
         dirty, self._dirty = self._dirty, {}
         for gid, member_ids in dirty.items():
             group = self.consumer_groups.get(gid)
@@ -1319,6 +1351,11 @@ class GroupStateMachine:
         for gid, recs in sorted(records.items()):
             if gid in self.consumer_groups or gid in self.groups:
                 continue  # already here (the partition was not unloaded in between)
+            classic = recs.get(classic_key(gid))
+            if classic is not None:
+                self._load_classic(rebuild_classic(gid, classic), recs)
+                loaded.append(gid)
+                continue
             group = rebuild(gid, recs)
             if group is None:
                 continue
@@ -1348,6 +1385,20 @@ class GroupStateMachine:
         if member is not None:
             member.last_sent = None
 
+    def _load_classic(self, group: ClassicGroup, recs: dict[RecordKey, dict]) -> None:
+        """A classic group as last written: Stable (its members heartbeat on with their
+        generation, each with a full session from now) or Empty."""
+        gid = group.group_id
+        self.groups[gid] = group
+        self._persisted[gid] = dict(recs)
+        if not group.members:
+            self._empty_since[gid] = self._now
+        for m in group.members.values():
+            self._arm(TimerKey(HEARTBEAT, gid, m.member_id), m.session_timeout_ms)
+        self._event(
+            gid, "", f"loaded: generation {group.generation}, {len(group.members)} members"
+        )
+
     # -- empty groups whose offsets expired ----------------------------------------------
 
     def empty_groups(self) -> dict[str, int | None]:
@@ -1375,7 +1426,7 @@ class GroupStateMachine:
         if cg is not None:
             self._drop_consumer_group(cg, tombstones=True)
         if g is not None:
-            self._drop_group(g)
+            self._drop_group(g, tombstones=True)
         self._empty_since.pop(group_id, None)
         self._event(group_id, "", "removed: empty and its offsets expired")
 

@@ -17,8 +17,9 @@ times out. Kafka's names, which this module keeps:
 
 No clock and no I/O inside: the caller passes `now` (milliseconds) and the log bounds;
 expired locks are found at each call (`expire`) and `next_deadline()` tells the shell
-when the next one falls due. The state lives in memory on the leader (not persisted to
-`__share_group_state`): after a leader change the new leader starts from its own SPSO.
+when the next one falls due. The state lives in memory on the leader; only the SPSO is
+saved durably (`checkpoints.py`), so a new leader starts from the last saved SPSO and
+delivers the in-flight records again.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ class SharePartition:
         self.delivery_limit = delivery_limit
         self.max_in_flight = max_in_flight  # group.share.partition.max.record.locks
         self.ranges: list[InFlight] = []  # sorted, contiguous from spso to next_offset
+        self.saved_spso: int | None = None  # the SPSO last written durably (checkpoints)
 
     # -- reading the state -----------------------------------------------------------
 

@@ -13,9 +13,10 @@ ShareFetch epoch 0 naming every partition it wants from this broker, then sends 
 - A closed (or replaced) session's member gets its acquired records released at once.
 
 The share-partitions (`SharePartition`) are created at the first fetch of a group on a
-partition this broker leads, starting at the high watermark (Kafka's default
+partition this broker leads, starting at the SPSO saved by the previous leader
+(`checkpoints.py`), else at the high watermark (Kafka's default
 share.auto.offset.reset=latest) or the log start (earliest), and dropped when this
-broker stops leading the partition. None of it is persisted.
+broker stops leading the partition. Sessions are not persisted (clients open new ones).
 """
 
 from __future__ import annotations
@@ -128,12 +129,25 @@ class ShareState:
     # -- share-partitions ---------------------------------------------------------------
 
     def partition(
-        self, group_id: str, topic: str, index: int, log_start: int, high_watermark: int
+        self,
+        group_id: str,
+        topic: str,
+        index: int,
+        log_start: int,
+        high_watermark: int,
+        saved: int | None = None,
     ) -> SharePartition:
+        """The share-partition, made at its first use: from the `saved` SPSO if there
+        is one (within the log), else share.auto.offset.reset."""
         key = (group_id, topic, index)
         sp = self.partitions.get(key)
         if sp is None:
-            start = log_start if self.auto_offset_reset == "earliest" else high_watermark
+            if saved is not None:
+                start = max(log_start, min(saved, high_watermark))
+            elif self.auto_offset_reset == "earliest":
+                start = log_start
+            else:
+                start = high_watermark
             sp = self.partitions[key] = SharePartition(
                 start, self.lock_duration_ms, self.delivery_limit, self.max_record_locks
             )

@@ -67,6 +67,13 @@ class AdminAuth:
         token = f"{self.username}:{self.password or ''}".encode()
         return "Basic " + base64.b64encode(token).decode()
 
+    def header_for(self, url: str) -> str | None:
+        """The Authorization header to send to `url` (None over http when the password
+        is for https only)."""
+        if not url.startswith("https://") and not self.basic_over_http:
+            return None
+        return self.header()
+
 
 class AdminError(Exception):
     """The admin API refused a request (4xx/5xx) or could not be reached (status 0)."""
@@ -102,13 +109,11 @@ class AdminClient:
         self.timeout_s = timeout_s
         self.auth = auth
         self._ssl: ssl.SSLContext | None = None
-        self._authorization: str | None = None
         if auth is not None:
             try:
                 self._ssl = auth.context()
             except (OSError, ssl.SSLError) as e:
                 raise AdminError(0, f"cannot load the TLS files for the admin API: {e}") from None
-            self._authorization = auth.header()
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> AdminClient:
@@ -167,10 +172,9 @@ class AdminClient:
         try:
             for _ in range(MAX_REDIRECTS + 1):
                 headers.pop("Authorization", None)
-                if self._authorization is not None and (
-                    url.startswith("https://") or self.auth is None or self.auth.basic_over_http
-                ):
-                    headers["Authorization"] = self._authorization
+                authorization = self.auth.header_for(url) if self.auth is not None else None
+                if authorization is not None:
+                    headers["Authorization"] = authorization
                 async with self._session.request(
                     method, url, data=data, headers=headers or None, timeout=timeout,
                     allow_redirects=False,

@@ -407,7 +407,7 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
         except AdminError as e:
             if not e.unreachable or not base.startswith("http://"):
                 raise
-            tls = AdminAuth(ca_file=certs.path("ca.pem"))
+            tls = AdminAuth(ca_file=certs.path("ca.pem"), cert_file=certs.path("server.pem"))
             return plain("https://" + base[7:], method, path, body, timeout_s, tls)
 
     monkeypatch.setattr(local_cluster, "request_sync", either)
@@ -467,3 +467,86 @@ def test_brokers_forward_and_redirect_over_https_as_themselves(cluster: Any) -> 
         auth=AdminAuth(ca_file=certs.path("ca.pem"), cert_file=certs.path("alice.pem")),
     )  # fmt: skip
     assert status == 403 and "WRITE on TOPIC 'spread' or CLUSTER_ACTION" in body["error"]
+
+
+def test_controllers_over_https_with_client_certificates(cluster: Any) -> None:
+    from cluster_support import BROKER_ARGS, CONTROLLER_ARGS
+
+    make, certs = cluster
+    http_tls = [
+        "--override", f"http.ssl.keystore.location={certs.path('server.pem')}",
+        "--override", f"http.ssl.truststore.location={certs.path('ca.pem')}",
+        "--override", "http.ssl.client.auth=requested",
+        "--override", "http.authentication=mtls",
+        "--override", "authorizer.class.name=StandardAuthorizer",
+    ]  # fmt: skip
+    c = make(
+        controller_args=[*CONTROLLER_ARGS, *http_tls,
+                         "--override", "super.users=User:CN=localhost"],
+        broker_args=[*BROKER_ARGS, *http_tls,
+                     "--override", "super.users=User:ANONYMOUS;User:CN=localhost",
+                     "--override", "controller.http.ssl.enabled=true"],
+    )  # fmt: skip
+    # The brokers registered, caught up and were unfenced through the controllers' https
+    # port, and the controllers elected a leader over it: the cluster is ready.
+    ca = certs.path("ca.pem")
+    admin = AdminAuth(ca_file=ca, cert_file=certs.path("server.pem"))
+    url = f"https://127.0.0.1:{c.brokers[1].http_port}"
+    request_sync(url, "POST", "/api/v1/topics",
+                 {"name": "t", "partitions": 3, "replication_factor": 3}, auth=admin)  # fmt: skip
+    quorum = request_sync(url, "GET", "/api/v1/quorum", auth=admin)
+    assert quorum["leader_id"] in c.controllers and all(v["reachable"] for v in quorum["voters"])
+    # The active controller probes the brokers' https ports: their deaths are seen at once.
+    active = next(v for v in quorum["voters"] if v["node_id"] == quorum["leader_id"])
+    status = request_sync(active["url"], "GET", "/api/v1/quorum", auth=admin)
+    assert status["fast_fencing_armed"] == sorted(c.brokers), status
+    controller = active["url"]
+    assert controller.startswith("https://")
+    # The controller's port: probes open, the rest for the cluster's own principals only.
+    assert exchange_sync(controller, "GET", "/healthz", auth=AdminAuth(ca_file=ca))[0] == 200
+    status_, body = exchange_sync(controller, "POST", "/controller/describe", {},
+                                  auth=AdminAuth(ca_file=ca))  # fmt: skip
+    assert status_ == 401 and "client certificate" in body["error"]
+    alice = AdminAuth(ca_file=ca, cert_file=certs.path("alice.pem"))
+    status_, body = exchange_sync(controller, "POST", "/controller/describe", {}, auth=alice)
+    assert status_ == 403 and "CLUSTER_ACTION on CLUSTER 'kafka-cluster'" in body["error"]
+    status_, body = exchange_sync(controller, "POST", "/raft", {}, auth=alice)
+    assert status_ == 403
+    with pytest.raises(AdminError) as e:
+        request_sync("http://" + controller.partition("://")[2], "GET", "/healthz", timeout_s=5)
+    assert e.value.unreachable or e.value.status == 400
+    # A killed broker is fenced at once (its stream closed, its https port refuses), not
+    # after its session timeout: the controller's counter says which way.
+    def gone() -> int:
+        import aiohttp
+
+        async def metrics() -> str:
+            ctx = ssl.create_default_context(cafile=ca)
+            async with aiohttp.ClientSession() as http, http.get(
+                f"{controller}/metrics", ssl=ctx
+            ) as resp:
+                return await resp.text()
+
+        import asyncio
+
+        return sum(
+            int(float(line.rsplit(" ", 1)[1]))
+            for line in asyncio.run(metrics()).splitlines()
+            if line.startswith("straitmq_controller_broker_fencings_total{")
+            and 'straitmq_fence_reason="process_gone"' in line
+        )
+
+    before = gone()
+    c.brokers[3].kill9()
+    deadline = time.monotonic() + 30
+    while gone() != before + 1:
+        assert time.monotonic() < deadline, "the killed broker was not fenced as gone"
+        time.sleep(0.2)
+    # A controller started with a setting it does not know refuses to start.
+    r = subprocess.run(
+        [sys.executable, "-m", "straitmq.controller", "--node-id", "1", "--voters",
+         f"1@127.0.0.1:{free_port()}", "--cluster-id", "x", "--data-dir", str(certs.dir / "x"),
+         "--override", "http.authentication=mtls"],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2 and "http.authentication=mtls needs TLS" in r.stderr, r.stderr

@@ -41,7 +41,7 @@ from .replication.fetcher import ReplicaFetchers
 from .replication.isr import IsrManager
 from .replication.throttle import ReplicationThrottle
 from .security.acls import Authorizer, AuthorizerSettings
-from .security.http_security import HttpSecurity
+from .security.http_security import HttpSecurity, with_scheme
 from .security.listeners import Listener, bind_listeners, build_listeners
 
 log = logging.getLogger("straitmq.broker")
@@ -360,9 +360,14 @@ class Broker:
                 voters, lambda: self.quorum.leader_id, local, self.http_security.client
             )
         else:
-            voters = parse_voters(cfg.controller_voters or "")
-            self.quorum = Quorum(cfg.node_id, voters, cfg.data_dir, raft)
-            self.controller = ControllerClient(voters, lambda: self.quorum.leader_id)
+            security = self.http_security  # https to the controllers: controller.http.ssl.*
+            voters = with_scheme(
+                parse_voters(cfg.controller_voters or ""), security.controller_scheme
+            )
+            self.quorum = Quorum(cfg.node_id, voters, cfg.data_dir, raft, security.client)
+            self.controller = ControllerClient(
+                voters, lambda: self.quorum.leader_id, auth=security.client
+            )
         if self.active is not None:
             controller_metrics.install(self.telemetry, self.quorum, self.active)
         self.quorum.listeners.append(self._on_metadata)

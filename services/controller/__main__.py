@@ -7,6 +7,7 @@ import os
 import sys
 
 import uvloop
+from straitmq.broker.security.settings import read_properties
 
 from straitmq import logs
 from straitmq.node_identity import voter_for_hostname
@@ -17,6 +18,22 @@ from .bootstrap import parse_add_scram
 from .node import ControllerNode
 from .quorum import parse_voters
 from .raft.core import RaftConfig
+
+# The settings of a controller's HTTP port (see straitmq.broker.security.http_security).
+SECURITY_KEYS = frozenset({
+    "http.ssl.keystore.location",
+    "http.ssl.key.password",
+    "http.ssl.truststore.location",
+    "http.ssl.client.auth",
+    "http.ssl.reload.interval.ms",
+    "http.authentication",
+    "http.metrics.require.authentication",
+    "ssl.truststore.location",
+    "ssl.endpoint.identification.algorithm",
+    "authorizer.class.name",
+    "super.users",
+    "allow.everyone.if.no.acl.found",
+})  # fmt: skip
 
 
 def build(argv: list[str] | None = None) -> ControllerNode:
@@ -56,9 +73,35 @@ def build(argv: list[str] | None = None) -> ControllerNode:
         "--add-scram (e.g. the brokers' own user for a SASL inter-broker listener); "
         "repeatable; give every controller the same",
     )
+    p.add_argument(
+        "--properties",
+        default=None,
+        help="a Kafka-style key=value file of HTTP security settings: "
+        + ", ".join(sorted(SECURITY_KEYS)),
+    )
+    p.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one such setting; repeatable, wins over --properties",
+    )
     p.add_argument("--log-level", default=os.environ.get("STRAIT_LOG_LEVEL", "warning"))
     a = p.parse_args(argv)
     logs.setup(a.log_level)
+    try:
+        props = read_properties(a.properties) if a.properties else {}
+    except OSError as e:
+        p.error(f"--properties: {e}")
+    for item in a.override:
+        key, sep, value = item.partition("=")
+        if not sep:
+            p.error(f"--override expects KEY=VALUE, got {item!r}")
+        props[key.strip()] = value.strip()
+    for key in props:  # a typo must not leave the port open
+        if key not in SECURITY_KEYS:
+            known = ", ".join(sorted(SECURITY_KEYS))
+            p.error(f"unknown setting {key!r}: a controller takes {known}")
     try:
         bootstrap = tuple(parse_add_scram(v) for v in a.add_scram)
     except ValueError as e:
@@ -74,6 +117,20 @@ def build(argv: list[str] | None = None) -> ControllerNode:
     if node_id not in voters:
         p.error(f"--node-id {node_id} is not one of the --voters {sorted(voters)}")
     listen = a.listen or voters[node_id].removeprefix("http://")
+    try:
+        return _node(a, node_id, voters, listen, bootstrap, props)
+    except ValueError as e:  # unusable TLS or authentication settings
+        p.error(str(e))
+
+
+def _node(
+    a: argparse.Namespace,
+    node_id: int,
+    voters: dict[int, str],
+    listen: str,
+    bootstrap: tuple,
+    props: dict[str, str],
+) -> ControllerNode:
     host, _, port = listen.rpartition(":")
     return ControllerNode(
         node_id,
@@ -92,6 +149,7 @@ def build(argv: list[str] | None = None) -> ControllerNode:
         host or "127.0.0.1",
         int(port),
         otlp_endpoint=a.otlp_endpoint,
+        security=props,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -67,13 +68,34 @@ async def _answers(host: str, port: int) -> bool | None:
     try:
         writer.write(b"GET /healthz HTTP/1.0\r\nHost: probe\r\n\r\n")
         first = await asyncio.wait_for(reader.read(1), PROBE_TIMEOUT_S)
-        return first != b""
+        if first == b"":  # nothing serves there, or an https port closing on plaintext
+            return await _answers_tls(host, port)
+        return True
     except (ConnectionResetError, BrokenPipeError):
         return False
     except (OSError, TimeoutError):
         return None
     finally:
         writer.close()
+
+
+async def _answers_tls(host: str, port: int) -> bool | None:
+    """The probe of a broker whose HTTP port speaks https (http.ssl.*): a completed TLS
+    handshake is an answer (the certificate is not what is probed, so it is not checked);
+    refused, or closed before the handshake ends, is nothing serving there."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        _, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, ssl=ctx), PROBE_TIMEOUT_S
+        )
+    except (ConnectionRefusedError, ConnectionResetError, ssl.SSLError):
+        return False
+    except (OSError, TimeoutError):
+        return None
+    writer.close()
+    return True
 
 
 class ActiveController:

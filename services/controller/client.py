@@ -59,7 +59,8 @@ class ControllerClient:
         if self._session is None:
             auth = self.auth
             ctx = auth.context() if auth is not None else None
-            header = auth.header() if auth is not None else None
+            url = next(iter(self.voters.values()), "")  # the voters share one scheme
+            header = auth.header_for(url) if auth is not None else None
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(ssl=ctx) if ctx is not None else None,
                 headers={"Authorization": header} if header else None,

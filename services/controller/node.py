@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
 
 from aiohttp import web
+from straitmq.broker.security.acls import Authorizer, AuthorizerSettings
+from straitmq.broker.security.http_security import HttpSecurity, with_scheme
 
 from straitmq.telemetry import Telemetry, add_metrics_route
 
@@ -31,14 +34,31 @@ class ControllerNode:
         host: str = "127.0.0.1",
         port: int = 9093,
         otlp_endpoint: str | None = None,
+        security: dict[str, str] | None = None,
     ) -> None:
         if node_id not in voters:
             raise ValueError(f"controller {node_id} is not among the voters {sorted(voters)}")
         self.host, self.port = host, port
-        self.quorum = Quorum(node_id, voters, data_dir, raft_config)
+        # The HTTP port's TLS and who may call it (http.* settings, as a broker's; the
+        # ACLs and SCRAM users are those of the quorum's own image). Off by default.
+        props = security or {}
+        self.authorizer = Authorizer(
+            AuthorizerSettings.from_properties(props), lambda: self.quorum.image
+        )
+        self.http_security = HttpSecurity(
+            props, self.authorizer, lambda user: self.quorum.image.scram_credentials.get(user), []
+        )
+        if self.http_security.enabled and "mtls" not in self.http_security.methods:
+            raise ValueError(
+                "http.authentication on a controller needs mtls: the voters prove who they "
+                "are to each other with their certificates (basic may be added for brokers)"
+            )
+        voters = with_scheme(voters, self.http_security.scheme)  # the voters share settings
+        self.quorum = Quorum(node_id, voters, data_dir, raft_config, self.http_security.client)
         self.active = ActiveController(self.quorum, settings)
         self.quorum.listeners.append(self._check_cluster_id)
         self._runner: web.AppRunner | None = None
+        self._tls_watch: asyncio.Task | None = None
         self.telemetry = Telemetry("straitmq-controller", str(node_id), otlp_endpoint)
         metrics.install(self.telemetry, self.quorum, self.active)
 
@@ -58,7 +78,9 @@ class ControllerNode:
             os._exit(EXIT_CONFIG)
 
     async def start(self) -> None:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        security = self.http_security
+        middlewares = [security.middleware()] if security.enabled else []
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=middlewares)
 
         async def healthz(request: web.Request) -> web.Response:
             return web.json_response({"status": "ok"})
@@ -75,13 +97,24 @@ class ControllerNode:
         add_metrics_route(app, self.telemetry)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        tls = security.tls
+        site = web.TCPSite(
+            self._runner,
+            self.host,
+            self.port,
+            reuse_address=True,
+            ssl_context=tls.server_context if tls is not None else None,
+        )
         await site.start()
+        if tls is not None:  # rotated certificate files, for new connections
+            self._tls_watch = asyncio.get_running_loop().create_task(tls.watch())
         await self.quorum.start()
         await self.active.start()
         log.info("controller started", extra={"node": self.quorum.node_id, "port": self.port})
 
     async def stop(self) -> None:
+        if self._tls_watch is not None:
+            self._tls_watch.cancel()
         await self.active.stop()
         await self.quorum.stop()
         if self._runner is not None:

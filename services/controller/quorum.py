@@ -27,6 +27,8 @@ import orjson
 from kio.schema.errors import ErrorCode
 from straitmq.metadata.image import MetadataImage, Record
 
+from straitmq.admin_client import AdminAuth
+
 from .errors import ControllerError, NotController
 from .raft import messages as M
 from .raft.core import NotLeader, RaftConfig, RaftNode
@@ -78,9 +80,11 @@ class Quorum:
         voters: dict[int, str],
         data_dir: str,
         config: RaftConfig | None = None,
+        auth: AdminAuth | None = None,
     ) -> None:
         self.node_id = node_id
         self.voters = voters
+        self.auth = auth  # TLS context and credentials for https voters (None: plain)
         self.config = config or RaftConfig()
         self.storage = FileStorage(os.path.join(data_dir, "metadata-raft"))
         self.node = RaftNode(
@@ -112,9 +116,15 @@ class Quorum:
     # -- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> None:
+        auth = self.auth
+        url = next(iter(self.voters.values()), "")  # the voters share one scheme
+        header = auth.header_for(url) if auth is not None else None
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=None),
-            connector=aiohttp.TCPConnector(limit_per_host=8),
+            connector=aiohttp.TCPConnector(
+                limit_per_host=8, ssl=(auth.context() if auth else None) or True
+            ),
+            headers={"Authorization": header} if header else None,
         )
         self._advance(lambda: None)
         self._ticker = asyncio.get_running_loop().create_task(self._tick_loop())

@@ -16,6 +16,15 @@ Settings (StraitMQ's names, beside Kafka's in `--properties`/`--override`):
                                 mtls (the client certificate's subject, as the Kafka
                                 listener maps it; needs http.ssl.client.auth)
   http.metrics.require.authentication  false (default): /metrics stays open
+  controller.http.ssl.enabled   (brokers) the controllers' HTTP ports speak https: the
+                                broker's calls to them (registration, heartbeats, the
+                                metadata log, its session stream) go over https with the
+                                identity it shows its peers
+
+A controller process takes the same http.* settings (and super.users, authorizer.class.name,
+ssl.endpoint.identification.algorithm) from its own --properties/--override: its port
+speaks https, asks brokers and the other controllers for a certificate or Basic
+credentials of a SCRAM user, and calls the other voters with its own certificate.
 
 With authentication on, every request but /healthz and /readyz (and /metrics unless
 required) carries a principal, and the broker's authorizer (authorizer.class.name, the
@@ -168,7 +177,19 @@ class HttpSecurity:
                 self._plain.update(ln.sasl.plain_users)
         self._cache: dict[bytes, tuple[str, float, tuple]] = {}
         self._cache_key = secrets.token_bytes(32)
-        self.client = self._peer_auth(props, listeners, settings, "basic" in methods)
+        controllers = props.get("controller.http.ssl.enabled", "false").strip().lower()
+        if controllers not in ("true", "false"):
+            raise HttpSecurityError("controller.http.ssl.enabled: true or false")
+        # How a broker reaches the controller processes (a controller reaches the other
+        # voters with its own port's scheme: they share their settings).
+        self.controller_scheme = "https" if controllers == "true" else "http"
+        self.client = self._peer_auth(
+            props,
+            listeners,
+            settings,
+            "basic" in methods,
+            settings is not None or controllers == "true",
+        )
         if authorizer.enabled and not methods:
             log.warning(
                 "the authorizer is on but the HTTP API is not authenticated: anyone who "
@@ -191,29 +212,37 @@ class HttpSecurity:
         listeners: list[Listener],
         settings: TlsSettings | None,
         basic: bool,
+        tls: bool,
     ) -> AdminAuth | None:
+        """How this node calls its peers and the controllers: its HTTP certificate as a
+        client certificate, its inter-broker SASL user as Basic credentials."""
         username = password = None
         inter = listeners[0].client if listeners else None
         if basic and inter is not None and inter.sasl is not None:
             username, password = inter.sasl.username, inter.sasl.password
-        if settings is None:
+        if not tls:
             return AdminAuth(username=username, password=password) if username else None
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.check_hostname = props.get("ssl.endpoint.identification.algorithm", "https") != ""
         ctx.verify_mode = ssl.CERT_REQUIRED
-        ca = settings.truststore or props.get("ssl.truststore.location")
+        ca = props.get("http.ssl.truststore.location") or props.get("ssl.truststore.location")
         try:
             if ca:
                 ctx.load_verify_locations(cafile=ca)
             else:
                 ctx.load_default_certs(ssl.Purpose.SERVER_AUTH)
-            ctx.load_cert_chain(settings.keystore, password=settings.key_password)
+            if settings is not None:
+                ctx.load_cert_chain(settings.keystore, password=settings.key_password)
         except (OSError, ssl.SSLError) as e:
             raise HttpSecurityError(f"HTTP port: cannot load TLS files for peer calls: {e}") from e
-        # Over https only: the controllers' own port (separate processes) is plain HTTP.
+        # With an https port, the password goes over https only (never to a plain
+        # controller); a plain port's peers are plain too.
         return AdminAuth(
-            ssl_context=ctx, username=username, password=password, basic_over_http=False
+            ssl_context=ctx,
+            username=username,
+            password=password,
+            basic_over_http=settings is None,
         )
 
     # -- authentication -------------------------------------------------------------
@@ -382,6 +411,11 @@ class HttpSecurity:
             return await handler(request)
 
         return secure
+
+
+def with_scheme(voters: dict[int, str], scheme: str) -> dict[int, str]:
+    """The voters' URLs (parse_voters gives http://) with `scheme`."""
+    return {n: f"{scheme}://{url.partition('://')[2]}" for n, url in voters.items()}
 
 
 async def _json_body(request: web.Request) -> dict:

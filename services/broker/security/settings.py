@@ -39,6 +39,7 @@ SECURITY_KEYS = frozenset({
     "http.ssl.reload.interval.ms",
     "http.authentication",
     "http.metrics.require.authentication",
+    "controller.http.ssl.enabled",
 })  # fmt: skip
 # Listener settings that also have a command-line flag (BrokerConfig fields).
 FIELDS = {

@@ -611,3 +611,75 @@ def test_wire_the_saved_spso_survives_a_broker_restart(broker_factory):
         assert got == {0: [(5, 9, 1)]}, "from the saved SPSO, delivery counts start over"
     finally:
         r.close()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    from cluster_support import cluster_factory
+
+    yield from cluster_factory(tmp_path)
+
+
+def test_wire_a_killed_partition_leaders_share_state_resumes_at_the_new_leader(cluster):
+    """3 controllers + 3 brokers, a topic with 3 replicas: the partition's leader (and
+    share-partition) is killed with SIGKILL after a member accepted 0-4 of 0-9 and holds
+    5-9; the new leader reads the saved SPSO from the group's coordinator and delivers
+    5-9 again (at-least-once), not from share.auto.offset.reset (latest: nothing)."""
+    from types import SimpleNamespace
+
+    from confluent_kafka import Producer
+    from kio.schema.find_coordinator.v4 import request as fc
+
+    c = cluster()
+    c.create_topic("sf", partitions=1, rf=3, min_isr=2)
+    g, m = "failover-share", str(uuid.uuid4())
+
+    def raw(node_id: int) -> Raw:
+        return Raw(SimpleNamespace(port=c.brokers[node_id].kafka_port))
+
+    def coordinator_ready() -> bool:
+        r = raw(c.leader_of("sf", 0))
+        try:
+            resp = r.call(fc.FindCoordinatorRequest(key_type=0, coordinator_keys=(g,)))
+        finally:
+            r.close()
+        return resp.coordinators[0].error_code == 0
+
+    wait_for(coordinator_ready, 60, "__consumer_offsets")
+    leader = c.leader_of("sf", 0)
+    r = raw(leader)
+    md = r.call(
+        __import__("kio.schema.metadata.v12.request", fromlist=["x"]).MetadataRequest(
+            topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False
+        )
+    )
+    tid = next(t.topic_id for t in md.topics if t.name == "sf")
+    try:
+        assert _acquired(r.call(_fetch(g, m, 0, tid, {0: []}, wait_ms=100))) == {}
+        p = Producer({"bootstrap.servers": c.bootstrap, "acks": "all"})
+        for i in range(10):
+            p.produce("sf", f"v{i}".encode(), partition=0)
+        assert p.flush(30) == 0
+        assert _acquired(r.call(_fetch(g, m, 1, tid, {}, wait_ms=5000))) == {0: [(0, 9, 1)]}
+        ok = r.call(_ack(g, m, 2, tid, {0: [(0, 4, [1])]}))
+        assert ok.responses[0].partitions[0].error_code == 0
+        time.sleep(2)  # saved within 0.5 s, replicated to the offsets partition's ISR
+    finally:
+        r.close()
+    c.brokers[leader].kill9()
+    new_leader, _ = c.wait_new_leader("sf", 0, leader)
+    assert new_leader != leader
+    got: dict = {}
+
+    def fetched() -> bool:
+        nonlocal got
+        r2 = raw(new_leader)
+        try:
+            resp = r2.call(_fetch(g, m, 0, tid, {0: []}, wait_ms=1000))
+        finally:
+            r2.close()
+        got = _acquired(resp) if resp.error_code == 0 else {}
+        return bool(got)
+
+    wait_for(fetched, 60, "5-9 from the new leader")
+    assert got == {0: [(5, 9, 1)]}

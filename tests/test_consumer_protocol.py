@@ -749,6 +749,9 @@ def test_coordinator_broker_killed_in_a_cluster(cluster, tmp_path):
             lambda: all(watcher.seen[p] and watcher.seen[p][-1] == ends[p] for p in ends),
             60, "committed offsets reach the log end", 0.3, check=check,
         )  # fmt: skip
+        # Through the killed broker's return too (whichever broker coordinates now).
+        assert described(coordinator_port(), group) == before
+        stopped_at = now_ms()
         for m in members:
             m.stop()
     finally:
@@ -760,6 +763,9 @@ def test_coordinator_broker_killed_in_a_cluster(cluster, tmp_path):
     for p, offs in watcher.seen.items():
         assert offs == sorted(offs), f"partition {p}: commits went backwards: {offs}"
     assert_single_owner(members)
+    moved = [(m.name, e) for m in members for e in m.events
+             if e["ev"] in ("assigned", "revoked", "lost") and killed_at <= e["ts"] < stopped_at]
+    assert not moved, moved
 
 
 def test_librdkafka_regex_subscription_follows_new_topics(broker_factory):

@@ -220,13 +220,17 @@ class GroupMember:
         from confluent_kafka import Consumer
 
         self.consumer = Consumer(conf)
-        self.consumer.subscribe([topic])
+        self.assigned = 0  # rebalances that handed it partitions
+        self.consumer.subscribe([topic], on_assign=self._on_assign)
         self.confirmed = confirmed  # shared between members of the group
         self.every = every
         self.records: list[tuple[int, int, bytes]] = []
         self.reread_committed = 0  # records below a confirmed commit: must never happen
         self.commit_failures = 0
         self.failure_reasons: list[str] = []
+
+    def _on_assign(self, consumer: object, partitions: list) -> None:
+        self.assigned += 1
 
     def poll(self) -> bool:
         m = self.consumer.poll(0.5)
@@ -294,8 +298,11 @@ def test_consumer_group_resumes_after_coordinator_kill(cluster) -> None:
     while len(first.records) < 1000 and time.monotonic() < deadline:
         first.poll()
     assert len(first.records) >= 1000 and first.commit_failures == 0, first.commit_failures
+    assigned_before = first.assigned
     # The coordinator dies with the consumer in the group: it goes on consuming and
-    # committing through the new coordinator (the leader of the group's offsets partition).
+    # committing through the new coordinator (the leader of the group's offsets partition),
+    # which loaded the group (Stable, its generation and member) from its records: no
+    # rebalance.
     c.brokers[coordinator].kill9()
     new_coordinator, failover_s = c.wait_new_leader(
         "__consumer_offsets", offsets_partition, coordinator
@@ -305,6 +312,7 @@ def test_consumer_group_resumes_after_coordinator_kill(cluster) -> None:
         first.poll()
     assert len(first.records) >= 2000, f"consumer stalled at {len(first.records)} records"
     wait_for(first.commit, 20, "a commit confirmed by the new coordinator", 0.5)
+    assert first.assigned == assigned_before == 1, (assigned_before, first.assigned)
     committed = {
         tp.partition: tp.offset
         for tp in first.consumer.committed([TopicPartition(TOPIC, p) for p in range(3)], 10)

@@ -809,10 +809,11 @@ def test_librdkafka_regex_subscription_follows_new_topics(broker_factory):
 
 
 def test_empty_group_removed_once_its_offsets_expire(broker_factory):
-    """offsets.retention.minutes (here 0.02 = 1.2 s, checked every 300 ms): a consumer
-    group whose member left loses its offsets a retention after it became empty and is
-    removed (ListGroups no longer shows it, OffsetFetch finds nothing); a group with a
-    member heartbeating all along keeps its offsets."""
+    """offsets.retention.minutes (here 0.02 = 1.2 s, checked every 300 ms): a KIP-848
+    group whose member left loses its offsets a retention after they were committed (as
+    Kafka 4 counts for these groups) and is removed (ListGroups no longer shows it,
+    OffsetFetch finds nothing); a group with a member heartbeating all along keeps its
+    offsets."""
     broker = broker_factory(
         *BROKER_ARGS,
         "--offsets-retention-minutes", "0.02",

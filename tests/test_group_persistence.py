@@ -289,22 +289,35 @@ def test_empty_groups_lose_expired_offsets_and_are_removed() -> None:
     asyncio.run(run())
 
 
-def test_an_empty_group_keeps_its_offsets_for_the_retention_after_becoming_empty() -> None:
+def test_offsets_expire_from_the_commit_or_a_classic_groups_emptying_as_kafka() -> None:
+    """Kafka 4: a KIP-848 group's offsets expire by their commit time once it has no
+    member; an Empty classic group's from when it became empty (its state timestamp)."""
+    from straitmq.broker.groups.state_machine import GroupSettings
+
     async def run() -> None:
         store = store_on(Log())
-        coord = GroupCoordinator(store, SETTINGS)
+        coord = GroupCoordinator(store, GroupSettings(initial_rebalance_delay_ms=0))
         topics = Coordinator(Log()).topics
-        store.commit(G, [("t1", 0, 5, 0, "")])
-        await asyncio.sleep(0.3)  # the commit is old...
+        for g in (G, "classic"):
+            store.commit(g, [("t1", 0, 5, 0, "")])
+        await asyncio.sleep(0.3)  # the commits are old...
         r = await coord.consumer_heartbeat(
             ConsumerHeartbeatRequest(G, "", 0, None, None, REBALANCE, ("t1",)), topics
         )
-        assert coord.expire_groups(retention_ms=200) == []  # ...but the group has a member
+        j = await coord.join(
+            "classic", "", None, "c", "h", 10_000, 10_000, "consumer", [("range", b"m")], False
+        )
+        await coord.sync("classic", j["member_id"], None, j["generation_id"], {})
+        # ...but both groups have a member: nothing expires.
+        assert coord.expire_groups(retention_ms=200) == []
         await coord.consumer_heartbeat(ConsumerHeartbeatRequest(G, r.member_id, -1), topics)
-        # Empty only now: its offsets are kept a retention from now.
-        assert coord.expire_groups(retention_ms=200) == [] and store.fetch(G)
-        await asyncio.sleep(0.3)
+        coord.leave("classic", [(j["member_id"], None)])
+        # Both empty now: the KIP-848 group's old commit expires at once, the classic
+        # group keeps its offsets a retention from now.
         assert coord.expire_groups(retention_ms=200) == [G]
+        assert store.fetch("classic")
+        await asyncio.sleep(0.3)
+        assert coord.expire_groups(retention_ms=200) == ["classic"]
         assert coord.list_groups() == []
 
     asyncio.run(run())

@@ -73,9 +73,10 @@ class BrokerConfig:
         "where a share group starts reading a partition: latest (Kafka's default) or "
         "earliest (Kafka sets it per group: share.auto.offset.reset)",
     )  # fmt: skip
-    # Offsets of a group without members expire this long after the later of their
-    # commit and the moment the group became empty; a group left with neither is removed.
-    # Kafka's is whole minutes; a fraction is accepted here (tests).
+    # Offsets of a group without members expire this long after their commit (KIP-848
+    # and simple groups) or after the group became empty (classic), as Kafka 4 counts; a
+    # group left with neither is removed. Kafka's is whole minutes; a fraction is
+    # accepted here (tests).
     offsets_retention_minutes: float = setting(
         10080, "offsets.retention.minutes", "--offsets-retention-minutes"
     )

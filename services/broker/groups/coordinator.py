@@ -311,9 +311,11 @@ class GroupCoordinator:
 
     def expire_groups(self, retention_ms: int) -> list[str]:
         """Kafka's offsets.retention.minutes: a group without members loses each commit
-        once `retention_ms` passed since the later of the commit and the moment the group
-        became empty; a group left with no member and no offset is removed (its records
-        deleted, ListGroups no longer shows it). Returns the groups removed."""
+        once `retention_ms` passed since the commit (a KIP-848 or simple group) or since
+        the later of the commit and the moment it became empty (a classic group, as
+        Kafka counts from its state timestamp); a group left with no member and no
+        offset is removed (its records deleted, ListGroups no longer shows it). Returns
+        the groups removed."""
         now = self._now()
         wall = int(time.time() * 1000)
         removed = []

@@ -155,7 +155,7 @@ class GroupStateMachine:
         self._dirty: dict[str, set[str] | None] = {}
         self._dirty_classic: set[str] = set()  # classic groups to write if Stable/Empty
         self._restored: set[str] = set()  # rebuilt from records here (never held)
-        # Groups without members: when they became empty (their offsets expire from then).
+        # Classic groups without members: when they became empty (offsets expire from then).
         self._empty_since: dict[str, int] = {}
 
     # -- what the shell reads back --------------------------------------------------------
@@ -913,7 +913,6 @@ class GroupStateMachine:
         if error is not None:
             return error
         assert member is not None
-        self._empty_since.pop(group.group_id, None)
         self._touch(group.group_id, member.member_id)
         changed |= self._update_consumer_member(member, req)
         changed |= self._refresh_topics(group, topics)
@@ -1182,8 +1181,6 @@ class GroupStateMachine:
         if bump:
             group.epoch += 1
         self._touch(group.group_id, member.member_id)
-        if not group.members:
-            self._empty_since[group.group_id] = self._now
 
     def _consumer_commit_check(
         self, group: ConsumerGroup, member_id: str, member_epoch: int, version: int | None
@@ -1363,8 +1360,6 @@ class GroupStateMachine:
             self._persisted[gid] = dict(recs)
             self._restored.add(gid)
             loaded.append(gid)
-            if not group.members:
-                self._empty_since[gid] = now
             for m in group.members.values():
                 self._arm(
                     TimerKey(CONSUMER_SESSION, gid, m.member_id),
@@ -1402,8 +1397,10 @@ class GroupStateMachine:
     # -- empty groups whose offsets expired ----------------------------------------------
 
     def empty_groups(self) -> dict[str, int | None]:
-        """Groups with no member: group id -> since when it has been empty here (None:
-        not known, e.g. only its offsets were loaded)."""
+        """Groups with no member, whose offsets may expire: group id -> since when it has
+        been empty here, which is when its offsets' retention starts (Kafka's classic
+        groups: the state timestamp), or None: from each commit's time (Kafka's KIP-848
+        groups and simple groups; a classic group whose emptying was not seen here)."""
         out: dict[str, int | None] = {}
         for gid in {*self._offsets.group_ids(), *self.groups, *self.consumer_groups}:
             cg = self.consumer_groups.get(gid)
@@ -1412,7 +1409,7 @@ class GroupStateMachine:
                 g is not None and (g.members or g.pending_join)
             ):
                 continue
-            out[gid] = self._empty_since.get(gid)
+            out[gid] = self._empty_since.get(gid) if g is not None else None
         return out
 
     def remove_expired(self, group_id: str, now: int) -> None:

@@ -440,3 +440,20 @@ def test_a_classic_sync_group_is_answered_once_the_generation_is_replicated() ->
 
     assert asyncio.run(run(True)) == E.none
     assert asyncio.run(run(False)) == E.coordinator_not_available
+
+
+def test_a_group_with_members_loses_only_old_offsets_of_topics_it_no_longer_reads() -> None:
+    async def run() -> None:
+        store = store_on(Log())
+        coord = GroupCoordinator(store, SETTINGS)
+        topics = Coordinator(Log()).topics
+        store.commit(G, [("t1", 0, 5, 0, ""), ("t2", 0, 3, 0, "")])
+        await asyncio.sleep(0.3)
+        r = await coord.consumer_heartbeat(
+            ConsumerHeartbeatRequest(G, "", 0, None, None, REBALANCE, ("t1",)), topics
+        )
+        assert r.error == E.none
+        assert coord.expire_groups(retention_ms=200) == []
+        assert set(store.fetch(G)) == {("t1", 0)}  # t2: not subscribed, old: expired
+
+    asyncio.run(run())

@@ -314,11 +314,15 @@ class GroupCoordinator:
         once `retention_ms` passed since the commit (a KIP-848 or simple group) or since
         the later of the commit and the moment it became empty (a classic group, as
         Kafka counts from its state timestamp); a group left with no member and no
-        offset is removed (its records deleted, ListGroups no longer shows it). Returns
-        the groups removed."""
+        offset is removed (its records deleted, ListGroups no longer shows it). A
+        KIP-848 group with members loses, by commit time, the offsets of topics none of
+        them subscribes to. Returns the groups removed."""
         now = self._now()
         wall = int(time.time() * 1000)
         removed = []
+        for gid, topics in sorted(self.machine.subscribed_topics().items()):
+            if self.offsets.owns(gid):
+                self.offsets.expire(gid, wall - retention_ms, keep_topics=topics)
         for gid, since in sorted(self.machine.empty_groups().items()):
             if not self.offsets.owns(gid):
                 continue

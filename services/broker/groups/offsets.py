@@ -144,11 +144,13 @@ class OffsetStore:
             [],
         )
 
-    def expire(self, group: str, older_than: int) -> int:
-        """Tombstone the group's commits made before `older_than` (ms since the epoch);
-        how many."""
+    def expire(
+        self, group: str, older_than: int, keep_topics: frozenset[str] = frozenset()
+    ) -> int:
+        """Tombstone the group's commits made before `older_than` (ms since the epoch),
+        but those of `keep_topics`; how many."""
         g = self.offsets.get(group, {})
-        keys = [k for k, c in g.items() if c.timestamp < older_than]
+        keys = [k for k, c in g.items() if c.timestamp < older_than and k[0] not in keep_topics]
         if keys:
             self._tombstones(group, keys)
             for k in keys:

@@ -1412,6 +1412,19 @@ class GroupStateMachine:
             out[gid] = self._empty_since.get(gid) if g is not None else None
         return out
 
+    def subscribed_topics(self) -> dict[str, frozenset[str]]:
+        """KIP-848 groups with members: the topics they subscribe to (names and what
+        their expressions match). Kafka expires such a group's offsets of other topics
+        by commit time; these never expire while it has members."""
+        return {
+            gid: frozenset(n for m in g.members.values() for n in g.subscribed_names(m))
+            for gid, g in self.consumer_groups.items()
+            # Not before every expression was matched (a group just loaded), to be safe.
+            if g.members
+            and all(m.subscribed_regex in g.regex_matches
+                    for m in g.members.values() if m.subscribed_regex is not None)
+        }  # fmt: skip
+
     def remove_expired(self, group_id: str, now: int) -> None:
         """The empty group's offsets are all gone (expired): remove it, as Kafka does,
         and delete its records."""

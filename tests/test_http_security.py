@@ -550,3 +550,31 @@ def test_controllers_over_https_with_client_certificates(cluster: Any) -> None:
         capture_output=True, text=True, cwd=ROOT, timeout=60,
     )  # fmt: skip
     assert r.returncode == 2 and "http.authentication=mtls needs TLS" in r.stderr, r.stderr
+
+
+def test_basic_over_plain_http_and_metrics_behind_authentication(tmp_path: Path) -> None:
+    """No TLS, no authorizer: Basic alone (any authenticated user may do everything), and
+    /metrics closed by http.metrics.require.authentication; the probes stay open."""
+    sasl = free_port()
+    b = BrokerProcess(tmp_path / "data", extra_args=[
+        "--listeners", f"PLAINTEXT://127.0.0.1:0,SASL://127.0.0.1:{sasl}",
+        "--listener-security-protocol-map", "PLAINTEXT:PLAINTEXT,SASL:SASL_PLAINTEXT",
+        "--inter-broker-listener-name", "PLAINTEXT",
+        "--override", "listener.name.sasl.sasl.enabled.mechanisms=PLAIN",
+        "--override", f"listener.name.sasl.plain.sasl.jaas.config={JAAS}",
+        "--override", "http.authentication=basic",
+        "--override", "http.metrics.require.authentication=true",
+    ])  # fmt: skip
+    b.start()
+    try:
+        bob = AdminAuth(username="bob", password="bob-pw")
+        assert exchange_sync(b.http, "GET", "/readyz")[0] == 200
+        assert exchange_sync(b.http, "GET", "/healthz")[0] == 200
+        assert exchange_sync(b.http, "GET", "/metrics")[0] == 401
+        assert exchange_sync(b.http, "GET", "/metrics", auth=bob)[0] == 200
+        assert exchange_sync(b.http, "GET", "/api/v1/topics")[0] == 401
+        request_sync(b.http, "POST", "/api/v1/topics", {"name": "t"}, auth=bob)
+        topics = request_sync(b.http, "GET", "/api/v1/topics", auth=bob)["topics"]
+        assert [t["name"] for t in topics] == ["t"]
+    finally:
+        b.stop()

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urljoin
@@ -48,6 +50,16 @@ class AdminAuth:
     ssl_context: ssl.SSLContext | None = None
     check_hostname: bool = True
     basic_over_http: bool = True  # False: the password goes to https URLs only
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> AdminAuth | None:
+        """From $STRAIT_CA_FILE, $STRAIT_CERT, $STRAIT_KEY, $STRAIT_USER and
+        $STRAIT_PASSWORD (as `strait` reads them); None when none is set."""
+        ca, cert, user = env.get("STRAIT_CA_FILE"), env.get("STRAIT_CERT"), env.get("STRAIT_USER")
+        if not (ca or cert or user):
+            return None
+        return cls(ca_file=ca, cert_file=cert, key_file=env.get("STRAIT_KEY"),
+                   username=user, password=env.get("STRAIT_PASSWORD"))  # fmt: skip
 
     def context(self) -> ssl.SSLContext | None:
         """The client TLS context, or None for the defaults (https against system CAs)."""

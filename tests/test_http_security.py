@@ -385,6 +385,28 @@ def test_basic_credentials_header() -> None:
     assert AdminAuth(username="a", password="b:c").header() == "Basic " + base64.b64encode(
         b"a:b:c"
     ).decode()
+    assert AdminAuth(username="a", password="b", basic_over_http=False).header_for(
+        "http://h:1/x"
+    ) is None, "a password meant for https never goes over http"
+
+
+def test_operator_and_tools_read_credentials_from_the_environment(
+    secured: Secured, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    from straitmq.operator.admin import AdminClient as OperatorAdmin
+
+    assert AdminAuth.from_env({}) is None
+    monkeypatch.setenv("STRAIT_CA_FILE", secured.certs.path("ca.pem"))
+    monkeypatch.setenv("STRAIT_USER", "admin")
+    monkeypatch.setenv("STRAIT_PASSWORD", "admin-secret")
+
+    async def topics() -> list[str]:
+        async with OperatorAdmin(secured.url, 10) as admin:
+            return [t.name for t in await admin.topics()]
+
+    assert {"secret", "orders"} <= set(asyncio.run(topics()))
 
 
 # -- a 3+3 cluster: brokers calling each other, redirects ---------------------------------

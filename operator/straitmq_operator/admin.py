@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from straitmq.admin_client import DEFAULT_TIMEOUT_S, AdminAuth, AdminError
 from straitmq.admin_client import AdminClient as BaseAdminClient
-from straitmq.admin_client import AdminError
 
 __all__ = ["AdminClient", "AdminError", "Partition", "Topic"]
 
@@ -61,7 +61,16 @@ def _topic(raw: dict[str, Any]) -> Topic:
 
 class AdminClient(BaseAdminClient):
     """The admin calls the operator makes, typed; one per reconcile pass, every call
-    bounded by `timeout_s`."""
+    bounded by `timeout_s`. A secured admin API (https, client certificate, Basic) is
+    reached with the operator's $STRAIT_CA_FILE, $STRAIT_CERT, $STRAIT_KEY, $STRAIT_USER
+    and $STRAIT_PASSWORD (e.g. from a mounted Secret), the https URL from the
+    `straitmq.io/admin-url` annotation."""
+
+    def __init__(
+        self, base_url: str = "", timeout_s: float = DEFAULT_TIMEOUT_S,
+        auth: AdminAuth | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(base_url, timeout_s, auth if auth is not None else AdminAuth.from_env())
 
     async def cluster(self) -> dict[str, Any]:
         return await self.get("/api/v1/cluster")

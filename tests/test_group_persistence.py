@@ -457,3 +457,43 @@ def test_a_group_with_members_loses_only_old_offsets_of_topics_it_no_longer_read
         assert set(store.fetch(G)) == {("t1", 0)}  # t2: not subscribed, old: expired
 
     asyncio.run(run())
+
+
+def test_a_broker_reopened_after_compaction_rebuilds_its_groups(tmp_path, monkeypatch) -> None:
+    """In-process broker: a KIP-848 group and a stream of commits roll the offsets topic,
+    compaction rewrites the live records, and the reopened broker (leading the offsets
+    partitions again) describes the same group."""
+    from straitmq.broker import broker as broker_module
+    from straitmq.broker.api.groups import _ImageTopics
+    from straitmq.broker.broker import Broker
+    from straitmq.broker.config import BrokerConfig
+
+    monkeypatch.setattr(broker_module, "OFFSETS_SEGMENT_BYTES", 4096)
+    config = {"data_dir": str(tmp_path), "offsets_topic_partitions": 2, "port": 0, "http_port": 0}
+
+    async def first() -> tuple:
+        b = Broker(BrokerConfig(**config))
+        await b.start()
+        await b.control("create_topic", {"name": "t1", "partitions": 4, "replication_factor": 1})
+        join = ConsumerHeartbeatRequest(G, "", 0, None, None, REBALANCE, ("t1",))
+        r = await b.groups.consumer_heartbeat(join, _ImageTopics(b.image))
+        assert r.error == E.none and r.member_epoch == 1
+        for i in range(300):
+            b.offsets.commit(G, [("t1", p, i, 0, "m") for p in range(4)])
+        assert b.compact_offsets() > 0
+        described = b.groups.consumer_describe(G)
+        await b.stop()
+        return r, described
+
+    async def again() -> tuple:
+        b = Broker(BrokerConfig(**config))
+        await b.start()
+        described = b.groups.consumer_describe(G)
+        committed = {k: c.offset for k, c in b.offsets.fetch(G).items()}
+        await b.stop()
+        return described, committed
+
+    r, before = asyncio.run(first())
+    after, committed = asyncio.run(again())
+    assert after == before and before[2]["members"][0]["member_id"] == r.member_id
+    assert committed == {("t1", p): 299 for p in range(4)}

@@ -683,3 +683,41 @@ def test_wire_a_killed_partition_leaders_share_state_resumes_at_the_new_leader(c
 
     wait_for(fetched, 60, "5-9 from the new leader")
     assert got == {0: [(5, 9, 1)]}
+
+
+def test_kafka_share_groups_tool_lists_and_describes(broker_factory, _jars):
+    """`kafka-share-groups.sh` (4.1): --list (ListGroups, type share), --describe
+    --members (ShareGroupDescribe) and --describe (DescribeShareGroupOffsets: the saved
+    start offset)."""
+    from bench.javatools import KAFKA41_TOOLS
+
+    broker = broker_factory()
+    tid = _create_topic(broker, "cli-share", 2)
+    g, m = "cli-share-group", str(uuid.uuid4())
+    r = Raw(broker)
+    try:
+        assert r.call(_hb(g, m, 0, ("cli-share",))).error_code == 0
+        assert _acquired(r.call(_fetch(g, m, 0, tid, {0: [], 1: []}, wait_ms=100))) == {}
+        _produce(broker, "cli-share", [f"v{i}" for i in range(5)], partition=0)
+        assert _acquired(r.call(_fetch(g, m, 1, tid, {}, wait_ms=3000))) == {0: [(0, 4, 1)]}
+        assert r.call(_ack(g, m, 2, tid, {0: [(0, 2, [1])]})).error_code == 0
+        time.sleep(1.5)
+
+        def tool(*args: str) -> str:
+            res = subprocess.run(
+                java_cmd(KAFKA41_TOOLS["kafka-share-groups"],
+                         ["--bootstrap-server", broker.bootstrap, *args], jars="4.1"),
+                capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+            return res.stdout
+
+        listed = tool("--list").split()
+        assert g in listed and not any(x.startswith("__share_group_state") for x in listed)
+        members = tool("--describe", "--group", g, "--members")
+        assert m in members and "cli-share:0,1" in members.replace(" ", ""), members
+        offsets = tool("--describe", "--group", g)
+        rows = [line.split() for line in offsets.splitlines() if line.startswith(g)]
+        assert [g, "cli-share", "0", "3"] in [row[:4] for row in rows], offsets
+    finally:
+        r.close()

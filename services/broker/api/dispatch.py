@@ -109,4 +109,5 @@ HANDLERS: dict[int, ApiSpec] = {
     77: ApiSpec(1, 1, share.handle_share_group_describe),
     78: ApiSpec(1, 1, share.handle_share_fetch),
     79: ApiSpec(1, 1, share.handle_share_acknowledge),
+    90: ApiSpec(0, 0, share.handle_describe_share_group_offsets),  # kafka-share-groups
 }

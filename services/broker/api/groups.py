@@ -320,8 +320,13 @@ async def handle_list_groups(ctx: RequestContext, req: Any) -> dict:
     everything = ctx.cluster_allowed(DESCRIBE)
     coordinator = ctx.broker.groups
     groups = []
-    for gid, pt, st in coordinator.list_groups():
-        kind = coordinator.group_type(gid) or "classic"
+    from .share import share_group_rows  # share groups (KIP-932); share imports this module
+
+    rows, internal = share_group_rows(ctx.broker)
+    for gid, pt, st in [*coordinator.list_groups(), *rows]:
+        if internal(gid):
+            continue
+        kind = "share" if pt == "share" else coordinator.group_type(gid) or "classic"
         if (states and st.lower() not in states) or (types and kind not in types):
             continue
         if everything or ctx.allowed(DESCRIBE, GROUP, gid):

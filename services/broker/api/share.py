@@ -20,11 +20,12 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from ..groups.offsets import OFFSETS_TOPIC
 from ..groups.share_group import ShareGroupStateMachine, ShareSettings
 from ..partitions import LEADER
 from ..security.acls import DESCRIBE, GROUP, READ, TOPIC
 from ..security.listeners import endpoint_for
-from ..share.checkpoints import ShareCheckpoints
+from ..share.checkpoints import STATE_GROUP_PREFIX, ShareCheckpoints
 from ..share.partition import Acquired, InvalidRecordState
 from ..share.sessions import FINAL_EPOCH, INITIAL_EPOCH, ShareSession, ShareState
 from .context import RequestContext
@@ -58,11 +59,17 @@ class _BrokerShare:
         self.checkpoints = ShareCheckpoints(broker, self.state)
         # Fetches parked until records are released or acknowledged (acquirable again).
         self.waiters: set[asyncio.Future[None]] = set()
+        self.broker = broker
         broker.partitions.role_listeners.append(self._on_role)
 
     def _on_role(self, part: Any, role: str) -> None:
-        if role != LEADER:
-            self.state.drop_partition(part.topic, part.index)
+        if role == LEADER:
+            return
+        self.state.drop_partition(part.topic, part.index)
+        if part.topic == OFFSETS_TOPIC:  # no longer the coordinator of these groups
+            offsets = self.broker.offsets
+            for gid in [g for g in self.groups.groups if offsets.partition_for(g) == part.index]:
+                del self.groups.groups[gid]
 
     def members_gone(self) -> None:
         """Members that left or were expired by this coordinator: what they hold on
@@ -567,3 +574,57 @@ async def handle_share_acknowledge(ctx: RequestContext, req: Any) -> dict:
         "responses": [{"topic_id": tid, "partitions": ps} for tid, ps in by_topic.items()],
         "node_endpoints": _endpoints(ctx, leaders - {-1}),
     }
+
+
+async def handle_describe_share_group_offsets(ctx: RequestContext, req: Any) -> dict:
+    """DescribeShareGroupOffsets v0 (what `kafka-share-groups --describe` shows): each
+    share-partition's start offset as last saved (share/checkpoints.py)."""
+    share = share_of(ctx.broker)
+    image = ctx.broker.image
+    groups = []
+    for g in req.groups:
+        gid = g.group_id
+        code = 0 if ctx.allowed(DESCRIBE, GROUP, gid) else _GROUP_DENIED
+        code = code or not_coordinator(ctx, gid)
+        if code:
+            groups.append({"group_id": gid, "topics": [], "error_code": code,
+                           "error_message": None})  # fmt: skip
+            continue
+        wanted = [(t.topic_name, list(t.partitions)) for t in g.topics] if g.topics else None
+        saved = await share.checkpoints.saved(gid, wanted)
+        if saved is None:
+            groups.append({"group_id": gid, "topics": [], "error_message": None,
+                           "error_code": ErrorCode.coordinator_not_available})  # fmt: skip
+            continue
+        if wanted is None:
+            by_topic: dict[str, list[int]] = {}
+            for t, p in sorted(saved):
+                by_topic.setdefault(t, []).append(p)
+            wanted = list(by_topic.items())
+        topics = []
+        for name, parts in wanted:
+            if not ctx.allowed(DESCRIBE, TOPIC, name):
+                continue
+            t = image.topics.get(name)
+            topics.append({
+                "topic_name": name,
+                "topic_id": t.topic_id if t is not None else None,
+                "partitions": [
+                    {"partition_index": p, "start_offset": saved.get((name, p), -1),
+                     "leader_epoch": -1,
+                     "error_code": 0 if t is not None else ErrorCode.unknown_topic_or_partition,
+                     "error_message": None}
+                    for p in parts
+                ],
+            })  # fmt: skip
+        groups.append({"group_id": gid, "topics": topics, "error_code": 0, "error_message": None})
+    return {"throttle_time": 0, "groups": groups}
+
+
+def share_group_rows(broker: Any) -> tuple[list[tuple[str, str, str]], Any]:
+    """ListGroups: (group id, "share", state) of the share groups this broker
+    coordinates, and a test for the internal groups holding their saved SPSOs, which
+    are not listed."""
+    groups = share_of(broker).groups.groups
+    rows = [(gid, "share", g.state) for gid, g in sorted(groups.items())]
+    return rows, lambda gid: gid.startswith(STATE_GROUP_PREFIX)

@@ -49,7 +49,7 @@ class ShareCheckpoints:
         self._conns: dict[tuple[str, int], KafkaConnection] = {}
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}  # one request in flight each
         self._task: asyncio.Task[None] | None = None
-        self.saved = 0  # checkpoints written (tests, metrics)
+        self.writes = 0  # checkpoints written (tests, metrics)
 
     def start(self) -> None:
         if self._task is None or self._task.done():
@@ -103,7 +103,7 @@ class ShareCheckpoints:
             for topic, index, spso, sp in entries:
                 if (topic, index) in ok:
                     sp.saved_spso = spso
-                    self.saved += 1
+                    self.writes += 1
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -128,6 +128,35 @@ class ShareCheckpoints:
                 if p.partition_index == index and p.error_code == 0:
                     return True, (p.committed_offset if p.committed_offset >= 0 else None)
         return True, None
+
+    async def saved(
+        self, group: str, topics: list[tuple[str, list[int]]] | None
+    ) -> dict[tuple[str, int], int] | None:
+        """The saved SPSOs of `group` ((topic, partition) -> offset), of the named
+        partitions or of all of them; None if the coordinator could not be asked."""
+        req = of.OffsetFetchRequest(
+            groups=(
+                of.OffsetFetchRequestGroup(
+                    group_id=state_group(group),
+                    topics=tuple(
+                        of.OffsetFetchRequestTopics(name=t, partition_indexes=tuple(ps))
+                        for t, ps in topics
+                    )
+                    if topics is not None
+                    else None,
+                ),
+            ),
+            require_stable=False,
+        )
+        resp = await self._call(state_group(group), 9, 8, req)
+        if resp is None or not resp.groups or resp.groups[0].error_code:
+            return None
+        return {
+            (t.name, p.partition_index): p.committed_offset
+            for t in resp.groups[0].topics
+            for p in t.partitions
+            if p.error_code == 0 and p.committed_offset >= 0
+        }
 
     # -- the connection to the coordinator ---------------------------------------------------
 

@@ -600,3 +600,58 @@ def test_basic_over_plain_http_and_metrics_behind_authentication(tmp_path: Path)
         assert [t["name"] for t in topics] == ["t"]
     finally:
         b.stop()
+
+
+def test_the_client_certificate_shown_to_peers_follows_a_rotation(tmp_path: Path) -> None:
+    """The certificate a broker shows its peers and the controllers is reloaded with the
+    served one (in-process: an HttpSecurity and a TLS server that requires certificates)."""
+    import threading
+
+    from straitmq.broker.security.acls import Authorizer, AuthorizerSettings
+    from straitmq.broker.security.http_security import HttpSecurity
+    from straitmq.metadata.image import MetadataImage
+
+    certs = make_certs(tmp_path / "certs")
+    certs.leaf("rotated", "ca", "/CN=rotated", "IP:127.0.0.1,DNS:localhost")
+    keystore = tmp_path / "certs" / "http.pem"
+    keystore.write_text(Path(certs.path("server.pem")).read_text())
+    props = {
+        "http.ssl.keystore.location": str(keystore),
+        "http.ssl.truststore.location": certs.path("ca.pem"),
+    }
+    security = HttpSecurity(
+        props, Authorizer(AuthorizerSettings(), MetadataImage), lambda user: None, []
+    )
+    assert security.client is not None and security.client.ssl_context is not None
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(certs.path("server.pem"))
+    server_ctx.load_verify_locations(certs.path("ca.pem"))
+    server_ctx.verify_mode = ssl.CERT_REQUIRED
+
+    def shown() -> str:
+        listener = socket.create_server(("127.0.0.1", 0))
+        seen: list[str] = []
+
+        def serve() -> None:
+            conn, _ = listener.accept()
+            with server_ctx.wrap_socket(conn, server_side=True) as tls:
+                seen.append(dict(x[0] for x in tls.getpeercert()["subject"])["commonName"])
+                tls.recv(1)
+
+        t = threading.Thread(target=serve)
+        t.start()
+        ctx = security.client.ssl_context
+        with socket.create_connection(listener.getsockname()) as raw:
+            with ctx.wrap_socket(raw, server_hostname="localhost") as tls:
+                tls.sendall(b"x")
+        t.join(10)
+        listener.close()
+        return seen[0]
+
+    assert shown() == "localhost"
+    tmp = keystore.with_suffix(".tmp")
+    tmp.write_text(Path(certs.path("rotated.pem")).read_text())
+    tmp.replace(keystore)
+    assert security.tls is not None and security.tls.check()
+    security.reload_client()
+    assert shown() == "rotated"

@@ -335,9 +335,7 @@ class Broker:
         cfg.http_port = http_port
         self._servers.append(runner)
         if self.http_security.tls is not None:  # rotated certificate files, new connections
-            self._tasks.append(
-                asyncio.get_running_loop().create_task(self.http_security.tls.watch())
-            )
+            self._tasks.append(asyncio.get_running_loop().create_task(self.http_security.watch()))
         raft = RaftConfig(
             election_timeout_ms=cfg.election_timeout_ms, fetch_timeout_ms=cfg.fetch_timeout_ms
         )

@@ -107,7 +107,7 @@ class ControllerNode:
         )
         await site.start()
         if tls is not None:  # rotated certificate files, for new connections
-            self._tls_watch = asyncio.get_running_loop().create_task(tls.watch())
+            self._tls_watch = asyncio.get_running_loop().create_task(security.watch())
         await self.quorum.start()
         await self.active.start()
         log.info("controller started", extra={"node": self.quorum.node_id, "port": self.port})

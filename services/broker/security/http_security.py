@@ -200,6 +200,29 @@ class HttpSecurity:
     def enabled(self) -> bool:
         return bool(self.methods)
 
+    async def watch(self) -> None:
+        """Pick up rotated certificate files: the served certificate (new connections) and
+        the one shown to peers and controllers (their next connections)."""
+        tls = self.tls
+        if tls is None:
+            return
+        interval = max(tls.settings.reload_interval_ms, 50) / 1000
+        while True:
+            await asyncio.sleep(interval)
+            if tls.check():
+                self.reload_client()
+
+    def reload_client(self) -> None:
+        ctx = self.client.ssl_context if self.client is not None else None
+        settings = self.tls.settings if self.tls is not None else None
+        if ctx is None or settings is None:
+            return
+        try:  # replaces the certificate and key the context shows from now on
+            ctx.load_cert_chain(settings.keystore, password=settings.key_password)
+        except (OSError, ssl.SSLError) as e:
+            log.warning("rotated HTTP certificate does not load as a client certificate; "
+                        "keeping the previous one", extra={"reason": str(e)})  # fmt: skip
+
     @property
     def scheme(self) -> str:
         return "https" if self.tls is not None else "http"

@@ -721,3 +721,37 @@ def test_kafka_share_groups_tool_lists_and_describes(broker_factory, _jars):
         assert [g, "cli-share", "0", "3"] in [row[:4] for row in rows], offsets
     finally:
         r.close()
+
+
+def test_java_share_consumer_with_implicit_acknowledgement(broker_factory, tmp_path, _jars):
+    """share.acknowledgement.mode=implicit (the client's default): each poll accepts what
+    the previous one returned; every record is delivered once and a member that comes
+    later finds nothing left."""
+    broker = broker_factory(
+        "--group-share-heartbeat-interval-ms", "500", "--share-auto-offset-reset", "earliest"
+    )
+    topic, group = "jimplicit", "jimplicit-group"
+    _create_topic(broker, topic, 2)
+    _produce(broker, topic, [f"v{i}" for i in range(300)])
+    m = ShareMember(broker.bootstrap, group, topic, "implicit", "implicit", tmp_path)
+    try:
+
+        def all_read() -> bool:
+            m.alive()
+            return len({v for *_, v in m.records()}) == 300
+
+        wait_for(all_read, 90, "300 records")
+        time.sleep(1)  # one more poll accepts the last records
+    finally:
+        m.stop()
+    got = m.records()
+    assert sorted(v for *_, v in got) == sorted(f"v{i}" for i in range(300))
+    assert {d for _, _, d, _ in got} == {1}
+    late = ShareMember(broker.bootstrap, group, topic, "late", "accept", tmp_path)
+    try:
+        wait_for(lambda: _members_assigned(broker, group, 1), 60, "the late member joins")
+        time.sleep(3)
+        late.alive()
+        assert late.records() == [], "the implicit acknowledgements were applied"
+    finally:
+        late.stop()

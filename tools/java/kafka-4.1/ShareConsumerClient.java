@@ -4,6 +4,8 @@
 //       BOOTSTRAP GROUP TOPIC NAME MODE [key=value ...]
 // MODE "accept": every record polled is acknowledged (explicit mode, commitSync): RELEASE
 // if its value starts with "release", REJECT if with "reject", else ACCEPT.
+// MODE "implicit": share.acknowledgement.mode=implicit, the client's default: each poll
+// accepts the records of the previous one.
 // MODE "hold": the records of the first non-empty poll are printed and never
 // acknowledged; the process then only sleeps (the test kills it).
 // Prints one JSON object a line on stdout: "started", "records" (partition, offset,
@@ -41,7 +43,8 @@ public class ShareConsumerClient {
         props.put("bootstrap.servers", bootstrap);
         props.put("group.id", group);
         props.put("client.id", name);
-        props.put("share.acknowledgement.mode", "explicit");
+        // "implicit" (Kafka's default): the records of a poll are accepted by the next poll.
+        props.put("share.acknowledgement.mode", mode.equals("implicit") ? "implicit" : "explicit");
         props.put("key.deserializer", ByteArrayDeserializer.class.getName());
         props.put("value.deserializer", ByteArrayDeserializer.class.getName());
         for (int i = 5; i < args.length; i++) {
@@ -80,6 +83,7 @@ public class ShareConsumerClient {
                         .append(quote(new String(rec.value()))).append(']');
                 }
                 emit("{\"ev\":\"records\",\"ts\":" + System.currentTimeMillis() + ",\"recs\":[" + recs + "]}");
+                if (mode.equals("implicit")) continue;
                 if (mode.equals("hold")) {
                     while (!stop.get()) Thread.sleep(100);
                     break;

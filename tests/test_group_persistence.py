@@ -497,3 +497,32 @@ def test_a_broker_reopened_after_compaction_rebuilds_its_groups(tmp_path, monkey
     after, committed = asyncio.run(again())
     assert after == before and before[2]["members"][0]["member_id"] == r.member_id
     assert committed == {("t1", p): 299 for p in range(4)}
+
+
+def test_an_empty_classic_groups_retention_counts_from_its_emptying_across_a_move() -> None:
+    """The shell stamps the wall-clock time an Empty classic group's record was written
+    (Kafka's currentStateTimestamp): a new coordinator counts the retention from then,
+    not from the move."""
+    from straitmq.broker.groups.coordinator import EMPTY_SINCE
+    from straitmq.broker.groups.state_machine import GroupSettings
+
+    settings = GroupSettings(initial_rebalance_delay_ms=0)
+
+    async def run() -> None:
+        log = Log()
+        store = store_on(log)
+        coord = GroupCoordinator(store, settings)
+        j = await coord.join(
+            "classic", "", None, "c", "h", 10_000, 10_000, "consumer", [("range", b"m")], False
+        )
+        await coord.sync("classic", j["member_id"], None, j["generation_id"], {})
+        store.commit("classic", [("t1", 0, 5, 0, "")])
+        coord.leave("classic", [(j["member_id"], None)])
+        assert store.records_of("classic")[("grp", "classic", "")][EMPTY_SINCE] > 0
+        await asyncio.sleep(0.35)
+        moved = GroupCoordinator(store_on(log), settings)
+        moved.loaded(lambda g: True)
+        assert moved.list_groups() == [("classic", "consumer", "Empty")]
+        assert moved.expire_groups(retention_ms=300) == ["classic"]
+
+    asyncio.run(run())

@@ -34,6 +34,7 @@ from .messages import (
     TimerKey,
 )
 from .offsets import OffsetStore
+from .records import RecordKey, classic_key
 from .state_machine import GroupSettings, GroupStateMachine, TopicsView
 
 __all__ = ["GroupCoordinator", "GroupSettings", "JoinError"]
@@ -42,6 +43,17 @@ log = logging.getLogger("straitmq.groups")
 
 # (group id, log end offset after the write): True once the offsets partition's ISR has it.
 DurableFn = Callable[[str, int], Awaitable[bool]]
+
+
+# The wall-clock time (ms) a classic group became Empty, stamped by the shell on its record
+# (Kafka's currentStateTimestamp): its offsets' retention counts from then after a move.
+EMPTY_SINCE = "empty_since_ms"
+
+
+def _stamped(key: RecordKey, value: dict | None) -> tuple[RecordKey, dict | None]:
+    if value is not None and key[0] == classic_key("")[0] and not value["members"]:
+        return key, {**value, EMPTY_SINCE: int(time.time() * 1000)}
+    return key, value
 
 
 class JoinError(Exception):
@@ -132,7 +144,8 @@ class GroupCoordinator:
         for rec in out.persist:
             try:
                 if isinstance(rec, GroupRecords):
-                    end = self.offsets.write_group_records(rec.group_id, list(rec.records))
+                    records = [_stamped(k, v) for k, v in rec.records]
+                    end = self.offsets.write_group_records(rec.group_id, records)
                     written[rec.group_id] = self._written_to[rec.group_id] = end
                 else:
                     self.offsets.delete_group(rec.group_id)
@@ -304,8 +317,13 @@ class GroupCoordinator:
         from their records; hold assignments of groups without records for a session
         timeout."""
         now = self._now()
+        wall = int(time.time() * 1000)
         records = {g: r for g, r in self.offsets.group_records.items() if belongs(g)}
         self.machine.load_consumer_groups(records, now)
+        for gid, recs in records.items():
+            since = (recs.get(classic_key(gid)) or {}).get(EMPTY_SINCE)
+            if since is not None:  # an Empty classic group: since then, in the loop's time
+                self.machine.empty_since(gid, now - max(wall - since, 0))
         self.machine.hold_assignments(belongs, now + self.settings.consumer_session_timeout_ms)
         self._apply()
 

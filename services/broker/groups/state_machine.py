@@ -1412,6 +1412,13 @@ class GroupStateMachine:
             out[gid] = self._empty_since.get(gid) if g is not None else None
         return out
 
+    def empty_since(self, group_id: str, since: int) -> None:
+        """The Empty classic group became empty at `since` (this machine's time; the
+        shell learns it from the group's record after a move)."""
+        g = self.groups.get(group_id)
+        if g is not None and not g.members:
+            self._empty_since[group_id] = since
+
     def subscribed_topics(self) -> dict[str, frozenset[str]]:
         """KIP-848 groups with members: the topics they subscribe to (names and what
         their expressions match). Kafka expires such a group's offsets of other topics

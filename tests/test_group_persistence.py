@@ -267,9 +267,9 @@ def test_empty_groups_lose_expired_offsets_and_are_removed() -> None:
             ConsumerHeartbeatRequest("idle", "", 0, None, None, REBALANCE, ("t1",)), topics
         )
         await coord.consumer_heartbeat(ConsumerHeartbeatRequest("idle", r.member_id, -1), topics)
-        for g in (G, "idle", "old"):
+        for g in (G, "idle", "old", "__share_group_state.sg"):
             store.commit(g, [("t1", 0, 5, 0, "")])
-        assert [g for g, *_ in coord.list_groups()] == [G, "idle", "old"]
+        assert [g for g, *_ in coord.list_groups()] == ["__share_group_state.sg", G, "idle", "old"]
         assert coord.expire_groups(retention_ms=200) == []  # nothing old enough yet
         await asyncio.sleep(0.3)
         store.commit("idle", [("t1", 1, 7, 0, "")])  # a newer commit restarts its clock
@@ -277,14 +277,16 @@ def test_empty_groups_lose_expired_offsets_and_are_removed() -> None:
         assert set(store.fetch("idle")) == {("t1", 1)}  # the older commit expired
         await asyncio.sleep(0.3)
         assert coord.expire_groups(retention_ms=200) == ["idle"]
-        assert [g for g, *_ in coord.list_groups()] == [G]
+        # A share group's saved start offsets are state, not positions: never expired.
+        assert [g for g, *_ in coord.list_groups()] == ["__share_group_state.sg", G]
         assert busy.error == E.none and store.fetch(G)  # a group with members keeps all
         # Replayed, the removed groups stay gone (offsets and records tombstoned).
         again = store_on(log)
-        assert set(again.offsets) == {G} and set(again.group_records) == {G}
+        assert set(again.offsets) == {"__share_group_state.sg", G}
+        assert set(again.group_records) == {G}
         coord2 = GroupCoordinator(again, SETTINGS)
         coord2.loaded(lambda g: True)
-        assert [g for g, *_ in coord2.list_groups()] == [G]
+        assert [g for g, *_ in coord2.list_groups()] == ["__share_group_state.sg", G]
 
     asyncio.run(run())
 

@@ -50,6 +50,11 @@ DurableFn = Callable[[str, int], Awaitable[bool]]
 EMPTY_SINCE = "empty_since_ms"
 
 
+# Internal groups whose commits are state, not consumer positions (share-partition start
+# offsets, services/broker/share/checkpoints.py): never expired.
+UNEXPIRED_PREFIXES = ("__share_group_state.",)
+
+
 def _stamped(key: RecordKey, value: dict | None) -> tuple[RecordKey, dict | None]:
     if value is not None and key[0] == classic_key("")[0] and not value["members"]:
         return key, {**value, EMPTY_SINCE: int(time.time() * 1000)}
@@ -342,7 +347,7 @@ class GroupCoordinator:
             if self.offsets.owns(gid):
                 self.offsets.expire(gid, wall - retention_ms, keep_topics=topics)
         for gid, since in sorted(self.machine.empty_groups().items()):
-            if not self.offsets.owns(gid):
+            if not self.offsets.owns(gid) or gid.startswith(UNEXPIRED_PREFIXES):
                 continue
             if since is None or now - since >= retention_ms:
                 self.offsets.expire(gid, wall - retention_ms)

@@ -75,9 +75,9 @@ class OffsetStore:
                     continue
                 key = orjson.loads(rec.key)
                 if isinstance(key, dict):
-                    self._apply_group_record(
-                        decode_key(key), None if rec.value is None else orjson.loads(rec.value)
-                    )
+                    if "t" in key and "g" in key:  # else a kind this broker does not know
+                        value = None if rec.value is None else orjson.loads(rec.value)
+                        self._apply_group_record(decode_key(key), value)
                     continue
                 group, topic, part = key
                 self._apply(group, topic, part, rec.value)

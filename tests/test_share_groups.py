@@ -393,6 +393,50 @@ def test_wire_share_group_fetch_acknowledge_and_errors(broker_factory):
         # Leaving the group.
         left = r.call(_hb(g, m2, -1))
         assert left.error_code == 0 and left.member_epoch == -1
+        # The id belongs to a share group: the other protocols are refused; DeleteGroups
+        # waits until it is empty.
+        import datetime
+
+        from kio.schema.consumer_group_heartbeat.v1 import request as cgh
+        from kio.schema.delete_groups.v2 import request as dg
+        from kio.schema.join_group.v9 import request as jg
+
+        join = r.call(
+            jg.JoinGroupRequest(
+                group_id=g,
+                session_timeout=datetime.timedelta(seconds=10),
+                rebalance_timeout=datetime.timedelta(seconds=10),
+                member_id="",
+                group_instance_id=None,
+                protocol_type="consumer",
+                protocols=(jg.JoinGroupRequestProtocol(name="range", metadata=b""),),
+            )
+        )
+        assert join.error_code == E.inconsistent_group_protocol
+        cg = r.call(
+            cgh.ConsumerGroupHeartbeatRequest(
+                group_id=g,
+                member_id=str(uuid.uuid4()),
+                member_epoch=0,
+                instance_id=None,
+                rack_id=None,
+                rebalance_timeout=datetime.timedelta(seconds=30),
+                subscribed_topic_names=("sq",),
+                subscribed_topic_regex=None,
+                server_assignor=None,
+                topic_partitions=(),
+            )
+        )
+        assert cg.error_code == E.group_id_not_found
+        deleted = r.call(dg.DeleteGroupsRequest(groups_names=(g,)))
+        assert deleted.results[0].error_code == E.non_empty_group
+        assert r.call(_hb(g, m1, -1)).error_code == 0
+        deleted = r.call(dg.DeleteGroupsRequest(groups_names=(g,)))
+        assert deleted.results[0].error_code == 0
+        d = r.call(
+            sgd.ShareGroupDescribeRequest(group_ids=(g,), include_authorized_operations=False)
+        )
+        assert d.groups[0].error_code == E.group_id_not_found
     finally:
         r.close()
 

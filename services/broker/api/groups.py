@@ -89,6 +89,8 @@ async def handle_join_group(ctx: RequestContext, req: Any) -> dict:
     try:
         if code := _no_read(ctx, req.group_id) or not_coordinator(ctx, req.group_id):
             raise JoinError(code, req.member_id)
+        if _is_share_group(ctx, req.group_id):  # KIP-932: not a classic group
+            raise JoinError(ErrorCode.inconsistent_group_protocol, req.member_id)
         result = await ctx.broker.groups.join(
             req.group_id,
             req.member_id,
@@ -341,11 +343,28 @@ async def handle_delete_groups(ctx: RequestContext, req: Any) -> dict:
         {
             "group_id": gid,
             "error_code": (_GROUP_DENIED if not ctx.allowed(DELETE, GROUP, gid)
-                           else not_coordinator(ctx, gid) or ctx.broker.groups.delete(gid)),
+                           else not_coordinator(ctx, gid) or _delete_group(ctx, gid)),
         }
         for gid in req.groups_names
     ]
     return {"throttle_time": 0, "results": results}
+
+
+def _is_share_group(ctx: RequestContext, group_id: str) -> bool:
+    from .share import share_of  # share imports this module
+
+    return group_id in share_of(ctx.broker).groups.groups
+
+
+def _delete_group(ctx: RequestContext, group_id: str) -> int:
+    """DeleteGroups of one group: a share group (NON_EMPTY_GROUP while it has members)
+    or a classic / KIP-848 one."""
+    from .share import share_of
+
+    share_groups = share_of(ctx.broker).groups
+    if group_id in share_groups.groups:
+        return share_groups.delete(group_id)
+    return ctx.broker.groups.delete(group_id)
 
 
 class _ImageTopics:
@@ -421,6 +440,9 @@ async def handle_consumer_group_heartbeat(ctx: RequestContext, req: Any) -> dict
     }
     if code := _no_read(ctx, req.group_id) or not_coordinator(ctx, req.group_id):
         return {**answer, "error_code": code}
+    if _is_share_group(ctx, req.group_id):
+        return {**answer, "error_code": ErrorCode.group_id_not_found,
+                "error_message": f"Group {req.group_id} is not a consumer group."}  # fmt: skip
     names = req.subscribed_topic_names
     owned = req.topic_partitions
     r = await ctx.broker.groups.consumer_heartbeat(

@@ -298,6 +298,48 @@ def test_a_super_user_may_do_everything(secured: Secured) -> None:
     secured.as_admin("DELETE", "/api/v1/topics/admin-made")
 
 
+def test_scram_users_and_acls_over_http_need_alter_on_the_cluster(secured: Secured) -> None:
+    """PUT/DELETE /api/v1/users/{name} and POST /api/v1/acls (what the operator's User
+    resources use) do what AlterUserScramCredentials and Create/DeleteAcls do."""
+    bob = {"user": "bob", "password": "bob-pw"}  # authenticated, no ACL
+    status, body = secured.call("PUT", "/api/v1/users/hank",
+                                {"mechanism": "SCRAM-SHA-512", "password": "x"}, **bob)
+    assert status == 403 and "ALTER on CLUSTER" in body["error"]
+    assert secured.call("GET", "/api/v1/acls", **bob)[0] == 403
+
+    view = secured.as_admin("PUT", "/api/v1/users/hank",
+                            {"mechanism": "SCRAM-SHA-512", "password": "hank-pw"})
+    assert view == {"name": "hank",
+                    "mechanisms": [{"mechanism": "SCRAM-SHA-512", "iterations": 4096}]}
+    hank = {"user": "hank", "password": "hank-pw"}
+    assert secured.call("GET", "/api/v1/topics", **hank)[0] == 200  # logs in with it
+    write = {"resource_type": "TOPIC", "resource_name": "orders", "pattern_type": "LITERAL",
+             "principal": "User:hank", "host": "*", "operation": "WRITE", "permission": "ALLOW"}
+    assert secured.as_admin("POST", "/api/v1/acls", {"create": [write]}) == {
+        "created": 1, "deleted": 0}
+    assert secured.as_admin("GET", "/api/v1/acls?principal=User:hank")["acls"] == [write]
+    status, body = secured.call("GET", "/api/v1/topics", **hank)
+    assert [t["name"] for t in body["topics"]] == ["orders"]  # WRITE implies DESCRIBE
+    # One bad binding refuses the whole change, naming it.
+    bad = {**write, "resource_type": "CLUSTER", "resource_name": "kafka-cluster",
+           "operation": "READ"}
+    status, body = secured.call("POST", "/api/v1/acls", {"create": [bad], "delete": [write]},
+                                user="admin", password="admin-secret")
+    assert status == 400 and "operation READ does not apply to a CLUSTER" in body["error"], body
+    assert body["error_name"] == "INVALID_REQUEST"
+    assert secured.as_admin("GET", "/api/v1/acls?principal=User:hank")["acls"] == [write]
+    assert secured.as_admin("POST", "/api/v1/acls", {"delete": [write]})["deleted"] == 1
+    assert secured.as_admin("GET", "/api/v1/acls?principal=User:hank")["acls"] == []
+
+    assert secured.as_admin("DELETE", "/api/v1/users/hank")["mechanisms"] == ["SCRAM-SHA-512"]
+    assert secured.call("GET", "/api/v1/users/hank", user="admin",
+                        password="admin-secret")[0] == 404
+    deadline = time.monotonic() + 10
+    while secured.call("GET", "/api/v1/topics", **hank)[0] != 401:
+        assert time.monotonic() < deadline, "a deleted user still logs in"
+        time.sleep(0.2)
+
+
 def test_client_certificate_principal(secured: Secured) -> None:
     cert = {"cert_file": secured.certs.path("alice.pem")}
     status, body = secured.call("GET", "/api/v1/topics", **cert)

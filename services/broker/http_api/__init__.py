@@ -1,7 +1,7 @@
 """HTTP side of a broker, by resource: health and readiness, topics, records (REST
-produce/consume), groups and cluster operations, plus the controller's endpoints on a
-combined node. JSON in and out (orjson); every error is a 4xx/5xx with {"error": "..."}
-that says what to fix; nothing here can take the broker down.
+produce/consume), groups, cluster operations, SCRAM users and ACLs, plus the controller's
+endpoints on a combined node. JSON in and out (orjson); every error is a 4xx/5xx with
+{"error": "..."} that says what to fix; nothing here can take the broker down.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from straitmq.controller.http_api import add_routes as add_controller_routes
 
 from straitmq.admin_client import AdminClient
 
-from . import cluster, groups, health, records, topics
+from . import cluster, groups, health, records, topics, users
 from .common import PEERS, _error
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ def build_app(broker: Broker) -> web.Application:
         await app[PEERS].close()
 
     app.on_cleanup.append(close_peers)
-    for resource in (health, topics, records, groups, cluster):
+    for resource in (health, topics, records, groups, cluster, users):
         resource.add_routes(app, broker)
     broker.telemetry.add_routes(app)  # GET /metrics
     if broker.combined:

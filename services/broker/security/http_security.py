@@ -408,6 +408,9 @@ class HttpSecurity:
             return need(ALTER, CLUSTER, CLUSTER_NAME)
         if path == "/api/v1/elect-preferred":
             return need(ALTER, CLUSTER, CLUSTER_NAME)
+        if path in ("/api/v1/users", "/api/v1/users/{name}", "/api/v1/acls"):
+            # As Describe/AlterUserScramCredentials and Describe/Create/DeleteAcls.
+            return need(DESCRIBE if method == "GET" else ALTER, CLUSTER, CLUSTER_NAME)
         # A route not listed here: only for the cluster's own (a new route must be added
         # above to be reachable by anyone else).
         return need(ALTER, CLUSTER, CLUSTER_NAME, broker_call)

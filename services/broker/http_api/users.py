@@ -1,0 +1,202 @@
+"""SCRAM users and ACL bindings over HTTP: what AlterUserScramCredentials,
+DescribeUserScramCredentials, CreateAcls, DescribeAcls and DeleteAcls do on the Kafka
+listener, for clients that speak HTTP (the operator's `User` resources).
+
+- `GET /api/v1/users`, `GET /api/v1/users/{name}`: the users' mechanisms and iterations
+  (never a salt or key).
+- `PUT /api/v1/users/{name}` `{"mechanism": "SCRAM-SHA-512", "password": "...",
+  "iterations": 4096}`: the broker salts the password (a new random salt each time) and
+  the controller keeps StoredKey and ServerKey, as AlterUserScramCredentials; the
+  password itself is never stored or logged. Other mechanisms of the user stay.
+- `DELETE /api/v1/users/{name}[?mechanism=SCRAM-SHA-256]`: one mechanism, or all of them.
+- `GET /api/v1/acls[?principal=User:x]`: the bindings, by name.
+- `POST /api/v1/acls` `{"create": [binding, ...], "delete": [binding, ...]}`: one metadata
+  change. A binding is `{"resource_type": "TOPIC", "resource_name": "orders",
+  "pattern_type": "LITERAL", "principal": "User:app", "host": "*", "operation": "WRITE",
+  "permission": "ALLOW"}`. Any binding Kafka would refuse (or an operation the resource
+  type has no use for, e.g. READ on the cluster) refuses the whole request with a 400
+  that names it; deleting a binding that does not exist is not an error.
+
+As in Kafka, changing either needs ALTER on the cluster and reading them DESCRIBE
+(security/http_security.py).
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from kio.schema.errors import ErrorCode
+from straitmq.controller.errors import ControllerError
+
+from ..security.acls import ALL, SUPPORTED_OPERATIONS, AclBinding, validate_binding
+from ..security.scram import MAX_ITERATIONS, MECHANISMS, MIN_ITERATIONS, credential_record
+from ..security.scram import salted_password as salt_password
+from .common import _body, _controller_error, _error, _json
+
+if TYPE_CHECKING:
+    from ..broker import Broker
+
+RESOURCE_TYPES = {"TOPIC": 2, "GROUP": 3, "CLUSTER": 4, "TRANSACTIONAL_ID": 5}
+PATTERN_TYPES = {"LITERAL": 3, "PREFIXED": 4}
+OPERATIONS = {
+    "ALL": 2, "READ": 3, "WRITE": 4, "CREATE": 5, "DELETE": 6, "ALTER": 7, "DESCRIBE": 8,
+    "CLUSTER_ACTION": 9, "DESCRIBE_CONFIGS": 10, "ALTER_CONFIGS": 11, "IDEMPOTENT_WRITE": 12,
+}  # fmt: skip
+PERMISSIONS = {"DENY": 2, "ALLOW": 3}
+_NAMES = {
+    "resource_type": {v: k for k, v in RESOURCE_TYPES.items()},
+    "pattern_type": {v: k for k, v in PATTERN_TYPES.items()},
+    "operation": {v: k for k, v in OPERATIONS.items()},
+    "permission": {v: k for k, v in PERMISSIONS.items()},
+}
+DEFAULT_ITERATIONS = 4096
+
+
+def binding_json(b: AclBinding) -> dict[str, Any]:
+    out: dict[str, Any] = b.as_record()
+    for key, names in _NAMES.items():
+        out[key] = names.get(out[key], out[key])
+    return out
+
+
+def parse_binding(raw: Any) -> AclBinding | str:
+    """The binding, or why it is refused (a sentence naming it)."""
+    if not isinstance(raw, dict):
+        return "each binding must be an object"
+    codes: dict[str, int] = {}
+    for key, table in (("resource_type", RESOURCE_TYPES), ("pattern_type", PATTERN_TYPES),
+                       ("operation", OPERATIONS), ("permission", PERMISSIONS)):  # fmt: skip
+        value = raw.get(key, "LITERAL" if key == "pattern_type" else None)
+        code = table.get(str(value).upper()) if value is not None else None
+        if code is None:
+            return f"{key} {value!r} is not one of {', '.join(table)}"
+        codes[key] = code
+    name, principal, host = raw.get("resource_name"), raw.get("principal"), raw.get("host", "*")
+    if not all(isinstance(x, str) for x in (name, principal, host)):
+        return "resource_name, principal and host must be strings"
+    b = AclBinding(codes["resource_type"], name, codes["pattern_type"], principal, host,
+                   codes["operation"], codes["permission"])  # fmt: skip
+    why = validate_binding(b)
+    if (
+        why is None
+        and b.operation != ALL
+        and b.operation not in SUPPORTED_OPERATIONS.get(b.resource_type, ())
+    ):
+        rtype = _NAMES["resource_type"][b.resource_type]
+        allowed = ", ".join(_NAMES["operation"][o] for o in SUPPORTED_OPERATIONS[b.resource_type])
+        why = (
+            f"operation {_NAMES['operation'][b.operation]} does not apply to a {rtype} "
+            f"resource (it takes ALL, {allowed})"
+        )
+    if why is not None:
+        return f"{why}: {binding_json(b)}"
+    return b
+
+
+def _user_view(name: str, creds: dict[str, dict]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "mechanisms": [
+            {"mechanism": m, "iterations": c["iterations"]} for m, c in sorted(creds.items())
+        ],
+    }
+
+
+def add_routes(app: web.Application, broker: Broker) -> None:
+    """/api/v1/users[/{name}], /api/v1/acls"""
+    routes = web.RouteTableDef()
+
+    @routes.get("/api/v1/users")
+    async def list_users(request: web.Request) -> web.Response:
+        creds = broker.image.scram_credentials
+        return _json({"users": [_user_view(u, c) for u, c in sorted(creds.items()) if c]})
+
+    @routes.get("/api/v1/users/{name}")
+    async def describe_user(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        creds = broker.image.scram_credentials.get(name)
+        if not creds:
+            return _error(404, f"user {name!r} has no SCRAM credential",
+                          ErrorCode.resource_not_found)  # fmt: skip
+        return _json(_user_view(name, creds))
+
+    @routes.put("/api/v1/users/{name}")
+    async def upsert_user(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        body = await _body(request)
+        mechanism = body.get("mechanism")
+        password = body.get("password")
+        iterations = body.get("iterations", DEFAULT_ITERATIONS)
+        if mechanism not in MECHANISMS:
+            return _error(400, f"'mechanism' must be one of {', '.join(MECHANISMS)}",
+                          ErrorCode.unsupported_sasl_mechanism)  # fmt: skip
+        if not isinstance(password, str) or not password:
+            return _error(400, "'password' (a non-empty string) is required",
+                          ErrorCode.unacceptable_credential)  # fmt: skip
+        if not isinstance(iterations, int) or not MIN_ITERATIONS <= iterations <= MAX_ITERATIONS:
+            return _error(400, f"'iterations' must be {MIN_ITERATIONS}..{MAX_ITERATIONS}",
+                          ErrorCode.unacceptable_credential)  # fmt: skip
+        salt = secrets.token_bytes(32)
+        salted = salt_password(mechanism, password, salt, iterations)
+        record = credential_record(name, mechanism, salt, iterations, salted)
+        try:
+            await broker.control("alter_scram_credentials", {"upsertions": [record]})
+        except ControllerError as e:
+            return _controller_error(e)
+        return _json(_user_view(name, broker.image.scram_credentials.get(name, {})))
+
+    @routes.delete("/api/v1/users/{name}")
+    async def delete_user(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        have = broker.image.scram_credentials.get(name) or {}
+        asked = request.query.get("mechanism")
+        if asked is not None and asked not in MECHANISMS:
+            return _error(400, f"'mechanism' must be one of {', '.join(MECHANISMS)}",
+                          ErrorCode.unsupported_sasl_mechanism)  # fmt: skip
+        doomed = [m for m in have if asked is None or m == asked]
+        if not doomed:
+            return _error(404, f"user {name!r} has no such SCRAM credential",
+                          ErrorCode.resource_not_found)  # fmt: skip
+        deletions = [{"name": name, "mechanism": m} for m in doomed]
+        try:
+            await broker.control("alter_scram_credentials", {"deletions": deletions})
+        except ControllerError as e:
+            return _controller_error(e)
+        return _json({"deleted": name, "mechanisms": sorted(doomed)})
+
+    @routes.get("/api/v1/acls")
+    async def list_acls(request: web.Request) -> web.Response:
+        principal = request.query.get("principal")
+        bindings = [AclBinding(*t) for t in broker.image.acls]
+        return _json({
+            "acls": [binding_json(b) for b in bindings
+                     if principal is None or b.principal == principal]
+        })  # fmt: skip
+
+    @routes.post("/api/v1/acls")
+    async def alter_acls(request: web.Request) -> web.Response:
+        body = await _body(request)
+        parsed: dict[str, list[list]] = {"create": [], "delete": []}
+        for key in parsed:
+            raw = body.get(key, [])
+            if not isinstance(raw, list):
+                return _error(400, f"'{key}' must be a list of bindings")
+            for item in raw:
+                b = parse_binding(item)
+                if isinstance(b, str):
+                    return _error(400, b, ErrorCode.invalid_request)
+                parsed[key].append(list(b))
+        created = sum(1 for b in parsed["create"] if tuple(b) not in broker.image.acls)
+        deleted = sum(1 for b in parsed["delete"] if tuple(b) in broker.image.acls)
+        if parsed["create"] or parsed["delete"]:  # the controller skips what is done
+            try:
+                await broker.control(
+                    "alter_acls", {"creations": parsed["create"], "deletions": parsed["delete"]}
+                )
+            except ControllerError as e:
+                return _controller_error(e)
+        return _json({"created": created, "deleted": deleted})
+
+    app.add_routes(routes)

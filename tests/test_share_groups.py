@@ -799,3 +799,49 @@ def test_java_share_consumer_with_implicit_acknowledgement(broker_factory, tmp_p
         assert late.records() == [], "the implicit acknowledgements were applied"
     finally:
         late.stop()
+
+
+def test_share_auto_offset_reset_as_a_group_config(broker_factory, _jars):
+    """`kafka-configs.sh --entity-type groups` sets share.auto.offset.reset (kept in the
+    metadata log): with earliest the group reads records written before it existed."""
+    from bench.javatools import KAFKA41_TOOLS
+
+    broker = broker_factory()
+    tid = _create_topic(broker, "cfg-share", 1)
+    _produce(broker, "cfg-share", [f"v{i}" for i in range(5)], partition=0)
+    g, m = "cfg-share-group", str(uuid.uuid4())
+
+    def configs(*args: str) -> str:
+        res = subprocess.run(
+            java_cmd(KAFKA41_TOOLS["kafka-configs"],
+                     ["--bootstrap-server", broker.bootstrap, "--entity-type", "groups",
+                      "--entity-name", g, *args], jars="4.1"),
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+        return res.stdout
+
+    configs("--alter", "--add-config", "share.auto.offset.reset=earliest")
+    assert "share.auto.offset.reset=earliest" in configs("--describe"), configs("--describe")
+    r = Raw(broker)
+    try:
+        assert r.call(_hb(g, m, 0, ("cfg-share",))).error_code == 0
+        got: dict = {}
+
+        def fetched() -> bool:
+            nonlocal got
+            got = _acquired(r.call(_fetch(g, m, 0, tid, {0: []}, wait_ms=1000)))
+            return bool(got)
+
+        wait_for(fetched, 30, "the records written before the group")
+        assert got == {0: [(0, 4, 1)]}
+        # A value Kafka does not know is refused.
+        from kio.schema.incremental_alter_configs.v1 import request as iac
+
+        bad = r.call(iac.IncrementalAlterConfigsRequest(resources=(iac.AlterConfigsResource(
+            resource_type=32, resource_name=g, configs=(iac.AlterableConfig(
+                name="share.auto.offset.reset", config_operation=0, value="sometimes"),)),),
+            validate_only=False))  # fmt: skip
+        assert bad.responses[0].error_code == E.invalid_config
+    finally:
+        r.close()

@@ -168,6 +168,8 @@ def alter_configs(image: MetadataImage, name: str, changes: dict[str, str | None
 
 def alter_cluster_configs(changes: dict[str, str | None]) -> list[Record]:
     for key, value in changes.items():
+        if key.startswith("group:"):
+            continue  # a group's config, `group:<id>:<name>` (checked by the broker)
         if key not in CLUSTER_CONFIGS:
             raise ControllerError(
                 ErrorCode.invalid_config,

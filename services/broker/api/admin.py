@@ -17,11 +17,13 @@ from ..security.acls import (
     CREATE,
     DESCRIBE,
     DESCRIBE_CONFIGS,
+    GROUP,
     IDEMPOTENT_WRITE,
     TOPIC,
     WRITE,
 )
 from ..security.acls import DELETE as ACL_DELETE
+from ..share import group_configs
 from .context import RequestContext
 
 log = logging.getLogger("straitmq.broker")
@@ -243,6 +245,10 @@ async def handle_describe_configs(ctx: RequestContext, req: Any) -> dict:
                 res["configs"] = _config_entries(
                     values, set(topic.configs), keys, SOURCE_TOPIC, docs
                 )
+        elif r.resource_type == group_configs.GROUP_RESOURCE:
+            res["configs"] = group_configs.describe_entries(
+                broker.image, r.resource_name, keys, docs
+            )
         elif r.resource_type == BROKER_RESOURCE:
             if r.resource_name not in ("", str(broker.config.node_id)):
                 res["error_code"] = ErrorCode.invalid_request
@@ -270,6 +276,8 @@ def _config_denied(ctx: RequestContext, rtype: int, name: str, operation: int) -
         return 0 if ctx.allowed(operation, TOPIC, name) else ErrorCode.topic_authorization_failed
     if rtype == BROKER_RESOURCE:
         return 0 if ctx.cluster_allowed(operation) else ErrorCode.cluster_authorization_failed
+    if rtype == group_configs.GROUP_RESOURCE:
+        return 0 if ctx.allowed(operation, GROUP, name) else ErrorCode.group_authorization_failed
     return 0
 
 
@@ -290,6 +298,9 @@ async def handle_incremental_alter_configs(ctx: RequestContext, req: Any) -> dic
             continue
         if r.resource_type == BROKER_RESOURCE:
             await _alter_broker_throttle(broker, r, req.validate_only, res)
+            continue
+        if r.resource_type == group_configs.GROUP_RESOURCE:  # share.auto.offset.reset
+            await group_configs.alter(broker, r.resource_name, r.configs, req.validate_only, res)
             continue
         if r.resource_type != TOPIC_RESOURCE:
             res["error_code"] = ErrorCode.invalid_request

@@ -26,6 +26,7 @@ from ..partitions import LEADER
 from ..security.acls import DESCRIBE, GROUP, READ, TOPIC
 from ..security.listeners import endpoint_for
 from ..share.checkpoints import STATE_GROUP_PREFIX, ShareCheckpoints
+from ..share.group_configs import config_key
 from ..share.partition import Acquired, InvalidRecordState
 from ..share.sessions import FINAL_EPOCH, INITIAL_EPOCH, ShareSession, ShareState
 from .context import RequestContext
@@ -36,6 +37,7 @@ _BATCH_HEAD = struct.Struct(">qi")  # baseOffset, batchLength
 _LAST_DELTA = struct.Struct(">i")  # lastOffsetDelta, at byte 23 of a batch
 _READ_CHUNK = 1 << 20
 _GROUP_DENIED = ErrorCode.group_authorization_failed
+RESET = "share.auto.offset.reset"
 
 
 class _BrokerShare:
@@ -431,9 +433,13 @@ async def _init_partitions(ctx: RequestContext, share: _BrokerShare, session: Sh
         answered, saved = await share.checkpoints.load(session.group_id, name, index)
         if not answered or not part.is_leader:
             continue
+        # The group's share.auto.offset.reset (kafka-configs --entity-type groups), else
+        # the broker's --share-auto-offset-reset.
+        reset = broker.image.cluster_configs.get(config_key(session.group_id, RESET))
         share.state.partition(
-            session.group_id, name, index, part.log.log_start_offset, part.high_watermark, saved
-        )
+            session.group_id, name, index, part.log.log_start_offset, part.high_watermark, saved,
+            reset,
+        )  # fmt: skip
 
 
 async def _fetch(ctx: RequestContext, share: _BrokerShare, session: ShareSession, req: Any) -> dict:

@@ -136,6 +136,7 @@ class ShareState:
         log_start: int,
         high_watermark: int,
         saved: int | None = None,
+        reset: str | None = None,
     ) -> SharePartition:
         """The share-partition, made at its first use: from the `saved` SPSO if there
         is one (within the log), else share.auto.offset.reset."""
@@ -144,7 +145,7 @@ class ShareState:
         if sp is None:
             if saved is not None:
                 start = max(log_start, min(saved, high_watermark))
-            elif self.auto_offset_reset == "earliest":
+            elif (reset or self.auto_offset_reset) == "earliest":
                 start = log_start
             else:
                 start = high_watermark

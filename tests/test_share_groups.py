@@ -143,6 +143,30 @@ def test_a_batch_of_a_million_records_is_one_range():
     assert sp.spso == 1_000_000 and time.perf_counter() - start < 0.01
 
 
+def test_snapshot_and_restore_keep_acknowledged_state_past_the_spso():
+    sp = SharePartition(100, delivery_limit=2)
+    sp.acquire("m", 0, 100, batches((100, 109), (110, 119)))
+    sp.acknowledge("m", 100, 104, [ACCEPT])
+    sp.acknowledge("m", 106, 107, [REJECT, ACCEPT])
+    sp.acknowledge("m", 110, 119, [RELEASE])
+    sp.acquire("m", 1, 100, [])  # 105, 108-109 stay acquired (count 1); 110-119 count 2
+    snap = sp.snapshot()
+    new = SharePartition(sp.spso, delivery_limit=2)
+    new.restore(snap, 0, 120)
+    new.check()
+    assert new.spso == 105 and new.next_offset == 120
+    assert new.state_of(105) == (AVAILABLE, 1, None)
+    assert new.state_of(106)[0] == ARCHIVED and new.state_of(107)[0] == ACKNOWLEDGED
+    assert new.state_of(110) == (ARCHIVED, 2, None), "acquired at the limit: archived"
+    # A log shorter than the snapshot (the new leader's log end): cut there.
+    short = SharePartition(105)
+    short.restore(snap, 0, 109)
+    short.check()
+    assert short.next_offset == 109
+    # Too long a snapshot is cut on a range boundary: the rest is fetched as new.
+    assert len(sp.snapshot(max_chars=10).split(";")) == 1
+
+
 def test_share_sessions_epochs():
     st = ShareState()
     s, code, _ = st.session_for("g", "m", 0, False)
@@ -618,9 +642,11 @@ def test_java_share_consumer_released_past_the_delivery_limit_or_rejected_is_arc
 
 
 def test_wire_the_saved_spso_survives_a_broker_restart(broker_factory):
-    """The SPSO is saved (as a commit of the internal group __share_group_state.<group>)
-    and read back by the partition's next leader: after a restart the group goes on from
-    the first unacknowledged record, not from share.auto.offset.reset (latest)."""
+    """The share-partition's state is saved (as a commit of the internal group
+    __share_group_state.<group>: the SPSO and the in-flight ranges) before an
+    acknowledgement is answered, and read back by the partition's next leader: after a
+    restart the group goes on from the first unacknowledged record, not from
+    share.auto.offset.reset (latest), and records acknowledged past the SPSO stay done."""
     broker = broker_factory()
     tid = _create_topic(broker, "sr", 1)
     g, m = "restart-share", str(uuid.uuid4())
@@ -630,9 +656,10 @@ def test_wire_the_saved_spso_survives_a_broker_restart(broker_factory):
         assert _acquired(r.call(_fetch(g, m, 0, tid, {0: []}, wait_ms=100))) == {}
         _produce(broker, "sr", [f"v{i}" for i in range(10)], partition=0)
         assert _acquired(r.call(_fetch(g, m, 1, tid, {}, wait_ms=3000))) == {0: [(0, 9, 1)]}
-        ok = r.call(_ack(g, m, 2, tid, {0: [(0, 4, [1])]}))  # accept 0-4: SPSO 5
+        # Accept 0-4 (SPSO 5), 7; reject 6; 5, 8 and 9 stay acquired.
+        ok = r.call(_ack(g, m, 2, tid, {0: [(0, 4, [1]), (6, 7, [3, 1])]}))
         assert ok.responses[0].partitions[0].error_code == 0
-        time.sleep(1.5)  # saved within 0.5 s
+        # No wait: the answer came once the state was saved.
     finally:
         r.close()
     broker.restart()
@@ -651,8 +678,8 @@ def test_wire_the_saved_spso_survives_a_broker_restart(broker_factory):
             got = _acquired(resp) if resp.error_code == 0 else {}
             return bool(got)
 
-        wait_for(fetched, 30, "records 5-9 again")
-        assert got == {0: [(5, 9, 1)]}, "from the saved SPSO, delivery counts start over"
+        wait_for(fetched, 30, "records 5, 8 and 9 again")
+        assert got == {0: [(5, 5, 2), (8, 9, 2)]}, "acquired ones again, with their count"
     finally:
         r.close()
 
@@ -666,9 +693,10 @@ def cluster(tmp_path):
 
 def test_wire_a_killed_partition_leaders_share_state_resumes_at_the_new_leader(cluster):
     """3 controllers + 3 brokers, a topic with 3 replicas: the partition's leader (and
-    share-partition) is killed with SIGKILL after a member accepted 0-4 of 0-9 and holds
-    5-9; the new leader reads the saved SPSO from the group's coordinator and delivers
-    5-9 again (at-least-once), not from share.auto.offset.reset (latest: nothing)."""
+    share-partition) is killed with SIGKILL after a member accepted 0-4 and 7, rejected 6
+    and holds 5, 8, 9; the new leader reads the saved state from the group's coordinator
+    and delivers 5, 8 and 9 again (delivery count 2): no acknowledged state lost, not
+    started over from share.auto.offset.reset (latest: nothing)."""
     from types import SimpleNamespace
 
     from confluent_kafka import Producer
@@ -705,9 +733,8 @@ def test_wire_a_killed_partition_leaders_share_state_resumes_at_the_new_leader(c
             p.produce("sf", f"v{i}".encode(), partition=0)
         assert p.flush(30) == 0
         assert _acquired(r.call(_fetch(g, m, 1, tid, {}, wait_ms=5000))) == {0: [(0, 9, 1)]}
-        ok = r.call(_ack(g, m, 2, tid, {0: [(0, 4, [1])]}))
-        assert ok.responses[0].partitions[0].error_code == 0
-        time.sleep(2)  # saved within 0.5 s, replicated to the offsets partition's ISR
+        ok = r.call(_ack(g, m, 2, tid, {0: [(0, 4, [1]), (6, 7, [3, 1])]}))
+        assert ok.responses[0].partitions[0].error_code == 0  # answered once saved
     finally:
         r.close()
     c.brokers[leader].kill9()
@@ -725,8 +752,8 @@ def test_wire_a_killed_partition_leaders_share_state_resumes_at_the_new_leader(c
         got = _acquired(resp) if resp.error_code == 0 else {}
         return bool(got)
 
-    wait_for(fetched, 60, "5-9 from the new leader")
-    assert got == {0: [(5, 9, 1)]}
+    wait_for(fetched, 60, "5, 8, 9 from the new leader")
+    assert got == {0: [(5, 5, 2), (8, 9, 2)]}, "no acknowledged state lost"
 
 
 def test_kafka_share_groups_tool_lists_and_describes(broker_factory, _jars):

@@ -13,6 +13,7 @@ batches from the log and lists the offset ranges it acquired for the member
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
 import uuid
 import weakref
@@ -32,6 +33,8 @@ from ..share.sessions import FINAL_EPOCH, INITIAL_EPOCH, ShareSession, ShareStat
 from .context import RequestContext
 from .fetch import partition_error
 from .groups import not_coordinator
+
+log = logging.getLogger("straitmq.share")
 
 _BATCH_HEAD = struct.Struct(">qi")  # baseOffset, batchLength
 _LAST_DELTA = struct.Struct(">i")  # lastOffsetDelta, at byte 23 of a batch
@@ -332,6 +335,14 @@ class _Acks:
         self.results[(topic_id, index)] = (code, message)
 
 
+async def _durable(share: _BrokerShare) -> None:
+    """Acknowledgements are answered once the share-partitions' new state is saved (as
+    Kafka answers once the share coordinator wrote it); if the group's coordinator cannot
+    be reached now, the background round keeps trying and the answer does not wait."""
+    if not await share.checkpoints.flush():
+        log.info("share state not saved before answering acknowledgements; retrying")
+
+
 def _session_error(code: int, message: str | None, extra: dict) -> dict:
     return {
         "throttle_time": 0,
@@ -367,6 +378,9 @@ async def handle_share_fetch(ctx: RequestContext, req: Any) -> dict:
     if epoch == FINAL_EPOCH:
         share.state.close(session)
         share.wake()
+    if acks.results:
+        await _durable(share)
+    if epoch == FINAL_EPOCH:
         return _respond(ctx, {k: _only_ack(ctx, k, acks) for k in acks.results}, extra)
     await _init_partitions(ctx, share, session)
     parts = await _fetch(ctx, share, session, req)
@@ -430,7 +444,7 @@ async def _init_partitions(ctx: RequestContext, share: _BrokerShare, session: Sh
         part = broker.partitions.get(name, index)
         if part is None or not part.is_leader:
             continue
-        answered, saved = await share.checkpoints.load(session.group_id, name, index)
+        answered, saved, saved_state = await share.checkpoints.load(session.group_id, name, index)
         if not answered or not part.is_leader:
             continue
         # The group's share.auto.offset.reset (kafka-configs --entity-type groups), else
@@ -438,7 +452,7 @@ async def _init_partitions(ctx: RequestContext, share: _BrokerShare, session: Sh
         reset = broker.image.cluster_configs.get(config_key(session.group_id, RESET))
         share.state.partition(
             session.group_id, name, index, part.log.log_start_offset, part.high_watermark, saved,
-            reset,
+            reset, saved_state, part.log.log_end_offset,
         )  # fmt: skip
 
 
@@ -559,6 +573,7 @@ async def handle_share_acknowledge(ctx: RequestContext, req: Any) -> dict:
     if epoch == FINAL_EPOCH:
         share.state.close(session)
         share.wake()
+    await _durable(share)
     by_topic: dict[uuid.UUID, list[dict]] = {}
     leaders: set[int] = set()
     for (tid, index), (code, message) in acks.results.items():

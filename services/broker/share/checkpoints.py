@@ -1,15 +1,18 @@
-"""Durable share-partition start offsets: the SPSO of every share-partition this broker
-leads is written, within `interval_s` of each change, as a committed offset of an
-internal group (`__share_group_state.<group>`) in `__consumer_offsets`, replicated like
-any commit; a broker that becomes a partition's leader reads it back before serving
-that share-partition, so after a failover the group goes on from the last saved SPSO
-instead of share.auto.offset.reset.
+"""Durable share-partition state: the SPSO of every share-partition this broker leads
+and its in-flight ranges (`SharePartition.snapshot()`: first offset, length, state and
+delivery count of each, acquired ones saved as available) are written as a committed
+offset (the SPSO) with its metadata (the ranges) of an internal group
+(`__share_group_state.<group>`) in `__consumer_offsets`, replicated like any commit.
+Acknowledgements are answered once their state is written (`flush()`); other changes
+(acquisitions, expired locks) within `interval_s`. A broker that becomes a partition's
+leader reads it back before serving that share-partition, so after a failover the group
+goes on where it was: acknowledged and archived records stay done, the records that were
+acquired are delivered again with their delivery counts.
 
-This is what StraitMQ keeps of Kafka's `__share_group_state` (which the share
-coordinator writes: the SPSO plus every in-flight range with its state and delivery
-count). Only the SPSO is kept, so at-least-once holds across a failover: records
-acknowledged after the last save, or after the SPSO (acknowledged out of order or
-archived), are delivered again, with delivery counts starting over.
+This stands for Kafka's `__share_group_state`, which its share coordinator writes. The
+difference: the ranges must fit in the commit's metadata (4,000 characters, a few
+hundred ranges); what is cut off is fetched again as new records after a failover
+(at-least-once still holds).
 
 The writes and reads go through the Kafka protocol (OffsetCommit v8 / OffsetFetch v8) to
 the group's coordinator, on the inter-broker listener, whichever broker that is (this
@@ -49,6 +52,7 @@ class ShareCheckpoints:
         self._conns: dict[tuple[str, int], KafkaConnection] = {}
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}  # one request in flight each
         self._task: asyncio.Task[None] | None = None
+        self._flushing = asyncio.Lock()
         self.writes = 0  # checkpoints written (tests, metrics)
 
     def start(self) -> None:
@@ -65,20 +69,29 @@ class ShareCheckpoints:
 
     # -- writing ---------------------------------------------------------------------------
 
-    async def flush(self) -> None:
-        by_group: dict[str, list[tuple[str, int, int, Any]]] = {}
+    async def flush(self) -> bool:
+        """Write every share-partition whose state changed since it was last written;
+        True if all of them were. One flush at a time (the background round and the
+        acknowledgements waiting for theirs share the lock)."""
+        async with self._flushing:
+            return await self._flush()
+
+    async def _flush(self) -> bool:
+        by_group: dict[str, list[tuple[str, int, tuple[int, str], Any]]] = {}
         for (group, topic, index), sp in list(self.state.partitions.items()):
-            if sp.saved_spso != sp.spso:
-                by_group.setdefault(group, []).append((topic, index, sp.spso, sp))
+            current = (sp.spso, sp.snapshot())
+            if sp.saved != current:
+                by_group.setdefault(group, []).append((topic, index, current, sp))
+        all_saved = True
         for group, entries in by_group.items():
             topics: dict[str, list[oc.OffsetCommitRequestPartition]] = {}
-            for topic, index, spso, _ in entries:
+            for topic, index, (spso, snap), _ in entries:
                 topics.setdefault(topic, []).append(
                     oc.OffsetCommitRequestPartition(
                         partition_index=index,
                         committed_offset=spso,
                         committed_leader_epoch=-1,
-                        committed_metadata=None,
+                        committed_metadata=snap,
                     )
                 )
             req = oc.OffsetCommitRequest(
@@ -93,6 +106,7 @@ class ShareCheckpoints:
             )
             resp = await self._call(state_group(group), 8, 8, req)
             if resp is None:
+                all_saved = False
                 continue
             ok = {
                 (t.name, p.partition_index)
@@ -100,17 +114,20 @@ class ShareCheckpoints:
                 for p in t.partitions
                 if p.error_code == 0
             }
-            for topic, index, spso, sp in entries:
+            for topic, index, current, sp in entries:
                 if (topic, index) in ok:
-                    sp.saved_spso = spso
+                    sp.saved = current
                     self.writes += 1
+                else:
+                    all_saved = False
+        return all_saved
 
     # -- reading ---------------------------------------------------------------------------
 
-    async def load(self, group: str, topic: str, index: int) -> tuple[bool, int | None]:
-        """(answered, the saved SPSO or None if there is none). Not answered: the
-        coordinator could not be asked; the caller should not start the share-partition
-        from share.auto.offset.reset yet."""
+    async def load(self, group: str, topic: str, index: int) -> tuple[bool, int | None, str | None]:
+        """(answered, the saved SPSO or None if there is none, the saved in-flight
+        ranges). Not answered: the coordinator could not be asked; the caller should not
+        start the share-partition from share.auto.offset.reset yet."""
         req = of.OffsetFetchRequest(
             groups=(
                 of.OffsetFetchRequestGroup(
@@ -122,12 +139,14 @@ class ShareCheckpoints:
         )
         resp = await self._call(state_group(group), 9, 8, req)
         if resp is None or not resp.groups or resp.groups[0].error_code:
-            return False, None
+            return False, None, None
         for t in resp.groups[0].topics:
             for p in t.partitions:
                 if p.partition_index == index and p.error_code == 0:
-                    return True, (p.committed_offset if p.committed_offset >= 0 else None)
-        return True, None
+                    if p.committed_offset < 0:
+                        return True, None, None
+                    return True, p.committed_offset, p.metadata
+        return True, None, None
 
     async def saved(
         self, group: str, topics: list[tuple[str, list[int]]] | None

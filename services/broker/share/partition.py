@@ -17,9 +17,8 @@ times out. Kafka's names, which this module keeps:
 
 No clock and no I/O inside: the caller passes `now` (milliseconds) and the log bounds;
 expired locks are found at each call (`expire`) and `next_deadline()` tells the shell
-when the next one falls due. The state lives in memory on the leader; only the SPSO is
-saved durably (`checkpoints.py`), so a new leader starts from the last saved SPSO and
-delivers the in-flight records again.
+when the next one falls due. The state lives in memory on the leader and is saved
+durably by `checkpoints.py` (`snapshot()` / `restore()`), so a new leader goes on from it.
 """
 
 from __future__ import annotations
@@ -93,7 +92,8 @@ class SharePartition:
         self.delivery_limit = delivery_limit
         self.max_in_flight = max_in_flight  # group.share.partition.max.record.locks
         self.ranges: list[InFlight] = []  # sorted, contiguous from spso to next_offset
-        self.saved_spso: int | None = None  # the SPSO last written durably (checkpoints)
+        # The state last written durably (checkpoints.py): (SPSO, snapshot()).
+        self.saved: tuple[int, str] | None = None
 
     # -- reading the state -----------------------------------------------------------
 
@@ -123,6 +123,43 @@ class SharePartition:
 
     def has_available(self, high_watermark: int) -> bool:
         return self.next_offset < high_watermark or any(r.state == AVAILABLE for r in self.ranges)
+
+    # -- durable form -------------------------------------------------------------------
+
+    def snapshot(self, max_chars: int = 4000) -> str:
+        """The in-flight ranges relative to the SPSO, as `first,length,state,count` joined
+        by `;`: what a new leader needs to go on without redelivering acknowledged or
+        archived records (acquired ones are saved as available, their locks die with the
+        leader). Cut at `max_chars` on a range boundary: what is cut off is fetched again
+        as new records (at-least-once)."""
+        out: list[str] = []
+        size = 0
+        for r in self.ranges:
+            state = AVAILABLE if r.state == ACQUIRED else r.state
+            item = f"{r.first - self.spso},{r.last - r.first},{state},{r.delivery_count}"
+            size += len(item) + 1
+            if size > max_chars:
+                break
+            out.append(item)
+        return ";".join(out)
+
+    def restore(self, text: str, log_start: int, log_end: int) -> None:
+        """Take the ranges of a snapshot() saved at this SPSO (a new leader's start)."""
+        assert not self.ranges and self.next_offset == self.spso, "invariant: a fresh partition"
+        at = self.spso
+        for item in filter(None, text.split(";")):
+            first, length, state, count = (int(x) for x in item.split(","))
+            first += self.spso
+            last = min(first + length, log_end - 1)
+            if first != at or last < first or state not in (AVAILABLE, ACKNOWLEDGED, ARCHIVED):
+                break  # not a tiling of what the log holds: keep what was read so far
+            if state == AVAILABLE and count >= self.delivery_limit:
+                state = ARCHIVED  # it was acquired for the last time when the leader died
+            self.ranges.append(InFlight(first, last, state, count))
+            at = last + 1
+        self.next_offset = at
+        self._compact()
+        self.skip_to(log_start)
 
     # -- time -----------------------------------------------------------------------
 

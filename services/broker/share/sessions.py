@@ -137,14 +137,19 @@ class ShareState:
         high_watermark: int,
         saved: int | None = None,
         reset: str | None = None,
+        saved_state: str | None = None,
+        log_end: int | None = None,
     ) -> SharePartition:
         """The share-partition, made at its first use: from the `saved` SPSO if there
         is one (within the log), else share.auto.offset.reset."""
         key = (group_id, topic, index)
         sp = self.partitions.get(key)
         if sp is None:
+            # A new leader's high watermark may still be behind the old one's (it learns
+            # the true one as its followers fetch): saved state is bounded by the log end.
+            end = log_end if log_end is not None else high_watermark
             if saved is not None:
-                start = max(log_start, min(saved, high_watermark))
+                start = max(log_start, min(saved, end))
             elif (reset or self.auto_offset_reset) == "earliest":
                 start = log_start
             else:
@@ -152,6 +157,8 @@ class ShareState:
             sp = self.partitions[key] = SharePartition(
                 start, self.lock_duration_ms, self.delivery_limit, self.max_record_locks
             )
+            if saved is not None and saved_state and start == saved:
+                sp.restore(saved_state, log_start, end)
         sp.skip_to(log_start)
         return sp
 

@@ -13,11 +13,12 @@ import uvloop
 
 from straitmq import logs
 from straitmq.node_identity import ordinal_from_hostname
+from straitmq.properties import load_settings
 from straitmq.signals import stop_signal
 
 from .broker import Broker, BrokerStartupError
 from .config import BrokerConfig, flag_settings
-from .security.settings import FIELDS, check_keys, read_properties
+from .security.settings import FIELDS, check_keys
 
 
 def parse_args(argv: list[str] | None = None) -> BrokerConfig:
@@ -77,14 +78,11 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
     adv_host, _, adv_port = (a.advertise or a.listen).rpartition(":")
     http_host, _, http_port = a.http.rpartition(":")
     try:
-        props = read_properties(a.properties) if a.properties else {}
+        props = load_settings(a.properties, a.override)
     except OSError as e:
         p.error(f"--properties: {e}")
-    for item in a.override:
-        key, sep, value = item.partition("=")
-        if not sep:
-            p.error(f"--override expects KEY=VALUE, got {item!r}")
-        props[key.strip()] = value.strip()
+    except ValueError as e:
+        p.error(str(e))
     try:
         check_keys(props)
     except ValueError as e:

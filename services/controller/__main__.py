@@ -7,10 +7,10 @@ import os
 import sys
 
 import uvloop
-from straitmq.broker.security.settings import read_properties
 
 from straitmq import logs
 from straitmq.node_identity import voter_for_hostname
+from straitmq.properties import load_settings
 from straitmq.signals import wait_for_stop_signal
 
 from .active import ControllerSettings
@@ -90,14 +90,11 @@ def build(argv: list[str] | None = None) -> ControllerNode:
     a = p.parse_args(argv)
     logs.setup(a.log_level)
     try:
-        props = read_properties(a.properties) if a.properties else {}
+        props = load_settings(a.properties, a.override)
     except OSError as e:
         p.error(f"--properties: {e}")
-    for item in a.override:
-        key, sep, value = item.partition("=")
-        if not sep:
-            p.error(f"--override expects KEY=VALUE, got {item!r}")
-        props[key.strip()] = value.strip()
+    except ValueError as e:
+        p.error(str(e))
     for key in props:  # a typo must not leave the port open
         if key not in SECURITY_KEYS:
             known = ", ".join(sorted(SECURITY_KEYS))

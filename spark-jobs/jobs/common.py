@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from straitmq.properties import read_properties
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KAFKA_JARS_DIR = REPO_ROOT / ".cache" / "jars" / "spark-kafka"
 FETCH_SCRIPT = REPO_ROOT / "spark-jobs" / "jars" / "fetch.sh"
@@ -100,18 +102,4 @@ def client_options(path: str | None) -> dict[str, str]:
     as `kafka.<name>` options, which both Spark sources accept."""
     if not path:
         return {}
-    out: dict[str, str] = {}
-    pending = ""
-    for raw in Path(path).read_text().splitlines():
-        line = pending + raw.strip()
-        pending = ""
-        if line.endswith("\\"):  # a continued line (JAAS entries often are)
-            pending = line[:-1] + " "
-            continue
-        if not line or line[0] in "#!":
-            continue
-        key, sep, value = line.partition("=")
-        if not sep:
-            raise SystemExit(f"{path}: not a key=value line: {line!r}")
-        out[f"kafka.{key.strip()}"] = value.strip()
-    return out
+    return {f"kafka.{k}": v for k, v in read_properties(path).items()}

@@ -7,7 +7,7 @@ as Kafka writes it) wins over the broker-wide one (`<key>`).
 
 from __future__ import annotations
 
-from pathlib import Path
+from straitmq.properties import read_properties  # noqa: F401  (its old home)
 
 # Every other key is refused: a typo must not silently leave a listener open.
 SECURITY_KEYS = frozenset({
@@ -49,26 +49,6 @@ FIELDS = {
     "inter.broker.listener.name": "inter_broker_listener_name",
     "connections.max.reauth.ms": "connections_max_reauth_ms",
 }
-
-
-def read_properties(path: str) -> dict[str, str]:
-    """A Java properties file, the simple form Kafka's docs use: `key=value` lines,
-    `#`/`!` comments, and a trailing backslash continuing a line (JAAS configs)."""
-    out: dict[str, str] = {}
-    pending = ""
-    for raw in Path(path).read_text().splitlines():
-        line = pending + raw.strip()
-        pending = ""
-        if line.endswith("\\"):
-            pending = line[:-1] + " "
-            continue
-        if not line or line[0] in "#!":
-            continue
-        key, sep, value = line.partition("=")
-        if not sep:
-            key, _, value = line.partition(":")
-        out[key.strip()] = value.strip()
-    return out
 
 
 def check_keys(props: dict[str, str]) -> None:

@@ -32,8 +32,9 @@ alike; the table shows per-metric medians, then the ratios SSL/PLAINTEXT and
 SASL_SSL/PLAINTEXT within each system and StraitMQ/Kafka per protocol. Each system first gets
 an unreported warm-up over every protocol (a JVM broker must not be measured cold).
 
-Output: the table (markdown) and a JSON dump of every round (default
-.cache/bench/security-throughput-<timestamp>.json). Exit code 0 when every phase ran.
+Output: the table (markdown; MB/s cells show the rounds' min-max too, to show the noise) and
+a JSON dump of every round (default .cache/bench/security-throughput-<timestamp>.json);
+`--report JSON` prints an earlier run's table again. Exit code 0 when every phase ran.
 """
 
 from __future__ import annotations

@@ -164,10 +164,14 @@ def test_operator_disabled_renders_no_operator(tmp_path: Path) -> None:
 NAMESPACED_RULES = {
     ("straitmq.io", "mqclusters"): {"get", "list", "watch", "patch", "update"},
     ("straitmq.io", "topics"): {"get", "list", "watch", "patch", "update"},
+    ("straitmq.io", "users"): {"get", "list", "watch", "patch", "update"},
     ("straitmq.io", "mqclusters/status"): {"get", "patch", "update"},
     ("straitmq.io", "topics/status"): {"get", "patch", "update"},
+    ("straitmq.io", "users/status"): {"get", "patch", "update"},
     ("straitmq.io", "mqclusters/finalizers"): {"get", "patch", "update"},
     ("straitmq.io", "topics/finalizers"): {"get", "patch", "update"},
+    ("straitmq.io", "users/finalizers"): {"get", "patch", "update"},
+    ("", "secrets"): {"get", "create", "patch"},  # Users' Secrets, by name only
     ("apps", "statefulsets"): {"get", "list", "watch", "create", "patch", "update", "delete"},
     ("", "services"): {"get", "list", "watch", "create", "patch", "update", "delete"},
     ("", "configmaps"): {"get", "list", "watch", "create", "patch", "update", "delete"},
@@ -218,7 +222,8 @@ def assert_no_wildcards(objs: list[dict]) -> None:
             if "bind" in rule["verbs"]:  # the node reader only, by name
                 assert rule["resources"] == ["clusterroles"], rule
                 assert rule["resourceNames"] == [NODE_READER], rule
-            assert "secrets" not in rule["resources"], rule
+            if "secrets" in rule["resources"]:  # by name only: never list or watch them
+                assert set(rule["verbs"]) <= {"get", "create", "patch"}, rule
 
 
 def bound_to_operator(objs: list[dict], binding_kind: str, role: dict) -> None:
@@ -711,10 +716,12 @@ def test_chart_installs_on_a_real_api_server(kube: Any, tmp_path: Path) -> None:
         assert can("list", "namespaces")
         assert can("create", "clusterrolebindings.rbac.authorization.k8s.io")
         assert can("bind", "clusterroles.rbac.authorization.k8s.io/chartcheck-straitmq-node-reader")
-        # Only the watched namespace, and never secrets or cluster-wide writes.
+        assert can("create", "secrets", "-n", watched)  # Users' credentials
+        # Only the watched namespace, secrets by name only, no cluster-wide writes.
         assert not can("patch", "statefulsets.apps", "-n", ns)
         assert not can("list", "pods", "-n", "default")
-        assert not can("get", "secrets", "-n", watched)
+        assert not can("list", "secrets", "-n", watched)
+        assert not can("get", "secrets", "-n", ns)
         assert not can("bind", "clusterroles.rbac.authorization.k8s.io/cluster-admin")
         assert not can("escalate", "clusterroles.rbac.authorization.k8s.io")
         assert not can("get", "nodes")

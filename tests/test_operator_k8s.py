@@ -385,7 +385,9 @@ def test_helm_install_registers_crds_and_operator_rbac(installed: Any) -> None:
     assert can("patch", "statefulsets.apps", "-n", NS)
     assert can("update", "topics.straitmq.io/status", "-n", NS)
     assert can("delete", "pods", "-n", NS)
-    assert not can("get", "secrets", "-n", NS), "the operator never needs secrets"
+    assert can("create", "secrets", "-n", NS)  # a User's credentials
+    assert not can("list", "secrets", "-n", NS), "Secrets by name only"
+    assert can("update", "users.straitmq.io/status", "-n", NS)
     assert not can("delete", "nodes")
     # Rack awareness: it may create bindings, but bind only the node reader to anyone.
     assert can("create", "clusterrolebindings.rbac.authorization.k8s.io")
@@ -891,3 +893,237 @@ def test_operator_logs_are_structured_and_metrics_count_reconciles(
         and 'success"' in line and 'MQCluster"' in line
     ]  # fmt: skip
     assert ok and float(ok[0].rsplit(" ", 1)[1]) > 0, text[:2000]
+
+
+# --- User resources: SCRAM credentials and ACLs --------------------------------------
+
+AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+
+
+def user_doc(name: str, acls: list[dict], cluster: str = "authn", **auth: Any) -> dict:
+    return {
+        "apiVersion": "straitmq.io/v1alpha1",
+        "kind": "User",
+        "metadata": {"name": name},
+        "spec": {
+            "cluster": cluster,
+            "authentication": {"type": "scram-sha-512", **auth},
+            "authorization": {"acls": acls},
+        },
+    }
+
+
+def write_acl(topic_name: str) -> dict:
+    return {"resource": {"type": "topic", "name": topic_name}, "operations": ["Write"]}
+
+
+def user_secret(kube: Any, name: str) -> dict[str, str]:
+    import base64
+
+    data = get_json(kube, "secret", name, "-n", NS)["data"]
+    return {k: base64.b64decode(v).decode() for k, v in data.items()}
+
+
+def sasl_conf(secret: dict[str, str], password: str | None = None) -> dict[str, str]:
+    return {
+        "bootstrap.servers": secret["bootstrap.servers"],
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": secret["sasl.mechanism"],
+        "sasl.username": secret["username"],
+        "sasl.password": password if password is not None else secret["password"],
+    }
+
+
+def produce_outcome(conf: dict) -> Any:
+    """Per topic: None if one record was delivered, else the delivery error's code."""
+    from confluent_kafka import Producer
+
+    def one(topic_name: str) -> Any:
+        outcome: list[Any] = []
+        p = Producer({**conf, "message.timeout.ms": 10000})
+        p.produce(topic_name, value=b"v", on_delivery=lambda err, msg: outcome.append(err))
+        p.flush(20)
+        assert outcome, "no delivery report"
+        return None if outcome[0] is None else outcome[0].code()
+
+    return one
+
+
+def logs_in(conf: dict) -> bool:
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        AdminClient(conf).list_topics(timeout=4)
+    except KafkaException:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def authn(kube: Any, operator: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """MQCluster `authn` (1 broker) whose brokers have an authorizer and a SASL_PLAINTEXT
+    (SCRAM) listener for clients; replication and the HTTP admin API stay open, as a pod
+    network's would be. Topics `payments` and `audit`."""
+    standins = PodStandIns(kube, "authn", tmp_path_factory.mktemp("authn"))
+    sasl = {}
+    for ordinal, node in standins.local.brokers.items():
+        sasl[ordinal] = free_port()
+        standins.base_args[ordinal] += [
+            "--listeners", f"REPL://127.0.0.1:{node.kafka_port},SASL://127.0.0.1:{sasl[ordinal]}",
+            "--listener-security-protocol-map", "REPL:PLAINTEXT,SASL:SASL_PLAINTEXT",
+            "--inter-broker-listener-name", "REPL",
+            "--override", "listener.name.sasl.sasl.enabled.mechanisms=SCRAM-SHA-512",
+            "--override", f"authorizer.class.name={AUTHORIZER}",
+            "--override", "super.users=User:ANONYMOUS",
+        ]  # fmt: skip
+    standins.start()
+    annotations = {"straitmq.io/admin-url": standins.admin_url,
+                   "straitmq.io/bootstrap-servers": f"127.0.0.1:{sasl[0]}"}  # fmt: skip
+    doc = mqcluster("authn", 1, annotations)
+    kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(doc))
+    try:
+
+        def made(name: str) -> bool:
+            standins.check()
+            body = {"name": name, "partitions": 1, "replication_factor": 1}
+            try:
+                request_sync(standins.admin_url, "POST", "/api/v1/topics", body, timeout_s=5)
+            except Exception as e:  # not serving yet, or made by an earlier try
+                if "already exists" not in str(e):
+                    raise
+            return True
+
+        for name in ("payments", "audit"):
+            kube.wait_for(lambda name=name: made(name), 120, f"topic {name} on authn")
+        yield standins
+    finally:
+        kube.kubectl("delete", "users", "--all", "-n", NS, "--wait=false", check=False)
+        standins.stop()
+
+
+def user_ready(kube: Any, name: str, generation: bool = True) -> dict | None:
+    obj = get_json(kube, "user", name, "-n", NS)
+    c = condition(obj, "Ready")
+    if generation and c.get("observedGeneration") != obj["metadata"]["generation"]:
+        return None
+    return c or None
+
+
+def test_user_gets_a_secret_and_exactly_its_acls(kube: Any, authn: PodStandIns) -> None:
+    acls = [{"resource": {"type": "topic", "name": "payments"},
+             "operations": ["Write", "Describe"]}]  # fmt: skip
+    kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(user_doc("billing", acls)))
+    c = kube.wait_for(lambda: (r := user_ready(kube, "billing")) and r["status"] == "True" and r,
+                      60, "User billing Ready")  # fmt: skip
+    assert c["reason"] == "Reconciled"
+    status = get_json(kube, "user", "billing", "-n", NS)["status"]
+    assert (status["username"], status["secret"], status["acls"]) == ("billing", "billing", 2)
+    secret = user_secret(kube, "billing")
+    assert secret["username"] == "billing" and len(secret["password"]) >= 24
+    assert secret["sasl.jaas.config"] == (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="billing" password="{secret["password"]}";'
+    )
+    owner = get_json(kube, "secret", "billing", "-n", NS)["metadata"]["ownerReferences"]
+    assert [(o["kind"], o["name"]) for o in owner] == [("User", "billing")]
+    # The broker keeps a salted credential and the bindings, one per operation.
+    assert request_sync(authn.admin_url, "GET", "/api/v1/users/billing")["mechanisms"] == [
+        {"mechanism": "SCRAM-SHA-512", "iterations": 4096}
+    ]
+    bound = request_sync(authn.admin_url, "GET", "/api/v1/acls?principal=User:billing")["acls"]
+    assert sorted(b["operation"] for b in bound) == ["DESCRIBE", "WRITE"]
+
+    from confluent_kafka import KafkaError
+
+    conf = sasl_conf(secret)
+    produce = produce_outcome(conf)
+    assert produce("payments") is None
+    assert produce("audit") == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert not logs_in(sasl_conf(secret, "not-the-password"))
+
+    # Editing the ACLs changes what it may do: now audit only (payments' bindings go).
+    kube.kubectl("apply", "-n", NS, "-f", "-",
+                 input=yaml_doc(user_doc("billing", [write_acl("audit")])))  # fmt: skip
+
+    def swapped() -> bool:
+        return produce("audit") is None and (
+            produce("payments") == KafkaError.TOPIC_AUTHORIZATION_FAILED
+        )
+
+    kube.wait_for(swapped, 60, "billing may write audit and not payments")
+    bound = request_sync(authn.admin_url, "GET", "/api/v1/acls?principal=User:billing")["acls"]
+    assert [(b["resource_name"], b["operation"]) for b in bound] == [("audit", "WRITE")]
+    assert user_secret(kube, "billing")["password"] == secret["password"]  # kept
+
+    # A binding the broker refuses (READ means nothing on the cluster): a condition with
+    # the broker's reason, and the ACLs stay as they were.
+    bad = {"resource": {"type": "cluster"}, "operations": ["Read"]}
+    kube.kubectl("apply", "-n", NS, "-f", "-",
+                 input=yaml_doc(user_doc("billing", [write_acl("audit"), bad])))  # fmt: skip
+    c = kube.wait_for(lambda: (r := user_ready(kube, "billing")) and r["status"] == "False" and r,
+                      60, "User billing refused")  # fmt: skip
+    assert c["reason"] == "InvalidAcl"
+    assert "operation READ does not apply to a CLUSTER resource" in c["message"], c
+    assert produce("audit") is None
+    events = kube.kubectl("get", "events", "-n", NS,
+                          "--field-selector", "involvedObject.name=billing").stdout  # fmt: skip
+    assert "InvalidAcl" in events
+
+    # Deleting the User: its login fails, its bindings and its Secret are gone.
+    kube.kubectl("delete", "user", "billing", "-n", NS, "--timeout=60s")
+    kube.wait_for(lambda: not logs_in(conf), 30, "billing's login refused")
+    assert request_sync(authn.admin_url, "GET", "/api/v1/acls?principal=User:billing") == {
+        "acls": []
+    }
+
+    def secret_gone() -> bool:
+        out = kube.kubectl("get", "secret", "billing", "-n", NS, check=False)
+        return out.returncode != 0 and "NotFound" in out.stderr
+
+    kube.wait_for(secret_gone, 60, "billing's Secret collected with its owner")
+
+
+def test_user_password_from_a_secret_rotates(kube: Any, authn: PodStandIns) -> None:
+    kube.kubectl("create", "secret", "generic", "ledger-pw", "-n", NS,
+                 "--from-literal=pw=first-password")  # fmt: skip
+    ref = {"password": {"valueFrom": {"secretKeyRef": {"name": "ledger-pw", "key": "pw"}}}}
+    doc = user_doc("ledger", [write_acl("payments")], **ref)
+    kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(doc))
+    kube.wait_for(lambda: (r := user_ready(kube, "ledger")) and r["status"] == "True",
+                  60, "User ledger Ready")  # fmt: skip
+    secret = user_secret(kube, "ledger")
+    assert secret["password"] == "first-password"
+    assert produce_outcome(sasl_conf(secret))("payments") is None
+
+    new = kube.kubectl("create", "secret", "generic", "ledger-pw", "-n", NS,
+                       "--from-literal=pw=second-password", "--dry-run=client",
+                       "-o", "json").stdout  # fmt: skip
+    kube.kubectl("apply", "-n", NS, "-f", "-", input=new)
+    kube.wait_for(lambda: logs_in(sasl_conf(secret, "second-password")), 60,
+                  "the rotated password logs in")  # fmt: skip
+    assert not logs_in(sasl_conf(secret, "first-password"))
+    assert user_secret(kube, "ledger")["password"] == "second-password"
+
+
+def test_user_problems_are_conditions_or_refused_by_the_api_server(
+    kube: Any, authn: PodStandIns
+) -> None:
+    kube.kubectl("apply", "-n", NS, "-f", "-",
+                 input=yaml_doc(user_doc("orphan", [], cluster="nowhere")))  # fmt: skip
+    c = kube.wait_for(lambda: (r := user_ready(kube, "orphan")) and r["status"] == "False" and r,
+                      60, "User orphan NotReady")  # fmt: skip
+    assert c["reason"] == "ClusterNotFound" and "'nowhere'" in c["message"]
+    kube.kubectl("delete", "user", "orphan", "-n", NS, "--timeout=60s")  # nothing to clean
+
+    for acl, message in (
+        ({"resource": {"type": "cluster", "name": "x"}, "operations": ["Alter"]},
+         "the cluster resource has no name"),
+        ({"resource": {"type": "topic"}, "operations": ["Read"]}, "needs a name"),
+        ({"resource": {"type": "topic", "name": "t"}, "operations": ["Fly"]}, "Unsupported value"),
+        ({"resource": {"type": "topic", "name": "t", "patternType": "match"},
+          "operations": ["Read"]}, "Unsupported value"),
+    ):  # fmt: skip
+        out = kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(user_doc("bad", [acl])),
+                           check=False)  # fmt: skip
+        assert out.returncode != 0 and message in out.stderr, out.stderr

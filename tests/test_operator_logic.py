@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 from straitmq.operator import names as n
-from straitmq.operator import planning, render
+from straitmq.operator import planning, render, user
 from straitmq.operator.admin import Partition, Topic
 from straitmq.operator.spec import SpecError, parse
 
@@ -257,3 +257,83 @@ def test_replication_factor_shrink_keeps_leaders_and_drops_lagging_replicas_firs
     assert planning.change_replication([q], 1, {}, Counter()) == {("t", 1): [1]}  # the leader
     assert planning.change_replication([q], 3, {0: None, 1: None, 2: None}, Counter()) == {}
 
+
+
+# -- User resources: the spec's ACL rules as bindings, and what to change -----------------
+
+
+def user_body(name: str = "app", **spec) -> dict:
+    return {
+        "apiVersion": "straitmq.io/v1alpha1",
+        "kind": "User",
+        "metadata": {"name": name, "namespace": "prod", "uid": UID},
+        "spec": {"cluster": "demo", "authentication": {"type": "scram-sha-512"}, **spec},
+    }
+
+
+def test_user_spec_turns_each_operation_into_a_binding() -> None:
+    acls = [
+        {"resource": {"type": "topic", "name": "orders"}, "operations": ["Write", "Describe"]},
+        {"resource": {"type": "group", "name": "billing-", "patternType": "prefixed"},
+         "operations": ["Read"], "host": "10.0.0.1", "type": "deny"},
+        {"resource": {"type": "cluster"}, "operations": ["IdempotentWrite"]},
+        {"resource": {"type": "transactionalId", "name": "tx"}, "operations": ["All"]},
+    ]  # fmt: skip
+    us = user.user_spec(user_body(authorization={"acls": acls}))
+    assert us.mechanism == "SCRAM-SHA-512" and us.principal == "User:app"
+    assert us.password_ref is None
+    B = user.Binding
+    assert us.acls == {
+        B("TOPIC", "orders", "LITERAL", "User:app", "*", "WRITE", "ALLOW"),
+        B("TOPIC", "orders", "LITERAL", "User:app", "*", "DESCRIBE", "ALLOW"),
+        B("GROUP", "billing-", "PREFIXED", "User:app", "10.0.0.1", "READ", "DENY"),
+        B("CLUSTER", "kafka-cluster", "LITERAL", "User:app", "*", "IDEMPOTENT_WRITE", "ALLOW"),
+        B("TRANSACTIONAL_ID", "tx", "LITERAL", "User:app", "*", "ALL", "ALLOW"),
+    }
+    ref = {"password": {"valueFrom": {"secretKeyRef": {"name": "app-pw", "key": "pw"}}}}
+    us = user.user_spec(user_body(authentication={"type": "scram-sha-256", **ref}))
+    assert us.mechanism == "SCRAM-SHA-256" and us.password_ref == ("app-pw", "pw")
+    assert us.acls == frozenset()
+
+
+def test_user_spec_refusals() -> None:
+    own = {"type": "scram-sha-512",
+           "password": {"valueFrom": {"secretKeyRef": {"name": "app", "key": "pw"}}}}  # fmt: skip
+    with pytest.raises(user.UserProblem) as e:
+        user.user_spec(user_body(authentication=own))
+    assert e.value.reason == "PasswordSecretConflict"
+    with pytest.raises(user.UserProblem) as e:
+        user.user_spec(user_body(authentication={"type": "plain"}))
+    assert e.value.reason == "InvalidSpec"
+
+
+def test_acl_changes_add_the_missing_and_remove_the_extra_bindings() -> None:
+    B = user.Binding
+    keep = B("TOPIC", "orders", "LITERAL", "User:app", "*", "WRITE", "ALLOW")
+    new = B("TOPIC", "orders", "LITERAL", "User:app", "*", "READ", "ALLOW")
+    # Same resource and operation, other host or permission: a different binding.
+    stale = [B("TOPIC", "orders", "LITERAL", "User:app", "10.0.0.1", "WRITE", "ALLOW"),
+             B("TOPIC", "orders", "LITERAL", "User:app", "*", "READ", "DENY"),
+             B("TOPIC", "orders", "PREFIXED", "User:app", "*", "WRITE", "ALLOW")]  # fmt: skip
+    create, delete = user.acl_changes(frozenset({keep, new}), [keep, *stale])
+    assert create == [new] and delete == sorted(stale)
+    assert user.acl_changes(frozenset({keep}), [keep]) == ([], [])
+    assert user.acl_changes(frozenset(), [keep]) == ([], [keep])
+    # What the broker answers parses back to the same binding.
+    assert user.Binding.from_json(keep.as_json()) == keep
+
+
+def test_user_secret_values() -> None:
+    assert user.jaas_config("app", 'p"w\\') == (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        'username="app" password="p\\"w\\\\";'
+    )
+    d = user.credential_digest(UID, "SCRAM-SHA-512", "pw")
+    assert d == user.credential_digest(UID, "SCRAM-SHA-512", "pw")
+    assert d != user.credential_digest(UID, "SCRAM-SHA-512", "pw2")
+    assert d != user.credential_digest(UID, "SCRAM-SHA-256", "pw")
+    spec = parse(body())
+    assert user.bootstrap_servers(body(), spec) == "demo-bootstrap.prod.svc:9092"
+    annotated = body()
+    annotated["metadata"]["annotations"] = {n.BOOTSTRAP_ANNOTATION: "127.0.0.1:1"}
+    assert user.bootstrap_servers(annotated, spec) == "127.0.0.1:1"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from straitmq.admin_client import DEFAULT_TIMEOUT_S, AdminAuth, AdminError
 from straitmq.admin_client import AdminClient as BaseAdminClient
@@ -136,3 +137,41 @@ class AdminClient(BaseAdminClient):
     async def clear_throttle(self) -> None:
         body = {"configs": {"replication.throttled.rate": None}}
         await self.request("PUT", "/api/v1/cluster/configs", body)
+
+    # -- SCRAM users and ACLs (the broker's /api/v1/users and /api/v1/acls) ---------------
+
+    async def user(self, name: str) -> dict[str, Any] | None:
+        """The user's mechanisms ({"name", "mechanisms": [{"mechanism", "iterations"}]}),
+        or None if it has no SCRAM credential."""
+        try:
+            return await self.get(f"/api/v1/users/{quote(name, safe='')}")
+        except AdminError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def put_user(self, name: str, mechanism: str, password: str) -> None:
+        """Create or replace the user's credential for `mechanism`; the broker salts it."""
+        body = {"mechanism": mechanism, "password": password}
+        await self.request("PUT", f"/api/v1/users/{quote(name, safe='')}", body)
+
+    async def delete_user(self, name: str, mechanism: str | None = None) -> bool:
+        """Remove one mechanism (or all) of the user's credentials; False if none was there."""
+        path = f"/api/v1/users/{quote(name, safe='')}"
+        if mechanism:
+            path += f"?mechanism={quote(mechanism)}"
+        try:
+            await self.request("DELETE", path)
+        except AdminError as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
+    async def acls(self, principal: str) -> list[dict[str, Any]]:
+        return (await self.get(f"/api/v1/acls?principal={quote(principal, safe='')}"))["acls"]
+
+    async def alter_acls(
+        self, create: list[dict[str, Any]], delete: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        return await self.request("POST", "/api/v1/acls", {"create": create, "delete": delete})

@@ -1,4 +1,4 @@
-"""kopf wiring: one reconcile loop (a kopf daemon) per MQCluster and per Topic.
+"""kopf wiring: one reconcile loop (a kopf daemon) per MQCluster, Topic and User.
 
 A daemon serializes every pass for its object, so a scale and a rolling restart can never
 race each other. It wakes at once when the object's spec or annotations change (not on
@@ -24,6 +24,7 @@ from .cluster import ClusterReconciler
 from .conditions import set_condition
 from .kube import Kube, api_client, explain
 from .topic import TopicProblem, TopicReconciler
+from .user import UserProblem, UserReconciler
 
 log = logging.getLogger("straitmq.operator")
 
@@ -97,6 +98,7 @@ def _changed(uid: str, body: kopf.Body) -> bool:
 
 @kopf.on.event(n.GROUP, n.VERSION, n.CLUSTERS)
 @kopf.on.event(n.GROUP, n.VERSION, n.TOPICS)
+@kopf.on.event(n.GROUP, n.VERSION, n.USERS)
 def wake(uid: str, body: kopf.Body, **_: Any) -> None:
     if _changed(uid, body) and uid in _wake:
         _wake[uid].set()
@@ -185,3 +187,21 @@ async def topic_deleted(body: kopf.Body, **_: Any) -> None:
         # kopf keeps the finalizer and retries; the Event says why it is stuck.
         raise kopf.TemporaryError(f"{e.reason}: {e.message}", delay=10) from None
     log.info("topic deleted", extra={"object": _ref(body), "outcome": outcome})
+
+
+@kopf.daemon(n.GROUP, n.VERSION, n.USERS, cancellation_timeout=5.0)
+async def user_daemon(body: kopf.Body, uid: str, stopped: Any, **_: Any) -> None:
+    reconciler = UserReconciler(kube(), _emitter(body))
+    await _loop("User", n.USERS, body, uid, stopped, reconciler.reconcile)
+
+
+@kopf.on.delete(n.GROUP, n.VERSION, n.USERS)
+async def user_deleted(body: kopf.Body, **_: Any) -> None:
+    reconciler = UserReconciler(kube(), _emitter(body))
+    try:
+        with metrics().reconcile("User"):
+            outcome = await reconciler.delete(dict(body))
+    except UserProblem as e:
+        # kopf keeps the finalizer and retries; the Event says why it is stuck.
+        raise kopf.TemporaryError(f"{e.reason}: {e.message}", delay=10) from None
+    log.info("user deleted", extra={"object": _ref(body), "outcome": outcome})

@@ -7,11 +7,14 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 CLUSTERS = "mqclusters"
 TOPICS = "topics"
+USERS = "users"
 FIELD_MANAGER = "straitmq-operator"
 
 # Where the operator reaches a cluster's admin API if not at its bootstrap Service, e.g.
 # an operator run outside the cluster, or brokers that stand in for the pods in tests.
 ADMIN_URL_ANNOTATION = "straitmq.io/admin-url"
+# The Kafka bootstrap address a User's Secret names, if not the bootstrap Service's.
+BOOTSTRAP_ANNOTATION = "straitmq.io/bootstrap-servers"
 CONFIG_HASH_ANNOTATION = "straitmq.io/config-hash"
 
 # Controllers get ids apart from brokers' ordinals: both share the metadata log's id space.

@@ -21,14 +21,14 @@ from .provider import Telemetry
 
 # Reconciles wait on the API server and the controller: milliseconds to a minute.
 RECONCILE_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-KINDS = ("MQCluster", "Topic")
+KINDS = ("MQCluster", "Topic", "User")
 # What a reconcile pass can fail with, named by the nearest of these classes an exception
 # derives from (`error_type`), which keeps the label's values few and known in advance:
 # the Kubernetes client's refusals (every status code and client flavour), the brokers'
-# admin API, a Topic its cluster cannot serve (on deletion), the API server unreachable
-# (urllib3), timeouts and other I/O. Anything else is named by its own class.
-ERROR_TYPES = ("ApiException", "AdminError", "TopicProblem", "HTTPError", "TimeoutError",
-               "OSError")  # fmt: skip
+# admin API, a Topic or User its cluster cannot serve (on deletion), the API server
+# unreachable (urllib3), timeouts and other I/O. Anything else is named by its own class.
+ERROR_TYPES = ("ApiException", "AdminError", "TopicProblem", "UserProblem", "HTTPError",
+               "TimeoutError", "OSError")  # fmt: skip
 
 
 def error_type(e: BaseException) -> str:

@@ -7,13 +7,20 @@ Roles (operator.watchNamespaces). Each rule says what needs it.
 {{- define "straitmq.operator.namespacedRules" -}}
 # The custom resources: kopf watches them and patches its annotations and finalizers in.
 - apiGroups: [straitmq.io]
-  resources: [mqclusters, topics]
+  resources: [mqclusters, topics, users]
   verbs: [get, list, watch, patch, update]
 # Status and conditions; finalizers so that owner references with blockOwnerDeletion
-# may point at an MQCluster (OwnerReferencesPermissionEnforcement).
+# may point at an MQCluster or a User (OwnerReferencesPermissionEnforcement).
 - apiGroups: [straitmq.io]
-  resources: [mqclusters/status, topics/status, mqclusters/finalizers, topics/finalizers]
+  resources: [mqclusters/status, topics/status, users/status, mqclusters/finalizers,
+              topics/finalizers, users/finalizers]
   verbs: [get, patch, update]
+# A User's credentials Secret (created, then patched on rotation; it goes with its
+# owner reference), and the password Secret a User may name (read by name only: no
+# list or watch, so no Secret is read that no User names).
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, create, patch]
 # What an MQCluster is rendered into.
 - apiGroups: [apps]
   resources: [statefulsets]

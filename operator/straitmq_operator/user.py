@@ -1,0 +1,341 @@
+"""User reconciliation: a SCRAM credential and exactly the spec's ACLs in the cluster, and
+the credentials in a Secret named after the User.
+
+The password is the one the User names (`spec.authentication.password.valueFrom
+.secretKeyRef`), else the one already in the User's Secret, else a new random one. The
+broker salts it (PUT /api/v1/users/{name}); the Secret's `straitmq.io/credential`
+annotation keeps a digest of what was last sent, so a changed password (a rotation) is
+sent again and an unchanged one is not. The Secret holds the password anyway, so the
+digest tells nobody anything they could not read beside it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import secrets
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from . import names as n
+from .admin import AdminClient, AdminError
+from .cluster import Emit, admin_url
+from .conditions import get_condition, set_condition
+from .kube import Kube
+from .spec import SpecError, parse
+
+MECHANISMS = {"scram-sha-512": "SCRAM-SHA-512", "scram-sha-256": "SCRAM-SHA-256"}
+RESOURCE_TYPES = {
+    "topic": "TOPIC",
+    "group": "GROUP",
+    "cluster": "CLUSTER",
+    "transactionalId": "TRANSACTIONAL_ID",
+}
+OPERATIONS = {
+    "All": "ALL", "Read": "READ", "Write": "WRITE", "Create": "CREATE", "Delete": "DELETE",
+    "Alter": "ALTER", "Describe": "DESCRIBE", "ClusterAction": "CLUSTER_ACTION",
+    "DescribeConfigs": "DESCRIBE_CONFIGS", "AlterConfigs": "ALTER_CONFIGS",
+    "IdempotentWrite": "IDEMPOTENT_WRITE",
+}  # fmt: skip
+CLUSTER_NAME = "kafka-cluster"  # the CLUSTER resource's one name, in Kafka
+CREDENTIAL_ANNOTATION = "straitmq.io/credential"
+SCRAM_LOGIN = "org.apache.kafka.common.security.scram.ScramLoginModule"
+
+
+class Binding(NamedTuple):
+    """One ACL binding as the broker's /api/v1/acls names it."""
+
+    resource_type: str
+    resource_name: str
+    pattern_type: str
+    principal: str
+    host: str
+    operation: str
+    permission: str
+
+    def as_json(self) -> dict[str, str]:
+        return self._asdict()
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Binding:
+        return cls(*(str(raw[f]) for f in cls._fields))
+
+
+@dataclass(frozen=True)
+class UserSpec:
+    cluster: str
+    name: str  # the user name: metadata.name
+    mechanism: str  # SCRAM-SHA-512 or SCRAM-SHA-256
+    password_ref: tuple[str, str] | None  # (Secret, key) or None: generated
+    acls: frozenset[Binding]
+
+    @property
+    def principal(self) -> str:
+        return f"User:{self.name}"
+
+
+class UserProblem(Exception):
+    """The user cannot be made to match its spec; `reason` becomes the condition's."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def bindings(name: str, acls: list[dict[str, Any]]) -> frozenset[Binding]:
+    """The spec's ACL rules as bindings of principal User:<name>: one per operation."""
+    out: set[Binding] = set()
+    for rule in acls:
+        res = rule["resource"]
+        rtype = RESOURCE_TYPES.get(res["type"])
+        if rtype is None:
+            raise UserProblem("InvalidAcl", f"unknown resource type {res['type']!r}")
+        rname = CLUSTER_NAME if rtype == "CLUSTER" else res.get("name", "")
+        pattern = str(res.get("patternType") or "literal").upper()
+        permission = str(rule.get("type") or "allow").upper()
+        for op in rule.get("operations") or []:
+            operation = OPERATIONS.get(op)
+            if operation is None:
+                raise UserProblem("InvalidAcl", f"unknown operation {op!r}")
+            out.add(Binding(rtype, rname, pattern, f"User:{name}", rule.get("host") or "*",
+                            operation, permission))  # fmt: skip
+    return frozenset(out)
+
+
+def user_spec(body: dict[str, Any]) -> UserSpec:
+    spec = body.get("spec") or {}
+    name = body["metadata"]["name"]
+    auth = spec.get("authentication") or {}
+    mechanism = MECHANISMS.get(auth.get("type", ""))
+    if mechanism is None:
+        raise UserProblem("InvalidSpec", f"authentication.type {auth.get('type')!r} is not "
+                          f"one of {', '.join(MECHANISMS)}")  # fmt: skip
+    ref = (((auth.get("password") or {}).get("valueFrom") or {}).get("secretKeyRef")) or None
+    password_ref = (ref["name"], ref["key"]) if ref else None
+    if password_ref and password_ref[0] == name:
+        raise UserProblem(
+            "PasswordSecretConflict",
+            f"the password Secret may not be '{name}': the operator writes the User's "
+            "credentials to the Secret of that name",
+        )
+    acls = ((spec.get("authorization") or {}).get("acls")) or []
+    return UserSpec(spec["cluster"], name, mechanism, password_ref, bindings(name, acls))
+
+
+def acl_changes(
+    want: frozenset[Binding], have: list[Binding]
+) -> tuple[list[Binding], list[Binding]]:
+    """(to create, to delete) so that the principal holds exactly `want`."""
+    have_set = set(have)
+    return sorted(want - have_set), sorted(have_set - want)
+
+
+def jaas_config(user: str, password: str) -> str:
+    def quoted(v: str) -> str:
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    return f"{SCRAM_LOGIN} required username={quoted(user)} password={quoted(password)};"
+
+
+def credential_digest(uid: str, mechanism: str, password: str) -> str:
+    return hashlib.sha256(f"{uid}\0{mechanism}\0{password}".encode()).hexdigest()
+
+
+def bootstrap_servers(cluster: dict[str, Any], cspec: Any) -> str:
+    override = (cluster.get("metadata", {}).get("annotations") or {}).get(n.BOOTSTRAP_ANNOTATION)
+    if override:
+        return override
+    return f"{n.bootstrap_service(cspec.name)}.{cspec.namespace}.svc:{cspec.kafka_port}"
+
+
+def _b64(v: str) -> str:
+    return base64.b64encode(v.encode()).decode()
+
+
+def _secret_value(secret: dict[str, Any] | None, key: str) -> str | None:
+    raw = ((secret or {}).get("data") or {}).get(key)
+    if raw is None:
+        return None
+    return base64.b64decode(raw).decode()
+
+
+def _reason(e: AdminError) -> str:
+    if e.unreachable:
+        return "ClusterUnreachable"
+    if e.status in (401, 403):
+        return "AdminAccessDenied"
+    if e.error_name:
+        return "".join(w.capitalize() for w in e.error_name.split("_"))
+    return f"AdminError{e.status}"
+
+
+class UserReconciler:
+    def __init__(self, kube: Kube, emit: Emit, admin_timeout_s: float = 10.0) -> None:
+        self.kube = kube
+        self.emit = emit
+        self.admin_timeout_s = admin_timeout_s
+
+    async def _cluster(self, ns: str, us: UserSpec) -> tuple[dict[str, Any], Any]:
+        cluster = await self.kube.get_custom(n.CLUSTERS, ns, us.cluster)
+        if cluster is None:
+            raise UserProblem(
+                "ClusterNotFound", f"MQCluster '{us.cluster}' does not exist in namespace '{ns}'"
+            )
+        try:
+            return cluster, parse(cluster)
+        except SpecError as e:
+            raise UserProblem("ClusterInvalid", f"MQCluster '{us.cluster}': {e}") from None
+
+    async def _password(self, ns: str, us: UserSpec, own: dict[str, Any] | None) -> str:
+        if us.password_ref is None:
+            return _secret_value(own, "password") or secrets.token_urlsafe(24)
+        name, key = us.password_ref
+        secret = await self.kube.get("v1", "Secret", ns, name)
+        if secret is None:
+            raise UserProblem(
+                "PasswordSecretNotFound", f"Secret '{name}' (the password) does not exist in '{ns}'"
+            )
+        value = _secret_value(secret, key)
+        if not value:
+            raise UserProblem("PasswordKeyNotFound",
+                              f"Secret '{name}' has no key '{key}' (or it is empty)")  # fmt: skip
+        return value
+
+    async def reconcile(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Credential, Secret and ACLs; returns the new status."""
+        old = body.get("status") or {}
+        meta = body["metadata"]
+        generation = meta.get("generation")
+        ns = meta.get("namespace") or "default"
+        conds = list(old.get("conditions") or [])
+        status: dict[str, Any] = {**old, "observedGeneration": generation}
+        try:
+            us = user_spec(body)
+            cluster, cspec = await self._cluster(ns, us)
+            own = await self.kube.get("v1", "Secret", ns, us.name)
+            password = await self._password(ns, us, own)
+            async with AdminClient(admin_url(cluster, cspec), self.admin_timeout_s) as admin:
+                digest = credential_digest(meta["uid"], us.mechanism, password)
+                rotated = await self._credential(admin, us, password, digest, own)
+                await self._secret(body, us, password, digest, bootstrap_servers(cluster, cspec))
+                status |= {"username": us.name, "secret": us.name}
+                count = await self._acls(admin, us)
+        except UserProblem as e:
+            if not _same_problem(conds, e.reason, e.message):
+                self.emit("Warning", e.reason, e.message)
+            conds = set_condition(conds, "Ready", False, e.reason, e.message, generation)
+            return {**status, "conditions": conds}
+        if rotated:
+            self.emit("Normal", "CredentialSet", f"{us.mechanism} credential of '{us.name}' set")
+        conds = set_condition(conds, "Ready", True, "Reconciled",
+                              f"user '{us.name}' has its credential and {count} ACL bindings",
+                              generation)  # fmt: skip
+        if old.get("conditions") and not _ready(old["conditions"]):
+            self.emit("Normal", "Ready", f"user '{us.name}' matches its spec")
+        return {**status, "acls": count, "conditions": conds}
+
+    async def _credential(
+        self, admin: AdminClient, us: UserSpec, password: str, digest: str,
+        own: dict[str, Any] | None,
+    ) -> bool:  # fmt: skip
+        """Send the password when the cluster lacks the credential or it changed; drop the
+        other mechanism's credential. True if the credential was (re)set."""
+        try:
+            have = await admin.user(us.name)
+            mechanisms = {m["mechanism"] for m in (have or {}).get("mechanisms", [])}
+            sent = ((own or {}).get("metadata", {}).get("annotations") or {}).get(
+                CREDENTIAL_ANNOTATION
+            )
+            changed = us.mechanism not in mechanisms or sent != digest
+            if changed:
+                await admin.put_user(us.name, us.mechanism, password)
+            for other in sorted(mechanisms - {us.mechanism}):
+                await admin.delete_user(us.name, other)
+        except AdminError as e:
+            raise UserProblem(_reason(e), e.message) from None
+        return changed
+
+    async def _secret(
+        self, body: dict[str, Any], us: UserSpec, password: str, digest: str, bootstrap: str
+    ) -> None:
+        meta = body["metadata"]
+        data = {
+            "username": us.name,
+            "password": password,
+            "sasl.mechanism": us.mechanism,
+            "sasl.jaas.config": jaas_config(us.name, password),
+            "bootstrap.servers": bootstrap,
+        }
+        await self.kube.apply({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": {
+                "name": us.name,
+                "namespace": meta.get("namespace") or "default",
+                "labels": {
+                    "app.kubernetes.io/part-of": "straitmq",
+                    "app.kubernetes.io/managed-by": n.FIELD_MANAGER,
+                    "straitmq.io/cluster": us.cluster,
+                    "straitmq.io/user": us.name,
+                },
+                "annotations": {CREDENTIAL_ANNOTATION: digest},
+                "ownerReferences": [{
+                    "apiVersion": n.API_VERSION, "kind": "User", "name": meta["name"],
+                    "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True,
+                }],
+            },
+            "data": {k: _b64(v) for k, v in data.items()},
+        })  # fmt: skip
+
+    async def _acls(self, admin: AdminClient, us: UserSpec) -> int:
+        """Make the principal's bindings exactly the spec's; returns how many it has."""
+        try:
+            have = [Binding.from_json(b) for b in await admin.acls(us.principal)]
+            create, delete = acl_changes(us.acls, have)
+            if create or delete:
+                await admin.alter_acls([b.as_json() for b in create],
+                                       [b.as_json() for b in delete])  # fmt: skip
+                self.emit("Normal", "AclsChanged",
+                          f"{len(create)} ACL bindings added, {len(delete)} removed")  # fmt: skip
+        except AdminError as e:
+            reason = "InvalidAcl" if e.error_name == "INVALID_REQUEST" else _reason(e)
+            raise UserProblem(reason, e.message) from None
+        return len(us.acls)
+
+    async def delete(self, body: dict[str, Any]) -> str:
+        """Remove the user's credentials and ACLs from its cluster (the Secret goes with
+        its owner reference); returns what happened, for the log."""
+        ns = body["metadata"].get("namespace") or "default"
+        name = body["metadata"]["name"]
+        cluster_name = (body.get("spec") or {}).get("cluster", "")
+        principal = f"User:{name}"
+        try:
+            cluster, cspec = await self._cluster(ns, UserSpec(cluster_name, name, "", None,
+                                                              frozenset()))  # fmt: skip
+        except UserProblem as e:
+            if e.reason in ("ClusterNotFound", "ClusterInvalid"):
+                return f"cluster gone, nothing to delete: {e.message}"
+            raise
+        async with AdminClient(admin_url(cluster, cspec), self.admin_timeout_s) as admin:
+            try:
+                had = await admin.delete_user(name)
+                doomed = await admin.acls(principal)
+                if doomed:
+                    await admin.alter_acls([], doomed)
+            except AdminError as e:
+                raise UserProblem(_reason(e), e.message) from None
+        self.emit("Normal", "Deleted",
+                  f"user '{name}': credential {'deleted' if had else 'already gone'}, "
+                  f"{len(doomed)} ACL bindings removed")  # fmt: skip
+        return "deleted"
+
+
+def _ready(conditions: list[dict[str, Any]]) -> bool:
+    return (get_condition(conditions, "Ready") or {}).get("status") == "True"
+
+
+def _same_problem(conditions: list[dict[str, Any]], reason: str, message: str) -> bool:
+    c = get_condition(conditions, "Ready") or {}
+    return c.get("reason") == reason and c.get("message") == message

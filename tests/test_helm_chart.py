@@ -94,6 +94,17 @@ CLUSTER_MODE = {
         },
         {"name": "audit", "partitions": 1, "cluster": "other"},
     ],
+    "users": [
+        {
+            "name": "billing",
+            "authorization": {
+                "acls": [
+                    {"resource": {"type": "topic", "name": "orders"}, "operations": ["Write"]},
+                    {"resource": {"type": "cluster"}, "operations": ["IdempotentWrite"]},
+                ]
+            },
+        },
+    ],
 }
 EVERYTHING = {
     **CLUSTER_MODE,
@@ -637,6 +648,13 @@ def test_chart_cluster_and_topics_are_valid_custom_resources(tmp_path: Path) -> 
         "config": {"retention.ms": "604800000"},
     }
     assert validate(only(objs, "Topic", "audit"))["cluster"] == "other"
+    billing = validate(only(objs, "User", "billing"))
+    assert billing["cluster"] == "demo"
+    assert billing["authentication"] == {"type": "scram-sha-512"}
+    assert billing["authorization"]["acls"][0] == {
+        "resource": {"type": "topic", "name": "orders", "patternType": "literal"},
+        "operations": ["Write"], "host": "*", "type": "allow",
+    }  # fmt: skip
     # spec is passed through: what a user sets wins, including the image.
     objs = render(
         tmp_path,

@@ -1127,3 +1127,47 @@ def test_user_problems_are_conditions_or_refused_by_the_api_server(
         out = kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(user_doc("bad", [acl])),
                            check=False)  # fmt: skip
         assert out.returncode != 0 and message in out.stderr, out.stderr
+
+
+# --- TLS: the cluster CA and the brokers' certificates --------------------------------
+
+
+def test_tls_cluster_gets_a_ca_and_broker_certificates(kube: Any, operator: Operator) -> None:
+    import base64
+
+    from straitmq.operator import pki
+
+    body = mqcluster("sealed", 2, listeners={"kafka": {"tls": True}})
+    kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(body))
+
+    def secret(name: str) -> dict[str, str]:
+        data = get_json(kube, "secret", name, "-n", NS)["data"]
+        return {k: base64.b64decode(v).decode() for k, v in data.items()}
+
+    certs = kube.wait_for(lambda: secret("sealed-broker-certs"), 60, "broker certificates")
+    ca = secret("sealed-cluster-ca")
+    assert sorted(ca) == ["ca.crt", "ca.key"]
+    assert secret("sealed-cluster-ca-cert") == {"ca.crt": ca["ca.crt"]}
+    assert sorted(certs) == ["ca.crt", "sealed-broker-0.pem", "sealed-broker-1.pem"]
+    for i in (0, 1):
+        leaf = pki.certificate(certs[f"sealed-broker-{i}.pem"])
+        assert pki.signed_by(leaf, ca["ca.crt"])
+        assert f"sealed-broker-{i}.sealed-broker.{NS}.svc" in pki.dns_names(leaf)
+    owner = get_json(kube, "secret", "sealed-cluster-ca", "-n", NS)["metadata"]["ownerReferences"]
+    assert [(o["kind"], o["name"]) for o in owner] == [("MQCluster", "sealed")]
+    sts = kube.wait_for(lambda: get_json(kube, "statefulset", "sealed-broker", "-n", NS), 60,
+                        "broker StatefulSet")  # fmt: skip
+    pod = sts["spec"]["template"]["spec"]
+    volume = {"name": "certs", "secret": {"secretName": "sealed-broker-certs", "defaultMode": 420}}
+    assert volume in pod["volumes"]
+    args = " ".join(pod["containers"][0]["args"])
+    assert "listener.security.protocol.map=REPLICATION:PLAINTEXT,CLIENT:SSL" in args
+    assert "ssl.keystore.location=/opt/straitmq/certs/$(POD_NAME).pem" in args
+
+    # Scaling up issues the new pod's certificate and leaves the others alone.
+    kube.kubectl("scale", "mqcluster/sealed", "-n", NS, "--replicas=3")
+    grown = kube.wait_for(lambda: (s := secret("sealed-broker-certs")) and len(s) == 4 and s,
+                          60, "a third certificate")  # fmt: skip
+    assert grown["sealed-broker-0.pem"] == certs["sealed-broker-0.pem"]
+    assert secret("sealed-cluster-ca") == ca
+    kube.kubectl("delete", "mqcluster", "sealed", "-n", NS, "--wait=false")

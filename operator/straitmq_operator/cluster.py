@@ -16,8 +16,8 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 from kubernetes.utils import parse_quantity
 
+from . import certificates, planning, render
 from . import names as n
-from . import planning, render
 from .admin import AdminClient, AdminError, Topic
 from .conditions import get_condition, set_condition
 from .kube import Kube, ordinal, pod_ready
@@ -142,6 +142,9 @@ class ClusterReconciler:
                     p.scaling = {"adding": [b for b in prev if b < want], "removing": []}
             # Apply answers with the stored object, status included: the StatefulSets
             # as they are now, with no second read.
+            if spec.kafka_tls:  # before the pods that mount them
+                await certificates.ensure(self.kube, spec, max(replicas, current or 0),
+                                          self.emit)  # fmt: skip
             sets: dict[str, dict[str, Any]] = {}
             for obj in render.objects(spec, replicas):
                 try:

@@ -23,6 +23,11 @@ CONTROLLER_ID_BASE = 1000
 BROKER = "broker"
 CONTROLLER = "controller"
 
+CERTS_VOLUME = "certs"
+CERTS_DIR = "/opt/straitmq/certs"
+REPLICATION_LISTENER = "REPLICATION"  # brokers' own listener when clients get TLS
+CLIENT_LISTENER = "CLIENT"
+
 # Rack awareness: broker pods' init container writes the node's rack label here.
 RACK_VOLUME = "rack"
 RACK_DIR = "/opt/straitmq/rack"
@@ -66,6 +71,20 @@ def headless_service(cluster: str, component: str) -> str:
 
 def bootstrap_service(cluster: str) -> str:
     return f"{cluster}-bootstrap"
+
+
+# TLS (spec.listeners.kafka.tls): the cluster CA's key and certificate, the certificate
+# alone (for clients to trust), and the brokers' keystores, one `<pod>.pem` each.
+def cluster_ca_secret(cluster: str) -> str:
+    return f"{cluster}-cluster-ca"
+
+
+def cluster_ca_cert_secret(cluster: str) -> str:
+    return f"{cluster}-cluster-ca-cert"
+
+
+def broker_certs_secret(cluster: str) -> str:
+    return f"{cluster}-broker-certs"
 
 
 def config_map(cluster: str) -> str:

@@ -67,6 +67,8 @@ def config_hash(spec: ClusterSpec) -> str:
     ]
     if spec.rack_topology_key:  # only then, so clusters without one keep their hash
         parts.append({"rack": spec.rack_topology_key})
+    if spec.kafka_tls:  # likewise
+        parts.append({"tls": tls_args(spec)})
     data = orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(data).hexdigest()[:16]
 
@@ -298,6 +300,24 @@ def controller_statefulset(spec: ClusterSpec) -> dict[str, Any]:
     )
 
 
+def tls_args(spec: ClusterSpec) -> list[str]:
+    """A broker's listeners when clients get TLS: CLIENT (SSL, the kafka port, its
+    certificate from the cluster CA) and REPLICATION (PLAINTEXT, between brokers)."""
+    headless = n.headless_service(spec.name, n.BROKER)
+    me = f"$(POD_NAME).{headless}.$(POD_NAMESPACE).svc"
+    repl, client = n.REPLICATION_LISTENER, n.CLIENT_LISTENER
+    return [
+        f"--override=listeners={repl}://0.0.0.0:{spec.replication_port},"
+        f"{client}://0.0.0.0:{spec.kafka_port}",
+        f"--override=advertised.listeners={repl}://{me}:{spec.replication_port},"
+        f"{client}://{me}:{spec.kafka_port}",
+        f"--override=listener.security.protocol.map={repl}:PLAINTEXT,{client}:SSL",
+        f"--override=inter.broker.listener.name={repl}",
+        f"--override=listener.name.{client.lower()}.ssl.keystore.location="
+        f"{n.CERTS_DIR}/$(POD_NAME).pem",
+    ]
+
+
 def broker_statefulset(spec: ClusterSpec, replicas: int) -> dict[str, Any]:
     headless = n.headless_service(spec.name, n.BROKER)
     container = {
@@ -328,6 +348,7 @@ def broker_statefulset(spec: ClusterSpec, replicas: int) -> dict[str, Any]:
         **_probes("http"),
     }
     pod_extra: dict[str, Any] = {"serviceAccountName": n.broker_service_account(spec.name)}
+    volumes: list[dict[str, Any]] = []
     if spec.rack_topology_key:
         mount = {"name": n.RACK_VOLUME, "mountPath": n.RACK_DIR}
         container["args"].append(f"--rack-file={n.RACK_FILE}")
@@ -335,8 +356,21 @@ def broker_statefulset(spec: ClusterSpec, replicas: int) -> dict[str, Any]:
         pod_extra |= {
             "automountServiceAccountToken": True,
             "initContainers": [rack_init_container(spec, mount)],
-            "volumes": [{"name": n.RACK_VOLUME, "emptyDir": {"sizeLimit": "1Mi"}}],
         }
+        volumes.append({"name": n.RACK_VOLUME, "emptyDir": {"sizeLimit": "1Mi"}})
+    if spec.kafka_tls:
+        # The mounted Secret follows a renewal; the broker reloads the file
+        # (ssl.reload.interval.ms), so no restart.
+        container["args"].extend(tls_args(spec))
+        container["ports"].append({"name": "replication", "containerPort": spec.replication_port})
+        container["volumeMounts"].append(
+            {"name": n.CERTS_VOLUME, "mountPath": n.CERTS_DIR, "readOnly": True}
+        )
+        volumes.append(
+            {"name": n.CERTS_VOLUME, "secret": {"secretName": n.broker_certs_secret(spec.name)}}
+        )
+    if volumes:
+        pod_extra["volumes"] = volumes
     # A drained broker's volume holds nothing the cluster needs: drop it on scale down.
     return _statefulset(
         spec,

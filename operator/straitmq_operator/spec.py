@@ -58,6 +58,10 @@ class ClusterSpec:
     kafka_port: int = 9092
     http_port: int = 8080
     controller_port: int = 9093
+    # listeners.kafka.tls: clients get SSL with a certificate from the cluster CA, and the
+    # brokers replicate over their own listener on replication_port.
+    kafka_tls: bool = False
+    replication_port: int = 9091
     metrics_enabled: bool = True
     otlp_endpoint: str | None = None
 
@@ -123,6 +127,16 @@ def parse(body: dict[str, Any]) -> ClusterSpec:
     replicas = int(brokers.get("replicas", 3))
     if replicas < 1:
         raise SpecError("spec.brokers.replicas must be at least 1")
+    kafka = listeners.get("kafka") or {}
+    replication_port = int((listeners.get("replication") or {}).get("port", 9091))
+    if kafka.get("tls") and replication_port in (
+        int(kafka.get("port", 9092)),
+        int((listeners.get("http") or {}).get("port", 8080)),
+    ):
+        raise SpecError(
+            f"spec.listeners.replication.port {replication_port} is taken by the kafka or "
+            "http listener; the brokers replicate on their own port when kafka.tls is on"
+        )
     return ClusterSpec(
         name=meta["name"],
         namespace=meta.get("namespace") or "default",
@@ -140,6 +154,8 @@ def parse(body: dict[str, Any]) -> ClusterSpec:
         kafka_port=int((listeners.get("kafka") or {}).get("port", 9092)),
         http_port=int((listeners.get("http") or {}).get("port", 8080)),
         controller_port=int((listeners.get("controller") or {}).get("port", 9093)),
+        kafka_tls=bool((listeners.get("kafka") or {}).get("tls", False)),
+        replication_port=replication_port,
         metrics_enabled=bool(metrics.get("enabled", True)),
         otlp_endpoint=metrics.get("otlpEndpoint") or None,
     )

@@ -1,0 +1,89 @@
+"""The cluster CA and the brokers' certificates, kept in Secrets (spec.listeners.kafka.tls).
+
+- `<cluster>-cluster-ca`: the CA's key and certificate (`ca.key`, `ca.crt`), made once.
+- `<cluster>-cluster-ca-cert`: `ca.crt` alone, for clients to trust.
+- `<cluster>-broker-certs`: `ca.crt` and one PEM keystore per broker pod, `<pod>.pem`
+  (key, certificate, CA), with the pod's DNS names (its name under the brokers' headless
+  Service) and the bootstrap Service's. A keystore is issued again when it is missing,
+  from another CA, names other hosts, or has less than 30 days left; the brokers reload
+  the mounted file, so no restart.
+
+Every Secret has the MQCluster as its owner: deleting the cluster deletes its CA.
+"""
+
+from __future__ import annotations
+
+import base64
+from datetime import datetime
+from typing import Any
+
+from . import names as n
+from . import pki
+from .kube import Kube
+from .render import owner_reference
+from .spec import ClusterSpec
+
+
+def broker_dns_names(spec: ClusterSpec, ordinal: int) -> list[str]:
+    pod = n.pod_dns(spec.name, n.BROKER, ordinal, spec.namespace)
+    boot = f"{n.bootstrap_service(spec.name)}.{spec.namespace}.svc"
+    return [pod, f"{pod}.cluster.local", boot, f"{boot}.cluster.local"]
+
+
+def _values(secret: dict[str, Any] | None) -> dict[str, str]:
+    data = (secret or {}).get("data") or {}
+    return {k: base64.b64decode(v).decode() for k, v in data.items() if v is not None}
+
+
+def _secret(spec: ClusterSpec, name: str, data: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": name,
+            "namespace": spec.namespace,
+            "labels": n.labels(spec.name, "certificates"),
+            "ownerReferences": [owner_reference(spec)],
+        },
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in sorted(data.items())},
+    }
+
+
+async def ensure(
+    kube: Kube, spec: ClusterSpec, brokers: int, emit: Any, now: datetime | None = None
+) -> list[str]:
+    """Make the CA if there is none and issue what brokers 0..brokers-1 lack; returns
+    the keystores issued this pass (pod names with why), for the caller's Event."""
+    ns = spec.namespace
+    ca_name = n.cluster_ca_secret(spec.name)
+    ca = _values(await kube.get("v1", "Secret", ns, ca_name))
+    if not ca.get("ca.key") or not ca.get("ca.crt"):
+        key, crt = pki.new_ca(spec.name, ns, now)
+        ca = {"ca.key": key, "ca.crt": crt}
+        await kube.apply(_secret(spec, ca_name, ca))
+        emit("Normal", "ClusterCaCreated", f"cluster CA created in Secret '{ca_name}'")
+    public_name = n.cluster_ca_cert_secret(spec.name)
+    public = _values(await kube.get("v1", "Secret", ns, public_name))
+    if public.get("ca.crt") != ca["ca.crt"]:
+        await kube.apply(_secret(spec, public_name, {"ca.crt": ca["ca.crt"]}))
+
+    certs_name = n.broker_certs_secret(spec.name)
+    stored = await kube.get("v1", "Secret", ns, certs_name)
+    data = _values(stored)
+    issued: list[str] = []
+    for ordinal in range(brokers):
+        pod = f"{n.statefulset(spec.name, n.BROKER)}-{ordinal}"
+        names = broker_dns_names(spec, ordinal)
+        why = pki.needs_new(data.get(f"{pod}.pem"), ca["ca.crt"], names, now)
+        if why is None:
+            continue
+        key, crt = pki.issue(ca["ca.key"], ca["ca.crt"], f"{spec.name}-broker", names, now)
+        data[f"{pod}.pem"] = pki.keystore(key, crt, ca["ca.crt"])
+        issued.append(f"{pod} ({why})")
+    if stored is None or issued or data.get("ca.crt") != ca["ca.crt"]:
+        data["ca.crt"] = ca["ca.crt"]
+        await kube.apply(_secret(spec, certs_name, data))
+    if issued:
+        emit("Normal", "CertificatesIssued", f"broker certificates issued: {', '.join(issued)}")
+    return issued

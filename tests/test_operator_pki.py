@@ -1,0 +1,229 @@
+"""The operator's cluster CA and broker certificates (straitmq.operator.pki and
+.certificates): what is issued, when it is issued again, how a TLS MQCluster's brokers are
+rendered, and that a broker serves the operator's keystore to a client that trusts only
+the cluster CA (and picks up a renewed one without a restart)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import socket
+import ssl
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import BrokerProcess
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
+from straitmq.operator import certificates, pki, render
+from straitmq.operator import names as n
+from straitmq.operator.spec import SpecError, parse
+
+from straitmq.cli.local_cluster import free_port
+
+UID = "6f1c2d4e-0000-4000-8000-00000000abcd"
+NOW = datetime(2026, 11, 25, tzinfo=UTC)
+
+
+def body(**spec: Any) -> dict:
+    return {
+        "apiVersion": "straitmq.io/v1alpha1",
+        "kind": "MQCluster",
+        "metadata": {"name": "demo", "namespace": "prod", "uid": UID},
+        "spec": {"image": "straitmq:1", **spec},
+    }
+
+
+TLS = {"kafka": {"tls": True}}
+
+
+class FakeKube:
+    """Secrets by (namespace, name), as get/apply see them."""
+
+    def __init__(self) -> None:
+        self.secrets: dict[tuple[str, str], dict] = {}
+        self.applies = 0
+
+    async def get(self, api_version: str, kind: str, ns: str, name: str) -> dict | None:
+        assert (api_version, kind) == ("v1", "Secret")
+        return self.secrets.get((ns, name))
+
+    async def apply(self, obj: dict) -> dict:
+        self.applies += 1
+        self.secrets[(obj["metadata"]["namespace"], obj["metadata"]["name"])] = obj
+        return obj
+
+    def value(self, name: str, key: str) -> str:
+        return base64.b64decode(self.secrets[("prod", name)]["data"][key]).decode()
+
+
+def ensure(kube: FakeKube, brokers: int, now: datetime = NOW) -> tuple[list[str], list]:
+    events: list = []
+    spec = parse(body(listeners=TLS))
+    issued = asyncio.run(certificates.ensure(
+        kube, spec, brokers, lambda *e: events.append(e), now  # type: ignore[arg-type]
+    ))  # fmt: skip
+    return issued, events
+
+
+def test_ca_and_broker_certificates() -> None:
+    ca_key, ca_crt = pki.new_ca("demo", "prod", NOW)
+    ca = x509.load_pem_x509_certificate(ca_crt.encode())
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert ca.not_valid_after_utc - NOW > timedelta(days=4 * 365)
+    names = certificates.broker_dns_names(parse(body()), 1)
+    assert names == [
+        "demo-broker-1.demo-broker.prod.svc",
+        "demo-broker-1.demo-broker.prod.svc.cluster.local",
+        "demo-bootstrap.prod.svc",
+        "demo-bootstrap.prod.svc.cluster.local",
+    ]
+    key, crt = pki.issue(ca_key, ca_crt, "demo-broker", names, NOW)
+    cert = pki.certificate(crt)
+    assert pki.signed_by(cert, ca_crt) and pki.dns_names(cert) == names
+    usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH} <= set(usage)
+    store = pki.keystore(key, crt, ca_crt)
+    assert store.startswith("-----BEGIN PRIVATE KEY-----") and store.count("CERTIFICATE-----") == 4
+    assert pki.needs_new(store, ca_crt, names, NOW) is None
+    # Why one is issued again.
+    _, other_ca = pki.new_ca("demo", "prod", NOW)
+    assert pki.needs_new(None, ca_crt, names, NOW) == "no certificate yet"
+    assert pki.needs_new(store, other_ca, names, NOW) == "signed by another CA"
+    assert pki.needs_new(store, ca_crt, names[:2], NOW) == "its DNS names changed"
+    assert pki.needs_new(store, ca_crt, names, NOW + timedelta(days=330)) is None
+    late = pki.needs_new(store, ca_crt, names, NOW + timedelta(days=340))
+    assert late is not None and late.startswith("it expires")
+    assert pki.needs_new("garbage", ca_crt, names, NOW) == "the certificate cannot be read"
+
+
+def test_ensure_makes_the_ca_once_and_issues_only_what_is_missing_or_due() -> None:
+    kube = FakeKube()
+    issued, events = ensure(kube, 3)
+    assert [i.split()[0] for i in issued] == ["demo-broker-0", "demo-broker-1", "demo-broker-2"]
+    assert [e[1] for e in events] == ["ClusterCaCreated", "CertificatesIssued"]
+    ca_crt = kube.value("demo-cluster-ca", "ca.crt")
+    assert kube.value("demo-cluster-ca-cert", "ca.crt") == ca_crt
+    assert "ca.key" not in kube.secrets[("prod", "demo-cluster-ca-cert")]["data"]
+    certs = kube.secrets[("prod", "demo-broker-certs")]
+    assert sorted(certs["data"]) == ["ca.crt", *(f"demo-broker-{i}.pem" for i in range(3))]
+    assert certs["metadata"]["ownerReferences"][0]["kind"] == "MQCluster"
+    first = kube.value("demo-broker-certs", "demo-broker-1.pem")
+
+    applies = kube.applies
+    assert ensure(kube, 3) == ([], [])  # nothing to do: nothing written
+    assert kube.applies == applies
+    issued, _ = ensure(kube, 4)  # scale up: the new pod's only
+    assert issued == ["demo-broker-3 (no certificate yet)"]
+    assert kube.value("demo-broker-certs", "demo-broker-1.pem") == first
+    # Renewal: 30 days before expiry, every broker's, same CA.
+    issued, events = ensure(kube, 4, NOW + timedelta(days=340))
+    assert len(issued) == 4 and all("it expires" in i for i in issued)
+    assert kube.value("demo-cluster-ca", "ca.crt") == ca_crt
+    assert kube.value("demo-broker-certs", "demo-broker-1.pem") != first
+
+
+def test_tls_spec_renders_listeners_and_the_certificates_volume() -> None:
+    plain = parse(body())
+    tls = parse(body(listeners=TLS))
+    assert not plain.kafka_tls and tls.kafka_tls and tls.replication_port == 9091
+    sts = render.broker_statefulset(tls, 3)
+    pod = sts["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert render.tls_args(tls) == [a for a in c["args"] if a.startswith("--override=")]
+    args = " ".join(c["args"])
+    assert "listener.security.protocol.map=REPLICATION:PLAINTEXT,CLIENT:SSL" in args
+    assert (
+        "advertised.listeners=REPLICATION://$(POD_NAME).demo-broker.$(POD_NAMESPACE).svc:9091,"
+        "CLIENT://$(POD_NAME).demo-broker.$(POD_NAMESPACE).svc:9092"
+    ) in args
+    assert f"ssl.keystore.location={n.CERTS_DIR}/$(POD_NAME).pem" in args
+    assert {"name": "certs", "secret": {"secretName": "demo-broker-certs"}} in pod["volumes"]
+    assert {"name": "certs", "mountPath": n.CERTS_DIR, "readOnly": True} in c["volumeMounts"]
+    assert {"name": "replication", "containerPort": 9091} in c["ports"]
+    # Turning TLS on rolls the brokers; a cluster without it renders as before.
+    assert render.config_hash(tls) != render.config_hash(plain)
+    plain_pod = render.broker_statefulset(plain, 3)["spec"]["template"]["spec"]
+    assert "volumes" not in plain_pod
+    assert not [a for a in plain_pod["containers"][0]["args"] if "listeners" in a]
+    with pytest.raises(SpecError, match=r"replication\.port 9092 is taken"):
+        parse(body(listeners={"kafka": {"tls": True}, "replication": {"port": 9092}}))
+
+
+def _served_certificate(port: int, ca_file: str, hostname: str) -> x509.Certificate:
+    """The certificate the broker shows a client that trusts only `ca_file` and checks
+    `hostname` against it (as a client reaching the pod by its DNS name would)."""
+    ctx = ssl.create_default_context(cafile=ca_file)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        with ctx.wrap_socket(raw, server_hostname=hostname) as tls:
+            der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der)
+
+
+def test_a_broker_serves_the_operators_keystore_and_follows_a_renewal(tmp_path: Path) -> None:
+    from confluent_kafka import Consumer, Producer
+
+    kube = FakeKube()
+    ensure(kube, 1, datetime.now(UTC) - timedelta(days=340))  # 25 days left
+    (tmp_path / "ca.crt").write_text(kube.value("demo-cluster-ca-cert", "ca.crt"))
+    store = tmp_path / "demo-broker-0.pem"
+    store.write_text(kube.value("demo-broker-certs", "demo-broker-0.pem"))
+    repl, client = free_port(), free_port()
+    props = [  # what tls_args sets, on local ports
+        f"listeners=REPLICATION://127.0.0.1:{repl},CLIENT://127.0.0.1:{client}",
+        "listener.security.protocol.map=REPLICATION:PLAINTEXT,CLIENT:SSL",
+        "inter.broker.listener.name=REPLICATION",
+        f"listener.name.client.ssl.keystore.location={store}",
+        "listener.name.client.ssl.reload.interval.ms=100",
+    ]
+    (tmp_path / "server.properties").write_text("\n".join(props) + "\n")
+    b = BrokerProcess(tmp_path / "data", port=repl,
+                      extra_args=["--properties", str(tmp_path / "server.properties")])  # fmt: skip
+    b.start()
+    try:
+        pod_name = "demo-broker-0.demo-broker.prod.svc"
+        first = _served_certificate(client, str(tmp_path / "ca.crt"), pod_name)
+        assert pod_name in pki.dns_names(first)
+        with pytest.raises(ssl.SSLCertVerificationError):  # a name it was not issued for
+            _served_certificate(client, str(tmp_path / "ca.crt"), "elsewhere.prod.svc")
+        conf = {
+            "bootstrap.servers": f"127.0.0.1:{client}",
+            "security.protocol": "SSL",
+            "ssl.ca.location": str(tmp_path / "ca.crt"),
+            # The broker advertises 127.0.0.1 here, a name the certificate does not hold
+            # (the hostname is checked above with the pod's name).
+            "ssl.endpoint.identification.algorithm": "none",
+        }
+        p = Producer(conf)
+        p.produce("tls-topic", value=b"over TLS")
+        assert p.flush(30) == 0
+        c = Consumer({**conf, "group.id": "g", "auto.offset.reset": "earliest"})
+        c.subscribe(["tls-topic"])
+        deadline = time.monotonic() + 30
+        got = None
+        while got is None and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None and m.error() is None:
+                got = m.value()
+        c.close()
+        assert got == b"over TLS"
+
+        # Renewal (30 days before expiry): the operator rewrites the Secret, the kubelet
+        # the mounted file; the broker serves the new certificate without a restart.
+        issued, _ = ensure(kube, 1, datetime.now(UTC))
+        assert len(issued) == 1 and "it expires" in issued[0]
+        store.write_text(kube.value("demo-broker-certs", "demo-broker-0.pem"))
+        deadline = time.monotonic() + 10
+        while True:
+            now_served = _served_certificate(client, str(tmp_path / "ca.crt"), pod_name)
+            if now_served.serial_number != first.serial_number:
+                break
+            assert time.monotonic() < deadline, "the renewed certificate is not served"
+            time.sleep(0.2)
+        assert b.proc is not None and b.proc.poll() is None
+    finally:
+        b.stop()

@@ -404,8 +404,22 @@ def test_helm_install_registers_crds_and_operator_rbac(installed: Any) -> None:
         (topic("negative", "demo", -1), "spec.partitions"),
         (topic("bad-rf", "demo", 1, rf=0), "spec.replicationFactor"),
         ({**topic("no-cluster", "demo", 1), "spec": {"partitions": 1}}, "spec.cluster"),
+        (
+            mqcluster("acl-no-tls", authorization={"type": "simple"}),
+            "authorization needs listeners.kafka.tls",
+        ),
+        (
+            mqcluster(
+                "scram-no-tls",
+                listeners={"kafka": {"authentication": {"type": "scram-sha-512"}}},
+            ),
+            "listeners.kafka.authentication needs listeners.kafka.tls",
+        ),
     ],
-    ids=["2-controllers", "0-brokers", "negative-partitions", "rf-0", "no-cluster"],
+    ids=[
+        "2-controllers", "0-brokers", "negative-partitions", "rf-0", "no-cluster",
+        "authorization-without-tls", "authentication-without-tls",
+    ],
 )
 def test_api_server_rejects_invalid_resources(installed: Any, doc: dict, message: str) -> None:
     out = installed.kubectl(
@@ -1137,7 +1151,9 @@ def test_tls_cluster_gets_a_ca_and_broker_certificates(kube: Any, operator: Oper
 
     from straitmq.operator import pki
 
-    body = mqcluster("sealed", 2, listeners={"kafka": {"tls": True}})
+    kafka = {"tls": True, "authentication": {"type": "scram-sha-512"}}
+    body = mqcluster("sealed", 2, listeners={"kafka": kafka},
+                     authorization={"type": "simple", "superUsers": ["User:ops"]})  # fmt: skip
     kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(body))
 
     def secret(name: str) -> dict[str, str]:
@@ -1161,7 +1177,8 @@ def test_tls_cluster_gets_a_ca_and_broker_certificates(kube: Any, operator: Oper
     volume = {"name": "certs", "secret": {"secretName": "sealed-broker-certs", "defaultMode": 420}}
     assert volume in pod["volumes"]
     args = " ".join(pod["containers"][0]["args"])
-    assert "listener.security.protocol.map=REPLICATION:PLAINTEXT,CLIENT:SSL" in args
+    assert "listener.security.protocol.map=REPLICATION:SSL,CLIENT:SASL_SSL" in args
+    assert "super.users=User:CN=sealed-broker,O=straitmq;User:ops" in args
     assert "ssl.keystore.location=/opt/straitmq/certs/$(POD_NAME).pem" in args
 
     # Scaling up issues the new pod's certificate and leaves the others alone.

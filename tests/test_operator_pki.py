@@ -135,7 +135,7 @@ def test_tls_spec_renders_listeners_and_the_certificates_volume() -> None:
     (c,) = pod["containers"]
     assert render.tls_args(tls) == [a for a in c["args"] if a.startswith("--override=")]
     args = " ".join(c["args"])
-    assert "listener.security.protocol.map=REPLICATION:PLAINTEXT,CLIENT:SSL" in args
+    assert "listener.security.protocol.map=REPLICATION:SSL,CLIENT:SSL" in args
     assert (
         "advertised.listeners=REPLICATION://$(POD_NAME).demo-broker.$(POD_NAMESPACE).svc:9091,"
         "CLIENT://$(POD_NAME).demo-broker.$(POD_NAMESPACE).svc:9092"
@@ -173,7 +173,7 @@ def test_a_broker_serves_the_operators_keystore_and_follows_a_renewal(tmp_path: 
     store = tmp_path / "demo-broker-0.pem"
     store.write_text(kube.value("demo-broker-certs", "demo-broker-0.pem"))
     repl, client = free_port(), free_port()
-    props = [  # what tls_args sets, on local ports
+    props = [  # the CLIENT listener as tls_args sets it, on local ports, with a fast reload
         f"listeners=REPLICATION://127.0.0.1:{repl},CLIENT://127.0.0.1:{client}",
         "listener.security.protocol.map=REPLICATION:PLAINTEXT,CLIENT:SSL",
         "inter.broker.listener.name=REPLICATION",
@@ -227,3 +227,121 @@ def test_a_broker_serves_the_operators_keystore_and_follows_a_renewal(tmp_path: 
         assert b.proc is not None and b.proc.poll() is None
     finally:
         b.stop()
+
+
+def _local_properties(spec: Any, certs: Path, repl: int, client: int) -> list[str]:
+    """render.tls_args for pod 0, on local ports: every setting as the pod gets it, with
+    the pod's paths, ports and advertised names mapped to this machine."""
+    pod, ns = "demo-broker-0", "prod"
+    out = []
+    for arg in render.tls_args(spec):
+        prop = arg.removeprefix("--override=")
+        prop = prop.replace("$(POD_NAME).demo-broker.$(POD_NAMESPACE).svc", "127.0.0.1")
+        prop = prop.replace("$(POD_NAME)", pod).replace("$(POD_NAMESPACE)", ns)
+        prop = prop.replace(n.CERTS_DIR, str(certs))
+        prop = prop.replace(f"0.0.0.0:{spec.replication_port}", f"127.0.0.1:{repl}")
+        prop = prop.replace(f"0.0.0.0:{spec.kafka_port}", f"127.0.0.1:{client}")
+        prop = prop.replace(f"127.0.0.1:{spec.replication_port}", f"127.0.0.1:{repl}")
+        prop = prop.replace(f"127.0.0.1:{spec.kafka_port}", f"127.0.0.1:{client}")
+        out.append(prop)
+    return out
+
+
+def test_secured_spec_scram_clients_acls_and_brokers_by_certificate(tmp_path: Path) -> None:
+    """listeners.kafka {tls, authentication scram-sha-512} + authorization simple, as
+    rendered: clients need a SCRAM login and ACLs on CLIENT; REPLICATION takes only a
+    certificate from the cluster CA, whose principal (the brokers') is a super user."""
+    from confluent_kafka import KafkaError, KafkaException, Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from straitmq.admin_client import request_sync
+
+    spec = parse(body(listeners={"kafka": {"tls": True,
+                                           "authentication": {"type": "scram-sha-512"}}},
+                      authorization={"type": "simple", "superUsers": ["User:ops"]}))  # fmt: skip
+    assert spec.kafka_sasl == "SCRAM-SHA-512" and spec.authorization
+    kube = FakeKube()
+    ensure(kube, 1)
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    (certs / "ca.crt").write_text(kube.value("demo-broker-certs", "ca.crt"))
+    store = kube.value("demo-broker-certs", "demo-broker-0.pem")
+    (certs / "demo-broker-0.pem").write_text(store)
+    key_end = store.index("-----END PRIVATE KEY-----") + len("-----END PRIVATE KEY-----\n")
+    (certs / "client.key").write_text(store[:key_end])
+    (certs / "client.crt").write_text(store[key_end:])
+    repl, client = free_port(), free_port()
+    props = _local_properties(spec, certs, repl, client)
+    assert "super.users=User:CN=demo-broker,O=straitmq;User:ops" in props
+    (tmp_path / "server.properties").write_text("\n".join(props) + "\n")
+    b = BrokerProcess(tmp_path / "data", port=repl,
+                      extra_args=["--properties", str(tmp_path / "server.properties")])  # fmt: skip
+    b.start()
+    try:
+        tls = {"ssl.ca.location": str(certs / "ca.crt"),
+               "ssl.endpoint.identification.algorithm": "none"}  # fmt: skip
+        # A broker's certificate on REPLICATION: the brokers' principal, a super user.
+        as_broker = AdminClient({
+            "bootstrap.servers": f"127.0.0.1:{repl}", "security.protocol": "SSL", **tls,
+            "ssl.certificate.location": str(certs / "client.crt"),
+            "ssl.key.location": str(certs / "client.key"),
+        })  # fmt: skip
+        as_broker.create_topics([NewTopic("ledger", 1, 1)])["ledger"].result(timeout=30)
+        # No certificate: REPLICATION refuses the connection.
+        anonymous = AdminClient({"bootstrap.servers": f"127.0.0.1:{repl}",
+                                 "security.protocol": "SSL", **tls})  # fmt: skip
+        with pytest.raises(KafkaException):
+            anonymous.list_topics(timeout=4)
+
+        # A User's credential (as the operator sets it) on CLIENT, SASL_SSL: ACLs decide.
+        request_sync(b.http, "PUT", "/api/v1/users/app",
+                     {"mechanism": "SCRAM-SHA-512", "password": "app-pw"})  # fmt: skip
+        conf = {"bootstrap.servers": f"127.0.0.1:{client}", "security.protocol": "SASL_SSL",
+                "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "app",
+                "sasl.password": "app-pw", "message.timeout.ms": 10000, **tls}  # fmt: skip
+
+        def produce() -> Any:
+            outcome: list[Any] = []
+            p = Producer(conf)
+            p.produce("ledger", value=b"v", on_delivery=lambda err, msg: outcome.append(err))
+            p.flush(20)
+            return outcome[0].code() if outcome and outcome[0] is not None else None
+
+        assert produce() == KafkaError.TOPIC_AUTHORIZATION_FAILED  # no ACL: no access
+        acl = {"resource_type": "TOPIC", "resource_name": "ledger", "pattern_type": "LITERAL",
+               "principal": "User:app", "host": "*", "operation": "WRITE",
+               "permission": "ALLOW"}  # fmt: skip
+        request_sync(b.http, "POST", "/api/v1/acls", {"create": [acl]})
+        assert produce() is None
+        # SSL without SASL on CLIENT is refused.
+        plain_ssl = AdminClient({"bootstrap.servers": f"127.0.0.1:{client}",
+                                 "security.protocol": "SSL", **tls})  # fmt: skip
+        with pytest.raises(KafkaException):
+            plain_ssl.list_topics(timeout=4)
+    finally:
+        b.stop()
+
+
+def test_authentication_and_authorization_need_tls() -> None:
+    with pytest.raises(SpecError, match=r"need spec\.listeners\.kafka\.tls"):
+        parse(body(authorization={"type": "simple"}))
+    with pytest.raises(SpecError, match=r"need spec\.listeners\.kafka\.tls"):
+        parse(body(listeners={"kafka": {"authentication": {"type": "scram-sha-512"}}}))
+    args = render.tls_args(parse(body(listeners=TLS)))
+    assert not [a for a in args if "authorizer" in a or "sasl" in a]
+    assert "--override=listener.security.protocol.map=REPLICATION:SSL,CLIENT:SSL" in args
+
+
+def test_a_users_secret_names_the_protocol_and_the_ca_of_a_tls_cluster() -> None:
+    from straitmq.operator.user import UserReconciler
+
+    kube = FakeKube()
+    ensure(kube, 1)
+    r = UserReconciler(kube, lambda *e: None)  # type: ignore[arg-type]
+    kafka = {"tls": True, "authentication": {"type": "scram-sha-512"}}
+    got = asyncio.run(r._client_settings(parse(body(listeners={"kafka": kafka}))))
+    ca = kube.value("demo-cluster-ca-cert", "ca.crt")
+    assert got == {"security.protocol": "SASL_SSL", "ca.crt": ca}
+    got = asyncio.run(r._client_settings(parse(body(listeners=TLS))))
+    assert got == {"security.protocol": "SSL", "ca.crt": ca}
+    assert asyncio.run(r._client_settings(parse(body()))) == {}

@@ -300,22 +300,45 @@ def controller_statefulset(spec: ClusterSpec) -> dict[str, Any]:
     )
 
 
+AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+
+
+def broker_principal(spec: ClusterSpec) -> str:
+    """The principal of the brokers' certificates (pki.issue's subject, RFC 2253)."""
+    return f"User:CN={spec.name}-broker,O=straitmq"
+
+
 def tls_args(spec: ClusterSpec) -> list[str]:
-    """A broker's listeners when clients get TLS: CLIENT (SSL, the kafka port, its
-    certificate from the cluster CA) and REPLICATION (PLAINTEXT, between brokers)."""
+    """A broker's listeners when clients get TLS: CLIENT (the kafka port; SSL, or SASL_SSL
+    with listeners.kafka.authentication) and REPLICATION (SSL, between brokers only: each
+    shows its certificate from the cluster CA, ssl.client.auth=required). With
+    authorization, the StandardAuthorizer, the brokers' principal a super user."""
     headless = n.headless_service(spec.name, n.BROKER)
     me = f"$(POD_NAME).{headless}.$(POD_NAMESPACE).svc"
     repl, client = n.REPLICATION_LISTENER, n.CLIENT_LISTENER
-    return [
+    protocol = "SASL_SSL" if spec.kafka_sasl else "SSL"
+    args = [
         f"--override=listeners={repl}://0.0.0.0:{spec.replication_port},"
         f"{client}://0.0.0.0:{spec.kafka_port}",
         f"--override=advertised.listeners={repl}://{me}:{spec.replication_port},"
         f"{client}://{me}:{spec.kafka_port}",
-        f"--override=listener.security.protocol.map={repl}:PLAINTEXT,{client}:SSL",
+        f"--override=listener.security.protocol.map={repl}:SSL,{client}:{protocol}",
         f"--override=inter.broker.listener.name={repl}",
-        f"--override=listener.name.{client.lower()}.ssl.keystore.location="
-        f"{n.CERTS_DIR}/$(POD_NAME).pem",
+        f"--override=ssl.keystore.location={n.CERTS_DIR}/$(POD_NAME).pem",
+        f"--override=ssl.truststore.location={n.CERTS_DIR}/ca.crt",
+        f"--override=listener.name.{repl.lower()}.ssl.client.auth=required",
     ]
+    if spec.kafka_sasl:
+        args.append(
+            f"--override=listener.name.{client.lower()}.sasl.enabled.mechanisms={spec.kafka_sasl}"
+        )
+    if spec.authorization:
+        supers = ";".join([broker_principal(spec), *spec.super_users])
+        args += [
+            f"--override=authorizer.class.name={AUTHORIZER}",
+            f"--override=super.users={supers}",
+        ]
+    return args
 
 
 def broker_statefulset(spec: ClusterSpec, replicas: int) -> dict[str, Any]:

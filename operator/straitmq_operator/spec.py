@@ -62,6 +62,12 @@ class ClusterSpec:
     # brokers replicate over their own listener on replication_port.
     kafka_tls: bool = False
     replication_port: int = 9091
+    # listeners.kafka.authentication.type: SASL on the client listener (SCRAM-SHA-512 or
+    # -256); authorization.type simple: Kafka's StandardAuthorizer, with these super users
+    # besides the brokers' own certificate principal.
+    kafka_sasl: str | None = None
+    authorization: bool = False
+    super_users: tuple[str, ...] = ()
     metrics_enabled: bool = True
     otlp_endpoint: str | None = None
 
@@ -137,6 +143,17 @@ def parse(body: dict[str, Any]) -> ClusterSpec:
             f"spec.listeners.replication.port {replication_port} is taken by the kafka or "
             "http listener; the brokers replicate on their own port when kafka.tls is on"
         )
+    sasl = {"scram-sha-512": "SCRAM-SHA-512", "scram-sha-256": "SCRAM-SHA-256"}
+    auth_type = (kafka.get("authentication") or {}).get("type")
+    if auth_type is not None and auth_type not in sasl:
+        raise SpecError(f"spec.listeners.kafka.authentication.type {auth_type!r} is not one "
+                        f"of {', '.join(sasl)}")  # fmt: skip
+    authz = spec.get("authorization") or {}
+    if (auth_type or authz) and not kafka.get("tls"):
+        raise SpecError(
+            "spec.listeners.kafka.authentication and spec.authorization need "
+            "spec.listeners.kafka.tls: true (the brokers replicate with their certificates)"
+        )
     return ClusterSpec(
         name=meta["name"],
         namespace=meta.get("namespace") or "default",
@@ -156,6 +173,9 @@ def parse(body: dict[str, Any]) -> ClusterSpec:
         controller_port=int((listeners.get("controller") or {}).get("port", 9093)),
         kafka_tls=bool((listeners.get("kafka") or {}).get("tls", False)),
         replication_port=replication_port,
+        kafka_sasl=sasl.get(auth_type or ""),
+        authorization=authz.get("type") == "simple",
+        super_users=tuple(authz.get("superUsers") or ()),
         metrics_enabled=bool(metrics.get("enabled", True)),
         otlp_endpoint=metrics.get("otlpEndpoint") or None,
     )

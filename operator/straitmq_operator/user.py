@@ -218,7 +218,9 @@ class UserReconciler:
             async with AdminClient(admin_url(cluster, cspec), self.admin_timeout_s) as admin:
                 digest = credential_digest(meta["uid"], us.mechanism, password)
                 rotated = await self._credential(admin, us, password, digest, own)
-                await self._secret(body, us, password, digest, bootstrap_servers(cluster, cspec))
+                extra = await self._client_settings(cspec)
+                await self._secret(body, us, password, digest, bootstrap_servers(cluster, cspec),
+                                   extra)  # fmt: skip
                 status |= {"username": us.name, "secret": us.name}
                 count = await self._acls(admin, us)
         except UserProblem as e:
@@ -256,9 +258,22 @@ class UserReconciler:
             raise UserProblem(_reason(e), e.message) from None
         return changed
 
+    async def _client_settings(self, cspec: Any) -> dict[str, str]:
+        """What a client needs besides the password when the MQCluster's spec says how its
+        listener is secured: the cluster CA (`ca.crt`) and `security.protocol`."""
+        if not cspec.kafka_tls:
+            return {}
+        ca = await self.kube.get("v1", "Secret", cspec.namespace,
+                                 n.cluster_ca_cert_secret(cspec.name))  # fmt: skip
+        out = {"security.protocol": "SASL_SSL" if cspec.kafka_sasl else "SSL"}
+        if crt := _secret_value(ca, "ca.crt"):
+            out["ca.crt"] = crt
+        return out
+
     async def _secret(
-        self, body: dict[str, Any], us: UserSpec, password: str, digest: str, bootstrap: str
-    ) -> None:
+        self, body: dict[str, Any], us: UserSpec, password: str, digest: str, bootstrap: str,
+        extra: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
         meta = body["metadata"]
         data = {
             "username": us.name,
@@ -266,6 +281,7 @@ class UserReconciler:
             "sasl.mechanism": us.mechanism,
             "sasl.jaas.config": jaas_config(us.name, password),
             "bootstrap.servers": bootstrap,
+            **(extra or {}),
         }
         await self.kube.apply({
             "apiVersion": "v1",

@@ -1012,7 +1012,8 @@ def authn(kube: Any, operator: Any, tmp_path_factory: pytest.TempPathFactory) ->
             kube.wait_for(lambda name=name: made(name), 120, f"topic {name} on authn")
         yield standins
     finally:
-        kube.kubectl("delete", "users", "--all", "-n", NS, "--wait=false", check=False)
+        # While the brokers still answer: a User's finalizer removes its credential there.
+        kube.kubectl("delete", "users", "--all", "-n", NS, "--timeout=60s", check=False)
         standins.stop()
 
 

@@ -345,3 +345,42 @@ def test_a_users_secret_names_the_protocol_and_the_ca_of_a_tls_cluster() -> None
     got = asyncio.run(r._client_settings(parse(body(listeners=TLS))))
     assert got == {"security.protocol": "SSL", "ca.crt": ca}
     assert asyncio.run(r._client_settings(parse(body()))) == {}
+
+
+def test_ca_renewal_rolls_over_through_a_two_ca_bundle() -> None:
+    """A year before the CA expires a new one signs; both are trusted until the old one
+    expires, and brokers keep the old CA's certificates for a day (ROLLOVER_GRACE) so
+    every client has the bundle before a new-CA certificate is shown to it."""
+    kube = FakeKube()
+    day = timedelta(days=1)
+    ensure(kube, 2, NOW)
+    old_ca = kube.value("demo-cluster-ca", "ca.crt")
+    # Just before the CA's renewal: broker certificates renewed as usual, by the old CA.
+    before = NOW + pki.CA_VALIDITY - pki.CA_RENEW_BEFORE - 30 * day
+    issued, events = ensure(kube, 2, before)
+    assert len(issued) == 2 and [e[1] for e in events] == ["CertificatesIssued"]
+    leaf = kube.value("demo-broker-certs", "demo-broker-0.pem")
+    assert pki.signed_by(pki.certificate(leaf), old_ca)
+
+    at = before + 31 * day  # the CA has less than a year left
+    issued, events = ensure(kube, 2, at)
+    assert issued == [] and [e[1] for e in events] == ["ClusterCaRenewed"]
+    new_ca = kube.value("demo-cluster-ca", "ca.crt")
+    assert new_ca != old_ca and kube.value("demo-cluster-ca", "old-ca.crt") == old_ca
+    bundle = new_ca + old_ca
+    assert kube.value("demo-cluster-ca-cert", "ca.crt") == bundle
+    assert kube.value("demo-broker-certs", "ca.crt") == bundle
+    assert kube.value("demo-broker-certs", "demo-broker-0.pem") == leaf  # the grace
+    assert ensure(kube, 2, at + day / 2) == ([], [])
+
+    issued, _ = ensure(kube, 2, at + 2 * day)  # grace over: the new CA's certificates
+    assert len(issued) == 2 and all("signed by another CA" in i for i in issued)
+    renewed = pki.certificate(kube.value("demo-broker-certs", "demo-broker-0.pem"))
+    assert pki.signed_by(renewed, new_ca) and not pki.signed_by(renewed, old_ca)
+    assert kube.value("demo-cluster-ca-cert", "ca.crt") == bundle  # old still trusted
+
+    gone = NOW + pki.CA_VALIDITY + day  # the old CA expired: trusted no more
+    ensure(kube, 2, gone)
+    assert kube.value("demo-cluster-ca-cert", "ca.crt") == new_ca
+    assert kube.value("demo-broker-certs", "ca.crt") == new_ca
+    assert "old-ca.crt" not in kube.secrets[("prod", "demo-cluster-ca")]["data"]

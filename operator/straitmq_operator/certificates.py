@@ -1,12 +1,16 @@
 """The cluster CA and the brokers' certificates, kept in Secrets (spec.listeners.kafka.tls).
 
-- `<cluster>-cluster-ca`: the CA's key and certificate (`ca.key`, `ca.crt`), made once.
-- `<cluster>-cluster-ca-cert`: `ca.crt` alone, for clients to trust.
+- `<cluster>-cluster-ca`: the CA's key and certificate (`ca.key`, `ca.crt`), made once
+  and replaced a year before it expires (the old certificate kept as `old-ca.crt`, with
+  `renewed-at`, until it expires).
+- `<cluster>-cluster-ca-cert`: `ca.crt`, what clients trust: the CA's certificate, and
+  the old CA's during a rollover.
 - `<cluster>-broker-certs`: `ca.crt` and one PEM keystore per broker pod, `<pod>.pem`
   (key, certificate, CA), with the pod's DNS names (its name under the brokers' headless
   Service) and the bootstrap Service's. A keystore is issued again when it is missing,
   from another CA, names other hosts, or has less than 30 days left; the brokers reload
-  the mounted file, so no restart.
+  the mounted file, so no restart. After a CA renewal the old CA's certificates stay a
+  day (pki.ROLLOVER_GRACE), so everyone has the two-CA bundle before the new ones show.
 
 Every Secret has the MQCluster as its owner: deleting the cluster deletes its CA.
 """
@@ -14,7 +18,7 @@ Every Secret has the MQCluster as its owner: deleting the cluster deletes its CA
 from __future__ import annotations
 
 import base64
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from . import names as n
@@ -22,6 +26,9 @@ from . import pki
 from .kube import Kube
 from .render import owner_reference
 from .spec import ClusterSpec
+
+OLD_CA = "old-ca.crt"  # in <cluster>-cluster-ca during a rollover: the previous CA
+RENEWED_AT = "renewed-at"  # ... and when the new one was made (ISO 8601)
 
 
 def broker_dns_names(spec: ClusterSpec, ordinal: int) -> list[str]:
@@ -56,17 +63,35 @@ async def ensure(
     """Make the CA if there is none and issue what brokers 0..brokers-1 lack; returns
     the keystores issued this pass (pod names with why), for the caller's Event."""
     ns = spec.namespace
+    at = now or datetime.now(UTC)
     ca_name = n.cluster_ca_secret(spec.name)
     ca = _values(await kube.get("v1", "Secret", ns, ca_name))
     if not ca.get("ca.key") or not ca.get("ca.crt"):
-        key, crt = pki.new_ca(spec.name, ns, now)
+        key, crt = pki.new_ca(spec.name, ns, at)
         ca = {"ca.key": key, "ca.crt": crt}
         await kube.apply(_secret(spec, ca_name, ca))
         emit("Normal", "ClusterCaCreated", f"cluster CA created in Secret '{ca_name}'")
+    elif pki.due(pki.certificate(ca["ca.crt"]), at, pki.CA_RENEW_BEFORE):
+        key, crt = pki.new_ca(spec.name, ns, at)
+        ca = {"ca.key": key, "ca.crt": crt, OLD_CA: ca["ca.crt"], RENEWED_AT: at.isoformat()}
+        await kube.apply(_secret(spec, ca_name, ca))
+        emit("Normal", "ClusterCaRenewed",
+             f"new cluster CA in Secret '{ca_name}'; the old one stays trusted until it "
+             f"expires, broker certificates move to the new one after "
+             f"{pki.ROLLOVER_GRACE}")  # fmt: skip
+    old = ca.get(OLD_CA)
+    if old and pki.certificate(old).not_valid_after_utc <= at:  # expired: trusted no more
+        ca = {k: v for k, v in ca.items() if k not in (OLD_CA, RENEWED_AT)}
+        await kube.apply(_secret(spec, ca_name, ca))
+        old = None
+    # Trusted: the CA, and the one before it until it expires (the rollover).
+    bundle = ca["ca.crt"] + (old or "")
+    renewed = datetime.fromisoformat(ca[RENEWED_AT]) if RENEWED_AT in ca else at
+    still_serving = [old] if old and at - renewed < pki.ROLLOVER_GRACE else []
     public_name = n.cluster_ca_cert_secret(spec.name)
     public = _values(await kube.get("v1", "Secret", ns, public_name))
-    if public.get("ca.crt") != ca["ca.crt"]:
-        await kube.apply(_secret(spec, public_name, {"ca.crt": ca["ca.crt"]}))
+    if public.get("ca.crt") != bundle:
+        await kube.apply(_secret(spec, public_name, {"ca.crt": bundle}))
 
     certs_name = n.broker_certs_secret(spec.name)
     stored = await kube.get("v1", "Secret", ns, certs_name)
@@ -75,14 +100,14 @@ async def ensure(
     for ordinal in range(brokers):
         pod = f"{n.statefulset(spec.name, n.BROKER)}-{ordinal}"
         names = broker_dns_names(spec, ordinal)
-        why = pki.needs_new(data.get(f"{pod}.pem"), ca["ca.crt"], names, now)
+        why = pki.needs_new(data.get(f"{pod}.pem"), ca["ca.crt"], names, at, still_serving)
         if why is None:
             continue
-        key, crt = pki.issue(ca["ca.key"], ca["ca.crt"], f"{spec.name}-broker", names, now)
+        key, crt = pki.issue(ca["ca.key"], ca["ca.crt"], f"{spec.name}-broker", names, at)
         data[f"{pod}.pem"] = pki.keystore(key, crt, ca["ca.crt"])
         issued.append(f"{pod} ({why})")
-    if stored is None or issued or data.get("ca.crt") != ca["ca.crt"]:
-        data["ca.crt"] = ca["ca.crt"]
+    if stored is None or issued or data.get("ca.crt") != bundle:
+        data["ca.crt"] = bundle
         await kube.apply(_secret(spec, certs_name, data))
     if issued:
         emit("Normal", "CertificatesIssued", f"broker certificates issued: {', '.join(issued)}")

@@ -21,6 +21,12 @@ CERT_VALIDITY = timedelta(days=365)
 # A broker certificate is replaced once it has less than this left (brokers reload the
 # mounted file without a restart: ssl.reload.interval.ms).
 RENEW_BEFORE = timedelta(days=30)
+# The CA is replaced a year before it expires. The old one stays trusted (in every
+# `ca.crt` bundle) until it expires; broker certificates it signed are kept for
+# ROLLOVER_GRACE after the new CA is published, so that brokers and clients have the
+# bundle before any certificate of the new CA is shown to them.
+CA_RENEW_BEFORE = timedelta(days=365)
+ROLLOVER_GRACE = timedelta(days=1)
 _BACKDATE = timedelta(minutes=5)  # clocks a little behind still accept a new certificate
 _CA_USAGE = x509.KeyUsage(
     digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
@@ -143,17 +149,22 @@ def due(cert: x509.Certificate, now: datetime | None = None,
 
 
 def needs_new(
-    pem: str | None, ca_cert_pem: str, names: list[str], now: datetime | None = None
+    pem: str | None,
+    ca_cert_pem: str,
+    names: list[str],
+    now: datetime | None = None,
+    also_trusted: list[str] | tuple[str, ...] = (),
 ) -> str | None:
     """Why a broker's keystore must be issued again (a sentence), or None if it is good:
-    missing, unreadable, from another CA, other DNS names, or close to expiry."""
+    missing, unreadable, from another CA (than `ca_cert_pem` or `also_trusted`), other
+    DNS names, or close to expiry."""
     if not pem:
         return "no certificate yet"
     try:
         cert = certificate(pem)
     except ValueError:
         return "the certificate cannot be read"
-    if not signed_by(cert, ca_cert_pem):
+    if not any(signed_by(cert, ca) for ca in (ca_cert_pem, *also_trusted)):
         return "signed by another CA"
     if sorted(dns_names(cert)) != sorted(names):
         return "its DNS names changed"

@@ -297,34 +297,74 @@ def cmd_consume(a: argparse.Namespace) -> None:
             time.sleep(0.2)
 
 
+def _partitions(by_topic: dict[str, list[int]]) -> str:
+    """{topic: [0, 1, 2]} as "topic:0,1,2" (topics sorted, space separated), "-" if none."""
+    return (
+        " ".join(f"{t}:{','.join(str(p) for p in ps)}" for t, ps in sorted(by_topic.items()) if ps)
+        or "-"
+    )
+
+
+def _or_dash(v: Any) -> Any:
+    return "-" if v is None or v == "" else v
+
+
 def cmd_group(a: argparse.Namespace) -> None:
     if a.action == "list":
         groups = _request(a.http, "GET", "/api/v1/groups")["groups"]
-        print(
-            _table(
-                [[g["group_id"], g["state"], g["protocol_type"]] for g in groups],
-                ["GROUP", "STATE", "TYPE"],
-            )
-        )
-    else:
-        g = _request(a.http, "GET", f"/api/v1/groups/{urllib.parse.quote(a.group)}")
-        print(
-            f"group {g['group_id']}  state {g['state']}  assignor {g['protocol'] or '-'}  "
-            f"members {len(g['members'])}"
-        )
         rows = [
-            [
-                o["topic"],
-                o["partition"],
-                o["committed"],
-                o["end"],
-                o["lag"] if o["lag"] is not None else "-",
+            [g["group_id"], g.get("type", "classic"), g["state"], g["protocol_type"] or "-"]
+            for g in groups
+        ]
+        print(_table(rows, ["GROUP", "TYPE", "STATE", "PROTOCOL"]))
+        return
+    g = _request(a.http, "GET", f"/api/v1/groups/{urllib.parse.quote(a.group)}")
+    kind = g.get("type", "classic")
+    epochs = f"generation {_or_dash(g.get('group_epoch'))}" if kind == "classic" else (
+        f"group epoch {_or_dash(g.get('group_epoch'))}  "
+        f"assignment epoch {_or_dash(g.get('assignment_epoch'))}"
+    )  # fmt: skip
+    print(
+        f"group {g['group_id']}  type {kind}  state {g['state']}  {epochs}  "
+        f"assignor {_or_dash(g.get('assignor'))}  members {len(g['members'])}"
+    )
+    if g["members"]:
+        rows = []
+        pending_col = kind == "consumer"
+        for m in g["members"]:
+            subs = m.get("subscribed_topic_regex") or ",".join(m.get("subscribed_topics") or [])
+            row = [
+                m["member_id"],
+                _or_dash(m.get("member_epoch")),
+                _or_dash(m.get("instance_id")),
+                _or_dash(m["client_id"]),
+                _or_dash(m["host"]),
+                subs or "-",
+                _partitions(m.get("assignment") or {}),
             ]
+            if pending_col:
+                row.append(_partitions(m.get("pending") or {}))
+            rows.append(row)
+        headers = ["MEMBER", "EPOCH", "INSTANCE", "CLIENT", "HOST", "SUBSCRIBED", "ASSIGNED"]
+        print(_table(rows, headers + (["PENDING"] if pending_col else [])))
+    if kind == "share":
+        rows = [
+            [o["topic"], o["partition"], o["start_offset"], o["end"], _or_dash(o["lag"])]
             for o in g["offsets"]
         ]
+        if g.get("offsets_note"):
+            print(f"start offsets: {g['offsets_note']}")
+        elif not rows:
+            print("start offsets: none saved yet")
+        else:
+            print(_table(rows, ["TOPIC", "PARTITION", "START-OFFSET", "END", "LAG"]))
+        return
+    rows = [
+        [o["topic"], o["partition"], o["committed"], o["end"], _or_dash(o["lag"])]
+        for o in g["offsets"]
+    ]
+    if rows:
         print(_table(rows, ["TOPIC", "PARTITION", "COMMITTED", "END", "LAG"]))
-        for m in g["members"]:
-            print(f"member {m['member_id']} client {m['client_id']} host {m['host']}")
 
 
 def cmd_cluster(a: argparse.Namespace) -> None:

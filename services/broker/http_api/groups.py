@@ -1,9 +1,12 @@
-"""Consumer groups: list, describe (members, committed offsets and lag) and delete."""
+"""Groups of the three kinds (classic, KIP-848 consumer, KIP-932 share): list, describe
+(epochs, members and their assignments, committed offsets and lag, or a share group's
+start offsets) and delete."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+import struct
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from kio.schema.errors import ErrorCode
@@ -48,6 +51,172 @@ async def _end_offsets(
     return out
 
 
+def _decode_consumer_assignment(data: bytes) -> dict[str, list[int]] | None:
+    """A classic "consumer" member's assignment (ConsumerProtocolAssignment: version,
+    then [topic, [partition]]) as {topic: partitions}; None if it does not parse."""
+    try:
+        pos = 2
+        (n,) = struct.unpack_from(">i", data, pos)
+        pos += 4
+        out: dict[str, list[int]] = {}
+        for _ in range(max(n, 0)):
+            (ln,) = struct.unpack_from(">h", data, pos)
+            topic = bytes(data[pos + 2 : pos + 2 + ln]).decode()
+            pos += 2 + ln
+            (k,) = struct.unpack_from(">i", data, pos)
+            pos += 4
+            out[topic] = sorted(struct.unpack_from(f">{max(k, 0)}i", data, pos))
+            pos += 4 * max(k, 0)
+        return out
+    except (struct.error, UnicodeDecodeError):
+        return None
+
+
+def _decode_consumer_subscription(data: bytes) -> list[str] | None:
+    """A classic "consumer" member's subscribed topics (ConsumerProtocolSubscription:
+    version, then [topic], ...); None if it does not parse."""
+    try:
+        (n,) = struct.unpack_from(">i", data, 2)
+        pos, topics = 6, []
+        for _ in range(max(n, 0)):
+            (ln,) = struct.unpack_from(">h", data, pos)
+            topics.append(bytes(data[pos + 2 : pos + 2 + ln]).decode())
+            pos += 2 + ln
+        return sorted(topics)
+    except (struct.error, UnicodeDecodeError):
+        return None
+
+
+def _by_name(broker: Broker, by_topic: dict) -> dict[str, list[int]]:
+    """{topic id: partitions} as {topic name: sorted partitions}."""
+    out: dict[str, list[int]] = {}
+    for tid, parts in by_topic.items():
+        name = broker.image.topic_name(tid) or str(tid)
+        out[name] = sorted(parts)
+    return dict(sorted(out.items()))
+
+
+def _pending(assigned: dict[str, list[int]], target: dict[str, list[int]]) -> dict:
+    """What the target gives a member that it does not own yet, by topic."""
+    out = {}
+    for t, parts in target.items():
+        if missing := sorted(set(parts) - set(assigned.get(t, ()))):
+            out[t] = missing
+    return out
+
+
+def _group_kind(broker: Broker, gid: str) -> str | None:
+    from ..api.share import share_of  # share imports the Kafka API modules
+
+    if gid in share_of(broker).groups.groups:
+        return "share"
+    return broker.groups.group_type(gid)
+
+
+def _classic(broker: Broker, gid: str) -> dict[str, Any] | None:
+    d = broker.groups.describe(gid)
+    if d["group_state"] == "Dead":
+        return None
+    g = broker.groups.groups.get(gid)
+    generation = g.generation if g is not None else -1
+    consumer = d["protocol_type"] == "consumer"
+    members = []
+    for m in d["members"]:
+        assigned = _decode_consumer_assignment(m["member_assignment"]) if consumer else None
+        subscribed = _decode_consumer_subscription(m["member_metadata"]) if consumer else None
+        members.append(
+            {
+                "member_id": m["member_id"],
+                "instance_id": m["group_instance_id"],
+                "client_id": m["client_id"],
+                "host": m["client_host"],
+                # A classic group's members all share its generation once it is Stable.
+                "member_epoch": generation if d["group_state"] == "Stable" else None,
+                "subscribed_topics": subscribed or [],
+                "subscribed_topic_regex": None,
+                "assignment": assigned or {},
+            }
+        )
+    return {
+        "type": "classic",
+        "state": d["group_state"],
+        "protocol_type": d["protocol_type"],
+        "protocol": d["protocol_data"],
+        "assignor": d["protocol_data"] or None,
+        "group_epoch": generation,
+        "assignment_epoch": None,
+        "members": members,
+    }
+
+
+def _consumer(broker: Broker, gid: str) -> dict[str, Any] | None:
+    code, _, g = broker.groups.consumer_describe(gid)
+    if code or g is None:
+        return None
+    members = []
+    for m in g["members"]:
+        assigned = _by_name(broker, m["assignment"])
+        target = _by_name(broker, m["target_assignment"])
+        members.append(
+            {
+                "member_id": m["member_id"],
+                "instance_id": m["instance_id"],
+                "client_id": m["client_id"],
+                "host": m["client_host"],
+                "member_epoch": m["member_epoch"],
+                "subscribed_topics": list(m["subscribed_topic_names"]),
+                "subscribed_topic_regex": m["subscribed_topic_regex"],
+                "assignment": assigned,
+                "target_assignment": target,
+                "pending": _pending(assigned, target),
+            }
+        )
+    return {
+        "type": "consumer",
+        "state": g["group_state"],
+        "protocol_type": "consumer",
+        "protocol": g["assignor_name"],
+        "assignor": g["assignor_name"],
+        "group_epoch": g["group_epoch"],
+        "assignment_epoch": g["assignment_epoch"],
+        "members": members,
+    }
+
+
+def _share(broker: Broker, gid: str) -> dict[str, Any] | None:
+    from ..api.share import share_of
+
+    share = share_of(broker)
+    share.groups.expire(int(asyncio.get_running_loop().time() * 1000))
+    share.members_gone()
+    g = share.groups.describe(gid)
+    if g is None:
+        return None
+    members = [
+        {
+            "member_id": m.member_id,
+            "instance_id": None,  # share groups have no static members
+            "client_id": m.client_id,
+            "host": m.client_host,
+            "member_epoch": m.epoch,
+            "subscribed_topics": sorted(m.subscribed),
+            "subscribed_topic_regex": None,
+            "assignment": _by_name(broker, m.assignment),
+        }
+        for m in g.members.values()
+    ]
+    return {
+        "type": "share",
+        "state": g.state,
+        "protocol_type": "share",
+        "protocol": "simple",
+        "assignor": "simple",  # as ShareGroupDescribe names it
+        "group_epoch": g.epoch,
+        "assignment_epoch": g.assignment_epoch,
+        "members": members,
+    }
+
+
 def _not_coordinator(broker: Broker, request: web.Request, gid: str) -> web.Response | None:
     """None if this broker coordinates the group; else a 404 or a redirect to the one
     that does."""
@@ -65,58 +234,56 @@ def add_routes(app: web.Application, broker: Broker) -> None:
 
     @routes.get("/api/v1/groups")
     async def list_groups(request: web.Request) -> web.Response:
+        from ..api.share import share_group_rows  # as ListGroups: all three kinds
+
         may = broker.http_security.permitted  # as ListGroups: those one may DESCRIBE
-        return _json(
-            {
-                "groups": [
-                    {"group_id": g, "protocol_type": pt, "state": st}
-                    for g, pt, st in broker.groups.list_groups()
-                    if may(request, DESCRIBE, GROUP, g)
-                ]
-            }
-        )
+        shares, internal = share_group_rows(broker)
+        groups = []
+        for g, pt, st in [*broker.groups.list_groups(), *shares]:
+            if internal(g) or not may(request, DESCRIBE, GROUP, g):
+                continue
+            kind = "share" if pt == "share" else broker.groups.group_type(g) or "classic"
+            groups.append({"group_id": g, "type": kind, "protocol_type": pt, "state": st})
+        return _json({"groups": sorted(groups, key=lambda g: g["group_id"])})
 
     @routes.get("/api/v1/groups/{group}")
     async def describe_group(request: web.Request) -> web.Response:
         gid = request.match_info["group"]
         if (elsewhere := _not_coordinator(broker, request, gid)) is not None:
             return elsewhere
-        d = broker.groups.describe(gid)
-        if d["group_state"] == "Dead":
+        kind = _group_kind(broker, gid)
+        d = (
+            _share(broker, gid) if kind == "share"
+            else _consumer(broker, gid) if kind == "consumer"
+            else _classic(broker, gid)
+        )  # fmt: skip
+        if d is None:
             return _error(404, f"group '{gid}' does not exist")
+        may = broker.http_security.permitted
         offsets = []
-        committed = sorted(broker.offsets.fetch(gid).items())
-        ends = await _end_offsets(broker, request.app[PEERS], [tp for tp, _ in committed])
-        for (t, part), c in committed:
-            if not broker.http_security.permitted(request, DESCRIBE, TOPIC, t):
+        if kind == "share":
+            from ..api.share import share_of
+
+            # The share-partitions' start offsets as last saved (DescribeShareGroupOffsets).
+            saved = await share_of(broker).checkpoints.saved(gid, None)
+            if saved is None:
+                d["offsets_note"] = "the share-partition start offsets could not be read"
+            start = sorted((saved or {}).items())
+        else:
+            start = [(tp, c.offset) for tp, c in sorted(broker.offsets.fetch(gid).items())]
+        ends = await _end_offsets(broker, request.app[PEERS], [tp for tp, _ in start])
+        for (t, part), c in start:
+            if not may(request, DESCRIBE, TOPIC, t):
                 continue  # as OffsetFetch: topics one may not DESCRIBE are left out
             end = ends[(t, part)]
-            offsets.append(
-                {
-                    "topic": t,
-                    "partition": part,
-                    "committed": c.offset,
-                    "end": end,
-                    "lag": max(0, end - c.offset) if end >= 0 else None,
-                }
-            )
-        return _json(
-            {
-                "group_id": gid,
-                "state": d["group_state"],
-                "protocol": d["protocol_data"],
-                "members": [
-                    {
-                        "member_id": m["member_id"],
-                        "client_id": m["client_id"],
-                        "host": m["client_host"],
-                        "instance_id": m["group_instance_id"],
-                    }
-                    for m in d["members"]
-                ],
-                "offsets": offsets,
-            }
-        )
+            row = {"topic": t, "partition": part}
+            if kind == "share":
+                row["start_offset"] = c
+            else:
+                row["committed"] = c
+            lag = max(0, end - c) if end >= 0 and c >= 0 else None
+            offsets.append({**row, "end": end, "lag": lag})
+        return _json({"group_id": gid, **d, "offsets": offsets})
 
     @routes.delete("/api/v1/groups/{group}")
     async def delete_group(request: web.Request) -> web.Response:

@@ -1,0 +1,148 @@
+"""`strait group list/describe` and GET /api/v1/groups[/{group}] for the three kinds of
+group (issue 14): a classic group (librdkafka, the default protocol), a KIP-848 one
+(librdkafka, group.protocol=consumer) and a KIP-932 share group (ShareGroupHeartbeat on
+the wire), all on one topic of a real broker."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from test_errors import Raw
+from test_http_cli import call, strait
+from test_share_groups import _create_topic, _fetch, _hb, _produce
+from waiting import wait_for
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _line(out: str, start: str) -> str:
+    return next(ln for ln in out.splitlines() if ln.startswith(start))
+
+
+def test_cli_and_http_describe_classic_consumer_and_share_groups(broker):
+    from confluent_kafka import Consumer
+
+    tid = _create_topic(broker, "gd", 3)
+    _produce(broker, "gd", [f"v{i}" for i in range(30)])
+    common = {"bootstrap.servers": broker.bootstrap, "auto.offset.reset": "earliest",
+              "enable.auto.commit": False}  # fmt: skip
+    classic = Consumer({**common, "group.id": "gd-classic", "client.id": "cli-classic"})
+    kip848 = Consumer({**common, "group.id": "gd-848", "client.id": "cli-848",
+                       "group.protocol": "consumer"})  # fmt: skip
+    raw = Raw(broker)
+    try:
+        classic.subscribe(["gd"])
+        kip848.subscribe(["gd"])
+        got = {"classic": 0, "848": 0}
+
+        def both_consumed() -> bool:
+            for name, c in (("classic", classic), ("848", kip848)):
+                m = c.poll(0.2)
+                if m is not None and m.error() is None:
+                    got[name] += 1
+            return got["classic"] >= 30 and got["848"] >= 30
+
+        wait_for(both_consumed, 60, "both groups consume the topic")
+        classic.commit(asynchronous=False)
+        kip848.commit(asynchronous=False)
+
+        member = str(uuid.uuid4())
+        share = wait_for(
+            lambda: (r := raw.call(_hb("gd-share", member, 0, ("gd",)))).error_code == 0 and r,
+            30, "a share group member",
+        )  # fmt: skip
+
+        # The list: every kind, with its type.
+        r = strait(broker, "group", "list")
+        assert r.returncode == 0, r.stderr
+        assert _line(r.stdout, "GROUP").split() == ["GROUP", "TYPE", "STATE", "PROTOCOL"]
+        assert _line(r.stdout, "gd-classic ").split()[1:3] == ["classic", "Stable"]
+        assert _line(r.stdout, "gd-848 ").split()[1:3] == ["consumer", "Stable"]
+        assert _line(r.stdout, "gd-share ").split()[1:3] == ["share", "Stable"]
+        status, body = call(broker, "GET", "/api/v1/groups")
+        assert status == 200
+        kinds = {g["group_id"]: g["type"] for g in body["groups"]}
+        assert kinds == {"gd-classic": "classic", "gd-848": "consumer", "gd-share": "share"}
+
+        # A classic group: its generation, the member's assignment decoded, offsets and lag.
+        status, d = call(broker, "GET", "/api/v1/groups/gd-classic")
+        assert status == 200 and d["type"] == "classic" and d["state"] == "Stable"
+        assert d["assignor"] == "range" and d["group_epoch"] >= 1
+        (m,) = d["members"]
+        assert m["client_id"] == "cli-classic" and m["member_epoch"] == d["group_epoch"]
+        assert m["assignment"] == {"gd": [0, 1, 2]} and m["subscribed_topics"] == ["gd"]
+        assert sum(o["committed"] for o in d["offsets"]) == 30
+        assert all(o["lag"] == 0 for o in d["offsets"])
+        r = strait(broker, "group", "describe", "gd-classic")
+        assert r.returncode == 0, r.stderr
+        head = r.stdout.splitlines()[0]
+        assert head.startswith("group gd-classic  type classic  state Stable  generation ")
+        assert "assignor range  members 1" in head
+        row = _line(r.stdout, m["member_id"]).split()
+        assert row[1] == str(d["group_epoch"]) and row[3] == "cli-classic"
+        assert row[-1] == "gd:0,1,2"
+        assert _line(r.stdout, "TOPIC").split() == ["TOPIC", "PARTITION", "COMMITTED", "END", "LAG"]
+
+        # A KIP-848 group: group and assignment epochs, member epochs, the server assignor.
+        status, d = call(broker, "GET", "/api/v1/groups/gd-848")
+        assert status == 200 and d["type"] == "consumer" and d["state"] == "Stable"
+        assert d["assignor"] in ("uniform", "range") and d["group_epoch"] >= 1
+        assert d["assignment_epoch"] == d["group_epoch"]
+        (m,) = d["members"]
+        assert m["client_id"] == "cli-848" and m["member_epoch"] == d["group_epoch"]
+        assert m["assignment"] == m["target_assignment"] == {"gd": [0, 1, 2]}
+        assert m["pending"] == {} and m["subscribed_topics"] == ["gd"]
+        assert sum(o["committed"] for o in d["offsets"]) == 30
+        r = strait(broker, "group", "describe", "gd-848")
+        assert r.returncode == 0, r.stderr
+        head = r.stdout.splitlines()[0]
+        assert head.startswith(
+            f"group gd-848  type consumer  state Stable  group epoch {d['group_epoch']}  "
+            f"assignment epoch {d['assignment_epoch']}  assignor {d['assignor']}"
+        )
+        assert _line(r.stdout, "MEMBER").split()[-2:] == ["ASSIGNED", "PENDING"]
+        row = _line(r.stdout, m["member_id"]).split()
+        assert row[1] == str(m["member_epoch"]) and row[-2:] == ["gd:0,1,2", "-"]
+
+        # A share group: its epochs and the member's, the simple assignor, no commits.
+        status, d = call(broker, "GET", "/api/v1/groups/gd-share")
+        assert status == 200 and d["type"] == "share" and d["state"] == "Stable"
+        assert d["assignor"] == "simple" and d["group_epoch"] >= 1
+        (m,) = d["members"]
+        assert m["member_id"] == member and m["member_epoch"] == share.member_epoch
+        assert m["assignment"] == {"gd": [0, 1, 2]}
+        assert all("start_offset" in o for o in d["offsets"])
+        assert d["offsets"] == [] and "offsets_note" not in d, "nothing fetched, none saved"
+        r = strait(broker, "group", "describe", "gd-share")
+        assert r.returncode == 0 and r.stdout.endswith("start offsets: none saved yet\n")
+        # A share session starts the share-partitions (at the end: latest), and saves that.
+        f = raw.call(_fetch("gd-share", member, 0, tid, {0: [], 1: [], 2: []}, wait_ms=100))
+        assert f.error_code == 0
+
+        def saved() -> dict:
+            d = call(broker, "GET", "/api/v1/groups/gd-share")[1]
+            return len(d["offsets"]) == 3 and d
+
+        d = wait_for(saved, 30, "the share-partition start offsets saved")
+        rows = [(o["partition"], o["start_offset"] == o["end"], o["lag"]) for o in d["offsets"]]
+        assert rows == [(0, True, 0), (1, True, 0), (2, True, 0)]
+        r = strait(broker, "group", "describe", "gd-share")
+        assert r.returncode == 0, r.stderr
+        assert _line(r.stdout, "TOPIC").split() == [
+            "TOPIC", "PARTITION", "START-OFFSET", "END", "LAG"]  # fmt: skip
+        assert r.stdout.startswith(
+            f"group gd-share  type share  state Stable  group epoch {d['group_epoch']}  "
+            f"assignment epoch {d['assignment_epoch']}  assignor simple  members 1"
+        )
+        row = _line(r.stdout, member).split()
+        assert row[1] == str(share.member_epoch) and row[-1] == "gd:0,1,2"
+
+        # A group that does not exist: one line, exit code 1.
+        r = strait(broker, "group", "describe", "gd-none")
+        assert r.returncode == 1 and r.stdout == ""
+        assert r.stderr == "strait: group 'gd-none' does not exist\n"
+    finally:
+        raw.close()
+        classic.close()
+        kip848.close()

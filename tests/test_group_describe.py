@@ -10,6 +10,7 @@ import uuid
 import pytest
 from test_errors import Raw
 from test_http_cli import call, strait
+from test_metrics import scrape, total
 from test_share_groups import _create_topic, _fetch, _hb, _produce
 from waiting import wait_for
 
@@ -137,6 +138,18 @@ def test_cli_and_http_describe_classic_consumer_and_share_groups(broker):
         )
         row = _line(r.stdout, member).split()
         assert row[1] == str(share.member_epoch) and row[-1] == "gd:0,1,2"
+
+        # The group metrics carry each group's kind; a share group's lag is past its SPSO.
+        m = scrape(broker.http)
+        kinds = {ls["messaging_consumer_group_name"]: ls["straitmq_consumer_group_type"]
+                 for ls, _ in m["straitmq_consumer_group_state"]}  # fmt: skip
+        assert kinds == {"gd-classic": "classic", "gd-848": "consumer", "gd-share": "share"}
+        for g, kind in kinds.items():
+            labels = {"messaging_consumer_group_name": g, "straitmq_consumer_group_type": kind}
+            assert total(m, "straitmq_consumer_group_members", **labels) == 1
+            assert len([1 for ls, _ in m["straitmq_consumer_group_lag"]
+                        if ls.items() >= labels.items()]) == 3, g  # fmt: skip
+            assert total(m, "straitmq_consumer_group_lag", **labels) == 0
 
         # A group that does not exist: one line, exit code 1.
         r = strait(broker, "group", "describe", "gd-none")

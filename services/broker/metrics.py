@@ -25,6 +25,8 @@ from straitmq.telemetry import catalog as C
 from straitmq.telemetry.histogram import LATENCY_BUCKETS_S, FastHistogram, HistogramFamily
 from straitmq.telemetry.kafka_names import FETCH_FOLLOWER, api_name, error_name
 
+from .share.checkpoints import STATE_GROUP_PREFIX
+
 if TYPE_CHECKING:
     from straitmq.telemetry import Telemetry
 
@@ -123,16 +125,29 @@ def install(telemetry: Telemetry, broker: Broker) -> None:
             value = plog.size_bytes if attr == "size" else len(plog.segments)
             yield value, {C.TOPIC: p.topic, C.PARTITION: str(p.index)}
 
+    def share_groups() -> Any:
+        from .api.share import share_of  # share imports the Kafka API modules
+
+        return share_of(broker).groups.groups
+
+    def kind(gid: str) -> str:
+        return broker.groups.group_type(gid) or "classic"
+
     def lag() -> Points:
         emitted = 0
         for group, committed in list(broker.offsets.offsets.items()):
+            # A share group's start offsets are kept as the commits of an internal group.
+            if group.startswith(STATE_GROUP_PREFIX):
+                labels = {C.GROUP: group[len(STATE_GROUP_PREFIX) :], C.GROUP_TYPE: "share"}
+            else:
+                labels = {C.GROUP: group, C.GROUP_TYPE: kind(group)}
             for (topic, index), c in list(committed.items()):
                 part = broker.partitions.get(topic, index)
                 if part is None or not part.role:
                     continue
                 yield (
                     max(0, part.high_watermark - c.offset),
-                    {C.GROUP: group, C.TOPIC: topic, C.PARTITION: str(index)},
+                    {**labels, C.TOPIC: topic, C.PARTITION: str(index)},
                 )
                 emitted += 1
                 if emitted >= MAX_LAG_SERIES:
@@ -140,14 +155,20 @@ def install(telemetry: Telemetry, broker: Broker) -> None:
 
     def group_states() -> Points:
         for gid, _protocol, state in broker.groups.list_groups():
-            yield 1, {C.GROUP: gid, C.GROUP_STATE: state}
+            if gid.startswith(STATE_GROUP_PREFIX):
+                continue  # a share group's saved start offsets, not a group of its own
+            yield 1, {C.GROUP: gid, C.GROUP_TYPE: kind(gid), C.GROUP_STATE: state}
+        for gid, sg in list(share_groups().items()):
+            yield 1, {C.GROUP: gid, C.GROUP_TYPE: "share", C.GROUP_STATE: sg.state}
 
     def group_members() -> Points:
         for gid, g in list(broker.groups.groups.items()):
-            yield len(g.members), {C.GROUP: gid}
+            yield len(g.members), {C.GROUP: gid, C.GROUP_TYPE: "classic"}
         # KIP-848 groups (ConsumerGroupHeartbeat) are kept apart from the classic ones.
         for gid, cg in list(broker.groups.machine.consumer_groups.items()):
-            yield len(cg.members), {C.GROUP: gid}
+            yield len(cg.members), {C.GROUP: gid, C.GROUP_TYPE: "consumer"}
+        for gid, sg in list(share_groups().items()):
+            yield len(sg.members), {C.GROUP: gid, C.GROUP_TYPE: "share"}
 
     isr = broker.isr
     t = telemetry

@@ -23,6 +23,7 @@ API = "kafka.api.name"  # Produce, Fetch (consumers), FetchFollower (replicas), 
 ERROR = "error.type"  # the Kafka error name, e.g. NOT_LEADER_OR_FOLLOWER
 ISR_OPERATION = "straitmq.isr.operation"  # shrink | expand
 GROUP_STATE = "straitmq.consumer_group.state"  # Empty, PreparingRebalance, ..., Stable
+GROUP_TYPE = "straitmq.consumer_group.type"  # classic | consumer (KIP-848) | share (KIP-932)
 BROKER_STATE = "straitmq.broker.state"  # active | fenced | shutting_down
 NODE = "straitmq.node.id"
 REPLICA_KIND = "straitmq.raft.replica.kind"  # voter | observer
@@ -135,17 +136,18 @@ BROKER_STORAGE_UNAVAILABLE = _i(
 )  # fmt: skip
 CONSUMER_GROUP_LAG = _i(
     "straitmq.consumer_group.lag", OBSERVABLE_GAUGE, "{message}",
-    "High watermark minus committed offset, for groups this broker coordinates on "
-    "partitions it holds a replica of", GROUP, TOPIC, PARTITION,
+    "High watermark minus committed offset (a share group's: minus its share-partition "
+    "start offset), for groups this broker coordinates on partitions it holds a replica "
+    "of", GROUP, GROUP_TYPE, TOPIC, PARTITION,
 )  # fmt: skip
 CONSUMER_GROUP_STATE = _i(
     "straitmq.consumer_group.state", OBSERVABLE_GAUGE, "1",
     "1 for each group this broker coordinates, labelled with the group's state",
-    GROUP, GROUP_STATE,
+    GROUP, GROUP_TYPE, GROUP_STATE,
 )  # fmt: skip
 CONSUMER_GROUP_MEMBERS = _i(
     "straitmq.consumer_group.members", OBSERVABLE_GAUGE, "{member}",
-    "Members of each group this broker coordinates", GROUP,
+    "Members of each group this broker coordinates", GROUP, GROUP_TYPE,
 )  # fmt: skip
 
 # -- controller (the quorum voters; a combined node reports these too) --------------

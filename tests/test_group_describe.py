@@ -159,3 +159,34 @@ def test_cli_and_http_describe_classic_consumer_and_share_groups(broker):
         raw.close()
         classic.close()
         kip848.close()
+
+
+def test_classic_consumer_protocol_decoding_and_pending_partitions() -> None:
+    import struct
+
+    from straitmq.broker.http_api.groups import (
+        _decode_consumer_assignment,
+        _decode_consumer_subscription,
+        _pending,
+    )
+
+    from straitmq.cli.main import _partitions
+
+    def s(x: str) -> bytes:
+        return struct.pack(">h", len(x)) + x.encode()
+
+    # ConsumerProtocolAssignment v1: [topic [partition]], then user data (null).
+    assignment = (struct.pack(">hi", 1, 2) + s("b") + struct.pack(">ii", 1, 4)
+                  + s("a") + struct.pack(">iii", 2, 2, 0) + struct.pack(">i", -1))  # fmt: skip
+    assert _decode_consumer_assignment(assignment) == {"b": [4], "a": [0, 2]}
+    assert _decode_consumer_assignment(assignment[:9]) is None
+    assert _decode_consumer_assignment(b"") is None
+    # ConsumerProtocolSubscription v0: [topic], user data.
+    subscription = struct.pack(">hi", 0, 2) + s("t2") + s("t1") + struct.pack(">i", -1)
+    assert _decode_consumer_subscription(subscription) == ["t1", "t2"]
+    assert _decode_consumer_subscription(b"\x00") is None
+    # What a KIP-848 member's target gives it that it does not own yet.
+    assert _pending({"a": [0]}, {"a": [0, 1], "b": [2]}) == {"a": [1], "b": [2]}
+    assert _pending({"a": [0, 1]}, {"a": [0]}) == {}
+    assert _partitions({"b": [4], "a": [0, 1, 2], "c": []}) == "a:0,1,2 b:4"
+    assert _partitions({}) == "-"

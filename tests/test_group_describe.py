@@ -190,3 +190,44 @@ def test_classic_consumer_protocol_decoding_and_pending_partitions() -> None:
     assert _pending({"a": [0, 1]}, {"a": [0]}) == {}
     assert _partitions({"b": [4], "a": [0, 1, 2], "c": []}) == "a:0,1,2 b:4"
     assert _partitions({}) == "-"
+
+
+def test_kip848_regex_member_and_pending_partitions_on_the_wire(broker):
+    """Two KIP-848 members by ConsumerGroupHeartbeat: one subscribed by regular expression
+    holds all 4 partitions; the second one's target takes 2 of them, which stay pending
+    until the first revokes them."""
+    from test_consumer_protocol import _join
+
+    _create_topic(broker, "px", 4)
+    r = Raw(broker)
+    g, m1, m2 = "gd-pending", str(uuid.uuid4()), str(uuid.uuid4())
+    try:
+        j1 = wait_for(
+            lambda: (x := r.call(_join(g, m1, subscribed_topic_names=(),
+                                       subscribed_topic_regex="p.*"))).error_code == 0 and x,
+            30, "the first member",
+        )  # fmt: skip
+        assert sorted(j1.assignment.topic_partitions[0].partitions) == [0, 1, 2, 3]
+        j2 = r.call(_join(g, m2, subscribed_topic_names=("px",)))
+        assert j2.error_code == 0
+
+        status, d = call(broker, "GET", f"/api/v1/groups/{g}")
+        assert status == 200 and d["type"] == "consumer"
+        assert d["state"] == "Reconciling" and d["group_epoch"] == d["assignment_epoch"]
+        members = {m["member_id"]: m for m in d["members"]}
+        first, second = members[m1], members[m2]
+        assert first["subscribed_topic_regex"] == "p.*" and first["subscribed_topics"] == []
+        assert first["assignment"] == {"px": [0, 1, 2, 3]} and first["pending"] == {}
+        assert second["subscribed_topics"] == ["px"] and second["assignment"] == {}
+        pending = second["pending"]["px"]
+        assert len(pending) == 2 and set(pending) | set(first["target_assignment"]["px"]) == {
+            0, 1, 2, 3}  # fmt: skip
+        out = strait(broker, "group", "describe", g)
+        assert out.returncode == 0, out.stderr
+        assert "state Reconciling" in out.stdout.splitlines()[0]
+        row = _line(out.stdout, m1).split()
+        assert row[-3:] == ["p.*", "px:0,1,2,3", "-"]
+        row = _line(out.stdout, m2).split()
+        assert row[-3:] == ["px", "-", "px:" + ",".join(map(str, pending))]
+    finally:
+        r.close()

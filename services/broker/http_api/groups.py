@@ -118,7 +118,7 @@ def _classic(broker: Broker, gid: str) -> dict[str, Any] | None:
     if d["group_state"] == "Dead":
         return None
     g = broker.groups.groups.get(gid)
-    generation = g.generation if g is not None else -1
+    generation = g.generation if g is not None else None  # None: only commits are left
     consumer = d["protocol_type"] == "consumer"
     members = []
     for m in d["members"]:

@@ -13,6 +13,7 @@ batches from the log and lists the offset ranges it acquired for the member
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import struct
 import uuid
@@ -64,6 +65,9 @@ class _BrokerShare:
         self.checkpoints = ShareCheckpoints(broker, self.state)
         # Fetches parked until records are released or acknowledged (acquirable again).
         self.waiters: set[asyncio.Future[None]] = set()
+        # Parked ShareFetches in arrival order (first come, first served on wake-up).
+        self.parked: dict[object, int] = {}
+        self.park_order = itertools.count()
         self.broker = broker
         broker.partitions.role_listeners.append(self._on_role)
 
@@ -335,12 +339,25 @@ class _Acks:
         self.results[(topic_id, index)] = (code, message)
 
 
-async def _durable(share: _BrokerShare) -> None:
-    """Acknowledgements are answered once the share-partitions' new state is saved (as
-    Kafka answers once the share coordinator wrote it); if the group's coordinator cannot
-    be reached now, the background round keeps trying and the answer does not wait."""
-    if not await share.checkpoints.flush():
-        log.info("share state not saved before answering acknowledgements; retrying")
+async def _durable(share: _BrokerShare, acks: _Acks, within_s: float = 5.0) -> None:
+    """Acknowledgements are answered once the share-partitions' new state is saved, as
+    Kafka answers once its share coordinator wrote it. If it cannot be saved within
+    `within_s` (the group's coordinator is moving), the acknowledged partitions answer
+    COORDINATOR_NOT_AVAILABLE: applied here, but a failover before the background round
+    saves them may deliver those records again (the client is told, not misled)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while not await share.checkpoints.flush():
+        if loop.time() >= deadline:
+            log.info("share state not saved before answering acknowledgements")
+            for key, (code, _) in list(acks.results.items()):
+                if code == 0:
+                    acks.results[key] = (
+                        ErrorCode.coordinator_not_available,
+                        "acknowledged but not saved yet: may be delivered again after a failover",
+                    )
+            return
+        await asyncio.sleep(0.2)
 
 
 def _session_error(code: int, message: str | None, extra: dict) -> dict:
@@ -379,7 +396,7 @@ async def handle_share_fetch(ctx: RequestContext, req: Any) -> dict:
         share.state.close(session)
         share.wake()
     if acks.results:
-        await _durable(share)
+        await _durable(share, acks)
     if epoch == FINAL_EPOCH:
         return _respond(ctx, {k: _only_ack(ctx, k, acks) for k in acks.results}, extra)
     await _init_partitions(ctx, share, session)
@@ -461,28 +478,46 @@ async def _fetch(ctx: RequestContext, share: _BrokerShare, session: ShareSession
     loop = asyncio.get_running_loop()
     wait_s = min(req.max_wait.total_seconds(), ctx.broker.config.fetch_max_wait_s)
     deadline = loop.time() + max(wait_s, 0)
-    while True:
-        parts, got, watched = _collect(ctx, share, session, req)
-        remaining = deadline - loop.time()
-        if got or remaining <= 0 or ctx.broker.stopping or not session.partitions:
-            return parts
-        lock_due = share.state.next_deadline([(session.group_id, t, i) for t, i, _ in watched])
-        if lock_due is not None:
-            remaining = min(remaining, max(lock_due - _now(), 1) / 1000)
-        fut: asyncio.Future[None] = loop.create_future()
-        share.waiters.add(fut)
+    token = object()
+    try:
+        while True:
+            parts, got, watched = _collect(ctx, share, session, req)
+            remaining = deadline - loop.time()
+            if got or remaining <= 0 or ctx.broker.stopping or not session.partitions:
+                return parts
+            # Parked fetches are served first come, first served: the oldest one keeps its
+            # place when it wakes up to nothing, so members sharing a partition take turns.
+            share.parked.setdefault(token, next(share.park_order))
+            await _wait(share, session, watched, loop, remaining)
+            ahead = sum(1 for seq in share.parked.values() if seq < share.parked[token])
+            for _ in range(min(ahead, 64)):
+                await asyncio.sleep(0)  # let the older fetches woken with this one go first
+    finally:
+        share.parked.pop(token, None)
+
+
+async def _wait(
+    share: _BrokerShare, session: ShareSession, watched: list, loop: Any, remaining: float
+) -> None:
+    """Until one of `watched` partitions gets records, records are released or
+    acknowledged, or the next acquisition lock of these share-partitions expires."""
+    lock_due = share.state.next_deadline([(session.group_id, t, i) for t, i, _ in watched])
+    if lock_due is not None:
+        remaining = min(remaining, max(lock_due - _now(), 1) / 1000)
+    fut: asyncio.Future[None] = loop.create_future()
+    share.waiters.add(fut)
+    for _, _, part in watched:
+        part.waiters.add(fut)
+    try:
+        await asyncio.wait_for(fut, remaining)
+    except TimeoutError:
+        pass
+    finally:
+        share.waiters.discard(fut)
         for _, _, part in watched:
-            part.waiters.add(fut)
-        try:
-            await asyncio.wait_for(fut, remaining)
-        except TimeoutError:
-            pass
-        finally:
-            share.waiters.discard(fut)
-            for _, _, part in watched:
-                part.waiters.discard(fut)
-            if not fut.done():
-                fut.cancel()
+            part.waiters.discard(fut)
+        if not fut.done():
+            fut.cancel()
 
 
 def _collect(
@@ -573,7 +608,7 @@ async def handle_share_acknowledge(ctx: RequestContext, req: Any) -> dict:
     if epoch == FINAL_EPOCH:
         share.state.close(session)
         share.wake()
-    await _durable(share)
+    await _durable(share, acks)
     by_topic: dict[uuid.UUID, list[dict]] = {}
     leaders: set[int] = set()
     for (tid, index), (code, message) in acks.results.items():

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_metrics import check_served, dashboards
 from waiting import wait_for
 
-from straitmq.admin_client import request_sync
+from straitmq.admin_client import AdminAuth, exchange_sync, request_sync
 from straitmq.cli.local_cluster import LocalCluster, Node, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -188,10 +188,13 @@ class PodStandIns:
         self._api = kube.api_client()
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
+        # A secured HTTP API (the MQCluster's http_secured): https, and who the tests are.
+        self.scheme = "http"
+        self.auth: AdminAuth | None = None
 
     @property
     def admin_url(self) -> str:
-        return f"http://127.0.0.1:{self.local.brokers[0].http_port}"
+        return f"{self.scheme}://127.0.0.1:{self.local.brokers[0].http_port}"
 
     def node(self, kind: str, ordinal: int) -> Node:
         if kind == "controller":
@@ -974,35 +977,76 @@ def logs_in(conf: dict) -> bool:
     return True
 
 
+def _secret_files(kube: Any, name: str, folder: Path) -> dict[str, Path]:
+    """A Secret's keys as files in `folder` (as its volume would mount them)."""
+    import base64
+
+    folder.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for key, value in get_json(kube, "secret", name, "-n", NS)["data"].items():
+        (folder / key).write_bytes(base64.b64decode(value))
+        out[key] = folder / key
+    return out
+
+
 @pytest.fixture(scope="module")
 def authn(kube: Any, operator: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """MQCluster `authn` (1 broker) whose brokers have an authorizer and a SASL_PLAINTEXT
-    (SCRAM) listener for clients; replication and the HTTP admin API stay open, as a pod
-    network's would be. Topics `payments` and `audit`."""
+    """MQCluster `authn` (1 broker; kafka.tls, SCRAM, authorization): the operator makes
+    its CA, the broker's and its own certificates and renders a secured HTTP API. The
+    stand-in broker runs with the rendered http.* settings and super users (and the
+    mounted Secret's files); its Kafka side is a SASL_PLAINTEXT (SCRAM) listener for
+    clients and a PLAINTEXT one for replication, whose ANONYMOUS principal is added to
+    the super users (a pod's REPLICATION listener takes certificates instead). The tests
+    call the admin API with the operator's certificate. Topics `payments` and `audit`."""
     standins = PodStandIns(kube, "authn", tmp_path_factory.mktemp("authn"))
-    sasl = {}
-    for ordinal, node in standins.local.brokers.items():
-        sasl[ordinal] = free_port()
-        standins.base_args[ordinal] += [
-            "--listeners", f"REPL://127.0.0.1:{node.kafka_port},SASL://127.0.0.1:{sasl[ordinal]}",
-            "--listener-security-protocol-map", "REPL:PLAINTEXT,SASL:SASL_PLAINTEXT",
-            "--inter-broker-listener-name", "REPL",
-            "--override", "listener.name.sasl.sasl.enabled.mechanisms=SCRAM-SHA-512",
-            "--override", f"authorizer.class.name={AUTHORIZER}",
-            "--override", "super.users=User:ANONYMOUS",
-        ]  # fmt: skip
-    standins.start()
+    standins.scheme = "https"
+    sasl = {ordinal: free_port() for ordinal in standins.local.brokers}
     annotations = {"straitmq.io/admin-url": standins.admin_url,
                    "straitmq.io/bootstrap-servers": f"127.0.0.1:{sasl[0]}"}  # fmt: skip
-    doc = mqcluster("authn", 1, annotations)
+    kafka = {"tls": True, "authentication": {"type": "scram-sha-512"}}
+    doc = mqcluster("authn", 1, annotations, listeners={"kafka": kafka},
+                    authorization={"type": "simple"})  # fmt: skip
     kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(doc))
     try:
+        kube.wait_for(lambda: get_json(kube, "statefulset", "authn-broker", "-n", NS), 60,
+                      "authn's broker StatefulSet")  # fmt: skip
+        kube.wait_for(lambda: get_json(kube, "secret", "authn-operator-certs", "-n", NS), 60,
+                      "the operator's certificate for authn")  # fmt: skip
+        certs = standins.data_dir / "pod-volumes" / "certs"
+        _secret_files(kube, "authn-broker-certs", certs)
+        mine = _secret_files(kube, "authn-operator-certs", standins.data_dir / "operator")
+        standins.auth = AdminAuth(ca_file=str(mine["ca.crt"]), cert_file=str(mine["tls.crt"]),
+                                  key_file=str(mine["tls.key"]), check_hostname=False)  # fmt: skip
+        sts = get_json(kube, "statefulset", "authn-broker", "-n", NS)
+        (container,) = sts["spec"]["template"]["spec"]["containers"]
+        rendered = [a.removeprefix("--override=") for a in container["args"]
+                    if a.startswith(("--override=http.", "--override=super.users=",
+                                     "--override=authorizer.class.name="))]  # fmt: skip
+        assert any(r.startswith("http.authentication=") for r in rendered), container["args"]
+        for ordinal, node in standins.local.brokers.items():
+            pod = f"authn-broker-{ordinal}"
+            props = []
+            for r in rendered:
+                r = r.replace("/opt/straitmq/certs", str(certs)).replace("$(POD_NAME)", pod)
+                if r.startswith("super.users="):
+                    r += ";User:ANONYMOUS"
+                props += ["--override", r]
+            listeners = f"REPL://127.0.0.1:{node.kafka_port},SASL://127.0.0.1:{sasl[ordinal]}"
+            standins.base_args[ordinal] += [
+                "--listeners", listeners,
+                "--listener-security-protocol-map", "REPL:PLAINTEXT,SASL:SASL_PLAINTEXT",
+                "--inter-broker-listener-name", "REPL",
+                "--override", "listener.name.sasl.sasl.enabled.mechanisms=SCRAM-SHA-512",
+                *props,
+            ]  # fmt: skip
+        standins.start()
 
         def made(name: str) -> bool:
             standins.check()
             body = {"name": name, "partitions": 1, "replication_factor": 1}
             try:
-                request_sync(standins.admin_url, "POST", "/api/v1/topics", body, timeout_s=5)
+                request_sync(standins.admin_url, "POST", "/api/v1/topics", body, timeout_s=5,
+                             auth=standins.auth)  # fmt: skip
             except Exception as e:  # not serving yet, or made by an earlier try
                 if "already exists" not in str(e):
                     raise
@@ -1015,6 +1059,62 @@ def authn(kube: Any, operator: Any, tmp_path_factory: pytest.TempPathFactory) ->
         # While the brokers still answer: a User's finalizer removes its credential there.
         kube.kubectl("delete", "users", "--all", "-n", NS, "--timeout=60s", check=False)
         standins.stop()
+
+
+def as_operator(standins: PodStandIns, path: str) -> Any:
+    return request_sync(standins.admin_url, "GET", path, timeout_s=10, auth=standins.auth)
+
+
+def test_secured_cluster_http_api_refuses_anonymous_calls_but_not_the_operator(
+    kube: Any, authn: PodStandIns
+) -> None:
+    """spec.authorization: the brokers' admin API (users, ACLs, topics) needs a client
+    certificate from the cluster CA (or a User's password); the kubelet's probes and
+    Prometheus need none; the operator, with its own certificate, still manages Topics."""
+    import ssl
+
+    from straitmq.admin_client import AdminError
+
+    assert authn.auth is not None and authn.auth.ca_file
+    url = authn.admin_url
+    assert url.startswith("https://")
+    anonymous = AdminAuth(ca_file=authn.auth.ca_file, check_hostname=False)
+    for method, path, body in (
+        ("GET", "/api/v1/topics", None),
+        ("GET", "/api/v1/acls", None),
+        ("PUT", "/api/v1/users/intruder", {"mechanism": "SCRAM-SHA-512", "password": "x"}),
+        ("POST", "/api/v1/topics", {"name": "intruder", "partitions": 1}),
+        ("DELETE", "/api/v1/topics/payments", None),
+    ):
+        status, answer = exchange_sync(url, method, path, body, timeout_s=5, auth=anonymous)
+        assert status == 401, (method, path, status, answer)
+    with pytest.raises(AdminError):  # plain http on the port: no answer
+        request_sync(url.replace("https://", "http://"), "GET", "/api/v1/topics", timeout_s=3)
+    # As the kubelet's probes with scheme HTTPS: no certificate shown, none verified.
+    kubelet = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    kubelet.check_hostname, kubelet.verify_mode = False, ssl.CERT_NONE
+    for path in ("/healthz", "/readyz", "/metrics"):
+        assert exchange_sync(url, "GET", path, timeout_s=5,
+                             auth=AdminAuth(ssl_context=kubelet))[0] == 200, path  # fmt: skip
+    sts = get_json(kube, "statefulset", "authn-broker", "-n", NS)["spec"]["template"]
+    probe = sts["spec"]["containers"][0]["readinessProbe"]["httpGet"]
+    assert probe == {"path": "/readyz", "port": "http", "scheme": "HTTPS"}
+    assert "intruder" not in {t["name"] for t in as_operator(authn, "/api/v1/topics")["topics"]}
+
+    # The operator reconciles a Topic there with its certificate.
+    kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(topic("ledger", "authn", 2, 1)))
+
+    def ready() -> dict | None:
+        authn.check()
+        t = get_json(kube, "topic", "ledger", "-n", NS)
+        return t if condition(t, "Ready").get("status") == "True" else None
+
+    kube.wait_for(ready, 60, "Topic ledger on authn Ready")
+    assert len(as_operator(authn, "/api/v1/topics/ledger")["partitions"]) == 2
+    kube.kubectl("delete", "topic", "ledger", "-n", NS, "--timeout=60s")
+    kube.wait_for(lambda: "ledger" not in {t["name"] for t in
+                                           as_operator(authn, "/api/v1/topics")["topics"]},
+                  60, "topic ledger deleted by the operator")  # fmt: skip
 
 
 def user_ready(kube: Any, name: str, generation: bool = True) -> dict | None:
@@ -1043,10 +1143,10 @@ def test_user_gets_a_secret_and_exactly_its_acls(kube: Any, authn: PodStandIns) 
     owner = get_json(kube, "secret", "billing", "-n", NS)["metadata"]["ownerReferences"]
     assert [(o["kind"], o["name"]) for o in owner] == [("User", "billing")]
     # The broker keeps a salted credential and the bindings, one per operation.
-    assert request_sync(authn.admin_url, "GET", "/api/v1/users/billing")["mechanisms"] == [
+    assert as_operator(authn, "/api/v1/users/billing")["mechanisms"] == [
         {"mechanism": "SCRAM-SHA-512", "iterations": 4096}
     ]
-    bound = request_sync(authn.admin_url, "GET", "/api/v1/acls?principal=User:billing")["acls"]
+    bound = as_operator(authn, "/api/v1/acls?principal=User:billing")["acls"]
     assert sorted(b["operation"] for b in bound) == ["DESCRIBE", "WRITE"]
 
     from confluent_kafka import KafkaError
@@ -1067,7 +1167,7 @@ def test_user_gets_a_secret_and_exactly_its_acls(kube: Any, authn: PodStandIns) 
         )
 
     kube.wait_for(swapped, 60, "billing may write audit and not payments")
-    bound = request_sync(authn.admin_url, "GET", "/api/v1/acls?principal=User:billing")["acls"]
+    bound = as_operator(authn, "/api/v1/acls?principal=User:billing")["acls"]
     assert [(b["resource_name"], b["operation"]) for b in bound] == [("audit", "WRITE")]
     assert user_secret(kube, "billing")["password"] == secret["password"]  # kept
 
@@ -1088,7 +1188,7 @@ def test_user_gets_a_secret_and_exactly_its_acls(kube: Any, authn: PodStandIns) 
     # Deleting the User: its login fails, its bindings and its Secret are gone.
     kube.kubectl("delete", "user", "billing", "-n", NS, "--timeout=60s")
     kube.wait_for(lambda: not logs_in(conf), 30, "billing's login refused")
-    assert request_sync(authn.admin_url, "GET", "/api/v1/acls?principal=User:billing") == {
+    assert as_operator(authn, "/api/v1/acls?principal=User:billing") == {
         "acls": []
     }
 
@@ -1179,7 +1279,14 @@ def test_tls_cluster_gets_a_ca_and_broker_certificates(kube: Any, operator: Oper
     assert volume in pod["volumes"]
     args = " ".join(pod["containers"][0]["args"])
     assert "listener.security.protocol.map=REPLICATION:SSL,CLIENT:SASL_SSL" in args
-    assert "super.users=User:CN=sealed-broker,O=straitmq;User:ops" in args
+    supers = "User:CN=sealed-broker,O=straitmq;User:CN=straitmq-operator,O=straitmq;User:ops"
+    assert f"super.users={supers}" in args
+    assert "http.authentication=mtls,basic" in args
+    mine = kube.wait_for(lambda: secret("sealed-operator-certs"), 60, "the operator's certificate")
+    assert sorted(mine) == ["ca.crt", "tls.crt", "tls.key"]
+    leaf = pki.certificate(mine["tls.crt"])
+    assert pki.signed_by(leaf, ca["ca.crt"])
+    assert leaf.subject.rfc4514_string() == "CN=straitmq-operator,O=straitmq"
     assert "ssl.keystore.location=/opt/straitmq/certs/$(POD_NAME).pem" in args
 
     # Scaling up issues the new pod's certificate and leaves the others alone.

@@ -6,8 +6,8 @@ import random
 from collections import Counter
 
 import pytest
+from straitmq.operator import cluster, planning, render, user
 from straitmq.operator import names as n
-from straitmq.operator import planning, render, user
 from straitmq.operator.admin import Partition, Topic
 from straitmq.operator.spec import SpecError, parse
 
@@ -143,6 +143,80 @@ def test_config_change_changes_the_pod_template_hash() -> None:
     assert ha == render.broker_statefulset(parse(body()), 5)["spec"]["template"]["metadata"][
         "annotations"
     ][key], "scaling alone must not restart pods"
+
+
+SECURED = {"kafka": {"tls": True, "authentication": {"type": "scram-sha-512"}}}
+
+
+def _broker(spec_body: dict) -> tuple[dict, dict, dict[str, str]]:
+    """(container, pod annotations, the --override settings) of the rendered brokers."""
+    sts = render.broker_statefulset(parse(spec_body), 3)["spec"]["template"]
+    (c,) = sts["spec"]["containers"]
+    props = dict(a.removeprefix("--override=").split("=", 1)
+                 for a in c["args"] if a.startswith("--override="))  # fmt: skip
+    return c, sts["metadata"]["annotations"], props
+
+
+@pytest.mark.parametrize(
+    "listeners, authorization, methods",
+    [
+        (SECURED, {"type": "simple", "superUsers": ["User:ops"]}, "mtls,basic"),
+        (SECURED, None, "mtls,basic"),  # SCRAM alone: authenticated, no authorizer
+        ({"kafka": {"tls": True}}, {"type": "simple"}, "mtls"),  # certificates only
+    ],
+)
+def test_secured_cluster_serves_its_http_api_over_https_to_certificates_and_users(
+    listeners: dict, authorization: dict | None, methods: str
+) -> None:
+    extra = {"authorization": authorization} if authorization else {}
+    spec_body = body(listeners=listeners, **extra)
+    spec = parse(spec_body)
+    assert spec.http_secured
+    c, annotations, props = _broker(spec_body)
+    assert props["http.ssl.keystore.location"] == "/opt/straitmq/certs/$(POD_NAME).pem"
+    assert props["http.ssl.truststore.location"] == "/opt/straitmq/certs/ca.crt"
+    # `requested`: the kubelet's probes show no certificate; http.authentication makes
+    # every path but /healthz, /readyz and /metrics need one (or a User's password).
+    assert props["http.ssl.client.auth"] == "requested"
+    assert props["http.authentication"] == methods
+    assert props["http.metrics.require.authentication"] == "false"
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        assert c[probe]["httpGet"] == {"path": path, "port": "http", "scheme": "HTTPS"}
+    assert annotations["prometheus.io/scheme"] == "https"
+    assert annotations["prometheus.io/path"] == "/metrics"
+    # The operator calls the cluster at its https URL, with its certificate: a super user
+    # beside the brokers' own (which they show each other on HTTP as on REPLICATION).
+    assert cluster.admin_url(spec_body, spec) == "https://demo-bootstrap.prod.svc:8080"
+    if authorization:
+        supers = props["super.users"].split(";")
+        assert supers[:2] == ["User:CN=demo-broker,O=straitmq",
+                              "User:CN=straitmq-operator,O=straitmq"]  # fmt: skip
+        assert supers[2:] == authorization.get("superUsers", [])
+    else:
+        assert "super.users" not in props and "authorizer.class.name" not in props
+    # Controllers keep plain HTTP (their probes too).
+    ctl = render.controller_statefulset(spec)["spec"]["template"]["spec"]["containers"][0]
+    assert "scheme" not in ctl["readinessProbe"]["httpGet"]
+
+
+@pytest.mark.parametrize("listeners", [None, {"kafka": {"tls": True}}])
+def test_open_or_tls_only_cluster_keeps_plain_http(listeners: dict | None) -> None:
+    spec_body = body(listeners=listeners) if listeners else body()
+    spec = parse(spec_body)
+    assert not spec.http_secured
+    c, annotations, props = _broker(spec_body)
+    assert not [k for k in props if k.startswith("http.")]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert "prometheus.io/scheme" not in annotations
+    assert cluster.admin_url(spec_body, spec) == "http://demo-bootstrap.prod.svc:8080"
+    if listeners:  # TLS without authorization: no super users to add the operator to
+        assert "super.users" not in props
+
+
+def test_admin_url_annotation_wins_on_a_secured_cluster() -> None:
+    spec_body = body(listeners=SECURED, authorization={"type": "simple"})
+    spec_body["metadata"]["annotations"] = {n.ADMIN_URL_ANNOTATION: "https://127.0.0.1:1"}
+    assert cluster.admin_url(spec_body, parse(spec_body)) == "https://127.0.0.1:1"
 
 
 def layout(rng: random.Random, brokers: int, topics: int = 4, rf: int = 3) -> list[Topic]:

@@ -254,14 +254,14 @@ def test_secured_spec_scram_clients_acls_and_brokers_by_certificate(tmp_path: Pa
     from confluent_kafka import KafkaError, KafkaException, Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from straitmq.admin_client import request_sync
+    from straitmq.admin_client import AdminAuth, exchange_sync, request_sync
 
     spec = parse(body(listeners={"kafka": {"tls": True,
                                            "authentication": {"type": "scram-sha-512"}}},
                       authorization={"type": "simple", "superUsers": ["User:ops"]}))  # fmt: skip
-    assert spec.kafka_sasl == "SCRAM-SHA-512" and spec.authorization
+    assert spec.kafka_sasl == "SCRAM-SHA-512" and spec.authorization and spec.http_secured
     kube = FakeKube()
-    ensure(kube, 1)
+    asyncio.run(certificates.ensure(kube, spec, 1, lambda *e: None, NOW))  # type: ignore[arg-type]
     certs = tmp_path / "certs"
     certs.mkdir()
     (certs / "ca.crt").write_text(kube.value("demo-broker-certs", "ca.crt"))
@@ -272,12 +272,19 @@ def test_secured_spec_scram_clients_acls_and_brokers_by_certificate(tmp_path: Pa
     (certs / "client.crt").write_text(store[key_end:])
     repl, client = free_port(), free_port()
     props = _local_properties(spec, certs, repl, client)
-    assert "super.users=User:CN=demo-broker,O=straitmq;User:ops" in props
+    supers = "User:CN=demo-broker,O=straitmq;User:CN=straitmq-operator,O=straitmq;User:ops"
+    assert f"super.users={supers}" in props
     (tmp_path / "server.properties").write_text("\n".join(props) + "\n")
     b = BrokerProcess(tmp_path / "data", port=repl,
                       extra_args=["--properties", str(tmp_path / "server.properties")])  # fmt: skip
-    b.start()
+    https = f"https://127.0.0.1:{b.http_port}"
+    # The operator's identity, as it calls the cluster (its certificate, the cluster CA).
+    op_auth = asyncio.run(certificates.admin_auth(kube, spec))  # type: ignore[arg-type]
+    assert op_auth is not None and op_auth.ssl_context is not None
+    b.launch()
     try:
+        _wait_ready_as_the_kubelet(b, https)
+        _http_api_needs_a_certificate_or_a_password(https, certs, op_auth)
         tls = {"ssl.ca.location": str(certs / "ca.crt"),
                "ssl.endpoint.identification.algorithm": "none"}  # fmt: skip
         # A broker's certificate on REPLICATION: the brokers' principal, a super user.
@@ -294,8 +301,9 @@ def test_secured_spec_scram_clients_acls_and_brokers_by_certificate(tmp_path: Pa
             anonymous.list_topics(timeout=4)
 
         # A User's credential (as the operator sets it) on CLIENT, SASL_SSL: ACLs decide.
-        request_sync(b.http, "PUT", "/api/v1/users/app",
-                     {"mechanism": "SCRAM-SHA-512", "password": "app-pw"})  # fmt: skip
+        request_sync(https, "PUT", "/api/v1/users/app",
+                     {"mechanism": "SCRAM-SHA-512", "password": "app-pw"},
+                     auth=op_auth)  # fmt: skip
         conf = {"bootstrap.servers": f"127.0.0.1:{client}", "security.protocol": "SASL_SSL",
                 "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "app",
                 "sasl.password": "app-pw", "message.timeout.ms": 10000, **tls}  # fmt: skip
@@ -311,8 +319,17 @@ def test_secured_spec_scram_clients_acls_and_brokers_by_certificate(tmp_path: Pa
         acl = {"resource_type": "TOPIC", "resource_name": "ledger", "pattern_type": "LITERAL",
                "principal": "User:app", "host": "*", "operation": "WRITE",
                "permission": "ALLOW"}  # fmt: skip
-        request_sync(b.http, "POST", "/api/v1/acls", {"create": [acl]})
+        request_sync(https, "POST", "/api/v1/acls", {"create": [acl]}, auth=op_auth)
         assert produce() is None
+        # The User's password as HTTP Basic: ACLs decide there too (WRITE on the topic
+        # implies DESCRIBE, as in Kafka; the ACLs are the cluster's: DESCRIBE on it).
+        app = AdminAuth(ca_file=str(certs / "ca.crt"), check_hostname=False,
+                        username="app", password="app-pw")  # fmt: skip
+        assert exchange_sync(https, "GET", "/api/v1/topics/ledger", auth=app)[0] == 200
+        assert exchange_sync(https, "GET", "/api/v1/acls", auth=app)[0] == 403
+        wrong = AdminAuth(ca_file=str(certs / "ca.crt"), check_hostname=False,
+                          username="app", password="nope")  # fmt: skip
+        assert exchange_sync(https, "GET", "/api/v1/topics/ledger", auth=wrong)[0] == 401
         # SSL without SASL on CLIENT is refused.
         plain_ssl = AdminClient({"bootstrap.servers": f"127.0.0.1:{client}",
                                  "security.protocol": "SSL", **tls})  # fmt: skip
@@ -320,6 +337,50 @@ def test_secured_spec_scram_clients_acls_and_brokers_by_certificate(tmp_path: Pa
             plain_ssl.list_topics(timeout=4)
     finally:
         b.stop()
+
+
+def _kubelet_context() -> ssl.SSLContext:
+    """As the kubelet's httpGet with scheme HTTPS: no client certificate, no verification."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def _wait_ready_as_the_kubelet(b: Any, https: str, timeout: float = 30.0) -> None:
+    from straitmq.admin_client import AdminAuth, AdminError, exchange_sync
+
+    kubelet = AdminAuth(ssl_context=_kubelet_context())
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert b.proc.poll() is None, b.log_path.read_text()[-3000:]
+        try:
+            if exchange_sync(https, "GET", "/readyz", timeout_s=1, auth=kubelet)[0] == 200:
+                break
+        except AdminError:
+            pass
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the broker's /readyz did not answer the kubelet over https")
+    assert exchange_sync(https, "GET", "/healthz", timeout_s=3, auth=kubelet)[0] == 200
+    assert exchange_sync(https, "GET", "/metrics", timeout_s=3, auth=kubelet)[0] == 200
+
+
+def _http_api_needs_a_certificate_or_a_password(https: str, certs: Path, op_auth: Any) -> None:
+    """Anonymous (the CA trusted, no certificate, no password): 401 on the admin API;
+    plain http on the port: no answer; the operator's certificate: a super user."""
+    from straitmq.admin_client import AdminAuth, AdminError, exchange_sync, request_sync
+
+    anonymous = AdminAuth(ca_file=str(certs / "ca.crt"), check_hostname=False)
+    for method, path in (("GET", "/api/v1/topics"), ("GET", "/api/v1/users/app"),
+                         ("GET", "/api/v1/acls"), ("POST", "/api/v1/topics")):  # fmt: skip
+        status, answer = exchange_sync(https, method, path, {"name": "x"} if method == "POST"
+                                       else None, timeout_s=5, auth=anonymous)  # fmt: skip
+        assert status == 401, (path, status, answer)
+    with pytest.raises(AdminError):
+        request_sync(https.replace("https://", "http://"), "GET", "/api/v1/topics", timeout_s=3)
+    assert "topics" in request_sync(https, "GET", "/api/v1/topics", timeout_s=5, auth=op_auth)
+    assert request_sync(https, "GET", "/api/v1/cluster", timeout_s=5, auth=op_auth)["brokers"]
 
 
 def test_authentication_and_authorization_need_tls() -> None:
@@ -384,3 +445,56 @@ def test_ca_renewal_rolls_over_through_a_two_ca_bundle() -> None:
     assert kube.value("demo-cluster-ca-cert", "ca.crt") == new_ca
     assert kube.value("demo-broker-certs", "ca.crt") == new_ca
     assert "old-ca.crt" not in kube.secrets[("prod", "demo-cluster-ca")]["data"]
+
+
+def test_a_pass_reaches_brokers_still_on_the_other_scheme_while_they_roll(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Turning authorization on (or off) rolls the brokers to https with client
+    certificates (or back to http); until each restarts it answers the old scheme, and
+    the pass must still see the cluster to restart the next one."""
+    from contextlib import AsyncExitStack
+
+    from straitmq.operator.cluster import ClusterReconciler, Observed
+
+    secured_body = body(listeners=TLS, authorization={"type": "simple"})
+    tls_only_body = body(listeners=TLS)
+    kube = FakeKube()
+    asyncio.run(certificates.ensure(kube, parse(secured_body), 1, lambda *e: None, NOW))  # type: ignore[arg-type]
+    answering: set[str] = set()
+    calls: list[tuple[str, bool]] = []
+
+    async def observe(self: Any, admin: Any) -> Observed:
+        scheme = admin.base_url.partition(":")[0]
+        ctx = admin.auth.ssl_context if admin.auth is not None else None
+        calls.append((scheme, ctx is not None and bool(ctx.get_ca_certs())))
+        if scheme in answering:
+            return Observed(cluster={"brokers": []}, topics=[])
+        return Observed(error="unreachable")
+
+    monkeypatch.setattr(ClusterReconciler, "_observe", observe)
+    reconciler = ClusterReconciler(kube, lambda *e: None)  # type: ignore[arg-type]
+
+    def connect(doc: dict) -> str:
+        async def go() -> str:
+            async with AsyncExitStack() as stack:
+                admin, seen = await reconciler._connect(doc, parse(doc), stack)
+                return admin.base_url.partition(":")[0] if seen.reachable else "none"
+
+        calls.clear()
+        return asyncio.run(go())
+
+    answering = {"http"}  # authorization just turned on: no broker restarted yet
+    assert connect(secured_body) == "http"
+    assert calls == [("https", True), ("http", False)]  # the cluster CA and the cert first
+    answering = {"https"}  # all rolled
+    assert connect(secured_body) == "https" and calls == [("https", True)]
+    # Turned off again (the operator's certificate is still there): https until rolled.
+    assert connect(tls_only_body) == "https"
+    assert calls == [("http", False), ("https", True)]
+    answering = set()
+    assert connect(tls_only_body) == "none"
+    # A cluster never secured (no operator certificate): nothing else to try.
+    fresh = body(listeners=TLS)
+    fresh["metadata"]["name"] = "other"
+    assert connect(fresh) == "none" and calls == [("http", False)]

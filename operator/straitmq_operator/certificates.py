@@ -11,6 +11,9 @@
   from another CA, names other hosts, or has less than 30 days left; the brokers reload
   the mounted file, so no restart. After a CA renewal the old CA's certificates stay a
   day (pki.ROLLOVER_GRACE), so everyone has the two-CA bundle before the new ones show.
+- `<cluster>-operator-certs` (when spec.http_secured): the operator's own client
+  certificate (`tls.key`, `tls.crt`, `ca.crt`), CN=straitmq-operator, a super user of the
+  cluster, for its calls on the brokers' https admin API; renewed as a broker's is.
 
 Every Secret has the MQCluster as its owner: deleting the cluster deletes its CA.
 """
@@ -18,8 +21,13 @@ Every Secret has the MQCluster as its owner: deleting the cluster deletes its CA
 from __future__ import annotations
 
 import base64
+import os
+import ssl
+import tempfile
 from datetime import UTC, datetime
 from typing import Any
+
+from straitmq.admin_client import AdminAuth
 
 from . import names as n
 from . import pki
@@ -109,6 +117,69 @@ async def ensure(
     if stored is None or issued or data.get("ca.crt") != bundle:
         data["ca.crt"] = bundle
         await kube.apply(_secret(spec, certs_name, data))
+    if spec.http_secured:
+        why = await _operator_certificate(kube, spec, ca, bundle, at, still_serving)
+        if why is not None:
+            issued.append(f"operator ({why})")
     if issued:
-        emit("Normal", "CertificatesIssued", f"broker certificates issued: {', '.join(issued)}")
+        emit("Normal", "CertificatesIssued", f"certificates issued: {', '.join(issued)}")
     return issued
+
+
+async def _operator_certificate(
+    kube: Kube, spec: ClusterSpec, ca: dict[str, str], bundle: str, at: datetime,
+    still_serving: list[str],
+) -> str | None:  # fmt: skip
+    """The operator's client certificate (CN=straitmq-operator, a super user of the
+    cluster: render.OPERATOR_PRINCIPAL) in `<cluster>-operator-certs`; why it was issued,
+    or None if the stored one is good."""
+    name = n.operator_certs_secret(spec.name)
+    data = _values(await kube.get("v1", "Secret", spec.namespace, name))
+    why = pki.needs_new(data.get("tls.crt"), ca["ca.crt"], [n.OPERATOR_CN], at, still_serving)
+    if why is None and data.get("ca.crt") == bundle:
+        return None
+    if why is not None:
+        key, crt = pki.issue(ca["ca.key"], ca["ca.crt"], n.OPERATOR_CN, [n.OPERATOR_CN], at)
+        data = {"tls.key": key, "tls.crt": crt}
+    data["ca.crt"] = bundle
+    await kube.apply(_secret(spec, name, data))
+    return why
+
+
+async def admin_auth(
+    kube: Kube, spec: ClusterSpec, secured: bool | None = None
+) -> AdminAuth | None:
+    """How the operator calls this cluster's admin API: None when its HTTP API is not
+    secured (`secured`, default spec.http_secured; then AdminClient falls back to
+    $STRAIT_* settings), else https trusting the
+    cluster CA, with the operator's client certificate (none yet: the call is refused,
+    and the next pass, after certificates.ensure, has it). The server's certificate is
+    checked against the cluster's own CA, not its host name: only the cluster's brokers
+    and this operator hold certificates from it, and the admin URL may be an override
+    (`straitmq.io/admin-url`) that no certificate names."""
+    if not (spec.http_secured if secured is None else secured):
+        return None
+    data = _values(await kube.get("v1", "Secret", spec.namespace,
+                                  n.operator_certs_secret(spec.name)))  # fmt: skip
+    if not data.get("ca.crt"):
+        return AdminAuth(ssl_context=_context(None, None, None))
+    return AdminAuth(ssl_context=_context(data["ca.crt"], data.get("tls.crt"),
+                                          data.get("tls.key")))  # fmt: skip
+
+
+def _context(ca: str | None, crt: str | None, key: str | None) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    if ca:
+        ctx.load_verify_locations(cadata=ca)
+    if crt and key:
+        # load_cert_chain reads files only: a private temporary one, gone once loaded.
+        with tempfile.TemporaryDirectory(prefix="straitmq-operator-") as tmp:
+            path = os.path.join(tmp, "client.pem")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(key + crt)
+            ctx.load_cert_chain(path)
+    return ctx

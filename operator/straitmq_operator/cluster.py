@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +44,14 @@ def admin_url(body: dict[str, Any], spec: ClusterSpec) -> str:
     override = (body.get("metadata", {}).get("annotations") or {}).get(n.ADMIN_URL_ANNOTATION)
     if override:
         return override
-    return f"http://{n.bootstrap_service(spec.name)}.{spec.namespace}.svc:{spec.http_port}"
+    scheme = "https" if spec.http_secured else "http"
+    return f"{scheme}://{n.bootstrap_service(spec.name)}.{spec.namespace}.svc:{spec.http_port}"
+
+
+def other_scheme(url: str) -> str:
+    """`url` with http and https swapped."""
+    scheme, sep, rest = url.partition("://")
+    return ("http" if scheme == "https" else "https") + sep + rest
 
 
 @dataclass
@@ -123,8 +131,8 @@ class ClusterReconciler:
         sts = await self.kube.get("apps/v1", "StatefulSet", spec.namespace, sts_name)
         current = sts["spec"]["replicas"] if sts else None
         want = spec.brokers
-        async with AdminClient(admin_url(body, spec), self.admin_timeout_s) as admin:
-            seen = await self._observe(admin)
+        async with AsyncExitStack() as stack:
+            admin, seen = await self._connect(body, spec, stack)
             p = Pass()
             if current is None:
                 replicas = want
@@ -161,6 +169,31 @@ class ClusterReconciler:
             if p.phase in ("Ready", "Creating") and current is not None:
                 await self._roll(spec, seen, p, sets)
         return self._status(spec, old, generation, seen, p, replicas, sets)
+
+    async def _connect(
+        self, body: dict[str, Any], spec: ClusterSpec, stack: AsyncExitStack
+    ) -> tuple[AdminClient, Observed]:
+        """The cluster's admin API and what it says. A change of spec.http_secured rolls
+        the brokers from plain http to https with client certificates (or back); until
+        each is restarted it answers the other scheme, so when the spec's cannot be
+        reached that one is tried too, and the pass can still check the cluster before
+        restarting the next pod."""
+        url = admin_url(body, spec)
+        auth = await certificates.admin_auth(self.kube, spec)
+        admin = await stack.enter_async_context(AdminClient(url, self.admin_timeout_s, auth))
+        seen = await self._observe(admin)
+        if seen.reachable:
+            return admin, seen
+        if not spec.http_secured and await self.kube.get(
+            "v1", "Secret", spec.namespace, n.operator_certs_secret(spec.name)
+        ) is None:
+            return admin, seen  # never secured: nothing to fall back to
+        old_auth = await certificates.admin_auth(self.kube, spec, not spec.http_secured)
+        old = await stack.enter_async_context(
+            AdminClient(other_scheme(url), self.admin_timeout_s, old_auth)
+        )
+        old_seen = await self._observe(old)
+        return (old, old_seen) if old_seen.reachable else (admin, seen)
 
     def _refused(
         self,

@@ -87,6 +87,15 @@ def broker_certs_secret(cluster: str) -> str:
     return f"{cluster}-broker-certs"
 
 
+# The operator's own client certificate from the cluster CA (`tls.key`, `tls.crt`,
+# `ca.crt`), for the admin API of a cluster whose HTTP API is secured.
+def operator_certs_secret(cluster: str) -> str:
+    return f"{cluster}-operator-certs"
+
+
+OPERATOR_CN = "straitmq-operator"
+
+
 def config_map(cluster: str) -> str:
     return f"{cluster}-config"
 

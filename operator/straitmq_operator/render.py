@@ -157,16 +157,20 @@ def _env(spec: ClusterSpec) -> list[dict[str, Any]]:
     return env
 
 
-def _probes(port: str) -> dict[str, Any]:
+def _probes(port: str, scheme: str = "HTTP") -> dict[str, Any]:
+    """The kubelet's checks. On an https port (scheme HTTPS) the kubelet shows no client
+    certificate and does not verify the server's: the port asks for one without requiring
+    it (http.ssl.client.auth=requested), and /healthz and /readyz need no credential."""
+    get: dict[str, Any] = {"port": port} if scheme == "HTTP" else {"port": port, "scheme": scheme}
     return {
         "readinessProbe": {
-            "httpGet": {"path": "/readyz", "port": port},
+            "httpGet": {"path": "/readyz", **get},
             "periodSeconds": 5,
             "timeoutSeconds": 3,
             "failureThreshold": 3,
         },
         "livenessProbe": {
-            "httpGet": {"path": "/healthz", "port": port},
+            "httpGet": {"path": "/healthz", **get},
             "initialDelaySeconds": 15,
             "periodSeconds": 10,
             "timeoutSeconds": 5,
@@ -221,6 +225,8 @@ def _statefulset(
                 "prometheus.io/path": "/metrics",
             }
         )
+        if component == n.BROKER and spec.http_secured:  # /metrics open, over https
+            pod_annotations["prometheus.io/scheme"] = "https"
     pod_spec: dict[str, Any] = {
         "terminationGracePeriodSeconds": grace_s,
         "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "fsGroup": RUN_AS},
@@ -308,6 +314,28 @@ def broker_principal(spec: ClusterSpec) -> str:
     return f"User:CN={spec.name}-broker,O=straitmq"
 
 
+# The operator's client certificate for a secured HTTP API (certificates.ensure issues it).
+OPERATOR_PRINCIPAL = f"User:CN={n.OPERATOR_CN},O=straitmq"
+
+
+def http_args(spec: ClusterSpec) -> list[str]:
+    """The HTTP port secured (spec.http_secured): https with the broker's certificate, a
+    client certificate from the cluster CA asked for (`requested`, not `required`: the
+    kubelet's probes show none, and /healthz and /readyz must answer them) and, with
+    http.authentication, demanded on every other path but /metrics: mtls (the operator,
+    the brokers calling each other), and basic with SCRAM (a User's password)."""
+    if not spec.http_secured:
+        return []
+    methods = "mtls,basic" if spec.kafka_sasl else "mtls"
+    return [
+        f"--override=http.ssl.keystore.location={n.CERTS_DIR}/$(POD_NAME).pem",
+        f"--override=http.ssl.truststore.location={n.CERTS_DIR}/ca.crt",
+        "--override=http.ssl.client.auth=requested",
+        f"--override=http.authentication={methods}",
+        "--override=http.metrics.require.authentication=false",
+    ]
+
+
 def tls_args(spec: ClusterSpec) -> list[str]:
     """A broker's listeners when clients get TLS: CLIENT (the kafka port; SSL, or SASL_SSL
     with listeners.kafka.authentication) and REPLICATION (SSL, between brokers only: each
@@ -332,8 +360,10 @@ def tls_args(spec: ClusterSpec) -> list[str]:
         args.append(
             f"--override=listener.name.{client.lower()}.sasl.enabled.mechanisms={spec.kafka_sasl}"
         )
+    args += http_args(spec)
     if spec.authorization:
-        supers = ";".join([broker_principal(spec), *spec.super_users])
+        operator = [OPERATOR_PRINCIPAL] if spec.http_secured else []
+        supers = ";".join([broker_principal(spec), *operator, *spec.super_users])
         args += [
             f"--override=authorizer.class.name={AUTHORIZER}",
             f"--override=super.users={supers}",
@@ -368,7 +398,7 @@ def broker_statefulset(spec: ClusterSpec, replicas: int) -> dict[str, Any]:
         "volumeMounts": [{"name": "data", "mountPath": DATA_DIR}],
         "resources": spec.broker_resources,
         "securityContext": _CONTAINER_SECURITY,
-        **_probes("http"),
+        **_probes("http", "HTTPS" if spec.http_secured else "HTTP"),
     }
     pod_extra: dict[str, Any] = {"serviceAccountName": n.broker_service_account(spec.name)}
     volumes: list[dict[str, Any]] = []

@@ -72,6 +72,15 @@ class ClusterSpec:
     otlp_endpoint: str | None = None
 
     @property
+    def http_secured(self) -> bool:
+        """The brokers' HTTP API (topics, users, ACLs) needs a credential: https with the
+        brokers' certificates, a client certificate from the cluster CA (or, with SCRAM, a
+        User's password as HTTP Basic). On whenever listeners.kafka.authentication or
+        authorization is set (both need kafka.tls); /healthz, /readyz and /metrics stay
+        open. A TLS-only cluster keeps plain HTTP, as open as its Kafka listener."""
+        return self.kafka_tls and (self.authorization or self.kafka_sasl is not None)
+
+    @property
     def cluster_id(self) -> str:
         """Kafka-style cluster id (22 chars of URL-safe base64), fixed by the object's uid."""
         key = uuid.UUID(self.uid) if self.uid else uuid.uuid5(uuid.NAMESPACE_DNS, self.name)

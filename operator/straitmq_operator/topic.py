@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from . import certificates, planning
 from . import names as n
-from . import planning
 from .admin import AdminClient, AdminError, Partition, Topic
 from .cluster import Emit, admin_url
 from .conditions import get_condition, set_condition
@@ -73,7 +73,8 @@ class TopicReconciler:
             cspec = parse(cluster)
         except SpecError as e:
             raise TopicProblem("ClusterInvalid", f"MQCluster '{ts.cluster}': {e}") from None
-        admin = AdminClient(admin_url(cluster, cspec), self.admin_timeout_s)
+        auth = await certificates.admin_auth(self.kube, cspec)
+        admin = AdminClient(admin_url(cluster, cspec), self.admin_timeout_s, auth)
         return admin, cspec.throttle_bytes_per_sec
 
     async def reconcile(self, body: dict[str, Any]) -> dict[str, Any]:

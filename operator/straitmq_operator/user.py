@@ -17,6 +17,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from . import certificates
 from . import names as n
 from .admin import AdminClient, AdminError
 from .cluster import Emit, admin_url
@@ -215,7 +216,9 @@ class UserReconciler:
             cluster, cspec = await self._cluster(ns, us)
             own = await self.kube.get("v1", "Secret", ns, us.name)
             password = await self._password(ns, us, own)
-            async with AdminClient(admin_url(cluster, cspec), self.admin_timeout_s) as admin:
+            auth = await certificates.admin_auth(self.kube, cspec)
+            async with AdminClient(admin_url(cluster, cspec), self.admin_timeout_s,
+                                   auth) as admin:  # fmt: skip
                 digest = credential_digest(meta["uid"], us.mechanism, password)
                 rotated = await self._credential(admin, us, password, digest, own)
                 extra = await self._client_settings(cspec)
@@ -334,7 +337,8 @@ class UserReconciler:
             if e.reason in ("ClusterNotFound", "ClusterInvalid"):
                 return f"cluster gone, nothing to delete: {e.message}"
             raise
-        async with AdminClient(admin_url(cluster, cspec), self.admin_timeout_s) as admin:
+        auth = await certificates.admin_auth(self.kube, cspec)
+        async with AdminClient(admin_url(cluster, cspec), self.admin_timeout_s, auth) as admin:
             try:
                 had = await admin.delete_user(name)
                 doomed = await admin.acls(principal)

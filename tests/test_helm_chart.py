@@ -632,6 +632,24 @@ def test_examples_are_valid_custom_resources() -> None:
     operator_accepts(cluster, cspec)
 
 
+def test_secure_examples_are_valid_and_secure_the_http_api() -> None:
+    from straitmq.operator import spec as operator_spec
+    from straitmq.operator import user as operator_user
+
+    cluster = load_example("mqcluster-secure.yaml")
+    cspec = validate(cluster)
+    operator_accepts(cluster, cspec)
+    parsed = operator_spec.parse({"metadata": {**cluster["metadata"], "namespace": NAMESPACE},
+                                  "spec": cspec})  # fmt: skip
+    assert parsed.kafka_tls and parsed.kafka_sasl == "SCRAM-SHA-512" and parsed.authorization
+    assert parsed.http_secured
+    user = load_example("user.yaml")
+    uspec = validate(user)
+    assert uspec["cluster"] == cluster["metadata"]["name"]
+    bindings = operator_user.user_spec(user).acls
+    assert {b.operation for b in bindings} >= {"WRITE", "READ", "DESCRIBE"}
+
+
 def test_chart_cluster_and_topics_are_valid_custom_resources(tmp_path: Path) -> None:
     objs = render(tmp_path, CLUSTER_MODE)
     cluster = only(objs, "MQCluster", "demo")
@@ -716,8 +734,11 @@ def test_chart_installs_on_a_real_api_server(kube: Any, tmp_path: Path) -> None:
         dry = kube.kubectl(
             "apply", "--dry-run=server", "-n", watched,
             "-f", str(EXAMPLES / "mqcluster.yaml"), "-f", str(EXAMPLES / "topic.yaml"),
+            "-f", str(EXAMPLES / "mqcluster-secure.yaml"), "-f", str(EXAMPLES / "user.yaml"),
         )  # fmt: skip
         assert "mqcluster.straitmq.io/demo created (server dry run)" in dry.stdout
+        assert "mqcluster.straitmq.io/secure created (server dry run)" in dry.stdout
+        assert "user.straitmq.io/orders-app created (server dry run)" in dry.stdout
         assert "topic.straitmq.io/orders created (server dry run)" in dry.stdout
 
         who = f"--as=system:serviceaccount:{ns}:chartcheck-straitmq-operator"

@@ -46,9 +46,14 @@ class IsrManager:
                 continue
             parts = list(self.led.values())
             for n, part in enumerate(parts, 1):
-                new = part.isr_change(lag_s, self._alive)
-                if new is not None:
-                    self.propose(part, new)
+                try:
+                    new = part.isr_change(lag_s, self._alive)
+                    if new is not None:
+                        self.propose(part, new)
+                except Exception:  # one partition's bug must not end ISR upkeep for all
+                    log.exception(
+                        "ISR check failed", extra={"partition": f"{part.topic}-{part.index}"}
+                    )
                 if n % SCAN_CHUNK == 0:
                     await asyncio.sleep(0)  # 100,000 replicas: let the listener answer
 
@@ -84,5 +89,11 @@ class IsrManager:
                 "ISR change refused",
                 extra={"partition": f"{part.topic}-{part.index}", "reason": e.message},
             )
+            if part.pending_isr == new_isr:
+                part.pending_isr = None
+        except Exception:
+            # Whatever failed, the change is not in flight any more: left pending, the
+            # partition's ISR could never change again (and a reassignment never end).
+            log.exception("ISR change failed", extra={"partition": f"{part.topic}-{part.index}"})
             if part.pending_isr == new_isr:
                 part.pending_isr = None

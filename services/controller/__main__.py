@@ -7,6 +7,7 @@ import os
 import sys
 
 import uvloop
+from straitmq.broker.security.settings import ACL_KEYS, HTTP_KEYS
 
 from straitmq import logs
 from straitmq.node_identity import voter_for_hostname
@@ -19,21 +20,12 @@ from .node import ControllerNode
 from .quorum import parse_voters
 from .raft.core import RaftConfig
 
-# The settings of a controller's HTTP port (see straitmq.broker.security.http_security).
-SECURITY_KEYS = frozenset({
-    "http.ssl.keystore.location",
-    "http.ssl.key.password",
-    "http.ssl.truststore.location",
-    "http.ssl.client.auth",
-    "http.ssl.reload.interval.ms",
-    "http.authentication",
-    "http.metrics.require.authentication",
+# The settings of a controller's HTTP port (see straitmq.broker.security.http_security),
+# and how it checks the voters and brokers calling it.
+SECURITY_KEYS = HTTP_KEYS | ACL_KEYS | {
     "ssl.truststore.location",
     "ssl.endpoint.identification.algorithm",
-    "authorizer.class.name",
-    "super.users",
-    "allow.everyone.if.no.acl.found",
-})  # fmt: skip
+}
 
 
 def build(argv: list[str] | None = None) -> ControllerNode:

@@ -9,8 +9,20 @@ from __future__ import annotations
 
 from straitmq.properties import read_properties  # noqa: F401  (its old home)
 
+# ACLs (security/acls.py): broker-wide only, as in Kafka; a controller takes them too.
+ACL_KEYS = frozenset({"authorizer.class.name", "super.users", "allow.everyone.if.no.acl.found"})
+# The HTTP port (http_security.py): broker-wide only; a controller takes them too.
+HTTP_KEYS = frozenset({
+    "http.ssl.keystore.location",
+    "http.ssl.key.password",
+    "http.ssl.truststore.location",
+    "http.ssl.client.auth",
+    "http.ssl.reload.interval.ms",
+    "http.authentication",
+    "http.metrics.require.authentication",
+})  # fmt: skip
 # Every other key is refused: a typo must not silently leave a listener open.
-SECURITY_KEYS = frozenset({
+SECURITY_KEYS = ACL_KEYS | HTTP_KEYS | frozenset({
     "ssl.keystore.type",
     "ssl.keystore.location",
     "ssl.key.password",
@@ -27,19 +39,7 @@ SECURITY_KEYS = frozenset({
     "scram-sha-256.sasl.jaas.config",
     "scram-sha-512.sasl.jaas.config",
     "ssl.endpoint.identification.algorithm",
-    # ACLs (security/acls.py): broker-wide only, as in Kafka
-    "authorizer.class.name",
-    "super.users",
-    "allow.everyone.if.no.acl.found",
-    # the HTTP port (http_security.py): broker-wide only
-    "http.ssl.keystore.location",
-    "http.ssl.key.password",
-    "http.ssl.truststore.location",
-    "http.ssl.client.auth",
-    "http.ssl.reload.interval.ms",
-    "http.authentication",
-    "http.metrics.require.authentication",
-    "controller.http.ssl.enabled",
+    "controller.http.ssl.enabled",  # the brokers' calls to the controllers
 })  # fmt: skip
 # Listener settings that also have a command-line flag (BrokerConfig fields).
 FIELDS = {

@@ -459,7 +459,7 @@ def test_metrics_scraped_through_services_carry_the_dashboards_metrics(
         ls["straitmq_resource_kind"]
         for ls, _ in operator.get("straitmq_operator_reconcile_errors_total", [])
     }
-    assert kinds == {"MQCluster", "Topic"}, sorted(operator)
+    assert kinds == {"MQCluster", "Topic", "User"}, sorted(operator)
     for name, board in dashboards().items():
         if name == "operator":
             check_served(board, operator, "the operator pod (its metrics Service)")

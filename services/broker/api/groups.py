@@ -351,9 +351,9 @@ async def handle_delete_groups(ctx: RequestContext, req: Any) -> dict:
 
 
 def _is_share_group(ctx: RequestContext, group_id: str) -> bool:
-    from .share import share_of  # share imports this module
-
-    return group_id in share_of(ctx.broker).groups.groups
+    # No share state yet (share.share_of makes it on first use): no share group exists.
+    share = getattr(ctx.broker, "share_state", None)
+    return share is not None and group_id in share.groups.groups
 
 
 def _delete_group(ctx: RequestContext, group_id: str) -> int:

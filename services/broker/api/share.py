@@ -17,7 +17,6 @@ import itertools
 import logging
 import struct
 import uuid
-import weakref
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -96,13 +95,12 @@ class _BrokerShare:
         self.waiters.clear()
 
 
-_SHARES: weakref.WeakKeyDictionary[Any, _BrokerShare] = weakref.WeakKeyDictionary()
-
-
 def share_of(broker: Any) -> _BrokerShare:
-    s = _SHARES.get(broker)
+    """The broker's share-group state, made on first use and kept on the broker (any
+    object with attributes: the handlers' unit tests pass a namespace)."""
+    s = getattr(broker, "share_state", None)
     if s is None:
-        s = _SHARES[broker] = _BrokerShare(broker)
+        s = broker.share_state = _BrokerShare(broker)
     return s
 
 

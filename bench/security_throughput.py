@@ -39,6 +39,7 @@ a JSON dump of every round (default .cache/bench/security-throughput-<timestamp>
 
 from __future__ import annotations
 
+import abc
 import argparse
 import datetime as _dt
 import json
@@ -70,6 +71,7 @@ from confluent_kafka.admin import (
 
 from bench.javatools import REPO_ROOT
 from bench.kafka_ref import KafkaRef, wait_for_broker
+from bench.throughput import send_all
 from straitmq.cli.local_cluster import free_port
 
 MB = 1024 * 1024
@@ -112,8 +114,9 @@ def make_certs(d: Path) -> tuple[Path, Path]:
 # -- the two systems -------------------------------------------------------------------
 
 
-class System:
-    """One broker with a PLAINTEXT, an SSL and a SASL_SSL listener."""
+class System(abc.ABC):
+    """One broker with a PLAINTEXT, an SSL and a SASL_SSL listener (Strait and Kafka
+    below say how to run each)."""
 
     name = ""
 
@@ -121,14 +124,14 @@ class System:
         self.workdir, self.ca, self.server_pem = workdir, ca, server_pem
         self.ports = {p: free_port() for p in PROTOCOLS}
 
-    def pid(self) -> int:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def pid(self) -> int: ...
 
-    def start(self) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def start(self) -> None: ...
 
-    def stop(self) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def stop(self) -> None: ...
 
     def listeners(self) -> str:
         return ",".join(f"{p}://{HOST}:{port}" for p, port in self.ports.items())
@@ -275,21 +278,7 @@ def produce(conf: dict, topic: str, n: int, size: int, timeout: float) -> float:
             errors.append(str(err))
 
     p.list_topics(topic, timeout=30)  # connect (TLS handshake, SASL) before the clock starts
-    deadline = time.monotonic() + timeout
-    t0 = time.perf_counter()
-    for i in range(n):
-        while True:
-            try:
-                p.produce(topic, payload, on_delivery=on_delivery)
-                break
-            except BufferError:
-                p.poll(0.05)
-                if time.monotonic() > deadline:
-                    raise TimeoutError("produce: queue full until the phase timeout") from None
-        if i & 1023 == 0:
-            p.poll(0)
-    left = p.flush(max(1.0, deadline - time.monotonic()))
-    dt = time.perf_counter() - t0
+    dt, left = send_all(p, topic, payload, n, timeout, on_delivery)
     if left or errors:
         raise RuntimeError(f"produce: {left} undelivered, {len(errors)} errors {errors[:1]}")
     return dt

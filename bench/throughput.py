@@ -233,6 +233,29 @@ def consumer_perf(bootstrap: str, topic: str, a: argparse.Namespace, group: str)
 # ---------------------------------------------------------------- librdkafka
 
 
+def send_all(
+    p: Any, topic: str, payload: bytes, n: int, timeout: float, on_delivery: Any
+) -> tuple[float, int]:
+    """Produce `payload` n times as fast as librdkafka's queue takes it, then flush:
+    (seconds from the first produce to the flush, records left undelivered). Raises
+    TimeoutError if the queue stays full past `timeout`."""
+    deadline = time.monotonic() + timeout
+    t0 = time.perf_counter()
+    for i in range(n):
+        while True:
+            try:
+                p.produce(topic, payload, on_delivery=on_delivery)
+                break
+            except BufferError:
+                p.poll(0.05)
+                if time.monotonic() > deadline:
+                    raise TimeoutError("produce: queue full until the phase timeout") from None
+        if i & 1023 == 0:
+            p.poll(0)
+    remaining = p.flush(max(1.0, deadline - time.monotonic()))
+    return time.perf_counter() - t0, remaining
+
+
 def rdkafka_produce(bootstrap: str, topic: str, a: argparse.Namespace) -> dict[str, float]:
     ck = confluent_kafka
     conf = {
@@ -257,21 +280,10 @@ def rdkafka_produce(bootstrap: str, topic: str, a: argparse.Namespace) -> dict[s
 
     # warm the connection / metadata so it is not timed
     p.list_topics(topic, timeout=30)
-    deadline = time.monotonic() + a.phase_timeout
-    t0 = time.perf_counter()
-    for i in range(n):
-        while True:
-            try:
-                p.produce(topic, payload, on_delivery=on_delivery)
-                break
-            except BufferError:
-                p.poll(0.05)
-                if time.monotonic() > deadline:
-                    raise PhaseError("rdkafka produce timed out (queue full)") from None
-        if i & 1023 == 0:
-            p.poll(0)
-    remaining = p.flush(max(1.0, deadline - time.monotonic()))
-    dt = time.perf_counter() - t0
+    try:
+        dt, remaining = send_all(p, topic, payload, n, a.phase_timeout, on_delivery)
+    except TimeoutError:
+        raise PhaseError("rdkafka produce timed out (queue full)") from None
     if remaining or state["err"]:
         raise PhaseError(
             f"rdkafka produce: {remaining} undelivered, {state['err']} errors "

@@ -21,7 +21,6 @@ with a message instead of a replica fetcher failing forever.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import ssl
 
@@ -30,6 +29,7 @@ from straitmq.protocol.sasl_client import MECHANISMS
 
 from .listeners import Listener, ListenerConfigError
 from .settings import listener_value
+from .tls import file_stamp
 
 log = logging.getLogger("straitmq.security")
 _JAAS_FIELD = r'\b{}\s*=\s*"((?:[^"\\]|\\.)*)"'
@@ -106,14 +106,7 @@ class _ClientTls:
         self.reloads = 0
 
     def _stamp(self) -> tuple:
-        out = []
-        for f in self.files:
-            try:
-                st = os.stat(f)
-                out.append((st.st_mtime_ns, st.st_size, st.st_ino))
-            except OSError:
-                out.append(None)
-        return tuple(out)
+        return file_stamp(self.files)
 
     def __call__(self) -> ssl.SSLContext:
         stamp = self._stamp()  # a stat or two per new connection: fetchers reconnect rarely

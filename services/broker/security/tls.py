@@ -108,6 +108,18 @@ class TlsSettings:
         return ctx
 
 
+def file_stamp(files: list[str]) -> tuple:
+    """What changes when any of `files` is rewritten or replaced (a rotation)."""
+    out = []
+    for f in files:
+        try:
+            st = os.stat(f)
+            out.append((f, st.st_mtime_ns, st.st_size, st.st_ino))
+        except OSError:
+            out.append((f, None))
+    return tuple(out)
+
+
 class TlsListener:
     """The SSLContext a listening socket serves, swapped to a rebuilt one on rotation."""
 
@@ -125,14 +137,7 @@ class TlsListener:
         return None
 
     def _file_stamp(self) -> tuple:
-        out = []
-        for f in self.settings.files():
-            try:
-                st = os.stat(f)
-                out.append((f, st.st_mtime_ns, st.st_size, st.st_ino))
-            except OSError:
-                out.append((f, None))
-        return tuple(out)
+        return file_stamp(self.settings.files())
 
     def check(self) -> bool:
         """Reload when a file changed; True if new connections now get new files."""

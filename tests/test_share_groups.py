@@ -5,6 +5,7 @@ Java KafkaShareConsumer (kafka-clients 4.1, tools/java/kafka-4.1/ShareConsumerCl
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -186,7 +187,7 @@ def test_share_sessions_epochs():
 
 
 def test_sessions_of_members_gone_are_closed_and_their_records_released():
-    st = ShareState(session_idle_ms=1000)
+    st = ShareState(session_idle_ms=1000, max_sessions=2)
     st.session_for("g", "m1", 0, False, now=0)
     sp = st.partition("g", "t", 0, 0, 0)
     sp.acquire("m1", 0, 10, batches((0, 4)))
@@ -194,8 +195,19 @@ def test_sessions_of_members_gone_are_closed_and_their_records_released():
     assert ("g", "m1") not in st.sessions
     st.session_for("g", "m2", 0, False, now=0)
     sp.acquire("m2", 0, 10, [])
-    st.session_for("g", "m3", 0, False, now=1500)  # m2 idle for longer than 1 s: evicted
-    assert ("g", "m2") not in st.sessions and sp.state_of(0) == (AVAILABLE, 2, None)
+    # A client that opens a new session (after an error or a timed-out request) keeps
+    # its records and acknowledges them in the new session, as with Kafka.
+    _, code, _ = st.session_for("g", "m2", 0, False, now=100)
+    assert code == 0 and sp.state_of(0) == (ACQUIRED, 2, "m2")
+    sp.acknowledge("m2", 0, 4, [ACCEPT])
+    st.session_for("g", "m4", 0, False, now=200)
+    # At the session limit, a session idle for longer than 1 s makes room; what its
+    # member holds waits for the member (or its lock) instead of being handed out.
+    sp.acquire("m2", 200, 10, batches((5, 6)))
+    assert st.session_for("g", "m3", 0, False, now=500)[1] == E.share_session_limit_reached
+    st.session_for("g", "m3", 0, False, now=1500)
+    assert ("g", "m2") not in st.sessions and sp.state_of(5) == (ACQUIRED, 1, "m2")
+    assert ("g", "m4") not in st.sessions  # idle too
 
 
 # -- membership, sans-IO --------------------------------------------------------------------
@@ -512,6 +524,50 @@ class ShareMember:
         self.proc.wait(10)
 
 
+def _assert_at_least_once_without_redelivery_of_accepted(
+    members: list[ShareMember], logs: Path
+) -> None:
+    """Kafka's share groups deliver at least once: a record comes back only when its
+    earlier delivery's lock was lost (the lock timed out, the member was expired), and
+    then with a higher delivery count. A record whose acceptance the broker confirmed
+    (commitSync with no error for its partition) is never delivered again."""
+    deliveries: dict[tuple[int, int], list[tuple[int, int, str]]] = {}
+    accepted: dict[tuple[int, int], int] = {}
+    for m in members:
+        polled: list[tuple[int, int]] = []
+        for e in list(m.events):
+            if e["ev"] == "records":
+                polled = [(p, o) for p, o, _, _ in e["recs"]]
+                for p, o, d, _ in e["recs"]:
+                    deliveries.setdefault((p, o), []).append((e["ts"], d, m.name))
+            elif e["ev"] == "committed":
+                failed = {int(x.split(":")[0]) for x in e["errors"]}
+                for p, o in polled:
+                    if p not in failed:
+                        accepted.setdefault((p, o), e["ts"])
+                polled = []
+    bad = {}
+    for key, ds in deliveries.items():
+        ds.sort()
+        counts = [d for _, d, _ in ds]
+        after_accept = [x for x in ds if key in accepted and x[0] > accepted[key]]
+        if any(b <= a for a, b in itertools.pairwise(counts)) or after_accept:
+            bad[key] = (ds, accepted.get(key))
+    assert not bad, f"redelivered wrongly ({len(bad)}): {dict(list(bad.items())[:5])}; " + (
+        _share_logs(members, logs)
+    )
+
+
+def _share_logs(members: list[ShareMember], logs: Path) -> str:
+    """The members' events other than records, and their stderr tails (a failure's story)."""
+    out = []
+    for m in members:
+        events = [e for e in m.events if e["ev"] != "records"]
+        err = (logs / f"{m.name}.err").read_text()[-1500:]
+        out.append(f"{m.name}: {events[:20]} stderr: {err}")
+    return "\n".join(out)
+
+
 def _members_assigned(broker: Any, group: str, count: int) -> bool:
     r = Raw(broker)
     try:
@@ -529,7 +585,9 @@ def test_java_share_consumers_share_two_partitions_and_redeliver_a_dead_members_
 ):
     broker = broker_factory(
         "--group-share-record-lock-duration-ms", "8000",
-        "--group-share-session-timeout-ms", "6000",
+        # Longer than the lock: six JVMs starting at once on two busy cores can stall a
+        # member for seconds, and an expired member's records rightly go to others.
+        "--group-share-session-timeout-ms", "12000",
         "--group-share-heartbeat-interval-ms", "500",
         "--share-auto-offset-reset", "earliest",
     )  # fmt: skip
@@ -583,9 +641,7 @@ def test_java_share_consumers_share_two_partitions_and_redeliver_a_dead_members_
         # The records the holder died with came back after its lock timed out.
         redelivered = {(p, o): d for p, o, d, _ in got if (p, o) in held}
         assert set(redelivered) == held and all(d >= 2 for d in redelivered.values())
-        counts = Counter((p, o) for p, o, _, _ in got)
-        dupes = {k: n for k, n in counts.items() if n > 1}
-        assert not dupes, f"accepted records delivered twice: {list(dupes.items())[:5]}"
+        _assert_at_least_once_without_redelivery_of_accepted(members, tmp_path)
     finally:
         for m in members:
             if m.proc.poll() is None:

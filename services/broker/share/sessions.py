@@ -6,11 +6,16 @@ ShareFetch epoch 0 naming every partition it wants from this broker, then sends 
 (after applying the acknowledgements it carries). Like Kafka:
 
 - epoch 0 with acknowledgements: INVALID_REQUEST; epoch 0 for a (group, member) that has
-  a session replaces it (the old one's records are released);
+  a session replaces it. The member keeps what it acquired: a client opens a new
+  session after any error or timeout of its requests, and still acknowledges the
+  records it is processing (acknowledgements are checked by member, not by session).
 - any other epoch with no session: SHARE_SESSION_NOT_FOUND; the wrong epoch:
-  INVALID_SHARE_SESSION_EPOCH; at `max_sessions` open sessions a new one gets
+  INVALID_SHARE_SESSION_EPOCH; at `max_sessions` open sessions, one idle for longer
+  than `session_idle_ms` is evicted for the new one, else it gets
   SHARE_SESSION_LIMIT_REACHED.
-- A closed (or replaced) session's member gets its acquired records released at once.
+- A session closed by its client (epoch -1), or a member that left the group or was
+  expired by the coordinator, gets its acquired records released at once; an evicted
+  session's records wait for their locks to time out (its member may still be alive).
 
 The share-partitions (`SharePartition`) are created at the first fetch of a group on a
 partition this broker leads, starting at the SPSO saved by the previous leader
@@ -81,10 +86,7 @@ class ShareState:
             if acks:
                 message = "acknowledgements cannot be sent with share session epoch 0"
                 return None, ErrorCode.invalid_request, message
-            old = self.sessions.pop(key, None)
-            if old is not None:
-                self.release_member(group_id, member_id)
-            else:
+            if self.sessions.pop(key, None) is None and len(self.sessions) >= self.max_sessions:
                 self.evict_idle(now)
                 if len(self.sessions) >= self.max_sessions:
                     return None, ErrorCode.share_session_limit_reached, None
@@ -102,11 +104,13 @@ class ShareState:
         return session, 0, None
 
     def evict_idle(self, now: int) -> None:
-        """Close the sessions nobody used for `session_idle_ms` (a client that died
-        without closing its session; its records' locks have expired by then)."""
-        idle = [s for s in self.sessions.values() if now - s.last_used > self.session_idle_ms]
-        for s in idle:
-            self.close(s)
+        """Forget the sessions nobody used for `session_idle_ms` (clients that went away
+        without closing them). Their records stay with their members until released,
+        acknowledged or timed out: a member still alive may acknowledge them."""
+        for key in [
+            k for k, s in self.sessions.items() if now - s.last_used > self.session_idle_ms
+        ]:
+            del self.sessions[key]
 
     def drop_member(self, group_id: str, member_id: str) -> bool:
         """The member left its group (or was expired): close its session, release its

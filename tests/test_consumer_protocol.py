@@ -76,9 +76,18 @@ def now_ms() -> int:
 class Member:
     """One consumer process and what it printed."""
 
-    def __init__(self, kind: str, name: str, bootstrap: str, group: str, topic: str, logs: Path):
+    def __init__(
+        self,
+        kind: str,
+        name: str,
+        bootstrap: str,
+        group: str,
+        topic: str,
+        logs: Path,
+        extra: tuple[str, ...] = (),
+    ):
         self.name = name
-        args = [bootstrap, group, topic, name]
+        args = [bootstrap, group, topic, name, *extra]
         if kind == "java":
             cmd = java_cmd(str(JAVA_CLIENT), args, include_classes=False, jars="4.1")
         else:
@@ -402,6 +411,109 @@ def test_group_grows_shrinks_loses_a_member_and_its_coordinator(broker_factory, 
     assert all(any(e["ev"] == "committed" for e in m.events) for m in members)
 
 
+# Classic members of each client: the Java client's default assignors pick eager
+# "range"; librdkafka is set to the cooperative protocol.
+CLASSIC = {
+    "java": ("group.protocol=classic",),
+    "confluent": ("group.protocol=classic", "partition.assignment.strategy=cooperative-sticky"),
+}
+
+
+@pytest.mark.parametrize("kind", ["java", "confluent"])
+def test_rolling_upgrade_from_the_classic_protocol(broker_factory, tmp_path, kind):
+    """Three classic consumers are replaced one by one by consumer-protocol ones, as in
+    a rolling upgrade: the first new member turns the group into a KIP-848 group in which
+    the classic members go on until they are replaced. Every record is processed, the
+    commits never go backwards, no partition has two owners at once."""
+    broker = broker_factory(*BROKER_ARGS)
+    topic, group = f"up-{kind}", f"up-group-{kind}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+    writer = Writer(broker.bootstrap, topic)
+    watcher = CommitWatcher(lambda: broker.port, group, topic)
+    members: list[Member] = []
+
+    def start(protocol: str) -> Member:
+        extra = CLASSIC[kind] if protocol == "classic" else ()
+        m = Member(kind, f"{kind}-{protocol}-{len(members)}", broker.bootstrap, group, topic,
+                   tmp_path, extra)  # fmt: skip
+        members.append(m)
+        return m
+
+    def live() -> list[Member]:
+        return [m for m in members if m.ended_at is None]
+
+    def check() -> None:
+        for m in members:
+            m.check_alive()
+
+    def owned_by_all(count: int) -> bool:
+        owned = [m.owned() for m in live()]
+        return len(owned) == count and all(owned) and set().union(*owned) == set(range(PARTITIONS))
+
+    def status() -> str:
+        return str([(m.name, sorted(m.owned()), m.processed()) for m in live()]) + str(
+            described(broker.port, group)
+        )
+
+    def consuming() -> None:
+        mark = sum(m.processed() for m in members)
+        wait_for(lambda: sum(m.processed() for m in members) > mark + 200, 60, "consuming",
+                 0.2, check=check, detail=status)  # fmt: skip
+
+    try:
+        classic = [start("classic") for _ in range(3)]
+        wait_for(lambda: owned_by_all(3), 120, "3 classic members own every partition", 0.3,
+                 check=check, detail=status)  # fmt: skip
+        consuming()
+        for i, old in enumerate(classic):
+            old.stop()
+            start("consumer")
+            wait_for(lambda: owned_by_all(3), 120, "3 members own every partition", 0.3,
+                     check=check, detail=status)  # fmt: skip
+            consuming()
+            if i == 0:
+                # One group, upgraded in place: two classic members and a new one.
+                wait_for(
+                    lambda: sorted(m.member_type for m in group_members(broker.port, group))
+                    == [0, 0, 1], 60, "a mixed group", 0.3, check=check, detail=status,
+                )  # fmt: skip
+        # All three speak the consumer protocol now, in one KIP-848 group.
+        wait_for(lambda: len(group_members(broker.port, group)) == 3, 60,
+                 "a stable consumer group of 3", 0.3, check=check, detail=status)  # fmt: skip
+        assert {m.member_type for m in group_members(broker.port, group)} == {1}
+        writer.close()
+        assert not writer.errors, writer.errors[:5]
+        acked = set(writer.acked)
+
+        def processed() -> set[str]:
+            return {
+                r[2] for m in members for e in list(m.events) if e["ev"] == "records"
+                for r in e["recs"]
+            }  # fmt: skip
+
+        wait_for(lambda: acked <= processed(), 120, "every record processed", 0.3, check=check,
+                 detail=lambda: f"{len(acked - processed())} missing")  # fmt: skip
+        ends = _end_offsets(broker.bootstrap, topic)
+        wait_for(
+            lambda: all(watcher.seen[p] and watcher.seen[p][-1] == ends[p] for p in ends),
+            60, "committed offsets reach the log end", 0.3, check=check,
+            detail=lambda: str({p: (watcher.seen[p][-1:], ends[p]) for p in ends}),
+        )  # fmt: skip
+        for m in live():
+            m.stop()
+    finally:
+        writer.close()
+        watcher.close()
+        for m in members:
+            if m.proc.poll() is None:
+                m.kill()
+    for p, offsets in watcher.seen.items():
+        assert offsets == sorted(offsets), f"partition {p}: commits went backwards: {offsets}"
+    assert_single_owner(members)
+    assert all(any(e["ev"] == "committed" for e in m.events) for m in members)
+
+
 def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
     from confluent_kafka import Consumer
 
@@ -718,14 +830,25 @@ def test_coordinator_broker_killed_in_a_cluster(cluster, tmp_path):
             after = described(coordinator_port(), group)
             return after == before
 
-        wait_for(same_group, 60, "the new coordinator describes the same group", 0.3,
-                 check=check, ignore=(Exception,), detail=lambda: f"{before} -> {after}")
+        wait_for(
+            same_group,
+            60,
+            "the new coordinator describes the same group",
+            0.3,
+            check=check,
+            ignore=(Exception,),
+            detail=lambda: f"{before} -> {after}",
+        )
         mark = progress()
         wait_for(lambda: progress() > mark + 200, 60, "consuming on", 0.2, check=check,
                  detail=status)  # fmt: skip
         # The members heard of no change: nothing lost, revoked or assigned since.
-        moved = [(m.name, e) for m in members for e in list(m.events)
-                 if e["ev"] in ("assigned", "revoked", "lost") and e["ts"] >= killed_at]
+        moved = [
+            (m.name, e)
+            for m in members
+            for e in list(m.events)
+            if e["ev"] in ("assigned", "revoked", "lost") and e["ts"] >= killed_at
+        ]
         assert not moved, moved
         assert described(coordinator_port(), group) == before
         c.brokers[victim].start()
@@ -763,8 +886,12 @@ def test_coordinator_broker_killed_in_a_cluster(cluster, tmp_path):
     for p, offs in watcher.seen.items():
         assert offs == sorted(offs), f"partition {p}: commits went backwards: {offs}"
     assert_single_owner(members)
-    moved = [(m.name, e) for m in members for e in m.events
-             if e["ev"] in ("assigned", "revoked", "lost") and killed_at <= e["ts"] < stopped_at]
+    moved = [
+        (m.name, e)
+        for m in members
+        for e in m.events
+        if e["ev"] in ("assigned", "revoked", "lost") and killed_at <= e["ts"] < stopped_at
+    ]
     assert not moved, moved
 
 

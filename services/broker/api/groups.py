@@ -103,6 +103,7 @@ async def handle_join_group(ctx: RequestContext, req: Any) -> dict:
             [(p.name, p.metadata) for p in req.protocols],
             require_known_member_id=ctx.version >= 4,
             supports_skip_assignment=ctx.version >= 9,
+            topics=_ImageTopics(ctx.broker.image),
         )
     except JoinError as e:
         return {

@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from .assignors import TopicPartition
+from .classic_group import Protocols
 
 STABLE_MEMBER = "stable"
 UNREVOKED = "unrevoked_partitions"
@@ -23,6 +24,20 @@ UNRELEASED = "unreleased_partitions"
 
 LEAVE_EPOCH = -1  # the member leaves
 STATIC_LEAVE_EPOCH = -2  # a static member leaves for now and keeps its place
+
+
+@dataclass(frozen=True, slots=True)
+class ClassicInfo:
+    """A member that speaks the classic protocol (JoinGroup/SyncGroup/Heartbeat) inside
+    a KIP-848 group, as during an online upgrade: its session timeout and the protocols
+    it joined with (their metadata is its ConsumerProtocolSubscription)."""
+
+    session_timeout_ms: int
+    protocols: Protocols
+
+    @property
+    def protocol_name(self) -> str:
+        return self.protocols[0][0]
 
 
 @dataclass(slots=True)
@@ -42,6 +57,7 @@ class ConsumerMember:
     assigned: frozenset[TopicPartition] = frozenset()
     pending_revocation: frozenset[TopicPartition] = frozenset()
     last_sent: frozenset[TopicPartition] | None = None  # the assignment it was last told
+    classic: ClassicInfo | None = None  # it joined with JoinGroup, not the heartbeat
 
     def held(self) -> frozenset[TopicPartition]:
         """What it may still consume: assigned, and what it has yet to give up."""
@@ -110,8 +126,9 @@ def reconcile(
         return
     kept = member.assigned & target
     revoke = member.assigned - target
-    if revoke:
-        # Give up first, in the current epoch; nothing new until it has.
+    if revoke and (owned is None or owned & revoke):
+        # Give up first, in the current epoch; nothing new until it has. (A member that
+        # says it no longer holds them, as a classic member rejoining, has given them up.)
         member.state = UNREVOKED
         member.assigned = kept
         member.pending_revocation = revoke

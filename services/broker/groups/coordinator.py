@@ -198,6 +198,7 @@ class GroupCoordinator:
         protocols: list[tuple[str, bytes]],
         require_known_member_id: bool,
         supports_skip_assignment: bool = False,
+        topics: TopicsView | None = None,
     ) -> dict:
         req = JoinRequest(
             group_id,
@@ -212,7 +213,9 @@ class GroupCoordinator:
             require_known_member_id,
             supports_skip_assignment,
         )
-        resp = await self._park(group_id, lambda h: self.machine.join(h, req, self._now()))
+        resp = await self._park(
+            group_id, lambda h: self.machine.join(h, req, self._now(), topics)
+        )
         assert isinstance(resp, JoinResponse), "invariant: a JoinGroup gets a JoinGroup answer"
         if resp.error:
             raise JoinError(resp.error, resp.member_id)

@@ -94,6 +94,7 @@ JOIN = "join"
 SYNC = "sync"
 CONSUMER_SESSION = "consumer-session"  # a KIP-848 member's session
 REVOCATION = "revocation"  # a KIP-848 member's deadline to give partitions up
+REJOIN = "rejoin"  # a classic member of a KIP-848 group told to rejoin: its deadline
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,9 @@ compact encoding, in the group's partition of the offsets topic, next to its com
     cg    group          {"epoch"}                        ...Metadata
     cgp   group          {"topics": {name: [id, count]}}  ...PartitionMetadata
     cgm   group, member  subscriptions, rack, instance    ...MemberMetadata
-                         id, client, rebalance timeout
+                         id, client, rebalance timeout,
+                         a classic member's session
+                         timeout and protocols
     cgta  group          {"epoch"}                        ...TargetAssignmentMetadata
     cgtm  group, member  {"p": partitions}                ...TargetAssignmentMember
     cgc   group, member  member epoch, previous epoch,    ...CurrentMemberAssignment
@@ -30,7 +32,7 @@ from collections.abc import Iterable, Mapping
 
 from .assignors import TopicPartition
 from .classic_group import EMPTY, STABLE, ClassicGroup, ClassicMember
-from .consumer_group import ConsumerGroup, ConsumerMember
+from .consumer_group import ClassicInfo, ConsumerGroup, ConsumerMember
 
 # (kind, group id, member id or ""): what a record is about.
 RecordKey = tuple[str, str, str]
@@ -76,17 +78,24 @@ def group_image(group: ConsumerGroup) -> dict[RecordKey, dict]:
 def member_image(group: ConsumerGroup, m: ConsumerMember) -> dict[RecordKey, dict]:
     """One member's records."""
     gid, mid = group.group_id, m.member_id
+    meta: dict = {
+        "instance": m.instance_id,
+        "rack": m.rack_id,
+        "client": m.client_id,
+        "host": m.client_host,
+        "rebalance_ms": m.rebalance_timeout_ms,
+        "topics": sorted(m.subscribed),
+        "regex": m.subscribed_regex,
+        "assignor": m.assignor,
+    }
+    if m.classic is not None:
+        # As Kafka's ClassicMemberMetadata: what a classic member joined with.
+        meta["classic"] = {
+            "session_ms": m.classic.session_timeout_ms,
+            "protocols": [[n, base64.b64encode(b).decode()] for n, b in m.classic.protocols],
+        }
     return {
-        ("cgm", gid, mid): {
-            "instance": m.instance_id,
-            "rack": m.rack_id,
-            "client": m.client_id,
-            "host": m.client_host,
-            "rebalance_ms": m.rebalance_timeout_ms,
-            "topics": sorted(m.subscribed),
-            "regex": m.subscribed_regex,
-            "assignor": m.assignor,
-        },
+        ("cgm", gid, mid): meta,
         ("cgtm", gid, mid): {"p": _parts(group.target.get(mid, frozenset()))},
         ("cgc", gid, mid): {
             "epoch": m.epoch,
@@ -127,6 +136,11 @@ def rebuild(group_id: str, records: Mapping[RecordKey, dict]) -> ConsumerGroup |
             v["assignor"],
             v["regex"],
         )
+        if (classic := v.get("classic")) is not None:
+            member.classic = ClassicInfo(
+                classic["session_ms"],
+                tuple((n, base64.b64decode(b)) for n, b in classic["protocols"]),
+            )
         current = records.get(("cgc", group_id, mid))
         if current is not None:
             member.epoch = current["epoch"]

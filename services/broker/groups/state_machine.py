@@ -29,7 +29,10 @@ KIP-848 consumer groups (ConsumerGroupHeartbeat) live in the same class: their
 heartbeat is one more input, answered at once; group, assignment and member epochs are
 state in `consumer_group.py`, the server-side assignors pure functions in
 `assignors.py`; they share the offsets view and the timers with classic groups, and a
-group id is one kind or the other. Their state goes out as records to persist
+group id is one kind or the other. A classic group upgrades online to a KIP-848 group
+(its first ConsumerGroupHeartbeat), whose classic members go on with JoinGroup,
+SyncGroup and Heartbeat while they are replaced (see "classic members of KIP-848
+groups" below). Their state goes out as records to persist
 (`Output.persist`, `records.py`): after each input, the records of every group it
 touched that differ from what was last written (new values, tombstones for members
 gone), one GroupRecords per group; `load_consumer_groups` rebuilds groups from the
@@ -61,15 +64,25 @@ from .classic_group import (
 from .consumer_group import (
     LEAVE_EPOCH,
     STATIC_LEAVE_EPOCH,
+    UNRELEASED,
     UNREVOKED,
+    ClassicInfo,
     ConsumerGroup,
     ConsumerMember,
     reconcile,
+)
+from .consumer_protocol import (
+    MalformedProtocol,
+    decode_assignment,
+    decode_subscription,
+    encode_assignment,
+    version_of,
 )
 from .messages import (
     CONSUMER_SESSION,
     HEARTBEAT,
     JOIN,
+    REJOIN,
     REVOCATION,
     SYNC,
     ConsumerHeartbeatRequest,
@@ -191,7 +204,7 @@ class GroupStateMachine:
         self._now = now
         if self._timers.pop(key, None) is None:
             return
-        if key.kind in (CONSUMER_SESSION, REVOCATION):
+        if key.kind in (CONSUMER_SESSION, REVOCATION, REJOIN):
             return self._expire_consumer_member(key)
         group = self.groups.get(key.group_id)
         if group is None:
@@ -207,9 +220,12 @@ class GroupStateMachine:
 
     # -- JoinGroup ------------------------------------------------------------------------
 
-    def join(self, handle: int, req: JoinRequest, now: int) -> None:
+    def join(
+        self, handle: int, req: JoinRequest, now: int, topics: TopicsView | None = None
+    ) -> None:
         """The answer comes out as a Reply for `handle`: at once, or when the join phase
-        completes."""
+        completes. `topics` is needed for a KIP-848 group with members (a classic member
+        joins it during an online upgrade)."""
         self._now = now
         s = self.settings
         if not req.group_id:
@@ -218,8 +234,9 @@ class GroupStateMachine:
             return self._reply_join(handle, ErrorCode.invalid_session_timeout, req.member_id)
         consumer = self.consumer_groups.get(req.group_id)
         if consumer is not None:
+            if consumer.members and topics is not None:
+                return self._classic_join_consumer_group(handle, consumer, req, topics)
             if consumer.members:
-                # Classic members cannot join a group run by ConsumerGroupHeartbeat.
                 return self._reply_join(
                     handle, ErrorCode.inconsistent_group_protocol, req.member_id
                 )
@@ -570,6 +587,8 @@ class GroupStateMachine:
 
     def sync(self, handle: int, req: SyncRequest, now: int) -> None:
         self._now = now
+        if (consumer := self.consumer_groups.get(req.group_id)) is not None:
+            return self._classic_sync_consumer_group(handle, consumer, req)
         group = self.groups.get(req.group_id)
         if group is None:
             return self._reply_sync(handle, ErrorCode.unknown_member_id)
@@ -622,6 +641,10 @@ class GroupStateMachine:
         self, group_id: str, member_id: str, instance_id: str | None, generation: int, now: int
     ) -> int:
         self._now = now
+        if (consumer := self.consumer_groups.get(group_id)) is not None:
+            return self._classic_heartbeat_consumer_group(
+                consumer, member_id, instance_id, generation
+            )
         group = self.groups.get(group_id)
         if group is None:
             return ErrorCode.unknown_member_id
@@ -687,6 +710,8 @@ class GroupStateMachine:
         """(member id, instance id, error) per member leaving. A member id of "" with an
         instance id removes that static member (LeaveGroup v3+, e.g. by an admin)."""
         self._now = now
+        if (consumer := self.consumer_groups.get(group_id)) is not None:
+            return self._classic_leave_consumer_group(consumer, members)
         group = self.groups.get(group_id)
         if group is None:
             return [(m, i, ErrorCode.unknown_member_id) for m, i in members]
@@ -895,13 +920,15 @@ class GroupStateMachine:
             return self._consumer_leave(req)
         classic = self.groups.get(req.group_id)
         if classic is not None:
-            if classic.members or classic.pending_join:
+            if not (classic.members or classic.pending_join):
+                # An empty classic group turns into this one.
+                self._drop_group(classic, tombstones=True)
+            elif req.member_epoch != 0 or not self._upgrade(classic, topics):
                 return _consumer_error(
                     ErrorCode.group_id_not_found,
-                    f"group {req.group_id} is a classic group with members",
+                    f"Group {req.group_id} is not a consumer group: a classic group whose "
+                    "members do not all use the consumer protocol cannot be upgraded.",
                 )
-            # An empty classic group turns into this one.
-            self._drop_group(classic, tombstones=True)
         group = self.consumer_groups.get(req.group_id)
         if group is None:
             if req.member_epoch != 0:
@@ -918,22 +945,7 @@ class GroupStateMachine:
         changed |= self._refresh_topics(group, topics)
         if changed:
             group.epoch += 1
-        if group.assignment_epoch < group.epoch:
-            self._compute_target(group)
-        was_revoking = member.state == UNREVOKED
-        owned = _owned(req.owned)
-        target = group.target.get(member.member_id, frozenset())
-        owners = group.owner_of()
-        if self._held(group.group_id) and group.group_id not in self._restored:
-            # Just became this group's coordinator and it had no records: members from
-            # before may still hold any partition, so none is handed out yet.
-            owners = {tp: owners.get(tp, _HELD_BEFORE) for tp in target}
-        reconcile(member, group.assignment_epoch, target, owners, owned)
-        revocation = TimerKey(REVOCATION, group.group_id, member.member_id)
-        if member.state == UNREVOKED and not was_revoking:
-            self._arm(revocation, member.rebalance_timeout_ms)
-        elif member.state != UNREVOKED and was_revoking:
-            self._cancel(revocation)
+        self._advance(group, member, _owned(req.owned))
         self._arm(
             TimerKey(CONSUMER_SESSION, group.group_id, member.member_id),
             self.settings.consumer_session_timeout_ms,
@@ -950,6 +962,30 @@ class GroupStateMachine:
             self.settings.consumer_heartbeat_interval_ms,
             assignment,
         )
+
+    def _advance(
+        self,
+        group: ConsumerGroup,
+        member: ConsumerMember,
+        owned: frozenset[TopicPartition] | None,
+    ) -> None:
+        """Bring the target up to the group epoch and move the member one step toward
+        its part of it (`owned`: what it says it holds; None: not said)."""
+        if group.assignment_epoch < group.epoch:
+            self._compute_target(group)
+        was_revoking = member.state == UNREVOKED
+        target = group.target.get(member.member_id, frozenset())
+        owners = group.owner_of()
+        if self._held(group.group_id) and group.group_id not in self._restored:
+            # Just became this group's coordinator and it had no records: members from
+            # before may still hold any partition, so none is handed out yet.
+            owners = {tp: owners.get(tp, _HELD_BEFORE) for tp in target}
+        reconcile(member, group.assignment_epoch, target, owners, owned)
+        revocation = TimerKey(REVOCATION, group.group_id, member.member_id)
+        if member.state == UNREVOKED and not was_revoking:
+            self._arm(revocation, member.rebalance_timeout_ms)
+        elif member.state != UNREVOKED and was_revoking:
+            self._cancel(revocation)
 
     def _invalid_consumer_heartbeat(
         self, req: ConsumerHeartbeatRequest
@@ -1012,24 +1048,9 @@ class GroupStateMachine:
                     )
                 # A static member restarted after its temporary leave: the new member
                 # id takes its place and partitions, from epoch 0.
-                new = ConsumerMember(
-                    req.member_id or str(self._new_uuid()),
-                    req.instance_id,
-                    old.rack_id,
-                    old.client_id,
-                    old.client_host,
-                    old.rebalance_timeout_ms,
-                    old.subscribed,
-                    old.assignor,
-                    assigned=old.assigned,
-                    pending_revocation=old.pending_revocation,
+                new = self._replace_static_consumer_member(
+                    group, old, req.member_id or str(self._new_uuid())
                 )
-                inherited = group.target.get(old.member_id, old.assigned)
-                self._remove_consumer_member(group, old, "replaced by a new member id", bump=False)
-                group.members[new.member_id] = new
-                group.static[req.instance_id] = new.member_id
-                # It inherits the old member's target too, so nothing moves.
-                group.target[new.member_id] = inherited
                 return new, False, None
         member = group.members.get(req.member_id) if req.member_id else None
         if member is None:
@@ -1067,6 +1088,32 @@ class GroupStateMachine:
                 ),
             )
         return member, False, None
+
+    def _replace_static_consumer_member(
+        self, group: ConsumerGroup, old: ConsumerMember, new_id: str
+    ) -> ConsumerMember:
+        """A static member restarted: the new member id takes its place, partitions and
+        target, from epoch 0, so nothing moves."""
+        assert old.instance_id is not None, "invariant: a static member"
+        new = ConsumerMember(
+            new_id,
+            old.instance_id,
+            old.rack_id,
+            old.client_id,
+            old.client_host,
+            old.rebalance_timeout_ms,
+            old.subscribed,
+            old.assignor,
+            assigned=old.assigned,
+            pending_revocation=old.pending_revocation,
+            classic=old.classic,
+        )
+        inherited = group.target.get(old.member_id, old.assigned)
+        self._remove_consumer_member(group, old, "replaced by a new member id", bump=False)
+        group.members[new.member_id] = new
+        group.static[old.instance_id] = new.member_id
+        group.target[new.member_id] = inherited
+        return new
 
     def _update_consumer_member(
         self, member: ConsumerMember, req: ConsumerHeartbeatRequest
@@ -1168,14 +1215,18 @@ class GroupStateMachine:
             return
         # Silent past its session, or holding on to partitions past its rebalance
         # timeout: fenced, and its partitions go to the others.
-        reason = "session expired" if key.kind == CONSUMER_SESSION else "did not revoke in time"
+        reason = {
+            CONSUMER_SESSION: "session expired",
+            REVOCATION: "did not revoke in time",
+            REJOIN: "did not rejoin in time",
+        }[key.kind]
         self._remove_consumer_member(group, member, reason)
 
     def _remove_consumer_member(
         self, group: ConsumerGroup, member: ConsumerMember, reason: str, bump: bool = True
     ) -> None:
         self._event(group.group_id, member.member_id, f"member removed: {reason}")
-        for kind in (CONSUMER_SESSION, REVOCATION):
+        for kind in (CONSUMER_SESSION, REVOCATION, REJOIN):
             self._cancel(TimerKey(kind, group.group_id, member.member_id))
         group.remove(member.member_id)
         if bump:
@@ -1190,12 +1241,245 @@ class GroupStateMachine:
         member = group.members.get(member_id)
         if member is None:
             return ErrorCode.unknown_member_id
+        if member.classic is not None:
+            # A classic member commits as in a classic group: its epoch is its generation.
+            return ErrorCode.illegal_generation if member_epoch != member.epoch else 0
         if version is not None and version < 9:
             # Kafka: members of the consumer protocol commit with v9+ only.
             return ErrorCode.unsupported_version
         if member_epoch != member.epoch:
             return ErrorCode.stale_member_epoch
         return ErrorCode.none
+
+    # -- classic members of KIP-848 groups (online upgrade) -----------------------------
+    #
+    # As Kafka 4: a ConsumerGroupHeartbeat for a classic group whose members all use the
+    # "consumer" protocol type turns it into a KIP-848 group in which those members go
+    # on with JoinGroup/SyncGroup/Heartbeat. Their assignment is computed here, not by a
+    # leader: a JoinGroup reconciles the member (with what its subscription says it
+    # still owns) and answers at once with its member epoch as the generation; SyncGroup
+    # returns its assignment; Heartbeat answers REBALANCE_IN_PROGRESS when it has to
+    # rejoin to give partitions up or to get new ones. Not done: turning the group back
+    # into a classic group when its last consumer-protocol member leaves (Kafka's
+    # downgrade); classic members simply stay members of the KIP-848 group.
+
+    def _upgrade(self, classic: ClassicGroup, topics: TopicsView) -> bool:
+        """Turn `classic` into a KIP-848 group with the same members, generation and
+        assignments. False (nothing changes) if it cannot be."""
+        if classic.protocol_type != "consumer" or len(classic.members) >= self.settings.max_size:
+            return False
+        gen = classic.generation
+        group = ConsumerGroup(classic.group_id, epoch=gen, assignment_epoch=gen)
+        try:
+            for m in classic.members.values():
+                meta = m.metadata_for(classic.protocol_name) or m.protocols[0][1]
+                sub = decode_subscription(meta)
+                assigned = _topic_ids(decode_assignment(m.assignment), topics)
+                group.members[m.member_id] = ConsumerMember(
+                    m.member_id,
+                    m.instance_id,
+                    sub.rack_id,
+                    m.client_id,
+                    m.client_host,
+                    m.rebalance_timeout_ms,
+                    sub.topics,
+                    epoch=gen,
+                    previous_epoch=gen,
+                    assigned=assigned,
+                    classic=ClassicInfo(m.session_timeout_ms, m.protocols),
+                )
+                group.target[m.member_id] = assigned
+                if m.instance_id is not None:
+                    group.static[m.instance_id] = m.member_id
+        except MalformedProtocol:
+            return False
+        for m in classic.members.values():
+            # A rebalance under way is over: they rejoin the new group.
+            if m.join_handle is not None:
+                self._out.replies.append(
+                    Reply(m.join_handle, JoinResponse(ErrorCode.rebalance_in_progress, m.member_id))
+                )
+                m.join_handle = None
+            if m.sync_handle is not None:
+                self._reply_sync(m.sync_handle, ErrorCode.rebalance_in_progress)
+                m.sync_handle = None
+        self._drop_group(classic, tombstones=True)
+        self._empty_since.pop(group.group_id, None)
+        self.consumer_groups[group.group_id] = group
+        self._refresh_topics(group, topics)
+        for m in group.members.values():
+            self._arm(TimerKey(CONSUMER_SESSION, group.group_id, m.member_id), self._session_ms(m))
+        self._touch(group.group_id)
+        self._event(group.group_id, "", f"upgraded from classic at generation {gen}")
+        return True
+
+    def _session_ms(self, member: ConsumerMember) -> int:
+        if member.classic is not None:
+            return member.classic.session_timeout_ms
+        return self.settings.consumer_session_timeout_ms
+
+    def _classic_join_consumer_group(
+        self, handle: int, group: ConsumerGroup, req: JoinRequest, topics: TopicsView
+    ) -> None:
+        gid = group.group_id
+        try:
+            if req.protocol_type != "consumer" or not req.protocols:
+                raise MalformedProtocol(req.protocol_type)
+            sub = decode_subscription(req.protocols[0][1])
+        except MalformedProtocol:
+            return self._reply_join(handle, ErrorCode.inconsistent_group_protocol, req.member_id)
+        if not req.member_id and req.instance_id is None and req.require_known_member_id:
+            new_id = f"{req.client_id}-{self._new_uuid()}"
+            return self._reply_join(handle, ErrorCode.member_id_required, new_id)
+        member = group.members.get(req.member_id) if req.member_id else None
+        changed = False
+        if req.instance_id is not None:
+            current = group.static.get(req.instance_id)
+            if current is not None and current != req.member_id:
+                if req.member_id:
+                    return self._reply_join(handle, ErrorCode.fenced_instance_id, req.member_id)
+                # A static member restarted: its new id takes the old one's place.
+                member = self._replace_static_consumer_member(
+                    group, group.members[current], f"{req.instance_id}-{self._new_uuid()}"
+                )
+        if member is None:
+            if len(group.members) >= self.settings.max_size:
+                return self._reply_join(handle, ErrorCode.group_max_size_reached, "")
+            member_id = req.member_id or f"{req.instance_id or req.client_id}-{self._new_uuid()}"
+            member = ConsumerMember(
+                member_id,
+                req.instance_id,
+                sub.rack_id,
+                req.client_id,
+                req.client_host,
+                req.rebalance_timeout_ms,
+            )
+            group.members[member_id] = member
+            if req.instance_id is not None:
+                group.static[req.instance_id] = member_id
+            changed = True
+        elif member.classic is None:
+            # A member of the consumer protocol does not speak JoinGroup.
+            return self._reply_join(handle, ErrorCode.unknown_member_id, req.member_id)
+        changed |= sub.topics != member.subscribed
+        member.subscribed, member.subscribed_regex, member.assignor = sub.topics, None, None
+        member.rack_id = sub.rack_id or member.rack_id
+        member.rebalance_timeout_ms = req.rebalance_timeout_ms
+        member.client_id, member.client_host = req.client_id, req.client_host
+        member.classic = ClassicInfo(req.session_timeout_ms, req.protocols)
+        self._touch(gid, member.member_id)
+        changed |= self._refresh_topics(group, topics)
+        if changed:
+            group.epoch += 1
+        self._advance(group, member, _topic_ids(sub.owned, topics))
+        self._cancel(TimerKey(REJOIN, gid, member.member_id))
+        self._arm(TimerKey(CONSUMER_SESSION, gid, member.member_id), self._session_ms(member))
+        # No leader: the assignment comes from here, in SyncGroup.
+        answer = JoinResponse(
+            ErrorCode.none,
+            member.member_id,
+            member.epoch,
+            "consumer",
+            member.classic.protocol_name,
+        )
+        self._out.replies.append(Reply(handle, answer))
+
+    def _classic_member(
+        self,
+        group: ConsumerGroup,
+        member_id: str,
+        instance_id: str | None,
+        generation: int,
+    ) -> tuple[ConsumerMember | None, int]:
+        """The classic member a SyncGroup/Heartbeat is from, or Kafka's error for it."""
+        member = group.members.get(member_id)
+        if instance_id is not None and group.static.get(instance_id) not in (None, member_id):
+            return None, ErrorCode.fenced_instance_id
+        if member is None or member.classic is None:
+            return None, ErrorCode.unknown_member_id
+        if generation != member.epoch:
+            return None, ErrorCode.illegal_generation
+        return member, ErrorCode.none
+
+    def _classic_sync_consumer_group(
+        self, handle: int, group: ConsumerGroup, req: SyncRequest
+    ) -> None:
+        member, code = self._classic_member(group, req.member_id, req.instance_id, req.generation)
+        if member is None:
+            return self._reply_sync(handle, code)
+        assert member.classic is not None, "invariant: a classic member"
+        if _differs(req.protocol_type, "consumer") or _differs(
+            req.protocol_name, member.classic.protocol_name
+        ):
+            return self._reply_sync(handle, ErrorCode.inconsistent_group_protocol)
+        if group.epoch > member.epoch and member.state != UNREVOKED:
+            # Something changed since its JoinGroup: it rejoins first (a member giving
+            # partitions up keeps its epoch until it has, and syncs meanwhile).
+            return self._reply_sync(handle, ErrorCode.rebalance_in_progress)
+        names = {tid: name for name, (tid, _) in group.topics.items()}
+        by_name: dict[str, list[int]] = {}
+        for tid, p in member.assigned:
+            if tid in names:
+                by_name.setdefault(names[tid], []).append(p)
+        try:
+            version = version_of(member.classic.protocols[0][1])
+        except MalformedProtocol:
+            version = 0
+        member.last_sent = member.assigned
+        self._arm(
+            TimerKey(CONSUMER_SESSION, group.group_id, member.member_id), self._session_ms(member)
+        )
+        assignment = encode_assignment(by_name, version)
+        self._out.replies.append(
+            Reply(
+                handle,
+                SyncResponse(ErrorCode.none, assignment, "consumer", member.classic.protocol_name),
+            )
+        )
+
+    def _classic_heartbeat_consumer_group(
+        self, group: ConsumerGroup, member_id: str, instance_id: str | None, generation: int
+    ) -> int:
+        member, code = self._classic_member(group, member_id, instance_id, generation)
+        if member is None:
+            return code
+        gid = group.group_id
+        self._arm(TimerKey(CONSUMER_SESSION, gid, member_id), self._session_ms(member))
+        # It rejoins when the group moved on, when it has partitions to give up, or when
+        # everything it waits for has been released.
+        if (
+            member.epoch < group.epoch
+            or member.state == UNREVOKED
+            or (member.state == UNRELEASED and not self._waits_for_release(group, member))
+        ):
+            rejoin = TimerKey(REJOIN, gid, member_id)
+            if rejoin not in self._timers:
+                self._arm(rejoin, member.rebalance_timeout_ms)
+            return ErrorCode.rebalance_in_progress
+        return ErrorCode.none
+
+    @staticmethod
+    def _waits_for_release(group: ConsumerGroup, member: ConsumerMember) -> bool:
+        owners = group.owner_of()
+        wanted = group.target.get(member.member_id, frozenset()) - member.assigned
+        return any(owners.get(tp, member.member_id) != member.member_id for tp in wanted)
+
+    def _classic_leave_consumer_group(
+        self, group: ConsumerGroup, members: Iterable[tuple[str, str | None]]
+    ) -> list[tuple[str, str | None, int]]:
+        results: list[tuple[str, str | None, int]] = []
+        for member_id, instance_id in members:
+            mid = member_id or group.static.get(instance_id or "", "")
+            member = group.members.get(mid) if mid else None
+            code: int = ErrorCode.none
+            if member is None:
+                code = ErrorCode.unknown_member_id
+            elif instance_id is not None and group.static.get(instance_id) != mid:
+                code = ErrorCode.fenced_instance_id
+            else:
+                self._remove_consumer_member(group, member, "left")
+            results.append((member_id, instance_id, code))
+        return results
 
     def hold_assignments(self, belongs: Callable[[str], bool], until_ms: int) -> None:
         """This broker just became the coordinator of the groups `belongs` selects. A
@@ -1228,7 +1512,7 @@ class GroupStateMachine:
         return ErrorCode.none
 
     def group_type(self, group_id: str) -> str | None:
-        """"consumer" (KIP-848), "classic", or None if unknown (ListGroups v5)."""
+        """ "consumer" (KIP-848), "classic", or None if unknown (ListGroups v5)."""
         if group_id in self.consumer_groups:
             return "consumer"
         if group_id in self.groups or self._offsets.has_group(group_id):
@@ -1260,18 +1544,22 @@ class GroupStateMachine:
                 "subscribed_topic_regex": m.subscribed_regex,
                 "assignment": _by_topic(m.assigned),
                 "target_assignment": _by_topic(group.target.get(m.member_id, frozenset())),
-                "member_type": 1,  # v1: 1 = the consumer protocol (0 would be classic)
+                "member_type": 0 if m.classic is not None else 1,  # v1: 0 classic, 1 consumer
             }
             for m in group.members.values()
         ]
-        return ErrorCode.none, None, {
-            "group_id": group_id,
-            "group_state": group.state,
-            "group_epoch": group.epoch,
-            "assignment_epoch": group.assignment_epoch,
-            "assignor_name": assignor,
-            "members": members,
-        }
+        return (
+            ErrorCode.none,
+            None,
+            {
+                "group_id": group_id,
+                "group_state": group.state,
+                "group_epoch": group.epoch,
+                "assignment_epoch": group.assignment_epoch,
+                "assignor_name": assignor,
+                "members": members,
+            },
+        )
 
     def _drop_consumer_group(self, group: ConsumerGroup, tombstones: bool = False) -> None:
         """Forget the group; with `tombstones`, its records are deleted too (a group
@@ -1361,15 +1649,10 @@ class GroupStateMachine:
             self._restored.add(gid)
             loaded.append(gid)
             for m in group.members.values():
-                self._arm(
-                    TimerKey(CONSUMER_SESSION, gid, m.member_id),
-                    self.settings.consumer_session_timeout_ms,
-                )
+                self._arm(TimerKey(CONSUMER_SESSION, gid, m.member_id), self._session_ms(m))
                 if m.state == UNREVOKED:
                     self._arm(TimerKey(REVOCATION, gid, m.member_id), m.rebalance_timeout_ms)
-            self._event(
-                gid, "", f"loaded: epoch {group.epoch}, {len(group.members)} members"
-            )
+            self._event(gid, "", f"loaded: epoch {group.epoch}, {len(group.members)} members")
         return loaded
 
     def assignment_unsent(self, group_id: str, member_id: str) -> None:
@@ -1390,9 +1673,7 @@ class GroupStateMachine:
             self._empty_since[gid] = self._now
         for m in group.members.values():
             self._arm(TimerKey(HEARTBEAT, gid, m.member_id), m.session_timeout_ms)
-        self._event(
-            gid, "", f"loaded: generation {group.generation}, {len(group.members)} members"
-        )
+        self._event(gid, "", f"loaded: generation {group.generation}, {len(group.members)} members")
 
     # -- empty groups whose offsets expired ----------------------------------------------
 
@@ -1405,9 +1686,7 @@ class GroupStateMachine:
         for gid in {*self._offsets.group_ids(), *self.groups, *self.consumer_groups}:
             cg = self.consumer_groups.get(gid)
             g = self.groups.get(gid)
-            if (cg is not None and cg.members) or (
-                g is not None and (g.members or g.pending_join)
-            ):
+            if (cg is not None and cg.members) or (g is not None and (g.members or g.pending_join)):
                 continue
             out[gid] = self._empty_since.get(gid) if g is not None else None
         return out
@@ -1500,3 +1779,16 @@ def _by_topic(tps: frozenset[TopicPartition]) -> dict[uuid.UUID, tuple[int, ...]
     for t, p in tps:
         out.setdefault(t, []).append(p)
     return {t: tuple(sorted(ps)) for t, ps in sorted(out.items(), key=lambda kv: str(kv[0]))}
+
+
+def _topic_ids(
+    by_name: dict[str, tuple[int, ...]], topics: TopicsView
+) -> frozenset[TopicPartition]:
+    """{topic name: partitions} of the consumer protocol as (topic id, partition), for
+    the topics and partitions that exist."""
+    out = set()
+    for name, parts in by_name.items():
+        t = topics.topic(name)
+        if t is not None:
+            out.update((t[0], p) for p in parts if 0 <= p < t[1])
+    return frozenset(out)

@@ -5,7 +5,6 @@ start offsets) and delete."""
 from __future__ import annotations
 
 import asyncio
-import struct
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -13,6 +12,11 @@ from kio.schema.errors import ErrorCode
 
 from straitmq.admin_client import AdminClient, AdminError
 
+from ..groups.consumer_protocol import (
+    MalformedProtocol,
+    decode_assignment,
+    decode_subscription,
+)
 from ..groups.offsets import OFFSETS_TOPIC
 from ..security.acls import DESCRIBE, GROUP, TOPIC
 from .common import PEERS, _elsewhere, _error, _json, peer_url
@@ -52,38 +56,20 @@ async def _end_offsets(
 
 
 def _decode_consumer_assignment(data: bytes) -> dict[str, list[int]] | None:
-    """A classic "consumer" member's assignment (ConsumerProtocolAssignment: version,
-    then [topic, [partition]]) as {topic: partitions}; None if it does not parse."""
+    """A classic "consumer" member's assignment as {topic: partitions}; None if it does
+    not parse (or is empty: not settled yet)."""
     try:
-        pos = 2
-        (n,) = struct.unpack_from(">i", data, pos)
-        pos += 4
-        out: dict[str, list[int]] = {}
-        for _ in range(max(n, 0)):
-            (ln,) = struct.unpack_from(">h", data, pos)
-            topic = bytes(data[pos + 2 : pos + 2 + ln]).decode()
-            pos += 2 + ln
-            (k,) = struct.unpack_from(">i", data, pos)
-            pos += 4
-            out[topic] = sorted(struct.unpack_from(f">{max(k, 0)}i", data, pos))
-            pos += 4 * max(k, 0)
-        return out
-    except (struct.error, UnicodeDecodeError):
+        decoded = decode_assignment(data) if data else None
+    except MalformedProtocol:
         return None
+    return {t: sorted(ps) for t, ps in decoded.items()} if decoded is not None else None
 
 
 def _decode_consumer_subscription(data: bytes) -> list[str] | None:
-    """A classic "consumer" member's subscribed topics (ConsumerProtocolSubscription:
-    version, then [topic], ...); None if it does not parse."""
+    """A classic "consumer" member's subscribed topics; None if it does not parse."""
     try:
-        (n,) = struct.unpack_from(">i", data, 2)
-        pos, topics = 6, []
-        for _ in range(max(n, 0)):
-            (ln,) = struct.unpack_from(">h", data, pos)
-            topics.append(bytes(data[pos + 2 : pos + 2 + ln]).decode())
-            pos += 2 + ln
-        return sorted(topics)
-    except (struct.error, UnicodeDecodeError):
+        return sorted(decode_subscription(data).topics)
+    except MalformedProtocol:
         return None
 
 

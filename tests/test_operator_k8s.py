@@ -1305,6 +1305,20 @@ def test_tls_cluster_gets_a_ca_and_broker_certificates(kube: Any, operator: Oper
     assert pki.signed_by(leaf, ca["ca.crt"])
     assert leaf.subject.rfc4514_string() == "CN=straitmq-operator,O=straitmq"
     assert "ssl.keystore.location=/opt/straitmq/certs/$(POD_NAME).pem" in args
+    assert "controller.http.ssl.enabled=true" in args
+    # The controllers get theirs, in a Secret of their own, and serve https.
+    ctl_certs = kube.wait_for(lambda: secret("sealed-controller-certs"), 60,
+                              "controller certificates")  # fmt: skip
+    assert sorted(ctl_certs) == ["ca.crt", *(f"sealed-controller-{i}.pem" for i in range(3))]
+    for i in range(3):
+        leaf = pki.certificate(ctl_certs[f"sealed-controller-{i}.pem"])
+        assert pki.signed_by(leaf, ca["ca.crt"])
+        assert f"sealed-controller-{i}.sealed-controller.{NS}.svc" in pki.dns_names(leaf)
+        assert leaf.subject.rfc4514_string() == "CN=sealed-controller,O=straitmq"
+    ctl = get_json(kube, "statefulset", "sealed-controller", "-n", NS)["spec"]["template"]["spec"]
+    ctl_secret = {"secretName": "sealed-controller-certs", "defaultMode": 420}
+    assert ctl["volumes"] == [{"name": "certs", "secret": ctl_secret}]
+    assert "http.authentication=mtls" in " ".join(ctl["containers"][0]["args"])
 
     # Scaling up issues the new pod's certificate and leaves the others alone.
     kube.kubectl("scale", "mqcluster/sealed", "-n", NS, "--replicas=3")

@@ -194,9 +194,29 @@ def test_secured_cluster_serves_its_http_api_over_https_to_certificates_and_user
         assert supers[2:] == authorization.get("superUsers", [])
     else:
         assert "super.users" not in props and "authorizer.class.name" not in props
-    # Controllers keep plain HTTP (their probes too).
-    ctl = render.controller_statefulset(spec)["spec"]["template"]["spec"]["containers"][0]
-    assert "scheme" not in ctl["readinessProbe"]["httpGet"]
+    # The controllers' port is https too, with their own certificates (a Secret no
+    # broker mounts); the voters, the brokers and the operator are its only super users,
+    # and every setting is one strait-controller takes.
+    assert props["controller.http.ssl.enabled"] == "true"
+    pod = render.controller_statefulset(spec)["spec"]["template"]["spec"]
+    (ctl,) = pod["containers"]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert ctl[probe]["httpGet"]["scheme"] == "HTTPS"
+    assert pod["volumes"] == [{"name": "certs", "secret": {"secretName": "demo-controller-certs"}}]
+    assert {"name": "certs", "mountPath": "/opt/straitmq/certs", "readOnly": True} in (
+        ctl["volumeMounts"]
+    )
+    ctl_props = dict(a.removeprefix("--override=").split("=", 1) for a in ctl["args"]
+                     if a.startswith("--override="))  # fmt: skip
+    assert ctl_props["http.ssl.keystore.location"] == "/opt/straitmq/certs/$(POD_NAME).pem"
+    assert ctl_props["http.authentication"] == "mtls"
+    assert ctl_props["super.users"].split(";") == [
+        "User:CN=demo-controller,O=straitmq", "User:CN=demo-broker,O=straitmq",
+        "User:CN=straitmq-operator,O=straitmq",
+    ]  # fmt: skip
+    from straitmq.controller.__main__ import SECURITY_KEYS
+
+    assert set(ctl_props) <= SECURITY_KEYS
 
 
 @pytest.mark.parametrize("listeners", [None, {"kafka": {"tls": True}}])
@@ -211,6 +231,10 @@ def test_open_or_tls_only_cluster_keeps_plain_http(listeners: dict | None) -> No
     assert cluster.admin_url(spec_body, spec) == "http://demo-bootstrap.prod.svc:8080"
     if listeners:  # TLS without authorization: no super users to add the operator to
         assert "super.users" not in props
+    assert "controller.http.ssl.enabled" not in props
+    ctl = render.controller_statefulset(spec)["spec"]["template"]["spec"]["containers"][0]
+    assert "scheme" not in ctl["readinessProbe"]["httpGet"]
+    assert not [a for a in ctl["args"] if a.startswith("--override=")]
 
 
 def test_admin_url_annotation_wins_on_a_secured_cluster() -> None:

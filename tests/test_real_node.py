@@ -22,6 +22,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from real_node_support import (
     APP_IMAGE,
+    CLIENT_IMAGE,
     LOCAL_PATH_PROVISIONER,
     NODE_IP,
     SHARED_STORAGE_CLASS,
@@ -839,3 +840,115 @@ def test_spark_on_kubernetes_reads_a_topic_into_its_volume(
     assert got == acked
     node.kubectl("delete", "namespace", SPARK_NS, "--wait=false")
     print(f"spark-submit to a finished job: {took:.0f}s, {len(executors)} executor pod(s)")
+
+
+# ------------------------------------------------------ the secured MQCluster of examples/
+
+SECURE_NS = "secure"
+SECURE_CLIENT = r"""
+import json, ssl, sys, urllib.error, urllib.request
+from confluent_kafka import Consumer, KafkaException, Producer
+
+d = "/user/"
+secret = {k: open(d + k).read() for k in
+          ("bootstrap.servers", "password", "sasl.mechanism", "security.protocol", "ca.crt")}
+conf = {"bootstrap.servers": secret["bootstrap.servers"],
+        "security.protocol": secret["security.protocol"],
+        "sasl.mechanism": secret["sasl.mechanism"], "sasl.username": "orders-app",
+        "sasl.password": secret["password"], "ssl.ca.location": d + "ca.crt"}
+acked = []
+p = Producer({**conf, "acks": "all", "enable.idempotence": True})
+for i in range(50):
+    p.produce("orders", f"s{i}".encode(),
+              on_delivery=lambda e, m: e is None and acked.append(m.value().decode()))
+p.flush(60)
+c = Consumer({**conf, "group.id": "orders-secure", "auto.offset.reset": "earliest"})
+c.subscribe(["orders"])
+got = set()
+for _ in range(300):
+    m = c.poll(0.5)
+    if m is not None and m.error() is None:
+        got.add(m.value().decode())
+    if got >= set(acked):
+        break
+c.close()
+# Without the password: refused, and the topic stays out of reach.
+errors = []
+bad = Producer({**conf, "sasl.password": "wrong", "message.timeout.ms": 5000,
+                "error_cb": lambda e: errors.append(str(e))})
+bad.produce("orders", b"x", on_delivery=lambda e, m: errors.append(str(e)))
+bad.flush(15)
+# The controllers' port: https (the cluster CA), and nothing but probes without a
+# certificate of the cluster's own.
+ctx = ssl.create_default_context(cafile=d + "ca.crt")
+url = "https://secure-controller-0.secure-controller.secure.svc:9093"
+health = urllib.request.urlopen(url + "/healthz", context=ctx, timeout=10).status
+try:
+    urllib.request.urlopen(urllib.request.Request(url + "/controller/describe", data=b"{}",
+                           method="POST"), context=ctx, timeout=10)
+    refused = None
+except urllib.error.HTTPError as e:
+    refused = e.code
+print(json.dumps({"acked": sorted(acked), "got": sorted(got), "bad": errors[:3],
+                  "health": health, "refused": refused}))
+"""
+
+
+def test_secure_mqcluster_and_a_user_in_real_pods(node: NodeHandle, demo: dict[str, float]) -> None:
+    """examples/mqcluster-secure.yaml (1 broker here) and examples/user.yaml on the real
+    kubelet: the brokers and the controllers serve TLS with certificates of the
+    operator's cluster CA (the kubelet's https probes pass, the voters elect over https,
+    the broker registers over https), a client pod with nothing but the User's Secret
+    produces and consumes over SASL_SSL, a wrong password is refused, and the
+    controllers' port answers a caller without a cluster certificate with 401."""
+    node.kubectl("create", "namespace", SECURE_NS)
+    cluster = yaml.safe_load((ROOT / "examples" / "mqcluster-secure.yaml").read_text())
+    spec = cluster["spec"]
+    spec["image"], spec["imagePullPolicy"] = APP_IMAGE, "Never"
+    spec["brokers"]["replicas"] = 1
+    spec["brokers"]["storage"]["size"] = "1Gi"
+    spec["brokers"]["config"].update(
+        {"default.replication.factor": 1, "offsets.topic.replication.factor": 1}
+    )
+    user = yaml.safe_load((ROOT / "examples" / "user.yaml").read_text())
+    topic = {"apiVersion": "straitmq.io/v1alpha1", "kind": "Topic",
+             "metadata": {"name": "orders"},
+             "spec": {"cluster": "secure", "partitions": 3, "replicationFactor": 1}}  # fmt: skip
+    for doc in (cluster, topic, user):
+        node.kubectl("apply", "-n", SECURE_NS, "-f", "-", input=json.dumps(doc))
+
+    def status() -> str:
+        return json.dumps(node.get("mqcluster", "secure", "-n", SECURE_NS).get("status"))
+
+    wait_for(lambda: node.get("mqcluster", "secure", "-n", SECURE_NS)["status"]["phase"]
+             == "Ready", 400, "MQCluster secure Ready", every=2, ignore=RETRY,
+             detail=status)  # fmt: skip
+    for kind, name in (("topic", "orders"), ("user", "orders-app")):
+        node.kubectl("wait", "-n", SECURE_NS, "--for=condition=Ready", f"{kind}/{name}",
+                     "--timeout=180s", timeout=200)  # fmt: skip
+    ctl = node.get("pod", "secure-controller-0", "-n", SECURE_NS)["spec"]["containers"][0]
+    assert ctl["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "orders-app", "namespace": SECURE_NS},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 10001},
+            "containers": [{
+                "name": "c", "image": CLIENT_IMAGE, "imagePullPolicy": "Never",
+                "command": ["python", "-c", "import time; time.sleep(10**9)"],
+                "volumeMounts": [{"name": "user", "mountPath": "/user", "readOnly": True}],
+            }],
+            "volumes": [{"name": "user", "secret": {"secretName": "orders-app"}}],
+        },
+    }  # fmt: skip
+    node.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    node.kubectl("wait", "-n", SECURE_NS, "--for=condition=Ready", "pod/orders-app",
+                 "--timeout=120s", timeout=150)  # fmt: skip
+    out = node.kubectl("exec", "-n", SECURE_NS, "orders-app", "--", "python", "-u", "-c",
+                       SECURE_CLIENT, timeout=300).stdout  # fmt: skip
+    result = json.loads(out.strip().splitlines()[-1])
+    assert len(result["acked"]) == 50 and result["got"] == result["acked"], result
+    assert any("Authentication failed" in e for e in result["bad"]), result["bad"]
+    assert result["health"] == 200 and result["refused"] == 401, result
+    node.kubectl("delete", "namespace", SECURE_NS, "--wait=false")

@@ -11,6 +11,9 @@
   from another CA, names other hosts, or has less than 30 days left; the brokers reload
   the mounted file, so no restart. After a CA renewal the old CA's certificates stay a
   day (pki.ROLLOVER_GRACE), so everyone has the two-CA bundle before the new ones show.
+- `<cluster>-controller-certs` (when spec.http_secured): the same for the three
+  controller pods (their names under the controllers' headless Service): the quorum's
+  port speaks https, voters and brokers call it with their certificates.
 - `<cluster>-operator-certs` (when spec.http_secured): the operator's own client
   certificate (`tls.key`, `tls.crt`, `ca.crt`), CN=straitmq-operator, a super user of the
   cluster, for its calls on the brokers' https admin API; renewed as a broker's is.
@@ -43,6 +46,11 @@ def broker_dns_names(spec: ClusterSpec, ordinal: int) -> list[str]:
     pod = n.pod_dns(spec.name, n.BROKER, ordinal, spec.namespace)
     boot = f"{n.bootstrap_service(spec.name)}.{spec.namespace}.svc"
     return [pod, f"{pod}.cluster.local", boot, f"{boot}.cluster.local"]
+
+
+def controller_dns_names(spec: ClusterSpec, ordinal: int) -> list[str]:
+    pod = n.pod_dns(spec.name, n.CONTROLLER, ordinal, spec.namespace)
+    return [pod, f"{pod}.cluster.local"]
 
 
 def _values(secret: dict[str, Any] | None) -> dict[str, str]:
@@ -101,28 +109,46 @@ async def ensure(
     if public.get("ca.crt") != bundle:
         await kube.apply(_secret(spec, public_name, {"ca.crt": bundle}))
 
-    certs_name = n.broker_certs_secret(spec.name)
-    stored = await kube.get("v1", "Secret", ns, certs_name)
-    data = _values(stored)
-    issued: list[str] = []
-    for ordinal in range(brokers):
-        pod = f"{n.statefulset(spec.name, n.BROKER)}-{ordinal}"
-        names = broker_dns_names(spec, ordinal)
-        why = pki.needs_new(data.get(f"{pod}.pem"), ca["ca.crt"], names, at, still_serving)
-        if why is None:
-            continue
-        key, crt = pki.issue(ca["ca.key"], ca["ca.crt"], f"{spec.name}-broker", names, at)
-        data[f"{pod}.pem"] = pki.keystore(key, crt, ca["ca.crt"])
-        issued.append(f"{pod} ({why})")
-    if stored is None or issued or data.get("ca.crt") != bundle:
-        data["ca.crt"] = bundle
-        await kube.apply(_secret(spec, certs_name, data))
+    issued = await _keystores(
+        kube, spec, n.BROKER, range(brokers), broker_dns_names, ca, bundle, at, still_serving
+    )
     if spec.http_secured:
+        issued += await _keystores(
+            kube, spec, n.CONTROLLER, range(3), controller_dns_names, ca, bundle, at,
+            still_serving,
+        )  # fmt: skip
         why = await _operator_certificate(kube, spec, ca, bundle, at, still_serving)
         if why is not None:
             issued.append(f"operator ({why})")
     if issued:
         emit("Normal", "CertificatesIssued", f"certificates issued: {', '.join(issued)}")
+    return issued
+
+
+async def _keystores(
+    kube: Kube, spec: ClusterSpec, component: str, ordinals: range,
+    dns_names: Any, ca: dict[str, str], bundle: str, at: datetime, still_serving: list[str],
+) -> list[str]:  # fmt: skip
+    """The PEM keystores of a component's pods (`<pod>.pem`, CN=<cluster>-<component>)
+    in its Secret, issued where missing or due; the pods issued, with why."""
+    name = n.broker_certs_secret(spec.name) if component == n.BROKER else (
+        n.controller_certs_secret(spec.name)
+    )
+    stored = await kube.get("v1", "Secret", spec.namespace, name)
+    data = _values(stored)
+    issued: list[str] = []
+    for ordinal in ordinals:
+        pod = f"{n.statefulset(spec.name, component)}-{ordinal}"
+        names = dns_names(spec, ordinal)
+        why = pki.needs_new(data.get(f"{pod}.pem"), ca["ca.crt"], names, at, still_serving)
+        if why is None:
+            continue
+        key, crt = pki.issue(ca["ca.key"], ca["ca.crt"], f"{spec.name}-{component}", names, at)
+        data[f"{pod}.pem"] = pki.keystore(key, crt, ca["ca.crt"])
+        issued.append(f"{pod} ({why})")
+    if stored is None or issued or data.get("ca.crt") != bundle:
+        data["ca.crt"] = bundle
+        await kube.apply(_secret(spec, name, data))
     return issued
 
 

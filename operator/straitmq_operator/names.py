@@ -87,6 +87,12 @@ def broker_certs_secret(cluster: str) -> str:
     return f"{cluster}-broker-certs"
 
 
+# The controllers' keystores (`<pod>.pem`, `ca.crt`), when the cluster is secured: a
+# Secret of their own, so that no broker pod mounts a controller's key.
+def controller_certs_secret(cluster: str) -> str:
+    return f"{cluster}-controller-certs"
+
+
 # The operator's own client certificate from the cluster CA (`tls.key`, `tls.crt`,
 # `ca.crt`), for the admin API of a cluster whose HTTP API is secured.
 def operator_certs_secret(cluster: str) -> str:

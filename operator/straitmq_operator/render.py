@@ -292,8 +292,16 @@ def controller_statefulset(spec: ClusterSpec) -> dict[str, Any]:
         "volumeMounts": [{"name": "data", "mountPath": DATA_DIR}],
         "resources": spec.controller_resources,
         "securityContext": _CONTAINER_SECURITY,
-        **_probes("http"),
+        **_probes("http", "HTTPS" if spec.http_secured else "HTTP"),
     }
+    pod_extra: dict[str, Any] = {}
+    if spec.http_secured:
+        container["args"].extend(controller_tls_args(spec))
+        container["volumeMounts"].append(
+            {"name": n.CERTS_VOLUME, "mountPath": n.CERTS_DIR, "readOnly": True}
+        )
+        secret = {"secretName": n.controller_certs_secret(spec.name)}
+        pod_extra["volumes"] = [{"name": n.CERTS_VOLUME, "secret": secret}]
     return _statefulset(
         spec,
         n.CONTROLLER,
@@ -303,7 +311,29 @@ def controller_statefulset(spec: ClusterSpec) -> dict[str, Any]:
         30,
         "Retain",
         spec.controller_port,
+        pod_extra,
     )
+
+
+def controller_principal(spec: ClusterSpec) -> str:
+    return f"User:CN={spec.name}-controller,O=straitmq"
+
+
+def controller_tls_args(spec: ClusterSpec) -> list[str]:
+    """A secured cluster's quorum port: https with the controller's certificate from the
+    cluster CA; every call but the probes needs a client certificate of the cluster's own
+    (the other voters, the brokers; the operator's too) with CLUSTER_ACTION, which only
+    those principals have (super users). The voters call each other with theirs."""
+    supers = [controller_principal(spec), broker_principal(spec), OPERATOR_PRINCIPAL]
+    return [
+        f"--override=http.ssl.keystore.location={n.CERTS_DIR}/$(POD_NAME).pem",
+        f"--override=http.ssl.truststore.location={n.CERTS_DIR}/ca.crt",
+        "--override=http.ssl.client.auth=requested",
+        "--override=http.authentication=mtls",
+        "--override=http.metrics.require.authentication=false",
+        f"--override=authorizer.class.name={AUTHORIZER}",
+        f"--override=super.users={';'.join(supers)}",
+    ]
 
 
 AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
@@ -361,6 +391,8 @@ def tls_args(spec: ClusterSpec) -> list[str]:
             f"--override=listener.name.{client.lower()}.sasl.enabled.mechanisms={spec.kafka_sasl}"
         )
     args += http_args(spec)
+    if spec.http_secured:  # the controllers' port is https too (controller_tls_args)
+        args.append("--override=controller.http.ssl.enabled=true")
     if spec.authorization:
         operator = [OPERATOR_PRINCIPAL] if spec.http_secured else []
         supers = ";".join([broker_principal(spec), *operator, *spec.super_users])

@@ -4,10 +4,10 @@ applies them, the image built from our Dockerfile.
 
     sudo .venv/bin/python bench/real_node.py --installs 3 --deletions 5
 
-Per install round: node-up, `helm install` -> MQCluster Ready (examples/mqcluster.yaml,
+Per install round: node-up, `helm install` -> MQCluster Ready (examples/open/mqcluster.yaml,
 3 controllers + 3 brokers), then in the first round `--deletions` times each: a broker
 pod deleted (graceful) -> its replacement Ready and back in every ISR of
-examples/topic.yaml, and the active controller's pod deleted (--grace-period=0 --force)
+examples/open/topic.yaml, and the active controller's pod deleted (--grace-period=0 --force)
 -> another controller active (/api/v1/quorum), and the active controller's process
 SIGKILLed from the host -> another controller active. node-down after each round. Prints the
 runs and their medians as JSON.

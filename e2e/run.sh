@@ -6,7 +6,7 @@
 #
 # Needs Docker (a running engine), kind, kubectl, helm, curl and python3 on PATH.
 # Steps: kind cluster -> docker build -> kind load -> helm install (operator, CRDs and an
-# MQCluster "demo") -> wait Ready -> apply examples/topic.yaml -> wait Topic Ready ->
+# MQCluster "demo") -> wait Ready -> apply examples/open/topic.yaml -> wait Topic Ready ->
 # produce -> scale 3 -> 5 (producing while partitions move) -> scale 5 -> 3 -> produce ->
 # consume everything and check that no message was lost.
 set -euo pipefail
@@ -18,7 +18,7 @@ IMAGE_TAG="${E2E_IMAGE_TAG:-e2e}"
 IMAGE="$IMAGE_REPO:$IMAGE_TAG"
 NS="${E2E_NAMESPACE:-straitmq}"
 RELEASE=straitmq
-MQ=demo                                          # the MQCluster; examples/topic.yaml uses it
+MQ=demo                                          # the MQCluster; examples/open/topic.yaml uses it
 TOPIC=orders
 PARTITIONS=3
 PER_PARTITION="${E2E_MESSAGES_PER_PARTITION:-200}"
@@ -243,8 +243,8 @@ wait_for 60 "the operator's /metrics" \
 
 # --- topic --------------------------------------------------------------------------------
 
-log "kubectl apply -f examples/topic.yaml"
-kc apply -f examples/topic.yaml
+log "kubectl apply -f examples/open/topic.yaml"
+kc apply -f examples/open/topic.yaml
 kc wait --for=condition=Ready "topic/$TOPIC" --timeout=300s
 [[ "$(kc get topic "$TOPIC" -o jsonpath='{.status.partitions}')" == "$PARTITIONS" ]] \
   || die "topic $TOPIC does not report $PARTITIONS partitions"

@@ -618,8 +618,8 @@ def operator_accepts(obj: dict, spec: dict) -> None:
 
 
 def test_examples_are_valid_custom_resources() -> None:
-    cluster = load_example("mqcluster.yaml")
-    topic = load_example("topic.yaml")
+    cluster = load_example("open/mqcluster.yaml")
+    topic = load_example("open/topic.yaml")
     cspec = validate(cluster)
     tspec = validate(topic)
     assert cluster["metadata"]["name"] == "demo"
@@ -636,7 +636,7 @@ def test_secure_examples_are_valid_and_secure_the_http_api() -> None:
     from straitmq.operator import spec as operator_spec
     from straitmq.operator import user as operator_user
 
-    cluster = load_example("mqcluster-secure.yaml")
+    cluster = load_example("mqcluster.yaml")
     cspec = validate(cluster)
     operator_accepts(cluster, cspec)
     parsed = operator_spec.parse({"metadata": {**cluster["metadata"], "namespace": NAMESPACE},
@@ -646,6 +646,8 @@ def test_secure_examples_are_valid_and_secure_the_http_api() -> None:
     user = load_example("user.yaml")
     uspec = validate(user)
     assert uspec["cluster"] == cluster["metadata"]["name"]
+    topic = load_example("topic.yaml")
+    assert validate(topic)["cluster"] == cluster["metadata"]["name"]
     bindings = operator_user.user_spec(user).acls
     assert {b.operation for b in bindings} >= {"WRITE", "READ", "DESCRIBE"}
 
@@ -733,8 +735,9 @@ def test_chart_installs_on_a_real_api_server(kube: Any, tmp_path: Path) -> None:
 
         dry = kube.kubectl(
             "apply", "--dry-run=server", "-n", watched,
-            "-f", str(EXAMPLES / "mqcluster.yaml"), "-f", str(EXAMPLES / "topic.yaml"),
-            "-f", str(EXAMPLES / "mqcluster-secure.yaml"), "-f", str(EXAMPLES / "user.yaml"),
+            "-f", str(EXAMPLES / "open" / "mqcluster.yaml"),
+            "-f", str(EXAMPLES / "open" / "topic.yaml"),
+            "-f", str(EXAMPLES / "mqcluster.yaml"), "-f", str(EXAMPLES / "user.yaml"),
         )  # fmt: skip
         assert "mqcluster.straitmq.io/demo created (server dry run)" in dry.stdout
         assert "mqcluster.straitmq.io/secure created (server dry run)" in dry.stdout

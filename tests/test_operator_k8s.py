@@ -572,7 +572,7 @@ def test_spec_the_schema_allows_but_the_operator_cannot_run_is_a_condition(
 
 
 def test_topic_from_examples_is_created_and_listed(kube: Any, demo: PodStandIns) -> None:
-    kube.kubectl("apply", "-n", NS, "-f", str(ROOT / "examples" / "topic.yaml"))
+    kube.kubectl("apply", "-n", NS, "-f", str(ROOT / "examples" / "open" / "topic.yaml"))
     spec = get_json(kube, "topic", "orders", "-n", NS)["spec"]
 
     def ready() -> dict | None:

@@ -180,7 +180,7 @@ def demo(node: NodeHandle) -> dict[str, float]:
 
 
 def install_demo(node: NodeHandle) -> dict[str, float]:
-    """helm install of the chart, examples/mqcluster.yaml and examples/topic.yaml, all
+    """helm install of the chart, examples/open/mqcluster.yaml and its topic.yaml, all
     Ready; returns how long each took (bench/real_node.py uses it too)."""
     node.kubectl("create", "namespace", "straitmq-system")
     t0 = time.monotonic()
@@ -202,7 +202,7 @@ def install_demo(node: NodeHandle) -> dict[str, float]:
         timeout=240,
     )
     operator_ready = time.monotonic() - t0
-    cluster = yaml.safe_load((ROOT / "examples" / "mqcluster.yaml").read_text())
+    cluster = yaml.safe_load((ROOT / "examples" / "open" / "mqcluster.yaml").read_text())
     cluster["spec"]["image"] = APP_IMAGE  # built here; the example names a user's build
     cluster["spec"]["imagePullPolicy"] = "Never"
     node.kubectl("create", "namespace", NS)
@@ -210,7 +210,7 @@ def install_demo(node: NodeHandle) -> dict[str, float]:
     node.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(cluster))
     wait_cluster_ready(node, 300)
     ready_at = time.monotonic()
-    node.kubectl("apply", "-n", NS, "-f", str(ROOT / "examples" / "topic.yaml"))
+    node.kubectl("apply", "-n", NS, "-f", str(ROOT / "examples" / "open" / "topic.yaml"))
     t2 = time.monotonic()
     node.kubectl(
         "wait", "-n", NS, "--for=condition=Ready", f"topic/{TOPIC}", "--timeout=120s", timeout=150
@@ -723,7 +723,7 @@ def test_spark_on_kubernetes_reads_a_topic_into_its_volume(
     """spark-jobs/k8s/spark-submit.sh as its README says: spark-submit (the .venv's
     pyspark) against the API server in cluster mode; the driver pod starts an executor pod,
     both read the topic from the brokers' Service and write Parquet to the job's PVC."""
-    topic = yaml.safe_load((ROOT / "examples" / "topic.yaml").read_text())
+    topic = yaml.safe_load((ROOT / "examples" / "open" / "topic.yaml").read_text())
     topic["metadata"]["name"] = SPARK_TOPIC
     node.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(topic))
     node.kubectl(
@@ -895,14 +895,14 @@ print(json.dumps({"acked": sorted(acked), "got": sorted(got), "bad": errors[:3],
 
 
 def test_secure_mqcluster_and_a_user_in_real_pods(node: NodeHandle, demo: dict[str, float]) -> None:
-    """examples/mqcluster-secure.yaml (1 broker here) and examples/user.yaml on the real
+    """examples/mqcluster.yaml (1 broker here), topic.yaml and user.yaml on the real
     kubelet: the brokers and the controllers serve TLS with certificates of the
     operator's cluster CA (the kubelet's https probes pass, the voters elect over https,
     the broker registers over https), a client pod with nothing but the User's Secret
     produces and consumes over SASL_SSL, a wrong password is refused, and the
     controllers' port answers a caller without a cluster certificate with 401."""
     node.kubectl("create", "namespace", SECURE_NS)
-    cluster = yaml.safe_load((ROOT / "examples" / "mqcluster-secure.yaml").read_text())
+    cluster = yaml.safe_load((ROOT / "examples" / "mqcluster.yaml").read_text())
     spec = cluster["spec"]
     spec["image"], spec["imagePullPolicy"] = APP_IMAGE, "Never"
     spec["brokers"]["replicas"] = 1
@@ -911,9 +911,9 @@ def test_secure_mqcluster_and_a_user_in_real_pods(node: NodeHandle, demo: dict[s
         {"default.replication.factor": 1, "offsets.topic.replication.factor": 1}
     )
     user = yaml.safe_load((ROOT / "examples" / "user.yaml").read_text())
-    topic = {"apiVersion": "straitmq.io/v1alpha1", "kind": "Topic",
-             "metadata": {"name": "orders"},
-             "spec": {"cluster": "secure", "partitions": 3, "replicationFactor": 1}}  # fmt: skip
+    topic = yaml.safe_load((ROOT / "examples" / "topic.yaml").read_text())
+    topic["spec"]["replicationFactor"] = 1
+    topic["spec"]["config"]["min.insync.replicas"] = "1"
     for doc in (cluster, topic, user):
         node.kubectl("apply", "-n", SECURE_NS, "-f", "-", input=json.dumps(doc))
 

@@ -1013,11 +1013,15 @@ def authn(kube: Any, operator: Any, tmp_path_factory: pytest.TempPathFactory) ->
     stand-in broker runs with the rendered http.* settings and super users (and the
     mounted Secret's files); its Kafka side is a SASL_PLAINTEXT (SCRAM) listener for
     clients and a PLAINTEXT one for replication, whose ANONYMOUS principal is added to
-    the super users (a pod's REPLICATION listener takes certificates instead). The tests
-    call the admin API with the operator's certificate. Topics `payments` and `audit`."""
+    the super users (a pod's REPLICATION listener takes certificates instead), and an SSL
+    one that requires a client certificate from the cluster CA (what a tls User holds;
+    `standins.mtls_port`). The tests call the admin API with the operator's certificate.
+    Topics `payments` and `audit`."""
     standins = PodStandIns(kube, "authn", tmp_path_factory.mktemp("authn"))
     standins.scheme = "https"
     sasl = {ordinal: free_port() for ordinal in standins.local.brokers}
+    mtls = {ordinal: free_port() for ordinal in standins.local.brokers}
+    standins.mtls_port = mtls[0]
     annotations = {"straitmq.io/admin-url": standins.admin_url,
                    "straitmq.io/bootstrap-servers": f"127.0.0.1:{sasl[0]}"}  # fmt: skip
     kafka = {"tls": True, "authentication": {"type": "scram-sha-512"}}
@@ -1048,12 +1052,17 @@ def authn(kube: Any, operator: Any, tmp_path_factory: pytest.TempPathFactory) ->
                 if r.startswith("super.users="):
                     r += ";User:ANONYMOUS"
                 props += ["--override", r]
-            listeners = f"REPL://127.0.0.1:{node.kafka_port},SASL://127.0.0.1:{sasl[ordinal]}"
+            listeners = (f"REPL://127.0.0.1:{node.kafka_port},SASL://127.0.0.1:{sasl[ordinal]},"
+                         f"MTLS://127.0.0.1:{mtls[ordinal]}")  # fmt: skip
             standins.base_args[ordinal] += [
                 "--listeners", listeners,
-                "--listener-security-protocol-map", "REPL:PLAINTEXT,SASL:SASL_PLAINTEXT",
+                "--listener-security-protocol-map",
+                "REPL:PLAINTEXT,SASL:SASL_PLAINTEXT,MTLS:SSL",
                 "--inter-broker-listener-name", "REPL",
                 "--override", "listener.name.sasl.sasl.enabled.mechanisms=SCRAM-SHA-512",
+                "--override", f"ssl.keystore.location={certs}/{pod}.pem",
+                "--override", f"ssl.truststore.location={certs}/ca.crt",
+                "--override", "listener.name.mtls.ssl.client.auth=required",
                 *props,
             ]  # fmt: skip
         standins.start()
@@ -1214,6 +1223,50 @@ def test_user_gets_a_secret_and_exactly_its_acls(kube: Any, authn: PodStandIns) 
         return out.returncode != 0 and "NotFound" in out.stderr
 
     kube.wait_for(secret_gone, 60, "billing's Secret collected with its owner")
+
+
+def test_tls_user_gets_a_certificate_and_exactly_its_acls(
+    kube: Any, authn: PodStandIns, tmp_path: Path
+) -> None:
+    from confluent_kafka import KafkaError
+    from straitmq.operator import pki
+
+    doc = user_doc("shipping", [write_acl("payments")], type="tls")
+    kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(doc))
+    kube.wait_for(lambda: (r := user_ready(kube, "shipping")) and r["status"] == "True",
+                  60, "User shipping Ready")  # fmt: skip
+    status = get_json(kube, "user", "shipping", "-n", NS)["status"]
+    assert (status["username"], status["acls"]) == ("CN=shipping", 1)
+    secret = user_secret(kube, "shipping")
+    assert "password" not in secret and secret["security.protocol"] == "SSL"
+    leaf = pki.certificate(secret["user.crt"])
+    # Its CN alone: the cluster's own certificates say O=straitmq, no user passes for them.
+    assert leaf.subject.rfc4514_string() == "CN=shipping"
+    assert pki.signed_by(leaf, secret["ca.crt"])
+    bound = as_operator(authn, "/api/v1/acls?principal=User:CN=shipping")["acls"]
+    assert [(b["resource_name"], b["operation"]) for b in bound] == [("payments", "WRITE")]
+    files = {}
+    for key in ("user.crt", "user.key", "ca.crt"):
+        files[key] = tmp_path / key
+        files[key].write_text(secret[key])
+    conf = {
+        "bootstrap.servers": f"127.0.0.1:{authn.mtls_port}",
+        "security.protocol": "SSL",
+        "ssl.ca.location": str(files["ca.crt"]),
+        "ssl.certificate.location": str(files["user.crt"]),
+        "ssl.key.location": str(files["user.key"]),
+        "ssl.endpoint.identification.algorithm": "none",  # the stand-in listens on 127.0.0.1
+    }
+    produce = produce_outcome(conf)
+    assert produce("payments") is None
+    assert produce("audit") == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    no_cert = {k: v for k, v in conf.items() if not k.startswith(("ssl.certificate", "ssl.key"))}
+    assert not logs_in(no_cert)
+    # Deleting the User takes its bindings: the certificate still shakes hands, but may
+    # write nothing.
+    kube.kubectl("delete", "user", "shipping", "-n", NS, "--timeout=60s")
+    kube.wait_for(lambda: produce("payments") == KafkaError.TOPIC_AUTHORIZATION_FAILED, 60,
+                  "shipping may write nothing once deleted")  # fmt: skip
 
 
 def test_user_password_from_a_secret_rotates(kube: Any, authn: PodStandIns) -> None:

@@ -394,6 +394,31 @@ def test_user_spec_turns_each_operation_into_a_binding() -> None:
     assert us.acls == frozenset()
 
 
+def test_tls_users_and_a_listener_that_takes_their_certificates() -> None:
+    acls = [{"resource": {"type": "topic", "name": "orders"}, "operations": ["Read"]}]
+    us = user.user_spec(user_body(authentication={"type": "tls"}, authorization={"acls": acls}))
+    assert us.tls and us.principal == "User:CN=app"
+    assert {b.principal for b in us.acls} == {"User:CN=app"}
+    # The cluster's client listener: SSL, a certificate from the cluster CA required.
+    spec_body = body(listeners={"kafka": {"tls": True, "authentication": {"type": "tls"}}})
+    spec = parse(spec_body)
+    assert spec.kafka_mtls and spec.kafka_sasl is None and spec.http_secured
+    _, _, props = _broker(spec_body)
+    assert props["listener.security.protocol.map"] == "REPLICATION:SSL,CLIENT:SSL"
+    assert props["listener.name.client.ssl.client.auth"] == "required"
+    assert props["http.authentication"] == "mtls"
+    with pytest.raises(SpecError, match=r"need spec\.listeners\.kafka\.tls"):
+        parse(body(listeners={"kafka": {"authentication": {"type": "tls"}}}))
+    # A user's certificate has its CN alone; the cluster's own say O=straitmq.
+    from straitmq.operator import pki
+
+    ca_key, ca_crt = pki.new_ca("demo", "prod")
+    _, crt = pki.issue(ca_key, ca_crt, "app", ["app"], organization=None)
+    assert pki.certificate(crt).subject.rfc4514_string() == "CN=app"
+    _, crt = pki.issue(ca_key, ca_crt, "demo-broker", ["x"])
+    assert pki.certificate(crt).subject.rfc4514_string() == "CN=demo-broker,O=straitmq"
+
+
 def test_user_spec_refusals() -> None:
     own = {"type": "scram-sha-512",
            "password": {"valueFrom": {"secretKeyRef": {"name": "app", "key": "pw"}}}}  # fmt: skip

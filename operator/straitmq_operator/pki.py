@@ -54,11 +54,9 @@ def _cert_pem(cert: x509.Certificate) -> str:
     return cert.public_bytes(serialization.Encoding.PEM).decode()
 
 
-def _name(cn: str) -> x509.Name:
-    return x509.Name([
-        x509.NameAttribute(NameOID.ORGANIZATION_NAME, "straitmq"),
-        x509.NameAttribute(NameOID.COMMON_NAME, cn),
-    ])  # fmt: skip
+def _name(cn: str, organization: str | None = "straitmq") -> x509.Name:
+    org = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization)] if organization else []
+    return x509.Name([*org, x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
 
 def new_ca(cluster: str, namespace: str, now: datetime | None = None) -> tuple[str, str]:
@@ -89,9 +87,11 @@ def issue(
     dns_names: list[str],
     now: datetime | None = None,
     validity: timedelta = CERT_VALIDITY,
+    organization: str | None = "straitmq",
 ) -> tuple[str, str]:
     """(key PEM, certificate PEM) for a server (and client: replication, mTLS) with these
-    DNS names, signed by the CA."""
+    DNS names, signed by the CA. The cluster's own certificates say O=straitmq; a User's
+    has its CN alone (principal User:CN=<name>), so no user name can pass for them."""
     now = now or datetime.now(UTC)
     ca_key = serialization.load_pem_private_key(ca_key_pem.encode(), password=None)
     ca_cert = x509.load_pem_x509_certificate(ca_cert_pem.encode())
@@ -99,7 +99,7 @@ def issue(
     key = _key()
     cert = (
         x509.CertificateBuilder()
-        .subject_name(_name(common_name))
+        .subject_name(_name(common_name, organization))
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())

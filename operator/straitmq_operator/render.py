@@ -390,6 +390,8 @@ def tls_args(spec: ClusterSpec) -> list[str]:
         args.append(
             f"--override=listener.name.{client.lower()}.sasl.enabled.mechanisms={spec.kafka_sasl}"
         )
+    if spec.kafka_mtls:  # tls Users: a certificate from the cluster CA, no other way in
+        args.append(f"--override=listener.name.{client.lower()}.ssl.client.auth=required")
     args += http_args(spec)
     if spec.http_secured:  # the controllers' port is https too (controller_tls_args)
         args.append("--override=controller.http.ssl.enabled=true")

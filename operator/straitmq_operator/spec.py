@@ -66,6 +66,9 @@ class ClusterSpec:
     # -256); authorization.type simple: Kafka's StandardAuthorizer, with these super users
     # besides the brokers' own certificate principal.
     kafka_sasl: str | None = None
+    # listeners.kafka.authentication.type tls: clients show a certificate from the cluster
+    # CA (a tls User's), their principal User:CN=<name>.
+    kafka_mtls: bool = False
     authorization: bool = False
     super_users: tuple[str, ...] = ()
     metrics_enabled: bool = True
@@ -78,7 +81,9 @@ class ClusterSpec:
         User's password as HTTP Basic). On whenever listeners.kafka.authentication or
         authorization is set (both need kafka.tls); /healthz, /readyz and /metrics stay
         open. A TLS-only cluster keeps plain HTTP, as open as its Kafka listener."""
-        return self.kafka_tls and (self.authorization or self.kafka_sasl is not None)
+        return self.kafka_tls and (
+            self.authorization or self.kafka_sasl is not None or self.kafka_mtls
+        )
 
     @property
     def cluster_id(self) -> str:
@@ -154,9 +159,9 @@ def parse(body: dict[str, Any]) -> ClusterSpec:
         )
     sasl = {"scram-sha-512": "SCRAM-SHA-512", "scram-sha-256": "SCRAM-SHA-256"}
     auth_type = (kafka.get("authentication") or {}).get("type")
-    if auth_type is not None and auth_type not in sasl:
+    if auth_type is not None and auth_type not in (*sasl, "tls"):
         raise SpecError(f"spec.listeners.kafka.authentication.type {auth_type!r} is not one "
-                        f"of {', '.join(sasl)}")  # fmt: skip
+                        f"of {', '.join([*sasl, 'tls'])}")  # fmt: skip
     authz = spec.get("authorization") or {}
     if (auth_type or authz) and not kafka.get("tls"):
         raise SpecError(
@@ -183,6 +188,7 @@ def parse(body: dict[str, Any]) -> ClusterSpec:
         kafka_tls=bool((listeners.get("kafka") or {}).get("tls", False)),
         replication_port=replication_port,
         kafka_sasl=sasl.get(auth_type or ""),
+        kafka_mtls=auth_type == "tls",
         authorization=authz.get("type") == "simple",
         super_users=tuple(authz.get("superUsers") or ()),
         metrics_enabled=bool(metrics.get("enabled", True)),

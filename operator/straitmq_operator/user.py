@@ -1,5 +1,14 @@
-"""User reconciliation: a SCRAM credential and exactly the spec's ACLs in the cluster, and
-the credentials in a Secret named after the User.
+"""User reconciliation: a credential and exactly the spec's ACLs in the cluster, and the
+credentials in a Secret named after the User.
+
+authentication.type tls (as Strimzi's KafkaUser): a client certificate from the cluster
+CA with CN=<user> and no other subject field, so its principal is User:CN=<user> (the
+cluster's own certificates say O=straitmq: no user name can pass for them); `user.crt`,
+`user.key` and `ca.crt` in the Secret, issued again before it expires or when the CA is
+renewed. A certificate cannot be taken back: deleting the User removes its ACLs, which
+is what keeps it out (with authorization on).
+
+SCRAM (scram-sha-512 / -256):
 
 The password is the one the User names (`spec.authentication.password.valueFrom
 .secretKeyRef`), else the one already in the User's Secret, else a new random one. The
@@ -17,7 +26,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from . import certificates
+from . import certificates, pki
 from . import names as n
 from .admin import AdminClient, AdminError
 from .cluster import Emit, admin_url
@@ -66,13 +75,24 @@ class Binding(NamedTuple):
 class UserSpec:
     cluster: str
     name: str  # the user name: metadata.name
-    mechanism: str  # SCRAM-SHA-512 or SCRAM-SHA-256
+    mechanism: str  # SCRAM-SHA-512 or SCRAM-SHA-256; TLS for a certificate
     password_ref: tuple[str, str] | None  # (Secret, key) or None: generated
     acls: frozenset[Binding]
 
     @property
+    def tls(self) -> bool:
+        return self.mechanism == TLS
+
+    @property
     def principal(self) -> str:
-        return f"User:{self.name}"
+        return principal_of(self.name, self.tls)
+
+
+TLS = "TLS"
+
+
+def principal_of(name: str, tls: bool) -> str:
+    return f"User:CN={name}" if tls else f"User:{name}"
 
 
 class UserProblem(Exception):
@@ -84,8 +104,8 @@ class UserProblem(Exception):
         self.message = message
 
 
-def bindings(name: str, acls: list[dict[str, Any]]) -> frozenset[Binding]:
-    """The spec's ACL rules as bindings of principal User:<name>: one per operation."""
+def bindings(principal: str, acls: list[dict[str, Any]]) -> frozenset[Binding]:
+    """The spec's ACL rules as bindings of `principal`: one per operation."""
     out: set[Binding] = set()
     for rule in acls:
         res = rule["resource"]
@@ -99,7 +119,7 @@ def bindings(name: str, acls: list[dict[str, Any]]) -> frozenset[Binding]:
             operation = OPERATIONS.get(op)
             if operation is None:
                 raise UserProblem("InvalidAcl", f"unknown operation {op!r}")
-            out.add(Binding(rtype, rname, pattern, f"User:{name}", rule.get("host") or "*",
+            out.add(Binding(rtype, rname, pattern, principal, rule.get("host") or "*",
                             operation, permission))  # fmt: skip
     return frozenset(out)
 
@@ -108,10 +128,10 @@ def user_spec(body: dict[str, Any]) -> UserSpec:
     spec = body.get("spec") or {}
     name = body["metadata"]["name"]
     auth = spec.get("authentication") or {}
-    mechanism = MECHANISMS.get(auth.get("type", ""))
+    mechanism = TLS if auth.get("type") == "tls" else MECHANISMS.get(auth.get("type", ""))
     if mechanism is None:
         raise UserProblem("InvalidSpec", f"authentication.type {auth.get('type')!r} is not "
-                          f"one of {', '.join(MECHANISMS)}")  # fmt: skip
+                          f"one of {', '.join([*MECHANISMS, 'tls'])}")  # fmt: skip
     ref = (((auth.get("password") or {}).get("valueFrom") or {}).get("secretKeyRef")) or None
     password_ref = (ref["name"], ref["key"]) if ref else None
     if password_ref and password_ref[0] == name:
@@ -121,7 +141,8 @@ def user_spec(body: dict[str, Any]) -> UserSpec:
             "credentials to the Secret of that name",
         )
     acls = ((spec.get("authorization") or {}).get("acls")) or []
-    return UserSpec(spec["cluster"], name, mechanism, password_ref, bindings(name, acls))
+    principal = principal_of(name, mechanism == TLS)
+    return UserSpec(spec["cluster"], name, mechanism, password_ref, bindings(principal, acls))
 
 
 def acl_changes(
@@ -215,16 +236,28 @@ class UserReconciler:
             us = user_spec(body)
             cluster, cspec = await self._cluster(ns, us)
             own = await self.kube.get("v1", "Secret", ns, us.name)
-            password = await self._password(ns, us, own)
+            password = None if us.tls else await self._password(ns, us, own)
             auth = await certificates.admin_auth(self.kube, cspec)
             async with AdminClient(admin_url(cluster, cspec), self.admin_timeout_s,
                                    auth) as admin:  # fmt: skip
-                digest = credential_digest(meta["uid"], us.mechanism, password)
-                rotated = await self._credential(admin, us, password, digest, own)
                 extra = await self._client_settings(cspec)
-                await self._secret(body, us, password, digest, bootstrap_servers(cluster, cspec),
-                                   extra)  # fmt: skip
-                status |= {"username": us.name, "secret": us.name}
+                bootstrap = bootstrap_servers(cluster, cspec)
+                if password is None:
+                    rotated = await self._certificate(admin, body, us, cspec, own, bootstrap,
+                                                      extra)  # fmt: skip
+                else:
+                    digest = credential_digest(meta["uid"], us.mechanism, password)
+                    rotated = await self._credential(admin, us, password, digest, own)
+                    data = {
+                        "username": us.name,
+                        "password": password,
+                        "sasl.mechanism": us.mechanism,
+                        "sasl.jaas.config": jaas_config(us.name, password),
+                        "bootstrap.servers": bootstrap,
+                        **extra,
+                    }
+                    await self._secret(body, us, data, digest)
+                status |= {"username": us.principal.removeprefix("User:"), "secret": us.name}
                 count = await self._acls(admin, us)
         except UserProblem as e:
             if not _same_problem(conds, e.reason, e.message):
@@ -232,7 +265,8 @@ class UserReconciler:
             conds = set_condition(conds, "Ready", False, e.reason, e.message, generation)
             return {**status, "conditions": conds}
         if rotated:
-            self.emit("Normal", "CredentialSet", f"{us.mechanism} credential of '{us.name}' set")
+            what = f"certificate ({rotated})" if us.tls else "credential"
+            self.emit("Normal", "CredentialSet", f"{us.mechanism} {what} of '{us.name}' set")
         conds = set_condition(conds, "Ready", True, "Reconciled",
                               f"user '{us.name}' has its credential and {count} ACL bindings",
                               generation)  # fmt: skip
@@ -261,6 +295,43 @@ class UserReconciler:
             raise UserProblem(_reason(e), e.message) from None
         return changed
 
+    async def _certificate(
+        self, admin: AdminClient, body: dict[str, Any], us: UserSpec, cspec: Any,
+        own: dict[str, Any] | None, bootstrap: str, extra: dict[str, str],
+    ) -> str | None:  # fmt: skip
+        """A tls User's certificate in its Secret, issued when missing or due; why it was
+        issued (None: the stored one is good). A SCRAM credential it had is dropped."""
+        if not cspec.kafka_tls:
+            raise UserProblem("ClusterNotTls", f"MQCluster '{cspec.name}' has no "
+                              "listeners.kafka.tls: a tls User needs its cluster CA")  # fmt: skip
+        ca = await self.kube.get("v1", "Secret", cspec.namespace,
+                                 n.cluster_ca_secret(cspec.name))  # fmt: skip
+        ca_key, ca_crt = _secret_value(ca, "ca.key"), _secret_value(ca, "ca.crt")
+        if not ca_key or not ca_crt:
+            raise UserProblem("ClusterCaNotReady",
+                              f"the cluster CA of '{cspec.name}' is not made yet")  # fmt: skip
+        crt, key = _secret_value(own, "user.crt"), _secret_value(own, "user.key")
+        why = pki.needs_new(crt, ca_crt, [us.name]) if key else "no certificate yet"
+        if why is not None:
+            key, crt = pki.issue(ca_key, ca_crt, us.name, [us.name], organization=None)
+        assert key is not None and crt is not None, "invariant: a certificate and its key"
+        try:
+            have = await admin.user(us.name)
+            for m in sorted({m["mechanism"] for m in (have or {}).get("mechanisms", [])}):
+                await admin.delete_user(us.name, m)
+        except AdminError as e:
+            raise UserProblem(_reason(e), e.message) from None
+        data = {
+            "username": us.principal.removeprefix("User:"),
+            "user.crt": crt,
+            "user.key": key,
+            "bootstrap.servers": bootstrap,
+            **extra,
+            "security.protocol": "SSL",
+        }
+        await self._secret(body, us, data, hashlib.sha256(crt.encode()).hexdigest())
+        return why
+
     async def _client_settings(self, cspec: Any) -> dict[str, str]:
         """What a client needs besides the password when the MQCluster's spec says how its
         listener is secured: the cluster CA (`ca.crt`) and `security.protocol`."""
@@ -274,18 +345,9 @@ class UserReconciler:
         return out
 
     async def _secret(
-        self, body: dict[str, Any], us: UserSpec, password: str, digest: str, bootstrap: str,
-        extra: dict[str, str] | None = None,
-    ) -> None:  # fmt: skip
+        self, body: dict[str, Any], us: UserSpec, data: dict[str, str], digest: str
+    ) -> None:
         meta = body["metadata"]
-        data = {
-            "username": us.name,
-            "password": password,
-            "sasl.mechanism": us.mechanism,
-            "sasl.jaas.config": jaas_config(us.name, password),
-            "bootstrap.servers": bootstrap,
-            **(extra or {}),
-        }
         await self.kube.apply({
             "apiVersion": "v1",
             "kind": "Secret",
@@ -329,7 +391,8 @@ class UserReconciler:
         ns = body["metadata"].get("namespace") or "default"
         name = body["metadata"]["name"]
         cluster_name = (body.get("spec") or {}).get("cluster", "")
-        principal = f"User:{name}"
+        tls = ((body.get("spec") or {}).get("authentication") or {}).get("type") == "tls"
+        principal = principal_of(name, tls)
         try:
             cluster, cspec = await self._cluster(ns, UserSpec(cluster_name, name, "", None,
                                                               frozenset()))  # fmt: skip

@@ -6,6 +6,7 @@ the wire), all on one topic of a real broker."""
 from __future__ import annotations
 
 import uuid
+from types import SimpleNamespace
 
 import pytest
 from test_errors import Raw
@@ -231,3 +232,38 @@ def test_kip848_regex_member_and_pending_partitions_on_the_wire(broker):
         assert row[-3:] == ["px", "-", "px:" + ",".join(map(str, pending))]
     finally:
         r.close()
+
+
+@pytest.fixture
+def cluster(tmp_path):  # type: ignore[no-untyped-def]
+    from cluster_support import cluster_factory
+
+    yield from cluster_factory(tmp_path)
+
+
+def test_group_list_covers_every_coordinator_of_a_cluster(cluster) -> None:  # type: ignore[no-untyped-def]
+    """`strait group list` asks one broker, which asks the others for the groups they
+    coordinate (as `kafka-consumer-groups --list` asks each broker)."""
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    c = cluster(brokers=3)
+    admin = AdminClient({"bootstrap.servers": c.bootstrap})
+    admin.create_topics([NewTopic("gl", 1, 1)])["gl"].result(30)
+    names = [f"gl-{i}" for i in range(8)]
+    for g in names:  # committed offsets make an (empty) group at its coordinator
+        consumer = Consumer({"bootstrap.servers": c.bootstrap, "group.id": g})
+        consumer.commit(offsets=[TopicPartition("gl", 0, 1)], asynchronous=False)
+        consumer.close()
+    first = SimpleNamespace(http=f"http://127.0.0.1:{c.brokers[1].http_port}")
+
+    def listed(path: str) -> set[str]:
+        status, body = call(first, "GET", path)
+        assert status == 200, body
+        return {g["group_id"] for g in body["groups"]} & set(names)
+
+    local = listed("/api/v1/groups?scope=local")
+    assert local < set(names), "one broker coordinates all: the test proves nothing"
+    assert listed("/api/v1/groups") == set(names)
+    out = strait(first, "group", "list")
+    assert out.returncode == 0 and all(g in out.stdout for g in names), out

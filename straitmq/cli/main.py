@@ -311,12 +311,15 @@ def _or_dash(v: Any) -> Any:
 
 def cmd_group(a: argparse.Namespace) -> None:
     if a.action == "list":
-        groups = _request(a.http, "GET", "/api/v1/groups")["groups"]
+        listed = _request(a.http, "GET", "/api/v1/groups")
         rows = [
             [g["group_id"], g.get("type", "classic"), g["state"], g["protocol_type"] or "-"]
-            for g in groups
+            for g in listed["groups"]
         ]
         print(_table(rows, ["GROUP", "TYPE", "STATE", "PROTOCOL"]))
+        if missing := listed.get("unreachable_brokers"):
+            # Their groups are missing from the list, as from kafka-consumer-groups --list.
+            print(f"(brokers {', '.join(map(str, missing))} did not answer)", file=sys.stderr)
         return
     g = _request(a.http, "GET", f"/api/v1/groups/{urllib.parse.quote(a.group)}")
     kind = g.get("type", "classic")

@@ -214,23 +214,51 @@ def _not_coordinator(broker: Broker, request: web.Request, gid: str) -> web.Resp
     return _elsewhere(broker, request, meta.leader)
 
 
+def _local_groups(broker: Broker) -> list[dict]:
+    """The groups this broker coordinates, all three kinds (as its ListGroups)."""
+    from ..api.share import share_group_rows
+
+    shares, internal = share_group_rows(broker)
+    out = []
+    for g, pt, st in [*broker.groups.list_groups(), *shares]:
+        if internal(g):
+            continue
+        kind = "share" if pt == "share" else broker.groups.group_type(g) or "classic"
+        out.append({"group_id": g, "type": kind, "protocol_type": pt, "state": st})
+    return out
+
+
 def add_routes(app: web.Application, broker: Broker) -> None:
     """/api/v1/groups[/{group}]"""
     routes = web.RouteTableDef()
 
     @routes.get("/api/v1/groups")
     async def list_groups(request: web.Request) -> web.Response:
-        from ..api.share import share_group_rows  # as ListGroups: all three kinds
+        """Every group of the cluster, as `kafka-consumer-groups --list` (whose admin
+        client asks each broker for the groups it coordinates): this broker's, and each
+        other live broker's (`?scope=local`: only this one's). Those one may DESCRIBE."""
+        may = broker.http_security.permitted
+        groups = _local_groups(broker)
+        out: dict = {}
+        if request.query.get("scope") != "local":
+            peers = request.app[PEERS]
+            others = [b.id for b in broker.image.live_brokers() if b.id != broker.node_id]
 
-        may = broker.http_security.permitted  # as ListGroups: those one may DESCRIBE
-        shares, internal = share_group_rows(broker)
-        groups = []
-        for g, pt, st in [*broker.groups.list_groups(), *shares]:
-            if internal(g) or not may(request, DESCRIBE, GROUP, g):
-                continue
-            kind = "share" if pt == "share" else broker.groups.group_type(g) or "classic"
-            groups.append({"group_id": g, "type": kind, "protocol_type": pt, "state": st})
-        return _json({"groups": sorted(groups, key=lambda g: g["group_id"])})
+            async def ask(node: int) -> list[dict] | None:
+                try:
+                    body = await peers.get(peer_url(broker, node, "/api/v1/groups?scope=local"))
+                    return list(body["groups"])
+                except (AdminError, KeyError, TypeError):
+                    return None
+
+            answers = await asyncio.gather(*(ask(b) for b in others))
+            for rows in answers:
+                groups.extend(rows or [])
+            missing = [b for b, rows in zip(others, answers, strict=True) if rows is None]
+            if missing:
+                out["unreachable_brokers"] = sorted(missing)
+        seen = {g["group_id"]: g for g in groups if may(request, DESCRIBE, GROUP, g["group_id"])}
+        return _json({"groups": [seen[g] for g in sorted(seen)], **out})
 
     @routes.get("/api/v1/groups/{group}")
     async def describe_group(request: web.Request) -> web.Response:

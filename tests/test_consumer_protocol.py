@@ -375,20 +375,7 @@ def test_group_grows_shrinks_loses_a_member_and_its_coordinator(broker_factory, 
         acked = set(writer.acked)
         assert len(acked) > 1000
 
-        def processed() -> set[str]:
-            return {
-                r[2] for m in members for e in list(m.events) if e["ev"] == "records"
-                for r in e["recs"]
-            }  # fmt: skip
-
-        wait_for(lambda: acked <= processed(), 120, "every record processed", 0.3, check=check,
-                 detail=lambda: f"{len(acked - processed())} missing")  # fmt: skip
-        ends = {p: o for p, o in _end_offsets(broker.bootstrap, topic).items()}
-        wait_for(
-            lambda: all(watcher.seen[p] and watcher.seen[p][-1] == ends[p] for p in ends),
-            60, "committed offsets reach the log end", 0.3, check=check,
-            detail=lambda: str({p: (watcher.seen[p][-1:], ends[p]) for p in ends}),
-        )  # fmt: skip
+        assert_drained(acked, members, watcher, broker.bootstrap, topic, check)
         stopped_at = now_ms()
         for m in live():
             m.stop()
@@ -486,20 +473,7 @@ def test_rolling_upgrade_from_the_classic_protocol(broker_factory, tmp_path, kin
         assert not writer.errors, writer.errors[:5]
         acked = set(writer.acked)
 
-        def processed() -> set[str]:
-            return {
-                r[2] for m in members for e in list(m.events) if e["ev"] == "records"
-                for r in e["recs"]
-            }  # fmt: skip
-
-        wait_for(lambda: acked <= processed(), 120, "every record processed", 0.3, check=check,
-                 detail=lambda: f"{len(acked - processed())} missing")  # fmt: skip
-        ends = _end_offsets(broker.bootstrap, topic)
-        wait_for(
-            lambda: all(watcher.seen[p] and watcher.seen[p][-1] == ends[p] for p in ends),
-            60, "committed offsets reach the log end", 0.3, check=check,
-            detail=lambda: str({p: (watcher.seen[p][-1:], ends[p]) for p in ends}),
-        )  # fmt: skip
+        assert_drained(acked, members, watcher, broker.bootstrap, topic, check)
         for m in live():
             m.stop()
     finally:
@@ -512,6 +486,33 @@ def test_rolling_upgrade_from_the_classic_protocol(broker_factory, tmp_path, kin
         assert offsets == sorted(offsets), f"partition {p}: commits went backwards: {offsets}"
     assert_single_owner(members)
     assert all(any(e["ev"] == "committed" for e in m.events) for m in members)
+
+
+def assert_drained(
+    acked: set[str],
+    members: list[Member],
+    watcher: CommitWatcher,
+    bootstrap: str,
+    topic: str,
+    check: Callable[[], None],
+) -> None:
+    """Every acknowledged record was processed by some member, and the committed
+    offsets (as the watcher polls them) reach the log end of every partition."""
+
+    def processed() -> set[str]:
+        return {
+            r[2] for m in members for e in list(m.events) if e["ev"] == "records"
+            for r in e["recs"]
+        }  # fmt: skip
+
+    wait_for(lambda: acked <= processed(), 120, "every record processed", 0.3, check=check,
+             detail=lambda: f"{len(acked - processed())} missing")  # fmt: skip
+    ends = _end_offsets(bootstrap, topic)
+    wait_for(
+        lambda: all(watcher.seen[p] and watcher.seen[p][-1] == ends[p] for p in ends),
+        60, "committed offsets reach the log end", 0.3, check=check,
+        detail=lambda: str({p: (watcher.seen[p][-1:], ends[p]) for p in ends}),
+    )  # fmt: skip
 
 
 def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
@@ -859,19 +860,7 @@ def test_coordinator_broker_killed_in_a_cluster(cluster, tmp_path):
         acked = set(writer.acked)
         assert len(acked) > 1000
 
-        def processed() -> set[str]:
-            return {
-                r[2] for m in members for e in list(m.events) if e["ev"] == "records"
-                for r in e["recs"]
-            }  # fmt: skip
-
-        wait_for(lambda: acked <= processed(), 120, "every record processed", 0.3, check=check,
-                 detail=lambda: f"{len(acked - processed())} missing")  # fmt: skip
-        ends = _end_offsets(c.bootstrap, topic)
-        wait_for(
-            lambda: all(watcher.seen[p] and watcher.seen[p][-1] == ends[p] for p in ends),
-            60, "committed offsets reach the log end", 0.3, check=check,
-        )  # fmt: skip
+        assert_drained(acked, members, watcher, c.bootstrap, topic, check)
         # Through the killed broker's return too (whichever broker coordinates now).
         assert described(coordinator_port(), group) == before
         stopped_at = now_ms()

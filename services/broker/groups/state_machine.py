@@ -875,15 +875,7 @@ class GroupStateMachine:
         partition): forget them; parked members get NOT_COORDINATOR and find the new one."""
         for gid in [g for g in self.groups if belongs(g)]:
             group = self.groups[gid]
-            for m in group.members.values():
-                if m.join_handle is not None:
-                    self._out.replies.append(
-                        Reply(m.join_handle, JoinResponse(ErrorCode.not_coordinator, m.member_id))
-                    )
-                    m.join_handle = None
-                if m.sync_handle is not None:
-                    self._reply_sync(m.sync_handle, ErrorCode.not_coordinator)
-                    m.sync_handle = None
+            self._answer_parked(group, ErrorCode.not_coordinator)
             group.transition(DEAD)
             self._drop_group(group)
         for gid in [g for g in self.consumer_groups if belongs(g)]:
@@ -893,6 +885,16 @@ class GroupStateMachine:
         for gid in [g for g in self._empty_since if belongs(g)]:
             del self._empty_since[gid]
         self._restored = {g for g in self._restored if not belongs(g)}
+
+    def _answer_parked(self, group: ClassicGroup, error: int) -> None:
+        """Answer every JoinGroup and SyncGroup its members have parked with `error`."""
+        for m in group.members.values():
+            if m.join_handle is not None:
+                self._out.replies.append(Reply(m.join_handle, JoinResponse(error, m.member_id)))
+                m.join_handle = None
+            if m.sync_handle is not None:
+                self._reply_sync(m.sync_handle, error)
+                m.sync_handle = None
 
     def _drop_group(self, group: ClassicGroup, tombstones: bool = False) -> None:
         for key in [k for k in self._timers if k.group_id == group.group_id]:
@@ -1293,16 +1295,8 @@ class GroupStateMachine:
                     group.static[m.instance_id] = m.member_id
         except MalformedProtocol:
             return False
-        for m in classic.members.values():
-            # A rebalance under way is over: they rejoin the new group.
-            if m.join_handle is not None:
-                self._out.replies.append(
-                    Reply(m.join_handle, JoinResponse(ErrorCode.rebalance_in_progress, m.member_id))
-                )
-                m.join_handle = None
-            if m.sync_handle is not None:
-                self._reply_sync(m.sync_handle, ErrorCode.rebalance_in_progress)
-                m.sync_handle = None
+        # A rebalance under way is over: they rejoin the new group.
+        self._answer_parked(classic, ErrorCode.rebalance_in_progress)
         self._drop_group(classic, tombstones=True)
         self._empty_since.pop(group.group_id, None)
         self.consumer_groups[group.group_id] = group

@@ -13,6 +13,7 @@ namespace, as the network partition tests do).
 
 from __future__ import annotations
 
+import collections
 import os
 import random
 import signal
@@ -36,19 +37,34 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+_handed_out: set[int] = set()
+_handed_order: collections.deque[int] = collections.deque()
+_REMEMBERED = 2000  # long bound or given up on by then; the range holds ~12,000
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that was free a moment ago, picked below the kernel's ephemeral range: a
     port the kernel hands out (port 0) can be taken by any outgoing connection's source
-    port before the server that was meant to get it binds."""
+    port before the server that was meant to get it binds. Never one this process was
+    given before: ports picked up front (a cluster's, then its listeners') are not bound
+    until later, so a second pick could otherwise land on the first."""
     low = _ephemeral_low()
     for _ in range(200):
         port = random.randrange(20_000, low) if low > 21_000 else 0
+        if port in _handed_out:
+            continue
         with socket.socket() as s:
             try:
                 s.bind((host, port))
             except OSError:
                 continue
-            return s.getsockname()[1]
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            _handed_order.append(port)
+            if len(_handed_order) > _REMEMBERED:
+                _handed_out.discard(_handed_order.popleft())
+            return port
     raise OSError(f"no free port found on {host}")
 
 

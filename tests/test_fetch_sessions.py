@@ -257,6 +257,40 @@ def test_a_follower_added_after_it_named_the_partition_is_visited_again(tmp_path
     assert part.isr_change(1.0, lambda _: True) == [1, 2, 3]
 
 
+def test_a_look_before_the_leader_knew_the_follower_is_taken_again_in_the_same_fetch(
+    tmp_path: Path,
+) -> None:
+    """The same race within one fetch: its first look at the partition comes before the
+    leader knows broker 3 (nothing recorded), the leader applies the reassignment while
+    the fetch waits, and the look after the wake-up must record the position; a fetch
+    that counted the first look as done left broker 3 out of the ISR for good (CI: a
+    throttled reassignment that never finished, its new replica at 'copied -1')."""
+    from types import SimpleNamespace
+
+    from straitmq.broker.api.fetch import _FetchPlan
+    from straitmq.metadata.image import PartitionImage
+
+    part, _ = _leader_with_follower(tmp_path)
+    cache = FetchSessions()
+    part.on_change = cache.changed
+    session = cache.open(3)
+    assert session is not None
+    cache.put(session, "t", (0, 0, 1 << 20, 1, 0))
+    throttle = SimpleNamespace(allowance=lambda t, i, r, limit: limit, spent=lambda *a: None)
+    broker = SimpleNamespace(partitions=SimpleNamespace(get=lambda t, i: part), throttle=throttle)
+    ctx = SimpleNamespace(broker=broker, version=12, cluster_allowed=lambda op: True)
+    req = SimpleNamespace(replica_id=3, max_bytes=1 << 20)
+    plan = _FetchPlan(ctx, req, [("t", [(0, 0, 1 << 20, 1, 0)])], session, incremental=True)
+    plan.collect(plan.wanted())  # the first look: broker 3 is no replica here yet
+    assert 3 not in part.followers
+    moved = PartitionImage(
+        replicas=[1, 2, 3], isr=[1, 2], leader=1, leader_epoch=1, partition_epoch=1, adding=[3]
+    )
+    part.update(moved, min_isr=1)  # applied while the fetch waits: the partition is dirty
+    plan.collect(plan.wanted())  # the look after the wake-up
+    assert part.followers[3].log_end_offset == 0 and part.followers[3].session is session
+
+
 # -- a 3+3 cluster ------------------------------------------------------------------------
 
 

@@ -218,12 +218,13 @@ class Partition:
 
     def on_follower_fetch(
         self, replica: int, fetch_offset: int, session: Any = None, log_start: int = -1
-    ) -> None:
+    ) -> bool:
         """Kafka's rule: a follower is caught up if it asks for the leader's LEO, or for
-        what the LEO was at its previous fetch (then it was caught up back then)."""
+        what the LEO was at its previous fetch (then it was caught up back then). False
+        if this leader does not know the replica (yet): nothing was recorded."""
         f = self.followers.get(replica)
         if f is None:
-            return
+            return False
         now = _now()
         leo = self.log.log_end_offset
         if fetch_offset >= leo:
@@ -238,6 +239,7 @@ class Partition:
             f.log_start_offset = log_start
             self.check_low_watermark()
         self.maybe_advance_hw()
+        return True
 
     def caught_up_at(self, f: FollowerState) -> float:
         """When the follower was last known caught up. A follower that holds the log

@@ -76,7 +76,11 @@ class _FetchPlan:
         self.session = session
         self.incremental = incremental
         # The partitions whose follower position this fetch has reported: each once, at
-        # its first look (a session partition may first show up dirty mid-wait).
+        # its first look (a session partition may first show up dirty mid-wait). Not one
+        # whose leader did not know the follower yet: a reassignment's new replica may
+        # fetch before the leader applies it, and the leader, once it does, marks the
+        # partition dirty so that a look later in this very fetch records the position
+        # (the follower names an unchanged partition never again).
         self.reported: set[tuple[str, int]] = set()
         self.named = named
         # A follower needs CLUSTER_ACTION on the cluster (Kafka), asked once per request;
@@ -133,8 +137,8 @@ class _FetchPlan:
                 plog = partition.log
                 hw = partition.high_watermark
                 if replica >= 0 and (topic, index) not in self.reported:
-                    self.reported.add((topic, index))
-                    partition.on_follower_fetch(replica, fetch_offset, session, follower_start)
+                    if partition.on_follower_fetch(replica, fetch_offset, session, follower_start):
+                        self.reported.add((topic, index))
                 if fetch_offset < plog.log_start_offset or fetch_offset > plog.log_end_offset:
                     error = ErrorCode.offset_out_of_range
                     parts.append((index, error, hw, plog.log_start_offset, None, fetch_offset))

@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import datetime
 import itertools
-import json
-import os
-import signal
 import subprocess
 import sys
 import threading
@@ -34,6 +31,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from client_process import ClientProcess
 from cluster_support import BROKER_ARGS as CLUSTER_BROKER_ARGS
 from cluster_support import cluster_factory
 from confluent_kafka import Producer, TopicPartition
@@ -73,7 +71,7 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class Member:
+class Member(ClientProcess):
     """One consumer process and what it printed."""
 
     def __init__(
@@ -86,26 +84,13 @@ class Member:
         logs: Path,
         extra: tuple[str, ...] = (),
     ):
-        self.name = name
         args = [bootstrap, group, topic, name, *extra]
         if kind == "java":
             cmd = java_cmd(str(JAVA_CLIENT), args, include_classes=False, jars="4.1")
         else:
             cmd = [sys.executable, str(PY_CLIENT), *args]
-        self.stderr = open(logs / f"{name}.err", "wb")
-        self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True
-        )
-        self.events: list[dict] = []
-        self.ended_at: int | None = None  # SIGKILL: ownership ends here
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line.startswith("{"):
-                self.events.append(json.loads(line))
+        super().__init__(name, cmd, logs)
+        self.ended_at: int | None = None  # stopped or SIGKILLed: ownership ends here
 
     def owned(self) -> set[int]:
         held: set[int] = set()
@@ -120,23 +105,16 @@ class Member:
         return sum(len(e["recs"]) for e in list(self.events) if e["ev"] == "records")
 
     def check_alive(self) -> None:
-        if self.proc.poll() is not None and self.ended_at is None:
-            self.stderr.flush()
-            err = Path(self.stderr.name).read_text()[-3000:]
-            raise AssertionError(f"{self.name} exited with {self.proc.returncode}: {err}")
+        if self.ended_at is None and (why := self.exited()):
+            raise AssertionError(why)
 
     def stop(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write("stop\n")
-        self.proc.stdin.close()
-        self.proc.wait(60)
-        self._reader.join(10)
+        super().stop()
         self.ended_at = now_ms()
         assert any(e["ev"] == "closed" for e in self.events), f"{self.name} did not close"
 
     def kill(self) -> None:
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
+        super().kill()
         self.ended_at = now_ms()
 
 

@@ -6,11 +6,7 @@ Java KafkaShareConsumer (kafka-clients 4.1, tools/java/kafka-4.1/ShareConsumerCl
 from __future__ import annotations
 
 import itertools
-import json
-import os
-import signal
 import subprocess
-import threading
 import time
 import uuid
 from collections import Counter
@@ -18,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from client_process import ClientProcess
 from kio.schema.errors import ErrorCode as E
 from kio.schema.share_acknowledge.v1 import request as sa
 from kio.schema.share_fetch.v1 import request as sf
@@ -485,43 +482,18 @@ def _jars() -> None:
     ensure_jars()
 
 
-class ShareMember:
+class ShareMember(ClientProcess):
     def __init__(self, bootstrap: str, group: str, topic: str, name: str, mode: str, logs: Path):
-        self.name = name
         cmd = java_cmd(str(JAVA_CLIENT), [bootstrap, group, topic, name, mode],
                        include_classes=False, jars="4.1")  # fmt: skip
-        self.stderr = open(logs / f"{name}.err", "wb")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.stderr, text=True)  # fmt: skip
-        self.events: list[dict] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line.startswith("{"):
-                self.events.append(json.loads(line))
+        super().__init__(name, cmd, logs)
 
     def records(self) -> list[tuple[int, int, int, str]]:
         return [tuple(r) for e in list(self.events) if e["ev"] == "records" for r in e["recs"]]
 
     def alive(self) -> None:
-        if self.proc.poll() is not None:
-            self.stderr.flush()
-            err = Path(self.stderr.name).read_text()[-3000:]
-            raise AssertionError(f"{self.name} exited with {self.proc.returncode}: {err}")
-
-    def stop(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write("stop\n")
-        self.proc.stdin.close()
-        self.proc.wait(60)
-        self._reader.join(10)
-
-    def kill(self) -> None:
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
+        if why := self.exited():
+            raise AssertionError(why)
 
 
 def _assert_at_least_once_without_redelivery_of_accepted(

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import os
 import statistics
 import sys
 import time
@@ -48,7 +47,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.failover import KafkaTarget, StraitTarget, log
 from bench.javatools import REPO_ROOT
-from bench.throughput import producer_perf, rdkafka_produce
+from bench.throughput import process_cpu_s, producer_perf, rdkafka_produce
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
@@ -108,14 +107,11 @@ def wait_replicated(bootstrap: str, topic: str, partitions: int, n: int, within_
 
 def broker_cpu_s(target: Any) -> float:
     """CPU seconds (user + system) the target's broker processes have used so far."""
-    total = 0
-    for node in target.cluster.brokers.values():
-        if node.proc is None or node.proc.poll() is not None:
-            continue
-        with open(f"/proc/{node.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
-    return total / os.sysconf("SC_CLK_TCK")
+    return sum(
+        process_cpu_s(node.proc.pid)
+        for node in target.cluster.brokers.values()
+        if node.proc is not None and node.proc.poll() is None
+    )
 
 
 def measure(target, client: str, acks: str, a: argparse.Namespace, n: int) -> dict[str, float]:

@@ -105,7 +105,8 @@ from confluent_kafka.admin import (
 
 from bench.javatools import KAFKA41_TOOLS, REPO_ROOT, classpath, ensure_jars, java_cmd
 from bench.kafka_ref import KafkaRef, wait_for_broker
-from bench.throughput import send_all
+from bench.throughput import process_cpu_s as cpu_s
+from bench.throughput import send_all, stop_process
 from straitmq.cli.local_cluster import free_port
 
 HOST = "127.0.0.1"
@@ -121,12 +122,6 @@ MODES = {
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # -- the two brokers -------------------------------------------------------------------
@@ -158,13 +153,7 @@ class Strait:
         return self.proc.pid
 
     def stop(self) -> None:
-        if getattr(self, "proc", None) is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(getattr(self, "proc", None))
         if getattr(self, "log", None) is not None:
             self.log.close()
 

@@ -71,7 +71,7 @@ from confluent_kafka.admin import (
 
 from bench.javatools import REPO_ROOT
 from bench.kafka_ref import KafkaRef, wait_for_broker
-from bench.throughput import send_all
+from bench.throughput import process_cpu_s, send_all, stop_process
 from straitmq.cli.local_cluster import free_port
 
 MB = 1024 * 1024
@@ -150,9 +150,7 @@ class System(abc.ABC):
         return c
 
     def cpu_s(self) -> float:
-        with open(f"/proc/{self.pid()}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        return process_cpu_s(self.pid())
 
     def tls_session(self) -> str:
         """The TLS version and cipher the SSL listener negotiates with Python's ssl module
@@ -212,13 +210,7 @@ class Strait(System):
         return self.proc.pid
 
     def stop(self) -> None:
-        if getattr(self, "proc", None) is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(getattr(self, "proc", None))
         if getattr(self, "log", None) is not None:
             self.log.close()
 

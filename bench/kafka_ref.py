@@ -218,6 +218,17 @@ def wait_for_broker(
     raise TimeoutError(f"{host}:{port} not ready after {timeout:.0f}s (last error: {last!r})")
 
 
+def stop_process(proc: subprocess.Popen | None, grace_s: float = 30) -> None:
+    """SIGTERM, then SIGKILL after `grace_s`: a broker a benchmark or test started."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 def _pdeathsig() -> None:  # runs in the child between fork and exec
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -411,14 +422,7 @@ class KafkaRef:
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is not None:
-            if proc.poll() is None:
-                proc.terminate()  # SIGTERM: Kafka's controlled shutdown
-                try:
-                    proc.wait(self.stop_timeout)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
+        stop_process(proc, self.stop_timeout)  # SIGTERM: Kafka's controlled shutdown
         if self._stdout is not None:
             self._stdout.close()
             self._stdout = None
@@ -656,14 +660,7 @@ class KafkaNode:
             self.proc.wait(30)
 
     def stop(self, timeout: float = 30.0) -> None:
-        proc = self.proc
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        stop_process(self.proc, timeout)
         if self._stdout is not None:
             self._stdout.close()
             self._stdout = None

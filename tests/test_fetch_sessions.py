@@ -26,7 +26,7 @@ import pytest
 from cluster_support import Workload, cluster_factory, verify, wait_for
 from conftest import record_batch
 from prometheus_client.parser import text_string_to_metric_families
-from straitmq.broker.fetch_sessions import FetchSessions
+from straitmq.broker.fetch_sessions import FetchSession, FetchSessions
 from straitmq.broker.partitions import FollowerState, Partition
 from straitmq.broker.records import validate_batches
 from straitmq.broker.replication.fetcher import (
@@ -36,6 +36,7 @@ from straitmq.broker.replication.fetcher import (
     ForgottenTopic,
 )
 from straitmq.broker.storage.log import LogConfig, PartitionLog
+from straitmq.metadata.image import PartitionImage
 from waiting import holds
 
 from straitmq.protocol.client import KafkaConnection
@@ -190,8 +191,6 @@ def test_session_cache_is_bounded_and_keeps_followers() -> None:
 
 
 def _leader_with_follower(tmp_path: Path) -> tuple[Partition, FollowerState]:
-    from straitmq.metadata.image import PartitionImage
-
     plog = PartitionLog(str(tmp_path / "t-0"), LogConfig())
     part = Partition("t", 0, plog, node_id=1)
     image = PartitionImage(replicas=[1, 2], isr=[1, 2], leader=1, leader_epoch=1)
@@ -228,6 +227,23 @@ def test_unchanged_partition_in_a_live_session_stays_in_the_isr(tmp_path: Path) 
     assert part.isr_change(lag, lambda _: True) == [1]
 
 
+def _reassigning_to_3(tmp_path: Path) -> tuple[Partition, FetchSession]:
+    """A leader of replicas [1, 2] and broker 3's fetch session naming the partition, as a
+    reassignment adding broker 3 makes them before the leader applies it (ADDING_3)."""
+    part, _ = _leader_with_follower(tmp_path)
+    cache = FetchSessions()
+    part.on_change = cache.changed
+    session = cache.open(3)
+    assert session is not None
+    cache.put(session, "t", (0, 0, 1 << 20, 1, 0))
+    return part, session
+
+
+ADDING_3 = PartitionImage(
+    replicas=[1, 2, 3], isr=[1, 2], leader=1, leader_epoch=1, partition_epoch=1, adding=[3]
+)
+
+
 def test_a_follower_added_after_it_named_the_partition_is_visited_again(tmp_path: Path) -> None:
     """A reassignment adds broker 3. Its fetcher can learn that first and name the idle
     partition in its session before this leader knows broker 3 is a replica: that
@@ -235,21 +251,12 @@ def test_a_follower_added_after_it_named_the_partition_is_visited_again(tmp_path
     Once the leader applies the new replicas the partition is dirty in the session, so
     the next fetch counts the stored position and broker 3 can join the ISR (an idle
     partition would otherwise keep the reassignment from ever finishing)."""
-    from straitmq.metadata.image import PartitionImage
 
-    part, _ = _leader_with_follower(tmp_path)
-    cache = FetchSessions()
-    part.on_change = cache.changed
-    session = cache.open(3)
-    assert session is not None
-    cache.put(session, "t", (0, 0, 1 << 20, 1, 0))
+    part, session = _reassigning_to_3(tmp_path)
     part.on_follower_fetch(3, 0, session)  # not a replica yet: nothing recorded
     assert 3 not in part.followers
     session.dirty.clear()  # the fetch that named it was answered
-    moved = PartitionImage(
-        replicas=[1, 2, 3], isr=[1, 2], leader=1, leader_epoch=1, partition_epoch=1, adding=[3]
-    )
-    assert part.update(moved, min_isr=1) is None  # same leader and epoch: no role change
+    assert part.update(ADDING_3, min_isr=1) is None  # same leader and epoch: no role change
     assert ("t", 0) in session.dirty
     sp = session.parts[("t", 0)]
     part.on_follower_fetch(3, sp.fetch_offset, session, sp.fetcher_log_start)
@@ -268,14 +275,8 @@ def test_a_look_before_the_leader_knew_the_follower_is_taken_again_in_the_same_f
     from types import SimpleNamespace
 
     from straitmq.broker.api.fetch import _FetchPlan
-    from straitmq.metadata.image import PartitionImage
 
-    part, _ = _leader_with_follower(tmp_path)
-    cache = FetchSessions()
-    part.on_change = cache.changed
-    session = cache.open(3)
-    assert session is not None
-    cache.put(session, "t", (0, 0, 1 << 20, 1, 0))
+    part, session = _reassigning_to_3(tmp_path)
     throttle = SimpleNamespace(allowance=lambda t, i, r, limit: limit, spent=lambda *a: None)
     broker = SimpleNamespace(partitions=SimpleNamespace(get=lambda t, i: part), throttle=throttle)
     ctx = SimpleNamespace(broker=broker, version=12, cluster_allowed=lambda op: True)
@@ -283,10 +284,7 @@ def test_a_look_before_the_leader_knew_the_follower_is_taken_again_in_the_same_f
     plan = _FetchPlan(ctx, req, [("t", [(0, 0, 1 << 20, 1, 0)])], session, incremental=True)
     plan.collect(plan.wanted())  # the first look: broker 3 is no replica here yet
     assert 3 not in part.followers
-    moved = PartitionImage(
-        replicas=[1, 2, 3], isr=[1, 2], leader=1, leader_epoch=1, partition_epoch=1, adding=[3]
-    )
-    part.update(moved, min_isr=1)  # applied while the fetch waits: the partition is dirty
+    part.update(ADDING_3, min_isr=1)  # applied while the fetch waits: the partition is dirty
     plan.collect(plan.wanted())  # the look after the wake-up
     assert part.followers[3].log_end_offset == 0 and part.followers[3].session is session
 

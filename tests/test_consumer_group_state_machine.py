@@ -67,6 +67,7 @@ class Harness:
         self.topics = Topics()
         self.now = 0
         self.timers: dict = {}
+        self.persisted: list = []  # what the machine asked to write, in order
 
     def hb(self, req: ConsumerHeartbeatRequest) -> ConsumerHeartbeatResponse:
         r = self.m.consumer_heartbeat(req, self.topics, self.now)
@@ -123,6 +124,7 @@ class Harness:
     def _collect(self, replies: bool = False) -> list:
         out = self.m.take_output()
         assert replies or not out.replies, "ConsumerGroupHeartbeat parks nothing"
+        self.persisted.extend(out.persist)
         for t in out.timers:
             if isinstance(t, TimerSet):
                 self.timers[t.key] = t.deadline_ms

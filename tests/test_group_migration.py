@@ -8,7 +8,6 @@ coordinator. After every step: no partition is held by two members.
 from __future__ import annotations
 
 import io
-import random
 import struct
 import uuid
 
@@ -25,12 +24,9 @@ from straitmq.broker.groups.messages import (
     JoinResponse,
     SyncRequest,
     SyncResponse,
-    TimerCancel,
-    TimerSet,
 )
 from straitmq.broker.groups.records import rebuild
-from straitmq.broker.groups.state_machine import GroupSettings, GroupStateMachine
-from test_consumer_group_state_machine import NoOffsets, Topics, check_no_partition_held_twice
+from test_consumer_group_state_machine import Harness as ConsumerHarness
 
 G = "mig"
 T1 = uuid.UUID(int=1)
@@ -52,29 +48,19 @@ def subscription(topics: tuple[str, ...], owned: dict[str, list[int]] | None = N
     return buf.getvalue()
 
 
-class Harness:
+class Harness(ConsumerHarness):
+    """The KIP-848 harness (its timer and one-owner checks after every step) with
+    classic requests, whose answers it keeps by handle, and the records written."""
+
     def __init__(self) -> None:
-        self.m = GroupStateMachine(GroupSettings(max_size=10), NoOffsets(), random.Random(5))
-        self.topics = Topics()
-        self.now = 0
+        super().__init__()
         self.handles = iter(range(1, 10_000))
         self.answers: dict[int, JoinResponse | SyncResponse] = {}
-        self.timers: dict = {}
-        self.persisted: list = []
 
     def collect(self) -> None:
-        out = self.m.take_output()
-        for r in out.replies:
+        for r in self._collect(replies=True):
             assert r.handle not in self.answers, "answered twice"
             self.answers[r.handle] = r.response
-        for t in out.timers:
-            if isinstance(t, TimerSet):
-                self.timers[t.key] = t.deadline_ms
-            else:
-                assert isinstance(t, TimerCancel)
-                self.timers.pop(t.key, None)
-        self.persisted.extend(out.persist)
-        check_no_partition_held_twice(self.m)
 
     def join(
         self, member_id: str, owned: dict[str, list[int]] | None = None, client: str = "c"
@@ -111,6 +97,7 @@ class Harness:
             G, member_id, epoch, None, None, REBALANCE, ("t1",) if epoch == 0 else None,
             None, owned if epoch else None, "new", "h",
         )  # fmt: skip
+        # Not hb(): an upgrade answers the classic members' parked requests.
         r = self.m.consumer_heartbeat(req, self.topics, self.now)
         self.collect()
         return r

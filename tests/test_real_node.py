@@ -846,8 +846,8 @@ def test_spark_on_kubernetes_reads_a_topic_into_its_volume(
 
 SECURE_NS = "secure"
 SECURE_CLIENT = r"""
-import json, ssl, sys, urllib.error, urllib.request
-from confluent_kafka import Consumer, KafkaException, Producer
+import json, ssl, urllib.error, urllib.request
+from confluent_kafka import Consumer, Producer
 
 d = "/user/"
 secret = {k: open(d + k).read() for k in

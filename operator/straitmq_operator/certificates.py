@@ -27,6 +27,7 @@ import base64
 import os
 import ssl
 import tempfile
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -127,7 +128,8 @@ async def ensure(
 
 async def _keystores(
     kube: Kube, spec: ClusterSpec, component: str, ordinals: range,
-    dns_names: Any, ca: dict[str, str], bundle: str, at: datetime, still_serving: list[str],
+    dns_names: Callable[[ClusterSpec, int], list[str]], ca: dict[str, str], bundle: str,
+    at: datetime, still_serving: list[str],
 ) -> list[str]:  # fmt: skip
     """The PEM keystores of a component's pods (`<pod>.pem`, CN=<cluster>-<component>)
     in its Secret, issued where missing or due; the pods issued, with why."""

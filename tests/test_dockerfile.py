@@ -307,3 +307,51 @@ def test_runtime_tolerates_a_read_only_root_filesystem() -> None:
     env = " ".join(i.args for i in all_stages[-1].all("ENV"))
     assert "PYTHONDONTWRITEBYTECODE=1" in env
     assert "PYTHONUNBUFFERED=1" in env  # logs reach kubectl logs at once
+
+
+def test_the_spark_jobs_image_holds_every_module_its_jobs_import(tmp_path: Path) -> None:
+    """spark-jobs/k8s/Dockerfile copies a chosen few of straitmq's modules, not the wheel:
+    lay out exactly what its COPY lines copy and import the jobs and the data source from
+    that alone (a module the image lacks failed only in the driver pod before)."""
+    spark_docker = ROOT / "spark-jobs" / "k8s" / "Dockerfile"
+    image = tmp_path / "image"
+    for line in spark_docker.read_text().splitlines():
+        if not line.startswith("COPY "):
+            continue
+        parts = shlex.split(line)
+        if any(p.startswith("--") for p in parts):
+            continue
+        *sources, dest = parts[1:]
+        for src in sources:
+            if src.startswith(".cache/"):
+                continue  # the jars: downloaded, not Python
+            target = image / dest.lstrip("/")
+            files = [ROOT / src] if (ROOT / src).is_file() else [
+                f for f in (ROOT / src).rglob("*.py") if "__pycache__" not in f.parts
+            ]  # fmt: skip
+            for f in files:
+                rel = f.relative_to(ROOT / src) if (ROOT / src).is_dir() else None
+                out = target / rel if rel is not None else target
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_bytes(f.read_bytes())
+    # Its PYTHONPATH, and the jobs' folder, which each job puts first to import `common`.
+    paths = [str(image / "opt" / "straitmq"), str(image / "opt" / "spark-jobs" / "jobs")]
+    # The venv's editable install would quietly supply what the image lacks: every
+    # straitmq module or job loaded must come from the image's files.
+    code = (
+        "import os, sys\n"
+        "import straitmq.spark.source, straitmq.spark.options\n"
+        "import common, topic_to_parquet, event_windows\n"
+        "def where(m):\n"
+        "    return getattr(m, '__file__', None) or next(iter(getattr(m, '__path__', [])), '')\n"
+        "ours = ('straitmq', 'common', 'topic_to_parquet', 'event_windows')\n"
+        "bad = [n for n, m in list(sys.modules.items())\n"
+        "       if n.split('.')[0] in ours and not where(m).startswith(os.environ['IMAGE'])]\n"
+        "assert not bad, f'not in the image: {bad}'\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-I", "-c", f"import sys; sys.path[:0] = {paths!r}\n" + code],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={"IMAGE": str(image), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]

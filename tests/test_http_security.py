@@ -399,6 +399,50 @@ def test_strait_cli_with_credentials(secured: Secured) -> None:
     assert r.returncode == 0 and "secret" in r.stdout, r.stderr
 
 
+
+def test_strait_cli_with_a_kafka_command_config(secured: Secured, tmp_path: Path) -> None:
+    """`strait --command-config` takes the file a Kafka tool takes, in Java's names or
+    librdkafka's, and uses its credentials for the HTTP API; a setting it cannot honour
+    is refused saying what to use, not ignored."""
+    ca = secured.certs.path("ca.pem")
+    scram = "org.apache.kafka.common.security.scram.ScramLoginModule"
+
+    def config(name: str, *lines: str) -> str:
+        path = tmp_path / f"{name}.properties"
+        path.write_text("\n".join(lines) + "\n")
+        return str(path)
+
+    java = config("java", "security.protocol=SASL_SSL", "sasl.mechanism=SCRAM-SHA-512",
+                  f'sasl.jaas.config={scram} required \\',
+                  '    username="alice" password="alice-pw";',
+                  "ssl.truststore.type=PEM", f"ssl.truststore.location={ca}")  # fmt: skip
+    r = _strait(secured, "--command-config", java, "topic", "list")
+    assert r.returncode == 0 and "orders" in r.stdout and "secret" not in r.stdout, r.stderr
+    mtls = config("mtls", "security.protocol=SSL", f"ssl.ca.location={ca}",
+                  f"ssl.certificate.location={secured.certs.path('alice.pem')}",
+                  f"ssl.key.location={secured.certs.path('alice.pem')}")  # fmt: skip
+    r = _strait(secured, "--command-config", mtls, "topic", "list")
+    assert r.returncode == 0 and "secret" in r.stdout, r.stderr
+    plain = config("plain", "security.protocol=SASL_SSL", "sasl.mechanism=PLAIN",
+                   "sasl.username=admin", "sasl.password=admin-secret",
+                   f"ssl.ca.location={ca}")  # fmt: skip
+    r = _strait(secured, "--command-config", plain, "topic", "list")
+    assert r.returncode == 0 and "secret" in r.stdout, r.stderr
+    # The flags (and environment) win over the file.
+    r = _strait(secured, "--command-config", java, "--user", "admin", "topic", "list",
+                env={"STRAIT_PASSWORD": "admin-secret"})  # fmt: skip
+    assert r.returncode == 0 and "secret" in r.stdout, r.stderr
+    for lines, says in (
+        (("ssl.truststore.location=/x.jks",), "JKS truststore"),
+        ((f"sasl.jaas.config={scram} required username=\"alice\";",), 'password="..."'),
+        (("security.protocol=SASL_SSL", f"ssl.ca.location={ca}"), "needs sasl.jaas.config"),
+        (("ssl.keystore.type=PKCS12", "ssl.keystore.location=/x.p12"), "PKCS12"),
+    ):
+        r = _strait(secured, "--command-config", config("bad", *lines), "topic", "list")
+        assert r.returncode == 1 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = _strait(secured, "--command-config", str(tmp_path / "missing"), "topic", "list")
+    assert r.returncode == 1 and "missing" in r.stderr and "Traceback" not in r.stderr
+
 # -- settings -----------------------------------------------------------------------------
 
 

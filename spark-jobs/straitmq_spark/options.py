@@ -12,8 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from straitmq.client_security import ClientSecurityError, librdkafka_config
+
 from .errors import StraitMQSparkError
-from .security import librdkafka_config
 
 EARLIEST = -2
 LATEST = -1
@@ -115,13 +116,15 @@ class SourceOptions:
 def _client_config(opts: Mapping[str, str]) -> dict[str, str]:
     """The `kafka.*` options for the client, with Java's security options (the ones a
     user of Spark's Kafka source already has) in librdkafka's names."""
-    return librdkafka_config(
-        {
-            k[len("kafka.") :]: v
-            for k, v in opts.items()
-            if k.startswith("kafka.") and k not in _BOOTSTRAP_KEYS
-        }
-    )
+    options = {
+        k[len("kafka.") :]: v
+        for k, v in opts.items()
+        if k.startswith("kafka.") and k not in _BOOTSTRAP_KEYS
+    }
+    try:
+        return librdkafka_config(options, prefix="kafka.")
+    except ClientSecurityError as e:
+        raise StraitMQSparkError(str(e)) from None
 
 
 def _first(opts: Mapping[str, str], keys: tuple[str, ...]) -> str | None:

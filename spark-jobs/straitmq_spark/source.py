@@ -74,7 +74,7 @@ class StraitMQDataSource(DataSource):
     kafka.<librdkafka option> passed to the client (security.protocol, sasl.*, ssl.*, ...)
     kafka.<Java option>       Spark's Kafka-source security options work too:
                               sasl.jaas.config (PLAIN/SCRAM), ssl.truststore.* (PEM),
-                              ssl.keystore.* (PEM/PKCS12); see straitmq.spark.security
+                              ssl.keystore.* (PEM/PKCS12); see straitmq.client_security
 
     Writing (df.write / df.writeStream .format("straitmq")): kafka.bootstrap.servers and
     `topic` (or a `topic` column); rows need `value`, may have `key`, `partition`, `headers`.

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from straitmq.admin_client import AdminAuth, AdminError, request_sync
+from straitmq.client_security import librdkafka_config
+from straitmq.properties import read_properties
 
 DEFAULT_HTTP = os.environ.get("STRAIT_HTTP", "http://127.0.0.1:8080")
 # How the HTTP API is reached when it is secured (set by main from the global options).
@@ -553,6 +555,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--password", default=env("STRAIT_PASSWORD"),
                    help="HTTP Basic password (prefer $STRAIT_PASSWORD: arguments are visible "
                    "to other users of the machine)")  # fmt: skip
+    p.add_argument("--command-config", metavar="FILE",
+                   help="a Kafka client properties file, as Kafka's tools take it "
+                   "(ssl.ca.location or ssl.truststore.location, ssl.keystore.location or "
+                   "ssl.certificate.location/ssl.key.location, sasl.jaas.config or "
+                   "sasl.username/sasl.password): the same credentials for the HTTP API; "
+                   "the flags above win")  # fmt: skip
     sub = p.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="run a local StraitMQ in the foreground")
@@ -658,16 +666,57 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _apply_command_config(args: argparse.Namespace) -> None:
+    """Fill the HTTP credentials the flags and environment left unset from a Kafka client
+    properties file (Java's or librdkafka's names). The broker's HTTP API checks a Basic
+    user against the same SCRAM and PLAIN users as the Kafka listener, and a client
+    certificate as mTLS does, so one file serves both. Raises ValueError for a setting
+    that cannot be honoured."""
+    conf = librdkafka_config(read_properties(args.command_config))
+    for inline in ("ssl.ca.pem", "ssl.certificate.pem", "ssl.key.pem"):
+        if inline in conf:
+            raise ValueError(f"{inline} (certificates inline) is not read by strait; "
+                             "give PEM files (ssl.ca.location, ssl.keystore.location)")  # fmt: skip
+    if "ssl.keystore.location" in conf:  # librdkafka's name for a PKCS#12 keystore
+        raise ValueError("a PKCS12 keystore is not read by strait; give a PEM keystore "
+                         "(ssl.keystore.type=PEM) or ssl.certificate.location")  # fmt: skip
+    if conf.get("ssl.key.password"):
+        raise ValueError("an encrypted private key is not read by strait; give an "
+                         "unencrypted PEM key")  # fmt: skip
+    protocol = conf.get("security.protocol", "PLAINTEXT").upper()
+    if protocol.startswith("SASL_") and not conf.get("sasl.username"):
+        raise ValueError(f"security.protocol={protocol} needs sasl.jaas.config "
+                         "(or sasl.username and sasl.password)")  # fmt: skip
+    args.ca_file = args.ca_file or conf.get("ssl.ca.location")
+    # Java's "" and librdkafka's "none" turn the host name check off, as for the listener.
+    args.check_hostname = conf.get("ssl.endpoint.identification.algorithm") != "none"
+    if not args.cert:
+        args.cert = conf.get("ssl.certificate.location")
+        args.key = args.key or conf.get("ssl.key.location")
+    if not args.user and conf.get("sasl.username"):
+        args.user = conf["sasl.username"]
+        args.password = args.password if args.password is not None else conf.get(
+            "sasl.password"
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     global _auth
     args = build_parser().parse_args(argv)
     _auth = None
+    if args.command_config:
+        try:
+            _apply_command_config(args)
+        except (OSError, ValueError) as e:
+            print(f"strait: --command-config {args.command_config}: {e}", file=sys.stderr)
+            sys.exit(1)
     if args.ca_file or args.cert or args.user:
         if args.user and args.password is None:
             print("strait: --user needs a password: set $STRAIT_PASSWORD", file=sys.stderr)
             sys.exit(1)
         _auth = AdminAuth(ca_file=args.ca_file, cert_file=args.cert, key_file=args.key,
-                          username=args.user, password=args.password)  # fmt: skip
+                          username=args.user, password=args.password,
+                          check_hostname=getattr(args, "check_hostname", True))  # fmt: skip
     try:
         args.func(args)
     except CliError as e:

@@ -230,6 +230,7 @@ class Workload:
     prefix: str = "m"
     rate: float = 400.0  # messages per second, at most
     limit: int = 50_000
+    client: dict[str, str] = field(default_factory=dict)  # security settings, say
     acked: dict[bytes, tuple[int, int]] = field(default_factory=dict)  # value -> (p, offset)
     errors: Counter = field(default_factory=Counter)
     sent: int = 0
@@ -250,6 +251,7 @@ class Workload:
                 "retry.backoff.ms": 100,
                 "topic.metadata.refresh.interval.ms": 1000,
                 "error_cb": self._on_error,
+                **self.client,
             }
         )
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -311,7 +313,8 @@ class Workload:
 
 
 def consume_all(
-    bootstrap: str, topic: str, group: str, expect: int, timeout: float = 40
+    bootstrap: str, topic: str, group: str, expect: int, timeout: float = 40,
+    client: dict[str, str] | None = None,
 ) -> list[tuple[int, int, bytes]]:
     """(partition, offset, value) of everything a fresh group reads from the earliest,
     until `expect` records came or nothing new arrives for a while."""
@@ -324,6 +327,7 @@ def consume_all(
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
             "topic.metadata.refresh.interval.ms": 1000,
+            **(client or {}),
         }
     )
     c.subscribe([topic])

@@ -1269,6 +1269,131 @@ def test_tls_user_gets_a_certificate_and_exactly_its_acls(
                   "shipping may write nothing once deleted")  # fmt: skip
 
 
+def _served_serial(port: int, client: dict[str, str]) -> int:
+    """The serial number of the certificate the broker's mTLS listener shows now."""
+    import socket
+    import ssl
+
+    from cryptography import x509
+
+    ctx = ssl.create_default_context(cafile=client["ssl.ca.location"])
+    ctx.check_hostname = False  # the stand-in listens on 127.0.0.1, not the pod's name
+    ctx.load_cert_chain(client["ssl.certificate.location"], client["ssl.key.location"])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        with ctx.wrap_socket(raw) as tls:
+            der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der).serial_number
+
+
+def _read_partitions(
+    bootstrap: str, topic_name: str, partitions: int, client: dict[str, str], expect: int,
+    timeout: float,
+) -> set[bytes]:
+    """Every value of the topic's partitions from offset 0, read without a group (the
+    stand-ins ask for 3 replicas of the offsets topic, and `authn` has one broker)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic_name}-reader",
+                  "enable.auto.commit": False, **client})  # fmt: skip
+    c.assign([TopicPartition(topic_name, p, OFFSET_BEGINNING) for p in range(partitions)])
+    got: set[bytes] = set()
+    deadline = time.monotonic() + timeout
+    try:
+        while len(got) < expect and time.monotonic() < deadline:
+            for m in c.consume(500, 0.5):
+                # librdkafka looks for the group's coordinator even with no group in use.
+                if m.error() is not None:
+                    assert m.error().code() == KafkaError.COORDINATOR_NOT_AVAILABLE, m.error()
+                    continue
+                got.add(m.value())
+    finally:
+        c.close()
+    return got
+
+
+def test_broker_certificate_renewal_under_load_loses_no_acknowledged_record(
+    kube: Any, authn: PodStandIns, tmp_path: Path
+) -> None:
+    """The operator renews a broker certificate that is due (here: the Secret's one swapped
+    for a certificate with 25 days left), the pod's mounted file follows the Secret (the
+    kubelet's part, played here), and the broker serves the new certificate to new
+    connections without a restart, while an idempotent acks=all producer of a tls User
+    writes through it on the mTLS listener: a client that trusts only the cluster CA
+    connects afterwards too, and every acknowledged record is read back."""
+    import base64
+    from datetime import UTC, datetime, timedelta
+
+    from straitmq.operator import pki
+
+    topic_name, pod = "renewals", "authn-broker-0"
+    body = {"name": topic_name, "partitions": 2, "replication_factor": 1}
+    request_sync(authn.admin_url, "POST", "/api/v1/topics", body, timeout_s=10, auth=authn.auth)
+    acls = [{"resource": {"type": "topic", "name": topic_name}, "operations": ["Write", "Read"]},
+            {"resource": {"type": "group", "name": f"{topic_name}-reader"}, "operations": ["Read"]}]
+    kube.kubectl("apply", "-n", NS, "-f", "-",
+                 input=yaml_doc(user_doc("renewer", acls, type="tls")))  # fmt: skip
+    kube.wait_for(lambda: (r := user_ready(kube, "renewer")) and r["status"] == "True",
+                  60, "User renewer Ready")  # fmt: skip
+    secret = user_secret(kube, "renewer")
+    files = {}
+    for key in ("user.crt", "user.key", "ca.crt"):
+        files[key] = tmp_path / key
+        files[key].write_text(secret[key])
+    client = {
+        "security.protocol": "SSL",
+        "ssl.ca.location": str(files["ca.crt"]),
+        "ssl.certificate.location": str(files["user.crt"]),
+        "ssl.key.location": str(files["user.key"]),
+        "ssl.endpoint.identification.algorithm": "none",  # 127.0.0.1, not the pod's name
+    }
+    bootstrap = f"127.0.0.1:{authn.mtls_port}"
+    before = _served_serial(authn.mtls_port, client)
+    pid = authn.node("broker", 0).proc.pid
+    w = Workload(bootstrap, topic_name, partitions=2, prefix="renew", rate=150,
+                 client=client).start()  # fmt: skip
+    try:
+        w.wait_acked_growth(100, 60)
+        # A keystore that is due, as a year-old one would be: the operator must renew it.
+        ca = user_secret(kube, "authn-cluster-ca")
+        served = user_secret(kube, "authn-broker-certs")[f"{pod}.pem"]
+        names = pki.dns_names(pki.certificate(served))
+        old = datetime.now(UTC) - timedelta(days=340)
+        key, crt = pki.issue(ca["ca.key"], ca["ca.crt"], "authn-broker", names, old)
+        due = pki.keystore(key, crt, ca["ca.crt"])
+        patch = {"data": {f"{pod}.pem": base64.b64encode(due.encode()).decode()}}
+        kube.kubectl("patch", "secret", "authn-broker-certs", "-n", NS, "--type", "merge",
+                     "-p", json.dumps(patch))  # fmt: skip
+
+        def renewed() -> str | None:
+            authn.check()
+            pem = user_secret(kube, "authn-broker-certs")[f"{pod}.pem"]
+            return pem if pem not in (due, served) else None
+
+        fresh = kube.wait_for(renewed, 90, "the operator renews the due certificate")
+        leaf = pki.certificate(fresh)
+        assert pki.signed_by(leaf, ca["ca.crt"]) and sorted(pki.dns_names(leaf)) == sorted(names)
+        assert not pki.due(leaf)
+        # The kubelet updates the mounted Secret file; the broker picks it up.
+        mounted = authn.data_dir / "pod-volumes" / "certs" / f"{pod}.pem"
+        mounted.write_text(fresh)
+        kube.wait_for(lambda: _served_serial(authn.mtls_port, client) == leaf.serial_number,
+                      60, "the broker serves the renewed certificate")  # fmt: skip
+        assert before != leaf.serial_number
+        w.wait_acked_growth(100, 60)
+        # A client connecting now shakes hands with the renewed certificate.
+        assert produce_outcome({"bootstrap.servers": bootstrap, **client})(topic_name) is None
+    finally:
+        w.stop()
+    assert not w.fatal and not w.errors, (w.fatal, dict(w.errors))
+    acked = dict(w.acked)
+    got = _read_partitions(bootstrap, topic_name, 2, client, len(acked), 60)
+    lost = [v for v in acked if v not in got]
+    assert len(acked) >= 200 and not lost, f"{len(lost)} of {len(acked)} acknowledged lost"
+    # The same process all along: a renewal needs no restart.
+    assert authn.node("broker", 0).proc.pid == pid
+
+
 def test_user_password_from_a_secret_rotates(kube: Any, authn: PodStandIns) -> None:
     kube.kubectl("create", "secret", "generic", "ledger-pw", "-n", NS,
                  "--from-literal=pw=first-password")  # fmt: skip

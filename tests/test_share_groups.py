@@ -912,10 +912,14 @@ def _assigned_at(c: Any, group: str, count: int) -> bool:
     return _members_assigned(SimpleNamespace(port=c.brokers[node].kafka_port), group, count)
 
 
-def test_java_share_consumers_through_a_partition_leader_kill(cluster, tmp_path, _jars):
+@pytest.mark.parametrize("victim", ["partition leader", "share-state coordinator"])
+def test_java_share_consumers_through_a_broker_kill(cluster, tmp_path, _jars, victim):
     """3 controllers + 3 brokers, a 2-partition topic with 3 replicas, 3 Java
-    KafkaShareConsumers accepting what they get while a producer writes; the leader of
-    partition 0 is killed with SIGKILL. Every acknowledged record is consumed, and
+    KafkaShareConsumers accepting what they get while a producer writes; killed with
+    SIGKILL: the leader of partition 0, or the broker that coordinates the group's saved
+    share state (the leader of the `__consumer_offsets` partition of
+    `__share_group_state.<group>`, Kafka's share coordinator; the share-partition leaders
+    must save through its successor). Every acknowledged record is consumed, and
     records whose acknowledgement succeeded (commitSync without error for their
     partition) are not delivered again: no acknowledged state is lost with the leader.
     A handful are tolerated: commitSync's result does not cover the acknowledgements the
@@ -925,6 +929,8 @@ def test_java_share_consumers_through_a_partition_leader_kill(cluster, tmp_path,
     exact state across the kill."""
     from cluster_support import BROKER_ARGS as CLUSTER_BROKER_ARGS
     from cluster_support import Workload
+    from straitmq.broker.groups.offsets import OffsetStore
+    from straitmq.broker.share.checkpoints import state_group
 
     c = cluster(
         broker_args=[
@@ -962,9 +968,13 @@ def test_java_share_consumers_through_a_partition_leader_kill(cluster, tmp_path,
             "three members consuming",
             detail=lambda: str([(m.name, len(m.records())) for m in members]),
         )
-        victim = c.leader_of(topic, 0)
-        c.brokers[victim].kill9()
-        c.wait_new_leader(topic, 0, victim, timeout=30)
+        if victim == "partition leader":
+            moved = (topic, 0)
+        else:
+            moved = ("__consumer_offsets", OffsetStore(16).partition_for(state_group(group)))
+        killed = c.leader_of(*moved)
+        c.brokers[killed].kill9()
+        c.wait_new_leader(*moved, killed, timeout=30)
         w.wait_acked_growth(300, 90)
         w.stop()
         acked = {v.decode() for v in w.acked}
@@ -997,7 +1007,7 @@ def test_java_share_consumers_through_a_partition_leader_kill(cluster, tmp_path,
     assert len(late) <= max(3, len(acked) // 200), (
         f"delivered again after a successful acknowledgement: {late[:5]}, acked at "
         f"{[acked_at[k] for _, k, _ in late[:5]]}, all deliveries of the first: "
-        f"{[d for d in deliveries if d[1] == late[0][1]]}, leader of 0 killed: {victim}, "
-        f"p1 leader now {c.leader_of(topic, 1, exclude=(victim,))}"
+        f"{[d for d in deliveries if d[1] == late[0][1]]}, {victim} killed: {killed}, "
+        f"p1 leader now {c.leader_of(topic, 1, exclude=(killed,))}"
     )
     assert len(acked_at) >= len(acked) * 0.9, (len(acked_at), len(acked))

@@ -313,8 +313,7 @@ class Workload:
 
 
 def consume_all(
-    bootstrap: str, topic: str, group: str, expect: int, timeout: float = 40,
-    client: dict[str, str] | None = None,
+    bootstrap: str, topic: str, group: str, expect: int, timeout: float = 40
 ) -> list[tuple[int, int, bytes]]:
     """(partition, offset, value) of everything a fresh group reads from the earliest,
     until `expect` records came or nothing new arrives for a while."""
@@ -327,7 +326,6 @@ def consume_all(
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
             "topic.metadata.refresh.interval.ms": 1000,
-            **(client or {}),
         }
     )
     c.subscribe([topic])

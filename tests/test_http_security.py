@@ -399,7 +399,6 @@ def test_strait_cli_with_credentials(secured: Secured) -> None:
     assert r.returncode == 0 and "secret" in r.stdout, r.stderr
 
 
-
 def test_strait_cli_with_a_kafka_command_config(secured: Secured, tmp_path: Path) -> None:
     """`strait --command-config` takes the file a Kafka tool takes, in Java's names or
     librdkafka's, and uses its credentials for the HTTP API; a setting it cannot honour
@@ -442,6 +441,7 @@ def test_strait_cli_with_a_kafka_command_config(secured: Secured, tmp_path: Path
         assert r.returncode == 1 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = _strait(secured, "--command-config", str(tmp_path / "missing"), "topic", "list")
     assert r.returncode == 1 and "missing" in r.stderr and "Traceback" not in r.stderr
+
 
 # -- settings -----------------------------------------------------------------------------
 

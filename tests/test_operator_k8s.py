@@ -983,6 +983,22 @@ def produce_outcome(conf: dict) -> Any:
     return one
 
 
+def tls_user_client(secret: dict[str, str], folder: Path) -> dict[str, str]:
+    """A tls User's Secret (user.crt, user.key, ca.crt) as files in `folder`, and the
+    client settings that use them on the stand-in's mTLS listener."""
+    files = {}
+    for key in ("user.crt", "user.key", "ca.crt"):
+        files[key] = folder / key
+        files[key].write_text(secret[key])
+    return {
+        "security.protocol": "SSL",
+        "ssl.ca.location": str(files["ca.crt"]),
+        "ssl.certificate.location": str(files["user.crt"]),
+        "ssl.key.location": str(files["user.key"]),
+        "ssl.endpoint.identification.algorithm": "none",  # the stand-in listens on 127.0.0.1
+    }
+
+
 def logs_in(conf: dict) -> bool:
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
@@ -1245,18 +1261,8 @@ def test_tls_user_gets_a_certificate_and_exactly_its_acls(
     assert pki.signed_by(leaf, secret["ca.crt"])
     bound = as_operator(authn, "/api/v1/acls?principal=User:CN=shipping")["acls"]
     assert [(b["resource_name"], b["operation"]) for b in bound] == [("payments", "WRITE")]
-    files = {}
-    for key in ("user.crt", "user.key", "ca.crt"):
-        files[key] = tmp_path / key
-        files[key].write_text(secret[key])
-    conf = {
-        "bootstrap.servers": f"127.0.0.1:{authn.mtls_port}",
-        "security.protocol": "SSL",
-        "ssl.ca.location": str(files["ca.crt"]),
-        "ssl.certificate.location": str(files["user.crt"]),
-        "ssl.key.location": str(files["user.key"]),
-        "ssl.endpoint.identification.algorithm": "none",  # the stand-in listens on 127.0.0.1
-    }
+    conf = {"bootstrap.servers": f"127.0.0.1:{authn.mtls_port}",
+            **tls_user_client(secret, tmp_path)}  # fmt: skip
     produce = produce_outcome(conf)
     assert produce("payments") is None
     assert produce("audit") == KafkaError.TOPIC_AUTHORIZATION_FAILED
@@ -1336,17 +1342,7 @@ def test_broker_certificate_renewal_under_load_loses_no_acknowledged_record(
     kube.wait_for(lambda: (r := user_ready(kube, "renewer")) and r["status"] == "True",
                   60, "User renewer Ready")  # fmt: skip
     secret = user_secret(kube, "renewer")
-    files = {}
-    for key in ("user.crt", "user.key", "ca.crt"):
-        files[key] = tmp_path / key
-        files[key].write_text(secret[key])
-    client = {
-        "security.protocol": "SSL",
-        "ssl.ca.location": str(files["ca.crt"]),
-        "ssl.certificate.location": str(files["user.crt"]),
-        "ssl.key.location": str(files["user.key"]),
-        "ssl.endpoint.identification.algorithm": "none",  # 127.0.0.1, not the pod's name
-    }
+    client = tls_user_client(secret, tmp_path)
     bootstrap = f"127.0.0.1:{authn.mtls_port}"
     before = _served_serial(authn.mtls_port, client)
     pid = authn.node("broker", 0).proc.pid

@@ -561,6 +561,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "ssl.certificate.location/ssl.key.location, sasl.jaas.config or "
                    "sasl.username/sasl.password): the same credentials for the HTTP API; "
                    "the flags above win")  # fmt: skip
+    # What --command-config's ssl.endpoint.identification.algorithm may turn off.
+    p.set_defaults(check_hostname=True)
     sub = p.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="run a local StraitMQ in the foreground")
@@ -716,7 +718,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(1)
         _auth = AdminAuth(ca_file=args.ca_file, cert_file=args.cert, key_file=args.key,
                           username=args.user, password=args.password,
-                          check_hostname=getattr(args, "check_hostname", True))  # fmt: skip
+                          check_hostname=args.check_hostname)  # fmt: skip
     try:
         args.func(args)
     except CliError as e:

@@ -297,6 +297,7 @@ def main() -> None:
         results.append(run(StraitTarget(fast_failover=False), a))
         print(json.dumps(results[-1]), flush=True)  # kept if a later target fails
     if a.with_kafka:
+        _check_kafka_maps(a.partitions)
         _limit_children(a.kafka_fd_limit)
         results.append(run(KafkaTarget(fast_failover=False), a))
     for r in results:
@@ -313,13 +314,30 @@ def main() -> None:
         print(json.dumps(r))
 
 
+def _check_kafka_maps(partitions: int) -> None:
+    """Kafka memory-maps two index files per replica; past vm.max_map_count its broker
+    dies with an OutOfMemoryError ('Map failed') part-way through creation. Each broker
+    here holds a replica of every partition (RF 3 on 3 brokers)."""
+    need = 2 * partitions + 20_000  # the JVM's own maps, with room to spare
+    have = int(Path("/proc/sys/vm/max_map_count").read_text())
+    if have < need:
+        sys.exit(
+            f"Kafka with {partitions} partitions needs vm.max_map_count >= {need} (now {have}): "
+            f"sysctl -w vm.max_map_count={need}"
+        )
+
+
 def _limit_children(n: int) -> None:
     """Children inherit the limit: set it on this process (soft and hard)."""
     import resource
 
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and n > hard:
-        sys.exit(f"--fd-limit {n} is above this shell's hard limit {hard}")
+        try:  # needs CAP_SYS_RESOURCE (root outside a restricted sandbox)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+            return
+        except (ValueError, OSError):
+            sys.exit(f"--fd-limit {n} is above this shell's hard limit {hard}, which it may not raise")
     resource.setrlimit(resource.RLIMIT_NOFILE, (n, hard))
 
 

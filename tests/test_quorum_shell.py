@@ -5,6 +5,7 @@ when entries are applied or fail with a clear error when they are not."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,46 @@ def test_wait_applied_resolves_on_apply_and_times_out_with_a_reason(tmp_path) ->
                 await q.wait_applied(q.image.offset + 100, 0.05)
             assert e.value.code == ErrorCode.request_timed_out
             assert "not" in e.value.message and "quorum" in e.value.message
+        finally:
+            await q.stop()
+
+    asyncio.run(go())
+
+
+def test_a_large_commit_is_applied_in_slices_that_let_the_loop_serve(tmp_path) -> None:
+    """Entries committed together (a broker catching up on thousands of topic records)
+    are applied in order, each whole, but in slices of the event loop: other work runs
+    between them, so a broker's Kafka listener is not stalled for the whole catch-up."""
+
+    async def go() -> None:
+        q = await _leader(tmp_path)
+        events: list[tuple[str, int]] = []
+
+        def slow_listener(offset: int, records: list, reset: bool) -> None:
+            # The image a listener sees always ends at the entry it is told about.
+            assert q.image.offset == offset
+            events.append(("apply", offset))
+            time.sleep(0.01)  # 30 entries: far more than one slice of the loop
+
+        async def probe() -> None:
+            while True:
+                events.append(("loop", 0))
+                await asyncio.sleep(0)
+
+        try:
+            q.listeners.append(slow_listener)
+            prober = asyncio.ensure_future(probe())
+            # Appended without a yield in between: the first entry goes to disk alone,
+            # the other 29 in one write, so they commit in one go.
+            dones = [q.append([{"type": "cluster", "cluster_id": f"c{i}"}])[1] for i in range(30)]
+            await asyncio.wait_for(asyncio.gather(*dones), 10.0)
+            prober.cancel()
+            applied = [o for kind, o in events if kind == "apply"]
+            assert applied == sorted(applied) and len(applied) == 30
+            first, last = (i for i, e in enumerate(events) if e[0] == "apply" and e[1] in
+                           (applied[1], applied[-1]))  # fmt: skip
+            between = [e for e in events[first:last] if e[0] == "loop"]
+            assert between, "the loop never ran while 29 committed entries were applied"
         finally:
             await q.stop()
 

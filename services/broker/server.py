@@ -2,8 +2,13 @@
 
 Each connection handles its requests one at a time, in order, as Kafka does (responses
 must come back in request order); clients pipeline, so the next request is already
-buffered. Frames over `socket.request.max.bytes`, unknown API keys and versions, and
-undecodable bodies close that connection only.
+buffered. One exception, where Kafka waits: while an acks=all Produce waits for its
+in-sync replicas, the connection's next Produce is appended (up to MAX_PIPELINED
+waiting), so a producer's in-flight batches replicate together; their answers still go
+out in request order, and any other request waits until they have.
+
+Frames over `socket.request.max.bytes`, unknown API keys and versions, and undecodable
+bodies close that connection only.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import socket
 import struct
 from collections import deque
 from time import perf_counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
@@ -29,7 +34,7 @@ from straitmq.protocol.codec import (
 )
 from straitmq.protocol.guard import check_array_lengths
 
-from .api.context import RawResponse, RequestContext
+from .api.context import Deferred, RawResponse, RequestContext
 from .api.dispatch import HANDLERS, api_versions_fallback
 from .metrics import FOLLOWER_FETCH_KEY
 from .security.listeners import Listener
@@ -43,6 +48,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("straitmq.server")
 _SIZE = struct.Struct(">i")
 MAX_QUEUED_FRAMES = 64
+MAX_PIPELINED = 8  # Produce answers one connection may have waiting for replication
+_API_KEY = struct.Struct(">h")
 TLS_COPY_CHUNK = 256 * 1024  # fetched file ranges read into memory per TLS write
 PRE_AUTH_MAX_BYTES = 512 * 1024  # Kafka's sasl.server.max.receive.size
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
@@ -66,6 +73,8 @@ class KafkaConnection(asyncio.Protocol):
         self.paused = False
         self.client_host = ""
         self._dup_fd = -1
+        # (answer, api_key, version, correlation_id, started, metrics key), in request order
+        self._waiting: deque[tuple[asyncio.Future, int, int, int, float, int]] = deque()
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -152,6 +161,8 @@ class KafkaConnection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
         self.wakeup.set()
+        for answer, *_ in self._waiting:
+            answer.cancel()
 
     # -- request loop -----------------------------------------------------------------
 
@@ -167,6 +178,11 @@ class KafkaConnection(asyncio.Protocol):
                     self.paused = False
                     assert self.transport is not None
                     self.transport.resume_reading()
+                if self._waiting:
+                    # Only another Produce may start while Produces replicate; anything
+                    # else sees their outcome first.
+                    produce = _API_KEY.unpack_from(frame, 0)[0] == 0
+                    await self._until_waiting(MAX_PIPELINED - 1 if produce else 0)
                 await self.handle(frame)
         except ConnectionError:
             pass
@@ -222,6 +238,9 @@ class KafkaConnection(asyncio.Protocol):
         if key == FOLLOWER_FETCH_KEY:
             metrics.follower_fetches[(self.listener_name, security.principal)] += 1
         result = await spec.handler(ctx, body)
+        if type(result) is Deferred or (self._waiting and result is not None):
+            self._wait_for(result, api_key, version, correlation_id, start, key)
+            return
         if api_key == 36 and security.exchange is not None and security.exchange.done:
             if type(result) is dict and not result.get("error_code"):
                 metrics.sasl_logins[(self.listener_name, security.principal)] += 1
@@ -232,11 +251,50 @@ class KafkaConnection(asyncio.Protocol):
                 code = result.get("error_code") if type(result) is dict else None
                 if code:  # a top-level error (Produce and Fetch count theirs per partition)
                     metrics.request_errors[(api_key, code)] += 1
-                body = build(response_schema(api_key, version), result)
-                self.write(encode_response(api_key, version, correlation_id, body))
+                self._write_answer(result, api_key, version, correlation_id)
         if security.close_after_reply:  # a failed authentication: the answer, then close
             self.close()
         metrics.observe(key, perf_counter() - start)
+
+    def _write_answer(self, result: dict, api_key: int, version: int, correlation_id: int) -> None:
+        body = build(response_schema(api_key, version), result)
+        self.write(encode_response(api_key, version, correlation_id, body))
+
+    # -- Produce answers waiting for replication ------------------------------------
+
+    def _wait_for(
+        self, result: Any, api_key: int, version: int, correlation_id: int, start: float, key: int
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        if type(result) is Deferred:
+            answer: asyncio.Future = loop.create_task(result.answer)
+            answer.add_done_callback(self._answers_ready)
+        else:  # answered at once, but behind answers still waiting
+            answer = loop.create_future()
+            answer.set_result(result)
+        self._waiting.append((answer, api_key, version, correlation_id, start, key))
+
+    def _answers_ready(self, _: object = None) -> None:
+        """Write the answers that are ready at the head of the queue, in request order."""
+        waiting = self._waiting
+        while waiting and waiting[0][0].done():
+            answer, api_key, version, correlation_id, start, key = waiting.popleft()
+            if answer.cancelled():
+                continue
+            exc = answer.exception()
+            if exc is not None:
+                log.error("closing connection after an internal error", exc_info=exc)
+                self.close()
+                continue
+            self._write_answer(answer.result(), api_key, version, correlation_id)
+            self.broker.metrics.observe(key, perf_counter() - start)
+
+    async def _until_waiting(self, room: int) -> None:
+        while len(self._waiting) > room:
+            head = self._waiting[0][0]
+            if not head.done():
+                await asyncio.wait((head,))
+            self._answers_ready()
 
     def _raw_sasl_token(self, frame: memoryview) -> None:
         """After SaslHandshake v0 the tokens come and go size-prefixed, with no header;

@@ -42,6 +42,11 @@ TICK_S = 0.02
 EXIT_INVARIANT = 70  # EX_SOFTWARE: the process stopped itself on a broken invariant
 EXIT_STORAGE = 74  # EX_IOERR: the metadata log could not be written
 SNAPSHOT_EVERY = 2000  # applied entries between metadata snapshots
+# Longest stretch the event loop spends applying committed entries before it serves its
+# sockets again: a broker catching up on thousands of topic records at once must not
+# stall its Kafka listener. The image stays whole-entry consistent (its offset says how
+# far it got), and the rest is applied on the next turn of the loop.
+APPLY_SLICE_S = 0.02
 RESPONSE_OF = {
     "FetchRequest": "FetchResponse",
     "FetchSnapshotRequest": "FetchSnapshotResponse",
@@ -51,6 +56,10 @@ RESPONSE_OF = {
 }
 # Listener(offset, records, reset): reset=True means the image was replaced by a snapshot.
 Listener = Callable[[int, list[Record], bool], None]
+
+
+def _no_op() -> None:
+    return None
 
 
 def now_ms() -> int:
@@ -99,6 +108,8 @@ class Quorum:
         self.listeners: list[Listener] = []
         self.leader_listeners: list[Callable[[], None]] = []
         self._applied_since_snapshot = 0
+        self._to_apply: deque[tuple[int, Any] | Snapshot] = deque()  # committed, not applied
+        self._apply_again: asyncio.Handle | None = None
         self._commit_waiters: dict[int, tuple[int, asyncio.Future[None]]] = {}
         # (offset, seq, future): resolved once the image has applied `offset`.
         self._applied_waiters: list[tuple[int, int, asyncio.Future[None]]] = []
@@ -139,6 +150,8 @@ class Quorum:
                 await self._writing
         if self._ticker:
             self._ticker.cancel()
+        if self._apply_again is not None:
+            self._apply_again.cancel()
         for t in list(self._tasks):
             t.cancel()
         for t in [self._ticker, *self._tasks]:
@@ -298,7 +311,35 @@ class Quorum:
                         break
             else:
                 self._spawn(self._send(msg))
-        for item in node.take_committed():
+        self._to_apply.extend(node.take_committed())
+        self._apply_committed()
+        if self._applied_since_snapshot >= SNAPSHOT_EVERY:
+            self._applied_since_snapshot = 0
+            # Pre-encoded JSON, re-encoding only the topics changed since the last one;
+            # storage and FetchSnapshot embed it as it is.
+            node.create_snapshot(self.image.offset + 1, orjson.Fragment(self.image.encoded()))
+        leader = node.is_leader
+        if leader != self._was_leader:
+            self._was_leader = leader
+            if not leader:
+                self._fail_waiters(NotController(node.leader_id))
+            for cb in self.leader_listeners:
+                cb()
+        self._wake_waiters()
+
+    def _apply_committed(self) -> None:
+        """Apply committed entries in order, for at most APPLY_SLICE_S; what is left goes
+        on in a later turn of the loop (through the pump, so waiters and snapshots follow)."""
+        if self._apply_again is not None:
+            self._apply_again.cancel()
+            self._apply_again = None
+        queue = self._to_apply
+        started = time.monotonic()
+        while queue:
+            if time.monotonic() - started > APPLY_SLICE_S and not self.closed:
+                self._apply_again = asyncio.get_running_loop().call_soon(self._advance, _no_op)
+                return
+            item = queue.popleft()
             if isinstance(item, Snapshot):
                 self.image = MetadataImage.from_dict(item.data)
                 self.image.offset = item.end_offset - 1
@@ -315,23 +356,10 @@ class Quorum:
                 if waiter[0] == entry.epoch:
                     waiter[1].set_result(None)
                 else:
-                    waiter[1].set_exception(NotController(node.leader_id))
+                    waiter[1].set_exception(NotController(self.node.leader_id))
             if records:
                 for listener in self.listeners:
                     listener(offset, records, False)
-        if self._applied_since_snapshot >= SNAPSHOT_EVERY:
-            self._applied_since_snapshot = 0
-            # Pre-encoded JSON, re-encoding only the topics changed since the last one;
-            # storage and FetchSnapshot embed it as it is.
-            node.create_snapshot(self.image.offset + 1, orjson.Fragment(self.image.encoded()))
-        leader = node.is_leader
-        if leader != self._was_leader:
-            self._was_leader = leader
-            if not leader:
-                self._fail_waiters(NotController(node.leader_id))
-            for cb in self.leader_listeners:
-                cb()
-        self._wake_waiters()
 
     async def _write(self, batches: list[tuple[list[StorageOp], int]]) -> None:
         """Persist off the event loop, then tell the node (which may release messages,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -60,3 +61,13 @@ class RawResponse:
     def add(self, piece: Any, size: int) -> None:
         self.pieces.append(piece)
         self.size += size
+
+
+@dataclass(slots=True)
+class Deferred:
+    """An answer that is not ready yet: an acks=all Produce waiting for its in-sync
+    replicas. The listener may read and append the connection's next Produce meanwhile
+    (its answers still go out in request order), so a producer's pipelined batches
+    replicate together instead of one replication round trip each."""
+
+    answer: Coroutine[Any, Any, Any]

@@ -2,20 +2,23 @@
 
 No record is decoded: the bytes the client sent are what lands in the log. With
 acks=all the answer waits until the ISR has the batches (the high watermark passes
-them), and is refused up front when the ISR is smaller than min.insync.replicas.
+them), and is refused up front when the ISR is smaller than min.insync.replicas. That
+wait is handed back to the listener as a Deferred answer, so the connection's next
+Produce is appended while this one replicates.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
 from ..partition_write import begin_write
 from ..security.acls import TOPIC, TRANSACTIONAL_ID, WRITE
-from .context import RequestContext
+from .context import Deferred, RequestContext
 
 log = logging.getLogger("straitmq.produce")
 
@@ -30,7 +33,7 @@ class _Refused:
     error_message = None
 
 
-async def handle_produce(ctx: RequestContext, req: Any) -> dict | None:
+async def handle_produce(ctx: RequestContext, req: Any) -> dict | Deferred | None:
     broker = ctx.broker
     acks = req.acks
     responses = []
@@ -63,7 +66,16 @@ async def handle_produce(ctx: RequestContext, req: Any) -> dict | None:
         return None
     pending = [w.replicated(req.timeout.total_seconds()) for w in writes if w.pending]
     if pending:
-        await asyncio.gather(*pending)
+        return Deferred(_answer_after(pending, responses))
+    return _answer(responses)
+
+
+async def _answer_after(pending: list[Coroutine[Any, Any, None]], responses: list) -> dict:
+    await asyncio.gather(*pending)
+    return _answer(responses)
+
+
+def _answer(responses: list) -> dict:
     return {
         "responses": [
             {

@@ -118,3 +118,58 @@ def test_a_replica_that_cannot_be_created_is_reported_not_retried_in_a_loop(
         pm.close()
 
     asyncio.run(go())
+
+
+def test_leader_epoch_checkpoints_of_a_mass_leader_change_are_written_after_the_sync(
+    tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A broker taking over leadership of thousands of partitions writes one epoch
+    checkpoint file each: those writes happen after the sync, a slice of the loop at a
+    time, not inside the metadata callback; a clean close writes what is left."""
+    from straitmq.broker.storage.epochs import LeaderEpochCache
+
+    writes = {"during_sync": 0, "all": 0}
+    in_sync = False
+    real_write = LeaderEpochCache._write
+
+    def counting(self):  # type: ignore[no-untyped-def]
+        writes["all"] += 1
+        if in_sync:
+            writes["during_sync"] += 1
+        real_write(self)
+
+    monkeypatch.setattr(LeaderEpochCache, "_write", counting)
+
+    def lead_all(img: MetadataImage, leader: int) -> None:
+        for i in range(300):
+            img.apply({"type": "partition_change", "topic": "t", "index": i, "leader": leader})
+
+    def on_disk(i: int) -> str:
+        return (tmp_path / f"t-{i}" / "leader-epoch-checkpoint").read_text()
+
+    async def go() -> None:
+        nonlocal in_sync
+        pm = PartitionManager(str(tmp_path), {}, ME)
+        img = image_with({"t": 300})
+        pm.sync(img)
+        await settle(pm)
+        lead_all(img, 2)  # another broker leads (epoch 1), then this one again (epoch 2)
+        pm.sync(img, {"t"})
+        lead_all(img, ME)
+        in_sync = True
+        pm.sync(img, {"t"})
+        in_sync = False
+        assert writes["during_sync"] == 0
+        assert all(p.is_leader and p.log.epochs.latest_epoch == 2 for p in pm.partitions.values())
+        assert pm._epoch_writer is not None
+        await pm._epoch_writer
+        assert all(on_disk(i).endswith("2 0\n") for i in range(300))
+        # Written later still means written: a clean close flushes the rest.
+        lead_all(img, 2)
+        pm.sync(img, {"t"})
+        lead_all(img, ME)
+        pm.sync(img, {"t"})
+        pm.close()
+        assert all(on_disk(i).endswith("4 0\n") for i in range(300))
+
+    asyncio.run(go())

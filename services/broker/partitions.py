@@ -24,6 +24,7 @@ from straitmq.metadata.image import MetadataImage, PartitionImage, TopicImage
 from straitmq.metadata.topic_config import effective
 
 from .records import BatchInfo
+from .storage.epochs import LeaderEpochCache
 from .storage.handles import FileHandles
 from .storage.log import LogConfig, PartitionLog
 
@@ -31,6 +32,9 @@ log = logging.getLogger("straitmq.broker")
 
 LEADER, FOLLOWER = "leader", "follower"
 PREOPEN_CHUNK = 256  # logs loaded per worker-thread hop at startup
+# Epoch checkpoints written per turn of the event loop after a leader change of many
+# partitions (one small file each): the listener keeps answering in between.
+EPOCH_WRITE_SLICE_S = 0.01
 
 
 def log_config_for(topic: TopicImage, broker_defaults: dict[str, str]) -> LogConfig:
@@ -68,6 +72,7 @@ class FollowerState:
 class Partition:
     __slots__ = (
         "epoch_start_offset",
+        "epoch_writes",
         "followers",
         "high_watermark",
         "hw_waiters",
@@ -114,6 +119,9 @@ class Partition:
         # Told of every append, high watermark, log start or role change: the fetch
         # sessions holding this partition mark it dirty.
         self.on_change: Callable[[Partition], None] | None = None
+        # Takes the epoch checkpoint a new leadership leaves unwritten (None: write it
+        # at once, as tools and tests without an event loop do).
+        self.epoch_writes: Callable[[LeaderEpochCache], None] | None = None
 
     @property
     def is_leader(self) -> bool:
@@ -159,7 +167,10 @@ class Partition:
         now = _now()
         leo = self.log.log_end_offset
         self.epoch_start_offset = leo
-        self.log.epochs.assign(self.leader_epoch, leo)
+        epochs = self.log.epochs
+        later = self.epoch_writes
+        if epochs.assign(self.leader_epoch, leo, persist=later is None) and later is not None:
+            later(epochs)
         # Followers start "caught up now" so the lag clock starts at the election.
         self.followers = {
             r: FollowerState(last_fetch=now, last_caught_up=now)
@@ -389,6 +400,8 @@ class PartitionManager:
         self._failed_create: set[tuple[str, int]] = set()
         self._chunk_done: asyncio.Future[None] | None = None  # resolved after each chunk
         self._swept = False
+        self._epochs_unwritten: dict[int, LeaderEpochCache] = {}  # by id, in arrival order
+        self._epoch_writer: asyncio.Task | None = None
         os.makedirs(data_dir, exist_ok=True)
 
     @staticmethod
@@ -457,6 +470,7 @@ class PartitionManager:
                     continue
                 part = Partition(name, i, plog, me)
                 part.on_change = self.change_listener
+                part.epoch_writes = self._write_epochs_later
                 self.partitions[(name, i)] = part
                 self._by_topic.setdefault(name, set()).add(i)
             else:
@@ -474,6 +488,35 @@ class PartitionManager:
                     "replica took its role but could not write to its log directory",
                     extra={"topic": name, "partition": i, "error": str(e)},
                 )
+
+    def _write_epochs_later(self, epochs: LeaderEpochCache) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            epochs.flush()  # no loop (tools, tests): at once
+            return
+        self._epochs_unwritten[id(epochs)] = epochs
+        if self._epoch_writer is None or self._epoch_writer.done():
+            self._epoch_writer = loop.create_task(self._write_epochs())
+
+    async def _write_epochs(self) -> None:
+        pending = self._epochs_unwritten
+        while pending:
+            started = time.monotonic()
+            while pending and time.monotonic() - started < EPOCH_WRITE_SLICE_S:
+                epochs = pending.pop(next(iter(pending)))
+                try:
+                    epochs.flush()
+                except FileNotFoundError:
+                    pass  # the replica was deleted meanwhile
+                except OSError as e:
+                    # The in-memory epochs serve; a crash before a later write rebuilds
+                    # them from the batches. Appends still fail while the disk does.
+                    log.warning(
+                        "could not write a leader epoch checkpoint",
+                        extra={"path": epochs.path, "error": str(e)},
+                    )
+            await asyncio.sleep(0)
 
     def _defer_new(self, t: TopicImage, index: int, cfg: LogConfig) -> bool:
         """A replica with no log on disk yet is created in a worker thread, then joins
@@ -639,6 +682,14 @@ class PartitionManager:
     def close(self) -> None:
         if self._creator is not None:
             self._creator.cancel()
+        if self._epoch_writer is not None:
+            self._epoch_writer.cancel()
+        for epochs in self._epochs_unwritten.values():
+            try:
+                epochs.flush()
+            except OSError:
+                pass  # rebuilt from the batches at the next start
+        self._epochs_unwritten.clear()
         for p in self.partitions.values():
             p.fail_hw_waiters()
             try:

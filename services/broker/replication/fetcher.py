@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import typing
 from dataclasses import dataclass
 from datetime import timedelta
@@ -40,6 +41,10 @@ AUTH_BACKOFF_S = 0.5
 AUTH_BACKOFF_MAX_S = 10.0
 PARTITION_MAX_BYTES = 1 << 20
 RESPONSE_MAX_BYTES = 16 << 20
+# An incremental fetch looks only at the partitions this fetcher changed since the last
+# one (appends, truncation, new or dropped follows); every this often it compares them
+# all, so a position changed by any other path is still named within seconds.
+FULL_SCAN_S = 5.0
 UNDEFINED = -1
 
 # Per-partition answers that mean the leader's authorizer refused this broker.
@@ -80,6 +85,11 @@ class LeaderFetcher:
         self.session_id = 0
         self.session_epoch = 0  # 0: the next fetch opens a new session
         self.in_session: dict[tuple[str, int], SessionState] = {}
+        # Follows whose position, epoch or membership changed since the last fetch, and
+        # the ones waiting for OffsetForLeaderEpoch: no per-round pass over every follow.
+        self.changed: set[tuple[str, int]] = set()
+        self.to_truncate: set[tuple[str, int]] = set()
+        self._next_scan = 0.0
         self.auth_error: str | None = None  # the last refused login, logged once
         self.refused_logged: set[int] = set()  # authorization errors already logged
         self._auth_backoff = AUTH_BACKOFF_S
@@ -128,9 +138,9 @@ class LeaderFetcher:
                 self.session_id = 0  # a session lives on one leader
                 self.reset_session()
             try:
-                if any(f.truncating for f in self.follows.values()):
+                if self.to_truncate:
                     await self._truncate(me)
-                if any(not f.truncating for f in self.follows.values()):
+                if len(self.follows) > len(self.to_truncate):
                     await self._fetch(me)
                 else:
                     await asyncio.sleep(0.1)
@@ -174,16 +184,31 @@ class LeaderFetcher:
             self.auth_error = None
         self._auth_backoff = AUTH_BACKOFF_S
 
-    def _by_topic(self, truncating: bool) -> dict[str, list[Follow]]:
-        out: dict[str, list[Follow]] = {}
-        for f in self.follows.values():
-            if f.truncating == truncating:
-                out.setdefault(f.part.topic, []).append(f)
-        return out
+    def follow(self, key: tuple[str, int], f: Follow) -> None:
+        self.follows[key] = f
+        self.changed.add(key)
+        if f.truncating:
+            self.to_truncate.add(key)
+
+    def unfollow(self, key: tuple[str, int]) -> None:
+        if self.follows.pop(key, None) is not None:
+            self.changed.add(key)  # forgotten by the next incremental fetch
+        self.to_truncate.discard(key)
+
+    def _set_truncating(self, key: tuple[str, int], f: Follow, truncating: bool) -> None:
+        f.truncating = truncating
+        self.changed.add(key)
+        if truncating:
+            self.to_truncate.add(key)
+        else:
+            self.to_truncate.discard(key)
 
     async def _truncate(self, me: int) -> None:
         """Find where our log and the leader's agree and cut ours there."""
-        by_topic = self._by_topic(truncating=True)
+        by_topic: dict[str, list[Follow]] = {}
+        for key in self.to_truncate:
+            f = self.follows[key]
+            by_topic.setdefault(f.part.topic, []).append(f)
         req = OffsetForLeaderEpochRequest(
             replica_id=me,
             topics=tuple(
@@ -213,6 +238,7 @@ class LeaderFetcher:
                     backoff = True
                     continue
                 self._truncate_one(f, r.leader_epoch, r.end_offset)
+                self._set_truncating((t.topic, r.partition), f, False)
         if backoff:
             await asyncio.sleep(0.1)
 
@@ -236,14 +262,23 @@ class LeaderFetcher:
             )
             plog.truncate_to(max(target, plog.log_start_offset))
             f.part.set_follower_hw(f.part.high_watermark)
-        f.truncating = False
 
     async def _fetch(self, me: int) -> None:
         full = self.session_epoch == 0
+        now = time.monotonic()
+        every = full or now >= self._next_scan
+        if every:
+            self._next_scan = now + FULL_SCAN_S
+            looked_at: Any = self.follows
+        else:
+            looked_at = self.changed
+        self.changed = set()
+        follows = self.follows
         states: dict[tuple[str, int], SessionState] = {}
         send: dict[str, list[Any]] = {}
-        for key, f in self.follows.items():
-            if f.truncating:
+        for key in looked_at:
+            f = follows.get(key)
+            if f is None or f.truncating:
                 continue
             plog = f.part.log
             state = (plog.log_end_offset, f.leader_epoch, plog.log_start_offset)
@@ -261,8 +296,8 @@ class LeaderFetcher:
                 )
         forgotten: dict[str, list[int]] = {}
         if not full:
-            for key in self.in_session:
-                if key not in states:
+            for key in self.in_session if every else looked_at:
+                if key not in states and key in self.in_session:
                     forgotten.setdefault(key[0], []).append(key[1])
         req = FetchRequest(
             cluster_id=None,
@@ -319,16 +354,19 @@ class LeaderFetcher:
                     or f.part.log.log_end_offset != held[0]
                     or f.leader_epoch != held[1]
                 ):
+                    self.changed.add(key)  # named again with what it holds now
                     continue
                 err = int(r.error_code)
                 if err == ErrorCode.none:
                     self._apply(f, r)
+                    self.changed.add(key)
                 elif err == ErrorCode.offset_out_of_range:
                     plog = f.part.log
                     if 0 <= plog.log_end_offset < r.log_start_offset:
                         plog.reset_to(r.log_start_offset)
+                        self.changed.add(key)
                     else:
-                        f.truncating = True
+                        self._set_truncating(key, f, True)
                 else:
                     backoff = True
                     if err in REFUSED and err not in self.refused_logged:
@@ -371,14 +409,14 @@ class ReplicaFetchers:
     def on_role(self, part: Partition, role: str) -> None:
         key = (part.topic, part.index)
         for fetcher in self.fetchers.values():
-            fetcher.follows.pop(key, None)
+            fetcher.unfollow(key)
         if role != FOLLOWER or part.leader < 0:
             return
         fetcher = self.fetchers.get(part.leader)
         if fetcher is None:
             fetcher = self.fetchers[part.leader] = LeaderFetcher(self.broker, part.leader)
             fetcher.start()
-        fetcher.follows[key] = Follow(part, part.leader_epoch)
+        fetcher.follow(key, Follow(part, part.leader_epoch))
         fetcher._wakeup.set()
 
     async def stop(self) -> None:

@@ -28,7 +28,7 @@ UNDEFINED_EPOCH_OFFSET = -1
 class LeaderEpochCache:
     """Epochs and their start offsets, both increasing; `latest_epoch` is -1 when empty."""
 
-    __slots__ = ("_epochs", "_starts", "latest_epoch", "path")
+    __slots__ = ("_epochs", "_starts", "dirty", "latest_epoch", "path")
 
     def __init__(self, directory: str) -> None:
         self.path = os.path.join(directory, CHECKPOINT_NAME)
@@ -36,6 +36,7 @@ class LeaderEpochCache:
         self._starts: list[int] = []
         # A plain attribute (not a property): the leader's append compares against it.
         self.latest_epoch = UNDEFINED_EPOCH
+        self.dirty = False  # changed in memory, checkpoint not written yet (assign(persist=False))
 
     # -- reading ---------------------------------------------------------------------
 
@@ -81,9 +82,14 @@ class LeaderEpochCache:
 
     # -- changes (each persisted at once) ------------------------------------------------
 
-    def assign(self, epoch: int, start_offset: int) -> bool:
+    def assign(self, epoch: int, start_offset: int, persist: bool = True) -> bool:
         """Record that `epoch` starts at `start_offset`; a lower or equal epoch (already
-        known, or a stale leader) is ignored. Returns True when an entry was added."""
+        known, or a stale leader) is ignored. Returns True when an entry was added.
+
+        persist=False leaves the checkpoint to `flush` (a leader change of thousands of
+        partitions at once writes them later, a slice at a time). A crash before then
+        loses nothing: an epoch that wrote no batch is dropped by Kafka's rules anyway,
+        and one that did is rebuilt from the batches at load."""
         if epoch <= self.latest_epoch or epoch < 0:
             return False
         if self._starts and start_offset < self._starts[-1]:
@@ -100,6 +106,9 @@ class LeaderEpochCache:
         self._epochs.append(epoch)
         self._starts.append(start_offset)
         self.latest_epoch = epoch
+        if not persist:
+            self.dirty = True
+            return True
         try:
             self._write()
         except OSError:
@@ -178,6 +187,11 @@ class LeaderEpochCache:
         self.latest_epoch = self._epochs[-1] if self._epochs else UNDEFINED_EPOCH
         self._write()
 
+    def flush(self) -> None:
+        """Write the checkpoint if an assign(persist=False) left it behind."""
+        if self.dirty:
+            self._write()
+
     def _write(self) -> None:
         """tmp + rename: a crash leaves the old or the new file, never a torn one. No
         fsync (Kafka also took it off the leader-change path, KAFKA-15046): the batches
@@ -194,6 +208,7 @@ class LeaderEpochCache:
         finally:
             os.close(fd)
         os.replace(tmp, self.path)
+        self.dirty = False
 
     def __repr__(self) -> str:
         return f"LeaderEpochCache({self.entries})"

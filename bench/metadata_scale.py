@@ -12,7 +12,9 @@ For each target, one after the other (never both up at once):
   failover    kill -9 the active controller; time until another one says it is active,
               and until a CreateTopics is answered again.
   restart     kill -9 broker 1 and start it again; time until it serves (StraitMQ:
-              /readyz 200; Kafka: it answers Metadata listing every broker).
+              /readyz 200; Kafka: it answers Metadata listing every broker). Meanwhile
+              ApiVersions every 20 ms to broker 2, which takes over leaderships from
+              broker 1: its longest answer.
   sample      before the failover, one acks=all record (idempotent librdkafka producer)
               to each of `--sample` random partitions; after the restart, every one is
               read back at its acknowledged offset ("lost" must be 0).
@@ -222,11 +224,18 @@ def run(target, a: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def]
         out["controller_failover_s"] = round(new, 2)
         out["create_after_failover_s"] = round(new + again, 2)
         target.restart_controller(ctrl, timeout=300)
-        # Broker restart after kill -9.
+        # Broker restart after kill -9. Meanwhile broker 2 takes over the leadership of
+        # broker 1's partitions (a third of them): how long its listener stalls doing so.
+        host2, port2 = target.bootstrap.split(",")[1].rsplit(":", 1)
+        probe2 = ListenerProbe(host2, int(port2))
+        probe2.start()
         target.kill9(1)
         t0 = time.monotonic()
         target.restart_broker(1)
         out["broker_restart_s"] = round(time.monotonic() - t0, 2)
+        probe2.stop.set()
+        probe2.join(30)
+        out["listener_of_broker_2_during_restart"] = probe2.figures()
         if acked:
             found = read_sample(target.bootstrap, acked)
             out["sample"].update(read_back=found, lost=len(acked) - found)
@@ -306,6 +315,7 @@ def main() -> None:
             f"({r['partitions_per_s']}/s); controller failover {r['controller_failover_s']} s "
             f"(create answered {r['create_after_failover_s']} s); broker restart "
             f"{r['broker_restart_s']} s; listener {r['listener_during_create']}; "
+            f"broker 2's listener during the restart {r['listener_of_broker_2_during_restart']}; "
             f"KB/partition {r['kb_per_partition']}"
             + (f"; snapshot {r['snapshot']}" if "snapshot" in r else "")
             + (f"; sample {r['sample']}" if "sample" in r else "")
@@ -337,7 +347,7 @@ def _limit_children(n: int) -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
             return
         except (ValueError, OSError):
-            sys.exit(f"--fd-limit {n} is above this shell's hard limit {hard}, which it may not raise")
+            sys.exit(f"--fd-limit {n} is above this shell's hard limit {hard} (not raisable here)")
     resource.setrlimit(resource.RLIMIT_NOFILE, (n, hard))
 
 

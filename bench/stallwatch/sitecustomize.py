@@ -1,0 +1,82 @@
+"""Event-loop stall finder for StraitMQ brokers (a diagnostic, not used in production).
+
+    PYTHONPATH=bench/stallwatch STALLWATCH=1 python -m bench.metadata_scale ...
+
+Every broker process started with that environment runs a 10 ms heartbeat task on its
+event loop. A thread watches it: while the heartbeat is late it samples the main
+thread's stack every 5 ms, and when the loop is back it appends the stall's length and
+its most frequent stacks to STALLWATCH_DIR/<pid>.log (default /tmp/stallwatch) if it
+lasted more than STALLWATCH_MS (default 100). A late heartbeat is exactly what a
+request waiting on that loop sees, whether one callback blocked or many queued up.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import threading
+import time
+import traceback
+
+
+def _install() -> None:
+    import asyncio
+
+    import uvloop
+
+    beat = [time.monotonic()]
+    real_run = uvloop.run
+
+    async def _heartbeat() -> None:
+        while True:
+            beat[0] = time.monotonic()
+            await asyncio.sleep(0.01)
+
+    def run(main, **kwargs):  # type: ignore[no-untyped-def]
+        async def watched():  # type: ignore[no-untyped-def]
+            task = asyncio.get_running_loop().create_task(_heartbeat())
+            try:
+                return await main
+            finally:
+                task.cancel()
+
+        return real_run(watched(), **kwargs)
+
+    uvloop.run = run
+    out_dir = os.environ.get("STALLWATCH_DIR", "/tmp/stallwatch")
+    limit = float(os.environ.get("STALLWATCH_MS", "100")) / 1000
+
+    def watch() -> None:
+        main_id = threading.main_thread().ident
+        os.makedirs(out_dir, exist_ok=True)
+        samples: collections.Counter[str] = collections.Counter()
+        began: float | None = None
+        with open(os.path.join(out_dir, f"{os.getpid()}.log"), "a") as out:
+            while True:
+                time.sleep(0.005)
+                if time.monotonic() - beat[0] > 0.05:
+                    frame = sys._current_frames().get(main_id)
+                    if frame is None:
+                        return
+                    stack = traceback.StackSummary.extract(
+                        traceback.walk_stack(frame), lookup_lines=False
+                    )
+                    names = [f"{s.filename.rsplit('/', 1)[-1]}:{s.lineno}:{s.name}" for s in stack]
+                    samples[" < ".join(names[:7])] += 1  # innermost first
+                    began = beat[0] if began is None else began
+                elif began is not None:
+                    stalled = beat[0] - began
+                    if stalled > limit:
+                        out.write(f"STALL {stalled:.3f}s at {time.time():.3f}\n")
+                        for stack_text, n in samples.most_common(5):
+                            out.write(f"  {n}x {stack_text}\n")
+                        out.flush()
+                    samples.clear()
+                    began = None
+
+    threading.Thread(target=watch, name="stallwatch", daemon=True).start()
+
+
+if os.environ.get("STALLWATCH") and "straitmq.broker" in " ".join(sys.orig_argv):
+    _install()

@@ -173,3 +173,34 @@ def test_leader_epoch_checkpoints_of_a_mass_leader_change_are_written_after_the_
         assert all(on_disk(i).endswith("4 0\n") for i in range(300))
 
     asyncio.run(go())
+
+
+def test_a_change_naming_many_topics_is_applied_after_the_callback(tmp_path: Path) -> None:
+    """A metadata change naming many topics at once (a broker taking over another's
+    leaderships) reaches the replicas in slices of the event loop, not inside the
+    metadata callback; CreateTopics' wait (`created`) covers topics not synced yet."""
+
+    async def go() -> None:
+        pm = PartitionManager(str(tmp_path), {}, ME)
+        names = {f"t{i}": 2 for i in range(60)}
+        img = image_with(names)
+        pm.sync(img)
+        await settle(pm)
+        for name in names:
+            for i in range(2):
+                img.apply({"type": "partition_change", "topic": name, "index": i, "leader": 2})
+        pm.sync_soon(img, set(names))
+        # Nothing yet: the callback returned at once.
+        assert all(p.is_leader for p in pm.partitions.values())
+        await pm.created("t59", 10)
+        assert not pm.partitions[("t59", 0)].is_leader and not pm.partitions[("t59", 1)].is_leader
+        assert pm._syncer is not None
+        await pm._syncer
+        assert not any(p.is_leader for p in pm.partitions.values())
+        # A small change goes in at once, as before.
+        img.apply({"type": "partition_change", "topic": "t0", "index": 0, "leader": ME})
+        pm.sync_soon(img, {"t0"})
+        assert pm.partitions[("t0", 0)].is_leader
+        pm.close()
+
+    asyncio.run(go())

@@ -192,7 +192,10 @@ class Broker:
         # The group -> partition mapping must be current before leaderships load groups.
         if OFFSETS_TOPIC in self.image.topics:
             self.offsets.partitions_count = len(self.image.topics[OFFSETS_TOPIC].partitions)
-        self.partitions.sync(self.image, topics)
+        if topics is None:
+            self.partitions.sync(self.image)
+        else:
+            self.partitions.sync_soon(self.image, topics)
 
     async def _wait_metadata(self) -> None:
         """Apply nothing to local logs until the metadata log has been caught up once:

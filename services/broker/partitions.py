@@ -35,6 +35,10 @@ PREOPEN_CHUNK = 256  # logs loaded per worker-thread hop at startup
 # Epoch checkpoints written per turn of the event loop after a leader change of many
 # partitions (one small file each): the listener keeps answering in between.
 EPOCH_WRITE_SLICE_S = 0.01
+# A metadata change naming more topics than this (a broker's leaderships moving at
+# once, a burst of creations) is applied to the replicas SYNC_SLICE_S at a time.
+SYNC_INLINE_TOPICS = 20
+SYNC_SLICE_S = 0.02
 
 
 def log_config_for(topic: TopicImage, broker_defaults: dict[str, str]) -> LogConfig:
@@ -401,6 +405,8 @@ class PartitionManager:
         self._chunk_done: asyncio.Future[None] | None = None  # resolved after each chunk
         self._swept = False
         self._epochs_unwritten: dict[int, LeaderEpochCache] = {}  # by id, in arrival order
+        self._sync_pending: dict[str, None] = {}  # topics sync_soon has still to apply
+        self._syncer: asyncio.Task | None = None
         self._epoch_writer: asyncio.Task | None = None
         os.makedirs(data_dir, exist_ok=True)
 
@@ -421,6 +427,8 @@ class PartitionManager:
         cannot be opened is left out and listed in `unavailable`; the rest still follow
         the image, so what the broker serves always matches what it applied."""
         self._image = image
+        if topics is None:
+            self._sync_pending.clear()  # every topic follows the image now
         names = set(image.topics) | set(self._by_topic) if topics is None else set(topics)
         # Then try the unavailable ones again, after the drops above freed what they held.
         retry = {t for t, _ in self.unavailable} - names
@@ -431,6 +439,39 @@ class PartitionManager:
         self._preopened.clear()
         if not self._swept:
             self._sweep()
+
+    def sync_soon(self, image: MetadataImage, topics: set[str]) -> None:
+        """sync(image, topics), but a change naming many topics is applied a slice of
+        the event loop at a time, so the listener keeps answering while a broker takes
+        over thousands of leaderships. Until its turn a replica keeps its previous
+        role: a request for it gets what it got a moment before (NOT_LEADER_OR_FOLLOWER
+        for a leadership not taken yet, which clients retry; a deposed leader's acks=all
+        writes cannot complete, as its ISR fetches from the new leader)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None or (len(topics) <= SYNC_INLINE_TOPICS and not self._sync_pending):
+            self.sync(image, topics)
+            return
+        self._image = image
+        for name in topics:
+            self._sync_pending[name] = None
+        if self._syncer is None or self._syncer.done():
+            self._syncer = loop.create_task(self._sync_slices())
+
+    async def _sync_slices(self) -> None:
+        pending = self._sync_pending
+        while pending:
+            started = time.monotonic()
+            while pending and time.monotonic() - started < SYNC_SLICE_S:
+                name = next(iter(pending))
+                del pending[name]
+                assert self._image is not None
+                self._sync_topic(name, self._image.topics.get(name))
+            if self._chunk_done is not None and not self._chunk_done.done():
+                self._chunk_done.set_result(None)
+            await asyncio.sleep(0)
 
     def _sync_topic(self, name: str, t: TopicImage | None) -> None:
         me = self.node_id
@@ -545,7 +586,7 @@ class PartitionManager:
         creation is answered."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within_s
-        while any(key[0] == topic for key in self._creating):
+        while topic in self._sync_pending or any(key[0] == topic for key in self._creating):
             if self._chunk_done is None or self._chunk_done.done():
                 self._chunk_done = loop.create_future()
             left = deadline - loop.time()
@@ -684,6 +725,8 @@ class PartitionManager:
             self._creator.cancel()
         if self._epoch_writer is not None:
             self._epoch_writer.cancel()
+        if self._syncer is not None:
+            self._syncer.cancel()
         for epochs in self._epochs_unwritten.values():
             try:
                 epochs.flush()

@@ -461,17 +461,15 @@ class PartitionManager:
             self._syncer = loop.create_task(self._sync_slices())
 
     async def _sync_slices(self) -> None:
-        pending = self._sync_pending
-        while pending:
-            started = time.monotonic()
-            while pending and time.monotonic() - started < SYNC_SLICE_S:
-                name = next(iter(pending))
-                del pending[name]
-                assert self._image is not None
-                self._sync_topic(name, self._image.topics.get(name))
+        def one(name: str, _: None) -> None:
+            assert self._image is not None
+            self._sync_topic(name, self._image.topics.get(name))
+
+        def slice_done() -> None:  # wakes created(), which waits on these topics too
             if self._chunk_done is not None and not self._chunk_done.done():
                 self._chunk_done.set_result(None)
-            await asyncio.sleep(0)
+
+        await _in_slices(self._sync_pending, one, SYNC_SLICE_S, slice_done)
 
     def _sync_topic(self, name: str, t: TopicImage | None) -> None:
         me = self.node_id
@@ -541,23 +539,20 @@ class PartitionManager:
             self._epoch_writer = loop.create_task(self._write_epochs())
 
     async def _write_epochs(self) -> None:
-        pending = self._epochs_unwritten
-        while pending:
-            started = time.monotonic()
-            while pending and time.monotonic() - started < EPOCH_WRITE_SLICE_S:
-                epochs = pending.pop(next(iter(pending)))
-                try:
-                    epochs.flush()
-                except FileNotFoundError:
-                    pass  # the replica was deleted meanwhile
-                except OSError as e:
-                    # The in-memory epochs serve; a crash before a later write rebuilds
-                    # them from the batches. Appends still fail while the disk does.
-                    log.warning(
-                        "could not write a leader epoch checkpoint",
-                        extra={"path": epochs.path, "error": str(e)},
-                    )
-            await asyncio.sleep(0)
+        def one(_: int, epochs: LeaderEpochCache) -> None:
+            try:
+                epochs.flush()
+            except FileNotFoundError:
+                pass  # the replica was deleted meanwhile
+            except OSError as e:
+                # The in-memory epochs serve; a crash before a later write rebuilds
+                # them from the batches. Appends still fail while the disk does.
+                log.warning(
+                    "could not write a leader epoch checkpoint",
+                    extra={"path": epochs.path, "error": str(e)},
+                )
+
+        await _in_slices(self._epochs_unwritten, one, EPOCH_WRITE_SLICE_S)
 
     def _defer_new(self, t: TopicImage, index: int, cfg: LogConfig) -> bool:
         """A replica with no log on disk yet is created in a worker thread, then joins
@@ -743,6 +738,24 @@ class PartitionManager:
             plog.close()
         self._preopened.clear()
         self.handles.close_all()
+
+
+async def _in_slices(
+    pending: dict[Any, Any],
+    each: Callable[[Any, Any], None],
+    slice_s: float,
+    after_slice: Callable[[], None] | None = None,
+) -> None:
+    """Take `pending`'s items in insertion order (more may arrive meanwhile), at most
+    `slice_s` of work per turn of the event loop."""
+    while pending:
+        started = time.monotonic()
+        while pending and time.monotonic() - started < slice_s:
+            key = next(iter(pending))
+            each(key, pending.pop(key))
+        if after_slice is not None:
+            after_slice()
+        await asyncio.sleep(0)
 
 
 def _make_logs(

@@ -438,3 +438,32 @@ def test_a_new_target_that_would_leave_no_in_sync_replica_is_refused() -> None:
     assert (p.leader, p.isr) == (4, [4])
     code, message = code_of(lambda: ops.reassign(img, "t", 0, [1, 5, 6]))
     assert code == ErrorCode.invalid_replica_assignment and "keep one of [4]" in message
+
+
+def test_alter_partitions_judges_each_item_alone() -> None:
+    """A leader's batch of ISR changes (one AlterPartition call for many partitions):
+    the good ones become records, the stale or repeated ones are refused by position
+    with alter_partition's own errors, and a refusal holds back none of the others."""
+    img = topic(cluster(3), "t", [[1, 2, 3], [1, 2, 3], [2, 1, 3]])
+    p0, p1, p2 = img.topics["t"].partitions
+    items = [
+        {"topic": "t", "index": 0, "leader_epoch": p0.leader_epoch,
+         "partition_epoch": p0.partition_epoch, "isr": [1, 2]},
+        {"topic": "t", "index": 1, "leader_epoch": p1.leader_epoch,
+         "partition_epoch": p1.partition_epoch - 1, "isr": [1]},  # stale partition epoch
+        {"topic": "t", "index": 2, "leader_epoch": p2.leader_epoch,
+         "partition_epoch": p2.partition_epoch, "isr": [1, 3]},  # broker 1 does not lead it
+        {"topic": "t", "index": 0, "leader_epoch": p0.leader_epoch,
+         "partition_epoch": p0.partition_epoch, "isr": [1]},  # named twice
+        {"topic": "gone", "index": 0, "leader_epoch": 0, "partition_epoch": 0, "isr": [1]},
+    ]  # fmt: skip
+    records, refused = ops.alter_partitions(img, 1, items)
+    assert [(r["topic"], r["index"], r["isr"]) for r in records] == [("t", 0, [1, 2])]
+    assert {i: e.code for i, e in refused.items()} == {
+        1: ErrorCode.invalid_update_version,
+        2: ErrorCode.fenced_leader_epoch,
+        3: ErrorCode.invalid_request,
+        4: ErrorCode.unknown_topic_or_partition,
+    }
+    apply(img, records)
+    assert p0.isr == [1, 2] and p1.isr == [1, 2, 3]

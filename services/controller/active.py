@@ -505,6 +505,34 @@ class ActiveController:
             "isr": p.isr,
         }
 
+    async def alter_partitions(self, req: dict) -> dict:
+        """A leader's batch of ISR changes in one metadata entry; an answer per item, in
+        order: the partition's new state, or the refusal alter_partition would give."""
+        items = list(req["partitions"])
+        refused: dict[int, ControllerError] = {}
+
+        def build(image: MetadataImage) -> list[Record]:
+            records, why = ops.alter_partitions(image, int(req["broker"]), items)
+            refused.clear()
+            refused.update(why)
+            return records
+
+        offset = await self._commit(build)
+        answers: list[dict] = []
+        for i, it in enumerate(items):
+            e = refused.get(i)
+            t = self.image.topics.get(it["topic"])
+            if e is None and (t is None or int(it["index"]) >= len(t.partitions)):
+                e = ControllerError(ErrorCode.unknown_topic_or_partition, "deleted meanwhile")
+            if e is not None:
+                answers.append({"error_code": int(e.code), "message": e.message})
+                continue
+            assert t is not None
+            p = t.partitions[int(it["index"])]
+            answers.append({"error_code": 0, "leader": p.leader, "leader_epoch": p.leader_epoch,
+                            "partition_epoch": p.partition_epoch, "isr": p.isr})  # fmt: skip
+        return {"offset": offset, "partitions": answers}
+
     async def reassign(self, req: dict) -> dict:
         """{"partitions": [{"topic", "index", "replicas": [ids] | null}], "throttle":
         bytes/s | null (optional)}: all or nothing, the throttle (when given) and the moves
@@ -609,6 +637,7 @@ def handlers(c: ActiveController) -> dict[str, Handler]:
         "alter_scram_credentials": c.alter_scram_credentials,
         "alter_acls": c.alter_acls,
         "alter_partition": c.alter_partition,
+        "alter_partitions": c.alter_partitions,
         "reassign": c.reassign,
         "list_reassignments": list_reassignments,
         "elect_preferred": c.elect_preferred,

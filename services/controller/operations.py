@@ -282,6 +282,34 @@ def alter_partition(
     return [rec]
 
 
+def alter_partitions(
+    image: MetadataImage, broker: int, items: list[dict]
+) -> tuple[list[Record], dict[int, ControllerError]]:
+    """Many ISR changes of one leader at once (Kafka's AlterPartition carries many
+    partitions): each item ({"topic", "index", "leader_epoch", "partition_epoch", "isr"})
+    is judged alone as alter_partition, and a refused one holds back none of the others.
+    The records, and the refusals by item position."""
+    records: list[Record] = []
+    refused: dict[int, ControllerError] = {}
+    seen: set[tuple[str, int]] = set()
+    for i, it in enumerate(items):
+        key = (str(it["topic"]), int(it["index"]))
+        if key in seen:  # two changes of one partition would judge the second stale
+            refused[i] = ControllerError(
+                ErrorCode.invalid_request, f"{key[0]}-{key[1]} is named twice in one request"
+            )
+            continue
+        seen.add(key)
+        try:
+            records += alter_partition(
+                image, broker, key[0], key[1], int(it["leader_epoch"]),
+                int(it["partition_epoch"]), [int(r) for r in it["isr"]],
+            )  # fmt: skip
+        except ControllerError as e:
+            refused[i] = e
+    return records, refused
+
+
 def reassign(image: MetadataImage, name: str, index: int, target: list[int] | None) -> list[Record]:
     """Start (target) or cancel (None) moving a partition to other brokers."""
     t, p = _partition(image, name, index)

@@ -1,11 +1,15 @@
 """ISR upkeep on the leader: shrink followers that lag longer than
 `replica.lag.time.max.ms`, add back those that caught up, through the controller
 (AlterPartition). One change in flight per partition; it counts once committed.
+As Kafka's broker does, changes go to the controller batched, one call in flight: a
+broker that comes back after a restart puts thousands of partitions back in their
+ISRs with a few calls, not thousands.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from typing import TYPE_CHECKING
 
@@ -18,6 +22,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("straitmq.replication")
 SCAN_CHUNK = 2000  # replicas checked between yields to the event loop
+ALTER_BATCH = 1000  # ISR changes per call to the controller
 
 
 class IsrManager:
@@ -27,6 +32,10 @@ class IsrManager:
         self.expands = 0
         # Only leaders change an ISR: the scan visits them, not every replica.
         self.led: dict[tuple[str, int], Partition] = {}
+        # Proposed, not sent yet (a later proposal for a partition replaces its earlier).
+        self._queued: dict[tuple[str, int], tuple[Partition, list[int]]] = {}
+        self._sender: asyncio.Task | None = None
+        self._batched = True  # False once a controller without alter_partitions answered
 
     def on_role(self, part: Partition, role: str) -> None:
         if role == LEADER:
@@ -59,7 +68,67 @@ class IsrManager:
 
     def propose(self, part: Partition, new_isr: list[int]) -> None:
         part.pending_isr = new_isr
-        asyncio.get_running_loop().create_task(self._send(part, new_isr))
+        self._queued[(part.topic, part.index)] = (part, new_isr)
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.get_running_loop().create_task(self._send_queued())
+
+    async def _send_queued(self) -> None:
+        while self._queued:
+            keys = list(itertools.islice(self._queued, ALTER_BATCH))
+            batch = [self._queued.pop(k) for k in keys]
+            if self._batched:
+                try:
+                    await self._send_batch(batch)
+                    continue
+                except ControllerError as e:
+                    if "no such call" not in e.message:
+                        raise
+                    self._batched = False  # an older controller (a rolling upgrade)
+            await asyncio.gather(*(self._send(part, isr) for part, isr in batch))
+
+    async def _send_batch(self, batch: list[tuple[Partition, list[int]]]) -> None:
+        items = [
+            {"topic": part.topic, "index": part.index, "leader_epoch": part.leader_epoch,
+             "partition_epoch": part.partition_epoch, "isr": isr}
+            for part, isr in batch
+        ]  # fmt: skip
+        # Judged now: by the answer the broker may have applied the new ISR already.
+        grew = [len(isr) > len(part.isr) for part, isr in batch]
+        try:
+            reply = await self.broker.controller.call(
+                "alter_partitions",
+                {"broker": self.broker.node_id, "partitions": items},
+                within_s=10.0,
+            )
+            answers = reply["partitions"]
+        except ControllerError as e:
+            if "no such call" in e.message:
+                raise
+            answers = [{"error_code": e.code, "message": e.message}] * len(batch)
+        except Exception:
+            # Whatever failed, these changes are not in flight any more: left pending,
+            # their ISRs could never change again (and a reassignment never end).
+            log.exception("ISR changes failed", extra={"partitions": len(batch)})
+            answers = [{"error_code": -1, "message": "failed"}] * len(batch)
+        for (part, isr), answer, more in zip(batch, answers, grew, strict=True):
+            if answer["error_code"] == 0:
+                self._changed(part, isr, more)
+                continue
+            if answer["error_code"] != -1:
+                log.info(
+                    "ISR change refused",
+                    extra={"partition": f"{part.topic}-{part.index}",
+                           "reason": answer.get("message")},
+                )  # fmt: skip
+            if part.pending_isr == isr:
+                part.pending_isr = None
+
+    def _changed(self, part: Partition, new_isr: list[int], grew: bool) -> None:
+        if grew:
+            self.expands += 1
+        else:
+            self.shrinks += 1
+        log.info("ISR changed", extra={"partition": f"{part.topic}-{part.index}", "isr": new_isr})
 
     async def _send(self, part: Partition, new_isr: list[int]) -> None:
         grew = len(new_isr) > len(part.isr)
@@ -76,14 +145,7 @@ class IsrManager:
                 },
                 within_s=5.0,
             )
-            if grew:
-                self.expands += 1
-            else:
-                self.shrinks += 1
-            log.info(
-                "ISR changed",
-                extra={"partition": f"{part.topic}-{part.index}", "isr": new_isr},
-            )
+            self._changed(part, new_isr, grew)
         except ControllerError as e:
             log.info(
                 "ISR change refused",

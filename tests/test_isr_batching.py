@@ -1,0 +1,68 @@
+"""ISR proposals go to the controller batched, one call in flight, and fall back to one
+call per partition when the controller is older (a rolling upgrade). The controller
+here is a stand-in object answering as the real HTTP client does; the batched op itself
+is tested in test_controller_logic and by every cluster test that restarts a broker."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from kio.schema.errors import ErrorCode
+from straitmq.broker.replication import isr as isr_module
+from straitmq.controller.errors import ControllerError
+
+
+class Controller:
+    def __init__(self, batched: bool) -> None:
+        self.batched = batched
+        self.calls: list[tuple[str, int]] = []
+
+    async def call(self, op: str, body: dict, within_s: float = 15.0) -> dict:
+        await asyncio.sleep(0.01)
+        if op == "alter_partitions":
+            if not self.batched:
+                raise ControllerError(ErrorCode.invalid_request, "no such call alter_partitions")
+            self.calls.append((op, len(body["partitions"])))
+            return {"partitions": [
+                {"error_code": 0} if it["index"] % 2 == 0
+                else {"error_code": ErrorCode.fenced_leader_epoch, "message": "stale"}
+                for it in body["partitions"]
+            ]}  # fmt: skip
+        self.calls.append((op, 1))
+        if body["index"] % 2:
+            raise ControllerError(ErrorCode.fenced_leader_epoch, "stale")
+        return {}
+
+
+def _run(batched: bool, n: int) -> tuple[Controller, list, isr_module.IsrManager]:
+    controller = Controller(batched)
+    broker = SimpleNamespace(controller=controller, node_id=1)
+    manager = isr_module.IsrManager(broker)  # type: ignore[arg-type]
+    parts = [SimpleNamespace(topic="t", index=i, leader_epoch=0, partition_epoch=0,
+                             isr=[1, 2, 3], pending_isr=None) for i in range(n)]  # fmt: skip
+
+    async def go() -> None:
+        for p in parts:
+            manager.propose(p, [1, 2])  # type: ignore[arg-type]
+        assert manager._sender is not None
+        await manager._sender
+
+    asyncio.run(go())
+    return controller, parts, manager
+
+
+def test_proposals_are_sent_in_batches_one_call_in_flight() -> None:
+    controller, parts, manager = _run(batched=True, n=2500)
+    assert controller.calls == [("alter_partitions", 1000)] * 2 + [("alter_partitions", 500)]
+    # Accepted ones count; refused ones are no longer pending (the next scan retries).
+    assert manager.shrinks == 1250
+    assert all(p.pending_isr == [1, 2] for p in parts if p.index % 2 == 0)
+    assert all(p.pending_isr is None for p in parts if p.index % 2)
+
+
+def test_an_older_controller_gets_one_call_per_partition() -> None:
+    controller, parts, manager = _run(batched=False, n=30)
+    assert [op for op, _ in controller.calls] == ["alter_partition"] * 30
+    assert manager.shrinks == 15 and manager._batched is False
+    assert all(p.pending_isr is None for p in parts if p.index % 2)

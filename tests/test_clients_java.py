@@ -117,6 +117,7 @@ def test_group_of_two_with_each_assignor_then_restart_and_resume(broker, assigno
     assignments = []
     for out, err in outputs:
         lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        assert lines, f"a consumer printed nothing; its stderr: {err[-3000:]}"
         summary = lines[-1]
         assert "done" in summary, err[-3000:]
         assignments.append(summary["assignment"])

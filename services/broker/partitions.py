@@ -447,10 +447,7 @@ class PartitionManager:
         role: a request for it gets what it got a moment before (NOT_LEADER_OR_FOLLOWER
         for a leadership not taken yet, which clients retry; a deposed leader's acks=all
         writes cannot complete, as its ISR fetches from the new leader)."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
+        loop = _running_loop()
         if loop is None or (len(topics) <= SYNC_INLINE_TOPICS and not self._sync_pending):
             self.sync(image, topics)
             return
@@ -529,9 +526,8 @@ class PartitionManager:
                 )
 
     def _write_epochs_later(self, epochs: LeaderEpochCache) -> None:
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
+        loop = _running_loop()
+        if loop is None:
             epochs.flush()  # no loop (tools, tests): at once
             return
         self._epochs_unwritten[id(epochs)] = epochs
@@ -564,15 +560,14 @@ class PartitionManager:
         if key in self._preopened or key in self._failed_create:
             return False
         path = os.path.join(self.data_dir, self.dir_name(t.name, index))
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
+        loop = _running_loop()
+        if loop is None:
             return False  # tools and tests that drive sync without a loop open inline
         if os.path.exists(path):
             return False
         self._creating[key] = (path, str(t.topic_id), cfg)
         if self._creator is None or self._creator.done():
-            self._creator = asyncio.get_running_loop().create_task(self._create_logs())
+            self._creator = loop.create_task(self._create_logs())
         return True
 
     async def created(self, topic: str, within_s: float) -> None:
@@ -738,6 +733,14 @@ class PartitionManager:
             plog.close()
         self._preopened.clear()
         self.handles.close_all()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    """The running event loop, or None when tools and tests drive the manager without one."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 async def _in_slices(

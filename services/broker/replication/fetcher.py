@@ -71,7 +71,6 @@ FetchTopic, FetchPartition, EpochTopic, EpochPartition = _schema_types()
 class Follow:
     part: Partition
     leader_epoch: int
-    truncating: bool = True
 
 
 class LeaderFetcher:
@@ -187,16 +186,14 @@ class LeaderFetcher:
     def follow(self, key: tuple[str, int], f: Follow) -> None:
         self.follows[key] = f
         self.changed.add(key)
-        if f.truncating:
-            self.to_truncate.add(key)
+        self.to_truncate.add(key)  # a new follow first agrees with the leader on its log end
 
     def unfollow(self, key: tuple[str, int]) -> None:
         if self.follows.pop(key, None) is not None:
             self.changed.add(key)  # forgotten by the next incremental fetch
         self.to_truncate.discard(key)
 
-    def _set_truncating(self, key: tuple[str, int], f: Follow, truncating: bool) -> None:
-        f.truncating = truncating
+    def _set_truncating(self, key: tuple[str, int], truncating: bool) -> None:
         self.changed.add(key)
         if truncating:
             self.to_truncate.add(key)
@@ -232,13 +229,13 @@ class LeaderFetcher:
         for t in resp.topics:
             for r in t.partitions:
                 f = self.follows.get((t.topic, r.partition))
-                if f is None or not f.truncating:
+                if f is None or (t.topic, r.partition) not in self.to_truncate:
                     continue
                 if int(r.error_code) != ErrorCode.none:
                     backoff = True
                     continue
                 self._truncate_one(f, r.leader_epoch, r.end_offset)
-                self._set_truncating((t.topic, r.partition), f, False)
+                self._set_truncating((t.topic, r.partition), False)
         if backoff:
             await asyncio.sleep(0.1)
 
@@ -278,7 +275,7 @@ class LeaderFetcher:
         send: dict[str, list[Any]] = {}
         for key in looked_at:
             f = follows.get(key)
-            if f is None or f.truncating:
+            if f is None or key in self.to_truncate:
                 continue
             plog = f.part.log
             state = (plog.log_end_offset, f.leader_epoch, plog.log_start_offset)
@@ -349,7 +346,7 @@ class LeaderFetcher:
                 # meanwhile (its next request names it again).
                 if (
                     f is None
-                    or f.truncating
+                    or key in self.to_truncate
                     or held is None
                     or f.part.log.log_end_offset != held[0]
                     or f.leader_epoch != held[1]
@@ -366,7 +363,7 @@ class LeaderFetcher:
                         plog.reset_to(r.log_start_offset)
                         self.changed.add(key)
                     else:
-                        self._set_truncating(key, f, True)
+                        self._set_truncating(key, True)
                 else:
                     backoff = True
                     if err in REFUSED and err not in self.refused_logged:

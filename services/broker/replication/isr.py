@@ -76,17 +76,14 @@ class IsrManager:
         while self._queued:
             keys = list(itertools.islice(self._queued, ALTER_BATCH))
             batch = [self._queued.pop(k) for k in keys]
-            if self._batched:
-                try:
-                    await self._send_batch(batch)
-                    continue
-                except ControllerError as e:
-                    if "no such call" not in e.message:
-                        raise
-                    self._batched = False  # an older controller (a rolling upgrade)
+            if self._batched and await self._send_batch(batch):
+                continue
+            self._batched = False  # an older controller (a rolling upgrade)
             await asyncio.gather(*(self._send(part, isr) for part, isr in batch))
 
-    async def _send_batch(self, batch: list[tuple[Partition, list[int]]]) -> None:
+    async def _send_batch(self, batch: list[tuple[Partition, list[int]]]) -> bool:
+        """One alter_partitions call for the batch; False, with nothing sent, when the
+        controller does not know that call."""
         items = [
             {"topic": part.topic, "index": part.index, "leader_epoch": part.leader_epoch,
              "partition_epoch": part.partition_epoch, "isr": isr}
@@ -94,6 +91,7 @@ class IsrManager:
         ]  # fmt: skip
         # Judged now: by the answer the broker may have applied the new ISR already.
         grew = [len(isr) > len(part.isr) for part, isr in batch]
+        answers: list[dict | None]
         try:
             reply = await self.broker.controller.call(
                 "alter_partitions",
@@ -103,35 +101,18 @@ class IsrManager:
             answers = reply["partitions"]
         except ControllerError as e:
             if "no such call" in e.message:
-                raise
+                return False
             answers = [{"error_code": e.code, "message": e.message}] * len(batch)
         except Exception:
-            # Whatever failed, these changes are not in flight any more: left pending,
-            # their ISRs could never change again (and a reassignment never end).
             log.exception("ISR changes failed", extra={"partitions": len(batch)})
-            answers = [{"error_code": -1, "message": "failed"}] * len(batch)
+            answers = [None] * len(batch)
         for (part, isr), answer, more in zip(batch, answers, grew, strict=True):
-            if answer["error_code"] == 0:
-                self._changed(part, isr, more)
-                continue
-            if answer["error_code"] != -1:
-                log.info(
-                    "ISR change refused",
-                    extra={"partition": f"{part.topic}-{part.index}",
-                           "reason": answer.get("message")},
-                )  # fmt: skip
-            if part.pending_isr == isr:
-                part.pending_isr = None
-
-    def _changed(self, part: Partition, new_isr: list[int], grew: bool) -> None:
-        if grew:
-            self.expands += 1
-        else:
-            self.shrinks += 1
-        log.info("ISR changed", extra={"partition": f"{part.topic}-{part.index}", "isr": new_isr})
+            self._settle(part, isr, more, answer)
+        return True
 
     async def _send(self, part: Partition, new_isr: list[int]) -> None:
         grew = len(new_isr) > len(part.isr)
+        answer: dict | None
         try:
             await self.broker.controller.call(
                 "alter_partition",
@@ -145,17 +126,30 @@ class IsrManager:
                 },
                 within_s=5.0,
             )
-            self._changed(part, new_isr, grew)
+            answer = {"error_code": 0}
         except ControllerError as e:
+            answer = {"error_code": e.code, "message": e.message}
+        except Exception:
+            log.exception("ISR change failed", extra={"partition": f"{part.topic}-{part.index}"})
+            answer = None
+        self._settle(part, new_isr, grew, answer)
+
+    def _settle(self, part: Partition, new_isr: list[int], grew: bool, answer: dict | None) -> None:
+        """The controller's answer to one proposal (None: the call failed, logged): count
+        it, or take the change out of flight. Whatever failed, left pending the ISR could
+        never change again (and a reassignment never end); the next scan proposes anew."""
+        if answer is not None and answer["error_code"] == 0:
+            if grew:
+                self.expands += 1
+            else:
+                self.shrinks += 1
+            log.info("ISR changed", extra={"partition": f"{part.topic}-{part.index}",
+                                           "isr": new_isr})  # fmt: skip
+            return
+        if answer is not None:
             log.info(
                 "ISR change refused",
-                extra={"partition": f"{part.topic}-{part.index}", "reason": e.message},
+                extra={"partition": f"{part.topic}-{part.index}", "reason": answer.get("message")},
             )
-            if part.pending_isr == new_isr:
-                part.pending_isr = None
-        except Exception:
-            # Whatever failed, the change is not in flight any more: left pending, the
-            # partition's ISR could never change again (and a reassignment never end).
-            log.exception("ISR change failed", extra={"partition": f"{part.topic}-{part.index}"})
-            if part.pending_isr == new_isr:
-                part.pending_isr = None
+        if part.pending_isr == new_isr:
+            part.pending_isr = None

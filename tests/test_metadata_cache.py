@@ -1,5 +1,5 @@
 """Metadata answers are cached per topic and response version (api/metadata.py
-TopicEntities): every change a record makes must show in the very next answer, for old
+TopicAnswers): every change a record makes must show in the very next answer, for old
 and new protocol versions alike. Real clients against a real broker."""
 
 from __future__ import annotations
@@ -69,3 +69,42 @@ def test_every_change_shows_in_the_next_answer_of_every_version(broker) -> None:
     admin.delete_topics(["c"])["c"].result(30)
     admin.create_topics([NewTopic("c", 3, 1)])["c"].result(30)
     assert partitions_seen(admin, "c") == 3 and metadata_v1_partitions(host, port, "c") == 3
+
+
+def test_assembled_answers_are_the_bytes_kio_encodes_in_every_version() -> None:
+    """The answer is spliced from cached per-topic bytes into an answer kio encoded
+    without topics: byte for byte what kio encodes whole, for every Metadata version,
+    with the fields that follow the topic array (v8-10 cluster operations, v9+ tagged
+    fields) and the per-topic operations bits."""
+    from straitmq.broker.api.context import RequestContext
+    from straitmq.broker.api.metadata import _answer, _topic_entity
+
+    from straitmq.protocol.build import build
+    from straitmq.protocol.codec import encode_entity, encode_response, response_schema
+
+    part = {"error_code": 0, "partition_index": 0, "leader_id": 2, "leader_epoch": 7,
+            "replica_nodes": [2, 1, 3], "isr_nodes": [2, 1], "offline_replicas": [3]}  # fmt: skip
+    topics = [
+        {"error_code": 0, "name": "a", "topic_id": None, "is_internal": False,
+         "partitions": [part, {**part, "partition_index": 1, "leader_id": -1}]},
+        {"error_code": 3, "name": "gone", "topic_id": None, "partitions": []},
+    ]  # fmt: skip
+    for v in range(13):
+        for count in (0, 1, 2):
+            ctx = RequestContext(None, 3, v, 1234 + v, "t", "/127.0.0.1")  # type: ignore[arg-type]
+            brokers = [{"node_id": 2, "host": "h", "port": 9092, "rack": "r"},
+                       {"node_id": 1, "host": "h1", "port": 9093, "rack": None}]  # fmt: skip
+            head = {"throttle_time": 0, "cluster_id": "cid", "controller_id": 2, "brokers": brokers}
+            entries = [dict(t) for t in topics[:count]]
+            if 8 <= v <= 10:
+                head["cluster_authorized_operations"] = 0x5A
+            if v >= 8 and entries:
+                entries[0]["topic_authorized_operations"] = 0x1F8
+            whole = encode_response(
+                3, v, ctx.correlation_id, build(response_schema(3, v), {**head, "topics": entries})
+            )
+            parts = [encode_entity(_topic_entity(ctx, e)) for e in entries]
+            raw = _answer(ctx, head, parts)
+            got = b"".join(raw.pieces)  # type: ignore[arg-type]
+            assert got == whole, (v, count)
+            assert raw.size == len(got)

@@ -28,7 +28,7 @@ from straitmq.metadata.image import MetadataImage
 from straitmq.telemetry import Telemetry
 
 from . import metrics as broker_metrics
-from .api.metadata import TopicEntities
+from .api.metadata import TopicAnswers
 from .config import BrokerConfig
 from .fetch_sessions import FetchSessions
 from .groups.coordinator import GroupCoordinator, GroupSettings
@@ -90,7 +90,7 @@ class Broker:
             config.node_id,
             config.max_open_files,
         )
-        self.metadata_answers = TopicEntities()
+        self.metadata_answers = TopicAnswers()
         self.fetch_sessions = FetchSessions()
         self.partitions.change_listener = self.fetch_sessions.changed
         self.fetchers = ReplicaFetchers(self)

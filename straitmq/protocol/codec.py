@@ -81,6 +81,13 @@ def response_header_bytes(api_key: int, version: int, correlation_id: int) -> by
     return _INT32.pack(correlation_id)
 
 
+def encode_entity(entity: Any) -> bytes:
+    """One entity's bytes, as they appear inside a response (e.g. a Metadata topic)."""
+    buf = io.BytesIO()
+    _writer(type(entity))(buf, entity)
+    return buf.getvalue()
+
+
 def encode_response(api_key: int, version: int, correlation_id: int, body: Any) -> bytes:
     """Return a complete size-prefixed response frame."""
     buf = io.BytesIO()

@@ -143,3 +143,102 @@ def test_lost_leadership_drops_the_speculative_image(tmp_path, slow_writes) -> N
         await _stop(q, c)
 
     asyncio.run(go())
+
+
+async def _broker(c: ActiveController, bid: int) -> None:
+    reg = {"id": bid, "incarnation": f"i{bid}", "host": "127.0.0.1", "port": bid,
+           "http_port": 100 + bid, "cluster_id": "pipeline"}  # fmt: skip
+    offset = (await c.register_broker(reg))["metadata_offset"]
+    await c.heartbeat({"id": bid, "incarnation": f"i{bid}", "metadata_offset": offset})
+
+
+async def _reactivate(q: Quorum, c: ActiveController) -> None:
+    """Resign and lead again (a one-voter quorum): what a controller failover does."""
+    q._advance(lambda: q.node.resign(quorum_module.now_ms()))
+    for _ in range(500):
+        if not c.active:
+            break
+        await asyncio.sleep(0.01)
+    for _ in range(500):
+        if c.active:
+            break
+        await asyncio.sleep(0.01)
+    assert c.active
+
+
+def _leaders(q: Quorum, name: str) -> list[int]:
+    return [p.leader for p in q.image.topics[name].partitions]
+
+
+def test_a_fencing_is_written_in_bounded_entries(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Leadership moves are split into entries of at most NON_ATOMIC_ENTRY_RECORDS (every
+    process applies an entry in one piece); the fencing itself is in the first."""
+    from straitmq.controller import active as active_module
+
+    monkeypatch.setattr(active_module, "NON_ATOMIC_ENTRY_RECORDS", 7)
+
+    async def go() -> None:
+        q, c = await _active(tmp_path)
+        await _broker(c, 2)
+        await c.create_topic({"name": "t", "partitions": 40, "replication_factor": 2})
+        led = sum(1 for leader in _leaders(q, "t") if leader == 2)
+        assert led >= 10
+        entries: list[list[dict]] = []
+        q.listeners.append(lambda _o, records, _r: entries.append(records))
+        assert await c._fence(2, "i2", "test")
+        assert entries[0][0] == {"type": "fence_broker", "id": 2}
+        assert len(entries) >= 40 // 7 and all(len(e) <= 7 for e in entries)
+        # Every partition moved: 2 leads none and is in no ISR.
+        assert all(p.leader == 1 and p.isr == [1] for p in q.image.topics["t"].partitions)
+        await _stop(q, c)
+
+    asyncio.run(go())
+
+
+def test_a_new_active_controller_finishes_moves_cut_short(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A failover between the entries of a split change leaves its first entries
+    committed and the rest lost. The next active controller finishes the moves: off a
+    fenced broker, and onto a live replica of an offline partition."""
+
+    async def go() -> None:
+        q, c = await _active(tmp_path)
+        # The brokers here are ids with nothing listening: the new active controller's
+        # probe (tested with real processes in test_fast_fencing) would fence them all.
+        c._spawn_probe = lambda bid, incarnation: None  # type: ignore[method-assign]
+        await _broker(c, 2)
+        await _broker(c, 3)
+        await c.create_topic({"name": "t", "partitions": 12, "replication_factor": 2,
+                              "assignments": [[2, 1]] * 6 + [[1, 2]] * 6})  # fmt: skip
+        await c.create_topic({"name": "solo", "partitions": 3, "replication_factor": 1,
+                              "assignments": [[3]] * 3})  # fmt: skip
+        assert _leaders(q, "t") == [2] * 6 + [1] * 6
+        # Broker 3 leaves for real: its partitions go offline (it was their only ISR).
+        assert await c._fence(3, "i3", "test")
+        assert _leaders(q, "solo") == [-1] * 3
+        # Cut short: broker 2's fencing committed with only one of its moves...
+        part = q.image.topics["t"].partitions[0]
+        await q.propose([
+            {"type": "fence_broker", "id": 2},
+            {"type": "partition_change", "topic": "t", "index": 0, "leader": 1, "isr": [1]},
+        ])  # fmt: skip
+        assert part.leader == 1 and _leaders(q, "t")[1] == 2
+        # ...and broker 3's return with none of its elections.
+        await q.propose([{"type": "unfence_broker", "id": 3}])
+        assert _leaders(q, "solo") == [-1] * 3
+        await _reactivate(q, c)
+        for _ in range(500):
+            if _leaders(q, "t") == [1] * 12 and _leaders(q, "solo") == [3] * 3:
+                break
+            await asyncio.sleep(0.01)
+        assert _leaders(q, "t") == [1] * 12 and _leaders(q, "solo") == [3] * 3
+        assert all(p.isr == [1] for p in q.image.topics["t"].partitions)
+        # With nothing cut short, another failover writes nothing: the next records
+        # are the next request's.
+        seen: list[list[dict]] = []
+        q.listeners.append(lambda _o, records, _r: seen.append(records))
+        await _reactivate(q, c)
+        await c.create_topic({"name": "after", "partitions": 1, "replication_factor": 1})
+        assert [r["type"] for e in seen for r in e] == ["topic", "partition"], seen
+        await _stop(q, c)
+
+    asyncio.run(go())

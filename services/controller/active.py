@@ -22,6 +22,7 @@ from straitmq.metadata.image import MetadataImage, Record
 
 from . import operations as ops
 from .election import (
+    leaderless_elections,
     on_broker_leaving,
     on_broker_returning,
     on_replicas_offline,
@@ -34,6 +35,7 @@ from .sessions import GRACE_S, BrokerSessions
 
 log = logging.getLogger("straitmq.controller")
 PROBE_TIMEOUT_S = 1.0
+NON_ATOMIC_ENTRY_RECORDS = 1000
 
 
 @dataclass
@@ -170,17 +172,42 @@ class ActiveController:
                 b = self.image.brokers.get(bid)
                 if b is not None and not b.fenced:
                     self._spawn_probe(bid, b.incarnation)
+            try:
+                await self._finish_moves()
+            except ControllerError as e:
+                log.info("finishing leadership moves skipped", extra={"reason": e.message})
+
+    async def _finish_moves(self) -> None:
+        """Leadership moves are written in several entries (see `_commit`), so a failover
+        can cut them short: the first entries committed, the rest lost with the previous
+        active controller. Finish them: move what a fenced or shut-down broker still
+        leads or is in sync for, and lead the offline partitions a live replica can.
+        When nothing was cut short, this writes nothing."""
+        for b in sorted(self.image.brokers.values(), key=lambda b: b.id):
+            if not b.alive:
+                await self._commit(
+                    lambda image, bid=b.id: on_broker_leaving(image, bid), atomic=False
+                )
+        await self._commit(leaderless_elections, atomic=False)
 
     def _check_active(self) -> None:
         if not self.active or not self.quorum.is_leader:
             raise NotController(self.quorum.leader_id)
 
-    async def _commit(self, build: Callable[[MetadataImage], list[Record]]) -> int:
+    async def _commit(
+        self, build: Callable[[MetadataImage], list[Record]], atomic: bool = True
+    ) -> int:
         """Build records under the lock from the image as it will be once everything
         already appended commits, append them, and wait for their commit outside the
         lock: requests pipeline, and what piles up is written and replicated together.
         An answer with no records (an error, nothing to change) still waits for the
-        entries it was judged against, so it never rests on an uncommitted view."""
+        entries it was judged against, so it never rests on an uncommitted view.
+
+        Not `atomic`: records that are each valid alone (leadership moves when a broker
+        leaves or returns) go in entries of at most NON_ATOMIC_ENTRY_RECORDS, as Kafka's
+        controller writes them in bounded batches. Every process applies an entry in one
+        piece, so a fencing that moves 30,000 leaderships would otherwise hold each
+        broker's event loop for a second or more; the first entry carries the fencing."""
         async with self._lock:
             self._check_active()
             spec = await self._speculative()
@@ -189,18 +216,22 @@ class ActiveController:
                 records = build(spec)
             except ControllerError as e:
                 error, records = e, []
-            if records:
-                offset, done = self.quorum.append(records)
+            step = NON_ATOMIC_ENTRY_RECORDS if not atomic else max(len(records), 1)
+            for start in range(0, len(records), step):
+                entry = records[start : start + step]
+                offset, done = self.quorum.append(entry)
                 try:
-                    spec.apply_entry(offset, records)
+                    spec.apply_entry(offset, entry)
                 except Exception:
                     self._spec = None  # rebuilt from the committed image after this entry
                     raise
                 self._tail = (offset, done)
-            elif self._tail is not None and not self._tail[1].done():
-                offset, done = self._tail
-            else:
-                offset, done = self.image.offset, None
+            # With records, the wait is for the last entry: Raft commits them in order.
+            if not records:
+                if self._tail is not None and not self._tail[1].done():
+                    offset, done = self._tail
+                else:
+                    offset, done = self.image.offset, None
         if done is not None:
             await self.quorum.committed(done)
         if error is not None:
@@ -259,7 +290,7 @@ class ActiveController:
             # A restarted broker comes back fenced: its old leaderships move first.
             return [rec, *on_broker_leaving(image, bid)] if old is not None else [rec]
 
-        offset = await self._commit(build)
+        offset = await self._commit(build, atomic=False)
         self.sessions.touch(bid, req["incarnation"], _mono())
         self._caught_up_at[bid] = offset
         return {"metadata_offset": offset}
@@ -279,7 +310,7 @@ class ActiveController:
                 def build_shutdown(image: MetadataImage) -> list[Record]:
                     return [{"type": "broker_shutdown", "id": bid}, *on_broker_leaving(image, bid)]
 
-                await self._commit(build_shutdown)
+                await self._commit(build_shutdown, atomic=False)
         elif b.fenced and offset >= target:
 
             def build_unfence(image: MetadataImage) -> list[Record]:
@@ -287,7 +318,7 @@ class ActiveController:
                     return []
                 return [{"type": "unfence_broker", "id": bid}, *on_broker_returning(image, bid)]
 
-            await self._commit(build_unfence)
+            await self._commit(build_unfence, atomic=False)
         elif not b.fenced and (offline := [(str(t), int(i)) for t, i in req.get("offline", ())]):
             # Replicas it holds but cannot open: move what it leads and drop it from ISRs.
             # Judged first against the committed image, so a steady report costs no write.
@@ -298,7 +329,7 @@ class ActiveController:
 
                 log.warning("replicas offline on broker", extra={"broker": bid,
                             "replicas": len(offline)})  # fmt: skip
-                await self._commit(build_offline)
+                await self._commit(build_offline, atomic=False)
         b = self.image.brokers[bid]
         # Only a leaving broker asks (a scan of every partition, not for each heartbeat).
         shutdown_ok = b.shutting_down and not any(
@@ -326,7 +357,7 @@ class ActiveController:
         log.warning("fencing broker", extra={"broker": bid, "reason": why})
         # A broker that wakes up (SIGSTOP, a healed partition) is unfenced only once
         # its metadata shows its own fencing and the leadership moves that followed.
-        self._caught_up_at[bid] = await self._commit(build)
+        self._caught_up_at[bid] = await self._commit(build, atomic=False)
         return True
 
     async def _fence_expired(self) -> None:
@@ -396,7 +427,7 @@ class ActiveController:
                 interval = self.settings.leader_rebalance_interval_ms / 1000
                 if self.settings.auto_leader_rebalance and _mono() - last_rebalance > interval:
                     last_rebalance = _mono()
-                    await self._commit(preferred_leader_changes)
+                    await self._commit(preferred_leader_changes, atomic=False)
             except ControllerError as e:
                 log.info("housekeeping skipped", extra={"reason": e.message})
 
@@ -579,7 +610,10 @@ class ActiveController:
         """{"partitions": [{"topic", "index"}]} or nothing for every partition."""
         items = req.get("partitions")
         only = {(p["topic"], int(p["index"])) for p in items} if items is not None else None
-        return {"offset": await self._commit(lambda image: preferred_leader_changes(image, only))}
+        offset = await self._commit(
+            lambda image: preferred_leader_changes(image, only), atomic=False
+        )
+        return {"offset": offset}
 
     def describe(self) -> dict:
         """Brokers and partition health as the active controller sees them."""

@@ -99,6 +99,21 @@ def on_broker_returning(image: MetadataImage, broker: int) -> list[Record]:
     return out
 
 
+def leaderless_elections(image: MetadataImage) -> list[Record]:
+    """Lead every offline partition that a live replica can lead (what each broker's
+    return would have done)."""
+    alive = {b.id for b in image.live_brokers()}
+    out = []
+    for t in image.topics.values():
+        unclean = unclean_allowed(t)
+        for i, p in enumerate(t.partitions):
+            if p.leader == NO_LEADER:
+                leader, isr = elect(p, p.isr, alive, unclean)
+                if leader != NO_LEADER:
+                    out.append(_change(t, i, p, leader, isr))
+    return out
+
+
 def preferred_leader_changes(
     image: MetadataImage, only: set[tuple[str, int]] | None = None
 ) -> list[Record]:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from straitmq.broker import partitions as partitions_module
 from straitmq.broker.partitions import PartitionManager
+from straitmq.broker.record_codec import build_batch
+from straitmq.broker.records import validate_batches
 from straitmq.metadata.image import MetadataImage
 
 ME = 1
@@ -59,12 +61,24 @@ def test_new_replicas_are_created_off_the_event_loop(tmp_path: Path, monkeypatch
         assert threading.main_thread().name not in threads
         topic_id = str(img.topics["big"].topic_id)
         assert (tmp_path / "big-599" / ".topic-id").read_text() == topic_id
-        # Restarted replicas with logs on disk still open inline (nothing to create).
+        batch = memoryview(build_batch([(None, b"kept", [])], 1_700_000_000_000))
+        pm.partitions[("big", 7)].append(batch, validate_batches(batch, 1 << 20))
         pm.close()
+        # A restarted broker loads its logs before its first sync (preopen, in a worker),
+        # and that sync opens them all inline: nothing to create.
         pm2 = PartitionManager(str(tmp_path), {}, ME)
+        await pm2.preopen(img)
         pm2.sync(img)
         assert len(pm2.partitions) == 600 and not pm2._creating
+        assert pm2.partitions[("big", 7)].log.log_end_offset == 1
         pm2.close()
+        # A log on disk that was not preloaded is opened by the worker, not recreated.
+        pm3 = PartitionManager(str(tmp_path), {}, ME)
+        pm3.sync(img)
+        await pm3.created("big", 60)
+        assert len(pm3.partitions) == 600
+        assert pm3.partitions[("big", 7)].log.log_end_offset == 1
+        pm3.close()
 
     asyncio.run(go())
 

@@ -5,6 +5,7 @@ goes on serving what it can and recovers when the resource returns."""
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import subprocess
@@ -52,6 +53,7 @@ def test_many_logs_share_a_bounded_number_of_open_files(tmp_path: Path) -> None:
     files open, every append and read lands in the right file, and nothing else (index
     files) holds a descriptor."""
     handles = FileHandles(5)
+    gc.collect()  # an earlier test's garbage closing its files here would skew the count
     before = _open_fds()
     cfg = LogConfig(segment_bytes=300, index_interval_bytes=64)
     logs = [PartitionLog(str(tmp_path / f"p{i}"), cfg, handles) for i in range(40)]

@@ -551,7 +551,7 @@ class PartitionManager:
         await _in_slices(self._epochs_unwritten, one, EPOCH_WRITE_SLICE_S)
 
     def _defer_new(self, t: TopicImage, index: int, cfg: LogConfig) -> bool:
-        """A replica with no log on disk yet is created in a worker thread, then joins
+        """A replica with no log open yet is created (or opened) in a worker thread, then joins
         through sync; until then requests for it get NOT_LEADER_OR_FOLLOWER (retriable,
         as while Kafka's broker becomes leader). Needs a running event loop."""
         key = (t.name, index)
@@ -563,8 +563,8 @@ class PartitionManager:
         loop = _running_loop()
         if loop is None:
             return False  # tools and tests that drive sync without a loop open inline
-        if os.path.exists(path):
-            return False
+        # No check for an existing directory here (a stat per replica on the loop): the
+        # ones loaded at startup are preopened, and the worker opens any other in place.
         self._creating[key] = (path, str(t.topic_id), cfg)
         if self._creator is None or self._creator.done():
             self._creator = loop.create_task(self._create_logs())
@@ -627,8 +627,11 @@ class PartitionManager:
     def _sweep(self) -> None:
         """Once, after the first sync: delete partition directories of replicas this
         broker no longer holds (later removals delete their own, see _drop)."""
-        wanted = {self.dir_name(t, i) for t, i in self.partitions} | {
-            self.dir_name(t, i) for t, i in self.unavailable
+        # Those still being opened or created by the worker are wanted too.
+        wanted = {
+            self.dir_name(t, i)
+            for keys in (self.partitions, self.unavailable, self._creating, self._preopened)
+            for t, i in keys
         }
         for name in os.listdir(self.data_dir):
             path = os.path.join(self.data_dir, name)

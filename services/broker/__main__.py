@@ -11,7 +11,7 @@ from pathlib import Path
 
 import uvloop
 
-from straitmq import logs
+from straitmq import gc_tuning, logs
 from straitmq.node_identity import ordinal_from_hostname
 from straitmq.properties import load_settings
 from straitmq.signals import stop_signal
@@ -158,6 +158,7 @@ async def run(config: BrokerConfig, announce: bool = True) -> None:
 def main(argv: list[str] | None = None) -> None:
     try:
         config = parse_args(argv)
+        gc_tuning.install()  # full collections stalled the loop for up to 1.3 s
         uvloop.run(run(config))
     except BrokerStartupError as e:
         print(f"strait-broker: cannot start: {e}", file=sys.stderr)

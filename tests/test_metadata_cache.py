@@ -108,3 +108,49 @@ def test_assembled_answers_are_the_bytes_kio_encodes_in_every_version() -> None:
             got = b"".join(raw.pieces)  # type: ignore[arg-type]
             assert got == whole, (v, count)
             assert raw.size == len(got)
+
+
+def test_hand_encoded_topics_are_the_bytes_kio_encodes_in_every_version() -> None:
+    """encode_topic (the cached per-topic bytes) against kio's encoding of the same
+    entry: leaders and none, offline replicas, an internal topic, a topic id, and a
+    replica list longer than the packers prepared in advance."""
+    import uuid
+
+    from straitmq.broker.api.context import RequestContext
+    from straitmq.broker.api.metadata import TopicAnswers, _topic_entity, encode_topic, topic_entry
+    from straitmq.metadata.image import MetadataImage
+
+    from straitmq.protocol.codec import encode_entity
+
+    img = MetadataImage(cluster_id="c")
+    for bid in range(1, 131):
+        img.apply({"type": "register_broker", "id": bid, "incarnation": "i", "host": "h",
+                   "port": 9000 + bid, "http_port": 1})  # fmt: skip
+        if bid not in (3, 7):
+            img.apply({"type": "unfence_broker", "id": bid})
+    for name, internal in (("plain", False), ("__consumer_offsets", True)):
+        img.apply({"type": "topic", "name": name, "topic_id": str(uuid.uuid4()),
+                   "internal": internal})  # fmt: skip
+        layouts = [([1, 2, 3], [1, 2], 1), ([3, 7], [3], -1), ([5], [5], 5),
+                   (list(range(1, 21)), list(range(20, 0, -1)), 9), ([30, 2], [2], 2)]  # fmt: skip
+        for i, (replicas, isr, leader) in enumerate(layouts):
+            img.apply({"type": "partition", "topic": name, "index": i, "replicas": replicas,
+                       "isr": isr, "leader": leader})  # fmt: skip
+        img.apply({"type": "partition_change", "topic": name, "index": 0, "leader": 2})
+    # 130 replicas: a count that takes two bytes in flexible versions (kio encodes it).
+    img.apply({"type": "topic", "name": "wide", "topic_id": str(uuid.uuid4())})
+    img.apply({"type": "partition", "topic": "wide", "index": 0, "replicas": list(range(1, 131)),
+               "isr": [1], "leader": 1})  # fmt: skip
+
+    class Broker:
+        image = img
+
+    live = frozenset(i for i, b in img.brokers.items() if not b.fenced)
+    answers = TopicAnswers()
+    for v in range(13):
+        ctx = RequestContext(Broker(), 3, v, 1, "t", "/127.0.0.1")  # type: ignore[arg-type]
+        for name in img.topics:
+            expected = encode_entity(_topic_entity(ctx, topic_entry(ctx, name)))
+            assert answers.get(ctx, name) == expected, (v, name)
+            if name != "wide":
+                assert encode_topic(v, img.topics[name], live) == expected, (v, name)

@@ -68,6 +68,7 @@ def _install() -> None:
         os.makedirs(out_dir, exist_ok=True)
         samples: collections.Counter[str] = collections.Counter()
         began: float | None = None
+        censused = False
         with open(os.path.join(out_dir, f"{os.getpid()}.log"), "a") as out:
             while True:
                 time.sleep(0.005)
@@ -89,6 +90,12 @@ def _install() -> None:
                                   f"(gen-2 gc: {sum(within):.3f}s in {len(within)})\n")  # fmt: skip
                         for stack_text, n in samples.most_common(5):
                             out.write(f"  {n}x {stack_text}\n")
+                        if sum(within) > 0.3 and not censused:
+                            # Once: what the collector walks (a pause of its own).
+                            censused = True
+                            kinds = collections.Counter(type(o).__name__ for o in gc.get_objects())
+                            out.write(f"  gc tracks {sum(kinds.values())} objects: "
+                                      f"{kinds.most_common(20)}\n")  # fmt: skip
                         out.flush()
                     samples.clear()
                     began = None

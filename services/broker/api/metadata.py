@@ -12,7 +12,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError
-from straitmq.metadata.image import NO_LEADER, MetadataImage
+from straitmq.metadata.image import NO_LEADER, MetadataImage, TopicImage
 
 from straitmq.protocol.build import build, nested_schema
 from straitmq.protocol.codec import encode_entity, encode_response, response_schema
@@ -27,27 +27,106 @@ _I32 = struct.Struct(">i")
 
 class TopicAnswers:
     """Each topic's part of the Metadata answer, encoded once per response version and
-    reused until a record changes the topic or any broker. Clients ask for every topic
-    they know (librdkafka does, and Metadata without topics means all): with 40,000
-    partitions, encoding the answer anew took the listener up to a second; assembling
-    it from cached bytes is a join."""
+    reused until a record changes the topic or the set of live brokers (offline
+    replicas depend on it). Clients ask for every topic they know (librdkafka does, and
+    Metadata without topics means all): assembling 40,000 partitions from cached bytes
+    is a join, and a topic that changed is encoded by hand (`encode_topic`), about ten
+    times faster than through kio, as a fencing changes every topic at once."""
 
     def __init__(self) -> None:
         self.image: MetadataImage | None = None
-        self.entries: dict[tuple[int, str], tuple[tuple[int, int], bytes]] = {}
+        self.entries: dict[tuple[int, str], tuple[tuple[int, frozenset[int]], bytes]] = {}
+        self._live: tuple[int, frozenset[int]] = (-1, frozenset())
 
     def get(self, ctx: RequestContext, name: str) -> bytes:
         image = ctx.broker.image
         if self.image is not image or len(self.entries) > 4 * len(image.topics) + 1000:
             self.image, self.entries = image, {}  # a snapshot replaced it, or churn
+            self._live = (-1, frozenset())
+        if self._live[0] != image.brokers_version:
+            live = frozenset(i for i, b in image.brokers.items() if not b.fenced)
+            self._live = (image.brokers_version, live)
+        live = self._live[1]
         key = (ctx.version, name)
-        stamp = (image.topic_versions.get(name, 0), image.brokers_version)
+        stamp = (image.topic_versions.get(name, 0), live)
         hit = self.entries.get(key)
         if hit is not None and hit[0] == stamp:
             return hit[1]
-        encoded = encode_entity(_topic_entity(ctx, topic_entry(ctx, name)))
+        try:
+            encoded = encode_topic(ctx.version, image.topics[name], live)
+        except _TooWide:
+            encoded = encode_entity(_topic_entity(ctx, topic_entry(ctx, name)))
         self.entries[key] = (stamp, encoded)
         return encoded
+
+
+_I16 = struct.Struct(">h")
+
+
+class _TooWide(Exception):
+    pass
+
+
+_MIN_INT32 = -(2**31)  # topic_authorized_operations when not asked for
+# One packer per (version, replicas, ISR, offline replicas) shape: a partition is one
+# pack call (its arrays' counts included), whatever the shape.
+_PARTITION_PACKERS: dict[tuple[int, int, int, int], struct.Struct] = {}
+
+
+def _partition_packer(v: int, nr: int, ni: int, no: int) -> struct.Struct:
+    packer = _PARTITION_PACKERS.get((v, nr, ni, no))
+    if packer is None:
+        count = "B" if v >= 9 else "i"  # flexible: a one-byte varint below 127
+        fmt = ">hii" + ("i" if v >= 7 else "") + f"{count}{nr}i{count}{ni}i"
+        if v >= 5:
+            fmt += f"{count}{no}i"
+        if v >= 9:
+            fmt += "B"  # no tagged fields
+        packer = _PARTITION_PACKERS[(v, nr, ni, no)] = struct.Struct(fmt)
+    return packer
+
+
+def encode_topic(version: int, topic: TopicImage, live: frozenset[int]) -> bytes:
+    """A known topic's entry in a Metadata answer (no error, no per-principal
+    operations), as kio would encode it for `version`; `live` are the unfenced brokers.
+    tests/test_metadata_cache.py checks it byte for byte against kio in every version."""
+    v = version
+    flexible = v >= 9
+    raw = topic.name.encode()
+    out = bytearray(b"\x00\x00")  # error code
+    out += uvarint(len(raw) + 1) if flexible else _I16.pack(len(raw))
+    out += raw
+    if v >= 10:
+        out += topic.topic_id.bytes
+    if v >= 1:
+        out.append(1 if topic.internal else 0)
+    parts = topic.partitions
+    out += uvarint(len(parts) + 1) if flexible else _I32.pack(len(parts))
+    k = 1 if flexible else 0  # compact arrays count n + 1
+    no_leader = ErrorCode.leader_not_available
+    for i, p in enumerate(parts):
+        replicas, isr, leader = p.replicas, p.isr, p.leader
+        if len(replicas) >= 127 or len(isr) >= 127:
+            raise _TooWide  # a two-byte count: left to kio
+        offline = [r for r in replicas if r not in live] if v >= 5 else []
+        fields: list[int] = [no_leader if leader == NO_LEADER else 0, i, leader]
+        if v >= 7:
+            fields.append(p.leader_epoch)
+        fields.append(len(replicas) + k)
+        fields += replicas
+        fields.append(len(isr) + k)
+        fields += isr
+        if v >= 5:
+            fields.append(len(offline) + k)
+            fields += offline
+        if flexible:
+            fields.append(0)
+        out += _partition_packer(v, len(replicas), len(isr), len(offline)).pack(*fields)
+    if v >= 8:
+        out += _I32.pack(_MIN_INT32)
+    if flexible:
+        out.append(0)
+    return bytes(out)
 
 
 def _topic_entity(ctx: RequestContext, entry: dict) -> Any:

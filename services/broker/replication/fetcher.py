@@ -45,6 +45,7 @@ RESPONSE_MAX_BYTES = 16 << 20
 # one (appends, truncation, new or dropped follows); every this often it compares them
 # all, so a position changed by any other path is still named within seconds.
 FULL_SCAN_S = 5.0
+YIELD_EVERY = 1000  # partitions handled between turns of the event loop
 UNDEFINED = -1
 
 # Per-partition answers that mean the leader's authorizer refused this broker.
@@ -273,7 +274,9 @@ class LeaderFetcher:
         follows = self.follows
         states: dict[tuple[str, int], SessionState] = {}
         send: dict[str, list[Any]] = {}
-        for key in looked_at:
+        for n, key in enumerate(list(looked_at), 1):
+            if n % YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # a session's first fetch names every follow
             f = follows.get(key)
             if f is None or key in self.to_truncate:
                 continue
@@ -337,8 +340,14 @@ class LeaderFetcher:
                     self.in_session[key] = states[key]
             self.session_epoch = next_epoch(self.session_epoch)
         backoff = False
+        n = 0
         for t in resp.responses:
             for r in t.partitions:
+                n += 1
+                if n % YIELD_EVERY == 0:
+                    # A full answer holds every follow: let the listener answer between
+                    # pieces (each partition is checked again below, as it may change).
+                    await asyncio.sleep(0)
                 key = (t.topic, r.partition_index)
                 f = self.follows.get(key)
                 held = self.in_session.get(key)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 import typing
@@ -46,6 +47,7 @@ RESPONSE_MAX_BYTES = 16 << 20
 # all, so a position changed by any other path is still named within seconds.
 FULL_SCAN_S = 5.0
 YIELD_EVERY = 1000  # partitions handled between turns of the event loop
+TRUNCATE_CHUNK = 2000  # follows per OffsetForLeaderEpoch request
 UNDEFINED = -1
 
 # Per-partition answers that mean the leader's authorizer refused this broker.
@@ -138,11 +140,10 @@ class LeaderFetcher:
                 self.session_id = 0  # a session lives on one leader
                 self.reset_session()
             try:
-                if self.to_truncate:
-                    await self._truncate(me)
+                settled = await self._truncate(me) if self.to_truncate else 0
                 if len(self.follows) > len(self.to_truncate):
                     await self._fetch(me)
-                else:
+                elif not settled:
                     await asyncio.sleep(0.1)
                 self._auth_ok()
             except AuthenticationFailed as e:
@@ -201,10 +202,12 @@ class LeaderFetcher:
         else:
             self.to_truncate.discard(key)
 
-    async def _truncate(self, me: int) -> None:
-        """Find where our log and the leader's agree and cut ours there."""
+    async def _truncate(self, me: int) -> int:
+        """Find where our log and the leader's agree and cut ours there, for up to
+        TRUNCATE_CHUNK follows (a takeover can make thousands truncate at once: one
+        request each way for all of them stalled both brokers' loops); how many settled."""
         by_topic: dict[str, list[Follow]] = {}
-        for key in self.to_truncate:
+        for key in itertools.islice(self.to_truncate, TRUNCATE_CHUNK):
             f = self.follows[key]
             by_topic.setdefault(f.part.topic, []).append(f)
         req = OffsetForLeaderEpochRequest(
@@ -227,6 +230,7 @@ class LeaderFetcher:
         assert self.conn is not None
         resp = await self.conn.request(23, 4, req, 10.0)
         backoff = False
+        settled = 0
         for t in resp.topics:
             for r in t.partitions:
                 f = self.follows.get((t.topic, r.partition))
@@ -237,8 +241,10 @@ class LeaderFetcher:
                     continue
                 self._truncate_one(f, r.leader_epoch, r.end_offset)
                 self._set_truncating((t.topic, r.partition), False)
+                settled += 1
         if backoff:
             await asyncio.sleep(0.1)
+        return settled
 
     @staticmethod
     def _truncate_one(f: Follow, leader_epoch: int, leader_end: int) -> None:

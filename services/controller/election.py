@@ -103,14 +103,18 @@ def leaderless_elections(image: MetadataImage) -> list[Record]:
     """Lead every offline partition that a live replica can lead (what each broker's
     return would have done)."""
     alive = {b.id for b in image.live_brokers()}
+    return [
+        r for t in image.topics.values() for r in _offline_elections(t, alive, unclean_allowed(t))
+    ]
+
+
+def _offline_elections(t: TopicImage, alive: set[int], unclean: bool) -> list[Record]:
     out = []
-    for t in image.topics.values():
-        unclean = unclean_allowed(t)
-        for i, p in enumerate(t.partitions):
-            if p.leader == NO_LEADER:
-                leader, isr = elect(p, p.isr, alive, unclean)
-                if leader != NO_LEADER:
-                    out.append(_change(t, i, p, leader, isr))
+    for i, p in enumerate(t.partitions):
+        if p.leader == NO_LEADER:
+            leader, isr = elect(p, p.isr, alive, unclean)
+            if leader != NO_LEADER:
+                out.append(_change(t, i, p, leader, isr))
     return out
 
 
@@ -133,12 +137,6 @@ def preferred_leader_changes(
 def unclean_offline_elections(image: MetadataImage, topic: str) -> list[Record]:
     """A topic just allowed unclean election: lead its offline partitions from any live
     replica now, not at the next broker change."""
-    t = image.topics[topic]
     alive = {b.id for b in image.live_brokers()}
-    out = []
-    for i, p in enumerate(t.partitions):
-        if p.leader == NO_LEADER:
-            leader, isr = elect(p, p.isr, alive, True)
-            if leader != NO_LEADER:
-                out.append(_change(t, i, p, leader, isr))
-    return out
+    return _offline_elections(image.topics[topic], alive, True)
+

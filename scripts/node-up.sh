@@ -50,6 +50,16 @@ fi
 # Debian's package may have started its own containerd (only where an init system runs
 # services); ours runs with its own config, socket and state, so the two never meet.
 
+# --- disk: a first run's images, buildah's store and containerd's take about 7 GiB --------
+# Refuse up front: running out halfway fails the import and every test after it.
+need_gib="${STRAITMQ_NODE_DISK_GIB:-8}"
+mkdir -p .cache
+free_kib=$(df -Pk .cache | awk 'NR==2 {print $4}')
+cached_kib=$({ du -sk .cache/images .cache/node 2>/dev/null || true; } | awk '{s += $1} END {print s + 0}')
+if (( free_kib + cached_kib < need_gib * 1024 * 1024 )); then
+  die "refusing: $((free_kib / 1024)) MiB free on $(df -P .cache | awk 'NR==2 {print $6}') and $((cached_kib / 1024)) MiB already cached; the node's images and containerd's store need about $need_gib GiB (STRAITMQ_NODE_DISK_GIB)"
+fi
+
 # --- binaries and images ---------------------------------------------------------------
 step "binaries (scripts/fetch-k8s.sh --node: kubelet, kube-proxy, CoreDNS; cached)"
 nice -n 10 ./scripts/fetch-k8s.sh --node

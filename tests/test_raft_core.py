@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import orjson
@@ -391,6 +392,24 @@ def test_fetch_responses_are_bounded() -> None:
         leader.propose(i)
     leader.step(FetchRequest(1, 0, 1, 0, 0), 300)
     assert len(leader.take_messages()[0].entries) == CFG.max_fetch_entries
+
+
+def test_fetch_responses_are_bounded_in_records() -> None:
+    """An answer stops after the entry that spends the record budget (a list's items
+    count each), and always carries one entry, however large."""
+    cfg = dataclasses.replace(CFG, max_fetch_entries=100, max_fetch_records=2000)
+    leader = RaftNode(0, VOTERS, MemoryStorage(), cfg, random.Random(0), 0)
+    elect(leader)  # offset 0: the epoch's control entry
+    for size in (1500, 600, 10, 3000, 1):
+        leader.propose(list(range(size)))
+    sizes = []
+    offset = 0
+    for t in range(4):
+        leader.step(FetchRequest(1, 0, 1, offset, 1 if offset else 0), 300 + t)
+        (resp,) = leader.take_messages()
+        sizes.append([len(e.data) if isinstance(e.data, list) else None for e in resp.entries])
+        offset += len(resp.entries)
+    assert sizes == [[None, 1500, 600], [10, 3000], [1], []]
 
 
 def test_stale_epoch_is_fenced() -> None:

@@ -218,3 +218,60 @@ def test_a_change_naming_many_topics_is_applied_after_the_callback(tmp_path: Pat
         pm.close()
 
     asyncio.run(go())
+
+
+def test_a_restarted_brokers_first_sync_runs_in_slices_and_sweeps_only_after_it(
+    tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """sync_all takes up the preloaded replicas a slice of the loop at a time (the loop
+    turns meanwhile), keeps what they hold, and only then deletes what the image no
+    longer names; a partial sync before it (a creation) never sweeps."""
+    monkeypatch.setattr(partitions_module, "SYNC_SLICE_S", 0.0)  # one topic per slice
+
+    async def go() -> None:
+        img = image_with({**{f"t{n}": 5 for n in range(40)}, "old": 1})
+        pm = PartitionManager(str(tmp_path), {}, ME)
+        pm.sync(img)
+        await pm.created("t39", 60)
+        await pm.created("old", 60)
+        batch = memoryview(build_batch([(None, b"kept", [])], 1_700_000_000_000))
+        for n in range(40):
+            pm.partitions[(f"t{n}", 4)].append(batch, validate_batches(batch, 1 << 20))
+        pm.close()
+        img.apply({"type": "remove_topic", "name": "old"})  # deleted while it was down
+        assert (tmp_path / "old-0").is_dir()
+
+        # Not preloaded, then a partial sync (another topic's creation) before the first
+        # full one: the sweep must wait, or these logs would be deleted as unknown.
+        pm2 = PartitionManager(str(tmp_path), {}, ME)
+        img.apply({"type": "topic", "name": "new", "topic_id": str(uuid.uuid4())})
+        img.apply({"type": "partition", "topic": "new", "index": 0, "replicas": [ME],
+                   "isr": [ME], "leader": ME})  # fmt: skip
+        pm2.sync(img, {"new"})
+        await pm2.created("new", 60)
+        assert all((tmp_path / f"t{n}-4").is_dir() for n in range(40))
+        assert (tmp_path / "old-0").is_dir()
+        pm2.close()
+
+        pm3 = PartitionManager(str(tmp_path), {}, ME)
+        await pm3.preopen(img)
+        turns = 0
+        done = False
+
+        async def ticker() -> None:
+            nonlocal turns
+            while not done:
+                turns += 1
+                await asyncio.sleep(0)
+
+        tick = asyncio.get_running_loop().create_task(ticker())
+        await pm3.sync_all(img)
+        done = True
+        await tick
+        assert turns >= 40  # a slice per topic, the loop turning between them
+        assert len(pm3.partitions) == 201 and not pm3._preopened
+        assert all(pm3.partitions[(f"t{n}", 4)].log.log_end_offset == 1 for n in range(40))
+        assert not (tmp_path / "old-0").exists()  # swept once the first sync was done
+        pm3.close()
+
+    asyncio.run(go())

@@ -188,10 +188,13 @@ class Broker:
                 if r["type"] == "remove_topic":
                     self.offsets.delete_topic(r["name"])
 
-    def _sync_replicas(self, topics: set[str] | None = None) -> None:
+    def _offsets_layout(self) -> None:
         # The group -> partition mapping must be current before leaderships load groups.
         if OFFSETS_TOPIC in self.image.topics:
             self.offsets.partitions_count = len(self.image.topics[OFFSETS_TOPIC].partitions)
+
+    def _sync_replicas(self, topics: set[str] | None = None) -> None:
+        self._offsets_layout()
         if topics is None:
             self.partitions.sync(self.image)
         else:
@@ -216,11 +219,12 @@ class Broker:
                 f"run cluster {self.image.cluster_id!r}"
             )
 
-    def _open_replicas(self) -> None:
+    async def _open_replicas(self) -> None:
         """After registering: only now may this process act as the node id's replicas
         (a refused duplicate must never fetch as, or serve for, another broker)."""
         self.metadata_ready = True
-        self._sync_replicas()
+        self._offsets_layout()
+        await self.partitions.sync_all(self.image)
 
     # -- groups follow the leadership of __consumer_offsets partitions ----------------
 
@@ -382,7 +386,7 @@ class Broker:
         self._tasks.append(loop.create_task(self.lifecycle.session_stream_loop()))
         self.phase = "opening partition logs (recovering any torn tails)"
         await self.partitions.preopen(self.image)
-        self._open_replicas()
+        await self._open_replicas()
         self._tasks.append(loop.create_task(self.lifecycle.heartbeat_loop()))
         self._tasks.append(loop.create_task(self.isr.run()))
         self._tasks.append(loop.create_task(self._retention_loop()))

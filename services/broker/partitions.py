@@ -434,11 +434,43 @@ class PartitionManager:
         retry = {t for t, _ in self.unavailable} - names
         for name in [*names, *retry]:
             self._sync_topic(name, image.topics.get(name))
-        for _, plog in self._preopened.values():  # replicas the image no longer gives us
-            plog.close()
-        self._preopened.clear()
+        # Preloaded logs of the synced topics that the image no longer gives us (those of
+        # other topics wait for theirs: a first sync in slices may not have reached them).
+        self._close_preopened(None if topics is None else names)
+        if topics is None and not self._swept:  # a partial sync may run before the first
+            self._sweep()
+
+    async def sync_all(self, image: MetadataImage) -> None:
+        """sync(image) over every topic, a slice of the event loop at a time: a restarted
+        broker takes up tens of thousands of replicas, and its heartbeats, the metadata
+        log and its health endpoints are answered meanwhile. Returns when every topic
+        pending then has followed the image."""
+        loop = asyncio.get_running_loop()
+        self._image = image
+        for name in [*image.topics, *self._by_topic, *(t for t, _ in self.unavailable)]:
+            self._sync_pending[name] = None
+        if self._syncer is None or self._syncer.done():
+            self._syncer = loop.create_task(self._sync_slices())
+        while self._sync_pending:
+            if self._chunk_done is None or self._chunk_done.done():
+                self._chunk_done = loop.create_future()
+            await asyncio.wait(
+                {self._chunk_done, self._syncer}, return_when=asyncio.FIRST_COMPLETED
+            )
+            if self._syncer.done() and self._sync_pending:
+                self._syncer.result()  # it failed: say why
+                self._syncer = loop.create_task(self._sync_slices())
+        self._close_preopened(None)
         if not self._swept:
             self._sweep()
+
+    def _close_preopened(self, topics: set[str] | None) -> None:
+        if topics is None:
+            stale = list(self._preopened)
+        else:
+            stale = [key for key in self._preopened if key[0] in topics]
+        for key in stale:
+            self._preopened.pop(key)[1].close()
 
     def sync_soon(self, image: MetadataImage, topics: set[str]) -> None:
         """sync(image, topics), but a change naming many topics is applied a slice of
@@ -756,9 +788,11 @@ async def _in_slices(
     `slice_s` of work per turn of the event loop."""
     while pending:
         started = time.monotonic()
-        while pending and time.monotonic() - started < slice_s:
+        while True:  # at least one item per turn, however short the slice
             key = next(iter(pending))
             each(key, pending.pop(key))
+            if not pending or time.monotonic() - started >= slice_s:
+                break
         if after_slice is not None:
             after_slice()
         await asyncio.sleep(0)

@@ -75,6 +75,10 @@ class RaftConfig:
     fetch_timeout_ms: int = 2000  # a follower without a good fetch for this long campaigns
     fetch_max_wait_ms: int = 500  # long-poll: how long the leader parks an empty fetch
     max_fetch_entries: int = 512  # per FetchResponse
+    # ... and records (an entry whose data is a list counts its items): an observer that
+    # parses a catch-up answer of many multi-thousand-record entries at once stalls its
+    # event loop. An answer always carries at least one entry.
+    max_fetch_records: int = 2000
     request_timeout_ms: int = 1000  # beyond max wait: resend an unanswered fetch
     retry_backoff_ms: int = 100  # before refetching after an error response
     end_quorum_backoff_ms: int = 100  # per position in EndQuorumEpoch's preferred successors
@@ -639,8 +643,14 @@ class RaftNode:
                 return FetchResponse(**common, diverging_epoch=epoch,
                                      diverging_end_offset=epoch_end), False
         i = fo - self._log_start
-        entries = tuple(self._log[i : i + self._cfg.max_fetch_entries])
-        return FetchResponse(**common, entries=entries), True
+        entries = self._log[i : i + self._cfg.max_fetch_entries]
+        budget = self._cfg.max_fetch_records
+        for n, entry in enumerate(entries):
+            budget -= len(entry.data) if isinstance(entry.data, list) else 1
+            if budget <= 0:
+                entries = entries[: n + 1]
+                break
+        return FetchResponse(**common, entries=tuple(entries)), True
 
     def _leader_fetch(self, m: FetchRequest) -> None:
         now = self._now

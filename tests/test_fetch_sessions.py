@@ -282,11 +282,46 @@ def test_a_look_before_the_leader_knew_the_follower_is_taken_again_in_the_same_f
     ctx = SimpleNamespace(broker=broker, version=12, cluster_allowed=lambda op: True)
     req = SimpleNamespace(replica_id=3, max_bytes=1 << 20)
     plan = _FetchPlan(ctx, req, [("t", [(0, 0, 1 << 20, 1, 0)])], session, incremental=True)
-    plan.collect(plan.wanted())  # the first look: broker 3 is no replica here yet
+    asyncio.run(plan.collect(plan.wanted()))  # the first look: broker 3 is no replica here yet
     assert 3 not in part.followers
     part.update(ADDING_3, min_isr=1)  # applied while the fetch waits: the partition is dirty
-    plan.collect(plan.wanted())  # the look after the wake-up
+    asyncio.run(plan.collect(plan.wanted()))  # the look after the wake-up
     assert part.followers[3].log_end_offset == 0 and part.followers[3].session is session
+
+
+def test_a_large_fetch_yields_while_collecting_and_keeps_marks_made_meanwhile(
+    tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A restarted follower's first fetch names thousands of partitions: the leader
+    collects it a slice of the event loop at a time. A partition that changes while it
+    does stays marked in the session for the next fetch (answering the fetch must not
+    wipe it, or the follower would not hear of that change until the next one)."""
+    from types import SimpleNamespace
+
+    from straitmq.broker.api import fetch as fetch_module
+
+    monkeypatch.setattr(fetch_module, "COLLECT_SLICE_S", 0.0)
+    monkeypatch.setattr(fetch_module, "COLLECT_CHECK", 1)
+    part, session = _reassigning_to_3(tmp_path)
+    throttle = SimpleNamespace(allowance=lambda t, i, r, limit: limit, spent=lambda *a: None)
+    broker = SimpleNamespace(partitions=SimpleNamespace(get=lambda t, i: part), throttle=throttle)
+    ctx = SimpleNamespace(broker=broker, version=12, cluster_allowed=lambda op: True)
+    req = SimpleNamespace(replica_id=3, max_bytes=1 << 20)
+    named = [("t", [(i, 0, 1 << 20, 1, 0) for i in range(50)])]
+    plan = fetch_module._FetchPlan(ctx, req, named, session, incremental=False)
+
+    async def go() -> None:
+        task = asyncio.get_running_loop().create_task(plan.collect(plan.wanted()))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert not task.done()  # it yielded part way
+        session.dirty.add(("t", 0))  # already looked at: a change the answer misses
+        topics, _, unsent = await task
+        assert len(topics[0][1]) == 50
+        plan.answered(topics, unsent)
+        assert ("t", 0) in session.dirty
+
+    asyncio.run(go())
 
 
 # -- a 3+3 cluster ------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import os
 import struct
+import time
 from bisect import bisect_right
 from typing import Any
 
@@ -33,6 +34,10 @@ log = logging.getLogger("straitmq.broker")
 
 LATEST = -1
 EARLIEST = -2
+# A fetch naming thousands of partitions yields to the event loop after this much work
+# (checked every COLLECT_CHECK partitions).
+COLLECT_SLICE_S = 0.02
+COLLECT_CHECK = 200
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
@@ -83,6 +88,10 @@ class _FetchPlan:
         # (the follower names an unchanged partition never again).
         self.reported: set[tuple[str, int]] = set()
         self.named = named
+        # The session's change marks this fetch answers, taken out of the session when it
+        # looks: marks made while it collects (it yields on large fetches) or waits stay
+        # in the session for the next look or the next fetch.
+        self.taken: set[tuple[str, int]] = set()
         # A follower needs CLUSTER_ACTION on the cluster (Kafka), asked once per request;
         # a consumer READ on each topic (a cached decision per topic per pass).
         self.follower_ok = self.replica < 0 or ctx.cluster_allowed(CLUSTER_ACTION)
@@ -96,10 +105,15 @@ class _FetchPlan:
         """Everything the request names; in an incremental session fetch, the session's
         partitions the request names or that changed since they were last answered."""
         session = self.session
-        if not self.incremental or session is None:
+        if session is None:
+            return self.named
+        if session.dirty:
+            self.taken |= session.dirty
+            session.dirty = set()
+        if not self.incremental:
             return self.named
         keys = {(t, p[0]) for t, ps in self.named for p in ps}
-        keys |= session.dirty
+        keys |= self.taken
         by_topic: dict[str, list[WantedPartition]] = {}
         for key in keys:
             sp = session.parts.get(key)
@@ -109,10 +123,14 @@ class _FetchPlan:
                 )
         return list(by_topic.items())
 
-    def collect(self, wanted: Wanted) -> tuple[list, int, set]:
+    async def collect(self, wanted: Wanted) -> tuple[list, int, set]:
         """The answer for `wanted` now, its record bytes, and the partitions that have
-        records to send but got none (the response's byte budget ran out)."""
+        records to send but got none (the response's byte budget ran out). A fetch of
+        thousands of partitions (a restarted follower's first) yields to the event loop
+        every COLLECT_SLICE_S of work."""
         broker = self.ctx.broker
+        seen = 0
+        started = time.monotonic()
         budget = self.req.max_bytes if self.ctx.version >= 3 else 2**31 - 1
         topics = []
         total = 0
@@ -123,6 +141,10 @@ class _FetchPlan:
             parts = []
             denied = not self.may_read(topic)
             for index, fetch_offset, max_bytes, leader_epoch, follower_start in wants:
+                seen += 1
+                if seen % COLLECT_CHECK == 0 and time.monotonic() - started >= COLLECT_SLICE_S:
+                    await asyncio.sleep(0)
+                    started = time.monotonic()
                 if denied:
                     error = ErrorCode.topic_authorization_failed
                     parts.append((index, error, -1, -1, None, fetch_offset))
@@ -202,7 +224,8 @@ class _FetchPlan:
                 if sp is not None:
                     sp.hw = part[2]
                     sp.log_start = part[3]
-        session.dirty = {k for k in unsent if k in session.parts}
+        session.dirty.update(k for k in unsent if k in session.parts)
+        self.taken = set()
 
     def partitions(self) -> list:
         broker = self.ctx.broker
@@ -319,38 +342,50 @@ async def handle_fetch(ctx: RequestContext, req: Any) -> RawResponse:
     loop = asyncio.get_running_loop()
     max_wait = req.max_wait.total_seconds()
     deadline = loop.time() + min(max_wait, ctx.broker.config.fetch_max_wait_s)
-    while True:
-        topics, total, unsent = plan.collect(plan.wanted())
-        if incremental:
-            topics = plan.changed_only(topics)
-        remaining = deadline - loop.time()
-        if total >= max(req.min_bytes, 1) or remaining <= 0 or ctx.broker.stopping:
-            break
-        fut: asyncio.Future[None] = loop.create_future()
-        if session is not None:
-            # The session's partitions mark themselves dirty and wake it: no waiter
-            # on each of tens of thousands of partitions.
-            if not session.alive:
+    try:
+        while True:
+            topics, total, unsent = await plan.collect(plan.wanted())
+            if incremental:
+                topics = plan.changed_only(topics)
+            remaining = deadline - loop.time()
+            if total >= max(req.min_bytes, 1) or remaining <= 0 or ctx.broker.stopping:
                 break
-            session.waiter = fut
-            parts = []
-        else:
-            parts = plan.partitions()
-            for part in parts:
-                part.waiters.add(fut)
-        try:
-            await asyncio.wait_for(fut, remaining)
-        except TimeoutError:
-            pass
-        finally:
-            if session is not None and session.waiter is fut:
-                session.waiter = None
-            for part in parts:
-                part.waiters.discard(fut)
+            if session is not None and not session.alive:
+                break
+            if session is not None and session.dirty:
+                continue  # marked while collecting: look again rather than wait
+            await _wait_for_change(plan, session, remaining)
+    except BaseException:
+        if session is not None:  # not answered: its marks stay for the next fetch
+            session.dirty |= plan.taken
+        raise
     if session is not None:
         plan.answered(topics, unsent)
     _count(ctx, topics, plan.replica >= 0)
     return _encode(ctx, topics, 0, session.id if session is not None else INVALID_SESSION_ID)
+
+
+async def _wait_for_change(plan: _FetchPlan, session: FetchSession | None, within: float) -> None:
+    """Until a partition of the fetch changes, or `within` seconds."""
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    if session is not None:
+        # The session's partitions mark themselves dirty and wake it: no waiter on each
+        # of tens of thousands of partitions.
+        session.waiter = fut
+        parts = []
+    else:
+        parts = plan.partitions()
+        for part in parts:
+            part.waiters.add(fut)
+    try:
+        await asyncio.wait_for(fut, within)
+    except TimeoutError:
+        pass
+    finally:
+        if session is not None and session.waiter is fut:
+            session.waiter = None
+        for part in parts:
+            part.waiters.discard(fut)
 
 
 def _count(ctx: RequestContext, topics: list, follower: bool) -> None:

@@ -701,7 +701,11 @@ class PartitionManager:
         event loop's thread) and joins the shared one in sync."""
         me = self.node_id
         todo: list[tuple[tuple[str, int], str, str, LogConfig]] = []
-        for t in image.topics.values():
+        started = time.monotonic()
+        for t in list(image.topics.values()):
+            if time.monotonic() - started >= SYNC_SLICE_S:  # 100,000 paths to make
+                await asyncio.sleep(0)
+                started = time.monotonic()
             cfg = log_config_for(t, self.broker_defaults)
             for i, p in enumerate(t.partitions):
                 key = (t.name, i)

@@ -66,3 +66,51 @@ def test_an_older_controller_gets_one_call_per_partition() -> None:
     assert [op for op, _ in controller.calls] == ["alter_partition"] * 30
     assert manager.shrinks == 15 and manager._batched is False
     assert all(p.pending_isr is None for p in parts if p.index % 2)
+
+
+def test_full_isrs_are_checked_for_shrinking_less_often_than_short_ones_for_growing(
+    monkeypatch,
+) -> None:  # type: ignore[no-untyped-def]
+    """A follower that caught up rejoins within one expand period; an ISR that lacks no
+    replica can only shrink after replica.lag.time.max.ms, so it is checked every lag / 4
+    (at 100,000 partitions a check of every led partition each second kept a core busy)."""
+    monkeypatch.setattr(isr_module, "EXPAND_CHECK_S", 0.001)
+    clock = [1000.0]  # the scan's clock, moved by hand
+    monkeypatch.setattr(isr_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    checked: list[int] = []
+    seen = asyncio.Event()
+
+    def part(index: int, isr: list[int]) -> SimpleNamespace:
+        def isr_change(lag_s: float, alive) -> None:  # type: ignore[no-untyped-def]
+            checked.append(index)
+            seen.set()
+
+        return SimpleNamespace(topic="t", index=index, isr=isr, replicas=[1, 2, 3],
+                               isr_change=isr_change)  # fmt: skip
+
+    broker = SimpleNamespace(
+        config=SimpleNamespace(replica_lag_time_max_ms=40_000),  # full ISRs: every 10 s
+        ready=True,
+        image=SimpleNamespace(broker_alive=lambda b: True),
+    )
+    manager = isr_module.IsrManager(broker)  # type: ignore[arg-type]
+    manager.led = {("t", 0): part(0, [1, 2, 3]), ("t", 1): part(1, [1, 2])}  # type: ignore[dict-item]
+
+    async def scans(n: int) -> None:
+        for _ in range(n):
+            seen.clear()
+            await seen.wait()
+
+    async def go() -> None:
+        task = asyncio.get_running_loop().create_task(manager.run())
+        await scans(10)
+        assert checked.count(1) == 10 and checked.count(0) == 1  # only the first scan
+        clock[0] += 9.9
+        await scans(5)
+        assert checked.count(0) == 1
+        clock[0] += 0.1  # 10 s after the first scan
+        await scans(5)
+        assert checked.count(0) == 2 and checked.count(1) == 20
+        task.cancel()
+
+    asyncio.run(asyncio.wait_for(go(), 30))

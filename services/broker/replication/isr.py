@@ -65,14 +65,13 @@ class IsrManager:
             await asyncio.sleep(period)
             if not self.broker.ready:
                 continue
-            parts = list(self.led.values())
             started = time.monotonic()
-            every = started >= next_shrink_check
-            if every:
+            if started >= next_shrink_check:
                 next_shrink_check = started + shrink_every
+                parts = list(self.led.values())
+            else:
+                parts = [p for p in self.led.values() if len(p.isr) < len(p.replicas)]
             for n, part in enumerate(parts, 1):
-                if not every and len(part.isr) >= len(part.replicas):
-                    continue
                 try:
                     new = part.isr_change(lag_s, self._alive)
                     if new is not None:

@@ -353,7 +353,13 @@ async def handle_fetch(ctx: RequestContext, req: Any) -> RawResponse:
             if session is not None and not session.alive:
                 break
             if session is not None and session.dirty:
-                continue  # marked while collecting: look again rather than wait
+                # Marked while collecting (new records, or the high watermark this very
+                # fetch moved), so no wake-up will come for it. A full fetch answers now
+                # (its marks go to the incremental fetch that follows; a second pass
+                # would visit every partition again); an incremental one looks again.
+                if not incremental:
+                    break
+                continue
             await _wait_for_change(plan, session, remaining)
     except BaseException:
         if session is not None:  # not answered: its marks stay for the next fetch

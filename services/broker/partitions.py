@@ -16,13 +16,14 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from straitmq.metadata.image import MetadataImage, PartitionImage, TopicImage
 from straitmq.metadata.topic_config import effective
 
+from .loop_slice import LoopSlice
 from .records import BatchInfo
 from .storage.epochs import LeaderEpochCache
 from .storage.handles import FileHandles
@@ -446,20 +447,17 @@ class PartitionManager:
         log and its health endpoints are answered meanwhile. Returns when every topic
         pending then has followed the image."""
         loop = asyncio.get_running_loop()
-        self._image = image
-        for name in [*image.topics, *self._by_topic, *(t for t, _ in self.unavailable)]:
-            self._sync_pending[name] = None
-        if self._syncer is None or self._syncer.done():
-            self._syncer = loop.create_task(self._sync_slices())
+        everything = [*image.topics, *self._by_topic, *(t for t, _ in self.unavailable)]
+        self._pend(loop, image, everything)
         while self._sync_pending:
-            if self._chunk_done is None or self._chunk_done.done():
-                self._chunk_done = loop.create_future()
+            syncer = self._syncer
+            assert syncer is not None
             await asyncio.wait(
-                {self._chunk_done, self._syncer}, return_when=asyncio.FIRST_COMPLETED
+                {self._next_chunk(loop), syncer}, return_when=asyncio.FIRST_COMPLETED
             )
-            if self._syncer.done() and self._sync_pending:
-                self._syncer.result()  # it failed: say why
-                self._syncer = loop.create_task(self._sync_slices())
+            if syncer.done() and self._sync_pending:
+                syncer.result()  # it failed: say why
+                self._start_syncer(loop)
         self._close_preopened(None)
         if not self._swept:
             self._sweep()
@@ -483,11 +481,26 @@ class PartitionManager:
         if loop is None or (len(topics) <= SYNC_INLINE_TOPICS and not self._sync_pending):
             self.sync(image, topics)
             return
+        self._pend(loop, image, topics)
+
+    def _pend(
+        self, loop: asyncio.AbstractEventLoop, image: MetadataImage, names: Iterable[str]
+    ) -> None:
+        """Queue `names` for the slicing syncer, starting it if it is not running."""
         self._image = image
-        for name in topics:
+        for name in names:
             self._sync_pending[name] = None
+        self._start_syncer(loop)
+
+    def _start_syncer(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._syncer is None or self._syncer.done():
             self._syncer = loop.create_task(self._sync_slices())
+
+    def _next_chunk(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+        """Resolved after the next slice of syncing or chunk of created logs."""
+        if self._chunk_done is None or self._chunk_done.done():
+            self._chunk_done = loop.create_future()
+        return self._chunk_done
 
     async def _sync_slices(self) -> None:
         def one(name: str, _: None) -> None:
@@ -609,12 +622,10 @@ class PartitionManager:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within_s
         while topic in self._sync_pending or any(key[0] == topic for key in self._creating):
-            if self._chunk_done is None or self._chunk_done.done():
-                self._chunk_done = loop.create_future()
             left = deadline - loop.time()
             if left <= 0:
                 return
-            await asyncio.wait({self._chunk_done}, timeout=left)
+            await asyncio.wait({self._next_chunk(loop)}, timeout=left)
 
     async def _create_logs(self) -> None:
         while self._creating:
@@ -701,11 +712,10 @@ class PartitionManager:
         event loop's thread) and joins the shared one in sync."""
         me = self.node_id
         todo: list[tuple[tuple[str, int], str, str, LogConfig]] = []
-        started = time.monotonic()
+        pacer = LoopSlice(SYNC_SLICE_S)
         for t in list(image.topics.values()):
-            if time.monotonic() - started >= SYNC_SLICE_S:  # 100,000 paths to make
-                await asyncio.sleep(0)
-                started = time.monotonic()
+            if pacer.due():  # 100,000 paths to make
+                await pacer.pause()
             cfg = log_config_for(t, self.broker_defaults)
             for i, p in enumerate(t.partitions):
                 key = (t.name, i)
@@ -790,16 +800,14 @@ async def _in_slices(
 ) -> None:
     """Take `pending`'s items in insertion order (more may arrive meanwhile), at most
     `slice_s` of work per turn of the event loop."""
-    while pending:
-        started = time.monotonic()
-        while True:  # at least one item per turn, however short the slice
-            key = next(iter(pending))
-            each(key, pending.pop(key))
-            if not pending or time.monotonic() - started >= slice_s:
-                break
-        if after_slice is not None:
-            after_slice()
-        await asyncio.sleep(0)
+    pacer = LoopSlice(slice_s)
+    while pending:  # at least one item per turn, however short the slice
+        key = next(iter(pending))
+        each(key, pending.pop(key))
+        if not pending or pacer.due():
+            if after_slice is not None:
+                after_slice()
+            await pacer.pause()
 
 
 def _make_logs(

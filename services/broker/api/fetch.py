@@ -10,7 +10,6 @@ import asyncio
 import logging
 import os
 import struct
-import time
 from bisect import bisect_right
 from typing import Any
 
@@ -26,6 +25,7 @@ from ..fetch_sessions import (
     FetchSession,
     next_epoch,
 )
+from ..loop_slice import LoopSlice
 from ..security.acls import CLUSTER_ACTION, DESCRIBE, READ, TOPIC
 from ..storage.log import ReadSlice
 from .context import RawResponse, RequestContext
@@ -129,8 +129,7 @@ class _FetchPlan:
         thousands of partitions (a restarted follower's first) yields to the event loop
         every COLLECT_SLICE_S of work."""
         broker = self.ctx.broker
-        seen = 0
-        started = time.monotonic()
+        pacer = LoopSlice(COLLECT_SLICE_S, COLLECT_CHECK)
         budget = self.req.max_bytes if self.ctx.version >= 3 else 2**31 - 1
         topics = []
         total = 0
@@ -141,10 +140,8 @@ class _FetchPlan:
             parts = []
             denied = not self.may_read(topic)
             for index, fetch_offset, max_bytes, leader_epoch, follower_start in wants:
-                seen += 1
-                if seen % COLLECT_CHECK == 0 and time.monotonic() - started >= COLLECT_SLICE_S:
-                    await asyncio.sleep(0)
-                    started = time.monotonic()
+                if pacer.due():
+                    await pacer.pause()
                 if denied:
                     error = ErrorCode.topic_authorization_failed
                     parts.append((index, error, -1, -1, None, fetch_offset))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from straitmq.controller.errors import ControllerError
 
+from ..loop_slice import LoopSlice
 from ..partitions import LEADER, Partition
 
 if TYPE_CHECKING:
@@ -65,13 +66,14 @@ class IsrManager:
             await asyncio.sleep(period)
             if not self.broker.ready:
                 continue
-            started = time.monotonic()
-            if started >= next_shrink_check:
-                next_shrink_check = started + shrink_every
+            now = time.monotonic()
+            if now >= next_shrink_check:
+                next_shrink_check = now + shrink_every
                 parts = list(self.led.values())
             else:
                 parts = [p for p in self.led.values() if len(p.isr) < len(p.replicas)]
-            for n, part in enumerate(parts, 1):
+            pacer = LoopSlice(SCAN_SLICE_S, SCAN_CHECK)
+            for part in parts:
                 try:
                     new = part.isr_change(lag_s, self._alive)
                     if new is not None:
@@ -80,9 +82,8 @@ class IsrManager:
                     log.exception(
                         "ISR check failed", extra={"partition": f"{part.topic}-{part.index}"}
                     )
-                if n % SCAN_CHECK == 0 and time.monotonic() - started >= SCAN_SLICE_S:
-                    await asyncio.sleep(0)  # 100,000 replicas: let the listener answer
-                    started = time.monotonic()
+                if pacer.due():
+                    await pacer.pause()  # 100,000 replicas: let the listener answer
 
     def propose(self, part: Partition, new_isr: list[int]) -> None:
         part.pending_isr = new_isr

@@ -53,9 +53,11 @@ from bench.throughput import process_cpu_s, producer_perf, rdkafka_produce
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     a = AdminClient({"bootstrap.servers": bootstrap, "log_level": 2})
     nt = NewTopic(
-        topic, num_partitions=partitions, replication_factor=3,
+        topic,
+        num_partitions=partitions,
+        replication_factor=3,
         config={"min.insync.replicas": "2"},
-    )  # fmt: skip
+    )
     a.create_topics([nt], operation_timeout=30, request_timeout=30)[topic].result(60)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # every partition led, full ISR, on every broker
@@ -202,9 +204,14 @@ def main(argv: list[str] | None = None) -> int:
                             log(f"  {t.name} {key}: FAILED {e}")
                             continue
                         for m in (
-                            "mb_s", "rec_s", "avg_lat_ms", "p99_ms", "replicated_mb_s",
-                            "replicated_wait_s", "broker_cpu_s_per_gb",
-                        ):  # fmt: skip
+                            "mb_s",
+                            "rec_s",
+                            "avg_lat_ms",
+                            "p99_ms",
+                            "replicated_mb_s",
+                            "replicated_wait_s",
+                            "broker_cpu_s_per_gb",
+                        ):
                             if m in res:
                                 raw[t.name].setdefault(f"{key}_{m}", []).append(res[m])
                         lat = f", avg {res['avg_lat_ms']:.1f} ms" if "avg_lat_ms" in res else ""
@@ -237,10 +244,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{t} {c}: acks=all / acks=1 until replicated = {allv / one:.2f}")
     if errors:
         print("\nerrors:\n  " + "\n  ".join(errors))
-    path = Path(a.json) if a.json else (
-        REPO_ROOT / ".cache" / "bench"
-        / f"cluster-throughput-{_dt.datetime.now():%Y%m%d-%H%M%S}.json"
-    )  # fmt: skip
+    path = (
+        Path(a.json)
+        if a.json
+        else (
+            REPO_ROOT
+            / ".cache"
+            / "bench"
+            / f"cluster-throughput-{_dt.datetime.now():%Y%m%d-%H%M%S}.json"
+        )
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"args": vars(a), "raw": raw, "median": med, "errors": errors}))
     log(f"results written to {path}")

@@ -109,21 +109,29 @@ class StraitTarget:
     def __init__(self, fast_failover: bool = True, log_level: str = "warning") -> None:
         self.dir = tempfile.mkdtemp(prefix="strait-failover-")
         broker_args = [
-            "--default-replication-factor", "3",
-            "--offsets-topic-replication-factor", "3",
-            "--group-initial-rebalance-delay-ms", "0",
-        ]  # fmt: skip
+            "--default-replication-factor",
+            "3",
+            "--offsets-topic-replication-factor",
+            "3",
+            "--group-initial-rebalance-delay-ms",
+            "0",
+        ]
         controller_args = ["--no-auto-leader-rebalance"]
         if fast_failover:
             broker_args += [
-                "--heartbeat-interval-ms", str(HEARTBEAT_INTERVAL_MS),
-                "--replica-lag-time-max-ms", str(REPLICA_LAG_MS),
-            ]  # fmt: skip
+                "--heartbeat-interval-ms",
+                str(HEARTBEAT_INTERVAL_MS),
+                "--replica-lag-time-max-ms",
+                str(REPLICA_LAG_MS),
+            ]
             controller_args += [
-                "--broker-session-timeout-ms", str(SESSION_TIMEOUT_MS),
-                "--election-timeout-ms", str(ELECTION_TIMEOUT_MS),
-                "--fetch-timeout-ms", str(FETCH_TIMEOUT_MS),
-            ]  # fmt: skip
+                "--broker-session-timeout-ms",
+                str(SESSION_TIMEOUT_MS),
+                "--election-timeout-ms",
+                str(ELECTION_TIMEOUT_MS),
+                "--fetch-timeout-ms",
+                str(FETCH_TIMEOUT_MS),
+            ]
         self.cluster = LocalCluster(
             self.dir,
             kafka_base=None,

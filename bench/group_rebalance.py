@@ -139,14 +139,22 @@ class Strait:
         self.log = open(self.workdir / "broker.log", "ab")
         self.proc = subprocess.Popen(
             [
-                sys.executable, "-m", "straitmq.broker",
-                "--data-dir", str(self.workdir / "data"),
-                "--listen", self.bootstrap,
-                "--http", f"{HOST}:{free_port()}",
-                "--log-level", "warning",
+                sys.executable,
+                "-m",
+                "straitmq.broker",
+                "--data-dir",
+                str(self.workdir / "data"),
+                "--listen",
+                self.bootstrap,
+                "--http",
+                f"{HOST}:{free_port()}",
+                "--log-level",
+                "warning",
             ],
-            stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-        )  # fmt: skip
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO_ROOT,
+        )
         wait_for_broker(HOST, self.port, timeout=60, proc=self.proc)
 
     def pid(self) -> int:
@@ -184,8 +192,10 @@ class Kafka:
                 include_classes=False,
                 jars="4.1",
             ),
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if r.returncode != 0:
             raise RuntimeError(f"kafka-features upgrade share.version=1: {r.stdout}{r.stderr}")
 
@@ -353,8 +363,11 @@ def rebalance_once(
             events, lock, t0, [*names, "joiner"], a.partitions, "joiner", a.quiet, a.timeout
         )
         with lock:
-            revoked = sum(len(e[3]) for e in events[n_before:] if e[2] != "assigned"
-                          and e[1] != "joiner" and e[0] <= ts)  # fmt: skip
+            revoked = sum(
+                len(e[3])
+                for e in events[n_before:]
+                if e[2] != "assigned" and e[1] != "joiner" and e[0] <= ts
+            )
             join_cbs = sum(1 for e in events[n_before:] if e[0] <= ts and e[3])
         # leave
         time.sleep(delays[1])
@@ -501,9 +514,13 @@ class ShareProc:
     def __init__(self, cmd: list[str], args: list[str], err: Path):
         self.err = open(err, "wb")
         self.proc = subprocess.Popen(
-            [*cmd, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err,
-            text=True, bufsize=1,
-        )  # fmt: skip
+            [*cmd, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.err,
+            text=True,
+            bufsize=1,
+        )
         self.lines: list[dict] = []
         self.ready = threading.Event()
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -540,8 +557,15 @@ class ShareProc:
 def produce_share_topic(s: Any, topic: str, n: int) -> None:
     admin = AdminClient({"bootstrap.servers": s.bootstrap})
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(60)
-    p = Producer({"bootstrap.servers": s.bootstrap, "acks": "1", "linger.ms": 5,
-                  "compression.type": "none", "log_level": 3})  # fmt: skip
+    p = Producer(
+        {
+            "bootstrap.servers": s.bootstrap,
+            "acks": "1",
+            "linger.ms": 5,
+            "compression.type": "none",
+            "log_level": 3,
+        }
+    )
     errors: list[str] = []
 
     def on_delivery(err, _msg) -> None:
@@ -665,28 +689,44 @@ def report(d: dict) -> str:
     names = list(d["rebalance"])
     lines = []
     if any(d["rebalance"][n][m] for n in names for m in MODES):
-        lines.append("| mode | " + " | ".join(
-            f"{n} {x}" for x in ("join s", "leave s") for n in names) + " |")  # fmt: skip
+        lines.append(
+            "| mode | "
+            + " | ".join(f"{n} {x}" for x in ("join s", "leave s") for n in names)
+            + " |"
+        )
         lines.append("|---|" + "---:|" * (2 * len(names)))
         for m in MODES:
-            cells = [stat([r[k] for r in d["rebalance"][n][m]]) for k in ("join_s", "leave_s")
-                     for n in names]  # fmt: skip
+            cells = [
+                stat([r[k] for r in d["rebalance"][n][m]])
+                for k in ("join_s", "leave_s")
+                for n in names
+            ]
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
         lines.append("")
         heads = [f"{n} {x}" for x in ("revoked", "callbacks", "later cb") for n in names]
         lines.append("| mode | " + " | ".join(heads) + " |")
         lines.append("|---|" + "---:|" * (3 * len(names)))
         for m in MODES:
-            cells = [stat([r[k] for r in d["rebalance"][n][m]], "{:.0f}")
-                     for k in ("join_revoked_partitions", "join_callbacks", "join_later_callbacks")
-                     for n in names]  # fmt: skip
+            cells = [
+                stat([r[k] for r in d["rebalance"][n][m]], "{:.0f}")
+                for k in ("join_revoked_partitions", "join_callbacks", "join_later_callbacks")
+                for n in names
+            ]
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
     if any(d["share"][n][k] for n in names for k in d["share"][n]):
         lines.append("")
         ks = sorted({int(k) for n in names for k in d["share"][n]})
-        heads = [f"{n} {x}" for x in ("records/s", "s to 1st ack", "records/s after 1st ack",
-                                      "broker CPU s", "records per consumer (last round)")
-                 for n in names]  # fmt: skip
+        heads = [
+            f"{n} {x}"
+            for x in (
+                "records/s",
+                "s to 1st ack",
+                "records/s after 1st ack",
+                "broker CPU s",
+                "records per consumer (last round)",
+            )
+            for n in names
+        ]
         lines.append("| share consumers | " + " | ".join(heads) + " |")
         lines.append("|---|" + "---:|" * (5 * len(names)))
         for k in ks:
@@ -695,25 +735,36 @@ def report(d: dict) -> str:
             cells += [stat([r["first_ack_s"] for r in rs[n]], "{:.1f}") for n in names]
             cells += [stat([r["drain_records_s"] for r in rs[n]], "{:,.0f}") for n in names]
             cells += [stat([r["broker_cpu_s"] for r in rs[n]], "{:.1f}") for n in names]
-            cells += [" / ".join(f"{c[0]:,}" for c in rs[n][-1]["consumers"]) if rs[n] else "-"
-                      for n in names]  # fmt: skip
+            cells += [
+                " / ".join(f"{c[0]:,}" for c in rs[n][-1]["consumers"]) if rs[n] else "-"
+                for n in names
+            ]
             lines.append(f"| {k} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true",
-                    help="1 round, no warm-up, 20k share records, 1 share round")  # fmt: skip
+    ap.add_argument(
+        "--quick", action="store_true", help="1 round, no warm-up, 20k share records, 1 share round"
+    )
     ap.add_argument("--repeat", type=int, default=5, help="rebalance rounds (medians)")
     ap.add_argument("--share-repeat", type=int, default=3)
     ap.add_argument("--members", type=int, default=10)
     ap.add_argument("--partitions", type=int, default=24)
     ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--quiet", type=float, default=2.0,
-                    help="seconds without callbacks that make an assignment settled")  # fmt: skip
-    ap.add_argument("--jitter", type=float, default=5.0,
-                    help="random wait (0..s) before the join and before the leave")  # fmt: skip
+    ap.add_argument(
+        "--quiet",
+        type=float,
+        default=2.0,
+        help="seconds without callbacks that make an assignment settled",
+    )
+    ap.add_argument(
+        "--jitter",
+        type=float,
+        default=5.0,
+        help="random wait (0..s) before the join and before the leave",
+    )
     ap.add_argument("--timeout", type=float, default=120)
     ap.add_argument("--share-records", type=int, default=200_000)
     ap.add_argument("--share-consumers", default="1,4")
@@ -778,11 +829,12 @@ def main(argv: list[str] | None = None) -> int:
                             log(f"  round {r + 1} {s.name} {m}: FAILED {e!r}")
                             continue
                         tag = "warm-up" if r < 0 else f"round {r + 1}"
-                        log(f"  {tag} {s.name:8} {m:11} join {res['join_s']:6.2f}s leave "
+                        log(
+                            f"  {tag} {s.name:8} {m:11} join {res['join_s']:6.2f}s leave "
                             f"{res['leave_s']:6.2f}s revoked {res['join_revoked_partitions']}"
                             f" later {res['join_later_callbacks']}/"
                             f"{res['leave_later_callbacks']} setup {res['setup_s']:.1f}s"
-                        )  # fmt: skip
+                        )
                         if r >= 0:
                             d["rebalance"][s.name][m].append(res)
         if "share" in parts:
@@ -791,8 +843,7 @@ def main(argv: list[str] | None = None) -> int:
             for s in systems:
                 t0 = time.monotonic()
                 produce_share_topic(s, stopic, a.share_records)
-                log(f"{s.name}: {a.share_records} records produced in "
-                    f"{time.monotonic() - t0:.1f}s")  # fmt: skip
+                log(f"{s.name}: {a.share_records} records produced in {time.monotonic() - t0:.1f}s")
             rounds = ([-1] if not a.no_warmup else []) + list(range(a.share_repeat))
             for r in rounds:
                 order = systems if r % 2 == 0 else systems[::-1]
@@ -805,11 +856,13 @@ def main(argv: list[str] | None = None) -> int:
                             log(f"  round {r + 1} {s.name} share {k}: FAILED {e!r}")
                             continue
                         tag = "warm-up" if r < 0 else f"round {r + 1}"
-                        log(f"  {tag} {s.name:8} share x{k} {res['records_s']:8.0f} rec/s "
+                        log(
+                            f"  {tag} {s.name:8} share x{k} {res['records_s']:8.0f} rec/s "
                             f"{res['seconds']:.1f}s 1st ack {res['first_ack_s']:.1f}s then "
                             f"{res['drain_records_s']:.0f} rec/s cpu {res['broker_cpu_s']:.1f}s "
                             f"redelivered {res['redelivered']} failed {res['ack_failed']} shares "
-                            f"{res['min_share']:.2f}-{res['max_share']:.2f}")  # fmt: skip
+                            f"{res['min_share']:.2f}-{res['max_share']:.2f}"
+                        )
                         if r >= 0:
                             d["share"][s.name][str(k)].append(res)
     finally:
@@ -827,10 +880,16 @@ def main(argv: list[str] | None = None) -> int:
     log(f"total {time.monotonic() - t_start:.0f}s")
     if d["errors"]:
         print("\nerrors:\n  " + "\n  ".join(d["errors"]))
-    path = Path(a.json) if a.json else (
-        REPO_ROOT / ".cache" / "bench"
-        / f"group-rebalance-{_dt.datetime.now():%Y%m%d-%H%M%S}.json"
-    )  # fmt: skip
+    path = (
+        Path(a.json)
+        if a.json
+        else (
+            REPO_ROOT
+            / ".cache"
+            / "bench"
+            / f"group-rebalance-{_dt.datetime.now():%Y%m%d-%H%M%S}.json"
+        )
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(d))
     log(f"results written to {path}")

@@ -53,28 +53,44 @@ def main() -> None:
     a = p.parse_args()
     topics = a.partitions // a.per_topic
     with tempfile.TemporaryDirectory() as d:
-        cluster = LocalCluster(d, brokers=1, kafka_base=None, http_base=None,
-                               controller_base=None,
-                               broker_args=["--default-replication-factor", "1",
-                                            "--offsets-topic-replication-factor", "1"])
+        cluster = LocalCluster(
+            d,
+            brokers=1,
+            kafka_base=None,
+            http_base=None,
+            controller_base=None,
+            broker_args=[
+                "--default-replication-factor",
+                "1",
+                "--offsets-topic-replication-factor",
+                "1",
+            ],
+        )
         try:
             cluster.start()
             b = cluster.brokers[1]
             t0 = time.perf_counter()
-            lat = asyncio.run(create_all(f"http://{b.host}:{b.http_port}", topics,
-                                         a.per_topic, a.concurrency))
+            lat = asyncio.run(
+                create_all(f"http://{b.host}:{b.http_port}", topics, a.per_topic, a.concurrency)
+            )
             wall = time.perf_counter() - t0
         finally:
             cluster.stop()
     result = {
-        "bench": "metadata_commit", "label": a.label, "topics": topics,
-        "partitions": topics * a.per_topic, "concurrency": a.concurrency,
-        "wall_s": round(wall, 2), "partitions_per_s": round(topics * a.per_topic / wall, 1),
+        "bench": "metadata_commit",
+        "label": a.label,
+        "topics": topics,
+        "partitions": topics * a.per_topic,
+        "concurrency": a.concurrency,
+        "wall_s": round(wall, 2),
+        "partitions_per_s": round(topics * a.per_topic / wall, 1),
         "create_p50_ms": round(percentile(lat, 0.5) * 1000, 1),
         "create_p99_ms": round(percentile(lat, 0.99) * 1000, 1),
-    }  # fmt: skip
-    print(f"{result['partitions']} partitions in {wall:.1f} s ({result['partitions_per_s']}/s); "
-          f"create p50 {result['create_p50_ms']} ms, p99 {result['create_p99_ms']} ms")
+    }
+    print(
+        f"{result['partitions']} partitions in {wall:.1f} s ({result['partitions_per_s']}/s); "
+        f"create p50 {result['create_p50_ms']} ms, p99 {result['create_p99_ms']} ms"
+    )
     print(json.dumps(result))
 
 

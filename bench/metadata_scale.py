@@ -58,8 +58,10 @@ def create(bootstrap: str, names: list[str], per_topic: int, per_request: int) -
     admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 60000})
     t0 = time.monotonic()
     for i in range(0, len(names), per_request):
-        chunk = [NewTopic(n, num_partitions=per_topic, replication_factor=3)
-                 for n in names[i : i + per_request]]  # fmt: skip
+        chunk = [
+            NewTopic(n, num_partitions=per_topic, replication_factor=3)
+            for n in names[i : i + per_request]
+        ]
         futs = admin.create_topics(chunk, operation_timeout=300, request_timeout=300)
         for f in futs.values():
             f.result(600)
@@ -132,8 +134,7 @@ def produce_sample(bootstrap: str, partitions: list[tuple[str, int]]) -> tuple[f
     """One acks=all record to each partition; (seconds, {(topic, p): (offset, value)})."""
     from confluent_kafka import Producer
 
-    prod = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
-                     "linger.ms": 5})  # fmt: skip
+    prod = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
     acked: dict[tuple[str, int], tuple[int, bytes]] = {}
     failed: list[str] = []
 
@@ -157,8 +158,9 @@ def read_sample(bootstrap: str, acked: dict) -> int:
     """How many of the acknowledged records read back at their offsets."""
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "sample-check",
-                  "enable.auto.commit": False})  # fmt: skip
+    c = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "sample-check", "enable.auto.commit": False}
+    )
     c.assign([TopicPartition(t, p, off) for (t, p), (off, _) in acked.items()])
     found = 0
     seen: set[tuple[str, int]] = set()
@@ -217,10 +219,16 @@ def run(target, a: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def]
             out["sample"] = {"partitions": len(parts), "produce_s": round(produce_s, 2)}
         # Active controller failover.
         target.kill9(ctrl)
-        new = until(lambda: target.active_controller(exclude=ctrl) is not None, 120,
-                    "a new active controller")  # fmt: skip
-        again = until(lambda: created_again(target.bootstrap, "after-failover"), 120,
-                      "CreateTopics answered after the failover")  # fmt: skip
+        new = until(
+            lambda: target.active_controller(exclude=ctrl) is not None,
+            120,
+            "a new active controller",
+        )
+        again = until(
+            lambda: created_again(target.bootstrap, "after-failover"),
+            120,
+            "CreateTopics answered after the failover",
+        )
         out["controller_failover_s"] = round(new, 2)
         out["create_after_failover_s"] = round(new + again, 2)
         target.restart_controller(ctrl, timeout=300)

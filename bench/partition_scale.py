@@ -36,10 +36,21 @@ def start(data: Path, port: int, http: int, fd_limit: int) -> subprocess.Popen[b
         resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))
 
     return subprocess.Popen(
-        [sys.executable, "-m", "straitmq.broker", "--data-dir", str(data),
-         "--listen", f"127.0.0.1:{port}", "--http", f"127.0.0.1:{http}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=limit,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "straitmq.broker",
+            "--data-dir",
+            str(data),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--http",
+            f"127.0.0.1:{http}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=limit,
+    )
 
 
 def wait_ready(proc: subprocess.Popen[bytes], http: int, timeout: float) -> float:
@@ -79,14 +90,23 @@ def main() -> None:
             base = f"http://127.0.0.1:{http}"
             t0 = time.monotonic()
             for i in range(topics):
-                request_sync(base, "POST", "/api/v1/topics",
-                             {"name": f"s{i}", "partitions": a.per_topic})  # fmt: skip
+                request_sync(
+                    base, "POST", "/api/v1/topics", {"name": f"s{i}", "partitions": a.per_topic}
+                )
             create_s = time.monotonic() - t0
             created = usage(proc)
-            sample = [(f"s{i // a.per_topic}", i % a.per_topic)
-                      for i in range(0, topics * a.per_topic, a.sample)]  # fmt: skip
-            prod = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "acks": "all",
-                             "enable.idempotence": True, "linger.ms": 20})  # fmt: skip
+            sample = [
+                (f"s{i // a.per_topic}", i % a.per_topic)
+                for i in range(0, topics * a.per_topic, a.sample)
+            ]
+            prod = Producer(
+                {
+                    "bootstrap.servers": f"127.0.0.1:{port}",
+                    "acks": "all",
+                    "enable.idempotence": True,
+                    "linger.ms": 20,
+                }
+            )
             t0 = time.monotonic()
             for topic, part in sample:
                 prod.produce(topic, value=f"{topic}/{part}".encode(), partition=part)
@@ -97,8 +117,13 @@ def main() -> None:
             proc = start(data, port, http, a.fd_limit)
             restart_s = wait_ready(proc, http, 1800)
             restarted = usage(proc)
-            cons = Consumer({"bootstrap.servers": f"127.0.0.1:{port}", "group.id": "scale",
-                             "enable.auto.commit": False})  # fmt: skip
+            cons = Consumer(
+                {
+                    "bootstrap.servers": f"127.0.0.1:{port}",
+                    "group.id": "scale",
+                    "enable.auto.commit": False,
+                }
+            )
             cons.assign([TopicPartition(t, part, 0) for t, part in sample])
             got: set[bytes] = set()
             deadline = time.monotonic() + 300
@@ -115,15 +140,22 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
     result = {
-        "bench": "partition_scale", "partitions": topics * a.per_topic,
-        "per_topic": a.per_topic, "fd_limit": a.fd_limit, "first_ready_s": round(first_ready, 2),
+        "bench": "partition_scale",
+        "partitions": topics * a.per_topic,
+        "per_topic": a.per_topic,
+        "fd_limit": a.fd_limit,
+        "first_ready_s": round(first_ready, 2),
         "create_s": round(create_s, 1),
         "partitions_per_s": round(topics * a.per_topic / create_s),
-        "after_create": created, "sample_writes": len(sample), "unsent": unsent,
-        "produce_sample_s": round(produce_s, 1), "restart_after_kill9_s": round(restart_s, 1),
-        "after_restart": restarted, "after_reading_sample": after_read,
+        "after_create": created,
+        "sample_writes": len(sample),
+        "unsent": unsent,
+        "produce_sample_s": round(produce_s, 1),
+        "restart_after_kill9_s": round(restart_s, 1),
+        "after_restart": restarted,
+        "after_reading_sample": after_read,
         "sample_read_back": len(got),
-    }  # fmt: skip
+    }
     print(
         f"{result['partitions']} partitions under ulimit -n {a.fd_limit}: created in "
         f"{create_s:.1f} s, restarted after kill -9 in {restart_s:.1f} s, "

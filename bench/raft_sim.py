@@ -19,8 +19,11 @@ from straitmq.controller.raft.simulation import Simulation, SimulationFailure
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.raft_sim", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.raft_sim",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--seeds", type=int, default=1000, help="how many seeds to run")
     p.add_argument("--start", type=int, default=0, help="first seed")
     p.add_argument("--seed", type=int, help="run this one seed only, verbosely")
@@ -55,8 +58,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"seed {seed}: {stats} faults={sim.faults}")
     elapsed = time.perf_counter() - started
     n = len(seeds)
-    print(f"{n} seeds in {elapsed:.1f} s: {n / elapsed:.1f} seeds/s, {len(failures)} failed; "
-          f"totals {totals}")
+    print(
+        f"{n} seeds in {elapsed:.1f} s: {n / elapsed:.1f} seeds/s, {len(failures)} failed; "
+        f"totals {totals}"
+    )
     return 1 if failures else 0
 
 

@@ -98,14 +98,52 @@ def make_certs(d: Path) -> tuple[Path, Path]:
     localhost, signed by ca), both EC P-256. Returns (ca.pem, server.pem)."""
     d.mkdir(parents=True, exist_ok=True)
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    _openssl(d, "req", "-x509", "-new", *ec, "-keyout", "ca.key", "-out", "ca.pem",
-             "-days", "2", "-subj", "/CN=bench-ca")  # fmt: skip
+    _openssl(
+        d,
+        "req",
+        "-x509",
+        "-new",
+        *ec,
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=bench-ca",
+    )
     (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    _openssl(d, "req", "-new", *ec, "-keyout", "server.key", "-out", "server.csr",
-             "-subj", "/CN=localhost")  # fmt: skip
-    _openssl(d, "x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-             "-CAcreateserial", "-out", "server.crt", "-days", "2",
-             "-extfile", "server.ext")  # fmt: skip
+    _openssl(
+        d,
+        "req",
+        "-new",
+        *ec,
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    )
+    _openssl(
+        d,
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+    )
     pem = d / "server.pem"
     pem.write_text((d / "server.key").read_text() + (d / "server.crt").read_text())
     return d / "ca.pem", pem
@@ -145,8 +183,13 @@ class System(abc.ABC):
         if "SSL" in protocol:
             c["ssl.ca.location"] = str(self.ca)
         if protocol.startswith("SASL"):
-            c.update({"sasl.mechanism": "SCRAM-SHA-512", "sasl.username": USER,
-                      "sasl.password": PASSWORD})  # fmt: skip
+            c.update(
+                {
+                    "sasl.mechanism": "SCRAM-SHA-512",
+                    "sasl.username": USER,
+                    "sasl.password": PASSWORD,
+                }
+            )
         return c
 
     def cpu_s(self) -> float:
@@ -195,15 +238,24 @@ class Strait(System):
         self.log = open(self.workdir / "broker.log", "ab")
         self.proc = subprocess.Popen(
             [
-                sys.executable, "-m", "straitmq.broker",
-                "--data-dir", str(self.workdir / "data"),
-                "--listen", f"{HOST}:{self.ports['PLAINTEXT']}",
-                "--http", f"{HOST}:{free_port()}",
-                "--properties", str(self.workdir / "server.properties"),
-                "--log-level", "warning",
+                sys.executable,
+                "-m",
+                "straitmq.broker",
+                "--data-dir",
+                str(self.workdir / "data"),
+                "--listen",
+                f"{HOST}:{self.ports['PLAINTEXT']}",
+                "--http",
+                f"{HOST}:{free_port()}",
+                "--properties",
+                str(self.workdir / "server.properties"),
+                "--log-level",
+                "warning",
             ],
-            stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-        )  # fmt: skip
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO_ROOT,
+        )
         wait_for_broker(HOST, self.ports["PLAINTEXT"], timeout=60, proc=self.proc)
 
     def pid(self) -> int:
@@ -260,8 +312,15 @@ def client_cpu_s() -> float:
 
 def produce(conf: dict, topic: str, n: int, size: int, timeout: float) -> float:
     """Produce n records of `size` random bytes, acks=1; seconds until all acknowledged."""
-    p = Producer({**conf, "acks": "1", "linger.ms": 5, "compression.type": "none",
-                  "client.id": "bench-security"})  # fmt: skip
+    p = Producer(
+        {
+            **conf,
+            "acks": "1",
+            "linger.ms": 5,
+            "compression.type": "none",
+            "client.id": "bench-security",
+        }
+    )
     payload = os.urandom(size)
     errors: list[str] = []
 
@@ -278,8 +337,14 @@ def produce(conf: dict, topic: str, n: int, size: int, timeout: float) -> float:
 
 def consume(conf: dict, topic: str, partitions: int, n: int, timeout: float) -> float:
     """Read n records back from the beginning (assign, no group); seconds taken."""
-    c = Consumer({**conf, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
-                  "enable.auto.commit": False, "client.id": "bench-security"})  # fmt: skip
+    c = Consumer(
+        {
+            **conf,
+            "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "client.id": "bench-security",
+        }
+    )
     try:
         c.list_topics(topic, timeout=30)  # connect before the clock starts
         c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
@@ -370,8 +435,9 @@ def report(raw: dict[str, dict[str, list[dict[str, float]]]], names: list[str]) 
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines.append("")
     # ratios within each system (the cost of TLS and of SASL on top of it)
-    lines.append("| ratio | " + " | ".join(f"{n} {p}/PLAINTEXT" for n in names
-                                            for p in PROTOCOLS[1:]) + " |")  # fmt: skip
+    lines.append(
+        "| ratio | " + " | ".join(f"{n} {p}/PLAINTEXT" for n in names for p in PROTOCOLS[1:]) + " |"
+    )
     lines.append("|---|" + "---:|" * (len(names) * 2))
     for key, label in ROWS[:4]:
         cells = []
@@ -472,10 +538,16 @@ def main(argv: list[str] | None = None) -> int:
     log(f"total {time.monotonic() - t_start:.0f}s")
     if errors:
         print("\nerrors:\n  " + "\n  ".join(errors))
-    path = Path(a.json) if a.json else (
-        REPO_ROOT / ".cache" / "bench"
-        / f"security-throughput-{_dt.datetime.now():%Y%m%d-%H%M%S}.json"
-    )  # fmt: skip
+    path = (
+        Path(a.json)
+        if a.json
+        else (
+            REPO_ROOT
+            / ".cache"
+            / "bench"
+            / f"security-throughput-{_dt.datetime.now():%Y%m%d-%H%M%S}.json"
+        )
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
         json.dumps({"args": vars(a), "tls": tls, "raw": raw, "median": med, "errors": errors})

@@ -67,11 +67,23 @@ class StraitBroker:
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.log = open(Path(self.tmp.name) / "broker.log", "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "straitmq.broker", "--data-dir", f"{self.tmp.name}/data",
-             "--listen", self.bootstrap, "--http", f"127.0.0.1:{self.http_port}",
-             "--log-level", "warning"],
-            stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "straitmq.broker",
+                "--data-dir",
+                f"{self.tmp.name}/data",
+                "--listen",
+                self.bootstrap,
+                "--http",
+                f"127.0.0.1:{self.http_port}",
+                "--log-level",
+                "warning",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO_ROOT,
+        )
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -98,9 +110,14 @@ def create_and_fill(bootstrap: str, topic: str, a: argparse.Namespace) -> None:
     fut.result(30)
     time.sleep(0.5)
     p = Producer(
-        {"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1 << 20,
-         "compression.type": "none", "queue.buffering.max.kbytes": 1 << 20}
-    )  # fmt: skip
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "batch.size": 1 << 20,
+            "compression.type": "none",
+            "queue.buffering.max.kbytes": 1 << 20,
+        }
+    )
     payload = os.urandom(a.record_size)
     t0 = time.monotonic()
     for i in range(a.num_records):
@@ -185,18 +202,28 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for case in CASES:
         med = statistics.median(times[case])
-        rows.append({
-            "broker": case[0], "source": f"{case[1]}-source", "median_s": round(med, 3),
-            "records_per_s": round(a.num_records / med), "mb_per_s": round(mb / med, 1),
-            "ratio_to_kafka_kafka_source": round(base / med, 2), "runs_s": times[case],
-        })  # fmt: skip
-    print(f"\nSpark {a.master} batch read of {a.num_records:,} x {a.record_size} B, "
-          f"{a.partitions} partitions, median of {a.repeat}\n")  # fmt: skip
+        rows.append(
+            {
+                "broker": case[0],
+                "source": f"{case[1]}-source",
+                "median_s": round(med, 3),
+                "records_per_s": round(a.num_records / med),
+                "mb_per_s": round(mb / med, 1),
+                "ratio_to_kafka_kafka_source": round(base / med, 2),
+                "runs_s": times[case],
+            }
+        )
+    print(
+        f"\nSpark {a.master} batch read of {a.num_records:,} x {a.record_size} B, "
+        f"{a.partitions} partitions, median of {a.repeat}\n"
+    )
     print("| broker | Spark source | records/s | MB/s | vs Kafka + kafka source |")
     print("|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['broker']} | {r['source']} | {r['records_per_s']:,} | {r['mb_per_s']} | "
-              f"{r['ratio_to_kafka_kafka_source']:.2f} |")  # fmt: skip
+        print(
+            f"| {r['broker']} | {r['source']} | {r['records_per_s']:,} | {r['mb_per_s']} | "
+            f"{r['ratio_to_kafka_kafka_source']:.2f} |"
+        )
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     path = Path(a.json or REPO_ROOT / ".cache" / "bench" / f"spark-read-{stamp}.json")
     path.parent.mkdir(parents=True, exist_ok=True)

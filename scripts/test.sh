@@ -12,5 +12,6 @@ fi
 scripts/fetch-k8s.sh
 echo "== ruff" >&2
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
 echo "== pytest" >&2
 exec .venv/bin/python -m pytest "$@"

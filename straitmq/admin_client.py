@@ -58,8 +58,13 @@ class AdminAuth:
         ca, cert, user = env.get("STRAIT_CA_FILE"), env.get("STRAIT_CERT"), env.get("STRAIT_USER")
         if not (ca or cert or user):
             return None
-        return cls(ca_file=ca, cert_file=cert, key_file=env.get("STRAIT_KEY"),
-                   username=user, password=env.get("STRAIT_PASSWORD"))  # fmt: skip
+        return cls(
+            ca_file=ca,
+            cert_file=cert,
+            key_file=env.get("STRAIT_KEY"),
+            username=user,
+            password=env.get("STRAIT_PASSWORD"),
+        )
 
     def context(self) -> ssl.SSLContext | None:
         """The client TLS context, or None for the defaults (https against system CAs)."""
@@ -153,9 +158,11 @@ class AdminClient:
         if status >= 400:
             if isinstance(answer, dict) and "error" in answer:
                 raise AdminError(
-                    status, str(answer["error"]), answer.get("error_name"),
+                    status,
+                    str(answer["error"]),
+                    answer.get("error_name"),
                     answer.get("error_code"),
-                )  # fmt: skip
+                )
             text = raw[:200].decode(errors="replace") or f"HTTP {status}"
             raise AdminError(status, f"{method} {path}: {text}")
         return status, answer
@@ -188,9 +195,13 @@ class AdminClient:
                 if authorization is not None:
                     headers["Authorization"] = authorization
                 async with self._session.request(
-                    method, url, data=data, headers=headers or None, timeout=timeout,
+                    method,
+                    url,
+                    data=data,
+                    headers=headers or None,
+                    timeout=timeout,
                     allow_redirects=False,
-                ) as resp:  # fmt: skip
+                ) as resp:
                     raw = await resp.read()
                     status = resp.status
                     location = resp.headers.get("Location")

@@ -18,6 +18,7 @@ import re
 class ClientSecurityError(ValueError):
     """A client security option that cannot be honoured; the message says what to use."""
 
+
 _LOGIN_MODULES = {
     "org.apache.kafka.common.security.plain.PlainLoginModule",
     "org.apache.kafka.common.security.scram.ScramLoginModule",
@@ -73,8 +74,7 @@ def librdkafka_config(options: dict[str, str], prefix: str = "") -> dict[str, st
             )
         if "username" not in entries or "password" not in entries:
             raise ClientSecurityError(
-                f"option '{prefix}sasl.jaas.config' needs username=\"...\" and "
-                'password="..."'
+                f'option \'{prefix}sasl.jaas.config\' needs username="..." and password="..."'
             )
         out.setdefault("sasl.username", entries["username"])
         out.setdefault("sasl.password", entries["password"])

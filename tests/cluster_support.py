@@ -35,17 +35,25 @@ PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() els
 
 SESSION_TIMEOUT_MS = 2000
 CONTROLLER_ARGS = [
-    "--broker-session-timeout-ms", str(SESSION_TIMEOUT_MS),
-    "--election-timeout-ms", "500",
-    "--fetch-timeout-ms", "1000",
-]  # fmt: skip
+    "--broker-session-timeout-ms",
+    str(SESSION_TIMEOUT_MS),
+    "--election-timeout-ms",
+    "500",
+    "--fetch-timeout-ms",
+    "1000",
+]
 BROKER_ARGS = [
-    "--heartbeat-interval-ms", "300",
-    "--replica-lag-time-max-ms", "3000",
-    "--default-replication-factor", "3",
-    "--offsets-topic-replication-factor", "3",
-    "--group-initial-rebalance-delay-ms", "0",
-]  # fmt: skip
+    "--heartbeat-interval-ms",
+    "300",
+    "--replica-lag-time-max-ms",
+    "3000",
+    "--default-replication-factor",
+    "3",
+    "--offsets-topic-replication-factor",
+    "3",
+    "--group-initial-rebalance-delay-ms",
+    "0",
+]
 
 
 # -- the cluster fixture ---------------------------------------------------------------
@@ -282,9 +290,11 @@ class Workload:
             value = f"{self.prefix}-{n}".encode()
             try:
                 self.producer.produce(
-                    self.topic, value=value, partition=n % self.partitions,
+                    self.topic,
+                    value=value,
+                    partition=n % self.partitions,
                     on_delivery=self._on_delivery,
-                )  # fmt: skip
+                )
             except BufferError:
                 self.producer.poll(0.05)
                 continue

@@ -134,8 +134,21 @@ except (OSError, AttributeError):  # not Linux
 
 # A self-signed (CA) or CA-signed certificate request with a P-256 key: RSA key
 # generation is slow on 2 cores.
-_CERT_REQ = ("req", "-x509", "-new", "-config", "openssl.cnf", "-days", "3650",
-             "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes")  # fmt: skip
+_CERT_REQ = (
+    "req",
+    "-x509",
+    "-new",
+    "-config",
+    "openssl.cnf",
+    "-days",
+    "3650",
+    "-newkey",
+    "ec",
+    "-pkeyopt",
+    "ec_paramgen_curve:P-256",
+    "-nodes",
+)
+
 
 class KubeControlPlane:
     """etcd + kube-apiserver + kube-controller-manager + kube-scheduler + kwok, all on
@@ -418,9 +431,21 @@ class KubeControlPlane:
     def _issue_cert(self, name: str, extensions: str, subject: str) -> None:
         """`<name>.key` and `<name>.crt` signed by the test CA, with the `[server]` or
         `[client]` extensions of openssl.cnf."""
-        self._openssl(*_CERT_REQ, "-CA", "ca.crt", "-CAkey", "ca.key",
-                      "-extensions", extensions, "-subj", subject,
-                      "-keyout", f"{name}.key", "-out", f"{name}.crt")  # fmt: skip
+        self._openssl(
+            *_CERT_REQ,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-extensions",
+            extensions,
+            "-subj",
+            subject,
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.crt",
+        )
 
     def _make_pki(self) -> None:
         """A CA, the apiserver's serving cert, client certs (admin in system:masters, the
@@ -450,8 +475,17 @@ class KubeControlPlane:
             "keyUsage = critical,digitalSignature,keyEncipherment\n"
             "extendedKeyUsage = clientAuth\n"
         )
-        self._openssl(*_CERT_REQ, "-extensions", "ca", "-subj", "/CN=straitmq-test-ca",
-                      "-keyout", "ca.key", "-out", "ca.crt")  # fmt: skip
+        self._openssl(
+            *_CERT_REQ,
+            "-extensions",
+            "ca",
+            "-subj",
+            "/CN=straitmq-test-ca",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+        )
         leafs = {
             "apiserver": ("server", "/CN=kube-apiserver"),
             "admin": ("client", "/O=system:masters/CN=straitmq-admin"),
@@ -460,8 +494,9 @@ class KubeControlPlane:
         }
         for name, (ext, subj) in leafs.items():
             self._issue_cert(name, ext, subj)
-        self._openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256",
-                      "-out", "sa.key")  # fmt: skip
+        self._openssl(
+            "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "sa.key"
+        )
         self._openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub")
         for user in ("admin", "controller-manager", "scheduler"):
             path = self.kubeconfig if user == "admin" else str(self.pki / f"{user}.kubeconfig")
@@ -724,8 +759,12 @@ class KubeControlPlane:
 
     def _create_cluster_objects(self) -> None:
         items = self._cluster_objects()
-        self.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                            "items": items}))  # fmt: skip
+        self.kubectl(
+            "create",
+            "-f",
+            "-",
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
+        )
 
     def _nodes_ready(self, core: Any) -> bool:
         nodes = {n.metadata.name: n for n in core.list_node().items}

@@ -121,17 +121,23 @@ from straitmq.cli.local_cluster import free_port
 pytestmark = pytest.mark.timeout(300)
 
 TOPIC_AUTH, GROUP_AUTH, CLUSTER_AUTH, INVALID_REQUEST = 29, 30, 31, 42
-NAMES = ("admin", "alice", "bob", "carol", "dave", "erin", "frank", "gina", "hank", "ivan",
-         "judy")  # fmt: skip
+NAMES = ("admin", "alice", "bob", "carol", "dave", "erin", "frank", "gina", "hank", "ivan", "judy")
 USERS = {name: f"{name}-pw" for name in NAMES}
-JAAS = "org.apache.kafka.common.security.plain.PlainLoginModule required " + " ".join(
-    f'user_{u}="{p}"' for u, p in USERS.items()
-) + ";"
+JAAS = (
+    "org.apache.kafka.common.security.plain.PlainLoginModule required "
+    + " ".join(f'user_{u}="{p}"' for u, p in USERS.items())
+    + ";"
+)
 
 
 DESCRIBE_ALL = DescribeAclsRequest(
-    resource_type_filter=1, resource_name_filter=None, pattern_type_filter=1,
-    principal_filter=None, host_filter=None, operation=1, permission_type=1,
+    resource_type_filter=1,
+    resource_name_filter=None,
+    pattern_type_filter=1,
+    principal_filter=None,
+    host_filter=None,
+    operation=1,
+    permission_type=1,
 )
 
 
@@ -142,16 +148,28 @@ def _authorizer(*bindings: Binding, allow_if_no_acl: bool = False, supers: str =
     image = MetadataImage()
     for b in bindings:
         image.apply({"type": "acl", "binding": list(b)})
-    a = Authorizer(AuthorizerSettings.from_properties({
-        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
-        "super.users": supers,
-        "allow.everyone.if.no.acl.found": str(allow_if_no_acl).lower(),
-    }), lambda: image)  # fmt: skip
+    a = Authorizer(
+        AuthorizerSettings.from_properties(
+            {
+                "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                "super.users": supers,
+                "allow.everyone.if.no.acl.found": str(allow_if_no_acl).lower(),
+            }
+        ),
+        lambda: image,
+    )
     return a, image
 
 
-def _b(name: str, op: int, perm: int = ALLOW, principal: str = "User:alice",
-       pattern: int = LITERAL, host: str = "*", rtype: int = TOPIC) -> Binding:  # fmt: skip
+def _b(
+    name: str,
+    op: int,
+    perm: int = ALLOW,
+    principal: str = "User:alice",
+    pattern: int = LITERAL,
+    host: str = "*",
+    rtype: int = TOPIC,
+) -> Binding:
     return Binding(rtype, name, pattern, principal, host, op, perm)
 
 
@@ -243,9 +261,13 @@ class Secured:
         self._admins: dict[str, AdminClient] = {}
 
     def conf(self, user: str, **extra: Any) -> dict:
-        c = {"bootstrap.servers": f"127.0.0.1:{self.sasl_port}",
-             "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
-             "sasl.username": user, "sasl.password": USERS[user]}  # fmt: skip
+        c = {
+            "bootstrap.servers": f"127.0.0.1:{self.sasl_port}",
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": user,
+            "sasl.password": USERS[user],
+        }
         c.update({k.replace("_", "."): v for k, v in extra.items()})
         return c
 
@@ -271,11 +293,16 @@ class Secured:
         return name
 
 
-def acl(name: str, op: AclOperation, user: str = "alice", *,
-        rtype: ResourceType = ResourceType.TOPIC,
-        pattern: ResourcePatternType = ResourcePatternType.LITERAL,
-        perm: AclPermissionType = AclPermissionType.ALLOW,
-        host: str = "*") -> AclBinding:  # fmt: skip
+def acl(
+    name: str,
+    op: AclOperation,
+    user: str = "alice",
+    *,
+    rtype: ResourceType = ResourceType.TOPIC,
+    pattern: ResourcePatternType = ResourcePatternType.LITERAL,
+    perm: AclPermissionType = AclPermissionType.ALLOW,
+    host: str = "*",
+) -> AclBinding:
     principal = user if ":" in user else f"User:{user}"
     return AclBinding(rtype, name, pattern, principal, host, op, perm)
 
@@ -292,8 +319,9 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Any:
         "super.users=User:admin",
     ]
     (d / "server.properties").write_text("\n".join(props) + "\n")
-    b = BrokerProcess(d / "data", port=port,
-                      extra_args=["--properties", str(d / "server.properties")])  # fmt: skip
+    b = BrokerProcess(
+        d / "data", port=port, extra_args=["--properties", str(d / "server.properties")]
+    )
     b.start()
     yield Secured(b, sasl_port)
     b.stop()
@@ -301,14 +329,35 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def fetch_codes(raw: Raw, topic: str, replica: int = -1) -> list[int]:
     """The partition error codes of one Fetch (v12) of partition 0 from offset 0."""
-    answer = raw.call(FetchRequest(
-        cluster_id=None, replica_id=replica, max_wait=timedelta(0), min_bytes=1,
-        max_bytes=1 << 20, isolation_level=0, session_id=0, session_epoch=-1, rack_id="",
-        forgotten_topics_data=(),
-        topics=(FetchTopic(topic=topic, partitions=(FetchPartition(
-            partition=0, current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1,
-            log_start_offset=-1, partition_max_bytes=1 << 20),)),),
-    ))  # fmt: skip
+    answer = raw.call(
+        FetchRequest(
+            cluster_id=None,
+            replica_id=replica,
+            max_wait=timedelta(0),
+            min_bytes=1,
+            max_bytes=1 << 20,
+            isolation_level=0,
+            session_id=0,
+            session_epoch=-1,
+            rack_id="",
+            forgotten_topics_data=(),
+            topics=(
+                FetchTopic(
+                    topic=topic,
+                    partitions=(
+                        FetchPartition(
+                            partition=0,
+                            current_leader_epoch=-1,
+                            fetch_offset=0,
+                            last_fetched_epoch=-1,
+                            log_start_offset=-1,
+                            partition_max_bytes=1 << 20,
+                        ),
+                    ),
+                ),
+            ),
+        )
+    )
     assert answer is not None
     return [p.error_code for r in answer.responses for p in r.partitions]
 
@@ -325,8 +374,9 @@ def produce_error(conf: dict, topic: str, **extra: Any) -> KafkaError | None:
 
 def consume_one(conf: dict, topic: str, group: str) -> KafkaError | bytes:
     """The first record or the first error the consumer is told about."""
-    c = Consumer({**conf, "group.id": group, "auto.offset.reset": "earliest",
-                  "enable.auto.commit": False})  # fmt: skip
+    c = Consumer(
+        {**conf, "group.id": group, "auto.offset.reset": "earliest", "enable.auto.commit": False}
+    )
     c.subscribe([topic])
     try:
         deadline = time.monotonic() + 30
@@ -420,8 +470,16 @@ def test_authorized_operations_are_the_principals_own(secured: Secured) -> None:
 
     op = AclOperation
     assert topic_ops(judy) == {op.READ, op.DESCRIBE, op.ALTER_CONFIGS, op.DESCRIBE_CONFIGS}
-    everything = {op.READ, op.WRITE, op.CREATE, op.DESCRIBE, op.DELETE, op.ALTER,
-                  op.DESCRIBE_CONFIGS, op.ALTER_CONFIGS}  # fmt: skip
+    everything = {
+        op.READ,
+        op.WRITE,
+        op.CREATE,
+        op.DESCRIBE,
+        op.DELETE,
+        op.ALTER,
+        op.DESCRIBE_CONFIGS,
+        op.ALTER_CONFIGS,
+    }
     assert topic_ops(secured.admin()) == everything
     cluster = judy.describe_cluster(include_authorized_operations=True).result(timeout=30)
     assert set(cluster.authorized_operations) == {op.DESCRIBE}
@@ -465,8 +523,15 @@ def test_cluster_apis_need_the_cluster_permission(secured: Secured) -> None:
         for f in bob.create_acls([acl("x", AclOperation.READ, "bob")]).values():
             f.result(timeout=30)
     assert e.value.args[0].code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED
-    flt = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None,
-                           AclOperation.ANY, AclPermissionType.ANY)  # fmt: skip
+    flt = AclBindingFilter(
+        ResourceType.ANY,
+        None,
+        ResourcePatternType.ANY,
+        None,
+        None,
+        AclOperation.ANY,
+        AclPermissionType.ANY,
+    )
     # librdkafka shows a refused DescribeAcls as an empty list: asked on the wire.
     assert secured.raw_as("bob").call(DESCRIBE_ALL).error_code == CLUSTER_AUTH
     broker_res = ConfigResource(ConfigResource.Type.BROKER, "1")
@@ -486,23 +551,32 @@ def test_idempotent_producer_needs_idempotent_write_or_write_on_a_topic(secured:
     t = secured.topic("acl-idem")
     secured.allow(acl(t, AclOperation.WRITE, "alice"))
     assert produce_error(secured.conf("alice"), t, **{"enable.idempotence": True}) is None
-    init = InitProducerIdRequest(transactional_id=None, transaction_timeout=timedelta(0),
-                                 producer_id=-1, producer_epoch=-1)  # fmt: skip
+    init = InitProducerIdRequest(
+        transactional_id=None, transaction_timeout=timedelta(0), producer_id=-1, producer_epoch=-1
+    )
     assert secured.raw_as("alice").call(init).error_code == 0
     # gina may WRITE no topic (a DENY on all of them beats the User:* ALLOW on acl-pub).
     secured.allow(acl("*", AclOperation.WRITE, "gina", perm=AclPermissionType.DENY))
     assert secured.raw_as("gina").call(init).error_code == CLUSTER_AUTH
-    secured.allow(acl("kafka-cluster", AclOperation.IDEMPOTENT_WRITE, "gina",
-                      rtype=ResourceType.BROKER))  # fmt: skip
+    secured.allow(
+        acl("kafka-cluster", AclOperation.IDEMPOTENT_WRITE, "gina", rtype=ResourceType.BROKER)
+    )
     assert secured.raw_as("gina").call(init).error_code == 0
 
 
 def test_group_apis(secured: Secured) -> None:
     t = secured.topic("acl-grp-t")
     assert produce_error(secured.conf("admin"), t) is None
-    secured.allow(acl(t, AclOperation.READ, "carol"),
-                  acl("cg-", AclOperation.READ, "carol", rtype=ResourceType.GROUP,
-                      pattern=ResourcePatternType.PREFIXED))  # fmt: skip
+    secured.allow(
+        acl(t, AclOperation.READ, "carol"),
+        acl(
+            "cg-",
+            AclOperation.READ,
+            "carol",
+            rtype=ResourceType.GROUP,
+            pattern=ResourcePatternType.PREFIXED,
+        ),
+    )
     carol = secured.conf("carol")
     assert consume_one(carol, t, "cg-1") == b"v"
     c = Consumer({**carol, "group.id": "cg-1", "enable.auto.commit": False})
@@ -516,13 +590,27 @@ def test_group_apis(secured: Secured) -> None:
     assert [c.error_code for c in found.coordinators] == [GROUP_AUTH, 0]
 
     def commit(group: str, topic: str) -> list[int]:
-        answer = raw.call(OffsetCommitRequest(
-            group_id=group, generation_id_or_member_epoch=-1, member_id="",
-            group_instance_id=None, topics=(OffsetCommitRequestTopic(name=topic, partitions=(
-                OffsetCommitRequestPartition(partition_index=0, committed_offset=1,
-                                             committed_leader_epoch=-1,
-                                             committed_metadata=None),)),),
-        ))  # fmt: skip
+        answer = raw.call(
+            OffsetCommitRequest(
+                group_id=group,
+                generation_id_or_member_epoch=-1,
+                member_id="",
+                group_instance_id=None,
+                topics=(
+                    OffsetCommitRequestTopic(
+                        name=topic,
+                        partitions=(
+                            OffsetCommitRequestPartition(
+                                partition_index=0,
+                                committed_offset=1,
+                                committed_leader_epoch=-1,
+                                committed_metadata=None,
+                            ),
+                        ),
+                    ),
+                ),
+            )
+        )
         return [p.error_code for r in answer.topics for p in r.partitions]
 
     assert commit("other", t) == [GROUP_AUTH]
@@ -531,25 +619,47 @@ def test_group_apis(secured: Secured) -> None:
     secured.allow(acl("desc-only", AclOperation.DESCRIBE, "carol", rtype=ResourceType.GROUP))
     found = raw.call(FindCoordinatorRequest(key_type=0, coordinator_keys=("desc-only",)))
     assert [c.error_code for c in found.coordinators] == [0]
-    described = raw.call(DescribeGroupsRequest(groups=("desc-only", "other"),
-                                               include_authorized_operations=False))
+    described = raw.call(
+        DescribeGroupsRequest(groups=("desc-only", "other"), include_authorized_operations=False)
+    )
     assert [g.error_code for g in described.groups] == [0, GROUP_AUTH]
-    joined = raw.call(JoinGroupRequest(
-        group_id="desc-only", session_timeout=timedelta(seconds=10),
-        rebalance_timeout=timedelta(seconds=10), member_id="", group_instance_id=None,
-        protocol_type="consumer", protocols=(JoinGroupRequestProtocol(name="range",
-                                                                      metadata=b""),),
-        reason=None))  # fmt: skip
+    joined = raw.call(
+        JoinGroupRequest(
+            group_id="desc-only",
+            session_timeout=timedelta(seconds=10),
+            rebalance_timeout=timedelta(seconds=10),
+            member_id="",
+            group_instance_id=None,
+            protocol_type="consumer",
+            protocols=(JoinGroupRequestProtocol(name="range", metadata=b""),),
+            reason=None,
+        )
+    )
     assert joined.error_code == GROUP_AUTH
-    beat = raw.call(HeartbeatRequest(group_id="desc-only", generation_id=1, member_id="m",
-                                     group_instance_id=None))  # fmt: skip
+    beat = raw.call(
+        HeartbeatRequest(
+            group_id="desc-only", generation_id=1, member_id="m", group_instance_id=None
+        )
+    )
     assert beat.error_code == GROUP_AUTH
-    synced = raw.call(SyncGroupRequest(group_id="desc-only", generation_id=1, member_id="m",
-                                       group_instance_id=None, protocol_type="consumer",
-                                       protocol_name="range", assignments=()))  # fmt: skip
+    synced = raw.call(
+        SyncGroupRequest(
+            group_id="desc-only",
+            generation_id=1,
+            member_id="m",
+            group_instance_id=None,
+            protocol_type="consumer",
+            protocol_name="range",
+            assignments=(),
+        )
+    )
     assert synced.error_code == GROUP_AUTH
-    left = raw.call(LeaveGroupRequest(group_id="desc-only", members=(
-        MemberIdentity(member_id="m", group_instance_id=None, reason=None),)))  # fmt: skip
+    left = raw.call(
+        LeaveGroupRequest(
+            group_id="desc-only",
+            members=(MemberIdentity(member_id="m", group_instance_id=None, reason=None),),
+        )
+    )
     assert [m.error_code for m in left.members] == [GROUP_AUTH]
     secured.topic("acl-grp-unread")
     assert commit("cg-1", "acl-grp-unread") == [TOPIC_AUTH]
@@ -558,8 +668,9 @@ def test_group_apis(secured: Secured) -> None:
     admin_c = secured.admin("carol")
     groups = admin_c.list_consumer_groups().result(timeout=30)
     assert {g.group_id for g in groups.valid} == {"cg-1"}
-    assert "cg-1" in {g.group_id for g in secured.admin().list_consumer_groups()
-                      .result(timeout=30).valid}  # fmt: skip
+    assert "cg-1" in {
+        g.group_id for g in secured.admin().list_consumer_groups().result(timeout=30).valid
+    }
     fs = admin_c.delete_consumer_groups(["cg-1"])
     with pytest.raises(KafkaException) as e:
         fs["cg-1"].result(timeout=30)
@@ -573,9 +684,21 @@ def test_replica_fetch_without_cluster_action_is_refused(secured: Secured) -> No
     assert produce_error(secured.conf("admin"), t) is None
     raw = Raw(secured.broker.port)
     assert fetch_codes(raw, t, replica=2) == [TOPIC_AUTH]
-    epochs = raw.call(OffsetForLeaderEpochRequest(replica_id=2, topics=(
-        OffsetForLeaderTopic(topic=t, partitions=(OffsetForLeaderPartition(
-            partition=0, current_leader_epoch=-1, leader_epoch=0),)),)))  # fmt: skip
+    epochs = raw.call(
+        OffsetForLeaderEpochRequest(
+            replica_id=2,
+            topics=(
+                OffsetForLeaderTopic(
+                    topic=t,
+                    partitions=(
+                        OffsetForLeaderPartition(
+                            partition=0, current_leader_epoch=-1, leader_epoch=0
+                        ),
+                    ),
+                ),
+            ),
+        )
+    )
     assert [p.error_code for r in epochs.topics for p in r.partitions] == [TOPIC_AUTH]
     raw.close()
 
@@ -587,30 +710,75 @@ def test_every_other_api_on_the_wire(secured: Secured) -> None:
     assert produce_error(secured.conf("admin"), t) is None
     zero = timedelta(seconds=5)
     requests: dict[str, Any] = {
-        "list_offsets": ListOffsetsRequest(replica_id=-1, isolation_level=0, topics=(
-            ListOffsetsTopic(name=t, partitions=(ListOffsetsPartition(
-                partition_index=0, current_leader_epoch=-1, timestamp=-1),)),)),
-        "delete_records": DeleteRecordsRequest(timeout=zero, topics=(DeleteRecordsTopic(
-            name=t, partitions=(DeleteRecordsPartition(partition_index=0, offset=0),)),)),
+        "list_offsets": ListOffsetsRequest(
+            replica_id=-1,
+            isolation_level=0,
+            topics=(
+                ListOffsetsTopic(
+                    name=t,
+                    partitions=(
+                        ListOffsetsPartition(
+                            partition_index=0, current_leader_epoch=-1, timestamp=-1
+                        ),
+                    ),
+                ),
+            ),
+        ),
+        "delete_records": DeleteRecordsRequest(
+            timeout=zero,
+            topics=(
+                DeleteRecordsTopic(
+                    name=t, partitions=(DeleteRecordsPartition(partition_index=0, offset=0),)
+                ),
+            ),
+        ),
         "describe_topic": DescribeTopicPartitionsRequest(
-            topics=(TopicRequest(name=t),), response_partition_limit=100, cursor=None),
-        "alter_topic_config": IncrementalAlterConfigsRequest(validate_only=True, resources=(
-            AlterConfigsResource(resource_type=2, resource_name=t, configs=(AlterableConfig(
-                name="retention.ms", config_operation=0, value="60000"),)),)),
-        "alter_broker_config": IncrementalAlterConfigsRequest(validate_only=True, resources=(
-            AlterConfigsResource(resource_type=4, resource_name="1", configs=()),)),
-        "elect": ElectLeadersRequest(election_type=0, timeout=zero, topic_partitions=(
-            TopicPartitions(topic=t, partitions=(0,)),)),
+            topics=(TopicRequest(name=t),), response_partition_limit=100, cursor=None
+        ),
+        "alter_topic_config": IncrementalAlterConfigsRequest(
+            validate_only=True,
+            resources=(
+                AlterConfigsResource(
+                    resource_type=2,
+                    resource_name=t,
+                    configs=(
+                        AlterableConfig(name="retention.ms", config_operation=0, value="60000"),
+                    ),
+                ),
+            ),
+        ),
+        "alter_broker_config": IncrementalAlterConfigsRequest(
+            validate_only=True,
+            resources=(AlterConfigsResource(resource_type=4, resource_name="1", configs=()),),
+        ),
+        "elect": ElectLeadersRequest(
+            election_type=0,
+            timeout=zero,
+            topic_partitions=(TopicPartitions(topic=t, partitions=(0,)),),
+        ),
         "log_dirs": DescribeLogDirsRequest(topics=None),
-        "reassign": AlterPartitionReassignmentsRequest(timeout=zero, topics=(ReassignableTopic(
-            name=t, partitions=(ReassignablePartition(partition_index=0, replicas=None),)),)),
+        "reassign": AlterPartitionReassignmentsRequest(
+            timeout=zero,
+            topics=(
+                ReassignableTopic(
+                    name=t, partitions=(ReassignablePartition(partition_index=0, replicas=None),)
+                ),
+            ),
+        ),
         "list_reassign": ListPartitionReassignmentsRequest(timeout=zero, topics=None),
-        "quorum": DescribeQuorumRequest(topics=(TopicData(
-            topic_name="__cluster_metadata", partitions=(PartitionData(partition_index=0),)),)),
-        "offset_fetch": OffsetFetchRequest(group_id="hank-g", require_stable=False,
-                                           topics=(OffsetFetchRequestTopic(
-                                               name=t, partition_indexes=(0,)),)),
-    }  # fmt: skip
+        "quorum": DescribeQuorumRequest(
+            topics=(
+                TopicData(
+                    topic_name="__cluster_metadata", partitions=(PartitionData(partition_index=0),)
+                ),
+            )
+        ),
+        "offset_fetch": OffsetFetchRequest(
+            group_id="hank-g",
+            require_stable=False,
+            topics=(OffsetFetchRequestTopic(name=t, partition_indexes=(0,)),),
+        ),
+    }
 
     def codes(answer: Any, name: str) -> list[int]:
         if name in ("list_offsets", "delete_records"):
@@ -632,12 +800,18 @@ def test_every_other_api_on_the_wire(secured: Secured) -> None:
 
     before = asked("hank")
     assert before == {
-        "list_offsets": [TOPIC_AUTH], "delete_records": [TOPIC_AUTH],
-        "describe_topic": [TOPIC_AUTH], "alter_topic_config": [TOPIC_AUTH],
-        "alter_broker_config": [CLUSTER_AUTH], "elect": [CLUSTER_AUTH],
-        "log_dirs": [CLUSTER_AUTH], "reassign": [CLUSTER_AUTH], "list_reassign": [CLUSTER_AUTH],
-        "quorum": [CLUSTER_AUTH], "offset_fetch": [GROUP_AUTH],
-    }, before  # fmt: skip
+        "list_offsets": [TOPIC_AUTH],
+        "delete_records": [TOPIC_AUTH],
+        "describe_topic": [TOPIC_AUTH],
+        "alter_topic_config": [TOPIC_AUTH],
+        "alter_broker_config": [CLUSTER_AUTH],
+        "elect": [CLUSTER_AUTH],
+        "log_dirs": [CLUSTER_AUTH],
+        "reassign": [CLUSTER_AUTH],
+        "list_reassign": [CLUSTER_AUTH],
+        "quorum": [CLUSTER_AUTH],
+        "offset_fetch": [GROUP_AUTH],
+    }, before
     cluster = {"rtype": ResourceType.BROKER}
     secured.allow(
         acl(t, AclOperation.DELETE, "hank"),  # implies DESCRIBE
@@ -660,16 +834,39 @@ def test_bad_bindings_get_invalid_request(secured: Secured) -> None:
     """Each bad binding is its own INVALID_REQUEST with a reason; the good one in the same
     request is created, and the broker goes on serving."""
 
-    def creation(rtype: int = 2, name: str = "t", pattern: int = 3, principal: str = "User:x",
-                 host: str = "*", op: int = 3, perm: int = 3) -> AclCreation:  # fmt: skip
-        return AclCreation(resource_type=rtype, resource_name=name, resource_pattern_type=pattern,
-                           principal=principal, host=host, operation=op,
-                           permission_type=perm)  # fmt: skip
+    def creation(
+        rtype: int = 2,
+        name: str = "t",
+        pattern: int = 3,
+        principal: str = "User:x",
+        host: str = "*",
+        op: int = 3,
+        perm: int = 3,
+    ) -> AclCreation:
+        return AclCreation(
+            resource_type=rtype,
+            resource_name=name,
+            resource_pattern_type=pattern,
+            principal=principal,
+            host=host,
+            operation=op,
+            permission_type=perm,
+        )
 
-    bad = [creation(rtype=1), creation(rtype=0), creation(pattern=1), creation(pattern=2),
-           creation(op=1), creation(op=0), creation(op=99), creation(perm=1), creation(name=""),
-           creation(rtype=4, name="not-the-cluster"), creation(principal="nocolon"),
-           creation(rtype=99)]  # fmt: skip
+    bad = [
+        creation(rtype=1),
+        creation(rtype=0),
+        creation(pattern=1),
+        creation(pattern=2),
+        creation(op=1),
+        creation(op=0),
+        creation(op=99),
+        creation(perm=1),
+        creation(name=""),
+        creation(rtype=4, name="not-the-cluster"),
+        creation(principal="nocolon"),
+        creation(rtype=99),
+    ]
     good = creation(name="acl-bad-neighbour")
     answer = secured.raw_as("admin").call(CreateAclsRequest(creations=(*bad, good)))
     codes = [r.error_code for r in answer.results]
@@ -687,23 +884,43 @@ def test_bad_bindings_get_invalid_request(secured: Secured) -> None:
 
 
 def _listed(secured: Secured, **kw: Any) -> set[tuple]:
-    flt = AclBindingFilter(kw.get("rtype", ResourceType.ANY), kw.get("name"),
-                           kw.get("pattern", ResourcePatternType.ANY), kw.get("principal"),
-                           None, AclOperation.ANY, AclPermissionType.ANY)  # fmt: skip
-    return {(b.restype, b.name, b.resource_pattern_type, b.principal, b.operation)
-            for b in secured.admin().describe_acls(flt).result(timeout=30)}  # fmt: skip
+    flt = AclBindingFilter(
+        kw.get("rtype", ResourceType.ANY),
+        kw.get("name"),
+        kw.get("pattern", ResourcePatternType.ANY),
+        kw.get("principal"),
+        None,
+        AclOperation.ANY,
+        AclPermissionType.ANY,
+    )
+    return {
+        (b.restype, b.name, b.resource_pattern_type, b.principal, b.operation)
+        for b in secured.admin().describe_acls(flt).result(timeout=30)
+    }
 
 
 def test_describe_and_delete_with_match_and_any_filters(secured: Secured) -> None:
-    secured.allow(acl("mx-", AclOperation.READ, "mallory", pattern=ResourcePatternType.PREFIXED),
-                  acl("mx-1", AclOperation.WRITE, "mallory"),
-                  acl("other", AclOperation.WRITE, "mallory"))  # fmt: skip
-    matched = _listed(secured, rtype=ResourceType.TOPIC, name="mx-1",
-                      pattern=ResourcePatternType.MATCH)  # fmt: skip
+    secured.allow(
+        acl("mx-", AclOperation.READ, "mallory", pattern=ResourcePatternType.PREFIXED),
+        acl("mx-1", AclOperation.WRITE, "mallory"),
+        acl("other", AclOperation.WRITE, "mallory"),
+    )
+    matched = _listed(
+        secured, rtype=ResourceType.TOPIC, name="mx-1", pattern=ResourcePatternType.MATCH
+    )
     assert {(n, o) for _, n, _, p, o in matched if p == "User:mallory"} == {
-        ("mx-", AclOperation.READ), ("mx-1", AclOperation.WRITE)}  # fmt: skip
-    flt = AclBindingFilter(ResourceType.TOPIC, "mx-1", ResourcePatternType.MATCH, "User:mallory",
-                           None, AclOperation.ANY, AclPermissionType.ANY)  # fmt: skip
+        ("mx-", AclOperation.READ),
+        ("mx-1", AclOperation.WRITE),
+    }
+    flt = AclBindingFilter(
+        ResourceType.TOPIC,
+        "mx-1",
+        ResourcePatternType.MATCH,
+        "User:mallory",
+        None,
+        AclOperation.ANY,
+        AclPermissionType.ANY,
+    )
     deleted = secured.admin().delete_acls([flt])[flt].result(timeout=30)
     assert {b.name for b in deleted} == {"mx-", "mx-1"}
     left = _listed(secured, principal="User:mallory")
@@ -734,11 +951,21 @@ def test_kafka_acls_cli_adds_lists_and_removes(
 
     def acls(*args: str) -> str:
         r = subprocess.run(
-            java_cmd(KAFKA41_TOOLS["kafka-acls"], ["--bootstrap-server",
-                     f"127.0.0.1:{secured.sasl_port}", "--command-config", str(config), *args],
-                     jars="4.1"),
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            java_cmd(
+                KAFKA41_TOOLS["kafka-acls"],
+                [
+                    "--bootstrap-server",
+                    f"127.0.0.1:{secured.sasl_port}",
+                    "--command-config",
+                    str(config),
+                    *args,
+                ],
+                jars="4.1",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 0, f"kafka-acls {args}: {r.stdout[-2000:]}{r.stderr[-3000:]}"
         return r.stdout
 
@@ -746,8 +973,17 @@ def test_kafka_acls_cli_adds_lists_and_removes(
     frank = secured.conf("frank")
     assert produce_error(frank, t).code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
     acls("--add", "--allow-principal", "User:frank", "--producer", "--topic", t)
-    acls("--add", "--allow-principal", "User:frank", "--operation", "Read", "--group", "cli-",
-         "--resource-pattern-type", "prefixed")  # fmt: skip
+    acls(
+        "--add",
+        "--allow-principal",
+        "User:frank",
+        "--operation",
+        "Read",
+        "--group",
+        "cli-",
+        "--resource-pattern-type",
+        "prefixed",
+    )
     listed = acls("--list", "--topic", t)
     assert "User:frank" in listed and "WRITE" in listed and "CREATE" in listed, listed
     assert produce_error(frank, t) is None
@@ -766,20 +1002,27 @@ def test_kafka_python_and_the_java_client_are_refused_then_served(
     from bench.javatools import straitclient
 
     t = secured.topic("clients-t")
-    kp = dict(bootstrap_servers=f"127.0.0.1:{secured.sasl_port}",
-              security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
-              sasl_plain_username="ivan", sasl_plain_password=USERS["ivan"])  # fmt: skip
+    kp = dict(
+        bootstrap_servers=f"127.0.0.1:{secured.sasl_port}",
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="PLAIN",
+        sasl_plain_username="ivan",
+        sasl_plain_password=USERS["ivan"],
+    )
     producer = KafkaProducer(**kp, max_block_ms=15000)
     with pytest.raises(TopicAuthorizationFailedError):
         producer.send(t, b"kp").get(timeout=30)
     producer.close()
-    jaas = ("org.apache.kafka.common.security.plain.PlainLoginModule required "
-            f'username="ivan" password="{USERS["ivan"]}";')  # fmt: skip
+    jaas = (
+        "org.apache.kafka.common.security.plain.PlainLoginModule required "
+        f'username="ivan" password="{USERS["ivan"]}";'
+    )
     props = ["security.protocol=SASL_PLAINTEXT", "sasl.mechanism=PLAIN", f"sasl.jaas.config={jaas}"]
     extra = [a for p in props for a in ("--prop", p)]
     bootstrap = f"127.0.0.1:{secured.sasl_port}"
-    sent = straitclient(["produce", "--bootstrap", bootstrap, "--topic", t, "--count", 5,
-                         *extra], timeout=180)  # fmt: skip
+    sent = straitclient(
+        ["produce", "--bootstrap", bootstrap, "--topic", t, "--count", 5, *extra], timeout=180
+    )
     assert sent.returncode != 0
     assert "TopicAuthorizationException" in sent.stdout + sent.stderr, sent.stdout[-2000:]
 
@@ -787,23 +1030,57 @@ def test_kafka_python_and_the_java_client_are_refused_then_served(
     producer = KafkaProducer(**kp)
     producer.send(t, b"kp").get(timeout=30)
     producer.close()
-    sent = straitclient(["produce", "--bootstrap", bootstrap, "--topic", t, "--count", 5,
-                         *extra], timeout=180)  # fmt: skip
+    sent = straitclient(
+        ["produce", "--bootstrap", bootstrap, "--topic", t, "--count", 5, *extra], timeout=180
+    )
     assert sent.returncode == 0 and sent.json["acked"] == 5, sent.stderr[-3000:]
-    consumer = KafkaConsumer(t, group_id="ivan-g", auto_offset_reset="earliest",
-                             consumer_timeout_ms=20000, **kp)  # fmt: skip
+    consumer = KafkaConsumer(
+        t, group_id="ivan-g", auto_offset_reset="earliest", consumer_timeout_ms=20000, **kp
+    )
     with pytest.raises(GroupAuthorizationFailedError):
         next(iter(consumer))
     consumer.close()
-    got = straitclient(["consume", "--bootstrap", bootstrap, "--topic", t, "--group", "ivan-g",
-                        "--count", 6, "--timeout-ms", 20000, "--offset-reset", "earliest",
-                        *extra], timeout=180)  # fmt: skip
+    got = straitclient(
+        [
+            "consume",
+            "--bootstrap",
+            bootstrap,
+            "--topic",
+            t,
+            "--group",
+            "ivan-g",
+            "--count",
+            6,
+            "--timeout-ms",
+            20000,
+            "--offset-reset",
+            "earliest",
+            *extra,
+        ],
+        timeout=180,
+    )
     assert got.returncode != 0
     assert "GroupAuthorizationException" in got.stdout + got.stderr, got.stdout[-2000:]
     secured.allow(acl("ivan-g", AclOperation.READ, "ivan", rtype=ResourceType.GROUP))
-    got = straitclient(["consume", "--bootstrap", bootstrap, "--topic", t, "--group", "ivan-g",
-                        "--count", 6, "--timeout-ms", 60000, "--offset-reset", "earliest",
-                        *extra], timeout=180)  # fmt: skip
+    got = straitclient(
+        [
+            "consume",
+            "--bootstrap",
+            bootstrap,
+            "--topic",
+            t,
+            "--group",
+            "ivan-g",
+            "--count",
+            6,
+            "--timeout-ms",
+            60000,
+            "--offset-reset",
+            "earliest",
+            *extra,
+        ],
+        timeout=180,
+    )
     assert got.returncode == 0 and len(got.records) == 6, got.stderr[-3000:]
 
 
@@ -812,11 +1089,13 @@ def test_acls_survive_a_restart(secured: Secured) -> None:
     t = secured.topic("acl-durable")
     secured.allow(acl(t, AclOperation.WRITE, "erin"))
     secured.broker.restart()
-    wait_for(lambda: produce_error(secured.conf("erin"), t) is None, 60,
-             "erin's WRITE binding is back after the restart")  # fmt: skip
+    wait_for(
+        lambda: produce_error(secured.conf("erin"), t) is None,
+        60,
+        "erin's WRITE binding is back after the restart",
+    )
     assert produce_error(secured.conf("bob"), t).code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
     assert any(n == t for _, n, _, _, _ in _listed(secured, principal="User:erin"))
-
 
 
 # -- a 3+3 cluster -------------------------------------------------------------------------
@@ -837,33 +1116,50 @@ def test_bindings_apply_on_every_broker_of_a_cluster(cluster: Any) -> None:
 
     from straitmq.admin_client import request_sync
 
-    c = cluster(broker_args=[
-        *BROKER_ARGS,
-        "--listeners", "REPLICATION://127.0.0.1:0,CLIENT://127.0.0.1:0",
-        "--listener-security-protocol-map", "REPLICATION:PLAINTEXT,CLIENT:SASL_PLAINTEXT",
-        "--inter-broker-listener-name", "REPLICATION",
-        "--override", "listener.name.client.sasl.enabled.mechanisms=PLAIN",
-        "--override", f"listener.name.client.plain.sasl.jaas.config={JAAS}",
-        "--override", "authorizer.class.name=org.apache.kafka.metadata.authorizer."
-                      "StandardAuthorizer",
-        "--override", "super.users=User:admin;User:ANONYMOUS",
-    ])  # fmt: skip
+    c = cluster(
+        broker_args=[
+            *BROKER_ARGS,
+            "--listeners",
+            "REPLICATION://127.0.0.1:0,CLIENT://127.0.0.1:0",
+            "--listener-security-protocol-map",
+            "REPLICATION:PLAINTEXT,CLIENT:SASL_PLAINTEXT",
+            "--inter-broker-listener-name",
+            "REPLICATION",
+            "--override",
+            "listener.name.client.sasl.enabled.mechanisms=PLAIN",
+            "--override",
+            f"listener.name.client.plain.sasl.jaas.config={JAAS}",
+            "--override",
+            "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "--override",
+            "super.users=User:admin;User:ANONYMOUS",
+        ]
+    )
     first = next(iter(c.brokers.values()))
     described = request_sync(f"http://{first.host}:{first.http_port}", "GET", "/api/v1/cluster")
     client = {b["id"]: b["endpoints"]["CLIENT"][1] for b in described["brokers"]}
     assert sorted(client) == [1, 2, 3]
 
     def conf(user: str, broker: int) -> dict:
-        return {"bootstrap.servers": f"127.0.0.1:{client[broker]}",
-                "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
-                "sasl.username": user, "sasl.password": USERS[user]}  # fmt: skip
+        return {
+            "bootstrap.servers": f"127.0.0.1:{client[broker]}",
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": user,
+            "sasl.password": USERS[user],
+        }
 
     admin = AdminClient(conf("admin", 1))
     for name in ("shared", "private"):
         admin.create_topics([NewTopic(name, 3, 3)])[name].result(timeout=30)
-    for f in admin.create_acls([acl("shared", AclOperation.WRITE), acl("shared", AclOperation.READ),
-                                acl("cl-g", AclOperation.READ, rtype=ResourceType.GROUP)]).values():
-        f.result(timeout=30)  # fmt: skip
+    for f in admin.create_acls(
+        [
+            acl("shared", AclOperation.WRITE),
+            acl("shared", AclOperation.READ),
+            acl("cl-g", AclOperation.READ, rtype=ResourceType.GROUP),
+        ]
+    ).values():
+        f.result(timeout=30)
 
     def visible(broker: int) -> set[str] | None:
         try:
@@ -873,8 +1169,14 @@ def test_bindings_apply_on_every_broker_of_a_cluster(cluster: Any) -> None:
         return {t for t in md.topics if not t.startswith("__")}
 
     for broker in (1, 2, 3):
-        assert wait_for(lambda b=broker: visible(b) == {"shared"} or None, 30,
-                        f"broker {broker} applies the bindings") is True  # fmt: skip
+        assert (
+            wait_for(
+                lambda b=broker: visible(b) == {"shared"} or None,
+                30,
+                f"broker {broker} applies the bindings",
+            )
+            is True
+        )
     p = Producer({**conf("alice", 3), "acks": "all", "enable.idempotence": True})
     for i in range(90):
         p.produce("shared", value=b"m%d" % i, partition=i % 3)

@@ -68,12 +68,17 @@ def test_kill9_partition_leader(cluster) -> None:
     w.wait_acked_growth(300, 20)
     w.stop()
     fig = verify(
-        c, w, "kill9-leader",
+        c,
+        w,
+        "kill9-leader",
         {
-            "victim": victim, "new_leader": new, "failover_s": round(failover_s, 2),
-            "acks_resumed_s": round(resume_s, 2), "isr_back_to_3_s": round(rejoin_s, 2),
+            "victim": victim,
+            "new_leader": new,
+            "failover_s": round(failover_s, 2),
+            "acks_resumed_s": round(resume_s, 2),
+            "isr_back_to_3_s": round(rejoin_s, 2),
         },
-    )  # fmt: skip
+    )
     _assert_ok(fig)
 
 
@@ -104,24 +109,31 @@ def _cut_off_leader(c, prefix: str, scenario: str, cut, heal, cut_key: str) -> N
     w.wait_acked_growth(300, 20)
     w.stop()
     fig = verify(
-        c, w, scenario,
+        c,
+        w,
+        scenario,
         {
-            "victim": victim, "new_leader": new, cut_key: round(cut_s, 1),
-            "failover_s": round(failover_s, 2), "isr_back_to_3_s": round(rejoin_s, 2),
+            "victim": victim,
+            "new_leader": new,
+            cut_key: round(cut_s, 1),
+            "failover_s": round(failover_s, 2),
+            "isr_back_to_3_s": round(rejoin_s, 2),
             "truncations": c.broker_log_count(victim, "truncating follower log"),
         },
-    )  # fmt: skip
+    )
     _assert_ok(fig)
 
 
 def test_sigstop_partition_leader(cluster) -> None:
     c = cluster()
     _cut_off_leader(
-        c, "stop", "sigstop-leader",
+        c,
+        "stop",
+        "sigstop-leader",
         cut=lambda v: c.brokers[v].signal(signal.SIGSTOP),
         heal=lambda v: c.brokers[v].signal(signal.SIGCONT),
         cut_key="paused_s",
-    )  # fmt: skip
+    )
 
 
 def test_kill9_active_controller(cluster) -> None:
@@ -147,17 +159,22 @@ def test_kill9_active_controller(cluster) -> None:
     c.wait_isr(TOPIC, 3, timeout=40, exclude=(victim,))
     wait_for(
         lambda: (active.get("/api/v1/quorum") or {}).get("leader_id") == new.node_id,
-        20, "the old controller back in the quorum, following the new one",
-    )  # fmt: skip
+        20,
+        "the old controller back in the quorum, following the new one",
+    )
     w.wait_acked_growth(300, 20)
     w.stop()
     fig = verify(
-        c, w, "kill9-active-controller",
+        c,
+        w,
+        "kill9-active-controller",
         {
-            "old_active": active.node_id, "new_active": new.node_id,
-            "new_active_s": round(elect_s, 2), "then_broker_failover_s": round(failover_s, 2),
+            "old_active": active.node_id,
+            "new_active": new.node_id,
+            "new_active_s": round(elect_s, 2),
+            "then_broker_failover_s": round(failover_s, 2),
         },
-    )  # fmt: skip
+    )
     _assert_ok(fig)
 
 
@@ -182,24 +199,29 @@ def test_sigstop_active_controller(cluster) -> None:
     # not fence the brokers whose heartbeats it missed while paused.
     wait_for(
         lambda: (active.get("/api/v1/quorum") or {}).get("leader_id") == new.node_id,
-        20, "the paused controller following the new one",
-    )  # fmt: skip
+        20,
+        "the paused controller following the new one",
+    )
     actives = [
-        n.node_id for n in c.controllers.values() if (n.get("/api/v1/quorum") or {}).get(
-            "active_controller"
-        )
+        n.node_id
+        for n in c.controllers.values()
+        if (n.get("/api/v1/quorum") or {}).get("active_controller")
     ]
     assert actives == [new.node_id], actives
     w.wait_acked_growth(300, 20)
     c.wait_isr(TOPIC, 3, timeout=20)
     w.stop()
     fig = verify(
-        c, w, "sigstop-active-controller",
+        c,
+        w,
+        "sigstop-active-controller",
         {
-            "old_active": active.node_id, "new_active": new.node_id,
-            "new_active_s": round(elect_s, 2), "paused_s": round(paused_s, 1),
+            "old_active": active.node_id,
+            "new_active": new.node_id,
+            "new_active_s": round(elect_s, 2),
+            "paused_s": round(paused_s, 1),
         },
-    )  # fmt: skip
+    )
     _assert_ok(fig)
 
 
@@ -207,9 +229,13 @@ def test_network_partition_isolates_leader(cluster) -> None:
     c = cluster(netns=True)
     assert c.net is not None
     _cut_off_leader(
-        c, "net", "netns-partition-leader",
-        cut=c.net.isolate, heal=c.net.heal, cut_key="cut_s",
-    )  # fmt: skip
+        c,
+        "net",
+        "netns-partition-leader",
+        cut=c.net.isolate,
+        heal=c.net.heal,
+        cut_key="cut_s",
+    )
 
 
 class GroupMember:

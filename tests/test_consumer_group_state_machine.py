@@ -483,11 +483,13 @@ def test_handler_converts_kio_requests_and_answers_a_buildable_response() -> Non
     async def run() -> None:
         member = str(uuid.uuid4())  # v1: the client makes up its member id
         join = request(
-            G, 0, member,
+            G,
+            0,
+            member,
             rebalance_timeout=datetime.timedelta(seconds=30),
             subscribed_topic_names=("t1",),
             topic_partitions=(),
-        )  # fmt: skip
+        )
         d = await handle_consumer_group_heartbeat(ctx(), join)  # type: ignore[arg-type]
         resp = build(ConsumerGroupHeartbeatResponse, d)
         entity_writer(ConsumerGroupHeartbeatResponse)(io.BytesIO(), resp)  # encodes
@@ -510,9 +512,13 @@ def test_handler_converts_kio_requests_and_answers_a_buildable_response() -> Non
         assert d["error_code"] == E.none and d["member_epoch"] == 1
         # ...a good one replaces the names (matching whole names: "t" alone matches none).
         only_t = request(
-            G, 1, member,
-            subscribed_topic_names=(), subscribed_topic_regex="t", topic_partitions=owned,
-        )  # fmt: skip
+            G,
+            1,
+            member,
+            subscribed_topic_names=(),
+            subscribed_topic_regex="t",
+            topic_partitions=owned,
+        )
         d = await handle_consumer_group_heartbeat(ctx(), only_t)  # type: ignore[arg-type]
         assert d["error_code"] == E.none and d["assignment"]["topic_partitions"] == []
         back = request(

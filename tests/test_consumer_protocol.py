@@ -57,9 +57,11 @@ PARTITIONS = 12
 # Short sessions and heartbeats so that a killed member is fenced, and a restart
 # noticed, within seconds (Kafka's defaults are 45 s and 5 s).
 BROKER_ARGS = (
-    "--group-consumer-session-timeout-ms", "6000",
-    "--group-consumer-heartbeat-interval-ms", "500",
-)  # fmt: skip
+    "--group-consumer-session-timeout-ms",
+    "6000",
+    "--group-consumer-heartbeat-interval-ms",
+    "500",
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -161,8 +163,11 @@ class CommitWatcher:
         self._thread.start()
 
     def _run(self) -> None:
-        wanted = (of.OffsetFetchRequestTopics(name=self.topic, partition_indexes=tuple(
-            range(PARTITIONS))),)  # fmt: skip
+        wanted = (
+            of.OffsetFetchRequestTopics(
+                name=self.topic, partition_indexes=tuple(range(PARTITIONS))
+            ),
+        )
         grp = of.OffsetFetchRequestGroup(
             group_id=self.group, member_id=None, member_epoch=-1, topics=wanted
         )
@@ -343,11 +348,23 @@ def test_group_grows_shrinks_loses_a_member_and_its_coordinator(broker_factory, 
         restarted_at = now_ms()
         broker.restart()
         mark = progress()
-        wait_for(lambda: described(broker.port, group) == before, 60,
-                 "the same group after the restart", 0.3, check=check, ignore=(Exception,),
-                 detail=lambda: f"{before} -> {described(broker.port, group)}")  # fmt: skip
-        wait_for(lambda: progress() > mark + 200, 60, "consuming after the restart", 0.2,
-                 check=check, detail=status)  # fmt: skip
+        wait_for(
+            lambda: described(broker.port, group) == before,
+            60,
+            "the same group after the restart",
+            0.3,
+            check=check,
+            ignore=(Exception,),
+            detail=lambda: f"{before} -> {described(broker.port, group)}",
+        )
+        wait_for(
+            lambda: progress() > mark + 200,
+            60,
+            "consuming after the restart",
+            0.2,
+            check=check,
+            detail=status,
+        )
         writer.close()
         assert not writer.errors, writer.errors[:5]
         acked = set(writer.acked)
@@ -361,9 +378,12 @@ def test_group_grows_shrinks_loses_a_member_and_its_coordinator(broker_factory, 
         finish(writer, watcher, members)
     assert_monotonic_commits_and_single_owner(watcher, members)
     # The members kept their partitions through the coordinator's restart.
-    moved = [(m.name, e) for m in members[-2:] for e in m.events
-             if e["ev"] in ("assigned", "revoked", "lost")
-             and restarted_at <= e["ts"] < stopped_at]  # fmt: skip
+    moved = [
+        (m.name, e)
+        for m in members[-2:]
+        for e in m.events
+        if e["ev"] in ("assigned", "revoked", "lost") and restarted_at <= e["ts"] < stopped_at
+    ]
     assert not moved, moved
     # Commits refused on the way (stale epochs, unknown members) are the client's to
     # retry; every member committed something.
@@ -394,8 +414,15 @@ def test_rolling_upgrade_from_the_classic_protocol(broker_factory, tmp_path, kin
 
     def start(protocol: str) -> Member:
         extra = CLASSIC[kind] if protocol == "classic" else ()
-        m = Member(kind, f"{kind}-{protocol}-{len(members)}", broker.bootstrap, group, topic,
-                   tmp_path, extra)  # fmt: skip
+        m = Member(
+            kind,
+            f"{kind}-{protocol}-{len(members)}",
+            broker.bootstrap,
+            group,
+            topic,
+            tmp_path,
+            extra,
+        )
         members.append(m)
         return m
 
@@ -417,29 +444,60 @@ def test_rolling_upgrade_from_the_classic_protocol(broker_factory, tmp_path, kin
 
     def consuming() -> None:
         mark = sum(m.processed() for m in members)
-        wait_for(lambda: sum(m.processed() for m in members) > mark + 200, 60, "consuming",
-                 0.2, check=check, detail=status)  # fmt: skip
+        wait_for(
+            lambda: sum(m.processed() for m in members) > mark + 200,
+            60,
+            "consuming",
+            0.2,
+            check=check,
+            detail=status,
+        )
 
     try:
         classic = [start("classic") for _ in range(3)]
-        wait_for(lambda: owned_by_all(3), 120, "3 classic members own every partition", 0.3,
-                 check=check, detail=status)  # fmt: skip
+        wait_for(
+            lambda: owned_by_all(3),
+            120,
+            "3 classic members own every partition",
+            0.3,
+            check=check,
+            detail=status,
+        )
         consuming()
         for i, old in enumerate(classic):
             old.stop()
             start("consumer")
-            wait_for(lambda: owned_by_all(3), 120, "3 members own every partition", 0.3,
-                     check=check, detail=status)  # fmt: skip
+            wait_for(
+                lambda: owned_by_all(3),
+                120,
+                "3 members own every partition",
+                0.3,
+                check=check,
+                detail=status,
+            )
             consuming()
             if i == 0:
                 # One group, upgraded in place: two classic members and a new one.
                 wait_for(
-                    lambda: sorted(m.member_type for m in group_members(broker.port, group))
-                    == [0, 0, 1], 60, "a mixed group", 0.3, check=check, detail=status,
-                )  # fmt: skip
+                    lambda: (
+                        sorted(m.member_type for m in group_members(broker.port, group))
+                        == [0, 0, 1]
+                    ),
+                    60,
+                    "a mixed group",
+                    0.3,
+                    check=check,
+                    detail=status,
+                )
         # All three speak the consumer protocol now, in one KIP-848 group.
-        wait_for(lambda: len(group_members(broker.port, group)) == 3, 60,
-                 "a stable consumer group of 3", 0.3, check=check, detail=status)  # fmt: skip
+        wait_for(
+            lambda: len(group_members(broker.port, group)) == 3,
+            60,
+            "a stable consumer group of 3",
+            0.3,
+            check=check,
+            detail=status,
+        )
         assert {m.member_type for m in group_members(broker.port, group)} == {1}
         writer.close()
         assert not writer.errors, writer.errors[:5]
@@ -484,18 +542,26 @@ def assert_drained(
 
     def processed() -> set[str]:
         return {
-            r[2] for m in members for e in list(m.events) if e["ev"] == "records"
-            for r in e["recs"]
-        }  # fmt: skip
+            r[2] for m in members for e in list(m.events) if e["ev"] == "records" for r in e["recs"]
+        }
 
-    wait_for(lambda: acked <= processed(), 120, "every record processed", 0.3, check=check,
-             detail=lambda: f"{len(acked - processed())} missing")  # fmt: skip
+    wait_for(
+        lambda: acked <= processed(),
+        120,
+        "every record processed",
+        0.3,
+        check=check,
+        detail=lambda: f"{len(acked - processed())} missing",
+    )
     ends = _end_offsets(bootstrap, topic)
     wait_for(
         lambda: all(watcher.seen[p] and watcher.seen[p][-1] == ends[p] for p in ends),
-        60, "committed offsets reach the log end", 0.3, check=check,
+        60,
+        "committed offsets reach the log end",
+        0.3,
+        check=check,
         detail=lambda: str({p: (watcher.seen[p][-1:], ends[p]) for p in ends}),
-    )  # fmt: skip
+    )
 
 
 def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
@@ -516,19 +582,29 @@ def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
 
 def _heartbeat(group: str, member: str, epoch: int, **kw: Any) -> Any:
     fields: dict[str, Any] = {
-        "group_id": group, "member_id": member, "member_epoch": epoch, "instance_id": None,
-        "rack_id": None, "rebalance_timeout": datetime.timedelta(milliseconds=-1),
-        "subscribed_topic_names": None, "subscribed_topic_regex": None,
-        "server_assignor": None, "topic_partitions": None,
-    }  # fmt: skip
+        "group_id": group,
+        "member_id": member,
+        "member_epoch": epoch,
+        "instance_id": None,
+        "rack_id": None,
+        "rebalance_timeout": datetime.timedelta(milliseconds=-1),
+        "subscribed_topic_names": None,
+        "subscribed_topic_regex": None,
+        "server_assignor": None,
+        "topic_partitions": None,
+    }
     return cgh.ConsumerGroupHeartbeatRequest(**{**fields, **kw})
 
 
 def _join(group: str, member: str, **kw: Any) -> Any:
     return _heartbeat(
-        group, member, 0, rebalance_timeout=datetime.timedelta(seconds=30),
-        topic_partitions=(), **kw,
-    )  # fmt: skip
+        group,
+        member,
+        0,
+        rebalance_timeout=datetime.timedelta(seconds=30),
+        topic_partitions=(),
+        **kw,
+    )
 
 
 def _commit(group: str, member: str, epoch: int, topic: str) -> Any:
@@ -536,9 +612,11 @@ def _commit(group: str, member: str, epoch: int, topic: str) -> Any:
         partition_index=0, committed_offset=1, committed_metadata=None
     )
     return oc.OffsetCommitRequest(
-        group_id=group, generation_id_or_member_epoch=epoch, member_id=member,
+        group_id=group,
+        generation_id_or_member_epoch=epoch,
+        member_id=member,
         topics=(oc.OffsetCommitRequestTopic(name=topic, partitions=(part,)),),
-    )  # fmt: skip
+    )
 
 
 def test_bad_input_gets_kafkas_codes(broker_factory):
@@ -552,8 +630,14 @@ def test_bad_input_gets_kafkas_codes(broker_factory):
         assert joined.error_code == E.none and joined.member_epoch >= 1
         epoch = joined.member_epoch
         # An unknown server assignor.
-        resp = r.call(_join(g, str(uuid.uuid4()), subscribed_topic_names=("bad-t",),
-                             server_assignor="sticky-nope"))  # fmt: skip
+        resp = r.call(
+            _join(
+                g,
+                str(uuid.uuid4()),
+                subscribed_topic_names=("bad-t",),
+                server_assignor="sticky-nope",
+            )
+        )
         assert resp.error_code == E.unsupported_assignor
         # An invalid regular expression: refused, and the member and the group unharmed.
         resp = r.call(_heartbeat(g, m, epoch, subscribed_topic_regex="bad-(t"))
@@ -582,8 +666,9 @@ def test_bad_input_gets_kafkas_codes(broker_factory):
 
         # OffsetFetch v9: the member's epoch is checked too; an admin (no member) reads.
         def fetch(member: str | None, ep: int) -> Any:
-            grp = of.OffsetFetchRequestGroup(group_id=g, member_id=member, member_epoch=ep,
-                                             topics=None)  # fmt: skip
+            grp = of.OffsetFetchRequestGroup(
+                group_id=g, member_id=member, member_epoch=ep, topics=None
+            )
             return r.call(of.OffsetFetchRequest(groups=(grp,), require_stable=True)).groups[0]
 
         assert fetch(m, epoch).error_code == E.none
@@ -604,8 +689,10 @@ def test_bad_input_gets_kafkas_codes(broker_factory):
             dg.DescribeGroupsRequest(groups=(g,), include_authorized_operations=False)
         ).groups
         assert (described.error_code, described.group_state, described.members) == (
-            E.none, "Dead", ()
-        )  # fmt: skip
+            E.none,
+            "Dead",
+            (),
+        )
         resp = r.call(
             cgd.ConsumerGroupDescribeRequest(
                 group_ids=(g, "nope"), include_authorized_operations=False
@@ -616,8 +703,10 @@ def test_bad_input_gets_kafkas_codes(broker_factory):
         (member,) = mine.members
         assert member.member_id == m and member.member_epoch == epoch and member.member_type == 1
         assert {tp.topic_name for tp in member.assignment.topic_partitions} == {"bad-t"}
-        assert (nope.error_code, nope.error_message) == (E.group_id_not_found,
-                                                         "Group nope not found.")  # fmt: skip
+        assert (nope.error_code, nope.error_message) == (
+            E.group_id_not_found,
+            "Group nope not found.",
+        )
         # Its members are counted in the group metrics, as the classic ones are.
         metrics = urllib.request.urlopen(f"{broker.http}/metrics", timeout=10).read().decode()
         assert any(
@@ -684,22 +773,34 @@ def test_kafka_consumer_groups_describe_shows_a_consumer_protocol_group(broker_f
     for i in range(40):
         p.produce("cli-t", value=f"v{i}".encode(), partition=i % 4)
     p.flush(30)
-    members = [Member("java", f"cli-{i}", broker.bootstrap, "cli-group", "cli-t", tmp_path)
-               for i in range(2)]  # fmt: skip
+    members = [
+        Member("java", f"cli-{i}", broker.bootstrap, "cli-group", "cli-t", tmp_path)
+        for i in range(2)
+    ]
     try:
         wait_for(
-            lambda: len(group_members(broker.port, "cli-group")) == 2
-            and sum(m.processed() for m in members) >= 40,
-            120, "2 members consume", 0.3, check=lambda: [m.check_alive() for m in members],
+            lambda: (
+                len(group_members(broker.port, "cli-group")) == 2
+                and sum(m.processed() for m in members) >= 40
+            ),
+            120,
+            "2 members consume",
+            0.3,
+            check=lambda: [m.check_alive() for m in members],
             detail=lambda: str([(m.name, m.owned(), m.processed()) for m in members]),
-        )  # fmt: skip
+        )
 
         def tool(*args: str) -> str:
             res = subprocess.run(
-                java_cmd(KAFKA41_TOOLS["kafka-consumer-groups"],
-                         ["--bootstrap-server", broker.bootstrap, *args], jars="4.1"),
-                capture_output=True, text=True, timeout=120,
-            )  # fmt: skip
+                java_cmd(
+                    KAFKA41_TOOLS["kafka-consumer-groups"],
+                    ["--bootstrap-server", broker.bootstrap, *args],
+                    jars="4.1",
+                ),
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             assert res.returncode == 0, res.stderr[-3000:]
             return res.stdout
 
@@ -717,9 +818,11 @@ def test_kafka_consumer_groups_describe_shows_a_consumer_protocol_group(broker_f
             header, *body = described()
             cols = {name: i for i, name in enumerate(header)}
             return len(body) == 4 and all(
-                r[cols["CURRENT-OFFSET"]] == "10" and r[cols["LAG"]] == "0"
-                and r[cols["CONSUMER-ID"]] != "-" for r in body
-            )  # fmt: skip
+                r[cols["CURRENT-OFFSET"]] == "10"
+                and r[cols["LAG"]] == "0"
+                and r[cols["CONSUMER-ID"]] != "-"
+                for r in body
+            )
 
         wait_for(caught_up, 60, "describe shows the group caught up", 1)
         header, *body = rows(tool("--describe", "--group", "cli-group", "--members"))
@@ -744,10 +847,12 @@ def cluster(tmp_path):
 def described(port: int, group: str) -> dict[str, tuple[int, list[int]]]:
     """ConsumerGroupDescribe of a Stable group: member id -> (member epoch, partitions)."""
     return {
-        m.member_id: (m.member_epoch, sorted(p for tp in m.assignment.topic_partitions
-                                             for p in tp.partitions))
+        m.member_id: (
+            m.member_epoch,
+            sorted(p for tp in m.assignment.topic_partitions for p in tp.partitions),
+        )
         for m in group_members(port, group)
-    }  # fmt: skip
+    }
 
 
 def test_coordinator_broker_killed_in_a_cluster(cluster, tmp_path):
@@ -796,16 +901,14 @@ def test_coordinator_broker_killed_in_a_cluster(cluster, tmp_path):
     try:
         wait_for(settled, 120, "3 members own every partition", 0.3, check=check, detail=status)
         mark = progress()
-        wait_for(lambda: progress() > mark + 200, 60, "consuming", 0.2, check=check,
-                 detail=status)  # fmt: skip
+        wait_for(lambda: progress() > mark + 200, 60, "consuming", 0.2, check=check, detail=status)
         victim = coordinator()
         before = described(coordinator_port(), group)
         assert len(before) == 3, before
         c.brokers[victim].kill9()
         killed_at = now_ms()
         dead.append(victim)
-        wait_for(lambda: coordinator() != victim, 60, "a new coordinator", 0.3,
-                 ignore=(Exception,))  # fmt: skip
+        wait_for(lambda: coordinator() != victim, 60, "a new coordinator", 0.3, ignore=(Exception,))
         # The new coordinator rebuilt the group: the same members, epochs, assignments.
         after: dict = {}
 
@@ -824,8 +927,9 @@ def test_coordinator_broker_killed_in_a_cluster(cluster, tmp_path):
             detail=lambda: f"{before} -> {after}",
         )
         mark = progress()
-        wait_for(lambda: progress() > mark + 200, 60, "consuming on", 0.2, check=check,
-                 detail=status)  # fmt: skip
+        wait_for(
+            lambda: progress() > mark + 200, 60, "consuming on", 0.2, check=check, detail=status
+        )
         # The members heard of no change: nothing lost, revoked or assigned since.
         moved = [
             (m.name, e)
@@ -871,10 +975,14 @@ def test_librdkafka_regex_subscription_follows_new_topics(broker_factory):
     for t in ("cpx-a", "cpx-b", "not-cpx"):
         admin.create_topics([NewTopic(t, 2, 1)])[t].result(30)
     assigned: set[tuple[str, int]] = set()
-    consumer = Consumer({
-        "bootstrap.servers": broker.bootstrap, "group.id": "cpx-group",
-        "group.protocol": "consumer", "auto.offset.reset": "earliest",
-    })  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": "cpx-group",
+            "group.protocol": "consumer",
+            "auto.offset.reset": "earliest",
+        }
+    )
     try:
         consumer.subscribe(
             ["^cpx-.*"],
@@ -887,16 +995,22 @@ def test_librdkafka_regex_subscription_follows_new_topics(broker_factory):
             return assigned == want
 
         first = {(t, p) for t in ("cpx-a", "cpx-b") for p in range(2)}
-        wait_for(lambda: poll_until(first), 60, "cpx-a and cpx-b assigned", 0,
-                 detail=lambda: str(assigned))  # fmt: skip
+        wait_for(
+            lambda: poll_until(first),
+            60,
+            "cpx-a and cpx-b assigned",
+            0,
+            detail=lambda: str(assigned),
+        )
         # The broker matched it: the member's subscription is the expression itself.
         (member,) = group_members(broker.port, "cpx-group")
         assert member.subscribed_topic_regex is not None
         assert "cpx-" in member.subscribed_topic_regex
         admin.create_topics([NewTopic("cpx-c", 3, 1)])["cpx-c"].result(30)
         more = first | {("cpx-c", p) for p in range(3)}
-        wait_for(lambda: poll_until(more), 60, "cpx-c assigned too", 0,
-                 detail=lambda: str(assigned))  # fmt: skip
+        wait_for(
+            lambda: poll_until(more), 60, "cpx-c assigned too", 0, detail=lambda: str(assigned)
+        )
     finally:
         consumer.close()
 
@@ -909,9 +1023,11 @@ def test_empty_group_removed_once_its_offsets_expire(broker_factory):
     offsets."""
     broker = broker_factory(
         *BROKER_ARGS,
-        "--offsets-retention-minutes", "0.02",
-        "--offsets-retention-check-interval-ms", "300",
-    )  # fmt: skip
+        "--offsets-retention-minutes",
+        "0.02",
+        "--offsets-retention-check-interval-ms",
+        "300",
+    )
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     admin.create_topics([NewTopic("exp-t", 1, 1)])["exp-t"].result(30)
     r = Raw(broker)

@@ -447,16 +447,36 @@ def test_alter_partitions_judges_each_item_alone() -> None:
     img = topic(cluster(3), "t", [[1, 2, 3], [1, 2, 3], [2, 1, 3]])
     p0, p1, p2 = img.topics["t"].partitions
     items = [
-        {"topic": "t", "index": 0, "leader_epoch": p0.leader_epoch,
-         "partition_epoch": p0.partition_epoch, "isr": [1, 2]},
-        {"topic": "t", "index": 1, "leader_epoch": p1.leader_epoch,
-         "partition_epoch": p1.partition_epoch - 1, "isr": [1]},  # stale partition epoch
-        {"topic": "t", "index": 2, "leader_epoch": p2.leader_epoch,
-         "partition_epoch": p2.partition_epoch, "isr": [1, 3]},  # broker 1 does not lead it
-        {"topic": "t", "index": 0, "leader_epoch": p0.leader_epoch,
-         "partition_epoch": p0.partition_epoch, "isr": [1]},  # named twice
+        {
+            "topic": "t",
+            "index": 0,
+            "leader_epoch": p0.leader_epoch,
+            "partition_epoch": p0.partition_epoch,
+            "isr": [1, 2],
+        },
+        {
+            "topic": "t",
+            "index": 1,
+            "leader_epoch": p1.leader_epoch,
+            "partition_epoch": p1.partition_epoch - 1,
+            "isr": [1],
+        },  # stale partition epoch
+        {
+            "topic": "t",
+            "index": 2,
+            "leader_epoch": p2.leader_epoch,
+            "partition_epoch": p2.partition_epoch,
+            "isr": [1, 3],
+        },  # broker 1 does not lead it
+        {
+            "topic": "t",
+            "index": 0,
+            "leader_epoch": p0.leader_epoch,
+            "partition_epoch": p0.partition_epoch,
+            "isr": [1],
+        },  # named twice
         {"topic": "gone", "index": 0, "leader_epoch": 0, "partition_epoch": 0, "isr": [1]},
-    ]  # fmt: skip
+    ]
     records, refused = ops.alter_partitions(img, 1, items)
     assert [(r["topic"], r["index"], r["isr"]) for r in records] == [("t", 0, [1, 2])]
     assert {i: e.code for i, e in refused.items()} == {

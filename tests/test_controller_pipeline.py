@@ -50,8 +50,14 @@ async def _active(tmp_path: Path) -> tuple[Quorum, ActiveController]:
             break
         await asyncio.sleep(0.01)
     assert c.active
-    reg = {"id": 1, "incarnation": "a", "host": "127.0.0.1", "port": 1, "http_port": 2,
-           "cluster_id": "pipeline"}  # fmt: skip
+    reg = {
+        "id": 1,
+        "incarnation": "a",
+        "host": "127.0.0.1",
+        "port": 1,
+        "http_port": 2,
+        "cluster_id": "pipeline",
+    }
     offset = (await c.register_broker(reg))["metadata_offset"]
     await c.heartbeat({"id": 1, "incarnation": "a", "metadata_offset": offset})
     assert not q.image.brokers[1].fenced
@@ -109,9 +115,7 @@ def test_a_refusal_waits_for_the_change_it_was_judged_against(tmp_path, slow_wri
 def test_concurrent_producer_id_blocks_never_overlap(tmp_path, slow_writes) -> None:  # type: ignore[no-untyped-def]
     async def go() -> None:
         q, c = await _active(tmp_path)
-        replies = await asyncio.gather(
-            *(c.allocate_producer_ids({"broker": 1}) for _ in range(10))
-        )
+        replies = await asyncio.gather(*(c.allocate_producer_ids({"broker": 1}) for _ in range(10)))
         starts = sorted(r["start"] for r in replies)
         count = replies[0]["count"]
         assert all(b - a >= count for a, b in itertools.pairwise(starts)), starts
@@ -146,8 +150,14 @@ def test_lost_leadership_drops_the_speculative_image(tmp_path, slow_writes) -> N
 
 
 async def _broker(c: ActiveController, bid: int) -> None:
-    reg = {"id": bid, "incarnation": f"i{bid}", "host": "127.0.0.1", "port": bid,
-           "http_port": 100 + bid, "cluster_id": "pipeline"}  # fmt: skip
+    reg = {
+        "id": bid,
+        "incarnation": f"i{bid}",
+        "host": "127.0.0.1",
+        "port": bid,
+        "http_port": 100 + bid,
+        "cluster_id": "pipeline",
+    }
     offset = (await c.register_broker(reg))["metadata_offset"]
     await c.heartbeat({"id": bid, "incarnation": f"i{bid}", "metadata_offset": offset})
 
@@ -207,20 +217,29 @@ def test_a_new_active_controller_finishes_moves_cut_short(tmp_path) -> None:  # 
         c._spawn_probe = lambda bid, incarnation: None  # type: ignore[method-assign]
         await _broker(c, 2)
         await _broker(c, 3)
-        await c.create_topic({"name": "t", "partitions": 12, "replication_factor": 2,
-                              "assignments": [[2, 1]] * 6 + [[1, 2]] * 6})  # fmt: skip
-        await c.create_topic({"name": "solo", "partitions": 3, "replication_factor": 1,
-                              "assignments": [[3]] * 3})  # fmt: skip
+        await c.create_topic(
+            {
+                "name": "t",
+                "partitions": 12,
+                "replication_factor": 2,
+                "assignments": [[2, 1]] * 6 + [[1, 2]] * 6,
+            }
+        )
+        await c.create_topic(
+            {"name": "solo", "partitions": 3, "replication_factor": 1, "assignments": [[3]] * 3}
+        )
         assert _leaders(q, "t") == [2] * 6 + [1] * 6
         # Broker 3 leaves for real: its partitions go offline (it was their only ISR).
         assert await c._fence(3, "i3", "test")
         assert _leaders(q, "solo") == [-1] * 3
         # Cut short: broker 2's fencing committed with only one of its moves...
         part = q.image.topics["t"].partitions[0]
-        await q.propose([
-            {"type": "fence_broker", "id": 2},
-            {"type": "partition_change", "topic": "t", "index": 0, "leader": 1, "isr": [1]},
-        ])  # fmt: skip
+        await q.propose(
+            [
+                {"type": "fence_broker", "id": 2},
+                {"type": "partition_change", "topic": "t", "index": 0, "leader": 1, "isr": [1]},
+            ]
+        )
         assert part.leader == 1 and _leaders(q, "t")[1] == 2
         # ...and broker 3's return with none of its elections.
         await q.propose([{"type": "unfence_broker", "id": 3}])

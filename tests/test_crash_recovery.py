@@ -210,8 +210,12 @@ def test_sigkill_mid_stream_loses_no_acked_message(broker_factory: Any, case: st
 def test_sigkill_with_many_small_segments_recovers(broker_factory: Any) -> None:
     """Tiny segments: the kill lands among many rolled segments and producer snapshots."""
     b = broker_factory()
-    request_sync(b.http, "POST", "/api/v1/topics",
-                 {"name": "rolls", "partitions": 1, "configs": {"segment.bytes": "1024"}})
+    request_sync(
+        b.http,
+        "POST",
+        "/api/v1/topics",
+        {"name": "rolls", "partitions": 1, "configs": {"segment.bytes": "1024"}},
+    )
     stream = Stream(
         b.bootstrap,
         "rolls",

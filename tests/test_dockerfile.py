@@ -326,9 +326,11 @@ def test_the_spark_jobs_image_holds_every_module_its_jobs_import(tmp_path: Path)
             if src.startswith(".cache/"):
                 continue  # the jars: downloaded, not Python
             target = image / dest.lstrip("/")
-            files = [ROOT / src] if (ROOT / src).is_file() else [
-                f for f in (ROOT / src).rglob("*.py") if "__pycache__" not in f.parts
-            ]  # fmt: skip
+            files = (
+                [ROOT / src]
+                if (ROOT / src).is_file()
+                else [f for f in (ROOT / src).rglob("*.py") if "__pycache__" not in f.parts]
+            )
             for f in files:
                 rel = f.relative_to(ROOT / src) if (ROOT / src).is_dir() else None
                 out = target / rel if rel is not None else target
@@ -351,7 +353,10 @@ def test_the_spark_jobs_image_holds_every_module_its_jobs_import(tmp_path: Path)
     )
     r = subprocess.run(
         [sys.executable, "-I", "-c", f"import sys; sys.path[:0] = {paths!r}\n" + code],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
         env={"IMAGE": str(image), "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+    )
     assert r.returncode == 0, r.stderr[-2000:]

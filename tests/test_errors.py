@@ -310,8 +310,14 @@ def test_refused_acks0_produce_closes_the_connection(strict_broker: Any, raw: An
     with pytest.raises(ConnectionError):
         r.call(list_offsets(6, "fire-and-forget", -1))
     # Others are served as before.
-    assert code(produce_partition(raw(strict_broker).call(
-        produce(9, "fire-and-forget", record_batch([b"c"]))))) == NONE  # fmt: skip
+    assert (
+        code(
+            produce_partition(
+                raw(strict_broker).call(produce(9, "fire-and-forget", record_batch([b"c"])))
+            )
+        )
+        == NONE
+    )
 
 
 def test_produce_corrupt_batch(strict_broker: Any, raw: Any) -> None:

@@ -25,10 +25,13 @@ TOPIC = "fencing"
 SESSION_S = 9.0  # the controller's default broker.session.timeout.ms
 HEARTBEAT_S = 2.0  # the broker's default broker.heartbeat.interval.ms
 BROKER_ARGS = [
-    "--default-replication-factor", "3",
-    "--offsets-topic-replication-factor", "3",
-    "--group-initial-rebalance-delay-ms", "0",
-]  # fmt: skip
+    "--default-replication-factor",
+    "3",
+    "--offsets-topic-replication-factor",
+    "3",
+    "--group-initial-rebalance-delay-ms",
+    "0",
+]
 pytestmark = pytest.mark.timeout(240)
 
 
@@ -83,9 +86,11 @@ def test_killed_leader_is_fenced_at_once_and_nothing_is_lost(cluster) -> None:
     w.wait_acked_growth(200, 20)
     w.stop()
     fig = verify(
-        c, w, "kill9-leader-fast-fence",
+        c,
+        w,
+        "kill9-leader-fast-fence",
         {"victim": victim, "new_leader": new, "failover_s": round(failover_s, 2)},
-    )  # fmt: skip
+    )
     assert fig.ok(), fig.line()
 
 
@@ -126,8 +131,11 @@ def test_new_active_controller_fences_a_broker_that_died_with_the_old_one(cluste
     # The brokers' streams follow the new controller: once `second`'s stream is open
     # there and its port was seen answering, its kill is seen at once.
     second = min(c.brokers)
-    wait_for(lambda: second in (new.get("/api/v1/quorum") or {}).get("fast_fencing_armed", []),
-             10, f"broker {second}'s session stream at the new controller")  # fmt: skip
+    wait_for(
+        lambda: second in (new.get("/api/v1/quorum") or {}).get("fast_fencing_armed", []),
+        10,
+        f"broker {second}'s session stream at the new controller",
+    )
     c.brokers[second].kill9()
     wait_for(lambda: fenced(c, second), SESSION_S + 20, f"broker {second} fenced")
     counts = fencings(c)

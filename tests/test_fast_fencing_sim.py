@@ -76,11 +76,17 @@ class Sim:
             self.brokers[bid] = b
             self._apply(
                 [
-                    {"type": "register_broker", "id": bid, "incarnation": b.incarnation,
-                     "host": "h", "port": 9092, "http_port": 8080},
+                    {
+                        "type": "register_broker",
+                        "id": bid,
+                        "incarnation": b.incarnation,
+                        "host": "h",
+                        "port": 9092,
+                        "http_port": 8080,
+                    },
                     {"type": "unfence_broker", "id": bid},
                 ]
-            )  # fmt: skip
+            )
             self.sessions.touch(bid, b.incarnation, 0.0)
             self.last_heard[b.incarnation] = 0.0
             b.next_heartbeat = self.rng.uniform(0, HEARTBEAT)
@@ -88,9 +94,17 @@ class Sim:
         for i in range(PARTITIONS):
             replicas = [BROKERS[(i + k) % 3] for k in range(3)]
             self._apply(
-                [{"type": "partition", "topic": "t", "index": i, "replicas": replicas,
-                  "isr": list(replicas), "leader": replicas[0]}]
-            )  # fmt: skip
+                [
+                    {
+                        "type": "partition",
+                        "topic": "t",
+                        "index": i,
+                        "replicas": replicas,
+                        "isr": list(replicas),
+                        "leader": replicas[0],
+                    }
+                ]
+            )
 
     def _new_incarnation(self) -> str:
         return f"inc-{self.rng.getrandbits(32):08x}"
@@ -133,13 +147,20 @@ class Sim:
             for i, p in enumerate(self.image.topics["t"].partitions):
                 if bid in p.replicas and bid not in p.isr and p.leader != NO_LEADER:
                     self._apply(
-                        [{"type": "partition_change", "topic": "t", "index": i,
-                          "isr": [*p.isr, bid]}]
-                    )  # fmt: skip
+                        [
+                            {
+                                "type": "partition_change",
+                                "topic": "t",
+                                "index": i,
+                                "isr": [*p.isr, bid],
+                            }
+                        ]
+                    )
 
     def probe(self, bid: int, incarnation: str) -> None:
-        self.inflight.append((self.now + self.rng.choice((0.0, 0.05, 0.1, 0.15)), "probe",
-                              bid, incarnation))  # fmt: skip
+        self.inflight.append(
+            (self.now + self.rng.choice((0.0, 0.05, 0.1, 0.15)), "probe", bid, incarnation)
+        )
 
     def stream_closed(self, bid: int, incarnation: str) -> None:
         if self.active and self.sessions.stream_closed(bid, incarnation):
@@ -190,10 +211,18 @@ class Sim:
                 b.killed_at, b.view = None, None
                 old = self.image.brokers[b.id]
                 self._apply(
-                    [{"type": "register_broker", "id": b.id, "incarnation": b.incarnation,
-                      "host": old.host, "port": old.port, "http_port": old.http_port},
-                     *on_broker_leaving(self.image, b.id)]
-                )  # fmt: skip
+                    [
+                        {
+                            "type": "register_broker",
+                            "id": b.id,
+                            "incarnation": b.incarnation,
+                            "host": old.host,
+                            "port": old.port,
+                            "http_port": old.http_port,
+                        },
+                        *on_broker_leaving(self.image, b.id),
+                    ]
+                )
                 self.sessions.touch(b.id, b.incarnation, self.now)
                 self.last_heard[b.incarnation] = self.now
                 b.next_heartbeat = self.now
@@ -207,9 +236,13 @@ class Sim:
             if b.stream_open:  # the kernel closes its socket; the FIN arrives shortly
                 b.stream_open = False
                 self.inflight.append(
-                    (self.now + self.rng.choice((0.0, 0.05, 0.1)), "stream_closed", b.id,
-                     b.incarnation)
-                )  # fmt: skip
+                    (
+                        self.now + self.rng.choice((0.0, 0.05, 0.1)),
+                        "stream_closed",
+                        b.id,
+                        b.incarnation,
+                    )
+                )
             return
         if b.state in ("frozen", "cut"):
             if self.now >= b.until:

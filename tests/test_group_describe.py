@@ -31,11 +31,15 @@ def test_cli_and_http_describe_classic_consumer_and_share_groups(broker):
     # nothing from (the lag series below are one per committed partition).
     for part in range(3):
         _produce(broker, "gd", [f"v{part * 10 + i}" for i in range(10)], partition=part)
-    common = {"bootstrap.servers": broker.bootstrap, "auto.offset.reset": "earliest",
-              "enable.auto.commit": False}  # fmt: skip
+    common = {
+        "bootstrap.servers": broker.bootstrap,
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+    }
     classic = Consumer({**common, "group.id": "gd-classic", "client.id": "cli-classic"})
-    kip848 = Consumer({**common, "group.id": "gd-848", "client.id": "cli-848",
-                       "group.protocol": "consumer"})  # fmt: skip
+    kip848 = Consumer(
+        {**common, "group.id": "gd-848", "client.id": "cli-848", "group.protocol": "consumer"}
+    )
     raw = Raw(broker)
     try:
         classic.subscribe(["gd"])
@@ -56,8 +60,9 @@ def test_cli_and_http_describe_classic_consumer_and_share_groups(broker):
         member = str(uuid.uuid4())
         share = wait_for(
             lambda: (r := raw.call(_hb("gd-share", member, 0, ("gd",)))).error_code == 0 and r,
-            30, "a share group member",
-        )  # fmt: skip
+            30,
+            "a share group member",
+        )
 
         # The list: every kind, with its type.
         r = strait(broker, "group", "list")
@@ -136,7 +141,12 @@ def test_cli_and_http_describe_classic_consumer_and_share_groups(broker):
         r = strait(broker, "group", "describe", "gd-share")
         assert r.returncode == 0, r.stderr
         assert _line(r.stdout, "TOPIC").split() == [
-            "TOPIC", "PARTITION", "START-OFFSET", "END", "LAG"]  # fmt: skip
+            "TOPIC",
+            "PARTITION",
+            "START-OFFSET",
+            "END",
+            "LAG",
+        ]
         assert r.stdout.startswith(
             f"group gd-share  type share  state Stable  group epoch {d['group_epoch']}  "
             f"assignment epoch {d['assignment_epoch']}  assignor simple  members 1"
@@ -146,14 +156,24 @@ def test_cli_and_http_describe_classic_consumer_and_share_groups(broker):
 
         # The group metrics carry each group's kind; a share group's lag is past its SPSO.
         m = scrape(broker.http)
-        kinds = {ls["messaging_consumer_group_name"]: ls["straitmq_consumer_group_type"]
-                 for ls, _ in m["straitmq_consumer_group_state"]}  # fmt: skip
+        kinds = {
+            ls["messaging_consumer_group_name"]: ls["straitmq_consumer_group_type"]
+            for ls, _ in m["straitmq_consumer_group_state"]
+        }
         assert kinds == {"gd-classic": "classic", "gd-848": "consumer", "gd-share": "share"}
         for g, kind in kinds.items():
             labels = {"messaging_consumer_group_name": g, "straitmq_consumer_group_type": kind}
             assert total(m, "straitmq_consumer_group_members", **labels) == 1
-            assert len([1 for ls, _ in m["straitmq_consumer_group_lag"]
-                        if ls.items() >= labels.items()]) == 3, g  # fmt: skip
+            assert (
+                len(
+                    [
+                        1
+                        for ls, _ in m["straitmq_consumer_group_lag"]
+                        if ls.items() >= labels.items()
+                    ]
+                )
+                == 3
+            ), g
             assert total(m, "straitmq_consumer_group_lag", **labels) == 0
 
         # A group that does not exist: one line, exit code 1.
@@ -181,8 +201,14 @@ def test_classic_consumer_protocol_decoding_and_pending_partitions() -> None:
         return struct.pack(">h", len(x)) + x.encode()
 
     # ConsumerProtocolAssignment v1: [topic [partition]], then user data (null).
-    assignment = (struct.pack(">hi", 1, 2) + s("b") + struct.pack(">ii", 1, 4)
-                  + s("a") + struct.pack(">iii", 2, 2, 0) + struct.pack(">i", -1))  # fmt: skip
+    assignment = (
+        struct.pack(">hi", 1, 2)
+        + s("b")
+        + struct.pack(">ii", 1, 4)
+        + s("a")
+        + struct.pack(">iii", 2, 2, 0)
+        + struct.pack(">i", -1)
+    )
     assert _decode_consumer_assignment(assignment) == {"b": [4], "a": [0, 2]}
     assert _decode_consumer_assignment(assignment[:9]) is None
     assert _decode_consumer_assignment(b"") is None
@@ -208,10 +234,18 @@ def test_kip848_regex_member_and_pending_partitions_on_the_wire(broker):
     g, m1, m2 = "gd-pending", str(uuid.uuid4()), str(uuid.uuid4())
     try:
         j1 = wait_for(
-            lambda: (x := r.call(_join(g, m1, subscribed_topic_names=(),
-                                       subscribed_topic_regex="p.*"))).error_code == 0 and x,
-            30, "the first member",
-        )  # fmt: skip
+            lambda: (
+                (
+                    x := r.call(
+                        _join(g, m1, subscribed_topic_names=(), subscribed_topic_regex="p.*")
+                    )
+                ).error_code
+                == 0
+                and x
+            ),
+            30,
+            "the first member",
+        )
         assert sorted(j1.assignment.topic_partitions[0].partitions) == [0, 1, 2, 3]
         j2 = r.call(_join(g, m2, subscribed_topic_names=("px",)))
         assert j2.error_code == 0
@@ -226,7 +260,11 @@ def test_kip848_regex_member_and_pending_partitions_on_the_wire(broker):
         assert second["subscribed_topics"] == ["px"] and second["assignment"] == {}
         pending = second["pending"]["px"]
         assert len(pending) == 2 and set(pending) | set(first["target_assignment"]["px"]) == {
-            0, 1, 2, 3}  # fmt: skip
+            0,
+            1,
+            2,
+            3,
+        }
         out = strait(broker, "group", "describe", g)
         assert out.returncode == 0, out.stderr
         assert "state Reconciling" in out.stdout.splitlines()[0]

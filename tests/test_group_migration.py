@@ -94,9 +94,18 @@ class Harness(ConsumerHarness):
 
     def consumer_hb(self, member_id: str, epoch: int, owned: tuple | None = None):  # type: ignore[no-untyped-def]
         req = ConsumerHeartbeatRequest(
-            G, member_id, epoch, None, None, REBALANCE, ("t1",) if epoch == 0 else None,
-            None, owned if epoch else None, "new", "h",
-        )  # fmt: skip
+            G,
+            member_id,
+            epoch,
+            None,
+            None,
+            REBALANCE,
+            ("t1",) if epoch == 0 else None,
+            None,
+            owned if epoch else None,
+            "new",
+            "h",
+        )
         # Not hb(): an upgrade answers the classic members' parked requests.
         r = self.m.consumer_heartbeat(req, self.topics, self.now)
         self.collect()
@@ -242,9 +251,11 @@ def test_a_new_classic_member_joins_a_consumer_group_with_a_member_id_round_trip
     s = h.sync(first.member_id, j.generation)
     assert s is not None and s.error == E.none and decode_assignment(s.assignment) == {}
     h.consumer_hb(r.member_id, r.member_epoch, owned=((T1, (0, 1, 2, 3)),))
-    h.consumer_hb(r.member_id, h.m.consumer_groups[G].members[r.member_id].epoch,
-                  owned=((T1, tuple(p for _, p in h.m.consumer_groups[G].members[
-                      r.member_id].assigned)),))  # fmt: skip
+    h.consumer_hb(
+        r.member_id,
+        h.m.consumer_groups[G].members[r.member_id].epoch,
+        owned=((T1, tuple(p for _, p in h.m.consumer_groups[G].members[r.member_id].assigned)),),
+    )
     assert h.heartbeat(first.member_id, j.generation) == E.rebalance_in_progress
     j = h.join(first.member_id)
     assert j is not None
@@ -261,8 +272,9 @@ def test_a_new_classic_member_joins_a_consumer_group_with_a_member_id_round_trip
 
 def test_a_group_that_cannot_be_upgraded_is_left_alone() -> None:
     h = Harness()
-    bad = JoinRequest(G, "", None, "x", "h", SESSION, REBALANCE, "consumer", (("range", b"\x00"),),
-                      False)  # fmt: skip
+    bad = JoinRequest(
+        G, "", None, "x", "h", SESSION, REBALANCE, "consumer", (("range", b"\x00"),), False
+    )
     h.m.join(1, bad, h.now, h.topics)
     while h.m.groups[G].state != "CompletingRebalance":
         h.advance(500)

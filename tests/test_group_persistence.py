@@ -103,11 +103,16 @@ def describe(h: Harness) -> dict:
         "assignment_epoch": d["assignment_epoch"],
         "state": d["group_state"],
         "members": {
-            m["member_id"]: (m["member_epoch"], m["assignment"], m["target_assignment"],
-                             m["subscribed_topic_names"], m["instance_id"])
+            m["member_id"]: (
+                m["member_epoch"],
+                m["assignment"],
+                m["target_assignment"],
+                m["subscribed_topic_names"],
+                m["instance_id"],
+            )
             for m in d["members"]
         },
-    }  # fmt: skip
+    }
 
 
 def test_a_heartbeat_that_changes_the_group_writes_its_records_and_a_steady_one_none() -> None:
@@ -145,8 +150,10 @@ def test_members_keep_epochs_and_assignments_across_a_failover() -> None:
     owned_a, owned_b = a.owned, b.owned
     ra, rb = n.beat(a), n.beat(b)
     assert ra.error == rb.error == E.none
-    assert (ra.member_epoch, rb.member_epoch) == (before["members"][a.member_id][0],
-                                                  before["members"][b.member_id][0])
+    assert (ra.member_epoch, rb.member_epoch) == (
+        before["members"][a.member_id][0],
+        before["members"][b.member_id][0],
+    )
     assert (a.owned, b.owned) == (owned_a, owned_b)
     assert n.beat(a).assignment is None
     assert describe(n) == before
@@ -343,8 +350,9 @@ def test_the_heartbeat_waits_for_its_records_and_fails_over_when_they_are_not_du
         assert r.error == E.none and waited == [1]
         mid, epoch = r.member_id, r.member_epoch
         owned = ((T1, (0, 1, 2, 3)),)
-        r = await coord.consumer_heartbeat(ConsumerHeartbeatRequest(G, mid, epoch, owned=owned),
-                                           topics)  # fmt: skip
+        r = await coord.consumer_heartbeat(
+            ConsumerHeartbeatRequest(G, mid, epoch, owned=owned), topics
+        )
         # Nothing written: it still waits for the group's last records (durable already).
         assert r.error == E.none and waited == [1, 1]
         durable = False
@@ -384,7 +392,10 @@ def test_a_classic_group_is_rebuilt_stable_with_its_generation_members_and_assig
     new.take_output()
     g = new.groups[classic.G]
     assert (g.state, g.generation, g.leader_id, g.protocol_name) == (
-        STABLE, f.generation, f.leader, "range"
+        STABLE,
+        f.generation,
+        f.leader,
+        "range",
     )
     assert list(g.members) == f.ids and g.static == {"i-1": f.ids[1]}
     assert all(m.assignment == f"assign-{m.member_id}".encode() for m in g.members.values())
@@ -432,8 +443,9 @@ def test_a_classic_sync_group_is_answered_once_the_generation_is_replicated() ->
             G, "", None, "c", "h", 10_000, 10_000, "consumer", [("range", b"m")], False
         )
         try:
-            s = await coord.sync(G, j["member_id"], None, j["generation_id"],
-                                 {j["member_id"]: b"a"})  # fmt: skip
+            s = await coord.sync(
+                G, j["member_id"], None, j["generation_id"], {j["member_id"]: b"a"}
+            )
         except JoinError as err:
             return err.code
         assert s["assignment"] == b"a" and waited == [1]

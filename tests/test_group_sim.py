@@ -137,9 +137,18 @@ class Sim:
     def send_join(self, c: Client) -> None:
         h = self.handle()
         req = JoinRequest(
-            G, c.member_id, c.instance, c.name, "sim", SESSION, REBALANCE, "consumer",
-            (("range", c.topics),), True, self.rng.random() < 0.5,
-        )  # fmt: skip
+            G,
+            c.member_id,
+            c.instance,
+            c.name,
+            "sim",
+            SESSION,
+            REBALANCE,
+            "consumer",
+            (("range", c.topics),),
+            True,
+            self.rng.random() < 0.5,
+        )
         c.handle, c.sent_at, c.phase = h, self.now, "joining"
         self.m.join(h, req, self.now)
         self.collect()

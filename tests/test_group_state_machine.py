@@ -929,9 +929,17 @@ def test_asyncio_shell_maps_parked_requests_to_futures_and_timers_to_the_loop() 
 
         async def join(member_id: str, client: str, rebalance: int = 100) -> dict:
             return await gc.join(
-                G, member_id, None, client, "h", 5_000, rebalance, "consumer",
-                [("range", b"")], require_known_member_id=True,
-            )  # fmt: skip
+                G,
+                member_id,
+                None,
+                client,
+                "h",
+                5_000,
+                rebalance,
+                "consumer",
+                [("range", b"")],
+                require_known_member_id=True,
+            )
 
         with pytest.raises(JoinError) as e:
             await join("", "a")

@@ -323,8 +323,9 @@ def test_rack_awareness_off_grants_nothing_cluster_scoped_to_bind(tmp_path: Path
         objs = render(tmp_path, {**mode, "rbac": {"rackAwareness": False}})
         assert_no_wildcards(objs)
         assert not [o for o in objs if o["metadata"]["name"] == NODE_READER]
-        everything = {k: v for o in objs if o["kind"] in ("Role", "ClusterRole")
-                      for k, v in grants(o).items()}  # fmt: skip
+        everything = {
+            k: v for o in objs if o["kind"] in ("Role", "ClusterRole") for k, v in grants(o).items()
+        }
         assert not set(RACK_BINDING) & set(everything)
         assert ("", "serviceaccounts") not in everything
         env = only(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
@@ -639,8 +640,9 @@ def test_secure_examples_are_valid_and_secure_the_http_api() -> None:
     cluster = load_example("mqcluster.yaml")
     cspec = validate(cluster)
     operator_accepts(cluster, cspec)
-    parsed = operator_spec.parse({"metadata": {**cluster["metadata"], "namespace": NAMESPACE},
-                                  "spec": cspec})  # fmt: skip
+    parsed = operator_spec.parse(
+        {"metadata": {**cluster["metadata"], "namespace": NAMESPACE}, "spec": cspec}
+    )
     assert parsed.kafka_tls and parsed.kafka_sasl == "SCRAM-SHA-512" and parsed.authorization
     assert parsed.http_secured
     user = load_example("user.yaml")
@@ -673,8 +675,10 @@ def test_chart_cluster_and_topics_are_valid_custom_resources(tmp_path: Path) -> 
     assert billing["authentication"] == {"type": "scram-sha-512"}
     assert billing["authorization"]["acls"][0] == {
         "resource": {"type": "topic", "name": "orders", "patternType": "literal"},
-        "operations": ["Write"], "host": "*", "type": "allow",
-    }  # fmt: skip
+        "operations": ["Write"],
+        "host": "*",
+        "type": "allow",
+    }
     # spec is passed through: what a user sets wins, including the image.
     objs = render(
         tmp_path,
@@ -734,11 +738,19 @@ def test_chart_installs_on_a_real_api_server(kube: Any, tmp_path: Path) -> None:
         assert sorted(topics) == ["topic.straitmq.io/audit", "topic.straitmq.io/orders"]
 
         dry = kube.kubectl(
-            "apply", "--dry-run=server", "-n", watched,
-            "-f", str(EXAMPLES / "open" / "mqcluster.yaml"),
-            "-f", str(EXAMPLES / "open" / "topic.yaml"),
-            "-f", str(EXAMPLES / "mqcluster.yaml"), "-f", str(EXAMPLES / "user.yaml"),
-        )  # fmt: skip
+            "apply",
+            "--dry-run=server",
+            "-n",
+            watched,
+            "-f",
+            str(EXAMPLES / "open" / "mqcluster.yaml"),
+            "-f",
+            str(EXAMPLES / "open" / "topic.yaml"),
+            "-f",
+            str(EXAMPLES / "mqcluster.yaml"),
+            "-f",
+            str(EXAMPLES / "user.yaml"),
+        )
         assert "mqcluster.straitmq.io/demo created (server dry run)" in dry.stdout
         assert "mqcluster.straitmq.io/secure created (server dry run)" in dry.stdout
         assert "user.straitmq.io/orders-app created (server dry run)" in dry.stdout
@@ -813,10 +825,20 @@ def test_operator_reconciles_with_nothing_but_the_charts_rbac(kube: Any, tmp_pat
         metrics_ports.append(free_port())
         with open(log, "wb") as out:
             return subprocess.Popen(
-                [sys.executable, "-m", "straitmq.operator", *scope, "--log-level=info",
-                 f"--metrics-port={metrics_ports[-1]}", f"--health-port={free_port()}"],
-                env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "straitmq.operator",
+                    *scope,
+                    "--log-level=info",
+                    f"--metrics-port={metrics_ports[-1]}",
+                    f"--health-port={free_port()}",
+                ],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
 
     def forbidden(log: Path) -> list[str]:
         return [
@@ -838,13 +860,15 @@ def test_operator_reconciles_with_nothing_but_the_charts_rbac(kube: Any, tmp_pat
                 text = r.read().decode()
         except OSError:
             return 0  # not serving yet
-        return int(sum(
-            sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name == "straitmq_operator_reconciles_total"
-            and kind in sample.labels.values()
-        ))  # fmt: skip
+        return int(
+            sum(
+                sample.value
+                for family in text_string_to_metric_families(text)
+                for sample in family.samples
+                if sample.name == "straitmq_operator_reconciles_total"
+                and kind in sample.labels.values()
+            )
+        )
 
     log = tmp_path / "operator-namespaced.log"
     proc = run_operator([f"--namespace={ns}"], log)
@@ -875,10 +899,15 @@ def test_operator_reconciles_with_nothing_but_the_charts_rbac(kube: Any, tmp_pat
         got = kube.kubectl("get", "clusterrolebinding", binding, "-o", "yaml")
         crb = yaml.safe_load(got.stdout)
         assert crb["roleRef"]["name"] == f"{release}-straitmq-node-reader"
-        assert crb["subjects"] == [{"kind": "ServiceAccount", "name": "demo-broker",
-                                    "namespace": ns}]  # fmt: skip
-        for verb, what, yes in (("get", "nodes", True), ("list", "nodes", False),
-                                ("get", "pods", False), ("get", "secrets", False)):  # fmt: skip
+        assert crb["subjects"] == [
+            {"kind": "ServiceAccount", "name": "demo-broker", "namespace": ns}
+        ]
+        for verb, what, yes in (
+            ("get", "nodes", True),
+            ("list", "nodes", False),
+            ("get", "pods", False),
+            ("get", "secrets", False),
+        ):
             out = kube.kubectl("auth", "can-i", verb, what, "-n", ns, brokers, check=False)
             assert (out.stdout.strip() == "yes") == yes, (verb, what, out.stdout)
         assert not forbidden(log), "\n".join(forbidden(log))
@@ -889,9 +918,16 @@ def test_operator_reconciles_with_nothing_but_the_charts_rbac(kube: Any, tmp_pat
     # Cluster-wide mode is the same rules in a ClusterRole: switch the release over and
     # check the operator starts, scans and watches without being refused.
     kube.helm(
-        "upgrade", release, str(CHART), "--namespace", ns, "--values", str(f),
-        "--set-json", "operator.watchNamespaces=[]",
-    )  # fmt: skip
+        "upgrade",
+        release,
+        str(CHART),
+        "--namespace",
+        ns,
+        "--values",
+        str(f),
+        "--set-json",
+        "operator.watchNamespaces=[]",
+    )
     log = tmp_path / "operator-clusterwide.log"
     proc = run_operator(["--all-namespaces"], log)
     try:

@@ -128,8 +128,14 @@ def test_rest_and_kafka_produce_refuse_alike_below_min_insync(broker):
     assert status == 503, res
     assert res["error_name"] == "NOT_ENOUGH_REPLICAS" and "min.insync.replicas=2" in res["error"]
     errors = []
-    p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "retries": 0,
-                  "message.timeout.ms": 5000})
+    p = Producer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "acks": "all",
+            "retries": 0,
+            "message.timeout.ms": 5000,
+        }
+    )
     p.produce("strict", b"v", on_delivery=lambda err, m: errors.append(err))
     p.flush(10)
     assert [e.code() for e in errors] == [KafkaError.NOT_ENOUGH_REPLICAS]

@@ -68,15 +68,20 @@ class Secured:
         return self._kafka_admin
 
     def _new_kafka_admin(self) -> AdminClient:
-        return AdminClient({
-            "bootstrap.servers": f"127.0.0.1:{self.sasl_port}",
-            "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
-            "sasl.username": "admin", "sasl.password": "admin-secret",
-        })  # fmt: skip
+        return AdminClient(
+            {
+                "bootstrap.servers": f"127.0.0.1:{self.sasl_port}",
+                "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanism": "PLAIN",
+                "sasl.username": "admin",
+                "sasl.password": "admin-secret",
+            }
+        )
 
     def allow(self, principal: str, op: AclOperation, rtype: ResourceType, name: str) -> None:
-        binding = AclBinding(rtype, name, ResourcePatternType.LITERAL, principal, "*", op,
-                             AclPermissionType.ALLOW)  # fmt: skip
+        binding = AclBinding(
+            rtype, name, ResourcePatternType.LITERAL, principal, "*", op, AclPermissionType.ALLOW
+        )
         for f in self.kafka_admin().create_acls([binding]).values():
             f.result(timeout=30)
 
@@ -115,8 +120,9 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Any:
         "http.authentication=basic,mtls",
     ]
     (d / "server.properties").write_text("\n".join(props) + "\n")
-    b = BrokerProcess(d / "data", port=repl,
-                      extra_args=["--properties", str(d / "server.properties")])  # fmt: skip
+    b = BrokerProcess(
+        d / "data", port=repl, extra_args=["--properties", str(d / "server.properties")]
+    )
     b.launch()
     s = Secured(b, sasl, certs)
     deadline = time.monotonic() + 30
@@ -202,9 +208,10 @@ def test_missing_or_wrong_credentials_get_401(secured: Secured) -> None:
 
     async def raw(headers: dict) -> tuple[int, str | None, dict]:
         ctx = ssl.create_default_context(cafile=secured.certs.path("ca.pem"))
-        async with aiohttp.ClientSession() as http, http.get(
-            f"{secured.url}/api/v1/topics", headers=headers, ssl=ctx
-        ) as resp:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"{secured.url}/api/v1/topics", headers=headers, ssl=ctx) as resp,
+        ):
             return resp.status, resp.headers.get("WWW-Authenticate"), await resp.json()
 
     status, challenge, body = asyncio.run(raw({}))
@@ -242,12 +249,15 @@ def test_no_acl_means_403_and_hidden_topics_then_acls_open_each_route(secured: S
     status, body = secured.call("GET", "/api/v1/topics", **who)
     assert status == 200 and body["topics"] == [], "unauthorized topics are not listed"
     status, body = secured.call("GET", "/api/v1/topics/orders", **who)
-    assert status == 403 and "User:alice" in body["error"] and "DESCRIBE on TOPIC 'orders'" in (
-        body["error"]
+    assert (
+        status == 403
+        and "User:alice" in body["error"]
+        and "DESCRIBE on TOPIC 'orders'" in (body["error"])
     )
     status, body = secured.call("POST", "/api/v1/topics", {"name": "mine"}, **who)
-    assert status == 403 and "CREATE on CLUSTER 'kafka-cluster' or CREATE on TOPIC 'mine'" in (
-        body["error"]
+    assert (
+        status == 403
+        and "CREATE on CLUSTER 'kafka-cluster' or CREATE on TOPIC 'mine'" in (body["error"])
     )
     records = {"records": [{"value": "v1"}, {"value": "v2"}]}
     status, body = secured.call("POST", "/api/v1/topics/orders/records", records, **who)
@@ -302,29 +312,51 @@ def test_scram_users_and_acls_over_http_need_alter_on_the_cluster(secured: Secur
     """PUT/DELETE /api/v1/users/{name} and POST /api/v1/acls (what the operator's User
     resources use) do what AlterUserScramCredentials and Create/DeleteAcls do."""
     bob = {"user": "bob", "password": "bob-pw"}  # authenticated, no ACL
-    status, body = secured.call("PUT", "/api/v1/users/hank",
-                                {"mechanism": "SCRAM-SHA-512", "password": "x"}, **bob)
+    status, body = secured.call(
+        "PUT", "/api/v1/users/hank", {"mechanism": "SCRAM-SHA-512", "password": "x"}, **bob
+    )
     assert status == 403 and "ALTER on CLUSTER" in body["error"]
     assert secured.call("GET", "/api/v1/acls", **bob)[0] == 403
 
-    view = secured.as_admin("PUT", "/api/v1/users/hank",
-                            {"mechanism": "SCRAM-SHA-512", "password": "hank-pw"})
-    assert view == {"name": "hank",
-                    "mechanisms": [{"mechanism": "SCRAM-SHA-512", "iterations": 4096}]}
+    view = secured.as_admin(
+        "PUT", "/api/v1/users/hank", {"mechanism": "SCRAM-SHA-512", "password": "hank-pw"}
+    )
+    assert view == {
+        "name": "hank",
+        "mechanisms": [{"mechanism": "SCRAM-SHA-512", "iterations": 4096}],
+    }
     hank = {"user": "hank", "password": "hank-pw"}
     assert secured.call("GET", "/api/v1/topics", **hank)[0] == 200  # logs in with it
-    write = {"resource_type": "TOPIC", "resource_name": "orders", "pattern_type": "LITERAL",
-             "principal": "User:hank", "host": "*", "operation": "WRITE", "permission": "ALLOW"}
+    write = {
+        "resource_type": "TOPIC",
+        "resource_name": "orders",
+        "pattern_type": "LITERAL",
+        "principal": "User:hank",
+        "host": "*",
+        "operation": "WRITE",
+        "permission": "ALLOW",
+    }
     assert secured.as_admin("POST", "/api/v1/acls", {"create": [write]}) == {
-        "created": 1, "deleted": 0}
+        "created": 1,
+        "deleted": 0,
+    }
     assert secured.as_admin("GET", "/api/v1/acls?principal=User:hank")["acls"] == [write]
     status, body = secured.call("GET", "/api/v1/topics", **hank)
     assert [t["name"] for t in body["topics"]] == ["orders"]  # WRITE implies DESCRIBE
     # One bad binding refuses the whole change, naming it.
-    bad = {**write, "resource_type": "CLUSTER", "resource_name": "kafka-cluster",
-           "operation": "READ"}
-    status, body = secured.call("POST", "/api/v1/acls", {"create": [bad], "delete": [write]},
-                                user="admin", password="admin-secret")
+    bad = {
+        **write,
+        "resource_type": "CLUSTER",
+        "resource_name": "kafka-cluster",
+        "operation": "READ",
+    }
+    status, body = secured.call(
+        "POST",
+        "/api/v1/acls",
+        {"create": [bad], "delete": [write]},
+        user="admin",
+        password="admin-secret",
+    )
     assert status == 400 and "operation READ does not apply to a CLUSTER" in body["error"], body
     assert body["error_name"] == "INVALID_REQUEST"
     assert secured.as_admin("GET", "/api/v1/acls?principal=User:hank")["acls"] == [write]
@@ -332,8 +364,9 @@ def test_scram_users_and_acls_over_http_need_alter_on_the_cluster(secured: Secur
     assert secured.as_admin("GET", "/api/v1/acls?principal=User:hank")["acls"] == []
 
     assert secured.as_admin("DELETE", "/api/v1/users/hank")["mechanisms"] == ["SCRAM-SHA-512"]
-    assert secured.call("GET", "/api/v1/users/hank", user="admin",
-                        password="admin-secret")[0] == 404
+    assert (
+        secured.call("GET", "/api/v1/users/hank", user="admin", password="admin-secret")[0] == 404
+    )
     deadline = time.monotonic() + 10
     while secured.call("GET", "/api/v1/topics", **hank)[0] != 401:
         assert time.monotonic() < deadline, "a deleted user still logs in"
@@ -378,24 +411,45 @@ def test_a_rotated_certificate_is_served_without_a_restart(secured: Secured) -> 
 def _strait(secured: Secured, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "straitmq", "--http", secured.url, *args],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
         env={**os.environ, **(env or {})},
-    )  # fmt: skip
+    )
 
 
 def test_strait_cli_with_credentials(secured: Secured) -> None:
     ca = secured.certs.path("ca.pem")
-    r = _strait(secured, "--ca-file", ca, "--user", "admin", "topic", "list",
-                env={"STRAIT_PASSWORD": "admin-secret"})  # fmt: skip
+    r = _strait(
+        secured,
+        "--ca-file",
+        ca,
+        "--user",
+        "admin",
+        "topic",
+        "list",
+        env={"STRAIT_PASSWORD": "admin-secret"},
+    )
     assert r.returncode == 0, r.stderr
     assert "secret" in r.stdout and "orders" in r.stdout
     r = _strait(secured, "topic", "list", env={"STRAIT_CA_FILE": ca})
     assert r.returncode == 1 and "authentication required" in r.stderr and "--user" in r.stderr
-    r = _strait(secured, "topic", "list", env={"STRAIT_CA_FILE": ca, "STRAIT_USER": "alice",
-                                                "STRAIT_PASSWORD": "alice-pw"})  # fmt: skip
+    r = _strait(
+        secured,
+        "topic",
+        "list",
+        env={"STRAIT_CA_FILE": ca, "STRAIT_USER": "alice", "STRAIT_PASSWORD": "alice-pw"},
+    )
     assert r.returncode == 0 and "secret" not in r.stdout, r.stderr
-    r = _strait(secured, "--cert", secured.certs.path("alice.pem"), "topic", "list",
-                env={"STRAIT_CA_FILE": ca})  # fmt: skip
+    r = _strait(
+        secured,
+        "--cert",
+        secured.certs.path("alice.pem"),
+        "topic",
+        "list",
+        env={"STRAIT_CA_FILE": ca},
+    )
     assert r.returncode == 0 and "secret" in r.stdout, r.stderr
 
 
@@ -411,29 +465,51 @@ def test_strait_cli_with_a_kafka_command_config(secured: Secured, tmp_path: Path
         path.write_text("\n".join(lines) + "\n")
         return str(path)
 
-    java = config("java", "security.protocol=SASL_SSL", "sasl.mechanism=SCRAM-SHA-512",
-                  f'sasl.jaas.config={scram} required \\',
-                  '    username="alice" password="alice-pw";',
-                  "ssl.truststore.type=PEM", f"ssl.truststore.location={ca}")  # fmt: skip
+    java = config(
+        "java",
+        "security.protocol=SASL_SSL",
+        "sasl.mechanism=SCRAM-SHA-512",
+        f"sasl.jaas.config={scram} required \\",
+        '    username="alice" password="alice-pw";',
+        "ssl.truststore.type=PEM",
+        f"ssl.truststore.location={ca}",
+    )
     r = _strait(secured, "--command-config", java, "topic", "list")
     assert r.returncode == 0 and "orders" in r.stdout and "secret" not in r.stdout, r.stderr
-    mtls = config("mtls", "security.protocol=SSL", f"ssl.ca.location={ca}",
-                  f"ssl.certificate.location={secured.certs.path('alice.pem')}",
-                  f"ssl.key.location={secured.certs.path('alice.pem')}")  # fmt: skip
+    mtls = config(
+        "mtls",
+        "security.protocol=SSL",
+        f"ssl.ca.location={ca}",
+        f"ssl.certificate.location={secured.certs.path('alice.pem')}",
+        f"ssl.key.location={secured.certs.path('alice.pem')}",
+    )
     r = _strait(secured, "--command-config", mtls, "topic", "list")
     assert r.returncode == 0 and "secret" in r.stdout, r.stderr
-    plain = config("plain", "security.protocol=SASL_SSL", "sasl.mechanism=PLAIN",
-                   "sasl.username=admin", "sasl.password=admin-secret",
-                   f"ssl.ca.location={ca}")  # fmt: skip
+    plain = config(
+        "plain",
+        "security.protocol=SASL_SSL",
+        "sasl.mechanism=PLAIN",
+        "sasl.username=admin",
+        "sasl.password=admin-secret",
+        f"ssl.ca.location={ca}",
+    )
     r = _strait(secured, "--command-config", plain, "topic", "list")
     assert r.returncode == 0 and "secret" in r.stdout, r.stderr
     # The flags (and environment) win over the file.
-    r = _strait(secured, "--command-config", java, "--user", "admin", "topic", "list",
-                env={"STRAIT_PASSWORD": "admin-secret"})  # fmt: skip
+    r = _strait(
+        secured,
+        "--command-config",
+        java,
+        "--user",
+        "admin",
+        "topic",
+        "list",
+        env={"STRAIT_PASSWORD": "admin-secret"},
+    )
     assert r.returncode == 0 and "secret" in r.stdout, r.stderr
     for lines, says in (
         (("ssl.truststore.location=/x.jks",), "JKS truststore"),
-        ((f"sasl.jaas.config={scram} required username=\"alice\";",), 'password="..."'),
+        ((f'sasl.jaas.config={scram} required username="alice";',), 'password="..."'),
         (("security.protocol=SASL_SSL", f"ssl.ca.location={ca}"), "needs sasl.jaas.config"),
         (("ssl.keystore.type=PKCS12", "ssl.keystore.location=/x.p12"), "PKCS12"),
     ):
@@ -459,21 +535,36 @@ def test_unusable_http_settings_stop_the_broker_saying_why(
     tmp_path: Path, override: str, says: str
 ) -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "straitmq.broker", "--data-dir", str(tmp_path / "d"),
-         "--listen", f"127.0.0.1:{free_port()}", "--http", f"127.0.0.1:{free_port()}",
-         "--override", override],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "straitmq.broker",
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--listen",
+            f"127.0.0.1:{free_port()}",
+            "--http",
+            f"127.0.0.1:{free_port()}",
+            "--override",
+            override,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert r.returncode == 78 and says in r.stderr, r.stderr
 
 
 def test_basic_credentials_header() -> None:
-    assert AdminAuth(username="a", password="b:c").header() == "Basic " + base64.b64encode(
-        b"a:b:c"
-    ).decode()
-    assert AdminAuth(username="a", password="b", basic_over_http=False).header_for(
-        "http://h:1/x"
-    ) is None, "a password meant for https never goes over http"
+    assert (
+        AdminAuth(username="a", password="b:c").header()
+        == "Basic " + base64.b64encode(b"a:b:c").decode()
+    )
+    assert (
+        AdminAuth(username="a", password="b", basic_over_http=False).header_for("http://h:1/x")
+        is None
+    ), "a password meant for https never goes over http"
 
 
 def test_operator_and_tools_read_credentials_from_the_environment(
@@ -508,8 +599,14 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     # The harness polls /readyz over http; the brokers' port speaks https.
     plain = local_cluster.request_sync
 
-    def either(base: str, method: str, path: str, body: Any = None, timeout_s: float = 30.0,
-               auth: Any = None) -> Any:  # fmt: skip
+    def either(
+        base: str,
+        method: str,
+        path: str,
+        body: Any = None,
+        timeout_s: float = 30.0,
+        auth: Any = None,
+    ) -> Any:
         try:
             return plain(base, method, path, body, timeout_s, auth)
         except AdminError as e:
@@ -527,17 +624,25 @@ def test_brokers_forward_and_redirect_over_https_as_themselves(cluster: Any) -> 
     from cluster_support import BROKER_ARGS
 
     make, certs = cluster
-    c = make(broker_args=[
-        *BROKER_ARGS,
-        "--override", "authorizer.class.name=StandardAuthorizer",
-        # ANONYMOUS: replication over the PLAINTEXT listener; CN=localhost: the brokers'
-        # HTTP certificate, shown when they call each other.
-        "--override", "super.users=User:ANONYMOUS;User:CN=localhost",
-        "--override", f"http.ssl.keystore.location={certs.path('server.pem')}",
-        "--override", f"http.ssl.truststore.location={certs.path('ca.pem')}",
-        "--override", "http.ssl.client.auth=requested",
-        "--override", "http.authentication=basic,mtls",
-    ])  # fmt: skip
+    c = make(
+        broker_args=[
+            *BROKER_ARGS,
+            "--override",
+            "authorizer.class.name=StandardAuthorizer",
+            # ANONYMOUS: replication over the PLAINTEXT listener; CN=localhost: the brokers'
+            # HTTP certificate, shown when they call each other.
+            "--override",
+            "super.users=User:ANONYMOUS;User:CN=localhost",
+            "--override",
+            f"http.ssl.keystore.location={certs.path('server.pem')}",
+            "--override",
+            f"http.ssl.truststore.location={certs.path('ca.pem')}",
+            "--override",
+            "http.ssl.client.auth=requested",
+            "--override",
+            "http.authentication=basic,mtls",
+        ]
+    )
     first = c.brokers[1]
     url = f"https://127.0.0.1:{first.http_port}"
     admin = AdminAuth(ca_file=certs.path("ca.pem"), cert_file=certs.path("server.pem"))
@@ -548,8 +653,15 @@ def test_brokers_forward_and_redirect_over_https_as_themselves(cluster: Any) -> 
     fs = kafka.alter_user_scram_credentials([UserScramCredentialUpsertion("alice", info, b"pw")])
     for f in fs.values():
         f.result(timeout=30)
-    binding = AclBinding(ResourceType.TOPIC, "spread", ResourcePatternType.LITERAL,
-                         "User:alice", "*", AclOperation.ALL, AclPermissionType.ALLOW)  # fmt: skip
+    binding = AclBinding(
+        ResourceType.TOPIC,
+        "spread",
+        ResourcePatternType.LITERAL,
+        "User:alice",
+        "*",
+        AclOperation.ALL,
+        AclPermissionType.ALLOW,
+    )
     for f in kafka.create_acls([binding]).values():
         f.result(timeout=30)
     alice = AdminAuth(ca_file=certs.path("ca.pem"), username="alice", password="pw")
@@ -559,21 +671,25 @@ def test_brokers_forward_and_redirect_over_https_as_themselves(cluster: Any) -> 
     # One produce through broker 1 for every partition: broker 1 writes its own and
     # forwards the rest to their leaders over https, as CN=localhost.
     records = [{"value": f"v{p}", "partition": p} for p in range(6)]
-    answer = request_sync(url, "POST", "/api/v1/topics/spread/records", {"records": records},
-                          auth=alice)  # fmt: skip
+    answer = request_sync(
+        url, "POST", "/api/v1/topics/spread/records", {"records": records}, auth=alice
+    )
     assert sorted(o["partition"] for o in answer["offsets"]) == list(range(6))
     # A read of a partition led elsewhere: a 307 to https on its leader, followed with
     # alice's credentials (aiohttp would drop them across origins).
     elsewhere = next(p for p, leader in leaders.items() if leader != 1)
-    got = request_sync(url, "GET", f"/api/v1/topics/spread/partitions/{elsewhere}/records",
-                       auth=alice)  # fmt: skip
+    got = request_sync(
+        url, "GET", f"/api/v1/topics/spread/partitions/{elsewhere}/records", auth=alice
+    )
     assert [r["value"]["text"] for r in got["records"]] == [f"v{elsewhere}"]
     # Without the brokers' identity among the super users, the forwarded share is refused.
     status, body = exchange_sync(
-        f"https://127.0.0.1:{c.brokers[leaders[elsewhere]].http_port}", "POST",
-        "/api/v1/topics/spread/records", {"records": [{"value": "x", "partition": elsewhere}]},
+        f"https://127.0.0.1:{c.brokers[leaders[elsewhere]].http_port}",
+        "POST",
+        "/api/v1/topics/spread/records",
+        {"records": [{"value": "x", "partition": elsewhere}]},
         auth=AdminAuth(ca_file=certs.path("ca.pem"), cert_file=certs.path("alice.pem")),
-    )  # fmt: skip
+    )
     assert status == 403 and "WRITE on TOPIC 'spread' or CLUSTER_ACTION" in body["error"]
 
 
@@ -582,26 +698,45 @@ def test_controllers_over_https_with_client_certificates(cluster: Any) -> None:
 
     make, certs = cluster
     http_tls = [
-        "--override", f"http.ssl.keystore.location={certs.path('server.pem')}",
-        "--override", f"http.ssl.truststore.location={certs.path('ca.pem')}",
-        "--override", "http.ssl.client.auth=requested",
-        "--override", "http.authentication=mtls",
-        "--override", "authorizer.class.name=StandardAuthorizer",
-    ]  # fmt: skip
+        "--override",
+        f"http.ssl.keystore.location={certs.path('server.pem')}",
+        "--override",
+        f"http.ssl.truststore.location={certs.path('ca.pem')}",
+        "--override",
+        "http.ssl.client.auth=requested",
+        "--override",
+        "http.authentication=mtls",
+        "--override",
+        "authorizer.class.name=StandardAuthorizer",
+    ]
     c = make(
-        controller_args=[*CONTROLLER_ARGS, *http_tls,
-                         "--override", "super.users=User:CN=localhost"],
-        broker_args=[*BROKER_ARGS, *http_tls,
-                     "--override", "super.users=User:ANONYMOUS;User:CN=localhost",
-                     "--override", "controller.http.ssl.enabled=true"],
-    )  # fmt: skip
+        controller_args=[
+            *CONTROLLER_ARGS,
+            *http_tls,
+            "--override",
+            "super.users=User:CN=localhost",
+        ],
+        broker_args=[
+            *BROKER_ARGS,
+            *http_tls,
+            "--override",
+            "super.users=User:ANONYMOUS;User:CN=localhost",
+            "--override",
+            "controller.http.ssl.enabled=true",
+        ],
+    )
     # The brokers registered, caught up and were unfenced through the controllers' https
     # port, and the controllers elected a leader over it: the cluster is ready.
     ca = certs.path("ca.pem")
     admin = AdminAuth(ca_file=ca, cert_file=certs.path("server.pem"))
     url = f"https://127.0.0.1:{c.brokers[1].http_port}"
-    request_sync(url, "POST", "/api/v1/topics",
-                 {"name": "t", "partitions": 3, "replication_factor": 3}, auth=admin)  # fmt: skip
+    request_sync(
+        url,
+        "POST",
+        "/api/v1/topics",
+        {"name": "t", "partitions": 3, "replication_factor": 3},
+        auth=admin,
+    )
     quorum = request_sync(url, "GET", "/api/v1/quorum", auth=admin)
     assert quorum["leader_id"] in c.controllers and all(v["reachable"] for v in quorum["voters"])
     # The active controller probes the brokers' https ports: their deaths are seen at once.
@@ -612,8 +747,9 @@ def test_controllers_over_https_with_client_certificates(cluster: Any) -> None:
     assert controller.startswith("https://")
     # The controller's port: probes open, the rest for the cluster's own principals only.
     assert exchange_sync(controller, "GET", "/healthz", auth=AdminAuth(ca_file=ca))[0] == 200
-    status_, body = exchange_sync(controller, "POST", "/controller/describe", {},
-                                  auth=AdminAuth(ca_file=ca))  # fmt: skip
+    status_, body = exchange_sync(
+        controller, "POST", "/controller/describe", {}, auth=AdminAuth(ca_file=ca)
+    )
     assert status_ == 401 and "client certificate" in body["error"]
     alice = AdminAuth(ca_file=ca, cert_file=certs.path("alice.pem"))
     status_, body = exchange_sync(controller, "POST", "/controller/describe", {}, auth=alice)
@@ -623,6 +759,7 @@ def test_controllers_over_https_with_client_certificates(cluster: Any) -> None:
     with pytest.raises(AdminError) as e:
         request_sync("http://" + controller.partition("://")[2], "GET", "/healthz", timeout_s=5)
     assert e.value.unreachable or e.value.status == 400
+
     # A killed broker is fenced at once (its stream closed, its https port refuses), not
     # after its session timeout: the controller's counter says which way.
     def gone() -> int:
@@ -630,9 +767,10 @@ def test_controllers_over_https_with_client_certificates(cluster: Any) -> None:
 
         async def metrics() -> str:
             ctx = ssl.create_default_context(cafile=ca)
-            async with aiohttp.ClientSession() as http, http.get(
-                f"{controller}/metrics", ssl=ctx
-            ) as resp:
+            async with (
+                aiohttp.ClientSession() as http,
+                http.get(f"{controller}/metrics", ssl=ctx) as resp,
+            ):
                 return await resp.text()
 
         import asyncio
@@ -652,11 +790,26 @@ def test_controllers_over_https_with_client_certificates(cluster: Any) -> None:
         time.sleep(0.2)
     # A controller started with a setting it does not know refuses to start.
     r = subprocess.run(
-        [sys.executable, "-m", "straitmq.controller", "--node-id", "1", "--voters",
-         f"1@127.0.0.1:{free_port()}", "--cluster-id", "x", "--data-dir", str(certs.dir / "x"),
-         "--override", "http.authentication=mtls"],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "straitmq.controller",
+            "--node-id",
+            "1",
+            "--voters",
+            f"1@127.0.0.1:{free_port()}",
+            "--cluster-id",
+            "x",
+            "--data-dir",
+            str(certs.dir / "x"),
+            "--override",
+            "http.authentication=mtls",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert r.returncode == 2 and "http.authentication=mtls needs TLS" in r.stderr, r.stderr
 
 
@@ -664,15 +817,25 @@ def test_basic_over_plain_http_and_metrics_behind_authentication(tmp_path: Path)
     """No TLS, no authorizer: Basic alone (any authenticated user may do everything), and
     /metrics closed by http.metrics.require.authentication; the probes stay open."""
     sasl = free_port()
-    b = BrokerProcess(tmp_path / "data", extra_args=[
-        "--listeners", f"PLAINTEXT://127.0.0.1:0,SASL://127.0.0.1:{sasl}",
-        "--listener-security-protocol-map", "PLAINTEXT:PLAINTEXT,SASL:SASL_PLAINTEXT",
-        "--inter-broker-listener-name", "PLAINTEXT",
-        "--override", "listener.name.sasl.sasl.enabled.mechanisms=PLAIN",
-        "--override", f"listener.name.sasl.plain.sasl.jaas.config={JAAS}",
-        "--override", "http.authentication=basic",
-        "--override", "http.metrics.require.authentication=true",
-    ])  # fmt: skip
+    b = BrokerProcess(
+        tmp_path / "data",
+        extra_args=[
+            "--listeners",
+            f"PLAINTEXT://127.0.0.1:0,SASL://127.0.0.1:{sasl}",
+            "--listener-security-protocol-map",
+            "PLAINTEXT:PLAINTEXT,SASL:SASL_PLAINTEXT",
+            "--inter-broker-listener-name",
+            "PLAINTEXT",
+            "--override",
+            "listener.name.sasl.sasl.enabled.mechanisms=PLAIN",
+            "--override",
+            f"listener.name.sasl.plain.sasl.jaas.config={JAAS}",
+            "--override",
+            "http.authentication=basic",
+            "--override",
+            "http.metrics.require.authentication=true",
+        ],
+    )
     b.start()
     try:
         bob = AdminAuth(username="bob", password="bob-pw")

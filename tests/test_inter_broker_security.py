@@ -106,8 +106,11 @@ def test_add_scram_writes_a_salted_credential_the_image_applies() -> None:
     img.apply(rec)
     lookup = lambda u, m: img.scram_credentials.get(u, {}).get(m)  # noqa: E731
     _exchange(ScramClient("SCRAM-SHA-512", "broker", "a,b=c"), ScramServer("SCRAM-SHA-512", lookup))
-    for bad in ("SCRAM-SHA-1=[name=a,password=b]", "SCRAM-SHA-512=[name=a]",
-                "SCRAM-SHA-512=[name=a,password=b,iterations=10]"):  # fmt: skip
+    for bad in (
+        "SCRAM-SHA-1=[name=a,password=b]",
+        "SCRAM-SHA-512=[name=a]",
+        "SCRAM-SHA-512=[name=a,password=b,iterations=10]",
+    ):
         with pytest.raises(ValueError, match="--add-scram"):
             parse_add_scram(bad)
 
@@ -131,12 +134,17 @@ def test_inter_broker_listener_settings(tmp_path: Path) -> None:
     # PLAINTEXT replication: no client security at all.
     assert build_listeners(_config("PLAINTEXT"))[0].client is None
 
-    sasl_ssl = build_listeners(_config(
-        "SASL_SSL", **tls,
-        **{"listener.name.replication.sasl.enabled.mechanisms": "SCRAM-SHA-512",
-           "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
-           "listener.name.replication.scram-sha-512.sasl.jaas.config": SCRAM_JAAS},
-    ))[0]  # fmt: skip
+    sasl_ssl = build_listeners(
+        _config(
+            "SASL_SSL",
+            **tls,
+            **{
+                "listener.name.replication.sasl.enabled.mechanisms": "SCRAM-SHA-512",
+                "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
+                "listener.name.replication.scram-sha-512.sasl.jaas.config": SCRAM_JAAS,
+            },
+        )
+    )[0]
     client = sasl_ssl.client
     assert sasl_ssl.name == "REPLICATION" and client is not None
     assert client.protocol == "SASL_SSL"
@@ -152,18 +160,31 @@ def test_inter_broker_listener_settings(tmp_path: Path) -> None:
     assert ssl_only.tls is not None and not ssl_only.tls.check_hostname
 
     refusals = {
-        "no login": ({"listener.name.replication.sasl.enabled.mechanisms": "SCRAM-SHA-512"},
-                     "has no login"),
-        "not enabled": ({"listener.name.replication.sasl.enabled.mechanisms": "SCRAM-SHA-512",
-                         "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-256",
-                         "sasl.jaas.config": SCRAM_JAAS}, "not enabled"),
-        "bad CA": ({"listener.name.replication.sasl.enabled.mechanisms": "SCRAM-SHA-512",
-                    "sasl.jaas.config": SCRAM_JAAS,
-                    "listener.name.replication.ssl.truststore.location": str(tmp_path / "no")},
-                   "cannot load TLS files"),
-        "bad algorithm": ({"ssl.endpoint.identification.algorithm": "ldap",
-                           "sasl.jaas.config": SCRAM_JAAS}, "identification"),
-    }  # fmt: skip
+        "no login": (
+            {"listener.name.replication.sasl.enabled.mechanisms": "SCRAM-SHA-512"},
+            "has no login",
+        ),
+        "not enabled": (
+            {
+                "listener.name.replication.sasl.enabled.mechanisms": "SCRAM-SHA-512",
+                "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-256",
+                "sasl.jaas.config": SCRAM_JAAS,
+            },
+            "not enabled",
+        ),
+        "bad CA": (
+            {
+                "listener.name.replication.sasl.enabled.mechanisms": "SCRAM-SHA-512",
+                "sasl.jaas.config": SCRAM_JAAS,
+                "listener.name.replication.ssl.truststore.location": str(tmp_path / "no"),
+            },
+            "cannot load TLS files",
+        ),
+        "bad algorithm": (
+            {"ssl.endpoint.identification.algorithm": "ldap", "sasl.jaas.config": SCRAM_JAAS},
+            "identification",
+        ),
+    }
     for case, (extra, message) in refusals.items():
         # ValueError: a listener's own TLS check (TlsConfigError) may see a file first
         with pytest.raises((ListenerConfigError, ValueError), match=message):
@@ -177,11 +198,16 @@ def test_replication_tls_files_rotate_without_a_restart(tmp_path: Path) -> None:
     certs = make_certs(tmp_path / "certs")
     trust = tmp_path / "trust.pem"
     trust.write_text(Path(certs.path("ca.pem")).read_text())
-    client = build_listeners(_config(
-        "SSL", **{"ssl.keystore.location": certs.path("server.pem"),
-                  "listener.name.replication.ssl.truststore.location": str(trust),
-                  "ssl.endpoint.identification.algorithm": ""},
-    ))[0].client  # fmt: skip
+    client = build_listeners(
+        _config(
+            "SSL",
+            **{
+                "ssl.keystore.location": certs.path("server.pem"),
+                "listener.name.replication.ssl.truststore.location": str(trust),
+                "ssl.endpoint.identification.algorithm": "",
+            },
+        )
+    )[0].client
     assert client is not None
     served = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     served.load_cert_chain(certs.path("mallory.pem"))  # signed by the `evil` CA
@@ -239,8 +265,9 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Any:
         f"listener.name.secure.connections.max.reauth.ms={LOGIN_REAUTH_MS}",
     ]
     (d / "server.properties").write_text("\n".join(props) + "\n")
-    b = BrokerProcess(d / "data", port=ports["REPL"],
-                      extra_args=["--properties", str(d / "server.properties")])  # fmt: skip
+    b = BrokerProcess(
+        d / "data", port=ports["REPL"], extra_args=["--properties", str(d / "server.properties")]
+    )
     b.start()
     admin = AdminClient({"bootstrap.servers": b.bootstrap})
     upsert = UserScramCredentialUpsertion(
@@ -309,22 +336,39 @@ def test_logins_are_renewed_between_long_polls_on_one_connection(secured: Any) -
 def test_a_refused_login_is_a_clear_error_at_once(secured: Any) -> None:
     b, ports, certs = secured
     cases = {
-        "wrong password": (ports["SECURE"], ClientSecurity(
-            _client_tls(certs), SaslLogin("SCRAM-SHA-512", "broker", "wrong")),
-            "login as 'broker' refused: .*invalid credentials"),
-        "unknown user": (ports["SECURE"], ClientSecurity(
-            _client_tls(certs), SaslLogin("SCRAM-SHA-512", "nobody", "x")),
-            "login as 'nobody' refused"),
-        "mechanism not enabled": (ports["SECURE"], ClientSecurity(
-            _client_tls(certs), SaslLogin("SCRAM-SHA-256", "broker", "broker-secret")),
-            "SCRAM-SHA-256 refused .*offers SCRAM-SHA-512, PLAIN"),
-        "untrusted server certificate": (ports["SECURE"], ClientSecurity(
-            _client_tls(certs, ca="evil.pem"), SCRAM_LOGIN), "TLS handshake failed"),
-        "certificate for another host": (ports["ALICE"], ClientSecurity(
-            _client_tls(certs)), "TLS handshake failed: CERTIFICATE_VERIFY_FAILED"),
-        "wrong password, SASL_PLAINTEXT": (ports["SASLPT"], ClientSecurity(
-            None, SaslLogin("SCRAM-SHA-512", "broker", "wrong")), "invalid credentials"),
-    }  # fmt: skip
+        "wrong password": (
+            ports["SECURE"],
+            ClientSecurity(_client_tls(certs), SaslLogin("SCRAM-SHA-512", "broker", "wrong")),
+            "login as 'broker' refused: .*invalid credentials",
+        ),
+        "unknown user": (
+            ports["SECURE"],
+            ClientSecurity(_client_tls(certs), SaslLogin("SCRAM-SHA-512", "nobody", "x")),
+            "login as 'nobody' refused",
+        ),
+        "mechanism not enabled": (
+            ports["SECURE"],
+            ClientSecurity(
+                _client_tls(certs), SaslLogin("SCRAM-SHA-256", "broker", "broker-secret")
+            ),
+            "SCRAM-SHA-256 refused .*offers SCRAM-SHA-512, PLAIN",
+        ),
+        "untrusted server certificate": (
+            ports["SECURE"],
+            ClientSecurity(_client_tls(certs, ca="evil.pem"), SCRAM_LOGIN),
+            "TLS handshake failed",
+        ),
+        "certificate for another host": (
+            ports["ALICE"],
+            ClientSecurity(_client_tls(certs)),
+            "TLS handshake failed: CERTIFICATE_VERIFY_FAILED",
+        ),
+        "wrong password, SASL_PLAINTEXT": (
+            ports["SASLPT"],
+            ClientSecurity(None, SaslLogin("SCRAM-SHA-512", "broker", "wrong")),
+            "invalid credentials",
+        ),
+    }
 
     async def attempt(port: int, security: ClientSecurity) -> None:
         conn = KafkaConnection("127.0.0.1", port, "t", security)
@@ -339,8 +383,12 @@ def test_a_refused_login_is_a_clear_error_at_once(secured: Any) -> None:
             pytest.fail(case)
     # PLAIN works too, and so do the mTLS listener's client certificates and SASL
     # without TLS.
-    _run(attempt(ports["SECURE"], ClientSecurity(
-        _client_tls(certs), SaslLogin("PLAIN", "admin", "admin-secret"))))  # fmt: skip
+    _run(
+        attempt(
+            ports["SECURE"],
+            ClientSecurity(_client_tls(certs), SaslLogin("PLAIN", "admin", "admin-secret")),
+        )
+    )
     _run(attempt(ports["MTLS"], ClientSecurity(_client_tls(certs, cert="alice.pem"))))
     _run(attempt(ports["SASLPT"], ClientSecurity(None, SCRAM_LOGIN)))
     # ssl.endpoint.identification.algorithm= (empty): the CA is checked, the name is not.

@@ -24,11 +24,14 @@ class Controller:
             if not self.batched:
                 raise ControllerError(ErrorCode.invalid_request, "no such call alter_partitions")
             self.calls.append((op, len(body["partitions"])))
-            return {"partitions": [
-                {"error_code": 0} if it["index"] % 2 == 0
-                else {"error_code": ErrorCode.fenced_leader_epoch, "message": "stale"}
-                for it in body["partitions"]
-            ]}  # fmt: skip
+            return {
+                "partitions": [
+                    {"error_code": 0}
+                    if it["index"] % 2 == 0
+                    else {"error_code": ErrorCode.fenced_leader_epoch, "message": "stale"}
+                    for it in body["partitions"]
+                ]
+            }
         self.calls.append((op, 1))
         if body["index"] % 2:
             raise ControllerError(ErrorCode.fenced_leader_epoch, "stale")
@@ -39,8 +42,12 @@ def _run(batched: bool, n: int) -> tuple[Controller, list, isr_module.IsrManager
     controller = Controller(batched)
     broker = SimpleNamespace(controller=controller, node_id=1)
     manager = isr_module.IsrManager(broker)  # type: ignore[arg-type]
-    parts = [SimpleNamespace(topic="t", index=i, leader_epoch=0, partition_epoch=0,
-                             isr=[1, 2, 3], pending_isr=None) for i in range(n)]  # fmt: skip
+    parts = [
+        SimpleNamespace(
+            topic="t", index=i, leader_epoch=0, partition_epoch=0, isr=[1, 2, 3], pending_isr=None
+        )
+        for i in range(n)
+    ]
 
     async def go() -> None:
         for p in parts:
@@ -85,8 +92,9 @@ def test_full_isrs_are_checked_for_shrinking_less_often_than_short_ones_for_grow
             checked.append(index)
             seen.set()
 
-        return SimpleNamespace(topic="t", index=index, isr=isr, replicas=[1, 2, 3],
-                               isr_change=isr_change)  # fmt: skip
+        return SimpleNamespace(
+            topic="t", index=index, isr=isr, replicas=[1, 2, 3], isr_change=isr_change
+        )
 
     broker = SimpleNamespace(
         config=SimpleNamespace(replica_lag_time_max_ms=40_000),  # full ISRs: every 10 s

@@ -44,8 +44,10 @@ def _jars() -> None:
 def tool(name: str, *args: str) -> subprocess.CompletedProcess:
     r = subprocess.run(
         java_cmd(KAFKA41_TOOLS[name], args, jars="4.1"),
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, f"{name} {' '.join(args)}: exit {r.returncode}\n{r.stderr[-3000:]}"
     return r
 
@@ -54,8 +56,10 @@ def run_tool(name: str, *args: str) -> subprocess.CompletedProcess:
     """A tool run that may fail (bad input): its exit code is the caller's to check."""
     return subprocess.run(
         java_cmd(KAFKA41_TOOLS[name], args, jars="4.1"),
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def produce(bootstrap: str, topic: str, n: int) -> None:
@@ -67,8 +71,18 @@ def produce(bootstrap: str, topic: str, n: int) -> None:
 
 def test_topics_and_log_dirs(broker) -> None:  # type: ignore[no-untyped-def]
     b = broker.bootstrap
-    tool("kafka-topics", "--bootstrap-server", b, "--create", "--topic", "cli41",
-         "--partitions", "2", "--replication-factor", "1")  # fmt: skip
+    tool(
+        "kafka-topics",
+        "--bootstrap-server",
+        b,
+        "--create",
+        "--topic",
+        "cli41",
+        "--partitions",
+        "2",
+        "--replication-factor",
+        "1",
+    )
     listed = tool("kafka-topics", "--bootstrap-server", b, "--list").stdout.split()
     assert "cli41" in listed
     described = tool("kafka-topics", "--bootstrap-server", b, "--describe", "--topic", "cli41")
@@ -99,9 +113,20 @@ def test_offsets_groups_and_api_versions(broker) -> None:  # type: ignore[no-unt
     produce(b, "cli41o", 40)
     r = tool("kafka-get-offsets", "--bootstrap-server", b, "--topic", "cli41o")
     assert sorted(r.stdout.split()) == ["cli41o:0:20", "cli41o:1:20"], r.stdout
-    r = tool("kafka-console-consumer", "--bootstrap-server", b, "--topic", "cli41o",
-             "--group", "cli41g", "--from-beginning", "--max-messages", "40",
-             "--timeout-ms", "30000")  # fmt: skip
+    r = tool(
+        "kafka-console-consumer",
+        "--bootstrap-server",
+        b,
+        "--topic",
+        "cli41o",
+        "--group",
+        "cli41g",
+        "--from-beginning",
+        "--max-messages",
+        "40",
+        "--timeout-ms",
+        "30000",
+    )
     assert len(r.stdout.split()) == 40
     r = tool("kafka-consumer-groups", "--bootstrap-server", b, "--describe", "--group", "cli41g")
     lines = [line.split() for line in r.stdout.splitlines() if "cli41o" in line]
@@ -144,19 +169,52 @@ def test_broker_throttle_configs(broker) -> None:  # type: ignore[no-untyped-def
     throttles = (
         "leader.replication.throttled.rate=1048576,follower.replication.throttled.rate=1048576"
     )
-    tool("kafka-configs", "--bootstrap-server", b, "--alter", "--entity-type", "brokers",
-         "--entity-name", node, "--add-config", throttles)  # fmt: skip
+    tool(
+        "kafka-configs",
+        "--bootstrap-server",
+        b,
+        "--alter",
+        "--entity-type",
+        "brokers",
+        "--entity-name",
+        node,
+        "--add-config",
+        throttles,
+    )
     assert rate() == "1048576"
-    tool("kafka-configs", "--bootstrap-server", b, "--alter", "--entity-type", "brokers",
-         "--entity-name", node, "--delete-config",
-         ",".join(f"{side}.replication.throttled.rate" for side in SIDES))  # fmt: skip
+    tool(
+        "kafka-configs",
+        "--bootstrap-server",
+        b,
+        "--alter",
+        "--entity-type",
+        "brokers",
+        "--entity-name",
+        node,
+        "--delete-config",
+        ",".join(f"{side}.replication.throttled.rate" for side in SIDES),
+    )
     assert rate() == "-1"
     r = subprocess.run(
-        java_cmd(KAFKA41_TOOLS["kafka-configs"],
-                 ["--bootstrap-server", b, "--alter", "--entity-type", "brokers",
-                  "--entity-name", node, "--add-config", "log.retention.ms=1000"], jars="4.1"),
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        java_cmd(
+            KAFKA41_TOOLS["kafka-configs"],
+            [
+                "--bootstrap-server",
+                b,
+                "--alter",
+                "--entity-type",
+                "brokers",
+                "--entity-name",
+                node,
+                "--add-config",
+                "log.retention.ms=1000",
+            ],
+            jars="4.1",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode != 0 and "cannot be altered at runtime" in r.stdout + r.stderr, r
     assert rate() == "-1"
 
@@ -170,8 +228,9 @@ def test_metadata_quorum_on_a_cluster(cluster) -> None:  # type: ignore[no-untyp
     """3 controllers + 3 brokers: the leader and two followers vote, the brokers observe."""
     c = cluster()
     active = c.wait_active_controller()
-    r = tool("kafka-metadata-quorum", "--bootstrap-server", c.bootstrap, "describe",
-             "--replication")  # fmt: skip
+    r = tool(
+        "kafka-metadata-quorum", "--bootstrap-server", c.bootstrap, "describe", "--replication"
+    )
     rows = {row[0]: row for row in (line.split() for line in r.stdout.splitlines()[1:]) if row}
     status = {row[0]: row[-1] for row in rows.values()}
     assert status[str(active.node_id)] == "Leader", r.stdout
@@ -189,11 +248,19 @@ def test_metadata_quorum_on_a_cluster(cluster) -> None:  # type: ignore[no-untyp
 def delete_records(bootstrap: str, tmp_path: Path, offsets: dict[tuple[str, int], int]) -> dict:
     """Run kafka-delete-records; {"topic-partition": low watermark or "error: ..."}."""
     spec = tmp_path / f"delete-{len(list(tmp_path.glob('delete-*')))}.json"
-    spec.write_text(json.dumps({"version": 1, "partitions": [
-        {"topic": t, "partition": p, "offset": o} for (t, p), o in offsets.items()
-    ]}))  # fmt: skip
-    r = tool("kafka-delete-records", "--bootstrap-server", bootstrap,
-             "--offset-json-file", str(spec))  # fmt: skip
+    spec.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "partitions": [
+                    {"topic": t, "partition": p, "offset": o} for (t, p), o in offsets.items()
+                ],
+            }
+        )
+    )
+    r = tool(
+        "kafka-delete-records", "--bootstrap-server", bootstrap, "--offset-json-file", str(spec)
+    )
     assert "Records delete operation completed:" in r.stdout, r.stdout
     out = {}
     for line in r.stdout.splitlines():
@@ -205,18 +272,34 @@ def delete_records(bootstrap: str, tmp_path: Path, offsets: dict[tuple[str, int]
 
 
 def earliest(bootstrap: str, topic: str) -> list[str]:
-    r = tool("kafka-get-offsets", "--bootstrap-server", bootstrap, "--topic", topic,
-             "--time", "-2")  # fmt: skip
+    r = tool("kafka-get-offsets", "--bootstrap-server", bootstrap, "--topic", topic, "--time", "-2")
     return sorted(r.stdout.split())
 
 
 def first_offsets(bootstrap: str, topic: str, partition: int, n: int = 3) -> list[int]:
     """The offsets kafka-console-consumer reads first from the beginning of a partition."""
-    r = tool("kafka-console-consumer", "--bootstrap-server", bootstrap, "--topic", topic,
-             "--partition", str(partition), "--offset", "earliest", "--max-messages", str(n),
-             "--property", "print.offset=true", "--timeout-ms", "30000")  # fmt: skip
-    return [int(line.split("Offset:")[1].split()[0]) for line in r.stdout.splitlines()
-            if line.startswith("Offset:")]  # fmt: skip
+    r = tool(
+        "kafka-console-consumer",
+        "--bootstrap-server",
+        bootstrap,
+        "--topic",
+        topic,
+        "--partition",
+        str(partition),
+        "--offset",
+        "earliest",
+        "--max-messages",
+        str(n),
+        "--property",
+        "print.offset=true",
+        "--timeout-ms",
+        "30000",
+    )
+    return [
+        int(line.split("Offset:")[1].split()[0])
+        for line in r.stdout.splitlines()
+        if line.startswith("Offset:")
+    ]
 
 
 def delete_request(*parts: tuple[str, int, int]) -> dr.DeleteRecordsRequest:
@@ -226,10 +309,11 @@ def delete_request(*parts: tuple[str, int, int]) -> dr.DeleteRecordsRequest:
             dr.DeleteRecordsPartition(partition_index=i32(p), offset=i64(o))
         )
     return dr.DeleteRecordsRequest(
-        topics=tuple(dr.DeleteRecordsTopic(name=t, partitions=tuple(ps))
-                     for t, ps in by_topic.items()),
+        topics=tuple(
+            dr.DeleteRecordsTopic(name=t, partitions=tuple(ps)) for t, ps in by_topic.items()
+        ),
         timeout=timedelta(seconds=10),
-    )  # fmt: skip
+    )
 
 
 def answers(resp: object) -> dict[tuple[str, int], tuple[int, int]]:
@@ -262,8 +346,17 @@ def test_delete_records(broker, tmp_path) -> None:  # type: ignore[no-untyped-de
     assert first_offsets(b, "cli41d", 0) == [37, 38, 39]
     assert len(list((broker.data_dir / "logs" / "cli41d-0").glob("*.log"))) < segments_before
     # Below the log start, ListOffsets by time finds nothing older than the start either.
-    r = tool("kafka-get-offsets", "--bootstrap-server", b, "--topic", "cli41d",
-             "--partitions", "0", "--time", "0")  # fmt: skip
+    r = tool(
+        "kafka-get-offsets",
+        "--bootstrap-server",
+        b,
+        "--topic",
+        "cli41d",
+        "--partitions",
+        "0",
+        "--time",
+        "0",
+    )
     assert r.stdout.split() == ["cli41d:0:37"], r.stdout
 
     # An offset above the high watermark: OFFSET_OUT_OF_RANGE, nothing moves; a lower
@@ -274,10 +367,17 @@ def test_delete_records(broker, tmp_path) -> None:  # type: ignore[no-untyped-de
 
     r = Raw(broker)
     try:
-        resp = answers(r.call(delete_request(
-            ("cli41d", 0, 40), ("nope", 0, 1), ("cli41d", 5, 1), ("cli41d", 0, 41),
-            ("__consumer_offsets", 0, 0),
-        )))  # fmt: skip
+        resp = answers(
+            r.call(
+                delete_request(
+                    ("cli41d", 0, 40),
+                    ("nope", 0, 1),
+                    ("cli41d", 5, 1),
+                    ("cli41d", 0, 41),
+                    ("__consumer_offsets", 0, 0),
+                )
+            )
+        )
     finally:
         r.close()
     assert resp == {
@@ -300,8 +400,12 @@ def test_delete_records_on_a_cluster(cluster, tmp_path) -> None:  # type: ignore
     """RF 3: the followers copy the leader's new log start, so a follower that becomes
     leader (the leader killed) serves from it; a restarted replica learns a later one."""
     c = cluster()
-    spec = {"name": "cli41r", "partitions": 2, "replication_factor": 3,
-            "configs": {"segment.bytes": "300", "min.insync.replicas": "2"}}  # fmt: skip
+    spec = {
+        "name": "cli41r",
+        "partitions": 2,
+        "replication_factor": 3,
+        "configs": {"segment.bytes": "300", "min.insync.replicas": "2"},
+    }
     node = c.any_broker()
     request_sync(f"http://{node.host}:{node.http_port}", "POST", "/api/v1/topics", spec)
     c.wait_isr("cli41r", 3)
@@ -310,8 +414,11 @@ def test_delete_records_on_a_cluster(cluster, tmp_path) -> None:  # type: ignore
     leader = c.leader_of("cli41r", 0)
 
     def starts() -> dict[int, int]:
-        return {b: c.topic("cli41r", via=b)["partitions"][0]["log_start_offset"]
-                for b, n in c.brokers.items() if n.alive()}  # fmt: skip
+        return {
+            b: c.topic("cli41r", via=b)["partitions"][0]["log_start_offset"]
+            for b, n in c.brokers.items()
+            if n.alive()
+        }
 
     assert delete_records(c.bootstrap, tmp_path, {("cli41r", 0): 37}) == {"cli41r-0": 37}
     # The answer waited for every live replica to report the new log start (Kafka's low
@@ -339,8 +446,12 @@ def test_delete_records_on_a_cluster(cluster, tmp_path) -> None:  # type: ignore
     assert delete_records(alive, tmp_path, {("cli41r", 0): 45}) == {"cli41r-0": 45}
     c.brokers[leader].start()
     c.wait_isr("cli41r", 3)
-    wait_for(lambda: starts() == {b: 45 for b in c.brokers}, 30,
-             "the restarted replica at the leader's log start", ignore=(RuntimeError,))  # fmt: skip
+    wait_for(
+        lambda: starts() == {b: 45 for b in c.brokers},
+        30,
+        "the restarted replica at the leader's log start",
+        ignore=(RuntimeError,),
+    )
     assert first_offsets(c.bootstrap, "cli41r", 0) == [45, 46, 47]
 
     # A replica that lost its copy starts empty, at the leader's log start, which lies
@@ -352,8 +463,12 @@ def test_delete_records_on_a_cluster(cluster, tmp_path) -> None:  # type: ignore
     shutil.rmtree(replica_dir)
     c.brokers[wiped].start()
     c.wait_isr("cli41r", 3)
-    wait_for(lambda: starts() == {b: 45 for b in c.brokers}, 30,
-             "the wiped replica at the leader's log start", ignore=(RuntimeError,))  # fmt: skip
+    wait_for(
+        lambda: starts() == {b: 45 for b in c.brokers},
+        30,
+        "the wiped replica at the leader's log start",
+        ignore=(RuntimeError,),
+    )
     c.converge("cli41r")
 
 
@@ -369,16 +484,22 @@ def list_offsets(version: int, *parts: tuple[str, int, int]) -> object:
         )
     extra = {"timeout": timedelta(seconds=5)} if version >= 10 else {}
     return mod.ListOffsetsRequest(
-        replica_id=i32(-1), isolation_level=0, **extra,
-        topics=tuple(mod.ListOffsetsTopic(name=t, partitions=tuple(ps))
-                     for t, ps in by_topic.items()),
-    )  # fmt: skip
+        replica_id=i32(-1),
+        isolation_level=0,
+        **extra,
+        topics=tuple(
+            mod.ListOffsetsTopic(name=t, partitions=tuple(ps)) for t, ps in by_topic.items()
+        ),
+    )
 
 
 def offsets_answer(resp: object) -> list[tuple[str, int, int, int, int]]:
     """(topic, partition, error, offset, timestamp) in the order answered."""
-    return [(t.name, int(p.partition_index), int(p.error_code), int(p.offset), int(p.timestamp))
-            for t in resp.topics for p in t.partitions]  # type: ignore[attr-defined]  # fmt: skip
+    return [
+        (t.name, int(p.partition_index), int(p.error_code), int(p.offset), int(p.timestamp))
+        for t in resp.topics
+        for p in t.partitions
+    ]  # type: ignore[attr-defined]
 
 
 def test_get_offsets_special_times(broker) -> None:  # type: ignore[no-untyped-def]
@@ -392,14 +513,19 @@ def test_get_offsets_special_times(broker) -> None:  # type: ignore[no-untyped-d
         assert p.flush(30) == 0  # a batch each, so the largest is not in the last batch
     # -5 (latest tiered) is offset -1 without tiered storage, which the tool leaves out,
     # as it does against Kafka.
-    times = {"-1": ["cli41t:0:5"], "-2": ["cli41t:0:0"], "-3": ["cli41t:0:1"],
-             "-4": ["cli41t:0:0"], "-5": []}  # fmt: skip
+    times = {
+        "-1": ["cli41t:0:5"],
+        "-2": ["cli41t:0:0"],
+        "-3": ["cli41t:0:1"],
+        "-4": ["cli41t:0:0"],
+        "-5": [],
+    }
     for when, want in times.items():
-        r = tool("kafka-get-offsets", "--bootstrap-server", b, "--topic", "cli41t",
-                 "--time", when)  # fmt: skip
+        r = tool("kafka-get-offsets", "--bootstrap-server", b, "--topic", "cli41t", "--time", when)
         assert r.stdout.split() == want and "rror" not in r.stderr, (when, r.stdout, r.stderr)
-    r = tool("kafka-get-offsets", "--bootstrap-server", b, "--topic", "cli41t",
-             "--time", "max-timestamp")  # fmt: skip
+    r = tool(
+        "kafka-get-offsets", "--bootstrap-server", b, "--topic", "cli41t", "--time", "max-timestamp"
+    )
     assert r.stdout.split() == ["cli41t:0:1"], r.stdout
 
     raw = Raw(broker)
@@ -410,11 +536,14 @@ def test_get_offsets_special_times(broker) -> None:  # type: ignore[no-untyped-d
         # Each special time from its own version on; a partition named twice is
         # INVALID_REQUEST, answered once; an unknown topic, UNKNOWN_TOPIC_OR_PARTITION.
         assert offsets_answer(raw.call(list_offsets(6, ("cli41t", 0, -3)))) == [
-            ("cli41t", 0, ErrorCode.unsupported_version, -1, -1)]  # fmt: skip
+            ("cli41t", 0, ErrorCode.unsupported_version, -1, -1)
+        ]
         assert offsets_answer(raw.call(list_offsets(8, ("cli41t", 0, -5)))) == [
-            ("cli41t", 0, ErrorCode.unsupported_version, -1, -1)]  # fmt: skip
-        got = offsets_answer(raw.call(list_offsets(
-            9, ("cli41t", 0, -4), ("cli41t", 0, -1), ("nope", 0, -3))))  # fmt: skip
+            ("cli41t", 0, ErrorCode.unsupported_version, -1, -1)
+        ]
+        got = offsets_answer(
+            raw.call(list_offsets(9, ("cli41t", 0, -4), ("cli41t", 0, -1), ("nope", 0, -3)))
+        )
         assert got == [
             ("cli41t", 0, ErrorCode.invalid_request, -1, -1),
             ("nope", 0, ErrorCode.unknown_topic_or_partition, -1, -1),
@@ -422,8 +551,10 @@ def test_get_offsets_special_times(broker) -> None:  # type: ignore[no-untyped-d
         # After DeleteRecords, earliest and earliest-local are the new log start and the
         # largest timestamp is looked for from there (offset 3 has it too).
         assert answers(raw.call(delete_request(("cli41t", 0, 2)))) == {("cli41t", 0): (0, 2)}
-        got = [offsets_answer(raw.call(list_offsets(9, ("cli41t", 0, when))))[0][2:4]
-               for when in (-2, -4, -3, -5)]  # fmt: skip
+        got = [
+            offsets_answer(raw.call(list_offsets(9, ("cli41t", 0, when))))[0][2:4]
+            for when in (-2, -4, -3, -5)
+        ]
     finally:
         raw.close()
     assert got == [(0, 2), (0, 2), (0, 3), (0, -1)], got
@@ -442,15 +573,18 @@ def describe_partitions(
     return dtp.DescribeTopicPartitionsRequest(
         topics=tuple(dtp.TopicRequest(name=n) for n in names),
         response_partition_limit=i32(limit),
-        cursor=None if cursor is None else dtp.Cursor(topic_name=cursor[0],
-                                                      partition_index=i32(cursor[1])),
-    )  # fmt: skip
+        cursor=None
+        if cursor is None
+        else dtp.Cursor(topic_name=cursor[0], partition_index=i32(cursor[1])),
+    )
 
 
 def pages(resp: object) -> tuple[list[tuple[str, int, list[int]]], tuple[str, int] | None]:
     """([(topic, error, [partition indexes])], next cursor)."""
-    topics = [(t.name, int(t.error_code), [int(p.partition_index) for p in t.partitions])
-              for t in resp.topics]  # type: ignore[attr-defined]  # fmt: skip
+    topics = [
+        (t.name, int(t.error_code), [int(p.partition_index) for p in t.partitions])
+        for t in resp.topics
+    ]  # type: ignore[attr-defined]
     c = resp.next_cursor  # type: ignore[attr-defined]
     return topics, None if c is None else (c.topic_name, int(c.partition_index))
 
@@ -466,20 +600,35 @@ def test_describe_topic_partitions(broker) -> None:  # type: ignore[no-untyped-d
     broker.create_topic("cli41p-a", partitions=3)
     broker.create_topic("cli41p-b", partitions=2)
     # The tool pages with the API's cursor when the limit is below the partition count.
-    r = tool("kafka-topics", "--bootstrap-server", b, "--describe", "--topic", "cli41p-.*",
-             "--partition-size-limit-per-response", "2")  # fmt: skip
+    r = tool(
+        "kafka-topics",
+        "--bootstrap-server",
+        b,
+        "--describe",
+        "--topic",
+        "cli41p-.*",
+        "--partition-size-limit-per-response",
+        "2",
+    )
     lines = r.stdout.splitlines()
     rows = [line.lstrip("\t").split("\t") for line in lines if "Partition: " in line]
     assert [(row[0], row[1]) for row in rows] == [
-        ("Topic: cli41p-a", "Partition: 0"), ("Topic: cli41p-a", "Partition: 1"),
-        ("Topic: cli41p-a", "Partition: 2"), ("Topic: cli41p-b", "Partition: 0"),
+        ("Topic: cli41p-a", "Partition: 0"),
+        ("Topic: cli41p-a", "Partition: 1"),
+        ("Topic: cli41p-a", "Partition: 2"),
+        ("Topic: cli41p-b", "Partition: 0"),
         ("Topic: cli41p-b", "Partition: 1"),
-    ], r.stdout  # fmt: skip
+    ], r.stdout
     node = rows[0][2].split(": ")[1]
     for row in rows:
         # No ELR, as Kafka with ELR off answers: empty lists, not N/A (Metadata's answer).
-        assert row[2:] == [f"Leader: {node}", f"Replicas: {node}", f"Isr: {node}", "Elr: ",
-                           "LastKnownElr: "], row  # fmt: skip
+        assert row[2:] == [
+            f"Leader: {node}",
+            f"Replicas: {node}",
+            f"Isr: {node}",
+            "Elr: ",
+            "LastKnownElr: ",
+        ], row
     assert "PartitionCount: 3" in r.stdout and "PartitionCount: 2" in r.stdout, r.stdout
 
     raw = Raw(broker)
@@ -488,23 +637,33 @@ def test_describe_topic_partitions(broker) -> None:  # type: ignore[no-untyped-d
         both = ["cli41p-b", "cli41p-a", "cli41p-b"]  # unsorted, one named twice
         assert call(both, 2) == ([("cli41p-a", 0, [0, 1])], ("cli41p-a", 2))
         assert call(both, 2, ("cli41p-a", 2)) == (
-            [("cli41p-a", 0, [2]), ("cli41p-b", 0, [0])], ("cli41p-b", 1))
+            [("cli41p-a", 0, [2]), ("cli41p-b", 0, [0])],
+            ("cli41p-b", 1),
+        )
         assert call(both, 3, ("cli41p-a", 2)) == (
-            [("cli41p-a", 0, [2]), ("cli41p-b", 0, [0, 1])], None)  # fmt: skip
+            [("cli41p-a", 0, [2]), ("cli41p-b", 0, [0, 1])],
+            None,
+        )
         # A limit that ends exactly at a topic's end: the next topic starts the cursor.
         assert call(both, 3) == ([("cli41p-a", 0, [0, 1, 2])], ("cli41p-b", 0))
         assert call(both, 0) == ([("cli41p-a", 0, [0])], ("cli41p-a", 1)), "at least one"
         # Every topic when none is named (absent ones are simply not there).
         every, _ = call([])
         assert ("cli41p-b", 0, [0, 1]) in every and "nope" not in str(every)
-        assert call(["cli41p-a", "nope", "bad/name"]) == ([
-            ("bad/name", ErrorCode.invalid_topic_exception, []), ("cli41p-a", 0, [0, 1, 2]),
-            ("nope", ErrorCode.unknown_topic_or_partition, []),
-        ], None)  # fmt: skip
+        assert call(["cli41p-a", "nope", "bad/name"]) == (
+            [
+                ("bad/name", ErrorCode.invalid_topic_exception, []),
+                ("cli41p-a", 0, [0, 1, 2]),
+                ("nope", ErrorCode.unknown_topic_or_partition, []),
+            ],
+            None,
+        )
         # The cursor's topic must be one of those named, its partition valid.
         for cursor in (("cli41p-c", 0), ("cli41p-a", -1)):
             assert call(["cli41p-a"], 10, cursor) == (
-                [("cli41p-a", ErrorCode.invalid_request, [])], None), cursor  # fmt: skip
+                [("cli41p-a", ErrorCode.invalid_request, [])],
+                None,
+            ), cursor
     finally:
         raw.close()
 
@@ -520,24 +679,38 @@ def api_versions(version: int) -> object:
 
 def test_features_describe(broker) -> None:  # type: ignore[no-untyped-def]
     r = tool("kafka-features", "--bootstrap-server", broker.bootstrap, "describe")
-    rows = [dict(field.split(": ", 1) for field in line.split("\t"))
-            for line in r.stdout.splitlines() if line.startswith("Feature: ")]  # fmt: skip
+    rows = [
+        dict(field.split(": ", 1) for field in line.split("\t"))
+        for line in r.stdout.splitlines()
+        if line.startswith("Feature: ")
+    ]
     by_name = {row.pop("Feature"): row for row in rows}
     assert list(by_name) == sorted(by_name), "the tool sorts them"
     assert by_name["metadata.version"] == {
-        "SupportedMinVersion": "3.3-IV3", "SupportedMaxVersion": "4.1-IV1",
-        "FinalizedVersionLevel": "4.1-IV1", "Epoch": by_name["metadata.version"]["Epoch"],
-    }, r.stdout  # fmt: skip
+        "SupportedMinVersion": "3.3-IV3",
+        "SupportedMaxVersion": "4.1-IV1",
+        "FinalizedVersionLevel": "4.1-IV1",
+        "Epoch": by_name["metadata.version"]["Epoch"],
+    }, r.stdout
     assert int(by_name["metadata.version"]["Epoch"]) > 0, r.stdout
-    off = ("kraft.version", "group.version", "transaction.version",
-           "eligible.leader.replicas.version", "streams.version")  # fmt: skip
+    off = (
+        "kraft.version",
+        "group.version",
+        "transaction.version",
+        "eligible.leader.replicas.version",
+        "streams.version",
+    )
     assert set(by_name) == {"metadata.version", "share.version", *off}, r.stdout
     for name in off:
-        assert [by_name[name][k] for k in ("SupportedMinVersion", "SupportedMaxVersion",
-                "FinalizedVersionLevel")] == ["0", "0", "0"], (name, r.stdout)  # fmt: skip
+        assert [
+            by_name[name][k]
+            for k in ("SupportedMinVersion", "SupportedMaxVersion", "FinalizedVersionLevel")
+        ] == ["0", "0", "0"], (name, r.stdout)
     # KIP-932 share groups are on (ShareGroupHeartbeat, ShareFetch, ... v1).
-    assert [by_name["share.version"][k] for k in ("SupportedMinVersion", "SupportedMaxVersion",
-            "FinalizedVersionLevel")] == ["0", "1", "1"], r.stdout  # fmt: skip
+    assert [
+        by_name["share.version"][k]
+        for k in ("SupportedMinVersion", "SupportedMaxVersion", "FinalizedVersionLevel")
+    ] == ["0", "1", "1"], r.stdout
 
     raw = Raw(broker)
     try:
@@ -549,7 +722,8 @@ def test_features_describe(broker) -> None:  # type: ignore[no-untyped-def]
     assert [f.name for f in replies[3].supported_features] == ["metadata.version"]
     assert len(replies[4].supported_features) == 7
     for v in (3, 4):
-        assert [(f.name, f.min_version_level, f.max_version_level)
-                for f in replies[v].finalized_features] == [
-            ("metadata.version", 27, 27), ("share.version", 1, 1)]  # fmt: skip
+        assert [
+            (f.name, f.min_version_level, f.max_version_level)
+            for f in replies[v].finalized_features
+        ] == [("metadata.version", 27, 27), ("share.version", 1, 1)]
         assert replies[v].finalized_features_epoch > 0

@@ -19,8 +19,12 @@ from kube_support import ZONES, ComponentDied, KubeControlPlane, require_availab
 
 
 def apply(kube: KubeControlPlane, *objects: dict[str, Any]) -> None:
-    kube.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                       "items": list(objects)}))  # fmt: skip
+    kube.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}),
+    )
 
 
 def get(kube: KubeControlPlane, *args: str) -> Any:
@@ -269,9 +273,14 @@ def test_rbac_is_enforced(kube: KubeControlPlane) -> None:
     # Granting the permission makes the same kind of request succeed (a TokenRequest token).
     kube.kubectl("create", "role", "pod-reader", "-n", ns, "--verb=list", "--resource=pods")
     kube.kubectl(
-        "create", "rolebinding", "nobody-reads", "-n", ns, "--role=pod-reader",
+        "create",
+        "rolebinding",
+        "nobody-reads",
+        "-n",
+        ns,
+        "--role=pod-reader",
         f"--serviceaccount={ns}:nobody",
-    )  # fmt: skip
+    )
     token = kube.kubectl("create", "token", "nobody", "-n", ns).stdout.strip()
     kube.wait_for(lambda: _get_pods_with_token(kube, ns, token) == 200, 30, "RBAC to allow")
     can = kube.kubectl("auth", "can-i", "list", "pods", "-n", ns, f"--as={who}", check=False)

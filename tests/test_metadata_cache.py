@@ -82,18 +82,32 @@ def test_assembled_answers_are_the_bytes_kio_encodes_in_every_version() -> None:
     from straitmq.protocol.build import build
     from straitmq.protocol.codec import encode_entity, encode_response, response_schema
 
-    part = {"error_code": 0, "partition_index": 0, "leader_id": 2, "leader_epoch": 7,
-            "replica_nodes": [2, 1, 3], "isr_nodes": [2, 1], "offline_replicas": [3]}  # fmt: skip
+    part = {
+        "error_code": 0,
+        "partition_index": 0,
+        "leader_id": 2,
+        "leader_epoch": 7,
+        "replica_nodes": [2, 1, 3],
+        "isr_nodes": [2, 1],
+        "offline_replicas": [3],
+    }
     topics = [
-        {"error_code": 0, "name": "a", "topic_id": None, "is_internal": False,
-         "partitions": [part, {**part, "partition_index": 1, "leader_id": -1}]},
+        {
+            "error_code": 0,
+            "name": "a",
+            "topic_id": None,
+            "is_internal": False,
+            "partitions": [part, {**part, "partition_index": 1, "leader_id": -1}],
+        },
         {"error_code": 3, "name": "gone", "topic_id": None, "partitions": []},
-    ]  # fmt: skip
+    ]
     for v in range(13):
         for count in (0, 1, 2):
             ctx = RequestContext(None, 3, v, 1234 + v, "t", "/127.0.0.1")  # type: ignore[arg-type]
-            brokers = [{"node_id": 2, "host": "h", "port": 9092, "rack": "r"},
-                       {"node_id": 1, "host": "h1", "port": 9093, "rack": None}]  # fmt: skip
+            brokers = [
+                {"node_id": 2, "host": "h", "port": 9092, "rack": "r"},
+                {"node_id": 1, "host": "h1", "port": 9093, "rack": None},
+            ]
             head = {"throttle_time": 0, "cluster_id": "cid", "controller_id": 2, "brokers": brokers}
             entries = [dict(t) for t in topics[:count]]
             if 8 <= v <= 10:
@@ -124,23 +138,53 @@ def test_hand_encoded_topics_are_the_bytes_kio_encodes_in_every_version() -> Non
 
     img = MetadataImage(cluster_id="c")
     for bid in range(1, 131):
-        img.apply({"type": "register_broker", "id": bid, "incarnation": "i", "host": "h",
-                   "port": 9000 + bid, "http_port": 1})  # fmt: skip
+        img.apply(
+            {
+                "type": "register_broker",
+                "id": bid,
+                "incarnation": "i",
+                "host": "h",
+                "port": 9000 + bid,
+                "http_port": 1,
+            }
+        )
         if bid not in (3, 7):
             img.apply({"type": "unfence_broker", "id": bid})
     for name, internal in (("plain", False), ("__consumer_offsets", True)):
-        img.apply({"type": "topic", "name": name, "topic_id": str(uuid.uuid4()),
-                   "internal": internal})  # fmt: skip
-        layouts = [([1, 2, 3], [1, 2], 1), ([3, 7], [3], -1), ([5], [5], 5),
-                   (list(range(1, 21)), list(range(20, 0, -1)), 9), ([30, 2], [2], 2)]  # fmt: skip
+        img.apply(
+            {"type": "topic", "name": name, "topic_id": str(uuid.uuid4()), "internal": internal}
+        )
+        layouts = [
+            ([1, 2, 3], [1, 2], 1),
+            ([3, 7], [3], -1),
+            ([5], [5], 5),
+            (list(range(1, 21)), list(range(20, 0, -1)), 9),
+            ([30, 2], [2], 2),
+        ]
         for i, (replicas, isr, leader) in enumerate(layouts):
-            img.apply({"type": "partition", "topic": name, "index": i, "replicas": replicas,
-                       "isr": isr, "leader": leader})  # fmt: skip
+            img.apply(
+                {
+                    "type": "partition",
+                    "topic": name,
+                    "index": i,
+                    "replicas": replicas,
+                    "isr": isr,
+                    "leader": leader,
+                }
+            )
         img.apply({"type": "partition_change", "topic": name, "index": 0, "leader": 2})
     # 130 replicas: a count that takes two bytes in flexible versions (kio encodes it).
     img.apply({"type": "topic", "name": "wide", "topic_id": str(uuid.uuid4())})
-    img.apply({"type": "partition", "topic": "wide", "index": 0, "replicas": list(range(1, 131)),
-               "isr": [1], "leader": 1})  # fmt: skip
+    img.apply(
+        {
+            "type": "partition",
+            "topic": "wide",
+            "index": 0,
+            "replicas": list(range(1, 131)),
+            "isr": [1],
+            "leader": 1,
+        }
+    )
 
     class Broker:
         image = img

@@ -42,8 +42,12 @@ def test_replicas_a_broker_cannot_open_are_led_elsewhere(cluster) -> None:  # ty
             parts = c.topic("off")["partitions"]
             return all(p["leader"] not in (victim, -1) and victim not in p["isr"] for p in parts)
 
-        wait_for(moved, 30, f"broker {victim}'s replicas led elsewhere and out of the ISRs",
-                 detail=lambda: str(c.topic("off")["partitions"]))  # fmt: skip
+        wait_for(
+            moved,
+            30,
+            f"broker {victim}'s replicas led elsewhere and out of the ISRs",
+            detail=lambda: str(c.topic("off")["partitions"]),
+        )
         # Not by fencing: the broker stays registered, unfenced and serving.
         assert c.brokers[victim].get("/readyz") == {"status": "ready"}
         w = Workload(c.bootstrap, "off", partitions=6, prefix="off").start()

@@ -92,9 +92,16 @@ def assert_none_lost(
 def installed(kube: Any) -> Any:
     """`helm install` of the chart: the CRDs and the operator's Deployment and RBAC."""
     kube.helm(
-        "install", "straitmq", str(ROOT / "charts" / "straitmq"),
-        "--namespace", RELEASE_NS, "--create-namespace", "--wait", "--timeout", "180s",
-    )  # fmt: skip
+        "install",
+        "straitmq",
+        str(ROOT / "charts" / "straitmq"),
+        "--namespace",
+        RELEASE_NS,
+        "--create-namespace",
+        "--wait",
+        "--timeout",
+        "180s",
+    )
     return kube
 
 
@@ -112,11 +119,24 @@ class Operator:
         }
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [PYTHON, "-m", "straitmq.operator", "--namespace", NS,
-                 "--metrics-port", str(self.metrics_port),
-                 "--health-port", str(self.health_port), "--log-level", "info"],
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                [
+                    PYTHON,
+                    "-m",
+                    "straitmq.operator",
+                    "--namespace",
+                    NS,
+                    "--metrics-port",
+                    str(self.metrics_port),
+                    "--health-port",
+                    str(self.health_port),
+                    "--log-level",
+                    "info",
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def metrics(self) -> str:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
@@ -173,10 +193,17 @@ class PodStandIns:
         self._retry_at: dict[str, float] = {}  # pod uid -> when to rerun failed init steps
         self.init_failures: list[tuple[str, str]] = []  # (pod, stderr tail)
         self.local = LocalCluster(
-            str(data_dir), controllers=3, brokers=0, kafka_base=None, http_base=None,
-            controller_base=None, broker_args=BROKER_ARGS, controller_args=CONTROLLER_ARGS,
-            log_level="info", python=PYTHON,
-        )  # fmt: skip
+            str(data_dir),
+            controllers=3,
+            brokers=0,
+            kafka_base=None,
+            http_base=None,
+            controller_base=None,
+            broker_args=BROKER_ARGS,
+            controller_args=CONTROLLER_ARGS,
+            log_level="info",
+            python=PYTHON,
+        )
         for ordinal in range(5):  # ports fixed up front: the admin URL names broker 0's
             node = self.local.add_broker(ordinal, free_port(), free_port())
             self.base_args[ordinal] = list(node.args)
@@ -235,8 +262,9 @@ class PodStandIns:
                 pods[(kind, ordinal)] = pod
             if kind == "broker" and (
                 pod.metadata.deletion_timestamp is not None
-                or not any(c.type == "Ready" and c.status == "True"
-                           for c in (pod.status.conditions or []))
+                or not any(
+                    c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or [])
+                )
             ):
                 down += 1
         if self.watch_down:
@@ -268,8 +296,11 @@ class PodStandIns:
         ordinal = int(pod.metadata.name.rsplit("-", 1)[1])
         node = self.local.brokers[ordinal]
         (main,) = pod.spec.containers
-        extra = [self._mapped(ordinal, a, main.volume_mounts or [])
-                 for a in main.args if a.startswith("--rack-file=")]  # fmt: skip
+        extra = [
+            self._mapped(ordinal, a, main.volume_mounts or [])
+            for a in main.args
+            if a.startswith("--rack-file=")
+        ]
         node.args = [*self.base_args[ordinal], *extra]
         if not pod.spec.init_containers:
             return True
@@ -337,15 +368,19 @@ def demo(kube: Any, operator: Any, tmp_path_factory: pytest.TempPathFactory) -> 
     """MQCluster `demo` (3 brokers, rack-aware by zone), its pods backed by local StraitMQ
     processes."""
     standins = PodStandIns(kube, "demo", tmp_path_factory.mktemp("demo")).start()
-    doc = mqcluster("demo", 3, {"straitmq.io/admin-url": standins.admin_url},
-                    brokers={"replicas": 3, "rack": {"topologyKey": ZONE}})  # fmt: skip
+    doc = mqcluster(
+        "demo",
+        3,
+        {"straitmq.io/admin-url": standins.admin_url},
+        brokers={"replicas": 3, "rack": {"topologyKey": ZONE}},
+    )
     kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(doc))
 
     def ready() -> bool:
         standins.check()
-        return get_json(kube, "mqcluster", "demo", "-n", NS).get("status", {}).get(
-            "phase"
-        ) == "Ready"
+        return (
+            get_json(kube, "mqcluster", "demo", "-n", NS).get("status", {}).get("phase") == "Ready"
+        )
 
     try:
         try:
@@ -420,14 +455,17 @@ def test_helm_install_registers_crds_and_operator_rbac(installed: Any) -> None:
         ),
     ],
     ids=[
-        "2-controllers", "0-brokers", "negative-partitions", "rf-0", "no-cluster",
-        "authorization-without-tls", "authentication-without-tls",
+        "2-controllers",
+        "0-brokers",
+        "negative-partitions",
+        "rf-0",
+        "no-cluster",
+        "authorization-without-tls",
+        "authentication-without-tls",
     ],
 )
 def test_api_server_rejects_invalid_resources(installed: Any, doc: dict, message: str) -> None:
-    out = installed.kubectl(
-        "apply", "-n", "default", "-f", "-", input=yaml_doc(doc), check=False
-    )
+    out = installed.kubectl("apply", "-n", "default", "-f", "-", input=yaml_doc(doc), check=False)
     assert out.returncode != 0, f"accepted: {doc}"
     assert message in out.stderr, out.stderr
 
@@ -441,18 +479,32 @@ def test_cel_rules_guard_updates(installed: Any) -> None:
         ({"spec": {"cluster": "other"}}, "cluster is immutable"),
     ]:
         out = kube.kubectl(
-            "patch", "topic", "frozen", "-n", ns, "--type=merge", "-p", json.dumps(patch),
+            "patch",
+            "topic",
+            "frozen",
+            "-n",
+            ns,
+            "--type=merge",
+            "-p",
+            json.dumps(patch),
             check=False,
-        )  # fmt: skip
+        )
         assert out.returncode != 0 and message in out.stderr, out.stderr
     kube.kubectl(
         "patch", "topic", "frozen", "-n", ns, "--type=merge", "-p", '{"spec":{"partitions":8}}'
     )
     kube.kubectl("apply", "-n", ns, "-f", "-", input=yaml_doc(mqcluster("three")))
     out = kube.kubectl(
-        "patch", "mqcluster", "three", "-n", ns, "--type=merge",
-        "-p", '{"spec":{"controllers":{"replicas":5}}}', check=False,
-    )  # fmt: skip
+        "patch",
+        "mqcluster",
+        "three",
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        '{"spec":{"controllers":{"replicas":5}}}',
+        check=False,
+    )
     assert out.returncode != 0 and "controllers" in out.stderr
     scaled = kube.kubectl("scale", "mqcluster", "three", "-n", ns, "--replicas=4")
     assert scaled.returncode == 0
@@ -466,11 +518,15 @@ def test_cel_rules_guard_updates(installed: Any) -> None:
 
 def test_mqcluster_becomes_statefulsets_services_and_pdbs(kube: Any, operator: Operator) -> None:
     body = mqcluster(
-        "shape", 3,
-        brokers={"replicas": 3, "storage": {"size": "2Gi"},
-                 "rack": {"topologyKey": "topology.kubernetes.io/zone"},
-                 "config": {"num.partitions": 6}},
-    )  # fmt: skip
+        "shape",
+        3,
+        brokers={
+            "replicas": 3,
+            "storage": {"size": "2Gi"},
+            "rack": {"topologyKey": "topology.kubernetes.io/zone"},
+            "config": {"num.partitions": 6},
+        },
+    )
     kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(body))
     uid = get_json(kube, "mqcluster", "shape", "-n", NS)["metadata"]["uid"]
 
@@ -479,12 +535,16 @@ def test_mqcluster_becomes_statefulsets_services_and_pdbs(kube: Any, operator: O
 
     kube.wait_for(lambda: sts("broker") and sts("controller"), 60, "StatefulSets")
     for kind, name in [
-        ("statefulset", "shape-broker"), ("statefulset", "shape-controller"),
-        ("service", "shape-broker"), ("service", "shape-controller"),
-        ("service", "shape-bootstrap"), ("configmap", "shape-config"),
-        ("poddisruptionbudget", "shape-broker"), ("poddisruptionbudget", "shape-controller"),
+        ("statefulset", "shape-broker"),
+        ("statefulset", "shape-controller"),
+        ("service", "shape-broker"),
+        ("service", "shape-controller"),
+        ("service", "shape-bootstrap"),
+        ("configmap", "shape-config"),
+        ("poddisruptionbudget", "shape-broker"),
+        ("poddisruptionbudget", "shape-controller"),
         ("serviceaccount", "shape-broker"),
-    ]:  # fmt: skip
+    ]:
         obj = get_json(kube, kind, name, "-n", NS)
         (ref,) = obj["metadata"]["ownerReferences"]
         assert ref["uid"] == uid and ref["kind"] == "MQCluster" and ref["controller"], name
@@ -505,24 +565,30 @@ def test_mqcluster_becomes_statefulsets_services_and_pdbs(kube: Any, operator: O
     assert sts("controller")["spec"]["replicas"] == 3
     # The real StatefulSet controller, scheduler, PV binder and kwok do the rest.
     kube.wait_for(
-        lambda: sts("broker").get("status", {}).get("readyReplicas") == 3
-        and sts("controller").get("status", {}).get("readyReplicas") == 3,
+        lambda: (
+            sts("broker").get("status", {}).get("readyReplicas") == 3
+            and sts("controller").get("status", {}).get("readyReplicas") == 3
+        ),
         120,
         "pods Ready on kwok nodes",
     )
     pods = get_json(kube, "pods", "-n", NS, "-l", "app.kubernetes.io/instance=shape")["items"]
     assert {p["metadata"]["name"] for p in pods} == {
-        "shape-broker-0", "shape-broker-1", "shape-broker-2",
-        "shape-controller-0", "shape-controller-1", "shape-controller-2",
-    }  # fmt: skip
+        "shape-broker-0",
+        "shape-broker-1",
+        "shape-broker-2",
+        "shape-controller-0",
+        "shape-controller-1",
+        "shape-controller-2",
+    }
     pvcs = get_json(kube, "pvc", "-n", NS, "-l", "app.kubernetes.io/instance=shape")["items"]
     assert len(pvcs) == 6 and all(p["status"]["phase"] == "Bound" for p in pvcs)
     # Nothing answers at the bootstrap Service's DNS name here: the status says so.
     st = kube.wait_for(
-        lambda: (get_json(kube, "mqcluster", "shape", "-n", NS).get("status") or {}).get(
-            "conditions"
-        )
-        and get_json(kube, "mqcluster", "shape", "-n", NS)["status"],
+        lambda: (
+            (get_json(kube, "mqcluster", "shape", "-n", NS).get("status") or {}).get("conditions")
+            and get_json(kube, "mqcluster", "shape", "-n", NS)["status"]
+        ),
         30,
         "status",
     )
@@ -538,13 +604,22 @@ def test_mqcluster_becomes_statefulsets_services_and_pdbs(kube: Any, operator: O
     gone = kube.kubectl("get", "clusterrolebinding", crb, check=False)
     assert gone.returncode != 0 and "NotFound" in gone.stderr, gone
     kube.wait_for(
-        lambda: kube.kubectl(
-            "get", "statefulset,service,configmap,pdb,serviceaccount", "-n", NS,
-            "-l", "app.kubernetes.io/instance=shape", "-o", "name",
-        ).stdout.strip() == "",
+        lambda: (
+            kube.kubectl(
+                "get",
+                "statefulset,service,configmap,pdb,serviceaccount",
+                "-n",
+                NS,
+                "-l",
+                "app.kubernetes.io/instance=shape",
+                "-o",
+                "name",
+            ).stdout.strip()
+            == ""
+        ),
         60,
         "owned objects garbage-collected",
-    )  # fmt: skip
+    )
 
 
 def test_spec_the_schema_allows_but_the_operator_cannot_run_is_a_condition(
@@ -603,8 +678,9 @@ def test_brokers_take_their_rack_from_their_node(kube: Any, demo: PodStandIns) -
     }
     sel = "app.kubernetes.io/instance=demo,app.kubernetes.io/component=broker"
     pods = get_json(kube, "pods", "-n", NS, "-l", sel)["items"]
-    want = {int(p["metadata"]["name"].rsplit("-", 1)[1]): zones[p["spec"]["nodeName"]]
-            for p in pods}  # fmt: skip
+    want = {
+        int(p["metadata"]["name"].rsplit("-", 1)[1]): zones[p["spec"]["nodeName"]] for p in pods
+    }
     assert sorted(want) == [0, 1, 2] and sorted(want.values()) == sorted(set(zones.values()))
     for p in pods:
         assert [c["name"] for c in p["spec"]["initContainers"]] == ["rack"]
@@ -668,9 +744,13 @@ def test_scale_up_then_down_moves_partitions_and_loses_nothing(
         # pass that refuses posts an Event: watch the StatefulSet until two more have.
         def refusals() -> int:
             events = get_json(
-                kube, "events", "-n", NS, "--field-selector",
+                kube,
+                "events",
+                "-n",
+                NS,
+                "--field-selector",
                 "involvedObject.kind=MQCluster,involvedObject.name=demo,reason=ScaleDownRefused",
-            )["items"]  # fmt: skip
+            )["items"]
             return sum(e.get("count") or 1 for e in events)
 
         def still_five() -> None:
@@ -709,17 +789,19 @@ def test_scale_up_then_down_moves_partitions_and_loses_nothing(
             return f"status {status}; reassignments {moving}; stand-ins {demo.history[-8:]}"
 
         # Not kube.wait_for: that one retries on exceptions, these assertions must fail.
-        wait_for(shrunk, 180, "the StatefulSet to shrink to 3", 0.2, check=kube.check_alive,
-                 detail=stuck)  # fmt: skip
+        wait_for(
+            shrunk, 180, "the StatefulSet to shrink to 3", 0.2, check=kube.check_alive, detail=stuck
+        )
         kube.wait_for(
-            lambda: get_json(kube, "mqcluster", "demo", "-n", NS)["status"].get("phase")
-            == "Ready",
+            lambda: get_json(kube, "mqcluster", "demo", "-n", NS)["status"].get("phase") == "Ready",
             120,
             "Ready at 3 brokers",
         )
         kube.wait_for(
-            lambda: {3, 4}
-            <= {o for _, what, kind, o in demo.history if what == "stop" and kind == "broker"},
+            lambda: (
+                {3, 4}
+                <= {o for _, what, kind, o in demo.history if what == "stop" and kind == "broker"}
+            ),
             60,
             "the processes behind pods 3 and 4 stopped",
         )
@@ -732,8 +814,10 @@ def test_topic_partitions_config_drift_and_delete(kube: Any, demo: PodStandIns) 
     patch = {"spec": {"partitions": 6, "config": {"retention.ms": "3600000"}}}
     kube.kubectl("patch", "topic", "orders", "-n", NS, "--type=merge", "-p", json.dumps(patch))
     kube.wait_for(
-        lambda: len(demo.topics()["orders"]["partitions"]) == 6
-        and demo.topics()["orders"]["configs"].get("retention.ms") == "3600000",
+        lambda: (
+            len(demo.topics()["orders"]["partitions"]) == 6
+            and demo.topics()["orders"]["configs"].get("retention.ms") == "3600000"
+        ),
         60,
         "orders at 6 partitions with the new retention",
     )
@@ -763,8 +847,7 @@ def test_topic_partitions_config_drift_and_delete(kube: Any, demo: PodStandIns) 
     ids=["rf-above-brokers", "unknown-cluster"],
 )
 def test_impossible_topic_gets_a_condition_and_an_event(
-    kube: Any,
-    demo: PodStandIns, doc: dict, reason: str, words: str
+    kube: Any, demo: PodStandIns, doc: dict, reason: str, words: str
 ) -> None:
     name = doc["metadata"]["name"]
     kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(doc))
@@ -801,8 +884,13 @@ def test_replication_factor_change_moves_replicas_and_loses_nothing(
         st = status()
         if t is None or condition({"status": st}, "Progressing").get("status") == "True":
             return None
-        ok = all(len(p["replicas"]) == rf and len(p["isr"]) == rf and not p.get("adding")
-                 and not p.get("removing") for p in t["partitions"])  # fmt: skip
+        ok = all(
+            len(p["replicas"]) == rf
+            and len(p["isr"]) == rf
+            and not p.get("adding")
+            and not p.get("removing")
+            for p in t["partitions"]
+        )
         return t if ok and st.get("reassigningPartitions") == 0 else None
 
     kube.wait_for(lambda: settled(2), 60, "rf created with 2 replicas")
@@ -810,8 +898,16 @@ def test_replication_factor_change_moves_replicas_and_loses_nothing(
     w = Workload(bootstrap, "rf", partitions=3, rate=150).start()
     try:
         kube.wait_for(lambda: w.acked_count() > 150, 60, "first acks")
-        kube.kubectl("patch", "topic", "rf", "-n", NS, "--type=merge",
-                     "-p", '{"spec":{"replicationFactor":3}}')  # fmt: skip
+        kube.kubectl(
+            "patch",
+            "topic",
+            "rf",
+            "-n",
+            NS,
+            "--type=merge",
+            "-p",
+            '{"spec":{"replicationFactor":3}}',
+        )
         t = kube.wait_for(lambda: settled(3), 120, "every partition at 3 in-sync replicas")
         for p in t["partitions"]:  # one replica per zone: brokers 0-2 sit in zones a-c
             assert sorted(p["replicas"]) == [0, 1, 2], p
@@ -822,19 +918,39 @@ def test_replication_factor_change_moves_replicas_and_loses_nothing(
         assert "ReplicationFactorChanging" in events and "ReplicationFactorChanged" in events
 
         for rf, reason in ((4, "InvalidReplicationFactor"), (1, "ReplicationFactorBelowMinInsync")):
-            kube.kubectl("patch", "topic", "rf", "-n", NS, "--type=merge",
-                         "-p", json.dumps({"spec": {"replicationFactor": rf}}))  # fmt: skip
+            kube.kubectl(
+                "patch",
+                "topic",
+                "rf",
+                "-n",
+                NS,
+                "--type=merge",
+                "-p",
+                json.dumps({"spec": {"replicationFactor": rf}}),
+            )
             c = kube.wait_for(
-                lambda r=reason: (c := condition(get_json(kube, "topic", "rf", "-n", NS),
-                                                 "Ready")).get("reason") == r and c,
-                60, reason,
-            )  # fmt: skip
+                lambda r=reason: (
+                    (c := condition(get_json(kube, "topic", "rf", "-n", NS), "Ready")).get("reason")
+                    == r
+                    and c
+                ),
+                60,
+                reason,
+            )
             assert c["status"] == "False", c
             assert all(len(p["replicas"]) == 3 for p in demo.topics()["rf"]["partitions"])
 
         leaders = {p["partition"]: p["leader"] for p in demo.topics()["rf"]["partitions"]}
-        kube.kubectl("patch", "topic", "rf", "-n", NS, "--type=merge",
-                     "-p", '{"spec":{"replicationFactor":2}}')  # fmt: skip
+        kube.kubectl(
+            "patch",
+            "topic",
+            "rf",
+            "-n",
+            NS,
+            "--type=merge",
+            "-p",
+            '{"spec":{"replicationFactor":2}}',
+        )
         t = kube.wait_for(lambda: settled(2), 120, "back to 2 replicas")
         assert {p["partition"]: p["leader"] for p in t["partitions"]} == leaders
         assert condition({"status": status()}, "Ready")["status"] == "True"
@@ -849,9 +965,7 @@ def test_config_change_rolls_one_pod_at_a_time(kube: Any, demo: PodStandIns) -> 
     bootstrap = ",".join(f"127.0.0.1:{demo.local.brokers[i].kafka_port}" for i in range(3))
     before = {
         p["metadata"]["name"]: p["metadata"]["uid"]
-        for p in get_json(kube, "pods", "-n", NS, "-l", "app.kubernetes.io/instance=demo")[
-            "items"
-        ]
+        for p in get_json(kube, "pods", "-n", NS, "-l", "app.kubernetes.io/instance=demo")["items"]
     }
     w = Workload(bootstrap, "orders", partitions=parts, prefix="roll", rate=150).start()
     t0 = time.monotonic()
@@ -882,8 +996,9 @@ def test_config_change_rolls_one_pod_at_a_time(kube: Any, demo: PodStandIns) -> 
     finally:
         demo.watch_down = False
         w.stop()
-    restarts = sorted((t, kind, o) for t, what, kind, o in demo.history
-                      if what == "start" and t > t0)  # fmt: skip
+    restarts = sorted(
+        (t, kind, o) for t, what, kind, o in demo.history if what == "start" and t > t0
+    )
     kinds = [kind for _, kind, _ in restarts]
     # Controllers first, then brokers, every pod at least once (`rolled` saw new uids).
     # Not "exactly once": a stand-in's restart the roll did not ask for is not the
@@ -916,16 +1031,21 @@ def test_operator_logs_are_structured_and_metrics_count_reconciles(
     board = dashboards()["operator"]
     # Error series appear with the first error, which a healthy run may never have;
     # test_metrics checks those panels against an in-process failure.
-    board = {**board, "panels": [
-        p for p in board["panels"] if "reconcile_errors" not in json.dumps(p.get("targets"))
-    ]}  # fmt: skip
+    board = {
+        **board,
+        "panels": [
+            p for p in board["panels"] if "reconcile_errors" not in json.dumps(p.get("targets"))
+        ],
+    }
     assert board["panels"]
     check_served(board, served, "the running operator")
     ok = [
-        line for line in text.splitlines()
+        line
+        for line in text.splitlines()
         if line.startswith("straitmq_operator_reconciles_total{")
-        and 'success"' in line and 'MQCluster"' in line
-    ]  # fmt: skip
+        and 'success"' in line
+        and 'MQCluster"' in line
+    ]
     assert ok and float(ok[0].rsplit(" ", 1)[1]) > 0, text[:2000]
 
 
@@ -1038,27 +1158,44 @@ def authn(kube: Any, operator: Any, tmp_path_factory: pytest.TempPathFactory) ->
     sasl = {ordinal: free_port() for ordinal in standins.local.brokers}
     mtls = {ordinal: free_port() for ordinal in standins.local.brokers}
     standins.mtls_port = mtls[0]
-    annotations = {"straitmq.io/admin-url": standins.admin_url,
-                   "straitmq.io/bootstrap-servers": f"127.0.0.1:{sasl[0]}"}  # fmt: skip
+    annotations = {
+        "straitmq.io/admin-url": standins.admin_url,
+        "straitmq.io/bootstrap-servers": f"127.0.0.1:{sasl[0]}",
+    }
     kafka = {"tls": True, "authentication": {"type": "scram-sha-512"}}
-    doc = mqcluster("authn", 1, annotations, listeners={"kafka": kafka},
-                    authorization={"type": "simple"})  # fmt: skip
+    doc = mqcluster(
+        "authn", 1, annotations, listeners={"kafka": kafka}, authorization={"type": "simple"}
+    )
     kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(doc))
     try:
-        kube.wait_for(lambda: get_json(kube, "statefulset", "authn-broker", "-n", NS), 60,
-                      "authn's broker StatefulSet")  # fmt: skip
-        kube.wait_for(lambda: get_json(kube, "secret", "authn-operator-certs", "-n", NS), 60,
-                      "the operator's certificate for authn")  # fmt: skip
+        kube.wait_for(
+            lambda: get_json(kube, "statefulset", "authn-broker", "-n", NS),
+            60,
+            "authn's broker StatefulSet",
+        )
+        kube.wait_for(
+            lambda: get_json(kube, "secret", "authn-operator-certs", "-n", NS),
+            60,
+            "the operator's certificate for authn",
+        )
         certs = standins.data_dir / "pod-volumes" / "certs"
         _secret_files(kube, "authn-broker-certs", certs)
         mine = _secret_files(kube, "authn-operator-certs", standins.data_dir / "operator")
-        standins.auth = AdminAuth(ca_file=str(mine["ca.crt"]), cert_file=str(mine["tls.crt"]),
-                                  key_file=str(mine["tls.key"]), check_hostname=False)  # fmt: skip
+        standins.auth = AdminAuth(
+            ca_file=str(mine["ca.crt"]),
+            cert_file=str(mine["tls.crt"]),
+            key_file=str(mine["tls.key"]),
+            check_hostname=False,
+        )
         sts = get_json(kube, "statefulset", "authn-broker", "-n", NS)
         (container,) = sts["spec"]["template"]["spec"]["containers"]
-        rendered = [a.removeprefix("--override=") for a in container["args"]
-                    if a.startswith(("--override=http.", "--override=super.users=",
-                                     "--override=authorizer.class.name="))]  # fmt: skip
+        rendered = [
+            a.removeprefix("--override=")
+            for a in container["args"]
+            if a.startswith(
+                ("--override=http.", "--override=super.users=", "--override=authorizer.class.name=")
+            )
+        ]
         assert any(r.startswith("http.authentication=") for r in rendered), container["args"]
         for ordinal, node in standins.local.brokers.items():
             pod = f"authn-broker-{ordinal}"
@@ -1068,27 +1205,41 @@ def authn(kube: Any, operator: Any, tmp_path_factory: pytest.TempPathFactory) ->
                 if r.startswith("super.users="):
                     r += ";User:ANONYMOUS"
                 props += ["--override", r]
-            listeners = (f"REPL://127.0.0.1:{node.kafka_port},SASL://127.0.0.1:{sasl[ordinal]},"
-                         f"MTLS://127.0.0.1:{mtls[ordinal]}")  # fmt: skip
+            listeners = (
+                f"REPL://127.0.0.1:{node.kafka_port},SASL://127.0.0.1:{sasl[ordinal]},"
+                f"MTLS://127.0.0.1:{mtls[ordinal]}"
+            )
             standins.base_args[ordinal] += [
-                "--listeners", listeners,
+                "--listeners",
+                listeners,
                 "--listener-security-protocol-map",
                 "REPL:PLAINTEXT,SASL:SASL_PLAINTEXT,MTLS:SSL",
-                "--inter-broker-listener-name", "REPL",
-                "--override", "listener.name.sasl.sasl.enabled.mechanisms=SCRAM-SHA-512",
-                "--override", f"ssl.keystore.location={certs}/{pod}.pem",
-                "--override", f"ssl.truststore.location={certs}/ca.crt",
-                "--override", "listener.name.mtls.ssl.client.auth=required",
+                "--inter-broker-listener-name",
+                "REPL",
+                "--override",
+                "listener.name.sasl.sasl.enabled.mechanisms=SCRAM-SHA-512",
+                "--override",
+                f"ssl.keystore.location={certs}/{pod}.pem",
+                "--override",
+                f"ssl.truststore.location={certs}/ca.crt",
+                "--override",
+                "listener.name.mtls.ssl.client.auth=required",
                 *props,
-            ]  # fmt: skip
+            ]
         standins.start()
 
         def made(name: str) -> bool:
             standins.check()
             body = {"name": name, "partitions": 1, "replication_factor": 1}
             try:
-                request_sync(standins.admin_url, "POST", "/api/v1/topics", body, timeout_s=5,
-                             auth=standins.auth)  # fmt: skip
+                request_sync(
+                    standins.admin_url,
+                    "POST",
+                    "/api/v1/topics",
+                    body,
+                    timeout_s=5,
+                    auth=standins.auth,
+                )
             except Exception as e:  # not serving yet, or made by an earlier try
                 if "already exists" not in str(e):
                     raise
@@ -1136,8 +1287,10 @@ def test_secured_cluster_http_api_refuses_anonymous_calls_but_not_the_operator(
     kubelet = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     kubelet.check_hostname, kubelet.verify_mode = False, ssl.CERT_NONE
     for path in ("/healthz", "/readyz", "/metrics"):
-        assert exchange_sync(url, "GET", path, timeout_s=5,
-                             auth=AdminAuth(ssl_context=kubelet))[0] == 200, path  # fmt: skip
+        assert (
+            exchange_sync(url, "GET", path, timeout_s=5, auth=AdminAuth(ssl_context=kubelet))[0]
+            == 200
+        ), path
     sts = get_json(kube, "statefulset", "authn-broker", "-n", NS)["spec"]["template"]
     probe = sts["spec"]["containers"][0]["readinessProbe"]["httpGet"]
     assert probe == {"path": "/readyz", "port": "http", "scheme": "HTTPS"}
@@ -1154,9 +1307,11 @@ def test_secured_cluster_http_api_refuses_anonymous_calls_but_not_the_operator(
     kube.wait_for(ready, 60, "Topic ledger on authn Ready")
     assert len(as_operator(authn, "/api/v1/topics/ledger")["partitions"]) == 2
     kube.kubectl("delete", "topic", "ledger", "-n", NS, "--timeout=60s")
-    kube.wait_for(lambda: "ledger" not in {t["name"] for t in
-                                           as_operator(authn, "/api/v1/topics")["topics"]},
-                  60, "topic ledger deleted by the operator")  # fmt: skip
+    kube.wait_for(
+        lambda: "ledger" not in {t["name"] for t in as_operator(authn, "/api/v1/topics")["topics"]},
+        60,
+        "topic ledger deleted by the operator",
+    )
 
 
 def user_ready(kube: Any, name: str, generation: bool = True) -> dict | None:
@@ -1168,11 +1323,15 @@ def user_ready(kube: Any, name: str, generation: bool = True) -> dict | None:
 
 
 def test_user_gets_a_secret_and_exactly_its_acls(kube: Any, authn: PodStandIns) -> None:
-    acls = [{"resource": {"type": "topic", "name": "payments"},
-             "operations": ["Write", "Describe"]}]  # fmt: skip
+    acls = [
+        {"resource": {"type": "topic", "name": "payments"}, "operations": ["Write", "Describe"]}
+    ]
     kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(user_doc("billing", acls)))
-    c = kube.wait_for(lambda: (r := user_ready(kube, "billing")) and r["status"] == "True" and r,
-                      60, "User billing Ready")  # fmt: skip
+    c = kube.wait_for(
+        lambda: (r := user_ready(kube, "billing")) and r["status"] == "True" and r,
+        60,
+        "User billing Ready",
+    )
     assert c["reason"] == "Reconciled"
     status = get_json(kube, "user", "billing", "-n", NS)["status"]
     assert (status["username"], status["secret"], status["acls"]) == ("billing", "billing", 2)
@@ -1200,8 +1359,9 @@ def test_user_gets_a_secret_and_exactly_its_acls(kube: Any, authn: PodStandIns) 
     assert not logs_in(sasl_conf(secret, "not-the-password"))
 
     # Editing the ACLs changes what it may do: now audit only (payments' bindings go).
-    kube.kubectl("apply", "-n", NS, "-f", "-",
-                 input=yaml_doc(user_doc("billing", [write_acl("audit")])))  # fmt: skip
+    kube.kubectl(
+        "apply", "-n", NS, "-f", "-", input=yaml_doc(user_doc("billing", [write_acl("audit")]))
+    )
 
     def swapped() -> bool:
         return produce("audit") is None and (
@@ -1216,23 +1376,26 @@ def test_user_gets_a_secret_and_exactly_its_acls(kube: Any, authn: PodStandIns) 
     # A binding the broker refuses (READ means nothing on the cluster): a condition with
     # the broker's reason, and the ACLs stay as they were.
     bad = {"resource": {"type": "cluster"}, "operations": ["Read"]}
-    kube.kubectl("apply", "-n", NS, "-f", "-",
-                 input=yaml_doc(user_doc("billing", [write_acl("audit"), bad])))  # fmt: skip
-    c = kube.wait_for(lambda: (r := user_ready(kube, "billing")) and r["status"] == "False" and r,
-                      60, "User billing refused")  # fmt: skip
+    kube.kubectl(
+        "apply", "-n", NS, "-f", "-", input=yaml_doc(user_doc("billing", [write_acl("audit"), bad]))
+    )
+    c = kube.wait_for(
+        lambda: (r := user_ready(kube, "billing")) and r["status"] == "False" and r,
+        60,
+        "User billing refused",
+    )
     assert c["reason"] == "InvalidAcl"
     assert "operation READ does not apply to a CLUSTER resource" in c["message"], c
     assert produce("audit") is None
-    events = kube.kubectl("get", "events", "-n", NS,
-                          "--field-selector", "involvedObject.name=billing").stdout  # fmt: skip
+    events = kube.kubectl(
+        "get", "events", "-n", NS, "--field-selector", "involvedObject.name=billing"
+    ).stdout
     assert "InvalidAcl" in events
 
     # Deleting the User: its login fails, its bindings and its Secret are gone.
     kube.kubectl("delete", "user", "billing", "-n", NS, "--timeout=60s")
     kube.wait_for(lambda: not logs_in(conf), 30, "billing's login refused")
-    assert as_operator(authn, "/api/v1/acls?principal=User:billing") == {
-        "acls": []
-    }
+    assert as_operator(authn, "/api/v1/acls?principal=User:billing") == {"acls": []}
 
     def secret_gone() -> bool:
         out = kube.kubectl("get", "secret", "billing", "-n", NS, check=False)
@@ -1249,8 +1412,11 @@ def test_tls_user_gets_a_certificate_and_exactly_its_acls(
 
     doc = user_doc("shipping", [write_acl("payments")], type="tls")
     kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(doc))
-    kube.wait_for(lambda: (r := user_ready(kube, "shipping")) and r["status"] == "True",
-                  60, "User shipping Ready")  # fmt: skip
+    kube.wait_for(
+        lambda: (r := user_ready(kube, "shipping")) and r["status"] == "True",
+        60,
+        "User shipping Ready",
+    )
     status = get_json(kube, "user", "shipping", "-n", NS)["status"]
     assert (status["username"], status["acls"]) == ("CN=shipping", 1)
     secret = user_secret(kube, "shipping")
@@ -1261,8 +1427,10 @@ def test_tls_user_gets_a_certificate_and_exactly_its_acls(
     assert pki.signed_by(leaf, secret["ca.crt"])
     bound = as_operator(authn, "/api/v1/acls?principal=User:CN=shipping")["acls"]
     assert [(b["resource_name"], b["operation"]) for b in bound] == [("payments", "WRITE")]
-    conf = {"bootstrap.servers": f"127.0.0.1:{authn.mtls_port}",
-            **tls_user_client(secret, tmp_path)}  # fmt: skip
+    conf = {
+        "bootstrap.servers": f"127.0.0.1:{authn.mtls_port}",
+        **tls_user_client(secret, tmp_path),
+    }
     produce = produce_outcome(conf)
     assert produce("payments") is None
     assert produce("audit") == KafkaError.TOPIC_AUTHORIZATION_FAILED
@@ -1271,8 +1439,11 @@ def test_tls_user_gets_a_certificate_and_exactly_its_acls(
     # Deleting the User takes its bindings: the certificate still shakes hands, but may
     # write nothing.
     kube.kubectl("delete", "user", "shipping", "-n", NS, "--timeout=60s")
-    kube.wait_for(lambda: produce("payments") == KafkaError.TOPIC_AUTHORIZATION_FAILED, 60,
-                  "shipping may write nothing once deleted")  # fmt: skip
+    kube.wait_for(
+        lambda: produce("payments") == KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        60,
+        "shipping may write nothing once deleted",
+    )
 
 
 def _served_serial(port: int, client: dict[str, str]) -> int:
@@ -1293,16 +1464,26 @@ def _served_serial(port: int, client: dict[str, str]) -> int:
 
 
 def _read_partitions(
-    bootstrap: str, topic_name: str, partitions: int, client: dict[str, str],
-    expect: set[bytes], timeout: float,
+    bootstrap: str,
+    topic_name: str,
+    partitions: int,
+    client: dict[str, str],
+    expect: set[bytes],
+    timeout: float,
 ) -> set[bytes]:
     """The topic's values from offset 0 until all of `expect` are read (other records may
     be there too), read without a group (the stand-ins ask for 3 replicas of the offsets
     topic, and `authn` has one broker)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic_name}-reader",
-                  "enable.auto.commit": False, **client})  # fmt: skip
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"{topic_name}-reader",
+            "enable.auto.commit": False,
+            **client,
+        }
+    )
     c.assign([TopicPartition(topic_name, p, OFFSET_BEGINNING) for p in range(partitions)])
     got: set[bytes] = set()
     deadline = time.monotonic() + timeout
@@ -1336,19 +1517,26 @@ def test_broker_certificate_renewal_under_load_loses_no_acknowledged_record(
     topic_name, pod = "renewals", "authn-broker-0"
     body = {"name": topic_name, "partitions": 2, "replication_factor": 1}
     request_sync(authn.admin_url, "POST", "/api/v1/topics", body, timeout_s=10, auth=authn.auth)
-    acls = [{"resource": {"type": "topic", "name": topic_name}, "operations": ["Write", "Read"]},
-            {"resource": {"type": "group", "name": f"{topic_name}-reader"}, "operations": ["Read"]}]
-    kube.kubectl("apply", "-n", NS, "-f", "-",
-                 input=yaml_doc(user_doc("renewer", acls, type="tls")))  # fmt: skip
-    kube.wait_for(lambda: (r := user_ready(kube, "renewer")) and r["status"] == "True",
-                  60, "User renewer Ready")  # fmt: skip
+    acls = [
+        {"resource": {"type": "topic", "name": topic_name}, "operations": ["Write", "Read"]},
+        {"resource": {"type": "group", "name": f"{topic_name}-reader"}, "operations": ["Read"]},
+    ]
+    kube.kubectl(
+        "apply", "-n", NS, "-f", "-", input=yaml_doc(user_doc("renewer", acls, type="tls"))
+    )
+    kube.wait_for(
+        lambda: (r := user_ready(kube, "renewer")) and r["status"] == "True",
+        60,
+        "User renewer Ready",
+    )
     secret = user_secret(kube, "renewer")
     client = tls_user_client(secret, tmp_path)
     bootstrap = f"127.0.0.1:{authn.mtls_port}"
     before = _served_serial(authn.mtls_port, client)
     pid = authn.node("broker", 0).proc.pid
-    w = Workload(bootstrap, topic_name, partitions=2, prefix="renew", rate=150,
-                 client=client).start()  # fmt: skip
+    w = Workload(
+        bootstrap, topic_name, partitions=2, prefix="renew", rate=150, client=client
+    ).start()
     try:
         w.wait_acked_growth(100, 60)
         # A keystore that is due, as a year-old one would be: the operator must renew it.
@@ -1359,8 +1547,17 @@ def test_broker_certificate_renewal_under_load_loses_no_acknowledged_record(
         key, crt = pki.issue(ca["ca.key"], ca["ca.crt"], "authn-broker", names, old)
         due = pki.keystore(key, crt, ca["ca.crt"])
         patch = {"data": {f"{pod}.pem": base64.b64encode(due.encode()).decode()}}
-        kube.kubectl("patch", "secret", "authn-broker-certs", "-n", NS, "--type", "merge",
-                     "-p", json.dumps(patch))  # fmt: skip
+        kube.kubectl(
+            "patch",
+            "secret",
+            "authn-broker-certs",
+            "-n",
+            NS,
+            "--type",
+            "merge",
+            "-p",
+            json.dumps(patch),
+        )
 
         def renewed() -> str | None:
             authn.check()
@@ -1374,8 +1571,11 @@ def test_broker_certificate_renewal_under_load_loses_no_acknowledged_record(
         # The kubelet updates the mounted Secret file; the broker picks it up.
         mounted = authn.data_dir / "pod-volumes" / "certs" / f"{pod}.pem"
         mounted.write_text(fresh)
-        kube.wait_for(lambda: _served_serial(authn.mtls_port, client) == leaf.serial_number,
-                      60, "the broker serves the renewed certificate")  # fmt: skip
+        kube.wait_for(
+            lambda: _served_serial(authn.mtls_port, client) == leaf.serial_number,
+            60,
+            "the broker serves the renewed certificate",
+        )
         assert before != leaf.serial_number
         w.wait_acked_growth(100, 60)
         # A client connecting now shakes hands with the renewed certificate.
@@ -1393,23 +1593,35 @@ def test_broker_certificate_renewal_under_load_loses_no_acknowledged_record(
 
 
 def test_user_password_from_a_secret_rotates(kube: Any, authn: PodStandIns) -> None:
-    kube.kubectl("create", "secret", "generic", "ledger-pw", "-n", NS,
-                 "--from-literal=pw=first-password")  # fmt: skip
+    kube.kubectl(
+        "create", "secret", "generic", "ledger-pw", "-n", NS, "--from-literal=pw=first-password"
+    )
     ref = {"password": {"valueFrom": {"secretKeyRef": {"name": "ledger-pw", "key": "pw"}}}}
     doc = user_doc("ledger", [write_acl("payments")], **ref)
     kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(doc))
-    kube.wait_for(lambda: (r := user_ready(kube, "ledger")) and r["status"] == "True",
-                  60, "User ledger Ready")  # fmt: skip
+    kube.wait_for(
+        lambda: (r := user_ready(kube, "ledger")) and r["status"] == "True", 60, "User ledger Ready"
+    )
     secret = user_secret(kube, "ledger")
     assert secret["password"] == "first-password"
     assert produce_outcome(sasl_conf(secret))("payments") is None
 
-    new = kube.kubectl("create", "secret", "generic", "ledger-pw", "-n", NS,
-                       "--from-literal=pw=second-password", "--dry-run=client",
-                       "-o", "json").stdout  # fmt: skip
+    new = kube.kubectl(
+        "create",
+        "secret",
+        "generic",
+        "ledger-pw",
+        "-n",
+        NS,
+        "--from-literal=pw=second-password",
+        "--dry-run=client",
+        "-o",
+        "json",
+    ).stdout
     kube.kubectl("apply", "-n", NS, "-f", "-", input=new)
-    kube.wait_for(lambda: logs_in(sasl_conf(secret, "second-password")), 60,
-                  "the rotated password logs in")  # fmt: skip
+    kube.wait_for(
+        lambda: logs_in(sasl_conf(secret, "second-password")), 60, "the rotated password logs in"
+    )
     assert not logs_in(sasl_conf(secret, "first-password"))
     assert user_secret(kube, "ledger")["password"] == "second-password"
 
@@ -1417,23 +1629,35 @@ def test_user_password_from_a_secret_rotates(kube: Any, authn: PodStandIns) -> N
 def test_user_problems_are_conditions_or_refused_by_the_api_server(
     kube: Any, authn: PodStandIns
 ) -> None:
-    kube.kubectl("apply", "-n", NS, "-f", "-",
-                 input=yaml_doc(user_doc("orphan", [], cluster="nowhere")))  # fmt: skip
-    c = kube.wait_for(lambda: (r := user_ready(kube, "orphan")) and r["status"] == "False" and r,
-                      60, "User orphan NotReady")  # fmt: skip
+    kube.kubectl(
+        "apply", "-n", NS, "-f", "-", input=yaml_doc(user_doc("orphan", [], cluster="nowhere"))
+    )
+    c = kube.wait_for(
+        lambda: (r := user_ready(kube, "orphan")) and r["status"] == "False" and r,
+        60,
+        "User orphan NotReady",
+    )
     assert c["reason"] == "ClusterNotFound" and "'nowhere'" in c["message"]
     kube.kubectl("delete", "user", "orphan", "-n", NS, "--timeout=60s")  # nothing to clean
 
     for acl, message in (
-        ({"resource": {"type": "cluster", "name": "x"}, "operations": ["Alter"]},
-         "the cluster resource has no name"),
+        (
+            {"resource": {"type": "cluster", "name": "x"}, "operations": ["Alter"]},
+            "the cluster resource has no name",
+        ),
         ({"resource": {"type": "topic"}, "operations": ["Read"]}, "needs a name"),
         ({"resource": {"type": "topic", "name": "t"}, "operations": ["Fly"]}, "Unsupported value"),
-        ({"resource": {"type": "topic", "name": "t", "patternType": "match"},
-          "operations": ["Read"]}, "Unsupported value"),
-    ):  # fmt: skip
-        out = kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(user_doc("bad", [acl])),
-                           check=False)  # fmt: skip
+        (
+            {
+                "resource": {"type": "topic", "name": "t", "patternType": "match"},
+                "operations": ["Read"],
+            },
+            "Unsupported value",
+        ),
+    ):
+        out = kube.kubectl(
+            "apply", "-n", NS, "-f", "-", input=yaml_doc(user_doc("bad", [acl])), check=False
+        )
         assert out.returncode != 0 and message in out.stderr, out.stderr
 
 
@@ -1446,8 +1670,12 @@ def test_tls_cluster_gets_a_ca_and_broker_certificates(kube: Any, operator: Oper
     from straitmq.operator import pki
 
     kafka = {"tls": True, "authentication": {"type": "scram-sha-512"}}
-    body = mqcluster("sealed", 2, listeners={"kafka": kafka},
-                     authorization={"type": "simple", "superUsers": ["User:ops"]})  # fmt: skip
+    body = mqcluster(
+        "sealed",
+        2,
+        listeners={"kafka": kafka},
+        authorization={"type": "simple", "superUsers": ["User:ops"]},
+    )
     kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(body))
 
     def secret(name: str) -> dict[str, str]:
@@ -1465,8 +1693,9 @@ def test_tls_cluster_gets_a_ca_and_broker_certificates(kube: Any, operator: Oper
         assert f"sealed-broker-{i}.sealed-broker.{NS}.svc" in pki.dns_names(leaf)
     owner = get_json(kube, "secret", "sealed-cluster-ca", "-n", NS)["metadata"]["ownerReferences"]
     assert [(o["kind"], o["name"]) for o in owner] == [("MQCluster", "sealed")]
-    sts = kube.wait_for(lambda: get_json(kube, "statefulset", "sealed-broker", "-n", NS), 60,
-                        "broker StatefulSet")  # fmt: skip
+    sts = kube.wait_for(
+        lambda: get_json(kube, "statefulset", "sealed-broker", "-n", NS), 60, "broker StatefulSet"
+    )
     pod = sts["spec"]["template"]["spec"]
     volume = {"name": "certs", "secret": {"secretName": "sealed-broker-certs", "defaultMode": 420}}
     assert volume in pod["volumes"]
@@ -1483,8 +1712,9 @@ def test_tls_cluster_gets_a_ca_and_broker_certificates(kube: Any, operator: Oper
     assert "ssl.keystore.location=/opt/straitmq/certs/$(POD_NAME).pem" in args
     assert "controller.http.ssl.enabled=true" in args
     # The controllers get theirs, in a Secret of their own, and serve https.
-    ctl_certs = kube.wait_for(lambda: secret("sealed-controller-certs"), 60,
-                              "controller certificates")  # fmt: skip
+    ctl_certs = kube.wait_for(
+        lambda: secret("sealed-controller-certs"), 60, "controller certificates"
+    )
     assert sorted(ctl_certs) == ["ca.crt", *(f"sealed-controller-{i}.pem" for i in range(3))]
     for i in range(3):
         leaf = pki.certificate(ctl_certs[f"sealed-controller-{i}.pem"])
@@ -1498,8 +1728,11 @@ def test_tls_cluster_gets_a_ca_and_broker_certificates(kube: Any, operator: Oper
 
     # Scaling up issues the new pod's certificate and leaves the others alone.
     kube.kubectl("scale", "mqcluster/sealed", "-n", NS, "--replicas=3")
-    grown = kube.wait_for(lambda: (s := secret("sealed-broker-certs")) and len(s) == 4 and s,
-                          60, "a third certificate")  # fmt: skip
+    grown = kube.wait_for(
+        lambda: (s := secret("sealed-broker-certs")) and len(s) == 4 and s,
+        60,
+        "a third certificate",
+    )
     assert grown["sealed-broker-0.pem"] == certs["sealed-broker-0.pem"]
     assert secret("sealed-cluster-ca") == ca
     kube.kubectl("delete", "mqcluster", "sealed", "-n", NS, "--wait=false")

@@ -118,8 +118,9 @@ def test_rack_aware_brokers_read_their_node_and_others_mount_no_token() -> None:
     assert "ownerReferences" not in crb["metadata"]  # cluster-scoped: the operator deletes it
     assert crb["metadata"]["labels"][n.CLUSTER_NAMESPACE_LABEL] == "prod"
     assert crb["roleRef"]["name"] == "sm-straitmq-node-reader"
-    assert crb["subjects"] == [{"kind": "ServiceAccount", "name": "demo-broker",
-                                "namespace": "prod"}]  # fmt: skip
+    assert crb["subjects"] == [
+        {"kind": "ServiceAccount", "name": "demo-broker", "namespace": "prod"}
+    ]
 
     plain = parse(body())
     for sts in (render.broker_statefulset(plain, 3), render.controller_statefulset(s)):
@@ -140,9 +141,12 @@ def test_config_change_changes_the_pod_template_hash() -> None:
     ha = render.broker_statefulset(a, 3)["spec"]["template"]["metadata"]["annotations"][key]
     hb = render.broker_statefulset(b, 3)["spec"]["template"]["metadata"]["annotations"][key]
     assert ha != hb
-    assert ha == render.broker_statefulset(parse(body()), 5)["spec"]["template"]["metadata"][
-        "annotations"
-    ][key], "scaling alone must not restart pods"
+    assert (
+        ha
+        == render.broker_statefulset(parse(body()), 5)["spec"]["template"]["metadata"][
+            "annotations"
+        ][key]
+    ), "scaling alone must not restart pods"
 
 
 SECURED = {"kafka": {"tls": True, "authentication": {"type": "scram-sha-512"}}}
@@ -152,8 +156,11 @@ def _broker(spec_body: dict) -> tuple[dict, dict, dict[str, str]]:
     """(container, pod annotations, the --override settings) of the rendered brokers."""
     sts = render.broker_statefulset(parse(spec_body), 3)["spec"]["template"]
     (c,) = sts["spec"]["containers"]
-    props = dict(a.removeprefix("--override=").split("=", 1)
-                 for a in c["args"] if a.startswith("--override="))  # fmt: skip
+    props = dict(
+        a.removeprefix("--override=").split("=", 1)
+        for a in c["args"]
+        if a.startswith("--override=")
+    )
     return c, sts["metadata"]["annotations"], props
 
 
@@ -189,8 +196,10 @@ def test_secured_cluster_serves_its_http_api_over_https_to_certificates_and_user
     assert cluster.admin_url(spec_body, spec) == "https://demo-bootstrap.prod.svc:8080"
     if authorization:
         supers = props["super.users"].split(";")
-        assert supers[:2] == ["User:CN=demo-broker,O=straitmq",
-                              "User:CN=straitmq-operator,O=straitmq"]  # fmt: skip
+        assert supers[:2] == [
+            "User:CN=demo-broker,O=straitmq",
+            "User:CN=straitmq-operator,O=straitmq",
+        ]
         assert supers[2:] == authorization.get("superUsers", [])
     else:
         assert "super.users" not in props and "authorizer.class.name" not in props
@@ -206,14 +215,18 @@ def test_secured_cluster_serves_its_http_api_over_https_to_certificates_and_user
     assert {"name": "certs", "mountPath": "/opt/straitmq/certs", "readOnly": True} in (
         ctl["volumeMounts"]
     )
-    ctl_props = dict(a.removeprefix("--override=").split("=", 1) for a in ctl["args"]
-                     if a.startswith("--override="))  # fmt: skip
+    ctl_props = dict(
+        a.removeprefix("--override=").split("=", 1)
+        for a in ctl["args"]
+        if a.startswith("--override=")
+    )
     assert ctl_props["http.ssl.keystore.location"] == "/opt/straitmq/certs/$(POD_NAME).pem"
     assert ctl_props["http.authentication"] == "mtls"
     assert ctl_props["super.users"].split(";") == [
-        "User:CN=demo-controller,O=straitmq", "User:CN=demo-broker,O=straitmq",
+        "User:CN=demo-controller,O=straitmq",
+        "User:CN=demo-broker,O=straitmq",
         "User:CN=straitmq-operator,O=straitmq",
-    ]  # fmt: skip
+    ]
     from straitmq.controller.__main__ import SECURITY_KEYS
 
     assert set(ctl_props) <= SECURITY_KEYS
@@ -279,9 +292,10 @@ def test_drain_moves_every_replica_off_and_keeps_replication(seed: int) -> None:
     untouched = planning.replica_counts(
         [p for p in parts if (p.topic, p.index) not in moves], range(keep)
     )
-    assert max(counts.values()) - min(counts.values()) <= max(untouched.values()) - min(
-        untouched.values()
-    ) + 1
+    assert (
+        max(counts.values()) - min(counts.values())
+        <= max(untouched.values()) - min(untouched.values()) + 1
+    )
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -327,14 +341,19 @@ def test_operator_folder_never_shadows_the_stdlib_operator() -> None:
     assert not (root / "operator" / "__init__.py").exists()
     out = subprocess.run(
         [sys.executable, "-c", "import operator, collections; print(operator.eq(1, 1))"],
-        cwd=root, capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr
 
 
 def test_replication_factor_growth_is_rack_aware_and_balanced() -> None:
-    parts = [Partition("t", i, [i % 2, (i + 1) % 2], [i % 2, (i + 1) % 2], i % 2, [], [])
-             for i in range(4)]  # fmt: skip
+    parts = [
+        Partition("t", i, [i % 2, (i + 1) % 2], [i % 2, (i + 1) % 2], i % 2, [], [])
+        for i in range(4)
+    ]
     racks = {0: "a", 1: "a", 2: "b", 3: "c"}
     moves = planning.change_replication(parts, 3, racks, Counter({0: 4, 1: 4, 2: 0, 3: 0}))
     assert sorted(moves) == [("t", i) for i in range(4)]
@@ -356,7 +375,6 @@ def test_replication_factor_shrink_keeps_leaders_and_drops_lagging_replicas_firs
     assert planning.change_replication([q], 3, {0: None, 1: None, 2: None}, Counter()) == {}
 
 
-
 # -- User resources: the spec's ACL rules as bindings, and what to change -----------------
 
 
@@ -372,11 +390,15 @@ def user_body(name: str = "app", **spec) -> dict:
 def test_user_spec_turns_each_operation_into_a_binding() -> None:
     acls = [
         {"resource": {"type": "topic", "name": "orders"}, "operations": ["Write", "Describe"]},
-        {"resource": {"type": "group", "name": "billing-", "patternType": "prefixed"},
-         "operations": ["Read"], "host": "10.0.0.1", "type": "deny"},
+        {
+            "resource": {"type": "group", "name": "billing-", "patternType": "prefixed"},
+            "operations": ["Read"],
+            "host": "10.0.0.1",
+            "type": "deny",
+        },
         {"resource": {"type": "cluster"}, "operations": ["IdempotentWrite"]},
         {"resource": {"type": "transactionalId", "name": "tx"}, "operations": ["All"]},
-    ]  # fmt: skip
+    ]
     us = user.user_spec(user_body(authorization={"acls": acls}))
     assert us.mechanism == "SCRAM-SHA-512" and us.principal == "User:app"
     assert us.password_ref is None
@@ -420,8 +442,10 @@ def test_tls_users_and_a_listener_that_takes_their_certificates() -> None:
 
 
 def test_user_spec_refusals() -> None:
-    own = {"type": "scram-sha-512",
-           "password": {"valueFrom": {"secretKeyRef": {"name": "app", "key": "pw"}}}}  # fmt: skip
+    own = {
+        "type": "scram-sha-512",
+        "password": {"valueFrom": {"secretKeyRef": {"name": "app", "key": "pw"}}},
+    }
     with pytest.raises(user.UserProblem) as e:
         user.user_spec(user_body(authentication=own))
     assert e.value.reason == "PasswordSecretConflict"
@@ -435,9 +459,11 @@ def test_acl_changes_add_the_missing_and_remove_the_extra_bindings() -> None:
     keep = B("TOPIC", "orders", "LITERAL", "User:app", "*", "WRITE", "ALLOW")
     new = B("TOPIC", "orders", "LITERAL", "User:app", "*", "READ", "ALLOW")
     # Same resource and operation, other host or permission: a different binding.
-    stale = [B("TOPIC", "orders", "LITERAL", "User:app", "10.0.0.1", "WRITE", "ALLOW"),
-             B("TOPIC", "orders", "LITERAL", "User:app", "*", "READ", "DENY"),
-             B("TOPIC", "orders", "PREFIXED", "User:app", "*", "WRITE", "ALLOW")]  # fmt: skip
+    stale = [
+        B("TOPIC", "orders", "LITERAL", "User:app", "10.0.0.1", "WRITE", "ALLOW"),
+        B("TOPIC", "orders", "LITERAL", "User:app", "*", "READ", "DENY"),
+        B("TOPIC", "orders", "PREFIXED", "User:app", "*", "WRITE", "ALLOW"),
+    ]
     create, delete = user.acl_changes(frozenset({keep, new}), [keep, *stale])
     assert create == [new] and delete == sorted(stale)
     assert user.acl_changes(frozenset({keep}), [keep]) == ([], [])

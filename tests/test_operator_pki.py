@@ -63,9 +63,15 @@ class FakeKube:
 def ensure(kube: FakeKube, brokers: int, now: datetime = NOW) -> tuple[list[str], list]:
     events: list = []
     spec = parse(body(listeners=TLS))
-    issued = asyncio.run(certificates.ensure(
-        kube, spec, brokers, lambda *e: events.append(e), now  # type: ignore[arg-type]
-    ))  # fmt: skip
+    issued = asyncio.run(
+        certificates.ensure(
+            kube,
+            spec,
+            brokers,
+            lambda *e: events.append(e),
+            now,  # type: ignore[arg-type]
+        )
+    )
     return issued, events
 
 
@@ -181,8 +187,11 @@ def test_a_broker_serves_the_operators_keystore_and_follows_a_renewal(tmp_path: 
         "listener.name.client.ssl.reload.interval.ms=100",
     ]
     (tmp_path / "server.properties").write_text("\n".join(props) + "\n")
-    b = BrokerProcess(tmp_path / "data", port=repl,
-                      extra_args=["--properties", str(tmp_path / "server.properties")])  # fmt: skip
+    b = BrokerProcess(
+        tmp_path / "data",
+        port=repl,
+        extra_args=["--properties", str(tmp_path / "server.properties")],
+    )
     b.start()
     try:
         pod_name = "demo-broker-0.demo-broker.prod.svc"
@@ -256,9 +265,12 @@ def test_secured_spec_scram_clients_acls_and_brokers_by_certificate(tmp_path: Pa
 
     from straitmq.admin_client import AdminAuth, exchange_sync, request_sync
 
-    spec = parse(body(listeners={"kafka": {"tls": True,
-                                           "authentication": {"type": "scram-sha-512"}}},
-                      authorization={"type": "simple", "superUsers": ["User:ops"]}))  # fmt: skip
+    spec = parse(
+        body(
+            listeners={"kafka": {"tls": True, "authentication": {"type": "scram-sha-512"}}},
+            authorization={"type": "simple", "superUsers": ["User:ops"]},
+        )
+    )
     assert spec.kafka_sasl == "SCRAM-SHA-512" and spec.authorization and spec.http_secured
     kube = FakeKube()
     asyncio.run(certificates.ensure(kube, spec, 1, lambda *e: None, NOW))  # type: ignore[arg-type]
@@ -275,8 +287,11 @@ def test_secured_spec_scram_clients_acls_and_brokers_by_certificate(tmp_path: Pa
     supers = "User:CN=demo-broker,O=straitmq;User:CN=straitmq-operator,O=straitmq;User:ops"
     assert f"super.users={supers}" in props
     (tmp_path / "server.properties").write_text("\n".join(props) + "\n")
-    b = BrokerProcess(tmp_path / "data", port=repl,
-                      extra_args=["--properties", str(tmp_path / "server.properties")])  # fmt: skip
+    b = BrokerProcess(
+        tmp_path / "data",
+        port=repl,
+        extra_args=["--properties", str(tmp_path / "server.properties")],
+    )
     https = f"https://127.0.0.1:{b.http_port}"
     # The operator's identity, as it calls the cluster (its certificate, the cluster CA).
     op_auth = asyncio.run(certificates.admin_auth(kube, spec))  # type: ignore[arg-type]
@@ -285,28 +300,45 @@ def test_secured_spec_scram_clients_acls_and_brokers_by_certificate(tmp_path: Pa
     try:
         _wait_ready_as_the_kubelet(b, https)
         _http_api_needs_a_certificate_or_a_password(https, certs, op_auth)
-        tls = {"ssl.ca.location": str(certs / "ca.crt"),
-               "ssl.endpoint.identification.algorithm": "none"}  # fmt: skip
+        tls = {
+            "ssl.ca.location": str(certs / "ca.crt"),
+            "ssl.endpoint.identification.algorithm": "none",
+        }
         # A broker's certificate on REPLICATION: the brokers' principal, a super user.
-        as_broker = AdminClient({
-            "bootstrap.servers": f"127.0.0.1:{repl}", "security.protocol": "SSL", **tls,
-            "ssl.certificate.location": str(certs / "client.crt"),
-            "ssl.key.location": str(certs / "client.key"),
-        })  # fmt: skip
+        as_broker = AdminClient(
+            {
+                "bootstrap.servers": f"127.0.0.1:{repl}",
+                "security.protocol": "SSL",
+                **tls,
+                "ssl.certificate.location": str(certs / "client.crt"),
+                "ssl.key.location": str(certs / "client.key"),
+            }
+        )
         as_broker.create_topics([NewTopic("ledger", 1, 1)])["ledger"].result(timeout=30)
         # No certificate: REPLICATION refuses the connection.
-        anonymous = AdminClient({"bootstrap.servers": f"127.0.0.1:{repl}",
-                                 "security.protocol": "SSL", **tls})  # fmt: skip
+        anonymous = AdminClient(
+            {"bootstrap.servers": f"127.0.0.1:{repl}", "security.protocol": "SSL", **tls}
+        )
         with pytest.raises(KafkaException):
             anonymous.list_topics(timeout=4)
 
         # A User's credential (as the operator sets it) on CLIENT, SASL_SSL: ACLs decide.
-        request_sync(https, "PUT", "/api/v1/users/app",
-                     {"mechanism": "SCRAM-SHA-512", "password": "app-pw"},
-                     auth=op_auth)  # fmt: skip
-        conf = {"bootstrap.servers": f"127.0.0.1:{client}", "security.protocol": "SASL_SSL",
-                "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "app",
-                "sasl.password": "app-pw", "message.timeout.ms": 10000, **tls}  # fmt: skip
+        request_sync(
+            https,
+            "PUT",
+            "/api/v1/users/app",
+            {"mechanism": "SCRAM-SHA-512", "password": "app-pw"},
+            auth=op_auth,
+        )
+        conf = {
+            "bootstrap.servers": f"127.0.0.1:{client}",
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.username": "app",
+            "sasl.password": "app-pw",
+            "message.timeout.ms": 10000,
+            **tls,
+        }
 
         def produce() -> Any:
             outcome: list[Any] = []
@@ -316,23 +348,32 @@ def test_secured_spec_scram_clients_acls_and_brokers_by_certificate(tmp_path: Pa
             return outcome[0].code() if outcome and outcome[0] is not None else None
 
         assert produce() == KafkaError.TOPIC_AUTHORIZATION_FAILED  # no ACL: no access
-        acl = {"resource_type": "TOPIC", "resource_name": "ledger", "pattern_type": "LITERAL",
-               "principal": "User:app", "host": "*", "operation": "WRITE",
-               "permission": "ALLOW"}  # fmt: skip
+        acl = {
+            "resource_type": "TOPIC",
+            "resource_name": "ledger",
+            "pattern_type": "LITERAL",
+            "principal": "User:app",
+            "host": "*",
+            "operation": "WRITE",
+            "permission": "ALLOW",
+        }
         request_sync(https, "POST", "/api/v1/acls", {"create": [acl]}, auth=op_auth)
         assert produce() is None
         # The User's password as HTTP Basic: ACLs decide there too (WRITE on the topic
         # implies DESCRIBE, as in Kafka; the ACLs are the cluster's: DESCRIBE on it).
-        app = AdminAuth(ca_file=str(certs / "ca.crt"), check_hostname=False,
-                        username="app", password="app-pw")  # fmt: skip
+        app = AdminAuth(
+            ca_file=str(certs / "ca.crt"), check_hostname=False, username="app", password="app-pw"
+        )
         assert exchange_sync(https, "GET", "/api/v1/topics/ledger", auth=app)[0] == 200
         assert exchange_sync(https, "GET", "/api/v1/acls", auth=app)[0] == 403
-        wrong = AdminAuth(ca_file=str(certs / "ca.crt"), check_hostname=False,
-                          username="app", password="nope")  # fmt: skip
+        wrong = AdminAuth(
+            ca_file=str(certs / "ca.crt"), check_hostname=False, username="app", password="nope"
+        )
         assert exchange_sync(https, "GET", "/api/v1/topics/ledger", auth=wrong)[0] == 401
         # SSL without SASL on CLIENT is refused.
-        plain_ssl = AdminClient({"bootstrap.servers": f"127.0.0.1:{client}",
-                                 "security.protocol": "SSL", **tls})  # fmt: skip
+        plain_ssl = AdminClient(
+            {"bootstrap.servers": f"127.0.0.1:{client}", "security.protocol": "SSL", **tls}
+        )
         with pytest.raises(KafkaException):
             plain_ssl.list_topics(timeout=4)
     finally:
@@ -372,10 +413,20 @@ def _http_api_needs_a_certificate_or_a_password(https: str, certs: Path, op_auth
     from straitmq.admin_client import AdminAuth, AdminError, exchange_sync, request_sync
 
     anonymous = AdminAuth(ca_file=str(certs / "ca.crt"), check_hostname=False)
-    for method, path in (("GET", "/api/v1/topics"), ("GET", "/api/v1/users/app"),
-                         ("GET", "/api/v1/acls"), ("POST", "/api/v1/topics")):  # fmt: skip
-        status, answer = exchange_sync(https, method, path, {"name": "x"} if method == "POST"
-                                       else None, timeout_s=5, auth=anonymous)  # fmt: skip
+    for method, path in (
+        ("GET", "/api/v1/topics"),
+        ("GET", "/api/v1/users/app"),
+        ("GET", "/api/v1/acls"),
+        ("POST", "/api/v1/topics"),
+    ):
+        status, answer = exchange_sync(
+            https,
+            method,
+            path,
+            {"name": "x"} if method == "POST" else None,
+            timeout_s=5,
+            auth=anonymous,
+        )
         assert status == 401, (path, status, answer)
     with pytest.raises(AdminError):
         request_sync(https.replace("https://", "http://"), "GET", "/api/v1/topics", timeout_s=3)

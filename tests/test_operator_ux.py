@@ -75,13 +75,26 @@ def refusal(message: str = FORBIDDEN, status: int = 422) -> ApiException:
     """The 422 the dynamic client raises (with headers) when a StatefulSet apply is refused."""
     reason = {422: "Unprocessable Entity", 403: "Forbidden"}[status]
     body = {
-        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": message, "reason": "Invalid", "code": status,
-        "details": {"name": "demo-broker", "group": "apps", "kind": "StatefulSet", "causes": [
-            {"reason": "FieldValueForbidden", "field": "spec",
-             "message": "Forbidden: updates to statefulset spec for fields other than ..."},
-        ]},
-    }  # fmt: skip
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": "Invalid",
+        "code": status,
+        "details": {
+            "name": "demo-broker",
+            "group": "apps",
+            "kind": "StatefulSet",
+            "causes": [
+                {
+                    "reason": "FieldValueForbidden",
+                    "field": "spec",
+                    "message": "Forbidden: updates to statefulset spec for fields other than ...",
+                },
+            ],
+        },
+    }
     try:
         raise ApiException(http_resp=Response(status, reason, body))
     except ApiException as e:
@@ -128,11 +141,20 @@ def one_line(formatter: logging.Formatter, record: logging.LogRecord) -> dict[st
 def kopf_record(msg: str, level: int = logging.INFO) -> logging.LogRecord:
     """A record as kopf's per-object logger makes it: its settings and the object ref."""
     record = logging.makeLogRecord(
-        {"name": "kopf.objects", "levelno": level, "levelname": logging.getLevelName(level),
-         "msg": msg}
-    )  # fmt: skip
-    ref = {"apiVersion": n.API_VERSION, "kind": "MQCluster", "name": "demo", "uid": UID,
-           "namespace": "prod"}  # fmt: skip
+        {
+            "name": "kopf.objects",
+            "levelno": level,
+            "levelname": logging.getLevelName(level),
+            "msg": msg,
+        }
+    )
+    ref = {
+        "apiVersion": n.API_VERSION,
+        "kind": "MQCluster",
+        "name": "demo",
+        "uid": UID,
+        "namespace": "prod",
+    }
     record.__dict__.update(settings=kopf.OperatorSettings(), k8s_skip=True, k8s_ref=ref)
     return record
 
@@ -157,10 +179,18 @@ class _Big:
 
 def test_plain_extras_stay_and_big_objects_shrink_to_their_type() -> None:
     record = logging.makeLogRecord(
-        {"name": "straitmq.operator", "levelno": logging.INFO, "levelname": "INFO",
-         "msg": "event", "object": "Topic/prod/orders", "reason": "Created", "n": 3,
-         "nested": {"a": [1, 2]}, "big": _Big()}
-    )  # fmt: skip
+        {
+            "name": "straitmq.operator",
+            "levelno": logging.INFO,
+            "levelname": "INFO",
+            "msg": "event",
+            "object": "Topic/prod/orders",
+            "reason": "Created",
+            "n": 3,
+            "nested": {"a": [1, 2]},
+            "big": _Big(),
+        }
+    )
     rec = one_line(log_format.JsonFormatter(), record)
     assert rec["object"] == "Topic/prod/orders" and rec["reason"] == "Created" and rec["n"] == 3
     assert rec["nested"] == {"a": [1, 2]} and rec["big"] == "<_Big>"
@@ -285,9 +315,12 @@ def test_a_failed_pass_becomes_a_condition_without_headers(
         c = get_condition(status["conditions"], type_)
         assert c is not None and c["reason"] == "ReconcileError" and c["message"] == want
     assert posted == [{"reason": "ReconcileError", "message": want}]
-    assert served(text)["straitmq_operator_reconcile_errors_total"][
-        (("error_type", "ApiException"), ("straitmq_resource_kind", "MQCluster"))
-    ] == 1
+    assert (
+        served(text)["straitmq_operator_reconcile_errors_total"][
+            (("error_type", "ApiException"), ("straitmq_resource_kind", "MQCluster"))
+        ]
+        == 1
+    )
 
 
 # --- metrics --------------------------------------------------------------------------
@@ -297,9 +330,13 @@ def served(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
     out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            labels = tuple(sorted((k, v) for k, v in s.labels.items()
-                                  if k in ("error_type", "straitmq_resource_kind",
-                                           "straitmq_reconcile_outcome")))  # fmt: skip
+            labels = tuple(
+                sorted(
+                    (k, v)
+                    for k, v in s.labels.items()
+                    if k in ("error_type", "straitmq_resource_kind", "straitmq_reconcile_outcome")
+                )
+            )
             out.setdefault(s.name, {})[labels] = s.value
     return out
 
@@ -312,9 +349,7 @@ def test_error_counters_start_at_zero_for_every_known_label_set() -> None:
     finally:
         telemetry.shutdown()
     errors = served(text)["straitmq_operator_reconcile_errors_total"]
-    want = {
-        (("error_type", e), ("straitmq_resource_kind", k)) for k in KINDS for e in ERROR_TYPES
-    }
+    want = {(("error_type", e), ("straitmq_resource_kind", k)) for k in KINDS for e in ERROR_TYPES}
     assert set(errors) == want and not any(errors.values()), errors
     # Every counter panel of the operator dashboard, the error panels included, has its
     # series (the duration histogram has none until a first pass: it has no zero).

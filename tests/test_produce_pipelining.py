@@ -73,8 +73,14 @@ def test_acks_all_produces_on_one_connection_replicate_together_in_order(cluster
             raw.send(_produce(record_batch([b"b0", b"b1"]), -1))
             raw.send(_produce(record_batch([b"c0"]), 1))
             meta = kio_module("metadata", 12)
-            raw.send(make(meta.MetadataRequest, topics=None, allow_auto_topic_creation=False,
-                          include_topic_authorized_operations=False))  # fmt: skip
+            raw.send(
+                make(
+                    meta.MetadataRequest,
+                    topics=None,
+                    allow_auto_topic_creation=False,
+                    include_topic_authorized_operations=False,
+                )
+            )
             # B and C are in the leader's log while A still waits for the frozen ISR.
             wait_for(lambda: leo() == base + 6 or None, 20, "B and C appended behind A")
             raw.sock.setblocking(False)

@@ -143,8 +143,11 @@ def test_a_large_commit_is_applied_in_slices_that_let_the_loop_serve(tmp_path) -
             prober.cancel()
             applied = [o for kind, o in events if kind == "apply"]
             assert applied == sorted(applied) and len(applied) == 30
-            first, last = (i for i, e in enumerate(events) if e[0] == "apply" and e[1] in
-                           (applied[1], applied[-1]))  # fmt: skip
+            first, last = (
+                i
+                for i, e in enumerate(events)
+                if e[0] == "apply" and e[1] in (applied[1], applied[-1])
+            )
             between = [e for e in events[first:last] if e[0] == "loop"]
             assert between, "the loop never ran while 29 committed entries were applied"
         finally:

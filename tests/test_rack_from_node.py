@@ -18,8 +18,11 @@ ZONE = "topology.kubernetes.io/zone"
 def rack_from_node(env: dict, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [PYTHON, "-m", "straitmq.cli.main", "rack-from-node", *args],
-        env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_writes_the_nodes_label_and_says_why_when_it_cannot(kube: Any, tmp_path: Path) -> None:
@@ -57,8 +60,10 @@ def test_broker_refuses_a_rack_file_it_cannot_use(tmp_path: Path) -> None:
     def broker(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [PYTHON, "-m", "straitmq.broker", f"--data-dir={tmp_path / 'data'}", *args],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     empty = tmp_path / "empty"
     empty.write_text("\n")

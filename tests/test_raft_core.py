@@ -284,11 +284,21 @@ def test_truncation_below_the_high_watermark_is_refused() -> None:
     f = node(1, disk(1))
     f.step(BeginQuorumEpoch(0, 1, 1, 0), 10)
     f.take_messages()
-    f.step(FetchResponse(0, 1, 1, 0, None, 0, (Entry(1, None), Entry(1, "a")),
-                         high_watermark=2), 20)
+    f.step(
+        FetchResponse(0, 1, 1, 0, None, 0, (Entry(1, None), Entry(1, "a")), high_watermark=2), 20
+    )
     (fetch,) = f.take_messages()
-    bogus = FetchResponse(0, 1, 1, 0, None, fetch.fetch_offset, diverging_epoch=0,
-                          diverging_end_offset=0, last_fetched_epoch=fetch.last_fetched_epoch)
+    bogus = FetchResponse(
+        0,
+        1,
+        1,
+        0,
+        None,
+        fetch.fetch_offset,
+        diverging_epoch=0,
+        diverging_end_offset=0,
+        last_fetched_epoch=fetch.last_fetched_epoch,
+    )
     with pytest.raises(AssertionError, match="committed entry is never truncated"):
         f.step(bogus, 30)
 
@@ -302,8 +312,12 @@ def test_duplicate_or_stale_fetch_responses_are_ignored() -> None:
     f.step(resp, 21)  # a duplicate: would append at offset 1 otherwise
     assert f.log_end_offset == 1
     # An answer to a request we no longer wait for (other last_fetched_epoch).
-    f.step(FetchResponse(0, 1, 1, 0, None, 1, diverging_epoch=0, diverging_end_offset=0,
-                         last_fetched_epoch=7), 22)
+    f.step(
+        FetchResponse(
+            0, 1, 1, 0, None, 1, diverging_epoch=0, diverging_end_offset=0, last_fetched_epoch=7
+        ),
+        22,
+    )
     assert f.log_end_offset == 1
 
 
@@ -551,8 +565,15 @@ def test_leader_reports_voters_and_observers_in_status() -> None:
     s = leader.status()
     assert (s["role"], s["epoch"], s["leader_id"], s["high_watermark"]) == ("leader", 1, 0, 2)
     assert [(v["node_id"], v["lag"]) for v in s["voters"]] == [(0, 0), (1, 0), (2, 2)]
-    assert s["observers"] == [{"node_id": 100, "log_end_offset": 1, "lag": 1,
-                               "last_fetch_ms": 320, "last_caught_up_ms": None}]
+    assert s["observers"] == [
+        {
+            "node_id": 100,
+            "log_end_offset": 1,
+            "lag": 1,
+            "last_fetch_ms": 320,
+            "last_caught_up_ms": None,
+        }
+    ]
 
 
 # -- messages ----------------------------------------------------------------------------
@@ -562,8 +583,18 @@ def test_leader_reports_voters_and_observers_in_status() -> None:
     "msg",
     [
         FetchRequest(1, 0, 3, 10, 2, observer=True),
-        FetchResponse(0, 1, 3, 0, None, 10, (Entry(3, {"a": [1, 2]}), Entry(3, None)), 9, 0,
-                      last_fetched_epoch=2),
+        FetchResponse(
+            0,
+            1,
+            3,
+            0,
+            None,
+            10,
+            (Entry(3, {"a": [1, 2]}), Entry(3, None)),
+            9,
+            0,
+            last_fetched_epoch=2,
+        ),
         FetchResponse(0, 1, 3, 0, None, 10, diverging_epoch=1, diverging_end_offset=4),
         FetchSnapshotRequest(1, 0, 3, 100, 2),
         FetchSnapshotResponse(0, 1, 3, 0, None, 100, 2, {"brokers": [1]}),
@@ -592,8 +623,9 @@ def test_from_dict_rejects_unknown_kinds() -> None:
 
 
 def deferred(nid: int = 0, storage: MemoryStorage | None = None, voters=VOTERS) -> RaftNode:
-    return RaftNode(nid, voters, storage or MemoryStorage(), CFG, random.Random(nid), 0,
-                    persist_inline=False)
+    return RaftNode(
+        nid, voters, storage or MemoryStorage(), CFG, random.Random(nid), 0, persist_inline=False
+    )
 
 
 def test_deferred_vote_is_answered_only_once_it_is_durable() -> None:

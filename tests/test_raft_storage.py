@@ -51,7 +51,11 @@ def test_file_storage_round_trip(tmp_path: Path) -> None:
     s.append(entries([1, 2]))
     s.append([Entry(2, None), Entry(2, ["a", {"b": 1.5}])])
     assert reopen(tmp_path) == (
-        2, 7, None, 0, [*entries([1, 2]), Entry(2, None), Entry(2, ["a", {"b": 1.5}])]
+        2,
+        7,
+        None,
+        0,
+        [*entries([1, 2]), Entry(2, None), Entry(2, ["a", {"b": 1.5}])],
     )
     assert orjson.loads((tmp_path / "quorum-state").read_bytes()) == {"epoch": 2, "voted_for": 7}
 
@@ -221,7 +225,5 @@ def test_simulated_cluster_on_file_storage(tmp_path: Path, seed: int) -> None:
     crashes reload the directory, snapshots are taken and installed through the files."""
     from straitmq.controller.raft.simulation import Simulation
 
-    stats = Simulation(
-        seed, storage_factory=lambda i: FileStorage(tmp_path / str(i))
-    ).run()
+    stats = Simulation(seed, storage_factory=lambda i: FileStorage(tmp_path / str(i))).run()
     assert stats["committed"] > 0

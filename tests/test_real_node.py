@@ -727,9 +727,14 @@ def test_spark_on_kubernetes_reads_a_topic_into_its_volume(
     topic["metadata"]["name"] = SPARK_TOPIC
     node.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(topic))
     node.kubectl(
-        "wait", "-n", NS, "--for=condition=Ready", f"topic/{SPARK_TOPIC}", "--timeout=120s",
+        "wait",
+        "-n",
+        NS,
+        "--for=condition=Ready",
+        f"topic/{SPARK_TOPIC}",
+        "--timeout=120s",
         timeout=150,
-    )  # fmt: skip
+    )
     out = client.python(PRODUCE_N, BOOTSTRAP, SPARK_TOPIC, str(SPARK_RECORDS))
     acked = {}
     for line in out.splitlines():
@@ -775,12 +780,13 @@ def test_spark_on_kubernetes_reads_a_topic_into_its_volume(
                 "kind": "Config",
                 "clusters": [cluster],
                 "users": [{"name": "spark", "user": {"token": token.strip()}}],
-                "contexts": [{"name": "spark", "context": {"cluster": cluster["name"],
-                                                          "user": "spark"}}],
+                "contexts": [
+                    {"name": "spark", "context": {"cluster": cluster["name"], "user": "spark"}}
+                ],
                 "current-context": "spark",
             }
         )
-    )  # fmt: skip
+    )
     env = {
         **node.env,
         "KUBECONFIG": str(kubeconfig),
@@ -920,33 +926,67 @@ def test_secure_mqcluster_and_a_user_in_real_pods(node: NodeHandle, demo: dict[s
     def status() -> str:
         return json.dumps(node.get("mqcluster", "secure", "-n", SECURE_NS).get("status"))
 
-    wait_for(lambda: node.get("mqcluster", "secure", "-n", SECURE_NS)["status"]["phase"]
-             == "Ready", 400, "MQCluster secure Ready", every=2, ignore=RETRY,
-             detail=status)  # fmt: skip
+    wait_for(
+        lambda: node.get("mqcluster", "secure", "-n", SECURE_NS)["status"]["phase"] == "Ready",
+        400,
+        "MQCluster secure Ready",
+        every=2,
+        ignore=RETRY,
+        detail=status,
+    )
     for kind, name in (("topic", "orders"), ("user", "orders-app")):
-        node.kubectl("wait", "-n", SECURE_NS, "--for=condition=Ready", f"{kind}/{name}",
-                     "--timeout=180s", timeout=200)  # fmt: skip
+        node.kubectl(
+            "wait",
+            "-n",
+            SECURE_NS,
+            "--for=condition=Ready",
+            f"{kind}/{name}",
+            "--timeout=180s",
+            timeout=200,
+        )
     ctl = node.get("pod", "secure-controller-0", "-n", SECURE_NS)["spec"]["containers"][0]
     assert ctl["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
     pod = {
-        "apiVersion": "v1", "kind": "Pod",
+        "apiVersion": "v1",
+        "kind": "Pod",
         "metadata": {"name": "orders-app", "namespace": SECURE_NS},
         "spec": {
             "terminationGracePeriodSeconds": 1,
             "securityContext": {"runAsNonRoot": True, "runAsUser": 10001},
-            "containers": [{
-                "name": "c", "image": CLIENT_IMAGE, "imagePullPolicy": "Never",
-                "command": ["python", "-c", "import time; time.sleep(10**9)"],
-                "volumeMounts": [{"name": "user", "mountPath": "/user", "readOnly": True}],
-            }],
+            "containers": [
+                {
+                    "name": "c",
+                    "image": CLIENT_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["python", "-c", "import time; time.sleep(10**9)"],
+                    "volumeMounts": [{"name": "user", "mountPath": "/user", "readOnly": True}],
+                }
+            ],
             "volumes": [{"name": "user", "secret": {"secretName": "orders-app"}}],
         },
-    }  # fmt: skip
+    }
     node.kubectl("apply", "-f", "-", input=json.dumps(pod))
-    node.kubectl("wait", "-n", SECURE_NS, "--for=condition=Ready", "pod/orders-app",
-                 "--timeout=120s", timeout=150)  # fmt: skip
-    out = node.kubectl("exec", "-n", SECURE_NS, "orders-app", "--", "python", "-u", "-c",
-                       SECURE_CLIENT, timeout=300).stdout  # fmt: skip
+    node.kubectl(
+        "wait",
+        "-n",
+        SECURE_NS,
+        "--for=condition=Ready",
+        "pod/orders-app",
+        "--timeout=120s",
+        timeout=150,
+    )
+    out = node.kubectl(
+        "exec",
+        "-n",
+        SECURE_NS,
+        "orders-app",
+        "--",
+        "python",
+        "-u",
+        "-c",
+        SECURE_CLIENT,
+        timeout=300,
+    ).stdout
     result = json.loads(out.strip().splitlines()[-1])
     assert len(result["acked"]) == 50 and result["got"] == result["acked"], result
     assert any("Authentication failed" in e for e in result["bad"]), result["bad"]

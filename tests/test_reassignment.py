@@ -150,15 +150,24 @@ def test_replication_factor_above_live_brokers_is_refused_by_a_kafka_admin_clien
 def _run_broker(cluster: LocalCluster, tmp: Path, node_id: int, cluster_id: str) -> tuple:
     """Start a broker that must be refused: (exit status or None if it hung, stderr, s)."""
     args = [
-        PYTHON, "-m", "straitmq.broker",
-        "--node-id", str(node_id),
-        "--cluster-id", cluster_id,
-        "--controllers", cluster.voters,
-        "--data-dir", str(tmp / f"stray-{node_id}-{cluster_id}"),
-        "--listen", f"127.0.0.1:{free_port()}",
-        "--http", f"127.0.0.1:{free_port()}",
-        "--heartbeat-interval-ms", "300",
-    ]  # fmt: skip
+        PYTHON,
+        "-m",
+        "straitmq.broker",
+        "--node-id",
+        str(node_id),
+        "--cluster-id",
+        cluster_id,
+        "--controllers",
+        cluster.voters,
+        "--data-dir",
+        str(tmp / f"stray-{node_id}-{cluster_id}"),
+        "--listen",
+        f"127.0.0.1:{free_port()}",
+        "--http",
+        f"127.0.0.1:{free_port()}",
+        "--heartbeat-interval-ms",
+        "300",
+    ]
     t0 = time.monotonic()
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
     try:
@@ -187,8 +196,7 @@ def test_second_broker_with_a_taken_node_id_exits_saying_why(
 
     def registration() -> dict:
         """Broker 2's registration as broker 1's metadata image has it."""
-        b2 = next(b for b in http(observer, "GET", "/api/v1/cluster")[1]["brokers"]
-                  if b["id"] == 2)  # fmt: skip
+        b2 = next(b for b in http(observer, "GET", "/api/v1/cluster")[1]["brokers"] if b["id"] == 2)
         return {k: b2[k] for k in ("incarnation", "port", "fenced", "shutting_down")}
 
     before = registration()
@@ -224,9 +232,13 @@ def test_throttled_reassignment_onto_a_new_broker_while_consumers_read(four: Loc
         b1,
         "POST",
         "/api/v1/topics",
-        {"name": "moving", "partitions": 1, "replication_factor": 3,
-         "configs": {"min.insync.replicas": "2"}},
-    )  # fmt: skip
+        {
+            "name": "moving",
+            "partitions": 1,
+            "replication_factor": 3,
+            "configs": {"min.insync.replicas": "2"},
+        },
+    )
     assert status == 201, body
     before = body["partitions"][0]["replicas"]
     assert 4 not in before
@@ -298,9 +310,11 @@ def test_throttled_reassignment_onto_a_new_broker_while_consumers_read(four: Loc
         try:
             tp = TopicPartition("moving", 0)
             st, cfg = http(
-                b1, "PUT", "/api/v1/cluster/configs",
+                b1,
+                "PUT",
+                "/api/v1/cluster/configs",
                 {"configs": {"replication.throttled.rate": THROTTLE}},
-            )  # fmt: skip
+            )
             assert st == 200 and cfg["configs"]["replication.throttled.rate"] == str(THROTTLE)
             t_start = time.monotonic()
             assert ac.alter_partition_reassignments({tp: target}) == {tp: None}
@@ -340,8 +354,9 @@ def test_throttled_reassignment_onto_a_new_broker_while_consumers_read(four: Loc
         assert len(received) > during, "the consumer stopped reading during the move"
         t = wait_for(
             lambda: (v := topic_view(b1, "moving"))["partitions"][0]["replicas"] == target and v,
-            20, "the image to show the new replicas",
-        )  # fmt: skip
+            20,
+            "the image to show the new replicas",
+        )
         p = t["partitions"][0]  # type: ignore[index]
         assert p["adding"] == [] and p["removing"] == [] and sorted(p["isr"]) == sorted(target)
         assert p["leader"] == target[0]
@@ -358,8 +373,13 @@ def test_throttled_reassignment_onto_a_new_broker_while_consumers_read(four: Loc
     seen = {v for _, v in received}
     missing = [v[:8] for v in acked if v not in seen]
     if missing:  # the reader stopped with the producer; finish reading with a fresh group
-        cons = Consumer({"bootstrap.servers": c.bootstrap, "group.id": "reassign-check",
-                         "auto.offset.reset": "earliest"})  # fmt: skip
+        cons = Consumer(
+            {
+                "bootstrap.servers": c.bootstrap,
+                "group.id": "reassign-check",
+                "auto.offset.reset": "earliest",
+            }
+        )
         cons.subscribe(["moving"])
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and any(v not in seen for v in acked):
@@ -425,17 +445,21 @@ def test_reassignment_errors_name_the_problem(four: LocalCluster) -> None:
     assert by_index[7].error_code == 3 and "no partition 7" in by_index[7].error_message
     # The HTTP API and the CLI say the same, and nothing was changed.
     st, err = http(
-        b, "POST", "/api/v1/reassignments",
+        b,
+        "POST",
+        "/api/v1/reassignments",
         {"partitions": [{"topic": "fixed", "partition": 0, "replicas": [1, 2, 99]}]},
-    )  # fmt: skip
+    )
     assert st == 400 and "broker 99 does not exist" in err["error"], err
     st, err = http(b, "POST", "/api/v1/reassignments", {"partitions": [{"topic": "fixed"}]})
     assert st == 400 and "'partition'" in err["error"], err
-    st, err = http(b, "POST", "/api/v1/reassignments",
-                   {"partitions": [{"topic": "fixed", "partition": 0}]})  # fmt: skip
+    st, err = http(
+        b, "POST", "/api/v1/reassignments", {"partitions": [{"topic": "fixed", "partition": 0}]}
+    )
     assert st == 400 and "null to cancel" in err["error"], err
-    st, err = http(b, "PUT", "/api/v1/cluster/configs",
-                   {"configs": {"replication.throttled.rate": "fast"}})  # fmt: skip
+    st, err = http(
+        b, "PUT", "/api/v1/cluster/configs", {"configs": {"replication.throttled.rate": "fast"}}
+    )
     assert st == 400 and "replication.throttled.rate" in err["error"], err
     out = strait(b, "reassign", "--topic", "fixed", "--partition", "0", "--replicas", "1,2,99")
     assert out.returncode == 1 and "broker 99 does not exist" in out.stderr, out
@@ -453,9 +477,18 @@ def test_cli_reassign_wait_and_cluster_status(four: LocalCluster) -> None:
     rec = {"records": [{"value": "v" * 500} for _ in range(200)]}
     assert http(b, "POST", "/api/v1/topics/viacli/records", rec)[0] == 200
     out = strait(
-        b, "reassign", "--topic", "viacli", "--partition", "0",
-        "--replicas", ",".join(map(str, new)), "--throttle", "1000000", "--wait",
-    )  # fmt: skip
+        b,
+        "reassign",
+        "--topic",
+        "viacli",
+        "--partition",
+        "0",
+        "--replicas",
+        ",".join(map(str, new)),
+        "--throttle",
+        "1000000",
+        "--wait",
+    )
     assert out.returncode == 0, out.stderr
     assert "reassignment complete" in out.stdout and "throttle removed" in out.stdout, out.stdout
     p = topic_view(b, "viacli")["partitions"][0]

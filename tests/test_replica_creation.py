@@ -21,13 +21,29 @@ ME = 1
 
 def image_with(topics: dict[str, int]) -> MetadataImage:
     img = MetadataImage(cluster_id="c")
-    img.apply({"type": "register_broker", "id": ME, "incarnation": "i", "host": "h",
-               "port": 1, "http_port": 2})  # fmt: skip
+    img.apply(
+        {
+            "type": "register_broker",
+            "id": ME,
+            "incarnation": "i",
+            "host": "h",
+            "port": 1,
+            "http_port": 2,
+        }
+    )
     for name, n in topics.items():
         img.apply({"type": "topic", "name": name, "topic_id": str(uuid.uuid4())})
         for i in range(n):
-            img.apply({"type": "partition", "topic": name, "index": i, "replicas": [ME],
-                       "isr": [ME], "leader": ME})  # fmt: skip
+            img.apply(
+                {
+                    "type": "partition",
+                    "topic": name,
+                    "index": i,
+                    "replicas": [ME],
+                    "isr": [ME],
+                    "leader": ME,
+                }
+            )
     return img
 
 
@@ -245,8 +261,16 @@ def test_a_restarted_brokers_first_sync_runs_in_slices_and_sweeps_only_after_it(
         # full one: the sweep must wait, or these logs would be deleted as unknown.
         pm2 = PartitionManager(str(tmp_path), {}, ME)
         img.apply({"type": "topic", "name": "new", "topic_id": str(uuid.uuid4())})
-        img.apply({"type": "partition", "topic": "new", "index": 0, "replicas": [ME],
-                   "isr": [ME], "leader": ME})  # fmt: skip
+        img.apply(
+            {
+                "type": "partition",
+                "topic": "new",
+                "index": 0,
+                "replicas": [ME],
+                "isr": [ME],
+                "leader": ME,
+            }
+        )
         pm2.sync(img, {"new"})
         await pm2.created("new", 60)
         assert all((tmp_path / f"t{n}-4").is_dir() for n in range(40))

@@ -146,9 +146,7 @@ def test_no_descriptor_left_is_a_clear_error_and_passes(tmp_path: Path) -> None:
     """A real process limit (64) filled up by other files: the append is refused with
     an error that names both limits, nothing is half written, and once descriptors
     return the next append works."""
-    script = _EXHAUST.format(
-        root=str(ROOT), tests=str(ROOT / "tests"), path=str(tmp_path / "p")
-    )
+    script = _EXHAUST.format(root=str(ROOT), tests=str(ROOT / "tests"), path=str(tmp_path / "p"))
     out = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
     )
@@ -176,8 +174,14 @@ def test_thousands_of_partitions_under_a_256_descriptor_limit(tmp_path: Path) ->
         for i in range(30):
             request_sync(b.http, "POST", "/api/v1/topics", {"name": f"t{i}", "partitions": 100})
         assert _broker_fds(b) < 256
-        p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all",
-                      "enable.idempotence": True, "linger.ms": 5})  # fmt: skip
+        p = Producer(
+            {
+                "bootstrap.servers": b.bootstrap,
+                "acks": "all",
+                "enable.idempotence": True,
+                "linger.ms": 5,
+            }
+        )
         sent: set[bytes] = set()
         errors: list[object] = []
 
@@ -194,8 +198,14 @@ def test_thousands_of_partitions_under_a_256_descriptor_limit(tmp_path: Path) ->
         assert _broker_fds(b) < 256
         b.kill9()
         b.start(120)
-        c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "all",
-                      "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
+        c = Consumer(
+            {
+                "bootstrap.servers": b.bootstrap,
+                "group.id": "all",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
         c.subscribe([f"t{i}" for i in range(30)])
         got: set[bytes] = set()
         deadline = time.monotonic() + 120
@@ -244,8 +254,7 @@ def _mount_tmpfs(path: Path, size: str) -> None:
     path.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
         pytest.fail("this test mounts a small tmpfs (a full disk) and needs root")
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                   check=True)  # fmt: skip
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
 
 
 def test_full_disk_is_a_storage_error_and_the_broker_recovers(tmp_path: Path) -> None:
@@ -260,8 +269,9 @@ def test_full_disk_is_a_storage_error_and_the_broker_recovers(tmp_path: Path) ->
 
     def one_write(topic: str, value: bytes = b"one") -> int | None:
         """The error code of one acks=all write without retries, None when written."""
-        q = Producer({"bootstrap.servers": b.bootstrap, "acks": "all",
-                      "message.send.max.retries": 0})  # fmt: skip
+        q = Producer(
+            {"bootstrap.servers": b.bootstrap, "acks": "all", "message.send.max.retries": 0}
+        )
         errs: list[KafkaError | None] = []
         q.produce(topic, value=value, on_delivery=lambda err, msg: errs.append(err))
         assert q.flush(30) == 0
@@ -272,9 +282,15 @@ def test_full_disk_is_a_storage_error_and_the_broker_recovers(tmp_path: Path) ->
         admin = AdminClient({"bootstrap.servers": b.bootstrap})
         for f in admin.create_topics([NewTopic("fill", 1, 1), NewTopic("spare", 1, 1)]).values():
             f.result(30)
-        p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all",
-                      "message.send.max.retries": 0, "linger.ms": 20,
-                      "batch.size": 1 << 20})  # fmt: skip
+        p = Producer(
+            {
+                "bootstrap.servers": b.bootstrap,
+                "acks": "all",
+                "message.send.max.retries": 0,
+                "linger.ms": 20,
+                "batch.size": 1 << 20,
+            }
+        )
         acked: list[int] = []
         refused: list[KafkaError] = []
 
@@ -311,8 +327,13 @@ def test_full_disk_is_a_storage_error_and_the_broker_recovers(tmp_path: Path) ->
         for f in admin.create_topics([NewTopic("late", 1, 1)]).values():
             f.result(30)
         assert one_write("late") == KafkaError.KAFKA_STORAGE_ERROR
-        c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": str(uuid.uuid4()),
-                      "auto.offset.reset": "earliest"})  # fmt: skip
+        c = Consumer(
+            {
+                "bootstrap.servers": b.bootstrap,
+                "group.id": str(uuid.uuid4()),
+                "auto.offset.reset": "earliest",
+            }
+        )
         c.assign([TopicPartition("fill", 0, 0)])
         seen = 0
         deadline = time.monotonic() + 60

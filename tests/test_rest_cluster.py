@@ -47,12 +47,19 @@ def test_rest_produce_spanning_leaders_writes_every_partition_once(cluster) -> N
     # The CLI (the same client) produces keyed records spread over all leaders.
     out = subprocess.run(
         [sys.executable, "-m", "straitmq", "--http", base, "produce", "spread"],
-        input="\n".join(f"line{i}" for i in range(30)), capture_output=True, text=True,
-        timeout=60, cwd=ROOT,
-    )  # fmt: skip
+        input="\n".join(f"line{i}" for i in range(30)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr
 
     with pytest.raises(AdminError) as e:
-        request_sync(base, "POST", "/api/v1/topics/spread/records",
-                     {"records": [{"value": "x", "partition": 9}]})  # fmt: skip
+        request_sync(
+            base,
+            "POST",
+            "/api/v1/topics/spread/records",
+            {"records": [{"value": "x", "partition": 9}]},
+        )
     assert e.value.status == 400 and "partition must be in [0, 6)" in e.value.message

@@ -34,14 +34,21 @@ def cluster(tmp_path: Path) -> Any:
 
 def test_sasl_ssl_clients_and_plaintext_replication(cluster: Any, tmp_path: Path) -> None:
     certs = make_certs(tmp_path / "certs")
-    c = cluster(broker_args=[
-        *BROKER_ARGS,
-        "--listeners", "REPLICATION://127.0.0.1:0,CLIENT://127.0.0.1:0",
-        "--listener-security-protocol-map", "REPLICATION:PLAINTEXT,CLIENT:SASL_SSL",
-        "--inter-broker-listener-name", "REPLICATION",
-        "--override", f"ssl.keystore.location={certs.path('server.pem')}",
-        "--override", "listener.name.client.sasl.enabled.mechanisms=SCRAM-SHA-512",
-    ])  # fmt: skip
+    c = cluster(
+        broker_args=[
+            *BROKER_ARGS,
+            "--listeners",
+            "REPLICATION://127.0.0.1:0,CLIENT://127.0.0.1:0",
+            "--listener-security-protocol-map",
+            "REPLICATION:PLAINTEXT,CLIENT:SASL_SSL",
+            "--inter-broker-listener-name",
+            "REPLICATION",
+            "--override",
+            f"ssl.keystore.location={certs.path('server.pem')}",
+            "--override",
+            "listener.name.client.sasl.enabled.mechanisms=SCRAM-SHA-512",
+        ]
+    )
     first = next(iter(c.brokers.values()))
     described = request_sync(f"http://{first.host}:{first.http_port}", "GET", "/api/v1/cluster")
     endpoints = {b["id"]: b["endpoints"] for b in described["brokers"]}

@@ -47,22 +47,34 @@ def _listeners(protocol: str, replication_principal: str) -> list[str]:
     super users have here (the brokers' principal, and the test's PLAINTEXT clients)."""
     return [
         *BROKER_ARGS,
-        "--listeners", "REPLICATION://127.0.0.1:0,CLIENT://127.0.0.1:0",
-        "--listener-security-protocol-map", f"REPLICATION:{protocol},CLIENT:PLAINTEXT",
-        "--inter-broker-listener-name", "REPLICATION",
-        "--override", "authorizer.class.name=" + AUTHORIZER,
-        "--override", f"super.users={replication_principal};User:ANONYMOUS",
-    ]  # fmt: skip
+        "--listeners",
+        "REPLICATION://127.0.0.1:0,CLIENT://127.0.0.1:0",
+        "--listener-security-protocol-map",
+        f"REPLICATION:{protocol},CLIENT:PLAINTEXT",
+        "--inter-broker-listener-name",
+        "REPLICATION",
+        "--override",
+        "authorizer.class.name=" + AUTHORIZER,
+        "--override",
+        f"super.users={replication_principal};User:ANONYMOUS",
+    ]
 
 
 def _use_client_listener(c: Cluster) -> dict[int, dict]:
     """Point the cluster's clients at the CLIENT listeners; the brokers' endpoints."""
     first = next(iter(c.brokers.values()))
     endpoints = wait_for(
-        lambda: {b["id"]: b["endpoints"] for b in (first.get("/api/v1/cluster") or {})
-                 .get("brokers", []) if b.get("endpoints")} or None,
-        20, "registered endpoints",
-    )  # fmt: skip
+        lambda: (
+            {
+                b["id"]: b["endpoints"]
+                for b in (first.get("/api/v1/cluster") or {}).get("brokers", [])
+                if b.get("endpoints")
+            }
+            or None
+        ),
+        20,
+        "registered endpoints",
+    )
     assert sorted(endpoints) == sorted(c.brokers)  # type: ignore[arg-type]
     c.client_bootstrap = ",".join(f"127.0.0.1:{e['CLIENT'][1]}" for e in endpoints.values())  # type: ignore[union-attr]
     return endpoints  # type: ignore[return-value]
@@ -82,17 +94,21 @@ def _sum(ms: dict[int, dict], key: str, listener: str, principal: str | None = N
     total = 0
     for m in ms.values():
         by = m[key].get(listener, {})
-        total += by if isinstance(by, int) else (
-            by.get(principal, 0) if principal else sum(by.values()))  # fmt: skip
+        total += (
+            by if isinstance(by, int) else (by.get(principal, 0) if principal else sum(by.values()))
+        )
     return total
 
 
 def _check_replication_listener(c: Cluster, principal: str) -> None:
     """Follower fetches arrive over REPLICATION as `principal`, none over CLIENT."""
     ms = wait_for(
-        lambda: (m := _metrics(c)) and _sum(m, "follower_fetches", "REPLICATION", principal) > 0
-        and m, 20, "follower fetches on the replication listener",
-    )  # fmt: skip
+        lambda: (
+            (m := _metrics(c)) and _sum(m, "follower_fetches", "REPLICATION", principal) > 0 and m
+        ),
+        20,
+        "follower fetches on the replication listener",
+    )
     assert _sum(ms, "follower_fetches", "CLIENT") == 0  # type: ignore[arg-type]
     others = {p for m in ms.values() for p in m["follower_fetches"].get("REPLICATION", {})}  # type: ignore[union-attr]
     assert others == {principal}, others
@@ -129,19 +145,28 @@ def _kill_leader_and_recover(c: Cluster, w: Workload, topic: str) -> int:
 def test_replication_over_sasl_ssl_scram(cluster: Any, tmp_path: Path) -> None:
     certs = make_certs(tmp_path / "certs")
     c: Cluster = cluster(
-        controller_args=[*CONTROLLER_ARGS,
-                         "--add-scram", "SCRAM-SHA-512=[name=broker,password=broker-secret]"],
+        controller_args=[
+            *CONTROLLER_ARGS,
+            "--add-scram",
+            "SCRAM-SHA-512=[name=broker,password=broker-secret]",
+        ],
         broker_args=[
             *_listeners("SASL_SSL", "User:broker"),
-            "--override", f"ssl.keystore.location={certs.path('server.pem')}",
-            "--override", f"{TRUST_KEY}={certs.path('ca.pem')}",
-            "--override", "listener.name.replication.sasl.enabled.mechanisms=SCRAM-SHA-512",
-            "--override", "sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512",
-            "--override", f"{JAAS_KEY}={JAAS.format('broker-secret')}",
+            "--override",
+            f"ssl.keystore.location={certs.path('server.pem')}",
+            "--override",
+            f"{TRUST_KEY}={certs.path('ca.pem')}",
+            "--override",
+            "listener.name.replication.sasl.enabled.mechanisms=SCRAM-SHA-512",
+            "--override",
+            "sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512",
+            "--override",
+            f"{JAAS_KEY}={JAAS.format('broker-secret')}",
             # short sessions, so re-authentication happens many times during the test
-            "--override", "listener.name.replication.connections.max.reauth.ms=2000",
+            "--override",
+            "listener.name.replication.connections.max.reauth.ms=2000",
         ],
-    )  # fmt: skip
+    )
     _use_client_listener(c)
     c.create_topic("secure", partitions=3, rf=3, min_isr=2)  # full ISR: replication works
     w = Workload(c.bootstrap, "secure", rate=300).start()
@@ -155,8 +180,9 @@ def test_replication_over_sasl_ssl_scram(cluster: Any, tmp_path: Path) -> None:
     logins = _sum(before, "sasl_logins", "REPLICATION", "User:broker")
     wait_for(
         lambda: _sum(_metrics(c), "sasl_logins", "REPLICATION", "User:broker") >= logins + 12,
-        30, "re-authentications on the replication connections",
-    )  # fmt: skip
+        30,
+        "re-authentications on the replication connections",
+    )
     assert _sum(_metrics(c), "listener_connections", "REPLICATION") == conns
     for bid in c.brokers:
         assert c.broker_log_count(bid, "SASL session expired") == 0
@@ -198,12 +224,17 @@ def test_replication_over_sasl_ssl_scram(cluster: Any, tmp_path: Path) -> None:
 
 def test_replication_over_ssl_with_client_certificates(cluster: Any, tmp_path: Path) -> None:
     certs = make_certs(tmp_path / "certs")
-    c: Cluster = cluster(broker_args=[
-        *_listeners("SSL", "User:CN=localhost"),
-        "--override", f"ssl.keystore.location={certs.path('server.pem')}",
-        "--override", f"{TRUST_KEY}={certs.path('ca.pem')}",
-        "--override", "listener.name.replication.ssl.client.auth=required",
-    ])  # fmt: skip
+    c: Cluster = cluster(
+        broker_args=[
+            *_listeners("SSL", "User:CN=localhost"),
+            "--override",
+            f"ssl.keystore.location={certs.path('server.pem')}",
+            "--override",
+            f"{TRUST_KEY}={certs.path('ca.pem')}",
+            "--override",
+            "listener.name.replication.ssl.client.auth=required",
+        ]
+    )
     _use_client_listener(c)
     c.create_topic("mtls", partitions=3, rf=3, min_isr=2)
     w = Workload(c.bootstrap, "mtls", rate=300).start()

@@ -80,8 +80,9 @@ class Secure:
         return c
 
     def sasl(self, listener: str, mechanism: str, user: str, password: str, **extra: Any) -> dict:
-        return self.conf(listener, sasl_mechanism=mechanism, sasl_username=user,
-                         sasl_password=password, **extra)  # fmt: skip
+        return self.conf(
+            listener, sasl_mechanism=mechanism, sasl_username=user, sasl_password=password, **extra
+        )
 
     def log(self) -> str:
         assert self.broker.log_path is not None
@@ -113,17 +114,22 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Any:
         f"listener.name.saslpt.connections.max.reauth.ms={REAUTH_MS}",
     ]
     (d / "server.properties").write_text("\n".join(props) + "\n")
-    b = BrokerProcess(d / "data", port=ports["REPL"],
-                      extra_args=["--properties", str(d / "server.properties")])  # fmt: skip
+    b = BrokerProcess(
+        d / "data", port=ports["REPL"], extra_args=["--properties", str(d / "server.properties")]
+    )
     b.start()
     s = Secure(b, ports, certs)
     admin = AdminClient(s.sasl("PLAIN", "PLAIN", "admin", "admin-secret"))
-    futures = admin.alter_user_scram_credentials([
-        UserScramCredentialUpsertion(
-            "alice", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192), b"alice-pw"),
-        UserScramCredentialUpsertion(
-            "carol", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096), b"carol-pw"),
-    ])  # fmt: skip
+    futures = admin.alter_user_scram_credentials(
+        [
+            UserScramCredentialUpsertion(
+                "alice", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192), b"alice-pw"
+            ),
+            UserScramCredentialUpsertion(
+                "carol", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096), b"carol-pw"
+            ),
+        ]
+    )
     for f in futures.values():
         f.result(timeout=30)
     yield s
@@ -142,8 +148,14 @@ def produce(conf: dict, topic: str, values: list[bytes]) -> None:
 
 
 def consume(conf: dict, topic: str, n: int, group: str | None = None) -> list[bytes]:
-    c = Consumer({**conf, "group.id": group or f"g-{topic}-{secrets.token_hex(3)}",
-                  "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
+    c = Consumer(
+        {
+            **conf,
+            "group.id": group or f"g-{topic}-{secrets.token_hex(3)}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     c.subscribe([topic])
     got: list[bytes] = []
     try:
@@ -216,8 +228,13 @@ class Raw:
         return self.call(SaslAuthenticateRequest(auth_bytes=token))
 
     def metadata(self) -> Any:
-        return self.call(MetadataRequest(topics=None, allow_auto_topic_creation=False,
-                                         include_topic_authorized_operations=False))  # fmt: skip
+        return self.call(
+            MetadataRequest(
+                topics=None,
+                allow_auto_topic_creation=False,
+                include_topic_authorized_operations=False,
+            )
+        )
 
     def close(self) -> None:
         self.sock.close()
@@ -236,8 +253,9 @@ class ScramClient:
 
     def final(self, server_first: bytes, proof_tamper: bool = False) -> bytes:
         attrs = dict(a.split("=", 1) for a in server_first.decode().split(","))
-        salted = hashlib.pbkdf2_hmac(self.h, self.password.encode(),
-                                     base64.b64decode(attrs["s"]), int(attrs["i"]))  # fmt: skip
+        salted = hashlib.pbkdf2_hmac(
+            self.h, self.password.encode(), base64.b64decode(attrs["s"]), int(attrs["i"])
+        )
         without_proof = f"c={base64.b64encode(b'n,,').decode()},r={attrs['r']}"
         auth = f"{self.first_bare},{server_first.decode()},{without_proof}".encode()
         client_key = hmac.digest(salted, b"Client Key", self.h)
@@ -300,8 +318,11 @@ def test_ssl_produce_and_fetch_large_batches_through_tls(secure: Secure) -> None
 
 
 def test_mtls_client_certificate_gets_in(secure: Secure) -> None:
-    conf = secure.conf("MTLS", ssl_certificate_location=secure.certs.path("alice.crt"),
-                       ssl_key_location=secure.certs.path("alice.key"))  # fmt: skip
+    conf = secure.conf(
+        "MTLS",
+        ssl_certificate_location=secure.certs.path("alice.crt"),
+        ssl_key_location=secure.certs.path("alice.key"),
+    )
     produce(conf, "mtls", [b"x%d" % i for i in range(50)])
     assert consume(conf, "mtls", 50) == [b"x%d" % i for i in range(50)]
 
@@ -342,28 +363,35 @@ def test_principal_from_a_real_client_certificate(secure: Secure) -> None:
 
 def test_untrusted_expired_or_missing_client_certificate_is_refused(secure: Secure) -> None:
     c = secure.certs
-    untrusted = secure.conf("MTLS", ssl_certificate_location=c.path("mallory.crt"),
-                            ssl_key_location=c.path("mallory.key"))  # fmt: skip
+    untrusted = secure.conf(
+        "MTLS",
+        ssl_certificate_location=c.path("mallory.crt"),
+        ssl_key_location=c.path("mallory.key"),
+    )
     assert refused(untrusted)
-    expired = secure.conf("MTLS", ssl_certificate_location=c.path("old.crt"),
-                          ssl_key_location=c.path("old.key"))  # fmt: skip
+    expired = secure.conf(
+        "MTLS", ssl_certificate_location=c.path("old.crt"), ssl_key_location=c.path("old.key")
+    )
     assert refused(expired)
     assert refused(secure.conf("MTLS"))  # no certificate at all
     # Raw: the TLS 1.3 handshake completes on the client's side, then nothing is served.
     raw = Raw(secure.ports["MTLS"], tls_ca=c.path("ca.pem"))
-    assert raw.call(ApiVersionsRequest(client_software_name="t",
-                                       client_software_version="1")) is None  # fmt: skip
+    assert (
+        raw.call(ApiVersionsRequest(client_software_name="t", client_software_version="1")) is None
+    )
     raw.close()
-    good = secure.conf("MTLS", ssl_certificate_location=c.path("alice.crt"),
-                       ssl_key_location=c.path("alice.key"))  # fmt: skip
+    good = secure.conf(
+        "MTLS", ssl_certificate_location=c.path("alice.crt"), ssl_key_location=c.path("alice.key")
+    )
     assert brokers_seen(good) == {1: ("127.0.0.1", secure.ports["MTLS"])}
 
 
 def test_plaintext_client_on_a_tls_port_is_closed_at_once(secure: Secure) -> None:
     raw = Raw(secure.ports["TLS"])
     started = time.monotonic()
-    assert raw.call(ApiVersionsRequest(client_software_name="t",
-                                       client_software_version="1")) is None  # fmt: skip
+    assert (
+        raw.call(ApiVersionsRequest(client_software_name="t", client_software_version="1")) is None
+    )
     assert time.monotonic() - started < 5, "closed promptly, not after a handshake timeout"
     raw.close()
     assert refused({"bootstrap.servers": f"127.0.0.1:{secure.ports['TLS']}"})
@@ -372,20 +400,27 @@ def test_plaintext_client_on_a_tls_port_is_closed_at_once(secure: Secure) -> Non
 
 def test_rotated_certificate_reaches_new_connections_without_a_restart(secure: Secure) -> None:
     c = secure.certs
-    conf = secure.conf("ROT", ssl_certificate_location=c.path("alice.crt"),
-                       ssl_key_location=c.path("alice.key"))  # fmt: skip
+    conf = secure.conf(
+        "ROT", ssl_certificate_location=c.path("alice.crt"), ssl_key_location=c.path("alice.key")
+    )
     assert served_cert_cn(secure.ports["ROT"], c) == "localhost"
     p = Producer(conf)  # holds its connection across the rotation
     p.produce("rot", value=b"before")
     assert p.flush(30) == 0
     rotate(c, "rot.pem", "rotated")
-    wait_for(lambda: served_cert_cn(secure.ports["ROT"], c) == "rotated", 20,
-             "new connections get the rotated certificate")  # fmt: skip
+    wait_for(
+        lambda: served_cert_cn(secure.ports["ROT"], c) == "rotated",
+        20,
+        "new connections get the rotated certificate",
+    )
     p.produce("rot", value=b"after")
     assert p.flush(30) == 0
     # The rotated context still checks client certificates against the CA.
-    untrusted = secure.conf("ROT", ssl_certificate_location=c.path("mallory.crt"),
-                            ssl_key_location=c.path("mallory.key"))  # fmt: skip
+    untrusted = secure.conf(
+        "ROT",
+        ssl_certificate_location=c.path("mallory.crt"),
+        ssl_key_location=c.path("mallory.key"),
+    )
     assert refused(untrusted)
     assert refused(secure.conf("ROT"))
     assert consume(conf, "rot", 2) == [b"before", b"after"]
@@ -403,10 +438,14 @@ def test_rotated_certificate_reaches_new_connections_without_a_restart(secure: S
 def test_scram_users_from_the_admin_api_log_in_with_three_clients(secure: Secure) -> None:
     admin = AdminClient(secure.sasl("PLAIN", "PLAIN", "admin", "admin-secret"))
     described = admin.describe_user_scram_credentials(["alice", "carol"])
-    infos = {u: [(i.mechanism, i.iterations) for i in f.result(timeout=30).scram_credential_infos]
-             for u, f in described.items()}  # fmt: skip
-    assert infos == {"alice": [(ScramMechanism.SCRAM_SHA_512, 8192)],
-                     "carol": [(ScramMechanism.SCRAM_SHA_256, 4096)]}  # fmt: skip
+    infos = {
+        u: [(i.mechanism, i.iterations) for i in f.result(timeout=30).scram_credential_infos]
+        for u, f in described.items()
+    }
+    assert infos == {
+        "alice": [(ScramMechanism.SCRAM_SHA_512, 8192)],
+        "carol": [(ScramMechanism.SCRAM_SHA_256, 4096)],
+    }
     # librdkafka, SCRAM-SHA-512
     alice = secure.sasl("SCRAM", "SCRAM-SHA-512", "alice", "alice-pw")
     produce(alice, "scram", [b"r%d" % i for i in range(20)])
@@ -418,10 +457,14 @@ def test_scram_users_from_the_admin_api_log_in_with_three_clients(secure: Secure
         from aiokafka.helpers import create_ssl_context
 
         tls = create_ssl_context(cafile=secure.certs.path("ca.pem"))
-        common = dict(bootstrap_servers=f"127.0.0.1:{secure.ports['SCRAM']}",
-                      security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-256",
-                      sasl_plain_username="carol", sasl_plain_password="carol-pw",
-                      ssl_context=tls)  # fmt: skip
+        common = dict(
+            bootstrap_servers=f"127.0.0.1:{secure.ports['SCRAM']}",
+            security_protocol="SASL_SSL",
+            sasl_mechanism="SCRAM-SHA-256",
+            sasl_plain_username="carol",
+            sasl_plain_password="carol-pw",
+            ssl_context=tls,
+        )
         p = AIOKafkaProducer(**common)
         await p.start()
         try:
@@ -447,17 +490,22 @@ def test_scram_users_from_the_admin_api_log_in_with_three_clients(secure: Secure
     # kafka-python, SCRAM-SHA-512
     from kafka import KafkaConsumer, KafkaProducer
 
-    kp = dict(bootstrap_servers=f"127.0.0.1:{secure.ports['SCRAM']}",
-              security_protocol="SASL_SSL", ssl_cafile=secure.certs.path("ca.pem"),
-              sasl_mechanism="SCRAM-SHA-512", sasl_plain_username="alice",
-              sasl_plain_password="alice-pw")  # fmt: skip
+    kp = dict(
+        bootstrap_servers=f"127.0.0.1:{secure.ports['SCRAM']}",
+        security_protocol="SASL_SSL",
+        ssl_cafile=secure.certs.path("ca.pem"),
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_plain_username="alice",
+        sasl_plain_password="alice-pw",
+    )
     producer = KafkaProducer(**kp)
     for i in range(10):
         producer.send("scram-kp", b"k%d" % i)
     producer.flush(30)
     producer.close()
-    consumer = KafkaConsumer("scram-kp", auto_offset_reset="earliest",
-                             consumer_timeout_ms=20000, **kp)  # fmt: skip
+    consumer = KafkaConsumer(
+        "scram-kp", auto_offset_reset="earliest", consumer_timeout_ms=20000, **kp
+    )
     got = []
     for m in consumer:
         got.append(m.value)
@@ -490,16 +538,21 @@ def test_wrong_password_and_unknown_user_are_refused_while_others_go_on(secure: 
 def test_plain_over_sasl_ssl_with_kafka_python(secure: Secure) -> None:
     from kafka import KafkaConsumer, KafkaProducer
 
-    kp = dict(bootstrap_servers=f"127.0.0.1:{secure.ports['PLAIN']}",
-              security_protocol="SASL_SSL", ssl_cafile=secure.certs.path("ca.pem"),
-              sasl_mechanism="PLAIN", sasl_plain_username="bob",
-              sasl_plain_password="bob-pw")  # fmt: skip
+    kp = dict(
+        bootstrap_servers=f"127.0.0.1:{secure.ports['PLAIN']}",
+        security_protocol="SASL_SSL",
+        ssl_cafile=secure.certs.path("ca.pem"),
+        sasl_mechanism="PLAIN",
+        sasl_plain_username="bob",
+        sasl_plain_password="bob-pw",
+    )
     producer = KafkaProducer(**kp)
     producer.send("plain-kp", b"hello")
     producer.flush(30)
     producer.close()
-    consumer = KafkaConsumer("plain-kp", auto_offset_reset="earliest",
-                             consumer_timeout_ms=20000, **kp)  # fmt: skip
+    consumer = KafkaConsumer(
+        "plain-kp", auto_offset_reset="earliest", consumer_timeout_ms=20000, **kp
+    )
     assert [m.value for m in consumer][:1] == [b"hello"]
     consumer.close()
 
@@ -739,17 +792,31 @@ def test_scram_records_are_in_snapshots_and_hold_no_password() -> None:
     from straitmq.broker.security.scram import credential_record, salted_password
 
     salt = b"0123456789abcdef"
-    rec = credential_record("alice", "SCRAM-SHA-512", salt, 4096,
-                            salted_password("SCRAM-SHA-512", "alice-pw", salt, 4096))  # fmt: skip
+    rec = credential_record(
+        "alice",
+        "SCRAM-SHA-512",
+        salt,
+        4096,
+        salted_password("SCRAM-SHA-512", "alice-pw", salt, 4096),
+    )
     image = MetadataImage(cluster_id="c")
     image.apply({"type": "user_scram_credential", **rec})
     image.apply({"type": "user_scram_credential", **{**rec, "name": "bob"}})
-    image.apply({"type": "remove_user_scram_credential", "name": "bob",
-                 "mechanism": "SCRAM-SHA-512"})  # fmt: skip
-    for restored in (MetadataImage.from_dict(orjson.loads(image.encoded())),
-                     MetadataImage.from_dict(image.to_dict()), image.copy()):  # fmt: skip
-        assert restored.scram_credentials == {"alice": {"SCRAM-SHA-512": {
-            k: rec[k] for k in ("salt", "iterations", "stored_key", "server_key")}}}  # fmt: skip
+    image.apply(
+        {"type": "remove_user_scram_credential", "name": "bob", "mechanism": "SCRAM-SHA-512"}
+    )
+    for restored in (
+        MetadataImage.from_dict(orjson.loads(image.encoded())),
+        MetadataImage.from_dict(image.to_dict()),
+        image.copy(),
+    ):
+        assert restored.scram_credentials == {
+            "alice": {
+                "SCRAM-SHA-512": {
+                    k: rec[k] for k in ("salt", "iterations", "stored_key", "server_key")
+                }
+            }
+        }
     assert b"alice-pw" not in image.encoded()
     # Snapshots written before SCRAM existed still load.
     old = image.to_dict()
@@ -771,9 +838,13 @@ def test_scram_credentials_survive_a_restart(broker_factory: Any, tmp_path: Path
     admin = AdminClient(plain)  # held: a collected client cancels its requests
     admin.alter_user_scram_credentials([upsert])["zoe"].result(timeout=30)
     b.restart()
-    zoe = {"bootstrap.servers": f"127.0.0.1:{sasl_port}", "security.protocol": "SASL_PLAINTEXT",
-           "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "zoe",
-           "sasl.password": "zoe-pw"}  # fmt: skip
+    zoe = {
+        "bootstrap.servers": f"127.0.0.1:{sasl_port}",
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "zoe",
+        "sasl.password": "zoe-pw",
+    }
     assert brokers_seen(zoe) == {1: ("127.0.0.1", sasl_port)}
     assert brokers_seen(plain) == {1: ("127.0.0.1", port)}
 
@@ -783,12 +854,15 @@ def test_bad_security_settings_stop_the_broker_saying_why(tmp_path: Path) -> Non
         "listeners=CLIENT://127.0.0.1:0": "no security protocol",
         "listeners=A://127.0.0.1:0\nlistener.security.protocol.map=A:SSL": "no PLAINTEXT listener",
         "listeners=PLAINTEXT://127.0.0.1:0,SSL://127.0.0.1:0": "ssl.keystore.location",
-        ("listeners=PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0\n"
-         "sasl.enabled.mechanisms=PLAIN"): "PLAIN is enabled but has no users",
+        (
+            "listeners=PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0\n"
+            "sasl.enabled.mechanisms=PLAIN"
+        ): "PLAIN is enabled but has no users",
         "listeners=PLAINTEXT://127.0.0.1:0\nssl.keystore.lokation=x": "",  # a typo: refused
-        ("listeners=PLAINTEXT://127.0.0.1:0\n"
-         "listener.name.clinet.ssl.client.auth=required"): "there is no listener CLINET",
-    }  # fmt: skip
+        (
+            "listeners=PLAINTEXT://127.0.0.1:0\nlistener.name.clinet.ssl.client.auth=required"
+        ): "there is no listener CLINET",
+    }
     for i, (text, why) in enumerate(cases.items()):
         props = tmp_path / f"{i}.properties"
         props.write_text(text + "\n")
@@ -819,19 +893,44 @@ def java_props(secure: Secure, kind: str) -> tuple[int, list[str]]:
     """(port, StraitClient --prop values) for each way in."""
     c = secure.certs
     trust = ["ssl.truststore.type=PEM", f"ssl.truststore.location={c.path('ca.pem')}"]
-    scram = ('org.apache.kafka.common.security.scram.ScramLoginModule required '
-             'username="alice" password="alice-pw";')  # fmt: skip
-    plain = ('org.apache.kafka.common.security.plain.PlainLoginModule required '
-             'username="bob" password="bob-pw";')  # fmt: skip
+    scram = (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        'username="alice" password="alice-pw";'
+    )
+    plain = (
+        "org.apache.kafka.common.security.plain.PlainLoginModule required "
+        'username="bob" password="bob-pw";'
+    )
     ways = {
         "ssl": ("TLS", ["security.protocol=SSL", *trust]),
-        "mtls": ("MTLS", ["security.protocol=SSL", *trust, "ssl.keystore.type=PEM",
-                          f"ssl.keystore.location={c.path('alice.pem')}"]),
-        "scram-sha-512": ("SCRAM", ["security.protocol=SASL_SSL", *trust,
-                                    "sasl.mechanism=SCRAM-SHA-512", f"sasl.jaas.config={scram}"]),
-        "plain": ("PLAIN", ["security.protocol=SASL_SSL", *trust, "sasl.mechanism=PLAIN",
-                            f"sasl.jaas.config={plain}"]),
-    }  # fmt: skip
+        "mtls": (
+            "MTLS",
+            [
+                "security.protocol=SSL",
+                *trust,
+                "ssl.keystore.type=PEM",
+                f"ssl.keystore.location={c.path('alice.pem')}",
+            ],
+        ),
+        "scram-sha-512": (
+            "SCRAM",
+            [
+                "security.protocol=SASL_SSL",
+                *trust,
+                "sasl.mechanism=SCRAM-SHA-512",
+                f"sasl.jaas.config={scram}",
+            ],
+        ),
+        "plain": (
+            "PLAIN",
+            [
+                "security.protocol=SASL_SSL",
+                *trust,
+                "sasl.mechanism=PLAIN",
+                f"sasl.jaas.config={plain}",
+            ],
+        ),
+    }
     listener, props = ways[kind]
     return secure.ports[listener], props
 
@@ -844,13 +943,42 @@ def test_java_client(secure: Secure, jars: None, kind: str) -> None:
     extra = [a for p in props for a in ("--prop", p)]
     topic = f"java-{kind}"
     bootstrap = f"127.0.0.1:{port}"
-    sent = straitclient(["produce", "--bootstrap", bootstrap, "--topic", topic, "--count", 30,
-                         "--value-size", 20000, *extra], timeout=180)  # fmt: skip
+    sent = straitclient(
+        [
+            "produce",
+            "--bootstrap",
+            bootstrap,
+            "--topic",
+            topic,
+            "--count",
+            30,
+            "--value-size",
+            20000,
+            *extra,
+        ],
+        timeout=180,
+    )
     assert sent.returncode == 0, sent.stderr[-3000:]
     assert sent.json["acked"] == 30 and sent.json["errors"] == 0
-    got = straitclient(["consume", "--bootstrap", bootstrap, "--topic", topic, "--group",
-                        f"jg-{kind}", "--count", 30, "--timeout-ms", 60000,
-                        "--offset-reset", "earliest", *extra], timeout=180)  # fmt: skip
+    got = straitclient(
+        [
+            "consume",
+            "--bootstrap",
+            bootstrap,
+            "--topic",
+            topic,
+            "--group",
+            f"jg-{kind}",
+            "--count",
+            30,
+            "--timeout-ms",
+            60000,
+            "--offset-reset",
+            "earliest",
+            *extra,
+        ],
+        timeout=180,
+    )
     assert got.returncode == 0, got.stderr[-3000:]
     assert sorted(int(r["v"][1:].rstrip("x")) for r in got.records) == list(range(30))
 
@@ -861,8 +989,10 @@ def test_java_client_with_a_wrong_password_is_told_why(secure: Secure, jars: Non
     port, props = java_props(secure, "scram-sha-512")
     props = [p.replace("alice-pw", "wrong") for p in props]
     extra = [a for p in props for a in ("--prop", p)]
-    res = straitclient(["admin", "--bootstrap", f"127.0.0.1:{port}", "list-topics",
-                        "--timeout-ms", 20000, *extra], timeout=120)  # fmt: skip
+    res = straitclient(
+        ["admin", "--bootstrap", f"127.0.0.1:{port}", "list-topics", "--timeout-ms", 20000, *extra],
+        timeout=120,
+    )
     assert res.returncode != 0
     assert "SaslAuthenticationException" in res.stdout + res.stderr, res.stderr[-3000:]
     assert "invalid credentials" in res.stdout + res.stderr
@@ -880,22 +1010,41 @@ def test_kafka_configs_manages_scram_users(secure: Secure, jars: None, tmp_path:
 
     def configs(*args: str) -> str:
         r = subprocess.run(
-            java_cmd(KAFKA41_TOOLS["kafka-configs"], ["--bootstrap-server",
-                     f"127.0.0.1:{port}", "--command-config", str(config), *args], jars="4.1"),
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            java_cmd(
+                KAFKA41_TOOLS["kafka-configs"],
+                ["--bootstrap-server", f"127.0.0.1:{port}", "--command-config", str(config), *args],
+                jars="4.1",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 0, f"kafka-configs {args}: {r.stdout[-2000:]}{r.stderr[-3000:]}"
         return r.stdout
 
-    configs("--alter", "--add-config", "SCRAM-SHA-512=[iterations=8192,password=dave-pw]",
-            "--entity-type", "users", "--entity-name", "dave")  # fmt: skip
+    configs(
+        "--alter",
+        "--add-config",
+        "SCRAM-SHA-512=[iterations=8192,password=dave-pw]",
+        "--entity-type",
+        "users",
+        "--entity-name",
+        "dave",
+    )
     described = configs("--describe", "--entity-type", "users", "--entity-name", "dave")
     assert "SCRAM-SHA-512=iterations=8192" in described, described
     everyone = configs("--describe", "--entity-type", "users")
     assert "'dave'" in everyone and "'alice'" in everyone, everyone
     dave = secure.sasl("SCRAM", "SCRAM-SHA-512", "dave", "dave-pw")
     produce(dave, "dave", [b"hi"])
-    configs("--alter", "--delete-config", "SCRAM-SHA-512", "--entity-type", "users",
-            "--entity-name", "dave")  # fmt: skip
+    configs(
+        "--alter",
+        "--delete-config",
+        "SCRAM-SHA-512",
+        "--entity-type",
+        "users",
+        "--entity-name",
+        "dave",
+    )
     assert "SCRAM" not in configs("--describe", "--entity-type", "users", "--entity-name", "dave")
     assert "Authentication failed" in refused(dave)

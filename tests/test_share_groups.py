@@ -280,9 +280,13 @@ def _create_topic(broker: Any, name: str, partitions: int) -> uuid.UUID:
 
         r = Raw(broker)
         try:
-            md = r.call(mr.MetadataRequest(topics=(mr.MetadataRequestTopic(topic_id=None,
-                        name=name),), allow_auto_topic_creation=False,
-                        include_topic_authorized_operations=False))  # fmt: skip
+            md = r.call(
+                mr.MetadataRequest(
+                    topics=(mr.MetadataRequestTopic(topic_id=None, name=name),),
+                    allow_auto_topic_creation=False,
+                    include_topic_authorized_operations=False,
+                )
+            )
         finally:
             r.close()
         return md.topics[0].error_code == 0 and len(md.topics[0].partitions) == partitions
@@ -306,9 +310,12 @@ def _produce(broker: Any, topic: str, values: list[str], partition: int | None =
 
 def _hb(group: str, member: str, epoch: int, topics: tuple[str, ...] | None = None) -> Any:
     return sgh.ShareGroupHeartbeatRequest(
-        group_id=group, member_id=member, member_epoch=epoch, rack_id=None,
+        group_id=group,
+        member_id=member,
+        member_epoch=epoch,
+        rack_id=None,
         subscribed_topic_names=topics,
-    )  # fmt: skip
+    )
 
 
 def _fetch(group: str, member: str, epoch: int, tid: uuid.UUID, parts: dict, wait_ms: int = 500):
@@ -316,29 +323,58 @@ def _fetch(group: str, member: str, epoch: int, tid: uuid.UUID, parts: dict, wai
     import datetime
 
     return sf.ShareFetchRequest(
-        group_id=group, member_id=member, share_session_epoch=epoch,
-        max_wait=datetime.timedelta(milliseconds=wait_ms), min_bytes=1, max_bytes=1 << 20,
-        max_records=500, batch_size=500,
-        topics=(sf.FetchTopic(topic_id=tid, partitions=tuple(
-            sf.FetchPartition(partition_index=p, acknowledgement_batches=tuple(
-                sf.AcknowledgementBatch(first_offset=f, last_offset=last,
-                                        acknowledge_types=tuple(ts))
-                for f, last, ts in acks))
-            for p, acks in parts.items())),),
+        group_id=group,
+        member_id=member,
+        share_session_epoch=epoch,
+        max_wait=datetime.timedelta(milliseconds=wait_ms),
+        min_bytes=1,
+        max_bytes=1 << 20,
+        max_records=500,
+        batch_size=500,
+        topics=(
+            sf.FetchTopic(
+                topic_id=tid,
+                partitions=tuple(
+                    sf.FetchPartition(
+                        partition_index=p,
+                        acknowledgement_batches=tuple(
+                            sf.AcknowledgementBatch(
+                                first_offset=f, last_offset=last, acknowledge_types=tuple(ts)
+                            )
+                            for f, last, ts in acks
+                        ),
+                    )
+                    for p, acks in parts.items()
+                ),
+            ),
+        ),
         forgotten_topics_data=(),
-    )  # fmt: skip
+    )
 
 
 def _ack(group: str, member: str, epoch: int, tid: uuid.UUID, parts: dict) -> Any:
     return sa.ShareAcknowledgeRequest(
-        group_id=group, member_id=member, share_session_epoch=epoch,
-        topics=(sa.AcknowledgeTopic(topic_id=tid, partitions=tuple(
-            sa.AcknowledgePartition(partition_index=p, acknowledgement_batches=tuple(
-                sa.AcknowledgementBatch(first_offset=f, last_offset=last,
-                                        acknowledge_types=tuple(ts))
-                for f, last, ts in acks))
-            for p, acks in parts.items())),),
-    )  # fmt: skip
+        group_id=group,
+        member_id=member,
+        share_session_epoch=epoch,
+        topics=(
+            sa.AcknowledgeTopic(
+                topic_id=tid,
+                partitions=tuple(
+                    sa.AcknowledgePartition(
+                        partition_index=p,
+                        acknowledgement_batches=tuple(
+                            sa.AcknowledgementBatch(
+                                first_offset=f, last_offset=last, acknowledge_types=tuple(ts)
+                            )
+                            for f, last, ts in acks
+                        ),
+                    )
+                    for p, acks in parts.items()
+                ),
+            ),
+        ),
+    )
 
 
 def _acquired(resp: Any) -> dict[int, list[tuple[int, int, int]]]:
@@ -361,9 +397,14 @@ def test_wire_share_group_fetch_acknowledge_and_errors(broker_factory):
     r = Raw(broker)
     g, m1, m2 = "wire-share", str(uuid.uuid4()), str(uuid.uuid4())
     try:
-        versions = {k.api_key: (k.min_version, k.max_version) for k in r.call(
-            __import__("kio.schema.api_versions.v3.request", fromlist=["x"]).ApiVersionsRequest(
-                client_software_name="t", client_software_version="1")).api_keys}  # fmt: skip
+        versions = {
+            k.api_key: (k.min_version, k.max_version)
+            for k in r.call(
+                __import__("kio.schema.api_versions.v3.request", fromlist=["x"]).ApiVersionsRequest(
+                    client_software_name="t", client_software_version="1"
+                )
+            ).api_keys
+        }
         assert [versions[k] for k in (76, 77, 78, 79)] == [(1, 1)] * 4
         j1 = r.call(_hb(g, m1, 0, ("sq",)))
         assert j1.error_code == 0 and j1.member_epoch >= 1 and j1.heartbeat_interval.total_seconds()
@@ -375,10 +416,15 @@ def test_wire_share_group_fetch_acknowledge_and_errors(broker_factory):
         assert r.call(_hb(g, "ghost", 3)).error_code == E.unknown_member_id
         assert r.call(_hb(g, "", 0, ("sq",))).error_code == E.invalid_request
         assert r.call(_hb(g, str(uuid.uuid4()), 0)).error_code == E.invalid_request
-        d = r.call(sgd.ShareGroupDescribeRequest(group_ids=(g, "nope"),
-                                                 include_authorized_operations=False))  # fmt: skip
+        d = r.call(
+            sgd.ShareGroupDescribeRequest(
+                group_ids=(g, "nope"), include_authorized_operations=False
+            )
+        )
         assert d.groups[0].error_code == 0 and {m.member_id for m in d.groups[0].members} == {
-            m1, m2}  # fmt: skip
+            m1,
+            m2,
+        }
         assert d.groups[0].group_state == "Stable"
         assert d.groups[1].error_code == E.group_id_not_found
 
@@ -484,8 +530,12 @@ def _jars() -> None:
 
 class ShareMember(ClientProcess):
     def __init__(self, bootstrap: str, group: str, topic: str, name: str, mode: str, logs: Path):
-        cmd = java_cmd(str(JAVA_CLIENT), [bootstrap, group, topic, name, mode],
-                       include_classes=False, jars="4.1")  # fmt: skip
+        cmd = java_cmd(
+            str(JAVA_CLIENT),
+            [bootstrap, group, topic, name, mode],
+            include_classes=False,
+            jars="4.1",
+        )
         super().__init__(name, cmd, logs)
 
     def records(self) -> list[tuple[int, int, int, str]]:
@@ -543,26 +593,34 @@ def _share_logs(members: list[ShareMember], logs: Path) -> str:
 def _members_assigned(broker: Any, group: str, count: int) -> bool:
     r = Raw(broker)
     try:
-        d = r.call(sgd.ShareGroupDescribeRequest(group_ids=(group,),
-                                                 include_authorized_operations=False))  # fmt: skip
+        d = r.call(
+            sgd.ShareGroupDescribeRequest(group_ids=(group,), include_authorized_operations=False)
+        )
     finally:
         r.close()
     g = d.groups[0]
-    return (g.error_code == 0 and len(g.members) == count
-            and all(m.assignment.topic_partitions for m in g.members))  # fmt: skip
+    return (
+        g.error_code == 0
+        and len(g.members) == count
+        and all(m.assignment.topic_partitions for m in g.members)
+    )
 
 
 def test_java_share_consumers_share_two_partitions_and_redeliver_a_dead_members_records(
     broker_factory, tmp_path, _jars
 ):
     broker = broker_factory(
-        "--group-share-record-lock-duration-ms", "8000",
+        "--group-share-record-lock-duration-ms",
+        "8000",
         # Longer than the lock: six JVMs starting at once on two busy cores can stall a
         # member for seconds, and an expired member's records rightly go to others.
-        "--group-share-session-timeout-ms", "12000",
-        "--group-share-heartbeat-interval-ms", "500",
-        "--share-auto-offset-reset", "earliest",
-    )  # fmt: skip
+        "--group-share-session-timeout-ms",
+        "12000",
+        "--group-share-heartbeat-interval-ms",
+        "500",
+        "--share-auto-offset-reset",
+        "earliest",
+    )
     topic, group = "jshare", "jshare-group"
     _create_topic(broker, topic, 2)
     # One consumer that takes records and dies holding them (SIGKILL, no acknowledgement).
@@ -578,8 +636,9 @@ def test_java_share_consumers_share_two_partitions_and_redeliver_a_dead_members_
         if holder.proc.poll() is None:
             holder.kill()
     # Six consumers on the two partitions: all of them get records.
-    members = [ShareMember(broker.bootstrap, group, topic, f"c{i}", "accept", tmp_path)
-               for i in range(6)]  # fmt: skip
+    members = [
+        ShareMember(broker.bootstrap, group, topic, f"c{i}", "accept", tmp_path) for i in range(6)
+    ]
     try:
 
         def assigned() -> bool:
@@ -628,10 +687,13 @@ def test_java_share_consumer_released_past_the_delivery_limit_or_rejected_is_arc
     broker_factory, tmp_path, _jars
 ):
     broker = broker_factory(
-        "--group-share-delivery-count-limit", "3",
-        "--group-share-heartbeat-interval-ms", "500",
-        "--share-auto-offset-reset", "earliest",
-    )  # fmt: skip
+        "--group-share-delivery-count-limit",
+        "3",
+        "--group-share-heartbeat-interval-ms",
+        "500",
+        "--share-auto-offset-reset",
+        "earliest",
+    )
     topic, group = "jlimit", "jlimit-group"
     _create_topic(broker, topic, 1)
     values = [f"ok{i}" for i in range(10)] + ["release-0", "release-1", "reject-0"]
@@ -804,10 +866,15 @@ def test_kafka_share_groups_tool_lists_and_describes(broker_factory, _jars):
 
         def tool(*args: str) -> str:
             res = subprocess.run(
-                java_cmd(KAFKA41_TOOLS["kafka-share-groups"],
-                         ["--bootstrap-server", broker.bootstrap, *args], jars="4.1"),
-                capture_output=True, text=True, timeout=120,
-            )  # fmt: skip
+                java_cmd(
+                    KAFKA41_TOOLS["kafka-share-groups"],
+                    ["--bootstrap-server", broker.bootstrap, *args],
+                    jars="4.1",
+                ),
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
             return res.stdout
 
@@ -868,11 +935,23 @@ def test_share_auto_offset_reset_as_a_group_config(broker_factory, _jars):
 
     def configs(*args: str) -> str:
         res = subprocess.run(
-            java_cmd(KAFKA41_TOOLS["kafka-configs"],
-                     ["--bootstrap-server", broker.bootstrap, "--entity-type", "groups",
-                      "--entity-name", g, *args], jars="4.1"),
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            java_cmd(
+                KAFKA41_TOOLS["kafka-configs"],
+                [
+                    "--bootstrap-server",
+                    broker.bootstrap,
+                    "--entity-type",
+                    "groups",
+                    "--entity-name",
+                    g,
+                    *args,
+                ],
+                jars="4.1",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
         return res.stdout
 
@@ -893,10 +972,24 @@ def test_share_auto_offset_reset_as_a_group_config(broker_factory, _jars):
         # A value Kafka does not know is refused.
         from kio.schema.incremental_alter_configs.v1 import request as iac
 
-        bad = r.call(iac.IncrementalAlterConfigsRequest(resources=(iac.AlterConfigsResource(
-            resource_type=32, resource_name=g, configs=(iac.AlterableConfig(
-                name="share.auto.offset.reset", config_operation=0, value="sometimes"),)),),
-            validate_only=False))  # fmt: skip
+        bad = r.call(
+            iac.IncrementalAlterConfigsRequest(
+                resources=(
+                    iac.AlterConfigsResource(
+                        resource_type=32,
+                        resource_name=g,
+                        configs=(
+                            iac.AlterableConfig(
+                                name="share.auto.offset.reset",
+                                config_operation=0,
+                                value="sometimes",
+                            ),
+                        ),
+                    ),
+                ),
+                validate_only=False,
+            )
+        )
         assert bad.responses[0].error_code == E.invalid_config
     finally:
         r.close()
@@ -935,12 +1028,16 @@ def test_java_share_consumers_through_a_broker_kill(cluster, tmp_path, _jars, vi
     c = cluster(
         broker_args=[
             *CLUSTER_BROKER_ARGS,
-            "--group-share-heartbeat-interval-ms", "500",
-            "--group-share-session-timeout-ms", "6000",
-            "--group-share-record-lock-duration-ms", "5000",
-            "--share-auto-offset-reset", "earliest",
+            "--group-share-heartbeat-interval-ms",
+            "500",
+            "--group-share-session-timeout-ms",
+            "6000",
+            "--group-share-record-lock-duration-ms",
+            "5000",
+            "--share-auto-offset-reset",
+            "earliest",
         ]
-    )  # fmt: skip
+    )
     topic, group = "jfail", "jfail-group"
     c.create_topic(topic, partitions=2, rf=3, min_isr=2)
     members = [

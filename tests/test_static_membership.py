@@ -73,8 +73,13 @@ def test_static_member_restart_keeps_its_partitions_without_a_rebalance(broker) 
         )
 
     try:
-        wait_for(split, 60, "both static members assigned half of the partitions",
-                 every=0.0, detail=lambda: f"a={ev_a} b={ev_b}")  # fmt: skip
+        wait_for(
+            split,
+            60,
+            "both static members assigned half of the partitions",
+            every=0.0,
+            detail=lambda: f"a={ev_a} b={ev_b}",
+        )
         before = _members(broker, group)
         a_parts = ev_a[-1][1]
         b_events = list(ev_b)
@@ -86,8 +91,13 @@ def test_static_member_restart_keeps_its_partitions_without_a_rebalance(broker) 
         ev_a2: list = []
         a2 = _consumer(broker.bootstrap, group, topic, "inst-a", ev_a2)
         live.append(a2)
-        wait_for(lambda: (poll(), ev_a2)[1], 30, "the restarted member's assignment",
-                 every=0.0, detail=lambda: f"a2={ev_a2} b={ev_b}")  # fmt: skip
+        wait_for(
+            lambda: (poll(), ev_a2)[1],
+            30,
+            "the restarted member's assignment",
+            every=0.0,
+            detail=lambda: f"a2={ev_a2} b={ev_b}",
+        )
         # The new incarnation takes over the old one's partitions...
         assert ev_a2 == [("assign", a_parts)]
         after = _members(broker, group)
@@ -95,8 +105,13 @@ def test_static_member_restart_keeps_its_partitions_without_a_rebalance(broker) 
         assert after["inst-a"] != before["inst-a"]
         # ...and the other member sees no rebalance: no revoke, no new assignment, while
         # both keep heartbeating for longer than a few heartbeat intervals.
-        holds(lambda: (poll(), list(ev_b), list(ev_a2))[1:], 3, "the members' assignments",
-              every=0.0, expect=(b_events, [("assign", a_parts)]))  # fmt: skip
+        holds(
+            lambda: (poll(), list(ev_b), list(ev_a2))[1:],
+            3,
+            "the members' assignments",
+            every=0.0,
+            expect=(b_events, [("assign", a_parts)]),
+        )
         assert _members(broker, group) == after
     finally:
         for c in live:

@@ -22,19 +22,63 @@ class Certs:
 
     def ca(self, name: str) -> None:
         """A self-signed CA: <name>.key, <name>.pem."""
-        _run("req", "-x509", "-new", "-nodes", "-newkey", "ec",
-             "-pkeyopt", "ec_paramgen_curve:prime256v1", "-keyout", f"{name}.key",
-             "-out", f"{name}.pem", "-days", "2", "-subj", f"/CN={name}", cwd=self.dir)  # fmt: skip
+        _run(
+            "req",
+            "-x509",
+            "-new",
+            "-nodes",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.pem",
+            "-days",
+            "2",
+            "-subj",
+            f"/CN={name}",
+            cwd=self.dir,
+        )
 
     def leaf(self, name: str, ca: str, subject: str, san: str) -> None:
         """<name>.key, <name>.crt, and <name>.pem = key + certificate (a PEM keystore)."""
         (self.dir / f"{name}.ext").write_text(f"subjectAltName={san}\n")
-        _run("req", "-new", "-nodes", "-newkey", "ec", "-pkeyopt",
-             "ec_paramgen_curve:prime256v1", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-             "-subj", subject, cwd=self.dir)  # fmt: skip
-        _run("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
-             "-CAcreateserial", "-out", f"{name}.crt", "-days", "2",
-             "-extfile", f"{name}.ext", cwd=self.dir)  # fmt: skip
+        _run(
+            "req",
+            "-new",
+            "-nodes",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+            "-subj",
+            subject,
+            cwd=self.dir,
+        )
+        _run(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            f"{ca}.pem",
+            "-CAkey",
+            f"{ca}.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.crt",
+            "-days",
+            "2",
+            "-extfile",
+            f"{name}.ext",
+            cwd=self.dir,
+        )
         key = (self.dir / f"{name}.key").read_text()
         crt = (self.dir / f"{name}.crt").read_text()
         (self.dir / f"{name}.pem").write_text(key + crt)
@@ -48,12 +92,42 @@ class Certs:
             "[p]\ncommonName = supplied\norganizationName = optional\n"
         )
         (self.dir / "serial").write_text("1000\n")
-        _run("req", "-new", "-nodes", "-newkey", "ec", "-pkeyopt",
-             "ec_paramgen_curve:prime256v1", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-             "-subj", subject, cwd=self.dir)  # fmt: skip
-        _run("ca", "-batch", "-config", "ca.cnf", "-cert", f"{ca}.pem", "-keyfile", f"{ca}.key",
-             "-in", f"{name}.csr", "-out", f"{name}.crt", "-notext", "-startdate",
-             "20200101000000Z", "-enddate", "20200102000000Z", cwd=self.dir)  # fmt: skip
+        _run(
+            "req",
+            "-new",
+            "-nodes",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+            "-subj",
+            subject,
+            cwd=self.dir,
+        )
+        _run(
+            "ca",
+            "-batch",
+            "-config",
+            "ca.cnf",
+            "-cert",
+            f"{ca}.pem",
+            "-keyfile",
+            f"{ca}.key",
+            "-in",
+            f"{name}.csr",
+            "-out",
+            f"{name}.crt",
+            "-notext",
+            "-startdate",
+            "20200101000000Z",
+            "-enddate",
+            "20200102000000Z",
+            cwd=self.dir,
+        )
 
 
 def make_certs(directory: Path) -> Certs:

@@ -86,16 +86,20 @@ def _install() -> None:
                     stalled = beat[0] - began
                     if stalled > limit:
                         within = [took for end, took in list(gcs) if end >= began]
-                        out.write(f"STALL {stalled:.3f}s at {time.time():.3f} "
-                                  f"(gen-2 gc: {sum(within):.3f}s in {len(within)})\n")  # fmt: skip
+                        out.write(
+                            f"STALL {stalled:.3f}s at {time.time():.3f} "
+                            f"(gen-2 gc: {sum(within):.3f}s in {len(within)})\n"
+                        )
                         for stack_text, n in samples.most_common(5):
                             out.write(f"  {n}x {stack_text}\n")
                         if sum(within) > 0.3 and not censused:
                             # Once: what the collector walks (a pause of its own).
                             censused = True
                             kinds = collections.Counter(type(o).__name__ for o in gc.get_objects())
-                            out.write(f"  gc tracks {sum(kinds.values())} objects: "
-                                      f"{kinds.most_common(20)}\n")  # fmt: skip
+                            out.write(
+                                f"  gc tracks {sum(kinds.values())} objects: "
+                                f"{kinds.most_common(20)}\n"
+                            )
                         out.flush()
                     samples.clear()
                     began = None

@@ -68,9 +68,11 @@ class AdminClient(BaseAdminClient):
     `straitmq.io/admin-url` annotation."""
 
     def __init__(
-        self, base_url: str = "", timeout_s: float = DEFAULT_TIMEOUT_S,
+        self,
+        base_url: str = "",
+        timeout_s: float = DEFAULT_TIMEOUT_S,
         auth: AdminAuth | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(base_url, timeout_s, auth if auth is not None else AdminAuth.from_env())
 
     async def cluster(self) -> dict[str, Any]:

@@ -92,10 +92,13 @@ async def ensure(
         key, crt = pki.new_ca(spec.name, ns, at)
         ca = {"ca.key": key, "ca.crt": crt, OLD_CA: ca["ca.crt"], RENEWED_AT: at.isoformat()}
         await kube.apply(_secret(spec, ca_name, ca))
-        emit("Normal", "ClusterCaRenewed",
-             f"new cluster CA in Secret '{ca_name}'; the old one stays trusted until it "
-             f"expires, broker certificates move to the new one after "
-             f"{pki.ROLLOVER_GRACE}")  # fmt: skip
+        emit(
+            "Normal",
+            "ClusterCaRenewed",
+            f"new cluster CA in Secret '{ca_name}'; the old one stays trusted until it "
+            f"expires, broker certificates move to the new one after "
+            f"{pki.ROLLOVER_GRACE}",
+        )
     old = ca.get(OLD_CA)
     if old and pki.certificate(old).not_valid_after_utc <= at:  # expired: trusted no more
         ca = {k: v for k, v in ca.items() if k not in (OLD_CA, RENEWED_AT)}
@@ -115,9 +118,16 @@ async def ensure(
     )
     if spec.http_secured:
         issued += await _keystores(
-            kube, spec, n.CONTROLLER, range(3), controller_dns_names, ca, bundle, at,
+            kube,
+            spec,
+            n.CONTROLLER,
+            range(3),
+            controller_dns_names,
+            ca,
+            bundle,
+            at,
             still_serving,
-        )  # fmt: skip
+        )
         why = await _operator_certificate(kube, spec, ca, bundle, at, still_serving)
         if why is not None:
             issued.append(f"operator ({why})")
@@ -127,14 +137,22 @@ async def ensure(
 
 
 async def _keystores(
-    kube: Kube, spec: ClusterSpec, component: str, ordinals: range,
-    dns_names: Callable[[ClusterSpec, int], list[str]], ca: dict[str, str], bundle: str,
-    at: datetime, still_serving: list[str],
-) -> list[str]:  # fmt: skip
+    kube: Kube,
+    spec: ClusterSpec,
+    component: str,
+    ordinals: range,
+    dns_names: Callable[[ClusterSpec, int], list[str]],
+    ca: dict[str, str],
+    bundle: str,
+    at: datetime,
+    still_serving: list[str],
+) -> list[str]:
     """The PEM keystores of a component's pods (`<pod>.pem`, CN=<cluster>-<component>)
     in its Secret, issued where missing or due; the pods issued, with why."""
-    name = n.broker_certs_secret(spec.name) if component == n.BROKER else (
-        n.controller_certs_secret(spec.name)
+    name = (
+        n.broker_certs_secret(spec.name)
+        if component == n.BROKER
+        else (n.controller_certs_secret(spec.name))
     )
     stored = await kube.get("v1", "Secret", spec.namespace, name)
     data = _values(stored)
@@ -155,9 +173,13 @@ async def _keystores(
 
 
 async def _operator_certificate(
-    kube: Kube, spec: ClusterSpec, ca: dict[str, str], bundle: str, at: datetime,
+    kube: Kube,
+    spec: ClusterSpec,
+    ca: dict[str, str],
+    bundle: str,
+    at: datetime,
     still_serving: list[str],
-) -> str | None:  # fmt: skip
+) -> str | None:
     """The operator's client certificate (CN=straitmq-operator, a super user of the
     cluster: render.OPERATOR_PRINCIPAL) in `<cluster>-operator-certs`; why it was issued,
     or None if the stored one is good."""
@@ -187,12 +209,12 @@ async def admin_auth(
     (`straitmq.io/admin-url`) that no certificate names."""
     if not (spec.http_secured if secured is None else secured):
         return None
-    data = _values(await kube.get("v1", "Secret", spec.namespace,
-                                  n.operator_certs_secret(spec.name)))  # fmt: skip
+    data = _values(
+        await kube.get("v1", "Secret", spec.namespace, n.operator_certs_secret(spec.name))
+    )
     if not data.get("ca.crt"):
         return AdminAuth(ssl_context=_context(None, None, None))
-    return AdminAuth(ssl_context=_context(data["ca.crt"], data.get("tls.crt"),
-                                          data.get("tls.key")))  # fmt: skip
+    return AdminAuth(ssl_context=_context(data["ca.crt"], data.get("tls.crt"), data.get("tls.key")))
 
 
 def _context(ca: str | None, crt: str | None, key: str | None) -> ssl.SSLContext:

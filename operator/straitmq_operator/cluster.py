@@ -151,8 +151,7 @@ class ClusterReconciler:
             # Apply answers with the stored object, status included: the StatefulSets
             # as they are now, with no second read.
             if spec.kafka_tls:  # before the pods that mount them
-                await certificates.ensure(self.kube, spec, max(replicas, current or 0),
-                                          self.emit)  # fmt: skip
+                await certificates.ensure(self.kube, spec, max(replicas, current or 0), self.emit)
             sets: dict[str, dict[str, Any]] = {}
             for obj in render.objects(spec, replicas):
                 try:
@@ -184,9 +183,13 @@ class ClusterReconciler:
         seen = await self._observe(admin)
         if seen.reachable:
             return admin, seen
-        if not spec.http_secured and await self.kube.get(
-            "v1", "Secret", spec.namespace, n.operator_certs_secret(spec.name)
-        ) is None:
+        if (
+            not spec.http_secured
+            and await self.kube.get(
+                "v1", "Secret", spec.namespace, n.operator_certs_secret(spec.name)
+            )
+            is None
+        ):
             return admin, seen  # never secured: nothing to fall back to
         old_auth = await certificates.admin_auth(self.kube, spec, not spec.http_secured)
         old = await stack.enter_async_context(
@@ -369,9 +372,7 @@ class ClusterReconciler:
         assert p.scaling is not None
         adding = p.scaling["adding"]
         p.phase = "ScalingUp"
-        pods = await self.kube.list_pods(
-            spec.namespace, n.selector_string(spec.name, n.BROKER)
-        )
+        pods = await self.kube.list_pods(spec.namespace, n.selector_string(spec.name, n.BROKER))
         ready_pods = {ordinal(x) for x in pods if pod_ready(x)}
         live = seen.live_brokers()
         waiting = [b for b in adding if b not in ready_pods or b not in live]
@@ -422,8 +423,11 @@ class ClusterReconciler:
                 spec.namespace, n.selector_string(spec.name, component)
             )
             outdated = sorted(
-                (x for x in pods if x["metadata"]["labels"].get("controller-revision-hash")
-                 != revision),
+                (
+                    x
+                    for x in pods
+                    if x["metadata"]["labels"].get("controller-revision-hash") != revision
+                ),
                 key=ordinal,
             )
             if not outdated:

@@ -151,8 +151,9 @@ async def _loop(
 
 def _error_status(status: dict[str, Any], body: dict[str, Any], msg: str) -> dict[str, Any]:
     gen = body["metadata"].get("generation")
-    conds = set_condition(list(status.get("conditions") or []), "Ready", False, "ReconcileError",
-                          msg, gen)
+    conds = set_condition(
+        list(status.get("conditions") or []), "Ready", False, "ReconcileError", msg, gen
+    )
     if body.get("kind") == "MQCluster":
         conds = set_condition(conds, "Degraded", True, "ReconcileError", msg, gen)
     return {**status, "conditions": conds}

@@ -29,10 +29,16 @@ CA_RENEW_BEFORE = timedelta(days=365)
 ROLLOVER_GRACE = timedelta(days=1)
 _BACKDATE = timedelta(minutes=5)  # clocks a little behind still accept a new certificate
 _CA_USAGE = x509.KeyUsage(
-    digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-    key_encipherment=False, data_encipherment=False, key_agreement=False,
-    encipher_only=False, decipher_only=False,
-)  # fmt: skip
+    digital_signature=True,
+    key_cert_sign=True,
+    crl_sign=True,
+    content_commitment=False,
+    key_encipherment=False,
+    data_encipherment=False,
+    key_agreement=False,
+    encipher_only=False,
+    decipher_only=False,
+)
 _SERVER_AND_CLIENT = x509.ExtendedKeyUsage(
     [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
 )
@@ -141,8 +147,9 @@ def signed_by(cert: x509.Certificate, ca_cert_pem: str) -> bool:
     return True
 
 
-def due(cert: x509.Certificate, now: datetime | None = None,
-        renew_before: timedelta = RENEW_BEFORE) -> bool:  # fmt: skip
+def due(
+    cert: x509.Certificate, now: datetime | None = None, renew_before: timedelta = RENEW_BEFORE
+) -> bool:
     """True once the certificate has less than `renew_before` left."""
     now = now or datetime.now(UTC)
     return cert.not_valid_after_utc - now < renew_before

@@ -67,8 +67,9 @@ def spread_onto(partitions: list[Partition], new: set[int], brokers: list[int]) 
     for target_broker in sorted(new):
         while counts[target_broker] < fair:
             # A partition may give up several replicas, one per new broker.
-            current = {(p.topic, p.index): moves.get((p.topic, p.index), p.replicas)
-                       for p in partitions}
+            current = {
+                (p.topic, p.index): moves.get((p.topic, p.index), p.replicas) for p in partitions
+            }
             candidates = [
                 (key, b)
                 for key, reps in sorted(current.items())

@@ -160,8 +160,10 @@ def parse(body: dict[str, Any]) -> ClusterSpec:
     sasl = {"scram-sha-512": "SCRAM-SHA-512", "scram-sha-256": "SCRAM-SHA-256"}
     auth_type = (kafka.get("authentication") or {}).get("type")
     if auth_type is not None and auth_type not in (*sasl, "tls"):
-        raise SpecError(f"spec.listeners.kafka.authentication.type {auth_type!r} is not one "
-                        f"of {', '.join([*sasl, 'tls'])}")  # fmt: skip
+        raise SpecError(
+            f"spec.listeners.kafka.authentication.type {auth_type!r} is not one "
+            f"of {', '.join([*sasl, 'tls'])}"
+        )
     authz = spec.get("authorization") or {}
     if (auth_type or authz) and not kafka.get("tls"):
         raise SpecError(

@@ -103,8 +103,9 @@ class TopicReconciler:
         )
         if moving:
             msg = f"moving {moving} partitions to replication factor {ts.replication_factor}"
-            conds = set_condition(conds, "Progressing", True, "ReplicationFactorChanging", msg,
-                                  generation)  # fmt: skip
+            conds = set_condition(
+                conds, "Progressing", True, "ReplicationFactorChanging", msg, generation
+            )
         elif get_condition(conds, "Progressing"):
             conds = set_condition(conds, "Progressing", False, "Reconciled", "", generation)
         if old.get("conditions") and not _ready(old["conditions"]):
@@ -174,15 +175,21 @@ class TopicReconciler:
                 if was.get("status") == "True" and was.get("reason") == "ReplicationFactorChanging":
                     if not reassigning:  # another move would still want the throttle
                         await admin.clear_throttle()
-                    self.emit("Normal", "ReplicationFactorChanged",
-                              f"every partition of '{ts.name}' has {rf} replicas")  # fmt: skip
+                    self.emit(
+                        "Normal",
+                        "ReplicationFactorChanged",
+                        f"every partition of '{ts.name}' has {rf} replicas",
+                    )
                 return 0
             moves = await self._plan(admin, topic, off, rf)
             await admin.reassign(moves, throttle)
         except AdminError as e:
             raise TopicProblem(_reason(e), e.message) from None
-        self.emit("Normal", "ReplicationFactorChanging",
-                  f"moving {len(moves)} partitions of '{ts.name}' to {rf} replicas")  # fmt: skip
+        self.emit(
+            "Normal",
+            "ReplicationFactorChanging",
+            f"moving {len(moves)} partitions of '{ts.name}' to {rf} replicas",
+        )
         return len(moves)
 
     async def _plan(

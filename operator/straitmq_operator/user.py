@@ -42,11 +42,18 @@ RESOURCE_TYPES = {
     "transactionalId": "TRANSACTIONAL_ID",
 }
 OPERATIONS = {
-    "All": "ALL", "Read": "READ", "Write": "WRITE", "Create": "CREATE", "Delete": "DELETE",
-    "Alter": "ALTER", "Describe": "DESCRIBE", "ClusterAction": "CLUSTER_ACTION",
-    "DescribeConfigs": "DESCRIBE_CONFIGS", "AlterConfigs": "ALTER_CONFIGS",
+    "All": "ALL",
+    "Read": "READ",
+    "Write": "WRITE",
+    "Create": "CREATE",
+    "Delete": "DELETE",
+    "Alter": "ALTER",
+    "Describe": "DESCRIBE",
+    "ClusterAction": "CLUSTER_ACTION",
+    "DescribeConfigs": "DESCRIBE_CONFIGS",
+    "AlterConfigs": "ALTER_CONFIGS",
     "IdempotentWrite": "IDEMPOTENT_WRITE",
-}  # fmt: skip
+}
 CLUSTER_NAME = "kafka-cluster"  # the CLUSTER resource's one name, in Kafka
 CREDENTIAL_ANNOTATION = "straitmq.io/credential"
 SCRAM_LOGIN = "org.apache.kafka.common.security.scram.ScramLoginModule"
@@ -119,8 +126,11 @@ def bindings(principal: str, acls: list[dict[str, Any]]) -> frozenset[Binding]:
             operation = OPERATIONS.get(op)
             if operation is None:
                 raise UserProblem("InvalidAcl", f"unknown operation {op!r}")
-            out.add(Binding(rtype, rname, pattern, principal, rule.get("host") or "*",
-                            operation, permission))  # fmt: skip
+            out.add(
+                Binding(
+                    rtype, rname, pattern, principal, rule.get("host") or "*", operation, permission
+                )
+            )
     return frozenset(out)
 
 
@@ -130,8 +140,11 @@ def user_spec(body: dict[str, Any]) -> UserSpec:
     auth = spec.get("authentication") or {}
     mechanism = TLS if auth.get("type") == "tls" else MECHANISMS.get(auth.get("type", ""))
     if mechanism is None:
-        raise UserProblem("InvalidSpec", f"authentication.type {auth.get('type')!r} is not "
-                          f"one of {', '.join([*MECHANISMS, 'tls'])}")  # fmt: skip
+        raise UserProblem(
+            "InvalidSpec",
+            f"authentication.type {auth.get('type')!r} is not "
+            f"one of {', '.join([*MECHANISMS, 'tls'])}",
+        )
     ref = (((auth.get("password") or {}).get("valueFrom") or {}).get("secretKeyRef")) or None
     password_ref = (ref["name"], ref["key"]) if ref else None
     if password_ref and password_ref[0] == name:
@@ -220,8 +233,9 @@ class UserReconciler:
             )
         value = _secret_value(secret, key)
         if not value:
-            raise UserProblem("PasswordKeyNotFound",
-                              f"Secret '{name}' has no key '{key}' (or it is empty)")  # fmt: skip
+            raise UserProblem(
+                "PasswordKeyNotFound", f"Secret '{name}' has no key '{key}' (or it is empty)"
+            )
         return value
 
     async def reconcile(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -238,13 +252,11 @@ class UserReconciler:
             own = await self.kube.get("v1", "Secret", ns, us.name)
             password = None if us.tls else await self._password(ns, us, own)
             auth = await certificates.admin_auth(self.kube, cspec)
-            async with AdminClient(admin_url(cluster, cspec), self.admin_timeout_s,
-                                   auth) as admin:  # fmt: skip
+            async with AdminClient(admin_url(cluster, cspec), self.admin_timeout_s, auth) as admin:
                 extra = await self._client_settings(cspec)
                 bootstrap = bootstrap_servers(cluster, cspec)
                 if password is None:
-                    rotated = await self._certificate(admin, body, us, cspec, own, bootstrap,
-                                                      extra)  # fmt: skip
+                    rotated = await self._certificate(admin, body, us, cspec, own, bootstrap, extra)
                 else:
                     digest = credential_digest(meta["uid"], us.mechanism, password)
                     rotated = await self._credential(admin, us, password, digest, own)
@@ -267,17 +279,26 @@ class UserReconciler:
         if rotated:
             what = f"certificate ({rotated})" if us.tls else "credential"
             self.emit("Normal", "CredentialSet", f"{us.mechanism} {what} of '{us.name}' set")
-        conds = set_condition(conds, "Ready", True, "Reconciled",
-                              f"user '{us.name}' has its credential and {count} ACL bindings",
-                              generation)  # fmt: skip
+        conds = set_condition(
+            conds,
+            "Ready",
+            True,
+            "Reconciled",
+            f"user '{us.name}' has its credential and {count} ACL bindings",
+            generation,
+        )
         if old.get("conditions") and not _ready(old["conditions"]):
             self.emit("Normal", "Ready", f"user '{us.name}' matches its spec")
         return {**status, "acls": count, "conditions": conds}
 
     async def _credential(
-        self, admin: AdminClient, us: UserSpec, password: str, digest: str,
+        self,
+        admin: AdminClient,
+        us: UserSpec,
+        password: str,
+        digest: str,
         own: dict[str, Any] | None,
-    ) -> bool:  # fmt: skip
+    ) -> bool:
         """Send the password when the cluster lacks the credential or it changed; drop the
         other mechanism's credential. True if the credential was (re)set."""
         try:
@@ -296,20 +317,29 @@ class UserReconciler:
         return changed
 
     async def _certificate(
-        self, admin: AdminClient, body: dict[str, Any], us: UserSpec, cspec: Any,
-        own: dict[str, Any] | None, bootstrap: str, extra: dict[str, str],
-    ) -> str | None:  # fmt: skip
+        self,
+        admin: AdminClient,
+        body: dict[str, Any],
+        us: UserSpec,
+        cspec: Any,
+        own: dict[str, Any] | None,
+        bootstrap: str,
+        extra: dict[str, str],
+    ) -> str | None:
         """A tls User's certificate in its Secret, issued when missing or due; why it was
         issued (None: the stored one is good). A SCRAM credential it had is dropped."""
         if not cspec.kafka_tls:
-            raise UserProblem("ClusterNotTls", f"MQCluster '{cspec.name}' has no "
-                              "listeners.kafka.tls: a tls User needs its cluster CA")  # fmt: skip
-        ca = await self.kube.get("v1", "Secret", cspec.namespace,
-                                 n.cluster_ca_secret(cspec.name))  # fmt: skip
+            raise UserProblem(
+                "ClusterNotTls",
+                f"MQCluster '{cspec.name}' has no "
+                "listeners.kafka.tls: a tls User needs its cluster CA",
+            )
+        ca = await self.kube.get("v1", "Secret", cspec.namespace, n.cluster_ca_secret(cspec.name))
         ca_key, ca_crt = _secret_value(ca, "ca.key"), _secret_value(ca, "ca.crt")
         if not ca_key or not ca_crt:
-            raise UserProblem("ClusterCaNotReady",
-                              f"the cluster CA of '{cspec.name}' is not made yet")  # fmt: skip
+            raise UserProblem(
+                "ClusterCaNotReady", f"the cluster CA of '{cspec.name}' is not made yet"
+            )
         crt, key = _secret_value(own, "user.crt"), _secret_value(own, "user.key")
         why = pki.needs_new(crt, ca_crt, [us.name]) if key else "no certificate yet"
         if why is not None:
@@ -337,8 +367,9 @@ class UserReconciler:
         listener is secured: the cluster CA (`ca.crt`) and `security.protocol`."""
         if not cspec.kafka_tls:
             return {}
-        ca = await self.kube.get("v1", "Secret", cspec.namespace,
-                                 n.cluster_ca_cert_secret(cspec.name))  # fmt: skip
+        ca = await self.kube.get(
+            "v1", "Secret", cspec.namespace, n.cluster_ca_cert_secret(cspec.name)
+        )
         out = {"security.protocol": "SASL_SSL" if cspec.kafka_sasl else "SSL"}
         if crt := _secret_value(ca, "ca.crt"):
             out["ca.crt"] = crt
@@ -348,27 +379,35 @@ class UserReconciler:
         self, body: dict[str, Any], us: UserSpec, data: dict[str, str], digest: str
     ) -> None:
         meta = body["metadata"]
-        await self.kube.apply({
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "type": "Opaque",
-            "metadata": {
-                "name": us.name,
-                "namespace": meta.get("namespace") or "default",
-                "labels": {
-                    "app.kubernetes.io/part-of": "straitmq",
-                    "app.kubernetes.io/managed-by": n.FIELD_MANAGER,
-                    "straitmq.io/cluster": us.cluster,
-                    "straitmq.io/user": us.name,
+        await self.kube.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "type": "Opaque",
+                "metadata": {
+                    "name": us.name,
+                    "namespace": meta.get("namespace") or "default",
+                    "labels": {
+                        "app.kubernetes.io/part-of": "straitmq",
+                        "app.kubernetes.io/managed-by": n.FIELD_MANAGER,
+                        "straitmq.io/cluster": us.cluster,
+                        "straitmq.io/user": us.name,
+                    },
+                    "annotations": {CREDENTIAL_ANNOTATION: digest},
+                    "ownerReferences": [
+                        {
+                            "apiVersion": n.API_VERSION,
+                            "kind": "User",
+                            "name": meta["name"],
+                            "uid": meta["uid"],
+                            "controller": True,
+                            "blockOwnerDeletion": True,
+                        }
+                    ],
                 },
-                "annotations": {CREDENTIAL_ANNOTATION: digest},
-                "ownerReferences": [{
-                    "apiVersion": n.API_VERSION, "kind": "User", "name": meta["name"],
-                    "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True,
-                }],
-            },
-            "data": {k: _b64(v) for k, v in data.items()},
-        })  # fmt: skip
+                "data": {k: _b64(v) for k, v in data.items()},
+            }
+        )
 
     async def _acls(self, admin: AdminClient, us: UserSpec) -> int:
         """Make the principal's bindings exactly the spec's; returns how many it has."""
@@ -376,10 +415,12 @@ class UserReconciler:
             have = [Binding.from_json(b) for b in await admin.acls(us.principal)]
             create, delete = acl_changes(us.acls, have)
             if create or delete:
-                await admin.alter_acls([b.as_json() for b in create],
-                                       [b.as_json() for b in delete])  # fmt: skip
-                self.emit("Normal", "AclsChanged",
-                          f"{len(create)} ACL bindings added, {len(delete)} removed")  # fmt: skip
+                await admin.alter_acls([b.as_json() for b in create], [b.as_json() for b in delete])
+                self.emit(
+                    "Normal",
+                    "AclsChanged",
+                    f"{len(create)} ACL bindings added, {len(delete)} removed",
+                )
         except AdminError as e:
             reason = "InvalidAcl" if e.error_name == "INVALID_REQUEST" else _reason(e)
             raise UserProblem(reason, e.message) from None
@@ -394,8 +435,9 @@ class UserReconciler:
         tls = ((body.get("spec") or {}).get("authentication") or {}).get("type") == "tls"
         principal = principal_of(name, tls)
         try:
-            cluster, cspec = await self._cluster(ns, UserSpec(cluster_name, name, "", None,
-                                                              frozenset()))  # fmt: skip
+            cluster, cspec = await self._cluster(
+                ns, UserSpec(cluster_name, name, "", None, frozenset())
+            )
         except UserProblem as e:
             if e.reason in ("ClusterNotFound", "ClusterInvalid"):
                 return f"cluster gone, nothing to delete: {e.message}"
@@ -409,9 +451,12 @@ class UserReconciler:
                     await admin.alter_acls([], doomed)
             except AdminError as e:
                 raise UserProblem(_reason(e), e.message) from None
-        self.emit("Normal", "Deleted",
-                  f"user '{name}': credential {'deleted' if had else 'already gone'}, "
-                  f"{len(doomed)} ACL bindings removed")  # fmt: skip
+        self.emit(
+            "Normal",
+            "Deleted",
+            f"user '{name}': credential {'deleted' if had else 'already gone'}, "
+            f"{len(doomed)} ACL bindings removed",
+        )
         return "deleted"
 
 

@@ -139,10 +139,14 @@ async def run(config: BrokerConfig, announce: bool = True) -> None:
         sys.exit(78)
     if announce:
         kafka = (
-            ", ".join(f"{ln.name} ({ln.spec.protocol}) {ln.spec.advertised_host}:"
-                      f"{ln.spec.advertised_port}" for ln in broker.listeners)
-            if config.listeners else f"{config.advertised_host}:{config.port}"
-        )  # fmt: skip
+            ", ".join(
+                f"{ln.name} ({ln.spec.protocol}) {ln.spec.advertised_host}:"
+                f"{ln.spec.advertised_port}"
+                for ln in broker.listeners
+            )
+            if config.listeners
+            else f"{config.advertised_host}:{config.port}"
+        )
         print(
             f"StraitMQ broker {config.node_id} ready: kafka {kafka}, "
             f"http {config.http_host}:{config.http_port}, "

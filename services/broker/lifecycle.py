@@ -38,10 +38,13 @@ class Lifecycle:
         # Named listeners register every advertised endpoint; the single default
         # listener registers as before (its host/port are the endpoint).
         endpoints = (
-            {ln.name: [ln.spec.advertised_host, ln.spec.advertised_port]
-             for ln in self.broker.listeners}
-            if c.listeners else None
-        )  # fmt: skip
+            {
+                ln.name: [ln.spec.advertised_host, ln.spec.advertised_port]
+                for ln in self.broker.listeners
+            }
+            if c.listeners
+            else None
+        )
         return {
             "endpoints": endpoints,
             "id": c.node_id,

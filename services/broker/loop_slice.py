@@ -23,8 +23,7 @@ class LoopSlice:
     def due(self) -> bool:
         self._count += 1
         return (
-            self._count % self.check_every == 0
-            and time.monotonic() - self._started >= self.seconds
+            self._count % self.check_every == 0 and time.monotonic() - self._started >= self.seconds
         )
 
     async def pause(self) -> None:

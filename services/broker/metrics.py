@@ -195,9 +195,7 @@ def install(telemetry: Telemetry, broker: Broker) -> None:
     t.observe(C.BROKER_LOG_SIZE, lambda: log_points("size"))
     t.observe(C.BROKER_LOG_SEGMENTS, lambda: log_points("segments"))
     t.observe(C.BROKER_OPEN_SEGMENT_FILES, lambda: [(len(broker.partitions.handles), {})])
-    t.observe(
-        C.BROKER_STORAGE_UNAVAILABLE, lambda: [(len(broker.partitions.unavailable), {})]
-    )
+    t.observe(C.BROKER_STORAGE_UNAVAILABLE, lambda: [(len(broker.partitions.unavailable), {})])
     sessions = broker.fetch_sessions
 
     def session_points(count_partitions: bool) -> Points:

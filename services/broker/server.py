@@ -204,9 +204,15 @@ class KafkaConnection(asyncio.Protocol):
         refusal = security.refusal(api_key)
         if refusal is not None:
             # Kafka's behaviour: the connection closes, the client reports it at once.
-            log.info("closing connection: %s", refusal,
-                     extra={"client": self.client_host, "api_key": api_key,
-                            "listener": self.listener_name})  # fmt: skip
+            log.info(
+                "closing connection: %s",
+                refusal,
+                extra={
+                    "client": self.client_host,
+                    "api_key": api_key,
+                    "listener": self.listener_name,
+                },
+            )
             self.close()
             return
         spec = HANDLERS.get(api_key)
@@ -229,9 +235,15 @@ class KafkaConnection(asyncio.Protocol):
             self.close()
             return
         ctx = RequestContext(
-            broker, api_key, version, correlation_id, header.client_id, self.client_host,
-            self.listener_name, security,
-        )  # fmt: skip
+            broker,
+            api_key,
+            version,
+            correlation_id,
+            header.client_id,
+            self.client_host,
+            self.listener_name,
+            security,
+        )
         metrics = broker.metrics
         metrics.requests[api_key] += 1
         key = api_key if api_key != 1 or body.replica_id < 0 else FOLLOWER_FETCH_KEY
@@ -363,7 +375,6 @@ class KafkaConnection(asyncio.Protocol):
                 loop.remove_writer(self._dup_fd)
             if self.closed:
                 raise ConnectionError("closed")
-
 
     async def _send_copy(self, piece: ReadSlice) -> None:
         """TLS encrypts in user space, so a file range cannot go by sendfile: read it in

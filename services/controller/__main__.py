@@ -22,10 +22,14 @@ from .raft.core import RaftConfig
 
 # The settings of a controller's HTTP port (see straitmq.broker.security.http_security),
 # and how it checks the voters and brokers calling it.
-SECURITY_KEYS = HTTP_KEYS | ACL_KEYS | {
-    "ssl.truststore.location",
-    "ssl.endpoint.identification.algorithm",
-}
+SECURITY_KEYS = (
+    HTTP_KEYS
+    | ACL_KEYS
+    | {
+        "ssl.truststore.location",
+        "ssl.endpoint.identification.algorithm",
+    }
+)
 
 
 def build(argv: list[str] | None = None) -> ControllerNode:

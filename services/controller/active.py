@@ -327,8 +327,9 @@ class ActiveController:
                 def build_offline(image: MetadataImage) -> list[Record]:
                     return on_replicas_offline(image, bid, offline)
 
-                log.warning("replicas offline on broker", extra={"broker": bid,
-                            "replicas": len(offline)})  # fmt: skip
+                log.warning(
+                    "replicas offline on broker", extra={"broker": bid, "replicas": len(offline)}
+                )
                 await self._commit(build_offline, atomic=False)
         b = self.image.brokers[bid]
         # Only a leaving broker asks (a scan of every partition, not for each heartbeat).
@@ -560,8 +561,15 @@ class ActiveController:
                 continue
             assert t is not None
             p = t.partitions[int(it["index"])]
-            answers.append({"error_code": 0, "leader": p.leader, "leader_epoch": p.leader_epoch,
-                            "partition_epoch": p.partition_epoch, "isr": p.isr})  # fmt: skip
+            answers.append(
+                {
+                    "error_code": 0,
+                    "leader": p.leader,
+                    "leader_epoch": p.leader_epoch,
+                    "partition_epoch": p.partition_epoch,
+                    "isr": p.isr,
+                }
+            )
         return {"offset": offset, "partitions": answers}
 
     async def reassign(self, req: dict) -> dict:

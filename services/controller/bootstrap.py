@@ -56,5 +56,7 @@ def parse_add_scram(value: str) -> dict:
     assert mechanism in MECHANISMS
     salt = secrets.token_bytes(32)
     salted = salted_password(mechanism, password, salt, iterations)
-    return {"type": "user_scram_credential",
-            **credential_record(name, mechanism, salt, iterations, salted)}  # fmt: skip
+    return {
+        "type": "user_scram_credential",
+        **credential_record(name, mechanism, salt, iterations, salted),
+    }

@@ -139,4 +139,3 @@ def unclean_offline_elections(image: MetadataImage, topic: str) -> list[Record]:
     replica now, not at the next broker change."""
     alive = {b.id for b in image.live_brokers()}
     return _offline_elections(image.topics[topic], alive, True)
-

@@ -21,8 +21,21 @@ if TYPE_CHECKING:
 
 # Metadata commits take a few fsyncs and a round trip: sub-millisecond to seconds.
 COMMIT_BUCKETS_S = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-)  # fmt: skip
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 
 Points = Iterator[tuple[float, dict[str, Any]]]
 

@@ -302,9 +302,14 @@ def alter_partitions(
         seen.add(key)
         try:
             records += alter_partition(
-                image, broker, key[0], key[1], int(it["leader_epoch"]),
-                int(it["partition_epoch"]), [int(r) for r in it["isr"]],
-            )  # fmt: skip
+                image,
+                broker,
+                key[0],
+                key[1],
+                int(it["leader_epoch"]),
+                int(it["partition_epoch"]),
+                [int(r) for r in it["isr"]],
+            )
         except ControllerError as e:
             refused[i] = e
     return records, refused

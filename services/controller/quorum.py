@@ -97,7 +97,12 @@ class Quorum:
         self.config = config or RaftConfig()
         self.storage = FileStorage(os.path.join(data_dir, "metadata-raft"))
         self.node = RaftNode(
-            node_id, frozenset(voters), self.storage, self.config, random.Random(), now_ms(),
+            node_id,
+            frozenset(voters),
+            self.storage,
+            self.config,
+            random.Random(),
+            now_ms(),
             persist_inline=False,
         )
         # Storage ops handed out by the node, written by one worker thread at a time;

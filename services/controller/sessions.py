@@ -97,9 +97,11 @@ class BrokerSessions:
         """
         s = self._s.get(bid)
         return (
-            s is not None and s.incarnation == incarnation and s.streams == 0
+            s is not None
+            and s.incarnation == incarnation
+            and s.streams == 0
             and (s.armed or s.unheard)
-        )  # fmt: skip
+        )
 
     def needs_grace(self, bid: int) -> bool:
         s = self._s.get(bid)

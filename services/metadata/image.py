@@ -103,9 +103,7 @@ class MetadataImage:
     acls: dict[tuple, None] = field(default_factory=dict)
     # A new value whenever `acls` changes, unique across images: authorizers drop their
     # cached decisions when it moves.
-    acls_version: int = field(
-        default_factory=lambda: next(_versions), repr=False, compare=False
-    )
+    acls_version: int = field(default_factory=lambda: next(_versions), repr=False, compare=False)
     # Bumped by every record that changes a topic / any broker: what is built from the
     # image (snapshot bytes, Metadata answers) is cached against these.
     topic_versions: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
@@ -117,9 +115,7 @@ class MetadataImage:
     )
     # Each topic's snapshot encoding with the topic version it was made at: a snapshot
     # re-encodes only what changed since the last one.
-    _encoded: dict[str, tuple[int, bytes]] = field(
-        default_factory=dict, repr=False, compare=False
-    )
+    _encoded: dict[str, tuple[int, bytes]] = field(default_factory=dict, repr=False, compare=False)
 
     def partition(self, topic: str, index: int) -> PartitionImage | None:
         t = self.topics.get(topic)
@@ -201,9 +197,10 @@ class MetadataImage:
             version = self.topic_versions.get(name, 0)
             hit = old.get(name)
             cache[name] = (
-                hit if hit is not None and hit[0] == version
+                hit
+                if hit is not None and hit[0] == version
                 else (version, orjson.dumps(_topic_dict(t)))
-            )  # fmt: skip
+            )
         self._encoded = cache
         topics = [b for _, b in cache.values()]
         rest = orjson.dumps(
@@ -260,7 +257,14 @@ class MetadataImage:
 
 def _copy_broker(b: BrokerImage) -> BrokerImage:
     return BrokerImage(
-        b.id, b.incarnation, b.host, b.port, b.http_port, b.rack, b.fenced, b.shutting_down,
+        b.id,
+        b.incarnation,
+        b.host,
+        b.port,
+        b.http_port,
+        b.rack,
+        b.fenced,
+        b.shutting_down,
         b.endpoints,
     )
 
@@ -318,7 +322,12 @@ def _topic_changed(img: MetadataImage, name: str) -> None:
 def _register_broker(img: MetadataImage, r: Record) -> None:
     img.brokers_version += 1
     img.brokers[r["id"]] = BrokerImage(
-        r["id"], r["incarnation"], r["host"], r["port"], r["http_port"], r.get("rack"),
+        r["id"],
+        r["incarnation"],
+        r["host"],
+        r["port"],
+        r["http_port"],
+        r.get("rack"),
         endpoints=dict(r.get("endpoints") or {}),
     )
 

@@ -121,8 +121,9 @@ class Node:
     def get(self, path: str, timeout: float = 2.0) -> dict | None:
         """The node's JSON answer to GET `path`, or None if it refuses or is not up."""
         try:
-            return request_sync(f"http://{self.host}:{self.http_port}", "GET", path,
-                                timeout_s=timeout)  # fmt: skip
+            return request_sync(
+                f"http://{self.host}:{self.http_port}", "GET", path, timeout_s=timeout
+            )
         except AdminError:
             return None
 
@@ -194,31 +195,47 @@ class LocalCluster:
 
     def _controller_cmd(self, cid: int) -> list[str]:
         return [
-            self.python, "-m", "straitmq.controller",
-            "--node-id", str(cid),
-            "--voters", self.voters,
-            "--cluster-id", self.cluster_id,
-            "--data-dir", os.path.join(self.data_dir, f"controller-{cid}"),
-            "--log-level", self.log_level,
+            self.python,
+            "-m",
+            "straitmq.controller",
+            "--node-id",
+            str(cid),
+            "--voters",
+            self.voters,
+            "--cluster-id",
+            self.cluster_id,
+            "--data-dir",
+            os.path.join(self.data_dir, f"controller-{cid}"),
+            "--log-level",
+            self.log_level,
             *self.controller_args,
-        ]  # fmt: skip
+        ]
 
     def add_broker(
         self, bid: int, kafka_port: int, http_port: int, rack: str | None = None
     ) -> Node:
         host = self.node_hosts.get(f"broker-{bid}", "127.0.0.1")
         args = [
-            self.python, "-m", "straitmq.broker",
-            "--node-id", str(bid),
-            "--cluster-id", self.cluster_id,
-            "--controllers", self.voters,
-            "--data-dir", os.path.join(self.data_dir, f"broker-{bid}"),
-            "--listen", f"{host}:{kafka_port}",
-            "--http", f"{host}:{http_port}",
-            "--log-level", self.log_level,
+            self.python,
+            "-m",
+            "straitmq.broker",
+            "--node-id",
+            str(bid),
+            "--cluster-id",
+            self.cluster_id,
+            "--controllers",
+            self.voters,
+            "--data-dir",
+            os.path.join(self.data_dir, f"broker-{bid}"),
+            "--listen",
+            f"{host}:{kafka_port}",
+            "--http",
+            f"{host}:{http_port}",
+            "--log-level",
+            self.log_level,
             *(["--rack", rack] if rack else []),
             *self.broker_args,
-        ]  # fmt: skip
+        ]
         node = Node(
             "broker",
             bid,
@@ -248,9 +265,11 @@ class LocalCluster:
 
     def wait_ready(self, wait_s: float = 60.0, brokers: list[int] | None = None) -> None:
         deadline = time.monotonic() + wait_s
-        want = brokers if brokers is not None else [
-            b for b, n in self.brokers.items() if not n.stopped
-        ]
+        want = (
+            brokers
+            if brokers is not None
+            else [b for b, n in self.brokers.items() if not n.stopped]
+        )
         while time.monotonic() < deadline:
             for n in self.nodes():
                 if not n.stopped and n.proc is not None and n.proc.poll() is not None:

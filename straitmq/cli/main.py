@@ -105,8 +105,12 @@ def _up_cluster(a: argparse.Namespace) -> None:
         kafka_base=int(port),
         http_base=int(http_port),
         controller_base=a.controller_port,
-        broker_args=["--default-replication-factor", str(min(3, a.brokers)),
-                     "--offsets-topic-replication-factor", str(min(3, a.brokers))],
+        broker_args=[
+            "--default-replication-factor",
+            str(min(3, a.brokers)),
+            "--offsets-topic-replication-factor",
+            str(min(3, a.brokers)),
+        ],
         log_level=a.log_level,
     )
     stop = False
@@ -325,10 +329,14 @@ def cmd_group(a: argparse.Namespace) -> None:
         return
     g = _request(a.http, "GET", f"/api/v1/groups/{urllib.parse.quote(a.group)}")
     kind = g.get("type", "classic")
-    epochs = f"generation {_or_dash(g.get('group_epoch'))}" if kind == "classic" else (
-        f"group epoch {_or_dash(g.get('group_epoch'))}  "
-        f"assignment epoch {_or_dash(g.get('assignment_epoch'))}"
-    )  # fmt: skip
+    epochs = (
+        f"generation {_or_dash(g.get('group_epoch'))}"
+        if kind == "classic"
+        else (
+            f"group epoch {_or_dash(g.get('group_epoch'))}  "
+            f"assignment epoch {_or_dash(g.get('assignment_epoch'))}"
+        )
+    )
     print(
         f"group {g['group_id']}  type {kind}  state {g['state']}  {epochs}  "
         f"assignor {_or_dash(g.get('assignor'))}  members {len(g['members'])}"
@@ -543,24 +551,41 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="strait", description="StraitMQ command line.")
     p.add_argument("--http", default=DEFAULT_HTTP, help="broker HTTP API (default %(default)s)")
     env = os.environ.get
-    p.add_argument("--ca-file", default=env("STRAIT_CA_FILE"),
-                   help="CA file (PEM) the broker's https certificate chains to ($STRAIT_CA_FILE)")
-    p.add_argument("--cert", default=env("STRAIT_CERT"),
-                   help="client certificate (PEM) for mTLS ($STRAIT_CERT)")
-    p.add_argument("--key", default=env("STRAIT_KEY"),
-                   help="its private key, if not in the --cert file ($STRAIT_KEY)")
-    p.add_argument("--user", default=env("STRAIT_USER"),
-                   help="HTTP Basic user ($STRAIT_USER); the password from $STRAIT_PASSWORD "
-                   "or --password")
-    p.add_argument("--password", default=env("STRAIT_PASSWORD"),
-                   help="HTTP Basic password (prefer $STRAIT_PASSWORD: arguments are visible "
-                   "to other users of the machine)")  # fmt: skip
-    p.add_argument("--command-config", metavar="FILE",
-                   help="a Kafka client properties file, as Kafka's tools take it "
-                   "(ssl.ca.location or ssl.truststore.location, ssl.keystore.location or "
-                   "ssl.certificate.location/ssl.key.location, sasl.jaas.config or "
-                   "sasl.username/sasl.password): the same credentials for the HTTP API; "
-                   "the flags above win")  # fmt: skip
+    p.add_argument(
+        "--ca-file",
+        default=env("STRAIT_CA_FILE"),
+        help="CA file (PEM) the broker's https certificate chains to ($STRAIT_CA_FILE)",
+    )
+    p.add_argument(
+        "--cert",
+        default=env("STRAIT_CERT"),
+        help="client certificate (PEM) for mTLS ($STRAIT_CERT)",
+    )
+    p.add_argument(
+        "--key",
+        default=env("STRAIT_KEY"),
+        help="its private key, if not in the --cert file ($STRAIT_KEY)",
+    )
+    p.add_argument(
+        "--user",
+        default=env("STRAIT_USER"),
+        help="HTTP Basic user ($STRAIT_USER); the password from $STRAIT_PASSWORD or --password",
+    )
+    p.add_argument(
+        "--password",
+        default=env("STRAIT_PASSWORD"),
+        help="HTTP Basic password (prefer $STRAIT_PASSWORD: arguments are visible "
+        "to other users of the machine)",
+    )
+    p.add_argument(
+        "--command-config",
+        metavar="FILE",
+        help="a Kafka client properties file, as Kafka's tools take it "
+        "(ssl.ca.location or ssl.truststore.location, ssl.keystore.location or "
+        "ssl.certificate.location/ssl.key.location, sasl.jaas.config or "
+        "sasl.username/sasl.password): the same credentials for the HTTP API; "
+        "the flags above win",
+    )
     # What --command-config's ssl.endpoint.identification.algorithm may turn off.
     p.set_defaults(check_hostname=True)
     sub = p.add_subparsers(dest="command", required=True)
@@ -660,8 +685,11 @@ def build_parser() -> argparse.ArgumentParser:
         "rack-from-node",
         help="write a Kubernetes node's rack label to a file (the broker pods' init step)",
     )
-    rack.add_argument("--node", default=os.environ.get("NODE_NAME"),
-                      help="the node's name (default: $NODE_NAME, from spec.nodeName)")
+    rack.add_argument(
+        "--node",
+        default=os.environ.get("NODE_NAME"),
+        help="the node's name (default: $NODE_NAME, from spec.nodeName)",
+    )
     rack.add_argument("--label", required=True, help="the node label that names the rack")
     rack.add_argument("--out", required=True, help="the file to write the rack to")
     rack.set_defaults(func=cmd_rack_from_node)
@@ -677,18 +705,25 @@ def _apply_command_config(args: argparse.Namespace) -> None:
     conf = librdkafka_config(read_properties(args.command_config))
     for inline in ("ssl.ca.pem", "ssl.certificate.pem", "ssl.key.pem"):
         if inline in conf:
-            raise ValueError(f"{inline} (certificates inline) is not read by strait; "
-                             "give PEM files (ssl.ca.location, ssl.keystore.location)")  # fmt: skip
+            raise ValueError(
+                f"{inline} (certificates inline) is not read by strait; "
+                "give PEM files (ssl.ca.location, ssl.keystore.location)"
+            )
     if "ssl.keystore.location" in conf:  # librdkafka's name for a PKCS#12 keystore
-        raise ValueError("a PKCS12 keystore is not read by strait; give a PEM keystore "
-                         "(ssl.keystore.type=PEM) or ssl.certificate.location")  # fmt: skip
+        raise ValueError(
+            "a PKCS12 keystore is not read by strait; give a PEM keystore "
+            "(ssl.keystore.type=PEM) or ssl.certificate.location"
+        )
     if conf.get("ssl.key.password"):
-        raise ValueError("an encrypted private key is not read by strait; give an "
-                         "unencrypted PEM key")  # fmt: skip
+        raise ValueError(
+            "an encrypted private key is not read by strait; give an unencrypted PEM key"
+        )
     protocol = conf.get("security.protocol", "PLAINTEXT").upper()
     if protocol.startswith("SASL_") and not conf.get("sasl.username"):
-        raise ValueError(f"security.protocol={protocol} needs sasl.jaas.config "
-                         "(or sasl.username and sasl.password)")  # fmt: skip
+        raise ValueError(
+            f"security.protocol={protocol} needs sasl.jaas.config "
+            "(or sasl.username and sasl.password)"
+        )
     args.ca_file = args.ca_file or conf.get("ssl.ca.location")
     # Java's "" and librdkafka's "none" turn the host name check off, as for the listener.
     args.check_hostname = conf.get("ssl.endpoint.identification.algorithm") != "none"
@@ -697,9 +732,7 @@ def _apply_command_config(args: argparse.Namespace) -> None:
         args.key = args.key or conf.get("ssl.key.location")
     if not args.user and conf.get("sasl.username"):
         args.user = conf["sasl.username"]
-        args.password = args.password if args.password is not None else conf.get(
-            "sasl.password"
-        )
+        args.password = args.password if args.password is not None else conf.get("sasl.password")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -716,9 +749,14 @@ def main(argv: list[str] | None = None) -> None:
         if args.user and args.password is None:
             print("strait: --user needs a password: set $STRAIT_PASSWORD", file=sys.stderr)
             sys.exit(1)
-        _auth = AdminAuth(ca_file=args.ca_file, cert_file=args.cert, key_file=args.key,
-                          username=args.user, password=args.password,
-                          check_hostname=args.check_hostname)  # fmt: skip
+        _auth = AdminAuth(
+            ca_file=args.ca_file,
+            cert_file=args.cert,
+            key_file=args.key,
+            username=args.user,
+            password=args.password,
+            check_hostname=args.check_hostname,
+        )
     try:
         args.func(args)
     except CliError as e:

@@ -25,9 +25,24 @@ from opentelemetry.sdk.metrics.export import (
 # Seconds. Kafka requests range from tens of microseconds (a metadata lookup) to the
 # long-poll wait of a fetch (up to fetch.max.wait.ms, 500 ms by default, 30 s at most).
 LATENCY_BUCKETS_S: tuple[float, ...] = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-)  # fmt: skip
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
 
 
 class FastHistogram:

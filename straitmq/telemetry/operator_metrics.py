@@ -27,8 +27,15 @@ KINDS = ("MQCluster", "Topic", "User")
 # the Kubernetes client's refusals (every status code and client flavour), the brokers'
 # admin API, a Topic or User its cluster cannot serve (on deletion), the API server
 # unreachable (urllib3), timeouts and other I/O. Anything else is named by its own class.
-ERROR_TYPES = ("ApiException", "AdminError", "TopicProblem", "UserProblem", "HTTPError",
-               "TimeoutError", "OSError")  # fmt: skip
+ERROR_TYPES = (
+    "ApiException",
+    "AdminError",
+    "TopicProblem",
+    "UserProblem",
+    "HTTPError",
+    "TimeoutError",
+    "OSError",
+)
 
 
 def error_type(e: BaseException) -> str:

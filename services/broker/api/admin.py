@@ -403,8 +403,12 @@ async def handle_init_producer_id(ctx: RequestContext, req: Any) -> dict:
         }
     # Kafka 3+: IDEMPOTENT_WRITE on the cluster, or WRITE on some topic (KIP-679).
     if not ctx.cluster_allowed(IDEMPOTENT_WRITE) and not _writes_some_topic(ctx):
-        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
-                "producer_id": -1, "producer_epoch": -1}  # fmt: skip
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.cluster_authorization_failed,
+            "producer_id": -1,
+            "producer_epoch": -1,
+        }
     try:
         pid = await ctx.broker.next_producer_id()
     except ControllerError as e:
@@ -422,8 +426,11 @@ async def handle_describe_log_dirs(ctx: RequestContext, req: Any) -> dict:
     the size of each replica it holds and how far its log end is behind the high
     watermark; v4 adds the volume's total and usable bytes."""
     if not ctx.cluster_allowed(DESCRIBE):
-        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
-                "results": []}  # fmt: skip
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.cluster_authorization_failed,
+            "results": [],
+        }
     pm = ctx.broker.partitions
     wanted = None if req.topics is None else {t.topic: set(t.partitions) for t in req.topics}
     topics: dict[str, list[dict]] = {}

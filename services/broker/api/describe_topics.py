@@ -62,14 +62,27 @@ def _missing(name: str) -> dict:
         error = ErrorCode.unknown_topic_or_partition
     except ControllerError:
         error = ErrorCode.invalid_topic_exception
-    return {"error_code": error, "name": name, "topic_id": ZERO_UUID,
-            "is_internal": name in INTERNAL_TOPICS, "partitions": []}  # fmt: skip
+    return {
+        "error_code": error,
+        "name": name,
+        "topic_id": ZERO_UUID,
+        "is_internal": name in INTERNAL_TOPICS,
+        "partitions": [],
+    }
 
 
 def _refused(req: Any, error: int) -> dict:
     """Kafka's getErrorResponse: every requested topic with the error, nothing else."""
-    topics = [{"error_code": error, "name": t.name, "topic_id": ZERO_UUID, "is_internal": False,
-               "partitions": []} for t in req.topics]  # fmt: skip
+    topics = [
+        {
+            "error_code": error,
+            "name": t.name,
+            "topic_id": ZERO_UUID,
+            "is_internal": False,
+            "partitions": [],
+        }
+        for t in req.topics
+    ]
     return {"throttle_time": 0, "topics": topics, "next_cursor": None}
 
 
@@ -94,8 +107,9 @@ async def handle_describe_topic_partitions(ctx: RequestContext, req: Any) -> dic
             break
         if not ctx.allowed(DESCRIBE, TOPIC, name):
             if not every:  # named: refused; listing everything: left out (Kafka)
-                topics.append({**_missing(name),
-                               "error_code": ErrorCode.topic_authorization_failed})  # fmt: skip
+                topics.append(
+                    {**_missing(name), "error_code": ErrorCode.topic_authorization_failed}
+                )
             continue
         topic = image.topics.get(name)
         if topic is None:
@@ -104,10 +118,16 @@ async def handle_describe_topic_partitions(ctx: RequestContext, req: Any) -> dic
             continue
         start = cursor.partition_index if cursor is not None and name == after else 0
         parts, resume = _partitions(image, name, start, remaining)
-        topics.append({"error_code": 0, "name": name, "topic_id": topic.topic_id,
-                       "is_internal": topic.internal, "partitions": parts,
-                       "topic_authorized_operations":
-                           ctx.authorized_operations(TOPIC, name)})  # fmt: skip
+        topics.append(
+            {
+                "error_code": 0,
+                "name": name,
+                "topic_id": topic.topic_id,
+                "is_internal": topic.internal,
+                "partitions": parts,
+                "topic_authorized_operations": ctx.authorized_operations(TOPIC, name),
+            }
+        )
         if resume != -1:
             next_cursor = {"topic_name": name, "partition_index": resume}
             break

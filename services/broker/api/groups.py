@@ -273,11 +273,21 @@ def _offset_fetch_group(
         # fetch and answered TOPIC_AUTHORIZATION_FAILED when named.
         if not ctx.allowed(DESCRIBE, TOPIC, name):
             if req is not None:
-                topics.append({"name": name, "partitions": [
-                    {"partition_index": p, "committed_offset": -1, "committed_leader_epoch": -1,
-                     "metadata": "", "error_code": ErrorCode.topic_authorization_failed}
-                    for p in parts
-                ]})  # fmt: skip
+                topics.append(
+                    {
+                        "name": name,
+                        "partitions": [
+                            {
+                                "partition_index": p,
+                                "committed_offset": -1,
+                                "committed_leader_epoch": -1,
+                                "metadata": "",
+                                "error_code": ErrorCode.topic_authorization_failed,
+                            }
+                            for p in parts
+                        ],
+                    }
+                )
             continue
         out = []
         for p in parts:
@@ -302,8 +312,13 @@ async def handle_describe_groups(ctx: RequestContext, req: Any) -> dict:
         if d.get("protocol_type") == "consumer" and ctx.broker.groups.group_type(gid) == "consumer":
             # Kafka 4.1 (DescribeGroups v0-5): a KIP-848 group is not a classic group, so it
             # is answered as Dead; clients describe it with ConsumerGroupDescribe.
-            d = {**d, "group_state": "Dead", "protocol_type": "", "protocol_data": "",
-                 "members": []}  # fmt: skip
+            d = {
+                **d,
+                "group_state": "Dead",
+                "protocol_type": "",
+                "protocol_data": "",
+                "members": [],
+            }
         code = not_coordinator(ctx, gid) if gid else ErrorCode.invalid_group_id
         if gid and not ctx.allowed(DESCRIBE, GROUP, gid):
             code = _GROUP_DENIED
@@ -343,8 +358,11 @@ async def handle_delete_groups(ctx: RequestContext, req: Any) -> dict:
     results = [
         {
             "group_id": gid,
-            "error_code": (_GROUP_DENIED if not ctx.allowed(DELETE, GROUP, gid)
-                           else not_coordinator(ctx, gid) or _delete_group(ctx, gid)),
+            "error_code": (
+                _GROUP_DENIED
+                if not ctx.allowed(DELETE, GROUP, gid)
+                else not_coordinator(ctx, gid) or _delete_group(ctx, gid)
+            ),
         }
         for gid in req.groups_names
     ]
@@ -414,14 +432,23 @@ async def handle_consumer_group_describe(ctx: RequestContext, req: Any) -> dict:
         else:
             code, message, group = ctx.broker.groups.consumer_describe(gid)
         if group is None:
-            group = {"group_id": gid, "group_state": "", "group_epoch": -1,
-                     "assignment_epoch": -1, "assignor_name": "", "members": []}  # fmt: skip
+            group = {
+                "group_id": gid,
+                "group_state": "",
+                "group_epoch": -1,
+                "assignment_epoch": -1,
+                "assignor_name": "",
+                "members": [],
+            }
         else:
             group["members"] = [
-                {**m, "assignment": assignment(m["assignment"]),
-                 "target_assignment": assignment(m["target_assignment"])}
+                {
+                    **m,
+                    "assignment": assignment(m["assignment"]),
+                    "target_assignment": assignment(m["target_assignment"]),
+                }
                 for m in group["members"]
-            ]  # fmt: skip
+            ]
         if code == 0 and req.include_authorized_operations:
             group["authorized_operations"] = ctx.authorized_operations(GROUP, gid)
         groups.append({"error_code": code, "error_message": message, **group})
@@ -442,8 +469,11 @@ async def handle_consumer_group_heartbeat(ctx: RequestContext, req: Any) -> dict
     if code := _no_read(ctx, req.group_id) or not_coordinator(ctx, req.group_id):
         return {**answer, "error_code": code}
     if _is_share_group(ctx, req.group_id):
-        return {**answer, "error_code": ErrorCode.group_id_not_found,
-                "error_message": f"Group {req.group_id} is not a consumer group."}  # fmt: skip
+        return {
+            **answer,
+            "error_code": ErrorCode.group_id_not_found,
+            "error_message": f"Group {req.group_id} is not a consumer group.",
+        }
     names = req.subscribed_topic_names
     owned = req.topic_partitions
     r = await ctx.broker.groups.consumer_heartbeat(

@@ -139,8 +139,9 @@ def _answer(ctx: RequestContext, head: dict, topics: list[bytes]) -> RawResponse
     is fixed by the version: v8-10's cluster operations, v9+'s empty tagged fields."""
     v = ctx.version
     flexible = v >= 9
-    empty = encode_response(3, v, ctx.correlation_id,
-                            build(response_schema(3, v), {**head, "topics": ()}))  # fmt: skip
+    empty = encode_response(
+        3, v, ctx.correlation_id, build(response_schema(3, v), {**head, "topics": ()})
+    )
     tail = (4 if 8 <= v <= 10 else 0) + (1 if flexible else 0)
     at = len(empty) - tail - (1 if flexible else 4)
     count = uvarint(len(topics) + 1) if flexible else _I32.pack(len(topics))
@@ -246,8 +247,14 @@ async def handle_metadata(ctx: RequestContext, req: Any) -> RawResponse:
             if name is not None and ctx.allowed(DESCRIBE, TOPIC, name):
                 add_known(name)
             else:
-                add_error({"error_code": ErrorCode.unknown_topic_id, "name": None,
-                           "topic_id": t.topic_id, "partitions": []})  # fmt: skip
+                add_error(
+                    {
+                        "error_code": ErrorCode.unknown_topic_id,
+                        "name": None,
+                        "topic_id": t.topic_id,
+                        "partitions": [],
+                    }
+                )
     for name in names:
         # Kafka: all topics lists only those the principal may DESCRIBE; a named topic
         # it may not is TOPIC_AUTHORIZATION_FAILED, whether it exists or not.
@@ -264,8 +271,9 @@ async def handle_metadata(ctx: RequestContext, req: Any) -> RawResponse:
                     await broker.control("create_topic", {"name": name})
                 except ControllerError as e:
                     if e.code != ErrorCode.topic_already_exists:  # a concurrent create won
-                        add_error({"error_code": e.code, "name": name, "topic_id": None,
-                                   "partitions": []})  # fmt: skip
+                        add_error(
+                            {"error_code": e.code, "name": name, "topic_id": None, "partitions": []}
+                        )
                         continue
         if name in broker.image.topics:
             add_known(name)
@@ -283,8 +291,13 @@ async def handle_metadata(ctx: RequestContext, req: Any) -> RawResponse:
 
 
 def _refused(name: str) -> dict:
-    return {"error_code": ErrorCode.topic_authorization_failed, "name": name,
-            "topic_id": None, "is_internal": False, "partitions": []}  # fmt: skip
+    return {
+        "error_code": ErrorCode.topic_authorization_failed,
+        "name": name,
+        "topic_id": None,
+        "is_internal": False,
+        "partitions": [],
+    }
 
 
 async def handle_describe_cluster(ctx: RequestContext, req: Any) -> dict:

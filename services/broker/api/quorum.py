@@ -38,8 +38,12 @@ def _nodes(voter_urls: dict[str, str]) -> list[dict]:
 async def handle_describe_quorum(ctx: RequestContext, req: Any) -> dict:
     if not ctx.cluster_allowed(DESCRIBE):
         why = "DESCRIBE on the cluster is needed"
-        return {"error_code": ErrorCode.cluster_authorization_failed, "error_message": why,
-                "topics": [], "nodes": []}  # fmt: skip
+        return {
+            "error_code": ErrorCode.cluster_authorization_failed,
+            "error_message": why,
+            "topics": [],
+            "nodes": [],
+        }
     try:
         st = await ctx.broker.controller.call("describe_quorum", {}, within_s=10.0)
     except ControllerError as e:

@@ -26,8 +26,12 @@ async def handle_alter_partition_reassignments(ctx: RequestContext, req: Any) ->
     (Kafka applies them independently too). `replicas` null cancels."""
     broker = ctx.broker
     if not ctx.cluster_allowed(ALTER):
-        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
-                "error_message": "ALTER on the cluster is needed", "responses": []}  # fmt: skip
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.cluster_authorization_failed,
+            "error_message": "ALTER on the cluster is needed",
+            "responses": [],
+        }
     responses = []
     for t in req.topics:
         results = []
@@ -65,8 +69,12 @@ async def handle_list_partition_reassignments(ctx: RequestContext, req: Any) -> 
     """Ongoing reassignments, all or of the named partitions (unknown topics and
     partitions that are not moving are left out, as in Kafka)."""
     if not ctx.cluster_allowed(DESCRIBE):
-        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
-                "error_message": "DESCRIBE on the cluster is needed", "topics": []}  # fmt: skip
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.cluster_authorization_failed,
+            "error_message": "DESCRIBE on the cluster is needed",
+            "topics": [],
+        }
     try:
         reply = await ctx.broker.control("list_reassignments", {})
     except ControllerError as e:
@@ -129,8 +137,11 @@ async def handle_elect_leaders(ctx: RequestContext, req: Any) -> dict:
     whether it got there."""
     kind = getattr(req, "election_type", PREFERRED)
     if not ctx.cluster_allowed(ALTER):
-        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
-                "replica_election_results": []}  # fmt: skip
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.cluster_authorization_failed,
+            "replica_election_results": [],
+        }
     try:
         await ctx.broker.catch_up_metadata()
     except ControllerError:

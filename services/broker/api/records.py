@@ -50,12 +50,20 @@ def _delete_on_leader(broker: Any, topic: str, index: int, offset: int) -> tuple
         except OffsetOutOfRange:  # the high watermark is never above the log end
             return ErrorCode.offset_out_of_range, INVALID_LOW_WATERMARK
         except OSError as e:
-            log.warning("DeleteRecords could not move the log start",
-                        extra={"topic": topic, "partition": index, "error": str(e)})  # fmt: skip
+            log.warning(
+                "DeleteRecords could not move the log start",
+                extra={"topic": topic, "partition": index, "error": str(e)},
+            )
             return ErrorCode.kafka_storage_error, INVALID_LOW_WATERMARK
-        log.info("log start moved by DeleteRecords",
-                 extra={"topic": topic, "partition": index, "log_start": target,
-                        "segments_deleted": dropped})  # fmt: skip
+        log.info(
+            "log start moved by DeleteRecords",
+            extra={
+                "topic": topic,
+                "partition": index,
+                "log_start": target,
+                "segments_deleted": dropped,
+            },
+        )
         # Parked fetches answer now: consumers below the start get OFFSET_OUT_OF_RANGE
         # and followers learn the new log start from the answer.
         part._wake()
@@ -78,8 +86,11 @@ async def handle_delete_records(ctx: RequestContext, req: Any) -> dict:
     async def one(name: str, index: int, offset: int) -> dict:
         if not ctx.allowed(ACL_DELETE, TOPIC, name):
             error = ErrorCode.topic_authorization_failed
-            return {"partition_index": index, "low_watermark": INVALID_LOW_WATERMARK,
-                    "error_code": error}  # fmt: skip
+            return {
+                "partition_index": index,
+                "low_watermark": INVALID_LOW_WATERMARK,
+                "error_code": error,
+            }
         error, target = _delete_on_leader(broker, name, index, offset)
         low = INVALID_LOW_WATERMARK
         if not error:

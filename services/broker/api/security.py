@@ -57,8 +57,12 @@ async def handle_sasl_authenticate(ctx: RequestContext, req: Any) -> dict:
 
 async def handle_describe_user_scram_credentials(ctx: RequestContext, req: Any) -> dict:
     if not ctx.cluster_allowed(DESCRIBE):
-        return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
-                "error_message": "DESCRIBE on the cluster is needed", "results": []}  # fmt: skip
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.cluster_authorization_failed,
+            "error_message": "DESCRIBE on the cluster is needed",
+            "results": [],
+        }
     creds = ctx.broker.image.scram_credentials
     if req.users is None or len(req.users) == 0:
         names = sorted(creds)
@@ -70,8 +74,9 @@ async def handle_describe_user_scram_credentials(ctx: RequestContext, req: Any) 
     seen: set[str] = set()
     for name in names:
         if name in seen:
-            results.append(_user_error(name, ErrorCode.duplicate_resource,
-                                       f"user {name!r} is asked for twice"))  # fmt: skip
+            results.append(
+                _user_error(name, ErrorCode.duplicate_resource, f"user {name!r} is asked for twice")
+            )
             continue
         seen.add(name)
         mine = creds.get(name)
@@ -80,15 +85,17 @@ async def handle_describe_user_scram_credentials(ctx: RequestContext, req: Any) 
                 why = f"attempt to describe a user credential that does not exist: {name}"
                 results.append(_user_error(name, ErrorCode.resource_not_found, why))
             continue
-        results.append({
-            "user": name,
-            "error_code": 0,
-            "error_message": None,
-            "credential_infos": [
-                {"mechanism": MECHANISMS[m][1], "iterations": c["iterations"]}
-                for m, c in sorted(mine.items())
-            ],
-        })  # fmt: skip
+        results.append(
+            {
+                "user": name,
+                "error_code": 0,
+                "error_message": None,
+                "credential_infos": [
+                    {"mechanism": MECHANISMS[m][1], "iterations": c["iterations"]}
+                    for m, c in sorted(mine.items())
+                ],
+            }
+        )
     return {"throttle_time": 0, "error_code": 0, "error_message": None, "results": results}
 
 
@@ -101,10 +108,17 @@ async def handle_alter_user_scram_credentials(ctx: RequestContext, req: Any) -> 
     keeps only StoredKey and ServerKey, through the metadata log on every broker."""
     if not ctx.cluster_allowed(ALTER):
         names = dict.fromkeys(u.name for u in (*req.deletions, *req.upsertions))
-        return {"throttle_time": 0, "results": [
-            {"user": n, "error_code": ErrorCode.cluster_authorization_failed,
-             "error_message": "ALTER on the cluster is needed"} for n in names
-        ]}  # fmt: skip
+        return {
+            "throttle_time": 0,
+            "results": [
+                {
+                    "user": n,
+                    "error_code": ErrorCode.cluster_authorization_failed,
+                    "error_message": "ALTER on the cluster is needed",
+                }
+                for n in names
+            ],
+        }
     errors: dict[str, tuple[int, str]] = {}
     users: list[str] = []
     for item in (*req.deletions, *req.upsertions):
@@ -115,35 +129,49 @@ async def handle_alter_user_scram_credentials(ctx: RequestContext, req: Any) -> 
         key = f"{item.name}\0{item.mechanism}"
         touched[key] = touched.get(key, 0) + 1
         if touched[key] > 1:
-            errors.setdefault(item.name, (ErrorCode.duplicate_resource,
-                              "a user's mechanism may appear once per request"))  # fmt: skip
+            errors.setdefault(
+                item.name,
+                (ErrorCode.duplicate_resource, "a user's mechanism may appear once per request"),
+            )
     upsertions, deletions = [], []
     for d in req.deletions:
         if not d.name:
             errors.setdefault(d.name, (ErrorCode.unacceptable_credential, "empty user name"))
         elif d.mechanism not in BY_ID:
-            errors.setdefault(d.name, (ErrorCode.unsupported_sasl_mechanism,
-                              f"unknown SCRAM mechanism id {d.mechanism}"))  # fmt: skip
+            errors.setdefault(
+                d.name,
+                (ErrorCode.unsupported_sasl_mechanism, f"unknown SCRAM mechanism id {d.mechanism}"),
+            )
         else:
             deletions.append({"name": d.name, "mechanism": BY_ID[d.mechanism]})
     for u in req.upsertions:
         if not u.name:
             errors.setdefault(u.name, (ErrorCode.unacceptable_credential, "empty user name"))
         elif u.mechanism not in BY_ID:
-            errors.setdefault(u.name, (ErrorCode.unsupported_sasl_mechanism,
-                              f"unknown SCRAM mechanism id {u.mechanism}"))  # fmt: skip
+            errors.setdefault(
+                u.name,
+                (ErrorCode.unsupported_sasl_mechanism, f"unknown SCRAM mechanism id {u.mechanism}"),
+            )
         elif not MIN_ITERATIONS <= u.iterations <= MAX_ITERATIONS:
-            errors.setdefault(u.name, (ErrorCode.unacceptable_credential,
-                              f"iterations must be {MIN_ITERATIONS}..{MAX_ITERATIONS}, "
-                              f"got {u.iterations}"))  # fmt: skip
+            errors.setdefault(
+                u.name,
+                (
+                    ErrorCode.unacceptable_credential,
+                    f"iterations must be {MIN_ITERATIONS}..{MAX_ITERATIONS}, got {u.iterations}",
+                ),
+            )
         elif not u.salt or not u.salted_password:
-            errors.setdefault(u.name, (ErrorCode.unacceptable_credential,
-                              "salt and salted password must not be empty"))  # fmt: skip
+            errors.setdefault(
+                u.name,
+                (ErrorCode.unacceptable_credential, "salt and salted password must not be empty"),
+            )
         else:
             mech = BY_ID[u.mechanism]
-            upsertions.append(credential_record(
-                u.name, mech, bytes(u.salt), u.iterations, bytes(u.salted_password)
-            ))  # fmt: skip
+            upsertions.append(
+                credential_record(
+                    u.name, mech, bytes(u.salt), u.iterations, bytes(u.salted_password)
+                )
+            )
     body = {
         "upsertions": [u for u in upsertions if u["name"] not in errors],
         "deletions": [d for d in deletions if d["name"] not in errors],
@@ -160,11 +188,14 @@ async def handle_alter_user_scram_credentials(ctx: RequestContext, req: Any) -> 
     return {
         "throttle_time": 0,
         "results": [
-            {"user": name, "error_code": errors.get(name, (0, None))[0],
-             "error_message": errors.get(name, (0, None))[1]}
+            {
+                "user": name,
+                "error_code": errors.get(name, (0, None))[0],
+                "error_message": errors.get(name, (0, None))[1],
+            }
             for name in users
         ],
-    }  # fmt: skip
+    }
 
 
 async def handle_describe_client_quotas(ctx: RequestContext, req: Any) -> dict:

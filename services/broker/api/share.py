@@ -466,9 +466,16 @@ async def _init_partitions(ctx: RequestContext, share: _BrokerShare, session: Sh
         # the broker's --share-auto-offset-reset.
         reset = broker.image.cluster_configs.get(config_key(session.group_id, RESET))
         share.state.partition(
-            session.group_id, name, index, part.log.log_start_offset, part.high_watermark, saved,
-            reset, saved_state, part.log.log_end_offset,
-        )  # fmt: skip
+            session.group_id,
+            name,
+            index,
+            part.log.log_start_offset,
+            part.high_watermark,
+            saved,
+            reset,
+            saved_state,
+            part.log.log_end_offset,
+        )
 
 
 async def _fetch(ctx: RequestContext, share: _BrokerShare, session: ShareSession, req: Any) -> dict:
@@ -641,14 +648,21 @@ async def handle_describe_share_group_offsets(ctx: RequestContext, req: Any) -> 
         code = 0 if ctx.allowed(DESCRIBE, GROUP, gid) else _GROUP_DENIED
         code = code or not_coordinator(ctx, gid)
         if code:
-            groups.append({"group_id": gid, "topics": [], "error_code": code,
-                           "error_message": None})  # fmt: skip
+            groups.append(
+                {"group_id": gid, "topics": [], "error_code": code, "error_message": None}
+            )
             continue
         wanted = [(t.topic_name, list(t.partitions)) for t in g.topics] if g.topics else None
         saved = await share.checkpoints.saved(gid, wanted)
         if saved is None:
-            groups.append({"group_id": gid, "topics": [], "error_message": None,
-                           "error_code": ErrorCode.coordinator_not_available})  # fmt: skip
+            groups.append(
+                {
+                    "group_id": gid,
+                    "topics": [],
+                    "error_message": None,
+                    "error_code": ErrorCode.coordinator_not_available,
+                }
+            )
             continue
         if wanted is None:
             by_topic: dict[str, list[int]] = {}
@@ -660,17 +674,24 @@ async def handle_describe_share_group_offsets(ctx: RequestContext, req: Any) -> 
             if not ctx.allowed(DESCRIBE, TOPIC, name):
                 continue
             t = image.topics.get(name)
-            topics.append({
-                "topic_name": name,
-                "topic_id": t.topic_id if t is not None else None,
-                "partitions": [
-                    {"partition_index": p, "start_offset": saved.get((name, p), -1),
-                     "leader_epoch": -1,
-                     "error_code": 0 if t is not None else ErrorCode.unknown_topic_or_partition,
-                     "error_message": None}
-                    for p in parts
-                ],
-            })  # fmt: skip
+            topics.append(
+                {
+                    "topic_name": name,
+                    "topic_id": t.topic_id if t is not None else None,
+                    "partitions": [
+                        {
+                            "partition_index": p,
+                            "start_offset": saved.get((name, p), -1),
+                            "leader_epoch": -1,
+                            "error_code": 0
+                            if t is not None
+                            else ErrorCode.unknown_topic_or_partition,
+                            "error_message": None,
+                        }
+                        for p in parts
+                    ],
+                }
+            )
         groups.append({"group_id": gid, "topics": topics, "error_code": 0, "error_message": None})
     return {"throttle_time": 0, "groups": groups}
 

@@ -213,9 +213,7 @@ class GroupCoordinator:
             require_known_member_id,
             supports_skip_assignment,
         )
-        resp = await self._park(
-            group_id, lambda h: self.machine.join(h, req, self._now(), topics)
-        )
+        resp = await self._park(group_id, lambda h: self.machine.join(h, req, self._now(), topics))
         assert isinstance(resp, JoinResponse), "invariant: a JoinGroup gets a JoinGroup answer"
         if resp.error:
             raise JoinError(resp.error, resp.member_id)

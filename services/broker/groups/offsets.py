@@ -144,9 +144,7 @@ class OffsetStore:
             [],
         )
 
-    def expire(
-        self, group: str, older_than: int, keep_topics: frozenset[str] = frozenset()
-    ) -> int:
+    def expire(self, group: str, older_than: int, keep_topics: frozenset[str] = frozenset()) -> int:
         """Tombstone the group's commits made before `older_than` (ms since the epoch),
         but those of `keep_topics`; how many."""
         g = self.offsets.get(group, {})

@@ -1701,9 +1701,12 @@ class GroupStateMachine:
             for gid, g in self.consumer_groups.items()
             # Not before every expression was matched (a group just loaded), to be safe.
             if g.members
-            and all(m.subscribed_regex in g.regex_matches
-                    for m in g.members.values() if m.subscribed_regex is not None)
-        }  # fmt: skip
+            and all(
+                m.subscribed_regex in g.regex_matches
+                for m in g.members.values()
+                if m.subscribed_regex is not None
+            )
+        }
 
     def remove_expired(self, group_id: str, now: int) -> None:
         """The empty group's offsets are all gone (expired): remove it, as Kafka does,

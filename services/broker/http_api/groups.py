@@ -267,10 +267,12 @@ def add_routes(app: web.Application, broker: Broker) -> None:
             return elsewhere
         kind = _group_kind(broker, gid)
         d = (
-            _share(broker, gid) if kind == "share"
-            else _consumer(broker, gid) if kind == "consumer"
+            _share(broker, gid)
+            if kind == "share"
+            else _consumer(broker, gid)
+            if kind == "consumer"
             else _classic(broker, gid)
-        )  # fmt: skip
+        )
         if d is None:
             return _error(404, f"group '{gid}' does not exist")
         may = broker.http_security.permitted

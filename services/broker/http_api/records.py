@@ -123,8 +123,10 @@ def add_routes(app: web.Application, broker: Broker) -> None:
                 message = w.error_message or error_name(w.error_code)
                 raise AdminError(
                     _WRITE_STATUS.get(w.error_code, 503),  # 503: retriable
-                    f"partition {part}: {message}", error_name(w.error_code), w.error_code,
-                )  # fmt: skip
+                    f"partition {part}: {message}",
+                    error_name(w.error_code),
+                    w.error_code,
+                )
             return {"partition": part, "base_offset": w.base_offset, "count": len(recs)}
 
         async def forward(leader: int, parts: list[int]) -> list[dict]:

@@ -41,9 +41,18 @@ if TYPE_CHECKING:
 RESOURCE_TYPES = {"TOPIC": 2, "GROUP": 3, "CLUSTER": 4, "TRANSACTIONAL_ID": 5}
 PATTERN_TYPES = {"LITERAL": 3, "PREFIXED": 4}
 OPERATIONS = {
-    "ALL": 2, "READ": 3, "WRITE": 4, "CREATE": 5, "DELETE": 6, "ALTER": 7, "DESCRIBE": 8,
-    "CLUSTER_ACTION": 9, "DESCRIBE_CONFIGS": 10, "ALTER_CONFIGS": 11, "IDEMPOTENT_WRITE": 12,
-}  # fmt: skip
+    "ALL": 2,
+    "READ": 3,
+    "WRITE": 4,
+    "CREATE": 5,
+    "DELETE": 6,
+    "ALTER": 7,
+    "DESCRIBE": 8,
+    "CLUSTER_ACTION": 9,
+    "DESCRIBE_CONFIGS": 10,
+    "ALTER_CONFIGS": 11,
+    "IDEMPOTENT_WRITE": 12,
+}
 PERMISSIONS = {"DENY": 2, "ALLOW": 3}
 _NAMES = {
     "resource_type": {v: k for k, v in RESOURCE_TYPES.items()},
@@ -66,8 +75,12 @@ def parse_binding(raw: Any) -> AclBinding | str:
     if not isinstance(raw, dict):
         return "each binding must be an object"
     codes: dict[str, int] = {}
-    for key, table in (("resource_type", RESOURCE_TYPES), ("pattern_type", PATTERN_TYPES),
-                       ("operation", OPERATIONS), ("permission", PERMISSIONS)):  # fmt: skip
+    for key, table in (
+        ("resource_type", RESOURCE_TYPES),
+        ("pattern_type", PATTERN_TYPES),
+        ("operation", OPERATIONS),
+        ("permission", PERMISSIONS),
+    ):
         value = raw.get(key, "LITERAL" if key == "pattern_type" else None)
         code = table.get(str(value).upper()) if value is not None else None
         if code is None:
@@ -76,8 +89,15 @@ def parse_binding(raw: Any) -> AclBinding | str:
     name, principal, host = raw.get("resource_name"), raw.get("principal"), raw.get("host", "*")
     if not all(isinstance(x, str) for x in (name, principal, host)):
         return "resource_name, principal and host must be strings"
-    b = AclBinding(codes["resource_type"], name, codes["pattern_type"], principal, host,
-                   codes["operation"], codes["permission"])  # fmt: skip
+    b = AclBinding(
+        codes["resource_type"],
+        name,
+        codes["pattern_type"],
+        principal,
+        host,
+        codes["operation"],
+        codes["permission"],
+    )
     why = validate_binding(b)
     if (
         why is None
@@ -118,8 +138,9 @@ def add_routes(app: web.Application, broker: Broker) -> None:
         name = request.match_info["name"]
         creds = broker.image.scram_credentials.get(name)
         if not creds:
-            return _error(404, f"user {name!r} has no SCRAM credential",
-                          ErrorCode.resource_not_found)  # fmt: skip
+            return _error(
+                404, f"user {name!r} has no SCRAM credential", ErrorCode.resource_not_found
+            )
         return _json(_user_view(name, creds))
 
     @routes.put("/api/v1/users/{name}")
@@ -130,14 +151,23 @@ def add_routes(app: web.Application, broker: Broker) -> None:
         password = body.get("password")
         iterations = body.get("iterations", DEFAULT_ITERATIONS)
         if mechanism not in MECHANISMS:
-            return _error(400, f"'mechanism' must be one of {', '.join(MECHANISMS)}",
-                          ErrorCode.unsupported_sasl_mechanism)  # fmt: skip
+            return _error(
+                400,
+                f"'mechanism' must be one of {', '.join(MECHANISMS)}",
+                ErrorCode.unsupported_sasl_mechanism,
+            )
         if not isinstance(password, str) or not password:
-            return _error(400, "'password' (a non-empty string) is required",
-                          ErrorCode.unacceptable_credential)  # fmt: skip
+            return _error(
+                400,
+                "'password' (a non-empty string) is required",
+                ErrorCode.unacceptable_credential,
+            )
         if not isinstance(iterations, int) or not MIN_ITERATIONS <= iterations <= MAX_ITERATIONS:
-            return _error(400, f"'iterations' must be {MIN_ITERATIONS}..{MAX_ITERATIONS}",
-                          ErrorCode.unacceptable_credential)  # fmt: skip
+            return _error(
+                400,
+                f"'iterations' must be {MIN_ITERATIONS}..{MAX_ITERATIONS}",
+                ErrorCode.unacceptable_credential,
+            )
         salt = secrets.token_bytes(32)
         salted = salt_password(mechanism, password, salt, iterations)
         record = credential_record(name, mechanism, salt, iterations, salted)
@@ -153,12 +183,16 @@ def add_routes(app: web.Application, broker: Broker) -> None:
         have = broker.image.scram_credentials.get(name) or {}
         asked = request.query.get("mechanism")
         if asked is not None and asked not in MECHANISMS:
-            return _error(400, f"'mechanism' must be one of {', '.join(MECHANISMS)}",
-                          ErrorCode.unsupported_sasl_mechanism)  # fmt: skip
+            return _error(
+                400,
+                f"'mechanism' must be one of {', '.join(MECHANISMS)}",
+                ErrorCode.unsupported_sasl_mechanism,
+            )
         doomed = [m for m in have if asked is None or m == asked]
         if not doomed:
-            return _error(404, f"user {name!r} has no such SCRAM credential",
-                          ErrorCode.resource_not_found)  # fmt: skip
+            return _error(
+                404, f"user {name!r} has no such SCRAM credential", ErrorCode.resource_not_found
+            )
         deletions = [{"name": name, "mechanism": m} for m in doomed]
         try:
             await broker.control("alter_scram_credentials", {"deletions": deletions})
@@ -170,10 +204,15 @@ def add_routes(app: web.Application, broker: Broker) -> None:
     async def list_acls(request: web.Request) -> web.Response:
         principal = request.query.get("principal")
         bindings = [AclBinding(*t) for t in broker.image.acls]
-        return _json({
-            "acls": [binding_json(b) for b in bindings
-                     if principal is None or b.principal == principal]
-        })  # fmt: skip
+        return _json(
+            {
+                "acls": [
+                    binding_json(b)
+                    for b in bindings
+                    if principal is None or b.principal == principal
+                ]
+            }
+        )
 
     @routes.post("/api/v1/acls")
     async def alter_acls(request: web.Request) -> web.Response:

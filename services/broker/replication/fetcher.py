@@ -388,9 +388,12 @@ class LeaderFetcher:
                         log.error(
                             "leader refuses this broker's replica fetches; it needs "
                             "CLUSTER_ACTION on the cluster (or to be a super user)",
-                            extra={"leader": self.leader, "partition": f"{key[0]}-{key[1]}",
-                                   "error": ErrorCode(err).name},
-                        )  # fmt: skip
+                            extra={
+                                "leader": self.leader,
+                                "partition": f"{key[0]}-{key[1]}",
+                                "error": ErrorCode(err).name,
+                            },
+                        )
         if backoff:
             await asyncio.sleep(0.1)
 

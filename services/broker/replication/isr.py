@@ -104,10 +104,15 @@ class IsrManager:
         """One alter_partitions call for the batch; False, with nothing sent, when the
         controller does not know that call."""
         items = [
-            {"topic": part.topic, "index": part.index, "leader_epoch": part.leader_epoch,
-             "partition_epoch": part.partition_epoch, "isr": isr}
+            {
+                "topic": part.topic,
+                "index": part.index,
+                "leader_epoch": part.leader_epoch,
+                "partition_epoch": part.partition_epoch,
+                "isr": isr,
+            }
             for part, isr in batch
-        ]  # fmt: skip
+        ]
         # Judged now: by the answer the broker may have applied the new ISR already.
         grew = [len(isr) > len(part.isr) for part, isr in batch]
         answers: list[dict | None]
@@ -162,8 +167,9 @@ class IsrManager:
                 self.expands += 1
             else:
                 self.shrinks += 1
-            log.info("ISR changed", extra={"partition": f"{part.topic}-{part.index}",
-                                           "isr": new_isr})  # fmt: skip
+            log.info(
+                "ISR changed", extra={"partition": f"{part.topic}-{part.index}", "isr": new_isr}
+            )
             return
         if answer is not None:
             log.info(

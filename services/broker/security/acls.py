@@ -197,10 +197,17 @@ class AuthorizerSettings:
 SUPPORTED_OPERATIONS: dict[int, tuple[int, ...]] = {
     TOPIC: (READ, WRITE, CREATE, DESCRIBE, DELETE, ALTER, DESCRIBE_CONFIGS, ALTER_CONFIGS),
     GROUP: (READ, DESCRIBE, DELETE),
-    CLUSTER: (CREATE, CLUSTER_ACTION, DESCRIBE_CONFIGS, ALTER_CONFIGS, IDEMPOTENT_WRITE, ALTER,
-              DESCRIBE),
+    CLUSTER: (
+        CREATE,
+        CLUSTER_ACTION,
+        DESCRIBE_CONFIGS,
+        ALTER_CONFIGS,
+        IDEMPOTENT_WRITE,
+        ALTER,
+        DESCRIBE,
+    ),
     TRANSACTIONAL_ID: (DESCRIBE, WRITE),
-}  # fmt: skip
+}
 
 
 def operations_bitfield(resource_type: int, allowed: Callable[[int], bool]) -> int:

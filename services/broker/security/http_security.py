@@ -88,10 +88,16 @@ CACHE_TTL_S = 60.0  # a checked Basic credential is trusted this long (no PBKDF2
 MAX_CACHED = 10_000
 REALM = 'Basic realm="StraitMQ", charset="UTF-8"'
 _OP_NAMES = {
-    READ: "READ", WRITE: "WRITE", CREATE: "CREATE", DELETE: "DELETE", ALTER: "ALTER",
-    DESCRIBE: "DESCRIBE", CLUSTER_ACTION: "CLUSTER_ACTION",
-    DESCRIBE_CONFIGS: "DESCRIBE_CONFIGS", ALTER_CONFIGS: "ALTER_CONFIGS",
-}  # fmt: skip
+    READ: "READ",
+    WRITE: "WRITE",
+    CREATE: "CREATE",
+    DELETE: "DELETE",
+    ALTER: "ALTER",
+    DESCRIBE: "DESCRIBE",
+    CLUSTER_ACTION: "CLUSTER_ACTION",
+    DESCRIBE_CONFIGS: "DESCRIBE_CONFIGS",
+    ALTER_CONFIGS: "ALTER_CONFIGS",
+}
 _TYPE_NAMES = {TOPIC: "TOPIC", GROUP: "GROUP", CLUSTER: "CLUSTER"}
 PRINCIPAL = "straitmq.principal"  # request key: who is calling (absent: authentication off)
 
@@ -220,8 +226,11 @@ class HttpSecurity:
         try:  # replaces the certificate and key the context shows from now on
             ctx.load_cert_chain(settings.keystore, password=settings.key_password)
         except (OSError, ssl.SSLError) as e:
-            log.warning("rotated HTTP certificate does not load as a client certificate; "
-                        "keeping the previous one", extra={"reason": str(e)})  # fmt: skip
+            log.warning(
+                "rotated HTTP certificate does not load as a client certificate; "
+                "keeping the previous one",
+                extra={"reason": str(e)},
+            )
 
     @property
     def scheme(self) -> str:
@@ -431,8 +440,10 @@ class HttpSecurity:
                 return await handler(request)  # 404/405 as usual, once authenticated
             missing = await self.required(request)
             if missing is not None:
-                log.info("HTTP request denied",
-                         extra={"principal": who, "path": path, "missing": missing})  # fmt: skip
+                log.info(
+                    "HTTP request denied",
+                    extra={"principal": who, "path": path, "missing": missing},
+                )
                 return _refusal(Denied(403, missing), self.methods)
             return await handler(request)
 

@@ -115,10 +115,16 @@ def resolve(config: BrokerConfig) -> list[ListenerSpec]:
         ]
     protocols = parse_protocol_map(config.listener_security_protocol_map)
     bound = parse_endpoints(config.listeners, "listeners")
-    advertised = {
-        n: (h, p)
-        for n, h, p in parse_endpoints(config.advertised_listeners or "", "advertised.listeners")
-    } if config.advertised_listeners else {}  # fmt: skip
+    advertised = (
+        {
+            n: (h, p)
+            for n, h, p in parse_endpoints(
+                config.advertised_listeners or "", "advertised.listeners"
+            )
+        }
+        if config.advertised_listeners
+        else {}
+    )
     names = [n for n, _, _ in bound]
     for n in advertised:
         if n not in names:

@@ -67,7 +67,7 @@ class SaslSettings:
             raise SaslConfigError(
                 f"listener {listener}: PLAIN is enabled but has no users: set "
                 f"listener.name.{listener.lower()}.plain.sasl.jaas.config to "
-                'org.apache.kafka.common.security.plain.PlainLoginModule required '
+                "org.apache.kafka.common.security.plain.PlainLoginModule required "
                 'user_alice="alice-secret";'
             )
         own = listener_value(props, listener, "connections.max.reauth.ms")
@@ -185,8 +185,9 @@ class ConnectionSecurity:
         try:
             reply = exchange.step(token)
         except ScramError as e:
-            log.info("SASL authentication failed",
-                     extra={"mechanism": self.mechanism, "reason": str(e)})  # fmt: skip
+            log.info(
+                "SASL authentication failed", extra={"mechanism": self.mechanism, "reason": str(e)}
+            )
             self.exchange = None
             return SaslOutcome(
                 ErrorCode.sasl_authentication_failed,

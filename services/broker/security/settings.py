@@ -12,35 +12,43 @@ from straitmq.properties import read_properties  # noqa: F401  (its old home)
 # ACLs (security/acls.py): broker-wide only, as in Kafka; a controller takes them too.
 ACL_KEYS = frozenset({"authorizer.class.name", "super.users", "allow.everyone.if.no.acl.found"})
 # The HTTP port (http_security.py): broker-wide only; a controller takes them too.
-HTTP_KEYS = frozenset({
-    "http.ssl.keystore.location",
-    "http.ssl.key.password",
-    "http.ssl.truststore.location",
-    "http.ssl.client.auth",
-    "http.ssl.reload.interval.ms",
-    "http.authentication",
-    "http.metrics.require.authentication",
-})  # fmt: skip
+HTTP_KEYS = frozenset(
+    {
+        "http.ssl.keystore.location",
+        "http.ssl.key.password",
+        "http.ssl.truststore.location",
+        "http.ssl.client.auth",
+        "http.ssl.reload.interval.ms",
+        "http.authentication",
+        "http.metrics.require.authentication",
+    }
+)
 # Every other key is refused: a typo must not silently leave a listener open.
-SECURITY_KEYS = ACL_KEYS | HTTP_KEYS | frozenset({
-    "ssl.keystore.type",
-    "ssl.keystore.location",
-    "ssl.key.password",
-    "ssl.truststore.type",
-    "ssl.truststore.location",
-    "ssl.client.auth",
-    "ssl.reload.interval.ms",
-    "sasl.enabled.mechanisms",
-    "plain.sasl.jaas.config",
-    "connections.max.reauth.ms",
-    # the inter-broker listener's client side (inter_broker.py)
-    "sasl.mechanism.inter.broker.protocol",
-    "sasl.jaas.config",
-    "scram-sha-256.sasl.jaas.config",
-    "scram-sha-512.sasl.jaas.config",
-    "ssl.endpoint.identification.algorithm",
-    "controller.http.ssl.enabled",  # the brokers' calls to the controllers
-})  # fmt: skip
+SECURITY_KEYS = (
+    ACL_KEYS
+    | HTTP_KEYS
+    | frozenset(
+        {
+            "ssl.keystore.type",
+            "ssl.keystore.location",
+            "ssl.key.password",
+            "ssl.truststore.type",
+            "ssl.truststore.location",
+            "ssl.client.auth",
+            "ssl.reload.interval.ms",
+            "sasl.enabled.mechanisms",
+            "plain.sasl.jaas.config",
+            "connections.max.reauth.ms",
+            # the inter-broker listener's client side (inter_broker.py)
+            "sasl.mechanism.inter.broker.protocol",
+            "sasl.jaas.config",
+            "scram-sha-256.sasl.jaas.config",
+            "scram-sha-512.sasl.jaas.config",
+            "ssl.endpoint.identification.algorithm",
+            "controller.http.ssl.enabled",  # the brokers' calls to the controllers
+        }
+    )
+)
 # Listener settings that also have a command-line flag (BrokerConfig fields).
 FIELDS = {
     "listeners": "listeners",

@@ -147,8 +147,10 @@ class TlsListener:
         try:
             fresh = self.settings.build()
         except TlsConfigError as e:
-            log.warning("TLS files changed but do not load; keeping the previous ones",
-                        extra={"listener": self.settings.listener, "reason": str(e)})  # fmt: skip
+            log.warning(
+                "TLS files changed but do not load; keeping the previous ones",
+                extra={"listener": self.settings.listener, "reason": str(e)},
+            )
             return False
         self._stamp = stamp
         self.current = fresh

@@ -479,8 +479,10 @@ class PartitionLog:
         start = self.log_start_offset
         best: Segment | None = None
         for seg in self.segments:
-            if seg.next_offset > start and seg.size and (
-                best is None or seg.max_timestamp > best.max_timestamp
+            if (
+                seg.next_offset > start
+                and seg.size
+                and (best is None or seg.max_timestamp > best.max_timestamp)
             ):
                 best = seg
         if best is None or best.max_timestamp < 0:

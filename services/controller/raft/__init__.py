@@ -1,10 +1,10 @@
 """The metadata quorum's Raft (KRaft-style), sans-IO.
 
-    messages    the wire messages and their JSON form (to_dict / from_dict)
-    storage     RaftStorage: MemoryStorage (simulation), FileStorage (a directory)
-    epochs      the epoch cache behind fetch validation and truncation
-    core        RaftNode, RaftConfig, NotLeader: the state machine itself
-    simulation  the deterministic cluster simulation (tests, bench.raft_sim)
+messages    the wire messages and their JSON form (to_dict / from_dict)
+storage     RaftStorage: MemoryStorage (simulation), FileStorage (a directory)
+epochs      the epoch cache behind fetch validation and truncation
+core        RaftNode, RaftConfig, NotLeader: the state machine itself
+simulation  the deterministic cluster simulation (tests, bench.raft_sim)
 """
 
 from .core import NotLeader, RaftConfig, RaftNode

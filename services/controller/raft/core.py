@@ -260,8 +260,9 @@ class RaftNode:
             me = ReplicaState(self.node_id, end, self._now, self._now)
             voters = [me, *self._replicas.values()]
             s["voters"] = [r.describe(end) for r in sorted(voters, key=lambda r: r.node_id)]
-            s["observers"] = [r.describe(end) for r in sorted(self._observers.values(),
-                                                                key=lambda r: r.node_id)]
+            s["observers"] = [
+                r.describe(end) for r in sorted(self._observers.values(), key=lambda r: r.node_id)
+            ]
         return s
 
     # -- the shell's calls --------------------------------------------------------------
@@ -293,8 +294,10 @@ class RaftNode:
         if seq <= self._durable:
             return
         if seq > self._ops_taken:
-            raise AssertionError(f"invariant: persisted({seq}) beyond the ops handed out "
-                                 f"({self._ops_taken}) on node {self.node_id}")
+            raise AssertionError(
+                f"invariant: persisted({seq}) beyond the ops handed out "
+                f"({self._ops_taken}) on node {self.node_id}"
+            )
         self._durable = seq
         while self._ends_taken and self._ends_taken[0][0] <= seq:
             self._durable_end = self._ends_taken.pop(0)[1]
@@ -359,9 +362,7 @@ class RaftNode:
         self._now = now_ms
         if self._role != LEADER:
             return
-        successors = tuple(
-            sorted(self._replicas, key=lambda v: (-self._replicas[v].end_offset, v))
-        )
+        successors = tuple(sorted(self._replicas, key=lambda v: (-self._replicas[v].end_offset, v)))
         for v in successors:
             self._send(EndQuorumEpoch(self.node_id, v, self._epoch, self.node_id, successors))
         self._become_unattached(self._epoch, delay_ms=2 * self._cfg.election_timeout_ms)
@@ -459,8 +460,17 @@ class RaftNode:
         self._grants.add(self.node_id)
         self._election_deadline = self._now + self._random_election_timeout()
         for v in self.voters - {self.node_id}:
-            self._send(VoteRequest(self.node_id, v, self._epoch + 1, self.node_id,
-                                   self.last_epoch, self.log_end_offset, pre_vote=True))
+            self._send(
+                VoteRequest(
+                    self.node_id,
+                    v,
+                    self._epoch + 1,
+                    self.node_id,
+                    self.last_epoch,
+                    self.log_end_offset,
+                    pre_vote=True,
+                )
+            )
         self._count_votes()
 
     def _become_candidate(self) -> None:
@@ -473,8 +483,17 @@ class RaftNode:
         self._grants.add(self.node_id)
         self._election_deadline = self._now + self._random_election_timeout()
         for v in self.voters - {self.node_id}:
-            self._send(VoteRequest(self.node_id, v, self._epoch, self.node_id,
-                                   self.last_epoch, self.log_end_offset, pre_vote=False))
+            self._send(
+                VoteRequest(
+                    self.node_id,
+                    v,
+                    self._epoch,
+                    self.node_id,
+                    self.last_epoch,
+                    self.log_end_offset,
+                    pre_vote=False,
+                )
+            )
         self._count_votes()
 
     def _become_leader(self) -> None:
@@ -569,11 +588,15 @@ class RaftNode:
 
     def _set_hw(self, hw: int) -> None:
         if hw < self._hw:
-            raise AssertionError(f"invariant: the high watermark never decreases ({self._hw} "
-                                 f"-> {hw} on node {self.node_id})")
+            raise AssertionError(
+                f"invariant: the high watermark never decreases ({self._hw} "
+                f"-> {hw} on node {self.node_id})"
+            )
         if hw > self.log_end_offset:
-            raise AssertionError(f"invariant: high watermark {hw} beyond the log end "
-                                 f"{self.log_end_offset} on node {self.node_id}")
+            raise AssertionError(
+                f"invariant: high watermark {hw} beyond the log end "
+                f"{self.log_end_offset} on node {self.node_id}"
+            )
         self._hw = hw
 
     # -- leader -------------------------------------------------------------------------
@@ -593,8 +616,7 @@ class RaftNode:
     def _tick_leader(self) -> None:
         now = self._now
         alive = 1 + sum(
-            1 for r in self._replicas.values()
-            if now - r.last_fetch_ms < self._cfg.check_quorum_ms
+            1 for r in self._replicas.values() if now - r.last_fetch_ms < self._cfg.check_quorum_ms
         )
         if alive < self._majority:
             # Check-quorum: a leader cut off from a majority stops taking proposals.
@@ -622,9 +644,15 @@ class RaftNode:
         (the fetcher's log is a prefix of ours up to m.fetch_offset)."""
         fo, last = m.fetch_offset, m.last_fetched_epoch
         common = {
-            "src": self.node_id, "dst": m.src, "epoch": self._epoch, "leader_id": self.node_id,
-            "error": None, "base_offset": fo, "high_watermark": self._hw,
-            "log_start_offset": self._log_start, "last_fetched_epoch": last,
+            "src": self.node_id,
+            "dst": m.src,
+            "epoch": self._epoch,
+            "leader_id": self.node_id,
+            "error": None,
+            "base_offset": fo,
+            "high_watermark": self._hw,
+            "log_start_offset": self._log_start,
+            "last_fetched_epoch": last,
         }
         snap = self._snapshot
         if snap is not None and (
@@ -632,16 +660,18 @@ class RaftNode:
             or (fo == self._log_start and last != snap.epoch)
             or last < snap.epoch
         ):
-            return FetchResponse(**common, snapshot_offset=snap.end_offset,
-                                 snapshot_epoch=snap.epoch), False
+            return FetchResponse(
+                **common, snapshot_offset=snap.end_offset, snapshot_epoch=snap.epoch
+            ), False
         end = self.log_end_offset
         if not (fo == 0 and self._log_start == 0):
             found = self._cache.end_offset_for(last, end)
             assert found is not None  # last >= snapshot epoch was checked above
             epoch, epoch_end = found
             if epoch != last or epoch_end < fo:
-                return FetchResponse(**common, diverging_epoch=epoch,
-                                     diverging_end_offset=epoch_end), False
+                return FetchResponse(
+                    **common, diverging_epoch=epoch, diverging_end_offset=epoch_end
+                ), False
         i = fo - self._log_start
         entries = self._log[i : i + self._cfg.max_fetch_entries]
         budget = self._cfg.max_fetch_records
@@ -702,8 +732,17 @@ class RaftNode:
         offset, epoch = self.log_end_offset, self.last_epoch
         deadline = self._now + self._cfg.fetch_max_wait_ms + self._cfg.request_timeout_ms
         self._inflight = _Inflight(False, target, offset, epoch, deadline)
-        self._send(FetchRequest(self.node_id, target, self._epoch, offset, epoch,
-                                observer=not self._is_voter, high_watermark=self._hw))
+        self._send(
+            FetchRequest(
+                self.node_id,
+                target,
+                self._epoch,
+                offset,
+                epoch,
+                observer=not self._is_voter,
+                high_watermark=self._hw,
+            )
+        )
 
     def _tick_fetcher(self) -> None:
         now = self._now
@@ -753,8 +792,10 @@ class RaftNode:
                 self._send_fetch()  # straight to the leader we were pointed at
             return
         if self._role == FOLLOWER and m.src != self._leader_id:
-            raise AssertionError(f"invariant: fetch answered by {m.src} in epoch {m.epoch}, "
-                                 f"but node {self.node_id} follows {self._leader_id}")
+            raise AssertionError(
+                f"invariant: fetch answered by {m.src} in epoch {m.epoch}, "
+                f"but node {self.node_id} follows {self._leader_id}"
+            )
         self._leader_id = m.src  # an observer learns the leader here
         self._last_leader_contact = now
         self._fetch_deadline = now + self._cfg.fetch_timeout_ms
@@ -763,8 +804,11 @@ class RaftNode:
         elif m.snapshot_offset is not None and m.snapshot_epoch is not None:
             deadline = now + self._cfg.request_timeout_ms
             self._inflight = _Inflight(True, m.src, m.snapshot_offset, m.snapshot_epoch, deadline)
-            self._send(FetchSnapshotRequest(self.node_id, m.src, self._epoch,
-                                            m.snapshot_offset, m.snapshot_epoch))
+            self._send(
+                FetchSnapshotRequest(
+                    self.node_id, m.src, self._epoch, m.snapshot_offset, m.snapshot_epoch
+                )
+            )
             return
         else:
             if m.entries:
@@ -813,8 +857,14 @@ class RaftNode:
 
     def _fetch_error(self, m: FetchRequest, error: str) -> FetchResponse:
         return FetchResponse(
-            self.node_id, m.src, self._epoch, self._leader_id, error, m.fetch_offset,
-            high_watermark=self._hw, log_start_offset=self._log_start,
+            self.node_id,
+            m.src,
+            self._epoch,
+            self._leader_id,
+            error,
+            m.fetch_offset,
+            high_watermark=self._hw,
+            log_start_offset=self._log_start,
             last_fetched_epoch=m.last_fetched_epoch,
         )
 
@@ -840,8 +890,18 @@ class RaftNode:
             replica = self._replica(m.src)
             if replica is not None:
                 replica.last_fetch_ms = self._now
-        self._send(FetchSnapshotResponse(self.node_id, m.src, self._epoch, self._leader_id, error,
-                                         m.snapshot_offset, m.snapshot_epoch, data))
+        self._send(
+            FetchSnapshotResponse(
+                self.node_id,
+                m.src,
+                self._epoch,
+                self._leader_id,
+                error,
+                m.snapshot_offset,
+                m.snapshot_epoch,
+                data,
+            )
+        )
 
     def _log_up_to_date(self, m: VoteRequest) -> bool:
         return (m.last_epoch, m.last_offset) >= (self.last_epoch, self.log_end_offset)
@@ -874,8 +934,9 @@ class RaftNode:
                     self._leave_role()
                     self._role = UNATTACHED
                 self._election_deadline = self._now + self._random_election_timeout()
-        self._send(VoteResponse(self.node_id, m.src, self._epoch, granted, m.pre_vote,
-                                self._leader_id))
+        self._send(
+            VoteResponse(self.node_id, m.src, self._epoch, granted, m.pre_vote, self._leader_id)
+        )
 
     def _on_vote_response(self, m: VoteResponse) -> None:
         if m.pre_vote:
@@ -899,8 +960,10 @@ class RaftNode:
         if m.epoch == self._epoch and self._is_voter:
             if self._role == LEADER:
                 if m.leader_id != self.node_id:
-                    raise AssertionError(f"election safety: {m.leader_id} and {self.node_id} "
-                                         f"both lead epoch {m.epoch}")
+                    raise AssertionError(
+                        f"election safety: {m.leader_id} and {self.node_id} "
+                        f"both lead epoch {m.epoch}"
+                    )
             else:
                 self._become_follower(m.epoch, m.leader_id)
                 self._last_leader_contact = self._now

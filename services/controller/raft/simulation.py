@@ -118,10 +118,11 @@ class Simulation:
         self.voter_ids = frozenset(range(voters))
         self.ids = [*range(voters), *range(100, 100 + observers)]
         self.faults = Faults.draw(self.rng)
-        self.replay = f"python -m bench.raft_sim --seed {seed}" + (
-            f" --voters {voters}" if voters != 3 else ""
-        ) + (f" --observers {observers}" if observers != 1 else "") + (
-            f" --steps {steps}" if steps != 600 else ""
+        self.replay = (
+            f"python -m bench.raft_sim --seed {seed}"
+            + (f" --voters {voters}" if voters != 3 else "")
+            + (f" --observers {observers}" if observers != 1 else "")
+            + (f" --steps {steps}" if steps != 600 else "")
         )
         self.now = 0
         # A restarted node reloads its storage object, as a process reloads its directory.
@@ -134,8 +135,14 @@ class Simulation:
         self.queue: list[tuple[int, int, Message]] = []
         self.seq = 0
         self.next_value = 0
-        self.stats = {"messages": 0, "elections": 0, "snapshots": 0, "crashes": 0,
-                      "proposals": 0, "committed": 0}
+        self.stats = {
+            "messages": 0,
+            "elections": 0,
+            "snapshots": 0,
+            "crashes": 0,
+            "proposals": 0,
+            "committed": 0,
+        }
         # What the checks remember across the whole history.
         self.leaders: dict[int, int] = {}  # epoch -> the node that led it
         self.committed: list[tuple[int, Any]] = []  # offset -> (epoch, data)
@@ -150,13 +157,15 @@ class Simulation:
     # -- the world ----------------------------------------------------------------------
 
     def fail(self, what: str) -> SimulationFailure:
-        return SimulationFailure(f"{what} [seed {self.seed} at {self.now} ms; replay: "
-                                 f"{self.replay}]")
+        return SimulationFailure(
+            f"{what} [seed {self.seed} at {self.now} ms; replay: {self.replay}]"
+        )
 
     def _start(self, i: int) -> None:
         node_rng = random.Random(self.rng.getrandbits(64))
-        self.nodes[i] = RaftNode(i, self.voter_ids, self.disks[i], self.config, node_rng,
-                                 self.now, persist_inline=False)
+        self.nodes[i] = RaftNode(
+            i, self.voter_ids, self.disks[i], self.config, node_rng, self.now, persist_inline=False
+        )
         self.applied[i] = []
         self._was_leader[i] = None
         self._matched[i] = (-1, -1)
@@ -213,8 +222,11 @@ class Simulation:
             self._start(i)
         elif elected and self.rng.random() < f.crash_new_leader:
             self._crash(i)
-        elif (node.is_leader and node.high_watermark > hw_before
-              and self.rng.random() < f.crash_after_commit):
+        elif (
+            node.is_leader
+            and node.high_watermark > hw_before
+            and self.rng.random() < f.crash_after_commit
+        ):
             self._crash(i)
 
     def _partition(self) -> None:
@@ -235,8 +247,10 @@ class Simulation:
     def _propose(self) -> None:
         live = [n for n in self.nodes.values() if n is not None]
         leaders = [n for n in live if n.is_leader]
-        node = self.rng.choice(leaders) if leaders and self.rng.random() < 0.9 else (
-            self.rng.choice(live) if live else None
+        node = (
+            self.rng.choice(leaders)
+            if leaders and self.rng.random() < 0.9
+            else (self.rng.choice(live) if live else None)
         )
         if node is None:
             return
@@ -359,10 +373,15 @@ class Simulation:
                 target = (leader.propose(value), leader.epoch, value)
                 proposed_at = self.now
                 self._after(leader.node_id)
-        roles = {i: (n.role, n.epoch, n.high_watermark, n.log_end_offset)
-                 for i, n in self.nodes.items() if n is not None}
-        raise self.fail(f"liveness: no proposal committed on every voter within "
-                        f"{deadline - start} ms of healing; target {target}; nodes {roles}")
+        roles = {
+            i: (n.role, n.epoch, n.high_watermark, n.log_end_offset)
+            for i, n in self.nodes.items()
+            if n is not None
+        }
+        raise self.fail(
+            f"liveness: no proposal committed on every voter within "
+            f"{deadline - start} ms of healing; target {target}; nodes {roles}"
+        )
 
     def _applied_everywhere(self, target: tuple[int, int, Any]) -> bool:
         offset, epoch, value = target
@@ -395,13 +414,17 @@ class Simulation:
     def _check_leader_complete(self, i: int, node: RaftNode) -> None:
         """(3) A new leader holds every entry committed so far."""
         if node.log_end_offset < len(self.committed):
-            raise self.fail(f"leader completeness: leader {i} of epoch {node.epoch} ends at "
-                            f"{node.log_end_offset}, {len(self.committed)} entries committed")
+            raise self.fail(
+                f"leader completeness: leader {i} of epoch {node.epoch} ends at "
+                f"{node.log_end_offset}, {len(self.committed)} entries committed"
+            )
         for o in range(node.log_start_offset, len(self.committed)):
             e = node.entry(o)
             if (e.epoch, e.data) != self.committed[o]:
-                raise self.fail(f"leader completeness: leader {i} has {e} at {o}, "
-                                f"committed was {self.committed[o]}")
+                raise self.fail(
+                    f"leader completeness: leader {i} has {e} at {o}, "
+                    f"committed was {self.committed[o]}"
+                )
 
     def _check_log_matching(self, i: int, node: RaftNode) -> None:
         """(2) Log matching, checked in its inductive form over the whole history: an
@@ -420,9 +443,11 @@ class Simulation:
                 prev = log[o - log_start - 1].epoch
             known = self.seen.setdefault((o, e.epoch), (e.data, prev))
             if known != (e.data, prev):
-                raise self.fail(f"log matching: node {i} has (data, previous epoch) "
-                                f"{(e.data, prev)} at offset {o} epoch {e.epoch}; elsewhere "
-                                f"it was {known}")
+                raise self.fail(
+                    f"log matching: node {i} has (data, previous epoch) "
+                    f"{(e.data, prev)} at offset {o} epoch {e.epoch}; elsewhere "
+                    f"it was {known}"
+                )
         self._matched[i] = (end, node._truncations)
 
     def _check_committed(self, i: int, node: RaftNode) -> None:
@@ -432,14 +457,18 @@ class Simulation:
         committed = self.committed
         start = max(self._hw_checked[i], node.log_start_offset)
         if start > len(committed) and start < hw:
-            raise self.fail(f"node {i} committed offset {start} but only {len(committed)} "
-                            f"entries were known committed")
+            raise self.fail(
+                f"node {i} committed offset {start} but only {len(committed)} "
+                f"entries were known committed"
+            )
         for o in range(start, hw):
             e = node.entry(o)
             if o < len(committed):
                 if committed[o] != (e.epoch, e.data):
-                    raise self.fail(f"committed entry changed at offset {o}: {committed[o]} "
-                                    f"-> {(e.epoch, e.data)} on node {i}")
+                    raise self.fail(
+                        f"committed entry changed at offset {o}: {committed[o]} "
+                        f"-> {(e.epoch, e.data)} on node {i}"
+                    )
             else:
                 committed.append((e.epoch, e.data))
         self._hw_checked[i] = max(self._hw_checked[i], hw)
@@ -450,16 +479,16 @@ class Simulation:
         for item in node.take_committed():
             if isinstance(item, Snapshot):
                 state[:] = [(epoch, data) for epoch, data in item.data]
-                if (len(state) != item.end_offset
-                        or state != self.committed[: item.end_offset]):
-                    raise self.fail(f"node {i} got a snapshot at {item.end_offset} that is not "
-                                    "the committed prefix")
+                if len(state) != item.end_offset or state != self.committed[: item.end_offset]:
+                    raise self.fail(
+                        f"node {i} got a snapshot at {item.end_offset} that is not "
+                        "the committed prefix"
+                    )
                 continue
             offset, entry = item
             if offset != len(state):
                 raise self.fail(f"node {i} applied offset {offset} after {len(state)} entries")
-            if offset >= len(self.committed) or self.committed[offset] != (entry.epoch,
-                                                                            entry.data):
+            if offset >= len(self.committed) or self.committed[offset] != (entry.epoch, entry.data):
                 raise self.fail(f"node {i} applied {entry} at {offset}, not committed")
             state.append((entry.epoch, entry.data))
 

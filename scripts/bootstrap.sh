@@ -8,6 +8,21 @@ PY="${PYTHON:-python3.11}"
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 VENV="$ROOT/.venv"
 STAMP="$VENV/.stamp"
+
+# What is built or downloaded the same for every checkout (the Kubernetes binaries, the
+# Kafka and Spark jars, the images, the node's containerd store) lives in the user's cache
+# and .cache/<name> links to it, so a fresh clone (CI's) starts warm. Each build keeps its
+# own version stamps there, and its script takes a lock while it builds.
+SHARED="${STRAITMQ_CACHE_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/straitmq}"
+mkdir -p .cache
+[[ -f .cache/.gitignore ]] || printf '*\n' > .cache/.gitignore
+for name in k8s jars images node; do
+  if [[ ! -e ".cache/$name" && ! -L ".cache/$name" ]]; then
+    mkdir -p "$SHARED/$name"
+    ln -s "$SHARED/$name" ".cache/$name"
+  fi
+done
+
 WANT="$(cat pyproject.toml requirements.lock | sha256sum | cut -c1-16)"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
   exit 0

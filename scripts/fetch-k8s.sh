@@ -25,6 +25,9 @@ BIN="$ROOT/bin"
 STAMP="$BIN/.versions"
 WANT="k8s=$K8S_VERSION kwok=$KWOK_VERSION helm=$HELM_VERSION+k8s etcd=debian"
 mkdir -p "$BIN"
+# .cache/k8s is shared by every clone (scripts/bootstrap.sh): one build at a time.
+exec 8>"$ROOT/.lock"
+flock -w 3600 8 || { echo "fetch-k8s: timed out waiting for another build" >&2; exit 1; }
 
 NODE_STAMP="$BIN/.node-versions"
 NODE_WANT="kubelet=$K8S_VERSION kube-proxy=$K8S_VERSION coredns=$COREDNS_VERSION"

@@ -14,4 +14,7 @@ echo "== ruff" >&2
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 echo "== pytest" >&2
-exec .venv/bin/python -m pytest "$@"
+# Most tests wait on processes, sockets and timeouts rather than the CPU: four workers on
+# two cores. Modules stay whole on one worker; the Kubernetes tiers are groups of their own
+# (tests/conftest.py). STRAITMQ_TEST_WORKERS=0 runs everything in this one process.
+exec .venv/bin/python -m pytest -n "${STRAITMQ_TEST_WORKERS:-4}" --dist loadgroup "$@"

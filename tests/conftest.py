@@ -18,6 +18,25 @@ from crc32c import crc32c
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+
+def _worker_port_slice() -> None:
+    """Under pytest-xdist each worker picks free ports from a slice of its own (inherited
+    by the processes it starts): two workers picking the same port before either binds it
+    would fail one test at random."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2:
+        return
+    from straitmq.cli.local_cluster import port_range
+
+    low, high = port_range()
+    width = (high - low) // count
+    start = low + int(worker[2:]) * width
+    os.environ["STRAITMQ_PORT_RANGE"] = f"{start}-{start + width}"
+
+
+_worker_port_slice()
+
 from straitmq.broker.record_codec import build_batch  # noqa: E402
 
 from straitmq.admin_client import AdminError, exchange_sync, request_sync  # noqa: E402
@@ -166,3 +185,38 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
         yield cp.start()
     finally:
         cp.stop()
+
+
+# --- running in parallel (pytest-xdist, --dist loadgroup) ----------------------------------
+
+# Modules that share one Kubernetes control plane (the session fixture `kube`) run on one
+# worker, one after another; the real node is a machine-wide singleton and gets a worker
+# of its own. Every other module is a group of its own, so its module fixtures are built
+# once.
+_GROUP_OF_MODULE = {
+    "test_helm_chart": "kube",
+    "test_kube_control_plane": "kube",
+    "test_operator_k8s": "kube",
+    "test_operator_pki": "kube",
+    "test_operator_ux": "kube",
+    "test_rack_from_node": "kube",
+    "test_real_node": "realnode",
+}
+# The longest groups start first, so that none of them begins near the end of the run.
+_LONG_GROUPS = ["realnode", "kube", "test_spark_pipeline", "test_clients_java"]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def group(item: pytest.Item) -> str:
+        module = item.path.stem
+        return _GROUP_OF_MODULE.get(module, module)
+
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group(item)))
+
+    def rank(item: pytest.Item) -> int:
+        g = group(item)
+        return _LONG_GROUPS.index(g) if g in _LONG_GROUPS else len(_LONG_GROUPS)
+
+    items.sort(key=rank)  # stable: the order inside a module stays

@@ -46,8 +46,10 @@ from kube_support import (
 )
 
 RUN_DIR = Path(os.environ.get("STRAITMQ_NODE_RUN", "/run/straitmq-node"))
-CACHE_DIR = ROOT / ".cache" / "node"
-IMAGES_DIR = ROOT / ".cache" / "images"
+# resolved: .cache/node links to the user's cache (scripts/bootstrap.sh), and mounts are
+# listed by their real paths
+CACHE_DIR = (ROOT / ".cache" / "node").resolve()
+IMAGES_DIR = (ROOT / ".cache" / "images").resolve()
 NODE_NAME = "straitmq-node"
 NODE_IP = "172.31.255.1"
 NODE_IFACE = "straitnode0"  # holds NODE_IP: one end of a veth pair

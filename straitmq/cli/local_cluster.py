@@ -29,6 +29,17 @@ from straitmq.admin_client import AdminError, request_sync
 CONTROLLER_ID_BASE = 1000
 
 
+def port_range() -> tuple[int, int]:
+    """The ports [low, high) free_port picks from: STRAITMQ_PORT_RANGE ("low-high"), which
+    gives each parallel test worker a slice of its own, else 20,000 up to the kernel's
+    ephemeral range."""
+    spec = os.environ.get("STRAITMQ_PORT_RANGE")
+    if spec:
+        low, _, high = spec.partition("-")
+        return int(low), int(high)
+    return 20_000, _ephemeral_low()
+
+
 def _ephemeral_low() -> int:
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
@@ -48,9 +59,9 @@ def free_port(host: str = "127.0.0.1") -> int:
     port before the server that was meant to get it binds. Never one this process was
     given before: ports picked up front (a cluster's, then its listeners') are not bound
     until later, so a second pick could otherwise land on the first."""
-    low = _ephemeral_low()
+    low, high = port_range()
     for _ in range(200):
-        port = random.randrange(20_000, low) if low > 21_000 else 0
+        port = random.randrange(low, high) if high - low > 1_000 else 0
         if port in _handed_out:
             continue
         with socket.socket() as s:

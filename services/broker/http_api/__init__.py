@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 # Answered in every phase: liveness, readiness (with its reason) and metrics.
 ALWAYS_OPEN = frozenset({"/healthz", "/readyz", "/metrics"})
 # The controller quorum's own endpoints: they answer from the quorum, not from this
-# broker's view, once the quorum shell exists (a combined node votes through them).
+# broker's view (a combined node votes through them).
 QUORUM_PATHS = ("/raft", "/controller/", "/api/v1/quorum")
 
 
@@ -35,7 +35,7 @@ def _gate(broker: Broker) -> Any:
         path = request.path
         if broker.serving or path in ALWAYS_OPEN:
             return await handler(request)
-        if path.startswith(QUORUM_PATHS) and hasattr(broker, "quorum"):
+        if path.startswith(QUORUM_PATHS):
             return await handler(request)
         resp = _error(503, f"{broker.not_ready_reason()}; retry shortly")
         resp.headers["Retry-After"] = "1"

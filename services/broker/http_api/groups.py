@@ -19,6 +19,7 @@ from ..groups.consumer_protocol import (
 )
 from ..groups.offsets import OFFSETS_TOPIC
 from ..security.acls import DESCRIBE, GROUP, TOPIC
+from ..share.coordinator import is_state_group
 from .common import PEERS, _elsewhere, _error, _json, peer_url
 
 if TYPE_CHECKING:
@@ -92,9 +93,7 @@ def _pending(assigned: dict[str, list[int]], target: dict[str, list[int]]) -> di
 
 
 def _group_kind(broker: Broker, gid: str) -> str | None:
-    from ..api.share import share_of  # share imports the Kafka API modules
-
-    if gid in share_of(broker).groups.groups:
+    if broker.share.is_share_group(gid):
         return "share"
     return broker.groups.group_type(gid)
 
@@ -170,9 +169,7 @@ def _consumer(broker: Broker, gid: str) -> dict[str, Any] | None:
 
 
 def _share(broker: Broker, gid: str) -> dict[str, Any] | None:
-    from ..api.share import share_of
-
-    share = share_of(broker)
+    share = broker.share
     share.groups.expire(int(asyncio.get_running_loop().time() * 1000))
     share.members_gone()
     g = share.groups.describe(gid)
@@ -216,12 +213,9 @@ def _not_coordinator(broker: Broker, request: web.Request, gid: str) -> web.Resp
 
 def _local_groups(broker: Broker) -> list[dict]:
     """The groups this broker coordinates, all three kinds (as its ListGroups)."""
-    from ..api.share import share_group_rows
-
-    shares, internal = share_group_rows(broker)
     out = []
-    for g, pt, st in [*broker.groups.list_groups(), *shares]:
-        if internal(g):
+    for g, pt, st in [*broker.groups.list_groups(), *broker.share.group_rows()]:
+        if is_state_group(g):
             continue
         kind = "share" if pt == "share" else broker.groups.group_type(g) or "classic"
         out.append({"group_id": g, "type": kind, "protocol_type": pt, "state": st})
@@ -278,10 +272,8 @@ def add_routes(app: web.Application, broker: Broker) -> None:
         may = broker.http_security.permitted
         offsets = []
         if kind == "share":
-            from ..api.share import share_of
-
             # The share-partitions' start offsets as last saved (DescribeShareGroupOffsets).
-            saved = await share_of(broker).checkpoints.saved(gid, None)
+            saved = await broker.share.checkpoints.saved(gid, None)
             if saved is None:
                 d["offsets_note"] = "the share-partition start offsets could not be read"
             start = sorted((saved or {}).items())

@@ -14,10 +14,12 @@ the same process and serves the controller endpoints on its own HTTP port.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import os
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -27,6 +29,7 @@ from straitmq.controller import metrics as controller_metrics
 from straitmq.controller.active import ActiveController, ControllerSettings, handlers
 from straitmq.controller.client import ControllerClient
 from straitmq.controller.errors import ControllerError
+from straitmq.controller.http_api import add_routes as add_controller_routes
 from straitmq.controller.quorum import Quorum, parse_voters
 from straitmq.controller.raft.core import RaftConfig
 from straitmq.metadata.image import MetadataImage
@@ -41,10 +44,21 @@ from .errors import BrokerStartupError
 from .fetch_sessions import FetchSessions
 from .groups.coordinator import GroupCoordinator, GroupSettings
 from .groups.offsets import OFFSETS_TOPIC, OffsetStore
-from .http_api import start_http
+from .http_api import (
+    ClusterDeps,
+    GroupsDeps,
+    HealthDeps,
+    HttpApi,
+    Peers,
+    RecordsDeps,
+    TopicsDeps,
+    UsersDeps,
+    start_http,
+)
 from .lifecycle import Lifecycle
 from .metadata_view import MetadataView
 from .metrics import BrokerMetrics
+from .partition_write import PartitionWriter
 from .partitions import LEADER, Partition, PartitionManager
 from .records import BatchInfo
 from .replication.fetcher import FetcherSettings, ReplicaFetchers
@@ -63,6 +77,14 @@ STORAGE_RETRY_S = 5.0  # how often replicas whose log could not be opened are re
 
 # Metadata records that change a topic's replicas ("topic" or "name" says which).
 _TOPIC_RECORDS = frozenset({"topic", "partition", "partition_change", "config", "remove_topic"})
+
+
+@dataclass(frozen=True, slots=True)
+class _InProcessController:
+    """What the controller's HTTP endpoints read on a combined node."""
+
+    quorum: Quorum
+    active: ActiveController
 
 
 class Broker:
@@ -129,6 +151,7 @@ class Broker:
             lambda: self.ready,
         )
         self.throttle = ReplicationThrottle(image)
+        self.writer = PartitionWriter(self.metrics, self.partitions, image, lambda: self.serving)
         self.partitions.role_listeners.append(self.fetchers.on_role)
         self.partitions.role_listeners.append(self.isr.on_role)
         self.partitions.role_listeners.append(self._on_role)
@@ -183,6 +206,38 @@ class Broker:
         )
         if self.active is not None:
             controller_metrics.install(self.telemetry, self.quorum, self.active)
+        self._http_api = self._build_http_api()
+
+    def _build_http_api(self) -> HttpApi:
+        cfg, metadata = self.config, self.metadata
+        peers = Peers(cfg.node_id, self.http_security.scheme, metadata.current)
+        permitted = self.http_security.permitted
+        extra = []
+        if self.active is not None:  # the controller's endpoints, on our port
+            owner = _InProcessController(self.quorum, self.active)
+            extra.append(lambda app: add_controller_routes(app, owner))
+        return HttpApi(
+            security=self.http_security,
+            telemetry=self.telemetry,
+            serving=lambda: self.serving,
+            not_ready_reason=self.not_ready_reason,
+            health=HealthDeps(metadata, self.quorum, self.metrics, peers, self.not_ready_reason),
+            topics=TopicsDeps(
+                metadata,
+                self.partitions,
+                self.topic_defaults,
+                cfg.num_partitions,
+                cfg.default_replication_factor,
+                permitted,
+            ),
+            records=RecordsDeps(metadata, self.partitions, self.writer, self.offsets, peers),
+            groups=GroupsDeps(
+                metadata, self.partitions, self.groups, self.share, self.offsets, peers, permitted
+            ),
+            cluster=ClusterDeps(metadata, self.partitions, peers, self._voters, self.combined),
+            users=UsersDeps(metadata),
+            extra_routes=extra,
+        )
 
     def _build_quorum(self) -> None:
         """The metadata quorum shell and the client of the active controller; on a
@@ -433,7 +488,7 @@ class Broker:
         # Bound now (the port is ours and known, also for port 0), listening only later.
         self._bound = bind_listeners(cfg, self.listeners, bind)
         self._kafka_sockets = [s for _, socks in self._bound for s in socks]
-        self._http, http_port = await start_http(self, cfg.http_host, cfg.http_port)
+        self._http, http_port = await start_http(self._http_api, cfg.http_host, cfg.http_port)
         cfg.http_port = http_port
         loop = asyncio.get_running_loop()
         if self.http_security.tls is not None:  # rotated certificate files, new connections
@@ -569,8 +624,6 @@ class Broker:
 
 
 def _new_cluster_id() -> str:
-    import base64
-
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
 
 

@@ -16,7 +16,6 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from ..partition_write import begin_write
 from ..security.acls import TOPIC, TRANSACTIONAL_ID, WRITE
 from .context import Deferred, RequestContext
 
@@ -48,7 +47,7 @@ async def handle_produce(ctx: RequestContext, req: Any) -> dict | Deferred | Non
             responses.append((topic.name, parts))
             continue
         for pd in topic.partition_data:
-            w = begin_write(broker, topic.name, pd.index, memoryview(pd.records or b""), acks)
+            w = broker.writer.begin(topic.name, pd.index, memoryview(pd.records or b""), acks)
             writes.append(w)
             parts.append((pd.index, w))
         responses.append((topic.name, parts))

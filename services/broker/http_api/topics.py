@@ -2,26 +2,35 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from aiohttp import web
 from straitmq.controller.errors import ControllerError
 from straitmq.metadata.topic_config import effective
 
 from ..groups.offsets import OFFSETS_TOPIC
+from ..metadata_view import MetadataView
+from ..partitions import PartitionManager
 from ..security.acls import DESCRIBE, TOPIC
-from .common import _body, _controller_error, _error, _json, _topic_or_404
-
-if TYPE_CHECKING:
-    from ..broker import Broker
+from .common import Permitted, _body, _controller_error, _error, _json, _topic_or_404
 
 
-def _topic_view(broker: Broker, name: str) -> dict:
+@dataclass(frozen=True, slots=True)
+class TopicsDeps:
+    metadata: MetadataView
+    partitions: PartitionManager
+    topic_defaults: dict[str, str]
+    num_partitions: int  # a new topic's, unless the request says
+    default_replication_factor: int
+    permitted: Permitted
+
+
+def _topic_view(deps: TopicsDeps, name: str) -> dict:
     """The topic as the metadata says, plus what this broker's replicas hold."""
-    t = broker.image.topics[name]
+    t = deps.metadata.image.topics[name]
     parts = []
     for i, meta in enumerate(t.partitions):
-        p = broker.partitions.get(name, i)
+        p = deps.partitions.get(name, i)
         parts.append(
             {
                 "partition": i,
@@ -46,24 +55,24 @@ def _topic_view(broker: Broker, name: str) -> dict:
         "partitions": parts,
         "replication_factor": t.replication_factor,
         "configs": t.configs,
-        "effective_configs": effective({**broker.topic_defaults, **t.configs}),
+        "effective_configs": effective({**deps.topic_defaults, **t.configs}),
     }
 
 
-def add_routes(app: web.Application, broker: Broker) -> None:
+def add_routes(app: web.Application, deps: TopicsDeps) -> None:
     """/api/v1/topics[/{name}]"""
     routes = web.RouteTableDef()
 
     @routes.get("/api/v1/topics")
     async def list_topics(request: web.Request) -> web.Response:
         internal = request.query.get("internal") == "true"
-        may = broker.http_security.permitted  # as Metadata: only the topics one may DESCRIBE
+        may = deps.permitted  # as Metadata: only the topics one may DESCRIBE
         names = sorted(
             n
-            for n, t in broker.image.topics.items()
+            for n, t in deps.metadata.image.topics.items()
             if (internal or not t.internal) and may(request, DESCRIBE, TOPIC, n)
         )
-        return _json({"topics": [_topic_view(broker, n) for n in names]})
+        return _json({"topics": [_topic_view(deps, n) for n in names]})
 
     @routes.post("/api/v1/topics")
     async def create_topic(request: web.Request) -> web.Response:
@@ -71,8 +80,8 @@ def add_routes(app: web.Application, broker: Broker) -> None:
         name = body.get("name")
         if not isinstance(name, str):
             return _error(400, "'name' (string) is required")
-        partitions = body.get("partitions", broker.config.num_partitions)
-        rf = body.get("replication_factor", broker.config.default_replication_factor)
+        partitions = body.get("partitions", deps.num_partitions)
+        rf = body.get("replication_factor", deps.default_replication_factor)
         configs = body.get("configs", {})
         if not isinstance(partitions, int) or not isinstance(rf, int):
             return _error(400, "'partitions' and 'replication_factor' must be integers")
@@ -81,7 +90,7 @@ def add_routes(app: web.Application, broker: Broker) -> None:
         ):
             return _error(400, "'configs' must map config names to strings")
         try:
-            await broker.control(
+            await deps.metadata.control(
                 "create_topic",
                 {
                     "name": name,
@@ -92,13 +101,13 @@ def add_routes(app: web.Application, broker: Broker) -> None:
             )
         except ControllerError as e:
             return _controller_error(e)
-        return _json(_topic_view(broker, name), 201)
+        return _json(_topic_view(deps, name), 201)
 
     @routes.get("/api/v1/topics/{name}")
     async def describe_topic(request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        _topic_or_404(broker, name)
-        return _json(_topic_view(broker, name))
+        _topic_or_404(deps.metadata.image, name)
+        return _json(_topic_view(deps, name))
 
     @routes.delete("/api/v1/topics/{name}")
     async def delete_topic(request: web.Request) -> web.Response:
@@ -106,7 +115,7 @@ def add_routes(app: web.Application, broker: Broker) -> None:
         if name == OFFSETS_TOPIC:
             return _error(400, "the internal offsets topic cannot be deleted")
         try:
-            await broker.control("delete_topic", {"name": name})
+            await deps.metadata.control("delete_topic", {"name": name})
         except ControllerError as e:
             return _controller_error(e)
         return _json({"deleted": name})
@@ -114,21 +123,21 @@ def add_routes(app: web.Application, broker: Broker) -> None:
     @routes.patch("/api/v1/topics/{name}")
     async def alter_topic(request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        _topic_or_404(broker, name)
+        _topic_or_404(deps.metadata.image, name)
         body = await _body(request)
         try:
             if "partitions" in body:
                 if not isinstance(body["partitions"], int):
                     return _error(400, "'partitions' must be an integer")
-                if body["partitions"] != len(broker.image.topics[name].partitions):
-                    await broker.control(
+                if body["partitions"] != len(deps.metadata.image.topics[name].partitions):
+                    await deps.metadata.control(
                         "create_partitions", {"name": name, "count": body["partitions"]}
                     )
             if "configs" in body:
                 changes = body["configs"]
                 if not isinstance(changes, dict):
                     return _error(400, "'configs' must be an object (null deletes a key)")
-                await broker.control(
+                await deps.metadata.control(
                     "alter_configs",
                     {
                         "name": name,
@@ -137,6 +146,6 @@ def add_routes(app: web.Application, broker: Broker) -> None:
                 )
         except ControllerError as e:
             return _controller_error(e)
-        return _json(_topic_view(broker, name))
+        return _json(_topic_view(deps, name))
 
     app.add_routes(routes)

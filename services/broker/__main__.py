@@ -10,14 +10,15 @@ import sys
 from pathlib import Path
 
 import uvloop
+from straitmq.node import build_broker
 
 from straitmq import gc_tuning, logs
 from straitmq.node_identity import ordinal_from_hostname
 from straitmq.properties import load_settings
 from straitmq.signals import stop_signal
 
-from .broker import Broker, BrokerStartupError
 from .config import BrokerConfig, flag_settings
+from .errors import BrokerStartupError
 from .security.settings import FIELDS, check_keys
 
 
@@ -111,7 +112,7 @@ STARTUP_REPORT_S = 10.0  # how often a broker that is not serving yet says why
 
 
 async def run(config: BrokerConfig, announce: bool = True) -> None:
-    broker = Broker(config)
+    broker = build_broker(config)
     stop = stop_signal()
     starting = asyncio.ensure_future(broker.start())
     stopped = asyncio.ensure_future(stop.wait())

@@ -8,7 +8,9 @@ subsystems never reach back into it.
 In a cluster the broker follows the metadata log as a Raft observer of the controller
 quorum and calls the active controller over HTTP. A combined node (`--single`, the
 default when no controllers are given) runs a one-voter quorum and its controller in
-the same process and serves the controller endpoints on its own HTTP port.
+the same process and serves the controller endpoints on its own HTTP port; that
+controller is built above this package (`straitmq.node`) and known here only as a
+`ColocatedController`.
 """
 
 from __future__ import annotations
@@ -19,17 +21,13 @@ import contextlib
 import logging
 import os
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from aiohttp import web
 from kio.schema.errors import ErrorCode
-from straitmq.controller import metrics as controller_metrics
-from straitmq.controller.active import ActiveController, ControllerSettings, handlers
 from straitmq.controller.client import ControllerClient
 from straitmq.controller.errors import ControllerError
-from straitmq.controller.http_api import add_routes as add_controller_routes
 from straitmq.controller.quorum import Quorum, parse_voters
 from straitmq.controller.raft.core import RaftConfig
 from straitmq.metadata.image import MetadataImage
@@ -39,6 +37,7 @@ from straitmq.telemetry import Telemetry
 from . import metrics as broker_metrics
 from .api.context import RequestContext
 from .api.metadata import TopicAnswers
+from .colocated import Colocate, ColocatedController
 from .config import BrokerConfig
 from .errors import BrokerStartupError
 from .fetch_sessions import FetchSessions
@@ -79,16 +78,10 @@ STORAGE_RETRY_S = 5.0  # how often replicas whose log could not be opened are re
 _TOPIC_RECORDS = frozenset({"topic", "partition", "partition_change", "config", "remove_topic"})
 
 
-@dataclass(frozen=True, slots=True)
-class _InProcessController:
-    """What the controller's HTTP endpoints read on a combined node."""
-
-    quorum: Quorum
-    active: ActiveController
-
-
 class Broker:
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, colocate: Colocate | None = None) -> None:
+        """`colocate` builds the controller of a combined node (no controller voters
+        configured) in this process; `straitmq.node.build_broker` passes it."""
         self.config = config
         self.metrics = BrokerMetrics()
         self.connections: set[KafkaConnection] = set()
@@ -133,7 +126,8 @@ class Broker:
             )
         except ValueError as e:
             raise BrokerStartupError(str(e)) from None
-        self._build_quorum()
+        self.telemetry = Telemetry("straitmq-broker", str(config.node_id), config.otlp_endpoint)
+        self._build_quorum(colocate)
         self.metadata = MetadataView(self.quorum, self.controller, self.partitions)
         image = self.metadata.current
         self.metadata_answers = TopicAnswers()
@@ -193,7 +187,6 @@ class Broker:
             self._request_context,
         )
         self._producer_ids: list[int] = []  # [next, limit) of the block we hold
-        self.telemetry = Telemetry("straitmq-broker", str(config.node_id), config.otlp_endpoint)
         broker_metrics.install(
             self.telemetry,
             self.metrics,
@@ -204,8 +197,6 @@ class Broker:
             self.offsets,
             self.share,
         )
-        if self.active is not None:
-            controller_metrics.install(self.telemetry, self.quorum, self.active)
         self._http_api = self._build_http_api()
 
     def _build_http_api(self) -> HttpApi:
@@ -213,9 +204,8 @@ class Broker:
         peers = Peers(cfg.node_id, self.http_security.scheme, metadata.current)
         permitted = self.http_security.permitted
         extra = []
-        if self.active is not None:  # the controller's endpoints, on our port
-            owner = _InProcessController(self.quorum, self.active)
-            extra.append(lambda app: add_controller_routes(app, owner))
+        if self.colocated is not None:  # the controller's endpoints, on our port
+            extra.append(self.colocated.add_routes)
         return HttpApi(
             security=self.http_security,
             telemetry=self.telemetry,
@@ -239,14 +229,15 @@ class Broker:
             extra_routes=extra,
         )
 
-    def _build_quorum(self) -> None:
+    def _build_quorum(self, colocate: Colocate | None) -> None:
         """The metadata quorum shell and the client of the active controller; on a
-        combined node also the controller itself, active while this node leads."""
+        combined node also the controller itself (built by `colocate`), active while
+        this node leads its one-voter quorum."""
         cfg = self.config
         raft = RaftConfig(
             election_timeout_ms=cfg.election_timeout_ms, fetch_timeout_ms=cfg.fetch_timeout_ms
         )
-        self.active: ActiveController | None = None
+        self.colocated: ColocatedController | None = None
         security = self.http_security
         if not self.combined:  # https to the controllers: controller.http.ssl.*
             self._voters = with_scheme(
@@ -259,24 +250,20 @@ class Broker:
                 self._voters, lambda: quorum.leader_id, auth=security.client
             )
             return
+        if colocate is None:
+            raise BrokerStartupError(
+                "no controller voters are configured, so this node runs its own controller: "
+                "start it with straitmq.node.build_broker (as strait-broker does)"
+            )
         # Our own voter URL is known once the HTTP port is bound (start fills it in): the
         # quorum and the controller client share this dict.
         self._voters = {cfg.node_id: ""}
         quorum = self.quorum = Quorum(cfg.node_id, self._voters, cfg.data_dir, raft)
-        active = self.active = ActiveController(
-            quorum,
-            ControllerSettings(
-                cluster_id=self.cluster_id,
-                session_timeout_ms=cfg.session_timeout_ms,
-                leader_rebalance_interval_ms=cfg.leader_rebalance_interval_ms,
-                default_partitions=cfg.num_partitions,
-                default_replication_factor=cfg.default_replication_factor,
-            ),
-        )
+        colocated = self.colocated = colocate(quorum, self.cluster_id, self.telemetry)
         self.controller = ControllerClient(
             self._voters,
             lambda: quorum.leader_id,
-            (lambda: active.active, handlers(active)),
+            (colocated.is_active, dict(colocated.handlers())),
             security.client,
         )
 
@@ -497,8 +484,8 @@ class Broker:
             self._voters[cfg.node_id] = f"{self.http_security.scheme}://{cfg.http_host}:{http_port}"
         self.quorum.listeners.append(self._on_metadata)
         await self.quorum.start()
-        if self.active is not None:
-            await self.active.start()
+        if self.colocated is not None:
+            await self.colocated.start()
         await self._wait_metadata()
         self.phase = "registering with the active controller"
         await self.lifecycle.register()
@@ -612,8 +599,8 @@ class Broker:
                 await t
         self._tasks = []
         await self.fetchers.stop()
-        if self.active is not None:
-            await self.active.stop()
+        if self.colocated is not None:
+            await self.colocated.stop()
         await self.quorum.stop()
         if self._http is not None:
             await self._http.cleanup()

@@ -19,8 +19,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from straitmq.telemetry import Telemetry
 from straitmq.telemetry import catalog as C
 from straitmq.telemetry.histogram import LATENCY_BUCKETS_S, FastHistogram, HistogramFamily
 from straitmq.telemetry.kafka_names import FETCH_FOLLOWER, api_name, error_name
@@ -32,9 +33,6 @@ from .partitions import PartitionManager
 from .replication.isr import IsrManager
 from .share.checkpoints import STATE_GROUP_PREFIX
 from .share.coordinator import ShareCoordinator
-
-if TYPE_CHECKING:
-    from straitmq.telemetry import Telemetry
 
 FOLLOWER_FETCH_KEY = -1  # latency key of Fetch requests from follower replicas
 MAX_LAG_SERIES = 10_000  # (group, partition) pairs reported per scrape; the rest dropped

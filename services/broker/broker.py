@@ -598,6 +598,7 @@ class Broker:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks = []
+        await self.isr.stop()
         await self.fetchers.stop()
         if self.colocated is not None:
             await self.colocated.stop()
@@ -606,6 +607,8 @@ class Broker:
             await self._http.cleanup()
             self._http = None
         await self.controller.close()
+        # The logs close once the quorum shell is stopped: until then a metadata record
+        # may still open or sync replicas (_on_metadata).
         self.partitions.close()
         self.telemetry.shutdown()
 

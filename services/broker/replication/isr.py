@@ -9,6 +9,7 @@ ISRs with a few calls, not thousands.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -94,6 +95,16 @@ class IsrManager:
                     )
                 if pacer.due():
                     await pacer.pause()  # 100,000 replicas: let the listener answer
+
+    async def stop(self) -> None:
+        """Stop sending: proposals not answered yet are dropped (the next leader, or
+        this broker once back, proposes anew)."""
+        self._queued.clear()
+        if self._sender is not None:
+            self._sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sender
+            self._sender = None
 
     def propose(self, part: Partition, new_isr: list[int]) -> None:
         part.pending_isr = new_isr

@@ -14,11 +14,11 @@ import uvloop
 from straitmq import gc_tuning, logs
 from straitmq.node_identity import ordinal_from_hostname
 from straitmq.properties import load_settings
+from straitmq.security.settings import FIELDS, check_keys
 from straitmq.signals import stop_signal
 
 from .broker import Broker, BrokerStartupError
 from .config import BrokerConfig, flag_settings
-from .security.settings import FIELDS, check_keys
 
 
 def parse_args(argv: list[str] | None = None) -> BrokerConfig:

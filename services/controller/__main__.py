@@ -7,11 +7,11 @@ import os
 import sys
 
 import uvloop
-from straitmq.broker.security.settings import ACL_KEYS, HTTP_KEYS
 
 from straitmq import gc_tuning, logs
 from straitmq.node_identity import voter_for_hostname
 from straitmq.properties import load_settings
+from straitmq.security.settings import ACL_KEYS, HTTP_KEYS
 from straitmq.signals import wait_for_stop_signal
 
 from .active import ControllerSettings
@@ -20,7 +20,7 @@ from .node import ControllerNode
 from .quorum import parse_voters
 from .raft.core import RaftConfig
 
-# The settings of a controller's HTTP port (see straitmq.broker.security.http_security),
+# The settings of a controller's HTTP port (see straitmq.security.http_security),
 # and how it checks the voters and brokers calling it.
 SECURITY_KEYS = (
     HTTP_KEYS

@@ -26,10 +26,10 @@ import ssl
 
 from straitmq.protocol.client import ClientSecurity, SaslLogin
 from straitmq.protocol.sasl_client import MECHANISMS
+from straitmq.security.settings import listener_value
+from straitmq.security.tls import file_stamp
 
 from .listeners import Listener, ListenerConfigError
-from .settings import listener_value
-from .tls import file_stamp
 
 log = logging.getLogger("straitmq.security")
 _JAAS_FIELD = r'\b{}\s*=\s*"((?:[^"\\]|\\.)*)"'

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from straitmq.properties import read_properties  # noqa: F401  (its old home)
 
-# ACLs (security/acls.py): broker-wide only, as in Kafka; a controller takes them too.
+# ACLs (acls.py): broker-wide only, as in Kafka; a controller takes them too.
 ACL_KEYS = frozenset({"authorizer.class.name", "super.users", "allow.everyone.if.no.acl.found"})
 # The HTTP port (http_security.py): broker-wide only; a controller takes them too.
 HTTP_KEYS = frozenset(

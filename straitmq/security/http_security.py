@@ -49,9 +49,9 @@ import logging
 import secrets
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 from aiohttp import web
@@ -78,9 +78,28 @@ from .scram import MECHANISMS, keys_from_salted_password, salted_password
 from .tls import CLIENT_AUTH, TlsConfigError, TlsListener, TlsSettings, principal_from_cert
 
 if TYPE_CHECKING:
-    from .listeners import Listener
+    from straitmq.protocol.client import ClientSecurity
 
 log = logging.getLogger("straitmq.security")
+
+
+class _PlainUsers(Protocol):
+    @property
+    def plain_users(self) -> dict[str, str]: ...
+
+
+class KafkaListener(Protocol):
+    """What the HTTP port takes from a broker's Kafka listener
+    (straitmq.broker.security.listeners.Listener): its PLAIN users, which Basic accepts
+    too, and its client side, whose SASL user this node shows its peers. Declared here so
+    the ground floor does not import the broker."""
+
+    @property
+    def sasl(self) -> _PlainUsers | None: ...
+
+    @property
+    def client(self) -> ClientSecurity | None: ...
+
 
 METHODS = ("basic", "mtls")
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # the kubelet's probes: never closed
@@ -150,7 +169,7 @@ class HttpSecurity:
         props: dict[str, str],
         authorizer: Authorizer,
         scram_lookup: Callable[[str], dict[str, dict]],
-        listeners: list[Listener],
+        listeners: Sequence[KafkaListener],
     ) -> None:
         settings = _tls_settings(props)
         try:
@@ -241,7 +260,7 @@ class HttpSecurity:
     @staticmethod
     def _peer_auth(
         props: dict[str, str],
-        listeners: list[Listener],
+        listeners: Sequence[KafkaListener],
         settings: TlsSettings | None,
         basic: bool,
         tls: bool,

@@ -23,12 +23,9 @@ whenever the image's ACL version moves (a binding was added or removed).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
-
-if TYPE_CHECKING:
-    from straitmq.metadata.image import MetadataImage
+from typing import NamedTuple, Protocol
 
 log = logging.getLogger("straitmq.authorizer")
 
@@ -220,13 +217,24 @@ def operations_bitfield(resource_type: int, allowed: Callable[[int], bool]) -> i
     return bits
 
 
+class AclSource(Protocol):
+    """Where the bindings come from: the metadata image (straitmq.metadata.image), which
+    this ground-floor module does not import."""
+
+    @property
+    def acls(self) -> Iterable[tuple]: ...
+
+    @property
+    def acls_version(self) -> int: ...
+
+
 class Authorizer:
     """Decides from the image's bindings; `authorize` is the one entry point."""
 
-    def __init__(self, settings: AuthorizerSettings, image: Callable[[], MetadataImage]) -> None:
+    def __init__(self, settings: AuthorizerSettings, image: Callable[[], AclSource]) -> None:
         self.settings = settings
         self.enabled = settings.enabled
-        self._image = image  # () -> MetadataImage: the broker's current image
+        self._image = image  # () -> the node's current metadata image
         self._cache: dict[tuple, bool] = {}
         self._version = -1
         self._by_type: dict[int, list[AclBinding]] = {}
@@ -235,7 +243,7 @@ class Authorizer:
         self._index: dict[tuple[int, int, str], list[AclBinding]] = {}
 
     def _bindings(self) -> dict[int, list[AclBinding]]:
-        image: MetadataImage = self._image()
+        image = self._image()
         if image.acls_version != self._version:
             self._version = image.acls_version
             self._cache = {}

@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
+from .settings import default
+
 log = logging.getLogger("straitmq.authorizer")
 
 # Resource types (org.apache.kafka.common.resource.ResourceType)
@@ -179,12 +181,18 @@ class AuthorizerSettings:
 
     @classmethod
     def from_properties(cls, props: dict[str, str]) -> AuthorizerSettings:
-        supers = props.get("super.users", "")
+        supers = props.get("super.users", default("super.users"))
         return cls(
-            enabled=bool(props.get("authorizer.class.name", "").strip()),
+            enabled=bool(
+                props.get("authorizer.class.name", default("authorizer.class.name")).strip()
+            ),
             # Kafka separates super users with semicolons (names may hold commas).
             super_users=frozenset(s.strip() for s in supers.split(";") if s.strip()),
-            allow_if_no_acl=props.get("allow.everyone.if.no.acl.found", "false").strip().lower()
+            allow_if_no_acl=props.get(
+                "allow.everyone.if.no.acl.found", default("allow.everyone.if.no.acl.found")
+            )
+            .strip()
+            .lower()
             == "true",
         )
 

@@ -1,8 +1,10 @@
 """Broker settings, each declared once: its default, its Kafka name (what DescribeConfigs
 shows) and its `strait-broker` flag, with Kafka's names where Kafka has the same knob.
 
-`setting(...)` puts the name and flag in the dataclass field's metadata; `describe()` and
-the command line (`straitmq.broker.__main__`) are both built from these declarations.
+`setting(...)` (straitmq.settings, shared with ControllerConfig) puts the name and flag in
+the dataclass field's metadata; `describe()` and the command line
+(`straitmq.broker.__main__`) are both built from these declarations. A combined node's own
+controller settings take their defaults from ControllerConfig.
 """
 
 from __future__ import annotations

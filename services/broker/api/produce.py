@@ -16,7 +16,8 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from ..security.acls import TOPIC, TRANSACTIONAL_ID, WRITE
+from straitmq.security.acls import TOPIC, TRANSACTIONAL_ID, WRITE
+
 from .context import Deferred, RequestContext
 
 log = logging.getLogger("straitmq.produce")

@@ -20,7 +20,8 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from ..security.acls import DESCRIBE, GROUP, READ, TOPIC
+from straitmq.security.acls import DESCRIBE, GROUP, READ, TOPIC
+
 from ..security.listeners import endpoint_for
 from ..share.coordinator import ShareCoordinator
 from ..share.group_configs import config_key

@@ -13,9 +13,9 @@ from typing import Any
 from aiohttp import web
 
 from straitmq.admin_client import AdminClient
+from straitmq.security.http_security import HttpSecurity
 from straitmq.telemetry import Telemetry
 
-from ..security.http_security import HttpSecurity
 from . import cluster, groups, health, records, topics, users
 from .cluster import ClusterDeps
 from .common import PEERS, Peers, Permitted, _error
@@ -83,7 +83,7 @@ def _gate(api: HttpApi) -> Any:
 
 def build_app(api: HttpApi) -> web.Application:
     security = api.security
-    # Who is calling and what the ACLs allow them, first (security/http_security.py);
+    # Who is calling and what the ACLs allow them, first (straitmq/security/http_security.py);
     # nothing is added while http.authentication is none.
     middlewares = [security.middleware()] if security.enabled else []
     app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[*middlewares, _gate(api)])

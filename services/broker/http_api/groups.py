@@ -12,6 +12,7 @@ from aiohttp import web
 from kio.schema.errors import ErrorCode
 
 from straitmq.admin_client import AdminClient, AdminError
+from straitmq.security.acls import DESCRIBE, GROUP, TOPIC
 
 from ..groups.consumer_protocol import (
     MalformedProtocol,
@@ -22,7 +23,6 @@ from ..groups.coordinator import GroupCoordinator
 from ..groups.offsets import OFFSETS_TOPIC, OffsetStore
 from ..metadata_view import MetadataView
 from ..partitions import PartitionManager
-from ..security.acls import DESCRIBE, GROUP, TOPIC
 from ..share.coordinator import ShareCoordinator, is_state_group
 from .common import PEERS, Peers, Permitted, _error, _json
 

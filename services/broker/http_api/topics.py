@@ -8,10 +8,11 @@ from aiohttp import web
 from straitmq.controller.errors import ControllerError
 from straitmq.metadata.topic_config import effective
 
+from straitmq.security.acls import DESCRIBE, TOPIC
+
 from ..groups.offsets import OFFSETS_TOPIC
 from ..metadata_view import MetadataView
 from ..partitions import PartitionManager
-from ..security.acls import DESCRIBE, TOPIC
 from .common import Permitted, _body, _controller_error, _error, _json, _topic_or_404
 
 

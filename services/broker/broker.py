@@ -169,6 +169,7 @@ class Broker:
             self.offsets,
             inter_broker,
             lambda: self.stopping,
+            self.groups.group_type,
         )
         self.lifecycle = Lifecycle(
             config,

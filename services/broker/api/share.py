@@ -29,7 +29,6 @@ from ..share.partition import Acquired, InvalidRecordState
 from ..share.sessions import FINAL_EPOCH, INITIAL_EPOCH, ShareSession
 from .context import RequestContext
 from .fetch import partition_error
-from .groups import not_coordinator
 
 log = logging.getLogger("straitmq.share")
 
@@ -38,6 +37,16 @@ _LAST_DELTA = struct.Struct(">i")  # lastOffsetDelta, at byte 23 of a batch
 _READ_CHUNK = 1 << 20
 _GROUP_DENIED = ErrorCode.group_authorization_failed
 RESET = "share.auto.offset.reset"
+
+
+def _coordinator(ctx: RequestContext) -> ShareCoordinator:
+    """The broker's share coordinator: the one place these handlers reach it."""
+    return ctx.broker.share
+
+
+def _not_coordinator(share: ShareCoordinator, group_id: str) -> int:
+    """NOT_COORDINATOR unless this broker leads the group's offsets partition."""
+    return 0 if share.offsets.owns(group_id) else ErrorCode.not_coordinator
 
 
 def _now() -> int:
@@ -78,12 +87,13 @@ async def handle_share_group_heartbeat(ctx: RequestContext, req: Any) -> dict:
         "heartbeat_interval": 0,
         "assignment": None,
     }
+    share = _coordinator(ctx)
     gid = req.group_id
     if not ctx.allowed(READ, GROUP, gid):
         return {**answer, "error_code": _GROUP_DENIED}
-    if code := not_coordinator(ctx, gid):
+    if code := _not_coordinator(share, gid):
         return {**answer, "error_code": code}
-    if ctx.broker.groups.group_type(gid) is not None:
+    if share.other_group_type(gid) is not None:
         return {
             **answer,
             "error_code": ErrorCode.group_id_not_found,
@@ -93,7 +103,6 @@ async def handle_share_group_heartbeat(ctx: RequestContext, req: Any) -> dict:
     for name in names or ():
         if not ctx.allowed(DESCRIBE, TOPIC, name):
             return {**answer, "error_code": ErrorCode.topic_authorization_failed}
-    share = ctx.broker.share
     r = share.groups.heartbeat(
         gid,
         req.member_id,
@@ -118,7 +127,7 @@ async def handle_share_group_heartbeat(ctx: RequestContext, req: Any) -> dict:
 
 
 async def handle_share_group_describe(ctx: RequestContext, req: Any) -> dict:
-    share = ctx.broker.share
+    share = _coordinator(ctx)
     share.groups.expire(_now())
     share.members_gone()
     image = share.image
@@ -136,7 +145,7 @@ async def handle_share_group_describe(ctx: RequestContext, req: Any) -> dict:
         if not ctx.allowed(DESCRIBE, GROUP, gid):
             groups.append({**empty, "error_code": _GROUP_DENIED, "error_message": None})
             continue
-        if code := not_coordinator(ctx, gid):
+        if code := _not_coordinator(share, gid):
             groups.append({**empty, "error_code": code, "error_message": None})
             continue
         g = share.groups.describe(gid)
@@ -304,7 +313,7 @@ def _session_error(code: int, message: str | None, extra: dict) -> dict:
 
 
 async def handle_share_fetch(ctx: RequestContext, req: Any) -> dict:
-    share = ctx.broker.share
+    share = _coordinator(ctx)
     extra = {"acquisition_lock_timeout": share.state.lock_duration_ms}
     group, member, epoch = req.group_id or "", req.member_id or "", req.share_session_epoch
     if not group or not member:
@@ -523,7 +532,7 @@ def _collect(
 
 
 async def handle_share_acknowledge(ctx: RequestContext, req: Any) -> dict:
-    share = ctx.broker.share
+    share = _coordinator(ctx)
     group, member, epoch = req.group_id or "", req.member_id or "", req.share_session_epoch
     if not group or not member:
         return _session_error(ErrorCode.invalid_request, "GroupId and MemberId are required", {})
@@ -573,13 +582,13 @@ async def handle_share_acknowledge(ctx: RequestContext, req: Any) -> dict:
 async def handle_describe_share_group_offsets(ctx: RequestContext, req: Any) -> dict:
     """DescribeShareGroupOffsets v0 (what `kafka-share-groups --describe` shows): each
     share-partition's start offset as last saved (share/checkpoints.py)."""
-    share = ctx.broker.share
+    share = _coordinator(ctx)
     image = share.image
     groups = []
     for g in req.groups:
         gid = g.group_id
         code = 0 if ctx.allowed(DESCRIBE, GROUP, gid) else _GROUP_DENIED
-        code = code or not_coordinator(ctx, gid)
+        code = code or _not_coordinator(share, gid)
         if code:
             groups.append(
                 {"group_id": gid, "topics": [], "error_code": code, "error_message": None}

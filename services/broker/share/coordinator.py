@@ -35,12 +35,16 @@ class ShareCoordinator:
         offsets: OffsetStore,
         listener: Listener,
         stopping: Callable[[], bool],
+        other_group_type: Callable[[str], str | None],
     ) -> None:
         self.metadata = metadata
         self.partitions = partitions
         self.offsets = offsets
         self.fetch_max_wait_s = config.fetch_max_wait_s
         self.stopping = stopping  # the broker is leaving: parked fetches answer at once
+        # The kind of a classic or consumer group with that id, if there is one (group
+        # ids are one space: such an id cannot be a share group's).
+        self.other_group_type = other_group_type
         self.groups = ShareGroupStateMachine(
             ShareSettings(
                 session_timeout_ms=config.group_share_session_timeout_ms,

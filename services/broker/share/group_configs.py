@@ -40,7 +40,7 @@ def group_config(image: Any, group_id: str, name: str) -> str:
 
 def describe_entries(image: Any, group_id: str, keys: set[str] | None, docs: bool) -> list[dict]:
     """DescribeConfigs entries of a group (explicit values as dynamic group configs)."""
-    out = []
+    out: list[dict] = []
     for name, (default, doc) in sorted(GROUP_CONFIGS.items()):
         if keys and name not in keys:
             continue

@@ -43,7 +43,7 @@ def node_label(node: str, label: str, api: Any = None) -> str:
         if e.status in (429,) or (e.status or 0) >= 500:
             raise  # the API server is busy or restarting: worth another try
         raise RackError(f"reading node {node}: HTTP {e.status} {e.reason}") from None
-    value = (obj.metadata.labels or {}).get(label)
+    value = ((obj.metadata.labels if obj.metadata else None) or {}).get(label)
     if not value:
         raise RackError(
             f"node {node} has no label {label!r}: label the node, or change "

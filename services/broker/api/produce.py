@@ -16,7 +16,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from ..partition_write import begin_write
+from ..partition_write import PartitionWrite, begin_write
 from ..security.acls import TOPIC, TRANSACTIONAL_ID, WRITE
 from .context import Deferred, RequestContext
 
@@ -41,7 +41,7 @@ async def handle_produce(ctx: RequestContext, req: Any) -> dict | Deferred | Non
     txn = getattr(req, "transactional_id", None)
     txn_ok = not txn or ctx.allowed(WRITE, TRANSACTIONAL_ID, txn)
     for topic in req.topic_data:
-        parts = []
+        parts: list[tuple[int, PartitionWrite | type[_Refused]]] = []
         # Checked once per topic (a cached decision), never per record.
         if not txn_ok or not ctx.allowed(WRITE, TOPIC, topic.name):
             parts = [(pd.index, _Refused) for pd in topic.partition_data]

@@ -85,7 +85,7 @@ class _Gen:
         name = f"w{len(self.names)}"
         self.names[schema] = name
         hints = typing.get_type_hints(schema)
-        flexible = schema.__flexible__  # type: ignore[attr-defined]
+        flexible = schema.__flexible__  # type: ignore[attr-defined]  # every kio entity has it
         lines: list[str] = []
         tags: dict[int, str] = {}
         for f in dataclasses.fields(schema):

@@ -24,6 +24,7 @@ durably by `checkpoints.py` (`snapshot()` / `restore()`), so a new leader goes o
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 AVAILABLE = 0
@@ -182,7 +183,7 @@ class SharePartition:
         member: str,
         now: int,
         max_records: int,
-        new_batches: list[tuple[int, int]] = (),  # type: ignore[assignment]
+        new_batches: Iterable[tuple[int, int]] = (),
     ) -> list[Acquired]:
         """Lock records for `member`: first those AVAILABLE in flight (released or timed
         out, lowest offsets first), then new ones from `new_batches`, the (base, last)

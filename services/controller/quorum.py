@@ -196,10 +196,6 @@ class Quorum:
     def leader_id(self) -> int | None:
         return self.node.leader_id
 
-    def leader_url(self) -> str | None:
-        lid = self.node.leader_id
-        return self.voters.get(lid) if lid is not None else None
-
     def status(self) -> dict:
         st = self.node.status()
         st["applied_offset"] = self.image.offset

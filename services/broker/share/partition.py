@@ -122,9 +122,6 @@ class SharePartition:
     def in_flight(self) -> int:
         return self.next_offset - self.spso
 
-    def has_available(self, high_watermark: int) -> bool:
-        return self.next_offset < high_watermark or any(r.state == AVAILABLE for r in self.ranges)
-
     # -- durable form -------------------------------------------------------------------
 
     def snapshot(self, max_chars: int = 4000) -> str:

@@ -36,6 +36,17 @@ while IFS=$'\t' read -r name folder; do
       ln -s "$entry" "$TREE/straitmq/$base"
     done
   else
+    # A subpackage mapped inside a linked folder (straitmq.broker.x): the parent becomes a
+    # real folder of links first, so nothing is ever written into the checkout.
+    parent="$(dirname "$TREE/$rel")"
+    if [[ -L "$parent" ]]; then
+      target="$(readlink "$parent")"
+      rm "$parent"
+      mkdir "$parent"
+      for entry in "$target"/*; do
+        [[ "$(basename "$entry")" == "__pycache__" ]] || ln -s "$entry" "$parent/"
+      done
+    fi
     # A mapped folder that also exists inside straitmq/ would be shadowed: the mapping wins,
     # as it does for setuptools.
     rm -rf "${TREE:?}/$rel"

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Any
+from typing import Any, cast
 
 from kio.schema.errors import ErrorCode
 from straitmq.metadata.image import MetadataImage
@@ -95,8 +95,9 @@ class KafkaConnection(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        transport.set_write_buffer_limits(high=0)
+        # A stream server's connections get a (read-write) Transport.
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.set_write_buffer_limits(high=0)
         peer = transport.get_extra_info("peername")
         self.client_host = f"/{peer[0]}" if peer else ""
         if self.listener is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from kio.schema.errors import ErrorCode
@@ -27,7 +28,7 @@ class ClusterDeps:
     combined: bool  # this process runs the controller too (it serves its quorum's status)
 
 
-_OPS_STATUS = {
+_OPS_STATUS: dict[int, int] = {
     **_ERROR_STATUS,
     ErrorCode.no_reassignment_in_progress: 409,
     ErrorCode.request_timed_out: 503,
@@ -128,7 +129,7 @@ def add_routes(app: web.Application, deps: ClusterDeps) -> None:
                 "'partitions' must be a non-empty list of "
                 '{"topic", "partition", "replicas": [broker ids] | null}',
             )
-        items = []
+        items: list[dict[str, Any]] = []
         for i, p in enumerate(parts):
             if not isinstance(p, dict):
                 return _error(400, f"partitions[{i}] must be an object")
@@ -192,7 +193,7 @@ def add_routes(app: web.Application, deps: ClusterDeps) -> None:
         return _json({"configs": configs})
 
     @routes.put("/api/v1/cluster/configs")
-    async def put_cluster_configs(request: web.Request) -> web.Response:
+    async def put_cluster_configs(request: web.Request) -> web.StreamResponse:
         body = await _body(request)
         changes = body.get("configs")
         if not isinstance(changes, dict) or not changes:

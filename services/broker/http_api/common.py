@@ -20,7 +20,7 @@ from straitmq.admin_client import AdminClient
 # May the request's principal do (operation, resource type, name)? (HttpSecurity.permitted)
 Permitted = Callable[[web.Request, int, int, str], bool]
 
-_ERROR_STATUS = {
+_ERROR_STATUS: dict[int, int] = {
     ErrorCode.unknown_topic_or_partition: 404,
     ErrorCode.topic_already_exists: 409,
     ErrorCode.invalid_topic_exception: 400,

@@ -38,7 +38,9 @@ touched that differ from what was last written (new values, tombstones for membe
 gone), one GroupRecords per group; `load_consumer_groups` rebuilds groups from the
 newest records when this broker becomes their coordinator.
 
-Internal invariants raise AssertionError naming the invariant (never stripped by -O).
+Internal invariants go through `straitmq.invariants` (never stripped by -O): a broken
+one names itself and its facts and stops the process, as the Raft core's do (tests and
+simulations may make it raise instead).
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kio.schema.errors import ErrorCode
+
+from straitmq.invariants import broken
 
 from .assignors import ASSIGNORS, TopicPartition
 from .classic_group import (
@@ -216,7 +220,7 @@ class GroupStateMachine:
         elif key.kind == SYNC:
             self._expire_sync(group)
         else:
-            raise AssertionError(f"invariant: unknown timer kind {key.kind!r}")
+            broken("every timer kind is handled", group=key.group_id, kind=key.kind)
 
     # -- JoinGroup ------------------------------------------------------------------------
 
@@ -422,8 +426,11 @@ class GroupStateMachine:
             # nothing to the new one: rebalance so the new id gets an assignment.
             return self._prepare_rebalance(group)
         if group.state != PREPARING:
-            raise AssertionError(
-                f"invariant: a static member is known in {group.group_id} in state {group.state}"
+            broken(
+                "a known static member rejoins a group that is Empty, Stable, "
+                "CompletingRebalance or PreparingRebalance",
+                group=group.group_id,
+                state=group.state,
             )
         self._maybe_complete_join_phase(group)
 
@@ -941,7 +948,8 @@ class GroupStateMachine:
         member, changed, error = self._consumer_member(group, req)
         if error is not None:
             return error
-        assert member is not None
+        if member is None:
+            broken("a consumer member is found, made or refused", group=group.group_id)
         self._touch(group.group_id, member.member_id)
         changed |= self._update_consumer_member(member, req)
         changed |= self._refresh_topics(group, topics)
@@ -1096,7 +1104,8 @@ class GroupStateMachine:
     ) -> ConsumerMember:
         """A static member restarted: the new member id takes its place, partitions and
         target, from epoch 0, so nothing moves."""
-        assert old.instance_id is not None, "invariant: a static member"
+        if old.instance_id is None:
+            broken("only a static member is replaced", group=group.group_id, member=old.member_id)
         new = ConsumerMember(
             new_id,
             old.instance_id,
@@ -1401,7 +1410,12 @@ class GroupStateMachine:
         member, code = self._classic_member(group, req.member_id, req.instance_id, req.generation)
         if member is None:
             return self._reply_sync(handle, code)
-        assert member.classic is not None, "invariant: a classic member"
+        if member.classic is None:
+            broken(
+                "a member found as classic has its classic protocols",
+                group=group.group_id,
+                member=member.member_id,
+            )
         if _differs(req.protocol_type, "consumer") or _differs(
             req.protocol_name, member.classic.protocol_name
         ):

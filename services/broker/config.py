@@ -2,13 +2,19 @@
 shows) and its `strait-broker` flag, with Kafka's names where Kafka has the same knob.
 
 `setting(...)` puts the name and flag in the dataclass field's metadata; `describe()` and
-the command line (`straitmq.broker.__main__`) are both built from these declarations.
+the command line (`straitmq.broker.__main__`) are both built from these declarations,
+and so are the defaults of the subsystems' own settings (`from_broker`).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+S = TypeVar("S", bound="DataclassInstance")
 
 
 def setting(
@@ -169,6 +175,23 @@ class BrokerConfig:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def from_broker(name: str) -> Any:
+    """A field of a subsystem's settings (GroupSettings, ShareSettings) that BrokerConfig
+    declares as `name`: its default is BrokerConfig's, so the two cannot drift, and
+    `settings_from` fills it from a broker's configuration."""
+    declared = next(f for f in fields(BrokerConfig) if f.name == name)
+    return field(default=declared.default, metadata={"broker": name})
+
+
+def settings_from(cls: type[S], config: BrokerConfig, **overrides: Any) -> S:
+    """`cls` (a dataclass of `from_broker` fields and its own) with every `from_broker`
+    field taken from `config`, the others left at their defaults unless overridden."""
+    taken = {
+        f.name: getattr(config, f.metadata["broker"]) for f in fields(cls) if "broker" in f.metadata
+    }
+    return cls(**{**taken, **overrides})
 
 
 def flag_settings() -> list[tuple[str, str, type, Any, str | None]]:

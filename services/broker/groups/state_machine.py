@@ -55,6 +55,7 @@ from kio.schema.errors import ErrorCode
 
 from straitmq.invariants import broken
 
+from ..config import BrokerConfig, from_broker, settings_from
 from .assignors import ASSIGNORS, TopicPartition
 from .classic_group import (
     COMPLETING,
@@ -119,15 +120,23 @@ from .regex import INTERNAL_TOPICS, RegexError, compile_regex
 
 @dataclass(frozen=True, slots=True)
 class GroupSettings:
-    min_session_timeout_ms: int = 6000  # group.min.session.timeout.ms
-    max_session_timeout_ms: int = 1_800_000  # group.max.session.timeout.ms
-    initial_rebalance_delay_ms: int = 3000  # group.initial.rebalance.delay.ms
-    max_size: int = 1000  # group.max.size (Kafka's default is unlimited)
+    """What the state machine is told. The broker settings are declared once, in
+    BrokerConfig (Kafka name, flag, default, help): these take their defaults from
+    there, and `from_config` their values from a broker's."""
+
+    min_session_timeout_ms: int = from_broker("group_min_session_timeout_ms")
+    max_session_timeout_ms: int = from_broker("group_max_session_timeout_ms")
+    initial_rebalance_delay_ms: int = from_broker("group_initial_rebalance_delay_ms")
+    max_size: int = 1000  # group.max.size (Kafka's default is unlimited); not a setting
     new_member_join_timeout_ms: int = 300_000  # Kafka's, not configurable there either
-    # KIP-848 consumer groups (Kafka's group.consumer.* defaults).
-    consumer_session_timeout_ms: int = 45_000
-    consumer_heartbeat_interval_ms: int = 5_000
+    # KIP-848 consumer groups.
+    consumer_session_timeout_ms: int = from_broker("group_consumer_session_timeout_ms")
+    consumer_heartbeat_interval_ms: int = from_broker("group_consumer_heartbeat_interval_ms")
     consumer_assignors: tuple[str, ...] = ("uniform", "range")  # the first is the default
+
+    @classmethod
+    def from_config(cls, config: BrokerConfig) -> GroupSettings:
+        return settings_from(cls, config)
 
 
 class CommittedGroups(Protocol):

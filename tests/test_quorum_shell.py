@@ -8,15 +8,19 @@ import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from aiohttp import web
 from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError
+from straitmq.controller.http_api import add_routes
 from straitmq.controller.quorum import Quorum
 from straitmq.controller.raft.core import RaftConfig
 from straitmq.controller.raft.messages import VoteRequest, to_dict
 
 from straitmq import invariants
+from straitmq.cli.local_cluster import free_port
 from straitmq.invariants import InvariantBroken
 
 CFG = RaftConfig(election_timeout_ms=50, fetch_timeout_ms=100)
@@ -107,6 +111,45 @@ def test_an_invariant_of_the_core_reaches_the_shared_check(tmp_path, broken) -> 
     asyncio.run(go())
     (e,) = broken
     assert e.invariant == "the high watermark never decreases"
+
+
+def test_a_leader_that_stops_has_handed_over_when_stop_returns(tmp_path) -> None:
+    """Stopping a leader sends EndQuorumEpoch to the other voters and returns once they
+    have answered it (bounded by the request timeout), not after a guessed pause: the
+    follower already knows the leader is gone, and campaigns at once."""
+
+    async def go() -> None:
+        ports = {1: free_port(), 2: free_port()}
+        voters = {i: f"http://127.0.0.1:{port}" for i, port in ports.items()}
+        quorums: dict[int, Quorum] = {}
+        runners: list[web.AppRunner] = []
+        for i, port in ports.items():
+            q = quorums[i] = Quorum(i, voters, str(tmp_path / str(i)), CFG)
+            app = web.Application()
+            add_routes(app, SimpleNamespace(quorum=q, active=None))
+            runner = web.AppRunner(app)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            runners.append(runner)
+        try:
+            for q in quorums.values():
+                await q.start()
+            while not any(q.is_leader for q in quorums.values()):
+                await quorums[1].changed()
+            leader = next(q for q in quorums.values() if q.is_leader)
+            follower = next(q for q in quorums.values() if q is not leader)
+            while follower.leader_id != leader.node_id:
+                await follower.changed()
+            await leader.stop()
+            assert follower.leader_id is None, follower.status()
+        finally:
+            for runner in runners:  # first: nothing reaches a stopped quorum
+                await runner.cleanup()
+            for q in quorums.values():
+                if not q.closed:
+                    await q.stop(resign=False)
+
+    asyncio.run(go())
 
 
 def test_wait_applied_resolves_on_apply_and_times_out_with_a_reason(tmp_path) -> None:

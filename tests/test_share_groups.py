@@ -300,7 +300,9 @@ def _create_topic(broker: Any, name: str, partitions: int) -> uuid.UUID:
 def _produce(broker: Any, topic: str, values: list[str], partition: int | None = None) -> None:
     from confluent_kafka import Producer
 
-    p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
+    # One batch per call, also on a loaded machine: the records wait for flush(), which
+    # sends at once whatever linger.ms says (a 5 ms linger split them under load).
+    p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 10_000})
     for v in values:
         if partition is None:
             p.produce(topic, v.encode())
@@ -887,7 +889,12 @@ def test_kafka_share_groups_tool_lists_and_describes(broker_factory, _jars):
         _produce(broker, "cli-share", [f"v{i}" for i in range(5)], partition=0)
         assert _acquired(r.call(_fetch(g, m, 1, tid, {}, wait_ms=3000))) == {0: [(0, 4, 1)]}
         assert r.call(_ack(g, m, 2, tid, {0: [(0, 2, [1])]})).error_code == 0
-        time.sleep(1.5)
+
+        def saved() -> bool:
+            rows = request_sync(broker.http, "GET", f"/api/v1/groups/{g}")["offsets"]
+            return any(row["partition"] == 0 and row["start_offset"] == 3 for row in rows)
+
+        wait_for(saved, 30, "the start offset 3 saved")
 
         def tool(*args: str) -> str:
             res = subprocess.run(

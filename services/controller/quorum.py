@@ -174,7 +174,7 @@ class Quorum:
     async def _resign(self) -> None:
         """Hand over leadership: EndQuorumEpoch to every other voter, so the most caught
         up one campaigns at once instead of after an election timeout. Returns once those
-        messages are answered (or failed), each bounded by the request timeout: they wait
+        messages are answered (or failed), within one request timeout in all: they wait
         in the node for what it has not persisted yet, then go out as HTTP requests."""
         before = set(self._tasks)
         self._advance(lambda: self.node.resign(now_ms()))

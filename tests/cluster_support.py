@@ -26,10 +26,10 @@ sys.path.insert(0, str(ROOT))
 
 from straitmq.broker.record_codec import decode_batch  # noqa: E402
 from straitmq.broker.storage.log import LogConfig, PartitionLog  # noqa: E402
+from straitmq.cli.local_cluster import LocalCluster, Node  # noqa: E402
 from waiting import wait_for  # noqa: E402  (also imported from here by tests)
 
 from straitmq.admin_client import request_sync  # noqa: E402
-from straitmq.cli.local_cluster import LocalCluster, Node  # noqa: E402
 
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable
 

@@ -38,10 +38,10 @@ def _worker_port_slice() -> None:
 _worker_port_slice()
 
 from straitmq.broker.record_codec import build_batch  # noqa: E402
+from straitmq.cli.local_cluster import free_port  # noqa: E402
 
 from straitmq import invariants  # noqa: E402
 from straitmq.admin_client import AdminError, exchange_sync, request_sync  # noqa: E402
-from straitmq.cli.local_cluster import free_port  # noqa: E402
 
 
 def record_batch(

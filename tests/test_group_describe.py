@@ -194,7 +194,6 @@ def test_classic_consumer_protocol_decoding_and_pending_partitions() -> None:
         _decode_consumer_subscription,
         _pending,
     )
-
     from straitmq.cli.main import _partitions
 
     def s(x: str) -> bytes:

@@ -31,10 +31,10 @@ from pathlib import Path
 import pytest
 from cluster_support import PYTHON, wait_for
 from conftest import ROOT, BrokerProcess
+from straitmq.cli.local_cluster import LocalCluster, free_port
 
 from bench.javatools import STRAIT_CLIENT, ensure_jars, java_cmd
 from straitmq.admin_client import exchange_sync
-from straitmq.cli.local_cluster import LocalCluster, free_port
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -33,13 +33,13 @@ from straitmq.protocol.codec import (
     response_schema,
 )
 from straitmq.protocol.guard import check_array_lengths
+from straitmq.security.tls import principal_from_cert
 
 from .api.context import Deferred, RawResponse, RequestContext
 from .api.dispatch import HANDLERS, api_versions_fallback
 from .metrics import FOLLOWER_FETCH_KEY
 from .security.listeners import Listener
 from .security.sasl import ConnectionSecurity
-from .security.tls import principal_from_cert
 from .storage.log import ReadSlice
 
 if TYPE_CHECKING:

@@ -21,6 +21,7 @@ from kio.schema.errors import ErrorCode
 from straitmq.metadata.image import MetadataImage, Record
 
 from . import operations as ops
+from .config import DEFAULTS
 from .election import (
     leaderless_elections,
     on_broker_leaving,
@@ -41,11 +42,12 @@ NON_ATOMIC_ENTRY_RECORDS = 1000
 @dataclass
 class ControllerSettings:
     cluster_id: str
-    session_timeout_ms: int = 9000
-    leader_rebalance_interval_ms: int = 30_000
-    auto_leader_rebalance: bool = True
-    default_partitions: int = 1
-    default_replication_factor: int = 1
+    # The defaults are ControllerConfig's (config.py).
+    session_timeout_ms: int = DEFAULTS.broker_session_timeout_ms
+    leader_rebalance_interval_ms: int = DEFAULTS.leader_rebalance_interval_ms
+    auto_leader_rebalance: bool = DEFAULTS.auto_leader_rebalance
+    default_partitions: int = DEFAULTS.default_partitions
+    default_replication_factor: int = DEFAULTS.default_replication_factor
     # Written with the cluster id when the metadata log is created (bootstrap.py).
     bootstrap_records: tuple[dict, ...] = ()
 

@@ -20,7 +20,7 @@ Record types:
                                 (SCRAM, base64; never the password)
   remove_user_scram_credential  name, mechanism
   acl               binding [resource_type, resource_name, pattern_type, principal, host,
-                    operation, permission] (Kafka's codes; straitmq.broker.security.acls)
+                    operation, permission] (Kafka's codes; straitmq.security.acls)
   remove_acl        binding (the same seven values)
 """
 

@@ -13,7 +13,8 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError
 
-from ..security.acls import ALTER, DESCRIBE, AclBinding, AclFilter, validate_binding
+from straitmq.security.acls import ALTER, DESCRIBE, AclBinding, AclFilter, validate_binding
+
 from .context import RequestContext
 
 _DENIED = "cluster authorization failed: ALTER on the cluster is needed to change ACLs"

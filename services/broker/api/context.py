@@ -6,7 +6,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..security.acls import CLUSTER, CLUSTER_NAME, operations_bitfield
+from straitmq.security.acls import CLUSTER, CLUSTER_NAME, operations_bitfield
 
 if TYPE_CHECKING:
     from ..broker import Broker

@@ -17,6 +17,7 @@ from kio.schema.errors import ErrorCode
 
 from straitmq.protocol.codec import response_header_bytes
 from straitmq.protocol.varint import uvarint as _uvarint
+from straitmq.security.acls import CLUSTER_ACTION, DESCRIBE, READ, TOPIC
 
 from ..fetch_sessions import (
     FINAL_EPOCH,
@@ -26,7 +27,6 @@ from ..fetch_sessions import (
     next_epoch,
 )
 from ..loop_slice import LoopSlice
-from ..security.acls import CLUSTER_ACTION, DESCRIBE, READ, TOPIC
 from ..storage.log import ReadSlice
 from .context import RawResponse, RequestContext
 

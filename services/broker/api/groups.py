@@ -6,10 +6,11 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from straitmq.security.acls import DELETE, DESCRIBE, GROUP, READ, TOPIC
+
 from ..groups.coordinator import JoinError
 from ..groups.messages import ConsumerHeartbeatRequest
 from ..groups.offsets import OFFSETS_TOPIC
-from ..security.acls import DELETE, DESCRIBE, GROUP, READ, TOPIC
 from ..security.listeners import endpoint_for
 from .context import RequestContext
 

@@ -16,8 +16,9 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from straitmq.security.acls import TOPIC, TRANSACTIONAL_ID, WRITE
+
 from ..partition_write import begin_write
-from ..security.acls import TOPIC, TRANSACTIONAL_ID, WRITE
 from .context import Deferred, RequestContext
 
 log = logging.getLogger("straitmq.produce")

@@ -15,7 +15,8 @@ from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError
 from straitmq.metadata.image import NO_LEADER
 
-from ..security.acls import ALTER, DESCRIBE
+from straitmq.security.acls import ALTER, DESCRIBE
+
 from .context import RequestContext
 
 PREFERRED, UNCLEAN = 0, 1

@@ -16,8 +16,9 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from ..security.acls import DELETE as ACL_DELETE
-from ..security.acls import TOPIC
+from straitmq.security.acls import DELETE as ACL_DELETE
+from straitmq.security.acls import TOPIC
+
 from ..storage.log import OffsetOutOfRange
 from .context import RequestContext
 from .fetch import partition_error

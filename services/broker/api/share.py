@@ -21,10 +21,11 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from straitmq.security.acls import DESCRIBE, GROUP, READ, TOPIC
+
 from ..groups.offsets import OFFSETS_TOPIC
 from ..groups.share_group import ShareGroupStateMachine, ShareSettings
 from ..partitions import LEADER
-from ..security.acls import DESCRIBE, GROUP, READ, TOPIC
 from ..security.listeners import endpoint_for
 from ..share.checkpoints import STATE_GROUP_PREFIX, ShareCheckpoints
 from ..share.group_configs import config_key

@@ -30,7 +30,7 @@ from typing import Protocol
 
 from kio.schema.errors import ErrorCode
 
-from ..config import from_broker
+from ..config import DEFAULTS
 
 JOIN_EPOCH = 0
 LEAVE_EPOCH = -1
@@ -45,8 +45,8 @@ class TopicsView(Protocol):
 class ShareSettings:
     """Declared once, in BrokerConfig: the defaults come from there."""
 
-    session_timeout_ms: int = from_broker("group_share_session_timeout_ms")
-    heartbeat_interval_ms: int = from_broker("group_share_heartbeat_interval_ms")
+    session_timeout_ms: int = DEFAULTS.group_share_session_timeout_ms
+    heartbeat_interval_ms: int = DEFAULTS.group_share_heartbeat_interval_ms
     max_size: int = 200  # group.share.max.size
 
 

@@ -55,7 +55,7 @@ from kio.schema.errors import ErrorCode
 
 from straitmq.invariants import broken
 
-from ..config import BrokerConfig, from_broker, settings_from
+from ..config import DEFAULTS, BrokerConfig
 from .assignors import ASSIGNORS, TopicPartition
 from .classic_group import (
     COMPLETING,
@@ -124,19 +124,25 @@ class GroupSettings:
     BrokerConfig (Kafka name, flag, default, help): these take their defaults from
     there, and `from_config` their values from a broker's."""
 
-    min_session_timeout_ms: int = from_broker("group_min_session_timeout_ms")
-    max_session_timeout_ms: int = from_broker("group_max_session_timeout_ms")
-    initial_rebalance_delay_ms: int = from_broker("group_initial_rebalance_delay_ms")
+    min_session_timeout_ms: int = DEFAULTS.group_min_session_timeout_ms
+    max_session_timeout_ms: int = DEFAULTS.group_max_session_timeout_ms
+    initial_rebalance_delay_ms: int = DEFAULTS.group_initial_rebalance_delay_ms
     max_size: int = 1000  # group.max.size (Kafka's default is unlimited); not a setting
     new_member_join_timeout_ms: int = 300_000  # Kafka's, not configurable there either
     # KIP-848 consumer groups.
-    consumer_session_timeout_ms: int = from_broker("group_consumer_session_timeout_ms")
-    consumer_heartbeat_interval_ms: int = from_broker("group_consumer_heartbeat_interval_ms")
+    consumer_session_timeout_ms: int = DEFAULTS.group_consumer_session_timeout_ms
+    consumer_heartbeat_interval_ms: int = DEFAULTS.group_consumer_heartbeat_interval_ms
     consumer_assignors: tuple[str, ...] = ("uniform", "range")  # the first is the default
 
     @classmethod
     def from_config(cls, config: BrokerConfig) -> GroupSettings:
-        return settings_from(cls, config)
+        return cls(
+            min_session_timeout_ms=config.group_min_session_timeout_ms,
+            max_session_timeout_ms=config.group_max_session_timeout_ms,
+            initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+            consumer_session_timeout_ms=config.group_consumer_session_timeout_ms,
+            consumer_heartbeat_interval_ms=config.group_consumer_heartbeat_interval_ms,
+        )
 
 
 class CommittedGroups(Protocol):

@@ -46,7 +46,7 @@ def _gate(broker: Broker) -> Any:
 
 def build_app(broker: Broker) -> web.Application:
     security = broker.http_security
-    # Who is calling and what the ACLs allow them, first (security/http_security.py);
+    # Who is calling and what the ACLs allow them, first (straitmq/security/http_security.py);
     # nothing is added while http.authentication is none.
     middlewares = [security.middleware()] if security.enabled else []
     app = web.Application(

@@ -172,8 +172,9 @@ class Listener:
     certificate or mechanism stops the broker with a message instead of a client error."""
 
     def __init__(self, spec: ListenerSpec, props: dict[str, str], reauth_ms: int) -> None:
+        from straitmq.security.tls import TlsListener, TlsSettings
+
         from .sasl import SaslSettings
-        from .tls import TlsListener, TlsSettings
 
         self.spec = spec
         self.tls = TlsListener(TlsSettings.from_properties(props, spec.name)) if spec.tls else None

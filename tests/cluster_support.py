@@ -106,7 +106,7 @@ class Cluster(LocalCluster):
             parts = t["partitions"]
             return t if all(p["leader"] >= 0 and len(p["isr"]) == size for p in parts) else None
 
-        return wait_for(ok, timeout, f"{name}: every ISR of size {size}")  # type: ignore[return-value]
+        return wait_for(ok, timeout, f"{name}: every ISR of size {size}")
 
     def leader_of(self, name: str, partition: int, exclude: tuple[int, ...] = ()) -> int:
         return self.topic(name, exclude=exclude)["partitions"][partition]["leader"]
@@ -154,7 +154,7 @@ class Cluster(LocalCluster):
                 hws[i] = hw
             return hws
 
-        return wait_for(same, timeout, f"{name}: all replicas at one log end")  # type: ignore[return-value]
+        return wait_for(same, timeout, f"{name}: all replicas at one log end")
 
     def broker_log_count(self, bid: int, needle: str) -> int:
         try:

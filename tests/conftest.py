@@ -166,7 +166,7 @@ def broker_factory(tmp_path: Path) -> Iterator:
 
 
 @pytest.fixture
-def broker(broker_factory) -> BrokerProcess:  # type: ignore[no-untyped-def]
+def broker(broker_factory) -> BrokerProcess:
     return broker_factory()
 
 

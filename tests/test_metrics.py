@@ -351,7 +351,7 @@ def test_controller_process_serves_the_quorum_dashboard(controller_process: str)
 
 def test_dashboards_are_backed_by_live_metrics_that_move(
     broker_factory, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     from confluent_kafka import Consumer, Producer, TopicPartition
 
     receiver = OtlpReceiver()

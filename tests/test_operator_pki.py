@@ -68,7 +68,7 @@ def ensure(kube: FakeKube, brokers: int, now: datetime = NOW) -> tuple[list[str]
             spec,
             brokers,
             lambda *e: events.append(e),
-            now,  # type: ignore[arg-type]
+            now,
         )
     )
     return issued, events

@@ -124,7 +124,7 @@ class Confluent(Client):
         )
         errors: list[str] = []
 
-        def on_delivery(err, m) -> None:  # type: ignore[no-untyped-def]
+        def on_delivery(err, m) -> None:
             if err is not None:
                 errors.append(str(err))
             else:
@@ -465,7 +465,7 @@ def _fill(bootstrap: str, topic: str, values: list[bytes]) -> int:
     )
     acked = 0
 
-    def on_delivery(err, m) -> None:  # type: ignore[no-untyped-def]
+    def on_delivery(err, m) -> None:
         nonlocal acked
         assert err is None, err
         acked += 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import ssl
 import time
@@ -187,9 +188,7 @@ class ActiveController:
         When nothing was cut short, this writes nothing."""
         for b in sorted(self.image.brokers.values(), key=lambda b: b.id):
             if not b.alive:
-                await self._commit(
-                    lambda image, bid=b.id: on_broker_leaving(image, bid), atomic=False
-                )
+                await self._commit(functools.partial(on_broker_leaving, broker=b.id), atomic=False)
         await self._commit(leaderless_elections, atomic=False)
 
     def _check_active(self) -> None:
@@ -214,6 +213,7 @@ class ActiveController:
             self._check_active()
             spec = await self._speculative()
             error: ControllerError | None = None
+            done: asyncio.Future[None] | None
             try:
                 records = build(spec)
             except ControllerError as e:

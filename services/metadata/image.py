@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -312,7 +313,7 @@ def _cluster(img: MetadataImage, r: Record) -> None:
     img.cluster_id = r["cluster_id"]
 
 
-_versions = itertools.count(1)
+_versions: Iterator[int] = itertools.count(1)
 
 
 def _topic_changed(img: MetadataImage, name: str) -> None:

@@ -89,18 +89,6 @@ class AclBinding(NamedTuple):
             "permission": self.permission,
         }
 
-    @classmethod
-    def from_record(cls, r: dict) -> AclBinding:
-        return cls(
-            r["resource_type"],
-            r["resource_name"],
-            r["pattern_type"],
-            r["principal"],
-            r["host"],
-            r["operation"],
-            r["permission"],
-        )
-
 
 def validate_binding(b: AclBinding) -> str | None:
     """Why Kafka would refuse to create this binding (INVALID_REQUEST), or None."""

@@ -169,7 +169,7 @@ class HttpSecurity:
         self,
         props: dict[str, str],
         authorizer: Authorizer,
-        scram_lookup: Callable[[str], dict[str, dict]],
+        scram_lookup: Callable[[str], dict[str, dict] | None],
         listeners: Sequence[KafkaListener],
     ) -> None:
         settings = _tls_settings(props)

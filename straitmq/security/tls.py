@@ -109,7 +109,7 @@ class TlsSettings:
 
 def file_stamp(files: list[str]) -> tuple:
     """What changes when any of `files` is rewritten or replaced (a rotation)."""
-    out = []
+    out: list[tuple] = []
     for f in files:
         try:
             st = os.stat(f)

@@ -50,10 +50,10 @@ def _bindings(ctx: RequestContext) -> list[AclBinding]:
 
 async def handle_create_acls(ctx: RequestContext, req: Any) -> dict:
     if not ctx.cluster_allowed(ALTER):
-        code, why = ErrorCode.cluster_authorization_failed, _DENIED
+        code, denied = ErrorCode.cluster_authorization_failed, _DENIED
         return {
             "throttle_time": 0,
-            "results": [{"error_code": code, "error_message": why} for _ in req.creations],
+            "results": [{"error_code": code, "error_message": denied} for _ in req.creations],
         }
     results: list[dict] = []
     valid: list[list] = []

@@ -137,7 +137,8 @@ class _FetchPlan:
         replica = self.replica
         session = self.session
         for topic, wants in wanted:
-            parts = []
+            parts: list[tuple[int, int, int, int, ReadSlice | None, int]] = []
+            error: int
             denied = not self.may_read(topic)
             for index, fetch_offset, max_bytes, leader_epoch, follower_start in wants:
                 if pacer.due():

@@ -177,9 +177,9 @@ async def handle_leave_group(ctx: RequestContext, req: Any) -> dict:
 
 async def handle_offset_commit(ctx: RequestContext, req: Any) -> dict:
     broker = ctx.broker
-    generation = getattr(req, "generation_id_or_member_epoch", None)
+    generation: int | None = getattr(req, "generation_id_or_member_epoch", None)
     if generation is None:
-        generation = getattr(req, "generation_id", -1)
+        generation = int(getattr(req, "generation_id", -1))
     code = broker.groups.commit_check(
         req.group_id,
         req.member_id,
@@ -425,6 +425,7 @@ async def handle_consumer_group_describe(ctx: RequestContext, req: Any) -> dict:
         }
 
     groups = []
+    code: int
     for gid in req.group_ids:
         if not ctx.allowed(DESCRIBE, GROUP, gid):
             code, message, group = _GROUP_DENIED, None, None

@@ -18,7 +18,7 @@ from kio.schema.errors import ErrorCode
 
 from straitmq.security.acls import TOPIC, TRANSACTIONAL_ID, WRITE
 
-from ..partition_write import begin_write
+from ..partition_write import PartitionWrite, begin_write
 from .context import Deferred, RequestContext
 
 log = logging.getLogger("straitmq.produce")
@@ -42,7 +42,7 @@ async def handle_produce(ctx: RequestContext, req: Any) -> dict | Deferred | Non
     txn = getattr(req, "transactional_id", None)
     txn_ok = not txn or ctx.allowed(WRITE, TRANSACTIONAL_ID, txn)
     for topic in req.topic_data:
-        parts = []
+        parts: list[tuple[int, PartitionWrite | type[_Refused]]] = []
         # Checked once per topic (a cached decision), never per record.
         if not txn_ok or not ctx.allowed(WRITE, TOPIC, topic.name):
             parts = [(pd.index, _Refused) for pd in topic.partition_data]

@@ -85,6 +85,7 @@ async def handle_delete_records(ctx: RequestContext, req: Any) -> dict:
         return broker.image.broker_alive(bid)
 
     async def one(name: str, index: int, offset: int) -> dict:
+        error: int
         if not ctx.allowed(ACL_DELETE, TOPIC, name):
             error = ErrorCode.topic_authorization_failed
             return {

@@ -88,7 +88,7 @@ def parse_binding(raw: Any) -> AclBinding | str:
             return f"{key} {value!r} is not one of {', '.join(table)}"
         codes[key] = code
     name, principal, host = raw.get("resource_name"), raw.get("principal"), raw.get("host", "*")
-    if not all(isinstance(x, str) for x in (name, principal, host)):
+    if not (isinstance(name, str) and isinstance(principal, str) and isinstance(host, str)):
         return "resource_name, principal and host must be strings"
     b = AclBinding(
         codes["resource_type"],

@@ -51,14 +51,6 @@ class ListenerSpec:
     def sasl(self) -> bool:
         return self.protocol in ("SASL_PLAINTEXT", "SASL_SSL")
 
-    def registration(self) -> dict:
-        return {
-            "name": self.name,
-            "host": self.advertised_host,
-            "port": self.advertised_port,
-            "security_protocol": self.protocol,
-        }
-
 
 def parse_endpoints(value: str, setting: str) -> list[tuple[str, str, int]]:
     """`NAME://host:port,...` -> [(NAME, host, port)]; `[::1]` brackets are removed."""

@@ -34,6 +34,7 @@ one names itself and its facts and stops the process (raises, in the simulation)
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -670,35 +671,32 @@ class RaftNode:
         """The response to `m` from the leader's log, and whether the fetch was valid
         (the fetcher's log is a prefix of ours up to m.fetch_offset)."""
         fo, last = m.fetch_offset, m.last_fetched_epoch
-        common = {
-            "src": self.node_id,
-            "dst": m.src,
-            "epoch": self._epoch,
-            "leader_id": self.node_id,
-            "error": None,
-            "base_offset": fo,
-            "high_watermark": self._hw,
-            "log_start_offset": self._log_start,
-            "last_fetched_epoch": last,
-        }
+        answer = functools.partial(
+            FetchResponse,
+            src=self.node_id,
+            dst=m.src,
+            epoch=self._epoch,
+            leader_id=self.node_id,
+            error=None,
+            base_offset=fo,
+            high_watermark=self._hw,
+            log_start_offset=self._log_start,
+            last_fetched_epoch=last,
+        )
         snap = self._snapshot
         if snap is not None and (
             fo < self._log_start
             or (fo == self._log_start and last != snap.epoch)
             or last < snap.epoch
         ):
-            return FetchResponse(
-                **common, snapshot_offset=snap.end_offset, snapshot_epoch=snap.epoch
-            ), False
+            return answer(snapshot_offset=snap.end_offset, snapshot_epoch=snap.epoch), False
         end = self.log_end_offset
         if not (fo == 0 and self._log_start == 0):
             found = self._cache.end_offset_for(last, end)
             assert found is not None  # last >= snapshot epoch was checked above
             epoch, epoch_end = found
             if epoch != last or epoch_end < fo:
-                return FetchResponse(
-                    **common, diverging_epoch=epoch, diverging_end_offset=epoch_end
-                ), False
+                return answer(diverging_epoch=epoch, diverging_end_offset=epoch_end), False
         i = fo - self._log_start
         entries = self._log[i : i + self._cfg.max_fetch_entries]
         budget = self._cfg.max_fetch_records
@@ -707,7 +705,7 @@ class RaftNode:
             if budget <= 0:
                 entries = entries[: n + 1]
                 break
-        return FetchResponse(**common, entries=tuple(entries)), True
+        return answer(entries=tuple(entries)), True
 
     def _leader_fetch(self, m: FetchRequest) -> None:
         now = self._now

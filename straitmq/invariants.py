@@ -76,7 +76,9 @@ _recorders: list[list[InvariantBroken]] = []
 def broken(invariant: str, **facts: object) -> NoReturn:
     """The invariant named `invariant` does not hold; `facts` say what was seen (plain
     values as they are, anything else as its repr)."""
-    plain = {k: v if isinstance(v, _SCALARS) else repr(v) for k, v in facts.items()}
+    plain: dict[str, object] = {
+        k: v if isinstance(v, _SCALARS) else repr(v) for k, v in facts.items()
+    }
     if not _recorders:
         _stop(invariant, plain)
     error = InvariantBroken(invariant, plain)

@@ -458,6 +458,7 @@ def test_handler_converts_kio_requests_and_answers_a_buildable_response() -> Non
         offsets=Offsets(),
         image=image,
         groups=GroupCoordinator(Offsets(), SETTINGS),  # type: ignore[arg-type]
+        share=SimpleNamespace(is_share_group=lambda group_id: False),  # no share groups here
     )
 
     def ctx() -> SimpleNamespace:

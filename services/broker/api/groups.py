@@ -12,6 +12,7 @@ from ..groups.coordinator import JoinError
 from ..groups.messages import ConsumerHeartbeatRequest
 from ..groups.offsets import OFFSETS_TOPIC
 from ..security.listeners import endpoint_for
+from ..share.coordinator import is_state_group
 from .context import RequestContext
 
 MAX_METADATA = 4096
@@ -339,9 +340,8 @@ async def handle_list_groups(ctx: RequestContext, req: Any) -> dict:
     everything = ctx.cluster_allowed(DESCRIBE)
     coordinator = ctx.broker.groups
     groups = []
-    from .share import share_group_rows  # share groups (KIP-932); share imports this module
-
-    rows, internal = share_group_rows(ctx.broker)
+    share = ctx.broker.share  # share groups (KIP-932)
+    rows, internal = share.group_rows(), is_state_group
     for gid, pt, st in [*coordinator.list_groups(), *rows]:
         if internal(gid):
             continue
@@ -371,19 +371,15 @@ async def handle_delete_groups(ctx: RequestContext, req: Any) -> dict:
 
 
 def _is_share_group(ctx: RequestContext, group_id: str) -> bool:
-    # No share state yet (share.share_of makes it on first use): no share group exists.
-    share = getattr(ctx.broker, "share_state", None)
-    return share is not None and group_id in share.groups.groups
+    return ctx.broker.share.is_share_group(group_id)
 
 
 def _delete_group(ctx: RequestContext, group_id: str) -> int:
     """DeleteGroups of one group: a share group (NON_EMPTY_GROUP while it has members)
     or a classic / KIP-848 one."""
-    from .share import share_of
-
-    share_groups = share_of(ctx.broker).groups
-    if group_id in share_groups.groups:
-        return share_groups.delete(group_id)
+    share = ctx.broker.share
+    if share.is_share_group(group_id):
+        return share.delete_group(group_id)
     return ctx.broker.groups.delete(group_id)
 
 

@@ -18,7 +18,7 @@ from kio.schema.errors import ErrorCode
 
 from straitmq.security.acls import TOPIC, TRANSACTIONAL_ID, WRITE
 
-from ..partition_write import PartitionWrite, begin_write
+from ..partition_write import PartitionWrite
 from .context import Deferred, RequestContext
 
 log = logging.getLogger("straitmq.produce")
@@ -49,7 +49,7 @@ async def handle_produce(ctx: RequestContext, req: Any) -> dict | Deferred | Non
             responses.append((topic.name, parts))
             continue
         for pd in topic.partition_data:
-            w = begin_write(broker, topic.name, pd.index, memoryview(pd.records or b""), acks)
+            w = broker.writer.begin(topic.name, pd.index, memoryview(pd.records or b""), acks)
             writes.append(w)
             parts.append((pd.index, w))
         responses.append((topic.name, parts))

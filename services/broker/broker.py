@@ -151,16 +151,7 @@ class Broker:
         self.partitions.role_listeners.append(self._on_role)
         self.offsets = OffsetStore(config.offsets_topic_partitions)
         self.offsets.bind(self._append_offsets)
-        self.groups = GroupCoordinator(
-            self.offsets,
-            GroupSettings(
-                min_session_timeout_ms=config.group_min_session_timeout_ms,
-                max_session_timeout_ms=config.group_max_session_timeout_ms,
-                initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
-                consumer_session_timeout_ms=config.group_consumer_session_timeout_ms,
-                consumer_heartbeat_interval_ms=config.group_consumer_heartbeat_interval_ms,
-            ),
-        )
+        self.groups = GroupCoordinator(self.offsets, GroupSettings.from_config(config))
         self.groups.bind(self._offsets_durable)
         self.share = ShareCoordinator(
             config,

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 from aiohttp import web
 from kio.schema.errors import ErrorCode
+from straitmq.cli.local_cluster import free_port
 from straitmq.controller.errors import ControllerError
 from straitmq.controller.http_api import add_routes
 from straitmq.controller.quorum import Quorum
@@ -20,7 +21,6 @@ from straitmq.controller.raft.core import RaftConfig
 from straitmq.controller.raft.messages import VoteRequest, to_dict
 
 from straitmq import invariants
-from straitmq.cli.local_cluster import free_port
 from straitmq.invariants import InvariantBroken
 
 CFG = RaftConfig(election_timeout_ms=50, fetch_timeout_ms=100)

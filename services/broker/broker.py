@@ -65,7 +65,8 @@ from .records import BatchInfo
 from .replication.fetcher import FetcherSettings, ReplicaFetchers
 from .replication.isr import IsrManager
 from .replication.throttle import ReplicationThrottle
-from .security.listeners import Listener, bind_listeners, build_listeners
+from .security.build import build_listeners
+from .security.listeners import Listener, bind_listeners
 from .security.sasl import ConnectionSecurity
 from .server import KafkaConnection, ListenerDeps, bind, serve
 from .share.coordinator import ShareCoordinator

@@ -27,6 +27,10 @@ CACHE="$REPO/.cache/images"
 BIN="$REPO/.cache/k8s/bin"
 CTR_SOCK="${STRAITMQ_NODE_RUN:-/run/straitmq-node}/containerd/containerd.sock"
 BUILDAH_RUN="${STRAITMQ_BUILDAH_RUN:-/run/straitmq-buildah}"  # buildah's runroot (locks, mounts)
+# .cache/images is shared by every clone (scripts/bootstrap.sh): one build at a time.
+mkdir -p "$CACHE"
+exec 7>"$CACHE/.lock"
+flock -w 3600 7 || { echo "build-images: timed out waiting for another build" >&2; exit 1; }
 BASE_IMAGE="localhost/straitmq-python:3.11"
 APP_IMAGE="localhost/straitmq:dev"
 PAUSE_IMAGE="localhost/pause:3.10"

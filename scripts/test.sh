@@ -24,6 +24,7 @@ echo "== import contracts" >&2
 .venv/bin/python scripts/lint_imports.py --no-logo
 echo "== pytest" >&2
 # Most tests wait on processes, sockets and timeouts rather than the CPU: four workers on
-# two cores. Modules stay whole on one worker; the Kubernetes tiers are groups of their own
-# (tests/conftest.py). STRAITMQ_TEST_WORKERS=0 runs everything in this one process.
-exec .venv/bin/python -m pytest -n "${STRAITMQ_TEST_WORKERS:-4}" --dist loadgroup "$@"
+# two cores. Modules stay whole on one worker, the Kubernetes tiers together on one, the
+# longest first (tests/conftest.py). STRAITMQ_TEST_WORKERS=0 runs everything in this one process.
+exec .venv/bin/python -m pytest -n "${STRAITMQ_TEST_WORKERS:-4}" --dist loadscope \
+  --no-loadscope-reorder "$@"

@@ -199,36 +199,45 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
         cp.stop()
 
 
-# --- running in parallel (pytest-xdist, --dist loadgroup) ----------------------------------
+# --- running in parallel (pytest-xdist) --------------------------------------------------
 
-# Modules that share one Kubernetes control plane (the session fixture `kube`) run on one
-# worker, one after another; the real node is a machine-wide singleton and gets a worker
-# of its own. Every other module is a group of its own, so its module fixtures are built
-# once.
+# The unit of work is a module (its module fixtures are built once, its tests run in their
+# order), except for the Kubernetes tiers: the modules sharing the session's control plane
+# and the real node (a machine-wide singleton) run on one worker, one after another.
 _GROUP_OF_MODULE = {
-    "test_helm_chart": "kube",
-    "test_kube_control_plane": "kube",
-    "test_operator_k8s": "kube",
-    "test_operator_pki": "kube",
-    "test_operator_ux": "kube",
-    "test_rack_from_node": "kube",
-    "test_real_node": "realnode",
+    "test_helm_chart": "kubernetes",
+    "test_kube_control_plane": "kubernetes",
+    "test_operator_k8s": "kubernetes",
+    "test_operator_pki": "kubernetes",
+    "test_operator_ux": "kubernetes",
+    "test_rack_from_node": "kubernetes",
+    "test_real_node": "kubernetes",
 }
-# The longest groups start first, so that none of them begins near the end of the run.
-_LONG_GROUPS = ["realnode", "kube", "test_spark_pipeline", "test_clients_java"]
+# The longest units start first, so that none of them begins near the end of the run
+# (test.sh passes --no-loadscope-reorder so xdist keeps this order).
+_LONG_GROUPS = ["kubernetes", "test_consumer_protocol", "test_spark_source", "test_share_groups"]
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
+def _group(nodeid: str) -> str:
+    module = nodeid.split("::", 1)[0]
+    return _GROUP_OF_MODULE.get(Path(module).stem, module)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    # xdist's own loadgroup cannot be used: it renames nodeids, which pytest 9 ignores.
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return ModuleGroups(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def group(item: pytest.Item) -> str:
-        module = item.path.stem
-        return _GROUP_OF_MODULE.get(module, module)
-
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group(item)))
-
     def rank(item: pytest.Item) -> int:
-        g = group(item)
+        g = _group(item.nodeid)
         return _LONG_GROUPS.index(g) if g in _LONG_GROUPS else len(_LONG_GROUPS)
 
     items.sort(key=rank)  # stable: the order inside a module stays

@@ -278,10 +278,11 @@ def test_a_look_before_the_leader_knew_the_follower_is_taken_again_in_the_same_f
 
     part, session = _reassigning_to_3(tmp_path)
     throttle = SimpleNamespace(allowance=lambda t, i, r, limit: limit, spent=lambda *a: None)
-    broker = SimpleNamespace(partitions=SimpleNamespace(get=lambda t, i: part), throttle=throttle)
-    ctx = SimpleNamespace(broker=broker, version=12, cluster_allowed=lambda op: True)
+    replicas = SimpleNamespace(partitions=SimpleNamespace(get=lambda t, i: part))
+    deps = SimpleNamespace(replicas=replicas, throttle=throttle)
+    ctx = SimpleNamespace(version=12, cluster_allowed=lambda op: True)
     req = SimpleNamespace(replica_id=3, max_bytes=1 << 20)
-    plan = _FetchPlan(ctx, req, [("t", [(0, 0, 1 << 20, 1, 0)])], session, incremental=True)
+    plan = _FetchPlan(deps, ctx, req, [("t", [(0, 0, 1 << 20, 1, 0)])], session, incremental=True)
     asyncio.run(plan.collect(plan.wanted()))  # the first look: broker 3 is no replica here yet
     assert 3 not in part.followers
     part.update(ADDING_3, min_isr=1)  # applied while the fetch waits: the partition is dirty
@@ -304,11 +305,12 @@ def test_a_large_fetch_yields_while_collecting_and_keeps_marks_made_meanwhile(
     monkeypatch.setattr(fetch_module, "COLLECT_CHECK", 1)
     part, session = _reassigning_to_3(tmp_path)
     throttle = SimpleNamespace(allowance=lambda t, i, r, limit: limit, spent=lambda *a: None)
-    broker = SimpleNamespace(partitions=SimpleNamespace(get=lambda t, i: part), throttle=throttle)
-    ctx = SimpleNamespace(broker=broker, version=12, cluster_allowed=lambda op: True)
+    replicas = SimpleNamespace(partitions=SimpleNamespace(get=lambda t, i: part))
+    deps = SimpleNamespace(replicas=replicas, throttle=throttle)
+    ctx = SimpleNamespace(version=12, cluster_allowed=lambda op: True)
     req = SimpleNamespace(replica_id=3, max_bytes=1 << 20)
     named = [("t", [(i, 0, 1 << 20, 1, 0) for i in range(50)])]
-    plan = fetch_module._FetchPlan(ctx, req, named, session, incremental=False)
+    plan = fetch_module._FetchPlan(deps, ctx, req, named, session, incremental=False)
 
     async def go() -> None:
         task = asyncio.get_running_loop().create_task(plan.collect(plan.wanted()))

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import uuid
+from dataclasses import dataclass, fields
 from typing import Any
 
 import orjson
@@ -28,6 +29,10 @@ from straitmq.metadata.image import MetadataImage
 from straitmq.telemetry import Telemetry
 
 from . import metrics as broker_metrics
+from .api import share as share_api
+from .api.context import RequestContext
+from .api.deps import AdminDeps, FetchDeps, GroupDeps, MetadataDeps
+from .api.dispatch import ApiSpec, Handler, kafka_api
 from .api.metadata import TopicAnswers
 from .config import BrokerConfig
 from .fetch_sessions import FetchSessions
@@ -35,6 +40,7 @@ from .groups.coordinator import GroupCoordinator, GroupSettings
 from .groups.offsets import OFFSETS_TOPIC, OffsetStore
 from .lifecycle import Lifecycle
 from .metrics import BrokerMetrics
+from .partition_write import PartitionWriter
 from .partitions import LEADER, Partition, PartitionManager
 from .records import BatchInfo
 from .replication.fetcher import ReplicaFetchers
@@ -43,6 +49,7 @@ from .replication.throttle import ReplicationThrottle
 from .security.acls import Authorizer, AuthorizerSettings
 from .security.http_security import HttpSecurity, with_scheme
 from .security.listeners import Listener, bind_listeners, build_listeners
+from .views import LocalReplicas, MetadataView
 
 log = logging.getLogger("straitmq.broker")
 OFFSETS_SEGMENT_BYTES = 64 * 1024 * 1024
@@ -132,6 +139,49 @@ class Broker:
         self._producer_ids: list[int] = []  # [next, limit) of the block we hold
         self.telemetry = Telemetry("straitmq-broker", str(config.node_id), config.otlp_endpoint)
         broker_metrics.install(self.telemetry, self)
+        self.kafka_api = self._kafka_api()
+
+    def _kafka_api(self) -> dict[int, ApiSpec]:
+        """The Kafka handlers, each family given the few collaborators it uses (see
+        api/deps.py), never the Broker."""
+        metadata = MetadataView(lambda: self.image, self.catch_up_metadata)
+        replicas = LocalReplicas(metadata, self.partitions)
+        cfg = self.config
+        return kafka_api(
+            writer=PartitionWriter(metadata, self.partitions, self.metrics, lambda: self.serving),
+            fetch_deps=FetchDeps(
+                replicas,
+                self.fetch_sessions,
+                self.throttle,
+                self.metrics,
+                cfg.fetch_max_wait_s,
+                lambda: self.stopping,
+            ),
+            replicas=replicas,
+            metadata_deps=MetadataDeps(
+                metadata, self.metadata_answers, self.control, cfg, self.listeners
+            ),
+            metadata_view=metadata,
+            group_deps=GroupDeps(
+                self.groups,
+                self.offsets,
+                metadata,
+                self.partitions,
+                self.ensure_offsets_topic,
+                lambda: share_api.share_of(self).groups,
+            ),
+            admin_deps=AdminDeps(
+                metadata,
+                self.control,
+                cfg,
+                self.topic_defaults,
+                self.partitions,
+                self.next_producer_id,
+            ),
+            # The client exists from start() on; requests come only after that.
+            controller=lambda op, body, within_s=15.0: self.controller.call(op, body, within_s),
+            share=_share_handlers(self),
+        )
 
     # -- identity --------------------------------------------------------------------
 
@@ -502,6 +552,33 @@ class Broker:
             await self.controller.close()
         self.partitions.close()
         self.telemetry.shutdown()
+
+
+@dataclass(slots=True)
+class _ShareContext(RequestContext):
+    """api/share.py still reads the broker from its request context, until the share
+    coordinator owns the share state (the share half of issue 24); no other handler
+    does."""
+
+    broker: Any = None
+    offsets: OffsetStore | None = None  # groups.not_coordinator(ctx, ...) reads it
+
+
+def _share_handlers(broker: Broker) -> dict[int, Handler]:
+    def bind(handler: Handler) -> Handler:
+        async def call(ctx: RequestContext, req: Any) -> Any:
+            facts = (getattr(ctx, f.name) for f in fields(RequestContext))
+            return await handler(_ShareContext(*facts, broker=broker, offsets=broker.offsets), req)
+
+        return call
+
+    return {
+        76: bind(share_api.handle_share_group_heartbeat),
+        77: bind(share_api.handle_share_group_describe),
+        78: bind(share_api.handle_share_fetch),
+        79: bind(share_api.handle_share_acknowledge),
+        90: bind(share_api.handle_describe_share_group_offsets),
+    }
 
 
 def _new_cluster_id() -> str:

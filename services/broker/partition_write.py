@@ -8,7 +8,8 @@ producer sequences, storage errors, and the ISR confirming the write in time.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from kio.schema.errors import ErrorCode
 
@@ -16,8 +17,28 @@ from .producer_state import DuplicateBatch, SequenceError
 from .records import InvalidRecords, validate_batches
 
 if TYPE_CHECKING:
-    from .broker import Broker
-    from .partitions import Partition
+    from straitmq.metadata.image import MetadataImage
+
+    from .metrics import BrokerMetrics
+    from .partitions import Partition, PartitionManager
+    from .views import MetadataView
+
+
+class WriteTarget(Protocol):
+    """What a write reads: the metadata (does the partition exist), the replica this
+    broker holds, the counters, and whether the broker still serves."""
+
+    @property
+    def image(self) -> MetadataImage: ...
+
+    @property
+    def partitions(self) -> PartitionManager: ...
+
+    @property
+    def metrics(self) -> BrokerMetrics: ...
+
+    @property
+    def serving(self) -> bool: ...
 
 
 class PartitionWrite:
@@ -77,8 +98,37 @@ class PartitionWrite:
             )
 
 
+class PartitionWriter:
+    """The writes of this broker's partition leaders, as Produce is given them."""
+
+    __slots__ = ("_metadata", "_serving", "metrics", "partitions")
+
+    def __init__(
+        self,
+        metadata: MetadataView,
+        partitions: PartitionManager,
+        metrics: BrokerMetrics,
+        serving: Callable[[], bool],
+    ) -> None:
+        self._metadata = metadata
+        self.partitions = partitions
+        self.metrics = metrics
+        self._serving = serving
+
+    @property
+    def image(self) -> MetadataImage:
+        return self._metadata.image
+
+    @property
+    def serving(self) -> bool:
+        return self._serving()
+
+    def begin(self, topic: str, index: int, data: memoryview, acks: int) -> PartitionWrite:
+        return begin_write(self, topic, index, data, acks)
+
+
 def begin_write(
-    broker: Broker, topic: str, index: int, data: memoryview, acks: int
+    broker: WriteTarget, topic: str, index: int, data: memoryview, acks: int
 ) -> PartitionWrite:
     """Validate and append one partition's batches as its leader. With acks=all the
     result is `pending` until `replicated` has waited for the ISR."""

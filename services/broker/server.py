@@ -35,7 +35,7 @@ from straitmq.protocol.codec import (
 from straitmq.protocol.guard import check_array_lengths
 
 from .api.context import Deferred, RawResponse, RequestContext
-from .api.dispatch import HANDLERS, api_versions_fallback
+from .api.versions import api_versions_fallback
 from .metrics import FOLLOWER_FETCH_KEY
 from .security.listeners import Listener
 from .security.sasl import ConnectionSecurity
@@ -215,7 +215,7 @@ class KafkaConnection(asyncio.Protocol):
             )
             self.close()
             return
-        spec = HANDLERS.get(api_key)
+        spec = broker.kafka_api.get(api_key)
         if spec is None or not spec.min_version <= version <= spec.max_version:
             if api_key == 18:  # ApiVersions: answer in v0 format with UNSUPPORTED_VERSION
                 self.write(api_versions_fallback(correlation_id))
@@ -235,7 +235,6 @@ class KafkaConnection(asyncio.Protocol):
             self.close()
             return
         ctx = RequestContext(
-            broker,
             api_key,
             version,
             correlation_id,
@@ -243,6 +242,7 @@ class KafkaConnection(asyncio.Protocol):
             self.client_host,
             self.listener_name,
             security,
+            broker.authorizer,
         )
         metrics = broker.metrics
         metrics.requests[api_key] += 1

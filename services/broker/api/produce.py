@@ -12,13 +12,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
-from ..partition_write import begin_write
 from ..security.acls import TOPIC, TRANSACTIONAL_ID, WRITE
 from .context import Deferred, RequestContext
+
+if TYPE_CHECKING:
+    from ..partition_write import PartitionWriter
 
 log = logging.getLogger("straitmq.produce")
 
@@ -33,8 +35,9 @@ class _Refused:
     error_message = None
 
 
-async def handle_produce(ctx: RequestContext, req: Any) -> dict | Deferred | None:
-    broker = ctx.broker
+async def handle_produce(
+    writer: PartitionWriter, ctx: RequestContext, req: Any
+) -> dict | Deferred | None:
     acks = req.acks
     responses = []
     writes = []
@@ -48,7 +51,7 @@ async def handle_produce(ctx: RequestContext, req: Any) -> dict | Deferred | Non
             responses.append((topic.name, parts))
             continue
         for pd in topic.partition_data:
-            w = begin_write(broker, topic.name, pd.index, memoryview(pd.records or b""), acks)
+            w = writer.begin(topic.name, pd.index, memoryview(pd.records or b""), acks)
             writes.append(w)
             parts.append((pd.index, w))
         responses.append((topic.name, parts))

@@ -36,7 +36,8 @@ from straitmq.broker.replication.fetcher import (
     ForgottenTopic,
 )
 from straitmq.broker.storage.log import LogConfig, PartitionLog
-from straitmq.metadata.image import PartitionImage
+from straitmq.broker.views import LocalReplicas, MetadataView
+from straitmq.metadata.image import MetadataImage, PartitionImage
 from waiting import holds
 
 from straitmq.protocol.client import KafkaConnection
@@ -227,6 +228,16 @@ def test_unchanged_partition_in_a_live_session_stays_in_the_isr(tmp_path: Path) 
     assert part.isr_change(lag, lambda _: True) == [1]
 
 
+def _no_metadata() -> MetadataView:
+    """An image that knows no partition: the leader a fetch finds is all it reads."""
+
+    async def never() -> None:
+        raise AssertionError("a fetch does not catch up with the metadata log")
+
+    image = MetadataImage()
+    return MetadataView(lambda: image, never)
+
+
 def _reassigning_to_3(tmp_path: Path) -> tuple[Partition, FetchSession]:
     """A leader of replicas [1, 2] and broker 3's fetch session naming the partition, as a
     reassignment adding broker 3 makes them before the leader applies it (ADDING_3)."""
@@ -278,7 +289,7 @@ def test_a_look_before_the_leader_knew_the_follower_is_taken_again_in_the_same_f
 
     part, session = _reassigning_to_3(tmp_path)
     throttle = SimpleNamespace(allowance=lambda t, i, r, limit: limit, spent=lambda *a: None)
-    replicas = SimpleNamespace(partitions=SimpleNamespace(get=lambda t, i: part))
+    replicas = LocalReplicas(_no_metadata(), SimpleNamespace(get=lambda t, i: part))
     deps = SimpleNamespace(replicas=replicas, throttle=throttle)
     ctx = SimpleNamespace(version=12, cluster_allowed=lambda op: True)
     req = SimpleNamespace(replica_id=3, max_bytes=1 << 20)
@@ -305,7 +316,7 @@ def test_a_large_fetch_yields_while_collecting_and_keeps_marks_made_meanwhile(
     monkeypatch.setattr(fetch_module, "COLLECT_CHECK", 1)
     part, session = _reassigning_to_3(tmp_path)
     throttle = SimpleNamespace(allowance=lambda t, i, r, limit: limit, spent=lambda *a: None)
-    replicas = SimpleNamespace(partitions=SimpleNamespace(get=lambda t, i: part))
+    replicas = LocalReplicas(_no_metadata(), SimpleNamespace(get=lambda t, i: part))
     deps = SimpleNamespace(replicas=replicas, throttle=throttle)
     ctx = SimpleNamespace(version=12, cluster_allowed=lambda op: True)
     req = SimpleNamespace(replica_id=3, max_bytes=1 << 20)

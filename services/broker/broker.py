@@ -32,7 +32,7 @@ from . import metrics as broker_metrics
 from .api import share as share_api
 from .api.context import RequestContext
 from .api.deps import AdminDeps, FetchDeps, GroupDeps, MetadataDeps
-from .api.dispatch import ApiSpec, Handler, kafka_api
+from .api.dispatch import SHARE_KEYS, ApiSpec, Handler, kafka_api
 from .api.metadata import TopicAnswers
 from .config import BrokerConfig
 from .fetch_sessions import FetchSessions
@@ -60,6 +60,21 @@ METADATA_WAIT_S = 10.0  # how long a caller waits for a committed change to reac
 _NO_IMAGE = MetadataImage()
 # Metadata records that change a topic's replicas ("topic" or "name" says which).
 _TOPIC_RECORDS = frozenset({"topic", "partition", "partition_change", "config", "remove_topic"})
+
+
+@dataclass(slots=True)
+class _ShareContext(RequestContext):
+    broker: Any = None
+    offsets: OffsetStore | None = None
+
+
+_SHARE_HANDLERS: dict[int, Handler] = {
+    76: share_api.handle_share_group_heartbeat,
+    77: share_api.handle_share_group_describe,
+    78: share_api.handle_share_fetch,
+    79: share_api.handle_share_acknowledge,
+    90: share_api.handle_describe_share_group_offsets,
+}
 
 
 class BrokerStartupError(Exception):
@@ -180,8 +195,21 @@ class Broker:
             ),
             # The client exists from start() on; requests come only after that.
             controller=lambda op, body, within_s=15.0: self.controller.call(op, body, within_s),
-            share=_share_handlers(self),
+            share={key: self._share_handler(key) for key in SHARE_KEYS},
         )
+
+    def _share_handler(self, key: int) -> Handler:
+        """api/share.py still reads the broker from its request context, until the share
+        coordinator owns the share state (the share half of issue 24); no other handler
+        does. Its requests get a context that carries it."""
+        handler = _SHARE_HANDLERS[key]
+        offsets = self.offsets  # groups.not_coordinator(ctx, ...) reads ctx.offsets
+
+        async def call(ctx: RequestContext, req: Any) -> Any:
+            facts = (getattr(ctx, f.name) for f in fields(RequestContext))
+            return await handler(_ShareContext(*facts, broker=self, offsets=offsets), req)
+
+        return call
 
     # -- identity --------------------------------------------------------------------
 
@@ -552,33 +580,6 @@ class Broker:
             await self.controller.close()
         self.partitions.close()
         self.telemetry.shutdown()
-
-
-@dataclass(slots=True)
-class _ShareContext(RequestContext):
-    """api/share.py still reads the broker from its request context, until the share
-    coordinator owns the share state (the share half of issue 24); no other handler
-    does."""
-
-    broker: Any = None
-    offsets: OffsetStore | None = None  # groups.not_coordinator(ctx, ...) reads it
-
-
-def _share_handlers(broker: Broker) -> dict[int, Handler]:
-    def bind(handler: Handler) -> Handler:
-        async def call(ctx: RequestContext, req: Any) -> Any:
-            facts = (getattr(ctx, f.name) for f in fields(RequestContext))
-            return await handler(_ShareContext(*facts, broker=broker, offsets=broker.offsets), req)
-
-        return call
-
-    return {
-        76: bind(share_api.handle_share_group_heartbeat),
-        77: bind(share_api.handle_share_group_describe),
-        78: bind(share_api.handle_share_fetch),
-        79: bind(share_api.handle_share_acknowledge),
-        90: bind(share_api.handle_describe_share_group_offsets),
-    }
 
 
 def _new_cluster_id() -> str:

@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
+from kio.schema.errors import ErrorCode
+
 if TYPE_CHECKING:
     from straitmq.metadata.image import MetadataImage
 
-    from .partitions import PartitionManager
+    from .partitions import Partition, PartitionManager
 
 
 class Control(Protocol):
@@ -74,3 +76,32 @@ class LocalReplicas:
     @property
     def image(self) -> MetadataImage:
         return self.metadata.image
+
+    def leader(
+        self, topic: str, index: int, current_leader_epoch: int = -1
+    ) -> tuple[Partition | None, int]:
+        """This broker's replica of the partition and 0 if it leads it (in the epoch the
+        client names, if it names one); else the error to answer."""
+        partition = self.partitions.get(topic, index)
+        return partition, leader_error(self, topic, index, partition, current_leader_epoch)
+
+
+def leader_error(
+    leaders: LeaderLookup,
+    topic: str,
+    index: int,
+    partition: Partition | None,
+    current_leader_epoch: int,
+) -> int:
+    """The error for a request that must reach the partition's leader, or 0."""
+    if partition is None or not partition.is_leader:
+        if leaders.image.partition(topic, index) is None:
+            return ErrorCode.unknown_topic_or_partition
+        if partition is None and leaders.partitions.storage_error(topic, index):
+            return ErrorCode.kafka_storage_error
+        return ErrorCode.not_leader_or_follower
+    if current_leader_epoch >= 0 and current_leader_epoch != partition.leader_epoch:
+        if current_leader_epoch < partition.leader_epoch:
+            return ErrorCode.fenced_leader_epoch
+        return ErrorCode.unknown_leader_epoch
+    return 0

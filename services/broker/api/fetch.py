@@ -29,10 +29,11 @@ from ..fetch_sessions import (
 from ..loop_slice import LoopSlice
 from ..security.acls import CLUSTER_ACTION, DESCRIBE, READ, TOPIC
 from ..storage.log import ReadSlice
+from ..views import leader_error
 from .context import RawResponse, RequestContext
 
 if TYPE_CHECKING:
-    from ..views import LeaderLookup, LocalReplicas
+    from ..views import LocalReplicas
     from .deps import FetchDeps
 
 log = logging.getLogger("straitmq.broker")
@@ -154,8 +155,7 @@ class _FetchPlan:
                     error = ErrorCode.topic_authorization_failed
                     parts.append((index, error, -1, -1, None, fetch_offset))
                     continue
-                partition = replicas.partitions.get(topic, index)
-                error = partition_error(replicas, topic, index, partition, leader_epoch)
+                partition, error = replicas.leader(topic, index, leader_epoch)
                 if error:
                     hw = partition.high_watermark if partition is not None else -1
                     parts.append((index, error, hw, -1, None, fetch_offset))
@@ -242,21 +242,8 @@ class _FetchPlan:
         ]
 
 
-def partition_error(
-    leaders: LeaderLookup, topic: str, index: int, partition: Any, current_leader_epoch: int
-) -> int:
-    """The error for a request that must reach the partition's leader, or 0."""
-    if partition is None or not partition.is_leader:
-        if leaders.image.partition(topic, index) is None:
-            return ErrorCode.unknown_topic_or_partition
-        if partition is None and leaders.partitions.storage_error(topic, index):
-            return ErrorCode.kafka_storage_error
-        return ErrorCode.not_leader_or_follower
-    if current_leader_epoch >= 0 and current_leader_epoch != partition.leader_epoch:
-        if current_leader_epoch < partition.leader_epoch:
-            return ErrorCode.fenced_leader_epoch
-        return ErrorCode.unknown_leader_epoch
-    return 0
+# The share handlers (api/share.py) ask it with the broker as the lookup.
+partition_error = leader_error
 
 
 def _encode(ctx: RequestContext, topics: list, error: int = 0, session_id: int = 0) -> RawResponse:
@@ -519,13 +506,8 @@ async def handle_list_offsets(deps: FetchDeps, ctx: RequestContext, req: Any) ->
                 if version < least:
                     out["error_code"] = ErrorCode.unsupported_version
                     continue
-            partition = replicas.partitions.get(t.name, p.partition_index)
-            error = partition_error(
-                replicas,
-                t.name,
-                p.partition_index,
-                partition,
-                getattr(p, "current_leader_epoch", -1),
+            partition, error = replicas.leader(
+                t.name, p.partition_index, getattr(p, "current_leader_epoch", -1)
             )
             if error:
                 out["error_code"] = error
@@ -550,9 +532,8 @@ async def handle_offset_for_leader_epoch(deps: FetchDeps, ctx: RequestContext, r
         parts = []
         ok = cluster_ok if follower else ctx.allowed(DESCRIBE, TOPIC, t.topic)
         for p in t.partitions:
-            partition = replicas.partitions.get(t.topic, p.partition)
-            error = partition_error(
-                replicas, t.topic, p.partition, partition, getattr(p, "current_leader_epoch", -1)
+            partition, error = replicas.leader(
+                t.topic, p.partition, getattr(p, "current_leader_epoch", -1)
             )
             if not ok:
                 error = ErrorCode.topic_authorization_failed

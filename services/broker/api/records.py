@@ -20,7 +20,6 @@ from ..security.acls import DELETE as ACL_DELETE
 from ..security.acls import TOPIC
 from ..storage.log import OffsetOutOfRange
 from .context import RequestContext
-from .fetch import partition_error
 
 if TYPE_CHECKING:
     from ..views import LocalReplicas
@@ -38,8 +37,7 @@ def _delete_on_leader(
     t = replicas.image.topics.get(topic)
     if t is not None and t.internal:
         return ErrorCode.invalid_topic_exception, INVALID_LOW_WATERMARK
-    part = replicas.partitions.get(topic, index)
-    error = partition_error(replicas, topic, index, part, -1)
+    part, error = replicas.leader(topic, index)
     if error:
         return error, INVALID_LOW_WATERMARK
     assert part is not None

@@ -46,11 +46,11 @@ def _filter(f: Any) -> AclFilter:
     )
 
 
-def _bindings(d: AdminDeps) -> list[AclBinding]:
-    return [AclBinding(*t) for t in d.metadata.image.acls]
+def _bindings(deps: AdminDeps) -> list[AclBinding]:
+    return [AclBinding(*t) for t in deps.metadata.image.acls]
 
 
-async def handle_create_acls(d: AdminDeps, ctx: RequestContext, req: Any) -> dict:
+async def handle_create_acls(deps: AdminDeps, ctx: RequestContext, req: Any) -> dict:
     if not ctx.cluster_allowed(ALTER):
         code, why = ErrorCode.cluster_authorization_failed, _DENIED
         return {
@@ -69,7 +69,7 @@ async def handle_create_acls(d: AdminDeps, ctx: RequestContext, req: Any) -> dic
             results.append({"error_code": ErrorCode.invalid_request, "error_message": why})
     if valid:
         try:
-            await d.control("alter_acls", {"creations": valid})
+            await deps.control("alter_acls", {"creations": valid})
         except ControllerError as e:
             for r in results:
                 if not r["error_code"]:
@@ -77,7 +77,7 @@ async def handle_create_acls(d: AdminDeps, ctx: RequestContext, req: Any) -> dic
     return {"throttle_time": 0, "results": results}
 
 
-async def handle_describe_acls(d: AdminDeps, ctx: RequestContext, req: Any) -> dict:
+async def handle_describe_acls(deps: AdminDeps, ctx: RequestContext, req: Any) -> dict:
     def answer(code: int, message: str | None, resources: list[dict]) -> dict:
         return {
             "throttle_time": 0,
@@ -97,7 +97,7 @@ async def handle_describe_acls(d: AdminDeps, ctx: RequestContext, req: Any) -> d
     if why is not None:
         return answer(ErrorCode.invalid_request, why, [])
     grouped: dict[tuple[int, str, int], list[dict]] = {}
-    for b in _bindings(d):
+    for b in _bindings(deps):
         if flt.matches(b):
             grouped.setdefault((b.resource_type, b.resource_name, b.pattern_type), []).append(
                 {
@@ -117,7 +117,7 @@ async def handle_describe_acls(d: AdminDeps, ctx: RequestContext, req: Any) -> d
     )
 
 
-async def handle_delete_acls(d: AdminDeps, ctx: RequestContext, req: Any) -> dict:
+async def handle_delete_acls(deps: AdminDeps, ctx: RequestContext, req: Any) -> dict:
     if not ctx.cluster_allowed(ALTER):
         return {
             "throttle_time": 0,
@@ -131,8 +131,8 @@ async def handle_delete_acls(d: AdminDeps, ctx: RequestContext, req: Any) -> dic
             ],
         }
     # Read barrier: match the filters against everything committed so far.
-    await d.metadata.catch_up()
-    current = _bindings(d)
+    await deps.metadata.catch_up()
+    current = _bindings(deps)
     results: list[dict] = []
     doomed: dict[AclBinding, None] = {}
     for f in req.filters:
@@ -167,7 +167,7 @@ async def handle_delete_acls(d: AdminDeps, ctx: RequestContext, req: Any) -> dic
         )
     if doomed:
         try:
-            await d.control("alter_acls", {"deletions": [list(b) for b in doomed]})
+            await deps.control("alter_acls", {"deletions": [list(b) for b in doomed]})
         except ControllerError as e:
             for r in results:
                 if not r["error_code"]:

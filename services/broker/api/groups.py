@@ -28,10 +28,10 @@ def _no_read(ctx: RequestContext, group_id: str) -> int:
     return 0 if ctx.allowed(READ, GROUP, group_id) else _GROUP_DENIED
 
 
-def _coordinator(d: GroupDeps, ctx: RequestContext, group_id: str) -> dict:
+def _coordinator(deps: GroupDeps, ctx: RequestContext, group_id: str) -> dict:
     """The leader of the group's offsets partition, or COORDINATOR_NOT_AVAILABLE."""
-    image = d.metadata.image
-    p = image.partition(OFFSETS_TOPIC, d.offsets.partition_for(group_id))
+    image = deps.metadata.image
+    p = image.partition(OFFSETS_TOPIC, deps.offsets.partition_for(group_id))
     b = image.brokers.get(p.leader) if p is not None else None
     ep = endpoint_for(b, ctx.listener) if b is not None else None  # the client's listener
     if b is None or not b.alive or ep is None:
@@ -55,8 +55,8 @@ def not_coordinator(holder: OffsetsHolder, group_id: str) -> int:
     return 0 if holder.offsets.owns(group_id) else ErrorCode.not_coordinator
 
 
-async def handle_find_coordinator(d: GroupDeps, ctx: RequestContext, req: Any) -> dict:
-    await d.ensure_offsets_topic()
+async def handle_find_coordinator(deps: GroupDeps, ctx: RequestContext, req: Any) -> dict:
+    await deps.ensure_offsets_topic()
     if ctx.version >= 4:
         keys = list(req.coordinator_keys)
     else:
@@ -78,7 +78,7 @@ async def handle_find_coordinator(d: GroupDeps, ctx: RequestContext, req: Any) -
             denied = {"node_id": -1, "host": "", "port": -1, "error_code": _GROUP_DENIED}
             coordinators.append({"key": key, **denied, "error_message": None})
         else:
-            coordinators.append({"key": key, **_coordinator(d, ctx, key)})
+            coordinators.append({"key": key, **_coordinator(deps, ctx, key)})
     if ctx.version >= 4:
         return {"throttle_time": 0, "coordinators": coordinators}
     first = coordinators[0]
@@ -92,16 +92,16 @@ async def handle_find_coordinator(d: GroupDeps, ctx: RequestContext, req: Any) -
     }
 
 
-async def handle_join_group(d: GroupDeps, ctx: RequestContext, req: Any) -> dict:
+async def handle_join_group(deps: GroupDeps, ctx: RequestContext, req: Any) -> dict:
     session_ms = int(req.session_timeout.total_seconds() * 1000)
     rebalance = getattr(req, "rebalance_timeout", None)
     rebalance_ms = int(rebalance.total_seconds() * 1000) if rebalance is not None else session_ms
     try:
-        if code := _no_read(ctx, req.group_id) or not_coordinator(d, req.group_id):
+        if code := _no_read(ctx, req.group_id) or not_coordinator(deps, req.group_id):
             raise JoinError(code, req.member_id)
-        if _is_share_group(d, req.group_id):  # KIP-932: not a classic group
+        if _is_share_group(deps, req.group_id):  # KIP-932: not a classic group
             raise JoinError(ErrorCode.inconsistent_group_protocol, req.member_id)
-        result = await d.groups.join(
+        result = await deps.groups.join(
             req.group_id,
             req.member_id,
             getattr(req, "group_instance_id", None),
@@ -113,7 +113,7 @@ async def handle_join_group(d: GroupDeps, ctx: RequestContext, req: Any) -> dict
             [(p.name, p.metadata) for p in req.protocols],
             require_known_member_id=ctx.version >= 4,
             supports_skip_assignment=ctx.version >= 9,
-            topics=_ImageTopics(d.metadata.image),
+            topics=_ImageTopics(deps.metadata.image),
         )
     except JoinError as e:
         return {
@@ -131,11 +131,11 @@ async def handle_join_group(d: GroupDeps, ctx: RequestContext, req: Any) -> dict
     return {"throttle_time": 0, **result}
 
 
-async def handle_sync_group(d: GroupDeps, ctx: RequestContext, req: Any) -> dict:
+async def handle_sync_group(deps: GroupDeps, ctx: RequestContext, req: Any) -> dict:
     try:
-        if code := _no_read(ctx, req.group_id) or not_coordinator(d, req.group_id):
+        if code := _no_read(ctx, req.group_id) or not_coordinator(deps, req.group_id):
             raise JoinError(code)
-        result = await d.groups.sync(
+        result = await deps.groups.sync(
             req.group_id,
             req.member_id,
             getattr(req, "group_instance_id", None),
@@ -156,24 +156,24 @@ async def handle_sync_group(d: GroupDeps, ctx: RequestContext, req: Any) -> dict
     return {"throttle_time": 0, "error_code": 0, **result}
 
 
-async def handle_heartbeat(d: GroupDeps, ctx: RequestContext, req: Any) -> dict:
-    if code := _no_read(ctx, req.group_id) or not_coordinator(d, req.group_id):
+async def handle_heartbeat(deps: GroupDeps, ctx: RequestContext, req: Any) -> dict:
+    if code := _no_read(ctx, req.group_id) or not_coordinator(deps, req.group_id):
         return {"throttle_time": 0, "error_code": code}
-    code = d.groups.heartbeat(
+    code = deps.groups.heartbeat(
         req.group_id, req.member_id, getattr(req, "group_instance_id", None), req.generation_id
     )
     return {"throttle_time": 0, "error_code": code}
 
 
-async def handle_leave_group(d: GroupDeps, ctx: RequestContext, req: Any) -> dict:
+async def handle_leave_group(deps: GroupDeps, ctx: RequestContext, req: Any) -> dict:
     if ctx.version >= 3:
         members = [(m.member_id, m.group_instance_id) for m in req.members]
     else:
         members = [(req.member_id, None)]
-    if code := _no_read(ctx, req.group_id) or not_coordinator(d, req.group_id):
+    if code := _no_read(ctx, req.group_id) or not_coordinator(deps, req.group_id):
         top, results = code, [(m, i, code) for m, i in members]
     else:
-        top, results = d.groups.leave(req.group_id, members)
+        top, results = deps.groups.leave(req.group_id, members)
     return {
         "throttle_time": 0,
         "error_code": top if ctx.version < 3 else 0,
@@ -184,11 +184,11 @@ async def handle_leave_group(d: GroupDeps, ctx: RequestContext, req: Any) -> dic
     }
 
 
-async def handle_offset_commit(d: GroupDeps, ctx: RequestContext, req: Any) -> dict:
+async def handle_offset_commit(deps: GroupDeps, ctx: RequestContext, req: Any) -> dict:
     generation = getattr(req, "generation_id_or_member_epoch", None)
     if generation is None:
         generation = getattr(req, "generation_id", -1)
-    code = d.groups.commit_check(
+    code = deps.groups.commit_check(
         req.group_id,
         req.member_id,
         getattr(req, "group_instance_id", None),
@@ -197,10 +197,10 @@ async def handle_offset_commit(d: GroupDeps, ctx: RequestContext, req: Any) -> d
     )
     if not req.group_id:
         code = ErrorCode.invalid_group_id
-    code = code or _no_read(ctx, req.group_id) or not_coordinator(d, req.group_id)
+    code = code or _no_read(ctx, req.group_id) or not_coordinator(deps, req.group_id)
     topics = []
     entries = []
-    image_topics = d.metadata.image.topics
+    image_topics = deps.metadata.image.topics
     for t in req.topics:
         parts = []
         known = image_topics.get(t.name)
@@ -229,8 +229,8 @@ async def handle_offset_commit(d: GroupDeps, ctx: RequestContext, req: Any) -> d
         topics.append({"name": t.name, "partitions": parts})
     if entries:
         # Like Kafka (offsets.commit.required.acks=-1): answer once the ISR has it.
-        end = d.offsets.commit(req.group_id, entries)
-        part = d.partitions.leader_of(OFFSETS_TOPIC, d.offsets.partition_for(req.group_id))
+        end = deps.offsets.commit(req.group_id, entries)
+        part = deps.partitions.leader_of(OFFSETS_TOPIC, deps.offsets.partition_for(req.group_id))
         if part is None or not await part.wait_for_hw(end, 5.0):
             for t in topics:
                 for p in t["partitions"]:
@@ -241,14 +241,14 @@ async def handle_offset_commit(d: GroupDeps, ctx: RequestContext, req: Any) -> d
     return {"throttle_time": 0, "topics": topics}
 
 
-async def handle_offset_fetch(d: GroupDeps, ctx: RequestContext, req: Any) -> dict:
+async def handle_offset_fetch(deps: GroupDeps, ctx: RequestContext, req: Any) -> dict:
     if ctx.version < 8:
-        return {"throttle_time": 0, **_offset_fetch_group(d, ctx, req.group_id, req.topics)}
+        return {"throttle_time": 0, **_offset_fetch_group(deps, ctx, req.group_id, req.topics)}
     # v8+: several groups in one request; v9+ with the member's id and epoch (KIP-848).
     groups = []
     for g in req.groups:
         answer = _offset_fetch_group(
-            d,
+            deps,
             ctx,
             g.group_id,
             g.topics,
@@ -260,18 +260,18 @@ async def handle_offset_fetch(d: GroupDeps, ctx: RequestContext, req: Any) -> di
 
 
 def _offset_fetch_group(
-    d: GroupDeps,
+    deps: GroupDeps,
     ctx: RequestContext,
     group_id: str,
     wanted_topics: Any,
     member_id: str | None = None,
     member_epoch: int = -1,
 ) -> dict:
-    code = _no_read(ctx, group_id) or not_coordinator(d, group_id)
-    code = code or d.groups.fetch_check(group_id, member_id, member_epoch)
+    code = _no_read(ctx, group_id) or not_coordinator(deps, group_id)
+    code = code or deps.groups.fetch_check(group_id, member_id, member_epoch)
     if code:
         return {"topics": [], "error_code": code}
-    committed = d.offsets.fetch(group_id)
+    committed = deps.offsets.fetch(group_id)
     req = wanted_topics
     if req is None:
         wanted: dict[str, list[int]] = {}
@@ -317,11 +317,11 @@ def _offset_fetch_group(
     return {"topics": topics, "error_code": 0}
 
 
-async def handle_describe_groups(d: GroupDeps, ctx: RequestContext, req: Any) -> dict:
+async def handle_describe_groups(deps: GroupDeps, ctx: RequestContext, req: Any) -> dict:
     groups = []
     for gid in req.groups:
-        desc = d.groups.describe(gid)
-        if desc.get("protocol_type") == "consumer" and d.groups.group_type(gid) == "consumer":
+        desc = deps.groups.describe(gid)
+        if desc.get("protocol_type") == "consumer" and deps.groups.group_type(gid) == "consumer":
             # Kafka 4.1 (DescribeGroups v0-5): a KIP-848 group is not a classic group, so it
             # is answered as Dead; clients describe it with ConsumerGroupDescribe.
             desc = {
@@ -331,7 +331,7 @@ async def handle_describe_groups(d: GroupDeps, ctx: RequestContext, req: Any) ->
                 "protocol_data": "",
                 "members": [],
             }
-        code = not_coordinator(d, gid) if gid else ErrorCode.invalid_group_id
+        code = not_coordinator(deps, gid) if gid else ErrorCode.invalid_group_id
         if gid and not ctx.allowed(DESCRIBE, GROUP, gid):
             code = _GROUP_DENIED
             desc = {
@@ -347,17 +347,17 @@ async def handle_describe_groups(d: GroupDeps, ctx: RequestContext, req: Any) ->
     return {"throttle_time": 0, "groups": groups}
 
 
-async def handle_list_groups(d: GroupDeps, ctx: RequestContext, req: Any) -> dict:
+async def handle_list_groups(deps: GroupDeps, ctx: RequestContext, req: Any) -> dict:
     # Kafka compares both filters case-insensitively ("stable", "Consumer").
     states = {s.lower() for s in getattr(req, "states_filter", ()) or ()}
     types = {t.lower() for t in getattr(req, "types_filter", ()) or ()}
     # Kafka: DESCRIBE on the cluster lists every group, else those the principal may
     # DESCRIBE.
     everything = ctx.cluster_allowed(DESCRIBE)
-    coordinator = d.groups
+    coordinator = deps.groups
     groups = []
     # Share groups (KIP-932), but not the internal groups holding their saved SPSOs.
-    shares = sorted(d.share_groups().groups.items())
+    shares = sorted(deps.share_groups().groups.items())
     rows = [(gid, "share", g.state) for gid, g in shares]
     for gid, pt, st in [*coordinator.list_groups(), *rows]:
         if gid.startswith(STATE_GROUP_PREFIX):
@@ -372,14 +372,14 @@ async def handle_list_groups(d: GroupDeps, ctx: RequestContext, req: Any) -> dic
     return {"throttle_time": 0, "error_code": 0, "groups": groups}
 
 
-async def handle_delete_groups(d: GroupDeps, ctx: RequestContext, req: Any) -> dict:
+async def handle_delete_groups(deps: GroupDeps, ctx: RequestContext, req: Any) -> dict:
     results = [
         {
             "group_id": gid,
             "error_code": (
                 _GROUP_DENIED
                 if not ctx.allowed(DELETE, GROUP, gid)
-                else not_coordinator(d, gid) or _delete_group(d, gid)
+                else not_coordinator(deps, gid) or _delete_group(deps, gid)
             ),
         }
         for gid in req.groups_names
@@ -387,17 +387,17 @@ async def handle_delete_groups(d: GroupDeps, ctx: RequestContext, req: Any) -> d
     return {"throttle_time": 0, "results": results}
 
 
-def _is_share_group(d: GroupDeps, group_id: str) -> bool:
-    return group_id in d.share_groups().groups
+def _is_share_group(deps: GroupDeps, group_id: str) -> bool:
+    return group_id in deps.share_groups().groups
 
 
-def _delete_group(d: GroupDeps, group_id: str) -> int:
+def _delete_group(deps: GroupDeps, group_id: str) -> int:
     """DeleteGroups of one group: a share group (NON_EMPTY_GROUP while it has members)
     or a classic / KIP-848 one."""
-    share_groups = d.share_groups()
+    share_groups = deps.share_groups()
     if group_id in share_groups.groups:
         return share_groups.delete(group_id)
-    return d.groups.delete(group_id)
+    return deps.groups.delete(group_id)
 
 
 class _ImageTopics:
@@ -424,10 +424,10 @@ class _ImageTopics:
         return cached[2]
 
 
-async def handle_consumer_group_describe(d: GroupDeps, ctx: RequestContext, req: Any) -> dict:
+async def handle_consumer_group_describe(deps: GroupDeps, ctx: RequestContext, req: Any) -> dict:
     """ConsumerGroupDescribe v0-1 (KIP-848): the group's epochs, each member's
     subscription, current and target assignment (topic ids with their names)."""
-    image = d.metadata.image
+    image = deps.metadata.image
 
     def assignment(by_topic: dict) -> dict:
         return {
@@ -441,10 +441,10 @@ async def handle_consumer_group_describe(d: GroupDeps, ctx: RequestContext, req:
     for gid in req.group_ids:
         if not ctx.allowed(DESCRIBE, GROUP, gid):
             code, message, group = _GROUP_DENIED, None, None
-        elif code := not_coordinator(d, gid):
+        elif code := not_coordinator(deps, gid):
             message, group = None, None
         else:
-            code, message, group = d.groups.consumer_describe(gid)
+            code, message, group = deps.groups.consumer_describe(gid)
         if group is None:
             group = {
                 "group_id": gid,
@@ -469,7 +469,7 @@ async def handle_consumer_group_describe(d: GroupDeps, ctx: RequestContext, req:
     return {"throttle_time": 0, "groups": groups}
 
 
-async def handle_consumer_group_heartbeat(d: GroupDeps, ctx: RequestContext, req: Any) -> dict:
+async def handle_consumer_group_heartbeat(deps: GroupDeps, ctx: RequestContext, req: Any) -> dict:
     """ConsumerGroupHeartbeat v0-1 (KIP-848), with OffsetCommit/OffsetFetch v9 for the
     member epochs and ConsumerGroupDescribe."""
     answer: dict[str, Any] = {
@@ -480,9 +480,9 @@ async def handle_consumer_group_heartbeat(d: GroupDeps, ctx: RequestContext, req
         "heartbeat_interval": 0,
         "assignment": None,
     }
-    if code := _no_read(ctx, req.group_id) or not_coordinator(d, req.group_id):
+    if code := _no_read(ctx, req.group_id) or not_coordinator(deps, req.group_id):
         return {**answer, "error_code": code}
-    if _is_share_group(d, req.group_id):
+    if _is_share_group(deps, req.group_id):
         return {
             **answer,
             "error_code": ErrorCode.group_id_not_found,
@@ -490,7 +490,7 @@ async def handle_consumer_group_heartbeat(d: GroupDeps, ctx: RequestContext, req
         }
     names = req.subscribed_topic_names
     owned = req.topic_partitions
-    r = await d.groups.consumer_heartbeat(
+    r = await deps.groups.consumer_heartbeat(
         ConsumerHeartbeatRequest(
             req.group_id,
             req.member_id,
@@ -507,7 +507,7 @@ async def handle_consumer_group_heartbeat(d: GroupDeps, ctx: RequestContext, req
             ctx.client_host,
             getattr(req, "subscribed_topic_regex", None),  # v1+
         ),
-        _ImageTopics(d.metadata.image),
+        _ImageTopics(deps.metadata.image),
     )
     assignment = None
     if r.assignment is not None:

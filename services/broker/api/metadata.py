@@ -157,29 +157,29 @@ def _answer(ctx: RequestContext, head: dict, topics: list[bytes]) -> RawResponse
     return out
 
 
-def _brokers(d: MetadataDeps, ctx: RequestContext, key: str = "node_id") -> list[dict]:
+def _brokers(deps: MetadataDeps, ctx: RequestContext, key: str = "node_id") -> list[dict]:
     """The live brokers' endpoints on the listener this client came in on; brokers
     without that listener are left out, as Kafka does."""
     live = []
-    for b in sorted(d.metadata.image.brokers.values(), key=lambda b: b.id):
+    for b in sorted(deps.metadata.image.brokers.values(), key=lambda b: b.id):
         ep = endpoint_for(b, ctx.listener) if not b.fenced else None
         if ep is not None:
             live.append({key: b.id, "host": ep[0], "port": ep[1], "rack": b.rack})
     if not live:
         # Never zero brokers (librdkafka takes that as a partial response and stalls):
         # when the image shows every broker fenced, this one still answers.
-        c = d.config
+        c = deps.config
         host, port = c.advertised_host, c.advertised_port
-        for ln in d.listeners:
+        for ln in deps.listeners:
             if ln.name == ctx.listener:
                 host, port = ln.spec.advertised_host, ln.spec.advertised_port
         live = [{key: c.node_id, "host": host, "port": port, "rack": c.rack}]
     return live
 
 
-def _controller_id(d: MetadataDeps) -> int:
-    live = [b.id for b in d.metadata.image.live_brokers()]
-    node_id = d.config.node_id
+def _controller_id(deps: MetadataDeps) -> int:
+    live = [b.id for b in deps.metadata.image.live_brokers()]
+    node_id = deps.config.node_id
     return node_id if node_id in live or not live else min(live)
 
 
@@ -216,8 +216,8 @@ def topic_entry(image: MetadataImage, name: str) -> dict:
     }
 
 
-async def handle_metadata(d: MetadataDeps, ctx: RequestContext, req: Any) -> RawResponse:
-    metadata = d.metadata
+async def handle_metadata(deps: MetadataDeps, ctx: RequestContext, req: Any) -> RawResponse:
+    metadata = deps.metadata
     if req.topics is None:
         names = list(metadata.image.topics)
     else:
@@ -228,7 +228,7 @@ async def handle_metadata(d: MetadataDeps, ctx: RequestContext, req: Any) -> Raw
 
     def add_known(name: str) -> None:
         if not with_operations:
-            topics.append(d.answers.get(ctx, metadata.image, name))
+            topics.append(deps.answers.get(ctx, metadata.image, name))
             return
         # Per principal, so not cached.
         entry = topic_entry(metadata.image, name)
@@ -265,12 +265,12 @@ async def handle_metadata(d: MetadataDeps, ctx: RequestContext, req: Any) -> Raw
                 add_error(_refused(name))
             continue
         if name not in metadata.image.topics and req.topics is not None:
-            if allow_auto and d.config.auto_create_topics:
+            if allow_auto and deps.config.auto_create_topics:
                 if not ctx.cluster_allowed(CREATE) and not ctx.allowed(CREATE, TOPIC, name):
                     add_error(_refused(name))
                     continue
                 try:
-                    await d.control("create_topic", {"name": name})
+                    await deps.control("create_topic", {"name": name})
                 except ControllerError as e:
                     if e.code != ErrorCode.topic_already_exists:  # a concurrent create won
                         add_error(
@@ -283,9 +283,9 @@ async def handle_metadata(d: MetadataDeps, ctx: RequestContext, req: Any) -> Raw
             add_error(topic_entry(metadata.image, name))
     head = {
         "throttle_time": 0,
-        "brokers": _brokers(d, ctx),
+        "brokers": _brokers(deps, ctx),
         "cluster_id": metadata.image.cluster_id,
-        "controller_id": _controller_id(d),
+        "controller_id": _controller_id(deps),
     }
     if getattr(req, "include_cluster_authorized_operations", False):  # v8-10
         head["cluster_authorized_operations"] = ctx.authorized_operations(CLUSTER, CLUSTER_NAME)
@@ -302,14 +302,14 @@ def _refused(name: str) -> dict:
     }
 
 
-async def handle_describe_cluster(d: MetadataDeps, ctx: RequestContext, req: Any) -> dict:
+async def handle_describe_cluster(deps: MetadataDeps, ctx: RequestContext, req: Any) -> dict:
     return {
         "throttle_time": 0,
         "error_code": 0,
         "error_message": None,
-        "cluster_id": d.metadata.image.cluster_id,
-        "controller_id": _controller_id(d),
-        "brokers": _brokers(d, ctx, "broker_id"),
+        "cluster_id": deps.metadata.image.cluster_id,
+        "controller_id": _controller_id(deps),
+        "brokers": _brokers(deps, ctx, "broker_id"),
         **(
             {"cluster_authorized_operations": ctx.authorized_operations(CLUSTER, CLUSTER_NAME)}
             if req.include_cluster_authorized_operations

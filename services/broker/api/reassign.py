@@ -24,7 +24,9 @@ if TYPE_CHECKING:
 PREFERRED, UNCLEAN = 0, 1
 
 
-async def handle_alter_partition_reassignments(d: AdminDeps, ctx: RequestContext, req: Any) -> dict:
+async def handle_alter_partition_reassignments(
+    deps: AdminDeps, ctx: RequestContext, req: Any
+) -> dict:
     """One controller call per partition, so one bad partition does not fail the others
     (Kafka applies them independently too). `replicas` null cancels."""
     if not ctx.cluster_allowed(ALTER):
@@ -52,7 +54,7 @@ async def handle_alter_partition_reassignments(d: AdminDeps, ctx: RequestContext
                     )
                 seen.add(p.partition_index)
                 replicas = list(p.replicas) if p.replicas is not None else None
-                await d.control(
+                await deps.control(
                     "reassign",
                     {
                         "partitions": [
@@ -67,7 +69,9 @@ async def handle_alter_partition_reassignments(d: AdminDeps, ctx: RequestContext
     return {"throttle_time": 0, "error_code": 0, "error_message": None, "responses": responses}
 
 
-async def handle_list_partition_reassignments(d: AdminDeps, ctx: RequestContext, req: Any) -> dict:
+async def handle_list_partition_reassignments(
+    deps: AdminDeps, ctx: RequestContext, req: Any
+) -> dict:
     """Ongoing reassignments, all or of the named partitions (unknown topics and
     partitions that are not moving are left out, as in Kafka)."""
     if not ctx.cluster_allowed(DESCRIBE):
@@ -78,7 +82,7 @@ async def handle_list_partition_reassignments(d: AdminDeps, ctx: RequestContext,
             "topics": [],
         }
     try:
-        reply = await d.control("list_reassignments", {})
+        reply = await deps.control("list_reassignments", {})
     except ControllerError as e:
         return {"throttle_time": 0, "error_code": e.code, "error_message": e.message, "topics": []}
     wanted: dict[str, set[int]] | None = None
@@ -132,7 +136,7 @@ def _election_check(image: MetadataImage, topic: str, index: int, kind: int) -> 
     return 0, ""
 
 
-async def handle_elect_leaders(d: AdminDeps, ctx: RequestContext, req: Any) -> dict:
+async def handle_elect_leaders(deps: AdminDeps, ctx: RequestContext, req: Any) -> dict:
     """Preferred-leader election (v0 has no type). The controller moves the eligible
     requested partitions to their preferred leaders in one change; each then reports
     whether it got there."""
@@ -144,10 +148,10 @@ async def handle_elect_leaders(d: AdminDeps, ctx: RequestContext, req: Any) -> d
             "replica_election_results": [],
         }
     try:
-        await d.metadata.catch_up()
+        await deps.metadata.catch_up()
     except ControllerError:
         pass  # decide on what we have; the controller re-checks eligibility anyway
-    image = d.metadata.image
+    image = deps.metadata.image
     all_partitions = req.topic_partitions is None
     if all_partitions:
         asked = [(n, i) for n, t in sorted(image.topics.items()) for i in range(len(t.partitions))]
@@ -161,10 +165,10 @@ async def handle_elect_leaders(d: AdminDeps, ctx: RequestContext, req: Any) -> d
     elif any(code == 0 for code, _ in checks.values()):
         try:
             eligible = [{"topic": t, "index": i} for (t, i), c in checks.items() if c[0] == 0]
-            await d.control("elect_preferred", {"partitions": eligible})
+            await deps.control("elect_preferred", {"partitions": eligible})
         except ControllerError as e:
             checks = {tp: (e.code, e.message) if c[0] == 0 else c for tp, c in checks.items()}
-        image = d.metadata.image
+        image = deps.metadata.image
         for tp, (code, _) in list(checks.items()):
             if code != 0:
                 continue

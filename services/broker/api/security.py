@@ -59,7 +59,7 @@ async def handle_sasl_authenticate(ctx: RequestContext, req: Any) -> dict:
 
 
 async def handle_describe_user_scram_credentials(
-    d: AdminDeps, ctx: RequestContext, req: Any
+    deps: AdminDeps, ctx: RequestContext, req: Any
 ) -> dict:
     if not ctx.cluster_allowed(DESCRIBE):
         return {
@@ -68,7 +68,7 @@ async def handle_describe_user_scram_credentials(
             "error_message": "DESCRIBE on the cluster is needed",
             "results": [],
         }
-    creds = d.metadata.image.scram_credentials
+    creds = deps.metadata.image.scram_credentials
     if req.users is None or len(req.users) == 0:
         names = sorted(creds)
         asked = False
@@ -108,7 +108,9 @@ def _user_error(user: str, code: int, message: str) -> dict:
     return {"user": user, "error_code": code, "error_message": message, "credential_infos": []}
 
 
-async def handle_alter_user_scram_credentials(d: AdminDeps, ctx: RequestContext, req: Any) -> dict:
+async def handle_alter_user_scram_credentials(
+    deps: AdminDeps, ctx: RequestContext, req: Any
+) -> dict:
     """The client sends SaltedPassword (the password never crosses the wire); the broker
     keeps only StoredKey and ServerKey, through the metadata log on every broker."""
     if not ctx.cluster_allowed(ALTER):
@@ -183,7 +185,7 @@ async def handle_alter_user_scram_credentials(d: AdminDeps, ctx: RequestContext,
     }
     if body["upsertions"] or body["deletions"]:
         try:
-            reply = await d.control("alter_scram_credentials", body)
+            reply = await deps.control("alter_scram_credentials", body)
         except ControllerError as e:
             for name in users:
                 errors.setdefault(name, (e.code, e.message))

@@ -220,3 +220,45 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return _LONG_GROUPS.index(g) if g in _LONG_GROUPS else len(_LONG_GROUPS)
 
     items.sort(key=rank)  # stable: the order inside a module stays
+
+
+# --- time budget per module (the README's "Time budgets" table) ----------------------------
+
+_module_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # Setup, call and teardown of every test, summed per module (on the xdist controller,
+    # from the workers' reports).
+    module = report.nodeid.split("::", 1)[0]
+    _module_seconds[module] = _module_seconds.get(module, 0.0) + report.duration
+
+
+def _budgets() -> dict[str, float]:
+    budgets: dict[str, float] = {}
+    in_table = False
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if line.startswith("#"):
+            in_table = line.strip() == "### Time budgets"
+        elif in_table and line.startswith("| `tests/"):
+            cells = [c.strip().strip("`") for c in line.strip("|").split("|")]
+            budgets[cells[0]] = float(cells[1])
+    return budgets
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _module_seconds:
+        return
+    budgets = _budgets()
+    tr = terminalreporter
+    tr.section("seconds per module (setup + call + teardown; budgets: README, Time budgets)")
+    for module, seconds in sorted(_module_seconds.items(), key=lambda kv: -kv[1]):
+        budget = budgets.get(module)
+        note = "" if budget is None else f"  budget {budget:.0f}"
+        if budget is not None and seconds > budget:
+            note += "  OVER BUDGET"
+        elif budget is None:
+            note = "  no budget: add one to the README"
+        tr.write_line(f"{seconds:8.1f}  {module}{note}")
+    total = sum(_module_seconds.values())
+    tr.write_line(f"{total:8.1f}  all modules (summed: with workers the wall time is less)")

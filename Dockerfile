@@ -37,6 +37,7 @@ RUN pip wheel --only-binary=:all: --no-deps --wheel-dir /wheels -r requirements.
 # The folders pyproject.toml maps into the `straitmq` namespace ([tool.setuptools]).
 COPY pyproject.toml ./
 COPY straitmq ./straitmq
+COPY cli ./cli
 COPY services ./services
 COPY operator ./operator
 COPY spark-jobs/straitmq_spark ./spark-jobs/straitmq_spark

@@ -56,11 +56,11 @@ if __package__ in (None, ""):  # allow `python bench/failover.py`
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from straitmq.cli.local_cluster import LocalCluster
 
 from bench.javatools import REPO_ROOT
 from bench.kafka_ref import REF_KAFKA as KAFKA_VERSION
 from bench.kafka_ref import KafkaCluster
-from straitmq.cli.local_cluster import LocalCluster
 
 # The timeouts both systems get (ms).
 SESSION_TIMEOUT_MS = 2000

@@ -102,12 +102,12 @@ from confluent_kafka.admin import (
     NewTopic,
     ResourceType,
 )
+from straitmq.cli.local_cluster import free_port
 
 from bench.javatools import KAFKA41_TOOLS, REPO_ROOT, classpath, ensure_jars, java_cmd
 from bench.kafka_ref import KafkaRef, stop_process, wait_for_broker
 from bench.throughput import process_cpu_s as cpu_s
 from bench.throughput import send_all
-from straitmq.cli.local_cluster import free_port
 
 HOST = "127.0.0.1"
 MODES = {

@@ -57,6 +57,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from xml.sax.saxutils import quoteattr
 
+from straitmq.cli.local_cluster import free_port
+
 from bench.javatools import (
     JAR_SETS,
     KAFKA_JVM_PERFORMANCE_OPTS,
@@ -65,7 +67,6 @@ from bench.javatools import (
     STORAGE_TOOL,
     java_cmd,
 )
-from straitmq.cli.local_cluster import free_port
 
 BROKER_JVM_ARGS = ["-Xmx1g", "-Xms1g", *KAFKA_JVM_PERFORMANCE_OPTS]
 

@@ -19,8 +19,9 @@ import json
 import tempfile
 import time
 
-from straitmq.admin_client import AdminClient
 from straitmq.cli.local_cluster import LocalCluster
+
+from straitmq.admin_client import AdminClient
 
 
 def percentile(vals: list[float], q: float) -> float:

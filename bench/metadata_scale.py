@@ -37,13 +37,15 @@ import random
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, Message
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.failover import KafkaTarget, StraitTarget
@@ -109,7 +111,7 @@ def _read(s: socket.socket, n: int) -> bytes:
     return buf
 
 
-def until(cond, timeout: float, what: str) -> float:  # type: ignore[no-untyped-def]
+def until(cond: Callable[[], object], timeout: float, what: str) -> float:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         if cond():
@@ -138,7 +140,7 @@ def produce_sample(bootstrap: str, partitions: list[tuple[str, int]]) -> tuple[f
     acked: dict[tuple[str, int], tuple[int, bytes]] = {}
     failed: list[str] = []
 
-    def done(err, msg) -> None:  # type: ignore[no-untyped-def]
+    def done(err: KafkaError | None, msg: Message) -> None:
         if err is None:
             acked[(msg.topic(), msg.partition())] = (msg.offset(), msg.value())
         else:
@@ -175,7 +177,7 @@ def read_sample(bootstrap: str, acked: dict) -> int:
     return found
 
 
-def run(target, a: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def]
+def run(target: StraitTarget | KafkaTarget, a: argparse.Namespace) -> dict:
     names = [f"m{i}" for i in range(a.partitions // a.per_topic)]
     target.start()
     try:
@@ -252,7 +254,7 @@ def run(target, a: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def]
         target.stop()
 
 
-def _proc(target, node_id: int):  # type: ignore[no-untyped-def]
+def _proc(target: StraitTarget, node_id: int) -> subprocess.Popen | None:
     c = target.cluster
     n = c.brokers.get(node_id) or c.controllers[node_id]
     return n.proc

@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
+from straitmq.cli.local_cluster import free_port
 
 from straitmq.admin_client import AdminError, exchange_sync, request_sync
-from straitmq.cli.local_cluster import free_port
 
 
 def start(data: Path, port: int, http: int, fd_limit: int) -> subprocess.Popen[bytes]:

@@ -68,11 +68,11 @@ from confluent_kafka.admin import (
     ScramMechanism,
     UserScramCredentialUpsertion,
 )
+from straitmq.cli.local_cluster import free_port
 
 from bench.javatools import REPO_ROOT
 from bench.kafka_ref import KafkaRef, stop_process, wait_for_broker
 from bench.throughput import process_cpu_s, send_all
-from straitmq.cli.local_cluster import free_port
 
 MB = 1024 * 1024
 PROTOCOLS = ["PLAINTEXT", "SSL", "SASL_SSL"]

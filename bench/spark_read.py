@@ -39,9 +39,10 @@ from typing import Any
 if __package__ in (None, ""):  # allow `python bench/spark_read.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from straitmq.cli.local_cluster import free_port
+
 from bench.javatools import REPO_ROOT
 from bench.kafka_ref import KafkaRef
-from straitmq.cli.local_cluster import free_port
 
 sys.path.insert(0, str(REPO_ROOT / "spark-jobs" / "jobs"))
 

@@ -59,7 +59,7 @@ from bench.javatools import (
 from bench.kafka_ref import REF_KAFKA, KafkaRef, wait_for_broker
 
 try:
-    import confluent_kafka  # type: ignore
+    import confluent_kafka
 except ImportError:  # pragma: no cover
     confluent_kafka = None
 

@@ -13,6 +13,10 @@ scripts/fetch-k8s.sh
 echo "== ruff" >&2
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+echo "== mypy" >&2
+scripts/typecheck.sh
+echo "== import contracts" >&2
+.venv/bin/python scripts/lint_imports.py --no-logo
 echo "== pytest" >&2
 # Most tests wait on processes, sockets and timeouts rather than the CPU: four workers on
 # two cores. Modules stay whole on one worker; the Kubernetes tiers are groups of their own

@@ -27,7 +27,7 @@ import os
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 from urllib.parse import urljoin
 
 import aiohttp
@@ -133,7 +133,7 @@ class AdminClient:
                 raise AdminError(0, f"cannot load the TLS files for the admin API: {e}") from None
         self._session: aiohttp.ClientSession | None = None
 
-    async def __aenter__(self) -> AdminClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from typing import TextIO
 
 import orjson
 
@@ -41,7 +42,7 @@ class JsonFormatter(logging.Formatter):
         return out
 
     def format(self, record: logging.LogRecord) -> str:
-        out = {
+        out: dict[str, object] = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
             + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
@@ -54,7 +55,7 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(out, default=str).decode()
 
 
-def setup(level: str = "warning", stream=sys.stderr) -> None:  # type: ignore[no-untyped-def]
+def setup(level: str = "warning", stream: TextIO = sys.stderr) -> None:
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()

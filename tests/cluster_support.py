@@ -26,10 +26,10 @@ sys.path.insert(0, str(ROOT))
 
 from straitmq.broker.record_codec import decode_batch  # noqa: E402
 from straitmq.broker.storage.log import LogConfig, PartitionLog  # noqa: E402
+from straitmq.cli.local_cluster import LocalCluster, Node  # noqa: E402
 from waiting import wait_for  # noqa: E402  (also imported from here by tests)
 
 from straitmq.admin_client import request_sync  # noqa: E402
-from straitmq.cli.local_cluster import LocalCluster, Node  # noqa: E402
 
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable
 
@@ -106,7 +106,7 @@ class Cluster(LocalCluster):
             parts = t["partitions"]
             return t if all(p["leader"] >= 0 and len(p["isr"]) == size for p in parts) else None
 
-        return wait_for(ok, timeout, f"{name}: every ISR of size {size}")  # type: ignore[return-value]
+        return wait_for(ok, timeout, f"{name}: every ISR of size {size}")
 
     def leader_of(self, name: str, partition: int, exclude: tuple[int, ...] = ()) -> int:
         return self.topic(name, exclude=exclude)["partitions"][partition]["leader"]
@@ -154,7 +154,7 @@ class Cluster(LocalCluster):
                 hws[i] = hw
             return hws
 
-        return wait_for(same, timeout, f"{name}: all replicas at one log end")  # type: ignore[return-value]
+        return wait_for(same, timeout, f"{name}: all replicas at one log end")
 
     def broker_log_count(self, bid: int, needle: str) -> int:
         try:

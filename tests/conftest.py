@@ -38,9 +38,9 @@ def _worker_port_slice() -> None:
 _worker_port_slice()
 
 from straitmq.broker.record_codec import build_batch  # noqa: E402
+from straitmq.cli.local_cluster import free_port  # noqa: E402
 
 from straitmq.admin_client import AdminError, exchange_sync, request_sync  # noqa: E402
-from straitmq.cli.local_cluster import free_port  # noqa: E402
 
 
 def record_batch(
@@ -165,7 +165,7 @@ def broker_factory(tmp_path: Path) -> Iterator:
 
 
 @pytest.fixture
-def broker(broker_factory) -> BrokerProcess:  # type: ignore[no-untyped-def]
+def broker(broker_factory) -> BrokerProcess:
     return broker_factory()
 
 

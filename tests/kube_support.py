@@ -40,9 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script, tests/ is on sys.path but the repo is not
     sys.path.insert(0, str(ROOT))
 
-from waiting import wait_for  # noqa: E402
-
 from straitmq.cli.local_cluster import free_port  # noqa: E402
+from waiting import wait_for  # noqa: E402
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient

@@ -85,7 +85,12 @@ from kio.schema.offset_for_leader_epoch.v4.request import (
     OffsetForLeaderTopic,
 )
 from kio.schema.sync_group.v5.request import SyncGroupRequest
-from straitmq.broker.security.acls import (
+from straitmq.cli.local_cluster import free_port
+from straitmq.metadata.image import MetadataImage
+from test_security_tls_sasl import Raw
+from waiting import wait_for
+
+from straitmq.security.acls import (
     ALL,
     ALLOW,
     ALTER_CONFIGS,
@@ -109,14 +114,9 @@ from straitmq.broker.security.acls import (
     AuthorizerSettings,
     validate_binding,
 )
-from straitmq.broker.security.acls import (
+from straitmq.security.acls import (
     AclBinding as Binding,
 )
-from straitmq.metadata.image import MetadataImage
-from test_security_tls_sasl import Raw
-from waiting import wait_for
-
-from straitmq.cli.local_cluster import free_port
 
 pytestmark = pytest.mark.timeout(300)
 

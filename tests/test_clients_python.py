@@ -77,7 +77,7 @@ def make_messages(tag: str, codec: str, n: int) -> list[Msg]:
 def norm_headers(h: object) -> Headers:
     if not h:
         return ()
-    return tuple((k, bytes(v) if v is not None else None) for k, v in h)  # type: ignore[union-attr]
+    return tuple((k, bytes(v) if v is not None else None) for k, v in h)
 
 
 def by_partition(recs: Sequence[Rec]) -> dict[int, list[Rec]]:
@@ -258,7 +258,7 @@ class Confluent(Client):
         errors: list[str] = []
 
         def report(sent: Msg) -> Callable:
-            def on_delivery(err, m) -> None:  # type: ignore[no-untyped-def]
+            def on_delivery(err, m) -> None:
                 # The report carries no headers; record what was sent at its place.
                 if err is not None:
                     errors.append(str(err))

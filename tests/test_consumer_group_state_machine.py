@@ -112,7 +112,7 @@ class Harness:
         self.m.tick(self.now)
         self._collect()
 
-    def member(self, mid: str):  # type: ignore[no-untyped-def]
+    def member(self, mid: str):
         return self.m.consumer_groups[G].members[mid]
 
     def classic_join(self, req: JoinRequest) -> int:

@@ -75,7 +75,7 @@ def set_isr(img: MetadataImage, name: str, index: int, isr: list[int]) -> list[R
     return ops.alter_partition(img, p.leader, name, index, p.leader_epoch, p.partition_epoch, isr)
 
 
-def code_of(call) -> tuple[int, str]:  # type: ignore[no-untyped-def]
+def code_of(call) -> tuple[int, str]:
     with pytest.raises(ControllerError) as info:
         call()
     return info.value.code, info.value.message

@@ -30,7 +30,7 @@ def slow_writes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     batches: list[int] = []
     real = quorum_module.apply_ops
 
-    def slow(storage, ops):  # type: ignore[no-untyped-def]
+    def slow(storage, ops):
         assert threading.current_thread() is not threading.main_thread()
         time.sleep(WRITE_S)
         batches.append(len(ops))
@@ -71,7 +71,7 @@ async def _stop(q: Quorum, c: ActiveController) -> None:
     await q.stop(resign=False)
 
 
-def test_concurrent_creates_commit_together(tmp_path, slow_writes) -> None:  # type: ignore[no-untyped-def]
+def test_concurrent_creates_commit_together(tmp_path, slow_writes) -> None:
     async def go() -> None:
         q, c = await _active(tmp_path)
         slow_writes.clear()
@@ -89,7 +89,7 @@ def test_concurrent_creates_commit_together(tmp_path, slow_writes) -> None:  # t
     asyncio.run(go())
 
 
-def test_a_refusal_waits_for_the_change_it_was_judged_against(tmp_path, slow_writes) -> None:  # type: ignore[no-untyped-def]
+def test_a_refusal_waits_for_the_change_it_was_judged_against(tmp_path, slow_writes) -> None:
     async def go() -> None:
         q, c = await _active(tmp_path)
         body = {"name": "same", "partitions": 1, "replication_factor": 1}
@@ -112,7 +112,7 @@ def test_a_refusal_waits_for_the_change_it_was_judged_against(tmp_path, slow_wri
     asyncio.run(go())
 
 
-def test_concurrent_producer_id_blocks_never_overlap(tmp_path, slow_writes) -> None:  # type: ignore[no-untyped-def]
+def test_concurrent_producer_id_blocks_never_overlap(tmp_path, slow_writes) -> None:
     async def go() -> None:
         q, c = await _active(tmp_path)
         replies = await asyncio.gather(*(c.allocate_producer_ids({"broker": 1}) for _ in range(10)))
@@ -125,7 +125,7 @@ def test_concurrent_producer_id_blocks_never_overlap(tmp_path, slow_writes) -> N
     asyncio.run(go())
 
 
-def test_lost_leadership_drops_the_speculative_image(tmp_path, slow_writes) -> None:  # type: ignore[no-untyped-def]
+def test_lost_leadership_drops_the_speculative_image(tmp_path, slow_writes) -> None:
     async def go() -> None:
         q, c = await _active(tmp_path)
         await c.create_topic({"name": "kept", "partitions": 1, "replication_factor": 1})
@@ -180,7 +180,7 @@ def _leaders(q: Quorum, name: str) -> list[int]:
     return [p.leader for p in q.image.topics[name].partitions]
 
 
-def test_a_fencing_is_written_in_bounded_entries(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_fencing_is_written_in_bounded_entries(tmp_path, monkeypatch) -> None:
     """Leadership moves are split into entries of at most NON_ATOMIC_ENTRY_RECORDS (every
     process applies an entry in one piece); the fencing itself is in the first."""
     from straitmq.controller import active as active_module
@@ -205,7 +205,7 @@ def test_a_fencing_is_written_in_bounded_entries(tmp_path, monkeypatch) -> None:
     asyncio.run(go())
 
 
-def test_a_new_active_controller_finishes_moves_cut_short(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_new_active_controller_finishes_moves_cut_short(tmp_path) -> None:
     """A failover between the entries of a split change leaves its first entries
     committed and the rest lost. The next active controller finishes the moves: off a
     fenced broker, and onto a live replica of an offline partition."""

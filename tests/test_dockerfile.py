@@ -207,6 +207,7 @@ def test_copy_sources_exist_and_pass_dockerignore() -> None:
     for path in (".venv", ".cache", ".git", "tests", ".cache/k8s/bin/helm", "bench"):
         assert ignored(path), f"{path} must stay out of the build context"
     assert not ignored("operator/handlers.py")
+    assert not ignored("cli/main.py")  # the CLI, a folder of its own (straitmq.cli)
     assert ignored("straitmq/__pycache__/x.cpython-311.pyc")
     # Every package pyproject.toml declares is inside what the build stage copies.
     setup = PYPROJECT["tool"]["setuptools"]

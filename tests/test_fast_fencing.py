@@ -40,7 +40,7 @@ def cluster(tmp_path):
     yield from cluster_factory(tmp_path)
 
 
-def _defaults(make) -> Cluster:  # type: ignore[no-untyped-def]
+def _defaults(make) -> Cluster:
     return make(controller_args=[], broker_args=BROKER_ARGS)
 
 

@@ -108,7 +108,7 @@ def _produce(bootstrap: str, topic: str, partition: int, n: int = 1) -> None:
     assert p.flush(30) == 0
 
 
-def test_leader_session_rules_on_the_wire(broker) -> None:  # type: ignore[no-untyped-def]
+def test_leader_session_rules_on_the_wire(broker) -> None:
     topic = "fs"
     broker.create_topic(topic, partitions=3)
     for p in range(3):
@@ -303,7 +303,7 @@ def test_a_look_before_the_leader_knew_the_follower_is_taken_again_in_the_same_f
 
 def test_a_large_fetch_yields_while_collecting_and_keeps_marks_made_meanwhile(
     tmp_path: Path, monkeypatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     """A restarted follower's first fetch names thousands of partitions: the leader
     collects it a slice of the event loop at a time. A partition that changes while it
     does stays marked in the session for the next fetch (answering the fetch must not
@@ -341,11 +341,11 @@ def test_a_large_fetch_yields_while_collecting_and_keeps_marks_made_meanwhile(
 
 
 @pytest.fixture
-def cluster(tmp_path):  # type: ignore[no-untyped-def]
+def cluster(tmp_path):
     yield from cluster_factory(tmp_path)
 
 
-def _sessions(node) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def _sessions(node) -> dict[str, float]:
     """The broker's follower-session gauges and how many partitions it leads."""
     with urllib.request.urlopen(f"http://{node.host}:{node.http_port}/metrics", timeout=10) as r:
         text = r.read().decode()
@@ -360,7 +360,7 @@ def _sessions(node) -> dict[str, float]:  # type: ignore[no-untyped-def]
     return out
 
 
-def test_followers_replicate_through_sessions_and_survive_a_leader_kill(cluster) -> None:  # type: ignore[no-untyped-def]
+def test_followers_replicate_through_sessions_and_survive_a_leader_kill(cluster) -> None:
     c = cluster()
     c.create_topic("fss", partitions=30, rf=3, min_isr=2)
     c.wait_isr("fss", 3, timeout=60)

@@ -35,7 +35,7 @@ def policy() -> Iterator[gc_tuning._Policy]:
         gc.unfreeze()
 
 
-def test_survivors_of_a_full_collection_are_frozen_and_new_garbage_still_goes(policy) -> None:  # type: ignore[no-untyped-def]
+def test_survivors_of_a_full_collection_are_frozen_and_new_garbage_still_goes(policy) -> None:
     assert gc_tuning.install() is policy  # once per process
     kept = [cycle() for _ in range(100)]
     gc.collect()
@@ -49,7 +49,7 @@ def test_survivors_of_a_full_collection_are_frozen_and_new_garbage_still_goes(po
     assert all(k.other is not None for k in kept)
 
 
-def test_a_frozen_cycle_is_freed_after_the_next_full_walk(policy) -> None:  # type: ignore[no-untyped-def]
+def test_a_frozen_cycle_is_freed_after_the_next_full_walk(policy) -> None:
     held = [cycle()]
     gc.collect()  # frozen while still reachable
     ref = weakref.ref(held[0])

@@ -194,7 +194,6 @@ def test_classic_consumer_protocol_decoding_and_pending_partitions() -> None:
         _decode_consumer_subscription,
         _pending,
     )
-
     from straitmq.cli.main import _partitions
 
     def s(x: str) -> bytes:
@@ -277,13 +276,13 @@ def test_kip848_regex_member_and_pending_partitions_on_the_wire(broker):
 
 
 @pytest.fixture
-def cluster(tmp_path):  # type: ignore[no-untyped-def]
+def cluster(tmp_path):
     from cluster_support import cluster_factory
 
     yield from cluster_factory(tmp_path)
 
 
-def test_group_list_covers_every_coordinator_of_a_cluster(cluster) -> None:  # type: ignore[no-untyped-def]
+def test_group_list_covers_every_coordinator_of_a_cluster(cluster) -> None:
     """`strait group list` asks one broker, which asks the others for the groups they
     coordinate (as `kafka-consumer-groups --list` asks each broker)."""
     from confluent_kafka import Consumer, TopicPartition

@@ -92,7 +92,7 @@ class Harness(ConsumerHarness):
         self.collect()
         return code
 
-    def consumer_hb(self, member_id: str, epoch: int, owned: tuple | None = None):  # type: ignore[no-untyped-def]
+    def consumer_hb(self, member_id: str, epoch: int, owned: tuple | None = None):
         req = ConsumerHeartbeatRequest(
             G,
             member_id,

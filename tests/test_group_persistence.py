@@ -68,7 +68,7 @@ class Coordinator(Harness):
         self.written: list[GroupRecords] = []
         take = self.m.take_output
 
-        def take_and_write():  # type: ignore[no-untyped-def]
+        def take_and_write():
             out = take()
             for rec in out.persist:
                 if isinstance(rec, GroupRecords):

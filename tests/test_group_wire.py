@@ -51,7 +51,7 @@ def sync(raw: Raw, group: str, member_id: str, generation: int, protocol: str) -
     )
 
 
-def test_static_rejoin_skip_assignment_by_version_and_leave_by_instance(broker) -> None:  # type: ignore[no-untyped-def]
+def test_static_rejoin_skip_assignment_by_version_and_leave_by_instance(broker) -> None:
     group = f"wire-{uuid.uuid4().hex[:8]}"
     r = Raw(broker)
     try:

@@ -24,7 +24,7 @@ def call(broker, method: str, path: str, body: bytes | None = None) -> tuple[int
 
 def strait(broker, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "straitmq", "--http", broker.http, *args],
+        [sys.executable, "-m", "straitmq.cli", "--http", broker.http, *args],
         input=stdin,
         capture_output=True,
         text=True,
@@ -174,7 +174,7 @@ def test_cli_end_to_end(broker):
 
 def test_cli_unreachable_broker_is_one_line():
     r = subprocess.run(
-        [sys.executable, "-m", "straitmq", "--http", "http://127.0.0.1:9", "topic", "list"],
+        [sys.executable, "-m", "straitmq.cli", "--http", "http://127.0.0.1:9", "topic", "list"],
         capture_output=True,
         text=True,
         timeout=30,

@@ -34,10 +34,10 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 from conftest import ROOT, BrokerProcess
+from straitmq.cli.local_cluster import free_port
 from tls_support import Certs, make_certs
 
 from straitmq.admin_client import AdminAuth, AdminError, exchange_sync, request_sync
-from straitmq.cli.local_cluster import free_port
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -410,7 +410,7 @@ def test_a_rotated_certificate_is_served_without_a_restart(secured: Secured) -> 
 
 def _strait(secured: Secured, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "straitmq", "--http", secured.url, *args],
+        [sys.executable, "-m", "straitmq.cli", "--http", secured.url, *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -591,9 +591,8 @@ def test_operator_and_tools_read_credentials_from_the_environment(
 
 @pytest.fixture
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    from cluster_support import cluster_factory
-
     import straitmq.cli.local_cluster as local_cluster
+    from cluster_support import cluster_factory
 
     certs = make_certs(tmp_path / "certs")
     # The harness polls /readyz over http; the brokers' port speaks https.
@@ -856,9 +855,10 @@ def test_the_client_certificate_shown_to_peers_follows_a_rotation(tmp_path: Path
     served one (in-process: an HttpSecurity and a TLS server that requires certificates)."""
     import threading
 
-    from straitmq.broker.security.acls import Authorizer, AuthorizerSettings
-    from straitmq.broker.security.http_security import HttpSecurity
     from straitmq.metadata.image import MetadataImage
+
+    from straitmq.security.acls import Authorizer, AuthorizerSettings
+    from straitmq.security.http_security import HttpSecurity
 
     certs = make_certs(tmp_path / "certs")
     certs.leaf("rotated", "ca", "/CN=rotated", "IP:127.0.0.1,DNS:localhost")

@@ -22,14 +22,13 @@ from conftest import BrokerProcess
 from straitmq.broker.config import BrokerConfig
 from straitmq.broker.security.listeners import ListenerConfigError, build_listeners
 from straitmq.broker.security.sasl import PlainServer
-from straitmq.broker.security.scram import ScramError, ScramServer
+from straitmq.cli.local_cluster import free_port
 from straitmq.controller.bootstrap import parse_add_scram
 from straitmq.metadata.image import MetadataImage
 from test_fetch_sessions import _request as _fetch_request
 from tls_support import make_certs
 
 from straitmq.admin_client import request_sync
-from straitmq.cli.local_cluster import free_port
 from straitmq.protocol.client import (
     AuthenticationFailed,
     ClientSecurity,
@@ -37,6 +36,7 @@ from straitmq.protocol.client import (
     SaslLogin,
 )
 from straitmq.protocol.sasl_client import PlainClient, SaslClientError, ScramClient
+from straitmq.security.scram import ScramError, ScramServer
 
 SCRAM_JAAS = (
     "org.apache.kafka.common.security.scram.ScramLoginModule required "

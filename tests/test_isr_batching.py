@@ -77,7 +77,7 @@ def test_an_older_controller_gets_one_call_per_partition() -> None:
 
 def test_full_isrs_are_checked_for_shrinking_less_often_than_short_ones_for_growing(
     monkeypatch,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     """A follower that caught up rejoins within one expand period; an ISR that lacks no
     replica can only shrink after replica.lag.time.max.ms, so it is checked every lag / 4
     (at 100,000 partitions a check of every led partition each second kept a core busy)."""
@@ -88,7 +88,7 @@ def test_full_isrs_are_checked_for_shrinking_less_often_than_short_ones_for_grow
     seen = asyncio.Event()
 
     def part(index: int, isr: list[int]) -> SimpleNamespace:
-        def isr_change(lag_s: float, alive) -> None:  # type: ignore[no-untyped-def]
+        def isr_change(lag_s: float, alive) -> None:
             checked.append(index)
             seen.set()
 

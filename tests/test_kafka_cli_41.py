@@ -69,7 +69,7 @@ def produce(bootstrap: str, topic: str, n: int) -> None:
     assert p.flush(30) == 0
 
 
-def test_topics_and_log_dirs(broker) -> None:  # type: ignore[no-untyped-def]
+def test_topics_and_log_dirs(broker) -> None:
     b = broker.bootstrap
     tool(
         "kafka-topics",
@@ -107,7 +107,7 @@ def test_topics_and_log_dirs(broker) -> None:  # type: ignore[no-untyped-def]
     assert answer["brokers"][0]["logDirs"][0]["partitions"] == []
 
 
-def test_offsets_groups_and_api_versions(broker) -> None:  # type: ignore[no-untyped-def]
+def test_offsets_groups_and_api_versions(broker) -> None:
     b = broker.bootstrap
     broker.create_topic("cli41o", partitions=2)
     produce(b, "cli41o", 40)
@@ -135,7 +135,7 @@ def test_offsets_groups_and_api_versions(broker) -> None:  # type: ignore[no-unt
     assert "DescribeLogDirs(35): 1 to 4 [usable: 4]" in r.stdout, r.stdout
 
 
-def test_metadata_quorum(broker) -> None:  # type: ignore[no-untyped-def]
+def test_metadata_quorum(broker) -> None:
     """A combined node: one voter, which leads; it answers through any broker."""
     b = broker.bootstrap
     r = tool("kafka-metadata-quorum", "--bootstrap-server", b, "describe", "--status")
@@ -154,7 +154,7 @@ def test_metadata_quorum(broker) -> None:  # type: ignore[no-untyped-def]
     assert abs(int(row[4]) / 1000 - time.time()) < 300, row
 
 
-def test_broker_throttle_configs(broker) -> None:  # type: ignore[no-untyped-def]
+def test_broker_throttle_configs(broker) -> None:
     """What `kafka-reassign-partitions --throttle` sets and `--verify` clears, per broker,
     is StraitMQ's one cluster-wide replication throttle; other broker configs are static
     and say so."""
@@ -220,11 +220,11 @@ def test_broker_throttle_configs(broker) -> None:  # type: ignore[no-untyped-def
 
 
 @pytest.fixture
-def cluster(tmp_path):  # type: ignore[no-untyped-def]
+def cluster(tmp_path):
     yield from cluster_factory(tmp_path)
 
 
-def test_metadata_quorum_on_a_cluster(cluster) -> None:  # type: ignore[no-untyped-def]
+def test_metadata_quorum_on_a_cluster(cluster) -> None:
     """3 controllers + 3 brokers: the leader and two followers vote, the brokers observe."""
     c = cluster()
     active = c.wait_active_controller()
@@ -327,7 +327,7 @@ def answers(resp: object) -> dict[tuple[str, int], tuple[int, int]]:
     return out
 
 
-def test_delete_records(broker, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_delete_records(broker, tmp_path) -> None:
     b = broker.bootstrap
     # Small segments (below what kafka-topics accepts), so whole segments fall below the
     # new log start and are deleted.
@@ -396,7 +396,7 @@ def test_delete_records(broker, tmp_path) -> None:  # type: ignore[no-untyped-de
     assert first_offsets(b, "cli41d", 1, 1) == [80]
 
 
-def test_delete_records_on_a_cluster(cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_delete_records_on_a_cluster(cluster, tmp_path) -> None:
     """RF 3: the followers copy the leader's new log start, so a follower that becomes
     leader (the leader killed) serves from it; a restarted replica learns a later one."""
     c = cluster()
@@ -499,10 +499,10 @@ def offsets_answer(resp: object) -> list[tuple[str, int, int, int, int]]:
         (t.name, int(p.partition_index), int(p.error_code), int(p.offset), int(p.timestamp))
         for t in resp.topics
         for p in t.partitions
-    ]  # type: ignore[attr-defined]
+    ]
 
 
-def test_get_offsets_special_times(broker) -> None:  # type: ignore[no-untyped-def]
+def test_get_offsets_special_times(broker) -> None:
     b = broker.bootstrap
     broker.create_topic("cli41t", partitions=1)
     now = int(time.time() * 1000)
@@ -584,7 +584,7 @@ def pages(resp: object) -> tuple[list[tuple[str, int, list[int]]], tuple[str, in
     topics = [
         (t.name, int(t.error_code), [int(p.partition_index) for p in t.partitions])
         for t in resp.topics
-    ]  # type: ignore[attr-defined]
+    ]
     c = resp.next_cursor  # type: ignore[attr-defined]
     return topics, None if c is None else (c.topic_name, int(c.partition_index))
 
@@ -595,7 +595,7 @@ def paged(
     return pages(raw.call(describe_partitions(names, limit, cursor)))
 
 
-def test_describe_topic_partitions(broker) -> None:  # type: ignore[no-untyped-def]
+def test_describe_topic_partitions(broker) -> None:
     b = broker.bootstrap
     broker.create_topic("cli41p-a", partitions=3)
     broker.create_topic("cli41p-b", partitions=2)
@@ -677,7 +677,7 @@ def api_versions(version: int) -> object:
     return mod.ApiVersionsRequest(**extra)
 
 
-def test_features_describe(broker) -> None:  # type: ignore[no-untyped-def]
+def test_features_describe(broker) -> None:
     r = tool("kafka-features", "--bootstrap-server", broker.bootstrap, "describe")
     rows = [
         dict(field.split(": ", 1) for field in line.split("\t"))

@@ -45,7 +45,7 @@ def metadata_v1_partitions(host: str, port: int, topic: str) -> int:
     return -1 if err else parts
 
 
-def _read(s, n: int) -> bytes:  # type: ignore[no-untyped-def]
+def _read(s, n: int) -> bytes:
     buf = b""
     while len(buf) < n:
         chunk = s.recv(n - len(buf))
@@ -54,7 +54,7 @@ def _read(s, n: int) -> bytes:  # type: ignore[no-untyped-def]
     return buf
 
 
-def test_every_change_shows_in_the_next_answer_of_every_version(broker) -> None:  # type: ignore[no-untyped-def]
+def test_every_change_shows_in_the_next_answer_of_every_version(broker) -> None:
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     host, port_s = broker.bootstrap.rsplit(":", 1)
     port = int(port_s)

@@ -351,7 +351,7 @@ def test_controller_process_serves_the_quorum_dashboard(controller_process: str)
 
 def test_dashboards_are_backed_by_live_metrics_that_move(
     broker_factory, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     from confluent_kafka import Consumer, Producer, TopicPartition
 
     receiver = OtlpReceiver()
@@ -473,7 +473,6 @@ def test_cluster_metrics_come_from_the_right_processes(tmp_path: Path) -> None:
     """One controller process and two brokers (replication factor 2): replica fetches,
     observers' lag on the quorum leader, and consumer lag summed over brokers."""
     from confluent_kafka import Consumer, Producer
-
     from straitmq.cli.local_cluster import LocalCluster
 
     cluster = LocalCluster(

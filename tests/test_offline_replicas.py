@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(150)
 
 
 @pytest.fixture
-def cluster(tmp_path):  # type: ignore[no-untyped-def]
+def cluster(tmp_path):
     yield from cluster_factory(tmp_path)
 
 
@@ -29,7 +29,7 @@ def _chattr(flag: str, path: Path) -> None:
     subprocess.run(["chattr", flag, str(path)], check=True)
 
 
-def test_replicas_a_broker_cannot_open_are_led_elsewhere(cluster) -> None:  # type: ignore[no-untyped-def]
+def test_replicas_a_broker_cannot_open_are_led_elsewhere(cluster) -> None:
     c = cluster()
     victim = 1
     logs = Path(c.data_dir) / f"broker-{victim}" / "logs"

@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 from cluster_support import BROKER_ARGS, CONTROLLER_ARGS, PYTHON, Workload, consume_all
 from prometheus_client.parser import text_string_to_metric_families
+from straitmq.cli.local_cluster import LocalCluster, Node, free_port
 from test_metrics import check_served, dashboards
 from waiting import wait_for
 
 from straitmq.admin_client import AdminAuth, exchange_sync, request_sync
-from straitmq.cli.local_cluster import LocalCluster, Node, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 NS = "apps"

@@ -227,9 +227,9 @@ def test_secured_cluster_serves_its_http_api_over_https_to_certificates_and_user
         "User:CN=demo-broker,O=straitmq",
         "User:CN=straitmq-operator,O=straitmq",
     ]
-    from straitmq.controller.__main__ import SECURITY_KEYS
+    from straitmq.security.settings import CONTROLLER_KEYS
 
-    assert set(ctl_props) <= SECURITY_KEYS
+    assert set(ctl_props) <= CONTROLLER_KEYS
 
 
 @pytest.mark.parametrize("listeners", [None, {"kafka": {"tls": True}}])

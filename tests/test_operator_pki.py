@@ -18,11 +18,10 @@ import pytest
 from conftest import BrokerProcess
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
+from straitmq.cli.local_cluster import free_port
 from straitmq.operator import certificates, pki, render
 from straitmq.operator import names as n
 from straitmq.operator.spec import SpecError, parse
-
-from straitmq.cli.local_cluster import free_port
 
 UID = "6f1c2d4e-0000-4000-8000-00000000abcd"
 NOW = datetime(2026, 11, 25, tzinfo=UTC)
@@ -69,7 +68,7 @@ def ensure(kube: FakeKube, brokers: int, now: datetime = NOW) -> tuple[list[str]
             spec,
             brokers,
             lambda *e: events.append(e),
-            now,  # type: ignore[arg-type]
+            now,
         )
     )
     return issued, events

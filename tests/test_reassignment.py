@@ -68,7 +68,7 @@ def create_topic(node: Node, name: str, partitions: int, rf: int) -> dict:
     return created
 
 
-def admin(cluster: LocalCluster):  # type: ignore[no-untyped-def]
+def admin(cluster: LocalCluster):
     from kafka import KafkaAdminClient
 
     return KafkaAdminClient(bootstrap_servers=cluster.bootstrap, request_timeout_ms=30_000)
@@ -248,7 +248,7 @@ def test_throttled_reassignment_onto_a_new_broker_while_consumers_read(four: Loc
     acked: list[bytes] = []
     errors: list[str] = []
 
-    def on_delivery(err, msg) -> None:  # type: ignore[no-untyped-def]
+    def on_delivery(err, msg) -> None:
         (errors.append(str(err)) if err else acked.append(msg.value()))
 
     producer = Producer(

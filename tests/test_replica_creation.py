@@ -55,11 +55,11 @@ async def settle(pm: PartitionManager) -> None:
     raise AssertionError("replica creation did not finish")
 
 
-def test_new_replicas_are_created_off_the_event_loop(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_new_replicas_are_created_off_the_event_loop(tmp_path: Path, monkeypatch) -> None:
     threads: set[str] = set()
     real = partitions_module._make_logs
 
-    def spy(todo):  # type: ignore[no-untyped-def]
+    def spy(todo):
         threads.add(threading.current_thread().name)
         return real(todo)
 
@@ -116,11 +116,11 @@ def test_a_topic_deleted_while_its_logs_are_created_leaves_nothing(tmp_path: Pat
 
 def test_a_replica_that_cannot_be_created_is_reported_not_retried_in_a_loop(
     tmp_path: Path, monkeypatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     calls = []
     real = partitions_module._make_logs
 
-    def counted(todo):  # type: ignore[no-untyped-def]
+    def counted(todo):
         calls.append(len(todo))
         return real(todo)
 
@@ -152,7 +152,7 @@ def test_a_replica_that_cannot_be_created_is_reported_not_retried_in_a_loop(
 
 def test_leader_epoch_checkpoints_of_a_mass_leader_change_are_written_after_the_sync(
     tmp_path: Path, monkeypatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     """A broker taking over leadership of thousands of partitions writes one epoch
     checkpoint file each: those writes happen after the sync, a slice of the loop at a
     time, not inside the metadata callback; a clean close writes what is left."""
@@ -162,7 +162,7 @@ def test_leader_epoch_checkpoints_of_a_mass_leader_change_are_written_after_the_
     in_sync = False
     real_write = LeaderEpochCache._write
 
-    def counting(self):  # type: ignore[no-untyped-def]
+    def counting(self):
         writes["all"] += 1
         if in_sync:
             writes["during_sync"] += 1
@@ -238,7 +238,7 @@ def test_a_change_naming_many_topics_is_applied_after_the_callback(tmp_path: Pat
 
 def test_a_restarted_brokers_first_sync_runs_in_slices_and_sweeps_only_after_it(
     tmp_path: Path, monkeypatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     """sync_all takes up the preloaded replicas a slice of the loop at a time (the loop
     turns meanwhile), keeps what they hold, and only then deletes what the image no
     longer names; a partial sync before it (a creation) never sweeps."""

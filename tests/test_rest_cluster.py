@@ -46,7 +46,7 @@ def test_rest_produce_spanning_leaders_writes_every_partition_once(cluster) -> N
 
     # The CLI (the same client) produces keyed records spread over all leaders.
     out = subprocess.run(
-        [sys.executable, "-m", "straitmq", "--http", base, "produce", "spread"],
+        [sys.executable, "-m", "straitmq.cli", "--http", base, "produce", "spread"],
         input="\n".join(f"line{i}" for i in range(30)),
         capture_output=True,
         text=True,

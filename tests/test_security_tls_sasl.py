@@ -40,12 +40,11 @@ from kio.schema.metadata.v12.request import MetadataRequest
 from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
 from kio.schema.sasl_handshake.v0.request import SaslHandshakeRequest as SaslHandshakeV0
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
+from straitmq.cli.local_cluster import free_port
 from straitmq.metadata.image import MetadataImage
 from test_fuzz_frames import decode_response, encode_request, recv_frame
 from tls_support import Certs, make_certs
 from waiting import wait_for
-
-from straitmq.cli.local_cluster import free_port
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -330,7 +329,7 @@ def test_mtls_client_certificate_gets_in(secure: Secure) -> None:
 def test_principal_from_a_real_client_certificate(secure: Secure) -> None:
     """The subject of a certificate verified in a real handshake, as Kafka's default
     ssl.principal.mapping.rules names it (RFC 2253, most specific first)."""
-    from straitmq.broker.security.tls import principal_from_cert
+    from straitmq.security.tls import principal_from_cert
 
     c = secure.certs
     server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -789,7 +788,7 @@ def test_scram_credential_deletion(secure: Secure) -> None:
 
 
 def test_scram_records_are_in_snapshots_and_hold_no_password() -> None:
-    from straitmq.broker.security.scram import credential_record, salted_password
+    from straitmq.security.scram import credential_record, salted_password
 
     salt = b"0123456789abcdef"
     rec = credential_record(

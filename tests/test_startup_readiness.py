@@ -31,10 +31,10 @@ from pathlib import Path
 import pytest
 from cluster_support import PYTHON, wait_for
 from conftest import ROOT, BrokerProcess
+from straitmq.cli.local_cluster import LocalCluster, free_port
 
 from bench.javatools import STRAIT_CLIENT, ensure_jars, java_cmd
 from straitmq.admin_client import exchange_sync
-from straitmq.cli.local_cluster import LocalCluster, free_port
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -124,7 +124,7 @@ class Confluent(Client):
         )
         errors: list[str] = []
 
-        def on_delivery(err, m) -> None:  # type: ignore[no-untyped-def]
+        def on_delivery(err, m) -> None:
             if err is not None:
                 errors.append(str(err))
             else:
@@ -465,7 +465,7 @@ def _fill(bootstrap: str, topic: str, values: list[bytes]) -> int:
     )
     acked = 0
 
-    def on_delivery(err, m) -> None:  # type: ignore[no-untyped-def]
+    def on_delivery(err, m) -> None:
         nonlocal acked
         assert err is None, err
         acked += 1

@@ -19,7 +19,7 @@ PARTITIONS = 4
 SESSION_MS = 10_000  # long enough that a restart fits in it
 
 
-def _consumer(bootstrap: str, group: str, topic: str, instance: str, events: list):  # type: ignore[no-untyped-def]
+def _consumer(bootstrap: str, group: str, topic: str, instance: str, events: list):
     from confluent_kafka import Consumer
 
     c = Consumer(
@@ -36,24 +36,24 @@ def _consumer(bootstrap: str, group: str, topic: str, instance: str, events: lis
         }
     )
 
-    def on_assign(_c, parts) -> None:  # type: ignore[no-untyped-def]
+    def on_assign(_c, parts) -> None:
         events.append(("assign", sorted(p.partition for p in parts)))
 
-    def on_revoke(_c, parts) -> None:  # type: ignore[no-untyped-def]
+    def on_revoke(_c, parts) -> None:
         events.append(("revoke", sorted(p.partition for p in parts)))
 
     c.subscribe([topic], on_assign=on_assign, on_revoke=on_revoke)
     return c
 
 
-def _members(broker, group: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
+def _members(broker, group: str) -> dict[str, str]:
     """instance id -> member id, from the broker's group API."""
     d = request_sync(broker.http, "GET", f"/api/v1/groups/{group}")
     assert d["state"] == "Stable", d
     return {m["instance_id"]: m["member_id"] for m in d["members"]}
 
 
-def test_static_member_restart_keeps_its_partitions_without_a_rebalance(broker) -> None:  # type: ignore[no-untyped-def]
+def test_static_member_restart_keeps_its_partitions_without_a_rebalance(broker) -> None:
     topic, group = f"static-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
     broker.create_topic(topic, PARTITIONS)
     ev_a: list = []

@@ -18,6 +18,10 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def _install() -> None:
@@ -33,8 +37,8 @@ def _install() -> None:
             beat[0] = time.monotonic()
             await asyncio.sleep(0.01)
 
-    def run(main, **kwargs):  # type: ignore[no-untyped-def]
-        async def watched():  # type: ignore[no-untyped-def]
+    def run(main: Coroutine[Any, Any, T], **kwargs: Any) -> T:
+        async def watched() -> T:
             task = asyncio.get_running_loop().create_task(_heartbeat())
             try:
                 return await main

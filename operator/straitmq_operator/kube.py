@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client, config
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError
 
@@ -57,7 +57,11 @@ class Kube:
 
         return await asyncio.to_thread(call)
 
-    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
+    async def get(
+        self, api_version: str, kind: str, namespace: str | None, name: str
+    ) -> dict | None:
+        """None if it is not there; namespace None for a cluster-scoped kind."""
+
         def call() -> dict | None:
             try:
                 res = self._resource(api_version, kind)
@@ -99,8 +103,12 @@ class Kube:
     async def get_custom(self, plural: str, namespace: str, name: str) -> dict | None:
         def call() -> dict | None:
             try:
-                return self.custom.get_namespaced_custom_object(
-                    n.GROUP, n.VERSION, namespace, plural, name
+                # The client types it as object; a custom object comes back as a dict.
+                return cast(
+                    dict,
+                    self.custom.get_namespaced_custom_object(
+                        n.GROUP, n.VERSION, namespace, plural, name
+                    ),
                 )
             except ApiException as e:
                 if e.status == 404:

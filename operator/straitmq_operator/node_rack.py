@@ -21,7 +21,7 @@ class RackError(Exception):
 
 def node_label(node: str, label: str, api: Any = None) -> str:
     from kubernetes import client, config
-    from kubernetes.client.rest import ApiException
+    from kubernetes.client.exceptions import ApiException
 
     from .kube import api_client
 
@@ -43,7 +43,7 @@ def node_label(node: str, label: str, api: Any = None) -> str:
         if e.status in (429,) or (e.status or 0) >= 500:
             raise  # the API server is busy or restarting: worth another try
         raise RackError(f"reading node {node}: HTTP {e.status} {e.reason}") from None
-    value = (obj.metadata.labels or {}).get(label)
+    value = ((obj.metadata.labels if obj.metadata else None) or {}).get(label)
     if not value:
         raise RackError(
             f"node {node} has no label {label!r}: label the node, or change "
@@ -54,7 +54,7 @@ def node_label(node: str, label: str, api: Any = None) -> str:
 
 def write_rack(node: str, label: str, out: Path, attempts: int = 30, delay_s: float = 2.0) -> str:
     """Write the rack to `out` (atomically); retry while the API server is unreachable."""
-    from kubernetes.client.rest import ApiException
+    from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
     for attempt in range(1, attempts + 1):

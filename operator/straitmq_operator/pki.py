@@ -13,7 +13,7 @@ from typing import Any
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import dsa, ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 CA_VALIDITY = timedelta(days=5 * 365)
@@ -100,6 +100,9 @@ def issue(
     has its CN alone (principal User:CN=<name>), so no user name can pass for them."""
     now = now or datetime.now(UTC)
     ca_key = serialization.load_pem_private_key(ca_key_pem.encode(), password=None)
+    # The kinds that sign with SHA-256 (new_ca makes EC; a CA brought along may be RSA).
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey | dsa.DSAPrivateKey):
+        raise ValueError(f"the cluster CA key ({type(ca_key).__name__}) cannot sign with SHA-256")
     ca_cert = x509.load_pem_x509_certificate(ca_cert_pem.encode())
     ca_public: Any = ca_cert.public_key()
     key = _key()
@@ -115,7 +118,7 @@ def issue(
         .add_extension(x509.SubjectAlternativeName([x509.DNSName(d) for d in dns_names]), False)
         .add_extension(_SERVER_AND_CLIENT, False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_public), False)
-        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+        .sign(ca_key, hashes.SHA256())
     )
     return _key_pem(key), _cert_pem(cert)
 

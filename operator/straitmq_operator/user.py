@@ -255,6 +255,7 @@ class UserReconciler:
             async with AdminClient(admin_url(cluster, cspec), self.admin_timeout_s, auth) as admin:
                 extra = await self._client_settings(cspec)
                 bootstrap = bootstrap_servers(cluster, cspec)
+                rotated: str | bool | None  # why a certificate was issued / a credential set
                 if password is None:
                     rotated = await self._certificate(admin, body, us, cspec, own, bootstrap, extra)
                 else:

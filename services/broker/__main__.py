@@ -14,11 +14,15 @@ import uvloop
 from straitmq import gc_tuning, logs
 from straitmq.node_identity import ordinal_from_hostname
 from straitmq.properties import load_settings
+from straitmq.security.settings import check_keys
+from straitmq.settings import add_flags, flag_values, properties_fields
 from straitmq.signals import stop_signal
 
 from .broker import Broker, BrokerStartupError
-from .config import BrokerConfig, flag_settings
-from .security.settings import FIELDS, check_keys
+from .config import BrokerConfig
+
+# The listener settings a --properties file may set too (declared in config.py).
+LISTENER_FIELDS = properties_fields(BrokerConfig)
 
 
 def parse_args(argv: list[str] | None = None) -> BrokerConfig:
@@ -30,8 +34,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         help="a number, or 'auto': the ordinal at the end of the host name (StatefulSet pods)",
     )
     # The settings with a plain flag, as config.py declares them.
-    for name, flag, type_, default, help_ in flag_settings():
-        p.add_argument(flag, dest=name, type=type_, default=default, help=help_)
+    add_flags(p, BrokerConfig)
     # Settings whose flag is shaped differently from the field(s) it sets.
     p.add_argument("--listen", default=f"{d.host}:{d.port}", help="Kafka listener host:port")
     p.add_argument("--advertise", default=None, help="host:port clients should use")
@@ -84,10 +87,10 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
     except ValueError as e:
         p.error(str(e))
     try:
-        check_keys(props)
+        check_keys(props, LISTENER_FIELDS)
     except ValueError as e:
         p.error(str(e))
-    for key, name in FIELDS.items():  # a flag given on the command line wins
+    for key, name in LISTENER_FIELDS.items():  # a flag given on the command line wins
         if key in props and getattr(a, name) == getattr(d, name):
             value = props.pop(key)
             setattr(a, name, int(value) if isinstance(getattr(d, name), int) else value)
@@ -103,7 +106,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         http_port=int(http_port),
         rack=rack_name,
         auto_create_topics=not a.no_auto_create,
-        **{name: getattr(a, name) for name, *_ in flag_settings()},
+        **flag_values(a, BrokerConfig),
     )
 
 

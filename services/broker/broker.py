@@ -26,6 +26,8 @@ from straitmq.controller.quorum import Quorum, parse_voters
 from straitmq.controller.raft.core import RaftConfig
 from straitmq.metadata.image import MetadataImage
 
+from straitmq.security.acls import Authorizer, AuthorizerSettings
+from straitmq.security.http_security import HttpSecurity, with_scheme
 from straitmq.telemetry import Telemetry
 
 from . import metrics as broker_metrics
@@ -46,8 +48,6 @@ from .records import BatchInfo
 from .replication.fetcher import ReplicaFetchers
 from .replication.isr import IsrManager
 from .replication.throttle import ReplicationThrottle
-from .security.acls import Authorizer, AuthorizerSettings
-from .security.http_security import HttpSecurity, with_scheme
 from .security.listeners import Listener, bind_listeners, build_listeners
 from .views import LocalReplicas, MetadataView
 

@@ -1,21 +1,19 @@
 """Broker settings, each declared once: its default, its Kafka name (what DescribeConfigs
 shows) and its `strait-broker` flag, with Kafka's names where Kafka has the same knob.
 
-`setting(...)` puts the name and flag in the dataclass field's metadata; `describe()` and
-the command line (`straitmq.broker.__main__`) are both built from these declarations.
+`setting(...)` (straitmq.settings, shared with ControllerConfig) puts the name and flag in
+the dataclass field's metadata; `describe()` and the command line
+(`straitmq.broker.__main__`) are both built from these declarations. A combined node's own
+controller settings take their defaults from ControllerConfig.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from dataclasses import asdict, dataclass, field
 
+from straitmq.controller.config import DEFAULTS as CONTROLLER
 
-def setting(
-    default: Any, kafka: str | None = None, flag: str | None = None, help: str | None = None
-) -> Any:
-    """A field with its Kafka name and command-line flag (both optional)."""
-    return field(default=default, metadata={"kafka": kafka, "flag": flag, "help": help})
+from straitmq.settings import describe, setting
 
 
 @dataclass
@@ -109,38 +107,43 @@ class BrokerConfig:
         "(default: half the process's open-file limit)",
     )  # fmt: skip
     controlled_shutdown_timeout_ms: int = setting(30_000, None, "--controlled-shutdown-timeout-ms")
-    # The combined node's own quorum and controller.
-    election_timeout_ms: int = 1000
-    fetch_timeout_ms: int = 2000
+    # The combined node's own quorum and controller (ControllerConfig declares them).
+    election_timeout_ms: int = CONTROLLER.election_timeout_ms
+    fetch_timeout_ms: int = CONTROLLER.fetch_timeout_ms
     session_timeout_ms: int = setting(
-        9000, None, "--session-timeout-ms",
+        CONTROLLER.broker_session_timeout_ms, None, "--session-timeout-ms",
         "combined node: broker session timeout of its controller",
     )  # fmt: skip
-    leader_rebalance_interval_ms: int = 30_000
+    leader_rebalance_interval_ms: int = CONTROLLER.leader_rebalance_interval_ms
     # Named listeners, as Kafka names them (see straitmq.broker.security.listeners). Unset:
     # one PLAINTEXT listener on --listen / --advertise, exactly as before listeners existed.
     listeners: str | None = setting(
         None, "listeners", "--listeners",
         "named listeners NAME://host:port,... (e.g. CLIENT://:9092,REPLICATION://:9192); "
         "replaces --listen",
+        properties=True,
     )  # fmt: skip
     advertised_listeners: str | None = setting(
         None, "advertised.listeners", "--advertised-listeners",
         "NAME://host:port,... clients are told to use (default: each listener's own)",
+        properties=True,
     )  # fmt: skip
     listener_security_protocol_map: str | None = setting(
         None, "listener.security.protocol.map", "--listener-security-protocol-map",
         "NAME:PROTOCOL,... (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL); default: each "
         "protocol's own name",
+        properties=True,
     )  # fmt: skip
     inter_broker_listener_name: str | None = setting(
         None, "inter.broker.listener.name", "--inter-broker-listener-name",
         "the listener replicas fetch from, of any security protocol (default: the first "
         "PLAINTEXT listener)",
+        properties=True,
     )  # fmt: skip
     connections_max_reauth_ms: int = setting(
         0, "connections.max.reauth.ms", "--connections-max-reauth-ms",
         "SASL session lifetime (KIP-368); 0: sessions never expire",
+        properties=True,
     )  # fmt: skip
     # ssl.*, sasl.* and listener.name.<name>.* settings (Kafka names) from --properties
     # and --override; never shown by DescribeConfigs (they hold passwords).
@@ -153,29 +156,7 @@ class BrokerConfig:
 
     def describe(self) -> dict[str, str]:
         """Broker configs as DescribeConfigs shows them (Kafka names)."""
-        out = {}
-        for f in fields(self):
-            name = f.metadata.get("kafka")
-            if name:
-                value = getattr(self, f.name)
-                out[name] = (
-                    ""
-                    if value is None
-                    else str(value).lower()
-                    if isinstance(value, bool)
-                    else str(value)
-                )
-        return out
+        return describe(self)
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def flag_settings() -> list[tuple[str, str, type, Any, str | None]]:
-    """(field, flag, type, default, help) of every setting with a plain flag."""
-    types = {"int": int, "int | None": int, "float": float, "str": str, "str | None": str}
-    return [
-        (f.name, f.metadata["flag"], types[str(f.type)], f.default, f.metadata.get("help"))
-        for f in fields(BrokerConfig)
-        if f.metadata.get("flag")
-    ]

@@ -515,6 +515,7 @@ class PartitionManager:
 
     def _sync_topic(self, name: str, t: TopicImage | None) -> None:
         me = self.node_id
+        part: Partition | None
         for index in sorted(self._by_topic.get(name, ())):
             part = self.partitions[(name, index)]
             p = t.partitions[index] if t is not None and index < len(t.partitions) else None

@@ -64,26 +64,27 @@ class ProducerStateTable:
             if b.producer_id < 0:
                 continue
             entry = self.producers.get(b.producer_id)
-            epoch, last = pending.get(b.producer_id, (None, None))
-            if epoch is None:
-                if entry is None:
-                    epoch, last = b.producer_epoch, -1
+            chained = pending.get(b.producer_id)
+            if chained is not None:
+                epoch, last = chained
+            elif entry is None:
+                epoch, last = b.producer_epoch, -1
+            else:
+                if b.producer_epoch < entry.epoch:
+                    raise SequenceError(
+                        ErrorCode.invalid_producer_epoch,
+                        f"producer {b.producer_id} epoch {b.producer_epoch} is older "
+                        f"than {entry.epoch}",
+                    )
+                if b.producer_epoch == entry.epoch:
+                    for cached in entry.batches:
+                        if cached.first_seq == b.base_sequence and (
+                            cached.last_seq == b.last_sequence
+                        ):
+                            raise DuplicateBatch(cached)
+                    epoch, last = entry.epoch, entry.last_seq()
                 else:
-                    if b.producer_epoch < entry.epoch:
-                        raise SequenceError(
-                            ErrorCode.invalid_producer_epoch,
-                            f"producer {b.producer_id} epoch {b.producer_epoch} is older "
-                            f"than {entry.epoch}",
-                        )
-                    if b.producer_epoch == entry.epoch:
-                        for cached in entry.batches:
-                            if cached.first_seq == b.base_sequence and (
-                                cached.last_seq == b.last_sequence
-                            ):
-                                raise DuplicateBatch(cached)
-                        epoch, last = entry.epoch, entry.last_seq()
-                    else:
-                        epoch, last = b.producer_epoch, -1
+                    epoch, last = b.producer_epoch, -1
             expected = (last + 1) % 2**31
             if b.base_sequence != expected:
                 raise SequenceError(

@@ -20,7 +20,7 @@ import socket
 import struct
 from collections import deque
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from kio.schema.errors import ErrorCode
 
@@ -33,13 +33,13 @@ from straitmq.protocol.codec import (
     response_schema,
 )
 from straitmq.protocol.guard import check_array_lengths
+from straitmq.security.tls import principal_from_cert
 
 from .api.context import Deferred, RawResponse, RequestContext
 from .api.versions import api_versions_fallback
 from .metrics import FOLLOWER_FETCH_KEY
 from .security.listeners import Listener
 from .security.sasl import ConnectionSecurity
-from .security.tls import principal_from_cert
 from .storage.log import ReadSlice
 
 if TYPE_CHECKING:
@@ -79,8 +79,9 @@ class KafkaConnection(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        transport.set_write_buffer_limits(high=0)
+        # A stream server's connections get a (read-write) Transport.
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.set_write_buffer_limits(high=0)
         peer = transport.get_extra_info("peername")
         self.client_host = f"/{peer[0]}" if peer else ""
         if self.listener is not None:
@@ -432,7 +433,7 @@ def bind(host: str, port: int) -> list[socket.socket]:
 
 async def serve(
     broker: Broker, socks: list[socket.socket], listener: Listener | None = None
-) -> asyncio.Server:
+) -> asyncio.Server | _Servers:
     """Start accepting on the sockets `bind` made: from now on clients are answered."""
     loop = asyncio.get_running_loop()
     ssl_ctx = listener.tls.server_context if listener is not None and listener.tls else None

@@ -7,29 +7,20 @@ import os
 import sys
 
 import uvloop
-from straitmq.broker.security.settings import ACL_KEYS, HTTP_KEYS
 
 from straitmq import gc_tuning, logs
 from straitmq.node_identity import voter_for_hostname
 from straitmq.properties import load_settings
+from straitmq.security.settings import CONTROLLER_KEYS
+from straitmq.settings import add_flags, flag_values
 from straitmq.signals import wait_for_stop_signal
 
 from .active import ControllerSettings
 from .bootstrap import parse_add_scram
+from .config import ControllerConfig
 from .node import ControllerNode
 from .quorum import parse_voters
 from .raft.core import RaftConfig
-
-# The settings of a controller's HTTP port (see straitmq.broker.security.http_security),
-# and how it checks the voters and brokers calling it.
-SECURITY_KEYS = (
-    HTTP_KEYS
-    | ACL_KEYS
-    | {
-        "ssl.truststore.location",
-        "ssl.endpoint.identification.algorithm",
-    }
-)
 
 
 def build(argv: list[str] | None = None) -> ControllerNode:
@@ -47,19 +38,8 @@ def build(argv: list[str] | None = None) -> ControllerNode:
     p.add_argument("--cluster-id", required=True)
     p.add_argument("--data-dir", required=True)
     p.add_argument("--listen", default=None, help="host:port (default: this node's voter address)")
-    p.add_argument("--election-timeout-ms", type=int, default=1000)
-    p.add_argument("--fetch-timeout-ms", type=int, default=2000)
-    p.add_argument("--broker-session-timeout-ms", type=int, default=9000)
-    p.add_argument("--leader-rebalance-interval-ms", type=int, default=30_000)
-    p.add_argument("--no-auto-leader-rebalance", action="store_true")
-    p.add_argument("--default-partitions", type=int, default=1)
-    p.add_argument("--default-replication-factor", type=int, default=1)
-    p.add_argument(
-        "--otlp-endpoint",
-        default=None,
-        help="OTLP/HTTP collector base URL for metrics, e.g. http://otel-collector:4318 "
-        "(default: the OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT variables; none: no export)",
-    )
+    # The settings with a flag, as config.py declares them.
+    add_flags(p, ControllerConfig)
     p.add_argument(
         "--add-scram",
         action="append",
@@ -73,7 +53,7 @@ def build(argv: list[str] | None = None) -> ControllerNode:
         "--properties",
         default=None,
         help="a Kafka-style key=value file of HTTP security settings: "
-        + ", ".join(sorted(SECURITY_KEYS)),
+        + ", ".join(sorted(CONTROLLER_KEYS)),
     )
     p.add_argument(
         "--override",
@@ -92,8 +72,8 @@ def build(argv: list[str] | None = None) -> ControllerNode:
     except ValueError as e:
         p.error(str(e))
     for key in props:  # a typo must not leave the port open
-        if key not in SECURITY_KEYS:
-            known = ", ".join(sorted(SECURITY_KEYS))
+        if key not in CONTROLLER_KEYS:
+            known = ", ".join(sorted(CONTROLLER_KEYS))
             p.error(f"unknown setting {key!r}: a controller takes {known}")
     try:
         bootstrap = tuple(parse_add_scram(v) for v in a.add_scram)
@@ -125,23 +105,26 @@ def _node(
     props: dict[str, str],
 ) -> ControllerNode:
     host, _, port = listen.rpartition(":")
+    cfg = ControllerConfig(**flag_values(a, ControllerConfig))
     return ControllerNode(
         node_id,
         voters,
         a.data_dir,
         ControllerSettings(
             cluster_id=a.cluster_id,
-            session_timeout_ms=a.broker_session_timeout_ms,
-            leader_rebalance_interval_ms=a.leader_rebalance_interval_ms,
-            auto_leader_rebalance=not a.no_auto_leader_rebalance,
-            default_partitions=a.default_partitions,
-            default_replication_factor=a.default_replication_factor,
+            session_timeout_ms=cfg.broker_session_timeout_ms,
+            leader_rebalance_interval_ms=cfg.leader_rebalance_interval_ms,
+            auto_leader_rebalance=cfg.auto_leader_rebalance,
+            default_partitions=cfg.default_partitions,
+            default_replication_factor=cfg.default_replication_factor,
             bootstrap_records=bootstrap,
         ),
-        RaftConfig(election_timeout_ms=a.election_timeout_ms, fetch_timeout_ms=a.fetch_timeout_ms),
+        RaftConfig(
+            election_timeout_ms=cfg.election_timeout_ms, fetch_timeout_ms=cfg.fetch_timeout_ms
+        ),
         host or "127.0.0.1",
         int(port),
-        otlp_endpoint=a.otlp_endpoint,
+        otlp_endpoint=cfg.otlp_endpoint,
         security=props,
     )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import ssl
 import time
@@ -21,6 +22,7 @@ from kio.schema.errors import ErrorCode
 from straitmq.metadata.image import MetadataImage, Record
 
 from . import operations as ops
+from .config import DEFAULTS
 from .election import (
     leaderless_elections,
     on_broker_leaving,
@@ -41,11 +43,12 @@ NON_ATOMIC_ENTRY_RECORDS = 1000
 @dataclass
 class ControllerSettings:
     cluster_id: str
-    session_timeout_ms: int = 9000
-    leader_rebalance_interval_ms: int = 30_000
-    auto_leader_rebalance: bool = True
-    default_partitions: int = 1
-    default_replication_factor: int = 1
+    # The defaults are ControllerConfig's (config.py).
+    session_timeout_ms: int = DEFAULTS.broker_session_timeout_ms
+    leader_rebalance_interval_ms: int = DEFAULTS.leader_rebalance_interval_ms
+    auto_leader_rebalance: bool = DEFAULTS.auto_leader_rebalance
+    default_partitions: int = DEFAULTS.default_partitions
+    default_replication_factor: int = DEFAULTS.default_replication_factor
     # Written with the cluster id when the metadata log is created (bootstrap.py).
     bootstrap_records: tuple[dict, ...] = ()
 
@@ -185,9 +188,7 @@ class ActiveController:
         When nothing was cut short, this writes nothing."""
         for b in sorted(self.image.brokers.values(), key=lambda b: b.id):
             if not b.alive:
-                await self._commit(
-                    lambda image, bid=b.id: on_broker_leaving(image, bid), atomic=False
-                )
+                await self._commit(functools.partial(on_broker_leaving, broker=b.id), atomic=False)
         await self._commit(leaderless_elections, atomic=False)
 
     def _check_active(self) -> None:
@@ -212,6 +213,7 @@ class ActiveController:
             self._check_active()
             spec = await self._speculative()
             error: ControllerError | None = None
+            done: asyncio.Future[None] | None
             try:
                 records = build(spec)
             except ControllerError as e:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import secrets
 
-from straitmq.broker.security.scram import (
+from straitmq.security.scram import (
     MAX_ITERATIONS,
     MECHANISMS,
     MIN_ITERATIONS,

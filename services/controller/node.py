@@ -8,9 +8,9 @@ import os
 import sys
 
 from aiohttp import web
-from straitmq.broker.security.acls import Authorizer, AuthorizerSettings
-from straitmq.broker.security.http_security import HttpSecurity, with_scheme
 
+from straitmq.security.acls import Authorizer, AuthorizerSettings
+from straitmq.security.http_security import HttpSecurity, with_scheme
 from straitmq.telemetry import Telemetry, add_metrics_route
 
 from . import metrics

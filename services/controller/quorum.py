@@ -159,10 +159,10 @@ class Quorum:
             self._apply_again.cancel()
         for t in list(self._tasks):
             t.cancel()
-        for t in [self._ticker, *self._tasks]:
-            if t is not None:
+        for task in [self._ticker, *self._tasks]:
+            if task is not None:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
+                    await task
         if self._session:
             await self._session.close()
         self._fail_waiters(NotController(None))
@@ -195,10 +195,6 @@ class Quorum:
     @property
     def leader_id(self) -> int | None:
         return self.node.leader_id
-
-    def leader_url(self) -> str | None:
-        lid = self.node.leader_id
-        return self.voters.get(lid) if lid is not None else None
 
     def status(self) -> dict:
         st = self.node.status()

@@ -20,7 +20,7 @@ Record types:
                                 (SCRAM, base64; never the password)
   remove_user_scram_credential  name, mechanism
   acl               binding [resource_type, resource_name, pattern_type, principal, host,
-                    operation, permission] (Kafka's codes; straitmq.broker.security.acls)
+                    operation, permission] (Kafka's codes; straitmq.security.acls)
   remove_acl        binding (the same seven values)
 """
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -312,7 +313,7 @@ def _cluster(img: MetadataImage, r: Record) -> None:
     img.cluster_id = r["cluster_id"]
 
 
-_versions = itertools.count(1)
+_versions: Iterator[int] = itertools.count(1)
 
 
 def _topic_changed(img: MetadataImage, name: str) -> None:

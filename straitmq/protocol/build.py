@@ -13,7 +13,7 @@ import datetime
 import types
 import typing
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 from kio.schema.errors import ErrorCode
 
@@ -36,8 +36,8 @@ def _entity_of(tp: Any) -> type | None:
         return None
     if origin is tuple:
         return _entity_of(typing.get_args(tp)[0])
-    if dataclasses.is_dataclass(tp):
-        return tp  # type: ignore[return-value]
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return tp
     return None
 
 
@@ -104,12 +104,13 @@ def build(schema: type, data: dict[str, Any]) -> Any:
         elif kind == _TIMEDELTA:
             kwargs[name] = datetime.timedelta(milliseconds=value)
         elif kind == _NESTED_TUPLE:
+            entity = cast(type, nested)  # the plan gives every nested kind its class
             kwargs[name] = tuple(
-                v if dataclasses.is_dataclass(v) else build(nested, v)  # type: ignore[arg-type]
-                for v in value
+                v if dataclasses.is_dataclass(v) else build(entity, v) for v in value
             )
         elif kind == _NESTED:
-            kwargs[name] = value if dataclasses.is_dataclass(value) else build(nested, value)  # type: ignore[arg-type]
+            entity = cast(type, nested)  # as above
+            kwargs[name] = value if dataclasses.is_dataclass(value) else build(entity, value)
         elif kind == _DATETIME:
             kwargs[name] = datetime.datetime.fromtimestamp(value / 1000, datetime.UTC)
     return schema(**kwargs)

@@ -21,17 +21,16 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
+from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
+from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 
-from .codec import _reader, _writer, response_schema
+from .codec import _reader, _writer, request_schema, response_schema
 from .sasl_client import MECHANISMS, SaslClientError, new_exchange
 
 _I32 = struct.Struct(">i")
-_SaslHandshake = load_request_schema(17, 1)
-_SaslAuthenticate = load_request_schema(36, 2)
 
 
 class ConnectionClosed(Exception):
@@ -88,7 +87,8 @@ class _Frames(asyncio.BufferedProtocol):
         self.closed: str | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # A stream connection's transport is a (read-write) Transport.
+        self.transport = cast(asyncio.Transport, transport)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         target = self._size if self._frame is None else self._frame
@@ -177,7 +177,7 @@ class KafkaConnection:
 
     async def _login(self, login: SaslLogin, within_s: float) -> None:
         where = f"{self.host}:{self.port}"
-        hs = await self._roundtrip(17, 1, _SaslHandshake(mechanism=login.mechanism), within_s)
+        hs = await self._roundtrip(17, 1, SaslHandshakeRequest(mechanism=login.mechanism), within_s)
         if int(hs.error_code) != ErrorCode.none:
             raise AuthenticationFailed(
                 f"{where}: SASL mechanism {login.mechanism} refused "
@@ -188,7 +188,7 @@ class KafkaConnection:
         token: bytes | None = exchange.first()
         lifetime_ms = 0
         while token is not None:
-            resp = await self._roundtrip(36, 2, _SaslAuthenticate(auth_bytes=token), within_s)
+            resp = await self._roundtrip(36, 2, SaslAuthenticateRequest(auth_bytes=token), within_s)
             if int(resp.error_code) != ErrorCode.none:
                 raise AuthenticationFailed(
                     f"{where}: SASL {login.mechanism} login as {login.username!r} refused: "
@@ -235,7 +235,7 @@ class KafkaConnection:
             raise ConnectionClosed(f"{self.host}:{self.port}: not connected")
         assert proto is not None and proto.transport is not None
         self._correlation += 1
-        schema = load_request_schema(api_key, version)
+        schema = request_schema(api_key, version)  # any API: typed per call by its caller
         header_schema = schema.__header_schema__
         buf = io.BytesIO()
         buf.write(b"\x00\x00\x00\x00")

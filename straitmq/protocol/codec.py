@@ -84,7 +84,8 @@ def response_header_bytes(api_key: int, version: int, correlation_id: int) -> by
 def encode_entity(entity: Any) -> bytes:
     """One entity's bytes, as they appear inside a response (e.g. a Metadata topic)."""
     buf = io.BytesIO()
-    _writer(type(entity))(buf, entity)
+    schema: type = type(entity)  # mypy: type[Any] would not count as hashable for the cache
+    _writer(schema)(buf, entity)
     return buf.getvalue()
 
 
@@ -93,7 +94,8 @@ def encode_response(api_key: int, version: int, correlation_id: int, body: Any) 
     buf = io.BytesIO()
     buf.write(b"\x00\x00\x00\x00")
     buf.write(response_header_bytes(api_key, version, correlation_id))
-    _writer(type(body))(buf, body)
+    schema: type = type(body)  # as in encode_entity
+    _writer(schema)(buf, body)
     data = buf.getbuffer()
     _INT32.pack_into(data, 0, len(data) - 4)
     out = bytes(data)

@@ -85,7 +85,7 @@ class _Gen:
         name = f"w{len(self.names)}"
         self.names[schema] = name
         hints = typing.get_type_hints(schema)
-        flexible = schema.__flexible__  # type: ignore[attr-defined]
+        flexible = schema.__flexible__  # type: ignore[attr-defined]  # every kio entity has it
         lines: list[str] = []
         tags: dict[int, str] = {}
         for f in dataclasses.fields(schema):
@@ -124,7 +124,8 @@ class _Gen:
         origin = typing.get_origin(tp)
         if origin in (typing.Union, types.UnionType):
             inner = next(a for a in typing.get_args(tp) if a is not type(None))
-            if dataclasses.is_dataclass(inner):  # nullable struct: int8 presence marker
+            # A nullable struct: an int8 presence marker, then the struct.
+            if isinstance(inner, type) and dataclasses.is_dataclass(inner):
                 sub = self.entity(inner)
                 return [
                     f"{ind}if buf[pos] == 0xFF: pos += 1",
@@ -145,7 +146,7 @@ class _Gen:
                 return [*head, f"{ind}if n > 0: pos += n * {_FIXED[kafka_type]}"]
             body = self.field(element, kafka_type, flexible, ind + "  ")
             return [*head, f"{ind}for _ in range(n):", *body]
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             return [f"{ind}pos = {self.entity(tp)}(buf, pos, end)"]
         if kafka_type in _FIXED:
             return [f"{ind}pos += {_FIXED[kafka_type]}"]

@@ -125,11 +125,14 @@ class Telemetry:
                 return []
 
         meter = self.meter(inst.scope)
-        kw = {"callbacks": [callback], "unit": inst.unit, "description": inst.description}
         if inst.kind == catalog.OBSERVABLE_COUNTER:
-            self.created[inst.name] = meter.create_observable_counter(inst.name, **kw)
+            self.created[inst.name] = meter.create_observable_counter(
+                inst.name, [callback], inst.unit, inst.description
+            )
         elif inst.kind == catalog.OBSERVABLE_GAUGE:
-            self.created[inst.name] = meter.create_observable_gauge(inst.name, **kw)
+            self.created[inst.name] = meter.create_observable_gauge(
+                inst.name, [callback], inst.unit, inst.description
+            )
         else:
             raise ValueError(f"{inst.name} is a {inst.kind}, not an observable instrument")
 
@@ -225,7 +228,7 @@ class _FastHistogramsMixin:
 
     def collect(self, timeout_millis: float = 10_000) -> None:
         self._received = False
-        super().collect(timeout_millis)  # type: ignore[misc]
+        super().collect(timeout_millis)  # type: ignore[misc]  # a mixin: the reader's collect
         if not self._received:
             self._receive_metrics(MetricsData([]), timeout_millis=timeout_millis)
 
@@ -233,16 +236,17 @@ class _FastHistogramsMixin:
         self._received = True
         merged = self._telemetry._with_fast_histograms(metrics_data)
         if merged is not None and merged.resource_metrics:
-            super()._receive_metrics(merged, *a, **kw)  # type: ignore[misc]
+            super()._receive_metrics(merged, *a, **kw)  # type: ignore[misc]  # the reader's, as above
 
 
-class _PrometheusReader(_FastHistogramsMixin, PrometheusMetricReader):
+# The SDK marks MetricReader.collect final; the mixin wraps it on purpose (see its doc).
+class _PrometheusReader(_FastHistogramsMixin, PrometheusMetricReader):  # type: ignore[misc]
     def __init__(self, telemetry: Telemetry, **kw: Any) -> None:
         self._telemetry = telemetry
         super().__init__(**kw)
 
 
-class _OtlpReader(_FastHistogramsMixin, PeriodicExportingMetricReader):
+class _OtlpReader(_FastHistogramsMixin, PeriodicExportingMetricReader):  # type: ignore[misc]  # as above
     def __init__(self, telemetry: Telemetry, exporter: Any, **kw: Any) -> None:
         self._telemetry = telemetry
         super().__init__(exporter, **kw)

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError
 
-from ..security.acls import ALTER, DESCRIBE, AclBinding, AclFilter, validate_binding
+from straitmq.security.acls import ALTER, DESCRIBE, AclBinding, AclFilter, validate_binding
+
 from .context import RequestContext
 
 if TYPE_CHECKING:
@@ -52,10 +53,10 @@ def _bindings(deps: AdminDeps) -> list[AclBinding]:
 
 async def handle_create_acls(deps: AdminDeps, ctx: RequestContext, req: Any) -> dict:
     if not ctx.cluster_allowed(ALTER):
-        code, why = ErrorCode.cluster_authorization_failed, _DENIED
+        code, denied = ErrorCode.cluster_authorization_failed, _DENIED
         return {
             "throttle_time": 0,
-            "results": [{"error_code": code, "error_message": why} for _ in req.creations],
+            "results": [{"error_code": code, "error_message": denied} for _ in req.creations],
         }
     results: list[dict] = []
     valid: list[list] = []

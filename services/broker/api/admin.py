@@ -11,7 +11,7 @@ from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError, check_topic_name
 from straitmq.metadata.topic_config import TOPIC_CONFIGS, effective
 
-from ..security.acls import (
+from straitmq.security.acls import (
     ALTER,
     ALTER_CONFIGS,
     CREATE,
@@ -22,7 +22,8 @@ from ..security.acls import (
     TOPIC,
     WRITE,
 )
-from ..security.acls import DELETE as ACL_DELETE
+from straitmq.security.acls import DELETE as ACL_DELETE
+
 from ..share import group_configs
 from .context import RequestContext
 

@@ -11,10 +11,10 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..security.acls import CLUSTER, CLUSTER_NAME, operations_bitfield
+from straitmq.security.acls import CLUSTER, CLUSTER_NAME, operations_bitfield
 
 if TYPE_CHECKING:
-    from ..security.acls import Authorizer
+    from straitmq.security.acls import Authorizer
     from ..security.sasl import ConnectionSecurity
     from ..storage.log import ReadSlice
 

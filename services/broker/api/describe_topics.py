@@ -20,7 +20,8 @@ from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError, check_topic_name
 from straitmq.metadata.image import MetadataImage
 
-from ..security.acls import DESCRIBE, TOPIC
+from straitmq.security.acls import DESCRIBE, TOPIC
+
 from .context import RequestContext
 
 if TYPE_CHECKING:

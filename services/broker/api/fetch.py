@@ -17,6 +17,7 @@ from kio.schema.errors import ErrorCode
 
 from straitmq.protocol.codec import response_header_bytes
 from straitmq.protocol.varint import uvarint as _uvarint
+from straitmq.security.acls import CLUSTER_ACTION, DESCRIBE, READ, TOPIC
 
 from ..fetch_sessions import (
     FINAL_EPOCH,
@@ -27,7 +28,6 @@ from ..fetch_sessions import (
     next_epoch,
 )
 from ..loop_slice import LoopSlice
-from ..security.acls import CLUSTER_ACTION, DESCRIBE, READ, TOPIC
 from ..storage.log import ReadSlice
 from ..views import leader_error
 from .context import RawResponse, RequestContext
@@ -146,7 +146,8 @@ class _FetchPlan:
         replica = self.replica
         session = self.session
         for topic, wants in wanted:
-            parts = []
+            parts: list[tuple[int, int, int, int, ReadSlice | None, int]] = []
+            error: int
             denied = not self.may_read(topic)
             for index, fetch_offset, max_bytes, leader_epoch, follower_start in wants:
                 if pacer.due():

@@ -6,10 +6,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kio.schema.errors import ErrorCode
 
+from straitmq.security.acls import DELETE, DESCRIBE, GROUP, READ, TOPIC
+
 from ..groups.coordinator import JoinError
 from ..groups.messages import ConsumerHeartbeatRequest
 from ..groups.offsets import OFFSETS_TOPIC
-from ..security.acls import DELETE, DESCRIBE, GROUP, READ, TOPIC
 from ..security.listeners import endpoint_for
 from ..share.checkpoints import STATE_GROUP_PREFIX
 from .context import RequestContext
@@ -185,9 +186,9 @@ async def handle_leave_group(deps: GroupDeps, ctx: RequestContext, req: Any) -> 
 
 
 async def handle_offset_commit(deps: GroupDeps, ctx: RequestContext, req: Any) -> dict:
-    generation = getattr(req, "generation_id_or_member_epoch", None)
+    generation: int | None = getattr(req, "generation_id_or_member_epoch", None)
     if generation is None:
-        generation = getattr(req, "generation_id", -1)
+        generation = int(getattr(req, "generation_id", -1))
     code = deps.groups.commit_check(
         req.group_id,
         req.member_id,
@@ -438,6 +439,7 @@ async def handle_consumer_group_describe(deps: GroupDeps, ctx: RequestContext, r
         }
 
     groups = []
+    code: int
     for gid in req.group_ids:
         if not ctx.allowed(DESCRIBE, GROUP, gid):
             code, message, group = _GROUP_DENIED, None, None

@@ -17,8 +17,8 @@ from straitmq.metadata.image import NO_LEADER, MetadataImage, TopicImage
 from straitmq.protocol.build import build, nested_schema
 from straitmq.protocol.codec import encode_entity, encode_response, response_schema
 from straitmq.protocol.varint import uvarint
+from straitmq.security.acls import CLUSTER, CLUSTER_NAME, CREATE, DESCRIBE, TOPIC
 
-from ..security.acls import CLUSTER, CLUSTER_NAME, CREATE, DESCRIBE, TOPIC
 from ..security.listeners import endpoint_for
 from .context import RawResponse, RequestContext
 

@@ -12,15 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from ..security.acls import TOPIC, TRANSACTIONAL_ID, WRITE
-from .context import Deferred, RequestContext
+from straitmq.security.acls import TOPIC, TRANSACTIONAL_ID, WRITE
 
-if TYPE_CHECKING:
-    from ..partition_write import PartitionWriter
+from ..partition_write import PartitionWrite, PartitionWriter
+from .context import Deferred, RequestContext
 
 log = logging.getLogger("straitmq.produce")
 
@@ -44,7 +43,7 @@ async def handle_produce(
     txn = getattr(req, "transactional_id", None)
     txn_ok = not txn or ctx.allowed(WRITE, TRANSACTIONAL_ID, txn)
     for topic in req.topic_data:
-        parts = []
+        parts: list[tuple[int, PartitionWrite | type[_Refused]]] = []
         # Checked once per topic (a cached decision), never per record.
         if not txn_ok or not ctx.allowed(WRITE, TOPIC, topic.name):
             parts = [(pd.index, _Refused) for pd in topic.partition_data]

@@ -10,7 +10,8 @@ from urllib.parse import urlsplit
 from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError
 
-from ..security.acls import DESCRIBE
+from straitmq.security.acls import DESCRIBE
+
 from .context import RequestContext
 
 if TYPE_CHECKING:

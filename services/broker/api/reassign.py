@@ -15,7 +15,8 @@ from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError
 from straitmq.metadata.image import NO_LEADER, MetadataImage
 
-from ..security.acls import ALTER, DESCRIBE
+from straitmq.security.acls import ALTER, DESCRIBE
+
 from .context import RequestContext
 
 if TYPE_CHECKING:

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
-from ..security.acls import DELETE as ACL_DELETE
-from ..security.acls import TOPIC
+from straitmq.security.acls import DELETE as ACL_DELETE
+from straitmq.security.acls import TOPIC
+
 from ..storage.log import OffsetOutOfRange
 from .context import RequestContext
 
@@ -86,6 +87,7 @@ async def handle_delete_records(replicas: LocalReplicas, ctx: RequestContext, re
         return replicas.image.broker_alive(bid)
 
     async def one(name: str, index: int, offset: int) -> dict:
+        error: int
         if not ctx.allowed(ACL_DELETE, TOPIC, name):
             error = ErrorCode.topic_authorization_failed
             return {

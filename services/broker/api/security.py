@@ -16,8 +16,15 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError
 
-from ..security.acls import ALTER, DESCRIBE
-from ..security.scram import BY_ID, MAX_ITERATIONS, MECHANISMS, MIN_ITERATIONS, credential_record
+from straitmq.security.acls import ALTER, DESCRIBE
+from straitmq.security.scram import (
+    BY_ID,
+    MAX_ITERATIONS,
+    MECHANISMS,
+    MIN_ITERATIONS,
+    credential_record,
+)
+
 from .context import RequestContext
 
 if TYPE_CHECKING:

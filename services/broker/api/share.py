@@ -21,10 +21,11 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from straitmq.security.acls import DESCRIBE, GROUP, READ, TOPIC
+
 from ..groups.offsets import OFFSETS_TOPIC
 from ..groups.share_group import ShareGroupStateMachine, ShareSettings
 from ..partitions import LEADER
-from ..security.acls import DESCRIBE, GROUP, READ, TOPIC
 from ..security.listeners import endpoint_for
 from ..share.checkpoints import STATE_GROUP_PREFIX, ShareCheckpoints
 from ..share.group_configs import config_key
@@ -255,7 +256,9 @@ def _endpoints(ctx: RequestContext, leaders: set[int]) -> list[dict]:
     out = []
     for node in sorted(leaders):
         b = ctx.broker.image.brokers.get(node)
-        ep = endpoint_for(b, ctx.listener) if b is not None else None
+        if b is None:
+            continue
+        ep = endpoint_for(b, ctx.listener)
         if ep is not None:
             out.append({"node_id": node, "host": ep[0], "port": ep[1], "rack": b.rack})
     return out
@@ -538,7 +541,7 @@ def _collect(
     got = False
     for tid, index in sorted(session.partitions, key=lambda k: (str(k[0]), k[1])):
         name = image.topic_name(tid)
-        out = {
+        out: dict[str, Any] = {
             "partition_index": index,
             "error_code": 0,
             "error_message": None,
@@ -559,6 +562,7 @@ def _collect(
         if code := partition_error(broker, name, index, part, -1):
             out["error_code"] = code
             continue
+        assert part is not None  # partition_error answers for a missing one
         watched.append((name, index, part))
         if budget_records <= 0 or budget_bytes <= 0:
             continue
@@ -673,11 +677,11 @@ async def handle_describe_share_group_offsets(ctx: RequestContext, req: Any) -> 
         for name, parts in wanted:
             if not ctx.allowed(DESCRIBE, TOPIC, name):
                 continue
-            t = image.topics.get(name)
+            topic_image = image.topics.get(name)
             topics.append(
                 {
                     "topic_name": name,
-                    "topic_id": t.topic_id if t is not None else None,
+                    "topic_id": topic_image.topic_id if topic_image is not None else None,
                     "partitions": [
                         {
                             "partition_index": p,

@@ -143,7 +143,7 @@ class ShareGroupStateMachine:
                 )
             self._remove(group, member_id, topics)
             return HeartbeatAnswer(0, None, member_id, LEAVE_EPOCH)
-        if member is None:
+        if group is None or member is None:  # no group: no member either
             if member_epoch != JOIN_EPOCH:
                 return HeartbeatAnswer(
                     ErrorCode.unknown_member_id, f"member {member_id} is not in group {group_id}"

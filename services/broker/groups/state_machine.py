@@ -1144,13 +1144,15 @@ class GroupStateMachine:
     def _refresh_topics(self, group: ConsumerGroup, topics: TopicsView) -> bool:
         """The subscribed topics as the metadata has them now; True if that changed
         (a topic created, deleted or given more partitions)."""
-        regexes = {m.subscribed_regex for m in group.members.values()} - {None}
+        regexes = {
+            m.subscribed_regex for m in group.members.values() if m.subscribed_regex is not None
+        }
         if regexes:
             # Kafka matches every topic but the internal ones, in full (RE2/J matches()).
             all_names = [n for n in topics.names() if n not in INTERNAL_TOPICS]
             group.regex_matches = {
                 r: frozenset(n for n in all_names if compile_regex(r).fullmatch(n))
-                for r in sorted(regexes)  # type: ignore[type-var]
+                for r in sorted(regexes)
             }
         else:
             group.regex_matches = {}
@@ -1301,8 +1303,10 @@ class GroupStateMachine:
         self._empty_since.pop(group.group_id, None)
         self.consumer_groups[group.group_id] = group
         self._refresh_topics(group, topics)
-        for m in group.members.values():
-            self._arm(TimerKey(CONSUMER_SESSION, group.group_id, m.member_id), self._session_ms(m))
+        for cm in group.members.values():
+            self._arm(
+                TimerKey(CONSUMER_SESSION, group.group_id, cm.member_id), self._session_ms(cm)
+            )
         self._touch(group.group_id)
         self._event(group.group_id, "", f"upgraded from classic at generation {gen}")
         return True
@@ -1783,7 +1787,7 @@ def _topic_ids(
 ) -> frozenset[TopicPartition]:
     """{topic name: partitions} of the consumer protocol as (topic id, partition), for
     the topics and partitions that exist."""
-    out = set()
+    out: set[TopicPartition] = set()
     for name, parts in by_name.items():
         t = topics.topic(name)
         if t is not None:

@@ -46,7 +46,7 @@ def _gate(broker: Broker) -> Any:
 
 def build_app(broker: Broker) -> web.Application:
     security = broker.http_security
-    # Who is calling and what the ACLs allow them, first (security/http_security.py);
+    # Who is calling and what the ACLs allow them, first (straitmq/security/http_security.py);
     # nothing is added while http.authentication is none.
     middlewares = [security.middleware()] if security.enabled else []
     app = web.Application(
@@ -79,6 +79,8 @@ async def start_http(broker: Broker, host: str, port: int) -> tuple[web.AppRunne
         ssl_context=tls.server_context if tls is not None else None,
     )
     await site.start()
-    sockets = site._server.sockets if site._server else []  # type: ignore[union-attr]
+    # aiohttp types _server as AbstractServer; the loop's Server (asyncio's or uvloop's)
+    # has the sockets.
+    sockets = site._server.sockets if site._server else []  # type: ignore[attr-defined]
     actual = sockets[0].getsockname()[1] if sockets else port
     return runner, actual

@@ -4,7 +4,7 @@ election and the controller quorum's status."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from kio.schema.errors import ErrorCode
@@ -17,7 +17,7 @@ from .common import _ERROR_STATUS, PEERS, _body, _error, _json, peer_url
 if TYPE_CHECKING:
     from ..broker import Broker
 
-_OPS_STATUS = {
+_OPS_STATUS: dict[int, int] = {
     **_ERROR_STATUS,
     ErrorCode.no_reassignment_in_progress: 409,
     ErrorCode.request_timed_out: 503,
@@ -120,7 +120,7 @@ def add_routes(app: web.Application, broker: Broker) -> None:
                 "'partitions' must be a non-empty list of "
                 '{"topic", "partition", "replicas": [broker ids] | null}',
             )
-        items = []
+        items: list[dict[str, Any]] = []
         for i, p in enumerate(parts):
             if not isinstance(p, dict):
                 return _error(400, f"partitions[{i}] must be an object")
@@ -184,7 +184,7 @@ def add_routes(app: web.Application, broker: Broker) -> None:
         return _json({"configs": configs})
 
     @routes.put("/api/v1/cluster/configs")
-    async def put_cluster_configs(request: web.Request) -> web.Response:
+    async def put_cluster_configs(request: web.Request) -> web.StreamResponse:
         body = await _body(request)
         changes = body.get("configs")
         if not isinstance(changes, dict) or not changes:

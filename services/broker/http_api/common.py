@@ -17,7 +17,7 @@ from straitmq.admin_client import AdminClient
 if TYPE_CHECKING:
     from ..broker import Broker
 
-_ERROR_STATUS = {
+_ERROR_STATUS: dict[int, int] = {
     ErrorCode.unknown_topic_or_partition: 404,
     ErrorCode.topic_already_exists: 409,
     ErrorCode.invalid_topic_exception: 400,

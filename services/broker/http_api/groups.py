@@ -11,6 +11,7 @@ from aiohttp import web
 from kio.schema.errors import ErrorCode
 
 from straitmq.admin_client import AdminClient, AdminError
+from straitmq.security.acls import DESCRIBE, GROUP, TOPIC
 
 from ..groups.consumer_protocol import (
     MalformedProtocol,
@@ -18,7 +19,6 @@ from ..groups.consumer_protocol import (
     decode_subscription,
 )
 from ..groups.offsets import OFFSETS_TOPIC
-from ..security.acls import DESCRIBE, GROUP, TOPIC
 from .common import PEERS, _elsewhere, _error, _json, peer_url
 
 if TYPE_CHECKING:

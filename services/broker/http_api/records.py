@@ -37,7 +37,7 @@ MAX_REST_RECORDS = 10_000
 REST_WRITE_TIMEOUT_S = 30.0
 # A refused REST write's status; any other refusal (not enough replicas, timed out, a
 # storage error) is a 503: retry later.
-_WRITE_STATUS = {
+_WRITE_STATUS: dict[int, int] = {
     ErrorCode.message_too_large: 413,
     ErrorCode.corrupt_message: 400,
     ErrorCode.invalid_record: 400,
@@ -193,7 +193,7 @@ def add_routes(app: web.Application, broker: Broker) -> None:
                 416,
                 f"offset {offset} is outside [{p.log.log_start_offset}, {p.log.log_end_offset}]",
             )
-        out = []
+        out: list[dict[str, Any]] = []
         pos = offset
         for raw in p.log.batches(offset, p.high_watermark, max_bytes):
             for rec in decode_batch(raw):

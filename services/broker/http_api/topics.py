@@ -8,8 +8,9 @@ from aiohttp import web
 from straitmq.controller.errors import ControllerError
 from straitmq.metadata.topic_config import effective
 
+from straitmq.security.acls import DESCRIBE, TOPIC
+
 from ..groups.offsets import OFFSETS_TOPIC
-from ..security.acls import DESCRIBE, TOPIC
 from .common import _body, _controller_error, _error, _json, _topic_or_404
 
 if TYPE_CHECKING:

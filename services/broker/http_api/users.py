@@ -18,7 +18,7 @@ listener, for clients that speak HTTP (the operator's `User` resources).
   that names it; deleting a binding that does not exist is not an error.
 
 As in Kafka, changing either needs ALTER on the cluster and reading them DESCRIBE
-(security/http_security.py).
+(straitmq/security/http_security.py).
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ from aiohttp import web
 from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError
 
-from ..security.acls import ALL, SUPPORTED_OPERATIONS, AclBinding, validate_binding
-from ..security.scram import MAX_ITERATIONS, MECHANISMS, MIN_ITERATIONS, credential_record
-from ..security.scram import salted_password as salt_password
+from straitmq.security.acls import ALL, SUPPORTED_OPERATIONS, AclBinding, validate_binding
+from straitmq.security.scram import MAX_ITERATIONS, MECHANISMS, MIN_ITERATIONS, credential_record
+from straitmq.security.scram import salted_password as salt_password
+
 from .common import _body, _controller_error, _error, _json
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ def parse_binding(raw: Any) -> AclBinding | str:
             return f"{key} {value!r} is not one of {', '.join(table)}"
         codes[key] = code
     name, principal, host = raw.get("resource_name"), raw.get("principal"), raw.get("host", "*")
-    if not all(isinstance(x, str) for x in (name, principal, host)):
+    if not (isinstance(name, str) and isinstance(principal, str) and isinstance(host, str)):
         return "resource_name, principal and host must be strings"
     b = AclBinding(
         codes["resource_type"],

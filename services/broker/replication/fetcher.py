@@ -15,13 +15,19 @@ import contextlib
 import itertools
 import logging
 import time
-import typing
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
+from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic, ForgottenTopic
+from kio.schema.offset_for_leader_epoch.v4.request import (
+    OffsetForLeaderEpochRequest,
+    OffsetForLeaderPartition,
+    OffsetForLeaderTopic,
+)
+from kio.schema.types import BrokerId, TopicName
+from kio.static.primitive import i8, i32, i32Timedelta, i64
 
 from straitmq.protocol.client import AuthenticationFailed, ConnectionClosed, KafkaConnection
 
@@ -52,22 +58,12 @@ UNDEFINED = -1
 
 # Per-partition answers that mean the leader's authorizer refused this broker.
 REFUSED = {ErrorCode.topic_authorization_failed, ErrorCode.cluster_authorization_failed}
-FetchRequest = load_request_schema(1, 12)
-ForgottenTopic = typing.get_args(typing.get_type_hints(FetchRequest)["forgotten_topics_data"])[0]
 # What the leader's session holds for a partition: fetch offset, leader epoch, log start.
 SessionState = tuple[int, int, int]
-OffsetForLeaderEpochRequest = load_request_schema(23, 4)
-
-
-def _schema_types() -> tuple[Any, Any, Any, Any]:
-    ft = typing.get_args(typing.get_type_hints(FetchRequest)["topics"])[0]
-    fp = typing.get_args(typing.get_type_hints(ft)["partitions"])[0]
-    ot = typing.get_args(typing.get_type_hints(OffsetForLeaderEpochRequest)["topics"])[0]
-    op = typing.get_args(typing.get_type_hints(ot)["partitions"])[0]
-    return ft, fp, ot, op
-
-
-FetchTopic, FetchPartition, EpochTopic, EpochPartition = _schema_types()
+# The constants as kio's field types, checked once here instead of per request.
+_PARTITION_MAX_BYTES = i32(PARTITION_MAX_BYTES)
+_RESPONSE_MAX_BYTES = i32(RESPONSE_MAX_BYTES)
+_FETCH_MAX_WAIT = i32Timedelta.parse(timedelta(milliseconds=FETCH_MAX_WAIT_MS))
 
 
 @dataclass(slots=True)
@@ -210,16 +206,18 @@ class LeaderFetcher:
         for key in itertools.islice(self.to_truncate, TRUNCATE_CHUNK):
             f = self.follows[key]
             by_topic.setdefault(f.part.topic, []).append(f)
+        # The int fields are cast, not parsed: kio's phantom ints only name the wire
+        # width, and a parse per field would cost more than building the entity.
         req = OffsetForLeaderEpochRequest(
-            replica_id=me,
+            replica_id=BrokerId(me),
             topics=tuple(
-                EpochTopic(
-                    topic=t,
+                OffsetForLeaderTopic(
+                    topic=TopicName(t),
                     partitions=tuple(
-                        EpochPartition(
-                            partition=f.part.index,
-                            current_leader_epoch=f.leader_epoch,
-                            leader_epoch=f.part.log.epochs.latest_epoch,
+                        OffsetForLeaderPartition(
+                            partition=cast(i32, f.part.index),
+                            current_leader_epoch=cast(i32, f.leader_epoch),
+                            leader_epoch=cast(i32, f.part.log.epochs.latest_epoch),
                         )
                         for f in fs
                     ),
@@ -233,13 +231,13 @@ class LeaderFetcher:
         settled = 0
         for t in resp.topics:
             for r in t.partitions:
-                f = self.follows.get((t.topic, r.partition))
-                if f is None or (t.topic, r.partition) not in self.to_truncate:
+                answered = self.follows.get((t.topic, r.partition))
+                if answered is None or (t.topic, r.partition) not in self.to_truncate:
                     continue
                 if int(r.error_code) != ErrorCode.none:
                     backoff = True
                     continue
-                self._truncate_one(f, r.leader_epoch, r.end_offset)
+                self._truncate_one(answered, r.leader_epoch, r.end_offset)
                 self._set_truncating((t.topic, r.partition), False)
                 settled += 1
         if backoff:
@@ -279,7 +277,7 @@ class LeaderFetcher:
         self.changed = set()
         follows = self.follows
         states: dict[tuple[str, int], SessionState] = {}
-        send: dict[str, list[Any]] = {}
+        send: dict[str, list[FetchPartition]] = {}
         for n, key in enumerate(list(looked_at), 1):
             if n % YIELD_EVERY == 0:
                 await asyncio.sleep(0)  # a session's first fetch names every follow
@@ -291,32 +289,35 @@ class LeaderFetcher:
             states[key] = state
             if full or self.in_session.get(key) != state:
                 send.setdefault(key[0], []).append(
-                    FetchPartition(
-                        partition=key[1],
-                        current_leader_epoch=f.leader_epoch,
-                        fetch_offset=state[0],
-                        last_fetched_epoch=plog.epochs.latest_epoch,
-                        log_start_offset=state[2],
-                        partition_max_bytes=PARTITION_MAX_BYTES,
+                    FetchPartition(  # cast, not parsed: see _truncate
+                        partition=cast(i32, key[1]),
+                        current_leader_epoch=cast(i32, f.leader_epoch),
+                        fetch_offset=cast(i64, state[0]),
+                        last_fetched_epoch=cast(i32, plog.epochs.latest_epoch),
+                        log_start_offset=cast(i64, state[2]),
+                        partition_max_bytes=_PARTITION_MAX_BYTES,
                     )
                 )
-        forgotten: dict[str, list[int]] = {}
+        forgotten: dict[str, list[i32]] = {}
         if not full:
             for key in self.in_session if every else looked_at:
                 if key not in states and key in self.in_session:
-                    forgotten.setdefault(key[0], []).append(key[1])
+                    forgotten.setdefault(key[0], []).append(cast(i32, key[1]))
         req = FetchRequest(
             cluster_id=None,
-            replica_id=me,
-            max_wait=timedelta(milliseconds=FETCH_MAX_WAIT_MS),
-            min_bytes=1,
-            max_bytes=RESPONSE_MAX_BYTES,
-            isolation_level=0,
-            session_id=self.session_id,
-            session_epoch=self.session_epoch,
-            topics=tuple(FetchTopic(topic=t, partitions=tuple(ps)) for t, ps in send.items()),
+            replica_id=BrokerId(me),
+            max_wait=_FETCH_MAX_WAIT,
+            min_bytes=i32(1),
+            max_bytes=_RESPONSE_MAX_BYTES,
+            isolation_level=i8(0),
+            session_id=i32(self.session_id),
+            session_epoch=i32(self.session_epoch),
+            topics=tuple(
+                FetchTopic(topic=TopicName(t), partitions=tuple(ps)) for t, ps in send.items()
+            ),
             forgotten_topics_data=tuple(
-                ForgottenTopic(topic=t, partitions=tuple(ps)) for t, ps in forgotten.items()
+                ForgottenTopic(topic=TopicName(t), partitions=tuple(ps))
+                for t, ps in forgotten.items()
             ),
             rack_id=self.broker.config.rack or "",
         )
@@ -423,8 +424,8 @@ class ReplicaFetchers:
 
     def on_role(self, part: Partition, role: str) -> None:
         key = (part.topic, part.index)
-        for fetcher in self.fetchers.values():
-            fetcher.unfollow(key)
+        for other in self.fetchers.values():
+            other.unfollow(key)
         if role != FOLLOWER or part.leader < 0:
             return
         fetcher = self.fetchers.get(part.leader)

@@ -26,10 +26,10 @@ import ssl
 
 from straitmq.protocol.client import ClientSecurity, SaslLogin
 from straitmq.protocol.sasl_client import MECHANISMS
+from straitmq.security.settings import default, listener_value
+from straitmq.security.tls import file_stamp
 
 from .listeners import Listener, ListenerConfigError
-from .settings import listener_value
-from .tls import file_stamp
 
 log = logging.getLogger("straitmq.security")
 _JAAS_FIELD = r'\b{}\s*=\s*"((?:[^"\\]|\\.)*)"'
@@ -132,7 +132,14 @@ def _tls_context(listener: Listener, props: dict[str, str]) -> ssl.SSLContext:
 
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    algorithm = (get("ssl.endpoint.identification.algorithm") or "https").strip().lower()
+    algorithm = (
+        (
+            get("ssl.endpoint.identification.algorithm")
+            or default("ssl.endpoint.identification.algorithm")
+        )
+        .strip()
+        .lower()
+    )
     if get("ssl.endpoint.identification.algorithm") == "":
         algorithm = ""
     if algorithm not in ("https", ""):

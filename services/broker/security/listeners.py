@@ -51,14 +51,6 @@ class ListenerSpec:
     def sasl(self) -> bool:
         return self.protocol in ("SASL_PLAINTEXT", "SASL_SSL")
 
-    def registration(self) -> dict:
-        return {
-            "name": self.name,
-            "host": self.advertised_host,
-            "port": self.advertised_port,
-            "security_protocol": self.protocol,
-        }
-
 
 def parse_endpoints(value: str, setting: str) -> list[tuple[str, str, int]]:
     """`NAME://host:port,...` -> [(NAME, host, port)]; `[::1]` brackets are removed."""
@@ -172,8 +164,9 @@ class Listener:
     certificate or mechanism stops the broker with a message instead of a client error."""
 
     def __init__(self, spec: ListenerSpec, props: dict[str, str], reauth_ms: int) -> None:
+        from straitmq.security.tls import TlsListener, TlsSettings
+
         from .sasl import SaslSettings
-        from .tls import TlsListener, TlsSettings
 
         self.spec = spec
         self.tls = TlsListener(TlsSettings.from_properties(props, spec.name)) if spec.tls else None

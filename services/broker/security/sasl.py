@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 from kio.schema.errors import ErrorCode
 
-from .scram import MECHANISMS, ScramError, ScramServer
-from .settings import listener_value
-from .tls import ANONYMOUS
+from straitmq.security.scram import MECHANISMS, ScramError, ScramServer
+from straitmq.security.settings import listener_value
+from straitmq.security.tls import ANONYMOUS
 
 log = logging.getLogger("straitmq.security")
 PRE_AUTH_APIS = frozenset({17, 18, 36})  # SaslHandshake, ApiVersions, SaslAuthenticate

@@ -27,6 +27,8 @@ from typing import Any
 
 from kio.schema.offset_commit.v8 import request as oc
 from kio.schema.offset_fetch.v8 import request as of
+from kio.schema.types import GroupId, TopicName
+from kio.static.primitive import i32, i64
 
 from straitmq.protocol.client import ConnectionClosed, KafkaConnection
 
@@ -88,19 +90,19 @@ class ShareCheckpoints:
             for topic, index, (spso, snap), _ in entries:
                 topics.setdefault(topic, []).append(
                     oc.OffsetCommitRequestPartition(
-                        partition_index=index,
-                        committed_offset=spso,
-                        committed_leader_epoch=-1,
+                        partition_index=i32(index),
+                        committed_offset=i64(spso),
+                        committed_leader_epoch=i32(-1),
                         committed_metadata=snap,
                     )
                 )
             req = oc.OffsetCommitRequest(
-                group_id=state_group(group),
-                generation_id_or_member_epoch=-1,
+                group_id=GroupId(state_group(group)),
+                generation_id_or_member_epoch=i32(-1),
                 member_id="",
                 group_instance_id=None,
                 topics=tuple(
-                    oc.OffsetCommitRequestTopic(name=t, partitions=tuple(ps))
+                    oc.OffsetCommitRequestTopic(name=TopicName(t), partitions=tuple(ps))
                     for t, ps in topics.items()
                 ),
             )
@@ -131,8 +133,12 @@ class ShareCheckpoints:
         req = of.OffsetFetchRequest(
             groups=(
                 of.OffsetFetchRequestGroup(
-                    group_id=state_group(group),
-                    topics=(of.OffsetFetchRequestTopics(name=topic, partition_indexes=(index,)),),
+                    group_id=GroupId(state_group(group)),
+                    topics=(
+                        of.OffsetFetchRequestTopics(
+                            name=TopicName(topic), partition_indexes=(i32(index),)
+                        ),
+                    ),
                 ),
             ),
             require_stable=False,
@@ -156,9 +162,11 @@ class ShareCheckpoints:
         req = of.OffsetFetchRequest(
             groups=(
                 of.OffsetFetchRequestGroup(
-                    group_id=state_group(group),
+                    group_id=GroupId(state_group(group)),
                     topics=tuple(
-                        of.OffsetFetchRequestTopics(name=t, partition_indexes=tuple(ps))
+                        of.OffsetFetchRequestTopics(
+                            name=TopicName(t), partition_indexes=tuple(i32(p) for p in ps)
+                        )
                         for t, ps in topics
                     )
                     if topics is not None

@@ -33,14 +33,9 @@ def config_key(group_id: str, name: str) -> str:
     return f"{PREFIX}{group_id}:{name}"
 
 
-def group_config(image: Any, group_id: str, name: str) -> str:
-    value = image.cluster_configs.get(config_key(group_id, name))
-    return value if value is not None else GROUP_CONFIGS[name][0]
-
-
 def describe_entries(image: Any, group_id: str, keys: set[str] | None, docs: bool) -> list[dict]:
     """DescribeConfigs entries of a group (explicit values as dynamic group configs)."""
-    out = []
+    out: list[dict] = []
     for name, (default, doc) in sorted(GROUP_CONFIGS.items()):
         if keys and name not in keys:
             continue

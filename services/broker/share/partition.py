@@ -24,6 +24,7 @@ durably by `checkpoints.py` (`snapshot()` / `restore()`), so a new leader goes o
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 AVAILABLE = 0
@@ -121,9 +122,6 @@ class SharePartition:
     def in_flight(self) -> int:
         return self.next_offset - self.spso
 
-    def has_available(self, high_watermark: int) -> bool:
-        return self.next_offset < high_watermark or any(r.state == AVAILABLE for r in self.ranges)
-
     # -- durable form -------------------------------------------------------------------
 
     def snapshot(self, max_chars: int = 4000) -> str:
@@ -182,7 +180,7 @@ class SharePartition:
         member: str,
         now: int,
         max_records: int,
-        new_batches: list[tuple[int, int]] = (),  # type: ignore[assignment]
+        new_batches: Iterable[tuple[int, int]] = (),
     ) -> list[Acquired]:
         """Lock records for `member`: first those AVAILABLE in flight (released or timed
         out, lowest offsets first), then new ones from `new_batches`, the (base, last)

@@ -82,6 +82,7 @@ class ShareState:
         """(the session, an error code, its message) for a request's epoch. Epoch -1
         returns the session to close after its acknowledgements (see `close`)."""
         key = (group_id, member_id)
+        session: ShareSession | None
         if epoch == INITIAL_EPOCH:
             if acks:
                 message = "acknowledgements cannot be sent with share session epoch 0"

@@ -45,10 +45,6 @@ class LeaderEpochCache:
         return list(zip(self._epochs, self._starts, strict=True))
 
     @property
-    def earliest_start(self) -> int:
-        return self._starts[0] if self._starts else -1
-
-    @property
     def latest_start(self) -> int:
         return self._starts[-1] if self._starts else -1
 

@@ -34,10 +34,12 @@ stripped by -O) naming the invariant that broke.
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from typing import Any
 
+from ..config import DEFAULTS
 from .epochs import EpochCache
 from .messages import (
     FENCED_LEADER_EPOCH,
@@ -71,8 +73,9 @@ _NEVER = -(1 << 62)  # a time long before any now_ms
 
 @dataclass(frozen=True, slots=True)
 class RaftConfig:
-    election_timeout_ms: int = 1000  # randomized in [T, 2T)
-    fetch_timeout_ms: int = 2000  # a follower without a good fetch for this long campaigns
+    # Declared with their flags in ControllerConfig (controller/config.py).
+    election_timeout_ms: int = DEFAULTS.election_timeout_ms  # randomized in [T, 2T)
+    fetch_timeout_ms: int = DEFAULTS.fetch_timeout_ms  # without a good fetch: campaign
     fetch_max_wait_ms: int = 500  # long-poll: how long the leader parks an empty fetch
     max_fetch_entries: int = 512  # per FetchResponse
     # ... and records (an entry whose data is a list counts its items): an observer that
@@ -643,35 +646,32 @@ class RaftNode:
         """The response to `m` from the leader's log, and whether the fetch was valid
         (the fetcher's log is a prefix of ours up to m.fetch_offset)."""
         fo, last = m.fetch_offset, m.last_fetched_epoch
-        common = {
-            "src": self.node_id,
-            "dst": m.src,
-            "epoch": self._epoch,
-            "leader_id": self.node_id,
-            "error": None,
-            "base_offset": fo,
-            "high_watermark": self._hw,
-            "log_start_offset": self._log_start,
-            "last_fetched_epoch": last,
-        }
+        answer = functools.partial(
+            FetchResponse,
+            src=self.node_id,
+            dst=m.src,
+            epoch=self._epoch,
+            leader_id=self.node_id,
+            error=None,
+            base_offset=fo,
+            high_watermark=self._hw,
+            log_start_offset=self._log_start,
+            last_fetched_epoch=last,
+        )
         snap = self._snapshot
         if snap is not None and (
             fo < self._log_start
             or (fo == self._log_start and last != snap.epoch)
             or last < snap.epoch
         ):
-            return FetchResponse(
-                **common, snapshot_offset=snap.end_offset, snapshot_epoch=snap.epoch
-            ), False
+            return answer(snapshot_offset=snap.end_offset, snapshot_epoch=snap.epoch), False
         end = self.log_end_offset
         if not (fo == 0 and self._log_start == 0):
             found = self._cache.end_offset_for(last, end)
             assert found is not None  # last >= snapshot epoch was checked above
             epoch, epoch_end = found
             if epoch != last or epoch_end < fo:
-                return FetchResponse(
-                    **common, diverging_epoch=epoch, diverging_end_offset=epoch_end
-                ), False
+                return answer(diverging_epoch=epoch, diverging_end_offset=epoch_end), False
         i = fo - self._log_start
         entries = self._log[i : i + self._cfg.max_fetch_entries]
         budget = self._cfg.max_fetch_records
@@ -680,7 +680,7 @@ class RaftNode:
             if budget <= 0:
                 entries = entries[: n + 1]
                 break
-        return FetchResponse(**common, entries=tuple(entries)), True
+        return answer(entries=tuple(entries)), True
 
     def _leader_fetch(self, m: FetchRequest) -> None:
         now = self._now

@@ -190,7 +190,7 @@ def from_dict(d: dict[str, Any]) -> Message:
     """The message `to_dict` produced. Unknown keys are ignored (a newer sender);
     an unknown kind or a missing field raises ValueError."""
     kind = d.get("kind")
-    cls = KINDS.get(kind)  # type: ignore[arg-type]
+    cls = KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise ValueError(f"unknown raft message kind {kind!r}; expected one of {sorted(KINDS)}")
     kwargs: dict[str, Any] = {}

@@ -491,7 +491,3 @@ class Simulation:
             if offset >= len(self.committed) or self.committed[offset] != (entry.epoch, entry.data):
                 raise self.fail(f"node {i} applied {entry} at {offset}, not committed")
             state.append((entry.epoch, entry.data))
-
-
-def run_seed(seed: int, **kwargs: Any) -> dict[str, int]:
-    return Simulation(seed, **kwargs).run()

@@ -25,11 +25,10 @@ import ssl
 from dataclasses import dataclass
 from typing import Any
 
-from .settings import listener_value
+from .settings import default, listener_value
 
 log = logging.getLogger("straitmq.security")
 CLIENT_AUTH = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
-DEFAULT_RELOAD_MS = 10_000
 ANONYMOUS = "User:ANONYMOUS"
 
 # getpeercert() attribute names -> the RFC 2253 keywords Java's X500Principal prints.
@@ -64,7 +63,7 @@ class TlsSettings:
         def get(key: str) -> str | None:
             return listener_value(props, listener, key)
 
-        kind = (get("ssl.keystore.type") or "PEM").upper()
+        kind = (get("ssl.keystore.type") or default("ssl.keystore.type")).upper()
         if kind != "PEM":
             raise TlsConfigError(f"listener {listener}: ssl.keystore.type {kind}: only PEM files")
         keystore = get("ssl.keystore.location")
@@ -74,7 +73,7 @@ class TlsSettings:
                 f"listener.name.{listener.lower()}.ssl.keystore.location to a PEM file "
                 "holding the private key and certificate chain"
             )
-        auth = (get("ssl.client.auth") or "none").lower()
+        auth = (get("ssl.client.auth") or default("ssl.client.auth")).lower()
         if auth not in CLIENT_AUTH:
             raise TlsConfigError(f"ssl.client.auth {auth!r}: one of none, requested, required")
         truststore = get("ssl.truststore.location")
@@ -89,7 +88,7 @@ class TlsSettings:
             get("ssl.key.password"),
             truststore,
             auth,
-            int(get("ssl.reload.interval.ms") or DEFAULT_RELOAD_MS),
+            int(get("ssl.reload.interval.ms") or default("ssl.reload.interval.ms")),
         )
 
     def files(self) -> list[str]:
@@ -110,7 +109,7 @@ class TlsSettings:
 
 def file_stamp(files: list[str]) -> tuple:
     """What changes when any of `files` is rewritten or replaced (a rotation)."""
-    out = []
+    out: list[tuple] = []
     for f in files:
         try:
             st = os.stat(f)

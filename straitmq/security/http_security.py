@@ -49,9 +49,9 @@ import logging
 import secrets
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 from aiohttp import web
@@ -75,12 +75,32 @@ from .acls import (
     Authorizer,
 )
 from .scram import MECHANISMS, keys_from_salted_password, salted_password
+from .settings import default
 from .tls import CLIENT_AUTH, TlsConfigError, TlsListener, TlsSettings, principal_from_cert
 
 if TYPE_CHECKING:
-    from .listeners import Listener
+    from straitmq.protocol.client import ClientSecurity
 
 log = logging.getLogger("straitmq.security")
+
+
+class _PlainUsers(Protocol):
+    @property
+    def plain_users(self) -> dict[str, str]: ...
+
+
+class KafkaListener(Protocol):
+    """What the HTTP port takes from a broker's Kafka listener
+    (straitmq.broker.security.listeners.Listener): its PLAIN users, which Basic accepts
+    too, and its client side, whose SASL user this node shows its peers. Declared here so
+    the ground floor does not import the broker."""
+
+    @property
+    def sasl(self) -> _PlainUsers | None: ...
+
+    @property
+    def client(self) -> ClientSecurity | None: ...
+
 
 METHODS = ("basic", "mtls")
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # the kubelet's probes: never closed
@@ -109,7 +129,7 @@ class HttpSecurityError(ValueError):
 def _tls_settings(props: dict[str, str]) -> TlsSettings | None:
     """The http.ssl.* settings as a TlsSettings (None: plain HTTP)."""
     keystore = props.get("http.ssl.keystore.location")
-    auth = (props.get("http.ssl.client.auth") or "none").strip().lower()
+    auth = (props.get("http.ssl.client.auth") or default("http.ssl.client.auth")).strip().lower()
     if auth not in CLIENT_AUTH:
         raise HttpSecurityError(f"http.ssl.client.auth {auth!r}: one of none, requested, required")
     if not keystore:
@@ -132,7 +152,7 @@ def _tls_settings(props: dict[str, str]) -> TlsSettings | None:
         props.get("http.ssl.key.password"),
         truststore,
         auth,
-        int(props.get("http.ssl.reload.interval.ms") or 10_000),
+        int(props.get("http.ssl.reload.interval.ms") or default("http.ssl.reload.interval.ms")),
     )
 
 
@@ -149,15 +169,15 @@ class HttpSecurity:
         self,
         props: dict[str, str],
         authorizer: Authorizer,
-        scram_lookup: Callable[[str], dict[str, dict]],
-        listeners: list[Listener],
+        scram_lookup: Callable[[str], dict[str, dict] | None],
+        listeners: Sequence[KafkaListener],
     ) -> None:
         settings = _tls_settings(props)
         try:
             self.tls = TlsListener(settings) if settings is not None else None
         except TlsConfigError as e:
             raise HttpSecurityError(str(e).replace("listener HTTP", "HTTP port")) from None
-        raw = (props.get("http.authentication") or "none").strip().lower()
+        raw = (props.get("http.authentication") or default("http.authentication")).strip().lower()
         methods = tuple(m.strip() for m in raw.split(",") if m.strip() and m.strip() != "none")
         for m in methods:
             if m not in METHODS:
@@ -171,7 +191,14 @@ class HttpSecurity:
                 "http.ssl.client.auth=required (or requested)"
             )
         self.methods = methods
-        metrics = props.get("http.metrics.require.authentication", "false").strip().lower()
+        metrics = (
+            props.get(
+                "http.metrics.require.authentication",
+                default("http.metrics.require.authentication"),
+            )
+            .strip()
+            .lower()
+        )
         if metrics not in ("true", "false"):
             raise HttpSecurityError("http.metrics.require.authentication: true or false")
         self.metrics_open = metrics == "false"
@@ -183,7 +210,11 @@ class HttpSecurity:
                 self._plain.update(ln.sasl.plain_users)
         self._cache: dict[bytes, tuple[str, float, tuple]] = {}
         self._cache_key = secrets.token_bytes(32)
-        controllers = props.get("controller.http.ssl.enabled", "false").strip().lower()
+        controllers = (
+            props.get("controller.http.ssl.enabled", default("controller.http.ssl.enabled"))
+            .strip()
+            .lower()
+        )
         if controllers not in ("true", "false"):
             raise HttpSecurityError("controller.http.ssl.enabled: true or false")
         # How a broker reaches the controller processes (a controller reaches the other
@@ -241,7 +272,7 @@ class HttpSecurity:
     @staticmethod
     def _peer_auth(
         props: dict[str, str],
-        listeners: list[Listener],
+        listeners: Sequence[KafkaListener],
         settings: TlsSettings | None,
         basic: bool,
         tls: bool,
@@ -256,7 +287,13 @@ class HttpSecurity:
             return AdminAuth(username=username, password=password) if username else None
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.check_hostname = props.get("ssl.endpoint.identification.algorithm", "https") != ""
+        ctx.check_hostname = (
+            props.get(
+                "ssl.endpoint.identification.algorithm",
+                default("ssl.endpoint.identification.algorithm"),
+            )
+            != ""
+        )
         ctx.verify_mode = ssl.CERT_REQUIRED
         ca = props.get("http.ssl.truststore.location") or props.get("ssl.truststore.location")
         try:

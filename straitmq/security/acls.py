@@ -23,12 +23,11 @@ whenever the image's ACL version moves (a binding was added or removed).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
-if TYPE_CHECKING:
-    from straitmq.metadata.image import MetadataImage
+from .settings import default
 
 log = logging.getLogger("straitmq.authorizer")
 
@@ -89,18 +88,6 @@ class AclBinding(NamedTuple):
             "operation": self.operation,
             "permission": self.permission,
         }
-
-    @classmethod
-    def from_record(cls, r: dict) -> AclBinding:
-        return cls(
-            r["resource_type"],
-            r["resource_name"],
-            r["pattern_type"],
-            r["principal"],
-            r["host"],
-            r["operation"],
-            r["permission"],
-        )
 
 
 def validate_binding(b: AclBinding) -> str | None:
@@ -182,12 +169,18 @@ class AuthorizerSettings:
 
     @classmethod
     def from_properties(cls, props: dict[str, str]) -> AuthorizerSettings:
-        supers = props.get("super.users", "")
+        supers = props.get("super.users", default("super.users"))
         return cls(
-            enabled=bool(props.get("authorizer.class.name", "").strip()),
+            enabled=bool(
+                props.get("authorizer.class.name", default("authorizer.class.name")).strip()
+            ),
             # Kafka separates super users with semicolons (names may hold commas).
             super_users=frozenset(s.strip() for s in supers.split(";") if s.strip()),
-            allow_if_no_acl=props.get("allow.everyone.if.no.acl.found", "false").strip().lower()
+            allow_if_no_acl=props.get(
+                "allow.everyone.if.no.acl.found", default("allow.everyone.if.no.acl.found")
+            )
+            .strip()
+            .lower()
             == "true",
         )
 
@@ -220,13 +213,24 @@ def operations_bitfield(resource_type: int, allowed: Callable[[int], bool]) -> i
     return bits
 
 
+class AclSource(Protocol):
+    """Where the bindings come from: the metadata image (straitmq.metadata.image), which
+    this ground-floor module does not import."""
+
+    @property
+    def acls(self) -> Iterable[tuple]: ...
+
+    @property
+    def acls_version(self) -> int: ...
+
+
 class Authorizer:
     """Decides from the image's bindings; `authorize` is the one entry point."""
 
-    def __init__(self, settings: AuthorizerSettings, image: Callable[[], MetadataImage]) -> None:
+    def __init__(self, settings: AuthorizerSettings, image: Callable[[], AclSource]) -> None:
         self.settings = settings
         self.enabled = settings.enabled
-        self._image = image  # () -> MetadataImage: the broker's current image
+        self._image = image  # () -> the node's current metadata image
         self._cache: dict[tuple, bool] = {}
         self._version = -1
         self._by_type: dict[int, list[AclBinding]] = {}
@@ -235,7 +239,7 @@ class Authorizer:
         self._index: dict[tuple[int, int, str], list[AclBinding]] = {}
 
     def _bindings(self) -> dict[int, list[AclBinding]]:
-        image: MetadataImage = self._image()
+        image = self._image()
         if image.acls_version != self._version:
             self._version = image.acls_version
             self._cache = {}

@@ -1,0 +1,1 @@
+"""The `strait` command line: the top floor, it may import every other package."""

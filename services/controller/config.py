@@ -1,0 +1,77 @@
+"""Controller settings, each declared once: its default, its Kafka name and its
+`strait-controller` flag, with Kafka's names (and defaults) where Kafka has the same knob.
+
+The command line (`straitmq.controller.__main__`) is built from these declarations, and
+the classes that use the values take their defaults from here: RaftConfig (raft/core.py),
+ControllerSettings (active.py), and a combined node's BrokerConfig.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from straitmq.settings import describe, setting
+
+
+@dataclass
+class ControllerConfig:
+    # The quorum (Kafka's controller.quorum.*).
+    election_timeout_ms: int = setting(
+        1000,
+        "controller.quorum.election.timeout.ms",
+        "--election-timeout-ms",
+        "how long a voter waits for a leader before it campaigns (randomized in [T, 2T))",
+    )
+    fetch_timeout_ms: int = setting(
+        2000,
+        "controller.quorum.fetch.timeout.ms",
+        "--fetch-timeout-ms",
+        "a follower without a good fetch from the leader this long campaigns; the leader "
+        "resigns when a majority has not fetched for 1.5 times as long",
+    )
+    # The active controller.
+    broker_session_timeout_ms: int = setting(
+        9000,
+        "broker.session.timeout.ms",
+        "--broker-session-timeout-ms",
+        "a broker without a heartbeat this long is fenced",
+    )
+    leader_rebalance_interval_ms: int = setting(
+        30_000,
+        None,
+        "--leader-rebalance-interval-ms",
+        "how often leadership moves back to the preferred replicas",
+    )
+    auto_leader_rebalance: bool = setting(
+        True,
+        "auto.leader.rebalance.enable",
+        "--no-auto-leader-rebalance",
+        "never move leadership back to the preferred replicas",
+    )
+    default_partitions: int = setting(
+        1,
+        "num.partitions",
+        "--default-partitions",
+        "partitions of a topic created without a count",
+    )
+    default_replication_factor: int = setting(
+        1,
+        "default.replication.factor",
+        "--default-replication-factor",
+        "replicas of a topic created without a replication factor",
+    )
+    otlp_endpoint: str | None = setting(
+        None,
+        None,
+        "--otlp-endpoint",
+        "OTLP/HTTP collector base URL for metrics, e.g. http://otel-collector:4318 "
+        "(default: the OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT variables; none: no export)",
+    )
+
+    def describe(self) -> dict[str, str]:
+        """The settings by their Kafka names."""
+        return describe(self)
+
+
+# The declared values, for the classes that take them as their own defaults.
+DEFAULTS = ControllerConfig()

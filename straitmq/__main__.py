@@ -1,3 +1,0 @@
-from straitmq.cli.main import main
-
-main()

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import uuid
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -206,8 +206,19 @@ class Broker:
         offsets = self.offsets  # groups.not_coordinator(ctx, ...) reads ctx.offsets
 
         async def call(ctx: RequestContext, req: Any) -> Any:
-            facts = (getattr(ctx, f.name) for f in fields(RequestContext))
-            return await handler(_ShareContext(*facts, broker=self, offsets=offsets), req)
+            share_ctx = _ShareContext(
+                ctx.api_key,
+                ctx.version,
+                ctx.correlation_id,
+                ctx.client_id,
+                ctx.client_host,
+                ctx.listener,
+                ctx.security,
+                ctx.authorizer,
+                broker=self,
+                offsets=offsets,
+            )
+            return await handler(share_ctx, req)
 
         return call
 

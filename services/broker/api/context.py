@@ -15,6 +15,7 @@ from straitmq.security.acls import CLUSTER, CLUSTER_NAME, operations_bitfield
 
 if TYPE_CHECKING:
     from straitmq.security.acls import Authorizer
+
     from ..security.sasl import ConnectionSecurity
     from ..storage.log import ReadSlice
 

@@ -7,8 +7,13 @@
 # binaries, images and containerd's content store are cached under .cache/.
 # Prints the KUBECONFIG to use; scripts/node-down.sh tears it all down.
 # Needs root and cgroups; refuses clearly otherwise.
+# `--build-only` installs the packages and builds the binaries and images, then stops: the
+# test command runs it before pytest, so that cold builds neither race the tests for the
+# CPU nor count against a test's timeout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+BUILD_ONLY=0
+[[ "${1:-}" == "--build-only" ]] && BUILD_ONLY=1
 RUN_DIR="${STRAITMQ_NODE_RUN:-/run/straitmq-node}"
 PID_FILE="$RUN_DIR.pid"
 py=.venv/bin/python
@@ -24,7 +29,8 @@ done_step() { echo "node-up:   $((SECONDS - step_t0))s" >&2; }
   || die "refusing: no cgroups at /sys/fs/cgroup (neither a v1 memory controller nor cgroup2)"
 [[ -d /proc/sys/net/ipv4 ]] || die "refusing: no network stack in /proc/sys/net"
 
-if [[ -f "$PID_FILE" ]] && kill -0 "$(cat "$PID_FILE")" 2>/dev/null && [[ -f "$RUN_DIR/ready.json" ]]; then
+if (( ! BUILD_ONLY )) && [[ -f "$PID_FILE" ]] && kill -0 "$(cat "$PID_FILE")" 2>/dev/null \
+    && [[ -f "$RUN_DIR/ready.json" ]]; then
   echo "node-up: already up (pid $(cat "$PID_FILE"))" >&2
   echo "export KUBECONFIG=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["kubeconfig"])' "$RUN_DIR/ready.json")"
   exit 0
@@ -67,6 +73,10 @@ done_step
 step "images (scripts/build-images.sh; cached)"
 ./scripts/build-images.sh
 done_step
+if (( BUILD_ONLY )); then
+  echo "node-up: built in $((SECONDS - t0))s (--build-only: no node started)" >&2
+  exit 0
+fi
 
 # --- a stale node (crashed runner) is cleaned first -------------------------------------
 if [[ -e "$RUN_DIR" || -f "$PID_FILE" ]] || ip link show straitcni0 >/dev/null 2>&1; then

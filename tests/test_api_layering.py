@@ -7,13 +7,11 @@ that breaks the rule fails here, not in a review."""
 from __future__ import annotations
 
 import ast
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 API = Path(__file__).resolve().parents[1] / "services" / "broker" / "api"
-# api/share.py keeps its broker until the share coordinator owns the share state (the
-# share half of issue 24); remove it from here when that lands.
-STILL_HOLDS_THE_BROKER = {"share.py"}
 
 
 def _modules() -> list[Path]:
@@ -51,8 +49,6 @@ def test_no_handler_module_imports_the_broker() -> None:
 def test_no_handler_reaches_the_broker_through_its_context() -> None:
     offenders = []
     for path in _modules():
-        if path.name in STILL_HOLDS_THE_BROKER:
-            continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr == "broker":
                 offenders.append(f"{path.name}:{node.lineno} reads .broker")
@@ -75,11 +71,8 @@ def test_no_import_inside_a_function() -> None:
 def test_every_advertised_api_has_a_handler_with_its_versions() -> None:
     """The versions table (what ApiVersions lists) and the bound handler table name the
     same keys: a client never calls an API it was told of and finds no handler."""
-    from straitmq.broker.api import dispatch
+    from straitmq.broker.api import dispatch, share
     from straitmq.broker.api.versions import VERSIONS, advertised
-
-    async def share_handler(ctx: object, req: object) -> None:
-        return None
 
     # Binding calls nothing it is given: placeholders are enough to build the table.
     nothing: Any = None
@@ -92,7 +85,7 @@ def test_every_advertised_api_has_a_handler_with_its_versions() -> None:
         group_deps=nothing,
         admin_deps=nothing,
         controller=nothing,
-        share={key: share_handler for key in dispatch.SHARE_KEYS},
+        share_coordinator=nothing,
     )
     assert set(table) == set(VERSIONS) == {a["api_key"] for a in advertised()}
     for key, spec in table.items():
@@ -100,4 +93,6 @@ def test_every_advertised_api_has_a_handler_with_its_versions() -> None:
             VERSIONS[key].min_version,
             VERSIONS[key].max_version,
         )
-    assert table[76].handler is share_handler
+    # Each handler is bound to the collaborators its family is given, never the Broker.
+    handler = table[76].handler
+    assert isinstance(handler, partial) and handler.func is share.handle_share_group_heartbeat

@@ -458,7 +458,7 @@ def test_handler_converts_kio_requests_and_answers_a_buildable_response() -> Non
         offsets=Offsets(),
         metadata=SimpleNamespace(image=image),
         groups=GroupCoordinator(Offsets(), SETTINGS),  # type: ignore[arg-type]
-        share_groups=lambda: SimpleNamespace(groups={}),  # no share group of that id
+        share=SimpleNamespace(is_share_group=lambda group_id: False),  # no share groups here
     )
 
     def ctx() -> SimpleNamespace:

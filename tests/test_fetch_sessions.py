@@ -21,12 +21,14 @@ import time
 import urllib.request
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from cluster_support import Workload, cluster_factory, verify, wait_for
 from conftest import record_batch
 from prometheus_client.parser import text_string_to_metric_families
 from straitmq.broker.fetch_sessions import FetchSession, FetchSessions
+from straitmq.broker.metadata_view import MetadataView
 from straitmq.broker.partitions import FollowerState, Partition
 from straitmq.broker.records import validate_batches
 from straitmq.broker.replication.fetcher import (
@@ -36,7 +38,7 @@ from straitmq.broker.replication.fetcher import (
     ForgottenTopic,
 )
 from straitmq.broker.storage.log import LogConfig, PartitionLog
-from straitmq.broker.views import LocalReplicas, MetadataView
+from straitmq.broker.views import LocalReplicas
 from straitmq.metadata.image import MetadataImage, PartitionImage
 from waiting import holds
 
@@ -231,11 +233,12 @@ def test_unchanged_partition_in_a_live_session_stays_in_the_isr(tmp_path: Path) 
 def _no_metadata() -> MetadataView:
     """An image that knows no partition: the leader a fetch finds is all it reads."""
 
-    async def never() -> None:
-        raise AssertionError("a fetch does not catch up with the metadata log")
+    class NoController:
+        async def call(self, op: str, body: dict, within_s: float = 15.0) -> dict:
+            raise AssertionError("a fetch does not catch up with the metadata log")
 
-    image = MetadataImage()
-    return MetadataView(lambda: image, never)
+    quorum = SimpleNamespace(image=MetadataImage())
+    return MetadataView(quorum, NoController(), SimpleNamespace())  # type: ignore[arg-type]
 
 
 def _reassigning_to_3(tmp_path: Path) -> tuple[Partition, FetchSession]:
@@ -283,7 +286,6 @@ def test_a_look_before_the_leader_knew_the_follower_is_taken_again_in_the_same_f
     the fetch waits, and the look after the wake-up must record the position; a fetch
     that counted the first look as done left broker 3 out of the ISR for good (CI: a
     throttled reassignment that never finished, its new replica at 'copied -1')."""
-    from types import SimpleNamespace
 
     from straitmq.broker.api.fetch import _FetchPlan
 
@@ -308,7 +310,6 @@ def test_a_large_fetch_yields_while_collecting_and_keeps_marks_made_meanwhile(
     collects it a slice of the event loop at a time. A partition that changes while it
     does stays marked in the session for the next fetch (answering the fetch must not
     wipe it, or the follower would not hear of that change until the next one)."""
-    from types import SimpleNamespace
 
     from straitmq.broker.api import fetch as fetch_module
 

@@ -479,14 +479,14 @@ def test_a_broker_reopened_after_compaction_rebuilds_its_groups(tmp_path, monkey
     partitions again) describes the same group."""
     from straitmq.broker import broker as broker_module
     from straitmq.broker.api.groups import _ImageTopics
-    from straitmq.broker.broker import Broker
     from straitmq.broker.config import BrokerConfig
+    from straitmq.node import build_broker
 
     monkeypatch.setattr(broker_module, "OFFSETS_SEGMENT_BYTES", 4096)
     config = {"data_dir": str(tmp_path), "offsets_topic_partitions": 2, "port": 0, "http_port": 0}
 
     async def first() -> tuple:
-        b = Broker(BrokerConfig(**config))
+        b = build_broker(BrokerConfig(**config))
         await b.start()
         await b.control("create_topic", {"name": "t1", "partitions": 4, "replication_factor": 1})
         join = ConsumerHeartbeatRequest(G, "", 0, None, None, REBALANCE, ("t1",))
@@ -500,7 +500,7 @@ def test_a_broker_reopened_after_compaction_rebuilds_its_groups(tmp_path, monkey
         return r, described
 
     async def again() -> tuple:
-        b = Broker(BrokerConfig(**config))
+        b = build_broker(BrokerConfig(**config))
         await b.start()
         described = b.groups.consumer_describe(G)
         committed = {k: c.offset for k, c in b.offsets.fetch(G).items()}

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from kio.schema.errors import ErrorCode
 from straitmq.broker.replication import isr as isr_module
 from straitmq.controller.errors import ControllerError
+from straitmq.metadata.image import MetadataImage
 
 
 class Controller:
@@ -38,10 +39,13 @@ class Controller:
         return {}
 
 
+def _no_image() -> MetadataImage:
+    return MetadataImage()
+
+
 def _run(batched: bool, n: int) -> tuple[Controller, list, isr_module.IsrManager]:
     controller = Controller(batched)
-    broker = SimpleNamespace(controller=controller, node_id=1)
-    manager = isr_module.IsrManager(broker)  # type: ignore[arg-type]
+    manager = isr_module.IsrManager(1, 30_000, controller, _no_image, lambda: True)
     parts = [
         SimpleNamespace(
             topic="t", index=i, leader_epoch=0, partition_epoch=0, isr=[1, 2, 3], pending_isr=None
@@ -96,12 +100,14 @@ def test_full_isrs_are_checked_for_shrinking_less_often_than_short_ones_for_grow
             topic="t", index=index, isr=isr, replicas=[1, 2, 3], isr_change=isr_change
         )
 
-    broker = SimpleNamespace(
-        config=SimpleNamespace(replica_lag_time_max_ms=40_000),  # full ISRs: every 10 s
-        ready=True,
-        image=SimpleNamespace(broker_alive=lambda b: True),
+    image = SimpleNamespace(broker_alive=lambda b: True)
+    manager = isr_module.IsrManager(
+        1,
+        40_000,  # full ISRs: every 10 s
+        Controller(batched=True),
+        lambda: image,  # type: ignore[arg-type,return-value]
+        lambda: True,
     )
-    manager = isr_module.IsrManager(broker)  # type: ignore[arg-type]
     manager.led = {("t", 0): part(0, [1, 2, 3]), ("t", 1): part(1, [1, 2])}  # type: ignore[dict-item]
 
     async def scans(n: int) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from straitmq.broker import broker as broker_module
-from straitmq.broker.broker import Broker
 from straitmq.broker.config import BrokerConfig
 from straitmq.broker.groups.offsets import OFFSETS_TOPIC
+from straitmq.node import build_broker
 
 
 def _config(path: str) -> BrokerConfig:
@@ -18,7 +18,7 @@ def test_offsets_topic_is_compacted_and_survives_reopen(tmp_path, monkeypatch):
     monkeypatch.setattr(broker_module, "OFFSETS_SEGMENT_BYTES", 4096)
 
     async def first() -> None:
-        b = Broker(_config(str(tmp_path)))
+        b = build_broker(_config(str(tmp_path)))
         await b.start()
         await b.control("create_topic", {"name": "t", "partitions": 4, "replication_factor": 1})
         for round_ in range(300):
@@ -33,7 +33,7 @@ def test_offsets_topic_is_compacted_and_survives_reopen(tmp_path, monkeypatch):
         await b.stop()
 
     async def again() -> None:
-        b = Broker(_config(str(tmp_path)))
+        b = build_broker(_config(str(tmp_path)))
         await b.start()
         for group in ("g1", "g2"):
             got = {k: c.offset for k, c in b.offsets.fetch(group).items()}

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import uvloop
+from straitmq.node import build_broker
 
 from straitmq import gc_tuning, logs
 from straitmq.node_identity import ordinal_from_hostname
@@ -18,8 +19,8 @@ from straitmq.security.settings import check_keys
 from straitmq.settings import add_flags, flag_values, properties_fields
 from straitmq.signals import stop_signal
 
-from .broker import Broker, BrokerStartupError
 from .config import BrokerConfig
+from .errors import BrokerStartupError
 
 # The listener settings a --properties file may set too (declared in config.py).
 LISTENER_FIELDS = properties_fields(BrokerConfig)
@@ -114,7 +115,7 @@ STARTUP_REPORT_S = 10.0  # how often a broker that is not serving yet says why
 
 
 async def run(config: BrokerConfig, announce: bool = True) -> None:
-    broker = Broker(config)
+    broker = build_broker(config)
     stop = stop_signal()
     starting = asyncio.ensure_future(broker.start())
     stopped = asyncio.ensure_future(stop.wait())

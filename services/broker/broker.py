@@ -1,25 +1,31 @@
-"""One StraitMQ broker node: metadata follower, replicas, groups and the two listeners.
+"""One StraitMQ broker node: the composition root of its subsystems.
+
+The Broker builds every subsystem with the few collaborators it uses (metadata view,
+partition manager, replication, group and share coordinators, security, metrics, the
+Kafka and HTTP listeners), starts them in order and stops them in reverse; the
+subsystems never reach back into it.
 
 In a cluster the broker follows the metadata log as a Raft observer of the controller
 quorum and calls the active controller over HTTP. A combined node (`--single`, the
 default when no controllers are given) runs a one-voter quorum and its controller in
-the same process and serves the controller endpoints on its own HTTP port.
+the same process and serves the controller endpoints on its own HTTP port; that
+controller is built above this package (`straitmq.node`) and known here only as a
+`ColocatedController`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import os
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from aiohttp import web
 from kio.schema.errors import ErrorCode
-from straitmq.controller import metrics as controller_metrics
-from straitmq.controller.active import ActiveController, ControllerSettings, handlers
 from straitmq.controller.client import ControllerClient
 from straitmq.controller.errors import ControllerError
 from straitmq.controller.quorum import Quorum, parse_voters
@@ -31,61 +37,57 @@ from straitmq.security.http_security import HttpSecurity, with_scheme
 from straitmq.telemetry import Telemetry
 
 from . import metrics as broker_metrics
-from .api import share as share_api
 from .api.context import RequestContext
 from .api.deps import AdminDeps, FetchDeps, GroupDeps, MetadataDeps
-from .api.dispatch import SHARE_KEYS, ApiSpec, Handler, kafka_api
+from .api.dispatch import ApiSpec, kafka_api
 from .api.metadata import TopicAnswers
+from .colocated import Colocate, ColocatedController
 from .config import BrokerConfig
+from .errors import BrokerStartupError
 from .fetch_sessions import FetchSessions
 from .groups.coordinator import GroupCoordinator, GroupSettings
 from .groups.offsets import OFFSETS_TOPIC, OffsetStore
+from .http_api import (
+    ClusterDeps,
+    GroupsDeps,
+    HealthDeps,
+    HttpApi,
+    Peers,
+    RecordsDeps,
+    TopicsDeps,
+    UsersDeps,
+    start_http,
+)
 from .lifecycle import Lifecycle
+from .metadata_view import MetadataView
 from .metrics import BrokerMetrics
 from .partition_write import PartitionWriter
 from .partitions import LEADER, Partition, PartitionManager
 from .records import BatchInfo
-from .replication.fetcher import ReplicaFetchers
+from .replication.fetcher import FetcherSettings, ReplicaFetchers
 from .replication.isr import IsrManager
 from .replication.throttle import ReplicationThrottle
 from .security.listeners import Listener, bind_listeners, build_listeners
-from .views import LocalReplicas, MetadataView
+from .security.sasl import ConnectionSecurity
+from .server import KafkaConnection, ListenerDeps, bind, serve
+from .share.coordinator import ShareCoordinator
+from .views import LocalReplicas
 
 log = logging.getLogger("straitmq.broker")
 OFFSETS_SEGMENT_BYTES = 64 * 1024 * 1024
 STORAGE_RETRY_S = 5.0  # how often replicas whose log could not be opened are retried
-METADATA_WAIT_S = 10.0  # how long a caller waits for a committed change to reach us
 
-
-_NO_IMAGE = MetadataImage()
 # Metadata records that change a topic's replicas ("topic" or "name" says which).
 _TOPIC_RECORDS = frozenset({"topic", "partition", "partition_change", "config", "remove_topic"})
 
 
-@dataclass(slots=True)
-class _ShareContext(RequestContext):
-    broker: Any = None
-    offsets: OffsetStore | None = None
-
-
-_SHARE_HANDLERS: dict[int, Handler] = {
-    76: share_api.handle_share_group_heartbeat,
-    77: share_api.handle_share_group_describe,
-    78: share_api.handle_share_fetch,
-    79: share_api.handle_share_acknowledge,
-    90: share_api.handle_describe_share_group_offsets,
-}
-
-
-class BrokerStartupError(Exception):
-    """The broker cannot join: wrong cluster id, duplicate node id, bad data dir."""
-
-
 class Broker:
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, colocate: Colocate | None = None) -> None:
+        """`colocate` builds the controller of a combined node (no controller voters
+        configured) in this process; `straitmq.node.build_broker` passes it."""
         self.config = config
         self.metrics = BrokerMetrics()
-        self.connections: set[Any] = set()
+        self.connections: set[KafkaConnection] = set()
         self.stopping = False
         self.metadata_ready = False
         # What the broker is doing until it serves: the reason /readyz and the HTTP API
@@ -99,7 +101,8 @@ class Broker:
             raise BrokerStartupError(str(e)) from None
         self._bound: list[tuple[Listener, list[Any]]] = []
         self.incarnation = str(uuid.uuid4())
-        self._servers: list[Any] = []
+        self._http: web.AppRunner | None = None
+        self._kafka_servers: list[Any] = []  # one per listener, closed first on stop
         self._tasks: list[asyncio.Task] = []
         os.makedirs(config.data_dir, exist_ok=True)
         self.cluster_id = self._check_meta()
@@ -112,12 +115,40 @@ class Broker:
             config.node_id,
             config.max_open_files,
         )
+        # Off (everything allowed, as before ACLs) unless authorizer.class.name is set.
+        # Both read the image when asked, by which time the quorum shell below exists.
+        self.authorizer = Authorizer(
+            AuthorizerSettings.from_properties(config.security), lambda: self.image
+        )
+        try:  # TLS and authentication of the HTTP port (off unless http.* settings say)
+            self.http_security = HttpSecurity(
+                config.security,
+                self.authorizer,
+                lambda user: self.image.scram_credentials.get(user),
+                self.listeners,
+            )
+        except ValueError as e:
+            raise BrokerStartupError(str(e)) from None
+        self.telemetry = Telemetry("straitmq-broker", str(config.node_id), config.otlp_endpoint)
+        self._build_quorum(colocate)
+        self.metadata = MetadataView(self.quorum, self.controller, self.partitions)
+        image = self.metadata.current
         self.metadata_answers = TopicAnswers()
         self.fetch_sessions = FetchSessions()
         self.partitions.change_listener = self.fetch_sessions.changed
-        self.fetchers = ReplicaFetchers(self)
-        self.isr = IsrManager(self)
-        self.throttle = ReplicationThrottle(self)
+        inter_broker = self.listeners[0]  # replication and share state go over the first
+        self.fetchers = ReplicaFetchers(
+            FetcherSettings(config.node_id, config.rack, inter_broker, image)
+        )
+        self.isr = IsrManager(
+            config.node_id,
+            config.replica_lag_time_max_ms,
+            self.controller,
+            image,
+            lambda: self.ready,
+        )
+        self.throttle = ReplicationThrottle(image)
+        self.writer = PartitionWriter(self.metrics, self.partitions, image, lambda: self.serving)
         self.partitions.role_listeners.append(self.fetchers.on_role)
         self.partitions.role_listeners.append(self.isr.on_role)
         self.partitions.role_listeners.append(self._on_role)
@@ -134,36 +165,52 @@ class Broker:
             ),
         )
         self.groups.bind(self._offsets_durable)
-        self.quorum: Quorum
-        self.active: ActiveController | None = None
-        self.controller: ControllerClient
-        self.lifecycle = Lifecycle(self)
-        # Off (everything allowed, as before ACLs) unless authorizer.class.name is set.
-        self.authorizer = Authorizer(
-            AuthorizerSettings.from_properties(config.security), lambda: self.image
+        self.share = ShareCoordinator(
+            config,
+            self.metadata,
+            self.partitions,
+            self.offsets,
+            inter_broker,
+            lambda: self.stopping,
+            self.groups.group_type,
         )
-        try:  # TLS and authentication of the HTTP port (off unless http.* settings say)
-            self.http_security = HttpSecurity(
-                config.security,
-                self.authorizer,
-                lambda user: self.image.scram_credentials.get(user),
-                self.listeners,
-            )
-        except ValueError as e:
-            raise BrokerStartupError(str(e)) from None
+        self.lifecycle = Lifecycle(
+            config,
+            self.cluster_id,
+            self.incarnation,
+            self.listeners,
+            self.controller,
+            self.metadata,
+            self.partitions,
+        )
+        self._listener_deps = ListenerDeps(
+            self.metrics,
+            self.connections,
+            config.socket_request_max_bytes,
+            image,
+            self._request_context,
+            self._kafka_api(),
+        )
         self._producer_ids: list[int] = []  # [next, limit) of the block we hold
-        self.telemetry = Telemetry("straitmq-broker", str(config.node_id), config.otlp_endpoint)
-        broker_metrics.install(self.telemetry, self)
-        self.kafka_api = self._kafka_api()
+        broker_metrics.install(
+            self.telemetry,
+            self.metrics,
+            self.partitions,
+            self.isr,
+            self.fetch_sessions,
+            self.groups,
+            self.offsets,
+            self.share,
+        )
+        self._http_api = self._build_http_api()
 
     def _kafka_api(self) -> dict[int, ApiSpec]:
         """The Kafka handlers, each family given the few collaborators it uses (see
         api/deps.py), never the Broker."""
-        metadata = MetadataView(lambda: self.image, self.catch_up_metadata)
+        metadata, cfg = self.metadata, self.config
         replicas = LocalReplicas(metadata, self.partitions)
-        cfg = self.config
         return kafka_api(
-            writer=PartitionWriter(metadata, self.partitions, self.metrics, lambda: self.serving),
+            writer=self.writer,
             fetch_deps=FetchDeps(
                 replicas,
                 self.fetch_sessions,
@@ -174,7 +221,7 @@ class Broker:
             ),
             replicas=replicas,
             metadata_deps=MetadataDeps(
-                metadata, self.metadata_answers, self.control, cfg, self.listeners
+                metadata, self.metadata_answers, metadata.control, cfg, self.listeners
             ),
             metadata_view=metadata,
             group_deps=GroupDeps(
@@ -183,44 +230,87 @@ class Broker:
                 metadata,
                 self.partitions,
                 self.ensure_offsets_topic,
-                lambda: share_api.share_of(self).groups,
+                self.share,
             ),
             admin_deps=AdminDeps(
                 metadata,
-                self.control,
+                metadata.control,
                 cfg,
                 self.topic_defaults,
                 self.partitions,
                 self.next_producer_id,
             ),
-            # The client exists from start() on; requests come only after that.
-            controller=lambda op, body, within_s=15.0: self.controller.call(op, body, within_s),
-            share={key: self._share_handler(key) for key in SHARE_KEYS},
+            controller=self.controller.call,
+            share_coordinator=self.share,
         )
 
-    def _share_handler(self, key: int) -> Handler:
-        """api/share.py still reads the broker from its request context, until the share
-        coordinator owns the share state (the share half of issue 24); no other handler
-        does. Its requests get a context that carries it."""
-        handler = _SHARE_HANDLERS[key]
-        offsets = self.offsets  # groups.not_coordinator(ctx, ...) reads ctx.offsets
+    def _build_http_api(self) -> HttpApi:
+        cfg, metadata = self.config, self.metadata
+        peers = Peers(cfg.node_id, self.http_security.scheme, metadata.current)
+        permitted = self.http_security.permitted
+        extra = []
+        if self.colocated is not None:  # the controller's endpoints, on our port
+            extra.append(self.colocated.add_routes)
+        return HttpApi(
+            security=self.http_security,
+            telemetry=self.telemetry,
+            serving=lambda: self.serving,
+            not_ready_reason=self.not_ready_reason,
+            health=HealthDeps(metadata, self.quorum, self.metrics, peers, self.not_ready_reason),
+            topics=TopicsDeps(
+                metadata,
+                self.partitions,
+                self.topic_defaults,
+                cfg.num_partitions,
+                cfg.default_replication_factor,
+                permitted,
+            ),
+            records=RecordsDeps(metadata, self.partitions, self.writer, self.offsets, peers),
+            groups=GroupsDeps(
+                metadata, self.partitions, self.groups, self.share, self.offsets, peers, permitted
+            ),
+            cluster=ClusterDeps(metadata, self.partitions, peers, self._voters, self.combined),
+            users=UsersDeps(metadata),
+            extra_routes=extra,
+        )
 
-        async def call(ctx: RequestContext, req: Any) -> Any:
-            share_ctx = _ShareContext(
-                ctx.api_key,
-                ctx.version,
-                ctx.correlation_id,
-                ctx.client_id,
-                ctx.client_host,
-                ctx.listener,
-                ctx.security,
-                ctx.authorizer,
-                broker=self,
-                offsets=offsets,
+    def _build_quorum(self, colocate: Colocate | None) -> None:
+        """The metadata quorum shell and the client of the active controller; on a
+        combined node also the controller itself (built by `colocate`), active while
+        this node leads its one-voter quorum."""
+        cfg = self.config
+        raft = RaftConfig(
+            election_timeout_ms=cfg.election_timeout_ms, fetch_timeout_ms=cfg.fetch_timeout_ms
+        )
+        self.colocated: ColocatedController | None = None
+        security = self.http_security
+        if not self.combined:  # https to the controllers: controller.http.ssl.*
+            self._voters = with_scheme(
+                parse_voters(cfg.controller_voters or ""), security.controller_scheme
             )
-            return await handler(share_ctx, req)
-
-        return call
+            quorum = self.quorum = Quorum(
+                cfg.node_id, self._voters, cfg.data_dir, raft, security.client
+            )
+            self.controller = ControllerClient(
+                self._voters, lambda: quorum.leader_id, auth=security.client
+            )
+            return
+        if colocate is None:
+            raise BrokerStartupError(
+                "no controller voters are configured, so this node runs its own controller: "
+                "start it with straitmq.node.build_broker (as strait-broker does)"
+            )
+        # Our own voter URL is known once the HTTP port is bound (start fills it in): the
+        # quorum and the controller client share this dict.
+        self._voters = {cfg.node_id: ""}
+        quorum = self.quorum = Quorum(cfg.node_id, self._voters, cfg.data_dir, raft)
+        colocated = self.colocated = colocate(quorum, self.cluster_id, self.telemetry)
+        self.controller = ControllerClient(
+            self._voters,
+            lambda: quorum.leader_id,
+            (colocated.is_active, dict(colocated.handlers())),
+            security.client,
+        )
 
     # -- identity --------------------------------------------------------------------
 
@@ -251,10 +341,7 @@ class Broker:
 
     @property
     def image(self) -> MetadataImage:
-        quorum = getattr(self, "quorum", None)
-        # Before the quorum shell exists (the first moments of start) the broker knows
-        # nothing: an empty image, which nothing serves from (see not_ready_reason).
-        return quorum.image if quorum is not None else _NO_IMAGE
+        return self.quorum.image
 
     @property
     def combined(self) -> bool:
@@ -386,18 +473,32 @@ class Broker:
         return dropped
 
     async def control(self, op: str, body: dict, within_s: float = 15.0) -> dict:
-        """Call the active controller, then wait until our image shows the change, so
-        the caller's next read sees it (REQUEST_TIMED_OUT if it does not in time)."""
-        reply = await self.controller.call(op, body, within_s)
-        await self.quorum.wait_applied(reply.get("offset", -1), METADATA_WAIT_S)
-        if op in ("create_topic", "create_partitions") and not body.get("validate_only"):
-            await self.partitions.created(body["name"], METADATA_WAIT_S)
-        return reply
+        """See MetadataView.control (kept here for the callers that still hold the Broker)."""
+        return await self.metadata.control(op, body, within_s)
 
-    async def catch_up_metadata(self) -> None:
-        """A read barrier: wait until our image has everything the active controller
-        has committed (for decisions that must not act on a stale view)."""
-        await self.control("describe", {})
+    def _request_context(
+        self,
+        api_key: int,
+        version: int,
+        correlation_id: int,
+        client_id: str | None,
+        client_host: str,
+        listener: str,
+        security: ConnectionSecurity,
+    ) -> RequestContext:
+        """The facts of one Kafka request, and the authorizer its handler asks
+        (server.ListenerDeps.context); what the handler works with it was given when
+        the API table was bound (`_kafka_api`)."""
+        return RequestContext(
+            api_key,
+            version,
+            correlation_id,
+            client_id,
+            client_host,
+            listener,
+            security,
+            self.authorizer,
+        )
 
     # -- producer ids ----------------------------------------------------------------
 
@@ -420,58 +521,24 @@ class Broker:
         once this broker is registered, caught up, unfenced and has opened its replicas
         (as Kafka does): a client that connects the moment the port opens never sees an
         empty or stale view. HTTP comes up first, for liveness and a readiness reason."""
-        from .http_api import start_http
-        from .server import bind
-
         cfg = self.config
         # Bound now (the port is ours and known, also for port 0), listening only later.
         self._bound = bind_listeners(cfg, self.listeners, bind)
         self._kafka_sockets = [s for _, socks in self._bound for s in socks]
-        runner, http_port = await start_http(self, cfg.http_host, cfg.http_port)
+        self._http, http_port = await start_http(self._http_api, cfg.http_host, cfg.http_port)
         cfg.http_port = http_port
-        self._servers.append(runner)
+        loop = asyncio.get_running_loop()
         if self.http_security.tls is not None:  # rotated certificate files, new connections
-            self._tasks.append(asyncio.get_running_loop().create_task(self.http_security.watch()))
-        raft = RaftConfig(
-            election_timeout_ms=cfg.election_timeout_ms, fetch_timeout_ms=cfg.fetch_timeout_ms
-        )
-        if self.combined:
-            scheme = self.http_security.scheme
-            voters = {cfg.node_id: f"{scheme}://{cfg.http_host}:{http_port}"}
-            self.quorum = Quorum(cfg.node_id, voters, cfg.data_dir, raft)
-            self.active = ActiveController(
-                self.quorum,
-                ControllerSettings(
-                    cluster_id=self.cluster_id,
-                    session_timeout_ms=cfg.session_timeout_ms,
-                    leader_rebalance_interval_ms=cfg.leader_rebalance_interval_ms,
-                    default_partitions=cfg.num_partitions,
-                    default_replication_factor=cfg.default_replication_factor,
-                ),
-            )
-            local = (lambda: self.active is not None and self.active.active, handlers(self.active))
-            self.controller = ControllerClient(
-                voters, lambda: self.quorum.leader_id, local, self.http_security.client
-            )
-        else:
-            security = self.http_security  # https to the controllers: controller.http.ssl.*
-            voters = with_scheme(
-                parse_voters(cfg.controller_voters or ""), security.controller_scheme
-            )
-            self.quorum = Quorum(cfg.node_id, voters, cfg.data_dir, raft, security.client)
-            self.controller = ControllerClient(
-                voters, lambda: self.quorum.leader_id, auth=security.client
-            )
-        if self.active is not None:
-            controller_metrics.install(self.telemetry, self.quorum, self.active)
+            self._tasks.append(loop.create_task(self.http_security.watch()))
+        if self.combined:  # our voter URL, now that the HTTP port is known
+            self._voters[cfg.node_id] = f"{self.http_security.scheme}://{cfg.http_host}:{http_port}"
         self.quorum.listeners.append(self._on_metadata)
         await self.quorum.start()
-        if self.active is not None:
-            await self.active.start()
+        if self.colocated is not None:
+            await self.colocated.start()
         await self._wait_metadata()
         self.phase = "registering with the active controller"
         await self.lifecycle.register()
-        loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self.lifecycle.session_stream_loop()))
         self.phase = "opening partition logs (recovering any torn tails)"
         await self.partitions.preopen(self.image)
@@ -481,6 +548,7 @@ class Broker:
         self._tasks.append(loop.create_task(self._retention_loop()))
         self._tasks.append(loop.create_task(self._offsets_expiry_loop()))
         self._tasks.append(loop.create_task(self._storage_retry_loop()))
+        self.share.start()
         self.phase = "waiting for the active controller to unfence this broker"
         while not self.ready:
             if self.stopping:
@@ -488,10 +556,8 @@ class Broker:
             await self.quorum.changed()
         # Once enough brokers are up the offsets topic can exist; FindCoordinator retries.
         await self.ensure_offsets_topic()
-        from .server import serve
-
         for listener, socks in self._bound:
-            self._servers.append(await serve(self, socks, listener))
+            self._kafka_servers.append(await serve(self._listener_deps, socks, listener))
             if listener.tls is not None:  # rotated certificate files, for new connections
                 self._tasks.append(loop.create_task(listener.tls.watch()))
         self._bound = []
@@ -557,6 +623,7 @@ class Broker:
                 self._sync_replicas(set())
 
     async def stop(self, controlled: bool = True) -> None:
+        """Stop what start started, in reverse order (also after a start cut short)."""
         if controlled and self.serving and not self.stopping:
             # Leaderships move away first; until then this broker keeps serving them.
             with contextlib.suppress(Exception):
@@ -566,36 +633,37 @@ class Broker:
         # Stop answering before anything else goes: a leaving broker must not go on
         # acting as a leader; clients reconnect to the brokers that lead now.
         self.serving = False
-        for s in self._servers:
-            if not hasattr(s, "cleanup"):
-                s.close()
+        for server in self._kafka_servers:
+            server.close()
+        self._kafka_servers = []
         for c in list(self.connections):
             c.close()
         for sock in self._kafka_sockets:  # bound, never served
             sock.close()
         self._kafka_sockets = []
+        await self.share.stop()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        self._tasks = []
+        await self.isr.stop()
         await self.fetchers.stop()
-        if self.active is not None:
-            await self.active.stop()
-        for s in self._servers:
-            if hasattr(s, "cleanup"):
-                await s.cleanup()
-        if hasattr(self, "quorum"):
-            await self.quorum.stop()
-        if hasattr(self, "controller"):
-            await self.controller.close()
+        if self.colocated is not None:
+            await self.colocated.stop()
+        await self.quorum.stop()
+        if self._http is not None:
+            await self._http.cleanup()
+            self._http = None
+        await self.controller.close()
+        # The logs close once the quorum shell is stopped: until then a metadata record
+        # may still open or sync replicas (_on_metadata).
         self.partitions.close()
         self.telemetry.shutdown()
 
 
 def _new_cluster_id() -> str:
-    import base64
-
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
 
 

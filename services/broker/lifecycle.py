@@ -9,16 +9,21 @@ waits until it leads nothing, then stops.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 import aiohttp
 from kio.schema.errors import ErrorCode
+from straitmq.controller.client import ControllerClient
 from straitmq.controller.errors import ControllerError
 
-if TYPE_CHECKING:
-    from .broker import Broker
+from .config import BrokerConfig
+from .errors import BrokerStartupError
+from .metadata_view import MetadataView
+from .partitions import PartitionManager
+from .security.listeners import Listener
 
 log = logging.getLogger("straitmq.broker")
 FATAL = {ErrorCode.inconsistent_cluster_id, ErrorCode.duplicate_broker_registration}
@@ -28,28 +33,41 @@ OFFLINE_MAX = 2000  # unavailable replicas named per heartbeat
 
 
 class Lifecycle:
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
+    def __init__(
+        self,
+        config: BrokerConfig,
+        cluster_id: str,
+        incarnation: str,
+        listeners: Sequence[Listener],
+        controller: ControllerClient,
+        metadata: MetadataView,
+        partitions: PartitionManager,
+    ) -> None:
+        # The config is read when used: http_port is the bound one only once HTTP is up.
+        self.config = config
+        self.cluster_id = cluster_id
+        self.incarnation = incarnation
+        self.listeners = listeners
+        self.controller = controller
+        self.metadata = metadata
+        self.partitions = partitions
         self.want_shutdown = False
         self.shutdown_ok = asyncio.Event()
 
     def _registration(self) -> dict:
-        c = self.broker.config
+        c = self.config
         # Named listeners register every advertised endpoint; the single default
         # listener registers as before (its host/port are the endpoint).
         endpoints = (
-            {
-                ln.name: [ln.spec.advertised_host, ln.spec.advertised_port]
-                for ln in self.broker.listeners
-            }
+            {ln.name: [ln.spec.advertised_host, ln.spec.advertised_port] for ln in self.listeners}
             if c.listeners
             else None
         )
         return {
             "endpoints": endpoints,
             "id": c.node_id,
-            "incarnation": self.broker.incarnation,
-            "cluster_id": self.broker.cluster_id,
+            "incarnation": self.incarnation,
+            "cluster_id": self.cluster_id,
             "host": c.advertised_host,
             "port": c.advertised_port,
             "http_port": c.http_port,
@@ -57,14 +75,12 @@ class Lifecycle:
         }
 
     async def register(self) -> None:
-        from .broker import BrokerStartupError
-
         while True:
             try:
-                reply = await self.broker.controller.call("register", self._registration())
+                reply = await self.controller.call("register", self._registration())
                 # Our image must show the registration before the first heartbeat, which
                 # then unfences us at once instead of one heartbeat interval later.
-                await self.broker.quorum.wait_applied(
+                await self.metadata.wait_applied(
                     reply.get("metadata_offset", -1), REGISTRATION_WAIT_S
                 )
                 return
@@ -75,7 +91,7 @@ class Lifecycle:
                 await asyncio.sleep(0.5)
 
     async def heartbeat_loop(self) -> None:
-        interval = self.broker.config.heartbeat_interval_ms / 1000
+        interval = self.config.heartbeat_interval_ms / 1000
         while True:
             await self.heartbeat()
             await asyncio.sleep(interval / 4 if self.want_shutdown else interval)
@@ -86,16 +102,16 @@ class Lifecycle:
         The kernel closes it when the process dies, however it dies, and the controller
         then fences this broker at once instead of after the session timeout.
         """
-        b = self.broker
+        controller = self.controller
         while True:
-            url = b.controller.session_url()
+            url = controller.session_url()
             if url is None:
                 await asyncio.sleep(STREAM_RETRY_S)
                 continue
             try:
-                async with b.controller.session().ws_connect(
+                async with controller.session().ws_connect(
                     url,
-                    params={"id": str(b.node_id), "incarnation": b.incarnation},
+                    params={"id": str(self.config.node_id), "incarnation": self.incarnation},
                     heartbeat=None,
                     timeout=aiohttp.ClientWSTimeout(ws_close=1.0),
                 ) as ws:
@@ -105,40 +121,40 @@ class Lifecycle:
                 pass  # not the active controller (any more), or unreachable: try again
             await asyncio.sleep(STREAM_RETRY_S)
 
-    async def heartbeat(self) -> None:
-        b = self.broker
+    async def heartbeat(self) -> dict | None:
+        """One heartbeat; the controller's answer, or None if it failed (logged)."""
         try:
-            reply = await b.controller.call(
+            reply = await self.controller.call(
                 "heartbeat",
                 {
-                    "id": b.node_id,
-                    "incarnation": b.incarnation,
-                    "metadata_offset": b.image.offset,
+                    "id": self.config.node_id,
+                    "incarnation": self.incarnation,
+                    "metadata_offset": self.metadata.image.offset,
                     "want_shutdown": self.want_shutdown,
                     # Replicas whose log cannot be opened: the controller leads them
                     # elsewhere. At most a few thousand per heartbeat; the rest follow.
-                    "offline": list(itertools.islice(b.partitions.unavailable, OFFLINE_MAX)),
+                    "offline": list(itertools.islice(self.partitions.unavailable, OFFLINE_MAX)),
                 },
-                within_s=b.config.heartbeat_interval_ms / 1000,
+                within_s=self.config.heartbeat_interval_ms / 1000,
             )
         except ControllerError as e:
             if e.code == ErrorCode.stale_broker_epoch and not self.want_shutdown:
                 log.warning("controller forgot this broker; registering again")
                 try:
-                    await b.controller.call("register", self._registration())
+                    await self.controller.call("register", self._registration())
                 except ControllerError as e2:
                     log.warning("re-registration failed", extra={"reason": e2.message})
             else:
                 log.info("heartbeat failed", extra={"reason": e.message})
-            return
+            return None
         if reply.get("shutdown_ok"):
             self.shutdown_ok.set()
+        return reply
 
     async def controlled_shutdown(self, within_s: float | None = None) -> None:
         """Ask the controller to move our leaderships away; wait until it has."""
-        b = self.broker
         if within_s is None:
-            within_s = b.config.controlled_shutdown_timeout_ms / 1000
+            within_s = self.config.controlled_shutdown_timeout_ms / 1000
         self.want_shutdown = True
         try:
             await asyncio.wait_for(self._shutdown_wait(), within_s)
@@ -146,10 +162,19 @@ class Lifecycle:
             log.warning("controlled shutdown timed out; stopping anyway")
 
     async def _shutdown_wait(self) -> None:
-        while not self.shutdown_ok.is_set():
-            await self.heartbeat()
-            if self.shutdown_ok.is_set():
+        # The controller moves our leaderships by committing partition changes: between
+        # heartbeats, wait for the next one to reach our image (or a short while, if the
+        # controller is slow to act or to answer).
+        retry_s = self.config.heartbeat_interval_ms / 4000
+        committed: int | None = None  # the controller's offset when it said we lead nothing
+        while committed is None:
+            seen = self.metadata.image.offset
+            reply = await self.heartbeat()
+            if reply is not None and reply.get("shutdown_ok"):
+                committed = int(reply.get("metadata_offset", -1))
                 break
-            await asyncio.sleep(0.1)
+            with contextlib.suppress(ControllerError):
+                await self.metadata.wait_applied(seen + 1, retry_s)
         # Let the partition changes reach us so clients get redirected, not dropped.
-        await asyncio.sleep(0.2)
+        with contextlib.suppress(ControllerError):
+            await self.metadata.wait_applied(committed, retry_s)

@@ -19,18 +19,20 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from straitmq.telemetry import Telemetry
 from straitmq.telemetry import catalog as C
 from straitmq.telemetry.histogram import LATENCY_BUCKETS_S, FastHistogram, HistogramFamily
 from straitmq.telemetry.kafka_names import FETCH_FOLLOWER, api_name, error_name
 
+from .fetch_sessions import FetchSessions
+from .groups.coordinator import GroupCoordinator
+from .groups.offsets import OffsetStore
+from .partitions import PartitionManager
+from .replication.isr import IsrManager
 from .share.checkpoints import STATE_GROUP_PREFIX
-
-if TYPE_CHECKING:
-    from straitmq.telemetry import Telemetry
-
-    from .broker import Broker
+from .share.coordinator import ShareCoordinator
 
 FOLLOWER_FETCH_KEY = -1  # latency key of Fetch requests from follower replicas
 MAX_LAG_SERIES = 10_000  # (group, partition) pairs reported per scrape; the rest dropped
@@ -92,9 +94,17 @@ def _by_listener(counts: Counter) -> dict[str, dict[str, int]]:
 Points = Iterator[tuple[float, dict[str, Any]]]
 
 
-def install(telemetry: Telemetry, broker: Broker) -> None:
-    """Register the broker's instruments (and, on a combined node, the controller's)."""
-    m = broker.metrics
+def install(
+    telemetry: Telemetry,
+    m: BrokerMetrics,
+    partition_manager: PartitionManager,
+    isr: IsrManager,
+    sessions: FetchSessions,
+    groups: GroupCoordinator,
+    offsets: OffsetStore,
+    share: ShareCoordinator,
+) -> None:
+    """Register the broker's instruments, read from the subsystems at collection."""
     telemetry.attach_fast_histogram(C.BROKER_REQUEST_DURATION, m.latency_family)
 
     def topic_io() -> Points:
@@ -114,7 +124,7 @@ def install(telemetry: Telemetry, broker: Broker) -> None:
             yield n, {C.API: api_name(key), C.ERROR: error_name(code)}
 
     def partitions() -> list:
-        return list(broker.partitions.partitions.values())
+        return list(partition_manager.partitions.values())
 
     def led() -> list:
         return [p for p in partitions() if p.is_leader]
@@ -126,23 +136,21 @@ def install(telemetry: Telemetry, broker: Broker) -> None:
             yield value, {C.TOPIC: p.topic, C.PARTITION: str(p.index)}
 
     def share_groups() -> Any:
-        from .api.share import share_of  # share imports the Kafka API modules
-
-        return share_of(broker).groups.groups
+        return share.groups.groups
 
     def kind(gid: str) -> str:
-        return broker.groups.group_type(gid) or "classic"
+        return groups.group_type(gid) or "classic"
 
     def lag() -> Points:
         emitted = 0
-        for group, committed in list(broker.offsets.offsets.items()):
+        for group, committed in list(offsets.offsets.items()):
             # A share group's start offsets are kept as the commits of an internal group.
             if group.startswith(STATE_GROUP_PREFIX):
                 labels = {C.GROUP: group[len(STATE_GROUP_PREFIX) :], C.GROUP_TYPE: "share"}
             else:
                 labels = {C.GROUP: group, C.GROUP_TYPE: kind(group)}
             for (topic, index), c in list(committed.items()):
-                part = broker.partitions.get(topic, index)
+                part = partition_manager.get(topic, index)
                 if part is None or not part.role:
                     continue
                 yield (
@@ -154,7 +162,7 @@ def install(telemetry: Telemetry, broker: Broker) -> None:
                     return
 
     def group_states() -> Points:
-        for gid, _protocol, state in broker.groups.list_groups():
+        for gid, _protocol, state in groups.list_groups():
             if gid.startswith(STATE_GROUP_PREFIX):
                 continue  # a share group's saved start offsets, not a group of its own
             yield 1, {C.GROUP: gid, C.GROUP_TYPE: kind(gid), C.GROUP_STATE: state}
@@ -162,15 +170,14 @@ def install(telemetry: Telemetry, broker: Broker) -> None:
             yield 1, {C.GROUP: gid, C.GROUP_TYPE: "share", C.GROUP_STATE: sg.state}
 
     def group_members() -> Points:
-        for gid, g in list(broker.groups.groups.items()):
+        for gid, g in list(groups.groups.items()):
             yield len(g.members), {C.GROUP: gid, C.GROUP_TYPE: "classic"}
         # KIP-848 groups (ConsumerGroupHeartbeat) are kept apart from the classic ones.
-        for gid, cg in list(broker.groups.machine.consumer_groups.items()):
+        for gid, cg in list(groups.machine.consumer_groups.items()):
             yield len(cg.members), {C.GROUP: gid, C.GROUP_TYPE: "consumer"}
         for gid, sg in list(share_groups().items()):
             yield len(sg.members), {C.GROUP: gid, C.GROUP_TYPE: "share"}
 
-    isr = broker.isr
     t = telemetry
     t.observe(C.BROKER_TOPIC_IO, topic_io)
     t.observe(C.BROKER_TOPIC_MESSAGES, topic_messages)
@@ -194,9 +201,8 @@ def install(telemetry: Telemetry, broker: Broker) -> None:
     )
     t.observe(C.BROKER_LOG_SIZE, lambda: log_points("size"))
     t.observe(C.BROKER_LOG_SEGMENTS, lambda: log_points("segments"))
-    t.observe(C.BROKER_OPEN_SEGMENT_FILES, lambda: [(len(broker.partitions.handles), {})])
-    t.observe(C.BROKER_STORAGE_UNAVAILABLE, lambda: [(len(broker.partitions.unavailable), {})])
-    sessions = broker.fetch_sessions
+    t.observe(C.BROKER_OPEN_SEGMENT_FILES, lambda: [(len(partition_manager.handles), {})])
+    t.observe(C.BROKER_STORAGE_UNAVAILABLE, lambda: [(len(partition_manager.unavailable), {})])
 
     def session_points(count_partitions: bool) -> Points:
         for kind, n in sessions.stats(count_partitions).items():

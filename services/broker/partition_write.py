@@ -1,6 +1,6 @@
 """One partition-level write: validate, append as leader, wait for the ISR, answer.
 
-Kafka's Produce and the REST produce both go through `begin_write` and
+Kafka's Produce and the REST produce both go through `PartitionWriter.begin` and
 `PartitionWrite.replicated`, so they refuse, store and acknowledge exactly alike:
 unknown partitions, non-leaders, min.insync.replicas with acks=all, invalid batches,
 producer sequences, storage errors, and the ISR confirming the write in time.
@@ -9,36 +9,14 @@ producer sequences, storage errors, and the ISR confirming the write in time.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
 
 from kio.schema.errors import ErrorCode
+from straitmq.metadata.image import MetadataImage
 
+from .metrics import BrokerMetrics
+from .partitions import Partition, PartitionManager
 from .producer_state import DuplicateBatch, SequenceError
 from .records import InvalidRecords, validate_batches
-
-if TYPE_CHECKING:
-    from straitmq.metadata.image import MetadataImage
-
-    from .metrics import BrokerMetrics
-    from .partitions import Partition, PartitionManager
-    from .views import MetadataView
-
-
-class WriteTarget(Protocol):
-    """What a write reads: the metadata (does the partition exist), the replica this
-    broker holds, the counters, and whether the broker still serves."""
-
-    @property
-    def image(self) -> MetadataImage: ...
-
-    @property
-    def partitions(self) -> PartitionManager: ...
-
-    @property
-    def metrics(self) -> BrokerMetrics: ...
-
-    @property
-    def serving(self) -> bool: ...
 
 
 class PartitionWrite:
@@ -99,72 +77,56 @@ class PartitionWrite:
 
 
 class PartitionWriter:
-    """The writes of this broker's partition leaders, as Produce is given them."""
-
-    __slots__ = ("_metadata", "_serving", "metrics", "partitions")
+    """Appends as the leader for every producer of this broker (Kafka's and REST)."""
 
     def __init__(
         self,
-        metadata: MetadataView,
-        partitions: PartitionManager,
         metrics: BrokerMetrics,
+        partitions: PartitionManager,
+        image: Callable[[], MetadataImage],
         serving: Callable[[], bool],
     ) -> None:
-        self._metadata = metadata
-        self.partitions = partitions
         self.metrics = metrics
-        self._serving = serving
-
-    @property
-    def image(self) -> MetadataImage:
-        return self._metadata.image
-
-    @property
-    def serving(self) -> bool:
-        return self._serving()
+        self.partitions = partitions
+        self._image = image
+        self._serving = serving  # a broker that is leaving (or not up yet) writes nothing
 
     def begin(self, topic: str, index: int, data: memoryview, acks: int) -> PartitionWrite:
-        return begin_write(self, topic, index, data, acks)
-
-
-def begin_write(
-    broker: WriteTarget, topic: str, index: int, data: memoryview, acks: int
-) -> PartitionWrite:
-    """Validate and append one partition's batches as its leader. With acks=all the
-    result is `pending` until `replicated` has waited for the ISR."""
-    metrics = broker.metrics
-    w = PartitionWrite(metrics.request_errors)
-    if acks not in (0, 1, -1):
-        return w.fail(ErrorCode.invalid_required_acks)
-    meta = broker.image.topics.get(topic)
-    if meta is None or not 0 <= index < len(meta.partitions):
-        return w.fail(ErrorCode.unknown_topic_or_partition)
-    partition = broker.partitions.get(topic, index)
-    if partition is None and (reason := broker.partitions.storage_error(topic, index)):
-        return w.fail(ErrorCode.kafka_storage_error, reason)
-    if partition is None or not partition.is_leader or not broker.serving:
-        return w.fail(ErrorCode.not_leader_or_follower)
-    if acks == -1 and len(partition.isr) < partition.min_isr:
-        return w.fail(
-            ErrorCode.not_enough_replicas,
-            f"ISR {partition.isr} is smaller than min.insync.replicas={partition.min_isr}",
-        )
-    try:
-        batches = validate_batches(data, partition.log.config.max_message_bytes)
-        partition.log.producers.check(batches)
-        w.base_offset = partition.append(data, batches)
-        end = partition.log.log_end_offset
-        metrics.bytes_in[topic] += len(data)
-        metrics.messages_in[topic] += sum(b.record_count for b in batches)
-    except DuplicateBatch as dup:  # answered with the first write's offset
-        w.base_offset = dup.cached.base_offset
-        end = dup.cached.base_offset + 1
-    except (InvalidRecords, SequenceError) as e:
-        return w.fail(e.code, str(e))
-    except OSError as e:
-        return w.fail(ErrorCode.kafka_storage_error, f"storage error: {e}")
-    w.log_start_offset = partition.log.log_start_offset
-    if acks == -1:
-        w._partition = partition
-        w._end = end
-    return w
+        """Validate and append one partition's batches as its leader. With acks=all the
+        result is `pending` until `replicated` has waited for the ISR."""
+        metrics = self.metrics
+        w = PartitionWrite(metrics.request_errors)
+        if acks not in (0, 1, -1):
+            return w.fail(ErrorCode.invalid_required_acks)
+        meta = self._image().topics.get(topic)
+        if meta is None or not 0 <= index < len(meta.partitions):
+            return w.fail(ErrorCode.unknown_topic_or_partition)
+        partition = self.partitions.get(topic, index)
+        if partition is None and (reason := self.partitions.storage_error(topic, index)):
+            return w.fail(ErrorCode.kafka_storage_error, reason)
+        if partition is None or not partition.is_leader or not self._serving():
+            return w.fail(ErrorCode.not_leader_or_follower)
+        if acks == -1 and len(partition.isr) < partition.min_isr:
+            return w.fail(
+                ErrorCode.not_enough_replicas,
+                f"ISR {partition.isr} is smaller than min.insync.replicas={partition.min_isr}",
+            )
+        try:
+            batches = validate_batches(data, partition.log.config.max_message_bytes)
+            partition.log.producers.check(batches)
+            w.base_offset = partition.append(data, batches)
+            end = partition.log.log_end_offset
+            metrics.bytes_in[topic] += len(data)
+            metrics.messages_in[topic] += sum(b.record_count for b in batches)
+        except DuplicateBatch as dup:  # answered with the first write's offset
+            w.base_offset = dup.cached.base_offset
+            end = dup.cached.base_offset + 1
+        except (InvalidRecords, SequenceError) as e:
+            return w.fail(e.code, str(e))
+        except OSError as e:
+            return w.fail(ErrorCode.kafka_storage_error, f"storage error: {e}")
+        w.log_start_offset = partition.log.log_start_offset
+        if acks == -1:
+            w._partition = partition
+            w._end = end
+        return w

@@ -19,10 +19,13 @@ import os
 import socket
 import struct
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from kio.schema.errors import ErrorCode
+from straitmq.metadata.image import MetadataImage
 
 from straitmq.protocol.build import build
 from straitmq.protocol.codec import (
@@ -36,14 +39,12 @@ from straitmq.protocol.guard import check_array_lengths
 from straitmq.security.tls import principal_from_cert
 
 from .api.context import Deferred, RawResponse, RequestContext
+from .api.dispatch import ApiSpec
 from .api.versions import api_versions_fallback
-from .metrics import FOLLOWER_FETCH_KEY
+from .metrics import FOLLOWER_FETCH_KEY, BrokerMetrics
 from .security.listeners import Listener
 from .security.sasl import ConnectionSecurity
 from .storage.log import ReadSlice
-
-if TYPE_CHECKING:
-    from .broker import Broker
 
 log = logging.getLogger("straitmq.server")
 _SIZE = struct.Struct(">i")
@@ -55,9 +56,26 @@ PRE_AUTH_MAX_BYTES = 512 * 1024  # Kafka's sasl.server.max.receive.size
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
 
+# Builds the context one request's handler gets: (api key, version, correlation id,
+# client id, client host, listener name, the connection's security state).
+ContextFactory = Callable[[int, int, int, str | None, str, str, ConnectionSecurity], RequestContext]
+
+
+@dataclass(slots=True)
+class ListenerDeps:
+    """What the Kafka listener's connections use of the broker."""
+
+    metrics: BrokerMetrics
+    connections: set[KafkaConnection]  # open ones, closed by the broker when it stops
+    request_max_bytes: int  # socket.request.max.bytes
+    image: Callable[[], MetadataImage]  # SCRAM credentials for SASL logins
+    context: ContextFactory
+    kafka_api: dict[int, ApiSpec]  # API key -> versions and bound handler (dispatch.py)
+
+
 class KafkaConnection(asyncio.Protocol):
-    def __init__(self, broker: Broker, listener: Listener | None = None) -> None:
-        self.broker = broker
+    def __init__(self, deps: ListenerDeps, listener: Listener | None = None) -> None:
+        self.deps = deps
         self.listener = listener
         self.listener_name = listener.name if listener is not None else ""
         self.tls = listener is not None and listener.tls is not None
@@ -88,14 +106,14 @@ class KafkaConnection(asyncio.Protocol):
             # Called once the TLS handshake is done: the client certificate (if any) is
             # verified by now and names the principal until SASL names another.
             cert = transport.get_extra_info("peercert") if self.tls else None
-            broker = self.broker
+            image = self.deps.image
             self.security = ConnectionSecurity(
                 self.listener.sasl,
-                lambda user, mech: broker.image.scram_credentials.get(user, {}).get(mech),
+                lambda user, mech: image().scram_credentials.get(user, {}).get(mech),
                 principal_from_cert(cert),
             )
-        self.broker.connections.add(self)
-        self.broker.metrics.listener_connections[self.listener_name] += 1
+        self.deps.connections.add(self)
+        self.deps.metrics.listener_connections[self.listener_name] += 1
         self.task = asyncio.get_running_loop().create_task(self.run())
 
     def data_received(self, data: bytes) -> None:
@@ -107,7 +125,7 @@ class KafkaConnection(asyncio.Protocol):
             buf += data
             frames_view = memoryview(buf)
         limit = (
-            self.broker.config.socket_request_max_bytes
+            self.deps.request_max_bytes
             if self.security.authenticated
             else PRE_AUTH_MAX_BYTES  # nobody buffers 100 MB on a connection it cannot name
         )
@@ -152,7 +170,7 @@ class KafkaConnection(asyncio.Protocol):
         self.closed = True
         self.drained.set()
         self.wakeup.set()
-        self.broker.connections.discard(self)
+        self.deps.connections.discard(self)
         if self._dup_fd >= 0:
             os.close(self._dup_fd)
             self._dup_fd = -1
@@ -196,7 +214,7 @@ class KafkaConnection(asyncio.Protocol):
 
     async def handle(self, frame: memoryview) -> None:
         start = perf_counter()
-        broker = self.broker
+        deps = self.deps
         security = self.security
         if security.raw_tokens:
             self._raw_sasl_token(frame)
@@ -216,7 +234,7 @@ class KafkaConnection(asyncio.Protocol):
             )
             self.close()
             return
-        spec = broker.kafka_api.get(api_key)
+        spec = deps.kafka_api.get(api_key)
         if spec is None or not spec.min_version <= version <= spec.max_version:
             if api_key == 18:  # ApiVersions: answer in v0 format with UNSUPPORTED_VERSION
                 self.write(api_versions_fallback(correlation_id))
@@ -225,7 +243,7 @@ class KafkaConnection(asyncio.Protocol):
                 "closing connection: unsupported API",
                 extra={"client": self.client_host, "api_key": api_key, "version": version},
             )
-            broker.metrics.request_errors[(api_key, ErrorCode.unsupported_version)] += 1
+            deps.metrics.request_errors[(api_key, ErrorCode.unsupported_version)] += 1
             self.close()
             return
         try:
@@ -235,7 +253,7 @@ class KafkaConnection(asyncio.Protocol):
             log.info("closing connection: %s", exc, extra={"client": self.client_host})
             self.close()
             return
-        ctx = RequestContext(
+        ctx = deps.context(
             api_key,
             version,
             correlation_id,
@@ -243,9 +261,8 @@ class KafkaConnection(asyncio.Protocol):
             self.client_host,
             self.listener_name,
             security,
-            broker.authorizer,
         )
-        metrics = broker.metrics
+        metrics = deps.metrics
         metrics.requests[api_key] += 1
         key = api_key if api_key != 1 or body.replica_id < 0 else FOLLOWER_FETCH_KEY
         if key == FOLLOWER_FETCH_KEY:
@@ -300,7 +317,7 @@ class KafkaConnection(asyncio.Protocol):
                 self.close()
                 continue
             self._write_answer(answer.result(), api_key, version, correlation_id)
-            self.broker.metrics.observe(key, perf_counter() - start)
+            self.deps.metrics.observe(key, perf_counter() - start)
 
     async def _until_waiting(self, room: int) -> None:
         while len(self._waiting) > room:
@@ -432,14 +449,14 @@ def bind(host: str, port: int) -> list[socket.socket]:
 
 
 async def serve(
-    broker: Broker, socks: list[socket.socket], listener: Listener | None = None
+    deps: ListenerDeps, socks: list[socket.socket], listener: Listener | None = None
 ) -> asyncio.Server | _Servers:
     """Start accepting on the sockets `bind` made: from now on clients are answered."""
     loop = asyncio.get_running_loop()
     ssl_ctx = listener.tls.server_context if listener is not None and listener.tls else None
     servers = [
         await loop.create_server(
-            lambda: KafkaConnection(broker, listener),
+            lambda: KafkaConnection(deps, listener),
             sock=s,
             backlog=1024,
             ssl=ssl_ctx,

@@ -7,7 +7,7 @@ reads the current one, never an image.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Protocol
 
 from kio.schema.errors import ErrorCode
@@ -15,12 +15,13 @@ from kio.schema.errors import ErrorCode
 if TYPE_CHECKING:
     from straitmq.metadata.image import MetadataImage
 
+    from .metadata_view import MetadataView
     from .partitions import Partition, PartitionManager
 
 
 class Control(Protocol):
     """Call the active controller and wait until this broker's image shows the change
-    (Broker.control)."""
+    (MetadataView.control)."""
 
     def __call__(self, op: str, body: dict, within_s: float = ...) -> Awaitable[dict]: ...
 
@@ -30,26 +31,6 @@ class ControllerCall(Protocol):
     change to reach this broker's image (ControllerClient.call)."""
 
     def __call__(self, op: str, body: dict, within_s: float = ...) -> Awaitable[dict]: ...
-
-
-class MetadataView:
-    """The metadata image this broker holds now, and a read barrier (wait until it has
-    everything the active controller has committed)."""
-
-    __slots__ = ("_catch_up", "_current")
-
-    def __init__(
-        self, current: Callable[[], MetadataImage], catch_up: Callable[[], Awaitable[None]]
-    ) -> None:
-        self._current = current
-        self._catch_up = catch_up
-
-    @property
-    def image(self) -> MetadataImage:
-        return self._current()
-
-    async def catch_up(self) -> None:
-        await self._catch_up()
 
 
 class LeaderLookup(Protocol):

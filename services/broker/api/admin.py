@@ -300,8 +300,9 @@ async def handle_incremental_alter_configs(deps: AdminDeps, ctx: RequestContext,
             await _alter_broker_throttle(deps, r, req.validate_only, res)
             continue
         if r.resource_type == group_configs.GROUP_RESOURCE:  # share.auto.offset.reset
-            # group_configs.alter calls only .control on what it is given.
-            await group_configs.alter(deps, r.resource_name, r.configs, req.validate_only, res)
+            await group_configs.alter(
+                deps.metadata, r.resource_name, r.configs, req.validate_only, res
+            )
             continue
         if r.resource_type != TOPIC_RESOURCE:
             res["error_code"] = ErrorCode.invalid_request

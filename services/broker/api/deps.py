@@ -10,6 +10,7 @@ Broker.
 | metadata | Metadata, DescribeCluster | MetadataDeps |
 | topics | DescribeTopicPartitions, ApiVersions | MetadataView |
 | groups | FindCoordinator ... ConsumerGroupDescribe | GroupDeps |
+| share | ShareGroupHeartbeat ... DescribeShareGroupOffsets | ShareCoordinator |
 | admin | topics, configs, producer ids, log dirs, ACLs, reassignment, SCRAM | AdminDeps |
 | quorum | DescribeQuorum | ControllerCall |
 | sasl | SaslHandshake, SaslAuthenticate | (the connection's security only) |
@@ -26,12 +27,13 @@ if TYPE_CHECKING:
     from ..fetch_sessions import FetchSessions
     from ..groups.coordinator import GroupCoordinator
     from ..groups.offsets import OffsetStore
-    from ..groups.share_group import ShareGroupStateMachine
+    from ..metadata_view import MetadataView
     from ..metrics import BrokerMetrics
     from ..partitions import PartitionManager
     from ..replication.throttle import ReplicationThrottle
     from ..security.listeners import Listener
-    from ..views import Control, LocalReplicas, MetadataView
+    from ..share.coordinator import ShareCoordinator
+    from ..views import Control, LocalReplicas
     from .metadata import TopicAnswers
 
 
@@ -67,7 +69,7 @@ class GroupDeps:
     partitions: PartitionManager  # the offsets partition a commit waits on
     ensure_offsets_topic: Callable[[], Awaitable[bool]]
     # KIP-932 share groups share the group id space (ListGroups, DeleteGroups).
-    share_groups: Callable[[], ShareGroupStateMachine]
+    share: ShareCoordinator
 
 
 @dataclass(frozen=True, slots=True)

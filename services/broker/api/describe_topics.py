@@ -25,7 +25,7 @@ from straitmq.security.acls import DESCRIBE, TOPIC
 from .context import RequestContext
 
 if TYPE_CHECKING:
-    from ..views import MetadataView
+    from ..metadata_view import MetadataView
 
 MAX_REQUEST_PARTITION_SIZE_LIMIT = 2000  # Kafka's max.request.partition.size.limit default
 INTERNAL_TOPICS = ("__consumer_offsets", "__transaction_state")  # Kafka's Topic.isInternal

@@ -7,7 +7,7 @@ what ApiVersions advertises are in versions.py.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -24,19 +24,20 @@ from . import (
     quorum,
     reassign,
     records,
+    share,
 )
 from . import security as sec
 from .context import RequestContext
 from .versions import VERSIONS
 
 if TYPE_CHECKING:
+    from ..metadata_view import MetadataView
     from ..partition_write import PartitionWriter
-    from ..views import ControllerCall, LocalReplicas, MetadataView
+    from ..share.coordinator import ShareCoordinator
+    from ..views import ControllerCall, LocalReplicas
     from .deps import AdminDeps, FetchDeps, GroupDeps, MetadataDeps
 
 Handler = Callable[[RequestContext, Any], Awaitable[Any]]
-
-SHARE_KEYS = frozenset({76, 77, 78, 79, 90})  # KIP-932 share groups
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +57,7 @@ def kafka_api(
     group_deps: GroupDeps,
     admin_deps: AdminDeps,
     controller: ControllerCall,
-    share: Mapping[int, Handler],
+    share_coordinator: ShareCoordinator,
 ) -> dict[int, ApiSpec]:
     """Every implemented API key -> its versions and its bound handler."""
     p = partial
@@ -101,7 +102,11 @@ def kafka_api(
         68: p(groups.handle_consumer_group_heartbeat, group_deps),
         69: p(groups.handle_consumer_group_describe, group_deps),
         75: p(describe_topics.handle_describe_topic_partitions, metadata_view),
-        **{key: share[key] for key in SHARE_KEYS},
+        76: p(share.handle_share_group_heartbeat, share_coordinator),  # KIP-932
+        77: p(share.handle_share_group_describe, share_coordinator),
+        78: p(share.handle_share_fetch, share_coordinator),
+        79: p(share.handle_share_acknowledge, share_coordinator),
+        90: p(share.handle_describe_share_group_offsets, share_coordinator),
     }
     if handlers.keys() != VERSIONS.keys():  # a key advertised without a handler, or not
         raise RuntimeError(f"API table mismatch: {sorted(handlers.keys() ^ VERSIONS.keys())}")

@@ -27,7 +27,7 @@ from .context import RequestContext
 from .versions import advertised
 
 if TYPE_CHECKING:
-    from ..views import MetadataView
+    from ..metadata_view import MetadataView
 
 METADATA_VERSION_MIN = 7  # 3.3-IV3, the oldest metadata.version Kafka 4.x knows
 METADATA_VERSION = 27  # 4.1-IV1, Kafka 4.1's latest production level

@@ -12,7 +12,7 @@ from ..groups.coordinator import JoinError
 from ..groups.messages import ConsumerHeartbeatRequest
 from ..groups.offsets import OFFSETS_TOPIC
 from ..security.listeners import endpoint_for
-from ..share.checkpoints import STATE_GROUP_PREFIX
+from ..share.coordinator import is_state_group
 from .context import RequestContext
 
 if TYPE_CHECKING:
@@ -358,10 +358,9 @@ async def handle_list_groups(deps: GroupDeps, ctx: RequestContext, req: Any) -> 
     coordinator = deps.groups
     groups = []
     # Share groups (KIP-932), but not the internal groups holding their saved SPSOs.
-    shares = sorted(deps.share_groups().groups.items())
-    rows = [(gid, "share", g.state) for gid, g in shares]
+    rows = deps.share.group_rows()
     for gid, pt, st in [*coordinator.list_groups(), *rows]:
-        if gid.startswith(STATE_GROUP_PREFIX):
+        if is_state_group(gid):
             continue
         kind = "share" if pt == "share" else coordinator.group_type(gid) or "classic"
         if (states and st.lower() not in states) or (types and kind not in types):
@@ -389,15 +388,15 @@ async def handle_delete_groups(deps: GroupDeps, ctx: RequestContext, req: Any) -
 
 
 def _is_share_group(deps: GroupDeps, group_id: str) -> bool:
-    return group_id in deps.share_groups().groups
+    return deps.share.is_share_group(group_id)
 
 
 def _delete_group(deps: GroupDeps, group_id: str) -> int:
     """DeleteGroups of one group: a share group (NON_EMPTY_GROUP while it has members)
     or a classic / KIP-848 one."""
-    share_groups = deps.share_groups()
-    if group_id in share_groups.groups:
-        return share_groups.delete(group_id)
+    share = deps.share
+    if share.is_share_group(group_id):
+        return share.delete_group(group_id)
     return deps.groups.delete(group_id)
 
 

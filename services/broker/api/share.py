@@ -13,7 +13,6 @@ batches from the log and lists the offset ranges it acquired for the member
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import struct
 import uuid
@@ -23,17 +22,13 @@ from kio.schema.errors import ErrorCode
 
 from straitmq.security.acls import DESCRIBE, GROUP, READ, TOPIC
 
-from ..groups.offsets import OFFSETS_TOPIC
-from ..groups.share_group import ShareGroupStateMachine, ShareSettings
-from ..partitions import LEADER
 from ..security.listeners import endpoint_for
-from ..share.checkpoints import STATE_GROUP_PREFIX, ShareCheckpoints
+from ..share.coordinator import ShareCoordinator
 from ..share.group_configs import config_key
 from ..share.partition import Acquired, InvalidRecordState
-from ..share.sessions import FINAL_EPOCH, INITIAL_EPOCH, ShareSession, ShareState
+from ..share.sessions import FINAL_EPOCH, INITIAL_EPOCH, ShareSession
 from .context import RequestContext
 from .fetch import partition_error
-from .groups import not_coordinator
 
 log = logging.getLogger("straitmq.share")
 
@@ -44,65 +39,9 @@ _GROUP_DENIED = ErrorCode.group_authorization_failed
 RESET = "share.auto.offset.reset"
 
 
-class _BrokerShare:
-    """One broker's share groups (if it coordinates them) and share-partitions."""
-
-    def __init__(self, broker: Any) -> None:
-        c = broker.config
-        self.groups = ShareGroupStateMachine(
-            ShareSettings(
-                session_timeout_ms=c.group_share_session_timeout_ms,
-                heartbeat_interval_ms=c.group_share_heartbeat_interval_ms,
-            )
-        )
-        self.state = ShareState(
-            lock_duration_ms=c.group_share_record_lock_duration_ms,
-            delivery_limit=c.group_share_delivery_count_limit,
-            max_record_locks=c.group_share_partition_max_record_locks,
-            auto_offset_reset=c.share_auto_offset_reset,
-            session_idle_ms=c.group_share_session_timeout_ms,
-        )
-        self.checkpoints = ShareCheckpoints(broker, self.state)
-        # Fetches parked until records are released or acknowledged (acquirable again).
-        self.waiters: set[asyncio.Future[None]] = set()
-        # Parked ShareFetches in arrival order (first come, first served on wake-up).
-        self.parked: dict[object, int] = {}
-        self.park_order = itertools.count()
-        self.broker = broker
-        broker.partitions.role_listeners.append(self._on_role)
-
-    def _on_role(self, part: Any, role: str) -> None:
-        if role == LEADER:
-            return
-        self.state.drop_partition(part.topic, part.index)
-        if part.topic == OFFSETS_TOPIC:  # no longer the coordinator of these groups
-            offsets = self.broker.offsets
-            for gid in [g for g in self.groups.groups if offsets.partition_for(g) == part.index]:
-                del self.groups.groups[gid]
-
-    def members_gone(self) -> None:
-        """Members that left or were expired by this coordinator: what they hold on
-        this broker goes back at once (other leaders wait for the locks to expire)."""
-        released = False
-        for group_id, member_id in self.groups.take_removed():
-            released |= self.state.drop_member(group_id, member_id)
-        if released:
-            self.wake()
-
-    def wake(self) -> None:
-        for fut in self.waiters:
-            if not fut.done():
-                fut.set_result(None)
-        self.waiters.clear()
-
-
-def share_of(broker: Any) -> _BrokerShare:
-    """The broker's share-group state, made on first use and kept on the broker (any
-    object with attributes: the handlers' unit tests pass a namespace)."""
-    s = getattr(broker, "share_state", None)
-    if s is None:
-        s = broker.share_state = _BrokerShare(broker)
-    return s
+def _not_coordinator(share: ShareCoordinator, group_id: str) -> int:
+    """NOT_COORDINATOR unless this broker leads the group's offsets partition."""
+    return 0 if share.offsets.owns(group_id) else ErrorCode.not_coordinator
 
 
 def _now() -> int:
@@ -134,7 +73,9 @@ def _assignment(by_topic: dict, image: Any, names: bool) -> dict:
 # -- membership, on the coordinator ---------------------------------------------------------
 
 
-async def handle_share_group_heartbeat(ctx: RequestContext, req: Any) -> dict:
+async def handle_share_group_heartbeat(
+    share: ShareCoordinator, ctx: RequestContext, req: Any
+) -> dict:
     answer: dict[str, Any] = {
         "throttle_time": 0,
         "error_message": None,
@@ -146,9 +87,9 @@ async def handle_share_group_heartbeat(ctx: RequestContext, req: Any) -> dict:
     gid = req.group_id
     if not ctx.allowed(READ, GROUP, gid):
         return {**answer, "error_code": _GROUP_DENIED}
-    if code := not_coordinator(ctx, gid):
+    if code := _not_coordinator(share, gid):
         return {**answer, "error_code": code}
-    if ctx.broker.groups.group_type(gid) is not None:
+    if share.other_group_type(gid) is not None:
         return {
             **answer,
             "error_code": ErrorCode.group_id_not_found,
@@ -158,7 +99,6 @@ async def handle_share_group_heartbeat(ctx: RequestContext, req: Any) -> dict:
     for name in names or ():
         if not ctx.allowed(DESCRIBE, TOPIC, name):
             return {**answer, "error_code": ErrorCode.topic_authorization_failed}
-    share = share_of(ctx.broker)
     r = share.groups.heartbeat(
         gid,
         req.member_id,
@@ -167,7 +107,7 @@ async def handle_share_group_heartbeat(ctx: RequestContext, req: Any) -> dict:
         tuple(names) if names is not None else None,
         ctx.client_id or "",
         ctx.client_host,
-        _Topics(ctx.broker.image),
+        _Topics(share.image),
         _now(),
     )
     share.members_gone()
@@ -182,11 +122,12 @@ async def handle_share_group_heartbeat(ctx: RequestContext, req: Any) -> dict:
     }
 
 
-async def handle_share_group_describe(ctx: RequestContext, req: Any) -> dict:
-    share = share_of(ctx.broker)
+async def handle_share_group_describe(
+    share: ShareCoordinator, ctx: RequestContext, req: Any
+) -> dict:
     share.groups.expire(_now())
     share.members_gone()
-    image = ctx.broker.image
+    image = share.image
     groups = []
     for gid in req.group_ids:
         empty = {
@@ -201,7 +142,7 @@ async def handle_share_group_describe(ctx: RequestContext, req: Any) -> dict:
         if not ctx.allowed(DESCRIBE, GROUP, gid):
             groups.append({**empty, "error_code": _GROUP_DENIED, "error_message": None})
             continue
-        if code := not_coordinator(ctx, gid):
+        if code := _not_coordinator(share, gid):
             groups.append({**empty, "error_code": code, "error_message": None})
             continue
         g = share.groups.describe(gid)
@@ -245,17 +186,17 @@ async def handle_share_group_describe(ctx: RequestContext, req: Any) -> dict:
 # -- records, on the partition leaders ------------------------------------------------------
 
 
-def _leader(ctx: RequestContext, topic: str | None, index: int) -> dict:
-    p = ctx.broker.image.partition(topic, index) if topic else None
+def _leader(image: Any, topic: str | None, index: int) -> dict:
+    p = image.partition(topic, index) if topic else None
     if p is None:
         return {"leader_id": -1, "leader_epoch": -1}
     return {"leader_id": p.leader, "leader_epoch": p.leader_epoch}
 
 
-def _endpoints(ctx: RequestContext, leaders: set[int]) -> list[dict]:
+def _endpoints(ctx: RequestContext, image: Any, leaders: set[int]) -> list[dict]:
     out = []
     for node in sorted(leaders):
-        b = ctx.broker.image.brokers.get(node)
+        b = image.brokers.get(node)
         if b is None:
             continue
         ep = endpoint_for(b, ctx.listener)
@@ -305,23 +246,25 @@ def _read_ranges(plog: Any, acquired: list[Acquired], upper: int) -> bytes:
 class _Acks:
     """The acknowledgements of one request, applied partition by partition."""
 
-    def __init__(self, ctx: RequestContext, share: _BrokerShare, group: str, member: str) -> None:
+    def __init__(
+        self, ctx: RequestContext, share: ShareCoordinator, group: str, member: str
+    ) -> None:
         self.ctx, self.share, self.group, self.member = ctx, share, group, member
         self.results: dict[tuple[uuid.UUID, int], tuple[int, str | None]] = {}
 
     def apply(self, topic_id: uuid.UUID, index: int, batches: Any) -> None:
         if not batches:
             return
-        ctx = self.ctx
-        name = ctx.broker.image.topic_name(topic_id)
+        ctx, share = self.ctx, self.share
+        name = share.image.topic_name(topic_id)
         code, message = 0, None
         if name is None:
             code = ErrorCode.unknown_topic_id
         elif not ctx.allowed(READ, TOPIC, name):
             code = ErrorCode.topic_authorization_failed
         else:
-            part = ctx.broker.partitions.get(name, index)
-            code = partition_error(ctx.broker, name, index, part, -1)
+            part = share.partitions.get(name, index)
+            code = partition_error(share, name, index, part, -1)
         sp = self.share.state.existing(self.group, name, index) if not code and name else None
         if not code and sp is None:
             code, message = ErrorCode.invalid_record_state, "no records acquired here"
@@ -340,25 +283,21 @@ class _Acks:
         self.results[(topic_id, index)] = (code, message)
 
 
-async def _durable(share: _BrokerShare, acks: _Acks, within_s: float = 5.0) -> None:
+async def _durable(share: ShareCoordinator, acks: _Acks, within_s: float = 5.0) -> None:
     """Acknowledgements are answered once the share-partitions' new state is saved, as
     Kafka answers once its share coordinator wrote it. If it cannot be saved within
     `within_s` (the group's coordinator is moving), the acknowledged partitions answer
     COORDINATOR_NOT_AVAILABLE: applied here, but a failover before the background round
     saves them may deliver those records again (the client is told, not misled)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within_s
-    while not await share.checkpoints.flush():
-        if loop.time() >= deadline:
-            log.info("share state not saved before answering acknowledgements")
-            for key, (code, _) in list(acks.results.items()):
-                if code == 0:
-                    acks.results[key] = (
-                        ErrorCode.coordinator_not_available,
-                        "acknowledged but not saved yet: may be delivered again after a failover",
-                    )
-            return
-        await asyncio.sleep(0.2)
+    if await share.save(within_s):
+        return
+    log.info("share state not saved before answering acknowledgements")
+    for key, (code, _) in list(acks.results.items()):
+        if code == 0:
+            acks.results[key] = (
+                ErrorCode.coordinator_not_available,
+                "acknowledged but not saved yet: may be delivered again after a failover",
+            )
 
 
 def _session_error(code: int, message: str | None, extra: dict) -> dict:
@@ -372,8 +311,7 @@ def _session_error(code: int, message: str | None, extra: dict) -> dict:
     }
 
 
-async def handle_share_fetch(ctx: RequestContext, req: Any) -> dict:
-    share = share_of(ctx.broker)
+async def handle_share_fetch(share: ShareCoordinator, ctx: RequestContext, req: Any) -> dict:
     extra = {"acquisition_lock_timeout": share.state.lock_duration_ms}
     group, member, epoch = req.group_id or "", req.member_id or "", req.share_session_epoch
     if not group or not member:
@@ -399,11 +337,11 @@ async def handle_share_fetch(ctx: RequestContext, req: Any) -> dict:
     if acks.results:
         await _durable(share, acks)
     if epoch == FINAL_EPOCH:
-        return _respond(ctx, {k: _only_ack(ctx, k, acks) for k in acks.results}, extra)
-    await _init_partitions(ctx, share, session)
+        return _respond(ctx, share, {k: _only_ack(share, k, acks) for k in acks.results}, extra)
+    await _init_partitions(share, session)
     parts = await _fetch(ctx, share, session, req)
     for key in acks.results:
-        parts.setdefault(key, _only_ack(ctx, key, acks))
+        parts.setdefault(key, _only_ack(share, key, acks))
     for key, p in parts.items():
         code_msg = acks.results.get(key)
         if code_msg is not None:
@@ -414,10 +352,10 @@ async def handle_share_fetch(ctx: RequestContext, req: Any) -> dict:
             for k, p in parts.items()
             if p["acquired_records"] or p["error_code"] or k in acks.results
         }
-    return _respond(ctx, parts, extra)
+    return _respond(ctx, share, parts, extra)
 
 
-def _only_ack(ctx: RequestContext, key: tuple[uuid.UUID, int], acks: _Acks) -> dict:
+def _only_ack(share: ShareCoordinator, key: tuple[uuid.UUID, int], acks: _Acks) -> dict:
     code, message = acks.results[key]
     return {
         "partition_index": key[1],
@@ -425,13 +363,13 @@ def _only_ack(ctx: RequestContext, key: tuple[uuid.UUID, int], acks: _Acks) -> d
         "error_message": None,
         "acknowledge_error_code": code,
         "acknowledge_error_message": message,
-        "current_leader": _leader(ctx, ctx.broker.image.topic_name(key[0]), key[1]),
+        "current_leader": _leader(share.image, share.image.topic_name(key[0]), key[1]),
         "records": b"",
         "acquired_records": [],
     }
 
 
-def _respond(ctx: RequestContext, parts: dict, extra: dict) -> dict:
+def _respond(ctx: RequestContext, share: ShareCoordinator, parts: dict, extra: dict) -> dict:
     by_topic: dict[uuid.UUID, list[dict]] = {}
     leaders: set[int] = set()
     for (tid, _), p in sorted(parts.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
@@ -444,22 +382,20 @@ def _respond(ctx: RequestContext, parts: dict, extra: dict) -> dict:
         "error_message": None,
         **extra,
         "responses": [{"topic_id": tid, "partitions": ps} for tid, ps in by_topic.items()],
-        "node_endpoints": _endpoints(ctx, leaders - {-1}),
+        "node_endpoints": _endpoints(ctx, share.image, leaders - {-1}),
     }
 
 
-async def _init_partitions(ctx: RequestContext, share: _BrokerShare, session: ShareSession) -> None:
+async def _init_partitions(share: ShareCoordinator, session: ShareSession) -> None:
     """Make the share-partitions this broker leads and has no state for yet, each from
     its saved SPSO (share/checkpoints.py) or, if none was ever saved, from
     share.auto.offset.reset. A partition whose saved SPSO cannot be read now is left
     for the next fetch (it answers no records meanwhile)."""
-    broker = ctx.broker
-    share.checkpoints.start()
     for tid, index in list(session.partitions):
-        name = broker.image.topic_name(tid)
+        name = share.image.topic_name(tid)
         if name is None or share.state.existing(session.group_id, name, index) is not None:
             continue
-        part = broker.partitions.get(name, index)
+        part = share.partitions.get(name, index)
         if part is None or not part.is_leader:
             continue
         answered, saved, saved_state = await share.checkpoints.load(session.group_id, name, index)
@@ -467,7 +403,7 @@ async def _init_partitions(ctx: RequestContext, share: _BrokerShare, session: Sh
             continue
         # The group's share.auto.offset.reset (kafka-configs --entity-type groups), else
         # the broker's --share-auto-offset-reset.
-        reset = broker.image.cluster_configs.get(config_key(session.group_id, RESET))
+        reset = share.image.cluster_configs.get(config_key(session.group_id, RESET))
         share.state.partition(
             session.group_id,
             name,
@@ -481,17 +417,19 @@ async def _init_partitions(ctx: RequestContext, share: _BrokerShare, session: Sh
         )
 
 
-async def _fetch(ctx: RequestContext, share: _BrokerShare, session: ShareSession, req: Any) -> dict:
+async def _fetch(
+    ctx: RequestContext, share: ShareCoordinator, session: ShareSession, req: Any
+) -> dict:
     """Acquire records of the session's partitions, waiting up to max_wait for some."""
     loop = asyncio.get_running_loop()
-    wait_s = min(req.max_wait.total_seconds(), ctx.broker.config.fetch_max_wait_s)
+    wait_s = min(req.max_wait.total_seconds(), share.fetch_max_wait_s)
     deadline = loop.time() + max(wait_s, 0)
     token = object()
     try:
         while True:
             parts, got, watched = _collect(ctx, share, session, req)
             remaining = deadline - loop.time()
-            if got or remaining <= 0 or ctx.broker.stopping or not session.partitions:
+            if got or remaining <= 0 or share.stopping() or not session.partitions:
                 return parts
             # Parked fetches are served first come, first served: the oldest one keeps its
             # place when it wakes up to nothing, so members sharing a partition take turns.
@@ -505,7 +443,7 @@ async def _fetch(ctx: RequestContext, share: _BrokerShare, session: ShareSession
 
 
 async def _wait(
-    share: _BrokerShare, session: ShareSession, watched: list, loop: Any, remaining: float
+    share: ShareCoordinator, session: ShareSession, watched: list, loop: Any, remaining: float
 ) -> None:
     """Until one of `watched` partitions gets records, records are released or
     acknowledged, or the next acquisition lock of these share-partitions expires."""
@@ -529,10 +467,9 @@ async def _wait(
 
 
 def _collect(
-    ctx: RequestContext, share: _BrokerShare, session: ShareSession, req: Any
+    ctx: RequestContext, share: ShareCoordinator, session: ShareSession, req: Any
 ) -> tuple[dict, bool, list]:
-    broker = ctx.broker
-    image = broker.image
+    image = share.image
     now = _now()
     budget_records = max(req.max_records, 1) if req.max_records > 0 else 500
     budget_bytes = req.max_bytes if req.max_bytes > 0 else 2**31 - 1
@@ -547,7 +484,7 @@ def _collect(
             "error_message": None,
             "acknowledge_error_code": 0,
             "acknowledge_error_message": None,
-            "current_leader": _leader(ctx, name, index),
+            "current_leader": _leader(image, name, index),
             "records": b"",
             "acquired_records": [],
         }
@@ -558,8 +495,8 @@ def _collect(
         if not ctx.allowed(READ, TOPIC, name):
             out["error_code"] = ErrorCode.topic_authorization_failed
             continue
-        part = broker.partitions.get(name, index)
-        if code := partition_error(broker, name, index, part, -1):
+        part = share.partitions.get(name, index)
+        if code := partition_error(share, name, index, part, -1):
             out["error_code"] = code
             continue
         assert part is not None  # partition_error answers for a missing one
@@ -593,8 +530,7 @@ def _collect(
     return parts, got, watched
 
 
-async def handle_share_acknowledge(ctx: RequestContext, req: Any) -> dict:
-    share = share_of(ctx.broker)
+async def handle_share_acknowledge(share: ShareCoordinator, ctx: RequestContext, req: Any) -> dict:
     group, member, epoch = req.group_id or "", req.member_id or "", req.share_session_epoch
     if not group or not member:
         return _session_error(ErrorCode.invalid_request, "GroupId and MemberId are required", {})
@@ -621,7 +557,7 @@ async def handle_share_acknowledge(ctx: RequestContext, req: Any) -> dict:
     by_topic: dict[uuid.UUID, list[dict]] = {}
     leaders: set[int] = set()
     for (tid, index), (code, message) in acks.results.items():
-        leader = _leader(ctx, ctx.broker.image.topic_name(tid), index)
+        leader = _leader(share.image, share.image.topic_name(tid), index)
         if code == ErrorCode.not_leader_or_follower:
             leaders.add(leader["leader_id"])
         by_topic.setdefault(tid, []).append(
@@ -637,20 +573,21 @@ async def handle_share_acknowledge(ctx: RequestContext, req: Any) -> dict:
         "error_code": 0,
         "error_message": None,
         "responses": [{"topic_id": tid, "partitions": ps} for tid, ps in by_topic.items()],
-        "node_endpoints": _endpoints(ctx, leaders - {-1}),
+        "node_endpoints": _endpoints(ctx, share.image, leaders - {-1}),
     }
 
 
-async def handle_describe_share_group_offsets(ctx: RequestContext, req: Any) -> dict:
+async def handle_describe_share_group_offsets(
+    share: ShareCoordinator, ctx: RequestContext, req: Any
+) -> dict:
     """DescribeShareGroupOffsets v0 (what `kafka-share-groups --describe` shows): each
     share-partition's start offset as last saved (share/checkpoints.py)."""
-    share = share_of(ctx.broker)
-    image = ctx.broker.image
+    image = share.image
     groups = []
     for g in req.groups:
         gid = g.group_id
         code = 0 if ctx.allowed(DESCRIBE, GROUP, gid) else _GROUP_DENIED
-        code = code or not_coordinator(ctx, gid)
+        code = code or _not_coordinator(share, gid)
         if code:
             groups.append(
                 {"group_id": gid, "topics": [], "error_code": code, "error_message": None}
@@ -698,12 +635,3 @@ async def handle_describe_share_group_offsets(ctx: RequestContext, req: Any) -> 
             )
         groups.append({"group_id": gid, "topics": topics, "error_code": 0, "error_message": None})
     return {"throttle_time": 0, "groups": groups}
-
-
-def share_group_rows(broker: Any) -> tuple[list[tuple[str, str, str]], Any]:
-    """ListGroups: (group id, "share", state) of the share groups this broker
-    coordinates, and a test for the internal groups holding their saved SPSOs, which
-    are not listed."""
-    groups = share_of(broker).groups.groups
-    rows = [(gid, "share", g.state) for gid, g in sorted(groups.items())]
-    return rows, lambda gid: gid.startswith(STATE_GROUP_PREFIX)

@@ -6,52 +6,87 @@ endpoints on a combined node. JSON in and out (orjson); every error is a 4xx/5xx
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
-from straitmq.controller.http_api import add_routes as add_controller_routes
 
 from straitmq.admin_client import AdminClient
+from straitmq.security.http_security import HttpSecurity
+from straitmq.telemetry import Telemetry
 
 from . import cluster, groups, health, records, topics, users
-from .common import PEERS, _error
+from .cluster import ClusterDeps
+from .common import PEERS, Peers, Permitted, _error
+from .groups import GroupsDeps
+from .health import HealthDeps
+from .records import RecordsDeps
+from .topics import TopicsDeps
+from .users import UsersDeps
 
-if TYPE_CHECKING:
-    from ..broker import Broker
+__all__ = [
+    "ClusterDeps",
+    "GroupsDeps",
+    "HealthDeps",
+    "HttpApi",
+    "Peers",
+    "Permitted",
+    "RecordsDeps",
+    "TopicsDeps",
+    "UsersDeps",
+    "start_http",
+]
 
 # Answered in every phase: liveness, readiness (with its reason) and metrics.
 ALWAYS_OPEN = frozenset({"/healthz", "/readyz", "/metrics"})
 # The controller quorum's own endpoints: they answer from the quorum, not from this
-# broker's view, once the quorum shell exists (a combined node votes through them).
+# broker's view (a combined node votes through them).
 QUORUM_PATHS = ("/raft", "/controller/", "/api/v1/quorum")
 
 
-def _gate(broker: Broker) -> Any:
+@dataclass(frozen=True, slots=True)
+class HttpApi:
+    """What the broker's HTTP app is built from: its security, the broker's state as
+    the gate sees it, and each resource's collaborators."""
+
+    security: HttpSecurity
+    telemetry: Telemetry  # GET /metrics
+    serving: Callable[[], bool]
+    not_ready_reason: Callable[[], str | None]
+    health: HealthDeps
+    topics: TopicsDeps
+    records: RecordsDeps
+    groups: GroupsDeps
+    cluster: ClusterDeps
+    users: UsersDeps
+    # More routes on the same port (a combined node's controller endpoints).
+    extra_routes: Sequence[Callable[[web.Application], None]] = ()
+
+
+def _gate(api: HttpApi) -> Any:
     """Until the broker serves (and once it is leaving), admin and REST calls get a 503
     with the reason instead of an answer from a view the broker does not have yet."""
+    serving, not_ready_reason = api.serving, api.not_ready_reason
 
     @web.middleware
     async def gate(request: web.Request, handler: Any) -> web.StreamResponse:
         path = request.path
-        if broker.serving or path in ALWAYS_OPEN:
+        if serving() or path in ALWAYS_OPEN or path.startswith(QUORUM_PATHS):
             return await handler(request)
-        if path.startswith(QUORUM_PATHS) and hasattr(broker, "quorum"):
-            return await handler(request)
-        resp = _error(503, f"{broker.not_ready_reason()}; retry shortly")
+        resp = _error(503, f"{not_ready_reason()}; retry shortly")
         resp.headers["Retry-After"] = "1"
         return resp
 
     return gate
 
 
-def build_app(broker: Broker) -> web.Application:
-    security = broker.http_security
+def build_app(api: HttpApi) -> web.Application:
+    security = api.security
     # Who is calling and what the ACLs allow them, first (straitmq/security/http_security.py);
     # nothing is added while http.authentication is none.
     middlewares = [security.middleware()] if security.enabled else []
-    app = web.Application(
-        client_max_size=64 * 1024 * 1024, middlewares=[*middlewares, _gate(broker)]
-    )
+    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[*middlewares, _gate(api)])
     # Peers are asked as this broker: its HTTP certificate, its inter-broker user.
     app[PEERS] = AdminClient(timeout_s=2.0, auth=security.client)
 
@@ -59,18 +94,22 @@ def build_app(broker: Broker) -> web.Application:
         await app[PEERS].close()
 
     app.on_cleanup.append(close_peers)
-    for resource in (health, topics, records, groups, cluster, users):
-        resource.add_routes(app, broker)
-    broker.telemetry.add_routes(app)  # GET /metrics
-    if broker.combined:
-        add_controller_routes(app, broker)
+    health.add_routes(app, api.health)
+    topics.add_routes(app, api.topics)
+    records.add_routes(app, api.records)
+    groups.add_routes(app, api.groups)
+    cluster.add_routes(app, api.cluster)
+    users.add_routes(app, api.users)
+    api.telemetry.add_routes(app)  # GET /metrics
+    for add in api.extra_routes:
+        add(app)
     return app
 
 
-async def start_http(broker: Broker, host: str, port: int) -> tuple[web.AppRunner, int]:
-    runner = web.AppRunner(build_app(broker), access_log=None)
+async def start_http(api: HttpApi, host: str, port: int) -> tuple[web.AppRunner, int]:
+    runner = web.AppRunner(build_app(api), access_log=None)
     await runner.setup()
-    tls = broker.http_security.tls  # https only, with certificate rotation, when configured
+    tls = api.security.tls  # https only, with certificate rotation, when configured
     site = web.TCPSite(
         runner,
         host,

@@ -4,18 +4,29 @@ election and the controller quorum's status."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError
+from straitmq.controller.operations import CLUSTER_CONFIGS
 
 from straitmq.admin_client import AdminError
 
-from .common import _ERROR_STATUS, PEERS, _body, _error, _json, peer_url
+from ..metadata_view import MetadataView
+from ..partitions import PartitionManager
+from .common import _ERROR_STATUS, PEERS, Peers, _body, _error, _json
 
-if TYPE_CHECKING:
-    from ..broker import Broker
+
+@dataclass(frozen=True, slots=True)
+class ClusterDeps:
+    metadata: MetadataView
+    partitions: PartitionManager
+    peers: Peers
+    voters: dict[int, str]  # the controller quorum's, id -> URL
+    combined: bool  # this process runs the controller too (it serves its quorum's status)
+
 
 _OPS_STATUS: dict[int, int] = {
     **_ERROR_STATUS,
@@ -29,18 +40,18 @@ def _ops_error(e: ControllerError) -> web.Response:
     return _error(_OPS_STATUS.get(e.code, 400), e.message, e.code)
 
 
-def _local_progress(broker: Broker) -> list[dict]:
+def _local_progress(deps: ClusterDeps) -> list[dict]:
     """Replica log ends of the moving partitions this broker leads."""
     out = []
-    for t in broker.image.topics.values():
+    for t in deps.metadata.image.topics.values():
         for i, meta in enumerate(t.partitions):
             if not (meta.adding or meta.removing):
                 continue
-            p = broker.partitions.leader_of(t.name, i)
+            p = deps.partitions.leader_of(t.name, i)
             if p is None:
                 continue
             ends = {str(r): f.log_end_offset for r, f in p.followers.items()}
-            ends[str(broker.node_id)] = p.log.log_end_offset
+            ends[str(deps.peers.node_id)] = p.log.log_end_offset
             out.append(
                 {
                     "topic": t.name,
@@ -52,37 +63,35 @@ def _local_progress(broker: Broker) -> list[dict]:
     return out
 
 
-def _throttle(broker: Broker) -> int:
-    return int(broker.image.cluster_configs.get("replication.throttled.rate", "-1"))
+def _throttle(deps: ClusterDeps) -> int:
+    return int(deps.metadata.image.cluster_configs.get("replication.throttled.rate", "-1"))
 
 
-def add_routes(app: web.Application, broker: Broker) -> None:
-    from straitmq.controller.operations import CLUSTER_CONFIGS
-
+def add_routes(app: web.Application, deps: ClusterDeps) -> None:
     routes = web.RouteTableDef()
 
     @routes.get("/api/v1/reassignments")
     async def list_reassignments(request: web.Request) -> web.Response:
         if request.query.get("local") == "true":
-            return _json({"progress": _local_progress(broker)})
+            return _json({"progress": _local_progress(deps)})
         try:
-            reply = await broker.control("list_reassignments", {})
+            reply = await deps.metadata.control("list_reassignments", {})
         except ControllerError as e:
             return _ops_error(e)
-        progress = {(p["topic"], p["partition"]): p for p in _local_progress(broker)}
+        progress = {(p["topic"], p["partition"]): p for p in _local_progress(deps)}
         leaders = set()
         for r in reply["reassignments"]:
-            meta = broker.image.partition(r["topic"], r["index"])
+            meta = deps.metadata.image.partition(r["topic"], r["index"])
             if meta is not None and (r["topic"], r["index"]) not in progress:
                 leaders.add(meta.leader)
 
         async def ask(node: int) -> list[dict]:
-            b = broker.image.brokers.get(node)
-            if b is None or node == broker.node_id:
+            b = deps.metadata.image.brokers.get(node)
+            if b is None or node == deps.peers.node_id:
                 return []
             try:
                 body = await request.app[PEERS].get(
-                    peer_url(broker, node, "/api/v1/reassignments?local=true")
+                    deps.peers.url(node, "/api/v1/reassignments?local=true")
                 )
                 return body.get("progress", []) if isinstance(body, dict) else []
             except AdminError:
@@ -92,7 +101,7 @@ def add_routes(app: web.Application, broker: Broker) -> None:
             progress.update({(p["topic"], p["partition"]): p for p in found})
         out = []
         for r in reply["reassignments"]:
-            meta = broker.image.partition(r["topic"], r["index"])
+            meta = deps.metadata.image.partition(r["topic"], r["index"])
             prog = progress.get((r["topic"], r["index"]), {})
             out.append(
                 {
@@ -108,7 +117,7 @@ def add_routes(app: web.Application, broker: Broker) -> None:
                     "replica_log_end_offsets": prog.get("replica_log_end_offsets", {}),
                 }
             )
-        return _json({"reassignments": out, "throttle_bytes_per_sec": _throttle(broker)})
+        return _json({"reassignments": out, "throttle_bytes_per_sec": _throttle(deps)})
 
     @routes.post("/api/v1/reassignments")
     async def reassign(request: web.Request) -> web.Response:
@@ -155,12 +164,12 @@ def add_routes(app: web.Application, broker: Broker) -> None:
         if "throttle_bytes_per_sec" in body:
             request_body["throttle"] = None if throttle in (None, -1) else throttle
         try:
-            await broker.control("reassign", request_body)
+            await deps.metadata.control("reassign", request_body)
         except ControllerError as e:
             return _ops_error(e)
         state = []
         for it in items:
-            meta = broker.image.partition(it["topic"], it["index"])
+            meta = deps.metadata.image.partition(it["topic"], it["index"])
             if meta is None:
                 continue
             state.append(
@@ -175,12 +184,12 @@ def add_routes(app: web.Application, broker: Broker) -> None:
                     "done": not meta.adding and not meta.removing,
                 }
             )
-        return _json({"partitions": state, "throttle_bytes_per_sec": _throttle(broker)}, 202)
+        return _json({"partitions": state, "throttle_bytes_per_sec": _throttle(deps)}, 202)
 
     @routes.get("/api/v1/cluster/configs")
     async def get_cluster_configs(_: web.Request) -> web.Response:
         configs = {k: str(v) for k, v in CLUSTER_CONFIGS.items()}
-        configs.update(broker.image.cluster_configs)
+        configs.update(deps.metadata.image.cluster_configs)
         return _json({"configs": configs})
 
     @routes.put("/api/v1/cluster/configs")
@@ -195,7 +204,7 @@ def add_routes(app: web.Application, broker: Broker) -> None:
         if not all(v is None or isinstance(v, str | int) for v in changes.values()):
             return _error(400, "config values must be strings or integers (null resets)")
         try:
-            await broker.control(
+            await deps.metadata.control(
                 "alter_cluster_configs",
                 {"changes": {k: None if v is None else str(v) for k, v in changes.items()}},
             )
@@ -208,13 +217,13 @@ def add_routes(app: web.Application, broker: Broker) -> None:
         def leaders() -> dict[tuple[str, int], int]:
             return {
                 (t.name, i): p.leader
-                for t in broker.image.topics.values()
+                for t in deps.metadata.image.topics.values()
                 for i, p in enumerate(t.partitions)
             }
 
         before = leaders()
         try:
-            await broker.control("elect_preferred", {})
+            await deps.metadata.control("elect_preferred", {})
         except ControllerError as e:
             return _ops_error(e)
         moved = [
@@ -226,7 +235,7 @@ def add_routes(app: web.Application, broker: Broker) -> None:
 
     async def quorum(request: web.Request) -> web.Response:
         """Each voter's own status plus the leader's view of their lag."""
-        voters = broker.quorum.voters
+        voters = deps.voters
 
         async def ask(url: str) -> dict | None:
             try:
@@ -277,6 +286,6 @@ def add_routes(app: web.Application, broker: Broker) -> None:
             }
         )
 
-    if not broker.combined:  # a combined node serves its own quorum's status already
+    if not deps.combined:  # a combined node serves its own quorum's status already
         routes.get("/api/v1/quorum")(quorum)
     app.add_routes(routes)

@@ -5,17 +5,20 @@ asks its peers with.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from aiohttp import web
 from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError, error_name
+from straitmq.metadata.image import MetadataImage
 
 from straitmq.admin_client import AdminClient
 
-if TYPE_CHECKING:
-    from ..broker import Broker
+# May the request's principal do (operation, resource type, name)? (HttpSecurity.permitted)
+Permitted = Callable[[web.Request, int, int, str], bool]
 
 _ERROR_STATUS: dict[int, int] = {
     ErrorCode.unknown_topic_or_partition: 404,
@@ -75,26 +78,33 @@ def _int_param(request: web.Request, name: str, default: int) -> int:
         ) from None
 
 
-def _elsewhere(broker: Broker, request: web.Request, node: int) -> web.Response:
-    """Another broker leads this partition or coordinates this group: redirect there
-    (307 keeps the method and body)."""
-    b = broker.image.brokers.get(node)
-    if b is None or b.fenced:
-        return _error(503, "no live leader for this partition right now; retry")
-    if node == broker.node_id:  # ours by the metadata, its log not open yet: never loop
-        return _error(503, "this broker is opening the partition's log; retry")
-    raise web.HTTPTemporaryRedirect(peer_url(broker, node, str(request.rel_url)))
+@dataclass(frozen=True, slots=True)
+class Peers:
+    """This broker's peers as its HTTP API reaches them: redirects and calls."""
+
+    node_id: int  # this broker's
+    # https when this broker's port is: the brokers of a cluster share their HTTP settings.
+    scheme: str
+    image: Callable[[], MetadataImage]
+
+    def url(self, node: int, path: str) -> str:
+        """`path` on broker `node`'s HTTP API."""
+        b = self.image().brokers[node]
+        return f"{self.scheme}://{b.host}:{b.http_port}{path}"
+
+    def elsewhere(self, request: web.Request, node: int) -> web.Response:
+        """Another broker leads this partition or coordinates this group: redirect
+        there (307 keeps the method and body)."""
+        b = self.image().brokers.get(node)
+        if b is None or b.fenced:
+            return _error(503, "no live leader for this partition right now; retry")
+        if node == self.node_id:  # ours by the metadata, its log not open yet: never loop
+            return _error(503, "this broker is opening the partition's log; retry")
+        raise web.HTTPTemporaryRedirect(self.url(node, str(request.rel_url)))
 
 
-def peer_url(broker: Broker, node: int, path: str) -> str:
-    """`path` on broker `node`'s HTTP API (https when this broker's port is: the brokers
-    of a cluster share their HTTP settings)."""
-    b = broker.image.brokers[node]
-    return f"{broker.http_security.scheme}://{b.host}:{b.http_port}{path}"
-
-
-def _topic_or_404(broker: Broker, name: str) -> None:
-    if name not in broker.image.topics:
+def _topic_or_404(image: MetadataImage, name: str) -> None:
+    if name not in image.topics:
         raise web.HTTPNotFound(
             body=orjson.dumps({"error": f"topic '{name}' does not exist"}),
             content_type="application/json",

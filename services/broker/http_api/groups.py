@@ -5,7 +5,8 @@ start offsets) and delete."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from kio.schema.errors import ErrorCode
@@ -18,33 +19,45 @@ from ..groups.consumer_protocol import (
     decode_assignment,
     decode_subscription,
 )
-from ..groups.offsets import OFFSETS_TOPIC
-from .common import PEERS, _elsewhere, _error, _json, peer_url
+from ..groups.coordinator import GroupCoordinator
+from ..groups.offsets import OFFSETS_TOPIC, OffsetStore
+from ..metadata_view import MetadataView
+from ..partitions import PartitionManager
+from ..share.coordinator import ShareCoordinator, is_state_group
+from .common import PEERS, Peers, Permitted, _error, _json
 
-if TYPE_CHECKING:
-    from ..broker import Broker
+
+@dataclass(frozen=True, slots=True)
+class GroupsDeps:
+    metadata: MetadataView
+    partitions: PartitionManager
+    groups: GroupCoordinator
+    share: ShareCoordinator
+    offsets: OffsetStore
+    peers: Peers
+    permitted: Permitted
 
 
 async def _end_offsets(
-    broker: Broker, peers: AdminClient, wanted: list[tuple[str, int]]
+    deps: GroupsDeps, peers: AdminClient, wanted: list[tuple[str, int]]
 ) -> dict[tuple[str, int], int]:
     """The high watermark of each partition: ours where we lead it, else asked of its
     leader, one request per (leader, topic) however many partitions; -1 if unknown."""
     out: dict[tuple[str, int], int] = {}
     remote: dict[tuple[int, str], list[int]] = {}
     for topic, index in wanted:
-        p = broker.partitions.leader_of(topic, index)
-        meta = broker.image.partition(topic, index)
+        p = deps.partitions.leader_of(topic, index)
+        meta = deps.metadata.image.partition(topic, index)
         out[(topic, index)] = p.high_watermark if p is not None else -1
         if p is None and meta is not None:
             remote.setdefault((meta.leader, topic), []).append(index)
 
     async def ask(leader: int, topic: str, indexes: list[int]) -> None:
-        b = broker.image.brokers.get(leader)
+        b = deps.metadata.image.brokers.get(leader)
         if b is None:
             return
         try:
-            body = await peers.get(peer_url(broker, leader, f"/api/v1/topics/{topic}"))
+            body = await peers.get(deps.peers.url(leader, f"/api/v1/topics/{topic}"))
             parts = body["partitions"]
             for i in indexes:
                 out[(topic, i)] = int(parts[i]["high_watermark"])
@@ -73,11 +86,11 @@ def _decode_consumer_subscription(data: bytes) -> list[str] | None:
         return None
 
 
-def _by_name(broker: Broker, by_topic: dict) -> dict[str, list[int]]:
+def _by_name(deps: GroupsDeps, by_topic: dict) -> dict[str, list[int]]:
     """{topic id: partitions} as {topic name: sorted partitions}."""
     out: dict[str, list[int]] = {}
     for tid, parts in by_topic.items():
-        name = broker.image.topic_name(tid) or str(tid)
+        name = deps.metadata.image.topic_name(tid) or str(tid)
         out[name] = sorted(parts)
     return dict(sorted(out.items()))
 
@@ -91,19 +104,17 @@ def _pending(assigned: dict[str, list[int]], target: dict[str, list[int]]) -> di
     return out
 
 
-def _group_kind(broker: Broker, gid: str) -> str | None:
-    from ..api.share import share_of  # share imports the Kafka API modules
-
-    if gid in share_of(broker).groups.groups:
+def _group_kind(deps: GroupsDeps, gid: str) -> str | None:
+    if deps.share.is_share_group(gid):
         return "share"
-    return broker.groups.group_type(gid)
+    return deps.groups.group_type(gid)
 
 
-def _classic(broker: Broker, gid: str) -> dict[str, Any] | None:
-    d = broker.groups.describe(gid)
+def _classic(deps: GroupsDeps, gid: str) -> dict[str, Any] | None:
+    d = deps.groups.describe(gid)
     if d["group_state"] == "Dead":
         return None
-    g = broker.groups.groups.get(gid)
+    g = deps.groups.groups.get(gid)
     generation = g.generation if g is not None else None  # None: only commits are left
     consumer = d["protocol_type"] == "consumer"
     members = []
@@ -135,14 +146,14 @@ def _classic(broker: Broker, gid: str) -> dict[str, Any] | None:
     }
 
 
-def _consumer(broker: Broker, gid: str) -> dict[str, Any] | None:
-    code, _, g = broker.groups.consumer_describe(gid)
+def _consumer(deps: GroupsDeps, gid: str) -> dict[str, Any] | None:
+    code, _, g = deps.groups.consumer_describe(gid)
     if code or g is None:
         return None
     members = []
     for m in g["members"]:
-        assigned = _by_name(broker, m["assignment"])
-        target = _by_name(broker, m["target_assignment"])
+        assigned = _by_name(deps, m["assignment"])
+        target = _by_name(deps, m["target_assignment"])
         members.append(
             {
                 "member_id": m["member_id"],
@@ -169,10 +180,8 @@ def _consumer(broker: Broker, gid: str) -> dict[str, Any] | None:
     }
 
 
-def _share(broker: Broker, gid: str) -> dict[str, Any] | None:
-    from ..api.share import share_of
-
-    share = share_of(broker)
+def _share(deps: GroupsDeps, gid: str) -> dict[str, Any] | None:
+    share = deps.share
     share.groups.expire(int(asyncio.get_running_loop().time() * 1000))
     share.members_gone()
     g = share.groups.describe(gid)
@@ -187,7 +196,7 @@ def _share(broker: Broker, gid: str) -> dict[str, Any] | None:
             "member_epoch": m.epoch,
             "subscribed_topics": sorted(m.subscribed),
             "subscribed_topic_regex": None,
-            "assignment": _by_name(broker, m.assignment),
+            "assignment": _by_name(deps, m.assignment),
         }
         for m in g.members.values()
     ]
@@ -203,32 +212,29 @@ def _share(broker: Broker, gid: str) -> dict[str, Any] | None:
     }
 
 
-def _not_coordinator(broker: Broker, request: web.Request, gid: str) -> web.Response | None:
+def _not_coordinator(deps: GroupsDeps, request: web.Request, gid: str) -> web.Response | None:
     """None if this broker coordinates the group; else a 404 or a redirect to the one
     that does."""
-    if broker.offsets.owns(gid):
+    if deps.offsets.owns(gid):
         return None
-    meta = broker.image.partition(OFFSETS_TOPIC, broker.offsets.partition_for(gid))
+    meta = deps.metadata.image.partition(OFFSETS_TOPIC, deps.offsets.partition_for(gid))
     if meta is None:
         return _error(404, f"group '{gid}' does not exist")
-    return _elsewhere(broker, request, meta.leader)
+    return deps.peers.elsewhere(request, meta.leader)
 
 
-def _local_groups(broker: Broker) -> list[dict]:
+def _local_groups(deps: GroupsDeps) -> list[dict]:
     """The groups this broker coordinates, all three kinds (as its ListGroups)."""
-    from ..api.share import share_group_rows
-
-    shares, internal = share_group_rows(broker)
     out = []
-    for g, pt, st in [*broker.groups.list_groups(), *shares]:
-        if internal(g):
+    for g, pt, st in [*deps.groups.list_groups(), *deps.share.group_rows()]:
+        if is_state_group(g):
             continue
-        kind = "share" if pt == "share" else broker.groups.group_type(g) or "classic"
+        kind = "share" if pt == "share" else deps.groups.group_type(g) or "classic"
         out.append({"group_id": g, "type": kind, "protocol_type": pt, "state": st})
     return out
 
 
-def add_routes(app: web.Application, broker: Broker) -> None:
+def add_routes(app: web.Application, deps: GroupsDeps) -> None:
     """/api/v1/groups[/{group}]"""
     routes = web.RouteTableDef()
 
@@ -237,16 +243,18 @@ def add_routes(app: web.Application, broker: Broker) -> None:
         """Every group of the cluster, as `kafka-consumer-groups --list` (whose admin
         client asks each broker for the groups it coordinates): this broker's, and each
         other live broker's (`?scope=local`: only this one's). Those one may DESCRIBE."""
-        may = broker.http_security.permitted
-        groups = _local_groups(broker)
+        may = deps.permitted
+        groups = _local_groups(deps)
         out: dict = {}
         if request.query.get("scope") != "local":
             peers = request.app[PEERS]
-            others = [b.id for b in broker.image.live_brokers() if b.id != broker.node_id]
+            others = [
+                b.id for b in deps.metadata.image.live_brokers() if b.id != deps.peers.node_id
+            ]
 
             async def ask(node: int) -> list[dict] | None:
                 try:
-                    body = await peers.get(peer_url(broker, node, "/api/v1/groups?scope=local"))
+                    body = await peers.get(deps.peers.url(node, "/api/v1/groups?scope=local"))
                     return list(body["groups"])
                 except (AdminError, KeyError, TypeError):
                     return None
@@ -263,31 +271,29 @@ def add_routes(app: web.Application, broker: Broker) -> None:
     @routes.get("/api/v1/groups/{group}")
     async def describe_group(request: web.Request) -> web.Response:
         gid = request.match_info["group"]
-        if (elsewhere := _not_coordinator(broker, request, gid)) is not None:
+        if (elsewhere := _not_coordinator(deps, request, gid)) is not None:
             return elsewhere
-        kind = _group_kind(broker, gid)
+        kind = _group_kind(deps, gid)
         d = (
-            _share(broker, gid)
+            _share(deps, gid)
             if kind == "share"
-            else _consumer(broker, gid)
+            else _consumer(deps, gid)
             if kind == "consumer"
-            else _classic(broker, gid)
+            else _classic(deps, gid)
         )
         if d is None:
             return _error(404, f"group '{gid}' does not exist")
-        may = broker.http_security.permitted
+        may = deps.permitted
         offsets = []
         if kind == "share":
-            from ..api.share import share_of
-
             # The share-partitions' start offsets as last saved (DescribeShareGroupOffsets).
-            saved = await share_of(broker).checkpoints.saved(gid, None)
+            saved = await deps.share.checkpoints.saved(gid, None)
             if saved is None:
                 d["offsets_note"] = "the share-partition start offsets could not be read"
             start = sorted((saved or {}).items())
         else:
-            start = [(tp, c.offset) for tp, c in sorted(broker.offsets.fetch(gid).items())]
-        ends = await _end_offsets(broker, request.app[PEERS], [tp for tp, _ in start])
+            start = [(tp, c.offset) for tp, c in sorted(deps.offsets.fetch(gid).items())]
+        ends = await _end_offsets(deps, request.app[PEERS], [tp for tp, _ in start])
         for (t, part), c in start:
             if not may(request, DESCRIBE, TOPIC, t):
                 continue  # as OffsetFetch: topics one may not DESCRIBE are left out
@@ -304,9 +310,9 @@ def add_routes(app: web.Application, broker: Broker) -> None:
     @routes.delete("/api/v1/groups/{group}")
     async def delete_group(request: web.Request) -> web.Response:
         gid = request.match_info["group"]
-        if (elsewhere := _not_coordinator(broker, request, gid)) is not None:
+        if (elsewhere := _not_coordinator(deps, request, gid)) is not None:
             return elsewhere
-        code = broker.groups.delete(gid)
+        code = deps.groups.delete(gid)
         if code == ErrorCode.group_id_not_found:
             return _error(404, f"group '{gid}' does not exist")
         if code == ErrorCode.non_empty_group:

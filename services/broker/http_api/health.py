@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from aiohttp import web
+from straitmq.controller.quorum import Quorum
 
-from .common import _json
+from ..metadata_view import MetadataView
+from ..metrics import BrokerMetrics
+from .common import Peers, _json
 
-if TYPE_CHECKING:
-    from ..broker import Broker
+
+@dataclass(frozen=True, slots=True)
+class HealthDeps:
+    metadata: MetadataView
+    quorum: Quorum
+    metrics: BrokerMetrics
+    peers: Peers
+    not_ready_reason: Callable[[], str | None]  # None while the broker serves
 
 
-def add_routes(app: web.Application, broker: Broker) -> None:
+def add_routes(app: web.Application, deps: HealthDeps) -> None:
     """GET /healthz, /readyz and /api/v1/cluster."""
     routes = web.RouteTableDef()
 
@@ -22,25 +32,25 @@ def add_routes(app: web.Application, broker: Broker) -> None:
 
     @routes.get("/readyz")
     async def readyz(_: web.Request) -> web.Response:
-        reason = broker.not_ready_reason()
+        reason = deps.not_ready_reason()
         if reason is None:
             return _json({"status": "ready"})
         return _json({"status": "not ready", "reason": reason}, 503)
 
     @routes.get("/api/v1/cluster")
     async def cluster(_: web.Request) -> web.Response:
-        image = broker.image
+        image = deps.metadata.image
         offline, under = image.partition_health()
         return _json(
             {
                 "cluster_id": image.cluster_id,
-                "node_id": broker.node_id,
-                "controller": broker.quorum.leader_id,
+                "node_id": deps.peers.node_id,
+                "controller": deps.quorum.leader_id,
                 "brokers": image.describe_brokers(),
                 "offline_partitions": offline,
                 "under_replicated_partitions": under,
-                "quorum": broker.quorum.status(),
-                "metrics": broker.metrics.snapshot(),
+                "quorum": deps.quorum.status(),
+                "metrics": deps.metrics.snapshot(),
             }
         )
 

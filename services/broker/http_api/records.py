@@ -7,7 +7,8 @@ import asyncio
 import base64
 import time
 import zlib
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -16,22 +17,30 @@ from straitmq.controller.errors import error_name
 
 from straitmq.admin_client import AdminError
 
-from ..groups.offsets import OFFSETS_TOPIC
-from ..partition_write import begin_write
+from ..groups.offsets import OFFSETS_TOPIC, OffsetStore
+from ..metadata_view import MetadataView
+from ..partition_write import PartitionWriter
+from ..partitions import PartitionManager
 from ..record_codec import build_batch, decode_batch
 from .common import (
     PEERS,
+    Peers,
     _body,
-    _elsewhere,
     _error,
     _int_param,
     _json,
     _topic_or_404,
-    peer_url,
 )
 
-if TYPE_CHECKING:
-    from ..broker import Broker
+
+@dataclass(frozen=True, slots=True)
+class RecordsDeps:
+    metadata: MetadataView
+    partitions: PartitionManager
+    writer: PartitionWriter
+    offsets: OffsetStore
+    peers: Peers
+
 
 MAX_REST_RECORDS = 10_000
 REST_WRITE_TIMEOUT_S = 30.0
@@ -62,21 +71,21 @@ def _decode_bytes(b: bytes | None) -> dict:
         return {"base64": base64.b64encode(b).decode()}
 
 
-def add_routes(app: web.Application, broker: Broker) -> None:
+def add_routes(app: web.Application, deps: RecordsDeps) -> None:
     """/api/v1/topics/{name}/records and .../partitions/{p}/records"""
     routes = web.RouteTableDef()
 
     @routes.post("/api/v1/topics/{name}/records")
     async def produce(request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        _topic_or_404(broker, name)
+        _topic_or_404(deps.metadata.image, name)
         body = await _body(request)
         records = body.get("records")
         if not isinstance(records, list) or not records:
             return _error(400, "'records' must be a non-empty list")
         if len(records) > MAX_REST_RECORDS:
             return _error(413, f"at most {MAX_REST_RECORDS} records per request")
-        topic = broker.image.topics[name]
+        topic = deps.metadata.image.topics[name]
         by_partition: dict[int, list] = {}
         raw_by_partition: dict[int, list[dict]] = {}  # as sent, for forwarding
         for i, r in enumerate(records):
@@ -105,19 +114,17 @@ def add_routes(app: web.Application, broker: Broker) -> None:
         # several, this broker writes its own and forwards each leader its share.
         remote: dict[int, list[int]] = {}
         for part in by_partition:
-            if broker.partitions.leader_of(name, part) is None:
+            if deps.partitions.leader_of(name, part) is None:
                 remote.setdefault(topic.partitions[part].leader, []).append(part)
         if len(remote) == 1 and sum(map(len, remote.values())) == len(by_partition):
-            return _elsewhere(broker, request, next(iter(remote)))
+            return deps.peers.elsewhere(request, next(iter(remote)))
         now = int(time.time() * 1000)
-        local = {
-            p: recs for p, recs in by_partition.items() if broker.partitions.leader_of(name, p)
-        }
+        local = {p: recs for p, recs in by_partition.items() if deps.partitions.leader_of(name, p)}
 
         async def write(part: int, recs: list) -> dict:
             # The same write as Kafka's Produce with acks=all: min ISR, storage errors,
             # the ISR's confirmation.
-            w = begin_write(broker, name, part, memoryview(build_batch(recs, now)), acks=-1)
+            w = deps.writer.begin(name, part, memoryview(build_batch(recs, now)), acks=-1)
             await w.replicated(REST_WRITE_TIMEOUT_S)
             if w.error_code:
                 message = w.error_message or error_name(w.error_code)
@@ -130,11 +137,11 @@ def add_routes(app: web.Application, broker: Broker) -> None:
             return {"partition": part, "base_offset": w.base_offset, "count": len(recs)}
 
         async def forward(leader: int, parts: list[int]) -> list[dict]:
-            b = broker.image.brokers.get(leader)
+            b = deps.metadata.image.brokers.get(leader)
             if b is None or b.fenced:
                 raise AdminError(503, f"partitions {parts}: no live leader right now; retry")
             share = [rec for p in parts for rec in raw_by_partition[p]]
-            url = peer_url(broker, leader, f"/api/v1/topics/{name}/records")
+            url = deps.peers.url(leader, f"/api/v1/topics/{name}/records")
             answer = await request.app[PEERS].request(
                 "POST", url, {"records": share}, timeout_s=REST_WRITE_TIMEOUT_S + 5
             )
@@ -166,23 +173,23 @@ def add_routes(app: web.Application, broker: Broker) -> None:
     @routes.get("/api/v1/topics/{name}/partitions/{partition}/records")
     async def consume(request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        _topic_or_404(broker, name)
+        _topic_or_404(deps.metadata.image, name)
         try:
             part_no = int(request.match_info["partition"])
         except ValueError:
             return _error(400, "partition must be an integer")
-        meta = broker.image.partition(name, part_no)
+        meta = deps.metadata.image.partition(name, part_no)
         if meta is None:
             return _error(404, f"topic '{name}' has no partition {part_no}")
-        p = broker.partitions.leader_of(name, part_no)
+        p = deps.partitions.leader_of(name, part_no)
         group = request.query.get("group")
-        if p is None or (group and not broker.offsets.owns(group)):
+        if p is None or (group and not deps.offsets.owns(group)):
             if p is not None and group:
                 return _error(400, "with 'group', ask the group's coordinator (see /api/v1/groups)")
-            return _elsewhere(broker, request, meta.leader)
+            return deps.peers.elsewhere(request, meta.leader)
         default_offset = p.log.log_start_offset
         if group:
-            c = broker.offsets.fetch(group).get((name, part_no))
+            c = deps.offsets.fetch(group).get((name, part_no))
             if c is not None:
                 default_offset = c.offset
         offset = _int_param(request, "offset", default_offset)
@@ -211,8 +218,8 @@ def add_routes(app: web.Application, broker: Broker) -> None:
             if len(out) >= limit:
                 break
         if group and out:
-            end = broker.offsets.commit(group, [(name, part_no, pos, p.leader_epoch, "rest")])
-            part = broker.partitions.leader_of(OFFSETS_TOPIC, broker.offsets.partition_for(group))
+            end = deps.offsets.commit(group, [(name, part_no, pos, p.leader_epoch, "rest")])
+            part = deps.partitions.leader_of(OFFSETS_TOPIC, deps.offsets.partition_for(group))
             if part is not None:
                 await part.wait_for_hw(end, 5.0)
         return _json({"records": out, "next_offset": pos, "high_watermark": p.high_watermark})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from aiohttp import web
 from straitmq.controller.errors import ControllerError
@@ -11,18 +11,27 @@ from straitmq.metadata.topic_config import effective
 from straitmq.security.acls import DESCRIBE, TOPIC
 
 from ..groups.offsets import OFFSETS_TOPIC
-from .common import _body, _controller_error, _error, _json, _topic_or_404
+from ..metadata_view import MetadataView
+from ..partitions import PartitionManager
+from .common import Permitted, _body, _controller_error, _error, _json, _topic_or_404
 
-if TYPE_CHECKING:
-    from ..broker import Broker
+
+@dataclass(frozen=True, slots=True)
+class TopicsDeps:
+    metadata: MetadataView
+    partitions: PartitionManager
+    topic_defaults: dict[str, str]
+    num_partitions: int  # a new topic's, unless the request says
+    default_replication_factor: int
+    permitted: Permitted
 
 
-def _topic_view(broker: Broker, name: str) -> dict:
+def _topic_view(deps: TopicsDeps, name: str) -> dict:
     """The topic as the metadata says, plus what this broker's replicas hold."""
-    t = broker.image.topics[name]
+    t = deps.metadata.image.topics[name]
     parts = []
     for i, meta in enumerate(t.partitions):
-        p = broker.partitions.get(name, i)
+        p = deps.partitions.get(name, i)
         parts.append(
             {
                 "partition": i,
@@ -47,24 +56,24 @@ def _topic_view(broker: Broker, name: str) -> dict:
         "partitions": parts,
         "replication_factor": t.replication_factor,
         "configs": t.configs,
-        "effective_configs": effective({**broker.topic_defaults, **t.configs}),
+        "effective_configs": effective({**deps.topic_defaults, **t.configs}),
     }
 
 
-def add_routes(app: web.Application, broker: Broker) -> None:
+def add_routes(app: web.Application, deps: TopicsDeps) -> None:
     """/api/v1/topics[/{name}]"""
     routes = web.RouteTableDef()
 
     @routes.get("/api/v1/topics")
     async def list_topics(request: web.Request) -> web.Response:
         internal = request.query.get("internal") == "true"
-        may = broker.http_security.permitted  # as Metadata: only the topics one may DESCRIBE
+        may = deps.permitted  # as Metadata: only the topics one may DESCRIBE
         names = sorted(
             n
-            for n, t in broker.image.topics.items()
+            for n, t in deps.metadata.image.topics.items()
             if (internal or not t.internal) and may(request, DESCRIBE, TOPIC, n)
         )
-        return _json({"topics": [_topic_view(broker, n) for n in names]})
+        return _json({"topics": [_topic_view(deps, n) for n in names]})
 
     @routes.post("/api/v1/topics")
     async def create_topic(request: web.Request) -> web.Response:
@@ -72,8 +81,8 @@ def add_routes(app: web.Application, broker: Broker) -> None:
         name = body.get("name")
         if not isinstance(name, str):
             return _error(400, "'name' (string) is required")
-        partitions = body.get("partitions", broker.config.num_partitions)
-        rf = body.get("replication_factor", broker.config.default_replication_factor)
+        partitions = body.get("partitions", deps.num_partitions)
+        rf = body.get("replication_factor", deps.default_replication_factor)
         configs = body.get("configs", {})
         if not isinstance(partitions, int) or not isinstance(rf, int):
             return _error(400, "'partitions' and 'replication_factor' must be integers")
@@ -82,7 +91,7 @@ def add_routes(app: web.Application, broker: Broker) -> None:
         ):
             return _error(400, "'configs' must map config names to strings")
         try:
-            await broker.control(
+            await deps.metadata.control(
                 "create_topic",
                 {
                     "name": name,
@@ -93,13 +102,13 @@ def add_routes(app: web.Application, broker: Broker) -> None:
             )
         except ControllerError as e:
             return _controller_error(e)
-        return _json(_topic_view(broker, name), 201)
+        return _json(_topic_view(deps, name), 201)
 
     @routes.get("/api/v1/topics/{name}")
     async def describe_topic(request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        _topic_or_404(broker, name)
-        return _json(_topic_view(broker, name))
+        _topic_or_404(deps.metadata.image, name)
+        return _json(_topic_view(deps, name))
 
     @routes.delete("/api/v1/topics/{name}")
     async def delete_topic(request: web.Request) -> web.Response:
@@ -107,7 +116,7 @@ def add_routes(app: web.Application, broker: Broker) -> None:
         if name == OFFSETS_TOPIC:
             return _error(400, "the internal offsets topic cannot be deleted")
         try:
-            await broker.control("delete_topic", {"name": name})
+            await deps.metadata.control("delete_topic", {"name": name})
         except ControllerError as e:
             return _controller_error(e)
         return _json({"deleted": name})
@@ -115,21 +124,21 @@ def add_routes(app: web.Application, broker: Broker) -> None:
     @routes.patch("/api/v1/topics/{name}")
     async def alter_topic(request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        _topic_or_404(broker, name)
+        _topic_or_404(deps.metadata.image, name)
         body = await _body(request)
         try:
             if "partitions" in body:
                 if not isinstance(body["partitions"], int):
                     return _error(400, "'partitions' must be an integer")
-                if body["partitions"] != len(broker.image.topics[name].partitions):
-                    await broker.control(
+                if body["partitions"] != len(deps.metadata.image.topics[name].partitions):
+                    await deps.metadata.control(
                         "create_partitions", {"name": name, "count": body["partitions"]}
                     )
             if "configs" in body:
                 changes = body["configs"]
                 if not isinstance(changes, dict):
                     return _error(400, "'configs' must be an object (null deletes a key)")
-                await broker.control(
+                await deps.metadata.control(
                     "alter_configs",
                     {
                         "name": name,
@@ -138,6 +147,6 @@ def add_routes(app: web.Application, broker: Broker) -> None:
                 )
         except ControllerError as e:
             return _controller_error(e)
-        return _json(_topic_view(broker, name))
+        return _json(_topic_view(deps, name))
 
     app.add_routes(routes)

@@ -24,7 +24,8 @@ As in Kafka, changing either needs ALTER on the cluster and reading them DESCRIB
 from __future__ import annotations
 
 import secrets
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from kio.schema.errors import ErrorCode
@@ -34,10 +35,14 @@ from straitmq.security.acls import ALL, SUPPORTED_OPERATIONS, AclBinding, valida
 from straitmq.security.scram import MAX_ITERATIONS, MECHANISMS, MIN_ITERATIONS, credential_record
 from straitmq.security.scram import salted_password as salt_password
 
+from ..metadata_view import MetadataView
 from .common import _body, _controller_error, _error, _json
 
-if TYPE_CHECKING:
-    from ..broker import Broker
+
+@dataclass(frozen=True, slots=True)
+class UsersDeps:
+    metadata: MetadataView
+
 
 RESOURCE_TYPES = {"TOPIC": 2, "GROUP": 3, "CLUSTER": 4, "TRANSACTIONAL_ID": 5}
 PATTERN_TYPES = {"LITERAL": 3, "PREFIXED": 4}
@@ -125,19 +130,19 @@ def _user_view(name: str, creds: dict[str, dict]) -> dict[str, Any]:
     }
 
 
-def add_routes(app: web.Application, broker: Broker) -> None:
+def add_routes(app: web.Application, deps: UsersDeps) -> None:
     """/api/v1/users[/{name}], /api/v1/acls"""
     routes = web.RouteTableDef()
 
     @routes.get("/api/v1/users")
     async def list_users(request: web.Request) -> web.Response:
-        creds = broker.image.scram_credentials
+        creds = deps.metadata.image.scram_credentials
         return _json({"users": [_user_view(u, c) for u, c in sorted(creds.items()) if c]})
 
     @routes.get("/api/v1/users/{name}")
     async def describe_user(request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        creds = broker.image.scram_credentials.get(name)
+        creds = deps.metadata.image.scram_credentials.get(name)
         if not creds:
             return _error(
                 404, f"user {name!r} has no SCRAM credential", ErrorCode.resource_not_found
@@ -173,15 +178,15 @@ def add_routes(app: web.Application, broker: Broker) -> None:
         salted = salt_password(mechanism, password, salt, iterations)
         record = credential_record(name, mechanism, salt, iterations, salted)
         try:
-            await broker.control("alter_scram_credentials", {"upsertions": [record]})
+            await deps.metadata.control("alter_scram_credentials", {"upsertions": [record]})
         except ControllerError as e:
             return _controller_error(e)
-        return _json(_user_view(name, broker.image.scram_credentials.get(name, {})))
+        return _json(_user_view(name, deps.metadata.image.scram_credentials.get(name, {})))
 
     @routes.delete("/api/v1/users/{name}")
     async def delete_user(request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        have = broker.image.scram_credentials.get(name) or {}
+        have = deps.metadata.image.scram_credentials.get(name) or {}
         asked = request.query.get("mechanism")
         if asked is not None and asked not in MECHANISMS:
             return _error(
@@ -196,7 +201,7 @@ def add_routes(app: web.Application, broker: Broker) -> None:
             )
         deletions = [{"name": name, "mechanism": m} for m in doomed]
         try:
-            await broker.control("alter_scram_credentials", {"deletions": deletions})
+            await deps.metadata.control("alter_scram_credentials", {"deletions": deletions})
         except ControllerError as e:
             return _controller_error(e)
         return _json({"deleted": name, "mechanisms": sorted(doomed)})
@@ -204,7 +209,7 @@ def add_routes(app: web.Application, broker: Broker) -> None:
     @routes.get("/api/v1/acls")
     async def list_acls(request: web.Request) -> web.Response:
         principal = request.query.get("principal")
-        bindings = [AclBinding(*t) for t in broker.image.acls]
+        bindings = [AclBinding(*t) for t in deps.metadata.image.acls]
         return _json(
             {
                 "acls": [
@@ -228,11 +233,11 @@ def add_routes(app: web.Application, broker: Broker) -> None:
                 if isinstance(b, str):
                     return _error(400, b, ErrorCode.invalid_request)
                 parsed[key].append(list(b))
-        created = sum(1 for b in parsed["create"] if tuple(b) not in broker.image.acls)
-        deleted = sum(1 for b in parsed["delete"] if tuple(b) in broker.image.acls)
+        created = sum(1 for b in parsed["create"] if tuple(b) not in deps.metadata.image.acls)
+        deleted = sum(1 for b in parsed["delete"] if tuple(b) in deps.metadata.image.acls)
         if parsed["create"] or parsed["delete"]:  # the controller skips what is done
             try:
-                await broker.control(
+                await deps.metadata.control(
                     "alter_acls", {"creations": parsed["create"], "deletions": parsed["delete"]}
                 )
             except ControllerError as e:

@@ -15,9 +15,10 @@ import contextlib
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic, ForgottenTopic
@@ -28,16 +29,14 @@ from kio.schema.offset_for_leader_epoch.v4.request import (
 )
 from kio.schema.types import BrokerId, TopicName
 from kio.static.primitive import i8, i32, i32Timedelta, i64
+from straitmq.metadata.image import MetadataImage
 
 from straitmq.protocol.client import AuthenticationFailed, ConnectionClosed, KafkaConnection
 
 from ..fetch_sessions import next_epoch
 from ..partitions import FOLLOWER, Partition
 from ..records import InvalidRecords, replicated_batches
-from ..security.listeners import endpoint_for
-
-if TYPE_CHECKING:
-    from ..broker import Broker
+from ..security.listeners import Listener, endpoint_for
 
 log = logging.getLogger("straitmq.replication")
 
@@ -66,6 +65,17 @@ _RESPONSE_MAX_BYTES = i32(RESPONSE_MAX_BYTES)
 _FETCH_MAX_WAIT = i32Timedelta.parse(timedelta(milliseconds=FETCH_MAX_WAIT_MS))
 
 
+@dataclass(frozen=True, slots=True)
+class FetcherSettings:
+    """What every fetcher of this broker shares: who fetches, from which rack, over
+    which listener (the inter-broker one, the first), and the metadata it reads."""
+
+    node_id: int
+    rack: str | None
+    listener: Listener
+    image: Callable[[], MetadataImage]
+
+
 @dataclass(slots=True)
 class Follow:
     part: Partition
@@ -73,8 +83,8 @@ class Follow:
 
 
 class LeaderFetcher:
-    def __init__(self, broker: Broker, leader: int) -> None:
-        self.broker = broker
+    def __init__(self, settings: FetcherSettings, leader: int) -> None:
+        self.settings = settings
         self.leader = leader
         self.follows: dict[tuple[str, int], Follow] = {}
         self.conn: KafkaConnection | None = None
@@ -111,13 +121,13 @@ class LeaderFetcher:
     def _address(self) -> tuple[str, int] | None:
         """The leader's endpoint on our inter-broker listener (its registered host/port
         when it has no named listeners, i.e. one PLAINTEXT listener)."""
-        b = self.broker.image.brokers.get(self.leader)
+        b = self.settings.image().brokers.get(self.leader)
         if b is None:
             return None
-        return endpoint_for(b, self.broker.listeners[0].name) or (b.host, b.port)
+        return endpoint_for(b, self.settings.listener.name) or (b.host, b.port)
 
     async def _run(self) -> None:
-        me = self.broker.config.node_id
+        me = self.settings.node_id
         while True:
             if not self.follows:
                 self._wakeup.clear()
@@ -131,7 +141,7 @@ class LeaderFetcher:
                 if self.conn is not None:
                     self.conn.close()
                 self.conn = KafkaConnection(
-                    addr[0], addr[1], f"replica-fetcher-{me}", self.broker.listeners[0].client
+                    addr[0], addr[1], f"replica-fetcher-{me}", self.settings.listener.client
                 )
                 self.session_id = 0  # a session lives on one leader
                 self.reset_session()
@@ -319,7 +329,7 @@ class LeaderFetcher:
                 ForgottenTopic(topic=TopicName(t), partitions=tuple(ps))
                 for t, ps in forgotten.items()
             ),
-            rack_id=self.broker.config.rack or "",
+            rack_id=self.settings.rack or "",
         )
         assert self.conn is not None
         resp = await self.conn.request(1, 12, req, FETCH_MAX_WAIT_MS / 1000 + 10.0)
@@ -418,8 +428,8 @@ class LeaderFetcher:
 class ReplicaFetchers:
     """Keeps one LeaderFetcher per leader, fed by partition role changes."""
 
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
+    def __init__(self, settings: FetcherSettings) -> None:
+        self.settings = settings
         self.fetchers: dict[int, LeaderFetcher] = {}
 
     def on_role(self, part: Partition, role: str) -> None:
@@ -430,7 +440,7 @@ class ReplicaFetchers:
             return
         fetcher = self.fetchers.get(part.leader)
         if fetcher is None:
-            fetcher = self.fetchers[part.leader] = LeaderFetcher(self.broker, part.leader)
+            fetcher = self.fetchers[part.leader] = LeaderFetcher(self.settings, part.leader)
             fetcher.start()
         fetcher.follow(key, Follow(part, part.leader_epoch))
         fetcher._wakeup.set()

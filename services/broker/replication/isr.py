@@ -9,18 +9,18 @@ ISRs with a few calls, not thousands.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from straitmq.controller.errors import ControllerError
+from straitmq.metadata.image import MetadataImage
 
 from ..loop_slice import LoopSlice
+from ..metadata_view import ControllerCalls
 from ..partitions import LEADER, Partition
-
-if TYPE_CHECKING:
-    from ..broker import Broker
 
 log = logging.getLogger("straitmq.replication")
 # The scan yields to the event loop after SCAN_SLICE_S of work (checked every
@@ -32,8 +32,19 @@ ALTER_BATCH = 1000  # ISR changes per call to the controller
 
 
 class IsrManager:
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
+    def __init__(
+        self,
+        node_id: int,
+        lag_time_max_ms: int,
+        controller: ControllerCalls,
+        image: Callable[[], MetadataImage],
+        ready: Callable[[], bool],
+    ) -> None:
+        self.node_id = node_id
+        self.lag_s = lag_time_max_ms / 1000
+        self._controller = controller
+        self._image = image
+        self._ready = ready  # registered and unfenced: only then are ISR changes proposed
         self.shrinks = 0
         self.expands = 0
         # Only leaders change an ISR: the scan visits them, not every replica.
@@ -50,10 +61,10 @@ class IsrManager:
             self.led.pop((part.topic, part.index), None)
 
     def _alive(self, broker_id: int) -> bool:
-        return self.broker.image.broker_alive(broker_id)
+        return self._image().broker_alive(broker_id)
 
     async def run(self) -> None:
-        lag_s = self.broker.config.replica_lag_time_max_ms / 1000
+        lag_s = self.lag_s
         period = min(EXPAND_CHECK_S, lag_s / 4)
         # A returning follower rejoins within `period`, so a partition whose ISR lacks a
         # replica is checked every period. A full ISR can only shrink, and a follower is
@@ -64,7 +75,7 @@ class IsrManager:
         next_shrink_check = 0.0
         while True:
             await asyncio.sleep(period)
-            if not self.broker.ready:
+            if not self._ready():
                 continue
             now = time.monotonic()
             if now >= next_shrink_check:
@@ -84,6 +95,16 @@ class IsrManager:
                     )
                 if pacer.due():
                     await pacer.pause()  # 100,000 replicas: let the listener answer
+
+    async def stop(self) -> None:
+        """Stop sending: proposals not answered yet are dropped (the next leader, or
+        this broker once back, proposes anew)."""
+        self._queued.clear()
+        if self._sender is not None:
+            self._sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sender
+            self._sender = None
 
     def propose(self, part: Partition, new_isr: list[int]) -> None:
         part.pending_isr = new_isr
@@ -117,9 +138,9 @@ class IsrManager:
         grew = [len(isr) > len(part.isr) for part, isr in batch]
         answers: list[dict | None]
         try:
-            reply = await self.broker.controller.call(
+            reply = await self._controller.call(
                 "alter_partitions",
-                {"broker": self.broker.node_id, "partitions": items},
+                {"broker": self.node_id, "partitions": items},
                 within_s=10.0,
             )
             answers = reply["partitions"]
@@ -138,10 +159,10 @@ class IsrManager:
         grew = len(new_isr) > len(part.isr)
         answer: dict | None
         try:
-            await self.broker.controller.call(
+            await self._controller.call(
                 "alter_partition",
                 {
-                    "broker": self.broker.node_id,
+                    "broker": self.node_id,
                     "topic": part.topic,
                     "index": part.index,
                     "leader_epoch": part.leader_epoch,

@@ -5,26 +5,26 @@ already in the replica set are never throttled, as in Kafka."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-if TYPE_CHECKING:
-    from ..broker import Broker
+from straitmq.metadata.image import MetadataImage
 
 
 class ReplicationThrottle:
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
+    def __init__(self, image: Callable[[], MetadataImage]) -> None:
+        self._image = image
         self._tokens = 0.0
         self._stamp = time.monotonic()
         self.throttled_bytes = 0
 
     def _rate(self, topic: str, index: int, replica: int) -> int:
-        p = self.broker.image.partition(topic, index)
+        image = self._image()
+        p = image.partition(topic, index)
         # A replica we do not know yet is one a reassignment is adding whose metadata is
         # ahead of ours: throttle it too.
         if p is None or (replica in p.replicas and replica not in p.adding):
             return -1
-        return int(self.broker.image.cluster_configs.get("replication.throttled.rate", "-1"))
+        return int(image.cluster_configs.get("replication.throttled.rate", "-1"))
 
     def allowance(self, topic: str, index: int, replica: int, want: int) -> int:
         rate = self._rate(topic, index, replica)

@@ -22,18 +22,21 @@ one included), so the coordinator's own checks and replication apply unchanged.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from kio.schema.offset_commit.v8 import request as oc
 from kio.schema.offset_fetch.v8 import request as of
 from kio.schema.types import GroupId, TopicName
 from kio.static.primitive import i32, i64
+from straitmq.metadata.image import MetadataImage
 
 from straitmq.protocol.client import ConnectionClosed, KafkaConnection
 
 from ..groups.offsets import OFFSETS_TOPIC
-from ..security.listeners import endpoint_for
+from ..security.listeners import Listener, endpoint_for
 from .sessions import ShareState
 
 log = logging.getLogger("straitmq.share")
@@ -47,9 +50,20 @@ def state_group(group_id: str) -> str:
 
 
 class ShareCheckpoints:
-    def __init__(self, broker: Any, state: ShareState, interval_s: float = 0.5) -> None:
-        self.broker = broker
+    def __init__(
+        self,
+        node_id: int,
+        state: ShareState,
+        image: Callable[[], MetadataImage],
+        partition_for: Callable[[str], int],
+        listener: Listener,
+        interval_s: float = 0.5,
+    ) -> None:
+        self.node_id = node_id
         self.state = state
+        self._image = image
+        self._partition_for = partition_for  # group id -> its __consumer_offsets partition
+        self._listener = listener  # the inter-broker listener the coordinator is asked on
         self.interval_s = interval_s
         self._conns: dict[tuple[str, int], KafkaConnection] = {}
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}  # one request in flight each
@@ -62,7 +76,7 @@ class ShareCheckpoints:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
-        while not self.broker.stopping:
+        while True:
             await asyncio.sleep(self.interval_s)
             try:
                 await self.flush()
@@ -188,12 +202,12 @@ class ShareCheckpoints:
     # -- the connection to the coordinator ---------------------------------------------------
 
     def _coordinator(self, group_id: str) -> tuple[str, int] | None:
-        broker = self.broker
-        p = broker.image.partition(OFFSETS_TOPIC, broker.offsets.partition_for(group_id))
-        b = broker.image.brokers.get(p.leader) if p is not None else None
+        image = self._image()
+        p = image.partition(OFFSETS_TOPIC, self._partition_for(group_id))
+        b = image.brokers.get(p.leader) if p is not None else None
         if b is None or not b.alive:
             return None
-        return endpoint_for(b, broker.listeners[0].name) or (b.host, b.port)
+        return endpoint_for(b, self._listener.name) or (b.host, b.port)
 
     async def _call(self, group_id: str, api_key: int, version: int, req: Any) -> Any:
         addr = self._coordinator(group_id)
@@ -204,8 +218,8 @@ class ShareCheckpoints:
             conn = self._conns[addr] = KafkaConnection(
                 addr[0],
                 addr[1],
-                f"share-state-{self.broker.config.node_id}",
-                self.broker.listeners[0].client,
+                f"share-state-{self.node_id}",
+                self._listener.client,
             )
         lock = self._locks.setdefault(addr, asyncio.Lock())
         async with lock:
@@ -218,9 +232,13 @@ class ShareCheckpoints:
                     del self._conns[addr]
                 return None
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        """Stop the background round and close the connections to the coordinators."""
         if self._task is not None:
             self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
         for conn in self._conns.values():
             conn.close()
         self._conns.clear()

@@ -9,7 +9,7 @@ value, and they survive restarts like topic configs.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError
@@ -76,7 +76,15 @@ def changes_for(group_id: str, configs: Any) -> tuple[dict[str, str | None], str
     return changes, None
 
 
-async def alter(broker: Any, group_id: str, configs: Any, validate_only: bool, res: dict) -> None:
+class Control(Protocol):
+    """Asks the active controller for a metadata change (MetadataView.control)."""
+
+    async def control(self, op: str, body: dict, within_s: float = 15.0) -> dict: ...
+
+
+async def alter(
+    metadata: Control, group_id: str, configs: Any, validate_only: bool, res: dict
+) -> None:
     changes, problem = changes_for(group_id, configs)
     if problem:
         res["error_code"], res["error_message"] = ErrorCode.invalid_config, problem
@@ -84,6 +92,6 @@ async def alter(broker: Any, group_id: str, configs: Any, validate_only: bool, r
     if validate_only or not changes:
         return
     try:
-        await broker.control("alter_cluster_configs", {"changes": changes})
+        await metadata.control("alter_cluster_configs", {"changes": changes})
     except ControllerError as e:
         res["error_code"], res["error_message"] = e.code, e.message

@@ -5,7 +5,3 @@ from __future__ import annotations
 
 class BrokerStartupError(Exception):
     """The broker cannot join: wrong cluster id, duplicate node id, bad data dir."""
-
-
-class ListenerConfigError(ValueError):
-    """A listener setting that cannot work; the message says which and why."""

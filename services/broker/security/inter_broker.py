@@ -23,17 +23,13 @@ from __future__ import annotations
 import logging
 import re
 import ssl
-from typing import TYPE_CHECKING
 
 from straitmq.protocol.client import ClientSecurity, SaslLogin
 from straitmq.protocol.sasl_client import MECHANISMS
 from straitmq.security.settings import default, listener_value
 from straitmq.security.tls import file_stamp
 
-from ..errors import ListenerConfigError
-
-if TYPE_CHECKING:
-    from .listeners import Listener
+from .listeners import Listener, ListenerConfigError
 
 log = logging.getLogger("straitmq.security")
 _JAAS_FIELD = r'\b{}\s*=\s*"((?:[^"\\]|\\.)*)"'

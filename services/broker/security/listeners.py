@@ -19,12 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from straitmq.security.tls import TlsListener, TlsSettings
-
-from ..errors import ListenerConfigError
-from .inter_broker import inter_broker_security
-from .sasl import SaslSettings
-
 if TYPE_CHECKING:
     from straitmq.metadata.image import BrokerImage
 
@@ -34,6 +28,10 @@ if TYPE_CHECKING:
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 DEFAULT_LISTENER = "PLAINTEXT"
+
+
+class ListenerConfigError(ValueError):
+    """A listener setting that cannot work; the message says which and why."""
 
 
 @dataclass(slots=True)
@@ -166,6 +164,10 @@ class Listener:
     certificate or mechanism stops the broker with a message instead of a client error."""
 
     def __init__(self, spec: ListenerSpec, props: dict[str, str], reauth_ms: int) -> None:
+        from straitmq.security.tls import TlsListener, TlsSettings
+
+        from .sasl import SaslSettings
+
         self.spec = spec
         self.tls = TlsListener(TlsSettings.from_properties(props, spec.name)) if spec.tls else None
         self.sasl = SaslSettings.from_properties(props, spec.name, reauth_ms) if spec.sasl else None
@@ -190,6 +192,8 @@ def build_listeners(config: BrokerConfig) -> list[Listener]:
                     f"{key}: there is no listener {name.upper()} (listeners: "
                     f"{', '.join(s.name for s in specs)})"
                 )
+    from .inter_broker import inter_broker_security
+
     listeners = [Listener(s, config.security, config.connections_max_reauth_ms) for s in specs]
     listeners[0].client = inter_broker_security(listeners[0], config.security)
     return listeners

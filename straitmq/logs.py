@@ -52,6 +52,8 @@ class JsonFormatter(logging.Formatter):
         out.update(self.extras(record))
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
+        if record.stack_info:  # where a broken invariant was found (straitmq.invariants)
+            out["stack"] = record.stack_info
         return orjson.dumps(out, default=str).decode()
 
 

@@ -40,6 +40,7 @@ _worker_port_slice()
 from straitmq.broker.record_codec import build_batch  # noqa: E402
 from straitmq.cli.local_cluster import free_port  # noqa: E402
 
+from straitmq import invariants  # noqa: E402
 from straitmq.admin_client import AdminError, exchange_sync, request_sync  # noqa: E402
 
 
@@ -167,6 +168,17 @@ def broker_factory(tmp_path: Path) -> Iterator:
 @pytest.fixture
 def broker(broker_factory) -> BrokerProcess:
     return broker_factory()
+
+
+@pytest.fixture(autouse=True)
+def invariants_raise() -> Iterator[None]:
+    """In the test process a broken invariant (straitmq.invariants) raises where it broke
+    instead of ending the whole pytest run; one that an except clause swallowed (a
+    handler of an in-process broker) still fails the test here. Product processes that
+    tests start keep the default: the process stops."""
+    with invariants.raising() as seen:
+        yield
+    assert not seen, f"invariants broken during the test: {seen}"
 
 
 # --- Kubernetes control plane (tests/kube_support.py) -------------------------------------

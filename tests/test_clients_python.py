@@ -658,7 +658,7 @@ def consume_in_group(
     expected: list[Rec] | None = None,
 ) -> tuple[GroupRun, list[Rec]]:
     """Start the members; once the group is settled run `produce` (if any); consume until
-    everything expected arrived, plus a grace period to catch anything extra."""
+    everything expected arrived and is committed (so anything extra would be in too)."""
     run = GroupRun(members)
     threads = client.start_group(bootstrap, topic, group, assignor, run)
     for t in threads:
@@ -676,7 +676,16 @@ def consume_in_group(
             check=run.check,
             detail=run.describe,
         )
-        time.sleep(0.5)  # duplicates or strays would show up here
+        # Members record what they poll, then commit it: once every partition's commit
+        # is at its end, everything delivered is recorded, and a member that takes a
+        # partition over starts at its end, so no duplicate can come any more.
+        ends = end_offsets(expected)
+
+        def all_committed() -> bool:
+            committed = client.committed(bootstrap, group, topic)
+            return all(committed.get(p) == end for p, end in ends.items())
+
+        wait_for(all_committed, WAIT, "every record committed", 0.2, check=run.check)
     finally:
         run.stop.set()
         for t in threads:

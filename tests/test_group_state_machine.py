@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from kio.schema.errors import ErrorCode as E
+from straitmq.broker.config import BrokerConfig
 from straitmq.broker.groups.classic_group import COMPLETING, DEAD, EMPTY, PREPARING, STABLE
 from straitmq.broker.groups.coordinator import GroupCoordinator, JoinError
 from straitmq.broker.groups.messages import (
@@ -32,6 +33,7 @@ from straitmq.broker.groups.messages import (
     TimerKey,
     TimerSet,
 )
+from straitmq.broker.groups.share_group import ShareSettings
 from straitmq.broker.groups.state_machine import GroupSettings, GroupStateMachine
 
 SESSION = 10_000
@@ -970,3 +972,33 @@ def test_asyncio_shell_maps_parked_requests_to_futures_and_timers_to_the_loop() 
         assert gc._timers == {} and gc.groups == {}
 
     asyncio.run(run())
+
+
+def test_group_settings_are_declared_once_in_broker_config() -> None:
+    """BrokerConfig declares the group settings (Kafka name, flag, default): the state
+    machines' defaults are those, and a broker's values reach them."""
+    declared = BrokerConfig()
+    assert GroupSettings.from_config(declared) == GroupSettings()
+    assert (GroupSettings().min_session_timeout_ms, GroupSettings().max_session_timeout_ms) == (
+        declared.group_min_session_timeout_ms,
+        declared.group_max_session_timeout_ms,
+    )
+    assert ShareSettings() == ShareSettings(
+        session_timeout_ms=declared.group_share_session_timeout_ms,
+        heartbeat_interval_ms=declared.group_share_heartbeat_interval_ms,
+    )
+    given = BrokerConfig(
+        group_min_session_timeout_ms=11,
+        group_max_session_timeout_ms=22,
+        group_initial_rebalance_delay_ms=33,
+        group_consumer_session_timeout_ms=44,
+        group_consumer_heartbeat_interval_ms=55,
+    )
+    assert GroupSettings.from_config(given) == dataclasses.replace(
+        GroupSettings(),
+        min_session_timeout_ms=11,
+        max_session_timeout_ms=22,
+        initial_rebalance_delay_ms=33,
+        consumer_session_timeout_ms=44,
+        consumer_heartbeat_interval_ms=55,
+    )

@@ -20,7 +20,8 @@ from confluent_kafka.admin import (
 )
 from conftest import BrokerProcess
 from straitmq.broker.config import BrokerConfig
-from straitmq.broker.security.listeners import ListenerConfigError, build_listeners
+from straitmq.broker.security.build import build_listeners
+from straitmq.broker.security.listeners import ListenerConfigError
 from straitmq.broker.security.sasl import PlainServer
 from straitmq.cli.local_cluster import free_port
 from straitmq.controller.bootstrap import parse_add_scram

@@ -29,6 +29,9 @@ from straitmq.controller.raft.messages import (
 from straitmq.controller.raft.storage import MemoryStorage, Snapshot
 from straitmq.controller.raft.storage import apply as apply_ops
 
+from straitmq import invariants
+from straitmq.invariants import InvariantBroken
+
 CFG = RaftConfig(
     election_timeout_ms=100,
     fetch_timeout_ms=200,
@@ -299,8 +302,9 @@ def test_truncation_below_the_high_watermark_is_refused() -> None:
         diverging_end_offset=0,
         last_fetched_epoch=fetch.last_fetched_epoch,
     )
-    with pytest.raises(AssertionError, match="committed entry is never truncated"):
+    with invariants.raising() as seen, pytest.raises(InvariantBroken):
         f.step(bogus, 30)
+    assert [e.invariant for e in seen] == ["a committed entry is never truncated"]
 
 
 def test_duplicate_or_stale_fetch_responses_are_ignored() -> None:

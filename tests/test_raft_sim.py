@@ -7,6 +7,8 @@ import pytest
 from straitmq.controller.raft import core
 from straitmq.controller.raft.simulation import Simulation, SimulationFailure
 
+from straitmq import invariants
+
 CHUNK = 25
 THREE_VOTERS = 800  # seeds 0..799
 FIVE_VOTERS = 200  # seeds 0..199, with two observers
@@ -48,3 +50,21 @@ def test_a_planted_bug_is_caught_with_a_replay_command(monkeypatch) -> None:
     with pytest.raises(SimulationFailure) as exc:
         _run(range(50), voters=3, observers=1)
     assert "python -m bench.raft_sim --seed" in str(exc.value)
+
+
+def test_a_broken_invariant_of_the_core_fails_the_run_with_its_seed(monkeypatch) -> None:
+    """In the simulation the core's invariants raise instead of stopping the process, and
+    the failure names the invariant and the seed that replays it."""
+    tick = core.RaftNode.tick
+
+    def broken_after_a_while(self: core.RaftNode, now_ms: int) -> None:
+        if now_ms >= 500:
+            invariants.broken("planted by the test", node=self.node_id)
+        tick(self, now_ms)
+
+    monkeypatch.setattr(core.RaftNode, "tick", broken_after_a_while)
+    with pytest.raises(SimulationFailure) as exc:
+        Simulation(3).run()
+    message = str(exc.value)
+    assert "invariant broken: planted by the test" in message
+    assert "python -m bench.raft_sim --seed 3" in message

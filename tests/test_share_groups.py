@@ -37,6 +37,7 @@ from test_errors import Raw
 from waiting import wait_for
 
 from bench.javatools import REPO_ROOT, ensure_jars, java_cmd
+from straitmq.admin_client import request_sync
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -299,7 +300,9 @@ def _create_topic(broker: Any, name: str, partitions: int) -> uuid.UUID:
 def _produce(broker: Any, topic: str, values: list[str], partition: int | None = None) -> None:
     from confluent_kafka import Producer
 
-    p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
+    # One batch per call, also on a loaded machine: the records wait for flush(), which
+    # sends at once whatever linger.ms says (a 5 ms linger split them under load).
+    p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 10_000})
     for v in values:
         if partition is None:
             p.produce(topic, v.encode())
@@ -606,6 +609,36 @@ def _members_assigned(broker: Any, group: str, count: int) -> bool:
     )
 
 
+def _share_done(broker: Any, group: str, partitions: int) -> bool:
+    """Every record of the group's partitions is acknowledged or archived, as saved: the
+    share-partition start offsets have reached the log ends, so nothing can be delivered
+    (again) any more."""
+    rows = request_sync(broker.http, "GET", f"/api/v1/groups/{group}")["offsets"]
+    return len(rows) == partitions and all(r["lag"] == 0 for r in rows)
+
+
+def _finds_nothing_left(
+    broker: Any, group: str, topic: str, partitions: int, tmp_path: Path
+) -> list[str]:
+    """A member that joins now, then one new record on each partition: it gets those and
+    nothing else (a share fetch hands out older available records first), which proves
+    it has fetched and that nothing earlier was left. Its values."""
+    late = ShareMember(broker.bootstrap, group, topic, "late", "accept", tmp_path)
+    try:
+        wait_for(lambda: _members_assigned(broker, group, 1), 60, "the late member joins")
+        for p in range(partitions):
+            _produce(broker, topic, [f"late-{p}"], partition=p)
+
+        def got_them() -> bool:
+            late.alive()
+            return len(late.records()) >= partitions
+
+        wait_for(got_them, 60, "the late member's own records")
+    finally:
+        late.stop()
+    return sorted(v for *_, v in late.records())
+
+
 def test_java_share_consumers_share_two_partitions_and_redeliver_a_dead_members_records(
     broker_factory, tmp_path, _jars
 ):
@@ -708,10 +741,11 @@ def test_java_share_consumer_released_past_the_delivery_limit_or_rejected_is_arc
             return got["release-0"] >= 3 and got["release-1"] >= 3 and got["ok19"] >= 1
 
         wait_for(settled, 90, "released records delivered up to the limit")
-        time.sleep(3)  # any delivery past the limit would show up by now
-        got = m.records()
+        # Past the limit the released records are archived: nothing is left to deliver.
+        wait_for(lambda: _share_done(broker, group, 1), 60, "every record done")
     finally:
         m.stop()
+    got = m.records()  # after stop: every line it printed has been read
     deliveries: dict[str, list[int]] = {}
     for _, _, count, v in got:
         deliveries.setdefault(v, []).append(count)
@@ -721,14 +755,7 @@ def test_java_share_consumer_released_past_the_delivery_limit_or_rejected_is_arc
     assert deliveries["reject-0"] == [1]
     assert all(deliveries[f"ok{i}"] == [1] for i in range(20)), deliveries
     # A new member finds nothing left: everything is acknowledged or archived.
-    late = ShareMember(broker.bootstrap, group, topic, "late", "accept", tmp_path)
-    try:
-        wait_for(lambda: _members_assigned(broker, group, 1), 60, "the late member joins")
-        time.sleep(3)
-        late.alive()
-        assert late.records() == []
-    finally:
-        late.stop()
+    assert _finds_nothing_left(broker, group, topic, 1, tmp_path) == ["late-0"]
 
 
 def test_wire_the_saved_spso_survives_a_broker_restart(broker_factory):
@@ -862,7 +889,12 @@ def test_kafka_share_groups_tool_lists_and_describes(broker_factory, _jars):
         _produce(broker, "cli-share", [f"v{i}" for i in range(5)], partition=0)
         assert _acquired(r.call(_fetch(g, m, 1, tid, {}, wait_ms=3000))) == {0: [(0, 4, 1)]}
         assert r.call(_ack(g, m, 2, tid, {0: [(0, 2, [1])]})).error_code == 0
-        time.sleep(1.5)
+
+        def saved() -> bool:
+            rows = request_sync(broker.http, "GET", f"/api/v1/groups/{g}")["offsets"]
+            return any(row["partition"] == 0 and row["start_offset"] == 3 for row in rows)
+
+        wait_for(saved, 30, "the start offset 3 saved")
 
         def tool(*args: str) -> str:
             res = subprocess.run(
@@ -907,20 +939,15 @@ def test_java_share_consumer_with_implicit_acknowledgement(broker_factory, tmp_p
             return len({v for *_, v in m.records()}) == 300
 
         wait_for(all_read, 90, "300 records")
-        time.sleep(1)  # one more poll accepts the last records
+        # The next polls accept the last records (implicitly): wait until they are done.
+        wait_for(lambda: _share_done(broker, group, 2), 60, "every record accepted")
     finally:
         m.stop()
     got = m.records()
     assert sorted(v for *_, v in got) == sorted(f"v{i}" for i in range(300))
     assert {d for _, _, d, _ in got} == {1}
-    late = ShareMember(broker.bootstrap, group, topic, "late", "accept", tmp_path)
-    try:
-        wait_for(lambda: _members_assigned(broker, group, 1), 60, "the late member joins")
-        time.sleep(3)
-        late.alive()
-        assert late.records() == [], "the implicit acknowledgements were applied"
-    finally:
-        late.stop()
+    late = _finds_nothing_left(broker, group, topic, 2, tmp_path)
+    assert late == ["late-0", "late-1"], "the implicit acknowledgements were applied"
 
 
 def test_share_auto_offset_reset_as_a_group_config(broker_factory, _jars):

@@ -26,6 +26,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from straitmq.invariants import broken
+
 from . import certificates, pki
 from . import names as n
 from .admin import AdminClient, AdminError
@@ -345,7 +347,8 @@ class UserReconciler:
         why = pki.needs_new(crt, ca_crt, [us.name]) if key else "no certificate yet"
         if why is not None:
             key, crt = pki.issue(ca_key, ca_crt, us.name, [us.name], organization=None)
-        assert key is not None and crt is not None, "invariant: a certificate and its key"
+        if key is None or crt is None:
+            broken("a tls user has a certificate and its key", user=us.name)
         try:
             have = await admin.user(us.name)
             for m in sorted({m["mechanism"] for m in (have or {}).get("mechanisms", [])}):

@@ -67,7 +67,8 @@ from .records import BatchInfo
 from .replication.fetcher import FetcherSettings, ReplicaFetchers
 from .replication.isr import IsrManager
 from .replication.throttle import ReplicationThrottle
-from .security.listeners import Listener, bind_listeners, build_listeners
+from .security.build import build_listeners
+from .security.listeners import Listener, bind_listeners
 from .security.sasl import ConnectionSecurity
 from .server import KafkaConnection, ListenerDeps, bind, serve
 from .share.coordinator import ShareCoordinator
@@ -154,16 +155,7 @@ class Broker:
         self.partitions.role_listeners.append(self._on_role)
         self.offsets = OffsetStore(config.offsets_topic_partitions)
         self.offsets.bind(self._append_offsets)
-        self.groups = GroupCoordinator(
-            self.offsets,
-            GroupSettings(
-                min_session_timeout_ms=config.group_min_session_timeout_ms,
-                max_session_timeout_ms=config.group_max_session_timeout_ms,
-                initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
-                consumer_session_timeout_ms=config.group_consumer_session_timeout_ms,
-                consumer_heartbeat_interval_ms=config.group_consumer_heartbeat_interval_ms,
-            ),
-        )
+        self.groups = GroupCoordinator(self.offsets, GroupSettings.from_config(config))
         self.groups.bind(self._offsets_durable)
         self.share = ShareCoordinator(
             config,

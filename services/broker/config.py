@@ -4,7 +4,8 @@ shows) and its `strait-broker` flag, with Kafka's names where Kafka has the same
 `setting(...)` (straitmq.settings, shared with ControllerConfig) puts the name and flag in
 the dataclass field's metadata; `describe()` and the command line
 (`straitmq.broker.__main__`) are both built from these declarations. A combined node's own
-controller settings take their defaults from ControllerConfig.
+controller settings take their defaults from ControllerConfig; the group coordinators'
+settings take theirs from `DEFAULTS` here.
 """
 
 from __future__ import annotations
@@ -160,3 +161,8 @@ class BrokerConfig:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+# The declared defaults: the subsystems' own settings (GroupSettings, ShareSettings) take
+# theirs from here instead of repeating the numbers.
+DEFAULTS = BrokerConfig()

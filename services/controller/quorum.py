@@ -28,6 +28,7 @@ from kio.schema.errors import ErrorCode
 from straitmq.metadata.image import MetadataImage, Record
 
 from straitmq.admin_client import AdminAuth
+from straitmq.invariants import InvariantBroken, broken
 
 from .errors import ControllerError, NotController
 from .raft import messages as M
@@ -39,7 +40,6 @@ log = logging.getLogger("straitmq.quorum")
 
 T = TypeVar("T")
 TICK_S = 0.02
-EXIT_INVARIANT = 70  # EX_SOFTWARE: the process stopped itself on a broken invariant
 EXIT_STORAGE = 74  # EX_IOERR: the metadata log could not be written
 SNAPSHOT_EVERY = 2000  # applied entries between metadata snapshots
 # Longest stretch the event loop spends applying committed entries before it serves its
@@ -147,8 +147,7 @@ class Quorum:
 
     async def stop(self, resign: bool = True) -> None:
         if resign and self.node.is_leader:
-            self._advance(lambda: self.node.resign(now_ms()))
-            await asyncio.sleep(0.05)  # let EndQuorumEpoch go out
+            await self._resign()
         self.closed = True
         if self._writing is not None:  # never cut a write short
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -172,19 +171,36 @@ class Quorum:
             await asyncio.sleep(TICK_S)
             self._advance(lambda: self.node.tick(now_ms()))
 
+    async def _resign(self) -> None:
+        """Hand over leadership: EndQuorumEpoch to every other voter, so the most caught
+        up one campaigns at once instead of after an election timeout. Returns once those
+        messages are answered (or failed), within one request timeout in all: they wait
+        in the node for what it has not persisted yet, then go out as HTTP requests."""
+        before = set(self._tasks)
+        self._advance(lambda: self.node.resign(now_ms()))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.request_timeout_ms / 1000
+        while self.node.unsent and loop.time() < deadline:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed(), deadline - loop.time())
+        sends = self._tasks - before
+        if sends:
+            await asyncio.wait(sends, timeout=max(0.0, deadline - loop.time()))
+
     def _advance(self, op: Callable[[], T]) -> T:
-        """Every call into the Raft node goes through here, then the pump. A broken
-        invariant (an AssertionError from the core) stops the process at once, wherever
-        the call came from (tick, a peer's request, a proposal): a node whose state is
-        known to be wrong must not go on voting, leading or answering."""
+        """Every call into the Raft node goes through here, then the pump. The core's
+        invariants stop the process themselves (`straitmq.invariants`); a plain assert
+        of the core that fails does the same, through the same check, wherever the call
+        came from (tick, a peer's request, a proposal): a node whose state is known to
+        be wrong must not go on voting, leading or answering."""
         try:
             result = op()
             self._pump()
             return result
+        except InvariantBroken:
+            raise  # already recorded (in-process tests and simulations only)
         except AssertionError as e:
-            log.critical("raft invariant broken; stopping this node", exc_info=True)
-            print(f"raft invariant broken, stopping: {e}", file=sys.stderr, flush=True)
-            os._exit(EXIT_INVARIANT)
+            broken("the raft core's assertions hold", node=self.node_id, error=str(e))
 
     # -- status ----------------------------------------------------------------------
 

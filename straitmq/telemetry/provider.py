@@ -137,14 +137,16 @@ class Telemetry:
             raise ValueError(f"{inst.name} is a {inst.kind}, not an observable instrument")
 
     def counter(self, inst: Instrument) -> Any:
-        assert inst.kind == catalog.COUNTER, inst
+        if inst.kind != catalog.COUNTER:
+            raise ValueError(f"{inst.name} is a {inst.kind}, not a counter")
         c = self.meter(inst.scope).create_counter(inst.name, inst.unit, inst.description)
         self.created[inst.name] = c
         return c
 
     def histogram(self, inst: Instrument, bounds: Sequence[float]) -> Any:
         """An SDK histogram, for measurements off the request path."""
-        assert inst.kind == catalog.HISTOGRAM, inst
+        if inst.kind != catalog.HISTOGRAM:
+            raise ValueError(f"{inst.name} is a {inst.kind}, not a histogram")
         h = self.meter(inst.scope).create_histogram(
             inst.name, inst.unit, inst.description, explicit_bucket_boundaries_advisory=bounds
         )
@@ -159,7 +161,8 @@ class Telemetry:
 
     def attach_fast_histogram(self, inst: Instrument, family: HistogramFamily) -> None:
         """Export a HistogramFamily made before this provider (it is collected as is)."""
-        assert inst.kind == catalog.FAST_HISTOGRAM and family.name == inst.name, inst
+        if inst.kind != catalog.FAST_HISTOGRAM or family.name != inst.name:
+            raise ValueError(f"{inst.name} ({inst.kind}) is not the fast histogram {family.name}")
         self._families.append((inst.scope, family))
         self.created[inst.name] = family
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from kio.schema.errors import ErrorCode
 
+from straitmq.invariants import broken
+
 EMPTY = "Empty"
 PREPARING = "PreparingRebalance"
 COMPLETING = "CompletingRebalance"
@@ -65,7 +67,11 @@ class ClassicMember:
         for name, _ in self.protocols:
             if name in candidates:
                 return name
-        raise AssertionError(f"invariant: member {self.member_id} supports no group protocol")
+        broken(
+            "a member votes for a protocol it supports",
+            member=self.member_id,
+            candidates=sorted(candidates),
+        )
 
 
 @dataclass(slots=True)
@@ -96,8 +102,12 @@ class ClassicGroup:
     def add(self, member: ClassicMember) -> None:
         if member.instance_id is not None:
             if member.instance_id in self.static:
-                raise AssertionError(
-                    f"invariant: instance {member.instance_id} is already a static member"
+                broken(
+                    "one member per group.instance.id",
+                    group=self.group_id,
+                    instance=member.instance_id,
+                    member=self.static[member.instance_id],
+                    new=member.member_id,
                 )
             self.static[member.instance_id] = member.member_id
         if not self.members:
@@ -173,7 +183,7 @@ class ClassicGroup:
             names = {n for n, _ in m.protocols}
             candidates = names if candidates is None else candidates & names
         if not candidates:
-            raise AssertionError(f"invariant: members of {self.group_id} share no protocol")
+            broken("the members of a group share a protocol", group=self.group_id)
         votes: dict[str, int] = {}
         for m in self.members.values():
             name = m.vote(candidates)

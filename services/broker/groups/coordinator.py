@@ -20,6 +20,8 @@ from collections.abc import Awaitable, Callable
 
 from kio.schema.errors import ErrorCode
 
+from straitmq.invariants import broken
+
 from .classic_group import ClassicGroup
 from .messages import (
     ConsumerHeartbeatRequest,
@@ -214,7 +216,8 @@ class GroupCoordinator:
             supports_skip_assignment,
         )
         resp = await self._park(group_id, lambda h: self.machine.join(h, req, self._now(), topics))
-        assert isinstance(resp, JoinResponse), "invariant: a JoinGroup gets a JoinGroup answer"
+        if not isinstance(resp, JoinResponse):
+            broken("a JoinGroup gets a JoinGroup answer", group=group_id, got=type(resp).__name__)
         if resp.error:
             raise JoinError(resp.error, resp.member_id)
         return resp.as_dict()
@@ -233,7 +236,8 @@ class GroupCoordinator:
             group_id, member_id, instance_id, generation, assignments, protocol_type, protocol_name
         )
         resp = await self._park(group_id, lambda h: self.machine.sync(h, req, self._now()))
-        assert isinstance(resp, SyncResponse), "invariant: a SyncGroup gets a SyncGroup answer"
+        if not isinstance(resp, SyncResponse):
+            broken("a SyncGroup gets a SyncGroup answer", group=group_id, got=type(resp).__name__)
         if resp.error:
             raise JoinError(resp.error)
         return {

@@ -30,6 +30,8 @@ from typing import Protocol
 
 from kio.schema.errors import ErrorCode
 
+from ..config import DEFAULTS
+
 JOIN_EPOCH = 0
 LEAVE_EPOCH = -1
 
@@ -41,8 +43,10 @@ class TopicsView(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ShareSettings:
-    session_timeout_ms: int = 45_000  # group.share.session.timeout.ms
-    heartbeat_interval_ms: int = 5_000  # group.share.heartbeat.interval.ms
+    """Declared once, in BrokerConfig: the defaults come from there."""
+
+    session_timeout_ms: int = DEFAULTS.group_share_session_timeout_ms
+    heartbeat_interval_ms: int = DEFAULTS.group_share_heartbeat_interval_ms
     max_size: int = 200  # group.share.max.size
 
 

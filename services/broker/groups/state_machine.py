@@ -38,7 +38,9 @@ touched that differ from what was last written (new values, tombstones for membe
 gone), one GroupRecords per group; `load_consumer_groups` rebuilds groups from the
 newest records when this broker becomes their coordinator.
 
-Internal invariants raise AssertionError naming the invariant (never stripped by -O).
+Internal invariants go through `straitmq.invariants` (never stripped by -O): a broken
+one names itself and its facts and stops the process, as the Raft core's do (tests and
+simulations may make it raise instead).
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ from typing import Protocol
 
 from kio.schema.errors import ErrorCode
 
+from straitmq.invariants import broken
+
+from ..config import DEFAULTS, BrokerConfig
 from .assignors import ASSIGNORS, TopicPartition
 from .classic_group import (
     COMPLETING,
@@ -115,15 +120,29 @@ from .regex import INTERNAL_TOPICS, RegexError, compile_regex
 
 @dataclass(frozen=True, slots=True)
 class GroupSettings:
-    min_session_timeout_ms: int = 6000  # group.min.session.timeout.ms
-    max_session_timeout_ms: int = 1_800_000  # group.max.session.timeout.ms
-    initial_rebalance_delay_ms: int = 3000  # group.initial.rebalance.delay.ms
-    max_size: int = 1000  # group.max.size (Kafka's default is unlimited)
+    """What the state machine is told. The broker settings are declared once, in
+    BrokerConfig (Kafka name, flag, default, help): these take their defaults from
+    there, and `from_config` their values from a broker's."""
+
+    min_session_timeout_ms: int = DEFAULTS.group_min_session_timeout_ms
+    max_session_timeout_ms: int = DEFAULTS.group_max_session_timeout_ms
+    initial_rebalance_delay_ms: int = DEFAULTS.group_initial_rebalance_delay_ms
+    max_size: int = 1000  # group.max.size (Kafka's default is unlimited); not a setting
     new_member_join_timeout_ms: int = 300_000  # Kafka's, not configurable there either
-    # KIP-848 consumer groups (Kafka's group.consumer.* defaults).
-    consumer_session_timeout_ms: int = 45_000
-    consumer_heartbeat_interval_ms: int = 5_000
+    # KIP-848 consumer groups.
+    consumer_session_timeout_ms: int = DEFAULTS.group_consumer_session_timeout_ms
+    consumer_heartbeat_interval_ms: int = DEFAULTS.group_consumer_heartbeat_interval_ms
     consumer_assignors: tuple[str, ...] = ("uniform", "range")  # the first is the default
+
+    @classmethod
+    def from_config(cls, config: BrokerConfig) -> GroupSettings:
+        return cls(
+            min_session_timeout_ms=config.group_min_session_timeout_ms,
+            max_session_timeout_ms=config.group_max_session_timeout_ms,
+            initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+            consumer_session_timeout_ms=config.group_consumer_session_timeout_ms,
+            consumer_heartbeat_interval_ms=config.group_consumer_heartbeat_interval_ms,
+        )
 
 
 class CommittedGroups(Protocol):
@@ -216,7 +235,7 @@ class GroupStateMachine:
         elif key.kind == SYNC:
             self._expire_sync(group)
         else:
-            raise AssertionError(f"invariant: unknown timer kind {key.kind!r}")
+            broken("every timer kind is handled", group=key.group_id, kind=key.kind)
 
     # -- JoinGroup ------------------------------------------------------------------------
 
@@ -422,8 +441,11 @@ class GroupStateMachine:
             # nothing to the new one: rebalance so the new id gets an assignment.
             return self._prepare_rebalance(group)
         if group.state != PREPARING:
-            raise AssertionError(
-                f"invariant: a static member is known in {group.group_id} in state {group.state}"
+            broken(
+                "a known static member rejoins a group that is Empty, Stable, "
+                "CompletingRebalance or PreparingRebalance",
+                group=group.group_id,
+                state=group.state,
             )
         self._maybe_complete_join_phase(group)
 
@@ -941,7 +963,8 @@ class GroupStateMachine:
         member, changed, error = self._consumer_member(group, req)
         if error is not None:
             return error
-        assert member is not None
+        if member is None:
+            broken("a consumer member is found, made or refused", group=group.group_id)
         self._touch(group.group_id, member.member_id)
         changed |= self._update_consumer_member(member, req)
         changed |= self._refresh_topics(group, topics)
@@ -1096,7 +1119,8 @@ class GroupStateMachine:
     ) -> ConsumerMember:
         """A static member restarted: the new member id takes its place, partitions and
         target, from epoch 0, so nothing moves."""
-        assert old.instance_id is not None, "invariant: a static member"
+        if old.instance_id is None:
+            broken("only a static member is replaced", group=group.group_id, member=old.member_id)
         new = ConsumerMember(
             new_id,
             old.instance_id,
@@ -1405,7 +1429,12 @@ class GroupStateMachine:
         member, code = self._classic_member(group, req.member_id, req.instance_id, req.generation)
         if member is None:
             return self._reply_sync(handle, code)
-        assert member.classic is not None, "invariant: a classic member"
+        if member.classic is None:
+            broken(
+                "a member found as classic has its classic protocols",
+                group=group.group_id,
+                member=member.member_id,
+            )
         if _differs(req.protocol_type, "consumer") or _differs(
             req.protocol_name, member.classic.protocol_name
         ):

@@ -19,6 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from straitmq.security.tls import TlsListener, TlsSettings
+
+from .sasl import SaslSettings
+
 if TYPE_CHECKING:
     from straitmq.metadata.image import BrokerImage
 
@@ -164,10 +168,6 @@ class Listener:
     certificate or mechanism stops the broker with a message instead of a client error."""
 
     def __init__(self, spec: ListenerSpec, props: dict[str, str], reauth_ms: int) -> None:
-        from straitmq.security.tls import TlsListener, TlsSettings
-
-        from .sasl import SaslSettings
-
         self.spec = spec
         self.tls = TlsListener(TlsSettings.from_properties(props, spec.name)) if spec.tls else None
         self.sasl = SaslSettings.from_properties(props, spec.name, reauth_ms) if spec.sasl else None
@@ -178,25 +178,6 @@ class Listener:
     @property
     def name(self) -> str:
         return self.spec.name
-
-
-def build_listeners(config: BrokerConfig) -> list[Listener]:
-    """Every listener of the config, the inter-broker one first (ValueError if unusable)."""
-    specs = resolve(config)
-    names = {s.name.lower() for s in specs}
-    for key in config.security:
-        if key.startswith("listener.name."):
-            name = key[len("listener.name.") :].partition(".")[0]
-            if name.lower() not in names:  # a typo would leave that listener unconfigured
-                raise ListenerConfigError(
-                    f"{key}: there is no listener {name.upper()} (listeners: "
-                    f"{', '.join(s.name for s in specs)})"
-                )
-    from .inter_broker import inter_broker_security
-
-    listeners = [Listener(s, config.security, config.connections_max_reauth_ms) for s in specs]
-    listeners[0].client = inter_broker_security(listeners[0], config.security)
-    return listeners
 
 
 def bind_listeners(

@@ -27,6 +27,8 @@ from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from straitmq.invariants import broken
+
 AVAILABLE = 0
 ACQUIRED = 1
 ACKNOWLEDGED = 2
@@ -61,7 +63,8 @@ class InFlight:
 
     def split_at(self, offset: int) -> InFlight:
         """Cut this range before `offset`; return the part from `offset` on."""
-        assert self.first < offset <= self.last, "invariant: a split falls inside the range"
+        if not self.first < offset <= self.last:
+            broken("a split falls inside the range", first=self.first, last=self.last, at=offset)
         tail = InFlight(
             offset, self.last, self.state, self.delivery_count, self.member, self.deadline
         )
@@ -86,7 +89,8 @@ class SharePartition:
         delivery_limit: int = 5,
         max_in_flight: int = 2000,
     ) -> None:
-        assert start_offset >= 0, "invariant: the SPSO is an offset"
+        if start_offset < 0:
+            broken("the SPSO is an offset", spso=start_offset)
         self.spso = start_offset
         self.next_offset = start_offset
         self.lock_duration_ms = lock_duration_ms
@@ -99,12 +103,14 @@ class SharePartition:
     # -- reading the state -----------------------------------------------------------
 
     def check(self) -> None:
-        """Assert the ranges tile [spso, next_offset) in order."""
+        """Check that the ranges tile [spso, next_offset) in order."""
         at = self.spso
         for r in self.ranges:
-            assert r.first == at and r.last >= r.first, f"invariant: ranges tile at {at}: {r}"
+            if r.first != at or r.last < r.first:
+                broken("the in-flight ranges tile from the SPSO", at=at, range=r)
             at = r.last + 1
-        assert at == self.next_offset, "invariant: the ranges end at next_offset"
+        if at != self.next_offset:
+            broken("the in-flight ranges end at next_offset", end=at, next_offset=self.next_offset)
 
     def state_of(self, offset: int) -> tuple[int, int, str | None]:
         """(state, delivery count, owner) of one offset (tests and describe)."""
@@ -143,7 +149,8 @@ class SharePartition:
 
     def restore(self, text: str, log_start: int, log_end: int) -> None:
         """Take the ranges of a snapshot() saved at this SPSO (a new leader's start)."""
-        assert not self.ranges and self.next_offset == self.spso, "invariant: a fresh partition"
+        if self.ranges or self.next_offset != self.spso:
+            broken("a snapshot is restored into a fresh share-partition", spso=self.spso)
         at = self.spso
         for item in filter(None, text.split(";")):
             first, length, state, count = (int(x) for x in item.split(","))
@@ -205,7 +212,8 @@ class SharePartition:
             if last < self.next_offset:
                 continue
             first = max(base, self.next_offset)
-            assert first == self.next_offset, "invariant: new batches follow next_offset"
+            if first != self.next_offset:
+                broken("new batches follow next_offset", first=first, next_offset=self.next_offset)
             self.ranges.append(InFlight(first, last, ACQUIRED, 1, member, deadline))
             self.next_offset = last + 1
             out.append(Acquired(first, last, 1))
@@ -275,7 +283,8 @@ class SharePartition:
 
     def _index(self, offset: int) -> int:
         i = bisect_right([r.first for r in self.ranges], offset) - 1
-        assert i >= 0 and self.ranges[i].last >= offset, f"invariant: {offset} is in flight"
+        if i < 0 or self.ranges[i].last < offset:
+            broken("an offset looked up is in flight", offset=offset, spso=self.spso)
         return i
 
     def _give_back(self, r: InFlight) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import orjson
 
 from ..producer_state import ProducerStateTable
+from ..record_codec import decode_batch
 from ..records import (
     HEADER_SIZE,
     LOG_OVERHEAD,
@@ -450,8 +451,6 @@ class PartitionLog:
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record at or after the log start with
         timestamp >= `timestamp`."""
-        from ..record_codec import decode_batch
-
         start = self.log_start_offset
         for seg in self.segments:
             if seg.max_timestamp < timestamp or seg.next_offset <= start:
@@ -474,8 +473,6 @@ class PartitionLog:
         segment holding it are read, and only the one batch holding it is decoded. A
         record below the log start is not answered (Kafka's would be); if the largest
         timestamp is only there, this finds nothing."""
-        from ..record_codec import decode_batch
-
         start = self.log_start_offset
         best: Segment | None = None
         for seg in self.segments:

@@ -19,6 +19,8 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Iterator
 
+from straitmq.invariants import broken
+
 from ..records import HEADER_SIZE, BatchInfo, check_crc, parse_header
 from .handles import FileHandles
 
@@ -105,6 +107,18 @@ class Segment:
     # -- writing -------------------------------------------------------------------
 
     def append(self, pieces: list, batches: list[BatchInfo], total: int) -> None:
+        # Checked before the write: a log whose offsets went wrong must not reach disk.
+        expected = self.next_offset
+        for b in batches:
+            if b.base_offset != expected or b.last_offset_delta < 0:
+                broken(
+                    "a batch is appended at the log end and offsets only grow",
+                    segment=self.path(".log"),
+                    log_end=expected,
+                    base_offset=b.base_offset,
+                    last_offset_delta=b.last_offset_delta,
+                )
+            expected = b.base_offset + b.last_offset_delta + 1
         written = os.pwritev(self.fd, pieces, self.size)
         if written != total:  # a short write on a regular file means the disk is full
             os.ftruncate(self.fd, self.size)

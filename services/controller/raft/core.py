@@ -28,8 +28,8 @@ log end offset and last epoch; the leader answers with entries, a diverging epoc
 (truncate and retry) or a snapshot id (FetchSnapshot, install, retry). A node whose
 id is not among the voters is an observer: it follows the log but never votes.
 
-Internal invariants are asserted with plain `raise AssertionError(...)` (never
-stripped by -O) naming the invariant that broke.
+Internal invariants go through `straitmq.invariants` (never stripped by -O): a broken
+one names itself and its facts and stops the process (raises, in the simulation).
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ import functools
 import random
 from dataclasses import dataclass
 from typing import Any
+
+from straitmq.invariants import broken
 
 from ..config import DEFAULTS
 from .epochs import EpochCache
@@ -158,7 +160,11 @@ class RaftNode:
 
         epoch, voted_for, snapshot, log_start, entries = storage.load()
         if (snapshot.end_offset if snapshot else 0) != log_start:
-            raise AssertionError("invariant: the log starts where the snapshot ends")
+            broken(
+                "the log starts where the snapshot ends",
+                snapshot_end=snapshot.end_offset if snapshot else 0,
+                log_start=log_start,
+            )
         self._epoch = epoch
         self._voted_for = voted_for
         self._snapshot = snapshot  # the snapshot the log starts after
@@ -270,6 +276,11 @@ class RaftNode:
 
     # -- the shell's calls --------------------------------------------------------------
 
+    @property
+    def unsent(self) -> int:
+        """Messages made but not handed out yet (waiting for their storage ops)."""
+        return len(self._outbox)
+
     def take_messages(self) -> list[Message]:
         """Messages to send: those whose storage ops are durable (in order of making)."""
         durable = self._durable
@@ -297,9 +308,11 @@ class RaftNode:
         if seq <= self._durable:
             return
         if seq > self._ops_taken:
-            raise AssertionError(
-                f"invariant: persisted({seq}) beyond the ops handed out "
-                f"({self._ops_taken}) on node {self.node_id}"
+            broken(
+                "persisted never runs beyond the storage ops handed out",
+                node=self.node_id,
+                persisted=seq,
+                handed_out=self._ops_taken,
             )
         self._durable = seq
         while self._ends_taken and self._ends_taken[0][0] <= seq:
@@ -400,7 +413,7 @@ class RaftNode:
     def _set_epoch(self, epoch: int) -> None:
         """Move to a newer epoch (forgetting the vote), durably."""
         if epoch < self._epoch:
-            raise AssertionError(f"invariant: epochs never go back ({self._epoch} -> {epoch})")
+            broken("epochs never go back", node=self.node_id, epoch=self._epoch, new=epoch)
         if epoch > self._epoch:
             self._epoch, self._voted_for = epoch, None
             self._persist(("state", epoch, None))
@@ -440,10 +453,14 @@ class RaftNode:
 
     def _become_follower(self, epoch: int, leader: int) -> None:
         if leader == self.node_id:
-            raise AssertionError(f"invariant: node {leader} told it leads epoch {epoch}")
+            broken("a node is never told that it leads", node=leader, epoch=epoch)
         if epoch == self._epoch and self._leader_id not in (None, leader):
-            raise AssertionError(
-                f"election safety: epoch {epoch} has two leaders, {self._leader_id} and {leader}"
+            broken(
+                "election safety: one leader per epoch",
+                node=self.node_id,
+                epoch=epoch,
+                leader=self._leader_id,
+                other=leader,
             )
         following = self._role in (FOLLOWER, OBSERVER) and self._leader_id == leader
         if following and epoch == self._epoch:
@@ -550,7 +567,12 @@ class RaftNode:
         end = self.log_end_offset
         for i, e in enumerate(entries):
             if e.epoch > self._epoch:
-                raise AssertionError(f"invariant: entry of epoch {e.epoch} in epoch {self._epoch}")
+                broken(
+                    "no entry of a later epoch than the node's",
+                    node=self.node_id,
+                    entry_epoch=e.epoch,
+                    epoch=self._epoch,
+                )
             self._cache.append(e.epoch, end + i)
         self._log.extend(entries)
 
@@ -560,9 +582,11 @@ class RaftNode:
 
     def _truncate(self, end_offset: int) -> None:
         if end_offset < self._hw:
-            raise AssertionError(
-                f"invariant: a committed entry is never truncated (node {self.node_id} "
-                f"truncating to {end_offset} below its high watermark {self._hw})"
+            broken(
+                "a committed entry is never truncated",
+                node=self.node_id,
+                truncate_to=end_offset,
+                high_watermark=self._hw,
             )
         if end_offset >= self.log_end_offset:
             return
@@ -575,9 +599,11 @@ class RaftNode:
         if snapshot.end_offset <= self._log_start:
             return  # we already hold it (a duplicate)
         if snapshot.end_offset < self._hw:
-            raise AssertionError(
-                f"invariant: a snapshot ending at {snapshot.end_offset} would drop committed "
-                f"entries below the high watermark {self._hw}"
+            broken(
+                "a snapshot never drops committed entries",
+                node=self.node_id,
+                snapshot_end=snapshot.end_offset,
+                high_watermark=self._hw,
             )
         self._snapshot = snapshot
         self._log_start = snapshot.end_offset
@@ -591,14 +617,13 @@ class RaftNode:
 
     def _set_hw(self, hw: int) -> None:
         if hw < self._hw:
-            raise AssertionError(
-                f"invariant: the high watermark never decreases ({self._hw} "
-                f"-> {hw} on node {self.node_id})"
-            )
+            broken("the high watermark never decreases", node=self.node_id, old=self._hw, new=hw)
         if hw > self.log_end_offset:
-            raise AssertionError(
-                f"invariant: high watermark {hw} beyond the log end "
-                f"{self.log_end_offset} on node {self.node_id}"
+            broken(
+                "the high watermark never passes the log end",
+                node=self.node_id,
+                high_watermark=hw,
+                log_end=self.log_end_offset,
             )
         self._hw = hw
 
@@ -792,9 +817,12 @@ class RaftNode:
                 self._send_fetch()  # straight to the leader we were pointed at
             return
         if self._role == FOLLOWER and m.src != self._leader_id:
-            raise AssertionError(
-                f"invariant: fetch answered by {m.src} in epoch {m.epoch}, "
-                f"but node {self.node_id} follows {self._leader_id}"
+            broken(
+                "a follower's fetch is answered by its leader",
+                node=self.node_id,
+                answered_by=m.src,
+                epoch=m.epoch,
+                leader=self._leader_id,
             )
         self._leader_id = m.src  # an observer learns the leader here
         self._last_leader_contact = now
@@ -960,9 +988,12 @@ class RaftNode:
         if m.epoch == self._epoch and self._is_voter:
             if self._role == LEADER:
                 if m.leader_id != self.node_id:
-                    raise AssertionError(
-                        f"election safety: {m.leader_id} and {self.node_id} "
-                        f"both lead epoch {m.epoch}"
+                    broken(
+                        "election safety: one leader per epoch",
+                        node=self.node_id,
+                        epoch=m.epoch,
+                        leader=self.node_id,
+                        other=m.leader_id,
                     )
             else:
                 self._become_follower(m.epoch, m.leader_id)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
+from straitmq.invariants import broken
+
 
 class EpochCache:
     __slots__ = ("_base_epoch", "_base_offset", "_epochs", "_starts")
@@ -36,10 +38,7 @@ class EpochCache:
         """Record that the entry at `offset` has `epoch` (entries are appended in order)."""
         last = self.last_epoch
         if epoch < last:
-            raise AssertionError(
-                f"invariant: epochs never decrease along the log ({epoch} after {last} "
-                f"at offset {offset})"
-            )
+            broken("epochs never decrease along the log", epoch=epoch, after=last, offset=offset)
         if not self._epochs or epoch > self._epochs[-1]:
             self._epochs.append(epoch)
             self._starts.append(offset)

@@ -8,8 +8,9 @@ Every message goes through `to_dict`/`from_dict` and orjson, as in the real shel
 
 After every event the safety properties are checked (see `_check`); at the end the
 network is healed, every node restarted, and a proposal must commit on every voter
-in bounded simulated time. Any failure raises `SimulationFailure` whose message says
-how to replay it:
+in bounded simulated time. Any failure, a broken invariant of the core included (it
+raises here instead of stopping the process), raises `SimulationFailure` whose message
+says how to replay it:
 
     python -m bench.raft_sim --seed 1234
 
@@ -27,6 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from straitmq import invariants
+from straitmq.invariants import InvariantBroken
 
 from .core import NotLeader, RaftConfig, RaftNode
 from .messages import Message, VoteResponse, from_dict, to_dict
@@ -336,10 +340,16 @@ class Simulation:
     # -- running ------------------------------------------------------------------------
 
     def run(self) -> dict[str, int]:
-        for _ in range(self.steps):
-            self._random_faults()
-            self._advance(self.now + TICK_MS)
-        self._check_liveness()
+        # A broken invariant of the core raises here instead of stopping the process,
+        # and fails the run with the seed that replays it.
+        with invariants.raising():
+            try:
+                for _ in range(self.steps):
+                    self._random_faults()
+                    self._advance(self.now + TICK_MS)
+                self._check_liveness()
+            except InvariantBroken as e:
+                raise self.fail(str(e)) from e
         self.stats["committed"] = len(self.committed)
         return self.stats
 

@@ -96,3 +96,18 @@ def test_every_advertised_api_has_a_handler_with_its_versions() -> None:
     # Each handler is bound to the collaborators its family is given, never the Broker.
     handler = table[76].handler
     assert isinstance(handler, partial) and handler.func is share.handle_share_group_heartbeat
+
+
+def test_no_import_inside_a_function_anywhere_in_the_broker() -> None:
+    """The same habit for the whole broker and the node above it: a cycle is broken by
+    moving what both sides need, never hidden in a function."""
+    root = API.parents[1]
+    offenders = []
+    for path in sorted([*(root / "broker").rglob("*.py"), *(root / "node").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                for inner in ast.walk(node):
+                    if isinstance(inner, ast.Import | ast.ImportFrom):
+                        where = path.relative_to(root)
+                        offenders.append(f"{where}:{inner.lineno} in {node.name}()")
+    assert len(offenders) == 0, offenders

@@ -29,7 +29,6 @@ from ..fetch_sessions import (
 )
 from ..loop_slice import LoopSlice
 from ..storage.log import ReadSlice
-from ..views import leader_error
 from .context import RawResponse, RequestContext
 
 if TYPE_CHECKING:
@@ -241,10 +240,6 @@ class _FetchPlan:
             for p in t.partitions
             if (part := held.get(t.topic, p.partition)) is not None
         ]
-
-
-# The share handlers (api/share.py) ask it with the broker as the lookup.
-partition_error = leader_error
 
 
 def _encode(ctx: RequestContext, topics: list, error: int = 0, session_id: int = 0) -> RawResponse:

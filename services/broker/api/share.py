@@ -27,8 +27,8 @@ from ..share.coordinator import ShareCoordinator
 from ..share.group_configs import config_key
 from ..share.partition import Acquired, InvalidRecordState
 from ..share.sessions import FINAL_EPOCH, INITIAL_EPOCH, ShareSession
+from ..views import leader_error
 from .context import RequestContext
-from .fetch import partition_error
 
 log = logging.getLogger("straitmq.share")
 
@@ -264,7 +264,7 @@ class _Acks:
             code = ErrorCode.topic_authorization_failed
         else:
             part = share.partitions.get(name, index)
-            code = partition_error(share, name, index, part, -1)
+            code = leader_error(share, name, index, part, -1)
         sp = self.share.state.existing(self.group, name, index) if not code and name else None
         if not code and sp is None:
             code, message = ErrorCode.invalid_record_state, "no records acquired here"
@@ -496,10 +496,10 @@ def _collect(
             out["error_code"] = ErrorCode.topic_authorization_failed
             continue
         part = share.partitions.get(name, index)
-        if code := partition_error(share, name, index, part, -1):
+        if code := leader_error(share, name, index, part, -1):
             out["error_code"] = code
             continue
-        assert part is not None  # partition_error answers for a missing one
+        assert part is not None  # leader_error answers for a missing one
         watched.append((name, index, part))
         if budget_records <= 0 or budget_bytes <= 0:
             continue

@@ -454,17 +454,15 @@ def test_handler_converts_kio_requests_and_answers_a_buildable_response() -> Non
             return 0  # the group's records: no durability to wait for here (unbound)
 
     image = SimpleNamespace(topics={"t1": SimpleNamespace(topic_id=T1, partitions=[0, 1, 2])})
-    broker = SimpleNamespace(
+    deps = SimpleNamespace(
         offsets=Offsets(),
-        image=image,
+        metadata=SimpleNamespace(image=image),
         groups=GroupCoordinator(Offsets(), SETTINGS),  # type: ignore[arg-type]
         share=SimpleNamespace(is_share_group=lambda group_id: False),  # no share groups here
     )
 
     def ctx() -> SimpleNamespace:
-        return SimpleNamespace(
-            broker=broker, client_id="app", client_host="/10.0.0.9", allowed=lambda *_: True
-        )
+        return SimpleNamespace(client_id="app", client_host="/10.0.0.9", allowed=lambda *_: True)
 
     def request(group: str, epoch: int, member: str, **kw) -> v1.ConsumerGroupHeartbeatRequest:
         fields = {
@@ -491,7 +489,7 @@ def test_handler_converts_kio_requests_and_answers_a_buildable_response() -> Non
             subscribed_topic_names=("t1",),
             topic_partitions=(),
         )
-        d = await handle_consumer_group_heartbeat(ctx(), join)  # type: ignore[arg-type]
+        d = await handle_consumer_group_heartbeat(deps, ctx(), join)  # type: ignore[arg-type]
         resp = build(ConsumerGroupHeartbeatResponse, d)
         entity_writer(ConsumerGroupHeartbeatResponse)(io.BytesIO(), resp)  # encodes
         assert resp.error_code == E.none and resp.member_id == member and resp.member_epoch == 1
@@ -500,16 +498,16 @@ def test_handler_converts_kio_requests_and_answers_a_buildable_response() -> Non
         assert tps.topic_id == T1 and tps.partitions == (0, 1, 2)
         owned = (v1.TopicPartitions(topic_id=T1, partitions=(0, 1, 2)),)
         beat = request(G, 1, member, topic_partitions=owned)
-        d = await handle_consumer_group_heartbeat(ctx(), beat)  # type: ignore[arg-type]
+        d = await handle_consumer_group_heartbeat(deps, ctx(), beat)  # type: ignore[arg-type]
         assert build(ConsumerGroupHeartbeatResponse, d).assignment is None  # unchanged
-        d = await handle_consumer_group_heartbeat(ctx(), request("elsewhere", 1, member))  # type: ignore[arg-type]
+        d = await handle_consumer_group_heartbeat(deps, ctx(), request("elsewhere", 1, member))  # type: ignore[arg-type]
         assert d["error_code"] == E.not_coordinator
         # v1 regular expressions (RE2): a bad one is refused and changes nothing...
         bad = request(G, 1, member, subscribed_topic_regex="t(", topic_partitions=owned)
-        d = await handle_consumer_group_heartbeat(ctx(), bad)  # type: ignore[arg-type]
+        d = await handle_consumer_group_heartbeat(deps, ctx(), bad)  # type: ignore[arg-type]
         assert d["error_code"] == E.invalid_regular_expression
         assert "missing )" in d["error_message"]
-        d = await handle_consumer_group_heartbeat(ctx(), beat)  # type: ignore[arg-type]
+        d = await handle_consumer_group_heartbeat(deps, ctx(), beat)  # type: ignore[arg-type]
         assert d["error_code"] == E.none and d["member_epoch"] == 1
         # ...a good one replaces the names (matching whole names: "t" alone matches none).
         only_t = request(
@@ -520,12 +518,12 @@ def test_handler_converts_kio_requests_and_answers_a_buildable_response() -> Non
             subscribed_topic_regex="t",
             topic_partitions=owned,
         )
-        d = await handle_consumer_group_heartbeat(ctx(), only_t)  # type: ignore[arg-type]
+        d = await handle_consumer_group_heartbeat(deps, ctx(), only_t)  # type: ignore[arg-type]
         assert d["error_code"] == E.none and d["assignment"]["topic_partitions"] == []
         back = request(
             G, d["member_epoch"], member, subscribed_topic_regex="t[0-9]+", topic_partitions=()
         )  # it gave t1 up: now it gets it back through the expression
-        d = await handle_consumer_group_heartbeat(ctx(), back)  # type: ignore[arg-type]
+        d = await handle_consumer_group_heartbeat(deps, ctx(), back)  # type: ignore[arg-type]
         (tps,) = build(ConsumerGroupHeartbeatResponse, d).assignment.topic_partitions
         assert tps.topic_id == T1 and tps.partitions == (0, 1, 2)
 

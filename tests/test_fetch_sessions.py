@@ -21,12 +21,14 @@ import time
 import urllib.request
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from cluster_support import Workload, cluster_factory, verify, wait_for
 from conftest import record_batch
 from prometheus_client.parser import text_string_to_metric_families
 from straitmq.broker.fetch_sessions import FetchSession, FetchSessions
+from straitmq.broker.metadata_view import MetadataView
 from straitmq.broker.partitions import FollowerState, Partition
 from straitmq.broker.records import validate_batches
 from straitmq.broker.replication.fetcher import (
@@ -36,7 +38,8 @@ from straitmq.broker.replication.fetcher import (
     ForgottenTopic,
 )
 from straitmq.broker.storage.log import LogConfig, PartitionLog
-from straitmq.metadata.image import PartitionImage
+from straitmq.broker.views import LocalReplicas
+from straitmq.metadata.image import MetadataImage, PartitionImage
 from waiting import holds
 
 from straitmq.protocol.client import KafkaConnection
@@ -227,6 +230,17 @@ def test_unchanged_partition_in_a_live_session_stays_in_the_isr(tmp_path: Path) 
     assert part.isr_change(lag, lambda _: True) == [1]
 
 
+def _no_metadata() -> MetadataView:
+    """An image that knows no partition: the leader a fetch finds is all it reads."""
+
+    class NoController:
+        async def call(self, op: str, body: dict, within_s: float = 15.0) -> dict:
+            raise AssertionError("a fetch does not catch up with the metadata log")
+
+    quorum = SimpleNamespace(image=MetadataImage())
+    return MetadataView(quorum, NoController(), SimpleNamespace())  # type: ignore[arg-type]
+
+
 def _reassigning_to_3(tmp_path: Path) -> tuple[Partition, FetchSession]:
     """A leader of replicas [1, 2] and broker 3's fetch session naming the partition, as a
     reassignment adding broker 3 makes them before the leader applies it (ADDING_3)."""
@@ -272,16 +286,16 @@ def test_a_look_before_the_leader_knew_the_follower_is_taken_again_in_the_same_f
     the fetch waits, and the look after the wake-up must record the position; a fetch
     that counted the first look as done left broker 3 out of the ISR for good (CI: a
     throttled reassignment that never finished, its new replica at 'copied -1')."""
-    from types import SimpleNamespace
 
     from straitmq.broker.api.fetch import _FetchPlan
 
     part, session = _reassigning_to_3(tmp_path)
     throttle = SimpleNamespace(allowance=lambda t, i, r, limit: limit, spent=lambda *a: None)
-    broker = SimpleNamespace(partitions=SimpleNamespace(get=lambda t, i: part), throttle=throttle)
-    ctx = SimpleNamespace(broker=broker, version=12, cluster_allowed=lambda op: True)
+    replicas = LocalReplicas(_no_metadata(), SimpleNamespace(get=lambda t, i: part))
+    deps = SimpleNamespace(replicas=replicas, throttle=throttle)
+    ctx = SimpleNamespace(version=12, cluster_allowed=lambda op: True)
     req = SimpleNamespace(replica_id=3, max_bytes=1 << 20)
-    plan = _FetchPlan(ctx, req, [("t", [(0, 0, 1 << 20, 1, 0)])], session, incremental=True)
+    plan = _FetchPlan(deps, ctx, req, [("t", [(0, 0, 1 << 20, 1, 0)])], session, incremental=True)
     asyncio.run(plan.collect(plan.wanted()))  # the first look: broker 3 is no replica here yet
     assert 3 not in part.followers
     part.update(ADDING_3, min_isr=1)  # applied while the fetch waits: the partition is dirty
@@ -296,7 +310,6 @@ def test_a_large_fetch_yields_while_collecting_and_keeps_marks_made_meanwhile(
     collects it a slice of the event loop at a time. A partition that changes while it
     does stays marked in the session for the next fetch (answering the fetch must not
     wipe it, or the follower would not hear of that change until the next one)."""
-    from types import SimpleNamespace
 
     from straitmq.broker.api import fetch as fetch_module
 
@@ -304,11 +317,12 @@ def test_a_large_fetch_yields_while_collecting_and_keeps_marks_made_meanwhile(
     monkeypatch.setattr(fetch_module, "COLLECT_CHECK", 1)
     part, session = _reassigning_to_3(tmp_path)
     throttle = SimpleNamespace(allowance=lambda t, i, r, limit: limit, spent=lambda *a: None)
-    broker = SimpleNamespace(partitions=SimpleNamespace(get=lambda t, i: part), throttle=throttle)
-    ctx = SimpleNamespace(broker=broker, version=12, cluster_allowed=lambda op: True)
+    replicas = LocalReplicas(_no_metadata(), SimpleNamespace(get=lambda t, i: part))
+    deps = SimpleNamespace(replicas=replicas, throttle=throttle)
+    ctx = SimpleNamespace(version=12, cluster_allowed=lambda op: True)
     req = SimpleNamespace(replica_id=3, max_bytes=1 << 20)
     named = [("t", [(i, 0, 1 << 20, 1, 0) for i in range(50)])]
-    plan = fetch_module._FetchPlan(ctx, req, named, session, incremental=False)
+    plan = fetch_module._FetchPlan(deps, ctx, req, named, session, incremental=False)
 
     async def go() -> None:
         task = asyncio.get_running_loop().create_task(plan.collect(plan.wanted()))

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
-from straitmq.broker.api.dispatch import HANDLERS
+from straitmq.broker.api.versions import VERSIONS
 from straitmq.broker.record_codec import build_batch
 
 SEED = int(os.environ.get("STRAITMQ_FUZZ_SEED") or random.SystemRandom().randrange(2**32))
@@ -168,7 +168,7 @@ def connect(b: Any) -> socket.socket:
 def all_samples() -> list[tuple[int, int, Any]]:
     """(api_key, version, request entity) for every API and version the broker handles."""
     out = []
-    for key, spec in sorted(HANDLERS.items()):
+    for key, spec in sorted(VERSIONS.items()):
         for v in range(spec.min_version, spec.max_version + 1):
             out.append((key, v, sample_entity(load_request_schema(key, v))))
     return out
@@ -377,13 +377,13 @@ class Fuzzer:
             return kind, struct.pack(">i", len(body)) + body, EXPECT_ANSWER, (key, version)
         if kind == "unknown-key":
             key = rng.choice(
-                [k for k in (*range(-5, 80), 1000, 32767, -32768) if k not in HANDLERS]
+                [k for k in (*range(-5, 80), 1000, 32767, -32768) if k not in VERSIONS]
             )
             body = struct.pack(">hhi", key, rng.randrange(0, 20), self.next_corr())
             body += struct.pack(">h", 4) + b"fuzz" + rng.randbytes(rng.randrange(0, 40))
             return kind, struct.pack(">i", len(body)) + body, EXPECT_CLOSE, None
         if kind == "unsupported-version":
-            key, spec = rng.choice([(k, s) for k, s in HANDLERS.items() if k != 18])
+            key, spec = rng.choice([(k, s) for k, s in VERSIONS.items() if k != 18])
             bad = [
                 v
                 for v in (
@@ -514,7 +514,7 @@ def test_api_versions_unsupported_version_gets_v0_error(broker: Any) -> None:
             corr, err, keys = parse_api_versions_v0(reply)
             assert corr == 77 + i
             assert err == UNSUPPORTED_VERSION
-            for key, spec in HANDLERS.items():
+            for key, spec in VERSIONS.items():
                 assert key in keys
                 assert keys[key][1] == spec.max_version
         # The connection stays usable: a supported ApiVersions version works next.

@@ -103,7 +103,7 @@ def test_assembled_answers_are_the_bytes_kio_encodes_in_every_version() -> None:
     ]
     for v in range(13):
         for count in (0, 1, 2):
-            ctx = RequestContext(None, 3, v, 1234 + v, "t", "/127.0.0.1")  # type: ignore[arg-type]
+            ctx = RequestContext(3, v, 1234 + v, "t", "/127.0.0.1")
             brokers = [
                 {"node_id": 2, "host": "h", "port": 9092, "rack": "r"},
                 {"node_id": 1, "host": "h1", "port": 9093, "rack": None},
@@ -186,15 +186,12 @@ def test_hand_encoded_topics_are_the_bytes_kio_encodes_in_every_version() -> Non
         }
     )
 
-    class Broker:
-        image = img
-
     live = frozenset(i for i, b in img.brokers.items() if not b.fenced)
     answers = TopicAnswers()
     for v in range(13):
-        ctx = RequestContext(Broker(), 3, v, 1, "t", "/127.0.0.1")  # type: ignore[arg-type]
+        ctx = RequestContext(3, v, 1, "t", "/127.0.0.1")
         for name in img.topics:
-            expected = encode_entity(_topic_entity(ctx, topic_entry(ctx, name)))
-            assert answers.get(ctx, name) == expected, (v, name)
+            expected = encode_entity(_topic_entity(ctx, topic_entry(img, name)))
+            assert answers.get(ctx, img, name) == expected, (v, name)
             if name != "wide":
                 assert encode_topic(v, img.topics[name], live) == expected, (v, name)

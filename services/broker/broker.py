@@ -38,6 +38,8 @@ from straitmq.telemetry import Telemetry
 
 from . import metrics as broker_metrics
 from .api.context import RequestContext
+from .api.deps import AdminDeps, FetchDeps, GroupDeps, MetadataDeps
+from .api.dispatch import ApiSpec, kafka_api
 from .api.metadata import TopicAnswers
 from .colocated import Colocate, ColocatedController
 from .config import BrokerConfig
@@ -70,6 +72,7 @@ from .security.listeners import Listener, bind_listeners
 from .security.sasl import ConnectionSecurity
 from .server import KafkaConnection, ListenerDeps, bind, serve
 from .share.coordinator import ShareCoordinator
+from .views import LocalReplicas
 
 log = logging.getLogger("straitmq.broker")
 OFFSETS_SEGMENT_BYTES = 64 * 1024 * 1024
@@ -178,6 +181,7 @@ class Broker:
             config.socket_request_max_bytes,
             image,
             self._request_context,
+            self._kafka_api(),
         )
         self._producer_ids: list[int] = []  # [next, limit) of the block we hold
         broker_metrics.install(
@@ -191,6 +195,46 @@ class Broker:
             self.share,
         )
         self._http_api = self._build_http_api()
+
+    def _kafka_api(self) -> dict[int, ApiSpec]:
+        """The Kafka handlers, each family given the few collaborators it uses (see
+        api/deps.py), never the Broker."""
+        metadata, cfg = self.metadata, self.config
+        replicas = LocalReplicas(metadata, self.partitions)
+        return kafka_api(
+            writer=self.writer,
+            fetch_deps=FetchDeps(
+                replicas,
+                self.fetch_sessions,
+                self.throttle,
+                self.metrics,
+                cfg.fetch_max_wait_s,
+                lambda: self.stopping,
+            ),
+            replicas=replicas,
+            metadata_deps=MetadataDeps(
+                metadata, self.metadata_answers, metadata.control, cfg, self.listeners
+            ),
+            metadata_view=metadata,
+            group_deps=GroupDeps(
+                self.groups,
+                self.offsets,
+                metadata,
+                self.partitions,
+                self.ensure_offsets_topic,
+                self.share,
+            ),
+            admin_deps=AdminDeps(
+                metadata,
+                metadata.control,
+                cfg,
+                self.topic_defaults,
+                self.partitions,
+                self.next_producer_id,
+            ),
+            controller=self.controller.call,
+            share_coordinator=self.share,
+        )
 
     def _build_http_api(self) -> HttpApi:
         cfg, metadata = self.config, self.metadata
@@ -424,10 +468,6 @@ class Broker:
         """See MetadataView.control (kept here for the callers that still hold the Broker)."""
         return await self.metadata.control(op, body, within_s)
 
-    async def catch_up_metadata(self) -> None:
-        """See MetadataView.catch_up."""
-        await self.metadata.catch_up()
-
     def _request_context(
         self,
         api_key: int,
@@ -438,9 +478,18 @@ class Broker:
         listener: str,
         security: ConnectionSecurity,
     ) -> RequestContext:
-        """What one Kafka request's handler is given (server.ListenerDeps.context)."""
+        """The facts of one Kafka request, and the authorizer its handler asks
+        (server.ListenerDeps.context); what the handler works with it was given when
+        the API table was bound (`_kafka_api`)."""
         return RequestContext(
-            self, api_key, version, correlation_id, client_id, client_host, listener, security
+            api_key,
+            version,
+            correlation_id,
+            client_id,
+            client_host,
+            listener,
+            security,
+            self.authorizer,
         )
 
     # -- producer ids ----------------------------------------------------------------

@@ -39,7 +39,8 @@ from straitmq.protocol.guard import check_array_lengths
 from straitmq.security.tls import principal_from_cert
 
 from .api.context import Deferred, RawResponse, RequestContext
-from .api.dispatch import HANDLERS, api_versions_fallback
+from .api.dispatch import ApiSpec
+from .api.versions import api_versions_fallback
 from .metrics import FOLLOWER_FETCH_KEY, BrokerMetrics
 from .security.listeners import Listener
 from .security.sasl import ConnectionSecurity
@@ -69,6 +70,7 @@ class ListenerDeps:
     request_max_bytes: int  # socket.request.max.bytes
     image: Callable[[], MetadataImage]  # SCRAM credentials for SASL logins
     context: ContextFactory
+    kafka_api: dict[int, ApiSpec]  # API key -> versions and bound handler (dispatch.py)
 
 
 class KafkaConnection(asyncio.Protocol):
@@ -232,7 +234,7 @@ class KafkaConnection(asyncio.Protocol):
             )
             self.close()
             return
-        spec = HANDLERS.get(api_key)
+        spec = deps.kafka_api.get(api_key)
         if spec is None or not spec.min_version <= version <= spec.max_version:
             if api_key == 18:  # ApiVersions: answer in v0 format with UNSUPPORTED_VERSION
                 self.write(api_versions_fallback(correlation_id))

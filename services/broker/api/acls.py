@@ -8,7 +8,7 @@ INVALID_REQUEST with a message; the others in the request still apply.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError
@@ -16,6 +16,9 @@ from straitmq.controller.errors import ControllerError
 from straitmq.security.acls import ALTER, DESCRIBE, AclBinding, AclFilter, validate_binding
 
 from .context import RequestContext
+
+if TYPE_CHECKING:
+    from .deps import AdminDeps
 
 _DENIED = "cluster authorization failed: ALTER on the cluster is needed to change ACLs"
 
@@ -44,11 +47,11 @@ def _filter(f: Any) -> AclFilter:
     )
 
 
-def _bindings(ctx: RequestContext) -> list[AclBinding]:
-    return [AclBinding(*t) for t in ctx.broker.image.acls]
+def _bindings(deps: AdminDeps) -> list[AclBinding]:
+    return [AclBinding(*t) for t in deps.metadata.image.acls]
 
 
-async def handle_create_acls(ctx: RequestContext, req: Any) -> dict:
+async def handle_create_acls(deps: AdminDeps, ctx: RequestContext, req: Any) -> dict:
     if not ctx.cluster_allowed(ALTER):
         code, denied = ErrorCode.cluster_authorization_failed, _DENIED
         return {
@@ -67,7 +70,7 @@ async def handle_create_acls(ctx: RequestContext, req: Any) -> dict:
             results.append({"error_code": ErrorCode.invalid_request, "error_message": why})
     if valid:
         try:
-            await ctx.broker.control("alter_acls", {"creations": valid})
+            await deps.control("alter_acls", {"creations": valid})
         except ControllerError as e:
             for r in results:
                 if not r["error_code"]:
@@ -75,7 +78,7 @@ async def handle_create_acls(ctx: RequestContext, req: Any) -> dict:
     return {"throttle_time": 0, "results": results}
 
 
-async def handle_describe_acls(ctx: RequestContext, req: Any) -> dict:
+async def handle_describe_acls(deps: AdminDeps, ctx: RequestContext, req: Any) -> dict:
     def answer(code: int, message: str | None, resources: list[dict]) -> dict:
         return {
             "throttle_time": 0,
@@ -95,7 +98,7 @@ async def handle_describe_acls(ctx: RequestContext, req: Any) -> dict:
     if why is not None:
         return answer(ErrorCode.invalid_request, why, [])
     grouped: dict[tuple[int, str, int], list[dict]] = {}
-    for b in _bindings(ctx):
+    for b in _bindings(deps):
         if flt.matches(b):
             grouped.setdefault((b.resource_type, b.resource_name, b.pattern_type), []).append(
                 {
@@ -115,7 +118,7 @@ async def handle_describe_acls(ctx: RequestContext, req: Any) -> dict:
     )
 
 
-async def handle_delete_acls(ctx: RequestContext, req: Any) -> dict:
+async def handle_delete_acls(deps: AdminDeps, ctx: RequestContext, req: Any) -> dict:
     if not ctx.cluster_allowed(ALTER):
         return {
             "throttle_time": 0,
@@ -129,8 +132,8 @@ async def handle_delete_acls(ctx: RequestContext, req: Any) -> dict:
             ],
         }
     # Read barrier: match the filters against everything committed so far.
-    await ctx.broker.catch_up_metadata()
-    current = _bindings(ctx)
+    await deps.metadata.catch_up()
+    current = _bindings(deps)
     results: list[dict] = []
     doomed: dict[AclBinding, None] = {}
     for f in req.filters:
@@ -165,7 +168,7 @@ async def handle_delete_acls(ctx: RequestContext, req: Any) -> dict:
         )
     if doomed:
         try:
-            await ctx.broker.control("alter_acls", {"deletions": [list(b) for b in doomed]})
+            await deps.control("alter_acls", {"deletions": [list(b) for b in doomed]})
         except ControllerError as e:
             for r in results:
                 if not r["error_code"]:

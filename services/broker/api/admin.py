@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError, check_topic_name
@@ -26,6 +26,9 @@ from straitmq.security.acls import DELETE as ACL_DELETE
 
 from ..share import group_configs
 from .context import RequestContext
+
+if TYPE_CHECKING:
+    from .deps import AdminDeps
 
 log = logging.getLogger("straitmq.broker")
 
@@ -49,8 +52,7 @@ _TYPE_CODES = {
 }
 
 
-async def handle_create_topics(ctx: RequestContext, req: Any) -> dict:
-    broker = ctx.broker
+async def handle_create_topics(deps: AdminDeps, ctx: RequestContext, req: Any) -> dict:
     results = []
     seen: set[str] = set()
 
@@ -69,15 +71,15 @@ async def handle_create_topics(ctx: RequestContext, req: Any) -> dict:
                 rf = len(assignments[0])
             else:
                 partitions = (
-                    t.num_partitions if t.num_partitions != -1 else broker.config.num_partitions
+                    t.num_partitions if t.num_partitions != -1 else deps.config.num_partitions
                 )
                 rf = (
                     t.replication_factor
                     if t.replication_factor != -1
-                    else broker.config.default_replication_factor
+                    else deps.config.default_replication_factor
                 )
             configs = {c.name: c.value for c in t.configs}
-            await broker.control(
+            await deps.control(
                 "create_topic",
                 {
                     "name": t.name,
@@ -90,7 +92,7 @@ async def handle_create_topics(ctx: RequestContext, req: Any) -> dict:
             )
             res["num_partitions"] = partitions
             res["replication_factor"] = rf
-            topic = broker.image.topics.get(t.name)
+            topic = deps.metadata.image.topics.get(t.name)
             if topic is not None:
                 res["topic_id"] = topic.topic_id
             res["configs"] = [
@@ -101,7 +103,7 @@ async def handle_create_topics(ctx: RequestContext, req: Any) -> dict:
                     "config_source": SOURCE_DEFAULT,
                     "is_sensitive": False,
                 }
-                for k, v in effective({**broker.topic_defaults, **configs}).items()
+                for k, v in effective({**deps.topic_defaults, **configs}).items()
             ]
         except ControllerError as e:
             res["error_code"] = e.code
@@ -135,8 +137,7 @@ async def handle_create_topics(ctx: RequestContext, req: Any) -> dict:
     return {"throttle_time": 0, "topics": results}
 
 
-async def handle_delete_topics(ctx: RequestContext, req: Any) -> dict:
-    broker = ctx.broker
+async def handle_delete_topics(deps: AdminDeps, ctx: RequestContext, req: Any) -> dict:
     names = list(req.topic_names) if hasattr(req, "topic_names") else [t.name for t in req.topics]
     responses = []
 
@@ -146,7 +147,7 @@ async def handle_delete_topics(ctx: RequestContext, req: Any) -> dict:
                 raise ControllerError(
                     ErrorCode.invalid_request, f"internal topic '{name}' cannot be deleted"
                 )
-            await broker.control("delete_topic", {"name": name})
+            await deps.control("delete_topic", {"name": name})
         except ControllerError as e:
             res["error_code"] = e.code
             res["error_message"] = e.message
@@ -164,13 +165,13 @@ async def handle_delete_topics(ctx: RequestContext, req: Any) -> dict:
     return {"throttle_time": 0, "responses": responses}
 
 
-async def handle_create_partitions(ctx: RequestContext, req: Any) -> dict:
+async def handle_create_partitions(deps: AdminDeps, ctx: RequestContext, req: Any) -> dict:
     results = []
 
     async def grow(t: Any, res: dict) -> None:
         try:
             assignments = [list(a.broker_ids) for a in t.assignments] if t.assignments else None
-            await ctx.broker.control(
+            await deps.control(
                 "create_partitions",
                 {
                     "name": t.name,
@@ -220,8 +221,7 @@ def _config_entries(
     return out
 
 
-async def handle_describe_configs(ctx: RequestContext, req: Any) -> dict:
-    broker = ctx.broker
+async def handle_describe_configs(deps: AdminDeps, ctx: RequestContext, req: Any) -> dict:
     results = []
     docs = getattr(req, "include_documentation", False)
     for r in req.resources:
@@ -237,29 +237,29 @@ async def handle_describe_configs(ctx: RequestContext, req: Any) -> dict:
             res["error_code"] = denied
             res["error_message"] = "Authorization failed."
         elif r.resource_type == TOPIC_RESOURCE:
-            topic = broker.image.topics.get(r.resource_name)
+            topic = deps.metadata.image.topics.get(r.resource_name)
             if topic is None:
                 res["error_code"] = ErrorCode.unknown_topic_or_partition
                 res["error_message"] = f"topic '{r.resource_name}' does not exist"
             else:
-                values = effective({**broker.topic_defaults, **topic.configs})
+                values = effective({**deps.topic_defaults, **topic.configs})
                 res["configs"] = _config_entries(
                     values, set(topic.configs), keys, SOURCE_TOPIC, docs
                 )
         elif r.resource_type == group_configs.GROUP_RESOURCE:
             res["configs"] = group_configs.describe_entries(
-                broker.image, r.resource_name, keys, docs
+                deps.metadata.image, r.resource_name, keys, docs
             )
         elif r.resource_type == BROKER_RESOURCE:
-            if r.resource_name not in ("", str(broker.config.node_id)):
+            if r.resource_name not in ("", str(deps.config.node_id)):
                 res["error_code"] = ErrorCode.invalid_request
                 res["error_message"] = f"broker '{r.resource_name}' is not this broker"
             else:
-                values = broker.config.describe()
+                values = deps.config.describe()
                 res["configs"] = _config_entries(
                     values, set(values), keys, SOURCE_STATIC_BROKER, docs
                 )
-                res["configs"] += _throttle_entries(broker, r.resource_name, keys)
+                res["configs"] += _throttle_entries(deps, r.resource_name, keys)
         else:
             res["error_code"] = ErrorCode.invalid_request
             res["error_message"] = f"resource type {r.resource_type} is not supported"
@@ -282,8 +282,7 @@ def _config_denied(ctx: RequestContext, rtype: int, name: str, operation: int) -
     return 0
 
 
-async def handle_incremental_alter_configs(ctx: RequestContext, req: Any) -> dict:
-    broker = ctx.broker
+async def handle_incremental_alter_configs(deps: AdminDeps, ctx: RequestContext, req: Any) -> dict:
     responses = []
     for r in req.resources:
         res = {
@@ -298,10 +297,12 @@ async def handle_incremental_alter_configs(ctx: RequestContext, req: Any) -> dic
             res["error_message"] = "Authorization failed."
             continue
         if r.resource_type == BROKER_RESOURCE:
-            await _alter_broker_throttle(broker, r, req.validate_only, res)
+            await _alter_broker_throttle(deps, r, req.validate_only, res)
             continue
         if r.resource_type == group_configs.GROUP_RESOURCE:  # share.auto.offset.reset
-            await group_configs.alter(broker, r.resource_name, r.configs, req.validate_only, res)
+            await group_configs.alter(
+                deps.metadata, r.resource_name, r.configs, req.validate_only, res
+            )
             continue
         if r.resource_type != TOPIC_RESOURCE:
             res["error_code"] = ErrorCode.invalid_request
@@ -320,7 +321,7 @@ async def handle_incremental_alter_configs(ctx: RequestContext, req: Any) -> dic
                         f"{c.name}: APPEND/SUBTRACT apply to list configs only",
                     )
             check_topic_name(r.resource_name)
-            await broker.control(
+            await deps.control(
                 "alter_configs",
                 {"name": r.resource_name, "changes": changes, "validate_only": req.validate_only},
             )
@@ -334,10 +335,10 @@ async def handle_incremental_alter_configs(ctx: RequestContext, req: Any) -> dic
 BROKER_THROTTLES = ("leader.replication.throttled.rate", "follower.replication.throttled.rate")
 
 
-def _throttle_entries(broker: Any, resource_name: str, keys: Any) -> list[dict]:
+def _throttle_entries(deps: AdminDeps, resource_name: str, keys: Any) -> list[dict]:
     """The cluster's replication throttle, shown as the broker-level keys that set it, as
     dynamic configs: `kafka-configs --delete-config` only deletes keys it sees there."""
-    rate = broker.image.cluster_configs.get("replication.throttled.rate", "-1")
+    rate = deps.metadata.image.cluster_configs.get("replication.throttled.rate", "-1")
     if rate == "-1":
         return []
     source = SOURCE_DYNAMIC_BROKER if resource_name else SOURCE_DYNAMIC_DEFAULT_BROKER
@@ -358,7 +359,7 @@ def _throttle_entries(broker: Any, resource_name: str, keys: Any) -> list[dict]:
     ]
 
 
-async def _alter_broker_throttle(broker: Any, r: Any, validate_only: bool, res: dict) -> None:
+async def _alter_broker_throttle(deps: AdminDeps, r: Any, validate_only: bool, res: dict) -> None:
     """A broker's leader/follower replication throttle (what `kafka-reassign-partitions
     --throttle` sets and `--verify` clears) becomes the cluster's one replication
     throttle, `replication.throttled.rate`; every other broker config is static."""
@@ -366,7 +367,7 @@ async def _alter_broker_throttle(broker: Any, r: Any, validate_only: bool, res: 
     try:
         if r.resource_name and not r.resource_name.isdigit():
             raise ControllerError(ErrorCode.invalid_request, f"'{r.resource_name}' is no broker id")
-        if r.resource_name and int(r.resource_name) not in broker.image.brokers:
+        if r.resource_name and int(r.resource_name) not in deps.metadata.image.brokers:
             raise ControllerError(ErrorCode.invalid_request, f"no broker {r.resource_name}")
         for c in r.configs:
             if c.name not in BROKER_THROTTLES:
@@ -385,7 +386,7 @@ async def _alter_broker_throttle(broker: Any, r: Any, validate_only: bool, res: 
             elif c.config_operation != DELETE:
                 raise ControllerError(ErrorCode.invalid_config, f"{c.name}: SET or DELETE only")
         if not validate_only and r.configs:
-            await broker.control(
+            await deps.control(
                 "alter_cluster_configs", {"changes": {"replication.throttled.rate": rate}}
             )
     except ControllerError as e:
@@ -393,7 +394,7 @@ async def _alter_broker_throttle(broker: Any, r: Any, validate_only: bool, res: 
         res["error_message"] = e.message
 
 
-async def handle_init_producer_id(ctx: RequestContext, req: Any) -> dict:
+async def handle_init_producer_id(deps: AdminDeps, ctx: RequestContext, req: Any) -> dict:
     if req.transactional_id is not None:
         # Transactions are not implemented (and not advertised); be explicit.
         return {
@@ -411,18 +412,18 @@ async def handle_init_producer_id(ctx: RequestContext, req: Any) -> dict:
             "producer_epoch": -1,
         }
     try:
-        pid = await ctx.broker.next_producer_id()
+        pid = await deps.next_producer_id()
     except ControllerError as e:
         return {"throttle_time": 0, "error_code": e.code, "producer_id": -1, "producer_epoch": -1}
     return {"throttle_time": 0, "error_code": 0, "producer_id": pid, "producer_epoch": 0}
 
 
 def _writes_some_topic(ctx: RequestContext) -> bool:
-    a, sec = ctx.broker.authorizer, ctx.security
-    return sec is None or a.authorize_any_topic(sec.principal, ctx.acl_host, WRITE)
+    a, sec = ctx.authorizer, ctx.security
+    return sec is None or a is None or a.authorize_any_topic(sec.principal, ctx.acl_host, WRITE)
 
 
-async def handle_describe_log_dirs(ctx: RequestContext, req: Any) -> dict:
+async def handle_describe_log_dirs(deps: AdminDeps, ctx: RequestContext, req: Any) -> dict:
     """DescribeLogDirs (`kafka-log-dirs --describe`): this broker's one log directory,
     the size of each replica it holds and how far its log end is behind the high
     watermark; v4 adds the volume's total and usable bytes."""
@@ -432,7 +433,7 @@ async def handle_describe_log_dirs(ctx: RequestContext, req: Any) -> dict:
             "error_code": ErrorCode.cluster_authorization_failed,
             "results": [],
         }
-    pm = ctx.broker.partitions
+    pm = deps.partitions
     wanted = None if req.topics is None else {t.topic: set(t.partitions) for t in req.topics}
     topics: dict[str, list[dict]] = {}
     for (name, index), p in sorted(pm.partitions.items()):

@@ -1,4 +1,9 @@
-"""What a request handler gets, and what it may return."""
+"""What a request handler gets about its request, and what it may return.
+
+A RequestContext holds the facts of one request (API, version, correlation id, client,
+listener, connection security) and the authorizer that `allowed` asks; what a handler
+works with (the metadata view, the replicas, the group coordinator...) it is given once
+by the composition root (see dispatch.py), never through the context."""
 
 from __future__ import annotations
 
@@ -9,14 +14,14 @@ from typing import TYPE_CHECKING, Any
 from straitmq.security.acls import CLUSTER, CLUSTER_NAME, operations_bitfield
 
 if TYPE_CHECKING:
-    from ..broker import Broker
+    from straitmq.security.acls import Authorizer
+
     from ..security.sasl import ConnectionSecurity
     from ..storage.log import ReadSlice
 
 
 @dataclass(slots=True)
 class RequestContext:
-    broker: Broker
     api_key: int
     version: int
     correlation_id: int
@@ -26,12 +31,14 @@ class RequestContext:
     # connection's security state (principal, SASL exchange); None outside a connection.
     listener: str = ""
     security: ConnectionSecurity | None = None
+    # The broker's authorizer (`allowed` asks it); None for an in-process caller.
+    authorizer: Authorizer | None = None
 
     def allowed(self, operation: int, resource_type: int, name: str) -> bool:
         """May this connection's principal do `operation` on the resource? Always yes
         with the authorizer off (one attribute read on the hot path)."""
-        authorizer = self.broker.authorizer
-        if not authorizer.enabled or self.security is None:
+        authorizer = self.authorizer
+        if authorizer is None or not authorizer.enabled or self.security is None:
             return True  # no connection: an in-process caller, not a client
         return authorizer.authorize(
             self.security.principal, self.acl_host, operation, resource_type, name

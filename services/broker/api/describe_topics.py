@@ -14,7 +14,7 @@ which is what a Kafka cluster with ELR off answers (the tool prints `Elr: `).
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError, check_topic_name
@@ -23,6 +23,9 @@ from straitmq.metadata.image import MetadataImage
 from straitmq.security.acls import DESCRIBE, TOPIC
 
 from .context import RequestContext
+
+if TYPE_CHECKING:
+    from ..metadata_view import MetadataView
 
 MAX_REQUEST_PARTITION_SIZE_LIMIT = 2000  # Kafka's max.request.partition.size.limit default
 INTERNAL_TOPICS = ("__consumer_offsets", "__transaction_state")  # Kafka's Topic.isInternal
@@ -87,8 +90,10 @@ def _refused(req: Any, error: int) -> dict:
     return {"throttle_time": 0, "topics": topics, "next_cursor": None}
 
 
-async def handle_describe_topic_partitions(ctx: RequestContext, req: Any) -> dict:
-    image = ctx.broker.image
+async def handle_describe_topic_partitions(
+    metadata: MetadataView, ctx: RequestContext, req: Any
+) -> dict:
+    image = metadata.image
     cursor = req.cursor
     after = cursor.topic_name if cursor is not None else ""
     every = not req.topics

@@ -1,18 +1,16 @@
-"""The API table: what this broker implements, in which versions, and by which handler.
+"""The API table: which handler answers each API key, bound once to what it is given.
 
-Only implemented APIs are advertised (clients call whatever ApiVersions lists).
-Produce is advertised from v0 because older librdkafka turns compression off when it
-is not; versions below 3 (message sets v0/v1) are refused by closing the connection.
+The composition root (broker.py) builds each family's collaborators (see deps.py) and
+calls `kafka_api`; the listener looks requests up in the table it returns. Versions and
+what ApiVersions advertises are in versions.py.
 """
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
-
-from kio.schema.errors import ErrorCode
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from . import (
     acls,
@@ -30,6 +28,14 @@ from . import (
 )
 from . import security as sec
 from .context import RequestContext
+from .versions import VERSIONS
+
+if TYPE_CHECKING:
+    from ..metadata_view import MetadataView
+    from ..partition_write import PartitionWriter
+    from ..share.coordinator import ShareCoordinator
+    from ..views import ControllerCall, LocalReplicas
+    from .deps import AdminDeps, FetchDeps, GroupDeps, MetadataDeps
 
 Handler = Callable[[RequestContext, Any], Awaitable[Any]]
 
@@ -39,75 +45,72 @@ class ApiSpec:
     min_version: int
     max_version: int
     handler: Handler
-    advertised_min: int | None = None
 
 
-def advertised() -> list[dict]:
-    return [
-        {
-            "api_key": key,
-            "min_version": spec.advertised_min
-            if spec.advertised_min is not None
-            else spec.min_version,
-            "max_version": spec.max_version,
-        }
-        for key, spec in sorted(HANDLERS.items())
-    ]
-
-
-def api_versions_fallback(correlation_id: int) -> bytes:
-    """ApiVersions v0 response with UNSUPPORTED_VERSION, for a version we do not know."""
-    keys = advertised()
-    body = struct.pack(">ihi", correlation_id, ErrorCode.unsupported_version, len(keys)) + b"".join(
-        struct.pack(">hhh", k["api_key"], k["min_version"], k["max_version"]) for k in keys
-    )
-    return struct.pack(">i", len(body)) + body
-
-
-HANDLERS: dict[int, ApiSpec] = {
-    0: ApiSpec(3, 9, produce.handle_produce, advertised_min=0),
-    1: ApiSpec(4, 12, fetch.handle_fetch),
-    2: ApiSpec(1, 10, fetch.handle_list_offsets),
-    3: ApiSpec(0, 12, metadata.handle_metadata),
-    8: ApiSpec(2, 9, groups.handle_offset_commit),  # v9: KIP-848 member epochs
-    9: ApiSpec(1, 9, groups.handle_offset_fetch),  # v8: many groups, v9: member epochs
-    10: ApiSpec(0, 4, groups.handle_find_coordinator),
-    11: ApiSpec(0, 9, groups.handle_join_group),
-    12: ApiSpec(0, 4, groups.handle_heartbeat),
-    13: ApiSpec(0, 5, groups.handle_leave_group),
-    14: ApiSpec(0, 5, groups.handle_sync_group),
-    15: ApiSpec(0, 5, groups.handle_describe_groups),
-    16: ApiSpec(0, 5, groups.handle_list_groups),  # v5: group types
-    17: ApiSpec(0, 1, sec.handle_sasl_handshake),
-    18: ApiSpec(0, 4, features.handle_api_versions),  # with feature flags (v3+)
-    19: ApiSpec(2, 7, admin.handle_create_topics),
-    20: ApiSpec(1, 5, admin.handle_delete_topics),
-    21: ApiSpec(0, 2, records.handle_delete_records),
-    22: ApiSpec(0, 4, admin.handle_init_producer_id),
-    23: ApiSpec(2, 4, fetch.handle_offset_for_leader_epoch),
-    29: ApiSpec(2, 3, acls.handle_describe_acls),
-    30: ApiSpec(2, 3, acls.handle_create_acls),
-    31: ApiSpec(2, 3, acls.handle_delete_acls),
-    32: ApiSpec(1, 4, admin.handle_describe_configs),
-    35: ApiSpec(1, 4, admin.handle_describe_log_dirs),
-    36: ApiSpec(0, 2, sec.handle_sasl_authenticate),
-    37: ApiSpec(0, 3, admin.handle_create_partitions),
-    42: ApiSpec(0, 2, groups.handle_delete_groups),
-    43: ApiSpec(0, 2, reassign.handle_elect_leaders),
-    44: ApiSpec(0, 1, admin.handle_incremental_alter_configs),
-    45: ApiSpec(0, 0, reassign.handle_alter_partition_reassignments),
-    46: ApiSpec(0, 0, reassign.handle_list_partition_reassignments),
-    48: ApiSpec(0, 1, sec.handle_describe_client_quotas),
-    50: ApiSpec(0, 0, sec.handle_describe_user_scram_credentials),
-    51: ApiSpec(0, 0, sec.handle_alter_user_scram_credentials),
-    55: ApiSpec(0, 2, quorum.handle_describe_quorum),
-    60: ApiSpec(0, 1, metadata.handle_describe_cluster),
-    68: ApiSpec(0, 1, groups.handle_consumer_group_heartbeat),  # KIP-848
-    69: ApiSpec(0, 1, groups.handle_consumer_group_describe),
-    75: ApiSpec(0, 0, describe_topics.handle_describe_topic_partitions),
-    76: ApiSpec(1, 1, share.handle_share_group_heartbeat),  # KIP-932 share groups
-    77: ApiSpec(1, 1, share.handle_share_group_describe),
-    78: ApiSpec(1, 1, share.handle_share_fetch),
-    79: ApiSpec(1, 1, share.handle_share_acknowledge),
-    90: ApiSpec(0, 0, share.handle_describe_share_group_offsets),  # kafka-share-groups
-}
+def kafka_api(
+    *,
+    writer: PartitionWriter,
+    fetch_deps: FetchDeps,
+    replicas: LocalReplicas,
+    metadata_deps: MetadataDeps,
+    metadata_view: MetadataView,
+    group_deps: GroupDeps,
+    admin_deps: AdminDeps,
+    controller: ControllerCall,
+    share_coordinator: ShareCoordinator,
+) -> dict[int, ApiSpec]:
+    """Every implemented API key -> its versions and its bound handler."""
+    p = partial
+    handlers: dict[int, Handler] = {
+        0: p(produce.handle_produce, writer),
+        1: p(fetch.handle_fetch, fetch_deps),
+        2: p(fetch.handle_list_offsets, fetch_deps),
+        3: p(metadata.handle_metadata, metadata_deps),
+        8: p(groups.handle_offset_commit, group_deps),
+        9: p(groups.handle_offset_fetch, group_deps),
+        10: p(groups.handle_find_coordinator, group_deps),
+        11: p(groups.handle_join_group, group_deps),
+        12: p(groups.handle_heartbeat, group_deps),
+        13: p(groups.handle_leave_group, group_deps),
+        14: p(groups.handle_sync_group, group_deps),
+        15: p(groups.handle_describe_groups, group_deps),
+        16: p(groups.handle_list_groups, group_deps),
+        17: sec.handle_sasl_handshake,
+        18: p(features.handle_api_versions, metadata_view),
+        19: p(admin.handle_create_topics, admin_deps),
+        20: p(admin.handle_delete_topics, admin_deps),
+        21: p(records.handle_delete_records, replicas),
+        22: p(admin.handle_init_producer_id, admin_deps),
+        23: p(fetch.handle_offset_for_leader_epoch, fetch_deps),
+        29: p(acls.handle_describe_acls, admin_deps),
+        30: p(acls.handle_create_acls, admin_deps),
+        31: p(acls.handle_delete_acls, admin_deps),
+        32: p(admin.handle_describe_configs, admin_deps),
+        35: p(admin.handle_describe_log_dirs, admin_deps),
+        36: sec.handle_sasl_authenticate,
+        37: p(admin.handle_create_partitions, admin_deps),
+        42: p(groups.handle_delete_groups, group_deps),
+        43: p(reassign.handle_elect_leaders, admin_deps),
+        44: p(admin.handle_incremental_alter_configs, admin_deps),
+        45: p(reassign.handle_alter_partition_reassignments, admin_deps),
+        46: p(reassign.handle_list_partition_reassignments, admin_deps),
+        48: sec.handle_describe_client_quotas,
+        50: p(sec.handle_describe_user_scram_credentials, admin_deps),
+        51: p(sec.handle_alter_user_scram_credentials, admin_deps),
+        55: p(quorum.handle_describe_quorum, controller),
+        60: p(metadata.handle_describe_cluster, metadata_deps),
+        68: p(groups.handle_consumer_group_heartbeat, group_deps),
+        69: p(groups.handle_consumer_group_describe, group_deps),
+        75: p(describe_topics.handle_describe_topic_partitions, metadata_view),
+        76: p(share.handle_share_group_heartbeat, share_coordinator),  # KIP-932
+        77: p(share.handle_share_group_describe, share_coordinator),
+        78: p(share.handle_share_fetch, share_coordinator),
+        79: p(share.handle_share_acknowledge, share_coordinator),
+        90: p(share.handle_describe_share_group_offsets, share_coordinator),
+    }
+    if handlers.keys() != VERSIONS.keys():  # a key advertised without a handler, or not
+        raise RuntimeError(f"API table mismatch: {sorted(handlers.keys() ^ VERSIONS.keys())}")
+    return {
+        key: ApiSpec(VERSIONS[key].min_version, VERSIONS[key].max_version, handler)
+        for key, handler in handlers.items()
+    }

@@ -21,9 +21,13 @@ to read them).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .context import RequestContext
+from .versions import advertised
+
+if TYPE_CHECKING:
+    from ..metadata_view import MetadataView
 
 METADATA_VERSION_MIN = 7  # 3.3-IV3, the oldest metadata.version Kafka 4.x knows
 METADATA_VERSION = 27  # 4.1-IV1, Kafka 4.1's latest production level
@@ -59,11 +63,9 @@ def feature_fields(version: int, epoch: int) -> dict:
     }
 
 
-async def handle_api_versions(ctx: RequestContext, req: Any) -> dict:
-    from .dispatch import advertised  # the API table imports this module
-
+async def handle_api_versions(metadata: MetadataView, ctx: RequestContext, req: Any) -> dict:
     # Kafka's finalized-features epoch is the metadata offset the levels were read at.
-    epoch = max(ctx.broker.image.offset, 0)
+    epoch = max(metadata.image.offset, 0)
     return {
         "error_code": 0,
         "api_keys": advertised(),

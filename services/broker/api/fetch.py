@@ -11,7 +11,7 @@ import logging
 import os
 import struct
 from bisect import bisect_right
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
@@ -24,11 +24,16 @@ from ..fetch_sessions import (
     INITIAL_EPOCH,
     INVALID_SESSION_ID,
     FetchSession,
+    FetchSessions,
     next_epoch,
 )
 from ..loop_slice import LoopSlice
 from ..storage.log import ReadSlice
 from .context import RawResponse, RequestContext
+
+if TYPE_CHECKING:
+    from ..views import LocalReplicas
+    from .deps import FetchDeps
 
 log = logging.getLogger("straitmq.broker")
 
@@ -67,12 +72,14 @@ class _FetchPlan:
 
     def __init__(
         self,
+        deps: FetchDeps,
         ctx: RequestContext,
         req: Any,
         named: Wanted,
         session: FetchSession | None = None,
         incremental: bool = False,
     ) -> None:
+        self.deps = deps
         self.ctx = ctx
         self.req = req
         # A follower's fetch (replica_id >= 0) reads up to the log end and reports its
@@ -128,7 +135,8 @@ class _FetchPlan:
         records to send but got none (the response's byte budget ran out). A fetch of
         thousands of partitions (a restarted follower's first) yields to the event loop
         every COLLECT_SLICE_S of work."""
-        broker = self.ctx.broker
+        replicas = self.deps.replicas
+        throttle = self.deps.throttle
         pacer = LoopSlice(COLLECT_SLICE_S, COLLECT_CHECK)
         budget = self.req.max_bytes if self.ctx.version >= 3 else 2**31 - 1
         topics = []
@@ -147,8 +155,7 @@ class _FetchPlan:
                     error = ErrorCode.topic_authorization_failed
                     parts.append((index, error, -1, -1, None, fetch_offset))
                     continue
-                partition = broker.partitions.get(topic, index)
-                error = partition_error(broker, topic, index, partition, leader_epoch)
+                partition, error = replicas.leader(topic, index, leader_epoch)
                 if error:
                     hw = partition.high_watermark if partition is not None else -1
                     parts.append((index, error, hw, -1, None, fetch_offset))
@@ -167,7 +174,7 @@ class _FetchPlan:
                 upper = hw
                 if replica >= 0:
                     upper = plog.log_end_offset
-                    limit = broker.throttle.allowance(topic, index, replica, limit)
+                    limit = throttle.allowance(topic, index, replica, limit)
                 try:
                     sl = plog.read(fetch_offset, max(limit, 1), upper) if limit > 0 else None
                 except OSError as e:  # out of descriptors, or the file went away
@@ -182,7 +189,7 @@ class _FetchPlan:
                     total += sl.size
                     budget -= sl.size
                     if replica >= 0:
-                        broker.throttle.spent(topic, index, replica, sl.size)
+                        throttle.spent(topic, index, replica, sl.size)
                 elif fetch_offset < upper:
                     unsent.add((topic, index))
                 parts.append((index, 0, hw, plog.log_start_offset, sl, fetch_offset))
@@ -226,30 +233,13 @@ class _FetchPlan:
         self.taken = set()
 
     def partitions(self) -> list:
-        broker = self.ctx.broker
+        held = self.deps.replicas.partitions
         return [
             part
             for t in self.req.topics
             for p in t.partitions
-            if (part := broker.partitions.get(t.topic, p.partition)) is not None
+            if (part := held.get(t.topic, p.partition)) is not None
         ]
-
-
-def partition_error(
-    broker: Any, topic: str, index: int, partition: Any, current_leader_epoch: int
-) -> int:
-    """The error for a request that must reach the partition's leader, or 0."""
-    if partition is None or not partition.is_leader:
-        if broker.image.partition(topic, index) is None:
-            return ErrorCode.unknown_topic_or_partition
-        if partition is None and broker.partitions.storage_error(topic, index):
-            return ErrorCode.kafka_storage_error
-        return ErrorCode.not_leader_or_follower
-    if current_leader_epoch >= 0 and current_leader_epoch != partition.leader_epoch:
-        if current_leader_epoch < partition.leader_epoch:
-            return ErrorCode.fenced_leader_epoch
-        return ErrorCode.unknown_leader_epoch
-    return 0
 
 
 def _encode(ctx: RequestContext, topics: list, error: int = 0, session_id: int = 0) -> RawResponse:
@@ -294,14 +284,13 @@ def _encode(ctx: RequestContext, topics: list, error: int = 0, session_id: int =
 
 
 def _session_for(
-    ctx: RequestContext, req: Any, replica: int, named: Wanted
+    sessions: FetchSessions, ctx: RequestContext, req: Any, replica: int, named: Wanted
 ) -> tuple[FetchSession | None, bool, int]:
     """KIP-227: (the session, whether this fetch is incremental, a top-level error).
     Epoch -1 fetches without a session (closing the named one), epoch 0 opens a new
     session (closing the named one), any other epoch continues a session."""
     if ctx.version < 7:
         return None, False, 0
-    sessions = ctx.broker.fetch_sessions
     sid, epoch = req.session_id, req.session_epoch
     if epoch in (FINAL_EPOCH, INITIAL_EPOCH):
         if sid != INVALID_SESSION_ID:
@@ -329,24 +318,24 @@ def _session_for(
     return session, True, 0
 
 
-async def handle_fetch(ctx: RequestContext, req: Any) -> RawResponse:
+async def handle_fetch(deps: FetchDeps, ctx: RequestContext, req: Any) -> RawResponse:
     replica = getattr(req, "replica_id", -1)
     named: Wanted = [(t.topic, [_wanted(p) for p in t.partitions]) for t in req.topics]
-    session, incremental, error = _session_for(ctx, req, replica, named)
+    session, incremental, error = _session_for(deps.sessions, ctx, req, replica, named)
     if error:
-        ctx.broker.metrics.request_errors[(1, error)] += 1
+        deps.metrics.request_errors[(1, error)] += 1
         return _encode(ctx, [], error)
-    plan = _FetchPlan(ctx, req, named, session, incremental)
+    plan = _FetchPlan(deps, ctx, req, named, session, incremental)
     loop = asyncio.get_running_loop()
     max_wait = req.max_wait.total_seconds()
-    deadline = loop.time() + min(max_wait, ctx.broker.config.fetch_max_wait_s)
+    deadline = loop.time() + min(max_wait, deps.max_wait_s)
     try:
         while True:
             topics, total, unsent = await plan.collect(plan.wanted())
             if incremental:
                 topics = plan.changed_only(topics)
             remaining = deadline - loop.time()
-            if total >= max(req.min_bytes, 1) or remaining <= 0 or ctx.broker.stopping:
+            if total >= max(req.min_bytes, 1) or remaining <= 0 or deps.stopping():
                 break
             if session is not None and not session.alive:
                 break
@@ -365,7 +354,7 @@ async def handle_fetch(ctx: RequestContext, req: Any) -> RawResponse:
         raise
     if session is not None:
         plan.answered(topics, unsent)
-    _count(ctx, topics, plan.replica >= 0)
+    _count(deps, topics, plan.replica >= 0)
     return _encode(ctx, topics, 0, session.id if session is not None else INVALID_SESSION_ID)
 
 
@@ -392,14 +381,13 @@ async def _wait_for_change(plan: _FetchPlan, session: FetchSession | None, withi
             part.waiters.discard(fut)
 
 
-def _count(ctx: RequestContext, topics: list, follower: bool) -> None:
+def _count(deps: FetchDeps, topics: list, follower: bool) -> None:
     """Metrics of one answered fetch: errors, bytes and records out per topic.
 
     Records are counted as the offsets the slice covers past the fetch offset: the
     first offset after the slice is the base offset of the batch that follows it on
     disk (an 8-byte read), or the next segment's base or the high watermark."""
-    broker = ctx.broker
-    metrics = broker.metrics
+    metrics = deps.metrics
     for name, parts in topics:
         for p in parts:
             sl = p[4]
@@ -418,7 +406,7 @@ def _count(ctx: RequestContext, topics: list, follower: bool) -> None:
                 if len(head) == 8:
                     end = min(_I64.unpack(head)[0], p[2])
                 else:
-                    part = broker.partitions.get(name, p[0])
+                    part = deps.replicas.partitions.get(name, p[0])
                     end = p[2]
                     if part is not None:
                         bases = part.log.bases
@@ -470,8 +458,8 @@ def _list_offset(partition: Any, timestamp: int) -> tuple[int, int, int]:
     return offset, ts, epoch
 
 
-async def handle_list_offsets(ctx: RequestContext, req: Any) -> dict:
-    broker = ctx.broker
+async def handle_list_offsets(deps: FetchDeps, ctx: RequestContext, req: Any) -> dict:
+    replicas = deps.replicas
     version = ctx.version
     # A partition named twice gets INVALID_REQUEST, answered once (Kafka's rule).
     seen: set[tuple[str, int]] = set()
@@ -514,13 +502,8 @@ async def handle_list_offsets(ctx: RequestContext, req: Any) -> dict:
                 if version < least:
                     out["error_code"] = ErrorCode.unsupported_version
                     continue
-            partition = broker.partitions.get(t.name, p.partition_index)
-            error = partition_error(
-                broker,
-                t.name,
-                p.partition_index,
-                partition,
-                getattr(p, "current_leader_epoch", -1),
+            partition, error = replicas.leader(
+                t.name, p.partition_index, getattr(p, "current_leader_epoch", -1)
             )
             if error:
                 out["error_code"] = error
@@ -533,10 +516,10 @@ async def handle_list_offsets(ctx: RequestContext, req: Any) -> dict:
     return {"throttle_time": 0, "topics": topics}
 
 
-async def handle_offset_for_leader_epoch(ctx: RequestContext, req: Any) -> dict:
+async def handle_offset_for_leader_epoch(deps: FetchDeps, ctx: RequestContext, req: Any) -> dict:
     """Where does leader epoch E end in this leader's log (KIP-279)? Followers truncate
     to it after a leader change; consumers use it to detect truncation."""
-    broker = ctx.broker
+    replicas: LocalReplicas = deps.replicas
     topics = []
     # Kafka: a follower (replica_id >= 0) needs CLUSTER_ACTION, a client DESCRIBE.
     follower = getattr(req, "replica_id", -1) >= 0
@@ -545,9 +528,8 @@ async def handle_offset_for_leader_epoch(ctx: RequestContext, req: Any) -> dict:
         parts = []
         ok = cluster_ok if follower else ctx.allowed(DESCRIBE, TOPIC, t.topic)
         for p in t.partitions:
-            partition = broker.partitions.get(t.topic, p.partition)
-            error = partition_error(
-                broker, t.topic, p.partition, partition, getattr(p, "current_leader_epoch", -1)
+            partition, error = replicas.leader(
+                t.topic, p.partition, getattr(p, "current_leader_epoch", -1)
             )
             if not ok:
                 error = ErrorCode.topic_authorization_failed

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kio.schema.errors import ErrorCode
 
@@ -15,6 +15,10 @@ from ..security.listeners import endpoint_for
 from ..share.coordinator import is_state_group
 from .context import RequestContext
 
+if TYPE_CHECKING:
+    from ..groups.offsets import OffsetStore
+    from .deps import GroupDeps
+
 MAX_METADATA = 4096
 _GROUP_DENIED = ErrorCode.group_authorization_failed
 
@@ -25,11 +29,11 @@ def _no_read(ctx: RequestContext, group_id: str) -> int:
     return 0 if ctx.allowed(READ, GROUP, group_id) else _GROUP_DENIED
 
 
-def _coordinator(ctx: RequestContext, group_id: str) -> dict:
+def _coordinator(deps: GroupDeps, ctx: RequestContext, group_id: str) -> dict:
     """The leader of the group's offsets partition, or COORDINATOR_NOT_AVAILABLE."""
-    broker = ctx.broker
-    p = broker.image.partition(OFFSETS_TOPIC, broker.offsets.partition_for(group_id))
-    b = broker.image.brokers.get(p.leader) if p is not None else None
+    image = deps.metadata.image
+    p = image.partition(OFFSETS_TOPIC, deps.offsets.partition_for(group_id))
+    b = image.brokers.get(p.leader) if p is not None else None
     ep = endpoint_for(b, ctx.listener) if b is not None else None  # the client's listener
     if b is None or not b.alive or ep is None:
         return {
@@ -42,13 +46,18 @@ def _coordinator(ctx: RequestContext, group_id: str) -> dict:
     return {"node_id": b.id, "host": ep[0], "port": ep[1], "error_code": 0, "error_message": None}
 
 
-def not_coordinator(ctx: RequestContext, group_id: str) -> int:
+class OffsetsHolder(Protocol):
+    @property
+    def offsets(self) -> OffsetStore: ...
+
+
+def not_coordinator(holder: OffsetsHolder, group_id: str) -> int:
     """NOT_COORDINATOR unless this broker leads the group's offsets partition."""
-    return 0 if ctx.broker.offsets.owns(group_id) else ErrorCode.not_coordinator
+    return 0 if holder.offsets.owns(group_id) else ErrorCode.not_coordinator
 
 
-async def handle_find_coordinator(ctx: RequestContext, req: Any) -> dict:
-    await ctx.broker.ensure_offsets_topic()
+async def handle_find_coordinator(deps: GroupDeps, ctx: RequestContext, req: Any) -> dict:
+    await deps.ensure_offsets_topic()
     if ctx.version >= 4:
         keys = list(req.coordinator_keys)
     else:
@@ -70,7 +79,7 @@ async def handle_find_coordinator(ctx: RequestContext, req: Any) -> dict:
             denied = {"node_id": -1, "host": "", "port": -1, "error_code": _GROUP_DENIED}
             coordinators.append({"key": key, **denied, "error_message": None})
         else:
-            coordinators.append({"key": key, **_coordinator(ctx, key)})
+            coordinators.append({"key": key, **_coordinator(deps, ctx, key)})
     if ctx.version >= 4:
         return {"throttle_time": 0, "coordinators": coordinators}
     first = coordinators[0]
@@ -84,16 +93,16 @@ async def handle_find_coordinator(ctx: RequestContext, req: Any) -> dict:
     }
 
 
-async def handle_join_group(ctx: RequestContext, req: Any) -> dict:
+async def handle_join_group(deps: GroupDeps, ctx: RequestContext, req: Any) -> dict:
     session_ms = int(req.session_timeout.total_seconds() * 1000)
     rebalance = getattr(req, "rebalance_timeout", None)
     rebalance_ms = int(rebalance.total_seconds() * 1000) if rebalance is not None else session_ms
     try:
-        if code := _no_read(ctx, req.group_id) or not_coordinator(ctx, req.group_id):
+        if code := _no_read(ctx, req.group_id) or not_coordinator(deps, req.group_id):
             raise JoinError(code, req.member_id)
-        if _is_share_group(ctx, req.group_id):  # KIP-932: not a classic group
+        if _is_share_group(deps, req.group_id):  # KIP-932: not a classic group
             raise JoinError(ErrorCode.inconsistent_group_protocol, req.member_id)
-        result = await ctx.broker.groups.join(
+        result = await deps.groups.join(
             req.group_id,
             req.member_id,
             getattr(req, "group_instance_id", None),
@@ -105,7 +114,7 @@ async def handle_join_group(ctx: RequestContext, req: Any) -> dict:
             [(p.name, p.metadata) for p in req.protocols],
             require_known_member_id=ctx.version >= 4,
             supports_skip_assignment=ctx.version >= 9,
-            topics=_ImageTopics(ctx.broker.image),
+            topics=_ImageTopics(deps.metadata.image),
         )
     except JoinError as e:
         return {
@@ -123,11 +132,11 @@ async def handle_join_group(ctx: RequestContext, req: Any) -> dict:
     return {"throttle_time": 0, **result}
 
 
-async def handle_sync_group(ctx: RequestContext, req: Any) -> dict:
+async def handle_sync_group(deps: GroupDeps, ctx: RequestContext, req: Any) -> dict:
     try:
-        if code := _no_read(ctx, req.group_id) or not_coordinator(ctx, req.group_id):
+        if code := _no_read(ctx, req.group_id) or not_coordinator(deps, req.group_id):
             raise JoinError(code)
-        result = await ctx.broker.groups.sync(
+        result = await deps.groups.sync(
             req.group_id,
             req.member_id,
             getattr(req, "group_instance_id", None),
@@ -148,24 +157,24 @@ async def handle_sync_group(ctx: RequestContext, req: Any) -> dict:
     return {"throttle_time": 0, "error_code": 0, **result}
 
 
-async def handle_heartbeat(ctx: RequestContext, req: Any) -> dict:
-    if code := _no_read(ctx, req.group_id) or not_coordinator(ctx, req.group_id):
+async def handle_heartbeat(deps: GroupDeps, ctx: RequestContext, req: Any) -> dict:
+    if code := _no_read(ctx, req.group_id) or not_coordinator(deps, req.group_id):
         return {"throttle_time": 0, "error_code": code}
-    code = ctx.broker.groups.heartbeat(
+    code = deps.groups.heartbeat(
         req.group_id, req.member_id, getattr(req, "group_instance_id", None), req.generation_id
     )
     return {"throttle_time": 0, "error_code": code}
 
 
-async def handle_leave_group(ctx: RequestContext, req: Any) -> dict:
+async def handle_leave_group(deps: GroupDeps, ctx: RequestContext, req: Any) -> dict:
     if ctx.version >= 3:
         members = [(m.member_id, m.group_instance_id) for m in req.members]
     else:
         members = [(req.member_id, None)]
-    if code := _no_read(ctx, req.group_id) or not_coordinator(ctx, req.group_id):
+    if code := _no_read(ctx, req.group_id) or not_coordinator(deps, req.group_id):
         top, results = code, [(m, i, code) for m, i in members]
     else:
-        top, results = ctx.broker.groups.leave(req.group_id, members)
+        top, results = deps.groups.leave(req.group_id, members)
     return {
         "throttle_time": 0,
         "error_code": top if ctx.version < 3 else 0,
@@ -176,12 +185,11 @@ async def handle_leave_group(ctx: RequestContext, req: Any) -> dict:
     }
 
 
-async def handle_offset_commit(ctx: RequestContext, req: Any) -> dict:
-    broker = ctx.broker
+async def handle_offset_commit(deps: GroupDeps, ctx: RequestContext, req: Any) -> dict:
     generation: int | None = getattr(req, "generation_id_or_member_epoch", None)
     if generation is None:
         generation = int(getattr(req, "generation_id", -1))
-    code = broker.groups.commit_check(
+    code = deps.groups.commit_check(
         req.group_id,
         req.member_id,
         getattr(req, "group_instance_id", None),
@@ -190,10 +198,10 @@ async def handle_offset_commit(ctx: RequestContext, req: Any) -> dict:
     )
     if not req.group_id:
         code = ErrorCode.invalid_group_id
-    code = code or _no_read(ctx, req.group_id) or not_coordinator(ctx, req.group_id)
+    code = code or _no_read(ctx, req.group_id) or not_coordinator(deps, req.group_id)
     topics = []
     entries = []
-    image_topics = broker.image.topics
+    image_topics = deps.metadata.image.topics
     for t in req.topics:
         parts = []
         known = image_topics.get(t.name)
@@ -222,10 +230,8 @@ async def handle_offset_commit(ctx: RequestContext, req: Any) -> dict:
         topics.append({"name": t.name, "partitions": parts})
     if entries:
         # Like Kafka (offsets.commit.required.acks=-1): answer once the ISR has it.
-        end = broker.offsets.commit(req.group_id, entries)
-        part = broker.partitions.leader_of(
-            OFFSETS_TOPIC, broker.offsets.partition_for(req.group_id)
-        )
+        end = deps.offsets.commit(req.group_id, entries)
+        part = deps.partitions.leader_of(OFFSETS_TOPIC, deps.offsets.partition_for(req.group_id))
         if part is None or not await part.wait_for_hw(end, 5.0):
             for t in topics:
                 for p in t["partitions"]:
@@ -236,32 +242,37 @@ async def handle_offset_commit(ctx: RequestContext, req: Any) -> dict:
     return {"throttle_time": 0, "topics": topics}
 
 
-async def handle_offset_fetch(ctx: RequestContext, req: Any) -> dict:
+async def handle_offset_fetch(deps: GroupDeps, ctx: RequestContext, req: Any) -> dict:
     if ctx.version < 8:
-        return {"throttle_time": 0, **_offset_fetch_group(ctx, req.group_id, req.topics)}
+        return {"throttle_time": 0, **_offset_fetch_group(deps, ctx, req.group_id, req.topics)}
     # v8+: several groups in one request; v9+ with the member's id and epoch (KIP-848).
     groups = []
     for g in req.groups:
         answer = _offset_fetch_group(
-            ctx, g.group_id, g.topics, getattr(g, "member_id", None), getattr(g, "member_epoch", -1)
+            deps,
+            ctx,
+            g.group_id,
+            g.topics,
+            getattr(g, "member_id", None),
+            getattr(g, "member_epoch", -1),
         )
         groups.append({"group_id": g.group_id, **answer})
     return {"throttle_time": 0, "groups": groups}
 
 
 def _offset_fetch_group(
+    deps: GroupDeps,
     ctx: RequestContext,
     group_id: str,
     wanted_topics: Any,
     member_id: str | None = None,
     member_epoch: int = -1,
 ) -> dict:
-    broker = ctx.broker
-    code = _no_read(ctx, group_id) or not_coordinator(ctx, group_id)
-    code = code or broker.groups.fetch_check(group_id, member_id, member_epoch)
+    code = _no_read(ctx, group_id) or not_coordinator(deps, group_id)
+    code = code or deps.groups.fetch_check(group_id, member_id, member_epoch)
     if code:
         return {"topics": [], "error_code": code}
-    committed = broker.offsets.fetch(group_id)
+    committed = deps.offsets.fetch(group_id)
     req = wanted_topics
     if req is None:
         wanted: dict[str, list[int]] = {}
@@ -307,43 +318,49 @@ def _offset_fetch_group(
     return {"topics": topics, "error_code": 0}
 
 
-async def handle_describe_groups(ctx: RequestContext, req: Any) -> dict:
+async def handle_describe_groups(deps: GroupDeps, ctx: RequestContext, req: Any) -> dict:
     groups = []
     for gid in req.groups:
-        d = ctx.broker.groups.describe(gid)
-        if d.get("protocol_type") == "consumer" and ctx.broker.groups.group_type(gid) == "consumer":
+        desc = deps.groups.describe(gid)
+        if desc.get("protocol_type") == "consumer" and deps.groups.group_type(gid) == "consumer":
             # Kafka 4.1 (DescribeGroups v0-5): a KIP-848 group is not a classic group, so it
             # is answered as Dead; clients describe it with ConsumerGroupDescribe.
-            d = {
-                **d,
+            desc = {
+                **desc,
                 "group_state": "Dead",
                 "protocol_type": "",
                 "protocol_data": "",
                 "members": [],
             }
-        code = not_coordinator(ctx, gid) if gid else ErrorCode.invalid_group_id
+        code = not_coordinator(deps, gid) if gid else ErrorCode.invalid_group_id
         if gid and not ctx.allowed(DESCRIBE, GROUP, gid):
             code = _GROUP_DENIED
-            d = {**d, "group_state": "", "protocol_type": "", "protocol_data": "", "members": []}
+            desc = {
+                **desc,
+                "group_state": "",
+                "protocol_type": "",
+                "protocol_data": "",
+                "members": [],
+            }
         if not code and getattr(req, "include_authorized_operations", False):  # v3+
-            d = {**d, "authorized_operations": ctx.authorized_operations(GROUP, gid)}
-        groups.append({"error_code": code, **d})
+            desc = {**desc, "authorized_operations": ctx.authorized_operations(GROUP, gid)}
+        groups.append({"error_code": code, **desc})
     return {"throttle_time": 0, "groups": groups}
 
 
-async def handle_list_groups(ctx: RequestContext, req: Any) -> dict:
+async def handle_list_groups(deps: GroupDeps, ctx: RequestContext, req: Any) -> dict:
     # Kafka compares both filters case-insensitively ("stable", "Consumer").
     states = {s.lower() for s in getattr(req, "states_filter", ()) or ()}
     types = {t.lower() for t in getattr(req, "types_filter", ()) or ()}
     # Kafka: DESCRIBE on the cluster lists every group, else those the principal may
     # DESCRIBE.
     everything = ctx.cluster_allowed(DESCRIBE)
-    coordinator = ctx.broker.groups
+    coordinator = deps.groups
     groups = []
-    share = ctx.broker.share  # share groups (KIP-932)
-    rows, internal = share.group_rows(), is_state_group
+    # Share groups (KIP-932), but not the internal groups holding their saved SPSOs.
+    rows = deps.share.group_rows()
     for gid, pt, st in [*coordinator.list_groups(), *rows]:
-        if internal(gid):
+        if is_state_group(gid):
             continue
         kind = "share" if pt == "share" else coordinator.group_type(gid) or "classic"
         if (states and st.lower() not in states) or (types and kind not in types):
@@ -355,14 +372,14 @@ async def handle_list_groups(ctx: RequestContext, req: Any) -> dict:
     return {"throttle_time": 0, "error_code": 0, "groups": groups}
 
 
-async def handle_delete_groups(ctx: RequestContext, req: Any) -> dict:
+async def handle_delete_groups(deps: GroupDeps, ctx: RequestContext, req: Any) -> dict:
     results = [
         {
             "group_id": gid,
             "error_code": (
                 _GROUP_DENIED
                 if not ctx.allowed(DELETE, GROUP, gid)
-                else not_coordinator(ctx, gid) or _delete_group(ctx, gid)
+                else not_coordinator(deps, gid) or _delete_group(deps, gid)
             ),
         }
         for gid in req.groups_names
@@ -370,17 +387,17 @@ async def handle_delete_groups(ctx: RequestContext, req: Any) -> dict:
     return {"throttle_time": 0, "results": results}
 
 
-def _is_share_group(ctx: RequestContext, group_id: str) -> bool:
-    return ctx.broker.share.is_share_group(group_id)
+def _is_share_group(deps: GroupDeps, group_id: str) -> bool:
+    return deps.share.is_share_group(group_id)
 
 
-def _delete_group(ctx: RequestContext, group_id: str) -> int:
+def _delete_group(deps: GroupDeps, group_id: str) -> int:
     """DeleteGroups of one group: a share group (NON_EMPTY_GROUP while it has members)
     or a classic / KIP-848 one."""
-    share = ctx.broker.share
+    share = deps.share
     if share.is_share_group(group_id):
         return share.delete_group(group_id)
-    return ctx.broker.groups.delete(group_id)
+    return deps.groups.delete(group_id)
 
 
 class _ImageTopics:
@@ -407,10 +424,10 @@ class _ImageTopics:
         return cached[2]
 
 
-async def handle_consumer_group_describe(ctx: RequestContext, req: Any) -> dict:
+async def handle_consumer_group_describe(deps: GroupDeps, ctx: RequestContext, req: Any) -> dict:
     """ConsumerGroupDescribe v0-1 (KIP-848): the group's epochs, each member's
     subscription, current and target assignment (topic ids with their names)."""
-    image = ctx.broker.image
+    image = deps.metadata.image
 
     def assignment(by_topic: dict) -> dict:
         return {
@@ -425,10 +442,10 @@ async def handle_consumer_group_describe(ctx: RequestContext, req: Any) -> dict:
     for gid in req.group_ids:
         if not ctx.allowed(DESCRIBE, GROUP, gid):
             code, message, group = _GROUP_DENIED, None, None
-        elif code := not_coordinator(ctx, gid):
+        elif code := not_coordinator(deps, gid):
             message, group = None, None
         else:
-            code, message, group = ctx.broker.groups.consumer_describe(gid)
+            code, message, group = deps.groups.consumer_describe(gid)
         if group is None:
             group = {
                 "group_id": gid,
@@ -453,7 +470,7 @@ async def handle_consumer_group_describe(ctx: RequestContext, req: Any) -> dict:
     return {"throttle_time": 0, "groups": groups}
 
 
-async def handle_consumer_group_heartbeat(ctx: RequestContext, req: Any) -> dict:
+async def handle_consumer_group_heartbeat(deps: GroupDeps, ctx: RequestContext, req: Any) -> dict:
     """ConsumerGroupHeartbeat v0-1 (KIP-848), with OffsetCommit/OffsetFetch v9 for the
     member epochs and ConsumerGroupDescribe."""
     answer: dict[str, Any] = {
@@ -464,9 +481,9 @@ async def handle_consumer_group_heartbeat(ctx: RequestContext, req: Any) -> dict
         "heartbeat_interval": 0,
         "assignment": None,
     }
-    if code := _no_read(ctx, req.group_id) or not_coordinator(ctx, req.group_id):
+    if code := _no_read(ctx, req.group_id) or not_coordinator(deps, req.group_id):
         return {**answer, "error_code": code}
-    if _is_share_group(ctx, req.group_id):
+    if _is_share_group(deps, req.group_id):
         return {
             **answer,
             "error_code": ErrorCode.group_id_not_found,
@@ -474,7 +491,7 @@ async def handle_consumer_group_heartbeat(ctx: RequestContext, req: Any) -> dict
         }
     names = req.subscribed_topic_names
     owned = req.topic_partitions
-    r = await ctx.broker.groups.consumer_heartbeat(
+    r = await deps.groups.consumer_heartbeat(
         ConsumerHeartbeatRequest(
             req.group_id,
             req.member_id,
@@ -491,7 +508,7 @@ async def handle_consumer_group_heartbeat(ctx: RequestContext, req: Any) -> dict
             ctx.client_host,
             getattr(req, "subscribed_topic_regex", None),  # v1+
         ),
-        _ImageTopics(ctx.broker.image),
+        _ImageTopics(deps.metadata.image),
     )
     assignment = None
     if r.assignment is not None:

@@ -8,7 +8,7 @@ replicas, ISR and offline replicas, exactly as the committed metadata says. The
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError
@@ -21,6 +21,9 @@ from straitmq.security.acls import CLUSTER, CLUSTER_NAME, CREATE, DESCRIBE, TOPI
 
 from ..security.listeners import endpoint_for
 from .context import RawResponse, RequestContext
+
+if TYPE_CHECKING:
+    from .deps import MetadataDeps
 
 _I32 = struct.Struct(">i")
 
@@ -38,8 +41,7 @@ class TopicAnswers:
         self.entries: dict[tuple[int, str], tuple[tuple[int, frozenset[int]], bytes]] = {}
         self._live: tuple[int, frozenset[int]] = (-1, frozenset())
 
-    def get(self, ctx: RequestContext, name: str) -> bytes:
-        image = ctx.broker.image
+    def get(self, ctx: RequestContext, image: MetadataImage, name: str) -> bytes:
         if self.image is not image or len(self.entries) > 4 * len(image.topics) + 1000:
             self.image, self.entries = image, {}  # a snapshot replaced it, or churn
             self._live = (-1, frozenset())
@@ -55,7 +57,7 @@ class TopicAnswers:
         try:
             encoded = encode_topic(ctx.version, image.topics[name], live)
         except _TooWide:
-            encoded = encode_entity(_topic_entity(ctx, topic_entry(ctx, name)))
+            encoded = encode_entity(_topic_entity(ctx, topic_entry(image, name)))
         self.entries[key] = (stamp, encoded)
         return encoded
 
@@ -155,33 +157,33 @@ def _answer(ctx: RequestContext, head: dict, topics: list[bytes]) -> RawResponse
     return out
 
 
-def _brokers(ctx: RequestContext, key: str = "node_id") -> list[dict]:
+def _brokers(deps: MetadataDeps, ctx: RequestContext, key: str = "node_id") -> list[dict]:
     """The live brokers' endpoints on the listener this client came in on; brokers
     without that listener are left out, as Kafka does."""
     live = []
-    for b in sorted(ctx.broker.image.brokers.values(), key=lambda b: b.id):
+    for b in sorted(deps.metadata.image.brokers.values(), key=lambda b: b.id):
         ep = endpoint_for(b, ctx.listener) if not b.fenced else None
         if ep is not None:
             live.append({key: b.id, "host": ep[0], "port": ep[1], "rack": b.rack})
     if not live:
         # Never zero brokers (librdkafka takes that as a partial response and stalls):
         # when the image shows every broker fenced, this one still answers.
-        c = ctx.broker.config
+        c = deps.config
         host, port = c.advertised_host, c.advertised_port
-        for ln in ctx.broker.listeners:
+        for ln in deps.listeners:
             if ln.name == ctx.listener:
                 host, port = ln.spec.advertised_host, ln.spec.advertised_port
         live = [{key: c.node_id, "host": host, "port": port, "rack": c.rack}]
     return live
 
 
-def _controller_id(ctx: RequestContext) -> int:
-    live = [b.id for b in ctx.broker.image.live_brokers()]
-    return ctx.broker.node_id if ctx.broker.node_id in live or not live else min(live)
+def _controller_id(deps: MetadataDeps) -> int:
+    live = [b.id for b in deps.metadata.image.live_brokers()]
+    node_id = deps.config.node_id
+    return node_id if node_id in live or not live else min(live)
 
 
-def topic_entry(ctx: RequestContext, name: str) -> dict:
-    image = ctx.broker.image
+def topic_entry(image: MetadataImage, name: str) -> dict:
     topic = image.topics.get(name)
     if topic is None:
         return {
@@ -214,10 +216,10 @@ def topic_entry(ctx: RequestContext, name: str) -> dict:
     }
 
 
-async def handle_metadata(ctx: RequestContext, req: Any) -> RawResponse:
-    broker = ctx.broker
+async def handle_metadata(deps: MetadataDeps, ctx: RequestContext, req: Any) -> RawResponse:
+    metadata = deps.metadata
     if req.topics is None:
-        names = list(broker.image.topics)
+        names = list(metadata.image.topics)
     else:
         names = [t.name for t in req.topics if t.name is not None]
     allow_auto = getattr(req, "allow_auto_topic_creation", True)
@@ -226,10 +228,10 @@ async def handle_metadata(ctx: RequestContext, req: Any) -> RawResponse:
 
     def add_known(name: str) -> None:
         if not with_operations:
-            topics.append(broker.metadata_answers.get(ctx, name))
+            topics.append(deps.answers.get(ctx, metadata.image, name))
             return
         # Per principal, so not cached.
-        entry = topic_entry(ctx, name)
+        entry = topic_entry(metadata.image, name)
         entry["topic_authorized_operations"] = ctx.authorized_operations(TOPIC, name)
         topics.append(encode_entity(_topic_entity(ctx, entry)))
 
@@ -243,7 +245,7 @@ async def handle_metadata(ctx: RequestContext, req: Any) -> RawResponse:
         for t in req.topics:
             if t.name is not None:
                 continue
-            name = broker.image.topic_name(getattr(t, "topic_id", None))
+            name = metadata.image.topic_name(getattr(t, "topic_id", None))
             if name is not None and ctx.allowed(DESCRIBE, TOPIC, name):
                 add_known(name)
             else:
@@ -262,28 +264,28 @@ async def handle_metadata(ctx: RequestContext, req: Any) -> RawResponse:
             if req.topics is not None:
                 add_error(_refused(name))
             continue
-        if name not in broker.image.topics and req.topics is not None:
-            if allow_auto and broker.config.auto_create_topics:
+        if name not in metadata.image.topics and req.topics is not None:
+            if allow_auto and deps.config.auto_create_topics:
                 if not ctx.cluster_allowed(CREATE) and not ctx.allowed(CREATE, TOPIC, name):
                     add_error(_refused(name))
                     continue
                 try:
-                    await broker.control("create_topic", {"name": name})
+                    await deps.control("create_topic", {"name": name})
                 except ControllerError as e:
                     if e.code != ErrorCode.topic_already_exists:  # a concurrent create won
                         add_error(
                             {"error_code": e.code, "name": name, "topic_id": None, "partitions": []}
                         )
                         continue
-        if name in broker.image.topics:
+        if name in metadata.image.topics:
             add_known(name)
         else:
-            add_error(topic_entry(ctx, name))
+            add_error(topic_entry(metadata.image, name))
     head = {
         "throttle_time": 0,
-        "brokers": _brokers(ctx),
-        "cluster_id": broker.image.cluster_id,
-        "controller_id": _controller_id(ctx),
+        "brokers": _brokers(deps, ctx),
+        "cluster_id": metadata.image.cluster_id,
+        "controller_id": _controller_id(deps),
     }
     if getattr(req, "include_cluster_authorized_operations", False):  # v8-10
         head["cluster_authorized_operations"] = ctx.authorized_operations(CLUSTER, CLUSTER_NAME)
@@ -300,14 +302,14 @@ def _refused(name: str) -> dict:
     }
 
 
-async def handle_describe_cluster(ctx: RequestContext, req: Any) -> dict:
+async def handle_describe_cluster(deps: MetadataDeps, ctx: RequestContext, req: Any) -> dict:
     return {
         "throttle_time": 0,
         "error_code": 0,
         "error_message": None,
-        "cluster_id": ctx.broker.image.cluster_id,
-        "controller_id": _controller_id(ctx),
-        "brokers": _brokers(ctx, "broker_id"),
+        "cluster_id": deps.metadata.image.cluster_id,
+        "controller_id": _controller_id(deps),
+        "brokers": _brokers(deps, ctx, "broker_id"),
         **(
             {"cluster_authorized_operations": ctx.authorized_operations(CLUSTER, CLUSTER_NAME)}
             if req.include_cluster_authorized_operations

@@ -18,7 +18,7 @@ from kio.schema.errors import ErrorCode
 
 from straitmq.security.acls import TOPIC, TRANSACTIONAL_ID, WRITE
 
-from ..partition_write import PartitionWrite
+from ..partition_write import PartitionWrite, PartitionWriter
 from .context import Deferred, RequestContext
 
 log = logging.getLogger("straitmq.produce")
@@ -34,8 +34,9 @@ class _Refused:
     error_message = None
 
 
-async def handle_produce(ctx: RequestContext, req: Any) -> dict | Deferred | None:
-    broker = ctx.broker
+async def handle_produce(
+    writer: PartitionWriter, ctx: RequestContext, req: Any
+) -> dict | Deferred | None:
     acks = req.acks
     responses = []
     writes = []
@@ -49,7 +50,7 @@ async def handle_produce(ctx: RequestContext, req: Any) -> dict | Deferred | Non
             responses.append((topic.name, parts))
             continue
         for pd in topic.partition_data:
-            w = broker.writer.begin(topic.name, pd.index, memoryview(pd.records or b""), acks)
+            w = writer.begin(topic.name, pd.index, memoryview(pd.records or b""), acks)
             writes.append(w)
             parts.append((pd.index, w))
         responses.append((topic.name, parts))

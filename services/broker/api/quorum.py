@@ -4,7 +4,7 @@ leader of the metadata log)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from kio.schema.errors import ErrorCode
@@ -13,6 +13,9 @@ from straitmq.controller.errors import ControllerError
 from straitmq.security.acls import DESCRIBE
 
 from .context import RequestContext
+
+if TYPE_CHECKING:
+    from ..views import ControllerCall
 
 METADATA_TOPIC = "__cluster_metadata"
 
@@ -36,7 +39,7 @@ def _nodes(voter_urls: dict[str, str]) -> list[dict]:
     return nodes
 
 
-async def handle_describe_quorum(ctx: RequestContext, req: Any) -> dict:
+async def handle_describe_quorum(controller: ControllerCall, ctx: RequestContext, req: Any) -> dict:
     if not ctx.cluster_allowed(DESCRIBE):
         why = "DESCRIBE on the cluster is needed"
         return {
@@ -46,7 +49,7 @@ async def handle_describe_quorum(ctx: RequestContext, req: Any) -> dict:
             "nodes": [],
         }
     try:
-        st = await ctx.broker.controller.call("describe_quorum", {}, within_s=10.0)
+        st = await controller("describe_quorum", {}, within_s=10.0)
     except ControllerError as e:
         return {"error_code": e.code, "error_message": e.message, "topics": [], "nodes": []}
     topics = []

@@ -9,23 +9,27 @@ Kafka's admin clients expect.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError
-from straitmq.metadata.image import NO_LEADER
+from straitmq.metadata.image import NO_LEADER, MetadataImage
 
 from straitmq.security.acls import ALTER, DESCRIBE
 
 from .context import RequestContext
 
+if TYPE_CHECKING:
+    from .deps import AdminDeps
+
 PREFERRED, UNCLEAN = 0, 1
 
 
-async def handle_alter_partition_reassignments(ctx: RequestContext, req: Any) -> dict:
+async def handle_alter_partition_reassignments(
+    deps: AdminDeps, ctx: RequestContext, req: Any
+) -> dict:
     """One controller call per partition, so one bad partition does not fail the others
     (Kafka applies them independently too). `replicas` null cancels."""
-    broker = ctx.broker
     if not ctx.cluster_allowed(ALTER):
         return {
             "throttle_time": 0,
@@ -51,7 +55,7 @@ async def handle_alter_partition_reassignments(ctx: RequestContext, req: Any) ->
                     )
                 seen.add(p.partition_index)
                 replicas = list(p.replicas) if p.replicas is not None else None
-                await broker.control(
+                await deps.control(
                     "reassign",
                     {
                         "partitions": [
@@ -66,7 +70,9 @@ async def handle_alter_partition_reassignments(ctx: RequestContext, req: Any) ->
     return {"throttle_time": 0, "error_code": 0, "error_message": None, "responses": responses}
 
 
-async def handle_list_partition_reassignments(ctx: RequestContext, req: Any) -> dict:
+async def handle_list_partition_reassignments(
+    deps: AdminDeps, ctx: RequestContext, req: Any
+) -> dict:
     """Ongoing reassignments, all or of the named partitions (unknown topics and
     partitions that are not moving are left out, as in Kafka)."""
     if not ctx.cluster_allowed(DESCRIBE):
@@ -77,7 +83,7 @@ async def handle_list_partition_reassignments(ctx: RequestContext, req: Any) -> 
             "topics": [],
         }
     try:
-        reply = await ctx.broker.control("list_reassignments", {})
+        reply = await deps.control("list_reassignments", {})
     except ControllerError as e:
         return {"throttle_time": 0, "error_code": e.code, "error_message": e.message, "topics": []}
     wanted: dict[str, set[int]] | None = None
@@ -105,9 +111,8 @@ async def handle_list_partition_reassignments(ctx: RequestContext, req: Any) -> 
     }
 
 
-def _election_check(ctx: RequestContext, topic: str, index: int, kind: int) -> tuple[int, str]:
+def _election_check(image: MetadataImage, topic: str, index: int, kind: int) -> tuple[int, str]:
     """(error code, message) before electing; 0 means this partition can move."""
-    image = ctx.broker.image
     t = image.topics.get(topic)
     if t is None or not 0 <= index < len(t.partitions):
         return ErrorCode.unknown_topic_or_partition, f"{topic}-{index} does not exist"
@@ -132,7 +137,7 @@ def _election_check(ctx: RequestContext, topic: str, index: int, kind: int) -> t
     return 0, ""
 
 
-async def handle_elect_leaders(ctx: RequestContext, req: Any) -> dict:
+async def handle_elect_leaders(deps: AdminDeps, ctx: RequestContext, req: Any) -> dict:
     """Preferred-leader election (v0 has no type). The controller moves the eligible
     requested partitions to their preferred leaders in one change; each then reports
     whether it got there."""
@@ -144,16 +149,16 @@ async def handle_elect_leaders(ctx: RequestContext, req: Any) -> dict:
             "replica_election_results": [],
         }
     try:
-        await ctx.broker.catch_up_metadata()
+        await deps.metadata.catch_up()
     except ControllerError:
         pass  # decide on what we have; the controller re-checks eligibility anyway
-    image = ctx.broker.image
+    image = deps.metadata.image
     all_partitions = req.topic_partitions is None
     if all_partitions:
         asked = [(n, i) for n, t in sorted(image.topics.items()) for i in range(len(t.partitions))]
     else:
         asked = [(t.topic, i) for t in req.topic_partitions for i in t.partitions]
-    checks = {tp: _election_check(ctx, *tp, kind) for tp in asked}
+    checks = {tp: _election_check(image, *tp, kind) for tp in asked}
     top_error = 0
     if kind not in (PREFERRED, UNCLEAN):
         top_error = ErrorCode.invalid_request
@@ -161,10 +166,10 @@ async def handle_elect_leaders(ctx: RequestContext, req: Any) -> dict:
     elif any(code == 0 for code, _ in checks.values()):
         try:
             eligible = [{"topic": t, "index": i} for (t, i), c in checks.items() if c[0] == 0]
-            await ctx.broker.control("elect_preferred", {"partitions": eligible})
+            await deps.control("elect_preferred", {"partitions": eligible})
         except ControllerError as e:
             checks = {tp: (e.code, e.message) if c[0] == 0 else c for tp, c in checks.items()}
-        image = ctx.broker.image
+        image = deps.metadata.image
         for tp, (code, _) in list(checks.items()):
             if code != 0:
                 continue

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
@@ -21,7 +21,9 @@ from straitmq.security.acls import TOPIC
 
 from ..storage.log import OffsetOutOfRange
 from .context import RequestContext
-from .fetch import partition_error
+
+if TYPE_CHECKING:
+    from ..views import LocalReplicas
 
 log = logging.getLogger("straitmq.broker")
 
@@ -29,13 +31,14 @@ HIGH_WATERMARK = -1  # DeleteRecordsRequest.HIGH_WATERMARK: delete everything co
 INVALID_LOW_WATERMARK = -1
 
 
-def _delete_on_leader(broker: Any, topic: str, index: int, offset: int) -> tuple[int, int]:
+def _delete_on_leader(
+    replicas: LocalReplicas, topic: str, index: int, offset: int
+) -> tuple[int, int]:
     """(error, low watermark) for one partition (Kafka's deleteRecordsOnLeader)."""
-    t = broker.image.topics.get(topic)
+    t = replicas.image.topics.get(topic)
     if t is not None and t.internal:
         return ErrorCode.invalid_topic_exception, INVALID_LOW_WATERMARK
-    part = broker.partitions.get(topic, index)
-    error = partition_error(broker, topic, index, part, -1)
+    part, error = replicas.leader(topic, index)
     if error:
         return error, INVALID_LOW_WATERMARK
     assert part is not None
@@ -71,8 +74,7 @@ def _delete_on_leader(broker: Any, topic: str, index: int, offset: int) -> tuple
     return ErrorCode.none, max(target, plog.log_start_offset)
 
 
-async def handle_delete_records(ctx: RequestContext, req: Any) -> dict:
-    broker = ctx.broker
+async def handle_delete_records(replicas: LocalReplicas, ctx: RequestContext, req: Any) -> dict:
     # A partition named twice counts once, with its last offset (Kafka collects the
     # request into a map); the answer names it once.
     wanted: dict[str, dict[int, int]] = {}
@@ -82,7 +84,7 @@ async def handle_delete_records(ctx: RequestContext, req: Any) -> dict:
     within_s = max(0.0, req.timeout.total_seconds())
 
     def alive(bid: int) -> bool:  # the image the broker holds at each check
-        return broker.image.broker_alive(bid)
+        return replicas.image.broker_alive(bid)
 
     async def one(name: str, index: int, offset: int) -> dict:
         error: int
@@ -93,14 +95,14 @@ async def handle_delete_records(ctx: RequestContext, req: Any) -> dict:
                 "low_watermark": INVALID_LOW_WATERMARK,
                 "error_code": error,
             }
-        error, target = _delete_on_leader(broker, name, index, offset)
+        error, target = _delete_on_leader(replicas, name, index, offset)
         low = INVALID_LOW_WATERMARK
         if not error:
-            part = broker.partitions.get(name, index)
+            part = replicas.partitions.get(name, index)
             assert part is not None
             if not await part.wait_low_watermark(target, within_s, alive):
                 error = ErrorCode.request_timed_out
-            elif broker.partitions.get(name, index) is not part or not part.is_leader:
+            elif replicas.partitions.get(name, index) is not part or not part.is_leader:
                 error = ErrorCode.not_leader_or_follower  # leadership moved meanwhile
             else:
                 low = part.low_watermark(alive)

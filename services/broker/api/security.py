@@ -11,7 +11,7 @@ the connection's security state: the client reads the error, then the socket clo
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError
@@ -26,6 +26,9 @@ from straitmq.security.scram import (
 )
 
 from .context import RequestContext
+
+if TYPE_CHECKING:
+    from .deps import AdminDeps
 
 FAILED_AUTH_DELAY_S = 0.1
 
@@ -62,7 +65,9 @@ async def handle_sasl_authenticate(ctx: RequestContext, req: Any) -> dict:
     }
 
 
-async def handle_describe_user_scram_credentials(ctx: RequestContext, req: Any) -> dict:
+async def handle_describe_user_scram_credentials(
+    deps: AdminDeps, ctx: RequestContext, req: Any
+) -> dict:
     if not ctx.cluster_allowed(DESCRIBE):
         return {
             "throttle_time": 0,
@@ -70,7 +75,7 @@ async def handle_describe_user_scram_credentials(ctx: RequestContext, req: Any) 
             "error_message": "DESCRIBE on the cluster is needed",
             "results": [],
         }
-    creds = ctx.broker.image.scram_credentials
+    creds = deps.metadata.image.scram_credentials
     if req.users is None or len(req.users) == 0:
         names = sorted(creds)
         asked = False
@@ -110,7 +115,9 @@ def _user_error(user: str, code: int, message: str) -> dict:
     return {"user": user, "error_code": code, "error_message": message, "credential_infos": []}
 
 
-async def handle_alter_user_scram_credentials(ctx: RequestContext, req: Any) -> dict:
+async def handle_alter_user_scram_credentials(
+    deps: AdminDeps, ctx: RequestContext, req: Any
+) -> dict:
     """The client sends SaltedPassword (the password never crosses the wire); the broker
     keeps only StoredKey and ServerKey, through the metadata log on every broker."""
     if not ctx.cluster_allowed(ALTER):
@@ -185,7 +192,7 @@ async def handle_alter_user_scram_credentials(ctx: RequestContext, req: Any) -> 
     }
     if body["upsertions"] or body["deletions"]:
         try:
-            reply = await ctx.broker.control("alter_scram_credentials", body)
+            reply = await deps.control("alter_scram_credentials", body)
         except ControllerError as e:
             for name in users:
                 errors.setdefault(name, (e.code, e.message))

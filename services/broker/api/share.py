@@ -27,8 +27,8 @@ from ..share.coordinator import ShareCoordinator
 from ..share.group_configs import config_key
 from ..share.partition import Acquired, InvalidRecordState
 from ..share.sessions import FINAL_EPOCH, INITIAL_EPOCH, ShareSession
+from ..views import leader_error
 from .context import RequestContext
-from .fetch import partition_error
 
 log = logging.getLogger("straitmq.share")
 
@@ -37,11 +37,6 @@ _LAST_DELTA = struct.Struct(">i")  # lastOffsetDelta, at byte 23 of a batch
 _READ_CHUNK = 1 << 20
 _GROUP_DENIED = ErrorCode.group_authorization_failed
 RESET = "share.auto.offset.reset"
-
-
-def _coordinator(ctx: RequestContext) -> ShareCoordinator:
-    """The broker's share coordinator: the one place these handlers reach it."""
-    return ctx.broker.share
 
 
 def _not_coordinator(share: ShareCoordinator, group_id: str) -> int:
@@ -78,7 +73,9 @@ def _assignment(by_topic: dict, image: Any, names: bool) -> dict:
 # -- membership, on the coordinator ---------------------------------------------------------
 
 
-async def handle_share_group_heartbeat(ctx: RequestContext, req: Any) -> dict:
+async def handle_share_group_heartbeat(
+    share: ShareCoordinator, ctx: RequestContext, req: Any
+) -> dict:
     answer: dict[str, Any] = {
         "throttle_time": 0,
         "error_message": None,
@@ -87,7 +84,6 @@ async def handle_share_group_heartbeat(ctx: RequestContext, req: Any) -> dict:
         "heartbeat_interval": 0,
         "assignment": None,
     }
-    share = _coordinator(ctx)
     gid = req.group_id
     if not ctx.allowed(READ, GROUP, gid):
         return {**answer, "error_code": _GROUP_DENIED}
@@ -126,8 +122,9 @@ async def handle_share_group_heartbeat(ctx: RequestContext, req: Any) -> dict:
     }
 
 
-async def handle_share_group_describe(ctx: RequestContext, req: Any) -> dict:
-    share = _coordinator(ctx)
+async def handle_share_group_describe(
+    share: ShareCoordinator, ctx: RequestContext, req: Any
+) -> dict:
     share.groups.expire(_now())
     share.members_gone()
     image = share.image
@@ -267,7 +264,7 @@ class _Acks:
             code = ErrorCode.topic_authorization_failed
         else:
             part = share.partitions.get(name, index)
-            code = partition_error(share, name, index, part, -1)
+            code = leader_error(share, name, index, part, -1)
         sp = self.share.state.existing(self.group, name, index) if not code and name else None
         if not code and sp is None:
             code, message = ErrorCode.invalid_record_state, "no records acquired here"
@@ -314,8 +311,7 @@ def _session_error(code: int, message: str | None, extra: dict) -> dict:
     }
 
 
-async def handle_share_fetch(ctx: RequestContext, req: Any) -> dict:
-    share = _coordinator(ctx)
+async def handle_share_fetch(share: ShareCoordinator, ctx: RequestContext, req: Any) -> dict:
     extra = {"acquisition_lock_timeout": share.state.lock_duration_ms}
     group, member, epoch = req.group_id or "", req.member_id or "", req.share_session_epoch
     if not group or not member:
@@ -500,10 +496,10 @@ def _collect(
             out["error_code"] = ErrorCode.topic_authorization_failed
             continue
         part = share.partitions.get(name, index)
-        if code := partition_error(share, name, index, part, -1):
+        if code := leader_error(share, name, index, part, -1):
             out["error_code"] = code
             continue
-        assert part is not None  # partition_error answers for a missing one
+        assert part is not None  # leader_error answers for a missing one
         watched.append((name, index, part))
         if budget_records <= 0 or budget_bytes <= 0:
             continue
@@ -534,8 +530,7 @@ def _collect(
     return parts, got, watched
 
 
-async def handle_share_acknowledge(ctx: RequestContext, req: Any) -> dict:
-    share = _coordinator(ctx)
+async def handle_share_acknowledge(share: ShareCoordinator, ctx: RequestContext, req: Any) -> dict:
     group, member, epoch = req.group_id or "", req.member_id or "", req.share_session_epoch
     if not group or not member:
         return _session_error(ErrorCode.invalid_request, "GroupId and MemberId are required", {})
@@ -582,10 +577,11 @@ async def handle_share_acknowledge(ctx: RequestContext, req: Any) -> dict:
     }
 
 
-async def handle_describe_share_group_offsets(ctx: RequestContext, req: Any) -> dict:
+async def handle_describe_share_group_offsets(
+    share: ShareCoordinator, ctx: RequestContext, req: Any
+) -> dict:
     """DescribeShareGroupOffsets v0 (what `kafka-share-groups --describe` shows): each
     share-partition's start offset as last saved (share/checkpoints.py)."""
-    share = _coordinator(ctx)
     image = share.image
     groups = []
     for g in req.groups:

@@ -202,8 +202,9 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
 # --- running in parallel (pytest-xdist) --------------------------------------------------
 
 # The unit of work is a module (its module fixtures are built once, its tests run in their
-# order), except for the Kubernetes tiers: the modules sharing the session's control plane
-# and the real node (a machine-wide singleton) run on one worker, one after another.
+# order), except for the groups below: the Kubernetes tiers (the modules sharing the
+# session's control plane, and the real node, a machine-wide singleton) run on one worker,
+# one after another, and so do the Spark modules.
 _GROUP_OF_MODULE = {
     "test_helm_chart": "kubernetes",
     "test_kube_control_plane": "kubernetes",
@@ -212,10 +213,15 @@ _GROUP_OF_MODULE = {
     "test_operator_ux": "kubernetes",
     "test_rack_from_node": "kubernetes",
     "test_real_node": "kubernetes",
+    # Spark's JVMs and Python workers, one module at a time: several at once on two cores
+    # made a Python worker miss Spark's connect-back timeout.
+    "test_spark_source": "spark",
+    "test_spark_pipeline": "spark",
+    "test_spark_security": "spark",
 }
 # The longest units start first, so that none of them begins near the end of the run
 # (test.sh passes --no-loadscope-reorder so xdist keeps this order).
-_LONG_GROUPS = ["kubernetes", "test_consumer_protocol", "test_spark_source", "test_share_groups"]
+_LONG_GROUPS = ["kubernetes", "spark", "test_security_tls_sasl", "test_clients_java"]
 
 
 def _group(nodeid: str) -> str:

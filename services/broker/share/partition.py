@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 from straitmq.invariants import broken
 
+from ..config import DEFAULTS  # declared once, in BrokerConfig
+
 AVAILABLE = 0
 ACQUIRED = 1
 ACKNOWLEDGED = 2
@@ -85,9 +87,9 @@ class SharePartition:
     def __init__(
         self,
         start_offset: int,
-        lock_duration_ms: int = 30_000,
-        delivery_limit: int = 5,
-        max_in_flight: int = 2000,
+        lock_duration_ms: int = DEFAULTS.group_share_record_lock_duration_ms,
+        delivery_limit: int = DEFAULTS.group_share_delivery_count_limit,
+        max_in_flight: int = DEFAULTS.group_share_partition_max_record_locks,
     ) -> None:
         if start_offset < 0:
             broken("the SPSO is an offset", spso=start_offset)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from kio.schema.errors import ErrorCode
 
+from ..config import DEFAULTS  # declared once, in BrokerConfig
 from .partition import SharePartition
 
 INITIAL_EPOCH = 0
@@ -58,12 +59,12 @@ class ShareState:
 
     def __init__(
         self,
-        lock_duration_ms: int = 30_000,
-        delivery_limit: int = 5,
-        max_record_locks: int = 2000,
+        lock_duration_ms: int = DEFAULTS.group_share_record_lock_duration_ms,
+        delivery_limit: int = DEFAULTS.group_share_delivery_count_limit,
+        max_record_locks: int = DEFAULTS.group_share_partition_max_record_locks,
         max_sessions: int = 2000,
-        auto_offset_reset: str = "latest",
-        session_idle_ms: int = 45_000,
+        auto_offset_reset: str = DEFAULTS.share_auto_offset_reset,
+        session_idle_ms: int = DEFAULTS.group_share_session_timeout_ms,
     ) -> None:
         self.session_idle_ms = session_idle_ms
         self.lock_duration_ms = lock_duration_ms

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from aiohttp import web
 
-from .provider import Telemetry
+if TYPE_CHECKING:  # provider.py imports this module; the name is only an annotation here
+    from .provider import Telemetry
 
 
 def add_metrics_route(app: web.Application, telemetry: Telemetry) -> None:

@@ -38,6 +38,7 @@ from straitmq import __version__
 from . import catalog
 from .catalog import Instrument
 from .histogram import HistogramFamily
+from .http import add_metrics_route
 
 log = logging.getLogger("straitmq.telemetry")
 
@@ -170,8 +171,6 @@ class Telemetry:
 
     def add_routes(self, app: Any) -> None:
         """Serve GET /metrics on an aiohttp application."""
-        from .http import add_metrics_route
-
         add_metrics_route(app, self)
 
     def render(self) -> bytes:

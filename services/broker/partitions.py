@@ -44,6 +44,7 @@ SYNC_SLICE_S = 0.02
 
 def log_config_for(topic: TopicImage, broker_defaults: dict[str, str]) -> LogConfig:
     c = effective({**broker_defaults, **topic.configs})
+    policy = {p.strip() for p in c.get("cleanup.policy", "delete").split(",")}
     return LogConfig(
         segment_bytes=int(c["segment.bytes"]),
         segment_ms=int(c["segment.ms"]),
@@ -53,6 +54,12 @@ def log_config_for(topic: TopicImage, broker_defaults: dict[str, str]) -> LogCon
         index_interval_bytes=int(c["index.interval.bytes"]),
         flush_messages=int(c["flush.messages"]),
         flush_ms=int(c["flush.ms"]),
+        delete="delete" in policy,
+        compact="compact" in policy,
+        min_cleanable_dirty_ratio=float(c.get("min.cleanable.dirty.ratio", "0.5")),
+        min_compaction_lag_ms=int(c.get("min.compaction.lag.ms", "0")),
+        max_compaction_lag_ms=int(c.get("max.compaction.lag.ms", str(2**63 - 1))),
+        delete_retention_ms=int(c.get("delete.retention.ms", str(24 * 3600 * 1000))),
     )
 
 

@@ -53,6 +53,13 @@ class LogConfig:
     flush_messages: int = 2**63 - 1
     flush_ms: int = 2**63 - 1
     producer_id_expiration_ms: int = 24 * 3600 * 1000
+    # cleanup.policy: "delete" (retention), "compact" (the cleaner), or both.
+    delete: bool = True
+    compact: bool = False
+    min_cleanable_dirty_ratio: float = 0.5
+    min_compaction_lag_ms: int = 0
+    max_compaction_lag_ms: int = 2**63 - 1
+    delete_retention_ms: int = 24 * 3600 * 1000
 
 
 @dataclass(slots=True)

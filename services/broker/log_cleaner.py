@@ -51,7 +51,7 @@ class CleanerSettings(Protocol):
     @property
     def backoff_ms(self) -> int: ...
     @property
-    def enable(self) -> bool: ...
+    def enabled(self) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -181,6 +181,7 @@ class LogCleaner:
         self._wake = asyncio.Event()
         self._running: dict[tuple[str, int], asyncio.Task[None]] = {}
         self.stats = CleanerStats()
+        self.started = time.time()
         self.finished = asyncio.Condition()  # notified after every cleaning (tests wait)
 
     # -- lifecycle --------------------------------------------------------------------
@@ -200,6 +201,17 @@ class LogCleaner:
         self._running.clear()
         self._shutdown_pool()
 
+    async def run_once(self) -> int:
+        """Clean every log that needs it now and wait for the cleanings (tests, tools);
+        returns how many were swapped in."""
+        before = self.stats.cleanings
+        for _ in range(100):  # a full offset map asks for another round; bounded
+            self._start_cleanings(self._settings())
+            if not self._running:
+                break
+            await asyncio.gather(*list(self._running.values()), return_exceptions=True)
+        return self.stats.cleanings - before
+
     def wake(self) -> None:
         """Look for work now (a test, an operator, a config change)."""
         self._wake.set()
@@ -210,7 +222,7 @@ class LogCleaner:
         while True:
             s = self._settings()
             try:
-                if s.enable:
+                if s.enabled:
                     self._start_cleanings(s)
             except Exception:  # a bug here must not stop cleaning for good
                 log.exception("log cleaner round failed")

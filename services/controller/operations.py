@@ -159,8 +159,8 @@ def delete_topic(image: MetadataImage, name: str) -> list[Record]:
 
 
 def alter_configs(image: MetadataImage, name: str, changes: dict[str, str | None]) -> list[Record]:
-    _topic(image, name)
-    problem = validate_topic_configs(changes)
+    t = _topic(image, name)
+    problem = validate_topic_configs(changes, t.configs)
     if problem:
         raise ControllerError(ErrorCode.invalid_config, problem)
     return [{"type": "config", "name": name, "changes": changes}] if changes else []

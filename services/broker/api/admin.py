@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError, check_topic_name
-from straitmq.metadata.topic_config import TOPIC_CONFIGS, effective
+from straitmq.metadata.topic_config import TOPIC_CONFIGS, effective, list_items
 
 from straitmq.security.acls import (
     ALTER,
@@ -316,10 +316,7 @@ async def handle_incremental_alter_configs(deps: AdminDeps, ctx: RequestContext,
                 elif c.config_operation == DELETE:
                     changes[c.name] = None
                 else:
-                    raise ControllerError(
-                        ErrorCode.invalid_config,
-                        f"{c.name}: APPEND/SUBTRACT apply to list configs only",
-                    )
+                    changes[c.name] = _list_operation(deps, r.resource_name, c, changes)
             check_topic_name(r.resource_name)
             await deps.control(
                 "alter_configs",
@@ -329,6 +326,36 @@ async def handle_incremental_alter_configs(deps: AdminDeps, ctx: RequestContext,
             res["error_code"] = e.code
             res["error_message"] = e.message
     return {"throttle_time": 0, "responses": responses}
+
+
+def _list_operation(deps: AdminDeps, topic_name: str, c: Any, changes: dict) -> str:
+    """APPEND or SUBTRACT on a LIST topic config (`cleanup.policy`): the entries added to
+    or taken from its current value (this request's earlier change, the topic's own
+    value, or the default), as Kafka's controller applies them."""
+    if c.config_operation not in (APPEND, SUBTRACT):
+        raise ControllerError(
+            ErrorCode.invalid_request, f"{c.name}: unknown operation {c.config_operation}"
+        )
+    d = TOPIC_CONFIGS.get(c.name)
+    if d is None or d.type != "list":
+        raise ControllerError(
+            ErrorCode.invalid_config, f"{c.name}: APPEND/SUBTRACT apply to list configs only"
+        )
+    topic = deps.metadata.image.topics.get(topic_name)
+    if topic is None:
+        raise ControllerError(
+            ErrorCode.unknown_topic_or_partition, f"topic '{topic_name}' does not exist"
+        )
+    current = changes.get(c.name)
+    if current is None:
+        current = effective({**deps.topic_defaults, **topic.configs})[c.name]
+    items = list_items(current)
+    given = list_items(c.value or "")
+    if c.config_operation == APPEND:
+        items += [i for i in given if i not in items]
+    else:
+        items = [i for i in items if i not in given]
+    return ",".join(items)
 
 
 # Kafka's per-broker reassignment throttles; StraitMQ has one cluster-wide rate.

@@ -43,6 +43,7 @@ from .api.dispatch import ApiSpec, kafka_api
 from .api.metadata import TopicAnswers
 from .colocated import Colocate, ColocatedController
 from .config import BrokerConfig
+from .dynamic_configs import check_static, topic_defaults
 from .errors import BrokerStartupError
 from .fetch_sessions import FetchSessions
 from .groups.coordinator import GroupCoordinator, GroupSettings
@@ -107,9 +108,12 @@ class Broker:
         self._tasks: list[asyncio.Task] = []
         os.makedirs(config.data_dir, exist_ok=True)
         self.cluster_id = self._check_meta()
-        self.topic_defaults = {"max.message.bytes": str(config.message_max_bytes)}
-        if config.log_flush_interval_messages:
-            self.topic_defaults["flush.messages"] = str(config.log_flush_interval_messages)
+        if problem := check_static(config):  # a bad log.cleaner.* setting, say, says why
+            raise BrokerStartupError(problem)
+        # The broker's topic defaults (message.max.bytes, log.cleanup.policy, ...): one
+        # dict, shared by every user, kept in step with the dynamic broker configs by
+        # _refresh_topic_defaults.
+        self.topic_defaults = topic_defaults(config, {})
         self.partitions = PartitionManager(
             os.path.join(config.data_dir, "logs"),
             self.topic_defaults,
@@ -345,16 +349,31 @@ class Broker:
         if not self.metadata_ready:
             return
         if reset:
+            self._refresh_topic_defaults()
             self._sync_replicas()
             return
         # Only the topics the records name: a sync over 100,000 partitions for each
         # ISR change would stall the listener.
         topics = {r.get("topic") or r["name"] for r in records if r["type"] in _TOPIC_RECORDS}
+        if any(r["type"] == "cluster_config" for r in records) and self._refresh_topic_defaults():
+            # A broker default of a topic config changed (log.cleanup.policy, ...): every
+            # topic without its own value takes it.
+            topics |= set(self.image.topics)
         if topics:
             self._sync_replicas(topics)
             for r in records:
                 if r["type"] == "remove_topic":
                     self.offsets.delete_topic(r["name"])
+
+    def _refresh_topic_defaults(self) -> bool:
+        """Apply the image's dynamic broker configs to the topic defaults; whether they
+        changed."""
+        now = topic_defaults(self.config, self.image.cluster_configs)
+        if now == self.topic_defaults:
+            return False
+        self.topic_defaults.clear()
+        self.topic_defaults.update(now)
+        return True
 
     def _offsets_layout(self) -> None:
         # The group -> partition mapping must be current before leaderships load groups.
@@ -392,6 +411,7 @@ class Broker:
         (a refused duplicate must never fetch as, or serve for, another broker)."""
         self.metadata_ready = True
         self._offsets_layout()
+        self._refresh_topic_defaults()
         await self.partitions.sync_all(self.image)
 
     # -- groups follow the leadership of __consumer_offsets partitions ----------------

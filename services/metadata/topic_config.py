@@ -118,8 +118,7 @@ def _remote_storage(value: str) -> str | None:
 
 
 _NO_RECOMPRESSION = (
-    "accepted; no effect here: the broker never recompresses (compression.type is "
-    "always producer)"
+    "accepted; no effect here: the broker never recompresses (compression.type is always producer)"
 )
 _NO_TIERED = "accepted; no effect here: tiered storage is not supported"
 _NO_THROTTLE_LIST = (
@@ -245,8 +244,7 @@ def _defs() -> tuple[ConfigDef, ...]:
             "long",
             str(LONG_MAX),
             long_range(1),
-            "a record is compacted at most this long after it is written, whatever the "
-            "dirty ratio",
+            "a record is compacted at most this long after it is written, whatever the dirty ratio",
         ),
         ConfigDef(
             "delete.retention.ms",

@@ -452,9 +452,11 @@ class Broker:
                     "name": OFFSETS_TOPIC,
                     "partitions": self.config.offsets_topic_partitions,
                     "replication_factor": self.config.offsets_topic_replication_factor,
-                    # Kept forever and compacted by rewriting (see compact_offsets): time
-                    # retention would drop the commits of idle groups.
+                    # Compacted, as Kafka's is: the latest commit per key stays. Time
+                    # retention would drop the commits of idle groups; retention.ms=-1
+                    # says so even where a log deletes by time whatever its policy.
                     "configs": {
+                        "cleanup.policy": "compact",
                         "segment.bytes": str(OFFSETS_SEGMENT_BYTES),
                         "retention.ms": "-1",
                     },
@@ -467,6 +469,25 @@ class Broker:
                 log.debug("cannot create the offsets topic yet", extra={"reason": e.message})
                 return False
         return OFFSETS_TOPIC in self.image.topics
+
+    async def _offsets_topic_compacted(self) -> None:
+        """An offsets topic made before it was created compacted gets cleanup.policy=
+        compact once (the first upgraded broker asks); a failure is retried at the next
+        start, the topic keeps working meanwhile."""
+        topic = self.image.topics.get(OFFSETS_TOPIC)
+        if topic is None or topic.configs.get("cleanup.policy") == "compact":
+            return
+        try:
+            await self.controller.call(
+                "alter_configs",
+                {"name": OFFSETS_TOPIC, "changes": {"cleanup.policy": "compact"}},
+                within_s=5.0,
+            )
+        except ControllerError as e:
+            log.warning(
+                "cannot set cleanup.policy=compact on the offsets topic yet",
+                extra={"reason": e.message},
+            )
 
     def compact_offsets(self) -> int:
         """Keep `__consumer_offsets` small: once a partition we lead has rolled, write its
@@ -567,7 +588,8 @@ class Broker:
                 return
             await self.quorum.changed()
         # Once enough brokers are up the offsets topic can exist; FindCoordinator retries.
-        await self.ensure_offsets_topic()
+        if await self.ensure_offsets_topic():
+            await self._offsets_topic_compacted()
         for listener, socks in self._bound:
             self._kafka_servers.append(await serve(self._listener_deps, socks, listener))
             if listener.tls is not None:  # rotated certificate files, for new connections

@@ -45,6 +45,7 @@ from .api.metadata import TopicAnswers
 from .cleaner_settings import CleanerSettings
 from .colocated import Colocate, ColocatedController
 from .config import BrokerConfig
+from .dynamic_configs import check_static, topic_defaults
 from .errors import BrokerStartupError
 from .fetch_sessions import FetchSessions
 from .groups.coordinator import GroupCoordinator, GroupSettings
@@ -110,9 +111,12 @@ class Broker:
         self._tasks: list[asyncio.Task] = []
         os.makedirs(config.data_dir, exist_ok=True)
         self.cluster_id = self._check_meta()
-        self.topic_defaults = {"max.message.bytes": str(config.message_max_bytes)}
-        if config.log_flush_interval_messages:
-            self.topic_defaults["flush.messages"] = str(config.log_flush_interval_messages)
+        if problem := check_static(config):  # a bad log.cleaner.* setting, say, says why
+            raise BrokerStartupError(problem)
+        # The broker's topic defaults (message.max.bytes, log.cleanup.policy, ...): one
+        # dict, shared by every user, kept in step with the dynamic broker configs by
+        # _refresh_topic_defaults.
+        self.topic_defaults = topic_defaults(config, {})
         self.partitions = PartitionManager(
             os.path.join(config.data_dir, "logs"),
             self.topic_defaults,
@@ -355,16 +359,31 @@ class Broker:
         if not self.metadata_ready:
             return
         if reset:
+            self._refresh_topic_defaults()
             self._sync_replicas()
             return
         # Only the topics the records name: a sync over 100,000 partitions for each
         # ISR change would stall the listener.
         topics = {r.get("topic") or r["name"] for r in records if r["type"] in _TOPIC_RECORDS}
+        if any(r["type"] == "cluster_config" for r in records) and self._refresh_topic_defaults():
+            # A broker default of a topic config changed (log.cleanup.policy, ...): every
+            # topic without its own value takes it.
+            topics |= set(self.image.topics)
         if topics:
             self._sync_replicas(topics)
             for r in records:
                 if r["type"] == "remove_topic":
                     self.offsets.delete_topic(r["name"])
+
+    def _refresh_topic_defaults(self) -> bool:
+        """Apply the image's dynamic broker configs to the topic defaults; whether they
+        changed."""
+        now = topic_defaults(self.config, self.image.cluster_configs)
+        if now == self.topic_defaults:
+            return False
+        self.topic_defaults.clear()
+        self.topic_defaults.update(now)
+        return True
 
     def _offsets_layout(self) -> None:
         # The group -> partition mapping must be current before leaderships load groups.
@@ -402,6 +421,7 @@ class Broker:
         (a refused duplicate must never fetch as, or serve for, another broker)."""
         self.metadata_ready = True
         self._offsets_layout()
+        self._refresh_topic_defaults()
         await self.partitions.sync_all(self.image)
 
     # -- groups follow the leadership of __consumer_offsets partitions ----------------
@@ -442,9 +462,11 @@ class Broker:
                     "name": OFFSETS_TOPIC,
                     "partitions": self.config.offsets_topic_partitions,
                     "replication_factor": self.config.offsets_topic_replication_factor,
-                    # Kept forever and compacted by rewriting (see compact_offsets): time
-                    # retention would drop the commits of idle groups.
+                    # Compacted, as Kafka's is: the latest commit per key stays. Time
+                    # retention would drop the commits of idle groups; retention.ms=-1
+                    # says so even where a log deletes by time whatever its policy.
                     "configs": {
+                        "cleanup.policy": "compact",
                         "segment.bytes": str(OFFSETS_SEGMENT_BYTES),
                         "retention.ms": "-1",
                     },
@@ -461,6 +483,25 @@ class Broker:
     def _cleaner_logs(self) -> Iterator[CleanerLog]:
         for p in list(self.partitions.partitions.values()):
             yield CleanerLog(p.topic, p.index, p.log, p.high_watermark)
+
+    async def _offsets_topic_compacted(self) -> None:
+        """An offsets topic made before it was created compacted gets cleanup.policy=
+        compact once (the first upgraded broker asks); a failure is retried at the next
+        start, the topic keeps working meanwhile."""
+        topic = self.image.topics.get(OFFSETS_TOPIC)
+        if topic is None or topic.configs.get("cleanup.policy") == "compact":
+            return
+        try:
+            await self.controller.call(
+                "alter_configs",
+                {"name": OFFSETS_TOPIC, "changes": {"cleanup.policy": "compact"}},
+                within_s=5.0,
+            )
+        except ControllerError as e:
+            log.warning(
+                "cannot set cleanup.policy=compact on the offsets topic yet",
+                extra={"reason": e.message},
+            )
 
     async def control(self, op: str, body: dict, within_s: float = 15.0) -> dict:
         """See MetadataView.control (kept here for the callers that still hold the Broker)."""
@@ -546,7 +587,8 @@ class Broker:
                 return
             await self.quorum.changed()
         # Once enough brokers are up the offsets topic can exist; FindCoordinator retries.
-        await self.ensure_offsets_topic()
+        if await self.ensure_offsets_topic():
+            await self._offsets_topic_compacted()
         for listener, socks in self._bound:
             self._kafka_servers.append(await serve(self._listener_deps, socks, listener))
             if listener.tls is not None:  # rotated certificate files, for new connections

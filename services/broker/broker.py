@@ -175,9 +175,12 @@ class Broker:
         )
         # Every compacted log on this broker, leader or follower (each replica cleans
         # its own, as in Kafka); the settings are read again at every round.
+        # STRAITMQ_CLEANER_EXECUTOR=thread: cleanings in a thread instead of a worker
+        # process, for bench/cleaner.py's process-vs-thread comparison only (no setting).
         self.cleaner = LogCleaner(
             self._cleaner_logs,
             lambda: CleanerSettings.of(config, self.image.cluster_configs),
+            executor=os.environ.get("STRAITMQ_CLEANER_EXECUTOR", "process"),
         )
         self.lifecycle = Lifecycle(
             config,

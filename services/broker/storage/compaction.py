@@ -31,6 +31,7 @@ from __future__ import annotations
 import errno
 import os
 import time
+from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -232,9 +233,10 @@ def clean(job: CleanJob) -> CleanResult:
     result = CleanResult([], job.first_dirty)
     try:
         offsets = build_offset_map(job, throttle, result)
+        latest = sorted(offsets.values())
         to_clean = [s for s in job.segments if s.base_offset < result.map_end]
         for group in group_segments(to_clean, job.segment_bytes):
-            result.groups.append(_clean_group(job, group, offsets, result, throttle))
+            result.groups.append(_clean_group(job, group, offsets, latest, result, throttle))
     except _Gone:
         remove_cleaned(job.directory)
         return CleanResult([], job.first_dirty)
@@ -250,6 +252,7 @@ def _clean_group(
     job: CleanJob,
     group: list[SegmentFile],
     offsets: dict[bytes, int],
+    latest: list[int],
     result: CleanResult,
     throttle: _Throttle,
 ) -> CleanedGroup:
@@ -265,7 +268,7 @@ def _clean_group(
         for seg in group:
             path = _log_path(job.directory, seg.base_offset)
             for raw in _batches(path, seg.size, throttle):
-                kept = _filter(raw, path, job, offsets, result, horizon)
+                kept = _filter(raw, path, job, offsets, latest, result, horizon)
                 if kept is None:
                     continue
                 info = parse_header(kept, 0, len(kept))
@@ -303,12 +306,18 @@ def _filter(
     path: str,
     job: CleanJob,
     offsets: dict[bytes, int],
+    latest: list[int],
     result: CleanResult,
     horizon: int,
 ) -> bytes | memoryview | None:
     """The batch as it goes into the cleaned segment: unchanged, rewritten, or None."""
     if _keep_batch_whole(raw):
         return raw
+    if _all_superseded(raw, job, latest, result.map_end):
+        n = int.from_bytes(raw[57:61], "big", signed=True)  # records count
+        result.records_read += n
+        result.records_removed += n
+        return None
     p = _parse(raw, path)
     result.records_read += len(p.records)
     map_end = result.map_end
@@ -343,6 +352,23 @@ def _filter(
             return rebuild_batch(p, [])
         return None
     return rebuild_batch(p, kept, delete_horizon_ms=stamp)
+
+
+def _all_superseded(raw: memoryview, job: CleanJob, latest: list[int], map_end: int) -> bool:
+    """Whether every record of a batch goes, read from its header alone (most batches
+    of a log being compacted, and decompressing them again is most of a cleaning's
+    time). So for a batch inside [first_dirty, map_end): the offset map holds each of
+    its keys, so a record stays only if the map keeps its very offset, and `latest`
+    (the map's offsets, sorted) has none in the batch. The map pass checked its CRC."""
+    base = int.from_bytes(raw[:8], "big", signed=True)
+    last = base + int.from_bytes(raw[23:27], "big", signed=True)
+    if base < job.first_dirty or last >= map_end:
+        return False
+    i = bisect_left(latest, base)
+    if i < len(latest) and latest[i] <= last:
+        return False
+    pid = int.from_bytes(raw[43:51], "big", signed=True)
+    return not (pid >= 0 and job.producer_last_offsets.get(pid) == last)
 
 
 def _unlink(path: str) -> None:

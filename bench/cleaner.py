@@ -57,6 +57,7 @@ import os
 import random
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -64,6 +65,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -511,6 +513,15 @@ def has_data(d: Path) -> bool:
 PHASES = {"acks=1": ("1", -1), "acks=all": ("all", -1), "acks=all fixed": ("all", 0), "fetch": None}
 
 
+def medians(rs: list[dict[str, Any]]) -> dict[str, float]:
+    """Per-key median of the numeric values of several runs."""
+    return {
+        k: statistics.median(r[k] for r in rs)
+        for k, v in rs[0].items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
 def load_topic(state: str, phase: str, run: str) -> str:
     return f"load-{state}-{phase.replace(' ', '-').replace('=', '')}-{run}"
 
@@ -597,7 +608,8 @@ def run_system(s: System, a: argparse.Namespace) -> dict[str, Any]:
     w = producer_perf(s, f"wload-{run}", a.warmup_records, "1", -1, a)
     log(f"{s.name}: warm-up produce {w['mb_s']:.1f} MB/s")
 
-    dirty = [f"dirty{i}-{run}" for i in range(1 + len(PHASES))]
+    rounds = range(a.rounds)
+    dirty = [f"dirty{i}-{run}" for i in range(a.rounds * (1 + len(PHASES)))]
     for d in dirty:
         create_topic(s, d, {"cleanup.policy": "delete", **seg})
     dt = load(s, dirty, a.records, a.keys, a.codec)
@@ -611,32 +623,128 @@ def run_system(s: System, a: argparse.Namespace) -> dict[str, Any]:
         f"{s.name}: loaded {len(dirty)} x {a.records} records in {dt:.1f}s,"
         f" {sizes[0] / MB:.0f} MB each"
     )
+    dirty.reverse()  # popped from the end: the order they were loaded in
 
     # the cleaner alone
-    c = Cleaning(s, dirty[0], a.phase_timeout).join()
-    out["clean"] = c
-    log(
-        f"{s.name}: cleaned {c['log_mb']:.0f} MB in {c['seconds']:.2f}s ="
-        f" {c['mb_s']:.1f} MB/s, {c['cpu_s_per_gb']:.1f} CPU s/GB (wall {c['wall_s']:.1f}s)"
-    )
+    cleans = []
+    for _ in rounds:
+        c = Cleaning(s, dirty.pop(), a.phase_timeout).join()
+        cleans.append(c)
+        log(
+            f"{s.name}: cleaned {c['log_mb']:.0f} MB in {c['seconds']:.2f}s ="
+            f" {c['mb_s']:.1f} MB/s, {c['cpu_s_per_gb']:.1f} CPU s/GB (wall {c['wall_s']:.1f}s)"
+        )
+    out["clean"] = medians(cleans)
+    out["clean_rounds"] = cleans
     # Each busy run should last about one cleaning (see the module doc).
-    secs = max(c["seconds"], a.min_seconds)
+    secs = max(out["clean"]["seconds"], a.min_seconds)
     plan = {
         "records": max(a.min_records, min(a.max_records, int(w["rec_s"] * secs))),
         "fixed_records": int(a.fixed_rate * secs),
         "fetch_s": secs,
     }
     out["plan"] = plan
-    for state in ("idle", "busy"):
-        res: dict[str, Any] = {}
-        for i, phase in enumerate(PHASES):
-            r = measure(s, state, phase, plan, dirty[i + 1] if state == "busy" else None, run, a)
-            res[phase] = r
-            extra = f", cleaner busy {r['cleaner_busy_share']:.0%} of it" if "cleaning" in r else ""
-            lat = f" p99 {r['p99_ms']:.0f} ms" if "p99_ms" in r else ""
-            log(f"{s.name}: {state:4} {phase:14} {r['mb_s']:6.1f} MB/s{lat}{extra}")
-        out[state] = res
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+        st: {ph: [] for ph in PHASES} for st in ("idle", "busy")
+    }
+    for rnd in rounds:
+        for phase in PHASES:
+            # idle and busy back to back, their order flipped every round
+            for state in ("idle", "busy") if rnd % 2 == 0 else ("busy", "idle"):
+                d = dirty.pop() if state == "busy" else None
+                r = measure(s, state, phase, plan, d, f"{run}-r{rnd}", a)
+                if "cleaning" in r:
+                    r["cleaner_mb_s"] = r["cleaning"]["mb_s"]
+                runs[state][phase].append(r)
+                extra = (
+                    f", cleaner busy {r['cleaner_busy_share']:.0%} of it" if "cleaning" in r else ""
+                )
+                lat = f" p99 {r['p99_ms']:.0f} ms" if "p99_ms" in r else ""
+                log(
+                    f"{s.name}: round {rnd + 1} {state:4} {phase:14} {r['mb_s']:6.1f} MB/s"
+                    f"{lat}{extra}"
+                )
+    for state, by_phase in runs.items():
+        out[state] = {ph: medians(rs) for ph, rs in by_phase.items()}
+    out["rounds"] = runs
     return out
+
+
+# -- profile ---------------------------------------------------------------------------
+
+
+def profile(a: argparse.Namespace) -> str:
+    """cProfile of one StraitMQ cleaning (`storage.compaction.clean`) in this process,
+    over a log written like the data set: `--records` records, `--keys` keys, batches of
+    `--profile-batch` records in `--codec`. Returns the top functions by own time."""
+    import cProfile
+    import io
+    import pstats
+
+    from straitmq.broker.log_cleaner import cleanable, make_job
+    from straitmq.broker.record_codec import build_batch
+    from straitmq.broker.records import validate_batches
+    from straitmq.broker.storage.batch_filter import (
+        CODEC_GZIP,
+        CODEC_LZ4,
+        CODEC_NONE,
+        CODEC_SNAPPY,
+        CODEC_ZSTD,
+    )
+    from straitmq.broker.storage.compaction import clean
+    from straitmq.broker.storage.log import LogConfig, PartitionLog
+
+    codec = {
+        "none": CODEC_NONE,
+        "gzip": CODEC_GZIP,
+        "snappy": CODEC_SNAPPY,
+        "lz4": CODEC_LZ4,
+        "zstd": CODEC_ZSTD,
+    }[a.codec]
+
+    @dataclass
+    class Settings:  # Kafka's defaults, as CleanerSettings would give them
+        threads: int = 1
+        io_max_bytes_per_second: float = 0.0
+        dedupe_buffer_size: int = 128 * MB
+        backoff_ms: int = BACKOFF_MS
+        enabled: bool = True
+
+    d = tempfile.mkdtemp(prefix="cleaner-profile-")
+    try:
+        plog = PartitionLog(d, LogConfig(segment_bytes=SEGMENT_BYTES, compact=True, delete=False))
+        values = make_values(4096)
+        rng = random.Random(7)
+        now = int(time.time() * 1000)
+        t0 = time.perf_counter()
+        for i in range(0, a.records, a.profile_batch):
+            recs = [
+                (b"key-%05d" % rng.randrange(a.keys), values[(i + j) % len(values)], [])
+                for j in range(a.profile_batch)
+            ]
+            view = memoryview(build_batch(recs, now, codec))
+            plog.append(view, validate_batches(view, 1 << 22), leader_epoch=0)
+        size = sum(seg.size for seg in plog.closed_segments())
+        log(f"profile: wrote {size / MB:.0f} MB in {time.perf_counter() - t0:.1f}s")
+        job = make_job(plog, cleanable(plog, plog.log_end_offset, now), Settings(), now)
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        prof.enable()
+        result = clean(job)
+        prof.disable()
+        dt = time.perf_counter() - t0
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+        head = (
+            f"one cleaning of {size / MB:.0f} MB ({a.records} records, {a.keys} keys,"
+            f" {a.profile_batch} records per {a.codec} batch): {dt:.2f}s under cProfile,"
+            f" {result.records_removed} records removed, {result.bytes_written / MB:.1f} MB"
+            " written\n"
+        )
+        plog.close()
+        return head + buf.getvalue()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 # -- report ------------------------------------------------------------------------------
@@ -650,7 +758,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         ("cleaning seconds", lambda r: r["clean"]["seconds"]),
         ("switch to cleaned, wall s", lambda r: r["clean"]["wall_s"]),
         ("broker CPU s per GB cleaned", lambda r: r["clean"]["cpu_s_per_gb"]),
-        ("cleaner MB/s during produce acks=1", lambda r: r["busy"]["acks=1"]["cleaning"]["mb_s"]),
+        ("cleaner MB/s during produce acks=1", _g("busy", "acks=1", "cleaner_mb_s")),
     ]
     for phase in ("acks=1", "acks=all", "acks=all fixed"):
         for state in ("idle", "busy"):
@@ -708,6 +816,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--systems", default="kafka,straitmq,straitmq-thread")
     ap.add_argument("--records", type=int, default=300_000, help="per dirty topic")
     ap.add_argument("--keys", type=int, default=10_000)
+    ap.add_argument("--rounds", type=int, default=3, help="medians of this many runs")
     ap.add_argument("--codec", default="lz4", help="the load's compression.type")
     ap.add_argument("--warmup-records", type=int, default=100_000)
     ap.add_argument("--min-records", type=int, default=50_000, help="per produce run")
@@ -726,6 +835,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
     ap.add_argument("--json", default=None)
     ap.add_argument("--report", metavar="JSON", help="print the tables of an earlier run")
+    ap.add_argument(
+        "--profile", action="store_true", help="profile one StraitMQ cleaning (no brokers)"
+    )
+    ap.add_argument("--profile-batch", type=int, default=200, help="records per batch")
     return ap.parse_args(argv)
 
 
@@ -733,6 +846,9 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     if a.report:
         print(table(json.loads(Path(a.report).read_text())["results"]))
+        return 0
+    if a.profile:
+        print(profile(a))
         return 0
     work = Path(tempfile.mkdtemp(prefix="cleaner-bench-"))
     results: dict[str, Any] = {}

@@ -225,6 +225,7 @@ class Broker:
             self.offsets,
             self.share,
             self.cleaner,
+            self.transactions,
         )
         self._http_api = self._build_http_api()
 

@@ -18,7 +18,7 @@ import logging
 import time
 import zlib
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -71,7 +71,6 @@ class TxnStats:
     aborted: int = 0
     timed_out: int = 0
     markers_written: int = 0
-    marker_seconds: list[float] = field(default_factory=list)  # drained by the metrics
 
 
 def partition_for(tid: str, partitions: int) -> int:
@@ -103,6 +102,7 @@ class TransactionCoordinator:
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._task: asyncio.Task[None] | None = None
         self.stats = TxnStats()
+        self.marker_latency: Callable[[float], None] = lambda _s: None  # metrics set it
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -266,7 +266,7 @@ class TransactionCoordinator:
             if not self.owns(tid):
                 return
             await asyncio.sleep(MARKER_RETRY_S)
-        self.stats.marker_seconds.append(time.monotonic() - started)
+        self.marker_latency(time.monotonic() - started)
         if done.after.state == COMPLETE_COMMIT:
             self.stats.committed += 1
         elif done.after.state == COMPLETE_ABORT:

@@ -43,7 +43,7 @@ class Settings:
     io_max_bytes_per_second: float = 0.0
     dedupe_buffer_size: int = 1 << 27
     backoff_ms: int = 50
-    enable: bool = True
+    enabled: bool = True
 
 
 Rec = tuple[bytes | None, bytes | None]  # key, value (None: tombstone)

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -41,6 +42,7 @@ from .api.context import RequestContext
 from .api.deps import AdminDeps, FetchDeps, GroupDeps, MetadataDeps
 from .api.dispatch import ApiSpec, kafka_api
 from .api.metadata import TopicAnswers
+from .cleaner_settings import CleanerSettings
 from .colocated import Colocate, ColocatedController
 from .config import BrokerConfig
 from .dynamic_configs import check_static, topic_defaults
@@ -60,6 +62,7 @@ from .http_api import (
     start_http,
 )
 from .lifecycle import Lifecycle
+from .log_cleaner import CleanerLog, LogCleaner
 from .metadata_view import MetadataView
 from .metrics import BrokerMetrics
 from .partition_write import PartitionWriter
@@ -170,6 +173,12 @@ class Broker:
             lambda: self.stopping,
             self.groups.group_type,
         )
+        # Every compacted log on this broker, leader or follower (each replica cleans
+        # its own, as in Kafka); the settings are read again at every round.
+        self.cleaner = LogCleaner(
+            self._cleaner_logs,
+            lambda: CleanerSettings.of(config, self.image.cluster_configs),
+        )
         self.lifecycle = Lifecycle(
             config,
             self.cluster_id,
@@ -197,6 +206,7 @@ class Broker:
             self.groups,
             self.offsets,
             self.share,
+            self.cleaner,
         )
         self._http_api = self._build_http_api()
 
@@ -260,6 +270,7 @@ class Broker:
                 cfg.num_partitions,
                 cfg.default_replication_factor,
                 permitted,
+                self.cleaner.stats,
             ),
             records=RecordsDeps(metadata, self.partitions, self.writer, self.offsets, peers),
             groups=GroupsDeps(
@@ -470,6 +481,10 @@ class Broker:
                 return False
         return OFFSETS_TOPIC in self.image.topics
 
+    def _cleaner_logs(self) -> Iterator[CleanerLog]:
+        for p in list(self.partitions.partitions.values()):
+            yield CleanerLog(p.topic, p.index, p.log, p.high_watermark)
+
     async def _offsets_topic_compacted(self) -> None:
         """An offsets topic made before it was created compacted gets cleanup.policy=
         compact once (the first upgraded broker asks); a failure is retried at the next
@@ -488,22 +503,6 @@ class Broker:
                 "cannot set cleanup.policy=compact on the offsets topic yet",
                 extra={"reason": e.message},
             )
-
-    def compact_offsets(self) -> int:
-        """Keep `__consumer_offsets` small: once a partition we lead has rolled, write its
-        live commits again at the head and drop the older segments. Followers copy the
-        rewrite and follow the new log start. A crash in between only means the old
-        records are replayed before the new ones, which win."""
-        dropped = 0
-        for i in range(self.offsets.partitions_count):
-            part = self.partitions.leader_of(OFFSETS_TOPIC, i)
-            if part is None or len(part.log.segments) < 2:
-                continue
-            part.log.roll()
-            head = part.log.log_end_offset
-            self.offsets.rewrite(i)
-            dropped += part.log.drop_segments_before(head)
-        return dropped
 
     async def control(self, op: str, body: dict, within_s: float = 15.0) -> dict:
         """See MetadataView.control (kept here for the callers that still hold the Broker)."""
@@ -582,6 +581,7 @@ class Broker:
         self._tasks.append(loop.create_task(self._offsets_expiry_loop()))
         self._tasks.append(loop.create_task(self._storage_retry_loop()))
         self.share.start()
+        self.cleaner.start()
         self.phase = "waiting for the active controller to unfence this broker"
         while not self.ready:
             if self.stopping:
@@ -628,7 +628,6 @@ class Broker:
         while True:
             await asyncio.sleep(self.config.retention_check_interval_ms / 1000)
             try:
-                self.compact_offsets()
                 deleted = self.partitions.apply_retention()
                 if deleted:
                     log.info("retention deleted segments", extra={"segments": deleted})
@@ -676,6 +675,7 @@ class Broker:
             sock.close()
         self._kafka_sockets = []
         await self.share.stop()
+        await self.cleaner.stop()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:

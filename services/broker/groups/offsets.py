@@ -7,7 +7,8 @@ latest value per key is kept in memory.
 
 The same partition holds the records of KIP-848 group state (`records.py`: a JSON object
 key where a commit has an array). The store keeps the newest of those per key too, so
-that a new coordinator rebuilds its groups from them and compaction writes them again.
+that a new coordinator rebuilds its groups from them; the log cleaner compacts the topic
+by key, keeping the latest record of each.
 """
 
 from __future__ import annotations
@@ -182,21 +183,6 @@ class OffsetStore:
         batch = build_batch(records, now)
         view = memoryview(batch)
         return self._append(self.partition_for(group), view, validate_batches(view, len(batch)))
-
-    def rewrite(self, partition: int, chunk: int = 500) -> None:
-        """Append the live commits of one offsets partition again (for compaction)."""
-        now = int(time.time() * 1000)
-        for group, g in self.offsets.items():
-            if self.partition_for(group) != partition:
-                continue
-            records = [self._record(group, t, p, c) for (t, p), c in g.items()]
-            for i in range(0, len(records), chunk):
-                self._write(group, records[i : i + chunk], now)
-        for group, r in self.group_records.items():
-            if self.partition_for(group) != partition:
-                continue
-            # One batch per group, so a replay never sees half of one group's state.
-            self._write(group, [self._group_record(k, v) for k, v in r.items()], now)
 
     def fetch(self, group: str) -> dict[tuple[str, int], Committed]:
         return self.offsets.get(group, {})

@@ -74,7 +74,8 @@ def test_offsets_topic_is_created_compacted_and_an_older_one_is_set_so(tmp_path:
     async def run() -> None:
         b = build_broker(_config(str(tmp_path)))
         await b.start()
-        assert b.image.topics[OFFSETS_TOPIC].configs["cleanup.policy"] == "compact"
+        configs = b.image.topics[OFFSETS_TOPIC].configs
+        assert configs["cleanup.policy"] == "compact" and "retention.ms" not in configs
         cfg = await _log_config(b, OFFSETS_TOPIC, lambda c: c.compact, "a compacted replica")
         assert not cfg.delete
         # As an older broker left it: no policy of its own (the default, delete).

@@ -492,13 +492,12 @@ class Broker:
                     "name": OFFSETS_TOPIC,
                     "partitions": self.config.offsets_topic_partitions,
                     "replication_factor": self.config.offsets_topic_replication_factor,
-                    # Compacted, as Kafka's is: the latest commit per key stays. Time
-                    # retention would drop the commits of idle groups; retention.ms=-1
-                    # says so even where a log deletes by time whatever its policy.
+                    # Compacted, as Kafka's is: the latest commit per key stays, and no
+                    # time or size retention (compact alone deletes nothing) drops the
+                    # commits of idle groups.
                     "configs": {
                         "cleanup.policy": "compact",
                         "segment.bytes": str(OFFSETS_SEGMENT_BYTES),
-                        "retention.ms": "-1",
                     },
                     "internal": True,
                 },
@@ -523,11 +522,12 @@ class Broker:
             yield CleanerLog(p.topic, p.index, p.log, p.high_watermark)
 
     async def _offsets_topic_compacted(self) -> None:
-        """An offsets topic made before it was created compacted gets cleanup.policy=
-        compact once (the first upgraded broker asks); a failure is retried at the next
-        start, the topic keeps working meanwhile."""
+        """An offsets topic made before it was created compacted (it has no policy of its
+        own) gets cleanup.policy=compact once: the first upgraded broker asks; a failure is
+        retried at the next start, the topic keeps working meanwhile. A policy someone
+        set on purpose stays."""
         topic = self.image.topics.get(OFFSETS_TOPIC)
-        if topic is None or topic.configs.get("cleanup.policy") == "compact":
+        if topic is None or "cleanup.policy" in topic.configs:
             return
         try:
             await self.controller.call(

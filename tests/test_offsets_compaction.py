@@ -31,7 +31,7 @@ def test_offsets_topic_is_compacted_and_survives_reopen(tmp_path, monkeypatch):
         assert await b.cleaner.run_once() > 0
         after = [plog.size_bytes for plog in logs]
         # The latest commit of 8 keys per group is left, plus the active segments.
-        assert all(a < bb / 4 for a, bb in zip(after, before, strict=True)), (before, after)
+        assert sum(after) < sum(before) / 20, (before, after)
         await b.stop()
 
     async def again() -> None:

@@ -270,6 +270,7 @@ class Broker:
                 cfg.num_partitions,
                 cfg.default_replication_factor,
                 permitted,
+                self.cleaner.stats,
             ),
             records=RecordsDeps(metadata, self.partitions, self.writer, self.offsets, peers),
             groups=GroupsDeps(

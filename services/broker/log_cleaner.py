@@ -201,6 +201,18 @@ class LogCleaner:
         self._running.clear()
         self._shutdown_pool()
 
+    def partition_stats(self) -> dict[tuple[str, int], PartitionStats]:
+        """Every compacted log's stats (for /metrics): one the rounds have not looked at
+        yet gets its dirty ratio now."""
+        now = int(time.time() * 1000)
+        parts = self.stats.partitions
+        for cl in self._logs():
+            key = (cl.topic, cl.partition)
+            if key not in parts and cl.log.config.compact and not cl.log.closed:
+                st = parts[key] = PartitionStats()
+                st.dirty_ratio = cleanable(cl.log, cl.high_watermark, now).ratio
+        return parts
+
     async def run_once(self) -> int:
         """Clean every log that needs it now and wait for the cleanings (tests, tools);
         returns how many were swapped in."""

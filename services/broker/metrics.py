@@ -229,7 +229,7 @@ def install(
 
     def cleaner_points(what: str) -> Points:
         now = time.time()
-        for (topic, index), st in list(cs.partitions.items()):
+        for (topic, index), st in list(cleaner.partition_stats().items()):
             labels = {C.TOPIC: topic, C.PARTITION: str(index)}
             if what == "ratio":
                 yield st.dirty_ratio, labels

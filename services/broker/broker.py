@@ -39,7 +39,7 @@ from straitmq.telemetry import Telemetry
 
 from . import metrics as broker_metrics
 from .api.context import RequestContext
-from .api.deps import AdminDeps, FetchDeps, GroupDeps, MetadataDeps
+from .api.deps import AdminDeps, FetchDeps, GroupDeps, MetadataDeps, TxnDeps
 from .api.dispatch import ApiSpec, kafka_api
 from .api.metadata import TopicAnswers
 from .cleaner_settings import CleanerSettings
@@ -76,6 +76,7 @@ from .security.listeners import Listener, bind_listeners
 from .security.sasl import ConnectionSecurity
 from .server import KafkaConnection, ListenerDeps, bind, serve
 from .share.coordinator import ShareCoordinator
+from .transactions.coordinator import TransactionCoordinator, TxnSettings
 from .views import LocalReplicas
 
 log = logging.getLogger("straitmq.broker")
@@ -173,6 +174,23 @@ class Broker:
             lambda: self.stopping,
             self.groups.group_type,
         )
+        self.transactions = TransactionCoordinator(
+            config.node_id,
+            TxnSettings(
+                config.transaction_state_log_num_partitions,
+                config.transaction_state_log_replication_factor,
+                config.transaction_state_log_segment_bytes,
+                config.transaction_max_timeout_ms,
+                config.transactional_id_expiration_ms,
+                config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
+            ),
+            self.partitions,
+            self.metadata,
+            inter_broker,
+            self.next_producer_id,
+            self._create_internal_topic,
+        )
+        self.partitions.role_listeners.append(self.transactions.on_role)
         # Every compacted log on this broker, leader or follower (each replica cleans
         # its own, as in Kafka); the settings are read again at every round.
         self.cleaner = LogCleaner(
@@ -207,6 +225,7 @@ class Broker:
             self.offsets,
             self.share,
             self.cleaner,
+            self.transactions,
         )
         self._http_api = self._build_http_api()
 
@@ -237,6 +256,16 @@ class Broker:
                 self.partitions,
                 self.ensure_offsets_topic,
                 self.share,
+                self.transactions,
+            ),
+            txn_deps=TxnDeps(
+                self.transactions,
+                metadata,
+                self.next_producer_id,
+                self.groups,
+                self.offsets,
+                self.ensure_offsets_topic,
+                self._offsets_durable,
             ),
             admin_deps=AdminDeps(
                 metadata,
@@ -481,6 +510,14 @@ class Broker:
                 return False
         return OFFSETS_TOPIC in self.image.topics
 
+    async def _create_internal_topic(self, body: dict) -> None:
+        """create_topic for an internal topic; someone else having made it is fine."""
+        try:
+            await self.controller.call("create_topic", body, within_s=5.0)
+        except ControllerError as e:
+            if e.code != ErrorCode.topic_already_exists:
+                raise
+
     def _cleaner_logs(self) -> Iterator[CleanerLog]:
         for p in list(self.partitions.partitions.values()):
             yield CleanerLog(p.topic, p.index, p.log, p.high_watermark)
@@ -582,6 +619,7 @@ class Broker:
         self._tasks.append(loop.create_task(self._storage_retry_loop()))
         self.share.start()
         self.cleaner.start()
+        self.transactions.start()
         self.phase = "waiting for the active controller to unfence this broker"
         while not self.ready:
             if self.stopping:
@@ -675,6 +713,7 @@ class Broker:
             sock.close()
         self._kafka_sockets = []
         await self.share.stop()
+        await self.transactions.stop()
         await self.cleaner.stop()
         for t in self._tasks:
             t.cancel()

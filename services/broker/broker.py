@@ -41,6 +41,7 @@ from . import metrics as broker_metrics
 from .api.context import RequestContext
 from .api.deps import AdminDeps, FetchDeps, GroupDeps, MetadataDeps
 from .api.dispatch import ApiSpec, kafka_api
+from .api.partition_txns import PartitionTxnDeps
 from .api.metadata import TopicAnswers
 from .cleaner_settings import CleanerSettings
 from .colocated import Colocate, ColocatedController
@@ -248,6 +249,9 @@ class Broker:
             ),
             controller=self.controller.call,
             share_coordinator=self.share,
+            partition_txn_deps=PartitionTxnDeps(
+                self.writer, replicas, self.offsets.complete_transaction
+            ),
         )
 
     def _build_http_api(self) -> HttpApi:

@@ -20,6 +20,7 @@ from . import (
     fetch,
     groups,
     metadata,
+    partition_txns,
     produce,
     quorum,
     reassign,
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from ..share.coordinator import ShareCoordinator
     from ..views import ControllerCall, LocalReplicas
     from .deps import AdminDeps, FetchDeps, GroupDeps, MetadataDeps
+    from .partition_txns import PartitionTxnDeps
 
 Handler = Callable[[RequestContext, Any], Awaitable[Any]]
 
@@ -58,6 +60,7 @@ def kafka_api(
     admin_deps: AdminDeps,
     controller: ControllerCall,
     share_coordinator: ShareCoordinator,
+    partition_txn_deps: PartitionTxnDeps,
 ) -> dict[int, ApiSpec]:
     """Every implemented API key -> its versions and its bound handler."""
     p = partial
@@ -82,6 +85,7 @@ def kafka_api(
         21: p(records.handle_delete_records, replicas),
         22: p(admin.handle_init_producer_id, admin_deps),
         23: p(fetch.handle_offset_for_leader_epoch, fetch_deps),
+        27: p(partition_txns.handle_write_txn_markers, partition_txn_deps),
         29: p(acls.handle_describe_acls, admin_deps),
         30: p(acls.handle_create_acls, admin_deps),
         31: p(acls.handle_delete_acls, admin_deps),
@@ -99,6 +103,7 @@ def kafka_api(
         51: p(sec.handle_alter_user_scram_credentials, admin_deps),
         55: p(quorum.handle_describe_quorum, controller),
         60: p(metadata.handle_describe_cluster, metadata_deps),
+        61: p(partition_txns.handle_describe_producers, partition_txn_deps),
         68: p(groups.handle_consumer_group_heartbeat, group_deps),
         69: p(groups.handle_consumer_group_describe, group_deps),
         75: p(describe_topics.handle_describe_topic_partitions, metadata_view),

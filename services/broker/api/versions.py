@@ -42,6 +42,7 @@ VERSIONS: dict[int, Versions] = {
     21: Versions(0, 2),  # DeleteRecords
     22: Versions(0, 4),  # InitProducerId
     23: Versions(2, 4),  # OffsetForLeaderEpoch
+    27: Versions(1, 2),  # WriteTxnMarkers (v0 went in Kafka 4.0; v2: transaction version)
     29: Versions(2, 3),  # DescribeAcls
     30: Versions(2, 3),  # CreateAcls
     31: Versions(2, 3),  # DeleteAcls
@@ -59,6 +60,7 @@ VERSIONS: dict[int, Versions] = {
     51: Versions(0, 0),  # AlterUserScramCredentials
     55: Versions(0, 2),  # DescribeQuorum
     60: Versions(0, 1),  # DescribeCluster
+    61: Versions(0, 0),  # DescribeProducers
     68: Versions(0, 1),  # ConsumerGroupHeartbeat (KIP-848)
     69: Versions(0, 1),  # ConsumerGroupDescribe
     75: Versions(0, 0),  # DescribeTopicPartitions

@@ -184,6 +184,13 @@ class OffsetStore:
         view = memoryview(batch)
         return self._append(self.partition_for(group), view, validate_batches(view, len(batch)))
 
+    def complete_transaction(self, partition: int, producer_id: int, commit: bool) -> None:
+        """A transaction marker of `producer_id` is in the ISR of offsets `partition`
+        (Kafka's GroupCoordinator.onTransactionCompleted): its pending TxnOffsetCommit
+        offsets become committed (commit) or are dropped (abort). Called by the
+        WriteTxnMarkers handler; pending transactional offsets are the transaction
+        coordinator's work, so there is nothing to complete yet."""
+
     def fetch(self, group: str) -> dict[tuple[str, int], Committed]:
         return self.offsets.get(group, {})
 

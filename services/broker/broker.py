@@ -41,8 +41,8 @@ from . import metrics as broker_metrics
 from .api.context import RequestContext
 from .api.deps import AdminDeps, FetchDeps, GroupDeps, MetadataDeps
 from .api.dispatch import ApiSpec, kafka_api
-from .api.partition_txns import PartitionTxnDeps
 from .api.metadata import TopicAnswers
+from .api.partition_txns import PartitionTxnDeps
 from .cleaner_settings import CleanerSettings
 from .colocated import Colocate, ColocatedController
 from .config import BrokerConfig

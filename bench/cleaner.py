@@ -3,48 +3,59 @@ fetch lose while it runs. StraitMQ (one broker, its cleaner in a worker process,
 again with it in a thread) beside Apache Kafka 4.1 (one KRaft combined broker,
 bench/kafka_ref.py), one system at a time, in one run (not a pytest test).
 
-    python -m bench.cleaner [--records 300000] [--systems kafka,straitmq,straitmq-thread]
+    python -m bench.cleaner [--records 1000000] [--rounds 3]
+                            [--systems kafka,straitmq,straitmq-thread]
+    python -m bench.cleaner --profile [--records 300000]   # cProfile of one cleaning
 
 The data set, per dirty topic (1 partition, RF 1, segment.bytes 8 MiB): `--records`
 records of 1 KiB JSON-like text (compresses about 2.2x with lz4), keys drawn at random
 from `--keys` (10,000) keys, so each key has about records/keys versions; sent by a
-librdkafka producer as applications send them (lz4, linger 10 ms). Four such topics are
-loaded with `cleanup.policy=delete` (nothing to clean), then each is switched to
-`compact` (IncrementalAlterConfigs) when its cleaning is wanted: one whole-log cleaning
-of about records/keys versions of every key down to one, all of it in closed segments.
+librdkafka producer as applications send them (`--codec` lz4, linger 10 ms). 5 x
+`--rounds` such topics are loaded with `cleanup.policy=delete` (nothing to clean), then
+each is switched to `compact` (IncrementalAlterConfigs) when its cleaning is wanted: one
+whole-log cleaning, every key's versions down to one, all of it in closed segments.
 
 Per system, in order:
 
   warm-up   ProducerPerformance acks=1 (not reported) and one small compacted topic
             cleaned (the JVM's JIT, StraitMQ's worker process start)
-  clean     topic 1 switched to compact, the cleaner alone on an idle broker: MB/s =
-            the log section cleaned (sizes of the closed segments before, MB = 2^20) /
-            the cleaner's own seconds for that cleaning (Kafka: its "N MB of log
-            processed in S seconds" line; StraitMQ: log_cleaner_busy_seconds), and the
-            broker's CPU seconds (utime + stime from /proc, all threads; for StraitMQ
-            also its worker processes) per GB (10^9 bytes) of log cleaned, from the
-            switch to the end of the cleaning
-  idle      ProducerPerformance acks=1, then acks=all (1 KiB records, batch.size 64 KiB,
-            linger 5 ms, as fast as it goes) on a fresh delete-policy topic, then
-            ConsumerPerformance reading the acks=all topic back (fetch.MB.sec): MB/s
-            and p99 latency with the cleaner idle
-  busy      the same three, each started right after switching one more dirty topic
-            to compact, so the cleaner cleans a whole log meanwhile; each row says
-            which share of the measured window the cleaner was busy (the window's
-            overlap with [end of cleaning - its seconds, end of cleaning])
+  clean     `--rounds` times, one dirty topic switched to compact, the cleaner alone on
+            an idle broker: MB/s = the log section cleaned (sizes of the closed
+            segments before, MB = 2^20) / the cleaner's own seconds for that cleaning
+            (Kafka: its "N MB of log processed in S seconds" log line, whose N is the
+            same size; StraitMQ: the delta of log_cleaner_busy_seconds on /metrics), and
+            the broker's CPU seconds (utime + stime from /proc, all threads; for
+            StraitMQ with its worker processes) per GB (10^9 bytes) of log cleaned,
+            from the switch to the end of the cleaning
+  rounds    `--rounds` times, each of these idle (cleaner idle) and busy (a fresh dirty
+            topic switched to compact once the run has begun: the JVM up and its first
+            records on disk, or the first record fetched), idle and busy back to back,
+            their order flipped every round:
+            acks=1, acks=all   ProducerPerformance, 1 KiB records, batch.size 64 KiB,
+                               linger 5 ms, as fast as it goes: MB/s, and p99 (which
+                               at saturation is mostly the producer's own queue)
+            acks=all fixed     ProducerPerformance at `--fixed-rate` (2000) records/s,
+                               acks=all: p99 latency below saturation
+            fetch              a librdkafka consumer (assign, no group) reading the
+                               acks=all topic from the start, again and again, for the
+                               same time: MB/s (bound by the Python client's ~100-200
+                               MB/s: a floor on what the broker serves)
+            every busy run also says which share of its window the cleaner was busy
+            (the overlap with [end of the cleaning - its seconds, end]) and how fast it
+            cleaned meanwhile
 
-The produce runs are sized (from the warm-up's rate and the clean phase's time) to last
-about as long as one cleaning, so the cleaner is busy for most of each busy window; the
-same count is used idle and busy. Both brokers: log.cleaner.backoff.ms=1000 (so a switch
-is picked up within a second), one cleaner thread/worker, Kafka's other defaults
-(dedupe buffer 128 MiB: the 10k keys fit in one pass on both).
+The produce runs are sized to last about one solo cleaning (at least `--min-seconds`,
+3): records = warm-up rate x median cleaning seconds; the same count idle and busy.
+Medians over the rounds are reported (every run is in the JSON). Both brokers:
+log.cleaner.backoff.ms=500 (a switch is picked up soon), one cleaner thread/worker,
+Kafka's other defaults (dedupe buffer 128 MiB: the 10k keys fit in one pass on both).
 
 `straitmq-thread` is the same StraitMQ broker with STRAITMQ_CLEANER_EXECUTOR=thread (the
 broker's bench-only switch): the cleaning then holds the GIL against the event loop.
 
-Output: markdown tables (per system, and StraitMQ/Kafka ratios), JSON of everything
-(`--json`, default .cache/bench/cleaner-<timestamp>.json). Kafka's and StraitMQ's logs
-are kept in the work folder with `--keep`.
+Output: markdown tables (per system, and ratios to Kafka), JSON of everything
+(`--json`, default .cache/bench/cleaner-<timestamp>.json; `--report JSON` prints an
+earlier run's tables). `--keep` keeps the work folder (both brokers' logs).
 """
 
 from __future__ import annotations
@@ -859,7 +870,10 @@ def main(argv: list[str] | None = None) -> int:
         d.mkdir()
         s: System = Kafka(d) if name == "kafka" else Strait(d, name.partition("-")[2] or "process")
         try:
+            load0 = os.getloadavg()[0]
             results[name] = run_system(s, a)
+            # the machine is shared: how busy it was says how far to trust MB/s
+            results[name]["loadavg_1min"] = [load0, os.getloadavg()[0]]
         except Exception as e:
             errors.append(f"{name}: {e!r}")
             log(f"{name}: FAILED {e!r}")

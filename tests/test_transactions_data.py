@@ -417,3 +417,87 @@ def test_read_committed_long_poll_wakes_on_the_marker(txn_broker: Any, raw: Any)
     assert not th.is_alive() and time.monotonic() - started < 15
     p = part_of(got[0])
     assert data_offsets(p.records) == [0] and p.last_stable_offset == 2
+
+
+# -- the log cleaner and transactions -----------------------------------------------------------
+
+DAY = 24 * 3600 * 1000
+
+
+class CleanerSettings:
+    threads = 1
+    io_max_bytes_per_second = 0.0
+    dedupe_buffer_size = 1 << 27
+    backoff_ms = 50
+    enable = True
+
+
+def _batches(plog: PartitionLog) -> list[tuple[int, int, int, int]]:
+    """(base offset, attributes, producer id, record count) of every batch."""
+    out = []
+    for b in plog.batches(plog.log_start_offset, plog.log_end_offset):
+        out.append(
+            (
+                int.from_bytes(b[0:8], "big"),
+                int.from_bytes(b[21:23], "big"),
+                int.from_bytes(b[43:51], "big", signed=True),
+                int.from_bytes(b[57:61], "big"),
+            )
+        )
+    return out
+
+
+def test_cleaner_removes_aborted_data_then_markers(tmp_path) -> None:
+    from straitmq.broker.log_cleaner import clean_in_place
+
+    path = str(tmp_path / "p")
+    cfg = LogConfig(segment_bytes=300, compact=True, delete=False, index_interval_bytes=100)
+    plog = PartitionLog(path, cfg)
+    produce(plog, txn_batch(1, 0, 0, [b"a"]))  # 0: committed, key ka
+    produce(plog, txn_batch(2, 0, 0, [b"a", b"b"]))  # 1-2: aborted, keys ka kb
+    marker(plog, 2, 0, False)  # 3
+    marker(plog, 1, 0, True)  # 4
+    # 5: producer 2 writes on (else its last batch stays, emptied, and keeps its marker)
+    produce(plog, txn_batch(2, 0, 2, [b"d"], transactional=False))
+    produce(plog, txn_batch(3, 0, 0, [b"c"]))  # 6: still open at the end
+    plog.roll()
+    end = plog.log_end_offset
+    assert plog.last_stable_offset(end) == 6
+    t0 = TS
+    r = clean_in_place(plog, end, CleanerSettings(), t0)
+    assert r is not None and r.records_removed == 2
+    batches = _batches(plog)
+    # The aborted batch is gone and did not shadow key "ka": the committed record stays.
+    assert [b[0] for b in batches if not b[1] & 0x20] == [0, 5, 6]
+    assert values_between(plog, 0, end) == [(0, b"a"), (5, b"d"), (6, b"c")]
+    # Nothing at or past the LSO (6) was cleaned: the open transaction is whole.
+    assert plog.producers.ongoing == {3: 6}
+    # The abort marker had data in this cleaning: kept as is. The commit marker's
+    # transaction still has its record: kept too.
+    assert [(b[0], b[3]) for b in batches if b[1] & 0x20] == [(3, 1), (4, 1)]
+    # The aborted transaction stays listed in the cleaned segment's index.
+    assert plog.aborted_transactions(0, end) == [AbortedTxn(2, 1, 3, 0)]
+    # The next cleaning (new dirty data) finds nothing left of the aborted transaction:
+    # its marker is stamped with a delete horizon.
+    marker(plog, 3, 0, True)  # 7
+    produce(plog, txn_batch(4, 0, 0, [b"e"], transactional=False))  # 8
+    plog.roll()
+    end = plog.log_end_offset
+    assert clean_in_place(plog, end, CleanerSettings(), t0 + 1000) is not None
+    markers = [b for b in _batches(plog) if b[1] & 0x20]
+    assert [(b[0], bool(b[1] & 0x40)) for b in markers] == [(3, True), (4, False), (7, False)]
+    # Before the horizon the marker stays, after it it goes.
+    clean_in_place(plog, end, CleanerSettings(), t0 + 1000 + DAY - 1)
+    assert 3 in [b[0] for b in _batches(plog) if b[1] & 0x20]
+    clean_in_place(plog, end, CleanerSettings(), t0 + 1000 + DAY + 1)
+    assert [b[0] for b in _batches(plog) if b[1] & 0x20] == [4, 7]
+    # A restart rebuilds the same state from the cleaned log.
+    plog.handles.close_all()
+    for n in os.listdir(path):
+        if n.endswith(".snapshot"):
+            os.unlink(os.path.join(path, n))
+    again = PartitionLog(path, cfg)
+    assert again.producers.ongoing == {}
+    assert again.last_stable_offset(end) == end
+    assert values_between(again, 0, end) == [(0, b"a"), (5, b"d"), (6, b"c"), (8, b"e")]
+    again.close()

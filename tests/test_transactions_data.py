@@ -360,6 +360,9 @@ def test_fencing_and_bad_input_over_the_wire(txn_broker: Any, raw: Any) -> None:
     assert send(txn_batch(77, 3, 0, [b"x"])) == 0
     assert send(txn_batch(77, 2, 0, [b"zombie"])) == INVALID_PRODUCER_EPOCH
     assert send(end_txn_marker(77, 3, True, 0, TS)) == INVALID_RECORD  # a client's marker
+    # Transactional records in a request without a transactional id (Kafka's rule).
+    resp = r.call(produce_req(7, topic, txn_batch(78, 0, 0, [b"x"])))
+    assert code(resp.responses[0].partition_responses[0]) == 53
     assert marker_errors(r.call(write_markers(1, 77, 2, True, topic))) == [INVALID_PRODUCER_EPOCH]
     # Transactions v2: the marker must carry a bumped epoch.
     v2 = write_markers(2, 77, 3, True, topic)

@@ -39,7 +39,7 @@ from straitmq.telemetry import Telemetry
 
 from . import metrics as broker_metrics
 from .api.context import RequestContext
-from .api.deps import AdminDeps, FetchDeps, GroupDeps, MetadataDeps
+from .api.deps import AdminDeps, FetchDeps, GroupDeps, MetadataDeps, TxnDeps
 from .api.dispatch import ApiSpec, kafka_api
 from .api.metadata import TopicAnswers
 from .api.partition_txns import PartitionTxnDeps
@@ -77,6 +77,7 @@ from .security.listeners import Listener, bind_listeners
 from .security.sasl import ConnectionSecurity
 from .server import KafkaConnection, ListenerDeps, bind, serve
 from .share.coordinator import ShareCoordinator
+from .transactions.coordinator import TransactionCoordinator, TxnSettings
 from .views import LocalReplicas
 
 log = logging.getLogger("straitmq.broker")
@@ -174,6 +175,23 @@ class Broker:
             lambda: self.stopping,
             self.groups.group_type,
         )
+        self.transactions = TransactionCoordinator(
+            config.node_id,
+            TxnSettings(
+                config.transaction_state_log_num_partitions,
+                config.transaction_state_log_replication_factor,
+                config.transaction_state_log_segment_bytes,
+                config.transaction_max_timeout_ms,
+                config.transactional_id_expiration_ms,
+                config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
+            ),
+            self.partitions,
+            self.metadata,
+            inter_broker,
+            self.next_producer_id,
+            self._create_internal_topic,
+        )
+        self.partitions.role_listeners.append(self.transactions.on_role)
         # Every compacted log on this broker, leader or follower (each replica cleans
         # its own, as in Kafka); the settings are read again at every round.
         self.cleaner = LogCleaner(
@@ -208,6 +226,7 @@ class Broker:
             self.offsets,
             self.share,
             self.cleaner,
+            self.transactions,
         )
         self._http_api = self._build_http_api()
 
@@ -238,6 +257,16 @@ class Broker:
                 self.partitions,
                 self.ensure_offsets_topic,
                 self.share,
+                self.transactions,
+            ),
+            txn_deps=TxnDeps(
+                self.transactions,
+                metadata,
+                self.next_producer_id,
+                self.groups,
+                self.offsets,
+                self.ensure_offsets_topic,
+                self._offsets_durable,
             ),
             admin_deps=AdminDeps(
                 metadata,
@@ -467,13 +496,12 @@ class Broker:
                     "name": OFFSETS_TOPIC,
                     "partitions": self.config.offsets_topic_partitions,
                     "replication_factor": self.config.offsets_topic_replication_factor,
-                    # Compacted, as Kafka's is: the latest commit per key stays. Time
-                    # retention would drop the commits of idle groups; retention.ms=-1
-                    # says so even where a log deletes by time whatever its policy.
+                    # Compacted, as Kafka's is: the latest commit per key stays, and no
+                    # time or size retention (compact alone deletes nothing) drops the
+                    # commits of idle groups.
                     "configs": {
                         "cleanup.policy": "compact",
                         "segment.bytes": str(OFFSETS_SEGMENT_BYTES),
-                        "retention.ms": "-1",
                     },
                     "internal": True,
                 },
@@ -485,16 +513,25 @@ class Broker:
                 return False
         return OFFSETS_TOPIC in self.image.topics
 
+    async def _create_internal_topic(self, body: dict) -> None:
+        """create_topic for an internal topic; someone else having made it is fine."""
+        try:
+            await self.controller.call("create_topic", body, within_s=5.0)
+        except ControllerError as e:
+            if e.code != ErrorCode.topic_already_exists:
+                raise
+
     def _cleaner_logs(self) -> Iterator[CleanerLog]:
         for p in list(self.partitions.partitions.values()):
             yield CleanerLog(p.topic, p.index, p.log, p.high_watermark)
 
     async def _offsets_topic_compacted(self) -> None:
-        """An offsets topic made before it was created compacted gets cleanup.policy=
-        compact once (the first upgraded broker asks); a failure is retried at the next
-        start, the topic keeps working meanwhile."""
+        """An offsets topic made before it was created compacted (it has no policy of its
+        own) gets cleanup.policy=compact once: the first upgraded broker asks; a failure is
+        retried at the next start, the topic keeps working meanwhile. A policy someone
+        set on purpose stays."""
         topic = self.image.topics.get(OFFSETS_TOPIC)
-        if topic is None or topic.configs.get("cleanup.policy") == "compact":
+        if topic is None or "cleanup.policy" in topic.configs:
             return
         try:
             await self.controller.call(
@@ -586,6 +623,7 @@ class Broker:
         self._tasks.append(loop.create_task(self._storage_retry_loop()))
         self.share.start()
         self.cleaner.start()
+        self.transactions.start()
         self.phase = "waiting for the active controller to unfence this broker"
         while not self.ready:
             if self.stopping:
@@ -679,6 +717,7 @@ class Broker:
             sock.close()
         self._kafka_sockets = []
         await self.share.stop()
+        await self.transactions.stop()
         await self.cleaner.stop()
         for t in self._tasks:
             t.cancel()

@@ -157,6 +157,28 @@ class BrokerConfig:
     offsets_topic_replication_factor: int = setting(
         1, "offsets.topic.replication.factor", "--offsets-topic-replication-factor"
     )
+    # The transaction coordinator (Kafka's names; Kafka's defaults but the replication
+    # factor, which follows offsets.topic.replication.factor's local default of 1).
+    transaction_state_log_replication_factor: int = setting(
+        1,
+        "transaction.state.log.replication.factor",
+        "--transaction-state-log-replication-factor",
+    )
+    transaction_state_log_num_partitions: int = setting(50, "transaction.state.log.num.partitions")
+    transaction_state_log_segment_bytes: int = setting(
+        100 * 1024 * 1024, "transaction.state.log.segment.bytes"
+    )
+    transaction_max_timeout_ms: int = setting(
+        900_000, "transaction.max.timeout.ms", "--transaction-max-timeout-ms"
+    )
+    transactional_id_expiration_ms: int = setting(
+        7 * 24 * 3600 * 1000, "transactional.id.expiration.ms"
+    )
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int = setting(
+        10_000,
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+        "--transaction-abort-check-interval-ms",
+    )
     heartbeat_interval_ms: int = setting(
         2000, "broker.heartbeat.interval.ms", "--heartbeat-interval-ms"
     )

@@ -35,9 +35,25 @@ from .partitions import PartitionManager
 from .replication.isr import IsrManager
 from .share.checkpoints import STATE_GROUP_PREFIX
 from .share.coordinator import ShareCoordinator
+from .transactions.coordinator import TransactionCoordinator
 
 FOLLOWER_FETCH_KEY = -1  # latency key of Fetch requests from follower replicas
-MAX_LAG_SERIES = 10_000  # (group, partition) pairs reported per scrape; the rest dropped
+MAX_LAG_SERIES = 10_000
+MARKER_BUCKETS_S = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)  # (group, partition) pairs reported per scrape; the rest dropped
 
 
 def _latency_family() -> HistogramFamily:
@@ -106,6 +122,7 @@ def install(
     offsets: OffsetStore,
     share: ShareCoordinator,
     cleaner: LogCleaner,
+    transactions: TransactionCoordinator,
 ) -> None:
     """Register the broker's instruments, read from the subsystems at collection."""
     telemetry.attach_fast_histogram(C.BROKER_REQUEST_DURATION, m.latency_family)
@@ -244,6 +261,17 @@ def install(
     t.observe(
         C.BROKER_CLEANER_UNCLEANABLE,
         lambda: [(sum(st.uncleanable is not None for st in list(cs.partitions.values())), {})],
+    )
+    ts = transactions.stats
+    transactions.marker_latency = t.histogram(C.BROKER_TXN_MARKER_DURATION, MARKER_BUCKETS_S).record
+    t.observe(C.BROKER_TXN_ONGOING, lambda: [(transactions.ongoing(), {})])
+    t.observe(
+        C.BROKER_TXN_COMPLETED,
+        lambda: [
+            (ts.committed, {C.OUTCOME_TXN: "commit"}),
+            (ts.aborted, {C.OUTCOME_TXN: "abort"}),
+            (ts.timed_out, {C.OUTCOME_TXN: "timeout"}),
+        ],
     )
     t.observe(C.CONSUMER_GROUP_LAG, lag)
     t.observe(C.CONSUMER_GROUP_STATE, group_states)

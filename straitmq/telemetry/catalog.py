@@ -173,6 +173,22 @@ BROKER_CLEANER_UNCLEANABLE = _i(
     "Compacted logs the cleaner stopped cleaning (unreadable data: see the broker log); "
     "they keep serving",
 )  # fmt: skip
+OUTCOME_TXN = "straitmq.transaction.outcome"  # commit | abort | timeout
+BROKER_TXN_ONGOING = _i(
+    "straitmq.broker.transactions.ongoing", OBSERVABLE_GAUGE, "{transaction}",
+    "Open transactions of the transactional ids this broker coordinates",
+)  # fmt: skip
+BROKER_TXN_COMPLETED = _i(
+    "straitmq.broker.transactions.completed", OBSERVABLE_COUNTER, "{transaction}",
+    "Transactions this broker's coordinator finished, by outcome (timeout: aborted "
+    "after transaction.timeout.ms, also counted as abort)",
+    OUTCOME_TXN,
+)  # fmt: skip
+BROKER_TXN_MARKER_DURATION = _i(
+    "straitmq.broker.transactions.marker.duration", HISTOGRAM, "s",
+    "Time from a transaction's EndTxn (or timeout) to its markers being in every "
+    "partition and its outcome written",
+)  # fmt: skip
 CONSUMER_GROUP_LAG = _i(
     "straitmq.consumer_group.lag", OBSERVABLE_GAUGE, "{message}",
     "High watermark minus committed offset (a share group's: minus its share-partition "
@@ -261,7 +277,8 @@ BROKER = (
     BROKER_FETCH_SESSION_PARTITIONS, BROKER_FETCH_SESSION_EVICTIONS, BROKER_CLEANER_IO,
     BROKER_CLEANER_RECORDS_REMOVED, BROKER_CLEANER_CLEANINGS, BROKER_CLEANER_ERRORS,
     BROKER_CLEANER_BUSY, BROKER_CLEANER_DIRTY_RATIO, BROKER_CLEANER_SINCE_LAST,
-    BROKER_CLEANER_UNCLEANABLE, CONSUMER_GROUP_LAG,
+    BROKER_CLEANER_UNCLEANABLE, BROKER_TXN_ONGOING, BROKER_TXN_COMPLETED,
+    BROKER_TXN_MARKER_DURATION, CONSUMER_GROUP_LAG,
     CONSUMER_GROUP_STATE, CONSUMER_GROUP_MEMBERS,
 )  # fmt: skip
 CONTROLLER = (

@@ -477,14 +477,7 @@ async def _alter_broker_configs(deps: AdminDeps, r: Any, validate_only: bool, re
 
 
 async def handle_init_producer_id(deps: AdminDeps, ctx: RequestContext, req: Any) -> dict:
-    if req.transactional_id is not None:
-        # Transactions are not implemented (and not advertised); be explicit.
-        return {
-            "throttle_time": 0,
-            "error_code": ErrorCode.invalid_request,
-            "producer_id": -1,
-            "producer_epoch": -1,
-        }
+    """An idempotent producer's id (a transactional one's: api/transactions.py)."""
     # Kafka 3+: IDEMPOTENT_WRITE on the cluster, or WRITE on some topic (KIP-679).
     if not ctx.cluster_allowed(IDEMPOTENT_WRITE) and not _writes_some_topic(ctx):
         return {

@@ -28,10 +28,11 @@ from straitmq.broker.records import (
 from straitmq.broker.storage import txn_index
 from straitmq.broker.storage.log import LogConfig, PartitionLog
 from straitmq.broker.storage.txn_index import AbortedTxn
+from test_acls import secured
 from test_errors import MS, Raw, code, fetch, kio_module, list_offsets, make, new_topic, raw
 from test_errors import produce as produce_req
 
-__all__ = ["raw"]  # the fixture, imported for the tests below
+__all__ = ["raw", "secured"]  # the fixtures, imported for the tests below
 
 TS = 1_700_000_000_000
 
@@ -504,3 +505,27 @@ def test_cleaner_removes_aborted_data_then_markers(tmp_path) -> None:
     assert again.last_stable_offset(end) == end
     assert values_between(again, 0, end) == [(0, b"a"), (5, b"d"), (6, b"c"), (8, b"e")]
     again.close()
+
+
+def test_markers_need_cluster_action_and_describe_producers_read(secured: Any) -> None:
+    """WriteTxnMarkers is an inter-broker API (CLUSTER_ACTION on the cluster), refused
+    partition by partition; DescribeProducers needs READ on the topic (Kafka's checks)."""
+    t = secured.topic("txn-acl")
+    m = kio_module("describe_producers", 0)
+    describe = m.DescribeProducersRequest(topics=(m.TopicRequest(name=t, partition_indexes=(0,)),))
+    hank = secured.raw_as("hank")
+    try:
+        assert marker_errors(hank.call(write_markers(1, 9, 0, True, t, (0, 1)))) == [31, 31]
+        assert [code(p) for p in hank.call(describe).topics[0].partitions] == [29]
+    finally:
+        hank.close()
+    admin = secured.raw_as("admin")
+    try:
+        assert marker_errors(admin.call(write_markers(1, 9, 0, True, t, (0, 1)))) == [
+            0,
+            UNKNOWN_TOPIC_OR_PARTITION,
+        ]
+        (p,) = admin.call(describe).topics[0].partitions
+        assert code(p) == 0 and [s.producer_id for s in p.active_producers] == [9]
+    finally:
+        admin.close()

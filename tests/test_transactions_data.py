@@ -529,3 +529,29 @@ def test_markers_need_cluster_action_and_describe_producers_read(secured: Any) -
         assert code(p) == 0 and [s.producer_id for s in p.active_producers] == [9]
     finally:
         admin.close()
+
+
+def test_cleaner_keeps_a_later_transaction_of_a_producer_whose_abort_marker_went(
+    tmp_path,
+) -> None:
+    """The `.txnindex` keeps an aborted transaction after its data and marker are cleaned
+    away; a later, committed transaction of the same producer is not taken for it."""
+    from straitmq.broker.log_cleaner import clean_in_place
+
+    cfg = LogConfig(segment_bytes=1 << 20, compact=True, delete=False)
+    plog = PartitionLog(str(tmp_path / "p"), cfg)
+    produce(plog, txn_batch(2, 0, 0, [b"x"]))  # 0: aborted
+    marker(plog, 2, 0, False)  # 1
+    produce(plog, txn_batch(2, 0, 1, [b"y"]))  # 2: committed
+    marker(plog, 2, 0, True)  # 3
+    t = TS
+    for step, value in enumerate((b"f1", b"f2", b"f3", b"f4")):
+        # New dirty data each round (and the horizon passed for the last two).
+        produce(plog, txn_batch(4, 0, step, [value], transactional=False))
+        plog.roll()
+        t += DAY + 1 if step >= 2 else 1000
+        clean_in_place(plog, plog.log_end_offset, CleanerSettings(), t)
+    left = [b[0] for b in _batches(plog) if b[1] & 0x20]
+    assert 1 not in left, "the abort marker went after its horizon"
+    assert values_between(plog, 0, plog.log_end_offset)[0] == (2, b"y")
+    assert plog.aborted_transactions(0, plog.log_end_offset) == [AbortedTxn(2, 0, 1, 2)]

@@ -194,23 +194,32 @@ class _Transactions:
     """Which batches belong to aborted transactions, and which markers may go, as the
     batches are met in offset order (Kafka's CleanedTransactionMetadata)."""
 
-    def __init__(self, aborted: tuple[tuple[int, int, int], ...]) -> None:
-        self.pending = deque(sorted(aborted, key=lambda a: a[1]))
-        self.aborted: dict[int, bool] = {}  # producer id -> a batch of it was met
+    def __init__(self, aborted: tuple[tuple[int, int, int], ...], start: int = -1) -> None:
+        # Only transactions whose marker is at or past where the batches start: those
+        # closed before it are no one's now.
+        self.pending = deque(sorted((a for a in aborted if a[2] >= start), key=lambda a: a[1]))
+        # producer id -> [its aborted transaction's last offset, whether a batch was met]
+        self.aborted: dict[int, list] = {}
         self.committed: set[int] = set()  # producers with transactional data met
 
     def _reach(self, offset: int) -> None:
         pending = self.pending
         while pending and pending[0][1] <= offset:
-            self.aborted.setdefault(pending.popleft()[0], False)
+            pid, _first, last = pending.popleft()
+            self.aborted[pid] = [last, False]
 
     def batch_aborted(self, producer_id: int, last: int, attributes: int) -> bool:
         self._reach(last)
         if not attributes & ATTR_TRANSACTIONAL:
             return False
-        if producer_id in self.aborted:
-            self.aborted[producer_id] = True
-            return True
+        txn = self.aborted.get(producer_id)
+        if txn is not None:
+            if last <= txn[0]:
+                txn[1] = True
+                return True
+            # Past the transaction's end: its marker was cleaned away before (the index
+            # keeps the entry), and this batch is a later transaction's.
+            del self.aborted[producer_id]
         self.committed.add(producer_id)
         return False
 
@@ -221,7 +230,8 @@ class _Transactions:
         if marker is None:
             return not int.from_bytes(raw[57:61], "big")  # an emptied marker: nothing
         if not marker[0]:
-            return not self.aborted.pop(producer_id, False)
+            txn = self.aborted.pop(producer_id, None)
+            return txn is None or not txn[1]
         if producer_id in self.committed:
             self.committed.discard(producer_id)
             return False
@@ -239,7 +249,7 @@ def build_offset_map(job: CleanJob, throttle: _Throttle, result: CleanResult) ->
     once `max_map_entries` keys are held; sets `result.map_end`. Records of aborted
     transactions are left out (Kafka's rule: they are never the latest of a key)."""
     offsets: dict[bytes, int] = {}
-    txns = _Transactions(job.aborted)
+    txns = _Transactions(job.aborted, job.first_dirty)
     end = job.first_dirty
     for seg in job.segments:
         if seg.next_offset <= job.first_dirty or seg.base_offset >= job.clean_end:

@@ -27,7 +27,8 @@ aborted transactions of the range (from the `.txnindex` files); their batches ne
 enter the offset map and are removed. A marker goes once no batch of its transaction
 was met in this cleaning (an ABORT's data goes in the cleaning before) and, like a
 tombstone, `delete.retention.ms` after the cleaning that first found it removable
-(KIP-534: that cleaning stamps its delete horizon). A producer's last batch stays,
+(KIP-534: that cleaning stamps its delete horizon); its `.txnindex` entry goes with
+it. A producer's last batch stays,
 emptied, so that its epoch and sequence survive. Committed transactional data is
 compacted like any other. Nothing at or past the last stable offset is cleaned (the
 caller bounds `clean_end` by it).
@@ -201,6 +202,7 @@ class _Transactions:
         # producer id -> [its aborted transaction's last offset, whether a batch was met]
         self.aborted: dict[int, list] = {}
         self.committed: set[int] = set()  # producers with transactional data met
+        self.removed_markers: set[int] = set()  # offsets of the ABORT markers that went
 
     def _reach(self, offset: int) -> None:
         pending = self.pending
@@ -365,7 +367,11 @@ def _clean_group(
                     pending, infos, pending_bytes = [], [], 0
         if pending:
             _write(out, pending, infos, pending_bytes, throttle, result)
-        out.set_aborted(aborted)
+        # An aborted transaction whose marker went has no data left either: a reader
+        # told of it would take the producer's later transactions for it (a client
+        # drops a producer's batches from the entry's first offset until it meets an
+        # ABORT marker), so its entry goes with the marker.
+        out.set_aborted([e for e in aborted if e.last_offset not in txns.removed_markers])
         out.fsync()  # flushed before the swap, as Kafka's cleaner does
         size = out.size
     finally:
@@ -468,6 +474,7 @@ def _filter_marker(
             result.horizon_ms = h
         return raw
     result.records_removed += len(p.records)
+    txns.removed_markers.add(last)
     if job.producer_last_offsets.get(pid) == last:
         return raw if not p.records else rebuild_batch(p, [])
     return None

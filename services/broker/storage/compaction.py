@@ -28,10 +28,9 @@ enter the offset map and are removed. A marker goes once no batch of its transac
 was met in this cleaning (an ABORT's data goes in the cleaning before) and, like a
 tombstone, `delete.retention.ms` after the cleaning that first found it removable
 (KIP-534: that cleaning stamps its delete horizon); its `.txnindex` entry goes with
-it. A producer's last batch stays,
-emptied, so that its epoch and sequence survive. Committed transactional data is
-compacted like any other. Nothing at or past the last stable offset is cleaned (the
-caller bounds `clean_end` by it).
+it. A producer's last batch stays, emptied, so that its epoch and sequence survive.
+Committed transactional data is compacted like any other. Nothing at or past the last
+stable offset is cleaned (the caller bounds `clean_end` by it).
 """
 
 from __future__ import annotations

@@ -93,10 +93,19 @@ class JavaApp:
             err = self.err_path.read_text(errors="replace")
         except OSError:
             err = ""
+        # The first errors and their causes say more than the shutdown noise at the end.
+        errors = [
+            line[:600]
+            for line in err.splitlines()
+            if " ERROR " in line or line.startswith("Caused by")
+        ][:12]
         return (
             f"[{self.name} stdout]\n"
             + "\n".join(self.lines[-30:])
-            + (f"\n[{self.name} log, {self.err_path}]\n" + err[-chars:])
+            + f"\n[{self.name} log, {self.err_path}: its first errors]\n"
+            + "\n".join(errors)
+            + "\n[its end]\n"
+            + err[-chars:]
         )
 
     def check_alive(self) -> None:
@@ -294,6 +303,7 @@ class Rec:
     key: bytes | None
     value: bytes | None
     timestamp: int
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 def read_partition(
@@ -325,7 +335,8 @@ def read_partition(
                 continue
             if m.error():
                 raise KafkaException(m.error())
-            out.append(Rec(m.offset(), m.key(), m.value(), m.timestamp()[1]))
+            headers = tuple(m.headers() or ())
+            out.append(Rec(m.offset(), m.key(), m.value(), m.timestamp()[1], headers))
     finally:
         c.close()
     return out

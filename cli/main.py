@@ -55,6 +55,28 @@ def _parse_configs(items: list[str] | None) -> dict[str, str | None]:
     return out
 
 
+def _cleanup_line(configs: dict[str, str]) -> str:
+    """How the topic's log is cleaned up: the policy and the settings it uses (the
+    dirty ratio is per partition, in the table)."""
+    policy = [p for p in configs.get("cleanup.policy", "delete").split(",") if p]
+    parts = [f"cleanup {','.join(policy) or 'none (keeps everything)'}"]
+    if "delete" in policy:
+        ms, size = configs.get("retention.ms", "-1"), configs.get("retention.bytes", "-1")
+        parts.append(f"retention.ms {ms}" if ms != "-1" else "retention.ms forever")
+        if size != "-1":
+            parts.append(f"retention.bytes {size}")
+    if "compact" in policy:
+        parts.append(f"min.cleanable.dirty.ratio {configs.get('min.cleanable.dirty.ratio')}")
+        parts.append(f"delete.retention.ms {configs.get('delete.retention.ms')}")
+    return "  ".join(parts)
+
+
+def _dirty(cleaner: dict) -> str:
+    if cleaner.get("uncleanable"):
+        return f"uncleanable: {cleaner['uncleanable']}"
+    return f"{cleaner['dirty_ratio']:.0%}"
+
+
 def _table(rows: list[list[Any]], headers: list[str]) -> str:
     cols = [headers, *[[str(c) for c in r] for r in rows]]
     widths = [max(len(r[i]) for r in cols) for i in range(len(headers))]
@@ -174,6 +196,7 @@ def cmd_topic(a: argparse.Namespace) -> None:
     elif a.action == "describe":
         t = _request(base, "GET", f"/api/v1/topics/{urllib.parse.quote(a.name)}")
         print(f"topic {t['name']}  id {t['topic_id']}  rf {t['replication_factor']}")
+        print(_cleanup_line(t["effective_configs"]))
         if t["configs"]:
             print("configs: " + ", ".join(f"{k}={v}" for k, v in sorted(t["configs"].items())))
         rows = [
@@ -189,12 +212,14 @@ def cmd_topic(a: argparse.Namespace) -> None:
             ]
             for p in t["partitions"]
         ]
-        print(
-            _table(
-                rows,
-                ["PARTITION", "LEADER", "REPLICAS", "ISR", "START", "END", "BYTES", "SEGMENTS"],
-            )
-        )
+        headers = ["PARTITION", "LEADER", "REPLICAS", "ISR", "START", "END", "BYTES", "SEGMENTS"]
+        if any("cleaner" in p for p in t["partitions"]):
+            # As the asked broker's replica is: each replica cleans its own log.
+            headers.append("DIRTY")
+            for row, p in zip(rows, t["partitions"], strict=True):
+                c = p.get("cleaner")
+                row.append(_dirty(c) if c else "-")
+        print(_table(rows, headers))
     elif a.action == "delete":
         _request(base, "DELETE", f"/api/v1/topics/{urllib.parse.quote(a.name)}")
         print(f"deleted topic {a.name}")

@@ -20,6 +20,7 @@ from straitmq.controller.election import (
 from straitmq.controller.errors import ControllerError
 from straitmq.controller.placement import place, rack_alternated
 from straitmq.metadata.image import NO_LEADER, MetadataImage, Record
+from straitmq.metadata.topic_config import TOPIC_CONFIGS, effective
 
 # -- building images -----------------------------------------------------------------------
 
@@ -376,6 +377,109 @@ def test_cluster_configs_validate_the_throttle() -> None:
         assert code == ErrorCode.invalid_config
     code, message = code_of(lambda: ops.alter_cluster_configs({"no.such": "1"}))
     assert code == ErrorCode.invalid_config and "replication.throttled.rate" in message
+
+
+@pytest.mark.parametrize(
+    "policy", ["delete", "compact", "compact,delete", "delete, compact", "compact,compact", ""]
+)
+def test_every_cleanup_policy_kafka_allows_is_accepted(policy: str) -> None:
+    img = topic(cluster(1), "t", [[1]], {"cleanup.policy": policy})
+    assert img.topics["t"].configs == {"cleanup.policy": policy}
+    apply(img, ops.alter_configs(img, "t", {"cleanup.policy": "compact"}))
+    assert img.topics["t"].configs["cleanup.policy"] == "compact"
+
+
+@pytest.mark.parametrize(
+    ("configs", "fragment"),
+    [
+        ({"cleanup.policy": "compact,bogus"}, "'bogus' is not a cleanup policy"),
+        ({"cleanup.policy": "Compact"}, "'Compact' is not a cleanup policy"),
+        ({"cleanup.policy": "compact,"}, "'' is not a cleanup policy"),
+        ({"min.cleanable.dirty.ratio": "1.5"}, "min.cleanable.dirty.ratio: 1.5 is outside"),
+        ({"min.cleanable.dirty.ratio": "half"}, "'half' is not a number"),
+        ({"max.compaction.lag.ms": "0"}, "max.compaction.lag.ms: 0 is outside"),
+        ({"delete.retention.ms": "-1"}, "delete.retention.ms: -1 is outside"),
+        ({"preallocate": "yes"}, "'yes' is not true or false"),
+        ({"remote.storage.enable": "true"}, "tiered storage is not supported"),
+        ({"message.timestamp.difference.max.ms": "1"}, "unknown topic config"),  # gone in 4.0
+        (
+            {"min.compaction.lag.ms": "10", "max.compaction.lag.ms": "5"},
+            "min.compaction.lag.ms (10) > max.compaction.lag.ms (5)",
+        ),
+    ],
+)
+def test_bad_topic_configs_are_refused_saying_why(configs: dict, fragment: str) -> None:
+    img = cluster(1)
+    code, message = code_of(lambda: ops.create_topic(img, "t", 1, 1, configs))
+    assert code == ErrorCode.invalid_config and fragment in message, message
+    assert "t" not in img.topics
+
+
+def test_the_compaction_lag_rule_holds_across_alterations() -> None:
+    """Kafka checks min.compaction.lag.ms <= max.compaction.lag.ms on the topic's configs
+    after the change, not only on the change."""
+    img = topic(cluster(1), "t", [[1]], {"min.compaction.lag.ms": "1000"})
+    code, message = code_of(lambda: ops.alter_configs(img, "t", {"max.compaction.lag.ms": "10"}))
+    assert code == ErrorCode.invalid_config and "(1000) > max.compaction.lag.ms (10)" in message
+    # Lowering the minimum in the same change makes it valid; so does deleting it.
+    apply(
+        img,
+        ops.alter_configs(img, "t", {"max.compaction.lag.ms": "10", "min.compaction.lag.ms": "5"}),
+    )
+    apply(img, ops.alter_configs(img, "t", {"min.compaction.lag.ms": None}))
+    assert img.topics["t"].configs == {"max.compaction.lag.ms": "10"}
+
+
+def test_every_kafka_41_topic_config_is_known() -> None:
+    """The names Kafka 4.1's LogConfig defines (MirrorMaker 2 copies or deletes all of
+    them; kafka-reassign-partitions --verify deletes the throttled-replica lists)."""
+    kafka_41 = set(
+        """
+        cleanup.policy compression.gzip.level compression.lz4.level compression.type
+        compression.zstd.level delete.retention.ms file.delete.delay.ms flush.messages
+        flush.ms follower.replication.throttled.replicas index.interval.bytes
+        leader.replication.throttled.replicas local.retention.bytes local.retention.ms
+        max.compaction.lag.ms max.message.bytes message.timestamp.after.max.ms
+        message.timestamp.before.max.ms message.timestamp.type min.cleanable.dirty.ratio
+        min.compaction.lag.ms min.insync.replicas preallocate remote.log.copy.disable
+        remote.log.delete.on.disable remote.storage.enable retention.bytes retention.ms
+        segment.bytes segment.index.bytes segment.jitter.ms segment.ms
+        unclean.leader.election.enable
+        """.split()
+    )
+    assert set(TOPIC_CONFIGS) == kafka_41
+    img = cluster(1)
+    deletes = {name: None for name in kafka_41}  # what MM2 sends for source defaults
+    topic(img, "t", [[1]])
+    apply(img, ops.alter_configs(img, "t", deletes))
+    values = effective({"cleanup.policy": "delete , compact", "min.cleanable.dirty.ratio": "0.50"})
+    assert values["cleanup.policy"] == "delete,compact"  # as Kafka describes a LIST
+    assert values["min.cleanable.dirty.ratio"] == "0.5"
+    assert (values["delete.retention.ms"], values["max.compaction.lag.ms"]) == (
+        "86400000",
+        str(2**63 - 1),
+    )
+
+
+def test_cluster_configs_take_the_runtime_broker_configs() -> None:
+    img = apply(cluster(1), ops.alter_cluster_configs({"log.cleaner.threads": "2"}))
+    apply(img, ops.alter_cluster_configs({"log.cleanup.policy": "compact,delete"}))
+    apply(img, ops.alter_cluster_configs({"replica.alter.log.dirs.io.max.bytes.per.second": "0"}))
+    assert img.cluster_configs == {
+        "log.cleaner.threads": "2",
+        "log.cleanup.policy": "compact,delete",
+        "replica.alter.log.dirs.io.max.bytes.per.second": "0",
+    }
+    apply(img, ops.alter_cluster_configs({"log.cleaner.threads": None}))
+    assert "log.cleaner.threads" not in img.cluster_configs
+    for key, bad in [
+        ("log.cleaner.threads", "many"),
+        ("log.cleaner.min.cleanable.ratio", "2"),
+        ("log.cleanup.policy", "shred"),
+        ("log.cleaner.io.max.bytes.per.second", "-1"),
+    ]:
+        code, message = code_of(lambda k=key, v=bad: ops.alter_cluster_configs({k: v}))
+        assert code == ErrorCode.invalid_config and key in message, message
 
 
 def test_image_snapshots_keep_reassignments() -> None:

@@ -447,6 +447,19 @@ def test_dashboards_are_backed_by_live_metrics_that_move(
         wait_for(counted, 15, "the OFFSET_OUT_OF_RANGE error to be counted")
         stray.close()
 
+        # A committed transaction moves the coordinator's metrics.
+        txn = Producer({"bootstrap.servers": b.bootstrap, "transactional.id": "metrics"})
+        txn.init_transactions(30)
+        txn.begin_transaction()
+        txn.produce("orders", value=b"in a transaction")
+        txn.commit_transaction(30)
+        completed = "straitmq_broker_transactions_completed_total"
+
+        def committed() -> bool:
+            return total(scrape(b.http), completed, straitmq_transaction_outcome="commit") == 1
+
+        wait_for(committed, 15, "the committed transaction to be counted")
+
         # Every metric of every dashboard (the operator's aside) exists, with its labels.
         final = scrape(b.http)
         for name, board in dashboards().items():

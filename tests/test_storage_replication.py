@@ -194,14 +194,11 @@ def test_replicated_log_is_byte_identical(tmp_path: Any, fetch_bytes: int) -> No
 def test_replicated_append_checks_offsets(tmp_path: Any) -> None:
     leader, _ = _build(str(tmp_path / "leader"), [0, 0, 1, 1])
     follower = PartitionLog(str(tmp_path / "follower"), CFG)
-    ahead = memoryview(leader.read_bytes(2, 1, leader.log_end_offset))
-    with pytest.raises(UnexpectedAppendOffset) as e:
-        follower.append_replicated(ahead, replicated_batches(ahead))
-    assert (e.value.expected, e.value.first_offset, e.value.last_offset) == (0, 2, 3)
-    # Batches that skip offsets are refused before anything is written.
-    gap = memoryview(leader.read_bytes(0, 1, leader.log_end_offset) + leader.read_bytes(4, 1, 6))
-    with pytest.raises(InvalidRecords):
-        replicated_batches(gap)
+    # Batches that go back are refused before anything is written (a gap is fine: a
+    # compacted leader's log has them).
+    back = memoryview(leader.read_bytes(2, 1, 4) + leader.read_bytes(0, 1, 2))
+    with pytest.raises(InvalidRecords, match="overlaps"):
+        replicated_batches(back)
     # A flipped bit is caught by the CRC check.
     raw = bytearray(leader.read_bytes(0, 1, leader.log_end_offset))
     raw[-1] ^= 1
@@ -210,6 +207,12 @@ def test_replicated_append_checks_offsets(tmp_path: Any) -> None:
     assert follower.log_end_offset == 0 and os.path.getsize(follower.segments[0].path(".log")) == 0
     follower.append_replicated(memoryview(b""), [])
     _replicate(leader, follower, 1 << 20)
+    assert follower.log_end_offset == 8
+    # A batch below the log end: the follower must truncate first.
+    again = memoryview(leader.read_bytes(2, 1, leader.log_end_offset))
+    with pytest.raises(UnexpectedAppendOffset) as e:
+        follower.append_replicated(again, replicated_batches(again))
+    assert (e.value.expected, e.value.first_offset, e.value.last_offset) == (8, 2, 3)
     assert follower.log_end_offset == 8
 
 

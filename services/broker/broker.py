@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -38,11 +39,13 @@ from straitmq.telemetry import Telemetry
 
 from . import metrics as broker_metrics
 from .api.context import RequestContext
-from .api.deps import AdminDeps, FetchDeps, GroupDeps, MetadataDeps
+from .api.deps import AdminDeps, FetchDeps, GroupDeps, MetadataDeps, TxnDeps
 from .api.dispatch import ApiSpec, kafka_api
 from .api.metadata import TopicAnswers
+from .cleaner_settings import CleanerSettings
 from .colocated import Colocate, ColocatedController
 from .config import BrokerConfig
+from .dynamic_configs import check_static, topic_defaults
 from .errors import BrokerStartupError
 from .fetch_sessions import FetchSessions
 from .groups.coordinator import GroupCoordinator, GroupSettings
@@ -59,6 +62,7 @@ from .http_api import (
     start_http,
 )
 from .lifecycle import Lifecycle
+from .log_cleaner import CleanerLog, LogCleaner
 from .metadata_view import MetadataView
 from .metrics import BrokerMetrics
 from .partition_write import PartitionWriter
@@ -72,6 +76,7 @@ from .security.listeners import Listener, bind_listeners
 from .security.sasl import ConnectionSecurity
 from .server import KafkaConnection, ListenerDeps, bind, serve
 from .share.coordinator import ShareCoordinator
+from .transactions.coordinator import TransactionCoordinator, TxnSettings
 from .views import LocalReplicas
 
 log = logging.getLogger("straitmq.broker")
@@ -107,9 +112,12 @@ class Broker:
         self._tasks: list[asyncio.Task] = []
         os.makedirs(config.data_dir, exist_ok=True)
         self.cluster_id = self._check_meta()
-        self.topic_defaults = {"max.message.bytes": str(config.message_max_bytes)}
-        if config.log_flush_interval_messages:
-            self.topic_defaults["flush.messages"] = str(config.log_flush_interval_messages)
+        if problem := check_static(config):  # a bad log.cleaner.* setting, say, says why
+            raise BrokerStartupError(problem)
+        # The broker's topic defaults (message.max.bytes, log.cleanup.policy, ...): one
+        # dict, shared by every user, kept in step with the dynamic broker configs by
+        # _refresh_topic_defaults.
+        self.topic_defaults = topic_defaults(config, {})
         self.partitions = PartitionManager(
             os.path.join(config.data_dir, "logs"),
             self.topic_defaults,
@@ -166,6 +174,29 @@ class Broker:
             lambda: self.stopping,
             self.groups.group_type,
         )
+        self.transactions = TransactionCoordinator(
+            config.node_id,
+            TxnSettings(
+                config.transaction_state_log_num_partitions,
+                config.transaction_state_log_replication_factor,
+                config.transaction_state_log_segment_bytes,
+                config.transaction_max_timeout_ms,
+                config.transactional_id_expiration_ms,
+                config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
+            ),
+            self.partitions,
+            self.metadata,
+            inter_broker,
+            self.next_producer_id,
+            self._create_internal_topic,
+        )
+        self.partitions.role_listeners.append(self.transactions.on_role)
+        # Every compacted log on this broker, leader or follower (each replica cleans
+        # its own, as in Kafka); the settings are read again at every round.
+        self.cleaner = LogCleaner(
+            self._cleaner_logs,
+            lambda: CleanerSettings.of(config, self.image.cluster_configs),
+        )
         self.lifecycle = Lifecycle(
             config,
             self.cluster_id,
@@ -193,6 +224,8 @@ class Broker:
             self.groups,
             self.offsets,
             self.share,
+            self.cleaner,
+            self.transactions,
         )
         self._http_api = self._build_http_api()
 
@@ -223,6 +256,16 @@ class Broker:
                 self.partitions,
                 self.ensure_offsets_topic,
                 self.share,
+                self.transactions,
+            ),
+            txn_deps=TxnDeps(
+                self.transactions,
+                metadata,
+                self.next_producer_id,
+                self.groups,
+                self.offsets,
+                self.ensure_offsets_topic,
+                self._offsets_durable,
             ),
             admin_deps=AdminDeps(
                 metadata,
@@ -256,6 +299,7 @@ class Broker:
                 cfg.num_partitions,
                 cfg.default_replication_factor,
                 permitted,
+                self.cleaner.stats,
             ),
             records=RecordsDeps(metadata, self.partitions, self.writer, self.offsets, peers),
             groups=GroupsDeps(
@@ -345,16 +389,31 @@ class Broker:
         if not self.metadata_ready:
             return
         if reset:
+            self._refresh_topic_defaults()
             self._sync_replicas()
             return
         # Only the topics the records name: a sync over 100,000 partitions for each
         # ISR change would stall the listener.
         topics = {r.get("topic") or r["name"] for r in records if r["type"] in _TOPIC_RECORDS}
+        if any(r["type"] == "cluster_config" for r in records) and self._refresh_topic_defaults():
+            # A broker default of a topic config changed (log.cleanup.policy, ...): every
+            # topic without its own value takes it.
+            topics |= set(self.image.topics)
         if topics:
             self._sync_replicas(topics)
             for r in records:
                 if r["type"] == "remove_topic":
                     self.offsets.delete_topic(r["name"])
+
+    def _refresh_topic_defaults(self) -> bool:
+        """Apply the image's dynamic broker configs to the topic defaults; whether they
+        changed."""
+        now = topic_defaults(self.config, self.image.cluster_configs)
+        if now == self.topic_defaults:
+            return False
+        self.topic_defaults.clear()
+        self.topic_defaults.update(now)
+        return True
 
     def _offsets_layout(self) -> None:
         # The group -> partition mapping must be current before leaderships load groups.
@@ -392,6 +451,7 @@ class Broker:
         (a refused duplicate must never fetch as, or serve for, another broker)."""
         self.metadata_ready = True
         self._offsets_layout()
+        self._refresh_topic_defaults()
         await self.partitions.sync_all(self.image)
 
     # -- groups follow the leadership of __consumer_offsets partitions ----------------
@@ -432,9 +492,11 @@ class Broker:
                     "name": OFFSETS_TOPIC,
                     "partitions": self.config.offsets_topic_partitions,
                     "replication_factor": self.config.offsets_topic_replication_factor,
-                    # Kept forever and compacted by rewriting (see compact_offsets): time
-                    # retention would drop the commits of idle groups.
+                    # Compacted, as Kafka's is: the latest commit per key stays. Time
+                    # retention would drop the commits of idle groups; retention.ms=-1
+                    # says so even where a log deletes by time whatever its policy.
                     "configs": {
+                        "cleanup.policy": "compact",
                         "segment.bytes": str(OFFSETS_SEGMENT_BYTES),
                         "retention.ms": "-1",
                     },
@@ -448,21 +510,36 @@ class Broker:
                 return False
         return OFFSETS_TOPIC in self.image.topics
 
-    def compact_offsets(self) -> int:
-        """Keep `__consumer_offsets` small: once a partition we lead has rolled, write its
-        live commits again at the head and drop the older segments. Followers copy the
-        rewrite and follow the new log start. A crash in between only means the old
-        records are replayed before the new ones, which win."""
-        dropped = 0
-        for i in range(self.offsets.partitions_count):
-            part = self.partitions.leader_of(OFFSETS_TOPIC, i)
-            if part is None or len(part.log.segments) < 2:
-                continue
-            part.log.roll()
-            head = part.log.log_end_offset
-            self.offsets.rewrite(i)
-            dropped += part.log.drop_segments_before(head)
-        return dropped
+    async def _create_internal_topic(self, body: dict) -> None:
+        """create_topic for an internal topic; someone else having made it is fine."""
+        try:
+            await self.controller.call("create_topic", body, within_s=5.0)
+        except ControllerError as e:
+            if e.code != ErrorCode.topic_already_exists:
+                raise
+
+    def _cleaner_logs(self) -> Iterator[CleanerLog]:
+        for p in list(self.partitions.partitions.values()):
+            yield CleanerLog(p.topic, p.index, p.log, p.high_watermark)
+
+    async def _offsets_topic_compacted(self) -> None:
+        """An offsets topic made before it was created compacted gets cleanup.policy=
+        compact once (the first upgraded broker asks); a failure is retried at the next
+        start, the topic keeps working meanwhile."""
+        topic = self.image.topics.get(OFFSETS_TOPIC)
+        if topic is None or topic.configs.get("cleanup.policy") == "compact":
+            return
+        try:
+            await self.controller.call(
+                "alter_configs",
+                {"name": OFFSETS_TOPIC, "changes": {"cleanup.policy": "compact"}},
+                within_s=5.0,
+            )
+        except ControllerError as e:
+            log.warning(
+                "cannot set cleanup.policy=compact on the offsets topic yet",
+                extra={"reason": e.message},
+            )
 
     async def control(self, op: str, body: dict, within_s: float = 15.0) -> dict:
         """See MetadataView.control (kept here for the callers that still hold the Broker)."""
@@ -541,13 +618,16 @@ class Broker:
         self._tasks.append(loop.create_task(self._offsets_expiry_loop()))
         self._tasks.append(loop.create_task(self._storage_retry_loop()))
         self.share.start()
+        self.cleaner.start()
+        self.transactions.start()
         self.phase = "waiting for the active controller to unfence this broker"
         while not self.ready:
             if self.stopping:
                 return
             await self.quorum.changed()
         # Once enough brokers are up the offsets topic can exist; FindCoordinator retries.
-        await self.ensure_offsets_topic()
+        if await self.ensure_offsets_topic():
+            await self._offsets_topic_compacted()
         for listener, socks in self._bound:
             self._kafka_servers.append(await serve(self._listener_deps, socks, listener))
             if listener.tls is not None:  # rotated certificate files, for new connections
@@ -586,7 +666,6 @@ class Broker:
         while True:
             await asyncio.sleep(self.config.retention_check_interval_ms / 1000)
             try:
-                self.compact_offsets()
                 deleted = self.partitions.apply_retention()
                 if deleted:
                     log.info("retention deleted segments", extra={"segments": deleted})
@@ -634,6 +713,8 @@ class Broker:
             sock.close()
         self._kafka_sockets = []
         await self.share.stop()
+        await self.transactions.stop()
+        await self.cleaner.stop()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:

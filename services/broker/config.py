@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from straitmq.controller.config import DEFAULTS as CONTROLLER
+from straitmq.metadata.broker_configs import DYNAMIC_BROKER_CONFIGS as _DYNAMIC
 
 from straitmq.settings import describe, setting
 
@@ -82,6 +83,66 @@ class BrokerConfig:
     offsets_retention_check_interval_ms: int = setting(
         600_000, "offsets.retention.check.interval.ms", "--offsets-retention-check-interval-ms"
     )
+    # The log cleaner (Kafka's names and defaults, from straitmq.metadata.broker_configs).
+    # All but log.cleaner.enable can also be changed at runtime, cluster-wide, with
+    # `kafka-configs --entity-type brokers`: straitmq.broker.cleaner_settings reads both.
+    log_cleaner_enable: bool = setting(
+        True, "log.cleaner.enable", "--no-log-cleaner", "do not compact topics"
+    )
+    log_cleaner_threads: int = setting(
+        int(_DYNAMIC["log.cleaner.threads"].default),
+        "log.cleaner.threads",
+        "--log-cleaner-threads",
+    )
+    log_cleaner_io_max_bytes_per_second: float = setting(
+        float(_DYNAMIC["log.cleaner.io.max.bytes.per.second"].default),
+        "log.cleaner.io.max.bytes.per.second",
+        "--log-cleaner-io-max-bytes-per-second",
+    )
+    log_cleaner_dedupe_buffer_size: int = setting(
+        int(_DYNAMIC["log.cleaner.dedupe.buffer.size"].default),
+        "log.cleaner.dedupe.buffer.size",
+        "--log-cleaner-dedupe-buffer-size",
+    )
+    log_cleaner_io_buffer_size: int = setting(
+        int(_DYNAMIC["log.cleaner.io.buffer.size"].default),
+        "log.cleaner.io.buffer.size",
+        "--log-cleaner-io-buffer-size",
+    )
+    log_cleaner_io_buffer_load_factor: float = setting(
+        float(_DYNAMIC["log.cleaner.io.buffer.load.factor"].default),
+        "log.cleaner.io.buffer.load.factor",
+        "--log-cleaner-io-buffer-load-factor",
+    )
+    log_cleaner_backoff_ms: int = setting(
+        int(_DYNAMIC["log.cleaner.backoff.ms"].default),
+        "log.cleaner.backoff.ms",
+        "--log-cleaner-backoff-ms",
+    )
+    # Broker defaults of the compaction topic configs (Kafka's synonyms).
+    log_cleanup_policy: str = setting(
+        _DYNAMIC["log.cleanup.policy"].default, "log.cleanup.policy", "--log-cleanup-policy"
+    )
+    log_cleaner_min_cleanable_ratio: float = setting(
+        float(_DYNAMIC["log.cleaner.min.cleanable.ratio"].default),
+        "log.cleaner.min.cleanable.ratio",
+        "--log-cleaner-min-cleanable-ratio",
+    )
+    log_cleaner_min_compaction_lag_ms: int = setting(
+        int(_DYNAMIC["log.cleaner.min.compaction.lag.ms"].default),
+        "log.cleaner.min.compaction.lag.ms",
+        "--log-cleaner-min-compaction-lag-ms",
+    )
+    log_cleaner_max_compaction_lag_ms: int = setting(
+        int(_DYNAMIC["log.cleaner.max.compaction.lag.ms"].default),
+        "log.cleaner.max.compaction.lag.ms",
+        "--log-cleaner-max-compaction-lag-ms",
+    )
+    log_cleaner_delete_retention_ms: int = setting(
+        int(_DYNAMIC["log.cleaner.delete.retention.ms"].default),
+        "log.cleaner.delete.retention.ms",
+        "--log-cleaner-delete-retention-ms",
+    )
     fetch_max_wait_s: float = 30.0
     log_flush_interval_messages: int | None = setting(
         None, None, "--flush-messages",
@@ -95,6 +156,28 @@ class BrokerConfig:
     )  # fmt: skip
     offsets_topic_replication_factor: int = setting(
         1, "offsets.topic.replication.factor", "--offsets-topic-replication-factor"
+    )
+    # The transaction coordinator (Kafka's names; Kafka's defaults but the replication
+    # factor, which follows offsets.topic.replication.factor's local default of 1).
+    transaction_state_log_replication_factor: int = setting(
+        1,
+        "transaction.state.log.replication.factor",
+        "--transaction-state-log-replication-factor",
+    )
+    transaction_state_log_num_partitions: int = setting(50, "transaction.state.log.num.partitions")
+    transaction_state_log_segment_bytes: int = setting(
+        100 * 1024 * 1024, "transaction.state.log.segment.bytes"
+    )
+    transaction_max_timeout_ms: int = setting(
+        900_000, "transaction.max.timeout.ms", "--transaction-max-timeout-ms"
+    )
+    transactional_id_expiration_ms: int = setting(
+        7 * 24 * 3600 * 1000, "transactional.id.expiration.ms"
+    )
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int = setting(
+        10_000,
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+        "--transaction-abort-check-interval-ms",
     )
     heartbeat_interval_ms: int = setting(
         2000, "broker.heartbeat.interval.ms", "--heartbeat-interval-ms"

@@ -16,6 +16,7 @@ brokers to see a group, each pair comes from one broker.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,13 +30,30 @@ from straitmq.telemetry.kafka_names import FETCH_FOLLOWER, api_name, error_name
 from .fetch_sessions import FetchSessions
 from .groups.coordinator import GroupCoordinator
 from .groups.offsets import OffsetStore
+from .log_cleaner import LogCleaner
 from .partitions import PartitionManager
 from .replication.isr import IsrManager
 from .share.checkpoints import STATE_GROUP_PREFIX
 from .share.coordinator import ShareCoordinator
+from .transactions.coordinator import TransactionCoordinator
 
 FOLLOWER_FETCH_KEY = -1  # latency key of Fetch requests from follower replicas
-MAX_LAG_SERIES = 10_000  # (group, partition) pairs reported per scrape; the rest dropped
+MAX_LAG_SERIES = 10_000
+MARKER_BUCKETS_S = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)  # (group, partition) pairs reported per scrape; the rest dropped
 
 
 def _latency_family() -> HistogramFamily:
@@ -103,6 +121,8 @@ def install(
     groups: GroupCoordinator,
     offsets: OffsetStore,
     share: ShareCoordinator,
+    cleaner: LogCleaner,
+    transactions: TransactionCoordinator,
 ) -> None:
     """Register the broker's instruments, read from the subsystems at collection."""
     telemetry.attach_fast_histogram(C.BROKER_REQUEST_DURATION, m.latency_family)
@@ -211,6 +231,48 @@ def install(
     t.observe(C.BROKER_FETCH_SESSIONS, lambda: session_points(False))
     t.observe(C.BROKER_FETCH_SESSION_PARTITIONS, lambda: session_points(True))
     t.observe(C.BROKER_FETCH_SESSION_EVICTIONS, lambda: [(sessions.evictions, {})])
+    cs = cleaner.stats
+    t.observe(
+        C.BROKER_CLEANER_IO,
+        lambda: [
+            (cs.bytes_read, {C.DIRECTION: "receive"}),
+            (cs.bytes_written, {C.DIRECTION: "transmit"}),
+        ],
+    )
+    t.observe(C.BROKER_CLEANER_RECORDS_REMOVED, lambda: [(cs.records_removed, {})])
+    t.observe(C.BROKER_CLEANER_CLEANINGS, lambda: [(cs.cleanings, {})])
+    t.observe(C.BROKER_CLEANER_ERRORS, lambda: [(cs.errors, {})])
+    t.observe(C.BROKER_CLEANER_BUSY, lambda: [(cs.busy_seconds, {})])
+
+    def cleaner_points(what: str) -> Points:
+        now = time.time()
+        for (topic, index), st in list(cleaner.partition_stats().items()):
+            labels = {C.TOPIC: topic, C.PARTITION: str(index)}
+            if what == "ratio":
+                yield st.dirty_ratio, labels
+            else:
+                yield (
+                    now - (st.last_clean_ms / 1000 if st.last_clean_ms else cleaner.started),
+                    labels,
+                )
+
+    t.observe(C.BROKER_CLEANER_DIRTY_RATIO, lambda: cleaner_points("ratio"))
+    t.observe(C.BROKER_CLEANER_SINCE_LAST, lambda: cleaner_points("since"))
+    t.observe(
+        C.BROKER_CLEANER_UNCLEANABLE,
+        lambda: [(sum(st.uncleanable is not None for st in list(cs.partitions.values())), {})],
+    )
+    ts = transactions.stats
+    transactions.marker_latency = t.histogram(C.BROKER_TXN_MARKER_DURATION, MARKER_BUCKETS_S).record
+    t.observe(C.BROKER_TXN_ONGOING, lambda: [(transactions.ongoing(), {})])
+    t.observe(
+        C.BROKER_TXN_COMPLETED,
+        lambda: [
+            (ts.committed, {C.OUTCOME_TXN: "commit"}),
+            (ts.aborted, {C.OUTCOME_TXN: "abort"}),
+            (ts.timed_out, {C.OUTCOME_TXN: "timeout"}),
+        ],
+    )
     t.observe(C.CONSUMER_GROUP_LAG, lag)
     t.observe(C.CONSUMER_GROUP_STATE, group_states)
     t.observe(C.CONSUMER_GROUP_MEMBERS, group_members)

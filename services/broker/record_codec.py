@@ -16,7 +16,7 @@ from kio.serial.readers import read_signed_varint, read_signed_varlong
 
 from straitmq.protocol.varint import varint as _varint
 
-from .records import ATTR_COMPRESSION_MASK, HEADER, HEADER_SIZE
+from .records import ATTR_COMPRESSION_MASK, ATTR_TRANSACTIONAL, HEADER, HEADER_SIZE
 
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"
 
@@ -100,8 +100,11 @@ def build_batch(
     records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]],
     timestamp_ms: int,
     compression: int = 0,
+    producer: tuple[int, int] | None = None,
 ) -> bytes:
-    """An uncompressed (or zstd/gzip) v2 batch with base offset 0, no producer id."""
+    """An uncompressed (or zstd/gzip) v2 batch with base offset 0; no producer id, or
+    `producer` (id, epoch) for a transactional batch without sequence numbers, as the
+    group coordinator writes TxnOffsetCommit's offsets."""
     body = bytearray()
     for delta, (key, value, headers) in enumerate(records):
         rec = bytearray(b"\x00")
@@ -117,15 +120,16 @@ def build_batch(
         payload = bytes(cramjam.zstd.compress(payload))
     elif compression != 0:
         raise ValueError("build_batch compresses with gzip or zstd only")
+    pid, epoch = producer if producer is not None else (-1, -1)
     tail = (
         struct.pack(
             ">hiqqqhii",
-            compression,
+            compression | (ATTR_TRANSACTIONAL if producer is not None else 0),
             len(records) - 1,
             timestamp_ms,
             timestamp_ms,
-            -1,
-            -1,
+            pid,
+            epoch,
             -1,
             len(records),
         )

@@ -152,7 +152,8 @@ def replicated_batches(data: memoryview) -> list[BatchInfo]:
     """Split batches fetched from the leader: framing, magic and CRC as `validate_batches`
     checks them, but none of the produce-time rules (max.message.bytes, transactional
     batches): the leader applied those already, and a follower must copy what it has.
-    Offsets must follow on from each other. Empty data gives an empty list."""
+    Offsets must grow: a compacted leader's log has gaps between batches, never
+    overlaps. Empty data gives an empty list."""
     batches: list[BatchInfo] = []
     pos = 0
     end = len(data)
@@ -169,9 +170,9 @@ def replicated_batches(data: memoryview) -> list[BatchInfo]:
         if not check_crc(data, pos, size):
             raise InvalidRecords(2, "replicated record batch CRC mismatch")
         info = parse_header(data, pos, size)
-        if info.last_offset_delta < 0 or (expected >= 0 and info.base_offset != expected):
+        if info.last_offset_delta < 0 or (expected >= 0 and info.base_offset < expected):
             raise InvalidRecords(
-                2, f"replicated batch at offset {info.base_offset} does not follow {expected}"
+                2, f"replicated batch at offset {info.base_offset} overlaps the one before it"
             )
         expected = info.base_offset + info.last_offset_delta + 1
         batches.append(info)

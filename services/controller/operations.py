@@ -8,6 +8,8 @@ from __future__ import annotations
 import uuid
 
 from kio.schema.errors import ErrorCode
+from straitmq.metadata.broker_configs import DYNAMIC_BROKER_CONFIGS
+from straitmq.metadata.broker_configs import check_value as check_broker_config
 from straitmq.metadata.image import NO_LEADER, MetadataImage, PartitionImage, Record, TopicImage
 from straitmq.metadata.topic_config import validate_topic_configs
 
@@ -159,8 +161,8 @@ def delete_topic(image: MetadataImage, name: str) -> list[Record]:
 
 
 def alter_configs(image: MetadataImage, name: str, changes: dict[str, str | None]) -> list[Record]:
-    _topic(image, name)
-    problem = validate_topic_configs(changes)
+    t = _topic(image, name)
+    problem = validate_topic_configs(changes, t.configs)
     if problem:
         raise ControllerError(ErrorCode.invalid_config, problem)
     return [{"type": "config", "name": name, "changes": changes}] if changes else []
@@ -170,10 +172,15 @@ def alter_cluster_configs(changes: dict[str, str | None]) -> list[Record]:
     for key, value in changes.items():
         if key.startswith("group:"):
             continue  # a group's config, `group:<id>:<name>` (checked by the broker)
+        if key in DYNAMIC_BROKER_CONFIGS:  # log.cleaner.threads, ... (Kafka's names)
+            if value is not None and (problem := check_broker_config(key, value)):
+                raise ControllerError(ErrorCode.invalid_config, problem)
+            continue
         if key not in CLUSTER_CONFIGS:
             raise ControllerError(
                 ErrorCode.invalid_config,
-                f"unknown cluster config '{key}' (known: {', '.join(CLUSTER_CONFIGS)})",
+                f"unknown cluster config '{key}' (known: "
+                f"{', '.join([*CLUSTER_CONFIGS, *DYNAMIC_BROKER_CONFIGS])})",
             )
         if value is not None:
             try:

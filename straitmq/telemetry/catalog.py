@@ -134,6 +134,61 @@ BROKER_STORAGE_UNAVAILABLE = _i(
     "Replicas assigned to this broker whose log cannot be opened (no disk space or "
     "descriptors); their requests get KAFKA_STORAGE_ERROR",
 )  # fmt: skip
+BROKER_CLEANER_IO = _i(
+    "straitmq.broker.log_cleaner.io", OBSERVABLE_COUNTER, "By",
+    "Bytes the log cleaner read (receive) and wrote (transmit) compacting logs",
+    DIRECTION,
+)  # fmt: skip
+BROKER_CLEANER_RECORDS_REMOVED = _i(
+    "straitmq.broker.log_cleaner.records_removed", OBSERVABLE_COUNTER, "{record}",
+    "Records the log cleaner removed: superseded by a later record of their key, "
+    "tombstones past delete.retention.ms, records without a key",
+)  # fmt: skip
+BROKER_CLEANER_CLEANINGS = _i(
+    "straitmq.broker.log_cleaner.cleanings", OBSERVABLE_COUNTER, "{cleaning}",
+    "Cleanings swapped into a log",
+)  # fmt: skip
+BROKER_CLEANER_ERRORS = _i(
+    "straitmq.broker.log_cleaner.errors", OBSERVABLE_COUNTER, "{error}",
+    "Cleanings that failed (corrupt data, a dead worker, I/O errors)",
+)  # fmt: skip
+BROKER_CLEANER_BUSY = _i(
+    "straitmq.broker.log_cleaner.busy", OBSERVABLE_COUNTER, "s",
+    "Time the cleaner's workers spent cleaning (summed over workers)",
+)  # fmt: skip
+BROKER_CLEANER_DIRTY_RATIO = _i(
+    "straitmq.broker.log_cleaner.dirty_ratio", OBSERVABLE_GAUGE, "1",
+    "Share of a compacted log's cleanable bytes not yet cleaned (cleaned when above "
+    "min.cleanable.dirty.ratio)",
+    TOPIC, PARTITION,
+)  # fmt: skip
+BROKER_CLEANER_SINCE_LAST = _i(
+    "straitmq.broker.log_cleaner.time_since_last_clean", OBSERVABLE_GAUGE, "s",
+    "Seconds since a compacted log was last cleaned on this broker (since start when "
+    "never)",
+    TOPIC, PARTITION,
+)  # fmt: skip
+BROKER_CLEANER_UNCLEANABLE = _i(
+    "straitmq.broker.log_cleaner.uncleanable_partitions", OBSERVABLE_GAUGE, "{partition}",
+    "Compacted logs the cleaner stopped cleaning (unreadable data: see the broker log); "
+    "they keep serving",
+)  # fmt: skip
+OUTCOME_TXN = "straitmq.transaction.outcome"  # commit | abort | timeout
+BROKER_TXN_ONGOING = _i(
+    "straitmq.broker.transactions.ongoing", OBSERVABLE_GAUGE, "{transaction}",
+    "Open transactions of the transactional ids this broker coordinates",
+)  # fmt: skip
+BROKER_TXN_COMPLETED = _i(
+    "straitmq.broker.transactions.completed", OBSERVABLE_COUNTER, "{transaction}",
+    "Transactions this broker's coordinator finished, by outcome (timeout: aborted "
+    "after transaction.timeout.ms, also counted as abort)",
+    OUTCOME_TXN,
+)  # fmt: skip
+BROKER_TXN_MARKER_DURATION = _i(
+    "straitmq.broker.transactions.marker.duration", HISTOGRAM, "s",
+    "Time from a transaction's EndTxn (or timeout) to its markers being in every "
+    "partition and its outcome written",
+)  # fmt: skip
 CONSUMER_GROUP_LAG = _i(
     "straitmq.consumer_group.lag", OBSERVABLE_GAUGE, "{message}",
     "High watermark minus committed offset (a share group's: minus its share-partition "
@@ -219,7 +274,11 @@ BROKER = (
     BROKER_REQUEST_ERRORS, BROKER_PARTITIONS, BROKER_LEADERS, BROKER_UNDER_REPLICATED,
     BROKER_UNDER_MIN_ISR, BROKER_ISR_OPERATIONS, BROKER_LOG_SIZE, BROKER_LOG_SEGMENTS,
     BROKER_OPEN_SEGMENT_FILES, BROKER_STORAGE_UNAVAILABLE, BROKER_FETCH_SESSIONS,
-    BROKER_FETCH_SESSION_PARTITIONS, BROKER_FETCH_SESSION_EVICTIONS, CONSUMER_GROUP_LAG,
+    BROKER_FETCH_SESSION_PARTITIONS, BROKER_FETCH_SESSION_EVICTIONS, BROKER_CLEANER_IO,
+    BROKER_CLEANER_RECORDS_REMOVED, BROKER_CLEANER_CLEANINGS, BROKER_CLEANER_ERRORS,
+    BROKER_CLEANER_BUSY, BROKER_CLEANER_DIRTY_RATIO, BROKER_CLEANER_SINCE_LAST,
+    BROKER_CLEANER_UNCLEANABLE, BROKER_TXN_ONGOING, BROKER_TXN_COMPLETED,
+    BROKER_TXN_MARKER_DURATION, CONSUMER_GROUP_LAG,
     CONSUMER_GROUP_STATE, CONSUMER_GROUP_MEMBERS,
 )  # fmt: skip
 CONTROLLER = (

@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError, check_topic_name
-from straitmq.metadata.topic_config import TOPIC_CONFIGS, effective
+from straitmq.metadata.broker_configs import DYNAMIC_BROKER_CONFIGS, check_together
+from straitmq.metadata.broker_configs import check_value as check_broker_config
+from straitmq.metadata.topic_config import TOPIC_CONFIGS, effective, list_items
 
 from straitmq.security.acls import (
     ALTER,
@@ -24,6 +26,7 @@ from straitmq.security.acls import (
 )
 from straitmq.security.acls import DELETE as ACL_DELETE
 
+from ..dynamic_configs import effective_values, static_values
 from ..share import group_configs
 from .context import RequestContext
 
@@ -255,10 +258,7 @@ async def handle_describe_configs(deps: AdminDeps, ctx: RequestContext, req: Any
                 res["error_code"] = ErrorCode.invalid_request
                 res["error_message"] = f"broker '{r.resource_name}' is not this broker"
             else:
-                values = deps.config.describe()
-                res["configs"] = _config_entries(
-                    values, set(values), keys, SOURCE_STATIC_BROKER, docs
-                )
+                res["configs"] = _broker_entries(deps, r.resource_name, keys, docs)
                 res["configs"] += _throttle_entries(deps, r.resource_name, keys)
         else:
             res["error_code"] = ErrorCode.invalid_request
@@ -297,7 +297,7 @@ async def handle_incremental_alter_configs(deps: AdminDeps, ctx: RequestContext,
             res["error_message"] = "Authorization failed."
             continue
         if r.resource_type == BROKER_RESOURCE:
-            await _alter_broker_throttle(deps, r, req.validate_only, res)
+            await _alter_broker_configs(deps, r, req.validate_only, res)
             continue
         if r.resource_type == group_configs.GROUP_RESOURCE:  # share.auto.offset.reset
             await group_configs.alter(
@@ -316,10 +316,7 @@ async def handle_incremental_alter_configs(deps: AdminDeps, ctx: RequestContext,
                 elif c.config_operation == DELETE:
                     changes[c.name] = None
                 else:
-                    raise ControllerError(
-                        ErrorCode.invalid_config,
-                        f"{c.name}: APPEND/SUBTRACT apply to list configs only",
-                    )
+                    changes[c.name] = _list_operation(deps, r.resource_name, c, changes)
             check_topic_name(r.resource_name)
             await deps.control(
                 "alter_configs",
@@ -329,6 +326,36 @@ async def handle_incremental_alter_configs(deps: AdminDeps, ctx: RequestContext,
             res["error_code"] = e.code
             res["error_message"] = e.message
     return {"throttle_time": 0, "responses": responses}
+
+
+def _list_operation(deps: AdminDeps, topic_name: str, c: Any, changes: dict) -> str:
+    """APPEND or SUBTRACT on a LIST topic config (`cleanup.policy`): the entries added to
+    or taken from its current value (this request's earlier change, the topic's own
+    value, or the default), as Kafka's controller applies them."""
+    if c.config_operation not in (APPEND, SUBTRACT):
+        raise ControllerError(
+            ErrorCode.invalid_request, f"{c.name}: unknown operation {c.config_operation}"
+        )
+    d = TOPIC_CONFIGS.get(c.name)
+    if d is None or d.type != "list":
+        raise ControllerError(
+            ErrorCode.invalid_config, f"{c.name}: APPEND/SUBTRACT apply to list configs only"
+        )
+    topic = deps.metadata.image.topics.get(topic_name)
+    if topic is None:
+        raise ControllerError(
+            ErrorCode.unknown_topic_or_partition, f"topic '{topic_name}' does not exist"
+        )
+    current = changes.get(c.name)
+    if current is None:
+        current = effective({**deps.topic_defaults, **topic.configs})[c.name]
+    items = list_items(current)
+    given = list_items(c.value or "")
+    if c.config_operation == APPEND:
+        items += [i for i in given if i not in items]
+    else:
+        items = [i for i in items if i not in given]
+    return ",".join(items)
 
 
 # Kafka's per-broker reassignment throttles; StraitMQ has one cluster-wide rate.
@@ -359,50 +386,98 @@ def _throttle_entries(deps: AdminDeps, resource_name: str, keys: Any) -> list[di
     ]
 
 
-async def _alter_broker_throttle(deps: AdminDeps, r: Any, validate_only: bool, res: dict) -> None:
-    """A broker's leader/follower replication throttle (what `kafka-reassign-partitions
-    --throttle` sets and `--verify` clears) becomes the cluster's one replication
-    throttle, `replication.throttled.rate`; every other broker config is static."""
-    rate: str | None = None
+def _broker_entries(deps: AdminDeps, resource_name: str, keys: Any, docs: bool) -> list[dict]:
+    """This broker's configs: the static settings, and the runtime-changeable ones with
+    the cluster's dynamic value where one is set (shown as a dynamic config of the broker
+    asked about, or of the cluster default for resource "", as Kafka shows them: what
+    `kafka-configs --describe` lists and `--delete-config` checks)."""
+    static = deps.config.describe()
+    dynamic = deps.metadata.image.cluster_configs
+    dynamic_source = SOURCE_DYNAMIC_BROKER if resource_name else SOURCE_DYNAMIC_DEFAULT_BROKER
+    out = []
+    for name in sorted(set(static) | set(DYNAMIC_BROKER_CONFIGS)):
+        if keys and name not in keys:
+            continue
+        d = DYNAMIC_BROKER_CONFIGS.get(name) or TOPIC_CONFIGS.get(name)
+        if name in DYNAMIC_BROKER_CONFIGS and name in dynamic:
+            value, source = dynamic[name], dynamic_source
+        elif name in static:
+            value, source = static[name], SOURCE_STATIC_BROKER
+        else:  # runtime-changeable, no static setting here: Kafka's default
+            value, source = DYNAMIC_BROKER_CONFIGS[name].default, SOURCE_DEFAULT
+        out.append(
+            {
+                "name": name,
+                "value": value,
+                "read_only": name not in DYNAMIC_BROKER_CONFIGS,
+                "config_source": source,
+                "is_default": source == SOURCE_DEFAULT,
+                "is_sensitive": False,
+                "synonyms": [],
+                "config_type": _TYPE_CODES.get(d.type, 0) if d else 2,
+                "documentation": (d.doc if d else None) if docs else None,
+            }
+        )
+    return out
+
+
+RUNTIME_BROKER_CONFIGS = (*BROKER_THROTTLES, *DYNAMIC_BROKER_CONFIGS)
+
+
+async def _alter_broker_configs(deps: AdminDeps, r: Any, validate_only: bool, res: dict) -> None:
+    """The broker configs Kafka changes at runtime that matter here (the log cleaner's,
+    the compaction topic defaults, the reassignment quotas), checked as Kafka checks them
+    and stored cluster-wide: a broker id and the cluster default ("") set the same value,
+    for every broker. A broker's leader/follower replication throttle (what
+    `kafka-reassign-partitions --throttle` sets and `--verify` clears) becomes the
+    cluster's one replication throttle, `replication.throttled.rate`. Every other broker
+    config is static."""
+    changes: dict[str, str | None] = {}
     try:
         if r.resource_name and not r.resource_name.isdigit():
             raise ControllerError(ErrorCode.invalid_request, f"'{r.resource_name}' is no broker id")
         if r.resource_name and int(r.resource_name) not in deps.metadata.image.brokers:
             raise ControllerError(ErrorCode.invalid_request, f"no broker {r.resource_name}")
         for c in r.configs:
-            if c.name not in BROKER_THROTTLES:
-                raise ControllerError(
-                    ErrorCode.invalid_config,
-                    f"broker config {c.name} cannot be altered at runtime; only "
-                    f"{' and '.join(BROKER_THROTTLES)} can (they set the cluster-wide "
-                    "replication.throttled.rate)",
-                )
-            if c.config_operation == SET:
-                if c.value is None or not c.value.isdigit():
+            if c.config_operation not in (SET, DELETE):
+                raise ControllerError(ErrorCode.invalid_config, f"{c.name}: SET or DELETE only")
+            value = c.value if c.config_operation == SET else None
+            if c.name in BROKER_THROTTLES:
+                if c.config_operation == SET and (value is None or not value.isdigit()):
                     raise ControllerError(
                         ErrorCode.invalid_config, f"{c.name} must be bytes per second"
                     )
-                rate = c.value
-            elif c.config_operation != DELETE:
-                raise ControllerError(ErrorCode.invalid_config, f"{c.name}: SET or DELETE only")
-        if not validate_only and r.configs:
-            await deps.control(
-                "alter_cluster_configs", {"changes": {"replication.throttled.rate": rate}}
-            )
+                changes["replication.throttled.rate"] = value
+            elif c.name in DYNAMIC_BROKER_CONFIGS:
+                if c.config_operation == SET:
+                    problem = check_broker_config(c.name, value or "")
+                    if problem:
+                        raise ControllerError(ErrorCode.invalid_config, problem)
+                changes[c.name] = value
+            else:
+                raise ControllerError(
+                    ErrorCode.invalid_config,
+                    f"broker config {c.name} cannot be altered at runtime; these can: "
+                    f"{', '.join(RUNTIME_BROKER_CONFIGS)} (the leader/follower throttles set "
+                    "the cluster-wide replication.throttled.rate)",
+                )
+        current = effective_values(deps.config, deps.metadata.image.cluster_configs)
+        static = static_values(deps.config)
+        after = dict(current)
+        for name, value in changes.items():
+            if name in DYNAMIC_BROKER_CONFIGS:
+                after[name] = static[name] if value is None else value
+        if problem := check_together(current, after):
+            raise ControllerError(ErrorCode.invalid_config, problem)
+        if not validate_only and changes:
+            await deps.control("alter_cluster_configs", {"changes": changes})
     except ControllerError as e:
         res["error_code"] = e.code
         res["error_message"] = e.message
 
 
 async def handle_init_producer_id(deps: AdminDeps, ctx: RequestContext, req: Any) -> dict:
-    if req.transactional_id is not None:
-        # Transactions are not implemented (and not advertised); be explicit.
-        return {
-            "throttle_time": 0,
-            "error_code": ErrorCode.invalid_request,
-            "producer_id": -1,
-            "producer_epoch": -1,
-        }
+    """An idempotent producer's id (a transactional one's: api/transactions.py)."""
     # Kafka 3+: IDEMPOTENT_WRITE on the cluster, or WRITE on some topic (KIP-679).
     if not ctx.cluster_allowed(IDEMPOTENT_WRITE) and not _writes_some_topic(ctx):
         return {

@@ -12,6 +12,7 @@ Broker.
 | groups | FindCoordinator ... ConsumerGroupDescribe | GroupDeps |
 | share | ShareGroupHeartbeat ... DescribeShareGroupOffsets | ShareCoordinator |
 | admin | topics, configs, producer ids, log dirs, ACLs, reassignment, SCRAM | AdminDeps |
+| transactions | InitProducerId (transactional), AddPartitionsToTxn ... ListTransactions | TxnDeps |
 | quorum | DescribeQuorum | ControllerCall |
 | sasl | SaslHandshake, SaslAuthenticate | (the connection's security only) |
 """
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from ..replication.throttle import ReplicationThrottle
     from ..security.listeners import Listener
     from ..share.coordinator import ShareCoordinator
+    from ..transactions.coordinator import TransactionCoordinator
     from ..views import Control, LocalReplicas
     from .metadata import TopicAnswers
 
@@ -70,6 +72,7 @@ class GroupDeps:
     ensure_offsets_topic: Callable[[], Awaitable[bool]]
     # KIP-932 share groups share the group id space (ListGroups, DeleteGroups).
     share: ShareCoordinator
+    transactions: TransactionCoordinator  # FindCoordinator for transactional ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,3 +83,15 @@ class AdminDeps:
     topic_defaults: dict[str, str]
     partitions: PartitionManager  # DescribeLogDirs
     next_producer_id: Callable[[], Awaitable[int]]
+
+
+@dataclass(frozen=True, slots=True)
+class TxnDeps:
+    coordinator: TransactionCoordinator
+    metadata: MetadataView
+    next_producer_id: Callable[[], Awaitable[int]]
+    # TxnOffsetCommit is the group coordinator's: it writes into the offsets partition.
+    groups: GroupCoordinator
+    offsets: OffsetStore
+    ensure_offsets_topic: Callable[[], Awaitable[bool]]
+    offsets_durable: Callable[[str, int], Awaitable[bool]]

@@ -25,6 +25,7 @@ from . import (
     reassign,
     records,
     share,
+    transactions,
 )
 from . import security as sec
 from .context import RequestContext
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from ..partition_write import PartitionWriter
     from ..share.coordinator import ShareCoordinator
     from ..views import ControllerCall, LocalReplicas
-    from .deps import AdminDeps, FetchDeps, GroupDeps, MetadataDeps
+    from .deps import AdminDeps, FetchDeps, GroupDeps, MetadataDeps, TxnDeps
 
 Handler = Callable[[RequestContext, Any], Awaitable[Any]]
 
@@ -56,6 +57,7 @@ def kafka_api(
     metadata_view: MetadataView,
     group_deps: GroupDeps,
     admin_deps: AdminDeps,
+    txn_deps: TxnDeps,
     controller: ControllerCall,
     share_coordinator: ShareCoordinator,
 ) -> dict[int, ApiSpec]:
@@ -80,8 +82,16 @@ def kafka_api(
         19: p(admin.handle_create_topics, admin_deps),
         20: p(admin.handle_delete_topics, admin_deps),
         21: p(records.handle_delete_records, replicas),
-        22: p(admin.handle_init_producer_id, admin_deps),
+        22: p(
+            transactions.handle_init_producer_id,
+            txn_deps,
+            p(admin.handle_init_producer_id, admin_deps),
+        ),
         23: p(fetch.handle_offset_for_leader_epoch, fetch_deps),
+        24: p(transactions.handle_add_partitions_to_txn, txn_deps),
+        25: p(transactions.handle_add_offsets_to_txn, txn_deps),
+        26: p(transactions.handle_end_txn, txn_deps),
+        28: p(transactions.handle_txn_offset_commit, txn_deps),
         29: p(acls.handle_describe_acls, admin_deps),
         30: p(acls.handle_create_acls, admin_deps),
         31: p(acls.handle_delete_acls, admin_deps),
@@ -99,6 +109,8 @@ def kafka_api(
         51: p(sec.handle_alter_user_scram_credentials, admin_deps),
         55: p(quorum.handle_describe_quorum, controller),
         60: p(metadata.handle_describe_cluster, metadata_deps),
+        65: p(transactions.handle_describe_transactions, txn_deps),
+        66: p(transactions.handle_list_transactions, txn_deps),
         68: p(groups.handle_consumer_group_heartbeat, group_deps),
         69: p(groups.handle_consumer_group_describe, group_deps),
         75: p(describe_topics.handle_describe_topic_partitions, metadata_view),

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kio.schema.errors import ErrorCode
+from straitmq.controller.errors import ControllerError
 
-from straitmq.security.acls import DELETE, DESCRIBE, GROUP, READ, TOPIC
+from straitmq.security.acls import DELETE, DESCRIBE, GROUP, READ, TOPIC, TRANSACTIONAL_ID
 
 from ..groups.coordinator import JoinError
 from ..groups.messages import ConsumerHeartbeatRequest
@@ -46,6 +47,35 @@ def _coordinator(deps: GroupDeps, ctx: RequestContext, group_id: str) -> dict:
     return {"node_id": b.id, "host": ep[0], "port": ep[1], "error_code": 0, "error_message": None}
 
 
+async def _txn_coordinator(deps: GroupDeps, ctx: RequestContext, tid: str) -> dict:
+    """The leader of the id's `__transaction_state` partition (the topic made on first
+    use, as Kafka does), or COORDINATOR_NOT_AVAILABLE while there is none."""
+    none = {"node_id": -1, "host": "", "port": -1}
+    if not ctx.allowed(DESCRIBE, TRANSACTIONAL_ID, tid):
+        code = ErrorCode.transactional_id_authorization_failed
+        return {**none, "error_code": code, "error_message": None}
+    txn = deps.transactions
+    try:
+        await txn.ensure_topic()
+    except ControllerError as e:
+        return {
+            **none,
+            "error_code": ErrorCode.coordinator_not_available,
+            "error_message": e.message,
+        }
+    image = deps.metadata.image
+    leader = txn.coordinator_of(tid)
+    b = image.brokers.get(leader) if leader is not None else None
+    ep = endpoint_for(b, ctx.listener) if b is not None else None
+    if b is None or not b.alive or ep is None:
+        return {
+            **none,
+            "error_code": ErrorCode.coordinator_not_available,
+            "error_message": "the transaction coordinator is not available yet; retry",
+        }
+    return {"node_id": b.id, "host": ep[0], "port": ep[1], "error_code": 0, "error_message": None}
+
+
 class OffsetsHolder(Protocol):
     @property
     def offsets(self) -> OffsetStore: ...
@@ -63,16 +93,19 @@ async def handle_find_coordinator(deps: GroupDeps, ctx: RequestContext, req: Any
     else:
         keys = [req.key]
     coordinators = []
+    key_type = getattr(req, "key_type", 0)
     for key in keys:
-        if getattr(req, "key_type", 0) != 0:
+        if key_type == 1:  # a transactional id
+            coordinators.append({"key": key, **await _txn_coordinator(deps, ctx, key)})
+        elif key_type != 0:  # 2: share-group state coordinators, Kafka's internal use
             coordinators.append(
                 {
                     "key": key,
                     "node_id": -1,
                     "host": "",
                     "port": -1,
-                    "error_code": ErrorCode.coordinator_not_available,
-                    "error_message": "transactions are not supported",
+                    "error_code": ErrorCode.invalid_request,
+                    "error_message": f"coordinator key type {key_type} is not supported",
                 }
             )
         elif not ctx.allowed(DESCRIBE, GROUP, key):

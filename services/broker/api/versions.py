@@ -42,6 +42,11 @@ VERSIONS: dict[int, Versions] = {
     21: Versions(0, 2),  # DeleteRecords
     22: Versions(0, 4),  # InitProducerId
     23: Versions(2, 4),  # OffsetForLeaderEpoch
+    # Transactions v1 (KIP-98/447); v2's versions (KIP-890) are not advertised.
+    24: Versions(0, 4),  # AddPartitionsToTxn; v4: batched, from brokers
+    25: Versions(0, 3),  # AddOffsetsToTxn
+    26: Versions(0, 3),  # EndTxn
+    28: Versions(0, 3),  # TxnOffsetCommit; v3: KIP-447 member and generation
     29: Versions(2, 3),  # DescribeAcls
     30: Versions(2, 3),  # CreateAcls
     31: Versions(2, 3),  # DeleteAcls
@@ -59,6 +64,8 @@ VERSIONS: dict[int, Versions] = {
     51: Versions(0, 0),  # AlterUserScramCredentials
     55: Versions(0, 2),  # DescribeQuorum
     60: Versions(0, 1),  # DescribeCluster
+    65: Versions(0, 0),  # DescribeTransactions
+    66: Versions(0, 1),  # ListTransactions
     68: Versions(0, 1),  # ConsumerGroupHeartbeat (KIP-848)
     69: Versions(0, 1),  # ConsumerGroupDescribe
     75: Versions(0, 0),  # DescribeTopicPartitions

@@ -7,7 +7,8 @@ latest value per key is kept in memory.
 
 The same partition holds the records of KIP-848 group state (`records.py`: a JSON object
 key where a commit has an array). The store keeps the newest of those per key too, so
-that a new coordinator rebuilds its groups from them and compaction writes them again.
+that a new coordinator rebuilds its groups from them; the log cleaner compacts the topic
+by key, keeping the latest record of each.
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ from dataclasses import dataclass
 import orjson
 
 from ..record_codec import build_batch, decode_batch
-from ..records import BatchInfo, validate_batches
+from ..records import (
+    ATTR_CONTROL,
+    ATTR_TRANSACTIONAL,
+    BatchInfo,
+    parse_header,
+    replicated_batches,
+)
 from .records import Record, RecordKey, decode_key, encode_key
 
 OFFSETS_TOPIC = "__consumer_offsets"
@@ -45,6 +52,9 @@ class OffsetStore:
         self.group_records: dict[str, dict[RecordKey, dict]] = {}
         self._append: AppendFn | None = None
         self.owned: set[int] = set()  # partitions this broker leads, so coordinates
+        # TxnOffsetCommit's offsets, visible once their transaction commits (its marker
+        # reaches the group's partition): producer id -> group -> (topic, partition) ->.
+        self.pending: dict[int, dict[str, dict[tuple[str, int], Committed]]] = {}
 
     def partition_for(self, group_id: str) -> int:
         return zlib.crc32(group_id.encode()) % self.partitions_count
@@ -60,6 +70,11 @@ class OffsetStore:
 
     def unload_partition(self, partition: int) -> None:
         self.owned.discard(partition)
+        for pid, groups in list(self.pending.items()):
+            for group in [g for g in groups if self.partition_for(g) == partition]:
+                del groups[group]
+            if not groups:
+                del self.pending[pid]
         for group in [g for g in self.offsets if self.partition_for(g) == partition]:
             del self.offsets[group]
         for group in [g for g in self.group_records if self.partition_for(g) == partition]:
@@ -70,6 +85,24 @@ class OffsetStore:
 
     def load(self, batches: Iterable[bytes]) -> None:
         for raw in batches:
+            attrs = raw[22]
+            if attrs & ATTR_CONTROL:  # a transaction's marker: its offsets count or go
+                head = parse_header(raw, 0, len(raw))
+                for rec in decode_batch(raw):
+                    if rec.key is not None and len(rec.key) >= 4:
+                        commit = int.from_bytes(rec.key[2:4], "big") == 1
+                        self._complete(head.producer_id, commit, None)
+                continue
+            if attrs & ATTR_TRANSACTIONAL:
+                pid = parse_header(raw, 0, len(raw)).producer_id
+                for rec in decode_batch(raw):
+                    if rec.key is not None and rec.value is not None:
+                        group, topic, part = orjson.loads(rec.key)
+                        v = orjson.loads(rec.value)
+                        self.pending.setdefault(pid, {}).setdefault(group, {})[(topic, part)] = (
+                            Committed(v["o"], v["e"], v["m"], v["t"])
+                        )
+                continue
             for rec in decode_batch(raw):
                 if rec.key is None:
                     continue
@@ -127,6 +160,43 @@ class OffsetStore:
         self.offsets.setdefault(group, {}).update(commits)
         return end
 
+    def commit_transactional(
+        self,
+        group: str,
+        producer: tuple[int, int],
+        entries: list[tuple[str, int, int, int, str | None]],
+    ) -> int:
+        """TxnOffsetCommit: the offsets go into the group's partition in a transactional
+        batch of the producer (id, epoch) and count once its transaction commits."""
+        now = int(time.time() * 1000)
+        commits = {(t, p): Committed(o, e, m or "", now) for t, p, o, e, m in entries}
+        records = [self._record(group, t, p, c) for (t, p), c in commits.items()]
+        end = self._write(group, records, now, producer)
+        self.pending.setdefault(producer[0], {}).setdefault(group, {}).update(commits)
+        return end
+
+    def complete_transaction(self, partition: int, producer_id: int, commit: bool) -> None:
+        """A transaction's marker is in offsets partition `partition`: the producer's
+        pending offsets of the groups there count (commit) or go (abort)."""
+        self._complete(producer_id, commit, partition)
+
+    def _complete(self, producer_id: int, commit: bool, partition: int | None) -> None:
+        groups = self.pending.get(producer_id)
+        if not groups:
+            return
+        for group in list(groups):
+            if partition is not None and self.partition_for(group) != partition:
+                continue
+            offsets = groups.pop(group)
+            if commit:
+                self.offsets.setdefault(group, {}).update(offsets)
+        if not groups:
+            del self.pending[producer_id]
+
+    def has_pending(self, group: str, topic: str, partition: int) -> bool:
+        """An open transaction holds an offset of it (OffsetFetch's require_stable)."""
+        return any((topic, partition) in g.get(group, {}) for g in self.pending.values())
+
     def write_group_records(self, group: str, records: list[Record]) -> int:
         """Append group state records (None values are tombstones) in one batch; returns
         the offsets partition's log end, which the caller waits to see replicated."""
@@ -177,26 +247,15 @@ class OffsetStore:
         now = int(time.time() * 1000)
         self._write(group, [self._record(group, t, p, None) for t, p in keys], now)
 
-    def _write(self, group: str, records: list, now: int) -> int:
+    def _write(
+        self, group: str, records: list, now: int, producer: tuple[int, int] | None = None
+    ) -> int:
         assert self._append is not None, "offset store is not bound to its topic"
-        batch = build_batch(records, now)
+        batch = build_batch(records, now, producer=producer)
         view = memoryview(batch)
-        return self._append(self.partition_for(group), view, validate_batches(view, len(batch)))
-
-    def rewrite(self, partition: int, chunk: int = 500) -> None:
-        """Append the live commits of one offsets partition again (for compaction)."""
-        now = int(time.time() * 1000)
-        for group, g in self.offsets.items():
-            if self.partition_for(group) != partition:
-                continue
-            records = [self._record(group, t, p, c) for (t, p), c in g.items()]
-            for i in range(0, len(records), chunk):
-                self._write(group, records[i : i + chunk], now)
-        for group, r in self.group_records.items():
-            if self.partition_for(group) != partition:
-                continue
-            # One batch per group, so a replay never sees half of one group's state.
-            self._write(group, [self._group_record(k, v) for k, v in r.items()], now)
+        # The coordinator's own batches: framed and checked as a follower checks them
+        # (a produce-path check would refuse the transactional ones).
+        return self._append(self.partition_for(group), view, replicated_batches(view))
 
     def fetch(self, group: str) -> dict[tuple[str, int], Committed]:
         return self.offsets.get(group, {})

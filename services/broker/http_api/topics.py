@@ -11,6 +11,7 @@ from straitmq.metadata.topic_config import effective
 from straitmq.security.acls import DESCRIBE, TOPIC
 
 from ..groups.offsets import OFFSETS_TOPIC
+from ..log_cleaner import CleanerStats
 from ..metadata_view import MetadataView
 from ..partitions import PartitionManager
 from .common import Permitted, _body, _controller_error, _error, _json, _topic_or_404
@@ -24,6 +25,7 @@ class TopicsDeps:
     num_partitions: int  # a new topic's, unless the request says
     default_replication_factor: int
     permitted: Permitted
+    cleaner: CleanerStats
 
 
 def _topic_view(deps: TopicsDeps, name: str) -> dict:
@@ -49,6 +51,13 @@ def _topic_view(deps: TopicsDeps, name: str) -> dict:
                 "segments": len(p.log.segments) if p else 0,
             }
         )
+        cleaned = deps.cleaner.partitions.get((name, i))
+        if p is not None and p.log.config.compact and cleaned is not None:
+            parts[-1]["cleaner"] = {
+                "dirty_ratio": round(cleaned.dirty_ratio, 4),
+                "last_cleaned_ms": cleaned.last_clean_ms or None,
+                "uncleanable": cleaned.uncleanable,
+            }
     return {
         "name": name,
         "topic_id": str(t.topic_id),

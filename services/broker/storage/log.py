@@ -27,6 +27,7 @@ from ..records import (
     batch_leader_epoch,
     parse_header,
 )
+from .compaction import CLEANED, SEGMENT_SUFFIXES, SWAP, CleanedGroup, SegmentFile
 from .epochs import LeaderEpochCache
 from .handles import FileHandles
 from .segment import Segment, segment_name
@@ -40,6 +41,9 @@ SNAPSHOT_SUFFIX = ".snapshot"
 # small file per partition, rewritten at each move (moves are rare: DeleteRecords and
 # the followers that copy it), so a restart never shows deleted records again.
 LOG_START_CHECKPOINT = "log-start-offset-checkpoint"
+# The log cleaner's first dirty offset (Kafka's cleaner-offset-checkpoint, per partition
+# here as the log start's): everything below it was cleaned at least once.
+CLEANER_CHECKPOINT = "cleaner-offset-checkpoint"
 
 
 @dataclass(slots=True)
@@ -116,11 +120,14 @@ class PartitionLog:
         # Kafka's logStartOffset: >= the first segment's base, <= the log end. Reads,
         # ListOffsets and fetches below it see nothing (OFFSET_OUT_OF_RANGE).
         self.log_start_offset = 0
+        self.closed = False
+        self.retired: list[Segment] = []  # swapped out by the cleaner, still pinned
         self._load()
 
     # -- startup ---------------------------------------------------------------------
 
     def _load(self) -> None:
+        self._finish_swaps()
         bases = sorted(
             int(name[:-4]) for name in os.listdir(self.directory) if name.endswith(".log")
         )
@@ -155,6 +162,33 @@ class PartitionLog:
         # A crash between the checkpoint and the deletion it announced leaves segments
         # wholly below the start: they go now (followers run no retention of their own).
         self.drop_segments_before(self.log_start_offset)
+
+    def _finish_swaps(self) -> None:
+        """A crash inside the cleaner's swap (Kafka's LogLoader does the same): `.cleaned`
+        files were never swapped in and go. `<base>.log.swap` is renamed last, so once it
+        exists the cleaned segment was whole: the segments it covers go and it takes
+        their place; index `.swap` files without it go."""
+        names = set(os.listdir(self.directory))
+        swapped = {n[:20] for n in names if n.endswith(".log" + SWAP)}
+        for name in names:
+            if name.endswith(CLEANED) or (name.endswith(SWAP) and name[:20] not in swapped):
+                _unlink(os.path.join(self.directory, name))
+        for base in sorted(int(b) for b in swapped):
+            seg = Segment(
+                self.directory, base, self.config.index_interval_bytes, 0, self.handles, SWAP
+            )
+            seg.recover(self.config.max_message_bytes)
+            end = seg.next_offset
+            seg.close()
+            for name in os.listdir(self.directory):
+                if name.endswith(".log") and base < int(name[:20]) < end:
+                    for suffix in SEGMENT_SUFFIXES:
+                        _unlink(os.path.join(self.directory, segment_name(int(name[:20]), suffix)))
+            for suffix in SEGMENT_SUFFIXES:
+                src = os.path.join(self.directory, segment_name(base, suffix) + SWAP)
+                if os.path.exists(src):
+                    os.replace(src, os.path.join(self.directory, segment_name(base, suffix)))
+            log.warning("finished a log cleaner swap cut short", extra={"segment": base})
 
     def _load_epochs(self) -> None:
         """Make the epoch cache agree with the log: the checkpoint may be ahead of a log
@@ -336,7 +370,9 @@ class PartitionLog:
             self.log_start_offset = start
             self._write_start_checkpoint()
             end = first.base_offset
-        if first.base_offset != end:
+        # A gap before the first batch is a compacted leader's (the batches that held
+        # those offsets were cleaned away); an overlap means this log must truncate.
+        if first.base_offset < end:
             raise UnexpectedAppendOffset(
                 end, first.base_offset, last.base_offset + last.last_offset_delta
             )
@@ -347,7 +383,7 @@ class PartitionLog:
         start = first.position
         expected_pos, expected_offset = start, end
         for b in batches:
-            if b.position != expected_pos or b.base_offset != expected_offset:
+            if b.position != expected_pos or b.base_offset < expected_offset:
                 raise ValueError(
                     f"replicated batch at offset {b.base_offset} (position {b.position}) does "
                     f"not follow offset {expected_offset} (position {expected_pos})"
@@ -509,7 +545,7 @@ class PartitionLog:
         # Segments wholly below the log start go first (Kafka's
         # deleteLogStartOffsetBreachedSegments): DeleteRecords moved the start past them.
         deleted = self.drop_segments_before(self.log_start_offset)
-        while len(self.segments) > 1:
+        while self.config.delete and len(self.segments) > 1:
             oldest = self.segments[0]
             too_old = (
                 self.config.retention_ms >= 0
@@ -653,7 +689,111 @@ class PartitionLog:
             seg.adopt(handles)
         self.handles = handles
 
+    # -- compaction ----------------------------------------------------------------------
+
+    def read_cleaner_checkpoint(self) -> tuple[int, int | None]:
+        """(first dirty offset, earliest delete horizon of the tombstones kept or None).
+
+        The first dirty offset is 0 when never cleaned or unreadable, at least the log
+        start (what lies below it is gone anyway) and at most the log end."""
+        path = os.path.join(self.directory, CLEANER_CHECKPOINT)
+        first_dirty, horizon = 0, None
+        try:
+            with open(path, "rb") as f:
+                fields = f.read().split()
+            first_dirty = int(fields[0]) if fields else 0
+            horizon = int(fields[1]) if len(fields) > 1 and fields[1] != b"-" else None
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError) as e:
+            log.warning(
+                "ignoring unreadable cleaner checkpoint", extra={"path": path, "error": str(e)}
+            )
+        return min(max(first_dirty, self.log_start_offset), self.log_end_offset), horizon
+
+    def write_cleaner_checkpoint(self, first_dirty: int, horizon_ms: int | None = None) -> None:
+        """tmp + rename, no fsync (a lost checkpoint only means cleaning again)."""
+        path = os.path.join(self.directory, CLEANER_CHECKPOINT)
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(b"%d %s\n" % (first_dirty, b"-" if horizon_ms is None else b"%d" % horizon_ms))
+        os.replace(tmp, path)
+
+    def closed_segments(self) -> list[Segment]:
+        """Every segment but the active one: what the cleaner may read."""
+        return self.segments[:-1]
+
+    def segment_files(self, segments: list[Segment]) -> tuple[SegmentFile, ...]:
+        for seg in segments:
+            seg.flush_indexes()  # the worker reads the files, not our memory
+        return tuple(SegmentFile(s.base_offset, s.next_offset, s.size) for s in segments)
+
+    def swap_cleaned(
+        self, read: tuple[SegmentFile, ...], groups: list[CleanedGroup]
+    ) -> list[Segment] | None:
+        """Put cleaned segments in place of those they were made from, if the log still
+        holds those segments unchanged (retention, a truncation or a reset may have
+        deleted some meanwhile; then the cleaned files go and False is returned).
+
+        The swap is Kafka's: `.cleaned` files are renamed `.swap` (the `.log` last: once
+        it is there, a restart completes the swap), the old segments are deleted, the
+        `.swap` files take their names. A fetch sending a range of an old segment goes
+        on reading its bytes (`Segment.retire`); every later read finds the new ones.
+        Returns the retired segments (for `unpin_retired`), None if nothing was swapped."""
+        by_base = {s.base_offset: s for s in self.segments[:-1]}
+        sizes = {f.base_offset: f for f in read}
+        ok = not self.closed and all(
+            (seg := by_base.get(b)) is not None
+            and seg.size == sizes[b].size
+            and seg.next_offset == sizes[b].next_offset
+            for g in groups
+            for b in g.replaces
+        )
+        if not ok:
+            for g in groups:
+                for suffix in SEGMENT_SUFFIXES:
+                    _unlink(
+                        os.path.join(self.directory, segment_name(g.base_offset, suffix) + CLEANED)
+                    )
+            return None
+        retired: list[Segment] = []
+        for g in groups:
+            retired += self._swap_group(g, [by_base[b] for b in g.replaces])
+        self.bases = [s.base_offset for s in self.segments]
+        self.retired += retired
+        return retired
+
+    def _swap_group(self, group: CleanedGroup, old: list[Segment]) -> list[Segment]:
+        d, base = self.directory, group.base_offset
+        for suffix in (".index", ".timeindex", ".log"):  # .log last: the commit point
+            src = os.path.join(d, segment_name(base, suffix) + CLEANED)
+            if os.path.exists(src):
+                os.replace(src, os.path.join(d, segment_name(base, suffix) + SWAP))
+        for seg in old:
+            seg.retire()
+        for suffix in (".index", ".timeindex", ".log"):
+            src = os.path.join(d, segment_name(base, suffix) + SWAP)
+            if os.path.exists(src):
+                os.replace(src, os.path.join(d, segment_name(base, suffix)))
+        new = Segment(d, base, self.config.index_interval_bytes, _now_ms(), self.handles)
+        if not (new.size and new.load_indexes()):
+            new.recover(self.config.max_message_bytes)
+        new.created_ms = old[-1].created_ms
+        i = self.segments.index(old[0])
+        self.segments[i : i + len(old)] = [new]
+        return old
+
+    def unpin_retired(self, segments: list[Segment] | None = None) -> None:
+        """Let go of swapped-out segments' descriptors (`segments`, or all): a while after
+        the swap, once the fetches that were sending from them are done."""
+        for seg in list(self.retired if segments is None else segments):
+            seg.unpin()
+            if seg in self.retired:
+                self.retired.remove(seg)
+
     def close(self) -> None:
+        self.closed = True
+        self.unpin_retired()
         try:
             self.write_producer_snapshot()
         finally:
@@ -661,8 +801,17 @@ class PartitionLog:
                 seg.close()
 
     def delete(self) -> None:
+        self.closed = True
+        self.unpin_retired()
         for seg in self.segments:
             seg.delete()
         for name in os.listdir(self.directory):
             os.unlink(os.path.join(self.directory, name))
         os.rmdir(self.directory)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -42,6 +42,7 @@ class Segment:
         "_gone",
         "_pending_index",
         "_pending_time",
+        "_pinned",
         "base_offset",
         "created_ms",
         "directory",
@@ -52,6 +53,7 @@ class Segment:
         "max_timestamp",
         "next_offset",
         "size",
+        "tail",
         "time_offsets",
         "time_stamps",
     )
@@ -63,9 +65,13 @@ class Segment:
         index_interval: int,
         now_ms: int,
         handles: FileHandles,
+        tail: str = "",
     ) -> None:
         self.directory = directory
         self.base_offset = base_offset
+        # ".cleaned": a segment the log cleaner is writing, beside the one it replaces.
+        self.tail = tail
+        self._pinned = -1
         self.index_interval = index_interval
         self.handles = handles
         self._fd = -1
@@ -84,12 +90,28 @@ class Segment:
         self._pending_time = bytearray()
 
     def path(self, suffix: str) -> str:
-        return os.path.join(self.directory, segment_name(self.base_offset, suffix))
+        return os.path.join(self.directory, segment_name(self.base_offset, suffix) + self.tail)
 
     @property
     def fd(self) -> int:
         """The `.log` file's descriptor: use it at once, ask again after an await."""
+        if self._pinned >= 0:
+            return self._pinned
         return self.handles.fd(self)
+
+    def retire(self) -> None:
+        """Swapped out by the log cleaner: delete the files, but keep one descriptor of
+        the old `.log` so that a fetch still sending a range of it sends the old bytes.
+        Reopening by path would find the cleaned file under the same name, with other
+        batches at those positions. `unpin` lets go of it later."""
+        pinned = os.dup(self.fd)
+        self.delete()
+        self._pinned = pinned
+
+    def unpin(self) -> None:
+        fd, self._pinned = self._pinned, -1
+        if fd >= 0:
+            os.close(fd)
 
     def _open_file(self) -> int:
         if self._gone:
@@ -108,11 +130,13 @@ class Segment:
 
     def append(self, pieces: list, batches: list[BatchInfo], total: int) -> None:
         # Checked before the write: a log whose offsets went wrong must not reach disk.
+        # Gaps are allowed (a compacted log, and its followers, keep a rewritten batch's
+        # offsets), going back is not.
         expected = self.next_offset
         for b in batches:
-            if b.base_offset != expected or b.last_offset_delta < 0:
+            if b.base_offset < expected or b.last_offset_delta < 0:
                 broken(
-                    "a batch is appended at the log end and offsets only grow",
+                    "a batch is appended at or after the log end and offsets only grow",
                     segment=self.path(".log"),
                     log_end=expected,
                     base_offset=b.base_offset,

@@ -1,0 +1,367 @@
+"""One cleaning of one partition's log: what the log cleaner's worker runs.
+
+Kafka's `Cleaner.doClean`, on files only, so that it can run in another process:
+
+1. the *offset map*: key -> offset of its latest record, over the dirty part of the log
+   (from the checkpointed first dirty offset to the end of what may be cleaned). Memory
+   is bounded (`max_map_entries`): when the map is full, this round cleans up to where
+   the map got, and the next round goes on from there.
+2. the *copy*: every closed segment from the start of the log up to where the map
+   ended, in groups that fit one segment, is copied into `<base>.log.cleaned` (with its
+   indexes), keeping a record only if no later record of its key is in the map.
+   Offsets never change: a rewritten batch keeps its base and last offsets, a batch
+   whose records all go is dropped (an idempotent producer's last batch is kept empty,
+   so its sequence survives), so a compacted log has gaps.
+3. the result names each group's `.cleaned` files; the log swaps them in on the event
+   loop (`PartitionLog.swap_cleaned`), which checks that the segments are still those
+   this job read.
+
+Tombstones (a key with a null value) are kept for `delete.retention.ms` after their batch
+was first cleaned, as Kafka 3+ does it (KIP-534): that cleaning stamps the batch with a
+delete horizon (attribute bit 6, the horizon in the base timestamp field), and a later
+cleaning after the horizon drops them. Records without a key cannot be compacted and
+go (the produce path refuses them on a compacted topic; older data may hold some).
+
+Control batches and transactional batches: kept as they are (no transaction can be
+written yet). `_keep_batch_whole` is where aborted data and old markers will go.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from ..records import HEADER_SIZE, LOG_OVERHEAD, parse_header
+from .batch_filter import ParsedBatch, parse_batch, rebuild_batch
+from .handles import FileHandles
+from .segment import Segment
+
+CLEANED = ".cleaned"
+SWAP = ".swap"
+SEGMENT_SUFFIXES = (".log", ".index", ".timeindex")
+_READ_CHUNK = 1 << 20
+_WRITE_CHUNK = 1 << 20
+# Kafka's index entries hold a 32-bit offset relative to the segment's base.
+_MAX_RELATIVE = 2**31 - 1
+
+
+class CorruptSegment(ValueError):
+    """A segment the cleaner cannot read: it stops cleaning that partition and says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentFile:
+    """A closed segment as the worker sees it: its files never change while it exists."""
+
+    base_offset: int
+    next_offset: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class CleanJob:
+    directory: str
+    segments: tuple[SegmentFile, ...]  # every closed segment from the log start on
+    first_dirty: int  # offsets below were cleaned before (the checkpoint)
+    clean_end: int  # nothing at or after this offset is cleaned (the active segment, lag)
+    now_ms: int
+    delete_retention_ms: int
+    segment_bytes: int  # a group of merged segments stays below this
+    index_interval: int
+    max_map_entries: int
+    io_bytes_per_second: float  # <= 0: unthrottled
+    # producer id -> last offset of its last batch in the log: that batch stays, if only
+    # empty, so the producer's sequence survives (Kafka's cleaner does the same).
+    producer_last_offsets: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class CleanedGroup:
+    base_offset: int  # the new segment's base: the first replaced segment's
+    replaces: tuple[int, ...]  # bases of the segments it replaces, in order
+    size: int
+
+
+@dataclass(slots=True)
+class CleanResult:
+    groups: list[CleanedGroup]
+    map_end: int  # the next cleaning's first dirty offset
+    bytes_read: int = 0
+    bytes_written: int = 0
+    records_read: int = 0
+    records_removed: int = 0
+    tombstones_removed: int = 0
+    # The earliest delete horizon of the tombstones kept: once it passes, the log is
+    # cleaned again even with nothing dirty, so that they go.
+    horizon_ms: int | None = None
+    seconds: float = 0.0
+
+
+class _Throttle:
+    """log.cleaner.io.max.bytes.per.second over reads and writes together."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.start = time.monotonic()
+        self.done = 0
+
+    def account(self, n: int) -> None:
+        self.done += n
+        if self.rate <= 0:
+            return
+        ahead = self.done / self.rate - (time.monotonic() - self.start)
+        if ahead > 0.01:
+            time.sleep(ahead)  # a worker's own thread: nothing else waits on it
+
+
+def _batches(path: str, size: int, throttle: _Throttle) -> Iterator[memoryview]:
+    """Every whole batch of a closed `.log` file, read a chunk at a time."""
+    try:
+        f = open(path, "rb", buffering=0)
+    except FileNotFoundError as e:
+        raise _Gone(path) from e
+    try:
+        pos = 0
+        buf = b""
+        buf_start = 0
+        while pos < size:
+            rel = pos - buf_start
+            if rel + LOG_OVERHEAD > len(buf) or rel + _length(buf, rel) > len(buf):
+                want = _READ_CHUNK
+                if rel + LOG_OVERHEAD <= len(buf):
+                    want = max(want, _length(buf, rel))
+                f.seek(pos)
+                buf = f.read(min(want, size - pos))
+                throttle.account(len(buf))
+                buf_start, rel = pos, 0
+                if len(buf) < HEADER_SIZE:
+                    raise CorruptSegment(f"{path}: batch header cut at position {pos}")
+            n = _length(buf, rel)
+            if n < HEADER_SIZE or rel + n > len(buf):
+                raise CorruptSegment(f"{path}: batch at position {pos} has length {n}")
+            yield memoryview(buf)[rel : rel + n]
+            pos += n
+    finally:
+        f.close()
+
+
+def _length(buf: bytes, rel: int) -> int:
+    return int.from_bytes(buf[rel + 8 : rel + 12], "big", signed=True) + LOG_OVERHEAD
+
+
+class _Gone(Exception):
+    """A segment was deleted under the job (retention, truncation): nothing to swap."""
+
+
+def _parse(batch: memoryview, path: str) -> ParsedBatch:
+    try:
+        return parse_batch(batch)
+    except ValueError as e:
+        base = int.from_bytes(batch[:8], "big", signed=True)
+        raise CorruptSegment(f"{path}: batch at offset {base}: {e}") from e
+
+
+def _log_path(directory: str, base: int) -> str:
+    return os.path.join(directory, f"{base:020d}.log")
+
+
+def build_offset_map(job: CleanJob, throttle: _Throttle, result: CleanResult) -> dict[bytes, int]:
+    """key -> latest offset over [first_dirty, clean_end), stopping (at a batch edge)
+    once `max_map_entries` keys are held; sets `result.map_end`."""
+    offsets: dict[bytes, int] = {}
+    end = job.first_dirty
+    for seg in job.segments:
+        if seg.next_offset <= job.first_dirty or seg.base_offset >= job.clean_end:
+            continue
+        path = _log_path(job.directory, seg.base_offset)
+        for raw in _batches(path, seg.size, throttle):
+            last = int.from_bytes(raw[:8], "big", signed=True) + int.from_bytes(
+                raw[23:27], "big", signed=True
+            )
+            if last < job.first_dirty:
+                continue
+            if last >= job.clean_end:
+                break
+            if raw[22] & 0x20:  # control batch: no keys to map
+                end = last + 1
+                continue
+            p = _parse(raw, path)
+            if len(offsets) + len(p.records) > job.max_map_entries and offsets:
+                result.map_end = end
+                return offsets
+            for r in p.records:
+                if r.key is not None:
+                    offsets[r.key] = r.offset
+            end = last + 1
+        end = max(end, min(seg.next_offset, job.clean_end))
+    result.map_end = end
+    return offsets
+
+
+def group_segments(segments: list[SegmentFile], max_bytes: int) -> list[list[SegmentFile]]:
+    """Consecutive segments merged while their sizes fit one segment and their offsets
+    fit a 32-bit relative index (Kafka's groupSegmentsBySize)."""
+    groups: list[list[SegmentFile]] = []
+    for seg in segments:
+        g = groups[-1] if groups else None
+        if (
+            g is not None
+            and sum(s.size for s in g) + seg.size <= max_bytes
+            and seg.next_offset - 1 - g[0].base_offset <= _MAX_RELATIVE
+        ):
+            g.append(seg)
+        else:
+            groups.append([seg])
+    return groups
+
+
+def _keep_batch_whole(raw: memoryview) -> bool:
+    """Batches the cleaner copies untouched: control batches (transaction markers) and
+    transactional data, until transactions bring their own rules."""
+    return bool(raw[22] & 0x30)
+
+
+def clean(job: CleanJob) -> CleanResult:
+    """Run one cleaning (see the module doc). Raises CorruptSegment on unreadable data;
+    returns a result with no groups if a segment went away meanwhile."""
+    started = time.monotonic()
+    throttle = _Throttle(job.io_bytes_per_second)
+    result = CleanResult([], job.first_dirty)
+    try:
+        offsets = build_offset_map(job, throttle, result)
+        to_clean = [s for s in job.segments if s.base_offset < result.map_end]
+        for group in group_segments(to_clean, job.segment_bytes):
+            result.groups.append(_clean_group(job, group, offsets, result, throttle))
+    except _Gone:
+        remove_cleaned(job.directory)
+        return CleanResult([], job.first_dirty)
+    except BaseException:
+        remove_cleaned(job.directory)
+        raise
+    result.bytes_read = throttle.done - result.bytes_written
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _clean_group(
+    job: CleanJob,
+    group: list[SegmentFile],
+    offsets: dict[bytes, int],
+    result: CleanResult,
+    throttle: _Throttle,
+) -> CleanedGroup:
+    base = group[0].base_offset
+    for suffix in SEGMENT_SUFFIXES:  # a leftover of a crashed cleaning
+        _unlink(os.path.join(job.directory, f"{base:020d}{suffix}{CLEANED}"))
+    out = Segment(job.directory, base, job.index_interval, job.now_ms, FileHandles(2), CLEANED)
+    pending: list[bytes | memoryview] = []
+    infos = []
+    pending_bytes = 0
+    horizon = job.now_ms + job.delete_retention_ms
+    try:
+        for seg in group:
+            path = _log_path(job.directory, seg.base_offset)
+            for raw in _batches(path, seg.size, throttle):
+                kept = _filter(raw, path, job, offsets, result, horizon)
+                if kept is None:
+                    continue
+                info = parse_header(kept, 0, len(kept))
+                info.position = pending_bytes
+                infos.append(info)
+                pending.append(kept)
+                pending_bytes += len(kept)
+                if pending_bytes >= _WRITE_CHUNK:
+                    _write(out, pending, infos, pending_bytes, throttle, result)
+                    pending, infos, pending_bytes = [], [], 0
+        if pending:
+            _write(out, pending, infos, pending_bytes, throttle, result)
+        out.fsync()  # flushed before the swap, as Kafka's cleaner does
+        size = out.size
+    finally:
+        out.close()
+    return CleanedGroup(base, tuple(s.base_offset for s in group), size)
+
+
+def _write(
+    out: Segment,
+    pieces: list[bytes | memoryview],
+    infos: list,
+    total: int,
+    throttle: _Throttle,
+    result: CleanResult,
+) -> None:
+    out.append(pieces, infos, total)
+    throttle.account(total)
+    result.bytes_written += total
+
+
+def _filter(
+    raw: memoryview,
+    path: str,
+    job: CleanJob,
+    offsets: dict[bytes, int],
+    result: CleanResult,
+    horizon: int,
+) -> bytes | memoryview | None:
+    """The batch as it goes into the cleaned segment: unchanged, rewritten, or None."""
+    if _keep_batch_whole(raw):
+        return raw
+    p = _parse(raw, path)
+    result.records_read += len(p.records)
+    map_end = result.map_end
+    past_horizon = p.delete_horizon_ms is not None and job.now_ms >= p.delete_horizon_ms
+    kept: list[int] = []
+    tombstones = 0
+    for i, r in enumerate(p.records):
+        if r.offset >= map_end:
+            kept.append(i)  # not seen by the map yet: a later round decides
+        elif r.key is None:
+            continue
+        elif offsets.get(r.key, -1) > r.offset:
+            continue  # a later record of this key exists
+        elif r.tombstone and past_horizon:
+            result.tombstones_removed += 1
+            continue
+        else:
+            kept.append(i)
+            tombstones += r.tombstone
+    result.records_removed += len(p.records) - len(kept)
+    # A tombstone's first cleaning starts its delete.retention.ms (KIP-534).
+    stamp = horizon if tombstones and p.delete_horizon_ms is None else None
+    if tombstones:
+        h = stamp if stamp is not None else p.delete_horizon_ms
+        if h is not None and (result.horizon_ms is None or h < result.horizon_ms):
+            result.horizon_ms = h
+    if len(kept) == len(p.records) and stamp is None:
+        return raw
+    if not kept:
+        last = p.base_offset + p.last_offset_delta
+        if p.producer_id >= 0 and job.producer_last_offsets.get(p.producer_id) == last:
+            return rebuild_batch(p, [])
+        return None
+    return rebuild_batch(p, kept, delete_horizon_ms=stamp)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def remove_cleaned(directory: str) -> None:
+    """Delete every `.cleaned` file (a cleaning that did not finish)."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return
+    for name in names:
+        if name.endswith(CLEANED):
+            _unlink(os.path.join(directory, name))
+
+
+def is_disk_full(e: OSError) -> bool:
+    return e.errno in (errno.ENOSPC, errno.EDQUOT)

@@ -1,0 +1,326 @@
+"""Kafka transactions end to end, with librdkafka (confluent-kafka) on a 3-broker cluster.
+
+Committed batches are seen once by a read_committed consumer, aborted ones never (a
+read_uncommitted one sees both); a second producer with the same transactional id
+fences the first (whose open transaction is aborted); a transaction past its timeout is
+aborted by the coordinator; a consume-transform-produce loop killed and restarted with
+SIGKILL moves every input record to the output exactly once; the coordinator killed
+with SIGKILL hands every transaction's outcome to the next one. Bad requests get Kafka's
+error codes.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from cluster_support import BROKER_ARGS, Cluster, cluster_factory
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from kio.schema.end_txn.v3.request import EndTxnRequest
+from kio.schema.errors import ErrorCode
+from kio.schema.types import ProducerId, TopicName, TransactionalId
+from kio.static.primitive import i16, i32
+from test_errors import Raw
+from waiting import wait_for
+
+pytestmark = pytest.mark.timeout(300)
+
+TXN_ARGS = [
+    *BROKER_ARGS,
+    "--transaction-state-log-replication-factor",
+    "3",
+    "--transaction-abort-check-interval-ms",
+    "300",
+]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Cluster:
+    gen = cluster_factory(tmp_path_factory.mktemp("txn"))
+    make = next(gen)
+    c = make(brokers=3, broker_args=TXN_ARGS)
+    yield c
+    with pytest.raises(StopIteration):
+        next(gen)
+
+
+def _topic(cluster: Cluster, name: str, partitions: int = 3) -> str:
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    config = {"min.insync.replicas": "2"}
+    admin.create_topics([NewTopic(name, partitions, 3, config=config)])[name].result(30)
+    cluster.wait_isr(name, 3)
+    return name
+
+
+def _producer(cluster: Cluster, tid: str, **extra: object) -> Producer:
+    conf = {"bootstrap.servers": cluster.bootstrap, "transactional.id": tid, "linger.ms": 5}
+    conf.update(extra)
+    p = Producer(conf)
+    p.init_transactions(30)
+    return p
+
+
+def _read(cluster: Cluster, topic: str, isolation: str, partitions: int = 3) -> list:
+    """Every record a consumer of `isolation` gets from the start to the end it sees."""
+    c = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "group.id": f"r-{uuid.uuid4()}",
+            "isolation.level": isolation,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    try:
+        c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        out: list = []
+        eof: set[int] = set()
+        deadline = time.monotonic() + 30
+        while len(eof) < partitions and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            if m.error():
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    eof.add(m.partition())
+                    continue
+                raise KafkaException(m.error())
+            eof.discard(m.partition())
+            out.append(m.value())
+        assert len(eof) == partitions, "did not reach the end of every partition"
+        return out
+    finally:
+        c.close()
+
+
+def test_committed_seen_once_aborted_never(cluster: Cluster) -> None:
+    topic = _topic(cluster, "txn-basic")
+    p = _producer(cluster, "basic")
+    for batch, commit in (("one", True), ("two", False), ("three", True)):
+        p.begin_transaction()
+        for i in range(30):
+            p.produce(topic, key=b"%d" % i, value=f"{batch}-{i}".encode())
+        if commit:
+            p.commit_transaction(30)
+        else:
+            p.abort_transaction(30)
+    committed = _read(cluster, topic, "read_committed")
+    assert sorted(committed) == sorted(
+        f"{b}-{i}".encode() for b in ("one", "three") for i in range(30)
+    )
+    everything = _read(cluster, topic, "read_uncommitted")
+    assert len(everything) == 90, "read_uncommitted sees the aborted batch too"
+
+
+def test_a_second_producer_fences_the_first(cluster: Cluster) -> None:
+    topic = _topic(cluster, "txn-fence")
+    zombie = _producer(cluster, "fenced-id")
+    zombie.begin_transaction()
+    zombie.produce(topic, value=b"zombie")
+    zombie.flush(10)
+    current = _producer(cluster, "fenced-id")  # aborts the zombie's open transaction
+    current.begin_transaction()
+    current.produce(topic, value=b"current")
+    current.commit_transaction(30)
+    with pytest.raises(KafkaException) as e:
+        zombie.commit_transaction(30)
+    err = e.value.args[0]
+    assert err.fatal() or err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED), err
+    assert _read(cluster, topic, "read_committed") == [b"current"]
+
+
+def test_a_transaction_past_its_timeout_is_aborted(cluster: Cluster) -> None:
+    topic = _topic(cluster, "txn-timeout", partitions=1)
+    slow = _producer(cluster, "slow", **{"transaction.timeout.ms": 1500})
+    slow.begin_transaction()
+    slow.produce(topic, value=b"never committed")
+    slow.flush(10)
+    after = _producer(cluster, "after")
+    after.begin_transaction()
+    after.produce(topic, value=b"after")
+    after.commit_transaction(30)
+    # The open transaction holds the last stable offset until the coordinator aborts it;
+    # then read_committed gets to `after`.
+    wait_for(
+        lambda: _read(cluster, topic, "read_committed", 1) == [b"after"],
+        30,
+        "the timed-out transaction to be aborted",
+    )
+    with pytest.raises(KafkaException):
+        slow.commit_transaction(10)
+
+
+CTP = textwrap.dedent(
+    """
+    import sys
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    bootstrap, source, sink, tid = sys.argv[1:5]
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "ctp", "isolation.level":
+                  "read_committed", "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid, "linger.ms": 2})
+    p.init_transactions(30)
+    c.subscribe([source])
+    idle = 0
+    while idle < 40:
+        msgs = c.consume(50, 0.25)
+        msgs = [m for m in msgs if not m.error()]
+        if not msgs:
+            idle += 1
+            continue
+        idle = 0
+        p.begin_transaction()
+        for m in msgs:
+            p.produce(sink, key=m.key(), value=m.value().upper())
+        p.send_offsets_to_transaction(c.position(c.assignment()),
+                                      c.consumer_group_metadata(), 30)
+        p.commit_transaction(30)
+    print("idle", flush=True)
+    """
+)
+
+
+def test_consume_transform_produce_exactly_once_across_kill_9(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The loop is killed with SIGKILL once it has committed more than before, 20 times,
+    then runs to the end: every input record is in the output exactly once."""
+    source = _topic(cluster, "ctp-in")
+    sink = _topic(cluster, "ctp-out")
+    p = Producer({"bootstrap.servers": cluster.bootstrap, "enable.idempotence": True})
+    n = 2000
+    for i in range(n):
+        p.produce(source, key=b"%d" % i, value=b"v%d" % i)
+    assert p.flush(30) == 0
+    script = tmp_path / "ctp.py"
+    script.write_text(CTP)
+    cmd = [sys.executable, str(script), cluster.bootstrap, source, sink, "ctp-1"]
+    done = 0
+    for _round in range(20):
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        try:
+            before = done
+
+            def progressed(before: int = before, proc: subprocess.Popen = proc) -> bool:
+                nonlocal done
+                done = len(_read(cluster, sink, "read_committed"))
+                return done > before or proc.poll() is not None
+
+            wait_for(progressed, 60, "the loop to commit more")
+        finally:
+            proc.kill()
+            proc.wait(10)
+        if done >= n:
+            break
+    final = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert final.returncode == 0, final.stderr[-2000:]
+    out = _read(cluster, sink, "read_committed")
+    assert sorted(out) == sorted(b"V%d" % i for i in range(n)), (
+        f"{len(out)} records out for {n} in; duplicates: {len(out) - len(set(out))}"
+    )
+
+
+def test_coordinator_killed_keeps_every_outcome(cluster: Cluster) -> None:
+    topic = _topic(cluster, "txn-failover")
+    p = _producer(cluster, "failover-id")
+    p.begin_transaction()
+    p.produce(topic, value=b"before")
+    p.commit_transaction(30)
+    coordinator = _coordinator_of(cluster, "failover-id")
+    cluster.brokers[coordinator].kill9()
+    try:
+        p.begin_transaction()
+        p.produce(topic, value=b"after")
+        p.commit_transaction(60)
+    finally:
+        cluster.brokers[coordinator].start()
+        cluster.wait_ready(brokers=[coordinator])
+    assert sorted(_read(cluster, topic, "read_committed")) == [b"after", b"before"]
+
+
+def _coordinator_of(cluster: Cluster, tid: str) -> int:
+    from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
+
+    b = cluster.any_broker()
+    raw = Raw(SimpleNamespace(port=b.kafka_port))
+    try:
+        r = raw.call(FindCoordinatorRequest(key_type=1, coordinator_keys=(tid,)))
+    finally:
+        raw.close()
+    node = r.coordinators[0]
+    assert node.error_code == ErrorCode.none, node
+    return int(node.node_id)
+
+
+def test_bad_transactional_requests_get_kafkas_errors(cluster: Cluster) -> None:
+    from kio.schema.add_partitions_to_txn.v3 import request as apt
+    from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
+
+    tid = "raw-tid"
+    coordinator = _coordinator_of(cluster, tid)
+    raw = Raw(SimpleNamespace(port=cluster.brokers[coordinator].kafka_port))
+    try:
+        init = raw.call(
+            InitProducerIdRequest(
+                transactional_id=TransactionalId(tid),
+                transaction_timeout=timedelta(seconds=30),
+                producer_id=ProducerId(-1),
+                producer_epoch=i16(-1),
+            )
+        )
+        assert init.error_code == ErrorCode.none
+        pid, epoch = init.producer_id, init.producer_epoch
+
+        def end(p: int, e: int) -> ErrorCode:
+            r = raw.call(
+                EndTxnRequest(
+                    transactional_id=TransactionalId(tid),
+                    producer_id=ProducerId(p),
+                    producer_epoch=i16(e),
+                    committed=True,
+                )
+            )
+            return r.error_code
+
+        assert end(pid, epoch) == ErrorCode.invalid_txn_state  # nothing open
+        assert end(pid + 1_000_000, 0) == ErrorCode.invalid_producer_id_mapping
+        assert end(pid, epoch - 1 if epoch else epoch + 7) == ErrorCode.producer_fenced
+
+        def add(topic: str) -> set[ErrorCode]:
+            r = raw.call(
+                apt.AddPartitionsToTxnRequest(
+                    v3_and_below_transactional_id=TransactionalId(tid),
+                    v3_and_below_producer_id=ProducerId(pid),
+                    v3_and_below_producer_epoch=i16(epoch),
+                    v3_and_below_topics=(
+                        apt.AddPartitionsToTxnTopic(name=TopicName(topic), partitions=(i32(0),)),
+                    ),
+                )
+            )
+            return {
+                p.partition_error_code
+                for t in r.results_by_topic_v3_and_below
+                for p in t.results_by_partition
+            }
+
+        assert add("no-such-topic") == {ErrorCode.unknown_topic_or_partition}
+        assert add(_topic(cluster, "txn-raw", 1)) == {ErrorCode.none}
+        huge = raw.call(
+            InitProducerIdRequest(
+                transactional_id=TransactionalId("too-long"),
+                transaction_timeout=timedelta(days=1),
+                producer_id=ProducerId(-1),
+                producer_epoch=i16(-1),
+            )
+        )
+        assert huge.error_code in (ErrorCode.invalid_transaction_timeout, ErrorCode.not_coordinator)
+    finally:
+        raw.close()

@@ -24,6 +24,7 @@ from conftest import record_batch
 from kio.index import load_response_schema
 from kio.serial import entity_reader, entity_writer
 from straitmq.broker.record_codec import decode_batch
+from waiting import wait_for
 
 NONE = 0
 OFFSET_OUT_OF_RANGE = 1
@@ -594,6 +595,228 @@ def test_alter_unknown_topic_config(strict_broker: Any, raw: Any, version: int) 
     assert alter(name, "retention.ms", "soon") == INVALID_CONFIG
     assert alter("ghost", "retention.ms", "1000") == UNKNOWN_TOPIC_OR_PARTITION
     assert alter(name, "retention.ms", "1000") == NONE
+
+
+# -- topic and broker configs through confluent-kafka's AdminClient -----------------------
+
+
+def _admin_error(future: Any) -> Any:
+    """The KafkaError a failed admin future carries."""
+    with pytest.raises(Exception) as e:
+        future.result(15)
+    return e.value.args[0]
+
+
+def _describe(admin: Any, resource: Any) -> dict:
+    (fut,) = admin.describe_configs([resource]).values()
+    return fut.result(15)
+
+
+def _alter(admin: Any, resource: Any, *entries: tuple[str, str | None, Any]) -> Any:
+    """One IncrementalAlterConfigs of (name, value, AlterConfigOpType) on `resource`;
+    its future."""
+    from confluent_kafka.admin import ConfigEntry, ConfigResource
+
+    res = ConfigResource(
+        resource.restype,
+        resource.name,
+        incremental_configs=[
+            ConfigEntry(name, value, incremental_operation=op) for name, value, op in entries
+        ],
+    )
+    (fut,) = admin.incremental_alter_configs([res]).values()
+    return fut
+
+
+@pytest.mark.parametrize("policy", ["delete", "compact", "compact,delete", "delete, compact"])
+def test_topics_with_every_cleanup_policy_through_the_admin_client(
+    strict_broker: Any, policy: str
+) -> None:
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigResource,
+        ConfigSource,
+        NewTopic,
+        ResourceType,
+    )
+
+    admin = AdminClient({"bootstrap.servers": strict_broker.bootstrap})
+    name = "policy-" + policy.replace(",", "-").replace(" ", "")
+    configs = {"cleanup.policy": policy, "min.cleanable.dirty.ratio": "0.25"}
+    for fut in admin.create_topics([NewTopic(name, 1, 1, config=configs)]).values():
+        fut.result(15)
+    topic = ConfigResource(ResourceType.TOPIC, name)
+    described = _describe(admin, topic)
+    entry = described["cleanup.policy"]
+    # Kafka describes a LIST config parsed: entries joined by ',' without spaces.
+    assert entry.value == policy.replace(" ", "")
+    assert entry.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value and not entry.is_default
+    assert described["min.cleanable.dirty.ratio"].value == "0.25"
+    for key, default in [
+        ("delete.retention.ms", "86400000"),
+        ("min.compaction.lag.ms", "0"),
+        ("max.compaction.lag.ms", str(2**63 - 1)),
+        ("segment.jitter.ms", "0"),
+        ("remote.storage.enable", "false"),
+    ]:
+        assert described[key].value == default and described[key].is_default, key
+    # APPEND and SUBTRACT apply to the list; SET replaces it.
+    _alter(admin, topic, ("cleanup.policy", "compact", AlterConfigOpType.APPEND)).result(15)
+    assert set(_describe(admin, topic)["cleanup.policy"].value.split(",")) >= {"compact"}
+    _alter(admin, topic, ("cleanup.policy", "delete", AlterConfigOpType.SUBTRACT)).result(15)
+    assert _describe(admin, topic)["cleanup.policy"].value == "compact"
+    _alter(
+        admin,
+        topic,
+        ("cleanup.policy", "compact,delete", AlterConfigOpType.SET),
+        ("delete.retention.ms", "1000", AlterConfigOpType.SET),
+        ("min.compaction.lag.ms", "5000", AlterConfigOpType.SET),
+    ).result(15)
+    after = _describe(admin, topic)
+    assert after["cleanup.policy"].value == "compact,delete"
+    assert after["delete.retention.ms"].value == "1000"
+    # Refused, saying why; the topic keeps its configs.
+    for entries, fragment in [
+        ((("cleanup.policy", "compact,shred", AlterConfigOpType.SET),), "'shred' is not"),
+        ((("remote.storage.enable", "true", AlterConfigOpType.SET),), "tiered storage"),
+        ((("min.cleanable.dirty.ratio", "1.01", AlterConfigOpType.SET),), "outside [0, 1]"),
+        (
+            (("max.compaction.lag.ms", "10", AlterConfigOpType.SET),),
+            "min.compaction.lag.ms (5000) > max.compaction.lag.ms (10)",
+        ),
+        ((("retention.ms", "1", AlterConfigOpType.APPEND),), "list configs only"),
+    ]:
+        err = _admin_error(_alter(admin, topic, *entries))
+        assert err.code() == KafkaError.INVALID_CONFIG and fragment in err.str(), err
+    assert _describe(admin, topic)["cleanup.policy"].value == "compact,delete"
+    # What `kafka-reassign-partitions --verify` clears on every moved topic.
+    _alter(
+        admin,
+        topic,
+        ("leader.replication.throttled.replicas", None, AlterConfigOpType.DELETE),
+        ("follower.replication.throttled.replicas", None, AlterConfigOpType.DELETE),
+    ).result(15)
+    err = _admin_error(
+        admin.create_topics([NewTopic(name + "-x", 1, 1, config={"cleanup.policy": "shred"})])[
+            name + "-x"
+        ]
+    )
+    assert (
+        err.code() == KafkaError.INVALID_CONFIG and "'shred' is not a cleanup policy" in err.str()
+    )
+
+
+def test_cleaner_broker_configs_at_runtime_through_the_admin_client(
+    broker_factory: Any, raw: Any
+) -> None:
+    """`kafka-configs --entity-type brokers` on the log cleaner's settings: set, shown as
+    dynamic configs, checked as Kafka checks them, deleted back to the static value; the
+    broker default of cleanup.policy reaches topics without their own. Also what
+    `kafka-reassign-partitions --verify` clears on each broker."""
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigResource,
+        ConfigSource,
+        NewTopic,
+        ResourceType,
+    )
+
+    b = broker_factory("--log-cleaner-backoff-ms", "1000")
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    node = ConfigResource(ResourceType.BROKER, "1")
+    before = _describe(admin, node)
+    assert before["log.cleaner.threads"].value == "1"
+    assert before["log.cleaner.threads"].source == ConfigSource.STATIC_BROKER_CONFIG.value
+    assert before["log.cleaner.backoff.ms"].value == "1000"
+    assert before["log.cleanup.policy"].value == "delete"
+    SET, DELETE = AlterConfigOpType.SET, AlterConfigOpType.DELETE
+    _alter(
+        admin,
+        node,
+        ("log.cleaner.threads", "2", SET),
+        ("log.cleaner.io.max.bytes.per.second", "1048576", SET),
+        ("log.cleaner.dedupe.buffer.size", "67108864", SET),
+        ("log.cleaner.min.cleanable.ratio", "0.1", SET),
+    ).result(15)
+    now = _describe(admin, node)
+    assert now["log.cleaner.threads"].value == "2"
+    assert now["log.cleaner.threads"].source == ConfigSource.DYNAMIC_BROKER_CONFIG.value
+    assert now["log.cleaner.io.max.bytes.per.second"].value == "1048576"
+    assert now["log.cleaner.backoff.ms"].source == ConfigSource.STATIC_BROKER_CONFIG.value
+    # One value for the cluster: the cluster default (`kafka-configs --entity-default`,
+    # resource "", which confluent-kafka does not send) shows it too, with its doc.
+    m = kio_module("describe_configs", 4)
+    r = raw(b)
+    resource = m.DescribeConfigsResource(
+        resource_type=4, resource_name="", configuration_keys=("log.cleaner.threads",)
+    )
+    req = m.DescribeConfigsRequest(
+        resources=(resource,), include_synonyms=True, include_documentation=True
+    )
+    (res,) = r.call(req).results
+    (entry,) = res.configs
+    assert (code(res), entry.value) == (NONE, "2")
+    assert entry.config_source == ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value
+    assert not entry.read_only and "cleaner workers" in entry.documentation
+    # Refused as Kafka refuses them, saying why; nothing changes.
+    for name, value, fragment in [
+        ("log.cleaner.threads", "5", "more than double the current value 2"),
+        ("log.cleaner.threads", "0", "at least 1"),
+        ("log.cleaner.threads", "two", "'two' is not an integer"),
+        ("log.cleaner.dedupe.buffer.size", "1000", "at least 1MB per cleaner thread"),
+        ("log.cleaner.min.cleanable.ratio", "1.5", "outside [0, 1]"),
+        ("log.cleanup.policy", "shred", "'shred' is not a cleanup policy"),
+        ("log.retention.ms", "1000", "cannot be altered at runtime"),
+    ]:
+        err = _admin_error(_alter(admin, node, (name, value, SET)))
+        assert err.code() == KafkaError.INVALID_CONFIG and fragment in err.str(), (name, err)
+    assert _describe(admin, node)["log.cleaner.threads"].value == "2"
+    # The broker default of cleanup.policy: topics without their own policy take it.
+    for fut in admin.create_topics(
+        [NewTopic("own", 1, 1, config={"cleanup.policy": "delete"}), NewTopic("dflt", 1, 1)]
+    ).values():
+        fut.result(15)
+    _alter(admin, node, ("log.cleanup.policy", "compact", SET)).result(15)
+
+    def policy(topic: str) -> str:
+        return _describe(admin, ConfigResource(ResourceType.TOPIC, topic))["cleanup.policy"].value
+
+    wait_for(lambda: policy("dflt") == "compact", 10, "the topic to take the broker default")
+    assert policy("own") == "delete"
+    # Deleted: back to the static values.
+    _alter(
+        admin,
+        node,
+        ("log.cleaner.threads", None, DELETE),
+        ("log.cleaner.io.max.bytes.per.second", None, DELETE),
+        ("log.cleaner.dedupe.buffer.size", None, DELETE),
+        ("log.cleaner.min.cleanable.ratio", None, DELETE),
+        ("log.cleanup.policy", None, DELETE),
+    ).result(15)
+    back = _describe(admin, node)
+    assert back["log.cleaner.threads"].value == "1"
+    assert back["log.cleaner.threads"].source == ConfigSource.STATIC_BROKER_CONFIG.value
+    wait_for(lambda: policy("dflt") == "delete", 10, "the topic to take the static default")
+    # `kafka-reassign-partitions --verify` clears these three on every broker it moved
+    # replicas to; the log-dirs quota is accepted (and has no effect: one log directory).
+    _alter(admin, node, ("replica.alter.log.dirs.io.max.bytes.per.second", "1048576", SET)).result(
+        15
+    )
+    shown = _describe(admin, node)["replica.alter.log.dirs.io.max.bytes.per.second"]
+    assert shown.value == "1048576" and shown.source == ConfigSource.DYNAMIC_BROKER_CONFIG.value
+    _alter(
+        admin,
+        node,
+        ("leader.replication.throttled.rate", None, DELETE),
+        ("follower.replication.throttled.rate", None, DELETE),
+        ("replica.alter.log.dirs.io.max.bytes.per.second", None, DELETE),
+    ).result(15)
+    shown = _describe(admin, node)["replica.alter.log.dirs.io.max.bytes.per.second"]
+    assert shown.source == ConfigSource.DEFAULT_CONFIG.value
 
 
 # -- fetch ---------------------------------------------------------------------------------

@@ -169,7 +169,17 @@ def test_cli_end_to_end(broker):
     assert len(r.stdout.splitlines()) == 13, "the group resumes after its commits"
     r = strait(broker, "group", "describe", "g")
     assert "cli" in r.stdout and r.returncode == 0
-    assert "retention.ms=3600000" in strait(broker, "topic", "describe", "cli").stdout
+    described = strait(broker, "topic", "describe", "cli").stdout
+    assert "retention.ms=3600000" in described
+    assert "cleanup delete  retention.ms 3600000" in described, described
+    r = strait(broker, "topic", "create", "cli-table", "-c", "cleanup.policy=compact,delete")
+    assert r.returncode == 0, r.stderr
+    described = strait(broker, "topic", "describe", "cli-table").stdout
+    assert "cleanup compact,delete  retention.ms 604800000  min.cleanable.dirty.ratio 0.5" in (
+        described
+    ), described
+    r = strait(broker, "topic", "alter", "cli-table", "-c", "cleanup.policy=shred")
+    assert r.returncode == 1 and "'shred' is not a cleanup policy" in r.stderr, r.stderr
     r = strait(broker, "topic", "alter", "cli", "-p", "1")
     assert r.returncode == 1 and "never shrink" in r.stderr
     assert strait(broker, "topic", "alter", "cli", "-p", "4").returncode == 0

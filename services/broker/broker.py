@@ -492,13 +492,12 @@ class Broker:
                     "name": OFFSETS_TOPIC,
                     "partitions": self.config.offsets_topic_partitions,
                     "replication_factor": self.config.offsets_topic_replication_factor,
-                    # Compacted, as Kafka's is: the latest commit per key stays. Time
-                    # retention would drop the commits of idle groups; retention.ms=-1
-                    # says so even where a log deletes by time whatever its policy.
+                    # Compacted, as Kafka's is: the latest commit per key stays, and no
+                    # time or size retention (compact alone deletes nothing) drops the
+                    # commits of idle groups.
                     "configs": {
                         "cleanup.policy": "compact",
                         "segment.bytes": str(OFFSETS_SEGMENT_BYTES),
-                        "retention.ms": "-1",
                     },
                     "internal": True,
                 },

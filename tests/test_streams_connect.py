@@ -1,21 +1,24 @@
 """Kafka Streams and Kafka Connect (Apache Kafka 4.1 jars from Maven Central, unchanged)
 against a 3-broker StraitMQ cluster: the stateful half of the ecosystem, which keeps its
-state in compacted topics.
+state in compacted topics, here cleaned by the log cleaner while the programs run.
 
 - Streams: a word count (tools/java/kafka-4.1/apps/WordCountApp.java: groupBy, so a
   repartition topic, and count() into a RocksDB store, so a compacted changelog topic),
   at-least-once. The last count per word in the output topic equals a plain Python count
-  of the input; the changelog is `cleanup.policy=compact` (DescribeConfigs). Then the
-  application stops, its local state directory is wiped, and it starts again: it rebuilds
-  the store from the changelog (its restore listener says how many records it read) and
-  the counts go on from there as more input arrives.
+  of the input; the changelog is `cleanup.policy=compact` (DescribeConfigs), and the
+  cleaner compacts it (Streams' `topic.` settings roll its segments at every append).
+  Then the application stops, its local state directory is wiped, and it starts again:
+  it rebuilds the store from the compacted changelog (its restore listener says how many
+  records it read) and the counts go on from there as more input arrives.
 - Connect in distributed mode (org.apache.kafka.connect.cli.ConnectDistributed, JSON
   converters, connect-file on the classpath): a FileStreamSource and a FileStreamSink
-  created through Connect's REST API copy a file through a topic into another file. The
-  worker is killed with SIGKILL once both connectors' offsets are committed; lines are
-  appended; a new worker reads its connectors back from the config topic and its offsets
-  from the offsets topic (both compacted): the connectors run again without being created
-  again, the new lines arrive, and no line reaches the sink file twice.
+  created through Connect's REST API copy a file through a topic into another file, in
+  parts. The worker creates its config and status topics (compacted); the offsets topic,
+  made by the test with short segments, is compacted by the cleaner. The worker is killed
+  with SIGKILL once both connectors' offsets are committed; lines are appended; a new
+  worker reads its connectors back from the config topic and its offsets from the
+  offsets topic: the connectors run again without being created again, the new lines
+  arrive, and no line reaches the sink file twice.
 
 One cluster serves both tests (their topics and groups differ). Set ECOSYSTEM_BROKERS=kafka
 to run the same tests against Apache Kafka 4.1 (bench/kafka_ref.py), which tells a fault of
@@ -44,6 +47,7 @@ from ecosystem_support import (
     clusters,
     create_topics,
     end_offsets,
+    read_topic,
     topic_config,
     topic_names,
 )
@@ -122,6 +126,11 @@ def word_count(apps: JavaApps, backend: Backend, name: str, state_dir: Path, log
             "--output",
             "wc-output",
             f"replication.factor={backend.rf}",
+            # Streams' internal topics (the changelog among them) roll a segment at every
+            # append (1 ms) and are worth cleaning at once: the cleaner compacts the changelog
+            # while the application runs, and the restart restores from what is left.
+            "topic.segment.ms=1",
+            "topic.min.cleanable.dirty.ratio=0.01",
         ],
         logs,
         log_level="INFO",
@@ -138,26 +147,49 @@ def test_streams_word_count_rebuilds_state_from_changelog(
     rng = random.Random(25)
     batch1 = [" ".join(rng.choices(WORDS, k=rng.randint(1, 6))) for _ in range(150)]
     batch2 = [" ".join(rng.choices(WORDS, k=rng.randint(1, 6))) for _ in range(100)]
-    produce_lines(b, "wc-input", batch1, 0)
     state_dir = tmp_path / "wc-state"
     counts = LatestCounts(b, "wc-output", 3)
     try:
         app = word_count(apps, backend, "wordcount-1", state_dir, tmp_path)
-        expected = Counter(" ".join(batch1).split())
-        wait_for(
-            lambda: counts.poll() == expected,
-            90,
-            "the word counts of the first batch",
-            0.2,
-            check=app.check_alive,
-            detail=lambda: f"got {counts.latest}, want {dict(expected)}; brokers: {backend.logs}",
-        )
+        # The first batch in three parts, each counted before the next is sent: the
+        # changelog gets appends at different times, so it has closed segments to clean.
+        for part in range(3):
+            lines = batch1[50 * part : 50 * (part + 1)]
+            produce_lines(b, "wc-input", lines, 50 * part)
+            expected = Counter(" ".join(batch1[: 50 * (part + 1)]).split())
+            wait_for(
+                lambda expected=expected: counts.poll() == expected,
+                90,
+                f"the word counts of the first batch's part {part + 1}",
+                0.2,
+                check=app.check_alive,
+                detail=lambda expected=expected: (
+                    f"got {counts.latest}, want {dict(expected)}; brokers: {backend.logs}"
+                ),
+            )
 
         # The state lives in a compacted changelog; groupBy went through a repartition topic.
         changelog, repartition = "wc-app-word-counts-changelog", "wc-app-words-repartition"
         assert {changelog, repartition} <= topic_names(b), topic_names(b)
         assert topic_config(b, changelog)["cleanup.policy"] == "compact"
         assert topic_config(b, repartition)["cleanup.policy"] == "delete"
+
+        # With the cache off, every count update went to the changelog; the cleaner then
+        # keeps the latest per word (and the active segment).
+        updates = sum(expected.values())
+        assert sum(end_offsets(b, changelog).values()) == updates
+
+        def changelog_records() -> int:
+            return sum(len(recs) for recs in read_topic(b, changelog).values())
+
+        left = wait_for(
+            lambda: (n := changelog_records()) < updates and n,
+            60,
+            f"the cleaner compacting {changelog} ({updates} records)",
+            0.5,
+            check=app.check_alive,
+            detail=lambda: f"brokers: {backend.logs}",
+        )
 
         # Stop (a clean close commits the offsets), lose the local state, start again.
         assert app.stop() == 143, app.log_tail()  # SIGTERM, after the shutdown hook
@@ -169,9 +201,9 @@ def test_streams_word_count_rebuilds_state_from_changelog(
         # restored <store> <topic> <partition> <records>
         assert {r[2] for r in restored} == {changelog}, app.lines
         read_back = sum(int(r[4]) for r in restored)
-        # At least the latest record of every word (compaction may have removed the
-        # others), at most one record per counted word (the cache is off).
-        assert len(expected) <= read_back <= sum(expected.values()), (read_back, app.lines)
+        # The compacted changelog: at least the latest record of every word, at most what
+        # was left when the test looked (the cleaner may have gone on since).
+        assert len(expected) <= read_back <= left, (read_back, left, app.lines)
 
         produce_lines(b, "wc-input", batch2, len(batch1))
         expected = Counter(" ".join(batch1 + batch2).split())
@@ -272,14 +304,27 @@ def running(port: int, name: str) -> bool:
     )
 
 
+def numbered(first: int, end: int, text: str) -> str:
+    return "".join(f"line {i:04d} {text}\n" for i in range(first, end))
+
+
 def test_connect_distributed_file_connectors_survive_worker_kill(
     backend: Backend, apps: JavaApps, tmp_path: Path
 ) -> None:
     b = backend.bootstrap
     # One partition: the sink writes the lines in the order the source read them.
     create_topics(b, {"connect-lines": 1}, backend.rf)
+    # The worker creates its config and status topics itself; the offsets topic is made
+    # here, as an operator may, compacted and rolling a segment at every append, so that
+    # the cleaner has cleaned it before the restarted worker reads its offsets back.
+    create_topics(
+        b,
+        {"connect-offsets": 1},
+        backend.rf,
+        {"cleanup.policy": "compact", "segment.ms": "1", "min.cleanable.dirty.ratio": "0.01"},
+    )
     source, sink = tmp_path / "source.txt", tmp_path / "sink.txt"
-    source.write_text("".join(f"line {i:04d} of the source file\n" for i in range(100)))
+    source.write_text(numbered(0, 40, "of the source file"))
     worker, port = connect_worker(apps, backend, "connect-1", tmp_path)
 
     connectors = {
@@ -326,6 +371,19 @@ def test_connect_distributed_file_connectors_survive_worker_kill(
         check=worker.check_alive,
         detail=detail,
     )
+    # Three more parts, each copied before the next: the source commits a new position
+    # of the one file (one key in connect-offsets) each time.
+    for first in (40, 60, 80):
+        with source.open("a") as f:
+            f.write(numbered(first, first + 20, "of the source file"))
+        wait_for(
+            copied,
+            60,
+            f"the sink file to equal the source file up to line {first + 19}",
+            0.2,
+            check=worker.check_alive,
+            detail=detail,
+        )
     for topic in ("connect-configs", "connect-offsets", "connect-status"):
         assert topic_config(b, topic)["cleanup.policy"] == "compact", topic
 
@@ -340,10 +398,22 @@ def test_connect_distributed_file_connectors_survive_worker_kill(
         ] == [end_offsets(b, "connect-lines")[0]]
 
     wait_for(committed, 60, "both connectors' offsets committed", 0.5, check=worker.check_alive)
+
+    def offsets_records() -> int:
+        return len(read_topic(b, "connect-offsets")[0])
+
+    wait_for(
+        lambda: offsets_records() < end_offsets(b, "connect-offsets")[0],
+        60,
+        "the cleaner compacting connect-offsets",
+        0.5,
+        check=worker.check_alive,
+        detail=lambda: f"{offsets_records()} records; brokers: {backend.logs}",
+    )
     worker.kill9()
 
     with source.open("a") as f:
-        f.write("".join(f"line {i:04d} appended while no worker ran\n" for i in range(100, 150)))
+        f.write(numbered(100, 150, "appended while no worker ran"))
     worker, port = connect_worker(apps, backend, "connect-2", tmp_path)
     # The connectors come back from the config topic: nothing is created again.
     wait_for(

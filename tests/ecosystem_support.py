@@ -70,7 +70,10 @@ class JavaApp:
             stdout=subprocess.PIPE,
             stderr=self._err,
             text=True,
-            preexec_fn=_pdeathsig,
+            # PR_SET_PDEATHSIG fires when the forking *thread* ends: only from the main one
+            preexec_fn=_pdeathsig
+            if threading.current_thread() is threading.main_thread()
+            else None,
         )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)

@@ -371,9 +371,22 @@ def test_connect_distributed_file_connectors_survive_worker_kill(
         check=worker.check_alive,
         detail=detail,
     )
-    # Three more parts, each copied before the next: the source commits a new position
-    # of the one file (one key in connect-offsets) each time.
+
+    def source_position() -> int | None:
+        """The source's committed position in its file (from connect-offsets)."""
+        offsets = connector_offsets(port, "file-source")
+        return offsets[0]["offset"].get("position") if len(offsets) == 1 else None
+
+    # Three more parts, each copied and its position committed before the next: four
+    # records of the one key (the file) in connect-offsets, in four segments.
     for first in (40, 60, 80):
+        wait_for(
+            lambda: source_position() == source.stat().st_size,
+            60,
+            f"the source's position committed at line {first}",
+            0.5,
+            check=worker.check_alive,
+        )
         with source.open("a") as f:
             f.write(numbered(first, first + 20, "of the source file"))
         wait_for(
@@ -390,12 +403,12 @@ def test_connect_distributed_file_connectors_survive_worker_kill(
     def committed() -> bool:
         """Both connectors' offsets are committed up to the end: the source's file position
         (in connect-offsets) and the sink's consumer group offset."""
-        src = connector_offsets(port, "file-source")
-        snk = connector_offsets(port, "file-sink")
-        size = source.stat().st_size
-        return [o["offset"].get("position") for o in src] == [size] and [
-            o["offset"].get("kafka_offset") for o in snk
-        ] == [end_offsets(b, "connect-lines")[0]]
+        sink_offsets = [
+            o["offset"].get("kafka_offset") for o in connector_offsets(port, "file-sink")
+        ]
+        return source_position() == source.stat().st_size and sink_offsets == [
+            end_offsets(b, "connect-lines")[0]
+        ]
 
     wait_for(committed, 60, "both connectors' offsets committed", 0.5, check=worker.check_alive)
 

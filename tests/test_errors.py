@@ -23,7 +23,7 @@ import pytest
 from conftest import record_batch
 from kio.index import load_response_schema
 from kio.serial import entity_reader, entity_writer
-from straitmq.broker.record_codec import decode_batch
+from straitmq.broker.record_codec import build_batch, decode_batch
 from waiting import wait_for
 
 NONE = 0
@@ -37,6 +37,7 @@ INVALID_REPLICATION_FACTOR = 38
 INVALID_CONFIG = 40
 OUT_OF_ORDER_SEQUENCE_NUMBER = 45
 INVALID_PRODUCER_EPOCH = 47
+INVALID_RECORD = 87
 
 BAD_TOPIC_NAMES = ["bad name!", "..", "x" * 250, ".", ""]
 MS = datetime.timedelta(milliseconds=1)
@@ -331,6 +332,35 @@ def test_produce_corrupt_batch(strict_broker: Any, raw: Any) -> None:
     assert code(produce_partition(r.call(produce(9, "corrupt", torn)))) == CORRUPT_MESSAGE
     assert code(produce_partition(r.call(produce(9, "corrupt", bytes(good))))) == NONE
     assert [v for _o, v in log_values(r, "corrupt")] == [b"payload-1", b"payload-2"]
+
+
+@pytest.mark.parametrize("version", [3, 9])
+def test_keyless_records_to_a_compacted_topic(strict_broker: Any, raw: Any, version: int) -> None:
+    """Kafka refuses a record without a key in a compacted topic: INVALID_RECORD, with
+    the record's index in its batch (Produce v8+), and the batch is not written."""
+    r = raw(strict_broker)
+    topic = f"compacted-keys-v{version}"
+    new_topic(r, topic, configs={"cleanup.policy": "compact"})
+    ts = int(datetime.datetime.now().timestamp() * 1000)
+    mixed = build_batch([(b"k0", b"a", []), (None, b"b", []), (b"k2", b"c", [])], ts, 1)
+    p = produce_partition(r.call(produce(version, topic, mixed)))
+    assert code(p) == INVALID_RECORD and p.base_offset == -1
+    if version >= 8:
+        why = f"Compacted topic cannot accept message without key in topic partition {topic}-0"
+        assert [(e.batch_index, e.batch_index_error_message) for e in p.record_errors] == [(1, why)]
+        assert p.error_message == (
+            "One or more records have been rejected due to 1 record errors in total, and only "
+            f"showing the first three errors at most: [RecordError(batchIndex=1, message='{why}')]"
+        )
+    ok = produce_partition(r.call(produce(version, topic, build_batch([(b"k", b"v", [])], ts))))
+    assert code(ok) == NONE and ok.base_offset == 0
+    assert log_values(r, topic) == [(0, b"v")]
+    # The REST API writes through the same path: a keyless record is a 400 that says why.
+    status, body, _ = _http(
+        strict_broker, "POST", f"/api/v1/topics/{topic}/records", b'{"records": [{"value": "x"}]}'
+    )
+    assert status == 400 and b"without key" in body, body
+    assert log_values(r, topic) == [(0, b"v")]
 
 
 def test_broker_wide_message_max_bytes(broker_factory: Any, raw: Any) -> None:

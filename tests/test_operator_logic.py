@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 import random
 from collections import Counter
 
 import pytest
+from straitmq.broker.config import BrokerConfig
 from straitmq.operator import cluster, planning, render, user
 from straitmq.operator import names as n
 from straitmq.operator.admin import Partition, Topic
 from straitmq.operator.spec import SpecError, parse
+
+from straitmq.settings import add_flags, flag_values
 
 UID = "6f1c2d4e-0000-4000-8000-00000000abcd"
 
@@ -32,6 +36,29 @@ def test_spec_defaults_and_broker_configs() -> None:
     assert len(s.cluster_id) == 22 and s.cluster_id == parse(body()).cluster_id
 
 
+def test_the_log_cleaners_broker_configs_become_flags() -> None:
+    config = {
+        "log.cleaner.threads": 2,
+        "log.cleaner.min.cleanable.ratio": 0.2,
+        "log.cleanup.policy": "compact, delete",
+        "log.cleaner.enable": False,
+    }
+    args = parse(body(brokers={"config": config})).broker_args()
+    assert args == [
+        "--no-log-cleaner",
+        "--log-cleaner-min-cleanable-ratio=0.2",
+        "--log-cleaner-threads=2",
+        "--log-cleanup-policy=compact,delete",
+    ]
+    # Each is a flag the broker takes, to the setting of the same Kafka name.
+    flags = argparse.ArgumentParser()
+    add_flags(flags, BrokerConfig)
+    cfg = BrokerConfig(**flag_values(flags.parse_args(args), BrokerConfig))
+    assert (cfg.log_cleaner_enable, cfg.log_cleaner_threads) == (False, 2)
+    assert cfg.describe()["log.cleanup.policy"] == "compact,delete"
+    assert cfg.describe()["log.cleaner.min.cleanable.ratio"] == "0.2"
+
+
 @pytest.mark.parametrize(
     ("spec", "error"),
     [
@@ -39,6 +66,8 @@ def test_spec_defaults_and_broker_configs() -> None:
         ({"brokers": {"config": {"log.dirs": "/x"}}}, "log.dirs is not a broker config"),
         ({"brokers": {"config": {"num.partitions": "many"}}}, "must be an integer"),
         ({"brokers": {"config": {"auto.create.topics.enable": "maybe"}}}, "true or false"),
+        ({"brokers": {"config": {"log.cleanup.policy": "shred"}}}, "compact and/or delete"),
+        ({"brokers": {"config": {"log.cleaner.min.cleanable.ratio": "half"}}}, "a number"),
     ],
 )
 def test_spec_errors_say_which_field(spec: dict, error: str) -> None:

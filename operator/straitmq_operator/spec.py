@@ -22,8 +22,25 @@ BROKER_FLAGS = {
     "log.retention.check.interval.ms": "--retention-check-interval-ms",
     "group.initial.rebalance.delay.ms": "--group-initial-rebalance-delay-ms",
     "controlled.shutdown.timeout.ms": "--controlled-shutdown-timeout-ms",
+    # The log cleaner and the broker defaults of the compaction topic configs (they can
+    # also be changed at runtime with kafka-configs; these are the values pods start with).
+    "log.cleaner.threads": "--log-cleaner-threads",
+    "log.cleaner.dedupe.buffer.size": "--log-cleaner-dedupe-buffer-size",
+    "log.cleaner.io.buffer.size": "--log-cleaner-io-buffer-size",
+    "log.cleaner.backoff.ms": "--log-cleaner-backoff-ms",
+    "log.cleaner.min.compaction.lag.ms": "--log-cleaner-min-compaction-lag-ms",
+    "log.cleaner.max.compaction.lag.ms": "--log-cleaner-max-compaction-lag-ms",
+    "log.cleaner.delete.retention.ms": "--log-cleaner-delete-retention-ms",
 }
-BOOLEAN_CONFIGS = {"auto.create.topics.enable"}
+# Settings whose value is a number with a fraction, not an integer.
+NUMBER_FLAGS = {
+    "log.cleaner.min.cleanable.ratio": "--log-cleaner-min-cleanable-ratio",
+    "log.cleaner.io.max.bytes.per.second": "--log-cleaner-io-max-bytes-per-second",
+    "log.cleaner.io.buffer.load.factor": "--log-cleaner-io-buffer-load-factor",
+}
+# log.cleanup.policy: a list of these (the broker checks the rest when it starts).
+CLEANUP_POLICIES = ("compact", "delete")
+BOOLEAN_CONFIGS = {"auto.create.topics.enable", "log.cleaner.enable"}
 CONTROLLER_FLAGS = {
     "num.partitions": "--default-partitions",
     "default.replication.factor": "--default-replication-factor",
@@ -98,8 +115,12 @@ class ClusterSpec:
             if key in BOOLEAN_CONFIGS:
                 if key == "auto.create.topics.enable" and value == "false":
                     args.append("--no-auto-create")
+                if key == "log.cleaner.enable" and value == "false":
+                    args.append("--no-log-cleaner")
+            elif key == "log.cleanup.policy":
+                args.append(f"--log-cleanup-policy={value}")
             else:
-                args.append(f"{BROKER_FLAGS[key]}={value}")
+                args.append(f"{BROKER_FLAGS.get(key) or NUMBER_FLAGS[key]}={value}")
         return args
 
     def controller_args(self) -> list[str]:
@@ -125,8 +146,24 @@ def _config(raw: Any) -> dict[str, str]:
         elif key in BROKER_FLAGS:
             if not text.lstrip("-").isdigit():
                 raise SpecError(f"spec.brokers.config.{key} must be an integer, not {text!r}")
+        elif key in NUMBER_FLAGS:
+            try:
+                float(text)
+            except ValueError:
+                raise SpecError(
+                    f"spec.brokers.config.{key} must be a number, not {text!r}"
+                ) from None
+        elif key == "log.cleanup.policy":
+            policies = [p.strip() for p in text.split(",")] if text.strip() else []
+            if any(p not in CLEANUP_POLICIES for p in policies):
+                raise SpecError(
+                    f"spec.brokers.config.{key} must list compact and/or delete, not {text!r}"
+                )
+            text = ",".join(policies)
         else:
-            known = ", ".join(sorted([*BROKER_FLAGS, *BOOLEAN_CONFIGS]))
+            known = ", ".join(
+                sorted([*BROKER_FLAGS, *NUMBER_FLAGS, *BOOLEAN_CONFIGS, "log.cleanup.policy"])
+            )
             raise SpecError(f"spec.brokers.config.{key} is not a broker config (known: {known})")
         out[key] = text
     return out

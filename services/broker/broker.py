@@ -522,11 +522,12 @@ class Broker:
             yield CleanerLog(p.topic, p.index, p.log, p.high_watermark)
 
     async def _offsets_topic_compacted(self) -> None:
-        """An offsets topic made before it was created compacted gets cleanup.policy=
-        compact once (the first upgraded broker asks); a failure is retried at the next
-        start, the topic keeps working meanwhile."""
+        """An offsets topic made before it was created compacted (it has no policy of its
+        own) gets cleanup.policy=compact once: the first upgraded broker asks; a failure is
+        retried at the next start, the topic keeps working meanwhile. A policy someone
+        set on purpose stays."""
         topic = self.image.topics.get(OFFSETS_TOPIC)
-        if topic is None or topic.configs.get("cleanup.policy") == "compact":
+        if topic is None or "cleanup.policy" in topic.configs:
             return
         try:
             await self.controller.call(

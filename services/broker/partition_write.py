@@ -16,7 +16,8 @@ from straitmq.metadata.image import MetadataImage
 from .metrics import BrokerMetrics
 from .partitions import Partition, PartitionManager
 from .producer_state import DuplicateBatch, SequenceError
-from .records import InvalidRecords, validate_batches
+from .records import BatchInfo, InvalidRecords, validate_batches
+from .storage.batch_filter import first_keyless, keyless_indexes
 
 
 class PartitionWrite:
@@ -30,20 +31,28 @@ class PartitionWrite:
         "error_code",
         "error_message",
         "log_start_offset",
+        "record_errors",
     )
 
     def __init__(self, errors: dict) -> None:
         self.error_code = 0
         self.error_message: str | None = None
+        self.record_errors: list[tuple[int, str]] = []  # (index in the batch, why)
         self.base_offset = -1
         self.log_start_offset = -1
         self._errors = errors  # the broker's request error counters, keyed (api, code)
         self._partition: Partition | None = None
         self._end = -1  # wait until the high watermark reaches this (acks=all)
 
-    def fail(self, code: int, message: str | None = None) -> PartitionWrite:
+    def fail(
+        self,
+        code: int,
+        message: str | None = None,
+        record_errors: list[tuple[int, str]] | None = None,
+    ) -> PartitionWrite:
         self.error_code = code
         self.error_message = message
+        self.record_errors = record_errors or []
         self._errors[(0, int(code))] += 1
         return self
 
@@ -112,7 +121,10 @@ class PartitionWriter:
                 f"ISR {partition.isr} is smaller than min.insync.replicas={partition.min_isr}",
             )
         try:
-            batches = validate_batches(data, partition.log.config.max_message_bytes)
+            config = partition.log.config
+            batches = validate_batches(data, config.max_message_bytes)
+            if config.compact:  # the only per-record check, and only for compacted topics
+                refuse_keyless(data, batches, topic, index)
             partition.log.producers.check(batches)
             w.base_offset = partition.append(data, batches)
             end = partition.log.log_end_offset
@@ -121,7 +133,9 @@ class PartitionWriter:
         except DuplicateBatch as dup:  # answered with the first write's offset
             w.base_offset = dup.cached.base_offset
             end = dup.cached.base_offset + 1
-        except (InvalidRecords, SequenceError) as e:
+        except InvalidRecords as e:
+            return w.fail(e.code, str(e), e.record_errors)
+        except SequenceError as e:
             return w.fail(e.code, str(e))
         except OSError as e:
             return w.fail(ErrorCode.kafka_storage_error, f"storage error: {e}")
@@ -130,3 +144,28 @@ class PartitionWriter:
             w._partition = partition
             w._end = end
         return w
+
+
+def refuse_keyless(data: memoryview, batches: list[BatchInfo], topic: str, index: int) -> None:
+    """Kafka's rule for compacted topics: a record without a key cannot be compacted, so
+    the whole batch is refused with INVALID_RECORD and, per record, its index in the
+    batch (LogValidator.validateKey's words and RecordValidationException's summary)."""
+    for b in batches:
+        batch = data[b.position : b.position + b.size]
+        try:
+            if first_keyless(batch) is None:
+                continue
+            indexes = keyless_indexes(batch)
+        except ValueError as e:
+            raise InvalidRecords(ErrorCode.corrupt_message, f"corrupt record batch: {e}") from e
+        why = (
+            f"Compacted topic cannot accept message without key in topic partition {topic}-{index}"
+        )
+        errors = [(i, why) for i in indexes]
+        shown = ", ".join(f"RecordError(batchIndex={i}, message='{m}')" for i, m in errors[:3])
+        raise InvalidRecords(
+            ErrorCode.invalid_record,
+            f"One or more records have been rejected due to {len(errors)} record errors in "
+            f"total, and only showing the first three errors at most: [{shown}]",
+            errors,
+        )

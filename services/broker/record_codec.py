@@ -6,19 +6,16 @@ offset store and ListOffsets-by-timestamp (which looks inside one batch).
 
 from __future__ import annotations
 
-import gzip
 import struct
 from dataclasses import dataclass, field
 
-import cramjam
 from crc32c import crc32c
 from kio.serial.readers import read_signed_varint, read_signed_varlong
 
 from straitmq.protocol.varint import varint as _varint
 
 from .records import ATTR_COMPRESSION_MASK, ATTR_TRANSACTIONAL, HEADER, HEADER_SIZE
-
-_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+from .storage.batch_filter import compress, decompress
 
 
 @dataclass(slots=True)
@@ -28,28 +25,6 @@ class Record:
     key: bytes | None
     value: bytes | None
     headers: list[tuple[str, bytes | None]] = field(default_factory=list)
-
-
-def _decompress(codec: int, data: bytes) -> bytes:
-    if codec == 0:
-        return data
-    if codec == 1:
-        return gzip.decompress(data)
-    if codec == 2:
-        if data.startswith(_XERIAL_MAGIC):  # Java/librdkafka framing: 16-byte header + blocks
-            out = bytearray()
-            pos = 16
-            while pos < len(data):
-                (n,) = struct.unpack_from(">i", data, pos)
-                out += bytes(cramjam.snappy.decompress_raw(data[pos + 4 : pos + 4 + n]))
-                pos += 4 + n
-            return bytes(out)
-        return bytes(cramjam.snappy.decompress_raw(data))
-    if codec == 3:
-        return bytes(cramjam.lz4.decompress(data))
-    if codec == 4:
-        return bytes(cramjam.zstd.decompress(data))
-    raise ValueError(f"unknown compression codec {codec}")
 
 
 def _read_bytes(buf: bytes, pos: int) -> tuple[bytes | None, int]:
@@ -65,7 +40,7 @@ def decode_batch(batch: bytes | memoryview) -> list[Record]:
     (base_offset, _len, _e, _m, _c, attrs, _lod, base_ts, _mts, _pid, _pe, _bs, count) = (
         HEADER.unpack_from(batch, 0)
     )
-    body = _decompress(attrs & ATTR_COMPRESSION_MASK, bytes(batch[HEADER_SIZE:]))
+    body = decompress(attrs & ATTR_COMPRESSION_MASK, batch[HEADER_SIZE:])
     out: list[Record] = []
     pos = 0
     for _ in range(count):
@@ -102,9 +77,9 @@ def build_batch(
     compression: int = 0,
     producer: tuple[int, int] | None = None,
 ) -> bytes:
-    """An uncompressed (or zstd/gzip) v2 batch with base offset 0; no producer id, or
-    `producer` (id, epoch) for a transactional batch without sequence numbers, as the
-    group coordinator writes TxnOffsetCommit's offsets."""
+    """A v2 batch (any codec) with base offset 0; no producer id, or `producer` (id,
+    epoch) for a transactional batch without sequence numbers, as the group coordinator
+    writes TxnOffsetCommit's offsets."""
     body = bytearray()
     for delta, (key, value, headers) in enumerate(records):
         rec = bytearray(b"\x00")
@@ -113,13 +88,7 @@ def build_batch(
         for hk, hv in headers:
             rec += _bytes_field(hk.encode()) + _bytes_field(hv)
         body += _varint(len(rec)) + rec
-    payload = bytes(body)
-    if compression == 1:
-        payload = gzip.compress(payload)
-    elif compression == 4:
-        payload = bytes(cramjam.zstd.compress(payload))
-    elif compression != 0:
-        raise ValueError("build_batch compresses with gzip or zstd only")
+    payload = compress(compression, bytes(body))
     pid, epoch = producer if producer is not None else (-1, -1)
     tail = (
         struct.pack(

@@ -27,11 +27,15 @@ NO_PRODUCER_ID = -1
 
 
 class InvalidRecords(Exception):
-    """Raised with the Kafka error code the client should see."""
+    """Raised with the Kafka error code the client should see, and for refusals of
+    single records (Produce v8+ record_errors) each one's index in its batch and why."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(
+        self, code: int, message: str, record_errors: list[tuple[int, str]] | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
+        self.record_errors = record_errors or []
 
 
 @dataclass(slots=True)

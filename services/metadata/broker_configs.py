@@ -38,7 +38,8 @@ def _defs() -> tuple[ConfigDef, ...]:
             "double",
             repr(DOUBLE_MAX),
             double_range(0, DOUBLE_MAX),
-            "the cleaners' read and write I/O, in bytes per second, all workers together",
+            "the cleaners' read and write I/O, in bytes per second, all workers together "
+            "(0: no limit)",
         ),
         ConfigDef(
             "log.cleaner.dedupe.buffer.size",

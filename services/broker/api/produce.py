@@ -32,6 +32,7 @@ class _Refused:
     base_offset = -1
     log_start_offset = -1
     error_message = None
+    record_errors: tuple = ()
 
 
 async def handle_produce(
@@ -89,7 +90,10 @@ def _answer(responses: list) -> dict:
                         "base_offset": w.base_offset,
                         "log_append_time": None,
                         "log_start_offset": w.log_start_offset,
-                        "record_errors": [],
+                        "record_errors": [
+                            {"batch_index": i, "batch_index_error_message": why}
+                            for i, why in w.record_errors
+                        ],
                         "error_message": w.error_message,
                     }
                     for index, w in parts

@@ -321,7 +321,9 @@ class Rec:
 def read_partition(
     bootstrap: str, topic: str, partition: int, until: int, timeout: float = 30
 ) -> list[Rec]:
-    """Every record of one partition from its start up to offset `until` (exclusive)."""
+    """Every record of one partition from its start up to offset `until` (exclusive). The
+    consumer's position, not the last record, says when it is there: the last offsets may
+    be transaction markers (never delivered), or gone to compaction."""
     from confluent_kafka import OFFSET_BEGINNING
 
     c = Consumer(
@@ -332,11 +334,12 @@ def read_partition(
             "enable.partition.eof": False,
         }
     )
+    tp = TopicPartition(topic, partition, OFFSET_BEGINNING)
     out: list[Rec] = []
     try:
-        c.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
+        c.assign([tp])
         deadline = time.monotonic() + timeout
-        while (not out or out[-1].offset < until - 1) and until > 0:
+        while until > 0 and c.position([tp])[0].offset < until:
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"{topic}-{partition}: read {len(out)} records, the last at "

@@ -207,12 +207,23 @@ def cmd_topic(a: argparse.Namespace) -> None:
                 ",".join(map(str, p["isr"])),
                 p["log_start_offset"],
                 p["high_watermark"],
+                p.get("last_stable_offset", p["high_watermark"]),
                 p["size_bytes"],
                 p["segments"],
             ]
             for p in t["partitions"]
         ]
-        headers = ["PARTITION", "LEADER", "REPLICAS", "ISR", "START", "END", "BYTES", "SEGMENTS"]
+        headers = [
+            "PARTITION",
+            "LEADER",
+            "REPLICAS",
+            "ISR",
+            "START",
+            "END",
+            "STABLE",
+            "BYTES",
+            "SEGMENTS",
+        ]
         if any("cleaner" in p for p in t["partitions"]):
             # As the asked broker's replica is: each replica cleans its own log.
             headers.append("DIRTY")

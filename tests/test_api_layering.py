@@ -84,8 +84,10 @@ def test_every_advertised_api_has_a_handler_with_its_versions() -> None:
         metadata_view=nothing,
         group_deps=nothing,
         admin_deps=nothing,
+        txn_deps=nothing,
         controller=nothing,
         share_coordinator=nothing,
+        partition_txn_deps=nothing,
     )
     assert set(table) == set(VERSIONS) == {a["api_key"] for a in advertised()}
     for key, spec in table.items():

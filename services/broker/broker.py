@@ -42,6 +42,7 @@ from .api.context import RequestContext
 from .api.deps import AdminDeps, FetchDeps, GroupDeps, MetadataDeps, TxnDeps
 from .api.dispatch import ApiSpec, kafka_api
 from .api.metadata import TopicAnswers
+from .api.partition_txns import PartitionTxnDeps
 from .cleaner_settings import CleanerSettings
 from .colocated import Colocate, ColocatedController
 from .config import BrokerConfig
@@ -277,6 +278,9 @@ class Broker:
             ),
             controller=self.controller.call,
             share_coordinator=self.share,
+            partition_txn_deps=PartitionTxnDeps(
+                self.writer, replicas, self.offsets.complete_transaction
+            ),
         )
 
     def _build_http_api(self) -> HttpApi:

@@ -16,7 +16,13 @@ from straitmq.metadata.image import MetadataImage
 from .metrics import BrokerMetrics
 from .partitions import Partition, PartitionManager
 from .producer_state import DuplicateBatch, SequenceError
-from .records import BatchInfo, InvalidRecords, validate_batches
+from .records import (
+    BatchInfo,
+    InvalidRecords,
+    end_txn_marker,
+    replicated_batches,
+    validate_batches,
+)
 from .storage.batch_filter import first_keyless, keyless_indexes
 
 
@@ -24,6 +30,7 @@ class PartitionWrite:
     """The outcome of one write; `replicated` completes it for acks=all."""
 
     __slots__ = (
+        "_api",
         "_end",
         "_errors",
         "_partition",
@@ -34,7 +41,8 @@ class PartitionWrite:
         "record_errors",
     )
 
-    def __init__(self, errors: dict) -> None:
+    def __init__(self, errors: dict, api: int = 0) -> None:
+        self._api = api  # the API key the error counters are kept under
         self.error_code = 0
         self.error_message: str | None = None
         self.record_errors: list[tuple[int, str]] = []  # (index in the batch, why)
@@ -53,7 +61,7 @@ class PartitionWrite:
         self.error_code = code
         self.error_message = message
         self.record_errors = record_errors or []
-        self._errors[(0, int(code))] += 1
+        self._errors[(self._api, int(code))] += 1
         return self
 
     @property
@@ -100,6 +108,27 @@ class PartitionWriter:
         self._image = image
         self._serving = serving  # a broker that is leaving (or not up yet) writes nothing
 
+    def _leader(self, w: PartitionWrite, topic: str, index: int, acks: int) -> Partition | None:
+        """This broker's leader replica for a write, or None with `w` failed."""
+        meta = self._image().topics.get(topic)
+        if meta is None or not 0 <= index < len(meta.partitions):
+            w.fail(ErrorCode.unknown_topic_or_partition)
+            return None
+        partition = self.partitions.get(topic, index)
+        if partition is None and (reason := self.partitions.storage_error(topic, index)):
+            w.fail(ErrorCode.kafka_storage_error, reason)
+            return None
+        if partition is None or not partition.is_leader or not self._serving():
+            w.fail(ErrorCode.not_leader_or_follower)
+            return None
+        if acks == -1 and len(partition.isr) < partition.min_isr:
+            w.fail(
+                ErrorCode.not_enough_replicas,
+                f"ISR {partition.isr} is smaller than min.insync.replicas={partition.min_isr}",
+            )
+            return None
+        return partition
+
     def begin(self, topic: str, index: int, data: memoryview, acks: int) -> PartitionWrite:
         """Validate and append one partition's batches as its leader. With acks=all the
         result is `pending` until `replicated` has waited for the ISR."""
@@ -107,19 +136,9 @@ class PartitionWriter:
         w = PartitionWrite(metrics.request_errors)
         if acks not in (0, 1, -1):
             return w.fail(ErrorCode.invalid_required_acks)
-        meta = self._image().topics.get(topic)
-        if meta is None or not 0 <= index < len(meta.partitions):
-            return w.fail(ErrorCode.unknown_topic_or_partition)
-        partition = self.partitions.get(topic, index)
-        if partition is None and (reason := self.partitions.storage_error(topic, index)):
-            return w.fail(ErrorCode.kafka_storage_error, reason)
-        if partition is None or not partition.is_leader or not self._serving():
-            return w.fail(ErrorCode.not_leader_or_follower)
-        if acks == -1 and len(partition.isr) < partition.min_isr:
-            return w.fail(
-                ErrorCode.not_enough_replicas,
-                f"ISR {partition.isr} is smaller than min.insync.replicas={partition.min_isr}",
-            )
+        partition = self._leader(w, topic, index, acks)
+        if partition is None:
+            return w
         try:
             config = partition.log.config
             batches = validate_batches(data, config.max_message_bytes)
@@ -143,6 +162,41 @@ class PartitionWriter:
         if acks == -1:
             w._partition = partition
             w._end = end
+        return w
+
+    def append_marker(
+        self,
+        topic: str,
+        index: int,
+        producer_id: int,
+        producer_epoch: int,
+        commit: bool,
+        coordinator_epoch: int,
+        transaction_version: int,
+        now_ms: int,
+    ) -> PartitionWrite:
+        """WriteTxnMarkers for one partition: a control batch with the COMMIT or ABORT
+        marker, appended as the leader and acknowledged once the ISR has it (Kafka
+        appends markers with acks=all). `pending` until `replicated` has waited."""
+        w = PartitionWrite(self.metrics.request_errors, api=27)
+        partition = self._leader(w, topic, index, -1)
+        if partition is None:
+            return w
+        data = memoryview(
+            end_txn_marker(producer_id, producer_epoch, commit, coordinator_epoch, now_ms)
+        )
+        try:
+            partition.log.producers.check_marker(
+                producer_id, producer_epoch, coordinator_epoch, transaction_version
+            )
+            w.base_offset = partition.append(data, replicated_batches(data))
+        except SequenceError as e:
+            return w.fail(e.code, str(e))
+        except OSError as e:
+            return w.fail(ErrorCode.kafka_storage_error, f"storage error: {e}")
+        w.log_start_offset = partition.log.log_start_offset
+        w._partition = partition
+        w._end = partition.log.log_end_offset
         return w
 
 

@@ -232,6 +232,7 @@ class Partition:
             hw = min(hw, f.log_end_offset if f is not None else -1)
         if hw > self.high_watermark:
             self.high_watermark = hw
+            self.log.producers.high_watermark_moved(hw)
             waiters = self.hw_waiters
             while waiters and waiters[0][0] <= hw:
                 _, _, fut = heapq.heappop(waiters)
@@ -367,6 +368,7 @@ class Partition:
 
     def set_follower_hw(self, leader_hw: int) -> None:
         self.high_watermark = max(0, min(leader_hw, self.log.log_end_offset))
+        self.log.producers.high_watermark_moved(self.high_watermark)
 
     def _wake(self) -> None:
         if self.waiters:

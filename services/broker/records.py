@@ -118,13 +118,70 @@ def validate_batches(data: memoryview, max_batch_bytes: int) -> list[BatchInfo]:
             raise InvalidRecords(2, "record batch CRC mismatch")
         if info.record_count <= 0 or info.last_offset_delta < 0:
             raise InvalidRecords(87, "record batch has no records")
-        if info.attributes & (ATTR_TRANSACTIONAL | ATTR_CONTROL):
-            raise InvalidRecords(87, "transactional and control batches are not supported")
+        if info.attributes & ATTR_CONTROL:
+            # Markers are the transaction coordinator's (WriteTxnMarkers), never a client's.
+            raise InvalidRecords(87, "clients may not write control batches")
+        if info.attributes & ATTR_TRANSACTIONAL and info.producer_id < 0:
+            raise InvalidRecords(87, "a transactional batch needs a producer id")
         if info.attributes & ATTR_COMPRESSION_MASK > 4:
             raise InvalidRecords(2, "unknown compression codec")
         batches.append(info)
         pos += size
     return batches
+
+
+# Kafka's ControlRecordType (the control record's key: int16 version 0, int16 type) and
+# EndTransactionMarker (its value: int16 version 0, int32 coordinator epoch).
+CONTROL_ABORT = 0
+CONTROL_COMMIT = 1
+_CONTROL_KEY = struct.Struct(">hh")
+_MARKER_VALUE = struct.Struct(">hi")
+_BATCH_PREFIX = struct.Struct(">qiibI")
+_BATCH_TAIL = struct.Struct(">hiqqqhii")
+
+
+def end_txn_marker(
+    producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int, timestamp_ms: int
+) -> bytes:
+    """One control batch holding one COMMIT or ABORT marker, as Kafka's
+    MemoryRecords.withEndTransactionMarker builds it: transactional and control bits, no
+    sequence, uncompressed, base offset 0 (the append sets it)."""
+    key = _CONTROL_KEY.pack(0, CONTROL_COMMIT if commit else CONTROL_ABORT)
+    value = _MARKER_VALUE.pack(0, coordinator_epoch)
+    # attributes 0, timestamp delta 0, offset delta 0, key, value, no headers (zigzag varints
+    # of small lengths are one byte: 2 * n).
+    rec = b"\x00\x00\x00" + bytes([2 * len(key)]) + key + bytes([2 * len(value)]) + value + b"\x00"
+    body = bytes([2 * len(rec)]) + rec
+    tail = (
+        _BATCH_TAIL.pack(
+            ATTR_TRANSACTIONAL | ATTR_CONTROL,
+            0,
+            timestamp_ms,
+            timestamp_ms,
+            producer_id,
+            producer_epoch,
+            -1,
+            1,
+        )
+        + body
+    )
+    return _BATCH_PREFIX.pack(0, 4 + 1 + 4 + len(tail), -1, 2, crc32c(tail)) + tail
+
+
+def parse_marker(batch: bytes | memoryview) -> tuple[bool, int] | None:
+    """(commit, coordinator epoch) of a control batch holding a transaction marker; None
+    for an empty one (the cleaner removed it) or another control record type."""
+    from .record_codec import decode_batch  # markers are rare: no cost on the data path
+
+    records = decode_batch(batch)
+    if not records or records[0].key is None or len(records[0].key) < 4:
+        return None
+    _version, kind = _CONTROL_KEY.unpack_from(records[0].key, 0)
+    if kind not in (CONTROL_ABORT, CONTROL_COMMIT):
+        return None
+    value = records[0].value or b""
+    epoch = _MARKER_VALUE.unpack_from(value, 0)[1] if len(value) >= 6 else -1
+    return kind == CONTROL_COMMIT, epoch
 
 
 def assign_offsets(

@@ -20,6 +20,7 @@ from . import (
     fetch,
     groups,
     metadata,
+    partition_txns,
     produce,
     quorum,
     reassign,
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from ..share.coordinator import ShareCoordinator
     from ..views import ControllerCall, LocalReplicas
     from .deps import AdminDeps, FetchDeps, GroupDeps, MetadataDeps, TxnDeps
+    from .partition_txns import PartitionTxnDeps
 
 Handler = Callable[[RequestContext, Any], Awaitable[Any]]
 
@@ -60,6 +62,7 @@ def kafka_api(
     txn_deps: TxnDeps,
     controller: ControllerCall,
     share_coordinator: ShareCoordinator,
+    partition_txn_deps: PartitionTxnDeps,
 ) -> dict[int, ApiSpec]:
     """Every implemented API key -> its versions and its bound handler."""
     p = partial
@@ -91,6 +94,7 @@ def kafka_api(
         24: p(transactions.handle_add_partitions_to_txn, txn_deps),
         25: p(transactions.handle_add_offsets_to_txn, txn_deps),
         26: p(transactions.handle_end_txn, txn_deps),
+        27: p(partition_txns.handle_write_txn_markers, partition_txn_deps),
         28: p(transactions.handle_txn_offset_commit, txn_deps),
         29: p(acls.handle_describe_acls, admin_deps),
         30: p(acls.handle_create_acls, admin_deps),
@@ -109,6 +113,7 @@ def kafka_api(
         51: p(sec.handle_alter_user_scram_credentials, admin_deps),
         55: p(quorum.handle_describe_quorum, controller),
         60: p(metadata.handle_describe_cluster, metadata_deps),
+        61: p(partition_txns.handle_describe_producers, partition_txn_deps),
         65: p(transactions.handle_describe_transactions, txn_deps),
         66: p(transactions.handle_list_transactions, txn_deps),
         68: p(groups.handle_consumer_group_heartbeat, group_deps),

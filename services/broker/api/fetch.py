@@ -29,6 +29,7 @@ from ..fetch_sessions import (
 )
 from ..loop_slice import LoopSlice
 from ..storage.log import ReadSlice
+from ..storage.txn_index import AbortedTxn
 from .context import RawResponse, RequestContext
 
 if TYPE_CHECKING:
@@ -48,12 +49,16 @@ _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _PART_V4 = struct.Struct(">ihqq")  # partition, error, high watermark, last stable offset
 _I64 = struct.Struct(">q")
+_ABORTED = struct.Struct(">qq")  # producer id, first offset
 
 
 # topic -> [(partition, fetch offset, partition max bytes, current leader epoch,
 #            the fetching follower's log start)]
 WantedPartition = tuple[int, int, int, int, int]
 Wanted = list[tuple[str, list[WantedPartition]]]
+# A partition's answer: (partition, error, high watermark, log start, records, fetch
+# offset, last stable offset, aborted transactions (None: read_uncommitted or an error)).
+PartAnswer = tuple[int, int, int, int, ReadSlice | None, int, int, list[AbortedTxn] | None]
 
 
 def _wanted(p: Any) -> WantedPartition:
@@ -102,6 +107,9 @@ class _FetchPlan:
         # A follower needs CLUSTER_ACTION on the cluster (Kafka), asked once per request;
         # a consumer READ on each topic (a cached decision per topic per pass).
         self.follower_ok = self.replica < 0 or ctx.cluster_allowed(CLUSTER_ACTION)
+        # isolation_level=1 (READ_COMMITTED): a consumer reads up to the last stable
+        # offset and is told the aborted transactions in what it reads.
+        self.read_committed = self.replica < 0 and getattr(req, "isolation_level", 0) == 1
 
     def may_read(self, topic: str) -> bool:
         if self.replica >= 0:
@@ -145,7 +153,7 @@ class _FetchPlan:
         replica = self.replica
         session = self.session
         for topic, wants in wanted:
-            parts: list[tuple[int, int, int, int, ReadSlice | None, int]] = []
+            parts: list[PartAnswer] = []
             error: int
             denied = not self.may_read(topic)
             for index, fetch_offset, max_bytes, leader_epoch, follower_start in wants:
@@ -153,12 +161,12 @@ class _FetchPlan:
                     await pacer.pause()
                 if denied:
                     error = ErrorCode.topic_authorization_failed
-                    parts.append((index, error, -1, -1, None, fetch_offset))
+                    parts.append((index, error, -1, -1, None, fetch_offset, -1, None))
                     continue
                 partition, error = replicas.leader(topic, index, leader_epoch)
                 if error:
                     hw = partition.high_watermark if partition is not None else -1
-                    parts.append((index, error, hw, -1, None, fetch_offset))
+                    parts.append((index, error, hw, -1, None, fetch_offset, -1, None))
                     continue
                 assert partition is not None
                 plog = partition.log
@@ -168,10 +176,12 @@ class _FetchPlan:
                         self.reported.add((topic, index))
                 if fetch_offset < plog.log_start_offset or fetch_offset > plog.log_end_offset:
                     error = ErrorCode.offset_out_of_range
-                    parts.append((index, error, hw, plog.log_start_offset, None, fetch_offset))
+                    start = plog.log_start_offset
+                    parts.append((index, error, hw, start, None, fetch_offset, -1, None))
                     continue
+                lso = plog.last_stable_offset(hw)
                 limit = min(max_bytes, budget) if total else max_bytes
-                upper = hw
+                upper = lso if self.read_committed else hw
                 if replica >= 0:
                     upper = plog.log_end_offset
                     limit = throttle.allowance(topic, index, replica, limit)
@@ -183,8 +193,16 @@ class _FetchPlan:
                         extra={"topic": topic, "partition": index, "error": str(e)},
                     )
                     error = ErrorCode.kafka_storage_error
-                    parts.append((index, error, hw, -1, None, fetch_offset))
+                    parts.append((index, error, hw, -1, None, fetch_offset, -1, None))
                     continue
+                aborted = None
+                if self.read_committed:
+                    # From the indexes only (Kafka's collectAbortedTxns): no record is read.
+                    aborted = (
+                        plog.aborted_transactions(fetch_offset, plog.upper_bound_of(sl))
+                        if sl is not None
+                        else []
+                    )
                 if sl is not None:
                     total += sl.size
                     budget -= sl.size
@@ -192,7 +210,8 @@ class _FetchPlan:
                         throttle.spent(topic, index, replica, sl.size)
                 elif fetch_offset < upper:
                     unsent.add((topic, index))
-                parts.append((index, 0, hw, plog.log_start_offset, sl, fetch_offset))
+                start = plog.log_start_offset
+                parts.append((index, 0, hw, start, sl, fetch_offset, lso, aborted))
             topics.append((topic, parts))
         return topics, total, unsent
 
@@ -255,11 +274,18 @@ def _encode(ctx: RequestContext, topics: list, error: int = 0, session_id: int =
         raw = name.encode()
         head += (_uvarint(len(raw) + 1) if flexible else _I16.pack(len(raw))) + raw
         head += _uvarint(len(parts) + 1) if flexible else _I32.pack(len(parts))
-        for index, p_error, hw, log_start, sl, _ in parts:
-            head += _PART_V4.pack(index, p_error, hw, hw)
+        for index, p_error, hw, log_start, sl, _, lso, aborted in parts:
+            head += _PART_V4.pack(index, p_error, hw, lso)
             if v >= 5:
                 head += _I64.pack(log_start)
-            head += _uvarint(1) if flexible else _I32.pack(0)  # no aborted transactions
+            if aborted is None:  # read_uncommitted (and errors): null, as Kafka answers
+                head += _uvarint(0) if flexible else _I32.pack(-1)
+            else:
+                head += _uvarint(len(aborted) + 1) if flexible else _I32.pack(len(aborted))
+                for txn in aborted:
+                    head += _ABORTED.pack(txn.producer_id, txn.first_offset)
+                    if flexible:
+                        head += b"\x00"
             if v >= 11:
                 head += _I32.pack(-1)  # preferred read replica
             size = sl.size if sl else 0
@@ -430,11 +456,16 @@ _SPECIAL_MIN_VERSION = {
 }
 
 
-def _list_offset(partition: Any, timestamp: int) -> tuple[int, int, int]:
-    """(offset, timestamp, leader epoch) a leader answers for one ListOffsets timestamp."""
+def _list_offset(partition: Any, timestamp: int, isolation: int = 0) -> tuple[int, int, int]:
+    """(offset, timestamp, leader epoch) a leader answers for one ListOffsets timestamp.
+    Kafka's last fetchable offset bounds the answer: the high watermark, or with
+    isolation_level=1 (READ_COMMITTED) the last stable offset."""
     plog = partition.log
+    fetchable = partition.high_watermark
+    if isolation == 1:
+        fetchable = plog.last_stable_offset(fetchable)
     if timestamp == LATEST:
-        return partition.high_watermark, -1, partition.leader_epoch
+        return fetchable, -1, partition.leader_epoch
     if timestamp in (EARLIEST, EARLIEST_LOCAL):
         # The epoch the first record was written in, as Kafka answers: consumers check
         # their position against it (KIP-320).
@@ -453,7 +484,7 @@ def _list_offset(partition: Any, timestamp: int) -> tuple[int, int, int]:
         (offset, ts), epoch = by_time, plog.epochs.epoch_for(by_time[0])
     # Only committed records are found (Kafka: nothing at or above the last fetchable
     # offset, the high watermark for a consumer).
-    if offset >= partition.high_watermark:
+    if offset >= fetchable:
         return -1, -1, -1
     return offset, ts, epoch
 
@@ -509,7 +540,7 @@ async def handle_list_offsets(deps: FetchDeps, ctx: RequestContext, req: Any) ->
                 out["error_code"] = error
                 continue
             out["offset"], out["timestamp"], out["leader_epoch"] = _list_offset(
-                partition, p.timestamp
+                partition, p.timestamp, getattr(req, "isolation_level", 0)
             )
         if parts:
             topics.append({"name": t.name, "partitions": parts})

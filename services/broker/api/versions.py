@@ -46,6 +46,7 @@ VERSIONS: dict[int, Versions] = {
     24: Versions(0, 4),  # AddPartitionsToTxn; v4: batched, from brokers
     25: Versions(0, 3),  # AddOffsetsToTxn
     26: Versions(0, 3),  # EndTxn
+    27: Versions(1, 2),  # WriteTxnMarkers (v0 went in Kafka 4.0; v2: transaction version)
     28: Versions(0, 3),  # TxnOffsetCommit; v3: KIP-447 member and generation
     29: Versions(2, 3),  # DescribeAcls
     30: Versions(2, 3),  # CreateAcls
@@ -64,6 +65,7 @@ VERSIONS: dict[int, Versions] = {
     51: Versions(0, 0),  # AlterUserScramCredentials
     55: Versions(0, 2),  # DescribeQuorum
     60: Versions(0, 1),  # DescribeCluster
+    61: Versions(0, 0),  # DescribeProducers
     65: Versions(0, 0),  # DescribeTransactions
     66: Versions(0, 1),  # ListTransactions
     68: Versions(0, 1),  # ConsumerGroupHeartbeat (KIP-848)

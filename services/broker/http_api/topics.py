@@ -47,6 +47,8 @@ def _topic_view(deps: TopicsDeps, name: str) -> dict:
                 "log_start_offset": p.log.log_start_offset if p else -1,
                 "log_end_offset": p.log.log_end_offset if p else -1,
                 "high_watermark": p.high_watermark if p else -1,
+                # Where read_committed consumers stop: the first open transaction's.
+                "last_stable_offset": p.log.last_stable_offset(p.high_watermark) if p else -1,
                 "size_bytes": p.log.size_bytes if p else 0,
                 "segments": len(p.log.segments) if p else 0,
             }

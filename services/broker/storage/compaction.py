@@ -35,13 +35,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ..records import HEADER_SIZE, LOG_OVERHEAD, parse_header
+from . import txn_index
 from .batch_filter import ParsedBatch, parse_batch, rebuild_batch
 from .handles import FileHandles
 from .segment import Segment
+from .txn_index import TXN_INDEX, AbortedTxn
 
 CLEANED = ".cleaned"
 SWAP = ".swap"
-SEGMENT_SUFFIXES = (".log", ".index", ".timeindex")
+# `.log` first: swaps rename it last (reversed), the point a restart completes them from.
+SEGMENT_SUFFIXES = (".log", ".index", ".timeindex", ".txnindex")
 _READ_CHUNK = 1 << 20
 _WRITE_CHUNK = 1 << 20
 # Kafka's index entries hold a 32-bit offset relative to the segment's base.
@@ -257,6 +260,12 @@ def _clean_group(
     for suffix in SEGMENT_SUFFIXES:  # a leftover of a crashed cleaning
         _unlink(os.path.join(job.directory, f"{base:020d}{suffix}{CLEANED}"))
     out = Segment(job.directory, base, job.index_interval, job.now_ms, FileHandles(2), CLEANED)
+    # The cleaned segment answers for the aborted transactions of those it replaces.
+    aborted: list[AbortedTxn] = []
+    for seg in group:
+        aborted += (
+            txn_index.read(os.path.join(job.directory, f"{seg.base_offset:020d}{TXN_INDEX}")) or []
+        )
     pending: list[bytes | memoryview] = []
     infos = []
     pending_bytes = 0
@@ -278,6 +287,7 @@ def _clean_group(
                     pending, infos, pending_bytes = [], [], 0
         if pending:
             _write(out, pending, infos, pending_bytes, throttle, result)
+        out.set_aborted(aborted)
         out.fsync()  # flushed before the swap, as Kafka's cleaner does
         size = out.size
     finally:

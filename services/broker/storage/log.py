@@ -20,17 +20,19 @@ import orjson
 from ..producer_state import ProducerStateTable
 from ..record_codec import decode_batch
 from ..records import (
-    HEADER_SIZE,
+    ATTR_CONTROL,
     LOG_OVERHEAD,
     BatchInfo,
     assign_offsets,
     batch_leader_epoch,
     parse_header,
+    parse_marker,
 )
 from .compaction import CLEANED, SEGMENT_SUFFIXES, SWAP, CleanedGroup, SegmentFile
 from .epochs import LeaderEpochCache
 from .handles import FileHandles
 from .segment import Segment, segment_name
+from .txn_index import TXN_INDEX, AbortedTxn, collect
 
 log = logging.getLogger("straitmq.storage")
 
@@ -128,9 +130,9 @@ class PartitionLog:
 
     def _load(self) -> None:
         self._finish_swaps()
-        bases = sorted(
-            int(name[:-4]) for name in os.listdir(self.directory) if name.endswith(".log")
-        )
+        names = os.listdir(self.directory)
+        bases = sorted(int(name[:-4]) for name in names if name.endswith(".log"))
+        with_txn_index = {name[:20] for name in names if name.endswith(TXN_INDEX)}
         now = _now_ms()
         for i, base in enumerate(bases):
             seg = Segment(self.directory, base, self.config.index_interval_bytes, now, self.handles)
@@ -144,6 +146,8 @@ class PartitionLog:
                         "recovered segment by truncating a torn tail",
                         extra={"segment": seg.path(".log"), "bytes": cut},
                     )
+            if segment_name(base, "") in with_txn_index:
+                seg.load_txn_index()
             self.segments.append(seg)
         if not self.segments:
             self.segments.append(
@@ -184,7 +188,7 @@ class PartitionLog:
                 if name.endswith(".log") and base < int(name[:20]) < end:
                     for suffix in SEGMENT_SUFFIXES:
                         _unlink(os.path.join(self.directory, segment_name(int(name[:20]), suffix)))
-            for suffix in SEGMENT_SUFFIXES:
+            for suffix in SEGMENT_SUFFIXES[::-1]:  # .log last, as in _swap_group
                 src = os.path.join(self.directory, segment_name(base, suffix) + SWAP)
                 if os.path.exists(src):
                     os.replace(src, os.path.join(self.directory, segment_name(base, suffix)))
@@ -251,15 +255,26 @@ class PartitionLog:
                     break
                 except (OSError, orjson.JSONDecodeError, ValueError, TypeError):
                     log.warning("ignoring unreadable producer snapshot", extra={"path": path})
+        # The replay also rewrites the aborted-transaction entries of what it replays,
+        # exactly as the appends made them: a crash may have lost or torn some.
         i = max(0, bisect_right(self.bases, start) - 1)
         for seg in self.segments[i:]:
             pos = seg.position_of(start) if seg.base_offset < start else 0
             if pos is None:
                 continue
-            for p, size, base, _max_ts in seg.batches_from(pos):
-                info = parse_header(os.pread(seg.fd, HEADER_SIZE, p), 0, size)
-                info.base_offset = base
-                self.producers.record(info)
+            aborted = [e for e in seg.aborted if e.last_offset < start]
+            for p, size, head in seg.headers_from(pos):
+                info = parse_header(head, 0, size)
+                marker = None
+                if info.attributes & ATTR_CONTROL:
+                    marker = parse_marker(os.pread(seg.fd, size, p))
+                done = self.producers.record(info, marker)
+                if done is not None and done.aborted:
+                    lso = self.producers.stable_offset_after(done)
+                    aborted.append(
+                        AbortedTxn(done.producer_id, done.first_offset, done.last_offset, lso)
+                    )
+            seg.set_aborted(aborted)
 
     def write_producer_snapshot(self) -> None:
         offset = self.log_end_offset
@@ -331,8 +346,7 @@ class PartitionLog:
             self.epochs.assign(leader_epoch, base)
         pieces = assign_offsets(data, batches, base, leader_epoch)
         active.append(pieces, batches, total)
-        for b in batches:
-            self.producers.record(b)
+        self._note_producers(data, batches, active)
         # Inlined _after_append: this is the produce hot path.
         self._unflushed_messages += sum(b.last_offset_delta + 1 for b in batches)
         if (
@@ -410,9 +424,57 @@ class PartitionLog:
                     extra={"offset": b.base_offset, "epoch": epoch, "latest": latest},
                 )
         active.append([data[start:expected_pos]], batches, total)
-        for b in batches:
-            self.producers.record(b)
+        self._note_producers(data, batches, active)
         self._after_append(batches, now)
+
+    def _note_producers(self, data: memoryview, batches: list[BatchInfo], seg: Segment) -> None:
+        """Producer state from the appended batches (header fields only, but for the one
+        record of a transaction marker); an ABORT marker's transaction goes to the
+        segment's `.txnindex`, as Kafka's UnifiedLog.append does."""
+        producers = self.producers
+        for b in batches:
+            if b.producer_id < 0:
+                continue
+            if not b.attributes & ATTR_CONTROL:
+                producers.record(b)
+                continue
+            marker = parse_marker(data[b.position : b.position + b.size])
+            done = producers.record(b, marker)
+            if done is not None and done.aborted:
+                lso = producers.stable_offset_after(done)
+                seg.add_aborted(
+                    AbortedTxn(done.producer_id, done.first_offset, done.last_offset, lso)
+                )
+
+    # -- transactions ------------------------------------------------------------------
+
+    def last_stable_offset(self, high_watermark: int) -> int:
+        """Kafka's LSO: the first offset of the earliest transaction whose outcome is not
+        yet known below the high watermark, bounded by it."""
+        first = self.producers.first_unstable_offset(high_watermark)
+        return high_watermark if first is None or first >= high_watermark else first
+
+    def aborted_transactions(self, fetch_offset: int, upper: int) -> list[AbortedTxn]:
+        """The aborted transactions overlapping [fetch_offset, upper) (Kafka's
+        collectAbortedTxns): from the segment holding `fetch_offset` on, until an entry's
+        LSO shows no later one can overlap. Only the in-memory indexes are read."""
+        out: list[AbortedTxn] = []
+        i = max(0, bisect_right(self.bases, fetch_offset) - 1)
+        for seg in self.segments[i:]:
+            if seg.aborted and collect(seg.aborted, fetch_offset, upper, out):
+                break
+        return out
+
+    def upper_bound_of(self, sl: ReadSlice) -> int:
+        """The first offset after a read slice: the next batch's base in its segment, or
+        the segment's end."""
+        seg = sl.segment
+        end = sl.position + sl.size
+        if end < seg.size:
+            head = os.pread(sl.fd, 8, end)
+            if len(head) == 8:
+                return int.from_bytes(head, "big", signed=True)
+        return seg.next_offset
 
     def _after_append(self, batches: list[BatchInfo], now: int) -> None:
         """flush.messages / flush.ms."""
@@ -765,19 +827,20 @@ class PartitionLog:
 
     def _swap_group(self, group: CleanedGroup, old: list[Segment]) -> list[Segment]:
         d, base = self.directory, group.base_offset
-        for suffix in (".index", ".timeindex", ".log"):  # .log last: the commit point
+        for suffix in SEGMENT_SUFFIXES[::-1]:  # .log last: the commit point
             src = os.path.join(d, segment_name(base, suffix) + CLEANED)
             if os.path.exists(src):
                 os.replace(src, os.path.join(d, segment_name(base, suffix) + SWAP))
         for seg in old:
             seg.retire()
-        for suffix in (".index", ".timeindex", ".log"):
+        for suffix in SEGMENT_SUFFIXES[::-1]:
             src = os.path.join(d, segment_name(base, suffix) + SWAP)
             if os.path.exists(src):
                 os.replace(src, os.path.join(d, segment_name(base, suffix)))
         new = Segment(d, base, self.config.index_interval_bytes, _now_ms(), self.handles)
         if not (new.size and new.load_indexes()):
             new.recover(self.config.max_message_bytes)
+        new.load_txn_index()
         new.created_ms = old[-1].created_ms
         i = self.segments.index(old[0])
         self.segments[i : i + len(old)] = [new]

@@ -22,7 +22,9 @@ from collections.abc import Iterator
 from straitmq.invariants import broken
 
 from ..records import HEADER_SIZE, BatchInfo, check_crc, parse_header
+from . import txn_index
 from .handles import FileHandles
+from .txn_index import TXN_INDEX, AbortedTxn
 
 _LEN = struct.Struct(">qi")
 _OFFSET_ENTRY = struct.Struct(">ii")
@@ -43,6 +45,7 @@ class Segment:
         "_pending_index",
         "_pending_time",
         "_pinned",
+        "aborted",
         "base_offset",
         "created_ms",
         "directory",
@@ -88,6 +91,9 @@ class Segment:
         self._bytes_since_index = 0
         self._pending_index = bytearray()
         self._pending_time = bytearray()
+        # The aborted transactions whose ABORT marker is in this segment (`.txnindex`),
+        # in marker order; loaded by `load_txn_index`.
+        self.aborted: list[AbortedTxn] = []
 
     def path(self, suffix: str) -> str:
         return os.path.join(self.directory, segment_name(self.base_offset, suffix) + self.tail)
@@ -168,6 +174,30 @@ class Segment:
         if max_ts > self.max_timestamp:
             self.max_timestamp = max_ts
         self.next_offset = base + last_delta + 1
+
+    # -- aborted transactions ---------------------------------------------------------
+
+    def add_aborted(self, entry: AbortedTxn) -> None:
+        """Written at once (one small append, on ABORT markers only): a crash keeps it
+        with the marker, and a torn log tail drops it again at load."""
+        txn_index.append(self.path(TXN_INDEX), entry)
+        self.aborted.append(entry)
+
+    def load_txn_index(self) -> None:
+        self.aborted = txn_index.read(self.path(TXN_INDEX)) or []
+        self._trim_aborted()
+
+    def set_aborted(self, entries: list[AbortedTxn]) -> None:
+        if entries != self.aborted:
+            txn_index.rewrite(self.path(TXN_INDEX), entries)
+            self.aborted = entries
+
+    def _trim_aborted(self) -> None:
+        """Entries whose marker is not in the segment (cut by a truncation or a torn
+        tail) go."""
+        end = self.next_offset
+        if self.aborted and self.aborted[-1].last_offset >= end:
+            self.set_aborted([e for e in self.aborted if e.last_offset < end])
 
     def flush_indexes(self) -> None:
         # Rare (roll, fsync, close), so the index files are not kept open.
@@ -314,6 +344,7 @@ class Segment:
             os.ftruncate(self.fd, pos)
         self.size = pos
         self._rewrite_indexes()
+        self._trim_aborted()
         return truncated
 
     def load_indexes(self) -> bool:
@@ -400,7 +431,8 @@ class Segment:
         self._pending_index.clear()  # nothing to keep: a full disk must not stop a delete
         self._pending_time.clear()
         self.close()
-        for suffix in (".log", ".index", ".timeindex"):
+        self.aborted = []
+        for suffix in (".log", ".index", ".timeindex", TXN_INDEX):
             try:
                 os.unlink(self.path(suffix))
             except FileNotFoundError:

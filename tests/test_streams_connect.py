@@ -145,8 +145,10 @@ def word_count(
 
 # processing.guarantee. "exactly_once_v2" passes this test against Apache Kafka 4.1
 # (ECOSYSTEM_BROKERS=kafka: a transactional changelog, markers and all, compacted and
-# restored); StraitMQ does not take transactional batches in Produce yet (INVALID_RECORD,
-# "transactional and control batches are not supported"): add it here when it does.
+# restored). On StraitMQ it counts right and restores, but the changelog is never
+# compacted: the cleaner copies transactional batches whole (storage/compaction.py,
+# `_keep_batch_whole`), where Kafka's cleans committed transactional data like any other.
+# Add it here when the cleaner does.
 GUARANTEES = ["at_least_once"]
 
 

@@ -63,7 +63,9 @@ class JavaApp:
         self.out_path = logs / f"{name}.out"
         self.err_path = logs / f"{name}.log"
         self._err = open(self.err_path, "ab")
-        cmd = java_cmd(main_class, args, jvm_args=list(jvm_args), log_level=log_level, jars="4.1")
+        # Temporary files (RocksDB unpacks its native library there) stay with the test's.
+        jvm = [*jvm_args, f"-Djava.io.tmpdir={logs}"]
+        cmd = java_cmd(main_class, args, jvm_args=jvm, log_level=log_level, jars="4.1")
         self.proc = subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,

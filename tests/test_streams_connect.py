@@ -4,9 +4,10 @@ state in compacted topics, here cleaned by the log cleaner while the programs ru
 
 - Streams: a word count (tools/java/kafka-4.1/apps/WordCountApp.java: groupBy, so a
   repartition topic, and count() into a RocksDB store, so a compacted changelog topic),
-  at-least-once. The last count per word in the output topic equals a plain Python count
-  of the input; the changelog is `cleanup.policy=compact` (DescribeConfigs), and the
-  cleaner compacts it (Streams' `topic.` settings roll its segments at every append).
+  at-least-once and exactly-once (transactions). The last count per word in the output
+  topic equals a plain Python count of the input; the changelog is
+  `cleanup.policy=compact` (DescribeConfigs), and the cleaner compacts it (Streams'
+  `topic.` settings roll its segments at every append).
   Then the application stops, its local state directory is wiped, and it starts again:
   it rebuilds the store from the compacted changelog (its restore listener says how many
   records it read) and the counts go on from there as more input arrives.
@@ -143,13 +144,10 @@ def word_count(
     return app
 
 
-# processing.guarantee. "exactly_once_v2" passes this test against Apache Kafka 4.1
-# (ECOSYSTEM_BROKERS=kafka: a transactional changelog, markers and all, compacted and
-# restored). On StraitMQ it counts right and restores, but the changelog is never
-# compacted: the cleaner copies transactional batches whole (storage/compaction.py,
-# `_keep_batch_whole`), where Kafka's cleans committed transactional data like any other.
-# Add it here when the cleaner does.
-GUARANTEES = ["at_least_once"]
+# processing.guarantee: at-least-once, and exactly-once (v2: one transactional producer
+# per thread), where the changelog holds transactional batches and commit markers, which
+# the cleaner compacts by Kafka's rules for transactions.
+GUARANTEES = ["at_least_once", "exactly_once_v2"]
 
 
 @pytest.mark.parametrize("guarantee", GUARANTEES)

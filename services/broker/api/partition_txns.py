@@ -143,9 +143,14 @@ async def handle_describe_producers(deps: PartitionTxnDeps, ctx: RequestContext,
                 out["error_code"] = ErrorCode.topic_authorization_failed
                 continue
             partition, error = deps.replicas.leader(t.name, index)
-            if partition is None or partition.log is None or error in (
-                ErrorCode.unknown_topic_or_partition,
-                ErrorCode.kafka_storage_error,
+            if (
+                partition is None
+                or partition.log is None
+                or error
+                in (
+                    ErrorCode.unknown_topic_or_partition,
+                    ErrorCode.kafka_storage_error,
+                )
             ):
                 out["error_code"] = error or ErrorCode.not_leader_or_follower
                 continue

@@ -33,6 +33,9 @@ JAR_SETS = {"3.9": JARS_DIR, "4.1": KAFKA41_JARS_DIR}
 # the Apache Kafka that bench/kafka_ref.py runs as the reference broker
 REF_KAFKA = "4.1"
 CLASSES_DIR = CACHE_DIR / "jars" / "classes"
+# tools/java/kafka-4.1/apps/*.java compiled against the 4.1 set (the Streams word count)
+CLASSES_41_DIR = CACHE_DIR / "jars" / "classes-4.1"
+CLASS_DIRS = {"3.9": CLASSES_DIR, "4.1": CLASSES_41_DIR}
 FETCH_SCRIPT = REPO_ROOT / "scripts" / "fetch-jars.sh"
 LOG4J_CONFIG = REPO_ROOT / "tools" / "java" / "log4j.properties"  # log4j 1 (3.9 jars)
 LOG4J2_CONFIG = REPO_ROOT / "tools" / "java" / "kafka-4.1" / "log4j2-tools.xml"  # 4.1 jars
@@ -120,9 +123,10 @@ def ensure_jars(force: bool = False) -> None:
 def classpath(include_classes: bool = True, jars: str = "3.9") -> str:
     """Ensure fetch-jars ran; return the Java classpath (absolute paths, jar wildcard).
 
-    include_classes=False leaves out the compiled StraitClient classes dir (used for the broker).
-    jars: which jar set, "3.9" (default) or "4.1"; StraitClient (built against 3.9) is never
-    put on the 4.1 classpath.
+    include_classes=False leaves out the compiled classes dir of the set (used for the broker,
+    and for the single-file clients run from source, which must not be on the classpath too).
+    jars: which jar set, "3.9" (default: with StraitClient) or "4.1" (with the programs of
+    tools/java/kafka-4.1/apps/, e.g. WordCountApp); each set gets only its own classes.
     """
     global _classpath
     if jars not in JAR_SETS:
@@ -132,8 +136,8 @@ def classpath(include_classes: bool = True, jars: str = "3.9") -> str:
             ensure_jars()
             _classpath = "ok"
     parts = [str(JAR_SETS[jars] / "*")]
-    if include_classes and jars == "3.9":
-        parts.insert(0, str(CLASSES_DIR))
+    if include_classes:
+        parts.insert(0, str(CLASS_DIRS[jars]))
     return os.pathsep.join(parts)
 
 

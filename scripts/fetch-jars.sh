@@ -28,6 +28,9 @@ JAR_STAMP="$JARS_PARENT/.kafka-3.9.stamp"
 JAR_DIR_41="$JARS_PARENT/kafka-4.1"
 JAR_STAMP_41="$JARS_PARENT/.kafka-4.1.stamp"
 CLS_STAMP="$JARS_PARENT/.classes.stamp"
+SRC_DIR_41="$ROOT/tools/java/kafka-4.1/apps"
+CLASSES_41="$JARS_PARENT/classes-4.1"
+CLS_STAMP_41="$JARS_PARENT/.classes-4.1.stamp"
 MVN="${MVN:-mvn}"
 JAVAC="${JAVAC:-javac}"
 
@@ -94,7 +97,7 @@ fetch_jars() {
 
 fetch_jars 3.9 "$POM" "$JAR_DIR" "$JAR_STAMP"
 if [[ $fetched -eq 1 ]]; then rm -f "$CLS_STAMP"; fi   # recompile against the new jars
-# Kafka 4.1: the benchmarks' reference broker and CLI tools (nothing is compiled against it)
+# Kafka 4.1: the benchmarks' reference broker, the CLI tools, Streams, Connect, MirrorMaker 2
 fetch_jars 4.1 "$POM_41" "$JAR_DIR_41" "$JAR_STAMP_41"
 
 # ---- 2. classes ----------------------------------------------------------
@@ -115,6 +118,24 @@ if [[ ${#sources[@]} -gt 0 ]]; then
         # resources (log4j config for the client harness)
         for f in "${resources[@]}"; do cp "$f" "$CLASSES/"; done
         echo "$cls_hash" > "$CLS_STAMP"
+    fi
+fi
+# the same for the programs built on the 4.1 jars (the stamp hashes the 4.1 jar stamp too,
+# so new jars mean a recompile)
+shopt -s nullglob
+sources_41=("$SRC_DIR_41"/*.java)
+shopt -u nullglob
+if [[ ${#sources_41[@]} -gt 0 ]]; then
+    cls_hash_41="$(hash_of "${sources_41[@]}" "$JAR_STAMP_41")"
+    if [[ $force -eq 0 && -f "$CLS_STAMP_41" && "$(cat "$CLS_STAMP_41")" == "$cls_hash_41" && -d "$CLASSES_41" ]]; then
+        :
+    else
+        command -v "$JAVAC" >/dev/null || { log "error: '$JAVAC' not found (a JDK 17 is required)"; exit 1; }
+        log "compiling ${#sources_41[@]} Java source(s) into ${CLASSES_41#"$ROOT"/} ..."
+        rm -rf "$CLASSES_41"
+        mkdir -p "$CLASSES_41"
+        "$JAVAC" --release 17 -nowarn -encoding UTF-8 -cp "$JAR_DIR_41/*" -d "$CLASSES_41" "${sources_41[@]}" 1>&2
+        echo "$cls_hash_41" > "$CLS_STAMP_41"
     fi
 fi
 

@@ -218,10 +218,15 @@ _GROUP_OF_MODULE = {
     "test_spark_source": "spark",
     "test_spark_pipeline": "spark",
     "test_spark_security": "spark",
+    # Kafka Streams, Connect and MirrorMaker 2: several JVMs (an Apache Kafka broker among
+    # them) next to three StraitMQ clusters; one module at a time keeps two cores and the
+    # memory for the rest of the run.
+    "test_streams_connect": "ecosystem",
+    "test_mirrormaker2": "ecosystem",
 }
 # The longest units start first, so that none of them begins near the end of the run
 # (test.sh passes --no-loadscope-reorder so xdist keeps this order).
-_LONG_GROUPS = ["kubernetes", "spark", "test_security_tls_sasl", "test_clients_java"]
+_LONG_GROUPS = ["kubernetes", "spark", "test_security_tls_sasl", "test_clients_java", "ecosystem"]
 
 
 def _group(nodeid: str) -> str:

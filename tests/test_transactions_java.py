@@ -13,8 +13,14 @@ Central, unchanged) on one 3-broker StraitMQ cluster (3 controllers apart).
   zombie fenced by a newer producer with the same transactional id; a transaction past
   its timeout aborted by the coordinator.
 - `kafka-transactions` (list, describe, describe-producers, find-hanging, abort) on a
-  transaction left open by a producer killed with SIGKILL: `abort --start-offset` ends it
-  on the partition and read_committed consumers get past it.
+  transaction left open by a producer killed with SIGKILL: find-hanging does not list it
+  (its coordinator still tracks it), `abort --start-offset` ends it on the partition and
+  read_committed consumers get past it. A truly hanging transaction (a transactional
+  batch no coordinator knows of) is listed by find-hanging and aborted the same way.
+  `find-hanging --broker-id` is an expected failure: DescribeProducers refuses follower
+  replicas (see its xfail reason).
+- DescribeTransactions from every broker: the coordinator describes, the others answer
+  NOT_COORDINATOR (the Java admin's lookups go through such answers).
 
 Every Java process writes its stdout and log next to the test's data; the failure
 messages name them and the brokers' logs.
@@ -22,25 +28,34 @@ messages name them and the brokers' logs.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import random
 import re
 import subprocess
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import suppress
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from cluster_support import Cluster, cluster_factory
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from crc32c import crc32c
 from ecosystem_support import APP_JVM_ARGS, JavaApp, JavaApps, _pdeathsig
+from kio.schema.describe_transactions.v0.request import DescribeTransactionsRequest
 from kio.schema.errors import ErrorCode
 from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
+from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
 from kio.schema.list_transactions.v1.request import ListTransactionsRequest
-from test_errors import Raw
+from kio.schema.types import ProducerId, TransactionalId
+from kio.static.primitive import i16
+from straitmq.broker.record_codec import build_batch
+from test_errors import Raw, produce, produce_partition
 from test_transactions import TXN_ARGS, _read, _topic
 from waiting import wait_for
 
@@ -516,3 +531,113 @@ def test_kafka_transactions_find_hanging_by_broker(cluster: Cluster) -> None:
             cluster, "find-hanging", "--broker-id", str(bid), "--max-transaction-timeout", "0"
         )
         assert rows == [HANGING_HEADER], rows
+
+
+def first_sequence(batch: bytes) -> bytes:
+    """build_batch's transactional batch (no sequence, as coordinators write theirs) as a
+    producer sends its first one: base sequence 0, the CRC (attributes onwards) redone."""
+    b = bytearray(batch)
+    b[53:57] = (0).to_bytes(4, "big")  # baseSequence, after producerId and producerEpoch
+    b[17:21] = crc32c(bytes(b[21:])).to_bytes(4, "big")
+    return bytes(b)
+
+
+def test_kafka_transactions_finds_and_aborts_a_hanging_transaction(
+    cluster: Cluster, clients: list[TxnClient], tmp_path: Path
+) -> None:
+    """A transaction hanging as Kafka's tool means it: open on a partition while no
+    coordinator knows of it (here a transactional batch produced without
+    AddPartitionsToTxn, which a broker without KIP-890's produce verification takes, as
+    Kafka before 3.6 did). find-hanging lists it; abort ends it; read_committed moves on."""
+    topic = _topic(cluster, "jtxn-hanging", partitions=1)
+    leader = cluster.brokers[cluster.leader_of(topic, 0)]
+    raw = Raw(SimpleNamespace(port=leader.kafka_port))
+    try:
+        init = raw.call(
+            InitProducerIdRequest(
+                transactional_id=None,
+                transaction_timeout=timedelta(seconds=60),
+                producer_id=ProducerId(-1),
+                producer_epoch=i16(-1),
+            )
+        )
+        assert init.error_code == ErrorCode.none, init
+        pid = int(init.producer_id)
+        batch = first_sequence(
+            build_batch([(b"h", b"hanging-0", [])], int(time.time() * 1000), producer=(pid, 0))
+        )
+        req = dataclasses.replace(
+            produce(9, topic, batch), transactional_id=TransactionalId("jtxn-ghost")
+        )
+        assert produce_partition(raw.call(req)).error_code == ErrorCode.none
+    finally:
+        raw.close()
+    c = client(cluster, clients, "txnclient", tmp_path)
+    c.ok("new p jtxn-hanging-after 60000")
+    c.ok("p begin")
+    c.ok(f"p send {topic} 0 after 2")
+    c.ok("p commit")
+    assert c.read(topic, "read_committed") == []  # held at the hanging transaction
+
+    rows = kafka_transactions(
+        cluster,
+        "find-hanging",
+        "--topic",
+        topic,
+        "--partition",
+        "0",
+        "--max-transaction-timeout",
+        "0",
+    )
+    assert rows[0] == HANGING_HEADER, rows
+    (hanging,) = table(rows)
+    assert hanging["ProducerId"] == str(pid) and hanging["StartOffset"] == "0", hanging
+    assert hanging["Topic"] == topic and hanging["Partition"] == "0", hanging
+
+    kafka_transactions(
+        cluster, "abort", "--topic", topic, "--partition", "0", "--start-offset", "0"
+    )
+    wait_for(
+        lambda: c.read(topic, "read_committed") == values("after", 2),
+        30,
+        "read_committed past the aborted hanging transaction",
+        0.5,
+    )
+    rows = kafka_transactions(
+        cluster, "find-hanging", "--topic", topic, "--max-transaction-timeout", "0"
+    )
+    assert rows == [HANGING_HEADER], rows
+
+
+def test_describe_transactions_answers_every_broker(
+    cluster: Cluster, clients: list[TxnClient], tmp_path: Path
+) -> None:
+    """The coordinator describes the id; any other broker answers NOT_COORDINATOR (an entry
+    with every field, not a closed connection); an unknown id is TRANSACTIONAL_ID_NOT_FOUND."""
+    c = client(cluster, clients, "txnclient", tmp_path)
+    c.ok("new p jtxn-described 60000")
+    # Ongoing, so that its start time is a timestamp (kio reads no -1 there, Empty's)
+    topic = _topic(cluster, "jtxn-described", partitions=1)
+    c.ok("p begin")
+    c.ok(f"p send {topic} 0 described 1")
+    c.ok("p flush")
+    coordinators = {tid: coordinator_of(cluster, tid) for tid in ("jtxn-described", "jtxn-unused")}
+    for bid, node in cluster.brokers.items():
+        raw = Raw(SimpleNamespace(port=node.kafka_port))
+        try:
+            r = raw.call(
+                DescribeTransactionsRequest(
+                    transactional_ids=tuple(map(TransactionalId, coordinators))
+                )
+            )
+        finally:
+            raw.close()
+        for entry in r.transaction_states:
+            if bid != coordinators[entry.transactional_id]:
+                assert entry.error_code == ErrorCode.not_coordinator, (bid, entry)
+                assert entry.transaction_state == "", entry
+            elif entry.transactional_id == "jtxn-unused":
+                assert entry.error_code == ErrorCode.transactional_id_not_found, entry
+            else:
+                assert entry.error_code == ErrorCode.none, entry
+                assert entry.transaction_state == "Ongoing" and entry.producer_id >= 0, entry

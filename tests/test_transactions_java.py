@@ -248,7 +248,7 @@ def test_java_transaction_past_its_timeout_is_aborted(
     assert reply.startswith("error ") and any(f in reply for f in FENCED), reply
 
 
-# -- Kafka Streams, exactly_once_v2 ---------------------------------------------------------
+# -- the coordinators, as the brokers answer ----------------------------------------------
 
 
 def transactions_of(cluster: Cluster, prefix: str) -> dict[str, tuple[int, str]]:
@@ -281,134 +281,6 @@ def coordinator_of(cluster: Cluster, tid: str) -> int:
     (answer,) = r.coordinators
     assert answer.error_code == ErrorCode.none, answer
     return int(answer.node_id)
-
-
-class CountsSeen:
-    """Follows the output topic from its start with read_committed: every count per word,
-    in order."""
-
-    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
-        self.consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": "wc-eos-check",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-            }
-        )
-        self.consumer.assign(
-            [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)]
-        )
-        self.seen: dict[str, list[int]] = {}
-
-    def latest(self) -> dict[str, int]:
-        while (m := self.consumer.poll(0.2)) is not None:
-            assert not m.error(), m.error()
-            count = int.from_bytes(m.value(), "big", signed=True)  # Serdes.Long
-            self.seen.setdefault(m.key().decode(), []).append(count)
-        return {w: counts[-1] for w, counts in self.seen.items()}
-
-    def close(self) -> None:
-        self.consumer.close()
-
-
-def restart(cluster: Cluster, bid: int) -> None:
-    cluster.brokers[bid].start()
-    cluster.wait_ready(brokers=[bid])
-
-
-def test_streams_exactly_once_v2_word_count_survives_kill_9(
-    cluster: Cluster, apps: JavaApps, tmp_path: Path
-) -> None:
-    b = cluster.bootstrap
-    source, sink = _topic(cluster, "wc-eos-in"), _topic(cluster, "wc-eos-out")
-    rng = random.Random(26)
-    parts = [[" ".join(rng.choices(WORDS, k=rng.randint(1, 5))) for _ in range(60)] for _ in "abc"]
-    producer = Producer({"bootstrap.servers": b, "acks": "all", "enable.idempotence": True})
-    counts = CountsSeen(b, sink, 3)
-    app: JavaApp | None = None
-
-    def produce(lines: list[str]) -> None:
-        for line in lines:
-            producer.produce(source, key=line.encode(), value=line.encode())
-        assert producer.flush(60) == 0, "input not acknowledged in 60 s"
-
-    def counted(n_parts: int, what: str) -> None:
-        expected = Counter(" ".join(line for part in parts[:n_parts] for line in part).split())
-        assert app is not None
-        wait_for(
-            lambda: counts.latest() == expected,
-            120,
-            what,
-            0.3,
-            check=app.check_alive,
-            detail=lambda: (
-                f"got {counts.latest()}, want {dict(expected)}; brokers: {logs_of(cluster)}"
-            ),
-        )
-
-    try:
-        app = apps.start(
-            "wordcount-eos",
-            "WordCountApp",
-            [
-                "--bootstrap",
-                b,
-                "--application-id",
-                "wc-eos",
-                "--state-dir",
-                tmp_path / "state",
-                "--input",
-                source,
-                "--output",
-                sink,
-                "processing.guarantee=exactly_once_v2",
-                "replication.factor=3",
-            ],
-            tmp_path,
-        )
-        app.wait_line(lambda line: line.endswith(" RUNNING"), 120, "state RUNNING")
-        produce(parts[0])
-        counted(1, "the counts of the first part")
-
-        # Streams' EOS v2 producer: one transactional id per stream thread,
-        # <application.id>-<process id>-<thread index>, coordinated by one broker.
-        tids = transactions_of(cluster, "wc-eos-")
-        assert len(tids) == 1, tids
-        ((tid, (listed_by, _state)),) = tids.items()
-        assert re.fullmatch(r"wc-eos-[0-9a-f-]{36}-1", tid), tid
-        coordinator = coordinator_of(cluster, tid)
-        assert coordinator == listed_by, (coordinator, listed_by)
-
-        # The leader of an input partition (another broker than the coordinator when one
-        # is), killed while the second part is being processed.
-        leaders = {p: cluster.leader_of(source, p) for p in range(3)}
-        victim = next((lb for lb in leaders.values() if lb != coordinator), leaders[0])
-        produce(parts[1])
-        cluster.brokers[victim].kill9()
-        try:
-            counted(2, f"the counts of two parts, broker {victim} (an input leader) killed")
-        finally:
-            restart(cluster, victim)
-
-        # The transaction coordinator, killed while the third part is being processed.
-        coordinator = coordinator_of(cluster, tid)
-        produce(parts[2])
-        cluster.brokers[coordinator].kill9()
-        try:
-            counted(3, f"the counts of three parts, broker {coordinator} (the coordinator) killed")
-        finally:
-            restart(cluster, coordinator)
-
-        # Exactly once: every count of every word once, in order; none past the plain count.
-        expected = Counter(" ".join(line for part in parts for line in part).split())
-        for word, n in expected.items():
-            assert counts.seen[word] == list(range(1, n + 1)), (word, counts.seen[word])
-        assert set(counts.seen) == set(expected)
-        assert transactions_of(cluster, "wc-eos-").keys() >= {tid}
-        assert app.stop() == 143, app.log_tail()
-    finally:
-        counts.close()
 
 
 # -- kafka-transactions ------------------------------------------------------------------
@@ -641,3 +513,141 @@ def test_describe_transactions_answers_every_broker(
             else:
                 assert entry.error_code == ErrorCode.none, entry
                 assert entry.transaction_state == "Ongoing" and entry.producer_id >= 0, entry
+
+
+# -- Kafka Streams, exactly_once_v2 (last: its broker kills move leaderships, which the
+# preferred-leader rebalancing moves back some seconds later) -----------------------------
+
+
+class CountsSeen:
+    """Follows the output topic from its start with read_committed: every count per word,
+    in order."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": "wc-eos-check",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+            }
+        )
+        self.consumer.assign(
+            [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)]
+        )
+        self.seen: dict[str, list[int]] = {}
+
+    def latest(self) -> dict[str, int]:
+        while (m := self.consumer.poll(0.2)) is not None:
+            assert not m.error(), m.error()
+            count = int.from_bytes(m.value(), "big", signed=True)  # Serdes.Long
+            self.seen.setdefault(m.key().decode(), []).append(count)
+        return {w: counts[-1] for w, counts in self.seen.items()}
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def restart(cluster: Cluster, bid: int) -> None:
+    cluster.brokers[bid].start()
+    cluster.wait_ready(brokers=[bid])
+
+
+def test_streams_exactly_once_v2_word_count_survives_kill_9(
+    cluster: Cluster, apps: JavaApps, tmp_path: Path
+) -> None:
+    b = cluster.bootstrap
+    source, sink = _topic(cluster, "wc-eos-in"), _topic(cluster, "wc-eos-out")
+    rng = random.Random(26)
+    parts = [[" ".join(rng.choices(WORDS, k=rng.randint(1, 5))) for _ in range(60)] for _ in "abc"]
+    producer = Producer({"bootstrap.servers": b, "acks": "all", "enable.idempotence": True})
+    counts = CountsSeen(b, sink, 3)
+    app: JavaApp | None = None
+
+    def produce(lines: list[str]) -> None:
+        for line in lines:
+            producer.produce(source, key=line.encode(), value=line.encode())
+        assert producer.flush(60) == 0, "input not acknowledged in 60 s"
+
+    def counted(n_parts: int, what: str) -> None:
+        expected = Counter(" ".join(line for part in parts[:n_parts] for line in part).split())
+        assert app is not None
+        wait_for(
+            lambda: counts.latest() == expected,
+            120,
+            what,
+            0.3,
+            check=app.check_alive,
+            detail=lambda: (
+                f"got {counts.latest()}, want {dict(expected)}; brokers: {logs_of(cluster)}"
+            ),
+        )
+
+    try:
+        app = apps.start(
+            "wordcount-eos",
+            "WordCountApp",
+            [
+                "--bootstrap",
+                b,
+                "--application-id",
+                "wc-eos",
+                "--state-dir",
+                tmp_path / "state",
+                "--input",
+                source,
+                "--output",
+                sink,
+                "processing.guarantee=exactly_once_v2",
+                "replication.factor=3",
+            ],
+            tmp_path,
+        )
+        app.wait_line(lambda line: line.endswith(" RUNNING"), 120, "state RUNNING")
+        produce(parts[0])
+        counted(1, "the counts of the first part")
+
+        # Streams' EOS v2 producer: one transactional id per stream thread,
+        # <application.id>-<process id>-<thread index>, coordinated by one broker.
+        tids = transactions_of(cluster, "wc-eos-")
+        assert len(tids) == 1, tids
+        ((tid, (listed_by, _state)),) = tids.items()
+        assert re.fullmatch(r"wc-eos-[0-9a-f-]{36}-1", tid), tid
+        coordinator = coordinator_of(cluster, tid)
+        assert coordinator == listed_by, (coordinator, listed_by)
+
+        # The leader of an input partition (another broker than the coordinator when one
+        # is), killed while the second part is being processed.
+        leaders = {p: cluster.leader_of(source, p) for p in range(3)}
+        victim = next((lb for lb in leaders.values() if lb != coordinator), leaders[0])
+        produce(parts[1])
+        cluster.brokers[victim].kill9()
+        try:
+            counted(2, f"the counts of two parts, broker {victim} (an input leader) killed")
+        finally:
+            restart(cluster, victim)
+
+        # The transaction coordinator, killed while the third part is being processed.
+        coordinator = coordinator_of(cluster, tid)
+        produce(parts[2])
+        cluster.brokers[coordinator].kill9()
+        try:
+            counted(3, f"the counts of three parts, broker {coordinator} (the coordinator) killed")
+        finally:
+            restart(cluster, coordinator)
+
+        # Exactly once: every count of every word once, in order; none past the plain count.
+        expected = Counter(" ".join(line for part in parts for line in part).split())
+        for word, n in expected.items():
+            assert counts.seen[word] == list(range(1, n + 1)), (word, counts.seen[word])
+        assert set(counts.seen) == set(expected)
+        # The id lives on through the kills (one per stream thread, whatever its epoch).
+        wait_for(
+            lambda: tid in transactions_of(cluster, "wc-eos-"),
+            30,
+            f"{tid} listed by its coordinator after the restarts",
+            0.5,
+        )
+        assert app.stop() == 143, app.log_tail()
+    finally:
+        counts.close()

@@ -121,7 +121,7 @@ from straitmq.security.acls import (
 pytestmark = pytest.mark.timeout(300)
 
 TOPIC_AUTH, GROUP_AUTH, CLUSTER_AUTH, INVALID_REQUEST = 29, 30, 31, 42
-NAMES = ("admin", "alice", "bob", "carol", "dave", "erin", "frank", "gina", "hank", "ivan", "judy")
+NAMES = tuple("admin alice bob carol dave erin frank gina hank ivan judy kim".split())
 USERS = {name: f"{name}-pw" for name in NAMES}
 JAAS = (
     "org.apache.kafka.common.security.plain.PlainLoginModule required "
@@ -562,6 +562,77 @@ def test_idempotent_producer_needs_idempotent_write_or_write_on_a_topic(secured:
         acl("kafka-cluster", AclOperation.IDEMPOTENT_WRITE, "gina", rtype=ResourceType.BROKER)
     )
     assert secured.raw_as("gina").call(init).error_code == 0
+
+
+def test_transactional_ids_need_write_and_describe(secured: Secured) -> None:
+    """TRANSACTIONAL_ID: DESCRIBE to find its coordinator, WRITE to use it (with WRITE on
+    the topics the transaction writes to), as Kafka checks them."""
+    # The coordinator writes its markers over the inter-broker listener, PLAINTEXT here:
+    # as in Kafka, that principal needs CLUSTER_ACTION.
+    markers = acl(
+        "kafka-cluster", AclOperation.CLUSTER_ACTION, "ANONYMOUS", rtype=ResourceType.BROKER
+    )
+    secured.allow(markers)
+    try:
+        _transactions_as_kim(secured)
+    finally:  # the other tests expect ANONYMOUS to have nothing
+        flt = AclBindingFilter(
+            markers.restype,
+            markers.name,
+            markers.resource_pattern_type,
+            markers.principal,
+            markers.host,
+            markers.operation,
+            markers.permission_type,
+        )
+        for f in secured.admin().delete_acls([flt]).values():
+            f.result(timeout=30)
+
+
+def _transactions_as_kim(secured: Secured) -> None:
+    TXN_AUTH = 53
+    t = secured.topic("acl-txn")
+    secured.allow(
+        acl(t, AclOperation.WRITE, "kim"),
+        acl(t, AclOperation.READ, "kim"),
+        acl("kim-g", AclOperation.READ, "kim", rtype=ResourceType.GROUP),
+    )
+    kim = secured.conf("kim")
+    raw = secured.raw_as("kim")
+    find = FindCoordinatorRequest(key_type=1, coordinator_keys=("kim-tx",))
+    assert [c.error_code for c in raw.call(find).coordinators] == [TXN_AUTH]
+    init = InitProducerIdRequest(
+        transactional_id="kim-tx",
+        transaction_timeout=timedelta(seconds=30),
+        producer_id=-1,
+        producer_epoch=-1,
+    )
+    secured.allow(acl("kim-tx", AclOperation.DESCRIBE, "kim", rtype=ResourceType.TRANSACTIONAL_ID))
+    assert [c.error_code for c in raw.call(find).coordinators] == [0]
+    assert raw.call(init).error_code == TXN_AUTH
+    secured.allow(acl("kim-tx", AclOperation.WRITE, "kim", rtype=ResourceType.TRANSACTIONAL_ID))
+    p = Producer({**kim, "transactional.id": "kim-tx"})
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(t, value=b"in a transaction")
+    p.commit_transaction(30)
+    # A topic kim may not write cannot join the transaction: nothing is half-committed.
+    other = secured.topic("acl-txn-other")
+    p.begin_transaction()
+    p.produce(other, value=b"refused")
+    with pytest.raises(KafkaException) as e:
+        p.commit_transaction(30)
+    assert (
+        e.value.args[0].code()
+        in (
+            KafkaError.TOPIC_AUTHORIZATION_FAILED,
+            KafkaError._STATE,
+        )
+        or e.value.args[0].txn_requires_abort()
+    )
+    p.abort_transaction(30)
+    got = consume_one({**kim, "isolation.level": "read_committed"}, t, "kim-g")
+    assert got == b"in a transaction"
 
 
 def test_group_apis(secured: Secured) -> None:

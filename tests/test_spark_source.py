@@ -204,6 +204,44 @@ def test_spark_kafka_source_gives_the_same_result(
     assert {(r[3], r[4]) for r in outs["kafka"]} == acked.keys()
 
 
+def test_read_committed_reads_only_committed_transactions(
+    spark: Any, broker: BrokerProcess
+) -> None:
+    """`kafka.isolation.level=read_committed`, with the straitmq source and with Spark's
+    own Kafka source: the records of committed transactions, never an aborted one's;
+    read_uncommitted gets both."""
+    from confluent_kafka import Producer
+
+    name = f"spark-txn-{uuid.uuid4().hex[:6]}"
+    broker.create_topic(name, 2)
+    p = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": name})
+    p.init_transactions(30)
+    for batch in range(6):
+        p.begin_transaction()
+        for i in range(50):
+            p.produce(name, key=b"%d" % i, value=f"{batch}-{i}".encode(), partition=i % 2)
+        if batch % 3 == 2:
+            assert p.flush(30) == 0  # sent, then aborted (librdkafka drops unsent ones)
+            p.abort_transaction(30)
+        else:
+            p.commit_transaction(30)
+    committed = sorted(f"{b}-{i}" for b in range(6) if b % 3 != 2 for i in range(50))
+
+    def values(source: str, isolation: str) -> list[str]:
+        df = (
+            spark.read.format(source)
+            .option("kafka.bootstrap.servers", broker.bootstrap)
+            .option("subscribe", name)
+            .option("kafka.isolation.level", isolation)
+            .load()
+        )
+        return sorted(bytes(r["value"]).decode() for r in df.select("value").collect())
+
+    for source in ("straitmq", "kafka"):
+        assert values(source, "read_committed") == committed, source
+    assert len(values("straitmq", "read_uncommitted")) == 300
+
+
 # ---- streaming --------------------------------------------------------------------------------
 
 

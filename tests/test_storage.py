@@ -117,3 +117,58 @@ def test_producer_state_survives_reopen(tmp_path):
         assert d.cached.base_offset == 11
     nxt = validate_batches(idem_batch(12), 1 << 20)
     reopened.producers.check(nxt)
+
+
+def _txn(pid: int, seq: int, value: bytes) -> bytes:
+    """A transactional batch of one record (attributes bit 4 set, CRC recomputed)."""
+    import struct
+
+    from crc32c import crc32c
+
+    data = bytearray(record_batch([value], (pid, 0, seq), 1_700_000_000_000))
+    struct.pack_into(">h", data, 21, 0x10)
+    struct.pack_into(">I", data, 17, crc32c(bytes(data[21:])))
+    return bytes(data)
+
+
+def test_txn_index_goes_with_its_segment(tmp_path):
+    """An ABORT marker's `.txnindex` entry lives in its segment's file: retention deletes
+    it with the segment, a truncation below the marker removes it."""
+    from straitmq.broker.records import end_txn_marker, replicated_batches
+
+    path = str(tmp_path / "p")
+    plog = PartitionLog(path, LogConfig(segment_bytes=250, retention_bytes=0))
+    for i in range(3):
+        view = memoryview(_txn(9, i, b"t%d" % i))
+        plog.append(view, validate_batches(view, 1 << 20), 0)
+        marker = memoryview(end_txn_marker(9, 0, False, 0, 1_700_000_000_000))
+        plog.append(marker, replicated_batches(marker), 0)
+    indexes = sorted(n for n in os.listdir(path) if n.endswith(".txnindex"))
+    assert len(indexes) >= 2
+    assert [e.first_offset for s in plog.segments for e in s.aborted] == [0, 2, 4]
+    plog.roll()
+    plog.apply_retention()
+    assert len(plog.segments) == 1
+    assert not [n for n in os.listdir(path) if n.endswith(".txnindex")]
+    assert plog.aborted_transactions(0, plog.log_end_offset) == []
+
+
+def test_producer_snapshot_of_an_older_broker_loads(tmp_path):
+    """Snapshots written before transactions hold [pid, epoch, batches] per producer."""
+    import orjson
+
+    path = str(tmp_path / "p")
+    plog = PartitionLog(path, LogConfig())
+    view = memoryview(record_batch([b"a"], (5, 2, 0)))  # now: not expired at the snapshot
+    plog.append(view, validate_batches(view, 1 << 20), 0)
+    plog.close()
+    (snap,) = [n for n in os.listdir(path) if n.endswith(".snapshot")]
+    with open(os.path.join(path, snap), "rb") as f:
+        data = orjson.loads(f.read())
+    with open(os.path.join(path, snap), "wb") as f:
+        f.write(orjson.dumps([entry[:3] for entry in data]))
+    again = PartitionLog(path, LogConfig())
+    entry = again.producers.producers[5]
+    assert entry.epoch == 2 and entry.last_seq() == 0 and entry.txn_first == -1
+    assert again.last_stable_offset(again.log_end_offset) == again.log_end_offset
+    again.close()

@@ -325,3 +325,50 @@ def test_bad_transactional_requests_get_kafkas_errors(cluster: Cluster) -> None:
         assert huge.error_code in (ErrorCode.invalid_transaction_timeout, ErrorCode.not_coordinator)
     finally:
         raw.close()
+
+
+def test_transactional_offsets_count_only_once_committed(cluster: Cluster) -> None:
+    """sendOffsetsToTransaction: while the transaction is open the group's offset is
+    unstable (OffsetFetch require_stable: UNSTABLE_OFFSET_COMMIT), an abort drops it, a
+    commit makes it the group's committed offset."""
+    from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
+    from kio.schema.offset_fetch.v7.request import OffsetFetchRequest, OffsetFetchRequestTopic
+
+    topic = _topic(cluster, "txn-offsets", 1)
+    group = "txn-offsets-g"
+    c = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": group})
+    meta = c.consumer_group_metadata()
+    p = _producer(cluster, "offsets-id")
+    b = cluster.any_broker()
+    raw = Raw(SimpleNamespace(port=b.kafka_port))
+    found = raw.call(FindCoordinatorRequest(key_type=0, coordinator_keys=(group,)))
+    raw.close()
+    node = found.coordinators[0]
+    raw = Raw(SimpleNamespace(port=node.port))
+
+    def fetched() -> tuple[int, int]:
+        r = raw.call(
+            OffsetFetchRequest(
+                group_id=group,
+                require_stable=True,
+                topics=(OffsetFetchRequestTopic(name=topic, partition_indexes=(0,)),),
+            )
+        )
+        part = r.topics[0].partitions[0]
+        return int(part.error_code), int(part.committed_offset)
+
+    try:
+        for commit, offset in ((False, 5), (True, 7)):
+            p.begin_transaction()
+            p.produce(topic, value=b"x")
+            p.send_offsets_to_transaction([TopicPartition(topic, 0, offset)], meta, 30)
+            assert fetched() == (ErrorCode.unstable_offset_commit, -1)
+            if commit:
+                p.commit_transaction(30)
+            else:
+                p.abort_transaction(30)
+            wait_for(lambda: fetched()[0] == 0, 15, "the offset to be stable again")
+            assert fetched() == (0, offset if commit else -1)
+    finally:
+        raw.close()
+        c.close()

@@ -28,10 +28,11 @@ from straitmq.broker.records import (
 from straitmq.broker.storage import txn_index
 from straitmq.broker.storage.log import LogConfig, PartitionLog
 from straitmq.broker.storage.txn_index import AbortedTxn
+from test_acls import secured
 from test_errors import MS, Raw, code, fetch, kio_module, list_offsets, make, new_topic, raw
 from test_errors import produce as produce_req
 
-__all__ = ["raw"]  # the fixture, imported for the tests below
+__all__ = ["raw", "secured"]  # the fixtures, imported for the tests below
 
 TS = 1_700_000_000_000
 
@@ -360,6 +361,9 @@ def test_fencing_and_bad_input_over_the_wire(txn_broker: Any, raw: Any) -> None:
     assert send(txn_batch(77, 3, 0, [b"x"])) == 0
     assert send(txn_batch(77, 2, 0, [b"zombie"])) == INVALID_PRODUCER_EPOCH
     assert send(end_txn_marker(77, 3, True, 0, TS)) == INVALID_RECORD  # a client's marker
+    # Transactional records in a request without a transactional id (Kafka's rule).
+    resp = r.call(produce_req(7, topic, txn_batch(78, 0, 0, [b"x"])))
+    assert code(resp.responses[0].partition_responses[0]) == 53
     assert marker_errors(r.call(write_markers(1, 77, 2, True, topic))) == [INVALID_PRODUCER_EPOCH]
     # Transactions v2: the marker must carry a bumped epoch.
     v2 = write_markers(2, 77, 3, True, topic)
@@ -417,3 +421,260 @@ def test_read_committed_long_poll_wakes_on_the_marker(txn_broker: Any, raw: Any)
     assert not th.is_alive() and time.monotonic() - started < 15
     p = part_of(got[0])
     assert data_offsets(p.records) == [0] and p.last_stable_offset == 2
+
+
+# -- the log cleaner and transactions -----------------------------------------------------------
+
+DAY = 24 * 3600 * 1000
+
+
+class CleanerSettings:
+    threads = 1
+    io_max_bytes_per_second = 0.0
+    dedupe_buffer_size = 1 << 27
+    backoff_ms = 50
+    enable = True
+
+
+def _batches(plog: PartitionLog) -> list[tuple[int, int, int, int]]:
+    """(base offset, attributes, producer id, record count) of every batch."""
+    out = []
+    for b in plog.batches(plog.log_start_offset, plog.log_end_offset):
+        out.append(
+            (
+                int.from_bytes(b[0:8], "big"),
+                int.from_bytes(b[21:23], "big"),
+                int.from_bytes(b[43:51], "big", signed=True),
+                int.from_bytes(b[57:61], "big"),
+            )
+        )
+    return out
+
+
+def test_cleaner_removes_aborted_data_then_markers(tmp_path) -> None:
+    from straitmq.broker.log_cleaner import clean_in_place
+
+    path = str(tmp_path / "p")
+    cfg = LogConfig(segment_bytes=300, compact=True, delete=False, index_interval_bytes=100)
+    plog = PartitionLog(path, cfg)
+    produce(plog, txn_batch(1, 0, 0, [b"a"]))  # 0: committed, key ka
+    produce(plog, txn_batch(2, 0, 0, [b"a", b"b"]))  # 1-2: aborted, keys ka kb
+    marker(plog, 2, 0, False)  # 3
+    marker(plog, 1, 0, True)  # 4
+    # 5: producer 2 writes on (else its last batch stays, emptied, and keeps its marker)
+    produce(plog, txn_batch(2, 0, 2, [b"d"], transactional=False))
+    produce(plog, txn_batch(3, 0, 0, [b"c"]))  # 6: still open at the end
+    plog.roll()
+    end = plog.log_end_offset
+    assert plog.last_stable_offset(end) == 6
+    t0 = TS
+    r = clean_in_place(plog, end, CleanerSettings(), t0)
+    assert r is not None and r.records_removed == 2
+    batches = _batches(plog)
+    # The aborted batch is gone and did not shadow key "ka": the committed record stays.
+    assert [b[0] for b in batches if not b[1] & 0x20] == [0, 5, 6]
+    assert values_between(plog, 0, end) == [(0, b"a"), (5, b"d"), (6, b"c")]
+    # Nothing at or past the LSO (6) was cleaned: the open transaction is whole.
+    assert plog.producers.ongoing == {3: 6}
+    # The abort marker had data in this cleaning: kept as is. The commit marker's
+    # transaction still has its record: kept too.
+    assert [(b[0], b[3]) for b in batches if b[1] & 0x20] == [(3, 1), (4, 1)]
+    # The aborted transaction stays listed in the cleaned segment's index.
+    assert plog.aborted_transactions(0, end) == [AbortedTxn(2, 1, 3, 0)]
+    # The next cleaning (new dirty data) finds nothing left of the aborted transaction:
+    # its marker is stamped with a delete horizon.
+    marker(plog, 3, 0, True)  # 7
+    produce(plog, txn_batch(4, 0, 0, [b"e"], transactional=False))  # 8
+    plog.roll()
+    end = plog.log_end_offset
+    assert clean_in_place(plog, end, CleanerSettings(), t0 + 1000) is not None
+    markers = [b for b in _batches(plog) if b[1] & 0x20]
+    assert [(b[0], bool(b[1] & 0x40)) for b in markers] == [(3, True), (4, False), (7, False)]
+    # Before the horizon the marker stays, after it it goes.
+    clean_in_place(plog, end, CleanerSettings(), t0 + 1000 + DAY - 1)
+    assert 3 in [b[0] for b in _batches(plog) if b[1] & 0x20]
+    clean_in_place(plog, end, CleanerSettings(), t0 + 1000 + DAY + 1)
+    assert [b[0] for b in _batches(plog) if b[1] & 0x20] == [4, 7]
+    assert plog.aborted_transactions(0, end) == []  # its entry went with it
+    # A restart rebuilds the same state from the cleaned log.
+    plog.handles.close_all()
+    for n in os.listdir(path):
+        if n.endswith(".snapshot"):
+            os.unlink(os.path.join(path, n))
+    again = PartitionLog(path, cfg)
+    assert again.producers.ongoing == {}
+    assert again.last_stable_offset(end) == end
+    assert values_between(again, 0, end) == [(0, b"a"), (5, b"d"), (6, b"c"), (8, b"e")]
+    again.close()
+
+
+def test_markers_need_cluster_action_and_describe_producers_read(secured: Any) -> None:
+    """WriteTxnMarkers is an inter-broker API (CLUSTER_ACTION on the cluster), refused
+    partition by partition; DescribeProducers needs READ on the topic (Kafka's checks)."""
+    t = secured.topic("txn-acl")
+    m = kio_module("describe_producers", 0)
+    describe = m.DescribeProducersRequest(topics=(m.TopicRequest(name=t, partition_indexes=(0,)),))
+    hank = secured.raw_as("hank")
+    try:
+        assert marker_errors(hank.call(write_markers(1, 9, 0, True, t, (0, 1)))) == [31, 31]
+        assert [code(p) for p in hank.call(describe).topics[0].partitions] == [29]
+    finally:
+        hank.close()
+    admin = secured.raw_as("admin")
+    try:
+        assert marker_errors(admin.call(write_markers(1, 9, 0, True, t, (0, 1)))) == [
+            0,
+            UNKNOWN_TOPIC_OR_PARTITION,
+        ]
+        (p,) = admin.call(describe).topics[0].partitions
+        assert code(p) == 0 and [s.producer_id for s in p.active_producers] == [9]
+    finally:
+        admin.close()
+
+
+def test_cleaner_keeps_a_later_transaction_of_a_producer_whose_abort_marker_went(
+    tmp_path,
+) -> None:
+    """The `.txnindex` keeps an aborted transaction after its data and marker are cleaned
+    away; a later, committed transaction of the same producer is not taken for it."""
+    from straitmq.broker.log_cleaner import clean_in_place
+
+    cfg = LogConfig(segment_bytes=1 << 20, compact=True, delete=False)
+    plog = PartitionLog(str(tmp_path / "p"), cfg)
+    produce(plog, txn_batch(2, 0, 0, [b"x"]))  # 0: aborted
+    marker(plog, 2, 0, False)  # 1
+    produce(plog, txn_batch(2, 0, 1, [b"y"]))  # 2: committed
+    marker(plog, 2, 0, True)  # 3
+    t = TS
+    for step, value in enumerate((b"f1", b"f2", b"f3", b"f4")):
+        # New dirty data each round (and the horizon passed for the last two).
+        produce(plog, txn_batch(4, 0, step, [value], transactional=False))
+        plog.roll()
+        t += DAY + 1 if step >= 2 else 1000
+        clean_in_place(plog, plog.log_end_offset, CleanerSettings(), t)
+    left = [b[0] for b in _batches(plog) if b[1] & 0x20]
+    assert 1 not in left, "the abort marker went after its horizon"
+    assert values_between(plog, 0, plog.log_end_offset)[0] == (2, b"y")
+    # Its index entry went with the marker: a read_committed client would otherwise
+    # drop the producer's later transaction too.
+    assert plog.aborted_transactions(0, plog.log_end_offset) == []
+
+
+def _read_committed(plog: PartitionLog, lso: int) -> list[bytes]:
+    """What a read_committed client delivers from offset 0, fetch by fetch, filtering as
+    Kafka's consumer does (CompletedFetch): the response's aborted transactions mark
+    their producer from their first offset until its ABORT marker; control batches are
+    never delivered."""
+    out: list[bytes] = []
+    offset = 0
+    while offset < lso:
+        sl = plog.read(offset, 300, lso)
+        if sl is None:  # cleaned away up to the LSO: nothing more to read yet
+            break
+        data = os.pread(sl.fd, sl.size, sl.position)
+        pending = sorted(
+            plog.aborted_transactions(offset, plog.upper_bound_of(sl)), key=lambda a: a[1]
+        )
+        aborted: set[int] = set()
+        pos = 0
+        while pos < len(data):
+            size = int.from_bytes(data[pos + 8 : pos + 12], "big") + 12
+            batch = data[pos : pos + size]
+            pos += size
+            (info,) = replicated_batches(memoryview(batch))
+            last = info.base_offset + info.last_offset_delta
+            while pending and pending[0].first_offset <= last:
+                aborted.add(pending.pop(0).producer_id)
+            offset = last + 1
+            if info.attributes & 0x20:
+                if parse_marker(batch) == (False, 0):
+                    aborted.discard(info.producer_id)
+                continue
+            if info.attributes & 0x10 and info.producer_id in aborted:
+                continue
+            out += [r.value for r in decode_batch(batch) if r.value is not None]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_property_read_committed_sees_exactly_the_committed(tmp_path, seed: int) -> None:
+    """Random interleavings of transactions (committed, aborted, open) from several
+    producers, plain records, rolls: the LSO, the aborted list and what a read_committed
+    client keeps match a model, on the leader, after a crash and restart, on a follower
+    copied from the leader's bytes, and after the cleaner removed aborted data and then
+    (past delete.retention.ms) markers."""
+    import random
+
+    from straitmq.broker.log_cleaner import clean_in_place, cleanable
+
+    rng = random.Random(seed)
+    path = str(tmp_path / "p")
+    cfg = LogConfig(segment_bytes=rng.choice([300, 600, 1 << 20]), compact=True, delete=False)
+    plog = PartitionLog(path, cfg)
+    open_first: dict[int, int] = {}  # producer -> first offset of its open transaction
+    pending_values: dict[int, list[tuple[int, bytes]]] = {}
+    seqs: dict[int, int] = {}
+    committed: list[tuple[int, bytes]] = []  # (offset, value) of what a reader must see
+    n = 0
+    for _ in range(120):
+        pid = rng.randint(1, 4)
+        if pid in open_first and rng.random() < 0.3:
+            commit = rng.random() < 0.5
+            marker(plog, pid, 0, commit)
+            values = pending_values.pop(pid)
+            if commit:
+                committed += values
+            del open_first[pid]
+        elif rng.random() < 0.15:
+            value = b"plain-%d" % n
+            n += 1
+            seq = seqs.get(99, 0)
+            base = produce(plog, txn_batch(99, 0, seq, [value], transactional=False))
+            seqs[99] = seq + 1
+            committed.append((base, value))
+        else:
+            count = rng.randint(1, 3)
+            values = [b"v-%d" % (n + i) for i in range(count)]
+            n += count
+            seq = seqs.get(pid, 0)
+            base = produce(plog, txn_batch(pid, 0, seq, values))
+            seqs[pid] = seq + count
+            open_first.setdefault(pid, base)
+            pending_values.setdefault(pid, []).extend((base + i, v) for i, v in enumerate(values))
+        if rng.random() < 0.05:
+            plog.roll()
+    end = plog.log_end_offset
+    lso = min(open_first.values(), default=end)
+    expected = [v for o, v in sorted(committed) if o < lso]
+
+    def check(log: PartitionLog) -> None:
+        assert log.last_stable_offset(end) == lso
+        assert _read_committed(log, lso) == expected
+
+    check(plog)
+    aborted = plog.aborted_transactions(0, end)
+    follower = PartitionLog(str(tmp_path / "f"), cfg)
+    while follower.log_end_offset < end:
+        view = memoryview(plog.read_bytes(follower.log_end_offset, 1 << 20, end))
+        follower.append_replicated(view, replicated_batches(view))
+    check(follower)
+    assert follower.aborted_transactions(0, end) == aborted
+    follower.close()
+    plog.handles.close_all()  # a crash: no final snapshot
+    again = PartitionLog(path, cfg)
+    check(again)
+    assert again.aborted_transactions(0, end) == aborted
+    # Every key is unique: the cleaner removes only aborted data, then markers; a reader
+    # sees the same before, between and after.
+    again.roll()
+    for now in (TS, TS + 1000, TS + 2000 + DAY):
+        again.write_cleaner_checkpoint(0)  # clean it all again each round
+        clean_in_place(again, end, CleanerSettings(), now)
+        check(again)
+    # Below what may be cleaned (segments wholly under the LSO) the aborted data is gone
+    # from the log itself, and so are the ABORT markers with their index entries.
+    bound = cleanable(again, end, TS).clean_end
+    kept = [v for o, v in sorted(committed) if o < bound]
+    assert [v for _, v in values_between(again, 0, bound)] == kept
+    assert all(a.last_offset >= bound for a in again.aborted_transactions(0, end))
+    again.close()

@@ -103,7 +103,9 @@ def cleanable(plog: PartitionLog, high_watermark: int, now_ms: int) -> Cleanable
     """Which part of `plog` may be cleaned now, and how dirty it is (segment sizes)."""
     cfg = plog.config
     first_dirty, horizon = plog.read_cleaner_checkpoint()
-    clean_end = min(plog.segments[-1].base_offset, high_watermark)
+    # Never past the last stable offset (Kafka's firstUncleanableOffset): a transaction
+    # whose outcome is not known cannot be cleaned by it.
+    clean_end = min(plog.segments[-1].base_offset, plog.last_stable_offset(high_watermark))
     closed = plog.closed_segments()
     for seg in closed if cfg.min_compaction_lag_ms > 0 else ():
         if seg.next_offset > first_dirty and now_ms - seg.max_timestamp < cfg.min_compaction_lag_ms:
@@ -146,6 +148,10 @@ def make_job(plog: PartitionLog, c: Cleanable, s: CleanerSettings, now: int) -> 
             for pid, e in plog.producers.producers.items()
             if e.batches
         },
+        aborted=tuple(
+            (a.producer_id, a.first_offset, a.last_offset)
+            for a in plog.aborted_transactions(segs[0].base_offset if segs else 0, c.clean_end)
+        ),
     )
 
 

@@ -170,18 +170,48 @@ def end_txn_marker(
 
 def parse_marker(batch: bytes | memoryview) -> tuple[bool, int] | None:
     """(commit, coordinator epoch) of a control batch holding a transaction marker; None
-    for an empty one (the cleaner removed it) or another control record type."""
-    from .record_codec import decode_batch  # markers are rare: no cost on the data path
-
-    records = decode_batch(batch)
-    if not records or records[0].key is None or len(records[0].key) < 4:
+    for an empty one (the cleaner removed it), a compressed one (Kafka never writes
+    those) or another control record type. The one record is read by hand: length,
+    attributes, timestamp and offset deltas (varints, skipped), key, value."""
+    if len(batch) <= HEADER_SIZE or HEADER.unpack_from(batch, 0)[12] < 1:
         return None
-    _version, kind = _CONTROL_KEY.unpack_from(records[0].key, 0)
+    if batch[22] & ATTR_COMPRESSION_MASK:
+        return None
+    body = bytes(batch[HEADER_SIZE:])
+    pos = _skip_varint(body, 0)  # record length
+    pos += 1  # attributes
+    for _ in range(2):  # timestamp delta, offset delta
+        pos = _skip_varint(body, pos)
+    key_len, pos = _zigzag(body, pos)
+    if key_len < 4 or pos + key_len > len(body):
+        return None
+    _version, kind = _CONTROL_KEY.unpack_from(body, pos)
     if kind not in (CONTROL_ABORT, CONTROL_COMMIT):
         return None
-    value = records[0].value or b""
-    epoch = _MARKER_VALUE.unpack_from(value, 0)[1] if len(value) >= 6 else -1
+    pos += key_len
+    value_len, pos = _zigzag(body, pos)
+    epoch = -1
+    if value_len >= 6 and pos + value_len <= len(body):
+        epoch = _MARKER_VALUE.unpack_from(body, pos)[1]
     return kind == CONTROL_COMMIT, epoch
+
+
+def _skip_varint(buf: bytes, pos: int) -> int:
+    while buf[pos] & 0x80:
+        pos += 1
+    return pos + 1
+
+
+def _zigzag(buf: bytes, pos: int) -> tuple[int, int]:
+    """A signed (zigzag) varint at `pos`: (value, position after it)."""
+    n = shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        n |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return (n >> 1) ^ -(n & 1), pos
+        shift += 7
 
 
 def assign_offsets(

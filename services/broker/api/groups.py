@@ -276,8 +276,10 @@ async def handle_offset_commit(deps: GroupDeps, ctx: RequestContext, req: Any) -
 
 
 async def handle_offset_fetch(deps: GroupDeps, ctx: RequestContext, req: Any) -> dict:
+    stable = bool(getattr(req, "require_stable", False))  # v7+
     if ctx.version < 8:
-        return {"throttle_time": 0, **_offset_fetch_group(deps, ctx, req.group_id, req.topics)}
+        answer = _offset_fetch_group(deps, ctx, req.group_id, req.topics, require_stable=stable)
+        return {"throttle_time": 0, **answer}
     # v8+: several groups in one request; v9+ with the member's id and epoch (KIP-848).
     groups = []
     for g in req.groups:
@@ -288,6 +290,7 @@ async def handle_offset_fetch(deps: GroupDeps, ctx: RequestContext, req: Any) ->
             g.topics,
             getattr(g, "member_id", None),
             getattr(g, "member_epoch", -1),
+            stable,
         )
         groups.append({"group_id": g.group_id, **answer})
     return {"throttle_time": 0, "groups": groups}
@@ -300,6 +303,7 @@ def _offset_fetch_group(
     wanted_topics: Any,
     member_id: str | None = None,
     member_epoch: int = -1,
+    require_stable: bool = False,
 ) -> dict:
     code = _no_read(ctx, group_id) or not_coordinator(deps, group_id)
     code = code or deps.groups.fetch_check(group_id, member_id, member_epoch)
@@ -338,13 +342,16 @@ def _offset_fetch_group(
         out = []
         for p in parts:
             c = committed.get((name, p))
+            # KIP-447: an offset an open transaction will change is not stable yet; the
+            # client (Streams' exactly-once) retries until the transaction is decided.
+            unstable = require_stable and deps.offsets.has_pending(group_id, name, p)
             out.append(
                 {
                     "partition_index": p,
-                    "committed_offset": c.offset if c else -1,
-                    "committed_leader_epoch": c.leader_epoch if c else -1,
-                    "metadata": c.metadata if c else "",
-                    "error_code": 0,
+                    "committed_offset": -1 if unstable or not c else c.offset,
+                    "committed_leader_epoch": -1 if unstable or not c else c.leader_epoch,
+                    "metadata": c.metadata if c and not unstable else "",
+                    "error_code": ErrorCode.unstable_offset_commit if unstable else 0,
                 }
             )
         topics.append({"name": name, "partitions": out})

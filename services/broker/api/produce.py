@@ -19,6 +19,7 @@ from kio.schema.errors import ErrorCode
 from straitmq.security.acls import TOPIC, TRANSACTIONAL_ID, WRITE
 
 from ..partition_write import PartitionWrite, PartitionWriter
+from ..records import ATTR_TRANSACTIONAL
 from .context import Deferred, RequestContext
 
 log = logging.getLogger("straitmq.produce")
@@ -35,6 +36,23 @@ class _Refused:
     record_errors: tuple = ()
 
 
+class _NoTransactionalId(_Refused):
+    """Transactional batches from a request without a transactional id (Kafka refuses
+    the whole request so)."""
+
+    error_code = ErrorCode.transactional_id_authorization_failed
+
+
+def _has_transactional_records(req: Any) -> bool:
+    """Kafka's ProduceRequest.hasTransactionalRecords, from each partition's first batch
+    header (the attributes' low byte is at 22): no record is read."""
+    return any(
+        pd.records is not None and len(pd.records) > 22 and pd.records[22] & ATTR_TRANSACTIONAL
+        for topic in req.topic_data
+        for pd in topic.partition_data
+    )
+
+
 async def handle_produce(
     writer: PartitionWriter, ctx: RequestContext, req: Any
 ) -> dict | Deferred | None:
@@ -43,11 +61,14 @@ async def handle_produce(
     writes = []
     txn = getattr(req, "transactional_id", None)
     txn_ok = not txn or ctx.allowed(WRITE, TRANSACTIONAL_ID, txn)
+    refused: type[_Refused] = _Refused
+    if not txn and _has_transactional_records(req):
+        txn_ok, refused = False, _NoTransactionalId
     for topic in req.topic_data:
         parts: list[tuple[int, PartitionWrite | type[_Refused]]] = []
         # Checked once per topic (a cached decision), never per record.
         if not txn_ok or not ctx.allowed(WRITE, TOPIC, topic.name):
-            parts = [(pd.index, _Refused) for pd in topic.partition_data]
+            parts = [(pd.index, refused) for pd in topic.partition_data]
             responses.append((topic.name, parts))
             continue
         for pd in topic.partition_data:

@@ -22,8 +22,15 @@ delete horizon (attribute bit 6, the horizon in the base timestamp field), and a
 cleaning after the horizon drops them. Records without a key cannot be compacted and
 go (the produce path refuses them on a compacted topic; older data may hold some).
 
-Control batches and transactional batches: kept as they are (no transaction can be
-written yet). `_keep_batch_whole` is where aborted data and old markers will go.
+Transactions, as Kafka's cleaner (CleanedTransactionMetadata): the job carries the
+aborted transactions of the range (from the `.txnindex` files); their batches never
+enter the offset map and are removed. A marker goes once no batch of its transaction
+was met in this cleaning (an ABORT's data goes in the cleaning before) and, like a
+tombstone, `delete.retention.ms` after the cleaning that first found it removable
+(KIP-534: that cleaning stamps its delete horizon); its `.txnindex` entry goes with
+it. A producer's last batch stays, emptied, so that its epoch and sequence survive.
+Committed transactional data is compacted like any other. Nothing at or past the last
+stable offset is cleaned (the caller bounds `clean_end` by it).
 """
 
 from __future__ import annotations
@@ -31,10 +38,19 @@ from __future__ import annotations
 import errno
 import os
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ..records import HEADER_SIZE, LOG_OVERHEAD, parse_header
+from ..records import (
+    ATTR_CONTROL,
+    ATTR_TRANSACTIONAL,
+    HEADER,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    parse_header,
+    parse_marker,
+)
 from . import txn_index
 from .batch_filter import ParsedBatch, parse_batch, rebuild_batch
 from .handles import FileHandles
@@ -79,6 +95,9 @@ class CleanJob:
     # producer id -> last offset of its last batch in the log: that batch stays, if only
     # empty, so the producer's sequence survives (Kafka's cleaner does the same).
     producer_last_offsets: dict[int, int] = field(default_factory=dict)
+    # The aborted transactions overlapping the segments, from their `.txnindex` files:
+    # (producer id, first offset, last offset = the ABORT marker's).
+    aborted: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,10 +190,67 @@ def _log_path(directory: str, base: int) -> str:
     return os.path.join(directory, f"{base:020d}.log")
 
 
+class _Transactions:
+    """Which batches belong to aborted transactions, and which markers may go, as the
+    batches are met in offset order (Kafka's CleanedTransactionMetadata)."""
+
+    def __init__(self, aborted: tuple[tuple[int, int, int], ...], start: int = -1) -> None:
+        # Only transactions whose marker is at or past where the batches start: those
+        # closed before it are no one's now.
+        self.pending = deque(sorted((a for a in aborted if a[2] >= start), key=lambda a: a[1]))
+        # producer id -> [its aborted transaction's last offset, whether a batch was met]
+        self.aborted: dict[int, list] = {}
+        self.committed: set[int] = set()  # producers with transactional data met
+        self.removed_markers: set[int] = set()  # offsets of the ABORT markers that went
+
+    def _reach(self, offset: int) -> None:
+        pending = self.pending
+        while pending and pending[0][1] <= offset:
+            pid, _first, last = pending.popleft()
+            self.aborted[pid] = [last, False]
+
+    def batch_aborted(self, producer_id: int, last: int, attributes: int) -> bool:
+        self._reach(last)
+        if not attributes & ATTR_TRANSACTIONAL:
+            return False
+        txn = self.aborted.get(producer_id)
+        if txn is not None:
+            if last <= txn[0]:
+                txn[1] = True
+                return True
+            # Past the transaction's end: its marker was cleaned away before (the index
+            # keeps the entry), and this batch is a later transaction's.
+            del self.aborted[producer_id]
+        self.committed.add(producer_id)
+        return False
+
+    def marker_removable(self, producer_id: int, last: int, raw: memoryview) -> bool:
+        """A control batch: True if its transaction has no batch left to mark."""
+        self._reach(last)
+        marker = parse_marker(raw)
+        if marker is None:
+            return not int.from_bytes(raw[57:61], "big")  # an emptied marker: nothing
+        if not marker[0]:
+            txn = self.aborted.pop(producer_id, None)
+            return txn is None or not txn[1]
+        if producer_id in self.committed:
+            self.committed.discard(producer_id)
+            return False
+        return True
+
+
+def _ids(raw: memoryview) -> tuple[int, int, int]:
+    """(producer id, last offset, attributes) from a batch header."""
+    h = HEADER.unpack_from(raw, 0)
+    return h[9], h[0] + h[6], h[5]
+
+
 def build_offset_map(job: CleanJob, throttle: _Throttle, result: CleanResult) -> dict[bytes, int]:
     """key -> latest offset over [first_dirty, clean_end), stopping (at a batch edge)
-    once `max_map_entries` keys are held; sets `result.map_end`."""
+    once `max_map_entries` keys are held; sets `result.map_end`. Records of aborted
+    transactions are left out (Kafka's rule: they are never the latest of a key)."""
     offsets: dict[bytes, int] = {}
+    txns = _Transactions(job.aborted, job.first_dirty)
     end = job.first_dirty
     for seg in job.segments:
         if seg.next_offset <= job.first_dirty or seg.base_offset >= job.clean_end:
@@ -188,7 +264,12 @@ def build_offset_map(job: CleanJob, throttle: _Throttle, result: CleanResult) ->
                 continue
             if last >= job.clean_end:
                 break
-            if raw[22] & 0x20:  # control batch: no keys to map
+            pid, _last, attributes = _ids(raw)
+            if attributes & ATTR_CONTROL:  # no keys to map
+                txns.marker_removable(pid, last, raw)
+                end = last + 1
+                continue
+            if txns.batch_aborted(pid, last, attributes):
                 end = last + 1
                 continue
             p = _parse(raw, path)
@@ -221,12 +302,6 @@ def group_segments(segments: list[SegmentFile], max_bytes: int) -> list[list[Seg
     return groups
 
 
-def _keep_batch_whole(raw: memoryview) -> bool:
-    """Batches the cleaner copies untouched: control batches (transaction markers) and
-    transactional data, until transactions bring their own rules."""
-    return bool(raw[22] & 0x30)
-
-
 def clean(job: CleanJob) -> CleanResult:
     """Run one cleaning (see the module doc). Raises CorruptSegment on unreadable data;
     returns a result with no groups if a segment went away meanwhile."""
@@ -236,8 +311,11 @@ def clean(job: CleanJob) -> CleanResult:
     try:
         offsets = build_offset_map(job, throttle, result)
         to_clean = [s for s in job.segments if s.base_offset < result.map_end]
+        # One pass over every segment from the log start: a marker goes only when no
+        # batch of its transaction is left anywhere before it.
+        txns = _Transactions(job.aborted)
         for group in group_segments(to_clean, job.segment_bytes):
-            result.groups.append(_clean_group(job, group, offsets, result, throttle))
+            result.groups.append(_clean_group(job, group, offsets, result, throttle, txns))
     except _Gone:
         remove_cleaned(job.directory)
         return CleanResult([], job.first_dirty)
@@ -255,6 +333,7 @@ def _clean_group(
     offsets: dict[bytes, int],
     result: CleanResult,
     throttle: _Throttle,
+    txns: _Transactions,
 ) -> CleanedGroup:
     base = group[0].base_offset
     for suffix in SEGMENT_SUFFIXES:  # a leftover of a crashed cleaning
@@ -274,7 +353,7 @@ def _clean_group(
         for seg in group:
             path = _log_path(job.directory, seg.base_offset)
             for raw in _batches(path, seg.size, throttle):
-                kept = _filter(raw, path, job, offsets, result, horizon)
+                kept = _filter(raw, path, job, offsets, result, horizon, txns)
                 if kept is None:
                     continue
                 info = parse_header(kept, 0, len(kept))
@@ -287,7 +366,11 @@ def _clean_group(
                     pending, infos, pending_bytes = [], [], 0
         if pending:
             _write(out, pending, infos, pending_bytes, throttle, result)
-        out.set_aborted(aborted)
+        # An aborted transaction whose marker went has no data left either: a reader
+        # told of it would take the producer's later transactions for it (a client
+        # drops a producer's batches from the entry's first offset until it meets an
+        # ABORT marker), so its entry goes with the marker.
+        out.set_aborted([e for e in aborted if e.last_offset not in txns.removed_markers])
         out.fsync()  # flushed before the swap, as Kafka's cleaner does
         size = out.size
     finally:
@@ -315,10 +398,19 @@ def _filter(
     offsets: dict[bytes, int],
     result: CleanResult,
     horizon: int,
+    txns: _Transactions,
 ) -> bytes | memoryview | None:
     """The batch as it goes into the cleaned segment: unchanged, rewritten, or None."""
-    if _keep_batch_whole(raw):
-        return raw
+    pid, last, attributes = _ids(raw)
+    if attributes & ATTR_CONTROL:
+        return _filter_marker(raw, path, job, result, horizon, txns)
+    if txns.batch_aborted(pid, last, attributes):
+        p = _parse(raw, path)
+        result.records_read += len(p.records)
+        result.records_removed += len(p.records)
+        if pid >= 0 and job.producer_last_offsets.get(pid) == last:
+            return rebuild_batch(p, [])
+        return None
     p = _parse(raw, path)
     result.records_read += len(p.records)
     map_end = result.map_end
@@ -353,6 +445,38 @@ def _filter(
             return rebuild_batch(p, [])
         return None
     return rebuild_batch(p, kept, delete_horizon_ms=stamp)
+
+
+def _filter_marker(
+    raw: memoryview,
+    path: str,
+    job: CleanJob,
+    result: CleanResult,
+    horizon: int,
+    txns: _Transactions,
+) -> bytes | memoryview | None:
+    """A transaction marker: kept while its transaction has data; then stamped with a
+    delete horizon (KIP-534), and removed once that has passed."""
+    pid, last, _attributes = _ids(raw)
+    if not txns.marker_removable(pid, last, raw):
+        return raw
+    p = _parse(raw, path)
+    h = p.delete_horizon_ms
+    if h is None:
+        if not p.records:
+            return raw  # emptied already: the producer's last batch
+        if result.horizon_ms is None or horizon < result.horizon_ms:
+            result.horizon_ms = horizon
+        return rebuild_batch(p, range(len(p.records)), delete_horizon_ms=horizon)
+    if job.now_ms < h:
+        if result.horizon_ms is None or h < result.horizon_ms:
+            result.horizon_ms = h
+        return raw
+    result.records_removed += len(p.records)
+    txns.removed_markers.add(last)
+    if job.producer_last_offsets.get(pid) == last:
+        return raw if not p.records else rebuild_batch(p, [])
+    return None
 
 
 def _unlink(path: str) -> None:

@@ -103,6 +103,7 @@ class TransactionCoordinator:
         self._task: asyncio.Task[None] | None = None
         self.stats = TxnStats()
         self.marker_latency: Callable[[float], None] = lambda _s: None  # metrics set it
+        self._denied_warned = -1e9
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -333,7 +334,10 @@ class TransactionCoordinator:
                     answered.add(tp)
                     if p.error_code == ErrorCode.unknown_topic_or_partition:
                         continue  # gone: nothing to mark
-                    if p.error_code != ErrorCode.none:
+                    if p.error_code == ErrorCode.cluster_authorization_failed:
+                        left.add(tp)
+                        self._warn_denied(broker)
+                    elif p.error_code != ErrorCode.none:
                         left.add(tp)
                         log.debug(
                             "transaction marker not written yet",
@@ -343,6 +347,20 @@ class TransactionCoordinator:
                             },
                         )
         return left | (set(tps) - answered)
+
+    def _warn_denied(self, broker: int) -> None:
+        """Markers refused for want of CLUSTER_ACTION: transactions hang until an
+        operator grants it, so say so (at most once a minute)."""
+        now = time.monotonic()
+        if now - self._denied_warned >= 60:
+            self._denied_warned = now
+            log.warning(
+                "broker %s refused transaction markers: the inter-broker listener's "
+                "principal needs CLUSTER_ACTION on the cluster; transactions stay open "
+                "until it has it",
+                broker,
+                extra={"listener": self._listener.name},
+            )
 
     async def _call(self, broker: int, req: Any) -> Any:
         b = self.metadata.image.brokers.get(broker)

@@ -63,7 +63,9 @@ class JavaApp:
         self.out_path = logs / f"{name}.out"
         self.err_path = logs / f"{name}.log"
         self._err = open(self.err_path, "ab")
-        cmd = java_cmd(main_class, args, jvm_args=list(jvm_args), log_level=log_level, jars="4.1")
+        # Temporary files (RocksDB unpacks its native library there) stay with the test's.
+        jvm = [*jvm_args, f"-Djava.io.tmpdir={logs}"]
+        cmd = java_cmd(main_class, args, jvm_args=jvm, log_level=log_level, jars="4.1")
         self.proc = subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
@@ -321,7 +323,9 @@ class Rec:
 def read_partition(
     bootstrap: str, topic: str, partition: int, until: int, timeout: float = 30
 ) -> list[Rec]:
-    """Every record of one partition from its start up to offset `until` (exclusive)."""
+    """Every record of one partition from its start up to offset `until` (exclusive). The
+    consumer's position, not the last record, says when it is there: the last offsets may
+    be transaction markers (never delivered), or gone to compaction."""
     from confluent_kafka import OFFSET_BEGINNING
 
     c = Consumer(
@@ -332,11 +336,12 @@ def read_partition(
             "enable.partition.eof": False,
         }
     )
+    tp = TopicPartition(topic, partition, OFFSET_BEGINNING)
     out: list[Rec] = []
     try:
-        c.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
+        c.assign([tp])
         deadline = time.monotonic() + timeout
-        while (not out or out[-1].offset < until - 1) and until > 0:
+        while until > 0 and c.position([tp])[0].offset < until:
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"{topic}-{partition}: read {len(out)} records, the last at "

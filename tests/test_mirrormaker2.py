@@ -3,10 +3,11 @@
 consumer groups (a) from Apache Kafka 4.1 (bench/kafka_ref.py) to StraitMQ, the migration
 path, and (b) between two StraitMQ clusters.
 
-Each flow: a topic of two partitions with keys, headers and a topic config on the source.
-The target gets `<source alias>.<topic>` with the same records (keys, values, headers,
-timestamps, in order), its config, and MirrorMaker's compacted internal topics
-(checkpoints on the target, offset syncs on the source), and two consumer groups move.
+Each flow: a topic of two partitions with keys, headers and a topic config on the source,
+and a compacted topic with a tombstone. The target gets `<source alias>.<topic>` with the
+same records (keys, values, headers, timestamps, in order) and config (the compacted one
+compacted), and MirrorMaker's compacted internal topics (checkpoints on the target,
+offset syncs on the source), and two consumer groups move.
 
 What MM2 guarantees for offsets (OffsetSyncStore, KAFKA-14666): a translated offset is
 never past the group's position on the source (no record is skipped); it is exact for a
@@ -53,6 +54,7 @@ pytestmark = pytest.mark.timeout(300)
 MM2_MAIN = "org.apache.kafka.connect.mirror.MirrorMaker"
 # records per partition: before MirrorMaker starts, while it runs, after the groups moved
 FIRST, SECOND, AFTER = 30, 30, 10
+COMPACTED = 21  # records in the compacted topic, the last a tombstone
 RETENTION = "86400000"  # a topic config MirrorMaker copies
 
 
@@ -124,7 +126,7 @@ def mm2_properties(src: Backend, dst: Backend, topic: str, groups: list[str]) ->
         f"{a}.bootstrap.servers": src.bootstrap,
         f"{b}.bootstrap.servers": dst.bootstrap,
         f"{a}->{b}.enabled": "true",
-        f"{a}->{b}.topics": topic,
+        f"{a}->{b}.topics": f"{topic}, {topic}-compacted",
         f"{a}->{b}.groups": "|".join(groups),
         f"{b}->{a}.enabled": "false",
         f"{b}->{a}.emit.heartbeats.enabled": "false",
@@ -157,6 +159,14 @@ def mirror(apps: JavaApps, src: Backend, dst: Backend, topic: str, logs: Path, n
     create_topics(src.bootstrap, {topic: 2}, src.rf, {"retention.ms": RETENTION})
     produce(src.bootstrap, topic, 0, FIRST)
     commit_group(src.bootstrap, topic, lagging, FIRST)
+    # A compacted topic too: keys written several times, and a tombstone.
+    compacted = f"{topic}-compacted"
+    create_topics(src.bootstrap, {compacted: 1}, src.rf, {"cleanup.policy": "compact"})
+    p = Producer({"bootstrap.servers": src.bootstrap, "acks": "all", "enable.idempotence": True})
+    for i in range(COMPACTED - 1):
+        p.produce(compacted, key=b"key-%d" % (i % 5), value=b"state %d" % i)
+    p.produce(compacted, key=b"key-0", value=None)
+    assert p.flush(30) == 0
 
     cfg = logs / f"{name}.properties"
     props = mm2_properties(src, dst, topic, [lagging, current])
@@ -198,6 +208,21 @@ def mirror(apps: JavaApps, src: Backend, dst: Backend, topic: str, logs: Path, n
     # while it is at the end of the topic.
     copied(FIRST)
     phase("first records copied")
+    wait_for(
+        lambda: (
+            f"{src.name}.{compacted}" in topic_names(dst.bootstrap)
+            and end_offsets(dst.bootstrap, f"{src.name}.{compacted}") == {0: COMPACTED}
+        ),
+        60,
+        f"{src.name}.{compacted} on {dst.name} with {COMPACTED} records",
+        0.5,
+        check=mm2.check_alive,
+        detail=detail,
+    )
+    got = read_topic(dst.bootstrap, f"{src.name}.{compacted}")
+    assert got == read_topic(src.bootstrap, compacted), "the compacted topic's records differ"
+    assert got[0][-1].key == b"key-0" and got[0][-1].value is None, "the tombstone"
+    assert topic_config(dst.bootstrap, f"{src.name}.{compacted}")["cleanup.policy"] == "compact"
     translated(lagging, FIRST)
     phase(f"{lagging} translated")
     # 2. More records, which that group does not read; a second group reads everything.

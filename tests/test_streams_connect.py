@@ -4,9 +4,10 @@ state in compacted topics, here cleaned by the log cleaner while the programs ru
 
 - Streams: a word count (tools/java/kafka-4.1/apps/WordCountApp.java: groupBy, so a
   repartition topic, and count() into a RocksDB store, so a compacted changelog topic),
-  at-least-once. The last count per word in the output topic equals a plain Python count
-  of the input; the changelog is `cleanup.policy=compact` (DescribeConfigs), and the
-  cleaner compacts it (Streams' `topic.` settings roll its segments at every append).
+  at-least-once and exactly-once (transactions). The last count per word in the output
+  topic equals a plain Python count of the input; the changelog is
+  `cleanup.policy=compact` (DescribeConfigs), and the cleaner compacts it (Streams'
+  `topic.` settings roll its segments at every append).
   Then the application stops, its local state directory is wiped, and it starts again:
   it rebuilds the store from the compacted changelog (its restore listener says how many
   records it read) and the counts go on from there as more input arrives.
@@ -110,7 +111,10 @@ class LatestCounts:
         self.consumer.close()
 
 
-def word_count(apps: JavaApps, backend: Backend, name: str, state_dir: Path, logs: Path) -> JavaApp:
+def word_count(
+    apps: JavaApps, backend: Backend, name: str, state_dir: Path, logs: Path, guarantee: str
+) -> JavaApp:
+    app_id = f"wc-{guarantee}"
     app = apps.start(
         name,
         "WordCountApp",
@@ -118,13 +122,14 @@ def word_count(apps: JavaApps, backend: Backend, name: str, state_dir: Path, log
             "--bootstrap",
             backend.bootstrap,
             "--application-id",
-            "wc-app",
+            app_id,
             "--state-dir",
             state_dir,
             "--input",
-            "wc-input",
+            f"{app_id}-input",
             "--output",
-            "wc-output",
+            f"{app_id}-output",
+            f"processing.guarantee={guarantee}",
             f"replication.factor={backend.rf}",
             # Streams' internal topics (the changelog among them) roll a segment at every
             # append (1 ms) and are worth cleaning at once: the cleaner compacts the changelog
@@ -139,23 +144,32 @@ def word_count(apps: JavaApps, backend: Backend, name: str, state_dir: Path, log
     return app
 
 
+# processing.guarantee: at-least-once, and exactly-once (v2: one transactional producer
+# per thread), where the changelog holds transactional batches and commit markers, which
+# the cleaner compacts by Kafka's rules for transactions.
+GUARANTEES = ["at_least_once", "exactly_once_v2"]
+
+
+@pytest.mark.parametrize("guarantee", GUARANTEES)
 def test_streams_word_count_rebuilds_state_from_changelog(
-    backend: Backend, apps: JavaApps, tmp_path: Path
+    backend: Backend, apps: JavaApps, tmp_path: Path, guarantee: str
 ) -> None:
     b = backend.bootstrap
-    create_topics(b, {"wc-input": 3, "wc-output": 3}, backend.rf)
+    app_id = f"wc-{guarantee}"
+    source, output = f"{app_id}-input", f"{app_id}-output"
+    create_topics(b, {source: 3, output: 3}, backend.rf)
     rng = random.Random(25)
     batch1 = [" ".join(rng.choices(WORDS, k=rng.randint(1, 6))) for _ in range(150)]
     batch2 = [" ".join(rng.choices(WORDS, k=rng.randint(1, 6))) for _ in range(100)]
     state_dir = tmp_path / "wc-state"
-    counts = LatestCounts(b, "wc-output", 3)
+    counts = LatestCounts(b, output, 3)
     try:
-        app = word_count(apps, backend, "wordcount-1", state_dir, tmp_path)
+        app = word_count(apps, backend, "wordcount-1", state_dir, tmp_path, guarantee)
         # The first batch in three parts, each counted before the next is sent: the
         # changelog gets appends at different times, so it has closed segments to clean.
         for part in range(3):
             lines = batch1[50 * part : 50 * (part + 1)]
-            produce_lines(b, "wc-input", lines, 50 * part)
+            produce_lines(b, source, lines, 50 * part)
             expected = Counter(" ".join(batch1[: 50 * (part + 1)]).split())
             wait_for(
                 lambda expected=expected: counts.poll() == expected,
@@ -169,7 +183,8 @@ def test_streams_word_count_rebuilds_state_from_changelog(
             )
 
         # The state lives in a compacted changelog; groupBy went through a repartition topic.
-        changelog, repartition = "wc-app-word-counts-changelog", "wc-app-words-repartition"
+        changelog = f"{app_id}-word-counts-changelog"
+        repartition = f"{app_id}-words-repartition"
         assert {changelog, repartition} <= topic_names(b), topic_names(b)
         assert topic_config(b, changelog)["cleanup.policy"] == "compact"
         assert topic_config(b, repartition)["cleanup.policy"] == "delete"
@@ -177,7 +192,9 @@ def test_streams_word_count_rebuilds_state_from_changelog(
         # With the cache off, every count update went to the changelog; the cleaner then
         # keeps the latest per word (and the active segment).
         updates = sum(expected.values())
-        assert sum(end_offsets(b, changelog).values()) == updates
+        ends = sum(end_offsets(b, changelog).values())
+        # (exactly once: the transactions' commit markers take offsets too)
+        assert ends == updates if guarantee == "at_least_once" else ends > updates
 
         def changelog_records() -> int:
             return sum(len(recs) for recs in read_topic(b, changelog).values())
@@ -194,9 +211,9 @@ def test_streams_word_count_rebuilds_state_from_changelog(
         # Stop (a clean close commits the offsets), lose the local state, start again.
         assert app.stop() == 143, app.log_tail()  # SIGTERM, after the shutdown hook
         assert "closed" in app.lines, app.log_tail()
-        assert (state_dir / "wc-app").is_dir(), "the store was not where the test wipes it"
+        assert (state_dir / app_id).is_dir(), "the store was not where the test wipes it"
         shutil.rmtree(state_dir)
-        app = word_count(apps, backend, "wordcount-2", state_dir, tmp_path)
+        app = word_count(apps, backend, "wordcount-2", state_dir, tmp_path, guarantee)
         restored = [line.split() for line in app.lines if line.startswith("restored ")]
         # restored <store> <topic> <partition> <records>
         assert {r[2] for r in restored} == {changelog}, app.lines
@@ -205,7 +222,7 @@ def test_streams_word_count_rebuilds_state_from_changelog(
         # was left when the test looked (the cleaner may have gone on since).
         assert len(expected) <= read_back <= left, (read_back, left, app.lines)
 
-        produce_lines(b, "wc-input", batch2, len(batch1))
+        produce_lines(b, source, batch2, len(batch1))
         expected = Counter(" ".join(batch1 + batch2).split())
         wait_for(
             lambda: counts.poll() == expected,

@@ -548,9 +548,12 @@ class CountsSeen:
         self.consumer.close()
 
 
-def restart(cluster: Cluster, bid: int) -> None:
+def restart(cluster: Cluster, bid: int, topics: tuple[str, ...]) -> None:
+    """The broker back, and back in the ISRs (so that the next kill leaves two replicas)."""
     cluster.brokers[bid].start()
     cluster.wait_ready(brokers=[bid])
+    for topic in topics:
+        cluster.wait_isr(topic, 3, timeout=60)
 
 
 def test_streams_exactly_once_v2_word_count_survives_kill_9(
@@ -625,7 +628,7 @@ def test_streams_exactly_once_v2_word_count_survives_kill_9(
         try:
             counted(2, f"the counts of two parts, broker {victim} (an input leader) killed")
         finally:
-            restart(cluster, victim)
+            restart(cluster, victim, (source, sink, "__transaction_state"))
 
         # The transaction coordinator, killed while the third part is being processed.
         coordinator = coordinator_of(cluster, tid)
@@ -634,7 +637,7 @@ def test_streams_exactly_once_v2_word_count_survives_kill_9(
         try:
             counted(3, f"the counts of three parts, broker {coordinator} (the coordinator) killed")
         finally:
-            restart(cluster, coordinator)
+            restart(cluster, coordinator, (source, sink, "__transaction_state"))
 
         # Exactly once: every count of every word once, in order; none past the plain count.
         expected = Counter(" ".join(line for part in parts for line in part).split())

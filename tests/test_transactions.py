@@ -372,3 +372,32 @@ def test_transactional_offsets_count_only_once_committed(cluster: Cluster) -> No
     finally:
         raw.close()
         c.close()
+
+
+def test_describe_producers_answers_on_every_replica(cluster: Cluster) -> None:
+    """DescribeProducers is answered by the leader and the followers (each from its own
+    log), as Kafka does: kafka-transactions find-hanging --broker-id asks every replica
+    a broker holds."""
+    from kio.schema.describe_producers.v0.request import DescribeProducersRequest, TopicRequest
+
+    topic = _topic(cluster, "txn-describe", 1)
+    p = _producer(cluster, "describe-id")
+    p.begin_transaction()
+    p.produce(topic, value=b"open")
+    assert p.flush(10) == 0
+    cluster.converge(topic)
+    try:
+        for b in cluster.brokers.values():
+            raw = Raw(SimpleNamespace(port=b.kafka_port))
+            try:
+                req = DescribeProducersRequest(
+                    topics=(TopicRequest(name=TopicName(topic), partition_indexes=(i32(0),)),)
+                )
+                part = raw.call(req).topics[0].partitions[0]
+            finally:
+                raw.close()
+            assert part.error_code == ErrorCode.none, (b.node_id, part)
+            [producer] = part.active_producers
+            assert producer.current_txn_start_offset == 0, producer
+    finally:
+        p.abort_transaction(30)

@@ -38,22 +38,7 @@ from .share.coordinator import ShareCoordinator
 from .transactions.coordinator import TransactionCoordinator
 
 FOLLOWER_FETCH_KEY = -1  # latency key of Fetch requests from follower replicas
-MAX_LAG_SERIES = 10_000
-MARKER_BUCKETS_S = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-)  # (group, partition) pairs reported per scrape; the rest dropped
+MAX_LAG_SERIES = 10_000  # (group, partition) pairs reported per scrape; the rest dropped
 
 
 def _latency_family() -> HistogramFamily:
@@ -263,7 +248,9 @@ def install(
         lambda: [(sum(st.uncleanable is not None for st in list(cs.partitions.values())), {})],
     )
     ts = transactions.stats
-    transactions.marker_latency = t.histogram(C.BROKER_TXN_MARKER_DURATION, MARKER_BUCKETS_S).record
+    transactions.marker_latency = t.histogram(
+        C.BROKER_TXN_MARKER_DURATION, LATENCY_BUCKETS_S
+    ).record
     t.observe(C.BROKER_TXN_ONGOING, lambda: [(transactions.ongoing(), {})])
     t.observe(
         C.BROKER_TXN_COMPLETED,

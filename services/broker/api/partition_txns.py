@@ -124,7 +124,9 @@ def _code(w: PartitionWrite | type[_Refused]) -> int:
 
 
 async def handle_describe_producers(deps: PartitionTxnDeps, ctx: RequestContext, req: Any) -> dict:
-    """Each partition's active producers on its leader (Kafka: READ on the topic)."""
+    """Each partition's active producers in this broker's replica, leader or follower,
+    as Kafka answers (`kafka-transactions find-hanging --broker-id` asks every replica a
+    broker holds). READ on the topic."""
     topics = []
     for t in req.topics:
         ok = ctx.allowed(READ, TOPIC, t.name)
@@ -141,10 +143,17 @@ async def handle_describe_producers(deps: PartitionTxnDeps, ctx: RequestContext,
                 out["error_code"] = ErrorCode.topic_authorization_failed
                 continue
             partition, error = deps.replicas.leader(t.name, index)
-            if error:
-                out["error_code"] = error
+            if (
+                partition is None
+                or partition.log is None
+                or error
+                in (
+                    ErrorCode.unknown_topic_or_partition,
+                    ErrorCode.kafka_storage_error,
+                )
+            ):
+                out["error_code"] = error or ErrorCode.not_leader_or_follower
                 continue
-            assert partition is not None
             out["active_producers"] = [
                 {
                     "producer_id": pid,

@@ -16,9 +16,8 @@ Central, unchanged) on one 3-broker StraitMQ cluster (3 controllers apart).
   transaction left open by a producer killed with SIGKILL: find-hanging does not list it
   (its coordinator still tracks it), `abort --start-offset` ends it on the partition and
   read_committed consumers get past it. A truly hanging transaction (a transactional
-  batch no coordinator knows of) is listed by find-hanging and aborted the same way.
-  `find-hanging --broker-id` is an expected failure: DescribeProducers refuses follower
-  replicas (see its xfail reason).
+  batch no coordinator knows of) is listed by find-hanging (by partition, and by broker
+  on a follower replica) and aborted the same way.
 - DescribeTransactions from every broker: the coordinator describes, the others answer
   NOT_COORDINATOR (the Java admin's lookups go through such answers).
 
@@ -373,6 +372,14 @@ def test_kafka_transactions_cli_aborts_a_transaction_left_open(
         "0",
     )
     assert rows == [HANGING_HEADER], rows
+    # The same search by broker (DescribeProducers on every replica the broker holds,
+    # followers included), on each of them.
+    for bid in cluster.brokers:
+        rows = kafka_transactions(
+            cluster, "find-hanging", "--broker-id", str(bid), "--max-transaction-timeout", "0"
+        )
+        assert rows[0] == HANGING_HEADER, rows
+        assert not [r for r in table(rows) if r["Topic"] == topic], (bid, rows)
 
     # An operator ends it on the partition: abort markers, written by the partition leader.
     kafka_transactions(
@@ -387,22 +394,6 @@ def test_kafka_transactions_cli_aborts_a_transaction_left_open(
     assert first.read(topic, "read_committed") == expected
     assert [v.decode() for v in _read(cluster, topic, "read_committed", 1)] == expected
     assert len(first.read(topic, "read_uncommitted")) == 10
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="DescribeProducers on a follower replica answers NOT_LEADER_OR_FOLLOWER "
-    "(services/broker/api/partition_txns.py asks for the leader); Kafka answers from any "
-    "replica, and find-hanging --broker-id asks a broker about every replica it holds",
-)
-def test_kafka_transactions_find_hanging_by_broker(cluster: Cluster) -> None:
-    _topic(cluster, "jtxn-hanging-by-broker", partitions=1)
-    for bid in cluster.brokers:
-        rows = kafka_transactions(
-            cluster, "find-hanging", "--broker-id", str(bid), "--max-transaction-timeout", "0"
-        )
-        assert rows == [HANGING_HEADER], rows
 
 
 def first_sequence(batch: bytes) -> bytes:
@@ -422,8 +413,8 @@ def test_kafka_transactions_finds_and_aborts_a_hanging_transaction(
     AddPartitionsToTxn, which a broker without KIP-890's produce verification takes, as
     Kafka before 3.6 did). find-hanging lists it; abort ends it; read_committed moves on."""
     topic = _topic(cluster, "jtxn-hanging", partitions=1)
-    leader = cluster.brokers[cluster.leader_of(topic, 0)]
-    raw = Raw(SimpleNamespace(port=leader.kafka_port))
+    leader_id = cluster.leader_of(topic, 0)
+    raw = Raw(SimpleNamespace(port=cluster.brokers[leader_id].kafka_port))
     try:
         init = raw.call(
             InitProducerIdRequest(
@@ -465,6 +456,13 @@ def test_kafka_transactions_finds_and_aborts_a_hanging_transaction(
     (hanging,) = table(rows)
     assert hanging["ProducerId"] == str(pid) and hanging["StartOffset"] == "0", hanging
     assert hanging["Topic"] == topic and hanging["Partition"] == "0", hanging
+    # Searched by broker: every replica has the producer state, a follower's included.
+    follower = next(b for b in cluster.brokers if b != leader_id)
+    rows = kafka_transactions(
+        cluster, "find-hanging", "--broker-id", str(follower), "--max-transaction-timeout", "0"
+    )
+    found = [r for r in table(rows) if r["Topic"] == topic]
+    assert [(r["ProducerId"], r["StartOffset"]) for r in found] == [(str(pid), "0")], rows
 
     kafka_transactions(
         cluster, "abort", "--topic", topic, "--partition", "0", "--start-offset", "0"

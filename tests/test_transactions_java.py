@@ -9,9 +9,9 @@ Central, unchanged) on one 3-broker StraitMQ cluster (3 controllers apart).
   the last one is the plain count, nothing counted twice, nothing lost.
 - The Java transactional producer and read_committed consumer
   (tools/java/kafka-4.1/apps/TxnClient.java, one command per stdin line): committed
-  batches seen once (by the Java consumer and by librdkafka's), aborted ones never; a
-  zombie fenced by a newer producer with the same transactional id; a transaction past
-  its timeout aborted by the coordinator.
+  batches seen once (by the Java consumer and by librdkafka's; librdkafka's producer read
+  by the Java consumer too), aborted ones never; a zombie fenced by a newer producer with
+  the same transactional id; a transaction past its timeout aborted by the coordinator.
 - `kafka-transactions` (list, describe, describe-producers, find-hanging, abort) on a
   transaction left open by a producer killed with SIGKILL: find-hanging does not list it
   (its coordinator still tracks it), `abort --start-offset` ends it on the partition and
@@ -55,7 +55,7 @@ from kio.schema.types import ProducerId, TransactionalId
 from kio.static.primitive import i16
 from straitmq.broker.record_codec import build_batch
 from test_errors import Raw, produce, produce_partition
-from test_transactions import TXN_ARGS, _read, _topic
+from test_transactions import TXN_ARGS, _producer, _read, _topic
 from waiting import wait_for
 
 from bench.javatools import KAFKA41_TOOLS, ensure_jars, java_cmd
@@ -196,6 +196,28 @@ def test_java_producer_committed_once_aborted_never(
     assert sorted(v.decode() for v in _read(cluster, topic, "read_committed")) == committed
     everything = c.read(topic, "read_uncommitted")
     assert len(everything) == 90 and "two0-0" in everything, everything
+
+
+def test_librdkafka_transactions_read_by_the_java_consumer(
+    cluster: Cluster, clients: list[TxnClient], tmp_path: Path
+) -> None:
+    """The other way round: librdkafka's transactional producer, Java's read_committed."""
+    topic = _topic(cluster, "jtxn-rdkafka")
+    p = _producer(cluster, "jtxn-rdkafka")
+    for batch, commit in (("one", True), ("two", False), ("three", True)):
+        p.begin_transaction()
+        for i in range(10):
+            p.produce(topic, value=f"{batch}-{i}".encode(), partition=i % 3)
+        if commit:
+            p.commit_transaction(30)
+        else:
+            assert p.flush(30) == 0  # on the log before its abort marker
+            p.abort_transaction(30)
+    c = client(cluster, clients, "txnclient", tmp_path)
+    assert sorted(c.read(topic, "read_committed")) == sorted(
+        values("one", 10) + values("three", 10)
+    )
+    assert len(c.read(topic, "read_uncommitted")) == 30
 
 
 def test_java_zombie_is_fenced(cluster: Cluster, clients: list[TxnClient], tmp_path: Path) -> None:

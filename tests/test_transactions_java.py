@@ -161,7 +161,7 @@ class TxnClient:
 
 
 @pytest.fixture
-def clients(tmp_path: Path) -> Iterator[list[TxnClient]]:
+def clients() -> Iterator[list[TxnClient]]:
     started: list[TxnClient] = []
     yield started
     for c in started:

@@ -223,6 +223,8 @@ _GROUP_OF_MODULE = {
     # memory for the rest of the run.
     "test_streams_connect": "ecosystem",
     "test_mirrormaker2": "ecosystem",
+    # Streams exactly_once_v2, the Java transactional clients and kafka-transactions.
+    "test_transactions_java": "ecosystem",
 }
 # The longest units start first, so that none of them begins near the end of the run
 # (test.sh passes --no-loadscope-reorder so xdist keeps this order).

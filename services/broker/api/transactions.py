@@ -278,7 +278,18 @@ async def handle_txn_offset_commit(deps: TxnDeps, ctx: RequestContext, req: Any)
 async def handle_describe_transactions(deps: TxnDeps, ctx: RequestContext, req: Any) -> dict:
     out = []
     for tid in req.transactional_ids:
-        base = {"transactional_id": tid, "producer_id": -1, "producer_epoch": -1, "topics": []}
+        # Every field of the entry, errors included (Kafka answers an error with an empty
+        # state and a zero start time, the defaults of its schema); a missing one fails the
+        # whole answer (an internal error: the connection is closed).
+        base = {
+            "transactional_id": tid,
+            "transaction_state": "",
+            "transaction_timeout": 0,
+            "transaction_start_time": 0,
+            "producer_id": -1,
+            "producer_epoch": -1,
+            "topics": [],
+        }
         if not ctx.allowed(DESCRIBE, TRANSACTIONAL_ID, tid):
             out.append({**base, "error_code": ErrorCode.transactional_id_authorization_failed})
             continue

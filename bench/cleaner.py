@@ -183,6 +183,9 @@ class System(abc.ABC):
 
 
 class Strait(System):
+    # put before `-m straitmq.broker` (e.g. `-m cProfile -o FILE`: bench/transactions.py)
+    interpreter_args: list[str] = []
+
     def __init__(self, workdir: Path, executor: str) -> None:
         super().__init__(workdir)
         self.executor = executor
@@ -195,6 +198,7 @@ class Strait(System):
         self.proc = subprocess.Popen(
             [
                 sys.executable,
+                *self.interpreter_args,
                 "-m",
                 "straitmq.broker",
                 "--data-dir",

@@ -114,8 +114,11 @@ class PhaseError(RuntimeError):
 # ---------------------------------------------------------------- Java tools
 
 
-def run_tool(main_class: str, args: list[Any], timeout: float) -> tuple[str, str]:
-    cmd = java_cmd(main_class, args, jvm_args=PERF_JVM_ARGS, include_classes=False)
+def run_tool(
+    main_class: str, args: list[Any], timeout: float, jars: str = "3.9"
+) -> tuple[str, str]:
+    """Run a Kafka tool to its end; `jars="4.1"` runs it from the Kafka 4.1 jars."""
+    cmd = java_cmd(main_class, args, jvm_args=PERF_JVM_ARGS, include_classes=False, jars=jars)
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:

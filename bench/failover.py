@@ -106,7 +106,12 @@ class StraitTarget:
 
     name = "straitmq"
 
-    def __init__(self, fast_failover: bool = True, log_level: str = "warning") -> None:
+    def __init__(
+        self,
+        fast_failover: bool = True,
+        log_level: str = "warning",
+        extra_broker_args: tuple[str, ...] = (),
+    ) -> None:
         self.dir = tempfile.mkdtemp(prefix="strait-failover-")
         broker_args = [
             "--default-replication-factor",
@@ -115,6 +120,7 @@ class StraitTarget:
             "3",
             "--group-initial-rebalance-delay-ms",
             "0",
+            *extra_broker_args,
         ]
         controller_args = ["--no-auto-leader-rebalance"]
         if fast_failover:

@@ -69,6 +69,9 @@ if __package__ in (None, ""):  # allow `python bench/transactions.py`
 from confluent_kafka import KafkaException, Producer
 
 from bench.cleaner import Kafka, Strait, System, create_topic, log, medians
+from bench.cluster_throughput import broker_cpu_s
+from bench.cluster_throughput import create_topic as create_rf3_topic
+from bench.failover import KafkaTarget, StraitTarget
 from bench.javatools import CONSUMER_PERF, PRODUCER_PERF, REPO_ROOT
 from bench.throughput import (
     PhaseError,
@@ -83,10 +86,52 @@ GB = 1e9
 RECORD_SIZE = 1024
 
 
+# -- 3 brokers ------------------------------------------------------------------------
+
+
+class Cluster:
+    """3 controllers + 3 brokers (bench/failover.py's targets, each system's default
+    timeouts), with System's interface as far as this bench uses it: topics RF 3,
+    min.insync.replicas 2, the transaction state log RF 3 too; CPU = the 3 brokers'."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        if name.startswith("kafka"):
+            self.target: Any = KafkaTarget(fast_failover=False)
+        else:
+            self.target = StraitTarget(
+                fast_failover=False,
+                extra_broker_args=("--transaction-state-log-replication-factor", "3"),
+            )
+
+    @property
+    def bootstrap(self) -> str:
+        return self.target.bootstrap
+
+    def start(self) -> None:
+        self.target.start()
+
+    def stop(self) -> None:
+        self.target.stop()
+
+    def cpu_s(self) -> float:
+        return broker_cpu_s(self.target)
+
+
+Target = System | Cluster
+
+
+def make_topic(s: Target, topic: str) -> None:
+    if isinstance(s, Cluster):
+        create_rf3_topic(s.bootstrap, topic, 1)
+    else:
+        create_topic(s, topic, {})
+
+
 # -- clients ---------------------------------------------------------------------------
 
 
-def producer_perf_txn(s: System, topic: str, n: int, a: argparse.Namespace) -> dict[str, Any]:
+def producer_perf_txn(s: Target, topic: str, n: int, a: argparse.Namespace) -> dict[str, Any]:
     """Kafka 4.1's ProducerPerformance, transactional, one commit per
     `--transaction-duration-ms`; MB/s and p99 as it reports them."""
     args: list[Any] = [
@@ -113,7 +158,7 @@ def producer_perf_txn(s: System, topic: str, n: int, a: argparse.Namespace) -> d
     return r
 
 
-def rdkafka_txn(s: System, topic: str, n: int, a: argparse.Namespace) -> dict[str, Any]:
+def rdkafka_txn(s: Target, topic: str, n: int, a: argparse.Namespace) -> dict[str, Any]:
     """librdkafka's transactional producer: `a.per_txn` records per transaction."""
     p = Producer(
         {
@@ -166,7 +211,7 @@ def rdkafka_txn(s: System, topic: str, n: int, a: argparse.Namespace) -> dict[st
 
 
 def consumer_perf(
-    s: System, topic: str, n: int, isolation: str, workdir: Path, a: argparse.Namespace
+    s: Target, topic: str, n: int, isolation: str, workdir: Path, a: argparse.Namespace
 ) -> dict[str, Any]:
     """Kafka 4.1's ConsumerPerformance reading `topic` whole at `isolation`."""
     cfg = workdir / f"consumer-{isolation}.properties"
@@ -198,7 +243,7 @@ def consumer_perf(
     }
 
 
-def with_cpu(s: System, n: int, f: Any, *args: Any) -> dict[str, Any]:
+def with_cpu(s: Target, n: int, f: Any, *args: Any) -> dict[str, Any]:
     """Run f(*args) and add the broker's CPU seconds per GB of `n` records' values."""
     c0 = s.cpu_s()
     t0 = time.monotonic()
@@ -216,14 +261,14 @@ CONSUME = tuple(f"consume {iso} ({p})" for p in ("100 ms", "100/txn") for iso in
 ISOLATION = {"rc": "read_committed", "ru": "read_uncommitted"}
 
 
-def run_system(s: System, a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+def run_system(s: Target, a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     t = time.monotonic()
     s.start()
     log(f"{s.name}: ready in {time.monotonic() - t:.1f}s on {s.bootstrap}")
     run = uuid.uuid4().hex[:6]
     # warm-up: the JIT, the coordinator's first transactional id, the consumer path
-    create_topic(s, f"warm-pp-{run}", {})
-    create_topic(s, f"warm-rd-{run}", {})
+    make_topic(s, f"warm-pp-{run}")
+    make_topic(s, f"warm-rd-{run}")
     w = producer_perf_txn(s, f"warm-pp-{run}", a.warmup_records, a)
     rdkafka_txn(s, f"warm-rd-{run}", a.warmup_records // 4, a)
     consumer_perf(s, f"warm-pp-{run}", a.warmup_records, "read_committed", workdir, a)
@@ -239,7 +284,7 @@ def run_system(s: System, a: argparse.Namespace, workdir: Path) -> dict[str, Any
         topics = {"100 ms": f"pp-{run}-r{rnd}", "100/txn": f"rd-{run}-r{rnd}"}
         counts = {"100 ms": a.records, "100/txn": a.txn_records}
         for t in topics.values():
-            create_topic(s, t, {})
+            make_topic(s, t)
         r = with_cpu(s, a.records, producer_perf_txn, s, topics["100 ms"], a.records, a)
         runs[PRODUCE[0]].append(r)
         log(
@@ -335,22 +380,22 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     for n in names:  # in the CPU column
         idle += ["", "", _fmt(results[n].get("idle_cpu_s_per_s", float("nan")))]
     lines.append("| idle broker CPU s/s | " + " | ".join(idle) + " |")
-    if "kafka" in results:
-        for n in names:
-            if n == "kafka":
+    for n in names:
+        base = "kafka-3" if n.endswith("-3") else "kafka"
+        if n.startswith("kafka") or base not in results:
+            continue
+        lines += [
+            "",
+            f"| {n}/{base} | MB/s | CPU s/GB | goal (MB/s >= 1, CPU <= 0.5) |",
+            "|---|---:|---:|---|",
+        ]
+        for ph in PRODUCE + CONSUME:
+            try:
+                g = goal(results[n]["median"][ph], results[base]["median"][ph])
+            except (KeyError, ZeroDivisionError):
                 continue
-            lines += [
-                "",
-                f"| {n}/kafka | MB/s | CPU s/GB | goal (MB/s >= 1, CPU <= 0.5) |",
-                "|---|---:|---:|---|",
-            ]
-            for ph in PRODUCE + CONSUME:
-                try:
-                    g = goal(results[n]["median"][ph], results["kafka"]["median"][ph])
-                except (KeyError, ZeroDivisionError):
-                    continue
-                verdict = "met" if g["met"] else "not met"
-                lines.append(f"| {ph} | {g['mb_s']:.2f} | {g['cpu_s_per_gb']:.2f} | {verdict} |")
+            verdict = "met" if g["met"] else "not met"
+            lines.append(f"| {ph} | {g['mb_s']:.2f} | {g['cpu_s_per_gb']:.2f} | {verdict} |")
     return "\n".join(lines)
 
 
@@ -404,7 +449,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in a.systems.split(","):
         d = work / name
         d.mkdir()
-        s: System = Kafka(d) if name == "kafka" else Strait(d, "process")
+        s: Target
+        if name.endswith("-3"):
+            s = Cluster(name)
+        else:
+            s = Kafka(d) if name == "kafka" else Strait(d, "process")
         try:
             load0 = os.getloadavg()[0]
             results[name] = run_system(s, a, d)

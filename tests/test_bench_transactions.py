@@ -45,6 +45,8 @@ def test_top_functions_of_a_profile(tmp_path: Path) -> None:
     out = top_functions(path, 5)
     assert "busy_function_for_the_profile" in out or "<genexpr>" in out
     assert "tottime" in out
+    only = top_functions(path, 5, "busy_function_for_the_profile")
+    assert "busy_function_for_the_profile" in only and "<genexpr>" not in only
 
 
 def test_defaults_are_the_documented_ones() -> None:

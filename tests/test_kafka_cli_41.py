@@ -242,6 +242,40 @@ def test_metadata_quorum_on_a_cluster(cluster) -> None:
     ), r.stdout
 
 
+def test_reassign_with_throttle_then_verify(cluster, tmp_path) -> None:
+    """`kafka-reassign-partitions --execute --throttle`, then `--verify` until done: the
+    verify step clears the throttles it set, replica.alter.log.dirs.io.max.bytes.per.second
+    among them (accepted: nothing to move between log directories here), and exits 0."""
+    c = cluster()
+    spec = {"name": "cli41-move", "partitions": 1, "replication_factor": 1}
+    node = c.any_broker()
+    request_sync(f"http://{node.host}:{node.http_port}", "POST", "/api/v1/topics", spec)
+    c.wait_isr("cli41-move", 1)
+    produce(c.bootstrap, "cli41-move", 50)
+    source = c.leader_of("cli41-move", 0)
+    target = next(b for b in c.brokers if b != source)
+    plan = tmp_path / "move.json"
+    plan.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "partitions": [{"topic": "cli41-move", "partition": 0, "replicas": [target]}],
+            }
+        )
+    )
+    args = ["--bootstrap-server", c.bootstrap, "--reassignment-json-file", str(plan)]
+    tool("kafka-reassign-partitions", *args, "--execute", "--throttle", "10000000")
+
+    def verified() -> str | None:
+        r = run_tool("kafka-reassign-partitions", *args, "--verify")
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r.stdout if "is completed" in r.stdout and "Clearing" in r.stdout else None
+
+    out = wait_for(verified, 60, "the reassignment to complete and its throttles to clear")
+    assert "Clearing broker-level throttles" in str(out), out
+    assert c.topic("cli41-move")["partitions"][0]["replicas"] == [target]
+
+
 # -- kafka-delete-records (DeleteRecords) ---------------------------------------------------
 
 

@@ -227,6 +227,75 @@ def parse_batch(batch: bytes | memoryview) -> ParsedBatch:
     return ParsedBatch(base_offset, lod, epoch, attrs, base_ts, max_ts, pid, pe, seq, body, records)
 
 
+def map_keys(batch: bytes | memoryview, latest: dict[bytes, int]) -> None:
+    """The log cleaner's offset map pass over one batch: `latest[key] = offset` for each
+    keyed record, in order. Only what the map needs is read (a record's length, offset
+    delta and key; no value, no headers, no object per record): this pass reads every
+    dirty byte and is most of a cleaning's time. The CRC and framing are checked as
+    `parse_batch` checks them; the copy pass walks what it keeps in full."""
+    (base_offset, _len, _epoch, _magic, _crc, attrs, lod, _bts, _mts, _pid, _pe, _seq, count) = (
+        _header(batch)
+    )
+    view = batch if type(batch) is memoryview else memoryview(batch)
+    body = decompress(attrs & ATTR_COMPRESSION_MASK, view[HEADER_SIZE:])
+    try:
+        _map_walk(body, count, base_offset, lod, latest)
+    except _Corrupt as e:
+        raise ValueError(f"record batch at offset {base_offset}: {e}") from None
+    except Exception as e:  # IndexError, kio's BufferUnderflow, overlong varints
+        raise ValueError(f"record batch at offset {base_offset}: bad record encoding ({e})") from e
+
+
+def _map_walk(body: bytes, count: int, base_offset: int, lod: int, latest: dict) -> None:
+    rv = read_signed_varint
+    rvl = read_signed_varlong
+    n = len(body)
+    pos = 0
+    last_delta = -1
+    for _ in range(count):
+        b = body[pos]
+        if b < 0x80:
+            length = (b >> 1) ^ -(b & 1)
+            pos += 1
+        else:
+            length, s = rv(body, pos)
+            pos += s
+        end = pos + length
+        if length <= 0 or end > n:
+            raise _Corrupt(f"record at body byte {pos} has length {length}, {n - pos} left")
+        b = body[pos + 1]  # past the record attributes
+        if b < 0x80:
+            pos += 2
+        else:
+            pos += 1 + rvl(body, pos + 1)[1]
+        b = body[pos]
+        if b < 0x80:
+            delta = (b >> 1) ^ -(b & 1)
+            pos += 1
+        else:
+            delta, s = rv(body, pos)
+            pos += s
+        if delta <= last_delta or delta > lod:
+            raise _Corrupt(f"record offset delta {delta} after {last_delta} (last {lod})")
+        last_delta = delta
+        b = body[pos]
+        if b < 0x80:
+            klen = (b >> 1) ^ -(b & 1)
+            pos += 1
+        else:
+            klen, s = rv(body, pos)
+            pos += s
+        if klen >= 0:
+            if pos + klen > end:
+                raise _Corrupt(f"record key of {klen} bytes runs past its record")
+            latest[body[pos : pos + klen]] = base_offset + delta
+        elif klen != -1:
+            raise _Corrupt(f"record key length {klen}")
+        pos = end
+    if pos != n:
+        raise _Corrupt(f"{n - pos} bytes after the last record")
+
+
 def _walk(
     body: bytes, count: int, base_offset: int, base_ts: int, lod: int, fixed_ts: int | None
 ) -> list[RawRecord]:

@@ -53,7 +53,7 @@ from ..records import (
     parse_marker,
 )
 from . import txn_index
-from .batch_filter import ParsedBatch, parse_batch, rebuild_batch
+from .batch_filter import ParsedBatch, map_keys, parse_batch, rebuild_batch
 from .handles import FileHandles
 from .segment import Segment
 from .txn_index import TXN_INDEX, AbortedTxn
@@ -273,13 +273,15 @@ def build_offset_map(job: CleanJob, throttle: _Throttle, result: CleanResult) ->
             if txns.batch_aborted(pid, last, attributes):
                 end = last + 1
                 continue
-            p = _parse(raw, path)
-            if len(offsets) + len(p.records) > job.max_map_entries and offsets:
+            count = int.from_bytes(raw[57:61], "big", signed=True)
+            if len(offsets) + count > job.max_map_entries and offsets:
                 result.map_end = end
                 return offsets
-            for r in p.records:
-                if r.key is not None:
-                    offsets[r.key] = r.offset
+            try:
+                map_keys(raw, offsets)
+            except ValueError as e:
+                base = int.from_bytes(raw[:8], "big", signed=True)
+                raise CorruptSegment(f"{path}: batch at offset {base}: {e}") from e
             end = last + 1
         end = max(end, min(seg.next_offset, job.clean_end))
     result.map_end = end

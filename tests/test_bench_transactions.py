@@ -18,6 +18,11 @@ def test_goal_needs_kafkas_speed_at_half_its_cpu() -> None:
     }
     assert not goal({"mb_s": 39.0, "cpu_s_per_gb": 5.0}, kafka)["met"]
     assert not goal({"mb_s": 80.0, "cpu_s_per_gb": 10.5}, kafka)["met"]
+    net = goal(
+        {"mb_s": 40.0, "cpu_s_per_gb": 10.0, "cpu_s_per_gb_net": 3.0},
+        {**kafka, "cpu_s_per_gb_net": 12.0},
+    )
+    assert net["cpu_s_per_gb_net"] == 0.25
 
 
 def test_table_has_every_phase_and_the_ratios() -> None:
@@ -30,8 +35,8 @@ def test_table_has_every_phase_and_the_ratios() -> None:
     rows = out.splitlines()
     for ph in PRODUCE + CONSUME:
         assert sum(r.startswith(f"| {ph} |") for r in rows) == 2  # values, then ratios
-    assert f"| {PRODUCE[0]} | 1.50 | 0.25 | met |" in rows
-    assert "| idle broker CPU s/s |  |  | 0.02 |  |  | 0.02 |" in rows
+    assert f"| {PRODUCE[0]} | 1.50 | 0.25 | - | met |" in rows
+    assert "| idle broker CPU s/s |  |  | 0.02 |  |  |  | 0.02 |  |" in rows
 
 
 def test_top_functions_of_a_profile(tmp_path: Path) -> None:

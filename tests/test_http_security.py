@@ -36,6 +36,7 @@ from confluent_kafka.admin import (
 from conftest import ROOT, BrokerProcess
 from straitmq.cli.local_cluster import free_port
 from tls_support import Certs, make_certs
+from waiting import wait_for
 
 from straitmq.admin_client import AdminAuth, AdminError, exchange_sync, request_sync
 
@@ -647,6 +648,18 @@ def test_brokers_forward_and_redirect_over_https_as_themselves(cluster: Any) -> 
     admin = AdminAuth(ca_file=certs.path("ca.pem"), cert_file=certs.path("server.pem"))
     spread = {"name": "spread", "partitions": 6, "replication_factor": 3}
     request_sync(url, "POST", "/api/v1/topics", spread, auth=admin)
+
+    def everyone_knows_it() -> bool:
+        # A broker forwards records to leaders that must know the topic already.
+        for n in c.brokers.values():
+            try:
+                at = f"https://127.0.0.1:{n.http_port}"
+                request_sync(at, "GET", "/api/v1/topics/spread", auth=admin)
+            except AdminError:
+                return False
+        return True
+
+    wait_for(everyone_knows_it, 30, "every broker to know the topic")
     kafka = AdminClient({"bootstrap.servers": c.bootstrap})
     info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096)
     fs = kafka.alter_user_scram_credentials([UserScramCredentialUpsertion("alice", info, b"pw")])

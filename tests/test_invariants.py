@@ -92,7 +92,7 @@ def step():
 """,
     ),
     "storage": (
-        "a batch is appended at the log end and offsets only grow",
+        "a batch is appended at or after the log end and offsets only grow",
         """
 import sys
 from straitmq.broker.record_codec import build_batch

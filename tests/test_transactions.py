@@ -162,29 +162,39 @@ def test_a_transaction_past_its_timeout_is_aborted(cluster: Cluster) -> None:
 
 CTP = textwrap.dedent(
     """
-    import sys
+    import sys, time
     from confluent_kafka import Consumer, Producer, TopicPartition
     bootstrap, source, sink, tid = sys.argv[1:5]
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "ctp", "isolation.level":
-                  "read_committed", "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+                  "read_committed", "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                  "session.timeout.ms": 6000})
     p = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid, "linger.ms": 2})
     p.init_transactions(30)
     c.subscribe([source])
-    idle = 0
-    while idle < 40:
-        msgs = c.consume(50, 0.25)
-        msgs = [m for m in msgs if not m.error()]
+    parts = [TopicPartition(source, i) for i in range(3)]
+
+    def all_done():
+        # Done once the group's committed offsets are at the end of every partition; a
+        # pause alone proves nothing (a rebalance after a kill takes seconds).
+        done = c.committed(parts, timeout=10)
+        ends = [c.get_watermark_offsets(tp, timeout=10)[1] for tp in parts]
+        return all(tp.offset >= end for tp, end in zip(done, ends))
+
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline:
+        msgs = [m for m in c.consume(50, 0.25) if not m.error()]
         if not msgs:
-            idle += 1
+            if all_done():
+                print("done", flush=True)
+                sys.exit(0)
             continue
-        idle = 0
         p.begin_transaction()
         for m in msgs:
             p.produce(sink, key=m.key(), value=m.value().upper())
         p.send_offsets_to_transaction(c.position(c.assignment()),
                                       c.consumer_group_metadata(), 30)
         p.commit_transaction(30)
-    print("idle", flush=True)
+    sys.exit("not done in 150 s")
     """
 )
 

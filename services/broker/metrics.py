@@ -248,10 +248,8 @@ def install(
         lambda: [(sum(st.uncleanable is not None for st in list(cs.partitions.values())), {})],
     )
     ts = transactions.stats
-    transactions.marker_latency = t.histogram(
-        C.BROKER_TXN_MARKER_DURATION, LATENCY_BUCKETS_S
-    ).record
     t.observe(C.BROKER_TXN_ONGOING, lambda: [(transactions.ongoing(), {})])
+    t.observe(C.BROKER_TXN_MARKER_DURATION, lambda: [(ts.marker_seconds, {})])
     t.observe(
         C.BROKER_TXN_COMPLETED,
         lambda: [

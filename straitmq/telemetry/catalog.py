@@ -185,9 +185,10 @@ BROKER_TXN_COMPLETED = _i(
     OUTCOME_TXN,
 )  # fmt: skip
 BROKER_TXN_MARKER_DURATION = _i(
-    "straitmq.broker.transactions.marker.duration", HISTOGRAM, "s",
+    "straitmq.broker.transactions.marker.duration", OBSERVABLE_COUNTER, "s",
     "Time from a transaction's EndTxn (or timeout) to its markers being in every "
-    "partition and its outcome written",
+    "partition and its outcome written, summed over the finished transactions (divided "
+    "by straitmq.broker.transactions.completed: the mean)",
 )  # fmt: skip
 CONSUMER_GROUP_LAG = _i(
     "straitmq.consumer_group.lag", OBSERVABLE_GAUGE, "{message}",

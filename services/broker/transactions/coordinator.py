@@ -71,6 +71,7 @@ class TxnStats:
     aborted: int = 0
     timed_out: int = 0
     markers_written: int = 0
+    marker_seconds: float = 0.0  # summed from EndTxn (or a timeout) to the outcome written
 
 
 def partition_for(tid: str, partitions: int) -> int:
@@ -102,7 +103,6 @@ class TransactionCoordinator:
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._task: asyncio.Task[None] | None = None
         self.stats = TxnStats()
-        self.marker_latency: Callable[[float], None] = lambda _s: None  # metrics set it
         self._denied_warned = -1e9
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -267,7 +267,7 @@ class TransactionCoordinator:
             if not self.owns(tid):
                 return
             await asyncio.sleep(MARKER_RETRY_S)
-        self.marker_latency(time.monotonic() - started)
+        self.stats.marker_seconds += time.monotonic() - started
         if done.after.state == COMPLETE_COMMIT:
             self.stats.committed += 1
         elif done.after.state == COMPLETE_ABORT:

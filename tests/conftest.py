@@ -225,10 +225,13 @@ _GROUP_OF_MODULE = {
     "test_mirrormaker2": "ecosystem",
     # Streams exactly_once_v2, the Java transactional clients and kafka-transactions.
     "test_transactions_java": "ecosystem",
+    # The Java client tests too: next to the JVMs above, a group of two consumers missed
+    # its heartbeats and ended mid-rebalance.
+    "test_clients_java": "ecosystem",
 }
 # The longest units start first, so that none of them begins near the end of the run
 # (test.sh passes --no-loadscope-reorder so xdist keeps this order).
-_LONG_GROUPS = ["kubernetes", "spark", "test_security_tls_sasl", "test_clients_java", "ecosystem"]
+_LONG_GROUPS = ["kubernetes", "ecosystem", "spark", "test_security_tls_sasl"]
 
 
 def _group(nodeid: str) -> str:

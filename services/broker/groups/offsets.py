@@ -26,6 +26,7 @@ from ..records import (
     ATTR_TRANSACTIONAL,
     BatchInfo,
     parse_header,
+    parse_marker,
     replicated_batches,
 )
 from .records import Record, RecordKey, decode_key, encode_key
@@ -87,11 +88,9 @@ class OffsetStore:
         for raw in batches:
             attrs = raw[22]
             if attrs & ATTR_CONTROL:  # a transaction's marker: its offsets count or go
-                head = parse_header(raw, 0, len(raw))
-                for rec in decode_batch(raw):
-                    if rec.key is not None and len(rec.key) >= 4:
-                        commit = int.from_bytes(rec.key[2:4], "big") == 1
-                        self._complete(head.producer_id, commit, None)
+                marker = parse_marker(raw)
+                if marker is not None:
+                    self._complete(parse_header(raw, 0, len(raw)).producer_id, marker[0], None)
                 continue
             if attrs & ATTR_TRANSACTIONAL:
                 pid = parse_header(raw, 0, len(raw)).producer_id

@@ -210,11 +210,7 @@ class TransactionCoordinator:
             return False
         self.core.begin(t)
         try:
-            value = orjson.dumps(m.to_json())
-            batch = build_batch([(orjson.dumps({"t": m.transactional_id}), value, [])], _now())
-            view = memoryview(batch)
-            end = part.append(view, validate_batches(view, len(batch))) + 1
-            durable = await part.wait_for_hw(end, WRITE_TIMEOUT_S)
+            durable = await _write_record(part, m.transactional_id, m.to_json())
         except (OSError, asyncio.CancelledError):
             self.core.abandon(t)
             raise
@@ -233,10 +229,7 @@ class TransactionCoordinator:
         part = self.partitions.leader_of(TXN_TOPIC, index)
         if part is None:
             return
-        batch = build_batch([(orjson.dumps({"t": tid}), None, [])], _now())
-        view = memoryview(batch)
-        end = part.append(view, validate_batches(view, len(batch))) + 1
-        if await part.wait_for_hw(end, WRITE_TIMEOUT_S):
+        if await _write_record(part, tid, None):
             self.core.replay(tid, None)
 
     # -- markers -----------------------------------------------------------------------------
@@ -420,6 +413,16 @@ class TransactionCoordinator:
 
     def transactions(self) -> Iterable[TxnMetadata]:
         return list(self.core.txns.values())
+
+
+async def _write_record(part: Partition, tid: str, value: dict | None) -> bool:
+    """One record of `__transaction_state` (None: a tombstone), appended as the leader;
+    True once the ISR has it."""
+    key = orjson.dumps({"t": tid})
+    batch = build_batch([(key, None if value is None else orjson.dumps(value), [])], _now())
+    view = memoryview(batch)
+    end = part.append(view, validate_batches(view, len(batch))) + 1
+    return await part.wait_for_hw(end, WRITE_TIMEOUT_S)
 
 
 def _now() -> int:

@@ -35,6 +35,7 @@ from straitmq.metadata.image import MetadataImage
 
 from straitmq.security.acls import Authorizer, AuthorizerSettings
 from straitmq.security.http_security import HttpSecurity, with_scheme
+from straitmq.tasks import cancel_and_wait
 from straitmq.telemetry import Telemetry
 
 from . import metrics as broker_metrics
@@ -493,8 +494,7 @@ class Broker:
         if OFFSETS_TOPIC in self.image.topics:
             return True
         try:
-            await self.controller.call(
-                "create_topic",
+            await self._create_internal_topic(
                 {
                     "name": OFFSETS_TOPIC,
                     "partitions": self.config.offsets_topic_partitions,
@@ -507,13 +507,11 @@ class Broker:
                         "segment.bytes": str(OFFSETS_SEGMENT_BYTES),
                     },
                     "internal": True,
-                },
-                within_s=5.0,
+                }
             )
         except ControllerError as e:
-            if e.code != ErrorCode.topic_already_exists:  # someone else made it
-                log.debug("cannot create the offsets topic yet", extra={"reason": e.message})
-                return False
+            log.debug("cannot create the offsets topic yet", extra={"reason": e.message})
+            return False
         return OFFSETS_TOPIC in self.image.topics
 
     async def _create_internal_topic(self, body: dict) -> None:
@@ -722,11 +720,7 @@ class Broker:
         await self.share.stop()
         await self.transactions.stop()
         await self.cleaner.stop()
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_wait(self._tasks)
         self._tasks = []
         await self.isr.stop()
         await self.fetchers.stop()

@@ -28,6 +28,8 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from straitmq.tasks import cancel_and_wait
+
 from .storage.compaction import CleanJob, CleanResult, CorruptSegment, clean, is_disk_full
 from .storage.log import PartitionLog
 
@@ -197,12 +199,7 @@ class LogCleaner:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._task, *self._running.values()) if t is not None]
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_wait([self._task, *self._running.values()])
         self._task = None
         self._running.clear()
         self._shutdown_pool()

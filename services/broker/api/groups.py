@@ -32,9 +32,14 @@ def _no_read(ctx: RequestContext, group_id: str) -> int:
 
 def _coordinator(deps: GroupDeps, ctx: RequestContext, group_id: str) -> dict:
     """The leader of the group's offsets partition, or COORDINATOR_NOT_AVAILABLE."""
-    image = deps.metadata.image
-    p = image.partition(OFFSETS_TOPIC, deps.offsets.partition_for(group_id))
-    b = image.brokers.get(p.leader) if p is not None else None
+    p = deps.metadata.image.partition(OFFSETS_TOPIC, deps.offsets.partition_for(group_id))
+    return _endpoint_of(deps, ctx, p.leader if p is not None else None, "group")
+
+
+def _endpoint_of(deps: GroupDeps, ctx: RequestContext, leader: int | None, kind: str) -> dict:
+    """A coordinator's node and its endpoint on the client's listener, or
+    COORDINATOR_NOT_AVAILABLE while it has none."""
+    b = deps.metadata.image.brokers.get(leader) if leader is not None else None
     ep = endpoint_for(b, ctx.listener) if b is not None else None  # the client's listener
     if b is None or not b.alive or ep is None:
         return {
@@ -42,7 +47,7 @@ def _coordinator(deps: GroupDeps, ctx: RequestContext, group_id: str) -> dict:
             "host": "",
             "port": -1,
             "error_code": ErrorCode.coordinator_not_available,
-            "error_message": "the group coordinator is not available yet; retry",
+            "error_message": f"the {kind} coordinator is not available yet; retry",
         }
     return {"node_id": b.id, "host": ep[0], "port": ep[1], "error_code": 0, "error_message": None}
 
@@ -63,17 +68,7 @@ async def _txn_coordinator(deps: GroupDeps, ctx: RequestContext, tid: str) -> di
             "error_code": ErrorCode.coordinator_not_available,
             "error_message": e.message,
         }
-    image = deps.metadata.image
-    leader = txn.coordinator_of(tid)
-    b = image.brokers.get(leader) if leader is not None else None
-    ep = endpoint_for(b, ctx.listener) if b is not None else None
-    if b is None or not b.alive or ep is None:
-        return {
-            **none,
-            "error_code": ErrorCode.coordinator_not_available,
-            "error_message": "the transaction coordinator is not available yet; retry",
-        }
-    return {"node_id": b.id, "host": ep[0], "port": ep[1], "error_code": 0, "error_message": None}
+    return _endpoint_of(deps, ctx, txn.coordinator_of(tid), "transaction")
 
 
 class OffsetsHolder(Protocol):

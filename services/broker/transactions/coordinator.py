@@ -13,7 +13,6 @@ leader finishes the markers its predecessor was writing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import zlib
@@ -28,6 +27,7 @@ from kio.schema.write_txn_markers.v1 import request as wtm
 from kio.static.primitive import i16, i32
 
 from straitmq.protocol.client import ConnectionClosed, KafkaConnection
+from straitmq.tasks import cancel_and_wait
 
 from ..metadata_view import MetadataView
 from ..partitions import LEADER, Partition, PartitionManager
@@ -112,12 +112,7 @@ class TransactionCoordinator:
             self._task = asyncio.get_running_loop().create_task(self._timers())
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._task, *self._markers.values()) if t is not None]
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_wait([self._task, *self._markers.values()])
         self._task = None
         self._markers.clear()
         for conn in self._conns.values():

@@ -37,10 +37,10 @@ class _Refused:
     """A partition's answer when the principal may not WRITE the topic."""
 
     pending = False
-    error_code = ErrorCode.topic_authorization_failed
+    error_code: int = ErrorCode.topic_authorization_failed
     base_offset = -1
     log_start_offset = -1
-    error_message = None
+    error_message: str | None = None
     record_errors: tuple = ()
 
 

@@ -28,7 +28,7 @@ from .state import TV1, TV2
 TopicPartition = tuple[str, int]
 
 # What a coordinator's answer means to the writer (Kafka's AddPartitionsToTxnManager).
-_FOR_WRITER = {
+_FOR_WRITER: dict[int, int] = {
     ErrorCode.producer_fenced: ErrorCode.invalid_producer_epoch,
     ErrorCode.transaction_abortable: ErrorCode.invalid_txn_state,
 }

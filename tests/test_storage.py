@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 from conftest import record_batch
 from straitmq.broker.record_codec import build_batch, decode_batch
@@ -172,3 +173,27 @@ def test_producer_snapshot_of_an_older_broker_loads(tmp_path):
     assert entry.epoch == 2 and entry.last_seq() == 0 and entry.txn_first == -1
     assert again.last_stable_offset(again.log_end_offset) == again.log_end_offset
     again.close()
+
+
+def test_a_rolled_segment_is_fsynced_off_the_calling_thread(tmp_path, monkeypatch):
+    """The roll's fsync (up to a segment of dirty pages) runs in the flusher thread, not
+    on the event loop that appends; it syncs the rolled segment's file, and a clean close
+    waits for it."""
+    from straitmq.broker.storage import flusher
+
+    synced: list[tuple[str, int]] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append((threading.current_thread().name, os.fstat(fd).st_ino))
+        real_fsync(fd)
+
+    monkeypatch.setattr(flusher.os, "fsync", fsync)
+    plog = PartitionLog(str(tmp_path / "p"), LogConfig(segment_bytes=2000))
+    while len(plog.segments) < 3:
+        _append(plog, [b"x" * 300])
+    rolled = [os.stat(s.path(".log")).st_ino for s in plog.segments[:-1]]
+    plog.close()  # waits for the flusher
+    assert [ino for _, ino in synced] == rolled
+    assert all(name.startswith("segment-flush") for name, _ in synced)
+    assert threading.current_thread().name not in {name for name, _ in synced}

@@ -30,6 +30,7 @@ from ..records import (
 )
 from .compaction import CLEANED, SEGMENT_SUFFIXES, SWAP, CleanedGroup, SegmentFile
 from .epochs import LeaderEpochCache
+from .flusher import drain, flush_in_background
 from .handles import FileHandles
 from .segment import Segment, segment_name
 from .txn_index import TXN_INDEX, AbortedTxn, collect
@@ -487,7 +488,10 @@ class PartitionLog:
 
     def roll(self) -> Segment:
         old = self.segments[-1]
-        old.fsync()
+        # Its fsync goes to the flusher thread (flusher.py): on the loop it stalled every
+        # partition for as long as the disk took.
+        old.flush_indexes()
+        flush_in_background(os.dup(old.fd), old.path(".log"))
         seg = Segment(
             self.directory,
             self.log_end_offset,
@@ -862,6 +866,7 @@ class PartitionLog:
         finally:
             for seg in self.segments:
                 seg.close()
+            drain()  # rolled segments are fsynced before a clean stop ends
 
     def delete(self) -> None:
         self.closed = True

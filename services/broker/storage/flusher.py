@@ -1,0 +1,64 @@
+"""fsync of rolled segments, in a background thread.
+
+A segment that rolls is fsynced once, as Kafka flushes it (`flush-log`, scheduled off the
+request path). Done inline, that fsync held the event loop for as long as the disk took
+to write the segment's dirty pages: up to a segment's worth (1 GiB by default), seconds
+on a slow disk, and every produce and fetch of every partition waited. The roll hands a
+duplicate of the segment's descriptor to this one worker instead: the data reached the
+kernel already (pwritev), so nothing acknowledged depends on the fsync, and a duplicate
+stays valid when the segment's own descriptor is closed, the file deleted or swapped by
+the cleaner meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+
+log = logging.getLogger("straitmq.storage")
+
+_lock = threading.Lock()
+_executor: ThreadPoolExecutor | None = None
+_pending: set[Future[None]] = set()
+
+
+def _fsync_and_close(fd: int, name: str) -> None:
+    try:
+        os.fsync(fd)
+    except OSError as e:  # the data is in the page cache still; say so, do not crash
+        log.error("cannot fsync a rolled segment", extra={"segment": name, "error": str(e)})
+    finally:
+        os.close(fd)
+
+
+def flush_in_background(fd: int, name: str) -> Future[None]:
+    """fsync `fd` (a descriptor the caller gave up: it is closed afterwards) in the
+    flusher thread, in submission order."""
+    global _executor
+    with _lock:
+        if _executor is None:
+            # Not a daemon: the interpreter waits for pending fsyncs at exit.
+            _executor = ThreadPoolExecutor(1, thread_name_prefix="segment-flush")
+        fut = _executor.submit(_fsync_and_close, fd, name)
+        _pending.add(fut)
+    fut.add_done_callback(_done)
+    return fut
+
+
+def _done(fut: Future[None]) -> None:
+    with _lock:
+        _pending.discard(fut)
+
+
+def drain(timeout: float | None = None) -> bool:
+    """Wait for the fsyncs submitted so far (a log's close); whether all finished."""
+    with _lock:
+        waiting = list(_pending)
+    for fut in waiting:
+        try:
+            fut.result(timeout)
+        except TimeoutError:
+            return False
+    return True

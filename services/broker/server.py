@@ -51,7 +51,11 @@ _SIZE = struct.Struct(">i")
 MAX_QUEUED_FRAMES = 64
 MAX_PIPELINED = 8  # Produce answers one connection may have waiting for replication
 _API_KEY = struct.Struct(">h")
-TLS_COPY_CHUNK = 256 * 1024  # fetched file ranges read into memory per TLS write
+# A TLS fetch answer is written through the TLS layer in pieces of at most this much,
+# each one buffer holding the response's own bytes and its file ranges: few large TLS
+# writes (full 16 KiB records), not one per partition header and file chunk.
+TLS_WRITE_BYTES = 1024 * 1024
+TLS_SCRATCH_BYTES = 8 * 1024  # per TLS connection: small frames; large ones get their own
 PRE_AUTH_MAX_BYTES = 512 * 1024  # Kafka's sasl.server.max.receive.size
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
@@ -154,11 +158,14 @@ class KafkaConnection(asyncio.Protocol):
             if pos:
                 del buf[:pos]
         if self.frames:
-            self.wakeup.set()
-            if len(self.frames) >= MAX_QUEUED_FRAMES and not self.paused:
-                self.paused = True
-                assert self.transport is not None
-                self.transport.pause_reading()
+            self._frames_queued()
+
+    def _frames_queued(self) -> None:
+        self.wakeup.set()
+        if len(self.frames) >= MAX_QUEUED_FRAMES and not self.paused:
+            self.paused = True
+            assert self.transport is not None
+            self.transport.pause_reading()
 
     def pause_writing(self) -> None:
         self.drained.clear()
@@ -342,6 +349,9 @@ class KafkaConnection(asyncio.Protocol):
     async def write_raw(self, response: RawResponse) -> None:
         """Write bytes pieces through the transport, file ranges with os.sendfile."""
         assert self.transport is not None
+        if self.tls:
+            await self._write_raw_tls(response)
+            return
         pending: list[bytes] = []
         for piece in response.pieces:
             if isinstance(piece, ReadSlice):
@@ -360,9 +370,6 @@ class KafkaConnection(asyncio.Protocol):
             await self.drained.wait()
         if self.closed:
             raise ConnectionError("closed")
-        if self.tls:
-            await self._send_copy(piece)
-            return
         sock = self.transport.get_extra_info("socket")
         fd = sock.fileno()
         offset, remaining = piece.position, piece.size
@@ -394,25 +401,134 @@ class KafkaConnection(asyncio.Protocol):
             if self.closed:
                 raise ConnectionError("closed")
 
-    async def _send_copy(self, piece: ReadSlice) -> None:
-        """TLS encrypts in user space, so a file range cannot go by sendfile: read it in
-        chunks and write each through the transport, waiting for the buffer to drain."""
-        assert self.transport is not None
-        offset, remaining = piece.position, piece.size
-        while remaining:
-            try:
-                chunk = os.pread(piece.fd, min(remaining, TLS_COPY_CHUNK), offset)
-            except OSError as e:  # the segment was deleted, or no descriptor is left
-                raise ConnectionError(f"cannot send a fetched range: {e}") from e
-            if not chunk:
-                raise ConnectionError("file shrank under a fetch")
-            self.transport.write(chunk)
-            offset += len(chunk)
-            remaining -= len(chunk)
-            if self.transport.get_write_buffer_size():
-                await self.drained.wait()
-            if self.closed:
-                raise ConnectionError("closed")
+    async def _write_raw_tls(self, response: RawResponse) -> None:
+        """TLS encrypts in user space, so a file range cannot go by sendfile: the
+        response is copied into buffers of up to TLS_WRITE_BYTES (file ranges read
+        straight into them) and each goes through the TLS layer in one write, waiting
+        for the transport to drain in between. A buffer is never reused: the TLS layer
+        may still hold it."""
+        transport = self.transport
+        assert transport is not None
+        left = sum(p.size if isinstance(p, ReadSlice) else len(p) for p in response.pieces)
+        out = memoryview(bytearray(min(left, TLS_WRITE_BYTES)))
+        pos = 0
+        for piece in response.pieces:
+            if isinstance(piece, ReadSlice):
+                offset, remaining = piece.position, piece.size
+            else:
+                data, remaining = memoryview(piece), len(piece)
+            while remaining:
+                n = min(remaining, len(out) - pos)
+                if isinstance(piece, ReadSlice):
+                    try:
+                        # piece.fd each time: the bounded cache may have closed and
+                        # reopened the file while this waited on the socket.
+                        got = os.preadv(piece.fd, [out[pos : pos + n]], offset)
+                    except OSError as e:  # the segment was deleted, or no descriptor left
+                        raise ConnectionError(f"cannot send a fetched range: {e}") from e
+                    if got == 0:
+                        raise ConnectionError("file shrank under a fetch")
+                    offset += got
+                else:
+                    got = n
+                    out[pos : pos + n] = data[:n]
+                    data = data[n:]
+                pos += got
+                remaining -= got
+                left -= got
+                if pos == len(out):
+                    transport.write(out)
+                    if left:
+                        if transport.get_write_buffer_size():
+                            await self.drained.wait()
+                        if self.closed:
+                            raise ConnectionError("closed")
+                        out = memoryview(bytearray(min(left, TLS_WRITE_BYTES)))
+                    pos = 0
+
+
+class KafkaTlsConnection(KafkaConnection, asyncio.BufferedProtocol):
+    """A TLS listener's connection. The TLS layer decrypts straight into our buffers
+    (uvloop's SSL protocol reads into a BufferedProtocol's buffer): small frames land in
+    a small scratch buffer and are copied out once, a large frame (a Produce) is read
+    into a buffer of exactly its size that becomes the frame, with no copy at all. As a
+    plain Protocol, each read was decrypted into a new bytes object of up to 256 KiB,
+    appended to the connection's buffer, then copied again into the frame."""
+
+    def __init__(self, deps: ListenerDeps, listener: Listener | None = None) -> None:
+        super().__init__(deps, listener)
+        self._scratch = bytearray(TLS_SCRATCH_BYTES)
+        self._filled = 0  # bytes of _scratch holding data not framed yet
+        self._body: memoryview | None = None  # the large frame being read, and how far
+        self._body_filled = 0
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._body is not None:
+            return self._body[self._body_filled :]  # never past the frame's end
+        return memoryview(self._scratch)[self._filled :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.closed:
+            return
+        if self._body is not None:
+            self._body_filled += nbytes
+            if self._body_filled < len(self._body):
+                return
+            self.frames.append(self._body.toreadonly())
+            self._body = None
+        else:
+            self._filled += nbytes
+            self._frame_scratch()
+        if self.frames:
+            self._frames_queued()
+
+    def _frame_scratch(self) -> None:
+        """Take the whole frames out of the scratch buffer; a frame larger than what is
+        left of it gets a buffer of its own, which the next reads fill directly."""
+        scratch = self._scratch
+        limit = (
+            self.deps.request_max_bytes
+            if self.security.authenticated
+            else PRE_AUTH_MAX_BYTES  # nobody buffers 100 MB on a connection it cannot name
+        )
+        pos, end = 0, self._filled
+        while end - pos >= 4:
+            (size,) = _SIZE.unpack_from(scratch, pos)
+            # Unframed SASL tokens (SaslHandshake v0) may be short or empty.
+            if size < (0 if self.security.raw_tokens else 8) or size > limit:
+                log.info(
+                    "closing connection: bad frame size",
+                    extra={"client": self.client_host, "size": size},
+                )
+                self.close()
+                return
+            start = pos + 4
+            if end - start >= size:
+                self.frames.append(memoryview(bytes(scratch[start : start + size])))
+                pos = start + size
+                continue
+            if size > len(scratch) - 4:
+                body = bytearray(size)
+                body[: end - start] = scratch[start:end]
+                self._body = memoryview(body)
+                self._body_filled = end - start
+                pos = end
+            break
+        rest = end - pos
+        if pos and rest:
+            scratch[:rest] = scratch[pos:end]
+        self._filled = rest
+
+    def data_received(self, data: bytes) -> None:
+        """For a transport that does not use the buffer (uvloop's and asyncio's TLS both
+        do): the same path, one copy."""
+        view = memoryview(data)
+        while view and not self.closed:
+            buf = self.get_buffer(len(view))
+            n = min(len(buf), len(view))
+            buf[:n] = view[:n]
+            view = view[n:]
+            self.buffer_updated(n)
 
 
 def _no_credentials(user: str, mechanism: str) -> dict | None:
@@ -456,7 +572,9 @@ async def serve(
     ssl_ctx = listener.tls.server_context if listener is not None and listener.tls else None
     servers = [
         await loop.create_server(
-            lambda: KafkaConnection(deps, listener),
+            (lambda: KafkaTlsConnection(deps, listener))
+            if ssl_ctx
+            else (lambda: KafkaConnection(deps, listener)),
             sock=s,
             backlog=1024,
             ssl=ssl_ctx,

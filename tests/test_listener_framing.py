@@ -1,0 +1,78 @@
+"""The TLS listener's framing (server.KafkaTlsConnection): the TLS layer decrypts into
+the buffers the connection hands out; whatever the read boundaries, the frames come out
+whole and in order, a large frame is read into a buffer of its own size (no copy), and a
+bad size closes the connection."""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import pytest
+from straitmq.broker.api.context import RequestContext
+from straitmq.broker.metrics import BrokerMetrics
+from straitmq.broker.security.sasl import ConnectionSecurity
+from straitmq.broker.server import TLS_SCRATCH_BYTES, KafkaTlsConnection, ListenerDeps
+from straitmq.metadata.image import MetadataImage
+
+
+def _no_context(*args: object) -> RequestContext:
+    raise AssertionError("framing alone handles no request")
+
+
+def connection(request_max_bytes: int = 1 << 20) -> KafkaTlsConnection:
+    deps = ListenerDeps(BrokerMetrics(), set(), request_max_bytes, MetadataImage, _no_context, {})
+    conn = KafkaTlsConnection(deps)
+    conn.security = ConnectionSecurity(None, lambda user, mech: None)  # no SASL: named
+    return conn
+
+
+def feed(conn: KafkaTlsConnection, stream: bytes, rng: random.Random) -> None:
+    """Write `stream` into the connection's buffers in reads of random sizes, as the TLS
+    layer does (it fills at most the buffer it is given)."""
+    pos = 0
+    while pos < len(stream) and not conn.closed:
+        buf = conn.get_buffer(len(stream) - pos)
+        assert len(buf) > 0
+        n = min(len(buf), rng.randint(1, 40_000), len(stream) - pos)
+        buf[:n] = stream[pos : pos + n]
+        conn.buffer_updated(n)
+        pos += n
+
+
+def frame(body: bytes) -> bytes:
+    return struct.pack(">i", len(body)) + body
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_frames_come_out_whole_whatever_the_read_boundaries(seed: int) -> None:
+    rng = random.Random(seed)
+    bodies = [
+        rng.randbytes(rng.choice([8, 20, 300, TLS_SCRATCH_BYTES - 4, TLS_SCRATCH_BYTES, 70_000]))
+        for _ in range(40)
+    ]
+    conn = connection()
+    feed(conn, b"".join(frame(b) for b in bodies), rng)
+    got = list(conn.frames)
+    assert [bytes(f) for f in got] == bodies
+    for f, body in zip(got, bodies, strict=True):
+        assert f.readonly
+        if len(body) > TLS_SCRATCH_BYTES - 4:
+            # Read straight into a buffer of exactly the frame's size: no copy after.
+            assert isinstance(f.obj, bytearray) and len(f.obj) == len(body)
+    assert not conn.closed
+
+
+def test_the_same_path_serves_a_transport_that_calls_data_received() -> None:
+    bodies = [b"x" * 9, b"y" * 50_000, b"z" * 12]
+    conn = connection()
+    conn.data_received(b"".join(frame(b) for b in bodies))
+    assert [bytes(f) for f in conn.frames] == bodies
+
+
+@pytest.mark.parametrize("size", [-1, 3, (1 << 20) + 1])
+def test_a_bad_frame_size_closes_the_connection(size: int) -> None:
+    conn = connection()
+    feed(conn, frame(b"a" * 10) + struct.pack(">i", size) + b"b" * 64, random.Random(1))
+    assert conn.closed
+    assert [bytes(f) for f in conn.frames] == [b"a" * 10]

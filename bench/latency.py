@@ -1,0 +1,511 @@
+"""Produce latency at a fixed rate, and end-to-end latency: StraitMQ beside Apache Kafka 4.1,
+both up for the whole run, rounds alternating (issue 31, item 3; not a pytest test).
+
+    python -m bench.latency [--rounds 3] [--rates 5000,20000] [--rf 3]
+
+For each round, each system (order flipped every round) and each rate (order flipped too):
+
+  warm-up    Kafka 4.1's ProducerPerformance at the rate for --warmup-s seconds (10),
+             unreported: a JVM broker must not be measured cold
+  produce    ProducerPerformance again at the rate for --seconds (30): 1 KiB records,
+             acks=all, linger.ms=0, reporting its p50/p95/p99/p99.9 and max latency (ms,
+             from send to acknowledgement), the rate it reached, and the brokers' CPU
+             (user + system, all broker processes, /proc) as a share of one core
+  e2e        Kafka 4.1's EndToEndLatency (--e2e-messages, one message at a time: produce
+             acks=all, wait until a consumer has it), its p50/p99/p99.9
+
+each on a new topic of --partitions partitions (1), deleted afterwards. --rf 1 (default)
+runs one node of each: a combined StraitMQ node (`python -m straitmq.broker`) and a KRaft
+combined Kafka (bench/kafka_ref.py). --rf 3 runs 3 controllers + 3 brokers of each
+(bench/failover.py's targets, default timeouts), topics with min.insync.replicas 2.
+
+--strait NAME=PYTHON adds a StraitMQ run with another checkout's interpreter (its venv's
+python, whose editable install points at that checkout), to compare two versions in one
+run: `--strait before=/work/wt/base/.venv/bin/python --strait after=.venv/bin/python`.
+--stallwatch runs StraitMQ's brokers under bench/stallwatch (5 ms sampling) and prints each
+broker's histogram of event-loop lateness at the end.
+
+Output: a markdown table of medians over the rounds (min-max of p99 beside it), the ratios
+StraitMQ/Kafka, and a JSON dump (default .cache/bench/latency-<timestamp>.json);
+`--report JSON` prints an earlier run's table again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # allow `python bench/latency.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from confluent_kafka.admin import AdminClient, NewTopic
+from straitmq.cli.local_cluster import LocalCluster, free_port
+
+from bench.failover import KafkaTarget
+from bench.javatools import END_TO_END_LATENCY, PERF_JVM_ARGS, PRODUCER_PERF, REPO_ROOT, java_cmd
+from bench.kafka_ref import KafkaRef, stop_process, wait_for_broker
+from bench.throughput import parse_producer_perf, process_cpu_s
+
+HOST = "127.0.0.1"
+STALLWATCH_DIR = REPO_ROOT / "bench" / "stallwatch"
+# EndToEndLatency's summary lines (Kafka 4.1, tools/EndToEndLatency.java).
+E2E_AVG = re.compile(r"Avg latency: ([\d.]+) ms")
+E2E_PCT = re.compile(r"Percentiles: 50th = (\d+), 99th = (\d+), 99\.9th = (\d+)")
+PRODUCE_KEYS = ("p50_ms", "p95_ms", "p99_ms", "p999_ms", "max_lat_ms", "rec_s", "broker_cpu")
+E2E_KEYS = ("e2e_avg_ms", "e2e_p50_ms", "e2e_p99_ms", "e2e_p999_ms")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def parse_e2e(out: str) -> dict[str, float]:
+    avg, pct = E2E_AVG.search(out), E2E_PCT.search(out)
+    if avg is None or pct is None:
+        raise RuntimeError(f"no summary in EndToEndLatency output: {out[-500:]!r}")
+    p50, p99, p999 = (float(v) for v in pct.groups())
+    return {
+        "e2e_avg_ms": float(avg.group(1)),
+        "e2e_p50_ms": p50,
+        "e2e_p99_ms": p99,
+        "e2e_p999_ms": p999,
+    }
+
+
+# -- systems ---------------------------------------------------------------------------
+
+
+class System:
+    """A broker (rf 1) or a 3 + 3 cluster (rf 3) of one kind, up for the whole run."""
+
+    name = ""
+    bootstrap = ""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def broker_pids(self) -> list[int]:
+        raise NotImplementedError
+
+    def cpu_s(self) -> float:
+        total = 0.0
+        for pid in self.broker_pids():
+            try:
+                total += process_cpu_s(pid)
+            except OSError:
+                pass
+        return total
+
+
+class StraitNode(System):
+    def __init__(self, name: str, python: str, workdir: Path) -> None:
+        self.name, self.python, self.workdir = name, python, workdir
+        self.port = free_port()
+        self.bootstrap = f"{HOST}:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.log = open(self.workdir / "broker.log", "ab")
+        self.proc = subprocess.Popen(
+            [
+                self.python,
+                "-m",
+                "straitmq.broker",
+                "--data-dir",
+                str(self.workdir / "data"),
+                "--listen",
+                self.bootstrap,
+                "--http",
+                f"{HOST}:{free_port()}",
+                "--log-level",
+                "warning",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=self.workdir,
+        )
+        wait_for_broker(HOST, self.port, timeout=90, proc=self.proc)
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+        self.log.close()
+
+    def broker_pids(self) -> list[int]:
+        return [self.proc.pid] if self.proc is not None else []
+
+
+class StraitCluster(System):
+    def __init__(self, name: str, python: str, workdir: Path) -> None:
+        self.name = name
+        self.cluster = LocalCluster(
+            str(workdir),
+            kafka_base=None,
+            http_base=None,
+            controller_base=None,
+            broker_args=["--default-replication-factor", "3"],
+            controller_args=["--no-auto-leader-rebalance"],
+            python=python,
+        )
+        self.bootstrap = self.cluster.bootstrap
+
+    def start(self) -> None:
+        self.cluster.start(wait_s=180)
+
+    def stop(self) -> None:
+        self.cluster.stop()
+
+    def broker_pids(self) -> list[int]:
+        return [n.proc.pid for n in self.cluster.brokers.values() if n.alive() and n.proc]
+
+
+class KafkaNode(System):
+    name = "kafka"
+
+    def __init__(self, workdir: Path) -> None:
+        self.ref = KafkaRef(free_port(), workdir=workdir, log_level="WARN")
+        self.bootstrap = self.ref.bootstrap
+
+    def start(self) -> None:
+        self.ref.start()
+
+    def stop(self) -> None:
+        self.ref.stop()
+
+    def broker_pids(self) -> list[int]:
+        return [self.ref.proc.pid] if self.ref.proc is not None else []
+
+
+class KafkaCluster3(System):
+    name = "kafka"
+
+    def __init__(self) -> None:
+        self.target = KafkaTarget(fast_failover=False)
+        self.bootstrap = self.target.bootstrap
+
+    def start(self) -> None:
+        self.target.start()
+
+    def stop(self) -> None:
+        self.target.stop()
+
+    def broker_pids(self) -> list[int]:
+        nodes = self.target.cluster.brokers.values()
+        return [n.proc.pid for n in nodes if n.proc is not None and n.proc.poll() is None]
+
+
+# -- measurements ----------------------------------------------------------------------
+
+
+def run_java(main_class: str, args: list[Any], timeout: float) -> str:
+    cmd = java_cmd(main_class, args, jvm_args=PERF_JVM_ARGS, include_classes=False, jars="4.1")
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"{main_class} exited {p.returncode}: {p.stderr[-1500:]}")
+    return p.stdout
+
+
+def create_topic(s: System, topic: str, a: argparse.Namespace) -> None:
+    config = {"min.insync.replicas": "2"} if a.rf > 1 else {}
+    admin = AdminClient({"bootstrap.servers": s.bootstrap, "log_level": 2})
+    nt = NewTopic(topic, num_partitions=a.partitions, replication_factor=a.rf, config=config)
+    admin.create_topics([nt], operation_timeout=30)[topic].result(60)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # led, with its full ISR
+        md = admin.list_topics(topic, timeout=10).topics.get(topic)
+        parts = md.partitions.values() if md is not None else []
+        if len(parts) == a.partitions and all(p.leader >= 0 and len(p.isrs) == a.rf for p in parts):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"{topic} not ready after 60 s")
+
+
+def delete_topic(s: System, topic: str) -> None:
+    try:
+        admin = AdminClient({"bootstrap.servers": s.bootstrap, "log_level": 2})
+        admin.delete_topics([topic], operation_timeout=30)[topic].result(60)
+    except Exception as e:  # best effort
+        log(f"  delete {topic}: {e}")
+
+
+def producer_perf(s: System, topic: str, rate: int, seconds: float, a: argparse.Namespace) -> str:
+    args: list[Any] = [
+        "--topic",
+        topic,
+        "--num-records",
+        int(rate * seconds),
+        "--record-size",
+        a.record_size,
+        "--throughput",
+        rate,
+        "--producer-props",
+        f"bootstrap.servers={s.bootstrap}",
+        "acks=all",
+        "linger.ms=0",
+    ]
+    return run_java(PRODUCER_PERF, args, timeout=seconds * 4 + 120)
+
+
+def measure(s: System, rate: int, a: argparse.Namespace) -> dict[str, float]:
+    topic = f"lat-{rate}-{uuid.uuid4().hex[:6]}"
+    create_topic(s, topic, a)
+    try:
+        if a.warmup_s > 0:
+            producer_perf(s, topic, rate, a.warmup_s, a)
+        cpu0, t0 = s.cpu_s(), time.monotonic()
+        res = parse_producer_perf(producer_perf(s, topic, rate, a.seconds, a))
+        res["broker_cpu"] = (s.cpu_s() - cpu0) / (time.monotonic() - t0)
+    finally:
+        delete_topic(s, topic)
+    return res
+
+
+def e2e(s: System, a: argparse.Namespace) -> dict[str, float]:
+    topic = f"e2e-{uuid.uuid4().hex[:6]}"
+    create_topic(s, topic, a)
+    try:
+        out = run_java(
+            END_TO_END_LATENCY,
+            [s.bootstrap, topic, a.e2e_messages, "all", a.record_size],
+            timeout=a.e2e_messages * 0.5 + 120,
+        )
+        return parse_e2e(out)
+    finally:
+        delete_topic(s, topic)
+
+
+# -- summary ---------------------------------------------------------------------------
+
+Rounds = dict[str, dict[str, list[dict[str, float]]]]  # system -> test -> one dict per round
+
+
+def medians(rounds: Rounds) -> dict[str, dict[str, dict[str, float]]]:
+    """{system: {test: {metric: median over the rounds that have it}}}"""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for name, tests in rounds.items():
+        for test, rs in tests.items():
+            keys = sorted({k for r in rs for k in r})
+            if keys:
+                out.setdefault(name, {})[test] = {
+                    k: statistics.median(r[k] for r in rs if k in r) for k in keys
+                }
+    return out
+
+
+def report(rounds: Rounds, baseline: str = "kafka") -> str:
+    """Markdown: one row per (test, system), medians; p99's min-max over the rounds; then
+    each other system's p99 / the baseline's."""
+    med = medians(rounds)
+    lines = [
+        "| test | system | rounds | p50 ms | p95 ms | p99 ms (min-max) | p99.9 ms | max ms "
+        "| rate reached | broker CPU |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    tests = sorted({t for ts in rounds.values() for t in ts}, key=_test_order)
+    for test in tests:
+        for name in rounds:
+            rs = rounds[name].get(test, [])
+            m = med.get(name, {}).get(test)
+            if not m:
+                continue
+            if test == "e2e":
+                p99s = [r["e2e_p99_ms"] for r in rs]
+                lines.append(
+                    f"| e2e | {name} | {len(rs)} | {m['e2e_p50_ms']:.0f} | - | "
+                    f"{m['e2e_p99_ms']:.0f} ({min(p99s):.0f}-{max(p99s):.0f}) | "
+                    f"{m['e2e_p999_ms']:.0f} | - | - | - |"
+                )
+                continue
+            p99s = [r["p99_ms"] for r in rs]
+            lines.append(
+                f"| {test} | {name} | {len(rs)} | {m['p50_ms']:.0f} | {m['p95_ms']:.0f} | "
+                f"{m['p99_ms']:.0f} ({min(p99s):.0f}-{max(p99s):.0f}) | {m['p999_ms']:.0f} | "
+                f"{m['max_lat_ms']:.0f} | {m['rec_s']:,.0f}/s | {m['broker_cpu']:.0%} |"
+            )
+    if baseline in med:
+        lines += ["", f"| p99 / {baseline} p99 | " + " | ".join(tests) + " |"]
+        lines.append("|---|" + "---:|" * len(tests))
+        for name in med:
+            if name == baseline:
+                continue
+            cells = []
+            for test in tests:
+                key = "e2e_p99_ms" if test == "e2e" else "p99_ms"
+                v = med[name].get(test, {}).get(key)
+                b = med[baseline].get(test, {}).get(key)
+                cells.append(f"{v / b:.2f}" if v is not None and b else "-")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _test_order(test: str) -> tuple[int, str]:
+    return (1, test) if test == "e2e" else (0, f"{int(test.split('/')[0]):09d}")
+
+
+def stall_histograms(directory: Path) -> str:
+    """Each stallwatch histogram in `directory` (one per broker process), as text."""
+    out = []
+    for path in sorted(directory.glob("*.hist.json")):
+        h = json.loads(path.read_text())
+        out.append(f"{path.name}: " + json.dumps(h, sort_keys=True))
+    return "\n".join(out)
+
+
+# -- main ------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3, help="rounds (medians reported)")
+    ap.add_argument("--rates", default="5000,20000", help="records/s, comma list")
+    ap.add_argument("--seconds", type=float, default=30, help="measured seconds per rate")
+    ap.add_argument("--warmup-s", type=float, default=10, help="unreported seconds first")
+    ap.add_argument("--record-size", type=int, default=1024)
+    ap.add_argument("--partitions", type=int, default=1)
+    ap.add_argument("--rf", type=int, choices=(1, 3), default=1, help="3: 3+3 clusters")
+    ap.add_argument("--e2e-messages", type=int, default=2000, help="0: no EndToEndLatency")
+    ap.add_argument("--systems", default="kafka,straitmq", help="comma list: kafka,straitmq")
+    ap.add_argument(
+        "--strait",
+        action="append",
+        default=[],
+        metavar="NAME=PYTHON",
+        help="a StraitMQ run with this interpreter (repeatable; default straitmq=this one)",
+    )
+    ap.add_argument("--stallwatch", action="store_true", help="StraitMQ under bench/stallwatch")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--report", metavar="JSON", help="print the table of an earlier run's JSON")
+    a = ap.parse_args(argv)
+    try:
+        a.rates = [int(r) for r in a.rates.split(",") if r]
+    except ValueError:
+        ap.error(f"--rates: not a comma list of integers: {a.rates!r}")
+    stray = set(a.systems.split(",")) - {"kafka", "straitmq", ""}
+    if stray:
+        ap.error(f"--systems: unknown {sorted(stray)}")
+    pythons: dict[str, str] = {}
+    for spec in a.strait:
+        name, sep, python = spec.partition("=")
+        if not sep or not name or not python:
+            ap.error(f"--strait wants NAME=PYTHON, not {spec!r}")
+        pythons[name] = python
+    if not pythons and "straitmq" in a.systems.split(","):
+        pythons["straitmq"] = sys.executable
+    a.pythons = pythons
+    a.kafka = "kafka" in a.systems.split(",")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    if a.report:
+        d = json.loads(Path(a.report).read_text())
+        print(report(d["rounds"]))
+        return 0
+    work = Path(tempfile.mkdtemp(prefix="lat-bench-"))
+    stall_dir = work / "stallwatch"
+    if a.stallwatch:
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(STALLWATCH_DIR), os.environ.get("PYTHONPATH")])
+        )
+        os.environ.update(
+            {
+                "STALLWATCH": "1",
+                "STALLWATCH_DIR": str(stall_dir),
+                "STALLWATCH_MS": "5",
+                "STALLWATCH_SAMPLE_MS": "5",
+            }
+        )
+    systems: list[System] = []
+    if a.kafka:
+        (work / "kafka").mkdir()
+        systems.append(KafkaCluster3() if a.rf > 1 else KafkaNode(work / "kafka"))
+    for name, python in a.pythons.items():
+        (work / name).mkdir()
+        cls = StraitCluster if a.rf > 1 else StraitNode
+        systems.append(cls(name, python, work / name))
+    tests = [f"{r}/s" for r in a.rates] + (["e2e"] if a.e2e_messages else [])
+    rounds: Rounds = {s.name: {t: [] for t in tests} for s in systems}
+    errors: list[str] = []
+    started: list[System] = []
+    try:
+        for s in systems:
+            t0 = time.monotonic()
+            started.append(s)
+            s.start()
+            log(f"{s.name}: ready in {time.monotonic() - t0:.0f}s at {s.bootstrap}")
+        for r in range(a.rounds):
+            order = systems if r % 2 == 0 else systems[::-1]
+            rates = a.rates if r % 2 == 0 else a.rates[::-1]
+            for s in order:
+                for rate in rates:
+                    try:
+                        res = measure(s, rate, a)
+                    except Exception as e:
+                        errors.append(f"{s.name} {rate}/s round {r + 1}: {e!r}")
+                        log(f"  round {r + 1} {s.name} {rate}/s: FAILED {e!r}")
+                        continue
+                    rounds[s.name][f"{rate}/s"].append(res)
+                    log(
+                        f"  round {r + 1} {s.name:10} {rate:6}/s: p50 {res['p50_ms']:.0f} "
+                        f"p95 {res['p95_ms']:.0f} p99 {res['p99_ms']:.0f} ms, "
+                        f"{res['rec_s']:.0f} rec/s, broker CPU {res['broker_cpu']:.0%}"
+                    )
+                if a.e2e_messages:
+                    try:
+                        res = e2e(s, a)
+                    except Exception as e:
+                        errors.append(f"{s.name} e2e round {r + 1}: {e!r}")
+                        log(f"  round {r + 1} {s.name} e2e: FAILED {e!r}")
+                        continue
+                    rounds[s.name]["e2e"].append(res)
+                    log(
+                        f"  round {r + 1} {s.name:10} e2e: p50 {res['e2e_p50_ms']:.0f} "
+                        f"p99 {res['e2e_p99_ms']:.0f} ms"
+                    )
+    finally:
+        for s in started:
+            try:
+                s.stop()
+            except Exception as e:
+                log(f"stopping {s.name}: {e!r}")
+    print(report(rounds))
+    hist = stall_histograms(stall_dir) if a.stallwatch else ""
+    if hist:
+        print("\nevent-loop lateness per broker process (stallwatch, ms buckets):\n" + hist)
+    if errors:
+        print("\nerrors:\n  " + "\n  ".join(errors))
+    path = (
+        Path(a.json)
+        if a.json
+        else REPO_ROOT / ".cache" / "bench" / f"latency-{_dt.datetime.now():%Y%m%d-%H%M%S}.json"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    args = {k: v for k, v in vars(a).items()}
+    path.write_text(
+        json.dumps({"args": args, "rounds": rounds, "median": medians(rounds), "errors": errors})
+    )
+    log(f"results written to {path}")
+    if a.stallwatch:
+        log(f"stall logs: {stall_dir}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""Where a StraitMQ broker's CPU goes on the TLS path (issue 31, item 1; not a pytest test).
+
+    python -m bench.tls_profile [--protocol SSL] [--num-records 300000] [--python PYTHON]
+
+Starts one broker (bench/security_throughput.py's three listeners and certificates),
+produces --num-records x 1 KiB with librdkafka (acks=1, linger 5 ms, as that bench does)
+and reads them back, each phase under `py-spy record --native` (py-spy from PyPI, in
+this venv), and sorts every sample's innermost frames into the parts of the path:
+
+  openssl      libssl / libcrypto (the ciphers, the record layer, the BIOs' copies)
+  uvloop ssl   uvloop's SSL protocol around OpenSSL (sslproto.pyx)
+  uvloop io    the rest of the event loop (epoll, socket reads and writes, callbacks)
+  framing      the Kafka listener (server.py: frames, answers, the TLS write buffers)
+  produce      Produce handling: validation, CRCs, appends (api/produce.py,
+               partition_write.py, records.py, storage/)
+  fetch        Fetch handling (api/fetch.py, fetch_sessions.py)
+  protocol     request parsing and response building (straitmq/protocol, kio)
+  kernel/libc  system calls and memcpy/malloc outside the frames above
+  other        everything else
+
+Prints the share of each part per phase and the broker's CPU seconds per GB.
+--python runs the broker with another checkout's interpreter (its venv), to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+if __package__ in (None, ""):  # allow `python bench/tls_profile.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from bench.security_throughput import Strait, consume, make_certs, produce
+
+# (part, substrings of a frame "function (file:line)"), first match from the innermost
+# frame outwards wins.
+PARTS: list[tuple[str, tuple[str, ...]]] = [
+    ("openssl", ("libssl", "libcrypto", "ssl3_", "tls13_", "aes", "gcm", "EVP_", "BIO_")),
+    ("uvloop ssl", ("sslproto", "_ssl.c", "_ssl__", "SSLObject")),
+    ("framing", ("server.py",)),
+    (
+        "produce",
+        ("produce.py", "partition_write.py", "records.py", "/storage/", "producer_state.py"),
+    ),
+    ("fetch", ("fetch.py", "fetch_sessions.py")),
+    ("protocol", ("/protocol/", "/kio/")),
+    ("uvloop io", ("uvloop", "loop.pyx", "stream.pyx", "handles/", "epoll")),
+]
+
+
+def classify(stack: str) -> str:
+    """The part one sample belongs to (py-spy's raw format: frames ';'-separated,
+    outermost first)."""
+    frames = stack.split(";")
+    for frame in reversed(frames):
+        for part, marks in PARTS:
+            if any(m in frame for m in marks):
+                return part
+    innermost = frames[-1] if frames else ""
+    if any(m in innermost for m in ("libc", "memcpy", "malloc", "syscall", "[kernel")):
+        return "kernel/libc"
+    return "other"
+
+
+def shares(raw: str) -> dict[str, float]:
+    """{part: share of the samples} from py-spy's raw output ("stack count" lines)."""
+    counts: collections.Counter[str] = collections.Counter()
+    for line in raw.splitlines():
+        stack, _, n = line.rpartition(" ")
+        if stack and n.isdigit():
+            counts[classify(stack)] += int(n)
+    total = sum(counts.values()) or 1
+    return {part: counts[part] / total for part, _ in [*PARTS, ("kernel/libc", ()), ("other", ())]}
+
+
+def profile(pid: int, out: Path) -> subprocess.Popen:
+    pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    return subprocess.Popen(
+        [
+            *(pyspy, "record", "--native", "--rate", "250", "--format", "raw"),
+            *("-o", str(out), "--pid", str(pid), "--nonblocking"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--protocol", default="SSL", help="PLAINTEXT, SSL or SASL_SSL")
+    ap.add_argument("--num-records", type=int, default=300_000)
+    ap.add_argument("--record-size", type=int, default=1024)
+    ap.add_argument("--partitions", type=int, default=3)
+    ap.add_argument("--python", default=sys.executable, help="the broker's interpreter")
+    a = ap.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="tls-profile-"))
+    ca, pem = make_certs(work / "certs")
+    (work / "broker").mkdir()
+    s = Strait(work / "broker", ca, pem)
+    real = sys.executable
+    try:
+        sys.executable = a.python  # Strait.start runs `sys.executable -m straitmq.broker`
+        s.start()
+    finally:
+        sys.executable = real
+    try:
+        s.add_scram_user()
+        conf = s.conf(a.protocol)
+        topic = f"prof-{uuid.uuid4().hex[:6]}"
+        AdminClient(s.conf("PLAINTEXT")).create_topics([NewTopic(topic, a.partitions, 1)])[
+            topic
+        ].result(30)
+        produce(conf, topic, 20_000, a.record_size, 120)  # warm-up, then the measured run
+        for phase in ("produce", "consume"):
+            out = work / f"{phase}.txt"
+            spy = profile(s.pid(), out)
+            time.sleep(1.0)  # py-spy attached before the load starts
+            cpu0 = s.cpu_s()
+            if phase == "produce":
+                dt = produce(conf, topic, a.num_records, a.record_size, 600)
+            else:
+                dt = consume(conf, topic, a.partitions, a.num_records + 20_000, 600)
+            n = a.num_records + (20_000 if phase == "consume" else 0)  # the warm-up's too
+            cpu = (s.cpu_s() - cpu0) / (n * a.record_size / 1e9)
+            spy.send_signal(2)
+            spy.wait(60)
+            parts = shares(out.read_text()) if out.exists() else {}
+            print(f"{a.protocol} {phase}: {dt:.1f}s, broker CPU {cpu:.2f} s/GB")
+            for part, share in sorted(parts.items(), key=lambda kv: -kv[1]):
+                print(f"  {part:12} {share:6.1%}")
+    finally:
+        s.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

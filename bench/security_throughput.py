@@ -20,7 +20,7 @@ and the JVM negotiate by default: TLS 1.3 with AES-GCM on both in practice.
 For each system x protocol (each round a new topic of --partitions partitions (default 3),
 RF 1, created over PLAINTEXT and deleted afterwards):
 
-  produce   librdkafka (confluent_kafka) producer, N x 1 KiB random records, acks=1,
+  produce   librdkafka (confluent_kafka) producer, N x 1 KiB random records, acks=1 (--acks),
             linger 5 ms, no compression, as fast as it goes (until every record is acknowledged)
   consume   a librdkafka consumer reads them back from the beginning (assign(), no group join)
 
@@ -310,12 +310,12 @@ def client_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def produce(conf: dict, topic: str, n: int, size: int, timeout: float) -> float:
-    """Produce n records of `size` random bytes, acks=1; seconds until all acknowledged."""
+def produce(conf: dict, topic: str, n: int, size: int, timeout: float, acks: str = "1") -> float:
+    """Produce n records of `size` random bytes; seconds until all acknowledged."""
     p = Producer(
         {
             **conf,
-            "acks": "1",
+            "acks": acks,
             "linger.ms": 5,
             "compression.type": "none",
             "client.id": "bench-security",
@@ -374,7 +374,7 @@ def measure(s: System, protocol: str, a: argparse.Namespace, n: int) -> dict[str
         for phase in ("produce", "consume"):
             b0, c0 = s.cpu_s(), client_cpu_s()
             if phase == "produce":
-                dt = produce(conf, topic, n, a.record_size, a.phase_timeout)
+                dt = produce(conf, topic, n, a.record_size, a.phase_timeout, a.acks)
             else:
                 dt = consume(conf, topic, a.partitions, n, a.phase_timeout)
             out[f"{phase}_mb_s"] = mb / dt
@@ -465,6 +465,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--num-records", type=int, default=1_000_000)
     ap.add_argument("--record-size", type=int, default=1024)
     ap.add_argument("--partitions", type=int, default=3)
+    ap.add_argument("--acks", default="1", choices=("1", "all"), help="the producer's acks")
     ap.add_argument("--warmup-records", type=int, default=200_000, help="per protocol, 0: none")
     ap.add_argument("--systems", default="kafka,straitmq", help="comma list: kafka,straitmq")
     ap.add_argument("--phase-timeout", type=float, default=300)

@@ -41,11 +41,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.security_throughput import Strait, consume, make_certs, produce
 
-# (part, substrings of a frame "function (file:line)"), first match from the innermost
-# frame outwards wins.
+SYSCALLS = ("read (", "write (", "pwritev", "preadv", "pread64", "sendfile", "writev", "recv")
+# Python-level parts: the first frame from the innermost outwards that matches names it.
 PARTS: list[tuple[str, tuple[str, ...]]] = [
-    ("openssl", ("libssl", "libcrypto", "ssl3_", "tls13_", "aes", "gcm", "EVP_", "BIO_")),
-    ("uvloop ssl", ("sslproto", "_ssl.c", "_ssl__", "SSLObject")),
+    ("uvloop ssl", ("SSLProtocol", "sslproto", "SSLObject", "_ssl_", "_ssl.c")),
     ("framing", ("server.py",)),
     (
         "produce",
@@ -53,41 +52,70 @@ PARTS: list[tuple[str, tuple[str, ...]]] = [
     ),
     ("fetch", ("fetch.py", "fetch_sessions.py")),
     ("protocol", ("/protocol/", "/kio/")),
-    ("uvloop io", ("uvloop", "loop.pyx", "stream.pyx", "handles/", "epoll")),
+    ("uvloop io", ("(loop.c", "UVStream", "uv__", "uvloop")),
 ]
+ORDER = ["openssl", "syscalls", "copies/alloc", *(p for p, _ in PARTS), "other"]
 
 
-def classify(stack: str) -> str:
-    """The part one sample belongs to (py-spy's raw format: frames ';'-separated,
-    outermost first)."""
+def classify(stack: str) -> tuple[str, str]:
+    """(part, where) of one sample (py-spy's raw format: frames ';'-separated, outermost
+    first): OpenSSL's own code, a system call (the kernel's copy to or from a socket or
+    file), libc's memcpy/memset/malloc (named after the Python-level part that called
+    it), or the Python-level part of the innermost frame that names one. Samples
+    waiting in epoll or on a lock (an idle worker thread) are "idle", left out."""
     frames = stack.split(";")
+    inner = frames[-1] if frames else ""
+    if "epoll_wait" in inner or "epoll_pwait" in inner or "PyThread_acquire_lock" in stack:
+        return "idle", ""  # the loop waiting for events, a worker thread for work
+    if "libcrypto" in inner or "libssl" in inner:
+        return "openssl", ""
+    if any(inner.startswith(c) for c in SYSCALLS):
+        part = "syscalls"
+    elif "libc.so" in inner or inner.startswith(("malloc", "free", "brk", "memcpy", "memset")):
+        part = "copies/alloc"
+    else:
+        part = ""
     for frame in reversed(frames):
-        for part, marks in PARTS:
+        for name, marks in PARTS:
             if any(m in frame for m in marks):
-                return part
-    innermost = frames[-1] if frames else ""
-    if any(m in innermost for m in ("libc", "memcpy", "malloc", "syscall", "[kernel")):
-        return "kernel/libc"
-    return "other"
+                return (part or name), (name if part else "")
+    return (part or "other"), ""
 
 
 def shares(raw: str) -> dict[str, float]:
-    """{part: share of the samples} from py-spy's raw output ("stack count" lines)."""
+    """{part: share of the busy samples} from py-spy's raw output ("stack count" lines);
+    the copies and system calls also by the part that made them ("syscalls in framing")."""
     counts: collections.Counter[str] = collections.Counter()
     for line in raw.splitlines():
         stack, _, n = line.rpartition(" ")
         if stack and n.isdigit():
-            counts[classify(stack)] += int(n)
+            part, where = classify(stack)
+            if part == "idle":
+                continue
+            counts[part] += int(n)
+            if where:
+                counts[f"  {part} in {where}"] += int(n)
+    total = sum(v for k, v in counts.items() if not k.startswith(" ")) or 1
+    return {k: v / total for k, v in counts.items()}
+
+
+def top_frames(raw: str, n: int = 12) -> list[tuple[str, float]]:
+    """The innermost frames that take the most samples, with their share."""
+    counts: collections.Counter[str] = collections.Counter()
+    for line in raw.splitlines():
+        stack, _, k = line.rpartition(" ")
+        if stack and k.isdigit():
+            counts[stack.split(";")[-1]] += int(k)
     total = sum(counts.values()) or 1
-    return {part: counts[part] / total for part, _ in [*PARTS, ("kernel/libc", ()), ("other", ())]}
+    return [(frame, c / total) for frame, c in counts.most_common(n)]
 
 
 def profile(pid: int, out: Path) -> subprocess.Popen:
     pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     return subprocess.Popen(
         [
-            *(pyspy, "record", "--native", "--rate", "250", "--format", "raw"),
-            *("-o", str(out), "--pid", str(pid), "--nonblocking"),
+            *(pyspy, "record", "--native", "--rate", "100", "--format", "raw"),
+            *("-o", str(out), "--pid", str(pid)),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -101,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--record-size", type=int, default=1024)
     ap.add_argument("--partitions", type=int, default=3)
     ap.add_argument("--python", default=sys.executable, help="the broker's interpreter")
+    ap.add_argument("--top", type=int, default=0, help="also list the N busiest frames")
+    ap.add_argument("--keep", type=Path, default=None, help="copy py-spy's raw output here")
     a = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="tls-profile-"))
     ca, pem = make_certs(work / "certs")
@@ -116,9 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         s.add_scram_user()
         conf = s.conf(a.protocol)
         topic = f"prof-{uuid.uuid4().hex[:6]}"
-        AdminClient(s.conf("PLAINTEXT")).create_topics([NewTopic(topic, a.partitions, 1)])[
-            topic
-        ].result(30)
+        admin = AdminClient(s.conf("PLAINTEXT"))  # kept: its futures die with it
+        admin.create_topics([NewTopic(topic, a.partitions, 1)])[topic].result(30)
         produce(conf, topic, 20_000, a.record_size, 120)  # warm-up, then the measured run
         for phase in ("produce", "consume"):
             out = work / f"{phase}.txt"
@@ -134,9 +163,18 @@ def main(argv: list[str] | None = None) -> int:
             spy.send_signal(2)
             spy.wait(60)
             parts = shares(out.read_text()) if out.exists() else {}
+            if a.keep is not None and out.exists():
+                a.keep.mkdir(parents=True, exist_ok=True)
+                shutil.copy(out, a.keep / f"{a.protocol}-{phase}.txt")
             print(f"{a.protocol} {phase}: {dt:.1f}s, broker CPU {cpu:.2f} s/GB")
-            for part, share in sorted(parts.items(), key=lambda kv: -kv[1]):
-                print(f"  {part:12} {share:6.1%}")
+            for part in ORDER:
+                print(f"  {part:34} {parts.get(part, 0.0):6.1%}")
+                for sub in sorted(k for k in parts if k.startswith(f"  {part} in ")):
+                    print(f"  {sub:34} {parts[sub]:6.1%}")
+            if a.top and out.exists():
+                print("  innermost frames:")
+                for frame, share in top_frames(out.read_text(), a.top):
+                    print(f"    {share:6.1%}  {frame[:150]}")
     finally:
         s.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -5,6 +5,7 @@ bad size closes the connection."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import struct
 
@@ -76,3 +77,12 @@ def test_a_bad_frame_size_closes_the_connection(size: int) -> None:
     feed(conn, frame(b"a" * 10) + struct.pack(">i", size) + b"b" * 64, random.Random(1))
     assert conn.closed
     assert [bytes(f) for f in conn.frames] == [b"a" * 10]
+
+
+def test_the_event_loops_take_it_for_a_buffered_protocol() -> None:
+    """uvloop (and asyncio) read into get_buffer's buffer only for a protocol that has
+    get_buffer and is not an asyncio.Protocol; otherwise they call data_received with a
+    new bytes object per read, the copy this class exists to avoid."""
+    conn = connection()
+    assert isinstance(conn, asyncio.BufferedProtocol)
+    assert not isinstance(conn, asyncio.Protocol)

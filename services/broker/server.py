@@ -56,6 +56,8 @@ _API_KEY = struct.Struct(">h")
 # writes (full 16 KiB records), not one per partition header and file chunk.
 TLS_WRITE_BYTES = 1024 * 1024
 TLS_SCRATCH_BYTES = 8 * 1024  # per TLS connection: small frames; large ones get their own
+TLS_POOLED_BUFFERS = 4  # TLS_WRITE_BYTES buffers kept for the next fetch answers
+_TLS_BUFFERS: list[bytearray] = []
 PRE_AUTH_MAX_BYTES = 512 * 1024  # Kafka's sasl.server.max.receive.size
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
@@ -77,7 +79,11 @@ class ListenerDeps:
     kafka_api: dict[int, ApiSpec]  # API key -> versions and bound handler (dispatch.py)
 
 
-class KafkaConnection(asyncio.Protocol):
+class KafkaConnection(asyncio.BaseProtocol):
+    """A plaintext listener's connection (data_received). Not an asyncio.Protocol
+    subclass: the event loops take a protocol that is one for a plain one even if it has
+    get_buffer, so KafkaTlsConnection, a BufferedProtocol, must not be one either."""
+
     def __init__(self, deps: ListenerDeps, listener: Listener | None = None) -> None:
         self.deps = deps
         self.listener = listener
@@ -166,6 +172,9 @@ class KafkaConnection(asyncio.Protocol):
             self.paused = True
             assert self.transport is not None
             self.transport.pause_reading()
+
+    def eof_received(self) -> bool | None:
+        return None  # as asyncio.Protocol's: the transport closes itself
 
     def pause_writing(self) -> None:
         self.drained.clear()
@@ -403,14 +412,23 @@ class KafkaConnection(asyncio.Protocol):
 
     async def _write_raw_tls(self, response: RawResponse) -> None:
         """TLS encrypts in user space, so a file range cannot go by sendfile: the
-        response is copied into buffers of up to TLS_WRITE_BYTES (file ranges read
-        straight into them) and each goes through the TLS layer in one write, waiting
-        for the transport to drain in between. A buffer is never reused: the TLS layer
-        may still hold it."""
+        response is copied into a buffer of TLS_WRITE_BYTES (file ranges read straight
+        into it) and each buffer's worth goes through the TLS layer in one write.
+
+        The buffers come from a small pool shared by the connections (a new 1 MiB
+        bytearray is zeroed and page-faulted each time). A buffer is written into again
+        only once the transport has nothing buffered: the TLS layer then holds no
+        reference to it, it encrypted every byte already."""
         transport = self.transport
         assert transport is not None
+        if transport.get_write_buffer_size():
+            await self.drained.wait()  # the TLS layer is done with whatever it was given
+        if self.closed:
+            raise ConnectionError("closed")
         left = sum(p.size if isinstance(p, ReadSlice) else len(p) for p in response.pieces)
-        out = memoryview(bytearray(min(left, TLS_WRITE_BYTES)))
+        buf = _TLS_BUFFERS.pop() if _TLS_BUFFERS else bytearray(TLS_WRITE_BYTES)
+        whole = memoryview(buf)
+        out = whole[: min(left, TLS_WRITE_BYTES)]
         pos = 0
         for piece in response.pieces:
             if isinstance(piece, ReadSlice):
@@ -424,7 +442,7 @@ class KafkaConnection(asyncio.Protocol):
                         # piece.fd each time: the bounded cache may have closed and
                         # reopened the file while this waited on the socket.
                         got = os.preadv(piece.fd, [out[pos : pos + n]], offset)
-                    except OSError as e:  # the segment was deleted, or no descriptor left
+                    except OSError as e:  # the segment was deleted, or no descriptor
                         raise ConnectionError(f"cannot send a fetched range: {e}") from e
                     if got == 0:
                         raise ConnectionError("file shrank under a fetch")
@@ -436,15 +454,17 @@ class KafkaConnection(asyncio.Protocol):
                 pos += got
                 remaining -= got
                 left -= got
-                if pos == len(out):
-                    transport.write(out)
-                    if left:
-                        if transport.get_write_buffer_size():
-                            await self.drained.wait()
-                        if self.closed:
-                            raise ConnectionError("closed")
-                        out = memoryview(bytearray(min(left, TLS_WRITE_BYTES)))
-                    pos = 0
+                if pos < len(out):
+                    continue
+                transport.write(out)
+                if transport.get_write_buffer_size():
+                    await self.drained.wait()
+                if self.closed:
+                    raise ConnectionError("closed")
+                out = whole[: min(left, TLS_WRITE_BYTES)]
+                pos = 0
+        if not transport.get_write_buffer_size() and len(_TLS_BUFFERS) < TLS_POOLED_BUFFERS:
+            _TLS_BUFFERS.append(buf)  # else it may still be referenced: left to the GC
 
 
 class KafkaTlsConnection(KafkaConnection, asyncio.BufferedProtocol):

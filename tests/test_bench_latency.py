@@ -1,0 +1,71 @@
+"""bench/latency.py's own parts that need no broker: its arguments, Kafka's
+EndToEndLatency summary, and the table of medians over the rounds."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from bench.latency import medians, parse_args, parse_e2e, report
+
+# As Kafka 4.1's EndToEndLatency prints its summary.
+E2E_OUT = """\
+0 1.832
+1000 0.913
+Avg latency: 1.2345 ms
+Percentiles: 50th = 1, 99th = 4, 99.9th = 11
+"""
+
+
+def test_arguments() -> None:
+    a = parse_args(["--rates", "5000,20000", "--rf", "3", "--strait", "before=/x/python"])
+    assert a.rates == [5000, 20000] and a.rf == 3 and a.kafka
+    assert a.pythons == {"before": "/x/python"}
+    a = parse_args(["--systems", "straitmq"])
+    assert a.pythons == {"straitmq": sys.executable} and not a.kafka
+    for bad in (["--rates", "5k"], ["--strait", "nopython"], ["--systems", "redpanda"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+
+
+def test_end_to_end_summary_is_parsed() -> None:
+    assert parse_e2e(E2E_OUT) == {
+        "e2e_avg_ms": 1.2345,
+        "e2e_p50_ms": 1.0,
+        "e2e_p99_ms": 4.0,
+        "e2e_p999_ms": 11.0,
+    }
+    with pytest.raises(RuntimeError):
+        parse_e2e("Exception in thread main")
+
+
+def _round(p99: float, cpu: float = 0.1) -> dict[str, float]:
+    return {
+        "p50_ms": 1,
+        "p95_ms": 3,
+        "p99_ms": p99,
+        "p999_ms": 40,
+        "max_lat_ms": 90,
+        "rec_s": 4999.0,
+        "broker_cpu": cpu,
+    }
+
+
+def test_medians_and_the_table() -> None:
+    rounds = {
+        "kafka": {"5000/s": [_round(20), _round(30), _round(25)], "e2e": []},
+        "straitmq": {
+            "5000/s": [_round(5), _round(9), _round(7, cpu=0.2)],
+            "e2e": [{"e2e_avg_ms": 1, "e2e_p50_ms": 1, "e2e_p99_ms": 3, "e2e_p999_ms": 8}],
+        },
+    }
+    med = medians(rounds)
+    assert med["kafka"]["5000/s"]["p99_ms"] == 25
+    assert med["straitmq"]["5000/s"]["p99_ms"] == 7
+    assert med["straitmq"]["5000/s"]["broker_cpu"] == 0.1
+    assert "e2e" not in med["kafka"]  # no round: no row
+    table = report(rounds)
+    assert "| 5000/s | straitmq | 3 | 1 | 3 | 7 (5-9) | 40 | 90 | 4,999/s | 10% |" in table
+    assert "| e2e | straitmq | 1 | 1 | - | 3 (3-3) |" in table
+    assert "| straitmq | 0.28 | - |" in table  # p99 7 / 25; no Kafka e2e to compare

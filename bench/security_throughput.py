@@ -225,6 +225,7 @@ class System(abc.ABC):
 
 class Strait(System):
     name = "straitmq"
+    python = sys.executable  # --strait NAME=PYTHON: another checkout's venv
 
     def start(self) -> None:
         props = [
@@ -238,7 +239,7 @@ class Strait(System):
         self.log = open(self.workdir / "broker.log", "ab")
         self.proc = subprocess.Popen(
             [
-                sys.executable,
+                self.python,
                 "-m",
                 "straitmq.broker",
                 "--data-dir",
@@ -446,14 +447,14 @@ def report(raw: dict[str, dict[str, list[dict[str, float]]]], names: list[str]) 
                 v, base = g(n, p, key), g(n, "PLAINTEXT", key)
                 cells.append(f"{v / base:.2f}" if v and base else "-")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    if "straitmq" in names and "kafka" in names:
+    for strait in (n for n in names if n != "kafka" and "kafka" in names):
         lines.append("")
-        lines.append("| StraitMQ/Kafka | " + " | ".join(PROTOCOLS) + " |")
+        lines.append(f"| {strait}/Kafka | " + " | ".join(PROTOCOLS) + " |")
         lines.append("|---|" + "---:|" * len(PROTOCOLS))
         for key, label in ROWS[:4]:
             cells = []
             for p in PROTOCOLS:
-                v, k = g("straitmq", p, key), g("kafka", p, key)
+                v, k = g(strait, p, key), g("kafka", p, key)
                 cells.append(f"{v / k:.2f}" if v and k else "-")
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -468,6 +469,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--acks", default="1", choices=("1", "all"), help="the producer's acks")
     ap.add_argument("--warmup-records", type=int, default=200_000, help="per protocol, 0: none")
     ap.add_argument("--systems", default="kafka,straitmq", help="comma list: kafka,straitmq")
+    ap.add_argument(
+        "--strait",
+        action="append",
+        default=[],
+        metavar="NAME=PYTHON",
+        help="also run StraitMQ as NAME with this interpreter (another checkout's venv), "
+        "to compare two versions in one run (repeatable)",
+    )
     ap.add_argument("--phase-timeout", type=float, default=300)
     ap.add_argument("--keep", action="store_true", help="keep the work folder (logs, certs)")
     ap.add_argument("--json", default=None)
@@ -488,6 +497,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in a.systems.split(","):
         (work / name).mkdir()
         systems.append(classes[name](work / name, ca, server_pem))
+    for spec in a.strait:
+        name, _, python = spec.partition("=")
+        (work / name).mkdir()
+        strait = Strait(work / name, ca, server_pem)
+        strait.name, strait.python = name, python
+        systems.append(strait)
     raw: dict[str, dict[str, list[dict[str, float]]]] = {
         s.name: {p: [] for p in PROTOCOLS} for s in systems
     }

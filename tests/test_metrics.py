@@ -576,3 +576,42 @@ def test_cluster_metrics_come_from_the_right_processes(tmp_path: Path) -> None:
         check_served(dashboards()["controller-quorum"], quorum, "the controller process")
     finally:
         cluster.stop()
+
+
+def test_a_scrape_runs_the_callbacks_off_the_event_loop() -> None:
+    """GET /metrics renders in a worker thread: a broker's scrape walks every partition,
+    and on the event loop every Kafka request waited for it."""
+    import asyncio
+
+    from aiohttp import web
+
+    from straitmq.telemetry import Telemetry
+    from straitmq.telemetry import catalog as C
+
+    telemetry = Telemetry("straitmq-broker", "test")
+    seen: list[str] = []
+
+    def partitions() -> list[tuple[int, dict]]:
+        seen.append(threading.current_thread().name)
+        return [(3, {})]
+
+    telemetry.observe(C.BROKER_PARTITIONS, partitions)
+
+    async def serve_and_scrape() -> Scrape:
+        app = web.Application()
+        telemetry.add_routes(app)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:  # the client in a thread of its own: the loop must be free to answer
+            return await asyncio.to_thread(scrape, f"http://127.0.0.1:{port}")
+        finally:
+            await runner.cleanup()
+
+    try:
+        served = asyncio.run(serve_and_scrape())
+    finally:
+        telemetry.shutdown()
+    assert total(served, "straitmq_broker_partitions") == 3
+    assert seen and threading.main_thread().name not in seen

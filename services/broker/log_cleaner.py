@@ -30,6 +30,7 @@ from typing import Protocol
 
 from straitmq.tasks import cancel_and_wait
 
+from .loop_slice import LoopSlice
 from .storage.compaction import CleanJob, CleanResult, CorruptSegment, clean, is_disk_full
 from .storage.log import PartitionLog
 
@@ -37,6 +38,10 @@ log = logging.getLogger("straitmq.cleaner")
 
 # How long a swapped-out segment's descriptor stays open for fetches still sending it.
 RETIRED_GRACE_S = 60.0
+# A round's look at every log yields the event loop after this much of it, the clock
+# read every SCAN_CHECK logs.
+SCAN_SLICE_S = 0.005
+SCAN_CHECK = 64
 # Python's dict of bytes keys costs about this much per entry (Kafka's map: 24 bytes).
 MAP_BYTES_PER_ENTRY = 128
 
@@ -221,7 +226,7 @@ class LogCleaner:
         returns how many were swapped in."""
         before = self.stats.cleanings
         for _ in range(100):  # a full offset map asks for another round; bounded
-            self._start_cleanings(self._settings())
+            await self._start_cleanings(self._settings())
             if not self._running:
                 break
             await asyncio.gather(*list(self._running.values()), return_exceptions=True)
@@ -238,18 +243,24 @@ class LogCleaner:
             s = self._settings()
             try:
                 if s.enabled:
-                    self._start_cleanings(s)
+                    await self._start_cleanings(s)
             except Exception:  # a bug here must not stop cleaning for good
                 log.exception("log cleaner round failed")
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), s.backoff_ms / 1000)
             self._wake.clear()
 
-    def _start_cleanings(self, s: CleanerSettings) -> None:
+    async def _start_cleanings(self, s: CleanerSettings) -> None:
+        """One round: every local log is looked at, in slices of the event loop (a
+        broker with 100,000 partitions would otherwise stall its listener every
+        backoff), then the dirtiest are started."""
         now = int(time.time() * 1000)
         candidates: list[tuple[float, CleanerLog, Cleanable]] = []
         live: set[tuple[str, int]] = set()
+        pacer = LoopSlice(SCAN_SLICE_S, SCAN_CHECK)
         for cl in self._logs():
+            if pacer.due():
+                await pacer.pause()
             key = (cl.topic, cl.partition)
             live.add(key)
             if not cl.log.config.compact or cl.log.closed:
@@ -267,6 +278,8 @@ class LogCleaner:
         free = max(1, s.threads) - len(self._running)
         candidates.sort(key=lambda x: x[0], reverse=True)
         for _score, cl, c in candidates[: max(0, free)]:
+            if (cl.topic, cl.partition) in self._running or cl.log.closed:
+                continue  # another round started it, or it closed, while this one paused
             job = make_job(cl.log, c, s, now)
             task = asyncio.get_running_loop().create_task(self._clean(cl, job))
             self._running[(cl.topic, cl.partition)] = task

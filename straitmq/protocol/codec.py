@@ -16,6 +16,8 @@ from typing import Any
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
+from .produce_request import NotDecoded, parse_produce
+
 _HEADER_PREFIX = struct.Struct(">hhi")
 _INT32 = struct.Struct(">i")
 
@@ -60,7 +62,16 @@ def parse_header_prefix(frame: memoryview) -> tuple[int, int, int]:
 
 
 def parse_request(frame: memoryview, api_key: int, version: int) -> tuple[RequestHeader, Any]:
-    """Decode header and body. Trailing bytes after the body are tolerated (librdkafka)."""
+    """Decode header and body. Trailing bytes after the body are tolerated (librdkafka).
+    A Produce's record batches stay memoryviews into `frame` (produce_request.py)."""
+    if api_key == 0:
+        try:
+            correlation_id, client_id, body = parse_produce(
+                frame, version, request_schema(0, version)
+            )
+            return RequestHeader(api_key, version, correlation_id, client_id), body
+        except NotDecoded:
+            pass  # kio's reader decides, and says what is wrong
     schema = request_schema(api_key, version)
     header_schema = schema.__header_schema__
     try:

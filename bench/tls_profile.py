@@ -4,22 +4,22 @@
 
 Starts one broker (bench/security_throughput.py's three listeners and certificates),
 produces --num-records x 1 KiB with librdkafka (acks=1, linger 5 ms, as that bench does)
-and reads them back, each phase under `py-spy record --native` (py-spy from PyPI, in
-this venv), and sorts every sample's innermost frames into the parts of the path:
+and reads them back, each phase under `py-spy record --native` (`.venv/bin/pip install py-spy` first: a
+diagnostic, not a project dependency), and sorts every busy sample (idle: waiting in epoll or on a lock) by its
+innermost frame:
 
-  openssl      libssl / libcrypto (the ciphers, the record layer, the BIOs' copies)
-  uvloop ssl   uvloop's SSL protocol around OpenSSL (sslproto.pyx)
-  uvloop io    the rest of the event loop (epoll, socket reads and writes, callbacks)
-  framing      the Kafka listener (server.py: frames, answers, the TLS write buffers)
-  produce      Produce handling: validation, CRCs, appends (api/produce.py,
-               partition_write.py, records.py, storage/)
-  fetch        Fetch handling (api/fetch.py, fetch_sessions.py)
-  protocol     request parsing and response building (straitmq/protocol, kio)
-  kernel/libc  system calls and memcpy/malloc outside the frames above
-  other        everything else
+  openssl       libssl / libcrypto: the ciphers, the record layer, the memory BIOs
+  syscalls      read/write/pwritev/preadv...: the kernel's copies to and from sockets
+                and files (on loopback the TCP delivery to the peer too)
+  copies/alloc  libc's memcpy/memset/malloc
+  and else by the innermost frame that names a part: uvloop ssl (its SSL protocol),
+  framing (server.py), produce (validation, CRCs, appends), fetch, protocol (parsing,
+  kio), uvloop io (the rest of the event loop)
 
-Prints the share of each part per phase and the broker's CPU seconds per GB.
---python runs the broker with another checkout's interpreter (its venv), to compare.
+syscalls and copies are also split by the part that called them ("copies/alloc in
+uvloop ssl"). Prints the shares per phase and the broker's CPU seconds per GB.
+--python runs the broker with another checkout's interpreter (its venv), to compare;
+--keep DIR keeps py-spy's raw stacks; --top N lists the busiest innermost frames.
 """
 
 from __future__ import annotations

@@ -199,6 +199,7 @@ class Broker:
         self.txn_verifier = TxnVerifier(
             self.transactions,
             InterBrokerChannel(config.node_id, self.metadata, inter_broker, "txn-verify"),
+            config.transaction_partition_verification_enable,
         )
         # Every compacted log on this broker, leader or follower (each replica cleans
         # its own, as in Kafka); the settings are read again at every round.

@@ -17,7 +17,7 @@ STAMP="$VENV/.stamp"
 SHARED="${STRAITMQ_CACHE_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/straitmq}"
 mkdir -p .cache
 [[ -f .cache/.gitignore ]] || printf '*\n' > .cache/.gitignore
-for name in k8s images node; do
+for name in k8s images node prometheus; do
   if [[ ! -e ".cache/$name" && ! -L ".cache/$name" ]]; then
     mkdir -p "$SHARED/$name"
     ln -s "$SHARED/$name" ".cache/$name"

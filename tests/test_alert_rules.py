@@ -334,6 +334,9 @@ def test_a_killed_broker_fires_the_under_replicated_alert_in_a_real_prometheus(
         victim = 2  # with RF=3 on three brokers, every broker holds a replica of each
         t_kill = time.monotonic()
         c.brokers[victim].kill9()
+        # Pending: the expression holds (the detection time); firing: held for `for:`.
+        wait_for(lambda: prom.alerts(urp), 60, f"{urp} pending", check=prom.alive, every=0.2)
+        to_pending = time.monotonic() - t_kill
         wait_for(lambda: prom.firing(urp), 90, f"{urp} to fire", check=prom.alive, every=0.2)
         to_firing = time.monotonic() - t_kill
         firing = [a for a in prom.alerts(urp) if a["state"] == "firing"]
@@ -353,7 +356,8 @@ def test_a_killed_broker_fires_the_under_replicated_alert_in_a_real_prometheus(
         to_resolved = time.monotonic() - t_restart
         print(
             f"\n[alert figures] {urp} (for: {LIVE_FOR} in this test, 2m shipped; scrape and "
-            f"evaluation every 1s): SIGKILL -> firing {to_firing:.1f} s, restart -> resolved "
+            f"evaluation every 1s): SIGKILL -> pending {to_pending:.1f} s, -> firing "
+            f"{to_firing:.1f} s (shipped rule: pending + 2m), restart -> resolved "
             f"{to_resolved:.1f} s, SIGKILL -> resolved {time.monotonic() - t_kill:.1f} s",
             flush=True,
         )

@@ -10,8 +10,9 @@ own tools, built from the Go module proxy by scripts/fetch-prometheus.sh into
   README.md's "Alert runbook".
 - The chart's PrometheusRule (helm template only, no Kubernetes) is the plain file.
 - A real Prometheus scraping a real 3-broker cluster with the rules loaded: a SIGKILLed
-  broker holding replicas of an RF=3 topic makes the under-replicated alert fire, and its
-  restart resolves it.
+  broker holding replicas of an RF=3 topic makes the under-replicated (and fenced-broker)
+  alert fire, and its restart resolves it; so does a killed controller voter the
+  lost-voter alert.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import copy
 import json
 import re
 import subprocess
+import tarfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -223,6 +225,24 @@ def test_chart_prometheus_rule_is_the_plain_rule_file() -> None:
     assert forced["metadata"]["namespace"] == "monitoring"
 
 
+def test_packaged_chart_holds_the_rules_but_not_their_unit_tests(tmp_path: Path) -> None:
+    if not HELM.exists():
+        pytest.fail(f"{HELM.relative_to(ROOT)} is missing: run scripts/fetch-k8s.sh")
+    out = subprocess.run(
+        [str(HELM), "package", str(CHART), "--destination", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    [tgz] = tmp_path.glob("straitmq-*.tgz")
+    with tarfile.open(tgz) as tar:
+        names = {n for n in tar.getnames() if n.startswith("straitmq/alerts/")}
+        member = tar.extractfile("straitmq/alerts/straitmq-rules.yaml")
+        assert member is not None and member.read() == RULES.read_bytes()
+    assert names == {"straitmq/alerts/straitmq-rules.yaml"}
+
+
 # -- a real Prometheus, a real cluster ---------------------------------------------------------
 
 # The live copy of the rules holds alerts this long instead of the shipped 1-15 minutes: the
@@ -302,7 +322,7 @@ class Prometheus:
         self.log.close()
 
 
-def test_a_killed_broker_fires_the_under_replicated_alert_in_a_real_prometheus(
+def test_killed_broker_and_voter_fire_their_alerts_in_a_real_prometheus(
     tmp_path: Path, cluster: Any
 ) -> None:
     c: Cluster = cluster()
@@ -361,5 +381,16 @@ def test_a_killed_broker_fires_the_under_replicated_alert_in_a_real_prometheus(
             f"{to_resolved:.1f} s, SIGKILL -> resolved {time.monotonic() - t_kill:.1f} s",
             flush=True,
         )
+
+        # A controller voter that is not the leader: the leader's
+        # straitmq_controller_quorum_voters{unreachable} fires StraitMQQuorumVoterLost.
+        lost = "StraitMQQuorumVoterLost"
+        leader = c.wait_active_controller()
+        voter = next(n for cid, n in c.controllers.items() if cid != leader.node_id)
+        voter.kill9()
+        wait_for(lambda: prom.firing(lost), 60, f"{lost} to fire", check=prom.alive, every=0.2)
+        assert [a["labels"]["job"] for a in prom.alerts(lost)] == ["straitmq-controllers"]
+        voter.start()
+        wait_for(lambda: prom.alerts(lost) == [], 60, f"{lost} to resolve", check=prom.alive)
     finally:
         prom.stop()

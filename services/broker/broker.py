@@ -79,7 +79,9 @@ from .security.listeners import Listener, bind_listeners
 from .security.sasl import ConnectionSecurity
 from .server import KafkaConnection, ListenerDeps, bind, serve
 from .share.coordinator import ShareCoordinator
+from .transactions.channel import InterBrokerChannel
 from .transactions.coordinator import TransactionCoordinator, TxnSettings
+from .transactions.verification import TxnVerifier
 from .views import LocalReplicas
 
 log = logging.getLogger("straitmq.broker")
@@ -194,6 +196,11 @@ class Broker:
             self._create_internal_topic,
         )
         self.partitions.role_listeners.append(self.transactions.on_role)
+        # Its own connections: a verification never waits behind the markers.
+        self.txn_verifier = TxnVerifier(
+            self.transactions,
+            InterBrokerChannel(config.node_id, self.metadata, inter_broker, "txn-verify"),
+        )
         # Every compacted log on this broker, leader or follower (each replica cleans
         # its own, as in Kafka); the settings are read again at every round.
         # STRAITMQ_CLEANER_EXECUTOR=thread: cleanings in a thread instead of a worker
@@ -252,6 +259,7 @@ class Broker:
         replicas = LocalReplicas(metadata, self.partitions)
         return kafka_api(
             writer=self.writer,
+            verifier=self.txn_verifier,
             fetch_deps=FetchDeps(
                 replicas,
                 self.fetch_sessions,
@@ -282,6 +290,7 @@ class Broker:
                 self.offsets,
                 self.ensure_offsets_topic,
                 self._offsets_durable,
+                self.txn_verifier,
             ),
             admin_deps=AdminDeps(
                 metadata,
@@ -731,6 +740,7 @@ class Broker:
         self._kafka_sockets = []
         await self.share.stop()
         await self.transactions.stop()
+        self.txn_verifier.close()
         await self.cleaner.stop()
         await cancel_and_wait(self._tasks)
         self._tasks = []

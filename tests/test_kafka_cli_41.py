@@ -768,5 +768,5 @@ def test_features_describe(broker) -> None:
         assert [
             (f.name, f.min_version_level, f.max_version_level)
             for f in replies[v].finalized_features
-        ] == [("metadata.version", 27, 27), ("share.version", 1, 1), ("transaction.version", 2, 2)]
+        ] == [("metadata.version", 27, 27), ("transaction.version", 2, 2), ("share.version", 1, 1)]
         assert replies[v].finalized_features_epoch > 0

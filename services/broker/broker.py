@@ -37,6 +37,7 @@ from straitmq.security.acls import Authorizer, AuthorizerSettings
 from straitmq.security.http_security import HttpSecurity, with_scheme
 from straitmq.tasks import cancel_and_wait
 from straitmq.telemetry import Telemetry
+from straitmq.telemetry.loop_monitor import LoopMonitor
 
 from . import metrics as broker_metrics
 from .api.context import RequestContext
@@ -199,6 +200,7 @@ class Broker:
         self.txn_verifier = TxnVerifier(
             self.transactions,
             InterBrokerChannel(config.node_id, self.metadata, inter_broker, "txn-verify"),
+            config.transaction_partition_verification_enable,
         )
         # Every compacted log on this broker, leader or follower (each replica cleans
         # its own, as in Kafka); the settings are read again at every round.
@@ -239,6 +241,16 @@ class Broker:
             self.cleaner,
             self.transactions,
         )
+        broker_metrics.install_host(
+            self.telemetry,
+            self.partitions.data_dir,
+            lambda: [
+                t
+                for t in [self.http_security.tls, *(lst.tls for lst in self.listeners)]
+                if t is not None
+            ],
+        )
+        self.loop_monitor = LoopMonitor().install(self.telemetry)
         self._http_api = self._build_http_api()
 
     def _kafka_api(self) -> dict[int, ApiSpec]:
@@ -611,6 +623,7 @@ class Broker:
         self._http, http_port = await start_http(self._http_api, cfg.http_host, cfg.http_port)
         cfg.http_port = http_port
         loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self.loop_monitor.run()))
         if self.http_security.tls is not None:  # rotated certificate files, new connections
             self._tasks.append(loop.create_task(self.http_security.watch()))
         if self.combined:  # our voter URL, now that the HTTP port is known

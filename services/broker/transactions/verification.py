@@ -35,14 +35,19 @@ _FOR_WRITER: dict[int, int] = {
 
 
 class TxnVerifier:
-    def __init__(self, coordinator: TransactionCoordinator, channel: InterBrokerChannel):
+    def __init__(
+        self, coordinator: TransactionCoordinator, channel: InterBrokerChannel, enabled: bool
+    ) -> None:
         self.coordinator = coordinator
         self.channel = channel
+        self._static = enabled  # the broker's own transaction.partition.verification.enable
 
     def verifying(self) -> bool:
-        """transaction.partition.verification.enable, as the cluster has it now."""
+        """transaction.partition.verification.enable now: the cluster's dynamic value
+        over this broker's setting."""
         configs = self.coordinator.metadata.image.cluster_configs
-        return configs.get("transaction.partition.verification.enable", "true") != "false"
+        value = configs.get("transaction.partition.verification.enable")
+        return self._static if value is None else value != "false"
 
     async def verify(
         self, tid: str, producer_id: int, epoch: int, partitions: list[TopicPartition], add: bool

@@ -4,9 +4,9 @@
 
 Starts one broker (bench/security_throughput.py's three listeners and certificates),
 produces --num-records x 1 KiB with librdkafka (acks=1, linger 5 ms, as that bench does)
-and reads them back, each phase under `py-spy record --native` (`.venv/bin/pip install py-spy` first: a
-diagnostic, not a project dependency), and sorts every busy sample (idle: waiting in epoll or on a lock) by its
-innermost frame:
+and reads them back, each phase under `py-spy record --native` (run
+`.venv/bin/pip install py-spy` first: a diagnostic, not a project dependency), and
+sorts every busy sample (idle: waiting in epoll or on a lock) by its innermost frame:
 
   openssl       libssl / libcrypto: the ciphers, the record layer, the memory BIOs
   syscalls      read/write/pwritev/preadv...: the kernel's copies to and from sockets

@@ -356,13 +356,14 @@ def _test_order(test: str) -> tuple[int, str]:
     return (1, test) if test == "e2e" else (0, f"{int(test.split('/')[0]):09d}")
 
 
-def stall_histograms(directory: Path) -> str:
-    """Each stallwatch histogram in `directory` (one per broker process), as text."""
-    out = []
+def stall_histograms(directory: Path, names: dict[int, str]) -> dict[str, dict]:
+    """Each stallwatch histogram in `directory` (one per broker process), by the name of
+    its system (`names`: pid -> system) and pid."""
+    out = {}
     for path in sorted(directory.glob("*.hist.json")):
-        h = json.loads(path.read_text())
-        out.append(f"{path.name}: " + json.dumps(h, sort_keys=True))
-    return "\n".join(out)
+        pid = int(path.name.split(".")[0])
+        out[f"{names.get(pid, '?')} pid {pid}"] = json.loads(path.read_text())
+    return out
 
 
 # -- main ------------------------------------------------------------------------------
@@ -442,11 +443,13 @@ def main(argv: list[str] | None = None) -> int:
     rounds: Rounds = {s.name: {t: [] for t in tests} for s in systems}
     errors: list[str] = []
     started: list[System] = []
+    pids: dict[int, str] = {}
     try:
         for s in systems:
             t0 = time.monotonic()
             started.append(s)
             s.start()
+            pids.update(dict.fromkeys(s.broker_pids(), s.name))
             log(f"{s.name}: ready in {time.monotonic() - t0:.0f}s at {s.bootstrap}")
         for r in range(a.rounds):
             order = systems if r % 2 == 0 else systems[::-1]
@@ -484,9 +487,11 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:
                 log(f"stopping {s.name}: {e!r}")
     print(report(rounds))
-    hist = stall_histograms(stall_dir) if a.stallwatch else ""
+    hist = stall_histograms(stall_dir, pids) if a.stallwatch else {}
     if hist:
-        print("\nevent-loop lateness per broker process (stallwatch, ms buckets):\n" + hist)
+        print("\nevent-loop lateness per broker process (stallwatch, ms buckets):")
+        for name, h in hist.items():
+            print(f"{name}: {json.dumps(h, sort_keys=True)}")
     if errors:
         print("\nerrors:\n  " + "\n  ".join(errors))
     path = (
@@ -497,7 +502,15 @@ def main(argv: list[str] | None = None) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     args = {k: v for k, v in vars(a).items()}
     path.write_text(
-        json.dumps({"args": args, "rounds": rounds, "median": medians(rounds), "errors": errors})
+        json.dumps(
+            {
+                "args": args,
+                "rounds": rounds,
+                "median": medians(rounds),
+                "stalls": hist,
+                "errors": errors,
+            }
+        )
     )
     log(f"results written to {path}")
     if a.stallwatch:

@@ -51,7 +51,7 @@ PARTS: list[tuple[str, tuple[str, ...]]] = [
         ("produce.py", "partition_write.py", "records.py", "/storage/", "producer_state.py"),
     ),
     ("fetch", ("fetch.py", "fetch_sessions.py")),
-    ("protocol", ("/protocol/", "/kio/")),
+    ("protocol", ("/protocol/", "kio/")),
     ("uvloop io", ("(loop.c", "UVStream", "uv__", "uvloop")),
 ]
 ORDER = ["openssl", "syscalls", "copies/alloc", *(p for p, _ in PARTS), "other"]

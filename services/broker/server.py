@@ -51,10 +51,11 @@ _SIZE = struct.Struct(">i")
 MAX_QUEUED_FRAMES = 64
 MAX_PIPELINED = 8  # Produce answers one connection may have waiting for replication
 _API_KEY = struct.Struct(">h")
-# A TLS fetch answer is written through the TLS layer in pieces of at most this much,
-# each one buffer holding the response's own bytes and its file ranges: few large TLS
-# writes (full 16 KiB records), not one per partition header and file chunk.
-TLS_WRITE_BYTES = 1024 * 1024
+# A TLS fetch answer is written through the TLS layer in pieces of this much, each one
+# buffer holding the response's own bytes and its file ranges: full 16 KiB TLS records,
+# not one small record per partition header. Not larger: a piece, its ciphertext in
+# OpenSSL's memory BIO and the bytes read out of it stay within the core's cache.
+TLS_WRITE_BYTES = 256 * 1024
 TLS_SCRATCH_BYTES = 8 * 1024  # per TLS connection: small frames; large ones get their own
 TLS_POOLED_BUFFERS = 4  # TLS_WRITE_BYTES buffers kept for the next fetch answers
 _TLS_BUFFERS: list[bytearray] = []
@@ -415,8 +416,8 @@ class KafkaConnection(asyncio.BaseProtocol):
         response is copied into a buffer of TLS_WRITE_BYTES (file ranges read straight
         into it) and each buffer's worth goes through the TLS layer in one write.
 
-        The buffers come from a small pool shared by the connections (a new 1 MiB
-        bytearray is zeroed and page-faulted each time). A buffer is written into again
+        The buffers come from a small pool shared by the connections (a new bytearray
+        is zeroed, and faulted in, each time). A buffer is written into again
         only once the transport has nothing buffered: the TLS layer then holds no
         reference to it, it encrypted every byte already."""
         transport = self.transport

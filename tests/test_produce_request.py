@@ -14,7 +14,12 @@ from typing import Any
 import pytest
 from kio.serial import entity_writer
 
-from straitmq.protocol.codec import ProtocolError, parse_request, request_schema
+from straitmq.protocol.codec import (
+    LARGE_PRODUCE_BYTES,
+    ProtocolError,
+    parse_request,
+    request_schema,
+)
 from straitmq.protocol.produce_request import VERSIONS, NotDecoded, parse_produce
 
 
@@ -73,18 +78,45 @@ def test_same_request_as_kio_with_records_left_in_the_frame(version: int) -> Non
     for _ in range(30):
         body = sample(version, rng)
         frame = encode(version, body, rng.choice([None, "client"]))
-        header, got = parse_request(frame, 0, version)
-        assert header.correlation_id == 77 and header.api_version == version
+        kio_header, kio_body = parse_request(frame, 0, version)  # small: kio's reader
+        correlation_id, client_id, got = parse_produce(frame, version, schema)
+        assert (correlation_id, client_id) == (kio_header.correlation_id, kio_header.client_id)
         assert (got.transactional_id, got.acks, got.timeout) == (
-            body.transactional_id,
-            body.acks,
-            body.timeout,
+            kio_body.transactional_id,
+            kio_body.acks,
+            kio_body.timeout,
         )
-        assert as_bytes(got) == as_bytes(body) and type(got) is schema
+        assert as_bytes(got) == as_bytes(kio_body) == as_bytes(body) and type(got) is schema
         for t in got.topic_data:
             for p in t.partition_data:
                 if p.records is not None:
                     assert isinstance(p.records, memoryview) and p.records.obj is frame.obj
+
+
+def test_only_large_requests_take_the_python_reader() -> None:
+    """It saves a copy of the batches but costs more per request than kio's native
+    reader: a small request goes to kio, a large one keeps its batches in the frame."""
+    schema = request_schema(0, 11)
+    mod = sys.modules[schema.__module__]
+
+    def request(size: int) -> memoryview:
+        part = mod.PartitionProduceData(index=0, records=b"r" * size)
+        topic = mod.TopicProduceData(name="t", partition_data=(part,))
+        timeout = datetime.timedelta(seconds=30)
+        return encode(
+            11, schema(transactional_id=None, acks=-1, timeout=timeout, topic_data=(topic,))
+        )
+
+    small, large = request(1000), request(LARGE_PRODUCE_BYTES)
+    (small_records,) = [
+        p.records for t in parse_request(small, 0, 11)[1].topic_data for p in t.partition_data
+    ]
+    (large_records,) = [
+        p.records for t in parse_request(large, 0, 11)[1].topic_data for p in t.partition_data
+    ]
+    assert type(small_records) is bytes
+    assert isinstance(large_records, memoryview) and large_records.obj is large.obj
+    assert bytes(large_records) == b"r" * LARGE_PRODUCE_BYTES
 
 
 @pytest.mark.parametrize("version", [3, 9, 12])

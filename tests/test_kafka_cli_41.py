@@ -27,6 +27,7 @@ from kio.schema.delete_records.v2 import request as dr
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32, i64
 from test_errors import Raw
+from test_quorum_dynamic import leader_view, start_joining_controller
 from waiting import wait_for
 
 from bench.javatools import KAFKA41_TOOLS, ensure_jars, java_cmd
@@ -247,8 +248,6 @@ def test_metadata_quorum_add_and_remove_controller(cluster, tmp_path) -> None:
     from its properties (its directory id read from its meta.properties), shown with its
     directory id, removed, and a second removal is refused. --bootstrap-controller takes
     a broker's address: the controllers serve HTTP, the brokers the controller APIs."""
-    from test_quorum_dynamic import leader_view, start_joining_controller
-
     c = cluster(brokers=1)
     b = c.bootstrap
     joining = start_joining_controller(c, 1004)

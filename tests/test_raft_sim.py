@@ -4,14 +4,13 @@ end. A failure names its seed; replay it with `python -m bench.raft_sim --seed N
 Every seed draws its faults: lost, duplicated and reordered messages, partitions, crashes
 (at the worst moments too), unpersisted writes, snapshots, resignations, and voter changes
 (KIP-853: add, remove, the leader itself too, and the replacement of a voter whose disk
-was lost). Long seeds (600 ticks) and many short ones (100 ticks, each still elections,
-crashes and changes): 10,000 short seeds in CI; STRAITMQ_RAFT_SIM_SEEDS=N runs N instead.
+was lost). These are the long seeds (600 ticks) and the mutation tests; the 10,000 short
+seeds are in test_raft_sim_changes.py (a module of its own: xdist runs it beside this one).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 from straitmq.controller.raft import core
@@ -24,10 +23,7 @@ from straitmq import invariants
 CHUNK = 12
 THREE_VOTERS = 384  # long seeds 0..383
 FIVE_VOTERS = 96  # long seeds 0..95, with two observers
-SHORT_STEPS = 100
-SHORT_SEEDS = int(os.environ.get("STRAITMQ_RAFT_SIM_SEEDS", "10000"))
-SHORT_CHUNKS = 40  # 4 of 5 with three voters and one observer, 1 of 5 with five and two
-SHORT_FIRST = 1_000_000  # short seeds are numbered apart from the long ones
+SHORT_STEPS = 100  # the mutation tests run short seeds (as test_raft_sim_changes.py)
 
 
 def _run(seeds: range, voters: int, observers: int, steps: int = 600) -> None:
@@ -43,15 +39,6 @@ def test_three_voters(start: int) -> None:
 @pytest.mark.parametrize("start", range(0, FIVE_VOTERS, CHUNK))
 def test_five_voters(start: int) -> None:
     _run(range(start, start + CHUNK), voters=5, observers=2)
-
-
-@pytest.mark.parametrize("chunk", range(SHORT_CHUNKS))
-def test_short_seeds_with_voter_changes(chunk: int) -> None:
-    size = -(-SHORT_SEEDS // SHORT_CHUNKS)
-    first = SHORT_FIRST + chunk * size
-    seeds = range(first, min(first + size, SHORT_FIRST + SHORT_SEEDS))
-    five = chunk % 5 == 4
-    _run(seeds, voters=5 if five else 3, observers=2 if five else 1, steps=SHORT_STEPS)
 
 
 def test_a_seed_replays_exactly() -> None:

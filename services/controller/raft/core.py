@@ -690,8 +690,8 @@ class RaftNode:
             if len(self._observers) < self._cfg.max_observers:
                 self._observers[nid] = r
         for nid in others - self._replicas.keys():
-            r = self._observers.get(nid)
-            if r is not None and vs.matches(nid, r.directory_id):
+            seen = self._observers.get(nid)
+            if seen is not None and vs.matches(nid, seen.directory_id):
                 self._replicas[nid] = self._observers.pop(nid)
             else:
                 # A full check-quorum period from now, as voters get at an election.

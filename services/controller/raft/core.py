@@ -348,7 +348,8 @@ class RaftNode:
             return None
         window = self._cfg.check_quorum_ms
         ok = sum(1 for r in self._replicas.values() if self._now - r.last_fetch_ms < window)
-        return 1 + ok, len(self._replicas) - ok
+        own = int(self._is_voter)  # a leader removing itself is no voter of the new set
+        return own + ok, len(self._replicas) - ok
 
     # -- the shell's calls --------------------------------------------------------------
 

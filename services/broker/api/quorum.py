@@ -175,5 +175,8 @@ async def handle_update_raft_voter(
         "endpoint": _endpoint(req.listeners),
     }
     out = await _change(controller, ctx, "update_voter", body)
-    out.pop("error_message")  # UpdateRaftVoter's response has none
+    out.pop("error_message")  # UpdateRaftVoter's response has none...
+    # ...but a current leader (a tagged field its schema requires): unknown here, the
+    # broker forwarded the change to whichever controller leads.
+    out["current_leader"] = {"leader_id": -1, "leader_epoch": -1, "host": "", "port": 0}
     return out

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -24,6 +26,15 @@ from straitmq.admin_client import AdminError, request_sync
 @pytest.fixture
 def cluster(tmp_path: Path):
     yield from cluster_factory(tmp_path)
+
+
+def strait(http: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "straitmq.cli", "--http", http, *args],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
 
 
 def broker_url(c: Cluster) -> str:
@@ -217,6 +228,17 @@ def test_refusals_say_why_and_change_nothing(cluster) -> None:
     assert "already a voter" in refused(
         "POST", "/api/v1/quorum/voters", {"node_id": 1001, "directory_id": "x"}
     )
+    # The same through the CLI: the reason, a non-zero exit.
+    r = strait(url, "quorum", "remove", "--node-id", "4242")
+    assert r.returncode != 0 and "VOTER_NOT_FOUND" in r.stderr, r
+    r = strait(url, "quorum", "add", "--controller", f"http://127.0.0.1:{dead}")
+    assert r.returncode != 0 and "unreachable" in r.stderr, r
+    r = strait(url, "quorum", "describe")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("quorum leader ") and "VOTER" in lines[1], r.stdout
+    ids = {int(line.split()[0]) for line in lines[2:] if line.split()[0].isdigit()}
+    assert set(c.controllers) <= ids, r.stdout
     # Bad input.
     assert "number" in refused("DELETE", "/api/v1/quorum/voters/abc")
     assert "controller_url" in refused("POST", "/api/v1/quorum/voters", {"node_id": "one"})

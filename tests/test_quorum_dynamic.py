@@ -221,7 +221,9 @@ def test_refusals_say_why_and_change_nothing(cluster) -> None:
     assert "unreachable" in refused(
         "POST", "/api/v1/quorum/voters", {"controller_url": f"http://127.0.0.1:{dead}"}
     )
-    assert "not fetching" in refused(
+    unknown = {"node_id": 4242, "directory_id": "x", "endpoint": f"127.0.0.1:{dead}"}
+    assert "not fetching" in refused("POST", "/api/v1/quorum/voters", unknown)
+    assert "endpoint" in refused(
         "POST", "/api/v1/quorum/voters", {"node_id": 4242, "directory_id": "x"}
     )
     assert "VOTER_NOT_FOUND" in refused("DELETE", "/api/v1/quorum/voters/4242")

@@ -681,6 +681,10 @@ def handlers(c: ActiveController) -> dict[str, Handler]:
                 raise ValueError("directory_id must be a string")
             if endpoint is not None and (not isinstance(endpoint, str) or ":" not in endpoint):
                 raise ValueError("endpoint must be host:port")
+            if op == "add" and endpoint is None and int(req["node_id"]) not in c.quorum.voters:
+                raise ValueError(
+                    "endpoint (host:port) is needed: the voters must reach the new one"
+                )
             return await c.quorum.change_voter(
                 op,
                 int(req["node_id"]),

@@ -69,6 +69,7 @@ def now_ms() -> int:
     return int(time.monotonic() * 1000)
 
 
+RAFT_DIR = "metadata-raft"  # the Raft log, under the data directory
 CONTROLLER_LISTENER = "CONTROLLER"  # the endpoint name voters are reached on
 # Why a voter change was refused -> the Kafka error code the admin APIs answer with.
 REFUSAL_CODES = {
@@ -106,8 +107,11 @@ def load_directory_id(data_dir: str, node_id: int, cluster_id: str) -> str:
                 key, sep, value = line.strip().partition("=")
                 if sep and not key.startswith("#"):
                     props[key.strip()] = value.strip()
-    if props.get("directory.id"):
+    raft_dir = os.path.join(data_dir, RAFT_DIR)
+    if props.get("directory.id") and os.path.isdir(raft_dir):
         return props["directory.id"]
+    # No id yet, or the metadata log is gone (its votes and entries with it): this is
+    # new storage, and must not pass for the voter the old one was.
     props.update(
         {
             "version": "1",
@@ -116,6 +120,7 @@ def load_directory_id(data_dir: str, node_id: int, cluster_id: str) -> str:
             "directory.id": new_directory_id(),
         }
     )
+    os.makedirs(raft_dir, exist_ok=True)
     os.makedirs(data_dir, exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
@@ -169,7 +174,7 @@ class Quorum:
         self.voters = voters
         self.auth = auth  # TLS context and credentials for https voters (None: plain)
         self.config = config or RaftConfig()
-        self.storage = FileStorage(os.path.join(data_dir, "metadata-raft"))
+        self.storage = FileStorage(os.path.join(data_dir, RAFT_DIR))
         self.node = RaftNode(
             node_id,
             static_voter_set(voters),

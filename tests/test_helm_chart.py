@@ -195,7 +195,7 @@ NAMESPACED_RULES = {
         "update",
         "delete",
     },
-    ("", "pods"): {"get", "list", "watch", "delete"},
+    ("", "pods"): {"get", "list", "watch", "patch", "delete"},
     ("", "events"): {"create"},
     ("", "serviceaccounts"): {"get", "create", "patch"},  # the brokers' (rack awareness)
 }
@@ -204,7 +204,13 @@ NAMESPACES_READ = {("", "namespaces"): {"get", "list", "watch"}}
 NODE_READER = "sm-straitmq-node-reader"
 # Rack awareness: bind the node reader (and only it) to rack-aware clusters' brokers.
 RACK_BINDING = {
-    ("rbac.authorization.k8s.io", "clusterrolebindings"): {"get", "create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "clusterrolebindings"): {
+        "get",
+        "list",
+        "create",
+        "patch",
+        "delete",
+    },
     ("rbac.authorization.k8s.io", f"clusterroles/{NODE_READER}"): {"bind"},
 }
 

@@ -2,9 +2,9 @@
 
 A loop serializes every pass for its object, so a scale and a rolling restart can never
 race each other. It wakes at once when the object's spec or annotations change (not on
-its own status writes), an MQCluster's also when its pods or StatefulSets change (a
-pod down shows in its status at once, not at the next timer), and otherwise re-runs on a
-timer: often while work is in progress, rarely when all is well (that pass corrects
+its own status writes), an idle MQCluster's also when its pods or StatefulSets change
+(a pod down shows in its status at once, not at the next timer), and otherwise re-runs
+on a timer: often while work is in progress, rarely when all is well (that pass corrects
 drift).
 
 The loops are asyncio tasks started from watch events, not kopf daemons: kopf puts a
@@ -45,6 +45,7 @@ RACK_CLUSTER_ROLE = os.environ.get("STRAITMQ_RACK_CLUSTER_ROLE") or None
 _wake: dict[str, asyncio.Event] = {}
 _seen: dict[str, tuple[Any, ...]] = {}
 _state: dict[str, Any] = {}
+_nudge: dict[str, asyncio.Event] = {}  # pods or StatefulSets of an MQCluster changed
 _loops: dict[str, asyncio.Task[None]] = {}  # object uid -> its reconcile loop
 _clusters: dict[tuple[str, str], str] = {}  # (namespace, MQCluster name) -> uid
 
@@ -107,14 +108,24 @@ def _changed(uid: str, body: kopf.Body) -> bool:
     return changed
 
 
-async def _sleep(uid: str, seconds: float) -> None:
+async def _sleep(uid: str, seconds: float, nudgeable: bool = False) -> None:
+    """Until the timer, a change of the object, or (`nudgeable`) a change of its pods.
+
+    Pods nudge only an idle loop: while work is in progress the busy timer paces it, so
+    a roll never decides its next restart on a view of the cluster taken the instant
+    after its last one (the restarted node not yet seen gone, let alone back)."""
     event = _wake.setdefault(uid, asyncio.Event())
+    nudge = _nudge.setdefault(uid, asyncio.Event())
+    waits = [asyncio.ensure_future(event.wait())]
+    if nudgeable:
+        waits.append(asyncio.ensure_future(nudge.wait()))
     try:
-        async with asyncio.timeout(seconds):
-            await event.wait()
-    except TimeoutError:
-        pass
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
     event.clear()
+    nudge.clear()
 
 
 def _busy(status: dict[str, Any]) -> bool:
@@ -156,9 +167,11 @@ async def _loop(
                 kopf.exception(body, reason="ReconcileError", message=why)
                 status = unpaused(_error_status(status, current, why))
             await kube().patch_status(plural, ns, name, status)
-            await _sleep(uid, BUSY_INTERVAL_S if _busy(status) else IDLE_INTERVAL_S)
+            busy = _busy(status)
+            await _sleep(uid, BUSY_INTERVAL_S if busy else IDLE_INTERVAL_S, nudgeable=not busy)
     finally:
         _wake.pop(uid, None)
+        _nudge.pop(uid, None)
         _seen.pop(uid, None)
 
 
@@ -208,10 +221,12 @@ async def _on_event(
         _wake[uid].set()
 
 
-def _wake_cluster(namespace: str | None, name: str | None) -> None:
+def _wake_cluster(namespace: str | None, name: str | None, nudge: bool = False) -> None:
+    """Wake an MQCluster's loop; `nudge`: only if it is idle (see _sleep)."""
     uid = _cluster_uid(namespace, name)
-    if uid is not None and uid in _wake:
-        _wake[uid].set()
+    events = _nudge if nudge else _wake
+    if uid is not None and uid in events:
+        events[uid].set()
 
 
 async def _supervise(kind: str, plural: str, body: kopf.Body, uid: str, make: Any) -> None:
@@ -271,7 +286,9 @@ def pod_event(type: str | None, uid: str, body: kopf.Body, **_: Any) -> None:
         _seen.pop(uid, None)
     if _note_change(uid, key) or type == "DELETED":
         _wake_cluster(
-            meta.get("namespace"), (meta.get("labels") or {}).get("app.kubernetes.io/instance")
+            meta.get("namespace"),
+            (meta.get("labels") or {}).get("app.kubernetes.io/instance"),
+            nudge=True,
         )
 
 
@@ -297,7 +314,9 @@ def statefulset_event(type: str | None, uid: str, body: kopf.Body, **_: Any) -> 
     if _note_change(uid, key) or type == "DELETED":
         meta = body.get("metadata", {})
         _wake_cluster(
-            meta.get("namespace"), (meta.get("labels") or {}).get("app.kubernetes.io/instance")
+            meta.get("namespace"),
+            (meta.get("labels") or {}).get("app.kubernetes.io/instance"),
+            nudge=True,
         )
 
 

@@ -342,6 +342,19 @@ class PodStandIns:
         apps = client.AppsV1Api(self._api)
         return apps.read_namespaced_stateful_set(f"{self.cluster}-broker", NS).spec.replicas
 
+    def in_sync(self) -> bool:
+        """A process runs for every live pod, the current one (not a step behind, e.g.
+        still in a broker pod's init step, when kwok already calls the pod Ready)."""
+        live = {
+            (
+                p.metadata.labels.get("app.kubernetes.io/component"),
+                int(p.metadata.name.rsplit("-", 1)[1]),
+            ): p.metadata.uid
+            for p in self._pods()
+            if p.metadata.deletion_timestamp is None
+        }
+        return live == dict(self.running)
+
     def check(self) -> None:
         if self.error is not None:
             raise AssertionError(f"pod stand-ins failed: {self.error!r}")
@@ -1087,7 +1100,8 @@ def pod_uids(kube: Any, cluster: str) -> dict[str, str]:
 def wait_ready(kube: Any, demo: PodStandIns, what: str, timeout: float = 300) -> None:
     def ready() -> bool:
         demo.check()
-        return get_json(kube, "mqcluster", "demo", "-n", NS)["status"].get("phase") == "Ready"
+        phase = get_json(kube, "mqcluster", "demo", "-n", NS)["status"].get("phase")
+        return phase == "Ready" and demo.in_sync()
 
     try:
         kube.wait_for(ready, timeout, what)

@@ -618,10 +618,13 @@ def test_mqcluster_becomes_statefulsets_services_and_pdbs(kube: Any, operator: O
     crb = f"straitmq-rack-{NS}-shape"  # cluster-scoped: no owner reference can reach it
     assert get_json(kube, "clusterrolebinding", crb)["subjects"][0]["name"] == "shape-broker"
     # Deleting the MQCluster lets the garbage collector remove everything it owns, and the
-    # operator removes the rack binding before it lets the MQCluster go.
+    # operator removes the rack binding when it sees the MQCluster gone (no finalizer).
     kube.kubectl("delete", "mqcluster", "shape", "-n", NS, "--wait=true", timeout=60)
-    gone = kube.kubectl("get", "clusterrolebinding", crb, check=False)
-    assert gone.returncode != 0 and "NotFound" in gone.stderr, gone
+    kube.wait_for(
+        lambda: "NotFound" in kube.kubectl("get", "clusterrolebinding", crb, check=False).stderr,
+        30,
+        "rack binding deleted",
+    )
     kube.wait_for(
         lambda: (
             kube.kubectl(
@@ -854,7 +857,8 @@ def test_topic_partitions_config_drift_and_delete(kube: Any, demo: PodStandIns) 
     kube.wait_for(lambda: "audit" in demo.topics(), 60, "audit created")
     http_json(f"{demo.admin_url}/api/v1/topics/audit", method="DELETE")
     kube.wait_for(lambda: "audit" in demo.topics(), 60, "audit re-created after drift")
-    # kubectl delete: the finalizer deletes it from StraitMQ before the resource goes.
+    # kubectl delete: the resource goes at once (no finalizer); the MQCluster's pass,
+    # woken by the deletion, deletes the topic from StraitMQ.
     kube.kubectl("delete", "topic", "audit", "-n", NS, "--wait=true", timeout=60)
     kube.wait_for(lambda: "audit" not in demo.topics(), 30, "audit deleted")
     out = kube.kubectl("get", "topic", "audit", "-n", NS, check=False)
@@ -1532,7 +1536,7 @@ def authn(kube: Any, operator: Any, tmp_path_factory: pytest.TempPathFactory) ->
             kube.wait_for(lambda name=name: made(name), 120, f"topic {name} on authn")
         yield standins
     finally:
-        # While the brokers still answer: a User's finalizer removes its credential there.
+        # While the brokers still answer: the MQCluster's pass removes their credentials.
         kube.kubectl("delete", "users", "--all", "-n", NS, "--timeout=60s", check=False)
         standins.stop()
 

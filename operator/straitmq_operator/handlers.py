@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 
 from straitmq.telemetry.operator_metrics import OperatorMetrics
 from straitmq.telemetry.provider import Telemetry
@@ -354,8 +355,10 @@ async def sweep_rack_bindings(**_: Any) -> None:
             await kube().delete(
                 "rbac.authorization.k8s.io/v1", "ClusterRoleBinding", None, b["metadata"]["name"]
             )
-        except Exception as e:  # e.g. a namespace another operator watches: not ours
-            log.info(
+        except Exception as e:
+            if isinstance(e, ApiException) and e.status == 403:
+                continue  # a namespace this operator does not watch: not its own
+            log.warning(
                 "rack binding left", extra={"binding": b["metadata"]["name"], "error": explain(e)}
             )
             continue

@@ -1174,6 +1174,30 @@ def test_paused_cluster_ignores_a_spec_change_until_unpaused(kube: Any, demo: Po
     assert demo.max_brokers_down <= 1
 
 
+def test_paused_topic_is_not_created_until_unpaused(kube: Any, demo: PodStandIns) -> None:
+    doc = topic("held", "demo", 1)
+    doc["metadata"]["annotations"] = {PAUSE: "true"}
+    kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(doc))
+
+    def paused() -> bool:
+        t = get_json(kube, "topic", "held", "-n", NS)
+        return condition(t, "ReconciliationPaused").get("status") == "True"
+
+    kube.wait_for(paused, 60, "Topic held paused")
+    assert "held" not in demo.topics()
+    kube.kubectl("annotate", "topic", "held", "-n", NS, f"{PAUSE}-")
+    kube.wait_for(lambda: "held" in demo.topics(), 60, "held created once unpaused")
+
+    def ready() -> dict | None:
+        t = get_json(kube, "topic", "held", "-n", NS)
+        return t if condition(t, "Ready").get("status") == "True" else None
+
+    t = kube.wait_for(ready, 60, "Topic held Ready")
+    assert condition(t, "ReconciliationPaused") == {}
+    kube.kubectl("delete", "topic", "held", "-n", NS, "--wait=true", timeout=60)
+    kube.wait_for(lambda: "held" not in demo.topics(), 60, "held deleted")
+
+
 def test_manual_rolling_update_of_one_pod_then_of_all(kube: Any, demo: PodStandIns) -> None:
     before = pod_uids(kube, "demo")
     kube.kubectl("annotate", "pod", "demo-broker-1", "-n", NS, f"{ROLL}=true")

@@ -262,6 +262,15 @@ def test_refusals_say_why_and_change_nothing(cluster) -> None:
     assert leader_view(c)["voter_set"] == before
 
 
+def test_the_last_voter_is_never_removed(cluster) -> None:
+    c = cluster(brokers=1, controllers=1)
+    url = broker_url(c)
+    assert "LAST_VOTER" in _try_remove(url, 1001)
+    r = strait(url, "quorum", "remove", "--node-id", "1001")
+    assert r.returncode != 0 and "last voter" in r.stderr, r
+    assert voter_ids(c) == {1001}
+
+
 def _try_remove(url: str, cid: int) -> str:
     try:
         request_sync(url, "DELETE", f"/api/v1/quorum/voters/{cid}", None, 20)

@@ -10,6 +10,7 @@ import random
 import struct
 
 import pytest
+from straitmq.broker import server
 from straitmq.broker.api.context import RequestContext
 from straitmq.broker.metrics import BrokerMetrics
 from straitmq.broker.security.sasl import ConnectionSecurity
@@ -46,7 +47,12 @@ def frame(body: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_frames_come_out_whole_whatever_the_read_boundaries(seed: int) -> None:
+@pytest.mark.parametrize("prealloc", [server.TLS_PREALLOC_BYTES, 30_000])
+def test_frames_come_out_whole_whatever_the_read_boundaries(
+    seed: int, prealloc: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With 30,000: the 70,000-byte frames grow as their bytes come instead."""
+    monkeypatch.setattr(server, "TLS_PREALLOC_BYTES", prealloc)
     rng = random.Random(seed)
     bodies = [
         rng.randbytes(rng.choice([8, 20, 300, TLS_SCRATCH_BYTES - 4, TLS_SCRATCH_BYTES, 70_000]))
@@ -69,6 +75,16 @@ def test_the_same_path_serves_a_transport_that_calls_data_received() -> None:
     conn = connection()
     conn.data_received(b"".join(frame(b) for b in bodies))
     assert [bytes(f) for f in conn.frames] == bodies
+
+
+def test_a_claimed_size_is_not_allocated_before_its_bytes_come() -> None:
+    """socket.request.max.bytes is 100 MB and a TLS client may be anonymous: a size
+    prefix alone must not make the broker commit that much memory."""
+    conn = connection(request_max_bytes=100 << 20)
+    feed(conn, struct.pack(">i", 90 << 20) + b"x" * 1000, random.Random(2))
+    assert not conn.closed and not conn.frames
+    held = len(conn._grow or b"") + (len(conn._body) if conn._body is not None else 0)
+    assert held <= 1000
 
 
 @pytest.mark.parametrize("size", [-1, 3, (1 << 20) + 1])

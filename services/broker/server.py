@@ -57,6 +57,10 @@ _API_KEY = struct.Struct(">h")
 # OpenSSL's memory BIO and the bytes read out of it stay within the core's cache.
 TLS_WRITE_BYTES = 256 * 1024
 TLS_SCRATCH_BYTES = 8 * 1024  # per TLS connection: small frames; large ones get their own
+# A frame up to this size gets its whole buffer when its size prefix arrives; a larger
+# one grows as its bytes do (one copy more), so a size claimed and never sent costs
+# nothing (socket.request.max.bytes is 100 MB, and a TLS client may be anonymous).
+TLS_PREALLOC_BYTES = 4 * 1024 * 1024
 TLS_POOLED_BUFFERS = 4  # TLS_WRITE_BYTES buffers kept for the next fetch answers
 _TLS_BUFFERS: list[bytearray] = []
 PRE_AUTH_MAX_BYTES = 512 * 1024  # Kafka's sasl.server.max.receive.size
@@ -482,6 +486,8 @@ class KafkaTlsConnection(KafkaConnection, asyncio.BufferedProtocol):
         self._filled = 0  # bytes of _scratch holding data not framed yet
         self._body: memoryview | None = None  # the large frame being read, and how far
         self._body_filled = 0
+        self._grow: bytearray | None = None  # a frame over TLS_PREALLOC_BYTES, so far
+        self._grow_size = 0
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._body is not None:
@@ -497,6 +503,17 @@ class KafkaTlsConnection(KafkaConnection, asyncio.BufferedProtocol):
                 return
             self.frames.append(self._body.toreadonly())
             self._body = None
+        elif self._grow is not None:  # the scratch buffer was handed out whole
+            take = min(nbytes, self._grow_size - len(self._grow))
+            self._grow += self._scratch[:take]
+            if len(self._grow) < self._grow_size:
+                return
+            self.frames.append(memoryview(self._grow).toreadonly())
+            self._grow = None
+            rest = nbytes - take
+            self._scratch[:rest] = self._scratch[take:nbytes]
+            self._filled = rest
+            self._frame_scratch()
         else:
             self._filled += nbytes
             self._frame_scratch()
@@ -528,7 +545,10 @@ class KafkaTlsConnection(KafkaConnection, asyncio.BufferedProtocol):
                 self.frames.append(memoryview(bytes(scratch[start : start + size])))
                 pos = start + size
                 continue
-            if size > len(scratch) - 4:
+            if size > TLS_PREALLOC_BYTES:
+                self._grow, self._grow_size = bytearray(scratch[start:end]), size
+                pos = end
+            elif size > len(scratch) - 4:
                 body = bytearray(size)
                 body[: end - start] = scratch[start:end]
                 self._body = memoryview(body)

@@ -97,6 +97,10 @@ class Broker:
         self.metrics = BrokerMetrics()
         self.connections: set[KafkaConnection] = set()
         self.stopping = False
+        # Asked to stop: /readyz answers 503 from then on (see stop()), and counts so.
+        self.leaving = False
+        self._unready_answers = 0
+        self._probes_seen = asyncio.Event()
         self.metadata_ready = False
         # What the broker is doing until it serves: the reason /readyz and the HTTP API
         # give while they refuse. "serving" once the Kafka listener accepts.
@@ -299,7 +303,14 @@ class Broker:
             telemetry=self.telemetry,
             serving=lambda: self.serving,
             not_ready_reason=self.not_ready_reason,
-            health=HealthDeps(metadata, self.quorum, self.metrics, peers, self.not_ready_reason),
+            health=HealthDeps(
+                metadata,
+                self.quorum,
+                self.metrics,
+                peers,
+                self.not_ready_reason,
+                self._answered_not_ready,
+            ),
             topics=TopicsDeps(
                 metadata,
                 self.partitions,
@@ -654,9 +665,27 @@ class Broker:
             and not b.fenced
         )
 
+    def _answered_not_ready(self) -> None:
+        if self.leaving:
+            self._unready_answers += 1
+            if self._unready_answers >= self.config.shutdown_readiness_probes:
+                self._probes_seen.set()
+
+    async def _until_seen_unready(self) -> None:
+        """Wait, listeners closed (connections refused), until the readiness probe has
+        seen this broker unready often enough for its Service to stop routing here
+        (config.shutdown_readiness_probes); only then may the pod and its address go."""
+        want = self.config.shutdown_readiness_probes
+        if want <= 0 or self._unready_answers >= want:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                self._probes_seen.wait(), self.config.shutdown_readiness_timeout_ms / 1000
+            )
+
     def not_ready_reason(self) -> str | None:
         """None while this broker serves clients; otherwise what it is waiting for."""
-        if self.stopping:
+        if self.stopping or self.leaving:
             return "this broker is shutting down"
         if not self.serving:
             return f"this broker is starting: {self.phase}"
@@ -700,6 +729,7 @@ class Broker:
 
     async def stop(self, controlled: bool = True) -> None:
         """Stop what start started, in reverse order (also after a start cut short)."""
+        self.leaving = True
         if controlled and self.serving and not self.stopping:
             # Leaderships move away first; until then this broker keeps serving them.
             with contextlib.suppress(Exception):
@@ -717,6 +747,8 @@ class Broker:
         for sock in self._kafka_sockets:  # bound, never served
             sock.close()
         self._kafka_sockets = []
+        if controlled and self._http is not None:
+            await self._until_seen_unready()
         await self.share.stop()
         await self.transactions.stop()
         await self.cleaner.stop()

@@ -191,6 +191,25 @@ class BrokerConfig:
         "(default: half the process's open-file limit)",
     )  # fmt: skip
     controlled_shutdown_timeout_ms: int = setting(30_000, None, "--controlled-shutdown-timeout-ms")
+    # On Kubernetes a Service routes to a terminating pod until the kubelet has seen its
+    # readiness probe fail; a connection sent there after the pod's address is gone hangs
+    # until the client's connect timeout (30 s). So a leaving broker answers /readyz 503
+    # from the moment it is asked to stop and, its Kafka listeners closed (refusing, not
+    # hanging), exits only once /readyz has answered 503 this many times, or after
+    # --shutdown-readiness-timeout-ms. 0: exit at once (no probes to wait for).
+    shutdown_readiness_probes: int = setting(
+        0,
+        None,
+        "--shutdown-readiness-probes",
+        "on stop, exit after /readyz has answered 503 this many times (Kubernetes: the "
+        "readiness probe's failureThreshold + 1)",
+    )
+    shutdown_readiness_timeout_ms: int = setting(
+        10_000,
+        None,
+        "--shutdown-readiness-timeout-ms",
+        "the longest --shutdown-readiness-probes waits",
+    )
     # The combined node's own quorum and controller (ControllerConfig declares them).
     election_timeout_ms: int = CONTROLLER.election_timeout_ms
     fetch_timeout_ms: int = CONTROLLER.fetch_timeout_ms

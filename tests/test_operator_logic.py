@@ -830,3 +830,7 @@ def test_pod_template_hash_follows_the_listeners_not_their_addresses() -> None:
     # An override changes what a broker advertises (its own file), not the template.
     moved = {**one, "configuration": {"brokers": [{"broker": 0, "advertisedHost": "x.example"}]}}
     assert render.config_hash(parse(external(moved))) == with_one
+    # The controllers do not restart for a listener.
+    ctl = render.controller_statefulset(parse(external(one)))["spec"]["template"]
+    plain_ctl = render.controller_statefulset(parse(body()))["spec"]["template"]
+    assert ctl == plain_ctl

@@ -52,8 +52,9 @@ def config_map(spec: ClusterSpec) -> dict[str, Any]:
     }
 
 
-def config_hash(spec: ClusterSpec) -> str:
-    """Changes whenever a pod would start differently; pods carry it, so it rolls them."""
+def config_hash(spec: ClusterSpec, component: str = n.BROKER) -> str:
+    """Changes whenever a pod would start differently; pods carry it, so it rolls them.
+    The external listeners concern the brokers only: no controller restarts for them."""
     parts: list[Any] = [
         config_map(spec)["data"],
         spec.broker_args(),
@@ -64,8 +65,8 @@ def config_hash(spec: ClusterSpec) -> str:
         parts.append({"rack": spec.rack_topology_key})
     if spec.kafka_tls:  # likewise
         parts.append({"tls": tls_args(spec)})
-    if spec.external:  # likewise; the per-pod addresses are not in it (cluster.py rolls
-        # only the pod whose address changed)
+    if spec.external and component == n.BROKER:  # likewise; the per-pod addresses are
+        # not in it (cluster.py restarts only the pod whose address changed)
         parts.append({"listeners": listeners.broker_args(spec)})
     data = orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(data).hexdigest()[:16]
@@ -232,7 +233,7 @@ def _statefulset(
     pod_extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     name = n.statefulset(spec.name, component)
-    pod_annotations = {n.CONFIG_HASH_ANNOTATION: config_hash(spec)}
+    pod_annotations = {n.CONFIG_HASH_ANNOTATION: config_hash(spec, component)}
     if spec.metrics_enabled:
         pod_annotations.update(
             {

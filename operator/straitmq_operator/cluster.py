@@ -151,7 +151,11 @@ class ClusterReconciler:
                     p.scaling = {"adding": [b for b in prev if b < want], "removing": []}
             # Apply answers with the stored object, status included: the StatefulSets
             # as they are now, with no second read.
-            brokers = max(replicas, current or 0)
+            # The brokers that have (or are about to have) pods: those being drained
+            # keep their listener Services and certificates until the shrink, which
+            # removes them in the same pass.
+            shrinking = current is not None and replicas < current
+            brokers = replicas if shrinking else max(replicas, current or 0)
             p.addresses = await self._listeners(spec, brokers)
             if current is not None and replicas > current:
                 waiting = listeners.unknown(p.addresses, range(current, replicas))

@@ -200,7 +200,7 @@ class ClusterReconciler:
                 stored[obj["metadata"]["name"]] = await self.kube.apply(obj)
             keep = {o["metadata"]["name"] for o in objs}
             try:
-                found = await self.kube.list(api[kind], kind, spec.namespace, selector)
+                found = await self.kube.list_objects(api[kind], kind, spec.namespace, selector)
             except ApiException as e:
                 # An install whose RBAC has no ingresses runs clusters without them.
                 if e.status == 403 and not objs:

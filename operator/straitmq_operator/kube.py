@@ -83,7 +83,7 @@ class Kube:
 
         return await asyncio.to_thread(call)
 
-    async def list(
+    async def list_objects(
         self, api_version: str, kind: str, namespace: str, selector: str
     ) -> list[dict[str, Any]]:
         """The objects of a kind in a namespace that match a label selector."""

@@ -29,7 +29,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from real_node_support import (
     APP_IMAGE,
     CLIENT_IMAGE,
-    CONSUMER,
     LOCAL_PATH_PROVISIONER,
     NODE_IFACE,
     NODE_IP,
@@ -815,14 +814,22 @@ def test_nodeport_listener_over_tls_and_scram_from_the_host(
     brokers, records = consume_on_host(bootstrap, TOPIC, "verify-nodeport", external.scram)
     assert sorted(brokers) == sorted(f"{NODE_IP}:{p}" for p in ports.values()), (brokers, ports)
     assert_exactly_once(producer.acked, records, "nodeport")
-    bad = {**external.scram, "sasl.password": "wrong"}
-    wrong = subprocess.run(
-        [sys.executable, "-c", CONSUMER, bootstrap, TOPIC, "nope", "20", json.dumps(bad)],
-        capture_output=True,
-        text=True,
-        timeout=90,
+    # SCRAM is enforced on the listener: a wrong password gets no metadata.
+    bad = {**external.scram, "sasl.password": "wrong", "bootstrap.servers": bootstrap}
+    script = (
+        "import json, sys\n"
+        "from confluent_kafka.admin import AdminClient\n"
+        "a = AdminClient({**json.loads(sys.argv[1]), 'error_cb': lambda e: print('ERROR', e)})\n"
+        "try:\n"
+        "    a.list_topics(timeout=8)\n"
+        "except Exception as e:\n"
+        "    print('REFUSED', e)\n"
     )
-    assert wrong.returncode != 0 and "BROKERS" not in wrong.stdout, wrong.stdout[-500:]
+    wrong = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(bad)], capture_output=True, text=True, timeout=60
+    )
+    assert "REFUSED" in wrong.stdout, wrong.stdout[-500:] + wrong.stderr[-500:]
+    assert "authentication" in wrong.stdout.lower(), wrong.stdout[-500:]
 
 
 def test_loadbalancer_listener_reached_at_the_address_written_into_its_status(

@@ -69,6 +69,7 @@ from .metadata_view import MetadataView
 from .metrics import BrokerMetrics
 from .partition_write import PartitionWriter
 from .partitions import LEADER, Partition, PartitionManager
+from .quotas import ClientQuotas
 from .records import BatchInfo
 from .replication.fetcher import FetcherSettings, ReplicaFetchers
 from .replication.isr import IsrManager
@@ -159,6 +160,9 @@ class Broker:
             lambda: self.ready,
         )
         self.throttle = ReplicationThrottle(image)
+        self.quotas = ClientQuotas(
+            image, config.quota_window_num, config.quota_window_size_seconds * 1000.0
+        )
         self.writer = PartitionWriter(self.metrics, self.partitions, image, lambda: self.serving)
         self.partitions.role_listeners.append(self.fetchers.on_role)
         self.partitions.role_listeners.append(self.isr.on_role)
@@ -218,6 +222,12 @@ class Broker:
             image,
             self._request_context,
             self._kafka_api(),
+            self.quotas,
+            # A listener of its own for brokers: replication is never throttled (a
+            # follower's fetch is exempt on any listener).
+            inter_broker.name
+            if config.inter_broker_listener_name and len(self.listeners) > 1
+            else None,
         )
         self._producer_ids: list[int] = []  # [next, limit) of the block we hold
         broker_metrics.install(
@@ -279,6 +289,7 @@ class Broker:
                 self.topic_defaults,
                 self.partitions,
                 self.next_producer_id,
+                self.quotas,
             ),
             controller=self.controller.call,
             share_coordinator=self.share,

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from ..metadata_view import MetadataView
     from ..metrics import BrokerMetrics
     from ..partitions import PartitionManager
+    from ..quotas import ClientQuotas
     from ..replication.throttle import ReplicationThrottle
     from ..security.listeners import Listener
     from ..share.coordinator import ShareCoordinator
@@ -83,6 +84,7 @@ class AdminDeps:
     topic_defaults: dict[str, str]
     partitions: PartitionManager  # DescribeLogDirs
     next_producer_id: Callable[[], Awaitable[int]]
+    quotas: ClientQuotas  # controller_mutation_rate of CreateTopics, DeleteTopics, ...
 
 
 @dataclass(frozen=True, slots=True)

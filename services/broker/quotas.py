@@ -40,13 +40,15 @@ _KINDS = (PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, REQUEST_PERCENTAGE, CONTROLLER
 
 
 class Rate:
-    """Kafka's Rate over a SampledStat: `samples` windows of `window_ms`, the oldest
-    reset once it is `samples` windows old."""
+    """Kafka's Rate over a SampledStat: windows of `window_ms`, `samples` of them (and
+    one more, kept while it overlaps the measured time); a sample with no event for
+    `samples` windows no longer counts."""
 
-    __slots__ = ("current", "samples", "starts", "values", "window_ms")
+    __slots__ = ("current", "lasts", "samples", "starts", "values", "window_ms")
 
     def __init__(self, now_ms: float, samples: int, window_ms: float) -> None:
         self.starts = [now_ms]
+        self.lasts = [now_ms]  # each sample's last event
         self.values = [0.0]
         self.current = 0
         self.samples = samples
@@ -55,25 +57,24 @@ class Rate:
     def record(self, value: float, now_ms: float) -> None:
         i = self.current
         if now_ms - self.starts[i] >= self.window_ms:
-            i = self.current = (i + 1) % self.samples
+            i = self.current = (i + 1) % (self.samples + 1)
             if i == len(self.starts):
                 self.starts.append(now_ms)
+                self.lasts.append(now_ms)
                 self.values.append(0.0)
             else:
                 self.starts[i] = now_ms
                 self.values[i] = 0.0
         self.values[i] += value
-
-    def unrecord(self, value: float) -> None:
-        self.values[self.current] -= value
+        self.lasts[i] = now_ms
 
     def measure(self, now_ms: float) -> tuple[float, float]:
         """(rate per second, the window in ms it is measured over)."""
-        starts, values = self.starts, self.values
+        starts, lasts, values = self.starts, self.lasts, self.values
         expire = self.samples * self.window_ms
-        for i, start in enumerate(starts):
-            if now_ms - start >= expire:
-                starts[i] = now_ms
+        for i, last in enumerate(lasts):
+            if now_ms - last >= expire:
+                starts[i] = lasts[i] = now_ms
                 values[i] = 0.0
         elapsed = now_ms - min(starts)
         full = int(elapsed // self.window_ms)

@@ -11,8 +11,22 @@ instead of Kafka's 11, so a new client's first burst is over in seconds.
 
 from __future__ import annotations
 
+import io
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
 import orjson
 import pytest
+from confluent_kafka import Producer
+from conftest import record_batch
+from kio.schema.alter_client_quotas.v1 import request as acq
+from kio.schema.describe_client_quotas.v1 import request as dcq
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_writer
+from kio.static.primitive import f64, i8
 from straitmq.broker.quotas import ClientQuotas, Rate, TokenBucket, throttle_ms, user_of
 from straitmq.controller import operations as ops
 from straitmq.metadata.image import MetadataImage
@@ -24,10 +38,11 @@ from straitmq.metadata.quotas import (
     parse_filter,
     precedence,
 )
+from test_errors import Raw, code, produce
 
 pytestmark = pytest.mark.timeout(180)
 MB = 1024 * 1024
-WINDOWS = ("--quota-window-num", "3")
+WINDOWS = ("--quota-window-num", "2")
 
 
 # -- the math, on a fake clock --------------------------------------------------------
@@ -231,3 +246,248 @@ def _image(quotas: dict) -> MetadataImage:
     image.client_quotas = {entity_key(e): dict(v) for e, v in quotas.items()}
     image.quotas_version = 1
     return image
+
+
+# -- over the wire ----------------------------------------------------------------------
+
+
+class Client(Raw):
+    """A Kafka connection with a client id of its own."""
+
+    def __init__(self, b: Any, client_id: str) -> None:
+        super().__init__(b)
+        self.client_id = client_id
+
+    def _frame(self, req: Any) -> bytes:
+        hs = req.__header_schema__
+        buf = io.BytesIO()
+        header = hs(
+            request_api_key=req.__api_key__,
+            request_api_version=req.__version__,
+            correlation_id=self.corr,
+            client_id=self.client_id,
+        )
+        entity_writer(hs)(buf, header)
+        entity_writer(type(req))(buf, req)
+        return struct.pack(">i", len(buf.getvalue())) + buf.getvalue()
+
+
+def alter(r: Raw, *entries: tuple[dict, dict], validate_only: bool = False) -> list:
+    """entries: ({entity type: name or None}, {key: value or None to remove})."""
+    req = acq.AlterClientQuotasRequest(
+        entries=tuple(
+            acq.EntryData(
+                entity=tuple(acq.EntityData(entity_type=t, entity_name=n) for t, n in e.items()),
+                ops=tuple(
+                    acq.OpData(key=k, value=f64(v if v is not None else 0.0), remove=v is None)
+                    for k, v in ops.items()
+                ),
+            )
+            for e, ops in entries
+        ),
+        validate_only=validate_only,
+    )
+    return list(r.call(req).entries)
+
+
+def describe(r: Raw, *components: tuple[str, int, str | None], strict: bool = False) -> Any:
+    return r.call(
+        dcq.DescribeClientQuotasRequest(
+            components=tuple(
+                dcq.ComponentData(entity_type=t, match_type=i8(m), match=s)
+                for t, m, s in components
+            ),
+            strict=strict,
+        )
+    )
+
+
+def described(resp: Any) -> dict:
+    return {
+        tuple((e.entity_type, e.entity_name) for e in entry.entity): {
+            v.key: v.value for v in entry.values
+        }
+        for entry in resp.entries
+    }
+
+
+@pytest.fixture
+def clients() -> Iterator:
+    """clients(broker, client id="admin") -> a connection, closed after the test."""
+    opened: list[Client] = []
+
+    def connect(b: Any, client_id: str = "admin") -> Client:
+        opened.append(Client(b, client_id))
+        return opened[-1]
+
+    yield connect
+    for c in opened:
+        c.close()
+
+
+@pytest.fixture
+def quota_broker(broker_factory: Any) -> Any:
+    return broker_factory(*WINDOWS)
+
+
+def test_quotas_are_set_described_and_removed(quota_broker: Any, clients: Any) -> None:
+    r = clients(quota_broker)
+    assert described(describe(r)) == {}
+    ok = alter(
+        r,
+        ({"client-id": "slow"}, {"producer_byte_rate": 1048576.0}),
+        ({"user": "alice", "client-id": None}, {"consumer_byte_rate": 2e6}),
+        ({"user": None}, {"request_percentage": 50.0, "controller_mutation_rate": 5.0}),
+    )
+    assert [code(e) for e in ok] == [0, 0, 0]
+    everything = described(describe(r))
+    assert everything == {
+        (("client-id", "slow"),): {"producer_byte_rate": 1048576.0},
+        (("client-id", None), ("user", "alice")): {"consumer_byte_rate": 2e6},
+        (("user", None),): {"controller_mutation_rate": 5.0, "request_percentage": 50.0},
+    }
+    # Non-strict: every entity with a user part; strict: only the user-only ones.
+    users = described(describe(r, ("user", 2, None)))
+    assert set(users) == {(("client-id", None), ("user", "alice")), (("user", None),)}
+    assert set(described(describe(r, ("user", 2, None), strict=True))) == {(("user", None),)}
+    assert set(described(describe(r, ("user", 0, "alice")))) == {
+        (("client-id", None), ("user", "alice"))
+    }
+    assert set(described(describe(r, ("client-id", 1, None)))) == {
+        (("client-id", None), ("user", "alice"))
+    }
+    bad = describe(r, ("user", 0, None))
+    assert code(bad) == ErrorCode.invalid_request and "MATCH_TYPE_EXACT" in bad.error_message
+    # validate_only writes nothing; removing the last key removes the entity.
+    assert [
+        code(e)
+        for e in alter(r, ({"client-id": "x"}, {"producer_byte_rate": 5.0}), validate_only=True)
+    ] == [0]
+    assert (("client-id", "x"),) not in described(describe(r))
+    assert code(alter(r, ({"client-id": "slow"}, {"producer_byte_rate": None}))[0]) == 0
+    assert (("client-id", "slow"),) not in described(describe(r))
+
+
+def test_bad_quotas_are_invalid_request_with_the_reason(quota_broker: Any, clients: Any) -> None:
+    r = clients(quota_broker)
+    results = alter(
+        r,
+        ({"client-id": "a"}, {"producer_byte_rate": -5.0}),
+        ({"client-id": "b"}, {"producer_bytes_rate": 5.0}),
+        ({"client-id": "c"}, {"consumer_byte_rate": 1.5}),
+        ({"client-id": ""}, {"request_percentage": 5.0}),
+        ({"group": "e"}, {"producer_byte_rate": 5.0}),
+        ({"client-id": "ok"}, {"producer_byte_rate": 5.0}),
+    )
+    assert [code(e) for e in results] == [ErrorCode.invalid_request] * 5 + [0]
+    reasons = [e.error_message for e in results]
+    assert "must not be negative" in reasons[0]
+    assert "Invalid configuration key producer_bytes_rate" in reasons[1]
+    assert "must be a Long value" in reasons[2]
+    assert "Empty client-id not supported" in reasons[3]
+    assert "Unhandled client quota entity type: group" in reasons[4]
+    # Each entity alone: the valid one is set, none of the others.
+    assert set(described(describe(r))) == {(("client-id", "ok"),)}
+
+
+def _produce_throttle(b: Any, client_id: str, topic: str, size: int) -> int:
+    c = Client(b, client_id)
+    try:
+        resp = c.call(produce(9, topic, record_batch([b"x" * size])))
+        assert code(resp.responses[0].partition_responses[0]) == 0
+        return int(resp.throttle_time.total_seconds() * 1000)
+    finally:
+        c.close()
+
+
+def test_precedence_user_and_client_over_user_over_client_over_defaults(
+    quota_broker: Any, clients: Any
+) -> None:
+    """A PLAINTEXT connection is user ANONYMOUS (Kafka's name): one 200 KB produce over
+    2 s of measure is 100 KB/s, over a 1000 B/s quota and under a 10 MB/s one."""
+    b = quota_broker
+    b.create_topic("prec")
+    r = clients(b)
+    slow, fast = {"producer_byte_rate": 1000.0}, {"producer_byte_rate": 1e7}
+
+    def throttled(client: str) -> bool:
+        return _produce_throttle(b, client, "prec", 200_000) > 0
+
+    assert not throttled("c1")  # no quota anywhere
+    alter(r, ({"client-id": None}, slow))
+    assert throttled("c1") and throttled("c2")  # <default> client-id: each client its own
+    alter(r, ({"client-id": "c2"}, fast))
+    assert not throttled("c2")  # a client's own quota over the default
+    alter(r, ({"user": None}, fast))
+    assert not throttled("c1")  # <default> user over any client-id quota
+    alter(r, ({"user": "ANONYMOUS"}, slow))
+    assert throttled("c3")  # the user's own over <default> user
+    alter(r, ({"user": None, "client-id": "c3"}, fast))
+    assert throttled("c3")  # ... and over <default> user + client
+    alter(r, ({"user": "ANONYMOUS", "client-id": None}, fast))
+    assert not throttled("c4")  # user + <default> client over the user's own
+    alter(r, ({"user": "ANONYMOUS", "client-id": "c4"}, slow))
+    assert throttled("c4")  # user + client over everything
+
+
+def _producer(b: Any, client_id: str) -> Producer:
+    return Producer(
+        {
+            "bootstrap.servers": b.bootstrap,
+            "client.id": client_id,
+            "acks": 1,
+            "linger.ms": 2,
+            "batch.size": 16384,
+            "queue.buffering.max.kbytes": 4096,
+        }
+    )
+
+
+def _run_producer(p: Producer, topic: str, seconds: float, acked: list) -> None:
+    """Produce 1 KB records as fast as the client may for `seconds`; `acked` gets
+    (time, bytes) of each delivery."""
+
+    def done(err: Any, msg: Any) -> None:
+        if err is None:
+            acked.append((time.monotonic(), len(msg.value())))
+
+    value = b"v" * 1000
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            p.produce(topic, value, on_delivery=done)
+        except BufferError:
+            p.poll(0.01)
+            continue
+        p.poll(0)
+    p.flush(30)
+
+
+def _rate(points: list, start: float, end: float) -> float:
+    return sum(n for t, n in points if start <= t < end) / (end - start)
+
+
+def test_two_producers_one_held_to_its_quota_the_other_not_slowed(quota_broker: Any) -> None:
+    b = quota_broker
+    b.create_topic("rates")
+    r = Client(b, "admin")
+    assert code(alter(r, ({"client-id": "slow"}, {"producer_byte_rate": float(MB)}))[0]) == 0
+    r.close()
+    slow_acked: list = []
+    fast_acked: list = []
+    threads = [
+        threading.Thread(
+            target=_run_producer, args=(_producer(b, cid), "rates", 10.0, acked), daemon=True
+        )
+        for cid, acked in (("slow", slow_acked), ("fast", fast_acked))
+    ]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    # Past the first burst (the measure starts as if (samples - 1) windows had passed).
+    slow = _rate(slow_acked, t0 + 3, t0 + 10)
+    fast = _rate(fast_acked, t0 + 3, t0 + 10)
+    assert slow == pytest.approx(MB, rel=0.1), f"slow producer at {slow / MB:.2f} MB/s"
+    assert fast > 3 * slow, f"the other producer at {fast / MB:.2f} MB/s"

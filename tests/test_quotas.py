@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from conftest import record_batch
 from kio.schema.alter_client_quotas.v1 import request as acq
 from kio.schema.describe_client_quotas.v1 import request as dcq
@@ -43,6 +43,7 @@ from test_errors import Raw, code, produce
 pytestmark = pytest.mark.timeout(180)
 MB = 1024 * 1024
 WINDOWS = ("--quota-window-num", "2")
+RUN_S = 12.0  # each rate test's clients run this long
 
 
 # -- the math, on a fake clock --------------------------------------------------------
@@ -477,7 +478,7 @@ def test_two_producers_one_held_to_its_quota_the_other_not_slowed(quota_broker: 
     fast_acked: list = []
     threads = [
         threading.Thread(
-            target=_run_producer, args=(_producer(b, cid), "rates", 10.0, acked), daemon=True
+            target=_run_producer, args=(_producer(b, cid), "rates", RUN_S, acked), daemon=True
         )
         for cid, acked in (("slow", slow_acked), ("fast", fast_acked))
     ]
@@ -486,8 +487,77 @@ def test_two_producers_one_held_to_its_quota_the_other_not_slowed(quota_broker: 
         t.start()
     for t in threads:
         t.join(60)
-    # Past the first burst (the measure starts as if (samples - 1) windows had passed).
-    slow = _rate(slow_acked, t0 + 3, t0 + 10)
-    fast = _rate(fast_acked, t0 + 3, t0 + 10)
+    # Past the first burst (the measure starts as if (samples - 1) windows had passed),
+    # over several cycles of samples expiring.
+    slow = _rate(slow_acked, t0 + 2, t0 + RUN_S)
+    fast = _rate(fast_acked, t0 + 2, t0 + RUN_S)
     assert slow == pytest.approx(MB, rel=0.1), f"slow producer at {slow / MB:.2f} MB/s"
     assert fast > 3 * slow, f"the other producer at {fast / MB:.2f} MB/s"
+
+
+def _run_consumer(
+    b: Any, client_id: str, topic: str, total: int, seconds: float, got: list
+) -> None:
+    """Read the topic from the start for `seconds` or until `total` bytes came; `got`
+    gets (time, bytes) of each record."""
+    c = Consumer(
+        {
+            "bootstrap.servers": b.bootstrap,
+            "client.id": client_id,
+            "group.id": f"g-{client_id}",
+            "enable.auto.commit": False,
+            "max.partition.fetch.bytes": 131072,
+            "fetch.max.bytes": 262144,
+            "message.max.bytes": 262144,
+        }
+    )
+    c.assign([TopicPartition(topic, 0, 0)])
+    end = time.monotonic() + seconds
+    seen = 0
+    try:
+        while time.monotonic() < end and seen < total:
+            msg = c.poll(0.2)
+            if msg is None or msg.error():
+                continue
+            seen += len(msg.value())
+            got.append((time.monotonic(), len(msg.value())))
+    finally:
+        c.close()
+
+
+def test_two_consumers_one_held_to_its_quota_the_other_not_slowed(
+    quota_broker: Any, clients: Any
+) -> None:
+    b = quota_broker
+    b.create_topic("reads")
+    p = _producer(b, "filler")
+    for _ in range(16 * 1024):
+        while True:
+            try:
+                p.produce("reads", b"r" * 1000)
+                break
+            except BufferError:
+                p.poll(0.01)
+    assert p.flush(30) == 0
+    total = 16 * 1024 * 1000
+    assert (
+        code(alter(clients(b), ({"client-id": "slow"}, {"consumer_byte_rate": float(MB)}))[0]) == 0
+    )
+    slow_got: list = []
+    fast_got: list = []
+    threads = [
+        threading.Thread(
+            target=_run_consumer, args=(b, cid, "reads", total, RUN_S, got), daemon=True
+        )
+        for cid, got in (("slow", slow_got), ("fast", fast_got))
+    ]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    slow = _rate(slow_got, t0 + 2, t0 + RUN_S)
+    assert slow == pytest.approx(MB, rel=0.1), f"slow consumer at {slow / MB:.2f} MB/s"
+    assert sum(n for _, n in fast_got) == total  # the other read everything meanwhile
+    fast = total / (fast_got[-1][0] - t0)
+    assert fast > 3 * slow, f"the other consumer at {fast / MB:.2f} MB/s"

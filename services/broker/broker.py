@@ -160,6 +160,13 @@ class Broker:
             lambda: self.ready,
         )
         self.throttle = ReplicationThrottle(image)
+        # A listener of its own for brokers is never throttled by client quotas (a
+        # follower's fetch is exempt on any listener).
+        self._quota_exempt_listener = (
+            inter_broker.name
+            if config.inter_broker_listener_name and len(self.listeners) > 1
+            else None
+        )
         self.quotas = ClientQuotas(
             image, config.quota_window_num, config.quota_window_size_seconds * 1000.0
         )
@@ -223,11 +230,7 @@ class Broker:
             self._request_context,
             self._kafka_api(),
             self.quotas,
-            # A listener of its own for brokers: replication is never throttled (a
-            # follower's fetch is exempt on any listener).
-            inter_broker.name
-            if config.inter_broker_listener_name and len(self.listeners) > 1
-            else None,
+            self._quota_exempt_listener,
         )
         self._producer_ids: list[int] = []  # [next, limit) of the block we hold
         broker_metrics.install(
@@ -258,6 +261,8 @@ class Broker:
                 self.metrics,
                 cfg.fetch_max_wait_s,
                 lambda: self.stopping,
+                self.quotas,
+                self._quota_exempt_listener,
             ),
             replicas=replicas,
             metadata_deps=MetadataDeps(

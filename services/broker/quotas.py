@@ -68,6 +68,9 @@ class Rate:
         self.values[i] += value
         self.lasts[i] = now_ms
 
+    def unrecord(self, value: float) -> None:
+        self.values[self.current] -= value
+
     def measure(self, now_ms: float) -> tuple[float, float]:
         """(rate per second, the window in ms it is measured over)."""
         starts, lasts, values = self.starts, self.lasts, self.values
@@ -231,9 +234,16 @@ class ClientQuotas:
         return 0 if sensor is None else self._charge(sensor, nbytes, now_ms)
 
     def fetch(self, user: str, client_id: str, nbytes: int, now_ms: float) -> int:
-        """Bytes a consumer's Fetch answer carries: the throttle in ms."""
+        """Bytes a consumer's Fetch answer would carry: the throttle in ms. Over quota
+        the answer goes out empty (Kafka's), so the bytes are not counted then."""
         sensor = self._sensors(user, client_id, now_ms)[1]
-        return 0 if sensor is None else self._charge(sensor, nbytes, now_ms)
+        if sensor is None:
+            return 0
+        ms = self._charge(sensor, nbytes, now_ms)
+        if ms:
+            sensor.rate.unrecord(nbytes)
+            sensor.recorded -= nbytes
+        return ms
 
     def request_time(self, user: str, client_id: str, seconds: float, now_ms: float) -> int:
         """Time spent handling one request, as percent of one thread over the window

@@ -250,8 +250,6 @@ class KafkaConnection(asyncio.Protocol):
         ms = quotas.request_time(user, client, now_ms / 1000.0 - started, now_ms)
         if api_key == 0:
             ms = max(ms, quotas.produce(user, client, len(frame), now_ms))
-        elif api_key == 1 and isinstance(result, RawResponse):
-            ms = max(ms, quotas.fetch(user, client, result.size, now_ms))
         return ms
 
     async def handle(self, frame: memoryview) -> None:
@@ -320,6 +318,8 @@ class KafkaConnection(asyncio.Protocol):
         if type(result) is dict:
             # Admin answers may carry their own (controller_mutation_rate).
             throttle = max(throttle, result.get("throttle_time") or 0)
+        elif type(result) is RawResponse:
+            throttle = max(throttle, result.throttle_ms)  # a consumer's Fetch
         if throttle:
             metrics.throttled[api_key] += 1
             result = _with_throttle(result, throttle)

@@ -64,6 +64,7 @@ class RawResponse:
 
     pieces: list[bytes | ReadSlice] = field(default_factory=list)
     size: int = 0
+    throttle_ms: int = 0  # a quota's throttle, written into the answer by the listener
 
     def add(self, piece: Any, size: int) -> None:
         self.pieces.append(piece)

@@ -51,6 +51,8 @@ class FetchDeps:
     metrics: BrokerMetrics
     max_wait_s: float  # fetch.max.wait.ms: the longest a fetch is held
     stopping: Callable[[], bool]  # a leaving broker answers parked fetches at once
+    quotas: ClientQuotas  # consumer_byte_rate
+    quota_exempt_listener: str | None  # the brokers' own listener: never throttled
 
 
 @dataclass(frozen=True, slots=True)

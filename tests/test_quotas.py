@@ -11,8 +11,11 @@ instead of Kafka's 11, so a new client's first burst is over in seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import shutil
 import struct
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +28,7 @@ from conftest import record_batch
 from kio.schema.alter_client_quotas.v1 import request as acq
 from kio.schema.describe_client_quotas.v1 import request as dcq
 from kio.schema.errors import ErrorCode
+from kio.schema.metadata.v12.request import MetadataRequest
 from kio.serial import entity_writer
 from kio.static.primitive import f64, i8
 from straitmq.broker.quotas import ClientQuotas, Rate, TokenBucket, throttle_ms, user_of
@@ -38,7 +42,9 @@ from straitmq.metadata.quotas import (
     parse_filter,
     precedence,
 )
-from test_errors import Raw, code, produce
+from test_errors import Raw, code, create_topics, produce
+
+from bench.javatools import KAFKA41_JARS_DIR, KAFKA41_TOOLS, LOG4J2_CONFIG
 
 pytestmark = pytest.mark.timeout(180)
 MB = 1024 * 1024
@@ -561,3 +567,149 @@ def test_two_consumers_one_held_to_its_quota_the_other_not_slowed(
     assert sum(n for _, n in fast_got) == total  # the other read everything meanwhile
     fast = total / (fast_got[-1][0] - t0)
     assert fast > 3 * slow, f"the other consumer at {fast / MB:.2f} MB/s"
+
+
+def _create_many(version: int, names: list[str]) -> Any:
+    one = create_topics(version, names[0])
+    topics = tuple(dataclasses.replace(one.topics[0], name=n) for n in names)
+    return dataclasses.replace(one, topics=topics)
+
+
+def test_a_topic_creation_storm_is_throttled_not_refused(quota_broker: Any, clients: Any) -> None:
+    """controller_mutation_rate 5 partitions/s (a bucket of 2 windows: 10): in one
+    request the topics past the bucket are THROTTLING_QUOTA_EXCEEDED (v6+, Kafka's
+    strict mode) or all made and the answer throttled (older versions); a storm of
+    single creations is slowed to the quota while other clients are answered."""
+    b = quota_broker
+    admin = clients(b)
+    assert code(alter(admin, ({"client-id": "storm"}, {"controller_mutation_rate": 5.0}))[0]) == 0
+    storm = clients(b, "storm")
+    first = storm.call(_create_many(7, [f"s{i}" for i in range(14)]))
+    codes = [code(t) for t in first.topics]
+    assert codes[:11] == [0] * 11  # 10 tokens, and the request that overdraws
+    assert codes[11:] == [ErrorCode.throttling_quota_exceeded] * 3
+    assert first.topics[11].error_message == "The throttling quota has been exceeded."
+    assert first.throttle_time.total_seconds() > 0
+    # The throttled connection is muted meanwhile; the next request waits it out.
+    old = storm.call(_create_many(5, [f"old{i}" for i in range(3)]))
+    assert [code(t) for t in old.topics] == [0, 0, 0]
+    assert old.throttle_time.total_seconds() > 0
+    # A storm of one topic per request: none refused, all slowed to the quota.
+    latencies: list[float] = []
+    stop = threading.Event()
+
+    def other_client() -> None:
+        c = Client(b, "bystander")
+        try:
+            while not stop.is_set():
+                t = time.monotonic()
+                c.call(
+                    MetadataRequest(
+                        topics=None,
+                        allow_auto_topic_creation=False,
+                        include_topic_authorized_operations=False,
+                    )
+                )
+                latencies.append(time.monotonic() - t)
+        finally:
+            c.close()
+
+    bystander = threading.Thread(target=other_client, daemon=True)
+    bystander.start()
+    t0 = time.monotonic()
+    for i in range(15):
+        resp = storm.call(create_topics(7, f"one{i}"))
+        assert code(resp.topics[0]) == 0, resp.topics[0].error_message
+    elapsed = time.monotonic() - t0
+    stop.set()
+    bystander.join(10)
+    assert elapsed >= 15 / 5 * 0.8, f"15 topics in {elapsed:.1f} s at 5/s"
+    assert latencies and max(latencies) < elapsed / 3
+
+
+def _kafka_tool(name: str, *args: str, timeout: float = 120) -> str:
+    """A Kafka 4.1 tool from the jars scripts/fetch-jars.sh left in .cache (the test
+    is skipped without them)."""
+    if shutil.which("java") is None or not any(KAFKA41_JARS_DIR.glob("kafka-clients-*.jar")):
+        pytest.skip("the Kafka 4.1 jars are not in .cache/jars (scripts/fetch-jars.sh)")
+    cmd = [
+        "java",
+        f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}",
+        "-Dstrait.loglevel=WARN",
+        "-cp",
+        f"{KAFKA41_JARS_DIR}/*",
+        KAFKA41_TOOLS[name],
+        *args,
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, f"{name} {' '.join(args)}: exit {r.returncode}\n{r.stderr[-3000:]}"
+    return r.stdout
+
+
+def _perf_test(b: Any, client_id: str, records: int) -> list[float]:
+    """kafka-producer-perf-test's rates (bytes/s) of `records` of 1000 bytes: one per
+    5 s interval it reports, then the whole run's."""
+    out = _kafka_tool(
+        "kafka-producer-perf-test",
+        "--topic",
+        "java-rates",
+        "--num-records",
+        str(records),
+        "--record-size",
+        "1000",
+        "--throughput",
+        "-1",
+        "--producer-props",
+        f"bootstrap.servers={b.bootstrap}",
+        f"client.id={client_id}",
+        "acks=1",
+        "batch.size=16384",
+        "linger.ms=2",
+    )
+    return [
+        float(line.split("(")[1].split(" MB/sec")[0]) * MB
+        for line in out.splitlines()
+        if " MB/sec)" in line
+    ]
+
+
+def test_java_tools_set_and_read_quotas_and_the_java_producer_honours_them(
+    quota_broker: Any,
+) -> None:
+    b = quota_broker
+    b.create_topic("java-rates")
+    configs = ("kafka-configs", "--bootstrap-server", b.bootstrap)
+    _kafka_tool(
+        *configs,
+        "--alter",
+        "--add-config",
+        "producer_byte_rate=1048576",
+        "--entity-type",
+        "clients",
+        "--entity-name",
+        "javaslow",
+    )
+    _kafka_tool(
+        *configs,
+        "--alter",
+        "--add-config",
+        "consumer_byte_rate=2000000",
+        "--entity-type",
+        "users",
+        "--entity-default",
+    )
+    described = _kafka_tool(
+        *configs, "--describe", "--entity-type", "clients", "--entity-name", "javaslow"
+    )
+    assert "Quota configs for client-id 'javaslow' are producer_byte_rate=1048576.0" in described
+    assert "consumer_byte_rate=2000000.0" in _kafka_tool(
+        *configs, "--describe", "--entity-type", "users", "--entity-default"
+    )
+    # 14 MB: a first burst, then the quota; the tool reports every 5 s (then the whole
+    # run): the intervals past the first (the JVM's start, the burst) are at the quota.
+    rates = _perf_test(b, "javaslow", 14_000)
+    assert len(rates) >= 3, rates
+    slow = sum(rates[1:-1]) / len(rates[1:-1])
+    assert slow == pytest.approx(MB, rel=0.1), f"java producer at {slow / MB:.2f} MB/s"
+    fast = _perf_test(b, "javafast", 14_000)[-1]
+    assert fast > 3 * slow, f"the unthrottled java producer at {fast / MB:.2f} MB/s"

@@ -43,6 +43,7 @@ from straitmq.metadata.quotas import (
     precedence,
 )
 from test_errors import Raw, code, create_topics, produce
+from test_metrics import check_served, dashboards, scrape, total
 
 from bench.javatools import KAFKA41_JARS_DIR, KAFKA41_TOOLS, LOG4J2_CONFIG
 
@@ -713,3 +714,29 @@ def test_java_tools_set_and_read_quotas_and_the_java_producer_honours_them(
     assert slow == pytest.approx(MB, rel=0.1), f"java producer at {slow / MB:.2f} MB/s"
     fast = _perf_test(b, "javafast", 14_000)[-1]
     assert fast > 3 * slow, f"the unthrottled java producer at {fast / MB:.2f} MB/s"
+
+
+def test_throttle_time_and_byte_rates_are_on_metrics_for_clients_with_a_quota(
+    quota_broker: Any, clients: Any
+) -> None:
+    """Only clients a quota applies to get series (bounded cardinality); the quotas
+    dashboard's every metric is served once a client is throttled."""
+    b = quota_broker
+    b.create_topic("metered")
+    assert (
+        code(alter(clients(b), ({"client-id": "metered"}, {"producer_byte_rate": 1000.0}))[0]) == 0
+    )
+    assert _produce_throttle(b, "metered", "metered", 100_000) > 0
+    assert _produce_throttle(b, "free", "metered", 100_000) == 0
+    served = scrape(b.http)
+    labels = {
+        "straitmq_quota_type": "producer_byte_rate",
+        "straitmq_quota_user": "",
+        "straitmq_quota_client_id": "metered",
+    }
+    throttle = "straitmq_broker_quota_throttle_time_seconds_total"
+    assert [ls for ls, _ in served[throttle]] == [labels]
+    assert total(served, throttle, **labels) > 0
+    assert total(served, "straitmq_broker_quota_io_bytes_total", **labels) >= 100_000
+    assert total(served, "straitmq_broker_quota_limit", **labels) == 1000.0
+    check_served(dashboards()["quotas"], served, "a broker with a throttled client")

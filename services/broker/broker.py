@@ -244,6 +244,7 @@ class Broker:
             self.share,
             self.cleaner,
             self.transactions,
+            self.quotas,
         )
         self._http_api = self._build_http_api()
 

@@ -31,6 +31,9 @@ FENCE_REASON = "straitmq.fence.reason"  # session_expired, process_gone
 RESOURCE_KIND = "straitmq.resource.kind"  # MQCluster | Topic
 OUTCOME = "straitmq.reconcile.outcome"  # success | error | requeue
 FETCHER_KIND = "straitmq.fetch_session.fetcher"  # follower | consumer
+QUOTA_TYPE = "straitmq.quota.type"  # producer_byte_rate, consumer_byte_rate, ...
+QUOTA_USER = "straitmq.quota.user"  # "" where the quota is not per user
+QUOTA_CLIENT = "straitmq.quota.client_id"  # "" where the quota is not per client id
 
 COUNTER = "counter"
 HISTOGRAM = "histogram"  # SDK histogram (off the request path)
@@ -190,6 +193,36 @@ BROKER_TXN_MARKER_DURATION = _i(
     "partition and its outcome written, summed over the finished transactions (divided "
     "by straitmq.broker.transactions.completed: the mean)",
 )  # fmt: skip
+BROKER_QUOTA_THROTTLE = _i(
+    "straitmq.broker.quota.throttle_time",
+    OBSERVABLE_COUNTER,
+    "s",
+    "Throttle time given to clients over a quota, per quota type and the user and client "
+    "id sharing it (only clients with a quota); its rate is the share of time throttled",
+    QUOTA_TYPE,
+    QUOTA_USER,
+    QUOTA_CLIENT,
+)
+BROKER_QUOTA_BYTES = _i(
+    "straitmq.broker.quota.io",
+    OBSERVABLE_COUNTER,
+    "By",
+    "Bytes produced (producer_byte_rate) and fetched (consumer_byte_rate) by clients with "
+    "a byte-rate quota, counted against it",
+    QUOTA_TYPE,
+    QUOTA_USER,
+    QUOTA_CLIENT,
+)
+BROKER_QUOTA_LIMIT = _i(
+    "straitmq.broker.quota.limit",
+    OBSERVABLE_GAUGE,
+    "1",
+    "The quota that applies (bytes/s, percent of a thread, partition mutations/s), per "
+    "client with one that has been active",
+    QUOTA_TYPE,
+    QUOTA_USER,
+    QUOTA_CLIENT,
+)
 CONSUMER_GROUP_LAG = _i(
     "straitmq.consumer_group.lag", OBSERVABLE_GAUGE, "{message}",
     "High watermark minus committed offset (a share group's: minus its share-partition "
@@ -279,7 +312,8 @@ BROKER = (
     BROKER_CLEANER_RECORDS_REMOVED, BROKER_CLEANER_CLEANINGS, BROKER_CLEANER_ERRORS,
     BROKER_CLEANER_BUSY, BROKER_CLEANER_DIRTY_RATIO, BROKER_CLEANER_SINCE_LAST,
     BROKER_CLEANER_UNCLEANABLE, BROKER_TXN_ONGOING, BROKER_TXN_COMPLETED,
-    BROKER_TXN_MARKER_DURATION, CONSUMER_GROUP_LAG,
+    BROKER_TXN_MARKER_DURATION, BROKER_QUOTA_THROTTLE, BROKER_QUOTA_BYTES,
+    BROKER_QUOTA_LIMIT, CONSUMER_GROUP_LAG,
     CONSUMER_GROUP_STATE, CONSUMER_GROUP_MEMBERS,
 )  # fmt: skip
 CONTROLLER = (

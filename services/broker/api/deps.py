@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ..security.listeners import Listener
     from ..share.coordinator import ShareCoordinator
     from ..transactions.coordinator import TransactionCoordinator
+    from ..transactions.verification import TxnVerifier
     from ..views import Control, LocalReplicas
     from .metadata import TopicAnswers
 
@@ -99,3 +100,4 @@ class TxnDeps:
     offsets: OffsetStore
     ensure_offsets_topic: Callable[[], Awaitable[bool]]
     offsets_durable: Callable[[str, int], Awaitable[bool]]
+    verifier: TxnVerifier  # the offsets partition in the transaction (KIP-890)

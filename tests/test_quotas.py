@@ -11,6 +11,7 @@ instead of Kafka's 11, so a new client's first burst is over in seconds.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import io
 import shutil
@@ -42,6 +43,8 @@ from straitmq.metadata.quotas import (
     parse_filter,
     precedence,
 )
+from straitmq.operator import user
+from straitmq.operator.admin import AdminClient, AdminError
 from test_errors import Raw, code, create_topics, produce
 from test_metrics import check_served, dashboards, scrape, total
 
@@ -740,3 +743,40 @@ def test_throttle_time_and_byte_rates_are_on_metrics_for_clients_with_a_quota(
     assert total(served, "straitmq_broker_quota_io_bytes_total", **labels) >= 100_000
     assert total(served, "straitmq_broker_quota_limit", **labels) == 1000.0
     check_served(dashboards()["quotas"], served, "a broker with a throttled client")
+
+
+def test_the_operators_admin_client_keeps_a_users_quotas_exactly_its_spec(
+    quota_broker: Any, clients: Any
+) -> None:
+    """What the User reconciler does, over the broker's HTTP API: spec.quotas made the
+    user's own quotas exactly, visible to Kafka clients; a bad value is a 400 with the
+    reason; deleting the User removes them."""
+
+    async def run() -> None:
+        async with AdminClient(quota_broker.http, 10.0) as admin:
+            want = user.quota_values({"producerByteRate": 1048576, "requestPercentage": 25.5})
+            changes = user.quota_changes(want, await admin.user_quotas("alice"))
+            assert changes == {"producer_byte_rate": 1048576.0, "request_percentage": 25.5}
+            await admin.alter_user_quotas("alice", changes)
+            assert await admin.user_quotas("alice") == want
+            want = user.quota_values({"consumerByteRate": 2000000})
+            changes = user.quota_changes(want, await admin.user_quotas("alice"))
+            assert changes == {
+                "consumer_byte_rate": 2e6,
+                "producer_byte_rate": None,
+                "request_percentage": None,
+            }
+            await admin.alter_user_quotas("alice", changes)
+            assert await admin.user_quotas("alice") == {"consumer_byte_rate": 2e6}
+            with pytest.raises(AdminError) as e:
+                await admin.alter_user_quotas("alice", {"consumer_byte_rate": "fast"})  # type: ignore[dict-item]
+            assert e.value.status == 400 and "must be a number" in e.value.message
+
+    asyncio.run(run())
+    assert described(describe(clients(quota_broker), ("user", 0, "alice"), strict=True)) == {
+        (("user", "alice"),): {"consumer_byte_rate": 2e6}
+    }
+    with pytest.raises(user.UserProblem, match=r"quotas\.producerByteRate must be a number >= 0"):
+        user.quota_values({"producerByteRate": -1})
+    with pytest.raises(user.UserProblem, match="unknown quota 'producer_byte_rate'"):
+        user.quota_values({"producer_byte_rate": 1})

@@ -347,7 +347,9 @@ class Broker:
                 permitted,
                 self.cleaner.stats,
             ),
-            records=RecordsDeps(metadata, self.partitions, self.writer, self.offsets, peers),
+            records=RecordsDeps(
+                metadata, self.partitions, self.writer, self.offsets, peers, self.quotas
+            ),
             groups=GroupsDeps(
                 metadata, self.partitions, self.groups, self.share, self.offsets, peers, permitted
             ),

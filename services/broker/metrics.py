@@ -55,7 +55,6 @@ def _latency_family() -> HistogramFamily:
 class BrokerMetrics:
     requests: Counter = field(default_factory=Counter)  # api key -> count
     request_errors: Counter = field(default_factory=Counter)  # (api key, error code) -> count
-    throttled: Counter = field(default_factory=Counter)  # api key -> answers throttled
     bytes_in: Counter = field(default_factory=Counter)  # topic -> bytes
     bytes_out: Counter = field(default_factory=Counter)  # topic -> bytes sent to consumers
     messages_in: Counter = field(default_factory=Counter)

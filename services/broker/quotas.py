@@ -29,6 +29,7 @@ from straitmq.metadata.quotas import (
     CONTROLLER_MUTATION_RATE,
     PRODUCER_BYTE_RATE,
     REQUEST_PERCENTAGE,
+    EntityKey,
     precedence,
 )
 
@@ -130,6 +131,7 @@ class Sensor:
     kind: str
     user: str  # Kafka's metric tags: "" where the quota is not per user / per client
     client_id: str
+    entity: EntityKey  # whose quota it is
     quota: float
     rate: Rate
     bucket: TokenBucket | None = None
@@ -184,6 +186,7 @@ class ClientQuotas:
                     kind,
                     tag_user,
                     tag_client,
+                    entity,
                     values[kind],
                     Rate(now_ms, self.samples, self.window_ms),
                 )
@@ -191,19 +194,17 @@ class ClientQuotas:
                     sensor.bucket = TokenBucket(now_ms, self.samples * self.window_ms / 1000.0)
                 self.sensors[key] = sensor
             sensor.quota = values[kind]
+            sensor.entity = entity
             return sensor
         return None
 
     def _refresh(self, image: MetadataImage) -> None:
         """Quotas changed: look every client up again (a quota may have moved to another
-        entity) and forget the rates no quota names any more."""
+        entity) and forget the rates whose quota is gone."""
         self._version = image.quotas_version
         self._lookup.clear()
-        live = {kind for values in image.client_quotas.values() for kind in values}
-        if not image.client_quotas:
-            self.sensors.clear()
-        elif len(live) < len(_KINDS):
-            self.sensors = {k: s for k, s in self.sensors.items() if k[0] in live}
+        quotas = image.client_quotas
+        self.sensors = {k: s for k, s in self.sensors.items() if s.kind in quotas.get(s.entity, ())}
 
     def expire(self, now_ms: float, idle_s: float = INACTIVE_SENSOR_S) -> None:
         """Drop the rates not used for `idle_s` (all the oldest half when full)."""

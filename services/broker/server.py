@@ -321,7 +321,6 @@ class KafkaConnection(asyncio.Protocol):
         elif type(result) is RawResponse:
             throttle = max(throttle, result.throttle_ms)  # a consumer's Fetch
         if throttle:
-            metrics.throttled[api_key] += 1
             result = _with_throttle(result, throttle)
             if _THROTTLE_AFTER_SEND.get(api_key, 0) > version:
                 # Before KIP-219 the broker held the answer back for the throttle time.

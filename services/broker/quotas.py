@@ -36,6 +36,7 @@ from straitmq.metadata.quotas import (
 QUOTA_WINDOW_NUM = 11  # quota.window.num
 QUOTA_WINDOW_SIZE_S = 1  # quota.window.size.seconds
 INACTIVE_SENSOR_S = 3600.0  # Kafka's InactiveSensorExpirationTimeSeconds
+EXPIRE_EVERY_S = 60.0  # idle rates are looked for at most this often (on a new lookup)
 MAX_SENSORS = 10_000  # rates kept at most (a `<default>` quota gives each user one)
 _KINDS = (PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, REQUEST_PERCENTAGE, CONTROLLER_MUTATION_RATE)
 
@@ -43,9 +44,20 @@ _KINDS = (PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, REQUEST_PERCENTAGE, CONTROLLER
 class Rate:
     """Kafka's Rate over a SampledStat: windows of `window_ms`, `samples` of them (and
     one more, kept while it overlaps the measured time); a sample with no event for
-    `samples` windows no longer counts."""
+    `samples` windows no longer counts. The sum, the oldest start and the next time a
+    sample may expire are kept up to date, so a measure costs O(1) until then."""
 
-    __slots__ = ("current", "lasts", "samples", "starts", "values", "window_ms")
+    __slots__ = (
+        "current",
+        "lasts",
+        "next_purge",
+        "oldest",
+        "samples",
+        "starts",
+        "total",
+        "values",
+        "window_ms",
+    )
 
     def __init__(self, now_ms: float, samples: int, window_ms: float) -> None:
         self.starts = [now_ms]
@@ -54,6 +66,9 @@ class Rate:
         self.current = 0
         self.samples = samples
         self.window_ms = window_ms
+        self.total = 0.0
+        self.oldest = now_ms  # min(starts)
+        self.next_purge = now_ms + samples * window_ms  # no sample expires before
 
     def record(self, value: float, now_ms: float) -> None:
         i = self.current
@@ -64,27 +79,38 @@ class Rate:
                 self.lasts.append(now_ms)
                 self.values.append(0.0)
             else:
+                self.total -= self.values[i]
                 self.starts[i] = now_ms
                 self.values[i] = 0.0
+                self.oldest = min(self.starts)  # once per window, not per event
         self.values[i] += value
+        self.total += value
         self.lasts[i] = now_ms
 
     def unrecord(self, value: float) -> None:
         self.values[self.current] -= value
+        self.total -= value
 
-    def measure(self, now_ms: float) -> tuple[float, float]:
-        """(rate per second, the window in ms it is measured over)."""
+    def _purge(self, now_ms: float) -> None:
         starts, lasts, values = self.starts, self.lasts, self.values
         expire = self.samples * self.window_ms
         for i, last in enumerate(lasts):
             if now_ms - last >= expire:
                 starts[i] = lasts[i] = now_ms
                 values[i] = 0.0
-        elapsed = now_ms - min(starts)
+        self.total = sum(values)
+        self.oldest = min(starts)
+        self.next_purge = min(lasts) + expire
+
+    def measure(self, now_ms: float) -> tuple[float, float]:
+        """(rate per second, the window in ms it is measured over)."""
+        if now_ms >= self.next_purge:
+            self._purge(now_ms)
+        elapsed = now_ms - self.oldest
         full = int(elapsed // self.window_ms)
         if full < self.samples - 1:
             elapsed += (self.samples - 1 - full) * self.window_ms
-        return sum(values) * 1000.0 / elapsed, elapsed
+        return self.total * 1000.0 / elapsed, elapsed
 
 
 def throttle_ms(rate: float, quota: float, window_ms: float) -> int:
@@ -135,6 +161,8 @@ class Sensor:
     quota: float
     rate: Rate
     bucket: TokenBucket | None = None
+    # A recorded total this low is within quota whatever the window (see _charge).
+    safe_total: float = 0.0
     last_ms: float = 0.0
     throttle_ms_total: float = 0.0
     throttled: int = 0  # requests throttled
@@ -152,6 +180,9 @@ class ClientQuotas:
     # (user, client id) -> a Sensor or None per kind in _KINDS, for the quotas version.
     _lookup: dict[tuple[str, str], tuple[Sensor | None, ...]] = field(default_factory=dict)
     _version: int = -1
+    # Bumped whenever a rate may be dropped: allowances a connection keeps are stale then.
+    generation: int = 0
+    _expired_at: float = 0.0
 
     @property
     def enabled(self) -> bool:
@@ -163,6 +194,9 @@ class ClientQuotas:
             self._refresh(image)
         found = self._lookup.get((user, client_id))
         if found is None:
+            if now_ms - self._expired_at > EXPIRE_EVERY_S * 1000.0:
+                self._expired_at = now_ms
+                self.expire(now_ms)
             found = tuple(self._resolve(image, kind, user, client_id, now_ms) for kind in _KINDS)
             if len(self._lookup) >= MAX_SENSORS:
                 self._lookup.clear()
@@ -194,6 +228,7 @@ class ClientQuotas:
                     sensor.bucket = TokenBucket(now_ms, self.samples * self.window_ms / 1000.0)
                 self.sensors[key] = sensor
             sensor.quota = values[kind]
+            sensor.safe_total = values[kind] * (self.samples - 1) * self.window_ms / 1000.0
             sensor.entity = entity
             return sensor
         return None
@@ -202,6 +237,7 @@ class ClientQuotas:
         """Quotas changed: look every client up again (a quota may have moved to another
         entity) and forget the rates whose quota is gone."""
         self._version = image.quotas_version
+        self.generation += 1
         self._lookup.clear()
         quotas = image.client_quotas
         self.sensors = {k: s for k, s in self.sensors.items() if s.kind in quotas.get(s.entity, ())}
@@ -214,13 +250,19 @@ class ClientQuotas:
             by_age = sorted(kept.items(), key=lambda kv: kv[1].last_ms)
             kept = dict(by_age[len(by_age) // 2 :])
         self.sensors = kept
+        self.generation += 1
         self._lookup.clear()
 
     def _charge(self, sensor: Sensor, value: float, now_ms: float, cap_ms: float = 0.0) -> int:
-        sensor.rate.record(value, now_ms)
+        r = sensor.rate
+        r.record(value, now_ms)
         sensor.recorded += value
         sensor.last_ms = now_ms
-        rate, window = sensor.rate.measure(now_ms)
+        if r.total <= sensor.safe_total:
+            # The measured window is never shorter than samples - 1 windows, and purging
+            # only lowers the total: within quota for sure, no need to measure.
+            return 0
+        rate, window = r.measure(now_ms)
         ms = throttle_ms(rate, sensor.quota, window)
         if ms:
             if cap_ms:
@@ -233,6 +275,29 @@ class ClientQuotas:
         """Bytes a Produce request brought in: the throttle in ms (0: within quota)."""
         sensor = self._sensors(user, client_id, now_ms)[0]
         return 0 if sensor is None else self._charge(sensor, nbytes, now_ms)
+
+    def request(
+        self, user: str, client_id: str, seconds: float, produced: int, now_ms: float
+    ) -> int:
+        """One request handled on the Kafka listener: its handling time (and a Produce's
+        bytes, `produced`), with one lookup: the throttle in ms."""
+        return self.charge(self._sensors(user, client_id, now_ms), seconds, produced, now_ms)
+
+    def lookup(self, user: str, client_id: str, now_ms: float) -> tuple[Sensor | None, ...]:
+        """The allowances of a client, per kind; a connection may keep them for its
+        next requests while `generation` and the image's quotas_version stay."""
+        return self._sensors(user, client_id, now_ms)
+
+    def charge(
+        self, found: tuple[Sensor | None, ...], seconds: float, produced: int, now_ms: float
+    ) -> int:
+        """`request` with the allowances already looked up."""
+        ms = 0
+        if found[2] is not None:
+            ms = self._charge(found[2], seconds * 100.0, now_ms, self.window_ms)
+        if produced and found[0] is not None:
+            ms = max(ms, self._charge(found[0], produced, now_ms))
+        return ms
 
     def fetch(self, user: str, client_id: str, nbytes: int, now_ms: float) -> int:
         """Bytes a consumer's Fetch answer would carry: the throttle in ms. Over quota

@@ -102,6 +102,8 @@ class KafkaConnection(asyncio.Protocol):
         # Loop time until which the connection is muted (a client over its quota):
         # nothing more is read or handled until then (Kafka mutes the channel).
         self.muted_until = 0.0
+        # (quotas version, generation, principal, client id, allowances) of the last request
+        self._quota_allowances: tuple[int, int, str, str, tuple] | None = None
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -241,16 +243,26 @@ class KafkaConnection(asyncio.Protocol):
                 self.transport.resume_reading()
 
     def _throttle(
-        self, api_key: int, client: str, frame: memoryview, result: Any, started: float
+        self, version: int, api_key: int, client: str, frame: memoryview, started: float
     ) -> int:
-        """The throttle (ms) this request earns against its client's quotas."""
+        """The throttle (ms) this request earns against its client's quotas. The client's
+        allowances are kept on the connection while its principal and client id, the
+        quotas (`version`) and the quota state's generation stay the same."""
         quotas = self.deps.quotas
-        user = user_of(self.security.principal)
-        now_ms = perf_counter() * 1000.0
-        ms = quotas.request_time(user, client, now_ms / 1000.0 - started, now_ms)
-        if api_key == 0:
-            ms = max(ms, quotas.produce(user, client, len(frame), now_ms))
-        return ms
+        now = perf_counter()
+        principal = self.security.principal
+        kept = self._quota_allowances
+        if (
+            kept is None
+            or kept[0] != version
+            or kept[1] != quotas.generation
+            or kept[2] is not principal
+            or kept[3] != client
+        ):
+            found = quotas.lookup(user_of(principal), client, now * 1000.0)
+            kept = self._quota_allowances = (version, quotas.generation, principal, client, found)
+        produced = len(frame) if api_key == 0 else 0
+        return quotas.charge(kept[4], now - started, produced, now * 1000.0)
 
     async def handle(self, frame: memoryview) -> None:
         start = perf_counter()
@@ -309,12 +321,11 @@ class KafkaConnection(asyncio.Protocol):
             metrics.follower_fetches[(self.listener_name, security.principal)] += 1
         result = await spec.handler(ctx, body)
         throttle = 0
-        if (
-            deps.quotas.enabled
-            and key != FOLLOWER_FETCH_KEY
-            and self.listener_name != deps.quota_exempt_listener
-        ):
-            throttle = self._throttle(api_key, header.client_id or "", frame, result, start)
+        if key != FOLLOWER_FETCH_KEY and self.listener_name != deps.quota_exempt_listener:
+            image = deps.image()
+            if image.client_quotas:  # quotas off: nothing more than this look
+                client = header.client_id or ""
+                throttle = self._throttle(image.quotas_version, api_key, client, frame, start)
         if type(result) is dict:
             # Admin answers may carry their own (controller_mutation_rate).
             throttle = max(throttle, result.get("throttle_time") or 0)

@@ -283,7 +283,6 @@ class Broker:
                 cfg.fetch_max_wait_s,
                 lambda: self.stopping,
                 self.quotas,
-                self._quota_exempt_listener,
             ),
             replicas=replicas,
             metadata_deps=MetadataDeps(
@@ -316,7 +315,6 @@ class Broker:
                 self.topic_defaults,
                 self.partitions,
                 self.next_producer_id,
-                self.quotas,
             ),
             controller=self.controller.call,
             share_coordinator=self.share,

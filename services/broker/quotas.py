@@ -300,9 +300,13 @@ class ClientQuotas:
         return ms
 
     def fetch(self, user: str, client_id: str, nbytes: int, now_ms: float) -> int:
-        """Bytes a consumer's Fetch answer would carry: the throttle in ms. Over quota
-        the answer goes out empty (Kafka's), so the bytes are not counted then."""
-        sensor = self._sensors(user, client_id, now_ms)[1]
+        """Bytes a consumer's answer would carry (REST consume): the throttle in ms."""
+        return self.charge_fetch(self._sensors(user, client_id, now_ms)[1], nbytes, now_ms)
+
+    def charge_fetch(self, sensor: Sensor | None, nbytes: int, now_ms: float) -> int:
+        """Bytes a consumer's Fetch answer would carry, against its consumer_byte_rate
+        allowance (if any): the throttle in ms. Over quota the answer goes out empty
+        (Kafka's), so the bytes are not counted then."""
         if sensor is None:
             return 0
         ms = self._charge(sensor, nbytes, now_ms)

@@ -242,14 +242,10 @@ class KafkaConnection(asyncio.Protocol):
             if not self.paused and not self.closed:
                 self.transport.resume_reading()
 
-    def _throttle(
-        self, version: int, api_key: int, client: str, frame: memoryview, started: float
-    ) -> int:
-        """The throttle (ms) this request earns against its client's quotas. The client's
-        allowances are kept on the connection while its principal and client id, the
-        quotas (`version`) and the quota state's generation stay the same."""
+    def _allowances(self, version: int, client: str) -> tuple:
+        """The client's quota allowances, kept on the connection while its principal and
+        client id, the quotas (`version`) and the quota state's generation stay."""
         quotas = self.deps.quotas
-        now = perf_counter()
         principal = self.security.principal
         kept = self._quota_allowances
         if (
@@ -259,10 +255,9 @@ class KafkaConnection(asyncio.Protocol):
             or kept[2] is not principal
             or kept[3] != client
         ):
-            found = quotas.lookup(user_of(principal), client, now * 1000.0)
+            found = quotas.lookup(user_of(principal), client, perf_counter() * 1000.0)
             kept = self._quota_allowances = (version, quotas.generation, principal, client, found)
-        produced = len(frame) if api_key == 0 else 0
-        return quotas.charge(kept[4], now - started, produced, now * 1000.0)
+        return kept[4]
 
     async def handle(self, frame: memoryview) -> None:
         start = perf_counter()
@@ -319,13 +314,19 @@ class KafkaConnection(asyncio.Protocol):
         key = api_key if api_key != 1 or body.replica_id < 0 else FOLLOWER_FETCH_KEY
         if key == FOLLOWER_FETCH_KEY:
             metrics.follower_fetches[(self.listener_name, security.principal)] += 1
-        result = await spec.handler(ctx, body)
-        throttle = 0
+        allowances = None
         if key != FOLLOWER_FETCH_KEY and self.listener_name != deps.quota_exempt_listener:
             image = deps.image()
             if image.client_quotas:  # quotas off: nothing more than this look
-                client = header.client_id or ""
-                throttle = self._throttle(image.quotas_version, api_key, client, frame, start)
+                allowances = ctx.quotas = self._allowances(
+                    image.quotas_version, header.client_id or ""
+                )
+        result = await spec.handler(ctx, body)
+        throttle = 0
+        if allowances is not None:
+            now = perf_counter()
+            produced = len(frame) if api_key == 0 else 0
+            throttle = deps.quotas.charge(allowances, now - start, produced, now * 1000.0)
         if type(result) is dict:
             # Admin answers may carry their own (controller_mutation_rate).
             throttle = max(throttle, result.get("throttle_time") or 0)

@@ -28,7 +28,7 @@ from straitmq.security.acls import (
 from straitmq.security.acls import DELETE as ACL_DELETE
 
 from ..dynamic_configs import effective_values, static_values
-from ..quotas import MutationQuota, user_of
+from ..quotas import MutationQuota
 from ..share import group_configs
 from .context import RequestContext
 
@@ -60,13 +60,12 @@ _TYPE_CODES = {
 THROTTLED = "The throttling quota has been exceeded."
 
 
-def _mutation_quota(deps: AdminDeps, ctx: RequestContext) -> MutationQuota | None:
-    """This client's controller_mutation_rate allowance, if it has one."""
-    if ctx.security is None or not deps.quotas.enabled:
-        return None  # an in-process caller, or no quota anywhere
-    return deps.quotas.mutation(
-        user_of(ctx.security.principal), ctx.client_id or "", perf_counter() * 1000.0
-    )
+def _mutation_quota(ctx: RequestContext) -> MutationQuota | None:
+    """This client's controller_mutation_rate allowance, if it has one (the listener
+    looked its allowances up: none for an in-process caller or with no quota at all)."""
+    if ctx.quotas is None or ctx.quotas[3] is None:
+        return None
+    return MutationQuota(ctx.quotas[3])
 
 
 def _over_quota(quota: MutationQuota | None, strict: bool, mutations: int, res: dict) -> bool:
@@ -87,7 +86,7 @@ def _over_quota(quota: MutationQuota | None, strict: bool, mutations: int, res: 
 async def handle_create_topics(deps: AdminDeps, ctx: RequestContext, req: Any) -> dict:
     results = []
     seen: set[str] = set()
-    quota = None if req.validate_only else _mutation_quota(deps, ctx)
+    quota = None if req.validate_only else _mutation_quota(ctx)
 
     async def create(t: Any, res: dict) -> None:
         try:
@@ -193,7 +192,7 @@ async def handle_delete_topics(deps: AdminDeps, ctx: RequestContext, req: Any) -
             res["error_message"] = e.message
 
     pending = []
-    quota = _mutation_quota(deps, ctx)
+    quota = _mutation_quota(ctx)
     for name in names:
         res = {"name": name, "error_code": 0, "error_message": None}
         responses.append(res)
@@ -230,7 +229,7 @@ async def handle_create_partitions(deps: AdminDeps, ctx: RequestContext, req: An
             res["error_message"] = e.message
 
     pending = []
-    quota = None if req.validate_only else _mutation_quota(deps, ctx)
+    quota = None if req.validate_only else _mutation_quota(ctx)
     for t in req.topics:
         res = {"name": t.name, "error_code": 0, "error_message": None}
         results.append(res)

@@ -33,6 +33,9 @@ class RequestContext:
     security: ConnectionSecurity | None = None
     # The broker's authorizer (`allowed` asks it); None for an in-process caller.
     authorizer: Authorizer | None = None
+    # The client's quota allowances (straitmq.broker.quotas: one per quota kind, None
+    # where no quota applies), set by the listener when the cluster has client quotas.
+    quotas: tuple | None = None
 
     def allowed(self, operation: int, resource_type: int, name: str) -> bool:
         """May this connection's principal do `operation` on the resource? Always yes

@@ -52,8 +52,7 @@ class FetchDeps:
     metrics: BrokerMetrics
     max_wait_s: float  # fetch.max.wait.ms: the longest a fetch is held
     stopping: Callable[[], bool]  # a leaving broker answers parked fetches at once
-    quotas: ClientQuotas  # consumer_byte_rate
-    quota_exempt_listener: str | None  # the brokers' own listener: never throttled
+    quotas: ClientQuotas  # consumer_byte_rate (the client's allowance is on the context)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +86,6 @@ class AdminDeps:
     topic_defaults: dict[str, str]
     partitions: PartitionManager  # DescribeLogDirs
     next_producer_id: Callable[[], Awaitable[int]]
-    quotas: ClientQuotas  # controller_mutation_rate of CreateTopics, DeleteTopics, ...
 
 
 @dataclass(frozen=True, slots=True)

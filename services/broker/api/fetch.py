@@ -29,7 +29,7 @@ from ..fetch_sessions import (
     next_epoch,
 )
 from ..loop_slice import LoopSlice
-from ..quotas import user_of
+from ..quotas import Sensor
 from ..storage.log import ReadSlice
 from ..storage.txn_index import AbortedTxn
 from .context import RawResponse, RequestContext
@@ -380,8 +380,8 @@ async def handle_fetch(deps: FetchDeps, ctx: RequestContext, req: Any) -> RawRes
         if session is not None:  # not answered: its marks stay for the next fetch
             session.dirty |= plan.taken
         raise
-    if replica < 0 and deps.quotas.enabled:
-        throttled = _over_quota(deps, ctx, topics)
+    if replica < 0 and ctx.quotas is not None and ctx.quotas[1] is not None:
+        throttled = _over_quota(deps, ctx.quotas[1], topics)
         if throttled:
             # Kafka's answer to a consumer over its consumer_byte_rate: nothing (the
             # bytes are not counted), the throttle time, and the session as it was.
@@ -399,14 +399,11 @@ async def handle_fetch(deps: FetchDeps, ctx: RequestContext, req: Any) -> RawRes
     return _encode(ctx, topics, 0, session.id if session is not None else INVALID_SESSION_ID)
 
 
-def _over_quota(deps: FetchDeps, ctx: RequestContext, topics: list) -> int:
+def _over_quota(deps: FetchDeps, allowance: Sensor, topics: list) -> int:
     """The throttle (ms) of a consumer whose answer would take it over its quota; the
     bytes stay counted only when it is within quota."""
-    if ctx.security is None or ctx.listener == deps.quota_exempt_listener:
-        return 0
     size = sum(p[4].size for _, parts in topics for p in parts if p[4] is not None)
-    user, client = user_of(ctx.security.principal), ctx.client_id or ""
-    return deps.quotas.fetch(user, client, size, perf_counter() * 1000.0)
+    return deps.quotas.charge_fetch(allowance, size, perf_counter() * 1000.0)
 
 
 async def _wait_for_change(plan: _FetchPlan, session: FetchSession | None, within: float) -> None:

@@ -21,6 +21,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import orjson
@@ -34,6 +35,7 @@ from kio.schema.metadata.v12.request import MetadataRequest
 from kio.serial import entity_writer
 from kio.static.primitive import f64, i8
 from straitmq.broker.quotas import ClientQuotas, Rate, TokenBucket, throttle_ms, user_of
+from straitmq.broker.server import _Timed
 from straitmq.controller import operations as ops
 from straitmq.metadata.image import MetadataImage
 from straitmq.metadata.quotas import (
@@ -46,7 +48,7 @@ from straitmq.metadata.quotas import (
 )
 from straitmq.operator import user
 from straitmq.operator.admin import AdminClient, AdminError
-from test_errors import Raw, code, create_topics, produce
+from test_errors import Raw, code, create_topics, fetch, produce
 from test_metrics import check_served, dashboards, scrape, total
 
 from bench.javatools import KAFKA41_JARS_DIR, KAFKA41_TOOLS, LOG4J2_CONFIG
@@ -844,3 +846,58 @@ def test_rest_produce_and_consume_count_against_the_principals_quotas(
     assert len(fast["records"]) == 200 and throttle is None
     slow, throttle = get("rest-slow")
     assert slow["records"] == [] and slow["next_offset"] == 0 and int(throttle) > 0
+
+
+def test_only_a_requests_own_running_time_counts_toward_request_percentage() -> None:
+    """What the listener charges to request_percentage: the steps of the handler's
+    coroutine, not its waits (a long-polling Fetch costs nothing while it waits)."""
+
+    async def handler() -> str:
+        await asyncio.sleep(0.3)  # a wait: not counted
+        spin = time.perf_counter() + 0.05
+        while time.perf_counter() < spin:  # running: counted
+            pass
+        return "answer"
+
+    async def run() -> tuple[str, float]:
+        timed = _Timed(handler())
+        return await timed, timed.spent
+
+    answer, spent = asyncio.run(run())
+    assert answer == "answer"
+    assert 0.05 <= spent < 0.25, spent
+
+    async def cancel_passes_through() -> bool:
+        seen: list[str] = []
+
+        async def waits() -> None:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                seen.append("cancelled")
+                raise
+
+        async def wrapped() -> None:
+            await _Timed(waits())
+
+        task = asyncio.get_running_loop().create_task(wrapped())
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return seen == ["cancelled"]
+
+    assert asyncio.run(cancel_passes_through())
+
+
+def test_a_long_polling_consumer_is_not_throttled_by_request_percentage(
+    quota_broker: Any, clients: Any
+) -> None:
+    b = quota_broker
+    b.create_topic("idle")
+    alter(clients(b), ({"client-id": "poller"}, {"request_percentage": 1.0}))
+    c = clients(b, "poller")
+    for _ in range(4):
+        req = dataclasses.replace(fetch(12, "idle", 0), max_wait=timedelta(milliseconds=500))
+        resp = c.call(req)
+        assert resp.throttle_time.total_seconds() == 0

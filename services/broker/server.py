@@ -19,7 +19,7 @@ import os
 import socket
 import struct
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, cast
@@ -321,12 +321,21 @@ class KafkaConnection(asyncio.Protocol):
                 allowances = ctx.quotas = self._allowances(
                     image.quotas_version, header.client_id or ""
                 )
-        result = await spec.handler(ctx, body)
+        if allowances is not None and allowances[2] is not None:
+            # request_percentage counts the time this request's own code ran (Kafka's
+            # thread time), not the time it waited: a long-polling Fetch or a JoinGroup
+            # waiting for its group costs nothing while it waits.
+            timed = _Timed(spec.handler(ctx, body), perf_counter() - start)
+            result = await timed
+            handling = timed.spent
+        else:
+            result = await spec.handler(ctx, body)
+            handling = 0.0
         throttle = 0
         if allowances is not None:
             now = perf_counter()
             produced = len(frame) if api_key == 0 else 0
-            throttle = deps.quotas.charge(allowances, now - start, produced, now * 1000.0)
+            throttle = deps.quotas.charge(allowances, handling, produced, now * 1000.0)
         if type(result) is dict:
             # Admin answers may carry their own (controller_mutation_rate).
             throttle = max(throttle, result.get("throttle_time") or 0)
@@ -494,6 +503,40 @@ class KafkaConnection(asyncio.Protocol):
                 await self.drained.wait()
             if self.closed:
                 raise ConnectionError("closed")
+
+
+class _Timed:
+    """Awaits a coroutine as `await` would, adding up the time spent in each of its
+    steps (from a resumption to its next suspension): the event loop's time spent on
+    this request, waits left out."""
+
+    __slots__ = ("coro", "spent")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], spent: float = 0.0) -> None:
+        self.coro = coro
+        self.spent = spent
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro = self.coro
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            began = perf_counter()
+            try:
+                yielded = coro.send(value) if error is None else coro.throw(error)
+            except StopIteration as done:
+                self.spent += perf_counter() - began
+                return done.value
+            finally:
+                value, error = None, None
+            self.spent += perf_counter() - began
+            try:
+                value = yield yielded
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as e:  # a cancellation, passed on to the handler
+                error = e
 
 
 # API key -> the first version whose answer is sent before the throttle (KIP-219); for

@@ -895,7 +895,8 @@ def test_a_long_polling_consumer_is_not_throttled_by_request_percentage(
 ) -> None:
     b = quota_broker
     b.create_topic("idle")
-    alter(clients(b), ({"client-id": "poller"}, {"request_percentage": 1.0}))
+    # 10 % of a thread: a fetch runs for milliseconds, but waits 500 ms each time.
+    alter(clients(b), ({"client-id": "poller"}, {"request_percentage": 10.0}))
     c = clients(b, "poller")
     for _ in range(4):
         req = dataclasses.replace(fetch(12, "idle", 0), max_wait=timedelta(milliseconds=500))

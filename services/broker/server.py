@@ -19,7 +19,7 @@ import os
 import socket
 import struct
 from collections import deque
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, cast
@@ -510,14 +510,14 @@ class _Timed:
     steps (from a resumption to its next suspension): the event loop's time spent on
     this request, waits left out."""
 
-    __slots__ = ("coro", "spent")
+    __slots__ = ("awaitable", "spent")
 
-    def __init__(self, coro: Coroutine[Any, Any, Any], spent: float = 0.0) -> None:
-        self.coro = coro
+    def __init__(self, awaitable: Awaitable[Any], spent: float = 0.0) -> None:
+        self.awaitable = awaitable
         self.spent = spent
 
     def __await__(self) -> Generator[Any, Any, Any]:
-        coro = self.coro
+        coro = self.awaitable.__await__()
         value: Any = None
         error: BaseException | None = None
         while True:

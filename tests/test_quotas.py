@@ -474,14 +474,15 @@ def _producer(b: Any, client_id: str) -> Producer:
 
 
 def _run_producer(p: Producer, topic: str, seconds: float, acked: list) -> None:
-    """Produce 1 KB records as fast as the client may for `seconds`; `acked` gets
+    """Produce 4 KB records (the batch and request overhead about 1 % of the bytes the
+    broker counts) as fast as the client may for `seconds`; `acked` gets
     (time, bytes) of each delivery."""
 
     def done(err: Any, msg: Any) -> None:
         if err is None:
             acked.append((time.monotonic(), len(msg.value())))
 
-    value = b"v" * 1000
+    value = b"v" * 4000
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         try:
@@ -560,15 +561,15 @@ def test_two_consumers_one_held_to_its_quota_the_other_not_slowed(
     b = quota_broker
     b.create_topic("reads")
     p = _producer(b, "filler")
-    for _ in range(16 * 1024):
+    for _ in range(4 * 1024):
         while True:
             try:
-                p.produce("reads", b"r" * 1000)
+                p.produce("reads", b"r" * 4000)
                 break
             except BufferError:
                 p.poll(0.01)
     assert p.flush(30) == 0
-    total = 16 * 1024 * 1000
+    total = 4 * 1024 * 4000
     assert (
         code(alter(clients(b), ({"client-id": "slow"}, {"consumer_byte_rate": float(MB)}))[0]) == 0
     )

@@ -131,6 +131,12 @@ class ReplicaCore:
         if not changed and self.role:
             added = UNCHANGED
             if self.role == LEADER:
+                # A replica moved away is forgotten: moved back later, it starts with an
+                # empty log, and what this leader knew of it then (its log end, when it
+                # was caught up) would put it in the ISR without a record (found by the
+                # replication simulation: then elected, it lost acknowledged writes).
+                for r in [r for r in self.followers if r not in self.replicas]:
+                    del self.followers[r]
                 for r in self.replicas:
                     if r != self.node_id and r not in self.followers:
                         self.followers[r] = FollowerState()

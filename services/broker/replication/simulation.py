@@ -239,7 +239,12 @@ class Simulation:
             img.apply({"type": "unfence_broker", "id": b})
         configs = {"unclean.leader.election.enable": "true"} if self.unclean_allowed else {}
         img.apply(
-            {"type": "topic", "name": TOPIC, "topic_id": str(uuid.UUID(int=seed)), "configs": configs}
+            {
+                "type": "topic",
+                "name": TOPIC,
+                "topic_id": str(uuid.UUID(int=seed)),
+                "configs": configs,
+            }
         )
         first = [0, 1, 2]
         img.apply(
@@ -366,7 +371,9 @@ class Simulation:
         b.alter_until = 0.0
         # The process is gone: its session stream closes and the controller fences it.
         if self.image.broker_alive(b.id):
-            self._commit([{"type": "fence_broker", "id": b.id}, *on_broker_leaving(self.image, b.id)])
+            self._commit(
+                [{"type": "fence_broker", "id": b.id}, *on_broker_leaving(self.image, b.id)]
+            )
 
     def _restart(self, b: Broker) -> None:
         b.up = True
@@ -487,7 +494,9 @@ class Simulation:
                 if new is not None:
                     core.propose_isr(new)
                     b.alter_until = now + REQUEST_TIMEOUT_S
-                    self.send(b.id, CONTROLLER, "alter", (core.leader_epoch, core.partition_epoch, new))
+                    self.send(
+                        b.id, CONTROLLER, "alter", (core.leader_epoch, core.partition_epoch, new)
+                    )
 
     def _alive_view(self, broker: int) -> bool:
         # The leader reads the controller's view from its metadata; close enough here.
@@ -526,7 +535,9 @@ class Simulation:
             if known:
                 self._advance_hw(b)
             if fetch_offset > leo:
-                self.send(b.id, src, "fetch_answer", (ErrorCode.offset_out_of_range, epoch, fetch_offset))
+                self.send(
+                    b.id, src, "fetch_answer", (ErrorCode.offset_out_of_range, epoch, fetch_offset)
+                )
                 return
             chunk = plog.entries[fetch_offset : fetch_offset + FETCH_MAX]
             self.send(
@@ -673,7 +684,12 @@ class Simulation:
         if retry and not c.idempotent:
             payload = f"{payload}r"  # a plain retry writes again: its own value
         self.req_ids += 1
-        c.inflight = (self.req_ids, acks, payload, self.now + REQUEST_TIMEOUT_S + ACKS_ALL_TIMEOUT_S)
+        c.inflight = (
+            self.req_ids,
+            acks,
+            payload,
+            self.now + REQUEST_TIMEOUT_S + ACKS_ALL_TIMEOUT_S,
+        )
         leader = self._partition().leader  # the client's metadata: current, here
         if leader == NO_LEADER:
             c.inflight = (self.req_ids, acks, payload, self.now + 0.05)

@@ -140,3 +140,19 @@ def test_a_replica_moved_away_and_back_starts_over_at_the_leader() -> None:
     assert leader.isr_change(0.06, 10, 0.15, lambda _: True) is None
     leader.on_follower_fetch(3, 10, 10, 0.07, None, 0)
     assert leader.isr_change(0.08, 10, 0.15, lambda _: True) == [1, 2, 3]
+
+
+def test_a_replica_out_of_the_isr_must_fetch_again_to_rejoin() -> None:
+    """Seed 1338's bug: a follower fenced (its broker crashed and lost unflushed
+    records) and back within the lag time rejoined the ISR on the log end it had
+    fetched before the crash, and was elected without those records."""
+    leader = ReplicaCore("t", 0, 1)
+    leader.update(PartitionImage([1, 2, 3], [1, 2, 3], 1, 0, 0), 2, 10, 0.0)
+    for r in (2, 3):
+        leader.on_follower_fetch(r, 10, 10, 0.01, None, 0)
+    leader.update(PartitionImage([1, 2, 3], [1, 3], 1, 0, 1), 2, 10, 0.02)  # 2 fenced
+    assert leader.isr_change(0.03, 10, 0.15, lambda _: True) is None
+    leader.on_follower_fetch(2, 4, 10, 0.04, None, 0)  # back, with what it kept
+    assert leader.isr_change(0.05, 10, 0.15, lambda _: True) is None
+    leader.on_follower_fetch(2, 10, 10, 0.06, None, 0)
+    assert leader.isr_change(0.07, 10, 0.15, lambda _: True) == [1, 3, 2]

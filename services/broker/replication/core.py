@@ -124,6 +124,15 @@ class ReplicaCore:
         self.min_isr = min_isr
         self.replicas = list(p.replicas)
         changed = p.leader_epoch != self.leader_epoch or p.leader != self.leader
+        if self.role == LEADER and not changed:
+            for r in self.isr:
+                if r not in p.isr and (f := self.followers.get(r)) is not None:
+                    # Out of the ISR (fenced, or a lagging one this leader shrank): only
+                    # fetches from now on may bring it back. What it fetched before may
+                    # be gone (a restart that lost unflushed records), and a stale log
+                    # end would let it rejoin at once (found by the simulation).
+                    f.log_end_offset = f.leo_at_last_fetch = -1
+                    f.last_caught_up = 0.0
         self.isr = list(p.isr)
         if p.partition_epoch != self.partition_epoch:
             self.pending_isr = None  # the controller answered (or overruled) it

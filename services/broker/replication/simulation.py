@@ -152,6 +152,7 @@ class Broker:
     # follower side
     truncating: bool = False
     inflight_until: float = 0.0  # a fetch or OffsetForLeaderEpoch is out until then
+    fetch_from: float = 0.0  # its replica fetchers run from then on
     metadata_epoch: int = -1  # the partition epoch of the metadata it applied last
     # Its high watermark may cover records an unclean election or a crash of every
     # in-sync replica lost: not checked until it truncated to, or leads, a history of at
@@ -207,6 +208,7 @@ class Simulation:
         self.unclean_allowed = rng.random() < 0.25
         self.p_crash = rng.choice((0.0, 0.006, 0.015))
         self.p_pause = rng.choice((0.0, 0.006))
+        self.p_restart = rng.choice((0.02, 0.1))  # per step: fast restarts too
         self.p_cut = rng.choice((0.0, 0.01, 0.02))
         self.p_loss = rng.choice((0.0, 0.02))
         self.p_reassign = rng.choice((0.0, 0.0, 0.006))
@@ -331,7 +333,7 @@ class Simulation:
             if b.up:
                 self._crash(b)
         for b in self.brokers.values():
-            if not b.up and rng.random() < 0.02:
+            if not b.up and rng.random() < self.p_restart:
                 self._restart(b)
         if rng.random() < self.p_pause:
             b = self.brokers[rng.randrange(len(self.brokers))]
@@ -369,7 +371,10 @@ class Simulation:
         b.truncating = False
         b.inflight_until = 0.0
         b.alter_until = 0.0
-        # The process is gone: its session stream closes and the controller fences it.
+        # The process is gone: its session stream closes and the controller fences it
+        # (after reading what the stream held: nothing still on its way counts).
+        self.queue = [m for m in self.queue if not (m[2] == b.id and m[3] == CONTROLLER)]
+        heapq.heapify(self.queue)
         if self.image.broker_alive(b.id):
             self._commit(
                 [{"type": "fence_broker", "id": b.id}, *on_broker_leaving(self.image, b.id)]
@@ -379,8 +384,10 @@ class Simulation:
         b.up = True
         b.next_heartbeat = self.now
         # A restarted broker catches up with the metadata log before it serves: nothing
-        # older than what the controller holds now is applied.
+        # older than what the controller holds now is applied. Its replica fetchers start
+        # a while after it is back (sync_all takes up its replicas a slice at a time).
         b.metadata_epoch = self._partition().partition_epoch
+        b.fetch_from = self.now + self.rng.random() * 0.1
 
     # -- the controller --------------------------------------------------------------
 
@@ -468,7 +475,12 @@ class Simulation:
         core = b.core
         if core is None:
             return
-        if core.role == FOLLOWER and core.leader >= 0 and now >= b.inflight_until:
+        if (
+            core.role == FOLLOWER
+            and core.leader >= 0
+            and now >= b.inflight_until
+            and now >= b.fetch_from
+        ):
             b.inflight_until = now + REQUEST_TIMEOUT_S
             if b.truncating:
                 self.send(
@@ -742,7 +754,9 @@ class Simulation:
 
     def _answer(self, b: Broker, client: int, req: int, code: int, offset: int) -> None:
         """An acks=all answer: a success is an acknowledged write from here on."""
-        if code == 0:
+        if code == 0 and b.stale_epoch < 0:
+            # (A stale leader acknowledges what an unclean election, or the crash of
+            # every in-sync replica, already gave up: not counted.)
             log = b.log
             assert log is not None
             value = log.values[offset]

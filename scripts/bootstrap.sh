@@ -10,14 +10,14 @@ VENV="$ROOT/.venv"
 STAMP="$VENV/.stamp"
 
 # What is built the same for every checkout (the Kubernetes binaries, the images, the
-# node's containerd store) lives in the user's cache and .cache/<name> links to it, so a
-# fresh clone (CI's) starts warm. Each build keeps its own version stamps there, and its
+# node's containerd store, Prometheus) lives in the user's cache and .cache/<name> links
+# to it, so a fresh clone (CI's) starts warm. Each build keeps its own version stamps there, and its
 # script takes a lock while it builds. The jars stay in the clone: Maven's own cache makes
 # them quick, and an image build cannot COPY through a link out of its context.
 SHARED="${STRAITMQ_CACHE_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/straitmq}"
 mkdir -p .cache
 [[ -f .cache/.gitignore ]] || printf '*\n' > .cache/.gitignore
-for name in k8s images node; do
+for name in k8s images node prometheus; do
   if [[ ! -e ".cache/$name" && ! -L ".cache/$name" ]]; then
     mkdir -p "$SHARED/$name"
     ln -s "$SHARED/$name" ".cache/$name"

@@ -10,6 +10,8 @@ if [[ -x scripts/fetch-jars.sh ]]; then
 fi
 # The Kubernetes control plane and helm for the operator tests (built once, cached).
 scripts/fetch-k8s.sh
+# Prometheus and promtool for the alert rules' tests (built once, cached).
+scripts/fetch-prometheus.sh
 # The real-node tier's packages, binaries and images (tests/test_real_node.py), built here
 # rather than inside the tests. As non-root the tier fails loudly in pytest instead.
 if [[ "$(id -u)" == 0 ]]; then

@@ -78,6 +78,7 @@ def test_every_advertised_api_has_a_handler_with_its_versions() -> None:
     nothing: Any = None
     table = dispatch.kafka_api(
         writer=nothing,
+        verifier=nothing,
         fetch_deps=nothing,
         replicas=nothing,
         metadata_deps=nothing,

@@ -109,7 +109,11 @@ CLUSTER_MODE = {
 EVERYTHING = {
     **CLUSTER_MODE,
     **NAMESPACED_MODE,
-    "metrics": {"serviceMonitor": {"enabled": True}, "otelCollector": {"enabled": True}},
+    "metrics": {
+        "serviceMonitor": {"enabled": True},
+        "otelCollector": {"enabled": True},
+        "prometheusRule": {"enabled": True},
+    },
 }
 
 
@@ -499,6 +503,7 @@ def test_packaged_chart_holds_the_crds_and_nothing_stray(tmp_path: Path) -> None
         "crds",
         "templates",
         "dashboards",
+        "alerts",  # the rule file the PrometheusRule includes (its unit tests stay out)
     }
     assert not [n for n in names if "__pycache__" in n or n.endswith((".pyc", ".orig", "~"))]
 

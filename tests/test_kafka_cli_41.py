@@ -730,16 +730,25 @@ def test_features_describe(broker) -> None:
     off = (
         "kraft.version",
         "group.version",
-        "transaction.version",
         "eligible.leader.replicas.version",
         "streams.version",
     )
-    assert set(by_name) == {"metadata.version", "share.version", *off}, r.stdout
+    assert set(by_name) == {
+        "metadata.version",
+        "share.version",
+        "transaction.version",
+        *off,
+    }, r.stdout
     for name in off:
         assert [
             by_name[name][k]
             for k in ("SupportedMinVersion", "SupportedMaxVersion", "FinalizedVersionLevel")
         ] == ["0", "0", "0"], (name, r.stdout)
+    # KIP-890 transactions v2: Java 4.x producers use it.
+    assert [
+        by_name["transaction.version"][k]
+        for k in ("SupportedMinVersion", "SupportedMaxVersion", "FinalizedVersionLevel")
+    ] == ["0", "2", "2"], r.stdout
     # KIP-932 share groups are on (ShareGroupHeartbeat, ShareFetch, ... v1).
     assert [
         by_name["share.version"][k]
@@ -759,5 +768,5 @@ def test_features_describe(broker) -> None:
         assert [
             (f.name, f.min_version_level, f.max_version_level)
             for f in replies[v].finalized_features
-        ] == [("metadata.version", 27, 27), ("share.version", 1, 1)]
+        ] == [("metadata.version", 27, 27), ("share.version", 1, 1), ("transaction.version", 2, 2)]
         assert replies[v].finalized_features_epoch > 0

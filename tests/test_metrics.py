@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -22,8 +24,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, free_port
+from conftest import ROOT, BrokerProcess, free_port
+from cryptography import x509
 from prometheus_client.parser import text_string_to_metric_families
+from tls_support import make_certs
 from waiting import wait_for
 
 DASHBOARDS = ROOT / "charts" / "straitmq" / "dashboards"
@@ -347,6 +351,102 @@ def test_controller_process_serves_the_quorum_dashboard(controller_process: str)
     assert "target_info" in served
     service = {ls.get("service_name") for ls, _ in served["target_info"]}
     assert service == {"straitmq-controller"}
+    # What the QuorumVoterLost and EventLoopStalls alerts read (one voter: itself).
+    voters = "straitmq_controller_quorum_voters"
+    assert total(served, voters, straitmq_raft_voter_state="reachable") == 1
+    assert total(served, voters, straitmq_raft_voter_state="unreachable") == 0
+    assert "straitmq_process_event_loop_stalls_total" in served
+
+
+def test_certificate_expiry_follows_a_rotation(tmp_path: Path) -> None:
+    """A listener's straitmq.tls.certificate.expiry is the notAfter of the certificate
+    new connections get: rotated files (here to one that expired in 2020) move it."""
+    from datetime import UTC, datetime
+
+    from straitmq.security.tls import TlsListener, TlsSettings
+
+    certs = make_certs(tmp_path / "certs")
+    keystore = tmp_path / "listener.pem"
+    keystore.write_text(Path(certs.path("server.pem")).read_text())
+    tls = TlsListener(TlsSettings("SSL", str(keystore), None, None, "none", 100))
+    server = x509.load_pem_x509_certificate(Path(certs.path("server.crt")).read_bytes())
+    assert tls.not_after == server.not_valid_after_utc.timestamp()
+    old = Path(certs.path("old.key")).read_text() + Path(certs.path("old.crt")).read_text()
+    keystore.write_text(old)
+    assert tls.check()
+    assert tls.not_after == datetime(2020, 1, 2, tzinfo=UTC).timestamp()
+
+
+def test_alerting_metrics_are_served_and_measured(tmp_path: Path) -> None:
+    """The broker metrics the alert rules need beyond the dashboards': the log
+    directory's free space (statvfs), the expiry of the certificate a TLS listener
+    serves, and event-loop stalls, one made here by stopping the process (SIGSTOP) until
+    it does not answer, then letting it go on."""
+    certs = make_certs(tmp_path / "certs")
+    plain, tls = free_port(), free_port()
+    props = tmp_path / "server.properties"
+    props.write_text(
+        f"listeners=PLAINTEXT://127.0.0.1:{plain},SSL://127.0.0.1:{tls}\n"
+        "inter.broker.listener.name=PLAINTEXT\n"
+        f"ssl.keystore.location={certs.path('server.pem')}\n"
+    )
+    b = BrokerProcess(tmp_path / "data", port=plain, extra_args=["--properties", str(props)])
+    b.start()
+    try:
+        served = scrape(b.http)
+        log_dir = str((tmp_path / "data" / "logs").resolve())
+        st = os.statvfs(log_dir)
+        capacity = "straitmq_broker_log_dir_capacity_bytes"
+        usable = "straitmq_broker_log_dir_usable_bytes"
+        assert [ls for ls, _ in served[capacity]] == [{"straitmq_log_dir": log_dir}]
+        assert total(served, capacity) == st.f_blocks * st.f_frsize
+        # Other processes write to the same file system meanwhile: close, not equal.
+        assert abs(total(served, usable) - st.f_bavail * st.f_frsize) < 256 * 2**20
+        assert 0 < total(served, usable) <= total(served, capacity)
+
+        crt = x509.load_pem_x509_certificate(Path(certs.path("server.crt")).read_bytes())
+        expiry = "straitmq_tls_certificate_expiry_seconds"
+        assert total(served, expiry, straitmq_listener="SSL") == pytest.approx(
+            crt.not_valid_after_utc.timestamp()
+        )
+        assert {ls["straitmq_listener"] for ls, _ in served[expiry]} == {"SSL"}
+
+        stalls = "straitmq_process_event_loop_stalls_total"
+        stalled = "straitmq_process_event_loop_stalled_seconds_total"
+        before = scrape(b.http)
+        assert b.proc is not None
+        os.kill(b.proc.pid, signal.SIGSTOP)
+        try:
+
+            def unresponsive() -> bool:
+                try:
+                    urllib.request.urlopen(f"{b.http}/healthz", timeout=0.5).read()
+                except OSError:  # timed out: the loop has been stopped for 0.5 s at least
+                    return True
+                return False
+
+            wait_for(unresponsive, 10, "the stopped broker to stop answering")
+        finally:
+            os.kill(b.proc.pid, signal.SIGCONT)
+
+        def counted() -> bool:
+            now = scrape(b.http)
+            return (
+                total(now, stalls) >= total(before, stalls) + 1
+                # Stopped for 0.5 s at least, of which the heartbeat (due up to 0.1 s
+                # after the stop) is late by 0.4 s at least.
+                and total(now, stalled) >= total(before, stalled) + 0.4
+            )
+
+        def counts() -> str:
+            now = scrape(b.http)
+            return f"stalls {total(now, stalls)}, {total(now, stalled)} s; before: " + (
+                f"{total(before, stalls)}, {total(before, stalled)} s"
+            )
+
+        wait_for(counted, 10, "the stall to be counted", detail=counts)
+    finally:
+        b.stop()
 
 
 def test_dashboards_are_backed_by_live_metrics_that_move(

@@ -468,6 +468,20 @@ def test_check_quorum_resigns_a_leader_that_hears_from_no_majority() -> None:
     assert (exc.value.leader_id, exc.value.epoch) == (None, 1)
 
 
+def test_leader_counts_the_voters_it_hears_from() -> None:
+    """straitmq_controller_quorum_voters: the check-quorum test, voter by voter."""
+    follower = node(1)
+    assert follower.voters_reachable() is None  # only the leader knows
+    leader = node(0)
+    elect(leader, now=300)
+    assert leader.voters_reachable() == (3, 0)  # a new leader gives everyone a window
+    leader.step(FetchRequest(1, 0, 1, 0, 0), 400)
+    leader.tick(300 + CFG.check_quorum_ms)
+    assert leader.is_leader and leader.voters_reachable() == (2, 1)  # voter 2 is silent
+    leader.step(FetchRequest(2, 0, 1, 0, 0), 300 + CFG.check_quorum_ms + 1)
+    assert leader.voters_reachable() == (3, 0)
+
+
 def test_resign_hands_over_to_the_most_caught_up_voter() -> None:
     nodes = [node(i) for i in range(3)]
     net = Net(nodes)

@@ -258,17 +258,22 @@ def test_coordinator_killed_keeps_every_outcome(cluster: Cluster) -> None:
 
 
 def _coordinator_of(cluster: Cluster, tid: str) -> int:
+    """The coordinator of `tid` (the first FindCoordinator makes __transaction_state)."""
     from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
 
-    b = cluster.any_broker()
-    raw = Raw(SimpleNamespace(port=b.kafka_port))
-    try:
-        r = raw.call(FindCoordinatorRequest(key_type=1, coordinator_keys=(tid,)))
-    finally:
-        raw.close()
-    node = r.coordinators[0]
-    assert node.error_code == ErrorCode.none, node
-    return int(node.node_id)
+    def found() -> int | None:
+        raw = Raw(SimpleNamespace(port=cluster.any_broker().kafka_port))
+        try:
+            r = raw.call(FindCoordinatorRequest(key_type=1, coordinator_keys=(tid,)))
+        finally:
+            raw.close()
+        node = r.coordinators[0]
+        if node.error_code == ErrorCode.coordinator_not_available:
+            return None
+        assert node.error_code == ErrorCode.none, node
+        return int(node.node_id)
+
+    return wait_for(found, 30, f"the coordinator of {tid}", 0.2)
 
 
 def test_bad_transactional_requests_get_kafkas_errors(cluster: Cluster) -> None:
@@ -411,3 +416,132 @@ def test_describe_producers_answers_on_every_replica(cluster: Cluster) -> None:
             assert producer.current_txn_start_offset == 0, producer
     finally:
         p.abort_transaction(30)
+
+
+def _txn_batch(pid: int, epoch: int, seq: int, value: bytes) -> bytes:
+    """A producer's transactional batch of one record at base sequence `seq`."""
+    from crc32c import crc32c
+    from straitmq.broker.record_codec import build_batch
+
+    b = bytearray(build_batch([(b"k", value, [])], int(time.time() * 1000), producer=(pid, epoch)))
+    b[53:57] = seq.to_bytes(4, "big")  # baseSequence, after producerId and producerEpoch
+    b[17:21] = crc32c(bytes(b[21:])).to_bytes(4, "big")  # the CRC covers attributes on
+    return bytes(b)
+
+
+def test_partition_leaders_verify_v1_writes_and_add_partitions_for_v2(cluster: Cluster) -> None:
+    """KIP-890 on the wire. Transactions v1 (Produce <= v11): a write to a partition
+    the producer never added is refused (INVALID_TXN_STATE), and so is a late write
+    after its transaction ended, which would otherwise open a transaction no marker
+    ever closes. Transactions v2 (Produce v12, EndTxn v5): the leader adds the partition
+    itself, every EndTxn bumps the epoch and answers the next one (a retry gets the same
+    answer), the old epoch is fenced, and an abort with nothing added is allowed."""
+    import dataclasses
+
+    from kio.schema.add_partitions_to_txn.v3 import request as apt
+    from kio.schema.describe_transactions.v0.request import DescribeTransactionsRequest
+    from kio.schema.end_txn.v5.request import EndTxnRequest as EndTxnV5
+    from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
+    from kio.schema.list_transactions.v1.request import ListTransactionsRequest
+    from test_errors import produce, produce_partition
+
+    topic = _topic(cluster, "txn-kip890", 1)
+    tid = "kip890"
+    coord = Raw(SimpleNamespace(port=cluster.brokers[_coordinator_of(cluster, tid)].kafka_port))
+    lead = Raw(SimpleNamespace(port=cluster.brokers[cluster.leader_of(topic, 0)].kafka_port))
+    try:
+
+        def initialized() -> object:
+            r = coord.call(
+                InitProducerIdRequest(
+                    transactional_id=TransactionalId(tid),
+                    transaction_timeout=timedelta(seconds=60),
+                    producer_id=ProducerId(-1),
+                    producer_epoch=i16(-1),
+                )
+            )
+            if r.error_code == ErrorCode.coordinator_load_in_progress:
+                return None  # the coordinator is loading its partition: clients retry
+            assert r.error_code == ErrorCode.none, r
+            return r
+
+        init = wait_for(initialized, 30, "InitProducerId")
+        pid, epoch = int(init.producer_id), int(init.producer_epoch)
+
+        def send(version: int, seq: int, value: bytes, e: int) -> ErrorCode:
+            req = dataclasses.replace(
+                produce(version, topic, _txn_batch(pid, e, seq, value)),
+                transactional_id=TransactionalId(tid),
+            )
+            return produce_partition(lead.call(req)).error_code
+
+        def state() -> str:
+            r = coord.call(ListTransactionsRequest(state_filters=(), producer_id_filters=()))
+            return next(
+                t.transaction_state for t in r.transaction_states if t.transactional_id == tid
+            )
+
+        def partitions() -> list:
+            # (Described only while open: kio reads no negative start time, which
+            # Kafka's answer for a finished transaction carries.)
+            r = coord.call(DescribeTransactionsRequest(transactional_ids=(TransactionalId(tid),)))
+            return [(t.topic, list(t.partitions)) for t in r.transaction_states[0].topics]
+
+        def end_v5(e: int, commit: bool) -> tuple[ErrorCode, int, int]:
+            r = coord.call(
+                EndTxnV5(
+                    transactional_id=TransactionalId(tid),
+                    producer_id=ProducerId(pid),
+                    producer_epoch=i16(e),
+                    committed=commit,
+                )
+            )
+            return r.error_code, int(r.producer_id), int(r.producer_epoch)
+
+        # v1: not added, refused; added, taken; committed, a late write refused.
+        assert send(9, 0, b"unadded", epoch) == ErrorCode.invalid_txn_state
+        added = coord.call(
+            apt.AddPartitionsToTxnRequest(
+                v3_and_below_transactional_id=TransactionalId(tid),
+                v3_and_below_producer_id=ProducerId(pid),
+                v3_and_below_producer_epoch=i16(epoch),
+                v3_and_below_topics=(
+                    apt.AddPartitionsToTxnTopic(name=TopicName(topic), partitions=(i32(0),)),
+                ),
+            )
+        )
+        codes = {
+            p.partition_error_code
+            for t in added.results_by_topic_v3_and_below
+            for p in t.results_by_partition
+        }
+        assert codes == {ErrorCode.none}
+        assert send(9, 0, b"one", epoch) == ErrorCode.none
+        committed = coord.call(
+            EndTxnRequest(
+                transactional_id=TransactionalId(tid),
+                producer_id=ProducerId(pid),
+                producer_epoch=i16(epoch),
+                committed=True,
+            )
+        )
+        assert committed.error_code == ErrorCode.none
+        wait_for(lambda: state() == "CompleteCommit", 30, "the v1 commit's markers written")
+        assert send(9, 1, b"late", epoch) == ErrorCode.invalid_txn_state
+
+        # v2: the leader adds the partition for Produce v12.
+        assert send(12, 1, b"two", epoch) == ErrorCode.none
+        assert (state(), partitions()) == ("Ongoing", [(topic, [0])])
+        assert end_v5(epoch, True) == (ErrorCode.none, pid, epoch + 1)
+        # The same EndTxn again while its markers are written, then after.
+        assert end_v5(epoch, True)[0] in (ErrorCode.concurrent_transactions, ErrorCode.none)
+        wait_for(lambda: state() == "CompleteCommit", 30, "the v2 commit's markers written")
+        assert end_v5(epoch, True) == (ErrorCode.none, pid, epoch + 1), "a retry: same answer"
+        assert send(12, 2, b"zombie", epoch) == ErrorCode.invalid_producer_epoch
+        assert end_v5(epoch + 1, False) == (ErrorCode.none, pid, epoch + 2), "empty abort"
+        wait_for(lambda: state() == "CompleteAbort", 30, "the empty abort completed")
+        assert end_v5(epoch + 2, True)[0] == ErrorCode.invalid_txn_state, "nothing to commit"
+    finally:
+        coord.close()
+        lead.close()
+    assert _read(cluster, topic, "read_committed", partitions=1) == [b"one", b"two"]

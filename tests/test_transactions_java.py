@@ -44,6 +44,13 @@ from types import SimpleNamespace
 import pytest
 from cluster_support import Cluster, cluster_factory
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ResourceType,
+)
 from crc32c import crc32c
 from ecosystem_support import APP_JVM_ARGS, JavaApp, JavaApps, _pdeathsig
 from kio.schema.describe_transactions.v0.request import DescribeTransactionsRequest
@@ -432,11 +439,25 @@ def test_kafka_transactions_finds_and_aborts_a_hanging_transaction(
 ) -> None:
     """A transaction hanging as Kafka's tool means it: open on a partition while no
     coordinator knows of it (here a transactional batch produced without
-    AddPartitionsToTxn, which a broker without KIP-890's produce verification takes, as
-    Kafka before 3.6 did). find-hanging lists it; abort ends it; read_committed moves on."""
+    AddPartitionsToTxn, which brokers take only with KIP-890's produce verification
+    turned off: transaction.partition.verification.enable=false, as Kafka before 3.6 had
+    it; with it on the same write is refused). find-hanging lists it; abort ends it;
+    read_committed moves on."""
     topic = _topic(cluster, "jtxn-hanging", partitions=1)
     leader_id = cluster.leader_of(topic, 0)
     raw = Raw(SimpleNamespace(port=cluster.brokers[leader_id].kafka_port))
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+
+    def verification(value: str | None) -> None:
+        op = AlterConfigOpType.SET if value is not None else AlterConfigOpType.DELETE
+        entry = ConfigEntry(
+            "transaction.partition.verification.enable", value or "", incremental_operation=op
+        )
+        for f in admin.incremental_alter_configs(
+            [ConfigResource(ResourceType.BROKER, str(leader_id), incremental_configs=[entry])]
+        ).values():
+            f.result(30)
+
     try:
         init = raw.call(
             InitProducerIdRequest(
@@ -454,8 +475,21 @@ def test_kafka_transactions_finds_and_aborts_a_hanging_transaction(
         req = dataclasses.replace(
             produce(9, topic, batch), transactional_id=TransactionalId("jtxn-ghost")
         )
-        assert produce_partition(raw.call(req)).error_code == ErrorCode.none
+        # Verified, refused: no coordinator knows the transactional id (or, with no
+        # __transaction_state yet, none can be asked: a retriable refusal).
+        refused = produce_partition(raw.call(req)).error_code
+        assert refused in (ErrorCode.invalid_producer_id_mapping, ErrorCode.not_enough_replicas)
+        verification("false")
+        # Taken once the leader has the new setting (a refused write wrote nothing).
+        wait_for(
+            lambda: produce_partition(raw.call(req)).error_code == ErrorCode.none,
+            30,
+            "the unverified write taken with verification off",
+            0.2,
+        )
     finally:
+        with suppress(Exception):
+            verification(None)
         raw.close()
     c = client(cluster, clients, "txnclient", tmp_path)
     c.ok("new p jtxn-hanging-after 60000")

@@ -1,7 +1,9 @@
 """A seeded simulation of the transaction coordinator's state machine.
 
-Producers (several incarnations per transactional id, old ones left running as zombies)
-send InitProducerId, AddPartitionsToTxn, EndTxn at random; the clock jumps (timeouts);
+Producers (several incarnations per transactional id, old ones left running as zombies,
+each speaking transactions v1 or v2) send InitProducerId, AddPartitionsToTxn (or, for
+v2, the partition leader's add), verifications, EndTxn and retried EndTxns at random;
+the clock jumps (timeouts);
 writes to `__transaction_state` fail at random (the shell abandons them); markers finish
 after a random delay; the coordinator crashes and a new one replays the log. After every
 step the invariants are checked: epochs never go back, a prepared outcome is the one that
@@ -12,16 +14,20 @@ answer is one Kafka gives for that request.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from kio.schema.errors import ErrorCode as E
 from straitmq.broker.transactions.state import (
     COMPLETE,
+    EMPTY,
+    MAX_EPOCH,
     ONGOING,
     PREPARE_ABORT,
     PREPARE_COMMIT,
     PREPARING,
+    TV1,
+    TV2,
     Answer,
     TransactionStateMachine,
     Transition,
@@ -54,8 +60,10 @@ ANSWERS = {
 @dataclass
 class Client:
     tid: str
+    tv: int = TV1
     pid: int = -1
     epoch: int = -1
+    sent_end: tuple[int, int, bool] | None = None  # the last EndTxn, for a retry
 
 
 class Sim:
@@ -111,22 +119,66 @@ class Sim:
                 self.run("end", t)
             return
         if r < 0.3 or not self.clients:
-            c = Client(self.rng.choice(TIDS))
+            c = Client(self.rng.choice(TIDS), self.rng.choice((TV1, TV2)))
             self.clients.append(c)  # older incarnations of the id stay: zombies
             self.init(c)
             return
         c = self.rng.choice(self.clients)
         if c.pid < 0 or r < 0.4:
             self.init(c)
-        elif r < 0.75:
+        elif r < 0.65:
             parts = set(self.rng.sample(PARTS, self.rng.randint(1, 3)))
-            a = self.run("add", self.core.add_partitions(c.tid, c.pid, c.epoch, parts, self.now))
+            decision = self.core.add_partitions(c.tid, c.pid, c.epoch, parts, self.now, c.tv)
+            a = self.run("add", decision)
             self.check_not_zombie(c, a)
+        elif r < 0.72:
+            self.verify(c)
+        elif r < 0.8 and c.sent_end is not None:
+            self.end(c, *c.sent_end)  # the answer was lost: the client sends it again
         else:
-            commit = self.rng.random() < 0.6
-            a = self.run("end", self.core.end_txn(c.tid, c.pid, c.epoch, commit, self.now))
-            self.check_not_zombie(c, a)
+            self.end(c, c.pid, c.epoch, self.rng.random() < 0.6)
         self.finish_markers()
+
+    def end(self, c: Client, pid: int, epoch: int, commit: bool) -> None:
+        before = self.core.txns.get(c.tid)
+        new_pid = self.next_pid
+        self.next_pid += 1
+        decision = self.core.end_txn(c.tid, pid, epoch, commit, self.now, c.tv, new_pid)
+        a = self.run("end", decision)
+        if c.tv < TV2:
+            self.check_not_zombie(c, a)
+            return
+        c.sent_end = (pid, epoch, commit)
+        if a.error != E.none:
+            return
+        assert before is not None
+        current = (before.producer_id, before.producer_epoch) == (pid, epoch)
+        retry = (before.producer_id == pid and before.producer_epoch == epoch + 1) or (
+            before.previous_pid == pid and epoch == MAX_EPOCH and before.producer_epoch == 0
+        )
+        assert current or retry, "v2: only the current producer or its retry succeeds"
+        m = self.core.txns[c.tid]
+        if isinstance(decision, Transition):
+            assert m.producer_epoch == before.producer_epoch + 1, "every v2 end bumps"
+            assert m.state in PREPARING
+        assert (a.producer_id, a.producer_epoch) in (
+            (m.producer_id, m.producer_epoch),
+            (m.next_pid, 0),
+        ), "the answer is the producer's next identity"
+        c.pid, c.epoch = a.producer_id, a.producer_epoch
+        best = self.best.get(c.tid)
+        if best is None or best < (c.pid, c.epoch) or best[0] != c.pid:
+            self.best[c.tid] = (c.pid, c.epoch)
+
+    def verify(self, c: Client) -> None:
+        parts = set(self.rng.sample(PARTS, 2))
+        codes = self.core.verify(c.tid, c.pid, c.epoch, parts)
+        m = self.core.txns.get(c.tid)
+        for tp, code in codes.items():
+            assert code in ANSWERS["add"], code
+            if code == E.none:
+                assert m is not None and m.state == ONGOING and tp in m.partitions
+                assert (m.producer_id, m.producer_epoch) == (c.pid, c.epoch)
 
     def init(self, c: Client) -> None:
         pid = self.next_pid
@@ -159,9 +211,12 @@ class Sim:
                     assert m.state == "CompleteCommit", "a prepared commit completes as one"
                 if before.state == PREPARE_ABORT:
                     assert m.state == "CompleteAbort", "a prepared abort completes as one"
-                if m.state in PREPARING:
+                if m.state in PREPARING and m.partitions:
                     assert before.state == ONGOING, "only an ongoing transaction is prepared"
                     assert m.partitions == before.partitions, "the markers go where it wrote"
+                elif m.state in PREPARING:  # v2: an abort with no partition added
+                    assert m.state == PREPARE_ABORT and m.tv == TV2
+                    assert before.state in (EMPTY, ONGOING, *COMPLETE)
                 if m.state in COMPLETE:
                     assert m.partitions == frozenset()
             last[m.transactional_id] = m
@@ -228,4 +283,70 @@ def test_a_zombie_is_fenced_and_its_transaction_aborted() -> None:
     # A transaction past its timeout is aborted, fencing its producer.
     assert run(core.add_partitions("x", 7, 2, {("t", 1)}, 10)).error == E.none
     [t] = core.timed_out(10 + 10_001)
-    assert t.after.state == PREPARE_ABORT and t.after.producer_epoch == 3
+    # Fenced (+1) and bumped again as a v2 completion (+1): Kafka 4 aborts timed-out
+    # transactions with the server's transaction.version, 2.
+    assert t.after.state == PREPARE_ABORT and t.after.producer_epoch == 4
+
+
+def test_v2_bumps_every_end_answers_retries_and_moves_to_a_new_id_when_spent() -> None:
+    core = TransactionStateMachine(max_timeout_ms=60_000)
+
+    def run(d: Answer | Transition) -> Answer:
+        if isinstance(d, Answer):
+            return d
+        core.begin(d)
+        core.apply(d)
+        if d.markers:  # the markers are written at once here
+            done = core.complete(d.after.transactional_id, 0)
+            assert done is not None
+            core.begin(done)
+            core.apply(done)
+        return d.answer
+
+    run(core.init_producer_id("x", 10_000, 0, 7))
+    assert run(core.add_partitions("x", 7, 0, {("t", 0)}, 1, TV2)).error == E.none
+    a = run(core.end_txn("x", 7, 0, True, 2, TV2))
+    assert (a.error, a.producer_id, a.producer_epoch) == (E.none, 7, 1)
+    # The same EndTxn again (its answer was lost): success, the same identity, no write.
+    again = core.end_txn("x", 7, 0, True, 3, TV2)
+    assert isinstance(again, Answer) and (again.producer_id, again.producer_epoch) == (7, 1)
+    # An abort with no partition added (the client cannot know whether its first
+    # produce reached the coordinator) bumps the epoch too.
+    a = run(core.end_txn("x", 7, 1, False, 4, TV2))
+    assert (a.error, a.producer_epoch) == (E.none, 2)
+    # A commit with nothing open is refused, as is the old epoch's commit now.
+    assert run(core.end_txn("x", 7, 2, True, 5, TV2)).error == E.invalid_txn_state
+    assert run(core.end_txn("x", 7, 0, True, 5, TV2)).error == E.producer_fenced
+    # The epochs of producer id 7 run out: the answer is a fresh id at epoch 0, the
+    # markers still carry 7 at the last epoch, and a retry is answered the new id.
+    core.txns["x"] = replace(core.txns["x"], producer_epoch=MAX_EPOCH)
+    assert run(core.add_partitions("x", 7, MAX_EPOCH, {("t", 0)}, 6, TV2)).error == E.none
+    d = core.end_txn("x", 7, MAX_EPOCH, True, 7, TV2, new_producer_id=42)
+    assert isinstance(d, Transition) and d.after.producer_id == 7
+    assert d.after.producer_epoch == MAX_EPOCH + 1 and d.after.next_pid == 42
+    assert (run(d).producer_id, d.answer.producer_epoch) == (42, 0)
+    m = core.txns["x"]
+    assert (m.producer_id, m.producer_epoch, m.previous_pid) == (42, 0, 7)
+    retry = core.end_txn("x", 7, MAX_EPOCH, True, 8, TV2)
+    assert isinstance(retry, Answer) and (retry.error, retry.producer_id) == (E.none, 42)
+    # A v1 record of the state still reads (records written before v2 existed).
+    v1 = TxnMetadata("y", 3, 1, 1000, EMPTY)
+    assert "tv" not in v1.to_json() and TxnMetadata.from_json("y", v1.to_json()) == v1
+
+
+def test_verify_only_confirms_the_partitions_of_the_current_transaction() -> None:
+    core = TransactionStateMachine(max_timeout_ms=60_000)
+    for step in (
+        lambda: core.init_producer_id("x", 10_000, 0, 7),
+        lambda: core.add_partitions("x", 7, 0, {("t", 0)}, 1),
+    ):
+        d = step()
+        assert isinstance(d, Transition)
+        core.begin(d)
+        core.apply(d)
+    assert core.verify("x", 7, 0, {("t", 0), ("t", 1)}) == {
+        ("t", 0): E.none,
+        ("t", 1): E.invalid_txn_state,
+    }
+    assert core.verify("x", 7, 1, {("t", 0)}) == {("t", 0): E.producer_fenced}
+    assert core.verify("x", 8, 0, {("t", 0)}) == {("t", 0): E.invalid_producer_id_mapping}

@@ -37,6 +37,7 @@ from straitmq.security.acls import Authorizer, AuthorizerSettings
 from straitmq.security.http_security import HttpSecurity, with_scheme
 from straitmq.tasks import cancel_and_wait
 from straitmq.telemetry import Telemetry
+from straitmq.telemetry.loop_monitor import LoopMonitor
 
 from . import metrics as broker_metrics
 from .api.context import RequestContext
@@ -78,7 +79,9 @@ from .security.listeners import Listener, bind_listeners
 from .security.sasl import ConnectionSecurity
 from .server import KafkaConnection, ListenerDeps, bind, serve
 from .share.coordinator import ShareCoordinator
+from .transactions.channel import InterBrokerChannel
 from .transactions.coordinator import TransactionCoordinator, TxnSettings
+from .transactions.verification import TxnVerifier
 from .views import LocalReplicas
 
 log = logging.getLogger("straitmq.broker")
@@ -193,6 +196,12 @@ class Broker:
             self._create_internal_topic,
         )
         self.partitions.role_listeners.append(self.transactions.on_role)
+        # Its own connections: a verification never waits behind the markers.
+        self.txn_verifier = TxnVerifier(
+            self.transactions,
+            InterBrokerChannel(config.node_id, self.metadata, inter_broker, "txn-verify"),
+            config.transaction_partition_verification_enable,
+        )
         # Every compacted log on this broker, leader or follower (each replica cleans
         # its own, as in Kafka); the settings are read again at every round.
         # STRAITMQ_CLEANER_EXECUTOR=thread: cleanings in a thread instead of a worker
@@ -232,6 +241,16 @@ class Broker:
             self.cleaner,
             self.transactions,
         )
+        broker_metrics.install_host(
+            self.telemetry,
+            self.partitions.data_dir,
+            lambda: [
+                t
+                for t in [self.http_security.tls, *(lst.tls for lst in self.listeners)]
+                if t is not None
+            ],
+        )
+        self.loop_monitor = LoopMonitor().install(self.telemetry)
         self._http_api = self._build_http_api()
 
     def _kafka_api(self) -> dict[int, ApiSpec]:
@@ -241,6 +260,7 @@ class Broker:
         replicas = LocalReplicas(metadata, self.partitions)
         return kafka_api(
             writer=self.writer,
+            verifier=self.txn_verifier,
             fetch_deps=FetchDeps(
                 replicas,
                 self.fetch_sessions,
@@ -271,6 +291,7 @@ class Broker:
                 self.offsets,
                 self.ensure_offsets_topic,
                 self._offsets_durable,
+                self.txn_verifier,
             ),
             admin_deps=AdminDeps(
                 metadata,
@@ -602,6 +623,7 @@ class Broker:
         self._http, http_port = await start_http(self._http_api, cfg.http_host, cfg.http_port)
         cfg.http_port = http_port
         loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self.loop_monitor.run()))
         if self.http_security.tls is not None:  # rotated certificate files, new connections
             self._tasks.append(loop.create_task(self.http_security.watch()))
         if self.combined:  # our voter URL, now that the HTTP port is known
@@ -719,6 +741,7 @@ class Broker:
         self._kafka_sockets = []
         await self.share.stop()
         await self.transactions.stop()
+        self.txn_verifier.close()
         await self.cleaner.stop()
         await cancel_and_wait(self._tasks)
         self._tasks = []

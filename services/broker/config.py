@@ -179,6 +179,13 @@ class BrokerConfig:
         "transaction.abort.timed.out.transaction.cleanup.interval.ms",
         "--transaction-abort-check-interval-ms",
     )
+    transaction_partition_verification_enable: bool = setting(
+        True,
+        "transaction.partition.verification.enable",
+        "--no-transaction-partition-verification",
+        "do not verify a v1 transactional write's partition with its coordinator "
+        "(KIP-890); also a dynamic broker config",
+    )
     heartbeat_interval_ms: int = setting(
         2000, "broker.heartbeat.interval.ms", "--heartbeat-interval-ms"
     )

@@ -16,12 +16,14 @@ brokers to see a group, each pair comes from one broker.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from straitmq.security.tls import TlsListener
 from straitmq.telemetry import Telemetry
 from straitmq.telemetry import catalog as C
 from straitmq.telemetry.histogram import LATENCY_BUCKETS_S, FastHistogram, HistogramFamily
@@ -261,3 +263,27 @@ def install(
     t.observe(C.CONSUMER_GROUP_LAG, lag)
     t.observe(C.CONSUMER_GROUP_STATE, group_states)
     t.observe(C.CONSUMER_GROUP_MEMBERS, group_members)
+
+
+def install_host(telemetry: Telemetry, log_dir: str, tls: Callable[[], list[TlsListener]]) -> None:
+    """The log directory's file system (read with statvfs at collection, as
+    DescribeLogDirs does) and the expiry of the certificates the TLS listeners serve."""
+    labels = {C.LOG_DIR: os.path.abspath(log_dir)}
+
+    def space(usable: bool) -> Points:
+        try:
+            st = os.statvfs(log_dir)
+        except OSError:  # gone or unreadable: no value (storage_unavailable tells more)
+            return
+        yield (st.f_bavail if usable else st.f_blocks) * st.f_frsize, labels
+
+    telemetry.observe(C.BROKER_LOG_DIR_USABLE, lambda: space(True))
+    telemetry.observe(C.BROKER_LOG_DIR_CAPACITY, lambda: space(False))
+    telemetry.observe(
+        C.TLS_CERTIFICATE_EXPIRY,
+        lambda: [
+            (t.not_after, {C.LISTENER: t.settings.listener})
+            for t in tls()
+            if t.not_after is not None
+        ],
+    )

@@ -129,9 +129,34 @@ class PartitionWriter:
             return None
         return partition
 
-    def begin(self, topic: str, index: int, data: memoryview, acks: int) -> PartitionWrite:
+    def start_verification(
+        self, topic: str, index: int, producer_id: int, epoch: int
+    ) -> int | None:
+        """A transactional producer's write to a partition this broker leads: a token if
+        the coordinator must first confirm the partition is in the transaction (none is
+        open here for the producer at this epoch), else None (nothing to verify, or not
+        the leader: `begin` refuses that)."""
+        partition = self.partitions.get(topic, index)
+        if partition is None or not partition.is_leader:
+            return None
+        return partition.log.producers.start_verification(producer_id, epoch)
+
+    def end_verification(self, topic: str, index: int, producer_id: int, token: int) -> None:
+        partition = self.partitions.get(topic, index)
+        if partition is not None:
+            partition.log.producers.end_verification(producer_id, token)
+
+    def begin(
+        self,
+        topic: str,
+        index: int,
+        data: memoryview,
+        acks: int,
+        verified: tuple[int, int, int] | None = None,
+    ) -> PartitionWrite:
         """Validate and append one partition's batches as its leader. With acks=all the
-        result is `pending` until `replicated` has waited for the ISR."""
+        result is `pending` until `replicated` has waited for the ISR. `verified`: the
+        (producer id, epoch, token) of a verification the coordinator confirmed."""
         metrics = self.metrics
         w = PartitionWrite(metrics.request_errors)
         if acks not in (0, 1, -1):
@@ -144,6 +169,8 @@ class PartitionWriter:
             batches = validate_batches(data, config.max_message_bytes)
             if config.compact:  # the only per-record check, and only for compacted topics
                 refuse_keyless(data, batches, topic, index)
+            if verified is not None:
+                partition.log.producers.check_verified(*verified)
             partition.log.producers.check(batches)
             w.base_offset = partition.append(data, batches)
             end = partition.log.log_end_offset

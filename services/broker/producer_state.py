@@ -15,6 +15,7 @@ sees a transaction whose outcome could still be lost with the leader.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -68,11 +69,17 @@ class SequenceError(Exception):
         self.code = code
 
 
+_tokens = itertools.count(1)
+
+
 class ProducerStateTable:
     def __init__(self) -> None:
         self.producers: dict[int, ProducerEntry] = {}
         # producer id -> first offset of its open transaction (few at a time).
         self.ongoing: dict[int, int] = {}
+        # producer id -> the token of a verification with its coordinator in flight
+        # (KIP-890's verification guard): a marker in the meantime voids it.
+        self.verifying: dict[int, int] = {}
         # Closed transactions whose marker the high watermark has not passed yet:
         # (marker offset, first offset), in marker order.
         self.unreplicated: deque[tuple[int, int]] = deque()
@@ -123,6 +130,32 @@ class ProducerStateTable:
                 )
             pending[b.producer_id] = (epoch, b.last_sequence)
 
+    def start_verification(self, producer_id: int, epoch: int) -> int | None:
+        """Before a transactional write: None if the producer's transaction is already
+        open here at this epoch, else a token to hand back after the coordinator
+        confirmed the partition is in the transaction (KIP-890)."""
+        entry = self.producers.get(producer_id)
+        if entry is not None and entry.txn_first >= 0 and entry.epoch == epoch:
+            return None
+        token = self.verifying[producer_id] = next(_tokens)
+        return token
+
+    def check_verified(self, producer_id: int, epoch: int, token: int) -> None:
+        """The write of a verified producer: refused if its transaction ended meanwhile
+        (a marker voided the token), as a late write must not open a new one."""
+        entry = self.producers.get(producer_id)
+        if entry is not None and entry.txn_first >= 0 and entry.epoch == epoch:
+            return
+        if self.verifying.get(producer_id) != token:
+            raise SequenceError(
+                ErrorCode.invalid_txn_state,
+                "the transaction ended while the partition was being verified",
+            )
+
+    def end_verification(self, producer_id: int, token: int) -> None:
+        if self.verifying.get(producer_id) == token:
+            del self.verifying[producer_id]
+
     def check_marker(self, producer_id: int, epoch: int, coordinator_epoch: int, tv: int) -> None:
         """Kafka's checks before a marker is appended (ProducerAppendInfo.appendEndTxnMarker):
         an older producer epoch (with transactions v2, also the same one, unless that is a
@@ -164,6 +197,7 @@ class ProducerStateTable:
         if b.attributes & ATTR_TRANSACTIONAL and entry.txn_first < 0:
             entry.txn_first = b.base_offset
             self.ongoing[b.producer_id] = b.base_offset
+            self.verifying.pop(b.producer_id, None)
         entry.batches.append(
             CachedBatch(
                 b.base_sequence,
@@ -180,6 +214,7 @@ class ProducerStateTable:
         if marker is None:  # an empty control batch: its transaction was cleaned away
             return None
         commit, coordinator_epoch = marker
+        self.verifying.pop(b.producer_id, None)
         entry = self.producers.get(b.producer_id)
         if entry is None:
             entry = ProducerEntry(b.producer_epoch)

@@ -3,7 +3,9 @@
 Cluster-wide counts (brokers, topics, partitions, offline and under-replicated
 partitions) come from the metadata image every voter holds; only the active controller
 reports them, as Kafka does, so a `sum()` across controllers counts each once. Follower
-lag is reported by the quorum leader, for every voter (itself at 0) and observer.
+lag is reported by the quorum leader, for every voter (itself at 0) and observer, and
+so is how many voters it hears from. A standalone controller process also reports its
+event-loop stalls and its HTTP certificate's expiry (`install_process`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from straitmq.telemetry import catalog as C
 
 if TYPE_CHECKING:
+    from straitmq.security.tls import TlsListener
     from straitmq.telemetry import Telemetry
 
     from .active import ActiveController
@@ -53,6 +56,12 @@ def install(telemetry: Telemetry, quorum: Quorum, active: ActiveController) -> N
             for r in st.get(key, ()):
                 yield r["lag"], {C.NODE: str(r["node_id"]), C.REPLICA_KIND: kind}
 
+    def voters() -> Points:
+        counts = quorum.node.voters_reachable()
+        if counts is not None:
+            yield counts[0], {C.VOTER_STATE: "reachable"}
+            yield counts[1], {C.VOTER_STATE: "unreachable"}
+
     def brokers() -> Points:
         if not serving():
             return
@@ -74,6 +83,7 @@ def install(telemetry: Telemetry, quorum: Quorum, active: ActiveController) -> N
     t.observe(C.QUORUM_EPOCH, lambda: [(quorum.node.epoch, {})])
     t.observe(C.QUORUM_HIGH_WATERMARK, lambda: [(quorum.status()["high_watermark"], {})])
     t.observe(C.QUORUM_FOLLOWER_LAG, follower_lag)
+    t.observe(C.QUORUM_VOTERS, voters)
     t.observe(
         C.CONTROLLER_FENCINGS,
         lambda: [
@@ -92,5 +102,18 @@ def install(telemetry: Telemetry, quorum: Quorum, active: ActiveController) -> N
         C.CONTROLLER_UNDER_REPLICATED,
         when_active(
             lambda: sum(p.leader >= 0 and len(p.isr) < len(p.replicas) for p in image_partitions())
+        ),
+    )
+
+
+def install_process(telemetry: Telemetry, tls: TlsListener | None) -> None:
+    """A standalone controller's certificate expiry (a combined node's broker reports
+    its own, the voter port's included)."""
+    telemetry.observe(
+        C.TLS_CERTIFICATE_EXPIRY,
+        lambda: (
+            [(tls.not_after, {C.LISTENER: tls.settings.listener})]
+            if tls is not None and tls.not_after is not None
+            else []
         ),
     )

@@ -12,6 +12,7 @@ from aiohttp import web
 from straitmq.security.acls import Authorizer, AuthorizerSettings
 from straitmq.security.http_security import HttpSecurity, with_scheme
 from straitmq.telemetry import Telemetry, add_metrics_route
+from straitmq.telemetry.loop_monitor import LoopMonitor
 
 from . import metrics
 from .active import ActiveController, ControllerSettings
@@ -61,6 +62,9 @@ class ControllerNode:
         self._tls_watch: asyncio.Task | None = None
         self.telemetry = Telemetry("straitmq-controller", str(node_id), otlp_endpoint)
         metrics.install(self.telemetry, self.quorum, self.active)
+        metrics.install_process(self.telemetry, self.http_security.tls)
+        self.loop_monitor = LoopMonitor().install(self.telemetry)
+        self._loop_watch: asyncio.Task | None = None
 
     def _check_cluster_id(self, offset: int, records: list, reset: bool) -> None:
         have = self.quorum.image.cluster_id
@@ -106,6 +110,7 @@ class ControllerNode:
             ssl_context=tls.server_context if tls is not None else None,
         )
         await site.start()
+        self._loop_watch = asyncio.get_running_loop().create_task(self.loop_monitor.run())
         if tls is not None:  # rotated certificate files, for new connections
             self._tls_watch = asyncio.get_running_loop().create_task(security.watch())
         await self.quorum.start()
@@ -115,6 +120,8 @@ class ControllerNode:
     async def stop(self) -> None:
         if self._tls_watch is not None:
             self._tls_watch.cancel()
+        if self._loop_watch is not None:
+            self._loop_watch.cancel()
         await self.active.stop()
         await self.quorum.stop()
         if self._runner is not None:

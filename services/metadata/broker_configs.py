@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from straitmq.metadata.topic_config import (
     ConfigDef,
+    boolean,
     cleanup_policy,
     double_range,
     long_range,
@@ -104,6 +105,16 @@ def _defs() -> tuple[ConfigDef, ...]:
             str(24 * 3600 * 1000),
             long_range(0),
             "default delete.retention.ms of topics that do not set one",
+        ),
+        # KIP-890: partition leaders verify a v1 transactional producer's first write
+        # with its coordinator (v2 producers' partitions are added whatever this says).
+        ConfigDef(
+            "transaction.partition.verification.enable",
+            "boolean",
+            "true",
+            boolean,
+            "verify with the coordinator that a transactional write's partition is in "
+            "its transaction, so no late write opens a transaction nothing closes",
         ),
         # Reassignment quotas. (leader/follower.replication.throttled.rate are the cluster's
         # one replication.throttled.rate: straitmq.broker.api.admin maps them.)

@@ -23,7 +23,10 @@ import logging
 import os
 import ssl
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from cryptography import x509
 
 from .settings import default, listener_value
 
@@ -107,6 +110,16 @@ class TlsSettings:
         return ctx
 
 
+def certificate_not_after(path: str) -> float | None:
+    """When the first certificate of a PEM file (the leaf: a keystore holds the key and
+    the chain, leaf first) stops being valid, in Unix seconds; None if it does not read."""
+    try:
+        cert = x509.load_pem_x509_certificate(Path(path).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return cert.not_valid_after_utc.timestamp()
+
+
 def file_stamp(files: list[str]) -> tuple:
     """What changes when any of `files` is rewritten or replaced (a rotation)."""
     out: list[tuple] = []
@@ -129,6 +142,8 @@ class TlsListener:
         self.server_context.sni_callback = self._pick_context
         self._stamp = self._file_stamp()
         self.reloads = 0
+        # Of the certificate new connections get (straitmq.tls.certificate.expiry).
+        self.not_after = certificate_not_after(settings.keystore)
 
     def _pick_context(self, sslobj: Any, server_name: str | None, ctx: ssl.SSLContext) -> None:
         if self.current is not ctx:
@@ -153,6 +168,7 @@ class TlsListener:
             return False
         self._stamp = stamp
         self.current = fresh
+        self.not_after = certificate_not_after(self.settings.keystore)
         self.reloads += 1
         log.info("TLS certificate reloaded", extra={"listener": self.settings.listener})
         return True

@@ -31,6 +31,9 @@ FENCE_REASON = "straitmq.fence.reason"  # session_expired, process_gone
 RESOURCE_KIND = "straitmq.resource.kind"  # MQCluster | Topic
 OUTCOME = "straitmq.reconcile.outcome"  # success | error | requeue
 FETCHER_KIND = "straitmq.fetch_session.fetcher"  # follower | consumer
+LOG_DIR = "straitmq.log_dir"  # a broker's data directory, as configured
+LISTENER = "straitmq.listener"  # a listener's name (Kafka listeners), or HTTP
+VOTER_STATE = "straitmq.raft.voter.state"  # reachable | unreachable
 
 COUNTER = "counter"
 HISTOGRAM = "histogram"  # SDK histogram (off the request path)
@@ -190,6 +193,16 @@ BROKER_TXN_MARKER_DURATION = _i(
     "partition and its outcome written, summed over the finished transactions (divided "
     "by straitmq.broker.transactions.completed: the mean)",
 )  # fmt: skip
+BROKER_LOG_DIR_USABLE = _i(
+    "straitmq.broker.log_dir.usable", OBSERVABLE_GAUGE, "By",
+    "Bytes still free for this broker in its log directory's file system (statvfs "
+    "f_bavail, what DescribeLogDirs reports as usable_bytes)", LOG_DIR,
+)  # fmt: skip
+BROKER_LOG_DIR_CAPACITY = _i(
+    "straitmq.broker.log_dir.capacity", OBSERVABLE_GAUGE, "By",
+    "Size of the file system holding this broker's log directory (DescribeLogDirs' "
+    "total_bytes)", LOG_DIR,
+)  # fmt: skip
 CONSUMER_GROUP_LAG = _i(
     "straitmq.consumer_group.lag", OBSERVABLE_GAUGE, "{message}",
     "High watermark minus committed offset (a share group's: minus its share-partition "
@@ -229,6 +242,12 @@ QUORUM_FOLLOWER_LAG = _i(
     "Records each voter and observer (broker) is behind the leader's log end; "
     "reported by the leader", NODE, REPLICA_KIND,
 )  # fmt: skip
+QUORUM_VOTERS = _i(
+    "straitmq.controller.quorum.voters", OBSERVABLE_GAUGE, "{voter}",
+    "Voters of the quorum by whether they fetched from the leader within the check-quorum "
+    "window (1.5 x fetch timeout; the leader counts itself reachable); reported by the "
+    "leader only", VOTER_STATE,
+)  # fmt: skip
 CONTROLLER_FENCINGS = _i(
     "straitmq.controller.broker.fencings", OBSERVABLE_COUNTER, "{event}",
     "Brokers this controller fenced while active", FENCE_REASON,
@@ -255,6 +274,23 @@ CONTROLLER_UNDER_REPLICATED = _i(
     "active controller only",
 )  # fmt: skip
 
+# -- every server process (brokers, controllers, combined nodes) ---------------------
+
+EVENT_LOOP_STALLS = _i(
+    "straitmq.process.event_loop.stalls", OBSERVABLE_COUNTER, "{stall}",
+    "Times the event loop ran a heartbeat at least 0.25 s late: one callback blocked (or "
+    "many queued) that long, and every request on the process waited with it",
+)  # fmt: skip
+EVENT_LOOP_STALLED = _i(
+    "straitmq.process.event_loop.stalled", OBSERVABLE_COUNTER, "s",
+    "Seconds the stalls counted by straitmq.process.event_loop.stalls lasted, summed",
+)  # fmt: skip
+TLS_CERTIFICATE_EXPIRY = _i(
+    "straitmq.tls.certificate.expiry", OBSERVABLE_GAUGE, "s",
+    "When the certificate each TLS listener serves stops being valid (its notAfter, Unix "
+    "seconds); follows rotations of the files", LISTENER,
+)  # fmt: skip
+
 # -- operator (straitmq.operator uses these through operator.OperatorMetrics) -------
 
 OPERATOR_RECONCILES = _i(
@@ -279,13 +315,14 @@ BROKER = (
     BROKER_CLEANER_RECORDS_REMOVED, BROKER_CLEANER_CLEANINGS, BROKER_CLEANER_ERRORS,
     BROKER_CLEANER_BUSY, BROKER_CLEANER_DIRTY_RATIO, BROKER_CLEANER_SINCE_LAST,
     BROKER_CLEANER_UNCLEANABLE, BROKER_TXN_ONGOING, BROKER_TXN_COMPLETED,
-    BROKER_TXN_MARKER_DURATION, CONSUMER_GROUP_LAG,
-    CONSUMER_GROUP_STATE, CONSUMER_GROUP_MEMBERS,
+    BROKER_TXN_MARKER_DURATION, BROKER_LOG_DIR_USABLE, BROKER_LOG_DIR_CAPACITY,
+    CONSUMER_GROUP_LAG, CONSUMER_GROUP_STATE, CONSUMER_GROUP_MEMBERS,
 )  # fmt: skip
 CONTROLLER = (
     CONTROLLER_ACTIVE, QUORUM_EPOCH, QUORUM_HIGH_WATERMARK, QUORUM_COMMIT_DURATION,
-    QUORUM_FOLLOWER_LAG, CONTROLLER_FENCINGS, CONTROLLER_BROKERS, CONTROLLER_TOPICS,
+    QUORUM_FOLLOWER_LAG, QUORUM_VOTERS, CONTROLLER_FENCINGS, CONTROLLER_BROKERS, CONTROLLER_TOPICS,
     CONTROLLER_PARTITIONS, CONTROLLER_OFFLINE, CONTROLLER_UNDER_REPLICATED,
 )  # fmt: skip
+PROCESS = (EVENT_LOOP_STALLS, EVENT_LOOP_STALLED, TLS_CERTIFICATE_EXPIRY)
 OPERATOR = (OPERATOR_RECONCILES, OPERATOR_RECONCILE_DURATION, OPERATOR_RECONCILE_ERRORS)
-ALL = BROKER + CONTROLLER + OPERATOR
+ALL = BROKER + CONTROLLER + PROCESS + OPERATOR

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ..security.listeners import Listener
     from ..share.coordinator import ShareCoordinator
     from ..transactions.coordinator import TransactionCoordinator
+    from ..transactions.verification import TxnVerifier
     from ..views import Control, LocalReplicas
     from .metadata import TopicAnswers
 
@@ -95,3 +96,4 @@ class TxnDeps:
     offsets: OffsetStore
     ensure_offsets_topic: Callable[[], Awaitable[bool]]
     offsets_durable: Callable[[str, int], Awaitable[bool]]
+    verifier: TxnVerifier  # the offsets partition in the transaction (KIP-890)

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ..metadata_view import MetadataView
     from ..partition_write import PartitionWriter
     from ..share.coordinator import ShareCoordinator
+    from ..transactions.verification import TxnVerifier
     from ..views import ControllerCall, LocalReplicas
     from .deps import AdminDeps, FetchDeps, GroupDeps, MetadataDeps, TxnDeps
     from .partition_txns import PartitionTxnDeps
@@ -53,6 +54,7 @@ class ApiSpec:
 def kafka_api(
     *,
     writer: PartitionWriter,
+    verifier: TxnVerifier,
     fetch_deps: FetchDeps,
     replicas: LocalReplicas,
     metadata_deps: MetadataDeps,
@@ -67,7 +69,7 @@ def kafka_api(
     """Every implemented API key -> its versions and its bound handler."""
     p = partial
     handlers: dict[int, Handler] = {
-        0: p(produce.handle_produce, writer),
+        0: p(produce.handle_produce, writer, verifier),
         1: p(fetch.handle_fetch, fetch_deps),
         2: p(fetch.handle_list_offsets, fetch_deps),
         3: p(metadata.handle_metadata, metadata_deps),

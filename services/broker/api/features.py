@@ -7,9 +7,11 @@ StraitMQ really implements, named as Kafka 4.1 names them:
 - metadata.version: 3.3-IV3 (7) to 4.1-IV1 (27), finalized at 4.1-IV1, as a new Kafka
   4.1 cluster reports. StraitMQ's metadata log has its own records, so the level only
   tells tools which Kafka APIs and versions to expect (those of 4.1).
+- transaction.version 2, finalized: KIP-890's transactions v2, which Java 4.x producers
+  use when it is finalized (EndTxn v5, Produce v12, TxnOffsetCommit v5); older clients
+  and librdkafka keep v1 on the same brokers.
 - kraft.version 0 (static voters: no AddRaftVoter/RemoveRaftVoter), group.version 0 (the
-  classic group protocol only, no KIP-848 ConsumerGroupHeartbeat), transaction.version 0
-  (no transactions; a finalized 2 would make Java 4.x producers use KIP-890's protocol),
+  classic group protocol only, no KIP-848 ConsumerGroupHeartbeat),
   eligible.leader.replicas.version 0 (no ELR), streams.version 0.
 - share.version 1, finalized: KIP-932 share groups (ShareGroupHeartbeat, ShareGroupDescribe,
   ShareFetch, ShareAcknowledge v1), as a Kafka 4.1 cluster with share groups enabled.
@@ -37,7 +39,7 @@ FEATURES: dict[str, tuple[int, int, int]] = {
     "metadata.version": (METADATA_VERSION_MIN, METADATA_VERSION, METADATA_VERSION),
     "kraft.version": (0, 0, 0),
     "group.version": (0, 0, 0),
-    "transaction.version": (0, 0, 0),
+    "transaction.version": (0, 2, 2),
     "eligible.leader.replicas.version": (0, 0, 0),
     "share.version": (0, 1, 1),
     "streams.version": (0, 0, 0),

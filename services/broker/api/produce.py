@@ -5,12 +5,19 @@ acks=all the answer waits until the ISR has the batches (the high watermark pass
 them), and is refused up front when the ISR is smaller than min.insync.replicas. That
 wait is handed back to the listener as a Deferred answer, so the connection's next
 Produce is appended while this one replicates.
+
+A transactional producer's first write to a partition in a transaction waits for the
+transaction's coordinator (KIP-890): Produce up to v11 comes from transactions v1
+clients, whose partition is verified to be in the transaction; v12 from v2 clients,
+whose partition the coordinator adds. The handler awaits that before appending, so the
+connection's later requests keep their order behind it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 from collections.abc import Coroutine
 from typing import Any
 
@@ -20,6 +27,7 @@ from straitmq.security.acls import TOPIC, TRANSACTIONAL_ID, WRITE
 
 from ..partition_write import PartitionWrite, PartitionWriter
 from ..records import ATTR_TRANSACTIONAL
+from ..transactions.verification import TxnVerifier
 from .context import Deferred, RequestContext
 
 log = logging.getLogger("straitmq.produce")
@@ -29,10 +37,10 @@ class _Refused:
     """A partition's answer when the principal may not WRITE the topic."""
 
     pending = False
-    error_code = ErrorCode.topic_authorization_failed
+    error_code: int = ErrorCode.topic_authorization_failed
     base_offset = -1
     log_start_offset = -1
-    error_message = None
+    error_message: str | None = None
     record_errors: tuple = ()
 
 
@@ -41,6 +49,87 @@ class _NoTransactionalId(_Refused):
     the whole request so)."""
 
     error_code = ErrorCode.transactional_id_authorization_failed
+
+
+class _Unverified(_Refused):
+    """A transactional write the coordinator did not confirm (KIP-890)."""
+
+    def __init__(self, code: int, message: str | None) -> None:
+        self.error_code = code
+        self.error_message = message
+
+
+# The coordinator's passing troubles, answered as NOT_ENOUGH_REPLICAS, which every
+# client retries without a metadata refresh (Kafka's choice: older clients do not retry
+# the coordinator's own errors on a Produce).
+_RETRIABLE = frozenset(
+    {
+        ErrorCode.concurrent_transactions,
+        ErrorCode.network_exception,
+        ErrorCode.coordinator_load_in_progress,
+        ErrorCode.coordinator_not_available,
+        ErrorCode.not_coordinator,
+    }
+)
+_PID_EPOCH = struct.Struct(">qh")  # a batch header's producer id and epoch, at 43
+
+
+def _unverified(code: int) -> _Unverified:
+    if code == ErrorCode.invalid_txn_state:
+        return _Unverified(code, "Partition was not added to the transaction")
+    if code in _RETRIABLE:
+        why = ErrorCode(code).name
+        return _Unverified(
+            ErrorCode.not_enough_replicas,
+            f"Unable to verify the partition has been added to the transaction ({why})",
+        )
+    return _Unverified(code, None)
+
+
+async def _verify(
+    writer: PartitionWriter,
+    verifier: TxnVerifier,
+    txn: str,
+    req: Any,
+    allowed: set[str],
+    add: bool,
+) -> dict[tuple[str, int], Any]:
+    """Per partition of a transactional request: the (producer id, epoch, token) its
+    write hands to `begin`, or the refusal to answer; partitions whose transaction is
+    open here already are left out."""
+    tokens: dict[tuple[str, int], tuple[int, int, int]] = {}
+    producer: tuple[int, int] | None = None
+    for topic in req.topic_data:
+        if topic.name not in allowed:
+            continue  # refused anyway: nothing is added to the transaction for it
+        for pd in topic.partition_data:
+            data = pd.records
+            if data is None or len(data) < 61 or not data[22] & ATTR_TRANSACTIONAL:
+                continue
+            pid, epoch = _PID_EPOCH.unpack_from(data, 43)
+            if producer is not None and producer != (pid, epoch):
+                # Kafka: one transactional request, one producer (InvalidPidMapping).
+                return {
+                    (t.name, p.index): _Unverified(ErrorCode.invalid_producer_id_mapping, None)
+                    for t in req.topic_data
+                    for p in t.partition_data
+                }
+            producer = (pid, epoch)
+            token = writer.start_verification(topic.name, pd.index, pid, epoch)
+            if token is not None:
+                tokens[(topic.name, pd.index)] = (pid, epoch, token)
+    if not tokens or producer is None:
+        return {}
+    codes = await verifier.verify(txn, producer[0], producer[1], list(tokens), add)
+    out: dict[tuple[str, int], Any] = {}
+    for tp, verified in tokens.items():
+        code = codes.get(tp, ErrorCode.network_exception)
+        if code:
+            writer.end_verification(tp[0], tp[1], verified[0], verified[2])
+            out[tp] = _unverified(code)
+        else:
+            out[tp] = verified
+    return out
 
 
 def _has_transactional_records(req: Any) -> bool:
@@ -54,7 +143,7 @@ def _has_transactional_records(req: Any) -> bool:
 
 
 async def handle_produce(
-    writer: PartitionWriter, ctx: RequestContext, req: Any
+    writer: PartitionWriter, verifier: TxnVerifier, ctx: RequestContext, req: Any
 ) -> dict | Deferred | None:
     acks = req.acks
     responses = []
@@ -64,15 +153,26 @@ async def handle_produce(
     refused: type[_Refused] = _Refused
     if not txn and _has_transactional_records(req):
         txn_ok, refused = False, _NoTransactionalId
+    # Checked once per topic (a cached decision), never per record.
+    allowed = (
+        {t.name for t in req.topic_data if ctx.allowed(WRITE, TOPIC, t.name)} if txn_ok else set()
+    )
+    verified: dict[tuple[str, int], Any] = {}
+    add = ctx.version >= 12  # a v2 producer: its partitions are added here, always
+    if txn and allowed and (add or verifier.verifying()):
+        verified = await _verify(writer, verifier, txn, req, allowed, add)
     for topic in req.topic_data:
-        parts: list[tuple[int, PartitionWrite | type[_Refused]]] = []
-        # Checked once per topic (a cached decision), never per record.
-        if not txn_ok or not ctx.allowed(WRITE, TOPIC, topic.name):
+        parts: list[tuple[int, PartitionWrite | _Refused | type[_Refused]]] = []
+        if topic.name not in allowed:
             parts = [(pd.index, refused) for pd in topic.partition_data]
             responses.append((topic.name, parts))
             continue
         for pd in topic.partition_data:
-            w = writer.begin(topic.name, pd.index, memoryview(pd.records or b""), acks)
+            v = verified.get((topic.name, pd.index)) if verified else None
+            if isinstance(v, _Unverified):
+                parts.append((pd.index, v))
+                continue
+            w = writer.begin(topic.name, pd.index, memoryview(pd.records or b""), acks, v)
             writes.append(w)
             parts.append((pd.index, w))
         responses.append((topic.name, parts))

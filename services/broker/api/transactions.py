@@ -1,12 +1,14 @@
-"""Kafka's transaction APIs (KIP-98, KIP-447): InitProducerId with a transactional id,
-AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit, DescribeTransactions,
-ListTransactions. The coordinator decides (transactions/state.py); these handlers check
-authorization, find the coordinator's answer and shape it for the request's version.
+"""Kafka's transaction APIs (KIP-98, KIP-447, KIP-890): InitProducerId with a
+transactional id, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit,
+DescribeTransactions, ListTransactions. The coordinator decides (transactions/state.py);
+these handlers check authorization, find the coordinator's answer and shape it for the
+request's version.
 
-Transactions v2 (KIP-890: epoch bumps on every commit, partitions added by the produce
-path) are not advertised (no `transaction.version` feature), so Kafka 4 clients use v1:
-explicit AddPartitionsToTxn. AddPartitionsToTxn v4's verify_only (KIP-890 part 1, sent
-by brokers) is answered, but this broker's produce path does not ask it.
+Both transaction versions are served at once, per request: the `transaction.version`
+feature is finalized at 2, so Kafka 4 clients use v2 (EndTxn v5 bumps the epoch and
+answers the next one; partition leaders add partitions for Produce v12 and the group
+coordinator for TxnOffsetCommit v5), while librdkafka and older Java clients keep v1
+(explicit AddPartitionsToTxn and AddOffsetsToTxn), verified by the partition leaders.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from straitmq.security.acls import (
 )
 
 from ..groups.offsets import OFFSETS_TOPIC
-from ..transactions.state import MAX_EPOCH, STATES, Answer, TxnMetadata
+from ..transactions.state import MAX_EPOCH, STATES, TV1, TV2, Answer, TxnMetadata
 from .context import RequestContext
 from .deps import TxnDeps
 
@@ -49,12 +51,18 @@ def _fenced(code: int, old: bool) -> int:
 
 
 async def _coordinator_error(deps: TxnDeps, tid: str) -> int:
-    """NOT_COORDINATOR unless this broker coordinates `tid` (the topic made if need be)."""
+    """NOT_COORDINATOR unless this broker coordinates `tid` (the topic made if need be);
+    COORDINATOR_LOAD_IN_PROGRESS while it is becoming its coordinator."""
     try:
         await deps.coordinator.ensure_topic()
     except ControllerError:
         return ErrorCode.coordinator_not_available
-    return 0 if deps.coordinator.owns(tid) else ErrorCode.not_coordinator
+    c = deps.coordinator
+    if c.owns(tid):
+        return 0
+    if c.coordinator_of(tid) == c.node_id:  # leader by the metadata, not loaded yet
+        return ErrorCode.coordinator_load_in_progress
+    return ErrorCode.not_coordinator
 
 
 async def handle_init_producer_id(
@@ -164,21 +172,11 @@ async def _add_partitions(
         return each({tp: bad.get(tp, ErrorCode.operation_not_attempted) for tp in wanted})
     if code := await _coordinator_error(deps, tid):
         return all_of(code)
-    core = deps.coordinator.core
-    if verify_only:
-        m = core.txns.get(tid)
-        ok = m is not None and m.producer_id == producer_id and m.producer_epoch == epoch
-        return each(
-            {
-                tp: 0
-                if ok and m is not None and tp in m.partitions
-                else ErrorCode.invalid_txn_state
-                for tp in wanted
-            }
-        )
-    decision = core.add_partitions(tid, producer_id, epoch, wanted, _now())
-    a = await deps.coordinator.run(decision)
-    return all_of(_fenced(a.error, ctx.version < 2))
+    # v5 from a broker adds for a transactions v2 producer (Produce v12); below, v1.
+    tv = TV2 if ctx.version >= 5 and not verify_only else TV1
+    codes = await deps.coordinator.add_or_verify(tid, producer_id, epoch, wanted, verify_only, tv)
+    old = ctx.version < 2
+    return each({tp: _fenced(code, old) for tp, code in codes.items()})
 
 
 async def handle_add_offsets_to_txn(deps: TxnDeps, ctx: RequestContext, req: Any) -> dict:
@@ -201,15 +199,33 @@ async def handle_add_offsets_to_txn(deps: TxnDeps, ctx: RequestContext, req: Any
 
 async def handle_end_txn(deps: TxnDeps, ctx: RequestContext, req: Any) -> dict:
     tid = req.transactional_id
+
+    def answer(a: Answer) -> dict:
+        return {
+            "throttle_time": 0,
+            "error_code": _fenced(a.error, ctx.version < 2),
+            # v5+: the identity of the producer's next transaction (KIP-890)
+            "producer_id": a.producer_id,
+            "producer_epoch": a.producer_epoch,
+        }
+
     if not ctx.allowed(WRITE, TRANSACTIONAL_ID, tid):
-        return {"throttle_time": 0, "error_code": ErrorCode.transactional_id_authorization_failed}
+        return answer(Answer(ErrorCode.transactional_id_authorization_failed))
     if code := await _coordinator_error(deps, tid):
-        return {"throttle_time": 0, "error_code": code}
-    decision = deps.coordinator.core.end_txn(
-        tid, req.producer_id, req.producer_epoch, bool(req.committed), _now()
+        return answer(Answer(code))
+    tv = TV2 if ctx.version >= 5 else TV1
+    core = deps.coordinator.core
+    m = core.txns.get(tid)
+    new_pid = -1
+    if tv >= TV2 and m is not None and m.producer_epoch >= MAX_EPOCH:
+        try:  # the epochs of this producer id are spent: the id moves to a new one
+            new_pid = await deps.next_producer_id()
+        except ControllerError as e:
+            return answer(Answer(e.code))
+    decision = core.end_txn(
+        tid, req.producer_id, req.producer_epoch, bool(req.committed), _now(), tv, new_pid
     )
-    a = await deps.coordinator.run(decision)
-    return {"throttle_time": 0, "error_code": _fenced(a.error, ctx.version < 2)}
+    return answer(await deps.coordinator.run(decision))
 
 
 async def handle_txn_offset_commit(deps: TxnDeps, ctx: RequestContext, req: Any) -> dict:
@@ -264,6 +280,18 @@ async def handle_txn_offset_commit(deps: TxnDeps, ctx: RequestContext, req: Any)
                 )
             )
     if entries:
+        # The offsets partition must be in the transaction: added for a v2 producer
+        # (v5, which sends no AddOffsetsToTxn), verified for a v1 one (KIP-890).
+        tp_offsets = (OFFSETS_TOPIC, deps.offsets.partition_for(group))
+        verified = await deps.verifier.verify(
+            req.transactional_id,
+            int(req.producer_id),
+            int(req.producer_epoch),
+            [tp_offsets],
+            add=ctx.version >= 5,
+        )
+        if code := verified[tp_offsets]:
+            return all_of(ErrorCode.coordinator_load_in_progress if code in _RETRY else code)
         try:
             end = deps.offsets.commit_transactional(
                 group, (int(req.producer_id), int(req.producer_epoch)), entries
@@ -273,6 +301,20 @@ async def handle_txn_offset_commit(deps: TxnDeps, ctx: RequestContext, req: Any)
         if not await deps.offsets_durable(group, end):
             return all_of(ErrorCode.request_timed_out)
     return answer(codes)
+
+
+# A verification's passing troubles, answered to TxnOffsetCommit as
+# COORDINATOR_LOAD_IN_PROGRESS: every client retries that against the same group
+# coordinator (NOT_COORDINATOR would send it looking for another one).
+_RETRY = frozenset(
+    {
+        ErrorCode.concurrent_transactions,
+        ErrorCode.network_exception,
+        ErrorCode.coordinator_load_in_progress,
+        ErrorCode.coordinator_not_available,
+        ErrorCode.not_coordinator,
+    }
+)
 
 
 async def handle_describe_transactions(deps: TxnDeps, ctx: RequestContext, req: Any) -> dict:

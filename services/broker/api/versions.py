@@ -22,7 +22,7 @@ class Versions:
 
 
 VERSIONS: dict[int, Versions] = {
-    0: Versions(3, 9, advertised_min=0),  # Produce
+    0: Versions(3, 12, advertised_min=0),  # Produce; v12: transactions v2 (KIP-890)
     1: Versions(4, 12),  # Fetch
     2: Versions(1, 10),  # ListOffsets
     3: Versions(0, 12),  # Metadata
@@ -40,14 +40,14 @@ VERSIONS: dict[int, Versions] = {
     19: Versions(2, 7),  # CreateTopics
     20: Versions(1, 5),  # DeleteTopics
     21: Versions(0, 2),  # DeleteRecords
-    22: Versions(0, 4),  # InitProducerId
+    22: Versions(0, 5),  # InitProducerId
     23: Versions(2, 4),  # OffsetForLeaderEpoch
-    # Transactions v1 (KIP-98/447); v2's versions (KIP-890) are not advertised.
-    24: Versions(0, 4),  # AddPartitionsToTxn; v4: batched, from brokers
-    25: Versions(0, 3),  # AddOffsetsToTxn
-    26: Versions(0, 3),  # EndTxn
+    # Transactions v1 (KIP-98/447) and v2 (KIP-890, the transaction.version feature)
+    24: Versions(0, 5),  # AddPartitionsToTxn; v4: batched, from brokers; v5: v2 adds
+    25: Versions(0, 4),  # AddOffsetsToTxn
+    26: Versions(0, 5),  # EndTxn; v5: the epoch bumps, the answer carries the next one
     27: Versions(1, 2),  # WriteTxnMarkers (v0 went in Kafka 4.0; v2: transaction version)
-    28: Versions(0, 3),  # TxnOffsetCommit; v3: KIP-447 member and generation
+    28: Versions(0, 5),  # TxnOffsetCommit; v3: KIP-447 member and generation; v5: v2
     29: Versions(2, 3),  # DescribeAcls
     30: Versions(2, 3),  # CreateAcls
     31: Versions(2, 3),  # DeleteAcls

@@ -18,22 +18,21 @@ import time
 import zlib
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 from kio.schema.errors import ErrorCode
 from kio.schema.types import ProducerId, TopicName
-from kio.schema.write_txn_markers.v1 import request as wtm
-from kio.static.primitive import i16, i32
+from kio.schema.write_txn_markers.v2 import request as wtm
+from kio.static.primitive import i8, i16, i32
 
-from straitmq.protocol.client import ConnectionClosed, KafkaConnection
 from straitmq.tasks import cancel_and_wait
 
 from ..metadata_view import MetadataView
 from ..partitions import LEADER, Partition, PartitionManager
 from ..record_codec import build_batch, decode_batch
 from ..records import validate_batches
-from ..security.listeners import Listener, endpoint_for
+from ..security.listeners import Listener
+from .channel import InterBrokerChannel
 from .state import (
     COMPLETE_ABORT,
     COMPLETE_COMMIT,
@@ -99,8 +98,7 @@ class TransactionCoordinator:
         self.core = TransactionStateMachine(settings.max_timeout_ms)
         self.owned: dict[int, int] = {}  # txn-state partition -> coordinator epoch
         self._markers: dict[str, asyncio.Task[None]] = {}
-        self._conns: dict[tuple[str, int], KafkaConnection] = {}
-        self._locks: dict[tuple[str, int], asyncio.Lock] = {}
+        self.channel = InterBrokerChannel(node_id, metadata, listener, "txn-markers")
         self._task: asyncio.Task[None] | None = None
         self.stats = TxnStats()
         self._denied_warned = -1e9
@@ -115,9 +113,7 @@ class TransactionCoordinator:
         await cancel_and_wait([self._task, *self._markers.values()])
         self._task = None
         self._markers.clear()
-        for conn in self._conns.values():
-            conn.close()
-        self._conns.clear()
+        self.channel.close()
 
     # -- where an id lives ----------------------------------------------------------------
 
@@ -196,6 +192,25 @@ class TransactionCoordinator:
         if decision.markers:
             self._send_markers(decision.after)
         return decision.answer
+
+    async def add_or_verify(
+        self,
+        tid: str,
+        producer_id: int,
+        epoch: int,
+        partitions: set[tuple[str, int]],
+        verify_only: bool,
+        tv: int,
+    ) -> dict[tuple[str, int], int]:
+        """AddPartitionsToTxn for partitions already checked: verified (KIP-890 part 1)
+        or added (v1 clients, and v2's partition leaders), a code per partition."""
+        if not self.owns(tid):
+            return dict.fromkeys(partitions, ErrorCode.not_coordinator)
+        if verify_only:
+            return self.core.verify(tid, producer_id, epoch, partitions)
+        decision = self.core.add_partitions(tid, producer_id, epoch, partitions, _now(), tv)
+        a = await self.run(decision)
+        return dict.fromkeys(partitions, a.error)
 
     async def _write(self, t: Transition) -> bool:
         m = t.after
@@ -307,10 +322,11 @@ class TransactionCoordinator:
                         for t, ps in topics.items()
                     ),
                     coordinator_epoch=i32(epoch),
+                    transaction_version=i8(m.tv),
                 ),
             )
         )
-        resp = await self._call(broker, req)
+        resp = await self.channel.call(broker, 27, 2, req)
         if resp is None:
             return set(tps)
         left: set[tuple[str, int]] = set()
@@ -349,27 +365,6 @@ class TransactionCoordinator:
                 broker,
                 extra={"listener": self._listener.name},
             )
-
-    async def _call(self, broker: int, req: Any) -> Any:
-        b = self.metadata.image.brokers.get(broker)
-        if b is None or not b.alive:
-            return None
-        addr = endpoint_for(b, self._listener.name) or (b.host, b.port)
-        conn = self._conns.get(addr)
-        if conn is None:
-            conn = self._conns[addr] = KafkaConnection(
-                addr[0], addr[1], f"txn-markers-{self.node_id}", self._listener.client
-            )
-        lock = self._locks.setdefault(addr, asyncio.Lock())
-        async with lock:
-            try:
-                return await conn.request(27, 1, req, 10.0)
-            except (ConnectionClosed, OSError, TimeoutError) as e:
-                log.info("transaction markers: broker %s unreachable: %s", broker, e)
-                conn.close()
-                if self._conns.get(addr) is conn:
-                    del self._conns[addr]
-                return None
 
     # -- timers ------------------------------------------------------------------------------
 

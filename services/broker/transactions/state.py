@@ -1,5 +1,5 @@
 """The transaction coordinator's decisions, without I/O (Kafka's TransactionCoordinator
-and TransactionMetadata, KIP-98 with KIP-360's epoch bumps).
+and TransactionMetadata, KIP-98 with KIP-360's epoch bumps and KIP-890's transactions v2).
 
 Per transactional id the coordinator keeps one `TxnMetadata`: the producer id and epoch
 it handed out, the transaction timeout, the state, and the partitions of the ongoing
@@ -18,6 +18,15 @@ while one is being written, others are answered CONCURRENT_TRANSACTIONS, as Kafk
     Empty ──AddPartitions──▶ Ongoing ──EndTxn──▶ PrepareCommit ─markers─▶ CompleteCommit
       ▲                        │  └──EndTxn(abort), timeout──▶ PrepareAbort ─markers─▶ CompleteAbort
       └────InitProducerId (epoch + 1) from Empty / Complete*; from Ongoing: abort first
+
+Transactions v2 (KIP-890 part 2, an EndTxn of v5+): every EndTxn bumps the epoch (the
+markers carry the new one, so a late write of the old epoch is fenced at the partition),
+and the answer hands the client its next (producer id, epoch); a retried EndTxn is known
+by the epoch one below the stored one. When the epochs of a producer id run out the
+coordinator moves the id on to a fresh producer id. With v2 an abort is allowed with no
+partition added (the client cannot know whether its first produce added one). The
+partitions themselves are added by the partition leaders (AddPartitionsToTxn v5 from a
+broker), and verified for v1 producers (KIP-890 part 1): `verify`.
 """
 
 from __future__ import annotations
@@ -42,6 +51,8 @@ COMPLETE = (COMPLETE_COMMIT, COMPLETE_ABORT)
 # Kafka's Short.MaxValue - 1: the last epoch a producer id can be given; past it, a new id.
 MAX_EPOCH = 32766
 NO_PRODUCER_ID = -1
+TV1 = 1  # a client with transactions v1 (explicit AddPartitionsToTxn, one epoch per session)
+TV2 = 2  # KIP-890's transactions v2: the epoch bumps at every EndTxn
 
 TopicPartition = tuple[str, int]
 
@@ -68,9 +79,16 @@ class TxnMetadata:
     partitions: frozenset[TopicPartition] = frozenset()
     start_ms: int = -1  # when the ongoing transaction began (its first partition)
     update_ms: int = -1
+    # Transactions v2: the epoch before the last bump (a retried EndTxn carries it), the
+    # producer id before a move to a new one and the new one chosen while the markers
+    # of the old one are written, and the version the client used last.
+    last_epoch: int = -1
+    previous_pid: int = NO_PRODUCER_ID
+    next_pid: int = NO_PRODUCER_ID
+    tv: int = TV1
 
     def to_json(self) -> dict:
-        return {
+        v = {
             "pid": self.producer_id,
             "epoch": self.producer_epoch,
             "timeout": self.timeout_ms,
@@ -79,6 +97,9 @@ class TxnMetadata:
             "start": self.start_ms,
             "update": self.update_ms,
         }
+        if self.tv >= TV2:  # v1 records stay as they were
+            v.update(tv=self.tv, last=self.last_epoch, prev=self.previous_pid, next=self.next_pid)
+        return v
 
     @classmethod
     def from_json(cls, tid: str, v: dict) -> TxnMetadata:
@@ -93,6 +114,10 @@ class TxnMetadata:
             frozenset((str(t), int(p)) for t, p in v["partitions"]),
             int(v["start"]),
             int(v["update"]),
+            int(v.get("last", -1)),
+            int(v.get("prev", NO_PRODUCER_ID)),
+            int(v.get("next", NO_PRODUCER_ID)),
+            int(v.get("tv", TV1)),
         )
 
 
@@ -168,7 +193,7 @@ class TransactionStateMachine:
             # A new incarnation of the producer: fence the old one (epoch + 1) and abort
             # what it left open; the client retries until the abort is complete.
             return Transition(
-                self._fenced_abort(m, now), Answer(ErrorCode.concurrent_transactions), True
+                self._fenced_abort(m, now, m.tv), Answer(ErrorCode.concurrent_transactions), True
             )
         pid, epoch = m.producer_id, m.producer_epoch + 1
         if epoch > MAX_EPOCH:
@@ -182,13 +207,25 @@ class TransactionStateMachine:
             partitions=frozenset(),
             start_ms=-1,
             update_ms=now,
+            last_epoch=-1,
+            previous_pid=NO_PRODUCER_ID,
+            next_pid=NO_PRODUCER_ID,
         )
         return Transition(after, Answer(ErrorCode.none, pid, epoch))
 
     def add_partitions(
-        self, tid: str, producer_id: int, epoch: int, partitions: set[TopicPartition], now: int
+        self,
+        tid: str,
+        producer_id: int,
+        epoch: int,
+        partitions: set[TopicPartition],
+        now: int,
+        tv: int = TV1,
     ) -> Decision:
-        """AddPartitionsToTxn, and AddOffsetsToTxn (its offsets partition)."""
+        """AddPartitionsToTxn, AddOffsetsToTxn (its offsets partition), and with
+        transactions v2 a partition leader's first produce (or TxnOffsetCommit) of a
+        transaction: with v2 the epoch was bumped by the last EndTxn, so a new
+        transaction starts at the same epoch."""
         m, error = self._producer(tid, producer_id, epoch)
         if m is None:
             return Answer(error)
@@ -204,15 +241,46 @@ class TransactionStateMachine:
             partitions=(m.partitions if m.state == ONGOING else frozenset()) | partitions,
             start_ms=m.start_ms if m.state == ONGOING else now,
             update_ms=now,
+            tv=tv,
         )
         return Transition(after, Answer())
 
-    def end_txn(self, tid: str, producer_id: int, epoch: int, commit: bool, now: int) -> Decision:
+    def verify(
+        self, tid: str, producer_id: int, epoch: int, partitions: set[TopicPartition]
+    ) -> dict[TopicPartition, int]:
+        """AddPartitionsToTxn with verify_only (KIP-890 part 1): is each partition in the
+        producer's ongoing transaction? A partition leader asks before a transactional
+        producer's first write to it, so a late write after the transaction ended is
+        refused instead of opening a transaction no marker will close."""
+        m, error = self._producer(tid, producer_id, epoch)
+        if m is None:
+            return dict.fromkeys(partitions, error)
+        if m.state in PREPARING:
+            return dict.fromkeys(partitions, ErrorCode.concurrent_transactions)
+        inside = m.partitions if m.state == ONGOING else frozenset()
+        return {tp: 0 if tp in inside else ErrorCode.invalid_txn_state for tp in partitions}
+
+    def end_txn(
+        self,
+        tid: str,
+        producer_id: int,
+        epoch: int,
+        commit: bool,
+        now: int,
+        tv: int = TV1,
+        new_producer_id: int = NO_PRODUCER_ID,
+    ) -> Decision:
+        """EndTxn. `tv`: TV2 for an EndTxn of v5+. `new_producer_id`: a fresh id the
+        shell allocated in case the epochs run out (only used with v2)."""
+        if tv >= TV2:
+            return self._end_txn_v2(tid, producer_id, epoch, commit, now, new_producer_id)
         m, error = self._producer(tid, producer_id, epoch)
         if m is None:
             return Answer(error)
         if m.state == ONGOING:
-            after = replace(m, state=PREPARE_COMMIT if commit else PREPARE_ABORT, update_ms=now)
+            after = replace(
+                m, state=PREPARE_COMMIT if commit else PREPARE_ABORT, update_ms=now, tv=tv
+            )
             return Transition(after, Answer(), markers=True)
         # A retried EndTxn after its outcome: the same answer again.
         if (m.state == COMPLETE_COMMIT and commit) or (m.state == COMPLETE_ABORT and not commit):
@@ -220,6 +288,80 @@ class TransactionStateMachine:
         if (m.state == PREPARE_COMMIT and commit) or (m.state == PREPARE_ABORT and not commit):
             return Answer(ErrorCode.concurrent_transactions)
         return Answer(ErrorCode.invalid_txn_state)
+
+    def _end_txn_v2(
+        self, tid: str, producer_id: int, epoch: int, commit: bool, now: int, new_pid: int
+    ) -> Decision:
+        """Kafka 4's endTransaction for transactions v2."""
+        m = self.txns.get(tid)
+        if m is None:
+            return Answer(ErrorCode.invalid_producer_id_mapping)
+        # A retry of an EndTxn that moved the id to a new producer id, or bumped the epoch.
+        retry_overflow = (
+            m.previous_pid == producer_id and epoch == MAX_EPOCH and m.producer_epoch == 0
+        )
+        retry_bump = m.producer_id == producer_id and m.producer_epoch == epoch + 1
+        if m.state in PREPARING:
+            valid = retry_bump
+        elif m.state in COMPLETE:
+            valid = retry_bump or retry_overflow or epoch == m.producer_epoch
+        else:
+            valid = epoch == m.producer_epoch
+        if m.producer_id != producer_id and not retry_overflow:
+            return Answer(ErrorCode.invalid_producer_id_mapping)
+        if not valid:
+            return Answer(ErrorCode.producer_fenced)
+        if tid in self.pending:
+            return Answer(ErrorCode.concurrent_transactions)
+        retry = retry_bump or retry_overflow
+        done = Answer(ErrorCode.none, m.producer_id, m.producer_epoch)
+        if m.state == ONGOING:
+            return self._prepare_v2(m, PREPARE_COMMIT if commit else PREPARE_ABORT, now, new_pid)
+        if m.state == COMPLETE_COMMIT:
+            if commit:
+                return done if retry else Answer(ErrorCode.invalid_txn_state)
+            if retry:
+                return Answer(ErrorCode.invalid_txn_state)
+            return self._prepare_v2(m, PREPARE_ABORT, now, new_pid, empty=True)
+        if m.state == COMPLETE_ABORT:
+            if commit:
+                return Answer(ErrorCode.invalid_txn_state)
+            return done if retry else self._prepare_v2(m, PREPARE_ABORT, now, new_pid, True)
+        if m.state in PREPARING:
+            same = (m.state == PREPARE_COMMIT) == commit
+            code = ErrorCode.concurrent_transactions if same else ErrorCode.invalid_txn_state
+            return Answer(code)
+        if m.state == EMPTY and not commit:
+            return self._prepare_v2(m, PREPARE_ABORT, now, new_pid, empty=True)
+        return Answer(ErrorCode.invalid_txn_state)
+
+    def _prepare_v2(
+        self, m: TxnMetadata, state: str, now: int, new_pid: int, empty: bool = False
+    ) -> Decision:
+        """Prepare with the epoch bumped; the client is answered its next identity: the
+        bumped epoch, or a fresh producer id at epoch 0 once the epochs are spent (the
+        markers still carry the old id, at the last epoch)."""
+        next_pid = NO_PRODUCER_ID
+        if m.producer_epoch >= MAX_EPOCH:
+            if new_pid == NO_PRODUCER_ID:
+                return Answer(ErrorCode.producer_fenced)  # the shell had no id to give
+            next_pid = new_pid
+        after = replace(
+            m,
+            producer_epoch=m.producer_epoch + 1,
+            last_epoch=m.producer_epoch,
+            next_pid=next_pid,
+            state=state,
+            partitions=frozenset() if empty else m.partitions,
+            start_ms=now if empty else m.start_ms,
+            update_ms=now,
+            tv=TV2,
+        )
+        if next_pid != NO_PRODUCER_ID:
+            answer = Answer(ErrorCode.none, next_pid, 0)
+        else:
+            answer = Answer(ErrorCode.none, m.producer_id, after.producer_epoch)
+        return Transition(after, answer, markers=True)
 
     def complete(self, tid: str, now: int) -> Transition | None:
         """The markers of a Prepare state are all written: the transition to its
@@ -229,17 +371,28 @@ class TransactionStateMachine:
             return None
         state = COMPLETE_COMMIT if m.state == PREPARE_COMMIT else COMPLETE_ABORT
         after = replace(m, state=state, partitions=frozenset(), start_ms=-1, update_ms=now)
+        if m.tv >= TV2 and m.next_pid != NO_PRODUCER_ID:
+            # The old id's markers are written: the id moves on to its new producer id.
+            after = replace(
+                after,
+                producer_id=m.next_pid,
+                producer_epoch=0,
+                last_epoch=-1,
+                previous_pid=m.producer_id,
+                next_pid=NO_PRODUCER_ID,
+            )
         return Transition(after, Answer())
 
     def timed_out(self, now: int) -> list[Transition]:
         """Ongoing transactions past their timeout: aborted, the producer fenced (epoch
-        + 1), so a zombie cannot go on writing in them."""
+        + 1, and + 1 more for the v2 abort, as Kafka 4 with transaction.version 2), so a
+        zombie cannot go on writing in them."""
         out = []
         for tid, m in self.txns.items():
             if tid in self.pending or m.state != ONGOING:
                 continue
             if now - m.start_ms > m.timeout_ms:
-                out.append(Transition(self._fenced_abort(m, now), Answer(), True))
+                out.append(Transition(self._fenced_abort(m, now, TV2), Answer(), True))
         return out
 
     def expired(self, now: int, expiration_ms: int) -> list[str]:
@@ -311,6 +464,18 @@ class TransactionStateMachine:
         return m, ErrorCode.none
 
     @staticmethod
-    def _fenced_abort(m: TxnMetadata, now: int) -> TxnMetadata:
-        epoch = m.producer_epoch + 1 if m.producer_epoch < MAX_EPOCH else m.producer_epoch
-        return replace(m, producer_epoch=epoch, state=PREPARE_ABORT, update_ms=now)
+    def _fenced_abort(m: TxnMetadata, now: int, tv: int) -> TxnMetadata:
+        """The abort of a transaction its producer left: fenced (epoch + 1) and, with
+        v2, bumped once more as every v2 completion is (never past the last epoch)."""
+        fenced = min(m.producer_epoch + 1, MAX_EPOCH + 1)
+        if tv < TV2:
+            return replace(m, producer_epoch=fenced, state=PREPARE_ABORT, update_ms=now, tv=tv)
+        return replace(
+            m,
+            producer_epoch=min(fenced + 1, MAX_EPOCH + 1),
+            last_epoch=fenced,
+            next_pid=NO_PRODUCER_ID,
+            state=PREPARE_ABORT,
+            update_ms=now,
+            tv=tv,
+        )

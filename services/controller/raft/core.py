@@ -274,6 +274,15 @@ class RaftNode:
             ]
         return s
 
+    def voters_reachable(self) -> tuple[int, int] | None:
+        """On the leader: (voters that fetched within the check-quorum window, counting
+        itself; voters that did not), the same test check-quorum applies. None elsewhere."""
+        if self._role != LEADER:
+            return None
+        window = self._cfg.check_quorum_ms
+        ok = sum(1 for r in self._replicas.values() if self._now - r.last_fetch_ms < window)
+        return 1 + ok, len(self._replicas) - ok
+
     # -- the shell's calls --------------------------------------------------------------
 
     @property

@@ -460,6 +460,64 @@ def cmd_cluster(a: argparse.Namespace) -> None:
     )
 
 
+def cmd_quorum(a: argparse.Namespace) -> None:
+    """The controller quorum's voters (KIP-853: they change, one at a time)."""
+    if a.action == "add":
+        if a.controller is None and a.node_id is None:
+            raise CliError("give --controller http://host:port (the new controller's address)")
+        body: dict[str, Any] = {"timeout_s": a.timeout}
+        if a.controller is not None:
+            body["controller_url"] = a.controller
+        if a.node_id is not None:
+            body.update(node_id=a.node_id, directory_id=a.directory_id, endpoint=a.endpoint)
+        r = _request(a.http, "POST", "/api/v1/quorum/voters", body)
+        print(f"voter added at offset {r['offset']} (committed in {r['commit_ms']} ms)")
+        print(_voter_set_table(r["voters"]))
+        return
+    if a.action == "remove":
+        path = f"/api/v1/quorum/voters/{a.node_id}?timeout_s={a.timeout}"
+        if a.directory_id:
+            path += f"&directory_id={a.directory_id}"
+        r = _request(a.http, "DELETE", path)
+        print(
+            f"voter {a.node_id} removed at offset {r['offset']} (committed in {r['commit_ms']} ms)"
+        )
+        print(_voter_set_table(r["voters"]))
+        return
+    q = _request(a.http, "GET", "/api/v1/quorum")
+    pending = "  a voter change is pending" if q.get("voter_change_pending") else ""
+    print(
+        f"quorum leader {q['leader_id']}  epoch {q['epoch']}  "
+        f"high watermark {q['high_watermark']}{pending}"
+    )
+    rows = [
+        [
+            v["node_id"],
+            v.get("directory_id") or "-",
+            v.get("role") or ("unreachable" if v.get("reachable") is False else "-"),
+            v.get("log_end_offset", "-") if v.get("log_end_offset") is not None else "-",
+            v["lag"] if v.get("lag") is not None else "-",
+            v.get("url") or "-",
+        ]
+        for v in q.get("voters", [])
+    ]
+    print(_table(rows, ["VOTER", "DIRECTORY", "ROLE", "LOG END", "LAG", "URL"]))
+    obs = [
+        [o["node_id"], o.get("directory_id") or "-", o["log_end_offset"], o["lag"]]
+        for o in q.get("observers", [])
+    ]
+    if obs:
+        print(_table(obs, ["OBSERVER", "DIRECTORY", "LOG END", "LAG"]))
+
+
+def _voter_set_table(voters: list[dict]) -> str:
+    rows = [
+        [v["id"], v.get("directory_id") or "-", (v.get("endpoints") or {}).get("CONTROLLER", "-")]
+        for v in voters
+    ]
+    return _table(rows, ["VOTER", "DIRECTORY", "ENDPOINT"])
+
+
 def _reassign_rows(items: list[dict]) -> str:
     rows = []
     for r in items:
@@ -686,6 +744,30 @@ def build_parser() -> argparse.ArgumentParser:
     csub = clu.add_subparsers(dest="action", required=True)
     csub.add_parser("status")
     clu.set_defaults(func=cmd_cluster)
+
+    quo = sub.add_parser(
+        "quorum",
+        help="describe the controller quorum; add or remove a voter",
+        description="The controller quorum's voters change one at a time, each answered "
+        "once committed. Examples: strait quorum describe; strait quorum add --controller "
+        "http://10.0.0.4:9093 (a controller started outside --voters, fetching as an "
+        "observer); strait quorum remove --node-id 3. Refused with the reason: a change "
+        "while another is pending, removing the last voter, one that would leave no live "
+        "majority, an unknown or unreachable controller.",
+    )
+    qsub = quo.add_subparsers(dest="action", required=True)
+    qsub.add_parser("describe")
+    qa = qsub.add_parser("add")
+    qa.add_argument("--controller", help="the new controller's URL: http://host:port")
+    qa.add_argument("--node-id", type=int)
+    qa.add_argument("--directory-id")
+    qa.add_argument("--endpoint", help="host:port the voters reach it on")
+    qa.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the commit")
+    qr = qsub.add_parser("remove")
+    qr.add_argument("--node-id", type=int, required=True)
+    qr.add_argument("--directory-id", help="only that storage of the id (a replaced voter)")
+    qr.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the commit")
+    quo.set_defaults(func=cmd_quorum)
 
     rea = sub.add_parser(
         "reassign",

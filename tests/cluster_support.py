@@ -180,6 +180,7 @@ def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
         log_level: str = "info",
         controller_args: list[str] | None = None,
         broker_args: list[str] | None = None,
+        controllers: int = 3,
     ) -> Cluster:
         hosts: dict[str, str] = {}
         prefix: dict[str, list[str]] = {}
@@ -197,6 +198,7 @@ def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
                 prefix[f"broker-{i}"] = net.prefix(i)
         c = Cluster(
             str(tmp_path / f"cluster{len(made)}"),
+            controllers=controllers,
             brokers=brokers,
             kafka_base=None,
             http_base=None,

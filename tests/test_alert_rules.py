@@ -257,28 +257,36 @@ def cluster(tmp_path: Path) -> Iterator[Any]:
     yield from cluster_factory(tmp_path)
 
 
+def static_scrapes(cluster: Cluster) -> list[dict[str, Any]]:
+    """Local processes: one job for the brokers, one for the controllers."""
+    targets = {
+        "straitmq-brokers": cluster.brokers.values(),
+        "straitmq-controllers": cluster.controllers.values(),
+    }
+    return [
+        {
+            "job_name": job,
+            "scrape_timeout": "1s",
+            "static_configs": [{"targets": [f"{n.host}:{n.http_port}" for n in nodes]}],
+        }
+        for job, nodes in targets.items()
+    ]
+
+
 class Prometheus:
-    def __init__(self, tmp_path: Path, cluster: Cluster) -> None:
+    """A real Prometheus with the shipped rules, their `for:` shortened to LIVE_FOR,
+    scraping and evaluating every second."""
+
+    def __init__(self, tmp_path: Path, scrape_configs: list[dict[str, Any]]) -> None:
         live = copy.deepcopy(yaml.safe_load(RULES.read_text()))
         for group in live["groups"]:
             for rule in group["rules"]:
                 rule["for"] = LIVE_FOR
         (tmp_path / "rules.yaml").write_text(yaml.safe_dump(live))
-        targets = {
-            "straitmq-brokers": cluster.brokers.values(),
-            "straitmq-controllers": cluster.controllers.values(),
-        }
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(tmp_path / "rules.yaml")],
-            "scrape_configs": [
-                {
-                    "job_name": job,
-                    "scrape_timeout": "1s",
-                    "static_configs": [{"targets": [f"{n.host}:{n.http_port}" for n in nodes]}],
-                }
-                for job, nodes in targets.items()
-            ],
+            "scrape_configs": scrape_configs,
         }
         (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
         port = free_port()
@@ -327,7 +335,7 @@ def test_killed_broker_and_voter_fire_their_alerts_in_a_real_prometheus(
 ) -> None:
     c: Cluster = cluster()
     c.create_topic("orders", partitions=3, rf=3, min_isr=2)
-    prom = Prometheus(tmp_path, c)
+    prom = Prometheus(tmp_path, static_scrapes(c))
     try:
         urp = "StraitMQUnderReplicatedPartitions"
 

@@ -130,8 +130,10 @@ def test_group_of_two_with_each_assignor_then_restart_and_resume(broker, assigno
             seen[p] += offs
     assert values == {f"v{i}" for i in range(600)}, "every record consumed"
     assert all(assignments), f"both members hold partitions at the end: {assignments}"
-    assert sorted(int(p) for a in assignments for p in a) == list(range(6)), (
-        "the two members split the six partitions"
+    # Between them they hold all six. (Not always a split of six: the member whose idle
+    # wait ends first leaves, and the other may take its partitions before it prints.)
+    assert {int(p) for a in assignments for p in a} == set(range(6)), (
+        "the two members hold the six partitions"
     )
 
     produce(broker, topic, 120, "--key-prefix", "late", "--value-prefix", "late")

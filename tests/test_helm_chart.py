@@ -199,7 +199,7 @@ NAMESPACED_RULES = {
         "update",
         "delete",
     },
-    ("", "pods"): {"get", "list", "watch", "delete"},
+    ("", "pods"): {"get", "list", "watch", "patch", "delete"},
     ("", "events"): {"create"},
     ("", "serviceaccounts"): {"get", "create", "patch"},  # the brokers' (rack awareness)
 }
@@ -208,7 +208,13 @@ NAMESPACES_READ = {("", "namespaces"): {"get", "list", "watch"}}
 NODE_READER = "sm-straitmq-node-reader"
 # Rack awareness: bind the node reader (and only it) to rack-aware clusters' brokers.
 RACK_BINDING = {
-    ("rbac.authorization.k8s.io", "clusterrolebindings"): {"get", "create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "clusterrolebindings"): {
+        "get",
+        "list",
+        "create",
+        "patch",
+        "delete",
+    },
     ("rbac.authorization.k8s.io", f"clusterroles/{NODE_READER}"): {"bind"},
 }
 
@@ -945,10 +951,17 @@ def test_operator_reconciles_with_nothing_but_the_charts_rbac(kube: Any, tmp_pat
             0.5,
             check=lambda: healthy(proc, log),
         )
-        # Deleting the MQCluster takes its rack binding (cluster-scoped: no owner reference).
+        # Deleting the MQCluster takes its rack binding (cluster-scoped: no owner reference);
+        # the operator deletes it when it sees the MQCluster gone (there is no finalizer).
         kube.kubectl("delete", "mqcluster", "demo", "-n", ns, "--timeout=60s")
-        gone = kube.kubectl("get", "clusterrolebinding", binding, check=False)
-        assert gone.returncode != 0 and "NotFound" in gone.stderr, gone
+
+        def binding_gone() -> bool:
+            out = kube.kubectl("get", "clusterrolebinding", binding, check=False)
+            return out.returncode != 0 and "NotFound" in out.stderr
+
+        wait_for(
+            binding_gone, 30, "the rack binding deleted", 0.5, check=lambda: healthy(proc, log)
+        )
         assert not forbidden(log), "\n".join(forbidden(log))
     finally:
         proc.terminate()

@@ -27,6 +27,7 @@ from kio.schema.delete_records.v2 import request as dr
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32, i64
 from test_errors import Raw
+from test_quorum_dynamic import leader_view, start_joining_controller
 from waiting import wait_for
 
 from bench.javatools import KAFKA41_TOOLS, ensure_jars, java_cmd
@@ -240,6 +241,44 @@ def test_metadata_quorum_on_a_cluster(cluster) -> None:
     assert sorted(k for k, v in status.items() if v == "Observer") == sorted(
         str(b) for b in c.brokers
     ), r.stdout
+
+
+def test_metadata_quorum_add_and_remove_controller(cluster, tmp_path) -> None:
+    """KIP-853 with Kafka's own tool: a controller started outside the voters is added
+    from its properties (its directory id read from its meta.properties), shown with its
+    directory id, removed, and a second removal is refused. --bootstrap-controller takes
+    a broker's address: the controllers serve HTTP, the brokers the controller APIs."""
+    c = cluster(brokers=1)
+    b = c.bootstrap
+    joining = start_joining_controller(c, 1004)
+    props = tmp_path / "controller-1004.properties"
+    props.write_text(
+        "process.roles=controller\nnode.id=1004\ncontroller.listener.names=CONTROLLER\n"
+        f"listeners=CONTROLLER://127.0.0.1:{joining.http_port}\n"
+        "listener.security.protocol.map=CONTROLLER:PLAINTEXT\n"
+        f"metadata.log.dir={c.data_dir}/controller-1004\n"
+    )
+    r = tool(
+        "kafka-metadata-quorum",
+        "--bootstrap-controller",
+        b,
+        "--command-config",
+        str(props),
+        "add-controller",
+    )
+    assert "Added controller 1004" in r.stdout, r.stdout
+    (voter,) = [v for v in leader_view(c)["voter_set"] if v["id"] == 1004]
+    directory = voter["directory_id"]
+    r = tool("kafka-metadata-quorum", "--bootstrap-controller", b, "describe", "--replication")
+    (row,) = [line.split() for line in r.stdout.splitlines() if line.startswith("1004")]
+    assert row[1] == directory and row[-1] == "Follower", r.stdout
+    remove = ("remove-controller", "--controller-id", "1004", "--controller-directory-id")
+    r = tool("kafka-metadata-quorum", "--bootstrap-controller", b, *remove, directory)
+    assert "Removed" in r.stdout, r.stdout
+    r = tool("kafka-metadata-quorum", "--bootstrap-server", b, "describe", "--status")
+    assert '"id": 1004' not in r.stdout.split("CurrentVoters:")[1].split("\n")[0], r.stdout
+    r = run_tool("kafka-metadata-quorum", "--bootstrap-server", b, *remove, directory)
+    assert r.returncode != 0 and "VOTER_NOT_FOUND" in r.stderr, r.stderr
 
 
 def test_reassign_with_throttle_then_verify(cluster, tmp_path) -> None:
@@ -768,5 +807,5 @@ def test_features_describe(broker) -> None:
         assert [
             (f.name, f.min_version_level, f.max_version_level)
             for f in replies[v].finalized_features
-        ] == [("metadata.version", 27, 27), ("share.version", 1, 1), ("transaction.version", 2, 2)]
+        ] == [("metadata.version", 27, 27), ("transaction.version", 2, 2), ("share.version", 1, 1)]
         assert replies[v].finalized_features_epoch > 0

@@ -106,10 +106,17 @@ def installed(kube: Any) -> Any:
 
 
 class Operator:
-    def __init__(self, kube: Any, log_path: Path) -> None:
+    def __init__(self, kube: Any, log_path: Path, namespace: str = NS) -> None:
+        self.kube = kube
+        self.namespace = namespace
         self.metrics_port = free_port()
         self.health_port = free_port()
         self.log_path = log_path
+        self.start()
+
+    def start(self) -> None:
+        """Start the process (again, after stop(): the same ports and log)."""
+        kube = self.kube
         env = {
             **kube.env,
             "STRAITMQ_OPERATOR_BUSY_INTERVAL_S": "1",
@@ -117,14 +124,14 @@ class Operator:
             # The node reader the chart installed, which the Deployment would name.
             "STRAITMQ_RACK_CLUSTER_ROLE": "straitmq-node-reader",
         }
-        with open(log_path, "ab") as log:
+        with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [
                     PYTHON,
                     "-m",
                     "straitmq.operator",
                     "--namespace",
-                    NS,
+                    self.namespace,
                     "--metrics-port",
                     str(self.metrics_port),
                     "--health-port",
@@ -146,6 +153,15 @@ class Operator:
     def log_lines(self) -> list[str]:
         return self.log_path.read_text(errors="replace").splitlines()
 
+    def healthy(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"operator exited: {self.log_lines()[-20:]}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=1)
+        except OSError:
+            return False
+        return True
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -161,17 +177,7 @@ def operator(installed: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     kube = installed
     kube.create_namespace(NS)
     op = Operator(kube, tmp_path_factory.mktemp("operator") / "operator.log")
-
-    def healthy() -> bool:
-        if op.proc.poll() is not None:
-            raise AssertionError(f"operator exited: {op.log_lines()[-20:]}")
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{op.health_port}/healthz", timeout=1)
-        except OSError:
-            return False
-        return True
-
-    kube.wait_for(healthy, 60, "operator /healthz")
+    kube.wait_for(op.healthy, 60, "operator /healthz")
     yield op
     op.stop()
 
@@ -335,6 +341,19 @@ class PodStandIns:
 
         apps = client.AppsV1Api(self._api)
         return apps.read_namespaced_stateful_set(f"{self.cluster}-broker", NS).spec.replicas
+
+    def in_sync(self) -> bool:
+        """A process runs for every live pod, the current one (not a step behind, e.g.
+        still in a broker pod's init step, when kwok already calls the pod Ready)."""
+        live = {
+            (
+                p.metadata.labels.get("app.kubernetes.io/component"),
+                int(p.metadata.name.rsplit("-", 1)[1]),
+            ): p.metadata.uid
+            for p in self._pods()
+            if p.metadata.deletion_timestamp is None
+        }
+        return live == dict(self.running)
 
     def check(self) -> None:
         if self.error is not None:
@@ -599,10 +618,13 @@ def test_mqcluster_becomes_statefulsets_services_and_pdbs(kube: Any, operator: O
     crb = f"straitmq-rack-{NS}-shape"  # cluster-scoped: no owner reference can reach it
     assert get_json(kube, "clusterrolebinding", crb)["subjects"][0]["name"] == "shape-broker"
     # Deleting the MQCluster lets the garbage collector remove everything it owns, and the
-    # operator removes the rack binding before it lets the MQCluster go.
+    # operator removes the rack binding when it sees the MQCluster gone (no finalizer).
     kube.kubectl("delete", "mqcluster", "shape", "-n", NS, "--wait=true", timeout=60)
-    gone = kube.kubectl("get", "clusterrolebinding", crb, check=False)
-    assert gone.returncode != 0 and "NotFound" in gone.stderr, gone
+    kube.wait_for(
+        lambda: "NotFound" in kube.kubectl("get", "clusterrolebinding", crb, check=False).stderr,
+        30,
+        "rack binding deleted",
+    )
     kube.wait_for(
         lambda: (
             kube.kubectl(
@@ -666,6 +688,10 @@ def test_topic_from_examples_is_created_and_listed(kube: Any, demo: PodStandIns)
     header = listed[0].split()
     assert row[header.index("READY")] == "True"
     assert row[header.index("PARTITIONS")] == str(spec["partitions"])
+    # ISR health, from the cluster's metadata at the operator's last pass.
+    assert row[header.index("URP")] == "0" and row[header.index("UNDERMINISR")] == "0"
+    wide = kube.kubectl("get", "topic", "orders", "-n", NS, "-o", "wide").stdout.splitlines()
+    assert wide[1].split()[wide[0].split().index("MINISR")] == "2"
 
 
 def test_brokers_take_their_rack_from_their_node(kube: Any, demo: PodStandIns) -> None:
@@ -831,7 +857,8 @@ def test_topic_partitions_config_drift_and_delete(kube: Any, demo: PodStandIns) 
     kube.wait_for(lambda: "audit" in demo.topics(), 60, "audit created")
     http_json(f"{demo.admin_url}/api/v1/topics/audit", method="DELETE")
     kube.wait_for(lambda: "audit" in demo.topics(), 60, "audit re-created after drift")
-    # kubectl delete: the finalizer deletes it from StraitMQ before the resource goes.
+    # kubectl delete: the resource goes at once (no finalizer); the MQCluster's pass,
+    # woken by the deletion, deletes the topic from StraitMQ.
     kube.kubectl("delete", "topic", "audit", "-n", NS, "--wait=true", timeout=60)
     kube.wait_for(lambda: "audit" not in demo.topics(), 30, "audit deleted")
     out = kube.kubectl("get", "topic", "audit", "-n", NS, check=False)
@@ -1013,6 +1040,290 @@ def test_config_change_rolls_one_pod_at_a_time(kube: Any, demo: PodStandIns) -> 
     (c,) = sts["template"]["spec"]["containers"]
     assert "--message-max-bytes=2000000" in c["args"]
     assert_none_lost(w, bootstrap, "orders", "verify-roll")
+
+
+PAUSE = "straitmq.io/pause-reconciliation"
+ROLL = "straitmq.io/manual-rolling-update"
+
+
+class StatusWatch:
+    """Every status the operator writes on one MQCluster, from a watch (no polling gap):
+    (phase, Ready condition's status, Degraded condition's reason when True)."""
+
+    def __init__(self, kube: Any, name: str) -> None:
+        self.name = name
+        self.seen: list[tuple[str | None, str | None, str | None]] = []
+        self._api = kube.api_client()
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        from kubernetes import client, watch
+
+        custom = client.CustomObjectsApi(self._api)
+        while not self._stop.is_set():
+            w = watch.Watch()
+            for ev in w.stream(
+                custom.list_namespaced_custom_object,
+                "straitmq.io",
+                "v1alpha1",
+                NS,
+                "mqclusters",
+                field_selector=f"metadata.name={self.name}",
+                timeout_seconds=5,
+            ):
+                obj = ev["object"]
+                degraded = condition(obj, "Degraded")
+                self.seen.append(
+                    (
+                        (obj.get("status") or {}).get("phase"),
+                        condition(obj, "Ready").get("status"),
+                        degraded.get("reason") if degraded.get("status") == "True" else None,
+                    )
+                )
+                if self._stop.is_set():
+                    w.stop()
+
+    def stop(self) -> list[tuple[str | None, str | None, str | None]]:
+        self._stop.set()
+        self.thread.join(30)
+        self._api.close()
+        return self.seen
+
+
+def pod_uids(kube: Any, cluster: str) -> dict[str, str]:
+    pods = get_json(kube, "pods", "-n", NS, "-l", f"app.kubernetes.io/instance={cluster}")
+    return {
+        p["metadata"]["name"]: p["metadata"]["uid"]
+        for p in pods["items"]
+        if not p["metadata"].get("deletionTimestamp")
+    }
+
+
+def wait_ready(kube: Any, demo: PodStandIns, what: str, timeout: float = 300) -> None:
+    def ready() -> bool:
+        demo.check()
+        phase = get_json(kube, "mqcluster", "demo", "-n", NS)["status"].get("phase")
+        return phase == "Ready" and demo.in_sync()
+
+    try:
+        kube.wait_for(ready, timeout, what)
+    except TimeoutError as e:
+        st = get_json(kube, "mqcluster", "demo", "-n", NS).get("status")
+        raise AssertionError(f"{e}: status {st}; stand-ins {demo.history[-12:]}") from e
+
+
+def test_paused_cluster_ignores_a_spec_change_until_unpaused(kube: Any, demo: PodStandIns) -> None:
+    kube.kubectl("annotate", "mqcluster", "demo", "-n", NS, f"{PAUSE}=true")
+
+    def paused() -> dict | None:
+        mq = get_json(kube, "mqcluster", "demo", "-n", NS)
+        c = condition(mq, "ReconciliationPaused")
+        return mq if mq["status"].get("phase") == "Paused" and c.get("status") == "True" else None
+
+    kube.wait_for(paused, 60, "MQCluster demo Paused")
+    before = get_json(kube, "statefulset", "demo-broker", "-n", NS)
+    uids = pod_uids(kube, "demo")
+    patch = {"spec": {"brokers": {"config": {"message.max.bytes": 3000000}}}}
+    kube.kubectl("patch", "mqcluster", "demo", "-n", NS, "--type=merge", "-p", json.dumps(patch))
+    gen = get_json(kube, "mqcluster", "demo", "-n", NS)["metadata"]["generation"]
+
+    # The operator has seen the new generation, and left it: its condition says which.
+    def seen_paused() -> dict | None:
+        mq = paused()
+        c = condition(mq, "ReconciliationPaused") if mq else {}
+        return mq if c.get("observedGeneration") == gen else None
+
+    mq = kube.wait_for(seen_paused, 60, "the paused pass over the new generation")
+    assert mq["status"]["observedGeneration"] < gen
+    assert f"generation {gen} not applied" in condition(mq, "ReconciliationPaused")["message"]
+    after = get_json(kube, "statefulset", "demo-broker", "-n", NS)
+    assert after["metadata"]["generation"] == before["metadata"]["generation"]
+    (c,) = after["spec"]["template"]["spec"]["containers"]
+    assert "--message-max-bytes=3000000" not in c["args"]
+    assert pod_uids(kube, "demo") == uids
+
+    # Unpaused: the change is applied, as a roll that shows `Rolling` (never Degraded
+    # PodsNotReady) until its last pod is back.
+    watch = StatusWatch(kube, "demo")
+    demo.watch_down = True
+    demo.max_brokers_down = 0
+    try:
+        kube.kubectl("annotate", "mqcluster", "demo", "-n", NS, f"{PAUSE}-")
+
+        def applied() -> bool:
+            now = pod_uids(kube, "demo")
+            return len(now) == 6 and all(now[n] != uids[n] for n in uids)
+
+        kube.wait_for(applied, 300, "every pod replaced after unpausing")
+        wait_ready(kube, demo, "MQCluster demo Ready after the roll")
+    finally:
+        demo.watch_down = False
+        seen = watch.stop()
+    mq = get_json(kube, "mqcluster", "demo", "-n", NS)
+    assert mq["status"]["observedGeneration"] == gen
+    assert condition(mq, "ReconciliationPaused") == {}
+    (c,) = get_json(kube, "statefulset", "demo-broker", "-n", NS)["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert "--message-max-bytes=3000000" in c["args"]
+    phases = [p for p, _, _ in seen]
+    assert "Rolling" in phases, seen
+    assert not [s for s in seen if s[2] == "PodsNotReady"], seen
+    assert demo.max_brokers_down <= 1
+
+
+def test_paused_topic_is_not_created_until_unpaused(kube: Any, demo: PodStandIns) -> None:
+    doc = topic("held", "demo", 1)
+    doc["metadata"]["annotations"] = {PAUSE: "true"}
+    kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(doc))
+
+    def paused() -> bool:
+        t = get_json(kube, "topic", "held", "-n", NS)
+        return condition(t, "ReconciliationPaused").get("status") == "True"
+
+    kube.wait_for(paused, 60, "Topic held paused")
+    assert "held" not in demo.topics()
+    kube.kubectl("annotate", "topic", "held", "-n", NS, f"{PAUSE}-")
+    kube.wait_for(lambda: "held" in demo.topics(), 60, "held created once unpaused")
+
+    def ready() -> dict | None:
+        t = get_json(kube, "topic", "held", "-n", NS)
+        return t if condition(t, "Ready").get("status") == "True" else None
+
+    t = kube.wait_for(ready, 60, "Topic held Ready")
+    assert condition(t, "ReconciliationPaused") == {}
+    kube.kubectl("delete", "topic", "held", "-n", NS, "--wait=true", timeout=60)
+    kube.wait_for(lambda: "held" not in demo.topics(), 60, "held deleted")
+
+
+def test_manual_rolling_update_of_one_pod_then_of_all(kube: Any, demo: PodStandIns) -> None:
+    before = pod_uids(kube, "demo")
+    kube.kubectl("annotate", "pod", "demo-broker-1", "-n", NS, f"{ROLL}=true")
+    kube.wait_for(
+        lambda: pod_uids(kube, "demo").get("demo-broker-1") not in (None, before["demo-broker-1"]),
+        120,
+        "demo-broker-1 restarted",
+    )
+    wait_ready(kube, demo, "MQCluster demo Ready after one pod's restart")
+    now = pod_uids(kube, "demo")
+    assert {k: v for k, v in now.items() if k != "demo-broker-1"} == {
+        k: v for k, v in before.items() if k != "demo-broker-1"
+    }
+    pod = get_json(kube, "pod", "demo-broker-1", "-n", NS)
+    assert ROLL not in (pod["metadata"].get("annotations") or {})
+
+    # All pods: one at a time, controllers first, at most one broker down.
+    t0 = time.monotonic()
+    before = now
+    demo.watch_down = True
+    demo.max_brokers_down = 0
+    try:
+        kube.kubectl("annotate", "mqcluster", "demo", "-n", NS, f"{ROLL}=true")
+
+        def rolled() -> bool:
+            now = pod_uids(kube, "demo")
+            return len(now) == 6 and all(now[n] != before[n] for n in before)
+
+        kube.wait_for(rolled, 300, "every pod restarted")
+        wait_ready(kube, demo, "MQCluster demo Ready after the manual roll")
+    finally:
+        demo.watch_down = False
+    mq = get_json(kube, "mqcluster", "demo", "-n", NS)
+    assert ROLL not in (mq["metadata"].get("annotations") or {})
+    for p in get_json(kube, "pods", "-n", NS, "-l", "app.kubernetes.io/instance=demo")["items"]:
+        assert ROLL not in (p["metadata"].get("annotations") or {}), p["metadata"]["name"]
+    restarts = sorted(
+        (t, kind, o) for t, what, kind, o in demo.history if what == "start" and t > t0
+    )
+    kinds = [kind for _, kind, _ in restarts]
+    assert kinds == sorted(kinds, key=lambda k: k != "controller"), restarts
+    assert demo.max_brokers_down <= 1, f"{demo.max_brokers_down} brokers down at once"
+
+
+def test_all_brokers_down_is_not_ready(kube: Any, demo: PodStandIns) -> None:
+    watch = StatusWatch(kube, "demo")
+    try:
+        kube.kubectl(
+            "delete",
+            "pods",
+            "-n",
+            NS,
+            "-l",
+            "app.kubernetes.io/instance=demo,app.kubernetes.io/component=broker",
+            "--wait=false",
+        )
+        # The pods' deletion wakes the operator at once (not at its 30 s timer).
+        kube.wait_for(lambda: any(r != "True" for _, r, _ in watch.seen), 60, "status not Ready")
+        wait_ready(kube, demo, "MQCluster demo Ready again", timeout=180)
+    finally:
+        seen = watch.stop()
+    down = [s for s in seen if s[1] != "True"]
+    assert down and all(p != "Ready" for p, _, _ in down), seen
+
+
+def test_topic_deleted_while_the_operator_is_away_is_removed_when_it_is_back(
+    kube: Any, demo: PodStandIns, operator: Operator
+) -> None:
+    kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(topic("swept", "demo", 1)))
+    kube.wait_for(lambda: "swept" in demo.topics(), 60, "swept created")
+    record = lambda: get_json(kube, "configmap", "demo-managed", "-n", NS).get("data") or {}  # noqa: E731
+    assert record().get("topic.swept") == "swept"
+    assert not get_json(kube, "topic", "swept", "-n", NS)["metadata"].get("finalizers")
+    operator.stop()
+    try:
+        # No finalizer: the resource goes at once, with nobody to remove the topic.
+        kube.kubectl("delete", "topic", "swept", "-n", NS, "--wait=true", timeout=30)
+        assert "swept" in demo.topics()
+    finally:
+        operator.start()
+        kube.wait_for(operator.healthy, 60, "operator /healthz again")
+    kube.wait_for(lambda: "swept" not in demo.topics(), 60, "swept deleted by the sweep")
+    kube.wait_for(lambda: "topic.swept" not in record(), 30, "record entry dropped")
+    assert "topic.orders" in record()
+
+
+def test_namespace_deletion_needs_no_operator(
+    kube: Any, installed: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Topics, Users and an MQCluster the operator has handled: with the operator stopped,
+    the MQCluster deleted first and then the namespace, the namespace goes."""
+    ns = "doomed"
+    kube.create_namespace(ns)
+    op = Operator(kube, tmp_path_factory.mktemp("doomed") / "operator.log", namespace=ns)
+    try:
+        kube.wait_for(op.healthy, 60, "second operator /healthz")
+        # Nothing answers there: the operator's passes fail fast, with conditions.
+        doc = mqcluster("gone", 3, {"straitmq.io/admin-url": "http://127.0.0.1:1"})
+        docs = [doc, topic("t1", "gone", 1), topic("t2", "gone", 1)]
+        docs += [user_doc(u, [write_acl("t1")], cluster="gone") for u in ("u1", "u2")]
+        for d in docs:
+            kube.kubectl("apply", "-n", ns, "-f", "-", input=yaml_doc(d))
+
+        def handled() -> bool:
+            for kind, name in (("topic", "t1"), ("topic", "t2"), ("user", "u1"), ("user", "u2")):
+                if not (get_json(kube, kind, name, "-n", ns).get("status") or {}).get("conditions"):
+                    return False
+            return bool(get_json(kube, "mqcluster", "gone", "-n", ns).get("status"))
+
+        kube.wait_for(handled, 60, "every resource reconciled once")
+        for kind in ("mqclusters", "topics", "users"):
+            for item in get_json(kube, kind, "-n", ns)["items"]:
+                assert not item["metadata"].get("finalizers"), item["metadata"]
+    finally:
+        op.stop()
+    kube.kubectl("delete", "mqcluster", "gone", "-n", ns, "--wait=true", timeout=30)
+    kube.kubectl("delete", "namespace", ns, "--wait=false")
+
+    def gone() -> bool:
+        return kube.kubectl("get", "namespace", ns, check=False).returncode != 0
+
+    try:
+        kube.wait_for(gone, 120, f"namespace {ns} deleted")
+    except TimeoutError as e:
+        left = kube.kubectl("get", "topics,users,mqclusters", "-n", ns, "-o", "yaml", check=False)
+        raise AssertionError(f"{e}: {left.stdout[-2000:]}") from e
 
 
 def test_operator_logs_are_structured_and_metrics_count_reconciles(
@@ -1249,7 +1560,7 @@ def authn(kube: Any, operator: Any, tmp_path_factory: pytest.TempPathFactory) ->
             kube.wait_for(lambda name=name: made(name), 120, f"topic {name} on authn")
         yield standins
     finally:
-        # While the brokers still answer: a User's finalizer removes its credential there.
+        # While the brokers still answer: the MQCluster's pass removes their credentials.
         kube.kubectl("delete", "users", "--all", "-n", NS, "--timeout=60s", check=False)
         standins.stop()
 

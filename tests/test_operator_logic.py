@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 from straitmq.broker.config import BrokerConfig
-from straitmq.operator import cluster, planning, render, user
+from straitmq.operator import cluster, conditions, managed, planning, render, user
 from straitmq.operator import names as n
 from straitmq.operator.admin import Partition, Topic
 from straitmq.operator.spec import SpecError, parse
@@ -515,3 +515,166 @@ def test_user_secret_values() -> None:
     annotated = body()
     annotated["metadata"]["annotations"] = {n.BOOTSTRAP_ANNOTATION: "127.0.0.1:1"}
     assert user.bootstrap_servers(annotated, spec) == "127.0.0.1:1"
+
+
+# --- pausing, manual rolls, status phases, the managed record ----------------------------
+
+
+def test_pause_annotation_keeps_the_status_and_says_so() -> None:
+    b = body(brokers={"replicas": 3})
+    b["metadata"] |= {"generation": 5, "annotations": {n.PAUSE_ANNOTATION: "true"}}
+    b["status"] = {
+        "observedGeneration": 4,
+        "phase": "Ready",
+        "brokers": {"ready": 3},
+        "conditions": [{"type": "Ready", "status": "True", "reason": "Ready", "message": ""}],
+    }
+    assert conditions.paused(b)
+    st = conditions.paused_status(b)
+    # What the last pass saw stays; generation 5 is not applied.
+    assert st["phase"] == "Paused" and st["observedGeneration"] == 4
+    assert st["brokers"] == {"ready": 3}
+    c = conditions.get_condition(st["conditions"], "ReconciliationPaused")
+    assert c is not None and c["status"] == "True" and c["observedGeneration"] == 5
+    assert "generation 5 not applied" in c["message"]
+    progressing = conditions.get_condition(st["conditions"], "Progressing")
+    assert progressing is not None and progressing["status"] == "False"
+    assert conditions.get_condition(st["conditions"], "Ready")["status"] == "True"
+    # Unpaused: the next pass's status drops the condition.
+    back = conditions.unpaused(st)
+    assert conditions.get_condition(back["conditions"], "ReconciliationPaused") is None
+    for value in ("false", "", "yes"):
+        b["metadata"]["annotations"][n.PAUSE_ANNOTATION] = value
+        assert not conditions.paused(b)
+    # A Topic has no phase.
+    t = {"kind": "Topic", "metadata": {"generation": 1, "annotations": {}}, "status": {}}
+    assert "phase" not in conditions.paused_status(t)
+
+
+def pod(name: str, revision: str, annotations: dict | None = None, deleting: bool = False) -> dict:
+    meta: dict = {
+        "name": name,
+        "labels": {"controller-revision-hash": revision},
+        "annotations": annotations or {},
+    }
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta}
+
+
+def test_a_pod_is_due_for_restart_when_outdated_or_asked_for() -> None:
+    assert not cluster.restart_due(pod("demo-broker-0", "r2"), "r2")
+    assert cluster.restart_due(pod("demo-broker-0", "r1"), "r2")
+    asked = pod("demo-broker-1", "r2", {n.ROLL_ANNOTATION: "true"})
+    assert cluster.manual_roll(asked) and cluster.restart_due(asked, "r2")
+    assert not cluster.restart_due(pod("demo-broker-1", "r2", {n.ROLL_ANNOTATION: "false"}), "r2")
+    # On its way out already: nothing to restart, whatever it carries.
+    assert not cluster.restart_due(
+        pod("demo-broker-2", "r1", {n.ROLL_ANNOTATION: "true"}, deleting=True), "r2"
+    )
+    mq = body()
+    mq["metadata"]["annotations"] = {n.ROLL_ANNOTATION: "True"}
+    assert cluster.manual_roll(mq)
+
+
+def sts(ready: int, replicas: int = 3) -> dict:
+    return {"status": {"readyReplicas": ready, "replicas": replicas}}
+
+
+def status_of(p: cluster.Pass, seen: cluster.Observed, ready: int, old_phase: str) -> dict:
+    events: list = []
+    r = cluster.ClusterReconciler(None, lambda *e: events.append(e))  # type: ignore[arg-type]
+    spec = parse(body(brokers={"replicas": 3}))
+    sets = {n.BROKER: sts(ready), n.CONTROLLER: sts(3)}
+    return r._status(spec, {"phase": old_phase}, 2, seen, p, 3, sets)
+
+
+def healthy() -> cluster.Observed:
+    return cluster.Observed(
+        cluster={
+            "controller": 1000,
+            "brokers": [{"id": i} for i in range(3)],
+            "offline_partitions": 0,
+            "under_replicated_partitions": 0,
+        },
+        topics=[],
+    )
+
+
+def test_status_phases_tell_the_truth() -> None:
+    # A roll waiting for its last restarted broker: Rolling, not Degraded.
+    st = status_of(
+        cluster.Pass(phase="Rolling", progressing=("Rolling", "w")), healthy(), 2, "Rolling"
+    )
+    assert st["phase"] == "Rolling"
+    assert conditions.get_condition(st["conditions"], "Degraded")["status"] == "False"
+    # Every broker down, the admin API away: not Ready, whatever the last phase.
+    down = cluster.Observed(error="connection refused")
+    st = status_of(cluster.Pass(), down, 0, "Ready")
+    assert st["phase"] == "Degraded"
+    assert conditions.get_condition(st["conditions"], "Ready")["status"] == "False"
+    # Every broker down during a roll: Degraded, not a roll's ordinary state.
+    st = status_of(cluster.Pass(phase="Rolling"), down, 0, "Rolling")
+    assert st["phase"] == "Degraded"
+    assert conditions.get_condition(st["conditions"], "Degraded")["reason"] == "NoBrokersReady"
+    # One broker not Ready outside a roll: Degraded, PodsNotReady.
+    st = status_of(cluster.Pass(), healthy(), 2, "Ready")
+    assert st["phase"] == "Degraded"
+    assert conditions.get_condition(st["conditions"], "Degraded")["reason"] == "PodsNotReady"
+    st = status_of(cluster.Pass(), healthy(), 3, "Degraded")
+    assert st["phase"] == "Ready"
+    assert conditions.get_condition(st["conditions"], "Ready")["status"] == "True"
+
+
+def test_topic_isr_health() -> None:
+    parts = [
+        Partition("t", 0, [0, 1, 2], [0, 1, 2], 0, [], []),
+        Partition("t", 1, [0, 1, 2], [1, 2], 1, [], []),
+        Partition("t", 2, [0, 1, 2], [2], 2, [], []),
+        Partition("t", 3, [0, 1, 2], [], -1, [], []),
+    ]
+    topic = Topic("t", "id", False, 3, {}, 2, parts)
+    assert planning.isr_health(topic) == {
+        "minInSyncReplicas": 2,
+        "underReplicatedPartitions": 3,
+        "underMinIsrPartitions": 2,
+        "offlinePartitions": 1,
+    }
+
+
+def resource(kind: str, name: str, cluster_name: str = "demo", **extra: object) -> dict:
+    meta: dict = {"name": name}
+    if extra.pop("deleting", False):
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"kind": kind, "metadata": meta, "spec": {"cluster": cluster_name, **extra}}
+
+
+def test_the_record_sweeps_what_no_resource_claims() -> None:
+    record = {
+        "topic.orders": "orders",
+        "topic.audit-log": "audit",
+        "topic.gone": "gone",
+        "topic.other-cluster": "x",
+        "topic.deleting": "deleting",
+        "user.alice": managed.SCRAM,
+        "user.bob": managed.TLS,
+        "unknown.key": "left alone",
+    }
+    topics = [
+        resource("Topic", "orders"),
+        resource("Topic", "audit", topicName="audit-log"),  # claimed by its topicName
+        resource("Topic", "other-cluster", cluster_name="other"),
+        resource("Topic", "deleting", deleting=True),
+    ]
+    users = [resource("User", "alice")]
+    assert managed.stale(record, "demo", topics, users) == [
+        "topic.deleting",
+        "topic.gone",
+        "topic.other-cluster",
+        "user.bob",
+    ]
+    assert managed.stale({}, "demo", topics, users) == []
+    cm = managed.config_map(body(), {"topic.orders": "orders"})
+    (owner,) = cm["metadata"]["ownerReferences"]
+    assert owner["uid"] == UID and owner["kind"] == "MQCluster"
+    assert cm["metadata"]["name"] == n.managed_config_map("demo") == "demo-managed"

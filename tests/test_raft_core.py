@@ -7,7 +7,7 @@ import random
 
 import orjson
 import pytest
-from straitmq.controller.raft.core import NotLeader, RaftConfig, RaftNode
+from straitmq.controller.raft.core import NotLeader, RaftConfig, RaftNode, VoterChangeRefused
 from straitmq.controller.raft.messages import (
     FENCED_LEADER_EPOCH,
     NOT_LEADER,
@@ -28,6 +28,7 @@ from straitmq.controller.raft.messages import (
 )
 from straitmq.controller.raft.storage import MemoryStorage, Snapshot
 from straitmq.controller.raft.storage import apply as apply_ops
+from straitmq.controller.raft.voters import Voter, VoterSet
 
 from straitmq import invariants
 from straitmq.invariants import InvariantBroken
@@ -586,6 +587,7 @@ def test_leader_reports_voters_and_observers_in_status() -> None:
     assert s["observers"] == [
         {
             "node_id": 100,
+            "directory_id": None,
             "log_end_offset": 1,
             "lag": 1,
             "last_fetch_ms": 320,
@@ -677,6 +679,11 @@ def test_deferred_leader_counts_its_own_log_only_as_far_as_it_is_durable() -> No
     storage = MemoryStorage()
     n = deferred(0, storage, voters=frozenset({0}))  # one voter: its own disk decides
     n.tick(300)
+    # A lone candidate leads only once its vote for itself is durable.
+    assert n.role == "candidate"
+    ops, seq = n.take_storage()
+    apply_ops(storage, ops)
+    n.persisted(seq)
     assert n.is_leader
     offset = n.propose("a")
     assert n.high_watermark == 0 and n.take_committed() == []
@@ -687,3 +694,214 @@ def test_deferred_leader_counts_its_own_log_only_as_far_as_it_is_durable() -> No
     assert n.high_watermark == offset + 1
     assert [e for _, e in n.take_committed()][-1] == Entry(1, "a")
     assert storage.entries == [Entry(1, None), Entry(1, "a")]
+
+
+# -- dynamic voters (KIP-853) ------------------------------------------------------------
+
+
+def dnode(nid: int, voters: VoterSet, storage: MemoryStorage | None = None) -> RaftNode:
+    """A node with a directory id ("d<id>") under a voter set with directory ids."""
+    return RaftNode(
+        nid, voters, storage or MemoryStorage(), CFG, random.Random(nid), 0, directory_id=f"d{nid}"
+    )
+
+
+def dset(*ids: int) -> VoterSet:
+    return VoterSet.of(Voter(i, f"d{i}") for i in ids)
+
+
+def settled(nodes: list[RaftNode], ms: int = 400) -> tuple[Net, RaftNode]:
+    net = Net(nodes)
+    net.run(ms)
+    leader = net.leader()
+    assert leader is not None
+    leader.propose("first")
+    net.run(100)
+    assert leader.high_watermark > leader._epoch_start
+    return net, leader
+
+
+def test_a_log_without_a_voter_set_uses_the_static_one_and_a_logged_set_wins() -> None:
+    n = node(0)
+    assert n.voter_set == VoterSet.static(VOTERS) and n.voters == VOTERS
+    storage = disk(1, (1,))
+    storage.entries.append(Entry(1, VoterSet.static([0, 1, 2, 3]).to_entry()))
+    n = node(0, storage)
+    assert n.voters == frozenset({0, 1, 2, 3}) and n._majority == 3
+    with pytest.raises(ValueError):
+        n.propose({"kraft": "voters", "voters": []})  # control entries are the core's
+
+
+def test_add_voter_needs_a_caught_up_observer_and_takes_effect_when_appended() -> None:
+    nodes = [dnode(i, dset(0, 1, 2)) for i in (0, 1, 2, 3)]
+    assert nodes[3].role == "observer"
+    net, leader = settled(nodes)
+    new = Voter(3, "d3", (("CONTROLLER", "host3:9093"),))
+    with pytest.raises(VoterChangeRefused) as exc:
+        leader.add_voter(Voter(7, "d7"))
+    assert exc.value.code == VoterChangeRefused.NOT_CAUGHT_UP  # unknown: never fetched
+    with pytest.raises(VoterChangeRefused) as exc:
+        leader.add_voter(Voter(3, "other-dir"))
+    assert exc.value.code == VoterChangeRefused.NOT_CAUGHT_UP
+    with pytest.raises(VoterChangeRefused) as exc:
+        leader.add_voter(Voter(1, "d1"))
+    assert exc.value.code == VoterChangeRefused.DUPLICATE
+    net.down = {0, 1, 2} - {leader.node_id}  # no voter acknowledges: it stays uncommitted
+    offset = leader.add_voter(new)
+    assert leader.voters == frozenset({0, 1, 2, 3}) and leader._majority == 3  # at once
+    assert leader.voter_change_pending
+    with pytest.raises(VoterChangeRefused) as exc:
+        leader.remove_voter(2, "d2")
+    assert exc.value.code == VoterChangeRefused.PENDING  # one change at a time
+    net.run(100)
+    # The leader and 3 hold it: two of four is no majority of the new set.
+    assert nodes[3].voters == leader.voters and nodes[3].role == "follower"
+    assert leader.high_watermark <= offset
+    net.down = set()
+    net.run(100)
+    assert leader.high_watermark > offset and not leader.voter_change_pending
+    assert leader.voter_set.get(3) == new
+    assert {v["node_id"] for v in leader.status()["voters"]} == {0, 1, 2, 3}
+
+
+def test_a_new_leader_changes_no_voters_before_its_epoch_commits() -> None:
+    leader = dnode(0, dset(0, 1, 2))
+    elect(leader)
+    with pytest.raises(VoterChangeRefused) as exc:
+        leader.remove_voter(2, "d2")
+    assert exc.value.code == VoterChangeRefused.NOT_READY
+    assert leader.voters == frozenset({0, 1, 2})
+
+
+def test_remove_refuses_the_last_voter_an_unknown_one_and_a_lost_majority() -> None:
+    net, leader = settled([dnode(0, dset(0))])
+    with pytest.raises(VoterChangeRefused) as exc:
+        leader.remove_voter(0, "d0")
+    assert exc.value.code == VoterChangeRefused.LAST_VOTER
+    with pytest.raises(VoterChangeRefused) as exc:
+        leader.remove_voter(5)
+    assert exc.value.code == VoterChangeRefused.NOT_FOUND
+
+    nodes = [dnode(i, dset(0, 1, 2)) for i in range(3)]
+    net, leader = settled(nodes)
+    other = next(i for i in (1, 2) if i != leader.node_id)
+    dead = 3 - leader.node_id - other
+    net.down = {dead}
+    net.run(CFG.check_quorum_ms + 10)
+    # {leader, dead} would need both; only the leader is in contact.
+    with pytest.raises(VoterChangeRefused) as exc:
+        leader.remove_voter(other, f"d{other}")
+    assert exc.value.code == VoterChangeRefused.LOSES_MAJORITY
+    assert leader.voters == frozenset({0, 1, 2})
+    leader.remove_voter(dead, f"d{dead}")  # removing the dead one keeps a majority
+    net.run(50)
+    assert leader.voters == frozenset({leader.node_id, other}) and not leader.voter_change_pending
+
+
+def test_a_leader_removing_itself_leads_until_committed_then_hands_over() -> None:
+    nodes = [dnode(i, dset(0, 1, 2)) for i in range(3)]
+    net, leader = settled(nodes)
+    epoch = leader.epoch
+    offset = leader.remove_voter(leader.node_id, f"d{leader.node_id}")
+    assert leader.is_leader and not leader.is_voter
+    # Its own log no longer counts: the two others must hold the entry.
+    others = [n for n in nodes if n is not leader]
+    net.down = {others[0].node_id}
+    net.pump()
+    assert leader.high_watermark <= offset
+    net.down = set()
+    net.run(500)
+    assert leader.role == "observer"
+    new = net.leader()
+    assert new is not None and new.node_id != leader.node_id and new.epoch > epoch
+    assert new.voters == frozenset(n.node_id for n in others)
+    assert any(isinstance(m, EndQuorumEpoch) and m.src == leader.node_id for m in net.sent)
+    new.propose("after")
+    net.run(50)
+    assert leader.high_watermark == new.high_watermark  # it still follows the log
+
+
+def test_truncation_reverts_an_uncommitted_voter_set() -> None:
+    f = dnode(1, dset(0, 1, 2), disk(1, (1,)))
+    f.step(BeginQuorumEpoch(0, 1, 1, 0), 10)
+    f.take_messages()
+    added = dset(0, 1, 2, 3).to_entry()
+    f.step(FetchResponse(0, 1, 1, 0, None, 1, (Entry(1, added),), 1, last_fetched_epoch=1), 20)
+    assert f.voters == frozenset({0, 1, 2, 3})
+    f.step(BeginQuorumEpoch(2, 1, 2, 2), 30)
+    f.take_messages()
+    f.step(FetchResponse(2, 1, 2, 2, None, 2, (), 1, 0, 1, 1, last_fetched_epoch=1), 40)
+    assert f.log_end_offset == 1 and f.voters == frozenset({0, 1, 2})
+
+
+def test_snapshots_carry_the_voter_set_to_a_restart_and_to_a_lagging_node() -> None:
+    nodes = [dnode(i, dset(0, 1, 2)) for i in (0, 1, 2, 3)]
+    net, leader = settled(nodes)
+    leader.add_voter(Voter(3, "d3"))
+    net.run(50)
+    leader.propose("x")
+    net.run(50)
+    end = leader.high_watermark
+    leader.take_committed()
+    leader.create_snapshot(end, {"n": end})
+    assert leader._storage.snapshot.voters == dset(0, 1, 2, 3).to_list()
+    restarted = dnode(leader.node_id, dset(0, 1, 2), leader._storage)
+    assert restarted.voters == frozenset({0, 1, 2, 3})
+    fresh = dnode(2, dset(0, 1, 2)) if leader.node_id != 2 else dnode(1, dset(0, 1, 2))
+    net.nodes[fresh.node_id] = fresh  # its disk was lost... with the same directory id
+    net.run(200)
+    assert fresh.log_start_offset == end and fresh.voters == frozenset({0, 1, 2, 3})
+
+
+def test_a_voter_on_new_storage_neither_votes_nor_counts_as_the_old_one() -> None:
+    old = dset(0, 1, 2)
+    replaced = RaftNode(2, old, MemoryStorage(), CFG, random.Random(2), 0, directory_id="d2-new")
+    assert replaced.role == "observer" and not replaced.is_voter
+    replaced.step(VoteRequest(0, 2, 1, 0, 5, 9, voter_directory_id="d2"), 500)
+    (resp,) = of(replaced.take_messages(), VoteResponse)
+    assert not resp.granted  # it lost the old storage's votes: never counts as it
+    leader = dnode(0, old)
+    elect(leader)
+    leader.step(FetchRequest(2, 0, 1, 1, 1, directory_id="d2-new"), 310)
+    assert leader.high_watermark == 0  # an observer's fetch moves nothing
+    leader.step(FetchRequest(1, 0, 1, 1, 1, directory_id="d1"), 320)
+    assert leader.high_watermark == 1
+    assert [o["directory_id"] for o in leader.status()["observers"]] == ["d2-new"]
+
+
+def test_a_replaced_voter_is_removed_then_added_with_its_new_directory() -> None:
+    nodes = [dnode(i, dset(0, 1, 2)) for i in range(3)]
+    net, leader = settled(nodes)
+    lost = next(i for i in range(3) if i != leader.node_id)
+    fresh = RaftNode(
+        lost,
+        dset(0, 1, 2),
+        MemoryStorage(),
+        CFG,
+        random.Random(9),
+        net.now,
+        directory_id=f"d{lost}-new",
+    )
+    net.nodes[lost] = fresh
+    net.run(100)
+    with pytest.raises(VoterChangeRefused) as exc:
+        leader.add_voter(Voter(lost, f"d{lost}-new"))
+    assert exc.value.code == VoterChangeRefused.DUPLICATE  # remove the old identity first
+    leader.remove_voter(lost, f"d{lost}")
+    net.run(100)
+    leader.add_voter(Voter(lost, f"d{lost}-new"))
+    net.run(100)
+    assert leader.voter_set.get(lost) == Voter(lost, f"d{lost}-new")
+    assert fresh.is_voter and fresh.role == "follower"
+    assert not leader.voter_change_pending
+
+
+def test_static_voters_get_their_directory_ids_pinned_by_the_first_change() -> None:
+    nodes = [
+        RaftNode(i, VOTERS, MemoryStorage(), CFG, random.Random(i), 0, directory_id=f"d{i}")
+        for i in (0, 1, 2, 3)
+    ]
+    net, leader = settled(nodes)
+    leader.add_voter(Voter(3, "d3"))
+    net.run(100)
+    assert [v.directory_id for v in leader.voter_set.voters] == ["d0", "d1", "d2", "d3"]

@@ -1,22 +1,34 @@
 """The deterministic simulation over many seeds: safety after every event, liveness at the
-end. A failure names its seed; replay it with `python -m bench.raft_sim --seed N`."""
+end. A failure names its seed; replay it with `python -m bench.raft_sim --seed N`.
+
+Every seed draws its faults: lost, duplicated and reordered messages, partitions, crashes
+(at the worst moments too), unpersisted writes, snapshots, resignations, and voter changes
+(KIP-853: add, remove, the leader itself too, and the replacement of a voter whose disk
+was lost). These are the long seeds (600 ticks) and the mutation tests; the 10,000 short
+seeds are in test_raft_sim_changes.py (a module of its own: xdist runs it beside this one).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from straitmq.controller.raft import core
+from straitmq.controller.raft.core import RaftNode, VoterChangeRefused
+from straitmq.controller.raft.messages import VoteRequest
 from straitmq.controller.raft.simulation import Simulation, SimulationFailure
 
 from straitmq import invariants
 
-CHUNK = 25
-THREE_VOTERS = 800  # seeds 0..799
-FIVE_VOTERS = 200  # seeds 0..199, with two observers
+CHUNK = 12
+THREE_VOTERS = 384  # long seeds 0..383
+FIVE_VOTERS = 96  # long seeds 0..95, with two observers
+SHORT_STEPS = 100  # the mutation tests run short seeds (as test_raft_sim_changes.py)
 
 
-def _run(seeds: range, voters: int, observers: int) -> None:
+def _run(seeds: range, voters: int, observers: int, steps: int = 600) -> None:
     for seed in seeds:
-        Simulation(seed, voters=voters, observers=observers).run()
+        Simulation(seed, voters=voters, observers=observers, steps=steps).run()
 
 
 @pytest.mark.parametrize("start", range(0, THREE_VOTERS, CHUNK))
@@ -42,6 +54,9 @@ def test_the_faults_are_exercised() -> None:
             totals[k] = totals.get(k, 0) + v
     for what in ("elections", "snapshots", "crashes", "proposals", "committed"):
         assert totals[what] > 40, (what, totals)
+    # Membership: changes made and refused, and disks lost (then replaced).
+    for what in ("voter_changes", "changes_refused", "disks_lost"):
+        assert totals[what] > 10, (what, totals)
 
 
 def test_a_planted_bug_is_caught_with_a_replay_command(monkeypatch) -> None:
@@ -68,3 +83,74 @@ def test_a_broken_invariant_of_the_core_fails_the_run_with_its_seed(monkeypatch)
     message = str(exc.value)
     assert "invariant broken: planted by the test" in message
     assert "python -m bench.raft_sim --seed 3" in message
+
+
+# -- mutations: a known membership bug put back must be caught within the seed budget ----
+
+
+def _caught(seeds: range) -> str:
+    with pytest.raises(SimulationFailure) as exc:
+        _run(seeds, voters=3, observers=1, steps=SHORT_STEPS)
+    message = str(exc.value)
+    assert "python -m bench.raft_sim --seed" in message and "--steps 100" in message
+    return message
+
+
+def test_two_uncommitted_voter_changes_break_safety(monkeypatch) -> None:
+    """The leader takes a second change while the first is uncommitted: two steps apart,
+    the old and the new set's majorities need not intersect. Caught by the safety checks
+    themselves (the direct check of one pending change is switched off)."""
+
+    def no_pending_check(self: RaftNode):
+        if self._role != core.LEADER:
+            raise core.NotLeader(self._leader_id, self._epoch)
+        if self._hw <= self._epoch_start:
+            raise VoterChangeRefused(VoterChangeRefused.NOT_READY, "not ready")
+        return self.voter_set
+
+    monkeypatch.setattr(RaftNode, "_check_change", no_pending_check)
+    monkeypatch.setattr(Simulation, "_check_one_change", lambda self, i, node: None)
+    message = _caught(range(400))
+    assert (
+        "leader completeness" in message or "election safety" in message or "committed" in message
+    )
+
+
+def test_two_uncommitted_voter_changes_are_seen_at_once(monkeypatch) -> None:
+    def no_pending_check(self: RaftNode):
+        if self._role != core.LEADER:
+            raise core.NotLeader(self._leader_id, self._epoch)
+        return self.voter_set
+
+    monkeypatch.setattr(RaftNode, "_check_change", no_pending_check)
+    assert "uncommitted voter sets" in _caught(range(50))
+
+
+def test_a_voter_on_new_storage_voting_as_the_old_one_breaks_safety(monkeypatch) -> None:
+    """A node whose disk was lost votes as the voter it replaced (its directory id not
+    checked): it forgot that voter's votes and log, and a leader misses committed entries."""
+    original = core._HANDLERS[VoteRequest]
+
+    def vote_ignoring_the_directory(self: RaftNode, m: VoteRequest) -> None:
+        if m.voter_directory_id is not None and self.node_id in self.voter_set.ids:
+            m = dataclasses.replace(m, voter_directory_id=self.directory_id)
+        original(self, m)
+
+    monkeypatch.setitem(core._HANDLERS, VoteRequest, vote_ignoring_the_directory)
+    assert "leader completeness" in _caught(range(200))
+
+
+def test_votes_counted_with_the_previous_set_are_caught(monkeypatch) -> None:
+    """A candidate counts its votes against the set before the latest change."""
+
+    def count_with_previous(self: RaftNode) -> None:
+        history = self._voter_history
+        vs = self._voters_at(history[-1][0]) if history else self.voter_set
+        if len(self._grants & vs.ids) >= vs.majority:
+            if self._role == core.PROSPECTIVE:
+                self._become_candidate()
+            elif self._role == core.CANDIDATE:
+                self._become_leader()
+
+    monkeypatch.setattr(RaftNode, "_count_votes", count_with_previous)
+    _caught(range(200))

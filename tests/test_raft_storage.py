@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import orjson
 import pytest
+from straitmq.controller.quorum import load_directory_id, parse_kafka_uuid
 from straitmq.controller.raft.messages import Entry
 from straitmq.controller.raft.storage import FileStorage, MemoryStorage, Snapshot
 
@@ -227,3 +229,30 @@ def test_simulated_cluster_on_file_storage(tmp_path: Path, seed: int) -> None:
 
     stats = Simulation(seed, storage_factory=lambda i: FileStorage(tmp_path / str(i))).run()
     assert stats["committed"] > 0
+
+
+def test_a_controllers_directory_id_lives_and_dies_with_its_storage(tmp_path) -> None:
+    """meta.properties (Kafka's v1 layout) keeps the directory id across restarts; new
+    storage, or a metadata log that is gone, gets a new one (KIP-853: never the old
+    voter's identity without its votes and log)."""
+    first = load_directory_id(str(tmp_path), 1001, "cid")
+    assert len(parse_kafka_uuid(first).bytes) == 16
+    props = dict(
+        line.split("=", 1) for line in (tmp_path / "meta.properties").read_text().splitlines()
+    )
+    assert props == {"version": "1", "cluster.id": "cid", "node.id": "1001", "directory.id": first}
+    assert load_directory_id(str(tmp_path), 1001, "cid") == first
+    shutil.rmtree(tmp_path / "metadata-raft")
+    second = load_directory_id(str(tmp_path), 1001, "cid")
+    assert second != first and load_directory_id(str(tmp_path), 1001, "cid") == second
+
+
+def test_a_snapshot_keeps_its_voter_set(tmp_path) -> None:
+    s = FileStorage(tmp_path)
+    s.load()
+    s.append([Entry(1, "a"), Entry(1, "b")])
+    voters = [{"id": 1, "directory_id": "d1", "endpoints": {"CONTROLLER": "h:1"}}]
+    s.save_snapshot(Snapshot(2, 1, ["a", "b"], voters))
+    s.close()
+    _, _, snapshot, _, _ = FileStorage(tmp_path).load()
+    assert snapshot == Snapshot(2, 1, ["a", "b"], voters)

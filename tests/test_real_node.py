@@ -468,6 +468,109 @@ def test_metrics_scraped_through_services_carry_the_dashboards_metrics(
             check_served(board, cluster, "the broker and controller pods")
 
 
+def test_a_broker_pod_kept_down_fires_the_under_replicated_alert_in_prometheus(
+    node: NodeHandle, client: ClientPod, tmp_path: Path
+) -> None:
+    """The chart's alert rules in a real Prometheus (run on this host) that finds the pods
+    through the API server (kubernetes_sd with the node's kubeconfig) and scrapes them
+    over the pod network, as a cluster's Prometheus does: a broker pod deleted and kept
+    from coming back (the single node cordoned) for longer than the rule's `for:` makes
+    StraitMQUnderReplicatedPartitions fire; uncordoned, the pod returns and it resolves.
+    The rules' `for:` is shortened to LIVE_FOR as in tests/test_alert_rules.py (the
+    shipped 2m would only add two minutes); deletion → firing is reported."""
+    from real_node_support import NODE_NAME
+    from test_alert_rules import LIVE_FOR, Prometheus
+
+    urp = "StraitMQUnderReplicatedPartitions"
+    scrapes = [
+        {
+            "job_name": "pods",
+            "scrape_timeout": "1s",
+            "kubernetes_sd_configs": [
+                {
+                    "role": "pod",
+                    "kubeconfig_file": node.kubeconfig,
+                    "namespaces": {"names": [NS]},
+                }
+            ],
+            "relabel_configs": [
+                # Each StraitMQ pod's http port (its /metrics), one job per component.
+                {
+                    "source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"],
+                    "regex": "true",
+                    "action": "keep",
+                },
+                {
+                    "source_labels": ["__meta_kubernetes_pod_container_port_name"],
+                    "regex": "http",
+                    "action": "keep",
+                },
+                {
+                    "source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_component"],
+                    "regex": "(broker|controller)",
+                    "replacement": "straitmq-${1}s",
+                    "target_label": "job",
+                },
+                {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+                {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+            ],
+        }
+    ]
+    prom = Prometheus(tmp_path, scrapes)
+    cordoned = False
+    try:
+
+        def scraping() -> bool:
+            up = [t for t in prom.get("/api/v1/targets")["activeTargets"] if t["health"] == "up"]
+            series = prom.get("/api/v1/query?query=straitmq_broker_partitions_under_replicated")
+            return len(up) == 6 and len(series["result"]) == 3
+
+        wait_for(scraping, 120, "Prometheus scraping the six pods", every=1, ignore=RETRY)
+        wait_for(lambda: isr_full(node), 120, "every ISR full", every=1, ignore=RETRY)
+        assert prom.alerts(urp) == []
+        victim = "demo-broker-2"
+        uid = node.get("pod", victim, "-n", NS)["metadata"]["uid"]
+        node.kubectl("cordon", NODE_NAME)
+        cordoned = True
+        t_delete = time.monotonic()
+        node.kubectl("delete", "pod", victim, "-n", NS, "--wait=false")
+        wait_for(lambda: prom.alerts(urp), 120, f"{urp} pending", check=prom.alive, every=0.5)
+        to_pending = time.monotonic() - t_delete
+        wait_for(lambda: prom.firing(urp), 120, f"{urp} firing", check=prom.alive, every=0.5)
+        to_firing = time.monotonic() - t_delete
+        firing = [a for a in prom.alerts(urp) if a["state"] == "firing"]
+        assert {(a["labels"]["namespace"], a["labels"]["job"]) for a in firing} == {
+            (NS, "straitmq-brokers")
+        }, firing
+        # Still down: the pod cannot be scheduled on the cordoned node.
+        assert not pod_ready(node, victim, not_uid=uid)
+        node.kubectl("uncordon", NODE_NAME)
+        cordoned = False
+        t_back = time.monotonic()
+        wait_for(
+            lambda: pod_ready(node, victim, not_uid=uid),
+            180,
+            f"{victim} back",
+            every=1,
+            ignore=RETRY,
+        )
+        wait_for(
+            lambda: prom.alerts(urp) == [], 180, f"{urp} resolved", check=prom.alive, every=0.5
+        )
+        to_resolved = time.monotonic() - t_back
+        print(
+            f"\n[alert figures, real node] {urp} (for: {LIVE_FOR} here, 2m shipped; scrape "
+            f"and evaluation every 1s): pod deleted -> pending {to_pending:.1f} s, -> firing "
+            f"{to_firing:.1f} s; uncordoned -> resolved {to_resolved:.1f} s",
+            flush=True,
+        )
+    finally:
+        if cordoned:
+            node.kubectl("uncordon", NODE_NAME)
+        prom.stop()
+    wait_cluster_ready(node, 180)
+
+
 def test_broker_pod_faults_while_producing(node: NodeHandle, client: ClientPod) -> None:
     """Graceful delete, forced delete, SIGKILL from the host, SIGSTOP until the liveness
     probe fails: each time the pod returns on its PVC and rejoins every ISR, and no

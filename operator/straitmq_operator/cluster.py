@@ -17,7 +17,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 
-from . import certificates, planning, render
+from . import certificates, managed, planning, render
 from . import names as n
 from .admin import AdminClient, AdminError, Topic
 from .conditions import get_condition, set_condition
@@ -46,6 +46,20 @@ def admin_url(body: dict[str, Any], spec: ClusterSpec) -> str:
         return override
     scheme = "https" if spec.http_secured else "http"
     return f"{scheme}://{n.bootstrap_service(spec.name)}.{spec.namespace}.svc:{spec.http_port}"
+
+
+def manual_roll(body: dict[str, Any]) -> bool:
+    """The manual-rolling-update annotation is on this pod or MQCluster."""
+    value = ((body.get("metadata") or {}).get("annotations") or {}).get(n.ROLL_ANNOTATION)
+    return str(value).strip().lower() == "true"
+
+
+def restart_due(pod: dict[str, Any], revision: str | None) -> bool:
+    """A pod to restart in a roll: of an older revision, or asked for by annotation."""
+    if pod["metadata"].get("deletionTimestamp"):
+        return False  # on its way out already
+    labels = pod["metadata"].get("labels") or {}
+    return labels.get("controller-revision-hash") != revision or manual_roll(pod)
 
 
 def other_scheme(url: str) -> str:
@@ -166,7 +180,9 @@ class ClusterReconciler:
             if p.scaling and p.scaling.get("adding"):
                 await self._spread(admin, spec, seen, want, p)
             if p.phase in ("Ready", "Creating") and current is not None:
-                await self._roll(spec, seen, p, sets)
+                await self._roll(body, spec, seen, p, sets)
+            if seen.reachable:
+                await self._sweep(admin, body)
         return self._status(spec, old, generation, seen, p, replicas, sets)
 
     async def _connect(
@@ -304,6 +320,15 @@ class ClusterReconciler:
             seen.quorum = None
         return seen
 
+    async def _sweep(self, admin: AdminClient, body: dict[str, Any]) -> None:
+        """Remove what deleted Topics and Users left in the cluster (managed.py)."""
+        try:
+            await managed.sweep(self.kube, admin, body, self.emit)
+        except AdminError as e:  # the record keeps it: the next pass tries again
+            log.warning(
+                "could not remove a deleted resource's topic or user", extra={"error": e.message}
+            )
+
     # -- scaling ---------------------------------------------------------------------
 
     async def _scale_down(
@@ -410,43 +435,77 @@ class ClusterReconciler:
     # -- rolling restarts -------------------------------------------------------------
 
     async def _roll(
-        self, spec: ClusterSpec, seen: Observed, p: Pass, sets: dict[str, dict[str, Any]]
+        self,
+        body: dict[str, Any],
+        spec: ClusterSpec,
+        seen: Observed,
+        p: Pass,
+        sets: dict[str, dict[str, Any]],
     ) -> None:
-        """Restart one outdated pod if everything is healthy: controllers, then brokers."""
+        """Restart one pod if everything is healthy: controllers, then brokers. A pod is
+        due when its revision is not the StatefulSet's, or when a person asked for it
+        (the manual-rolling-update annotation on the pod, or on the MQCluster for all)."""
+        old = body.get("status") or {}
+        if manual_roll(body):
+            await self._mark_all_pods(spec)
+            await self.kube.remove_annotation(
+                n.CLUSTERS, spec.namespace, spec.name, n.ROLL_ANNOTATION
+            )
+            self.emit("Normal", "ManualRollingUpdate", "restarting every pod, one at a time")
+        waiting: list[str] = []
         for component in (n.CONTROLLER, n.BROKER):
             sts = sets[component]
             st = sts.get("status") or {}
             if st.get("observedGeneration", 0) < sts["metadata"].get("generation", 0):
                 return  # the StatefulSet controller has not computed the new revision yet
-            revision = st.get("updateRevision")
             pods = await self.kube.list_pods(
                 spec.namespace, n.selector_string(spec.name, component)
             )
             outdated = sorted(
-                (
-                    x
-                    for x in pods
-                    if x["metadata"]["labels"].get("controller-revision-hash") != revision
-                ),
-                key=ordinal,
+                (x for x in pods if restart_due(x, st.get("updateRevision"))), key=ordinal
             )
+            not_ready = [x["metadata"]["name"] for x in pods if not pod_ready(x)]
+            if len(pods) < sts["spec"]["replicas"]:
+                not_ready.append(f"{sts['spec']['replicas'] - len(pods)} pods to be created")
             if not outdated:
+                waiting += not_ready
                 continue
             names = [x["metadata"]["name"] for x in outdated]
             p.phase = "Rolling"
             p.rolling = {"component": component, "pending": names}
-            not_ready = [x["metadata"]["name"] for x in pods if not pod_ready(x)]
-            if not_ready or len(pods) < sts["spec"]["replicas"]:
-                p.progressing = ("Rolling", f"waiting for {not_ready or 'pods'} to be Ready")
+            if not_ready or waiting:  # a controller still coming back holds brokers too
+                p.progressing = ("Rolling", f"waiting for {waiting + not_ready} to be Ready")
                 return
             victim = self._pick_victim(component, outdated, seen, p)
             if victim is None:
                 return
             name = victim["metadata"]["name"]
+            manual = manual_roll(victim)
             await self.kube.delete_pod(spec.namespace, name)
-            self.emit("Normal", "RollingRestart", f"restarted {name} for the new spec")
+            why = "as its manual-rolling-update annotation asks" if manual else "for the new spec"
+            self.emit("Normal", "RollingRestart", f"restarted {name} {why}")
             p.progressing = ("Rolling", f"restarted {name}; {len(names) - 1} to go")
             return
+        prev = old.get("rollingRestart")
+        if prev and waiting:
+            # The last restarted pod is not back yet: the roll is still running (not a
+            # Degraded cluster), and says what it waits for.
+            p.phase = "Rolling"
+            p.rolling = {"component": prev.get("component"), "pending": []}
+            p.progressing = ("Rolling", f"waiting for {waiting} to be Ready")
+
+    async def _mark_all_pods(self, spec: ClusterSpec) -> None:
+        """The MQCluster's roll request, moved onto each pod: each restart then takes it
+        away with the pod, so an operator restart mid-roll restarts no pod twice."""
+        for component in (n.CONTROLLER, n.BROKER):
+            for pod in await self.kube.list_pods(
+                spec.namespace, n.selector_string(spec.name, component)
+            ):
+                if pod["metadata"].get("deletionTimestamp") or manual_roll(pod):
+                    continue
+                await self.kube.annotate_pod(
+                    spec.namespace, pod["metadata"]["name"], n.ROLL_ANNOTATION, "true"
+                )
 
     def _pick_victim(
         self, component: str, outdated: list[dict], seen: Observed, p: Pass
@@ -543,6 +602,10 @@ class ClusterReconciler:
                 p.progressing = ("Creating", msg)
             else:
                 p.degraded = ("PodsNotReady", msg)
+        if p.phase in ("Rolling", "ScalingUp", "Draining") and ready == 0 and spec.brokers:
+            # A roll or a scale in progress does not explain every broker being down.
+            p.phase = "Degraded"
+            p.degraded = ("NoBrokersReady", f"0/{spec.brokers} brokers Ready")
         if p.phase == "Ready" and (offline or under_min):
             p.phase = "Degraded"
             p.degraded = (

@@ -100,6 +100,85 @@ class Kube:
 
         await asyncio.to_thread(call)
 
+    async def annotate_pod(self, namespace: str, name: str, key: str, value: str | None) -> None:
+        """Set (None: remove) one annotation of a pod; a pod already gone is no error."""
+
+        def call() -> None:
+            body = {"metadata": {"annotations": {key: value}}}
+            try:
+                self.core.patch_namespaced_pod(name, namespace, body)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+
+        await asyncio.to_thread(call)
+
+    async def patch_config_map_data(
+        self, namespace: str, name: str, data: dict[str, str | None]
+    ) -> bool:
+        """Merge `data` into a ConfigMap's (None removes a key); False if it is not there."""
+
+        def call() -> bool:
+            try:
+                self.core.patch_namespaced_config_map(name, namespace, {"data": data})
+            except ApiException as e:
+                if e.status == 404:
+                    return False
+                raise
+            return True
+
+        return await asyncio.to_thread(call)
+
+    async def create_config_map(self, obj: dict[str, Any]) -> bool:
+        """False if one of that name is already there (someone made it meanwhile)."""
+
+        def call() -> bool:
+            try:
+                self.core.create_namespaced_config_map(obj["metadata"]["namespace"], cast(Any, obj))
+            except ApiException as e:
+                if e.status == 409:
+                    return False
+                raise
+            return True
+
+        return await asyncio.to_thread(call)
+
+    async def list_custom(self, plural: str, namespace: str) -> list[dict[str, Any]]:
+        def call() -> list[dict[str, Any]]:
+            out = self.custom.list_namespaced_custom_object(n.GROUP, n.VERSION, namespace, plural)
+            return list(cast(dict, out).get("items") or [])
+
+        return await asyncio.to_thread(call)
+
+    async def remove_annotation(self, plural: str, namespace: str, name: str, key: str) -> None:
+        """Drop one annotation of a custom object; gone meanwhile is no error."""
+
+        def call() -> None:
+            try:
+                self.custom.patch_namespaced_custom_object(
+                    n.GROUP,
+                    n.VERSION,
+                    namespace,
+                    plural,
+                    name,
+                    {"metadata": {"annotations": {key: None}}},
+                )
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+
+        await asyncio.to_thread(call)
+
+    async def list_rack_bindings(self) -> list[dict[str, Any]]:
+        """The rack ClusterRoleBindings the operator made, of every MQCluster."""
+
+        def call() -> list[dict[str, Any]]:
+            res = self._resource("rbac.authorization.k8s.io/v1", "ClusterRoleBinding")
+            found = res.get(label_selector=f"{n.CLUSTER_NAMESPACE_LABEL}").to_dict()
+            return list(found.get("items") or [])
+
+        return await asyncio.to_thread(call)
+
     async def get_custom(self, plural: str, namespace: str, name: str) -> dict | None:
         def call() -> dict | None:
             try:

@@ -16,6 +16,13 @@ ADMIN_URL_ANNOTATION = "straitmq.io/admin-url"
 # The Kafka bootstrap address a User's Secret names, if not the bootstrap Service's.
 BOOTSTRAP_ANNOTATION = "straitmq.io/bootstrap-servers"
 CONFIG_HASH_ANNOTATION = "straitmq.io/config-hash"
+# "true" on an MQCluster, Topic or User: the operator leaves it (and what it renders) as it
+# is until the annotation goes (Strimzi's strimzi.io/pause-reconciliation).
+PAUSE_ANNOTATION = "straitmq.io/pause-reconciliation"
+# "true" on a broker or controller pod: restart it, gated by min ISR like every roll. On
+# an MQCluster: every pod of it (the operator moves the annotation onto each pod).
+# Strimzi's strimzi.io/manual-rolling-update.
+ROLL_ANNOTATION = "straitmq.io/manual-rolling-update"
 
 # Controllers get ids apart from brokers' ordinals: both share the metadata log's id space.
 CONTROLLER_ID_BASE = 1000
@@ -104,6 +111,13 @@ OPERATOR_CN = "straitmq-operator"
 
 def config_map(cluster: str) -> str:
     return f"{cluster}-config"
+
+
+# Which topics and users the operator made in a cluster (for Topic and User resources),
+# so that one deleted while the operator was not running is still removed from the
+# cluster: Topics and Users carry no finalizer (see handlers.py).
+def managed_config_map(cluster: str) -> str:
+    return f"{cluster}-managed"
 
 
 def pdb(cluster: str, component: str) -> str:

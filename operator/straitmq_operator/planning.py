@@ -111,6 +111,19 @@ def under_min_isr(topics: Iterable[Topic]) -> int:
     return sum(1 for t in topics for p in t.partitions if len(p.isr) < t.min_insync)
 
 
+def isr_health(topic: Topic) -> dict[str, int]:
+    """A topic's replication health for its status (and `kubectl get topics`): partitions
+    with a replica out of the ISR, with fewer in sync than min.insync.replicas (acks=all
+    writes fail there), and without a leader."""
+    parts = topic.partitions
+    return {
+        "minInSyncReplicas": topic.min_insync,
+        "underReplicatedPartitions": sum(1 for p in parts if len(p.isr) < len(p.replicas)),
+        "underMinIsrPartitions": sum(1 for p in parts if len(p.isr) < topic.min_insync),
+        "offlinePartitions": sum(1 for p in parts if p.leader < 0),
+    }
+
+
 def change_replication(
     partitions: list[Partition],
     rf: int,

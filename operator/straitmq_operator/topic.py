@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import certificates, planning
+from . import certificates, managed, planning
 from . import names as n
 from .admin import AdminClient, AdminError, Partition, Topic
 from .cluster import Emit, admin_url
@@ -61,8 +61,10 @@ class TopicReconciler:
         self.emit = emit
         self.admin_timeout_s = admin_timeout_s
 
-    async def _admin(self, body: dict[str, Any], ts: TopicSpec) -> tuple[AdminClient, int]:
-        """The cluster's admin API, and its rebalance throttle (bytes/s)."""
+    async def _admin(
+        self, body: dict[str, Any], ts: TopicSpec
+    ) -> tuple[AdminClient, int, dict[str, Any]]:
+        """The cluster's admin API, its rebalance throttle (bytes/s), and the MQCluster."""
         ns = body["metadata"].get("namespace") or "default"
         cluster = await self.kube.get_custom(n.CLUSTERS, ns, ts.cluster)
         if cluster is None:
@@ -75,7 +77,7 @@ class TopicReconciler:
             raise TopicProblem("ClusterInvalid", f"MQCluster '{ts.cluster}': {e}") from None
         auth = await certificates.admin_auth(self.kube, cspec)
         admin = AdminClient(admin_url(cluster, cspec), self.admin_timeout_s, auth)
-        return admin, cspec.throttle_bytes_per_sec
+        return admin, cspec.throttle_bytes_per_sec, cluster
 
     async def reconcile(self, body: dict[str, Any]) -> dict[str, Any]:
         """Create, grow or reconfigure the topic; returns the new status."""
@@ -84,7 +86,11 @@ class TopicReconciler:
         conds = list(old.get("conditions") or [])
         try:
             ts = topic_spec(body)
-            admin, throttle = await self._admin(body, ts)
+            admin, throttle, cluster = await self._admin(body, ts)
+            # Recorded before it is made: deleting the Topic removes it (managed.py).
+            await managed.record(
+                self.kube, cluster, managed.TOPIC, ts.name, body["metadata"]["name"]
+            )
             async with admin:
                 topic = await self._ensure(admin, ts)
                 moving = await self._replication(admin, ts, topic, throttle, conds)
@@ -116,6 +122,7 @@ class TopicReconciler:
             "partitions": len(topic.partitions),
             "replicationFactor": topic.replication_factor,
             "reassigningPartitions": moving,
+            **planning.isr_health(topic),
             "observedGeneration": generation,
             "conditions": conds,
         }
@@ -216,24 +223,6 @@ class TopicReconciler:
             planning.all_partitions(await admin.topics(internal=True)), racks
         )
         return planning.change_replication(off, rf, racks, load)
-
-    async def delete(self, body: dict[str, Any]) -> str:
-        """Delete the topic from its cluster; returns what happened, for the log."""
-        ts = topic_spec(body)
-        try:
-            admin, _ = await self._admin(body, ts)
-        except TopicProblem as e:
-            if e.reason == "ClusterNotFound":  # nothing left to delete it from
-                return f"cluster gone, nothing to delete: {e.message}"
-            raise
-        async with admin:
-            try:
-                deleted = await admin.delete_topic(ts.name)
-            except AdminError as e:
-                raise TopicProblem(_reason(e), e.message) from None
-        if deleted:
-            self.emit("Normal", "Deleted", f"deleted topic '{ts.name}'")
-        return "deleted" if deleted else "already gone"
 
 
 def _ready(conditions: list[dict[str, Any]]) -> bool:

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 from straitmq.invariants import broken
 
-from . import certificates, pki
+from . import certificates, managed, pki
 from . import names as n
 from .admin import AdminClient, AdminError
 from .cluster import Emit, admin_url
@@ -251,6 +251,9 @@ class UserReconciler:
         try:
             us = user_spec(body)
             cluster, cspec = await self._cluster(ns, us)
+            # Recorded before it is made: deleting the User removes it (managed.py).
+            kind = managed.TLS if us.tls else managed.SCRAM
+            await managed.record(self.kube, cluster, managed.USER, us.name, kind)
             own = await self.kube.get("v1", "Secret", ns, us.name)
             password = None if us.tls else await self._password(ns, us, own)
             auth = await certificates.admin_auth(self.kube, cspec)
@@ -429,39 +432,6 @@ class UserReconciler:
             reason = "InvalidAcl" if e.error_name == "INVALID_REQUEST" else _reason(e)
             raise UserProblem(reason, e.message) from None
         return len(us.acls)
-
-    async def delete(self, body: dict[str, Any]) -> str:
-        """Remove the user's credentials and ACLs from its cluster (the Secret goes with
-        its owner reference); returns what happened, for the log."""
-        ns = body["metadata"].get("namespace") or "default"
-        name = body["metadata"]["name"]
-        cluster_name = (body.get("spec") or {}).get("cluster", "")
-        tls = ((body.get("spec") or {}).get("authentication") or {}).get("type") == "tls"
-        principal = principal_of(name, tls)
-        try:
-            cluster, cspec = await self._cluster(
-                ns, UserSpec(cluster_name, name, "", None, frozenset())
-            )
-        except UserProblem as e:
-            if e.reason in ("ClusterNotFound", "ClusterInvalid"):
-                return f"cluster gone, nothing to delete: {e.message}"
-            raise
-        auth = await certificates.admin_auth(self.kube, cspec)
-        async with AdminClient(admin_url(cluster, cspec), self.admin_timeout_s, auth) as admin:
-            try:
-                had = await admin.delete_user(name)
-                doomed = await admin.acls(principal)
-                if doomed:
-                    await admin.alter_acls([], doomed)
-            except AdminError as e:
-                raise UserProblem(_reason(e), e.message) from None
-        self.emit(
-            "Normal",
-            "Deleted",
-            f"user '{name}': credential {'deleted' if had else 'already gone'}, "
-            f"{len(doomed)} ACL bindings removed",
-        )
-        return "deleted"
 
 
 def _ready(conditions: list[dict[str, Any]]) -> bool:

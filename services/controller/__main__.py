@@ -87,8 +87,12 @@ def build(argv: list[str] | None = None) -> ControllerNode:
         node_id = voter_for_hostname(voters) if a.node_id == "auto" else int(a.node_id)
     except ValueError as e:
         p.error(f"--node-id: {e}")
-    if node_id not in voters:
-        p.error(f"--node-id {node_id} is not one of the --voters {sorted(voters)}")
+    if node_id not in voters and a.listen is None:
+        p.error(
+            f"--node-id {node_id} is not one of the --voters {sorted(voters)}: a controller "
+            "that joins the quorum (as an observer, until `strait quorum add` makes it a "
+            "voter) needs --listen host:port"
+        )
     listen = a.listen or voters[node_id].removeprefix("http://")
     try:
         return _node(a, node_id, voters, listen, bootstrap, props)

@@ -657,7 +657,8 @@ def handlers(c: ActiveController) -> dict[str, Handler]:
         wall-clock milliseconds (the core keeps monotonic ones)."""
         c._check_active()
         st = c.quorum.status()
-        core_now = next(v["last_fetch_ms"] for v in st["voters"] if v["node_id"] == st["node_id"])
+        replicas = (*st["voters"], *st["observers"])  # a leader removing itself observes
+        core_now = next(v["last_fetch_ms"] for v in replicas if v["node_id"] == st["node_id"])
         skew = int(time.time() * 1000) - core_now
 
         def wall(ms: int | None) -> int:
@@ -668,6 +669,31 @@ def handlers(c: ActiveController) -> dict[str, Handler]:
             r["last_caught_up_ms"] = wall(r["last_caught_up_ms"])
         st["voter_urls"] = {str(n): url for n, url in c.quorum.voters.items()}
         return st
+
+    def voter_change(op: str) -> Handler:
+        async def change(req: dict) -> dict:
+            """{"node_id", "directory_id", "endpoint" ("host:port"), "timeout_s"}: the
+            voter change, answered once committed (KIP-853's AddRaftVoter and friends)."""
+            c._check_active()
+            directory_id = req.get("directory_id")
+            endpoint = req.get("endpoint")
+            if directory_id is not None and not isinstance(directory_id, str):
+                raise ValueError("directory_id must be a string")
+            if endpoint is not None and (not isinstance(endpoint, str) or ":" not in endpoint):
+                raise ValueError("endpoint must be host:port")
+            if op == "add" and endpoint is None and int(req["node_id"]) not in c.quorum.voters:
+                raise ValueError(
+                    "endpoint (host:port) is needed: the voters must reach the new one"
+                )
+            return await c.quorum.change_voter(
+                op,
+                int(req["node_id"]),
+                directory_id,
+                endpoint,
+                within_s=float(req.get("timeout_s", 30.0)),
+            )
+
+        return change
 
     table: dict[str, Any] = {
         "register": c.register_broker,
@@ -687,5 +713,8 @@ def handlers(c: ActiveController) -> dict[str, Handler]:
         "elect_preferred": c.elect_preferred,
         "describe": describe,
         "describe_quorum": describe_quorum,
+        "add_voter": voter_change("add"),
+        "remove_voter": voter_change("remove"),
+        "update_voter": voter_change("update"),
     }
     return table

@@ -17,7 +17,7 @@ from straitmq.telemetry.loop_monitor import LoopMonitor
 from . import metrics
 from .active import ActiveController, ControllerSettings
 from .http_api import add_routes
-from .quorum import Quorum
+from .quorum import Quorum, load_directory_id
 from .raft.core import RaftConfig
 
 log = logging.getLogger("straitmq.controller")
@@ -37,8 +37,8 @@ class ControllerNode:
         otlp_endpoint: str | None = None,
         security: dict[str, str] | None = None,
     ) -> None:
-        if node_id not in voters:
-            raise ValueError(f"controller {node_id} is not among the voters {sorted(voters)}")
+        # A controller not among the --voters joins as an observer of the metadata log;
+        # `strait quorum add` (or kafka-metadata-quorum add-controller) makes it a voter.
         self.host, self.port = host, port
         # The HTTP port's TLS and who may call it (http.* settings, as a broker's; the
         # ACLs and SCRAM users are those of the quorum's own image). Off by default.
@@ -55,7 +55,17 @@ class ControllerNode:
                 "are to each other with their certificates (basic may be added for brokers)"
             )
         voters = with_scheme(voters, self.http_security.scheme)  # the voters share settings
-        self.quorum = Quorum(node_id, voters, data_dir, raft_config, self.http_security.client)
+        # The storage's identity (KIP-853): new storage, new id, so a controller whose disk
+        # was lost never counts as the voter it was until it is added again.
+        self.directory_id = load_directory_id(data_dir, node_id, settings.cluster_id)
+        self.quorum = Quorum(
+            node_id,
+            voters,
+            data_dir,
+            raft_config,
+            self.http_security.client,
+            directory_id=self.directory_id,
+        )
         self.active = ActiveController(self.quorum, settings)
         self.quorum.listeners.append(self._check_cluster_id)
         self._runner: web.AppRunner | None = None

@@ -10,6 +10,7 @@ Voters and observers (brokers following the metadata log) use the same shell.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import heapq
 import itertools
@@ -18,6 +19,7 @@ import os
 import random
 import sys
 import time
+import uuid
 from collections import defaultdict, deque
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -32,9 +34,10 @@ from straitmq.invariants import InvariantBroken, broken
 
 from .errors import ControllerError, NotController
 from .raft import messages as M
-from .raft.core import NotLeader, RaftConfig, RaftNode
+from .raft.core import NotLeader, RaftConfig, RaftNode, VoterChangeRefused
 from .raft.storage import FileStorage, Snapshot, StorageOp
 from .raft.storage import apply as apply_ops
+from .raft.voters import Voter, VoterSet, is_control
 
 log = logging.getLogger("straitmq.quorum")
 
@@ -66,6 +69,79 @@ def now_ms() -> int:
     return int(time.monotonic() * 1000)
 
 
+RAFT_DIR = "metadata-raft"  # the Raft log, under the data directory
+CONTROLLER_LISTENER = "CONTROLLER"  # the endpoint name voters are reached on
+# Why a voter change was refused -> the Kafka error code the admin APIs answer with.
+REFUSAL_CODES = {
+    VoterChangeRefused.NOT_READY: ErrorCode.request_timed_out,
+    VoterChangeRefused.PENDING: ErrorCode.request_timed_out,
+    VoterChangeRefused.NOT_CAUGHT_UP: ErrorCode.request_timed_out,
+    VoterChangeRefused.DUPLICATE: ErrorCode.duplicate_voter,
+    VoterChangeRefused.NOT_FOUND: ErrorCode.voter_not_found,
+    VoterChangeRefused.LAST_VOTER: ErrorCode.invalid_request,
+    VoterChangeRefused.LOSES_MAJORITY: ErrorCode.invalid_request,
+}
+
+
+def new_directory_id() -> str:
+    """A Kafka directory id: a random UUID, URL-safe base64 without padding."""
+    return kafka_uuid(uuid.uuid4())
+
+
+def kafka_uuid(u: uuid.UUID) -> str:
+    return base64.urlsafe_b64encode(u.bytes).decode().rstrip("=")
+
+
+def parse_kafka_uuid(s: str) -> uuid.UUID:
+    return uuid.UUID(bytes=base64.urlsafe_b64decode(s + "=" * (-len(s) % 4)))
+
+
+def load_directory_id(data_dir: str, node_id: int, cluster_id: str) -> str:
+    """This controller's directory id, from `meta.properties` in its data directory
+    (Kafka's v1 layout, so Kafka's tools read it); a new one when the storage is new."""
+    path = os.path.join(data_dir, "meta.properties")
+    props: dict[str, str] = {}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                key, sep, value = line.strip().partition("=")
+                if sep and not key.startswith("#"):
+                    props[key.strip()] = value.strip()
+    raft_dir = os.path.join(data_dir, RAFT_DIR)
+    if props.get("directory.id") and os.path.isdir(raft_dir):
+        return props["directory.id"]
+    # No id yet, or the metadata log is gone (its votes and entries with it): this is
+    # new storage, and must not pass for the voter the old one was.
+    props.update(
+        {
+            "version": "1",
+            "cluster.id": props.get("cluster.id", cluster_id),
+            "node.id": props.get("node.id", str(node_id)),
+            "directory.id": new_directory_id(),
+        }
+    )
+    os.makedirs(raft_dir, exist_ok=True)
+    os.makedirs(data_dir, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("".join(f"{k}={v}\n" for k, v in props.items()))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return props["directory.id"]
+
+
+def static_voter_set(voters: dict[int, str]) -> VoterSet:
+    """The --voters flags as the first voter set: no directory ids (any storage of that
+    id counts, as a static KRaft quorum), the flags' addresses as endpoints."""
+    out = []
+    for node, url in voters.items():
+        address = url.partition("://")[2]
+        endpoints = ((CONTROLLER_LISTENER, address),) if address else ()
+        out.append(Voter(node, None, endpoints))
+    return VoterSet.of(out)
+
+
 def parse_voters(spec: str) -> dict[int, str]:
     """'1@127.0.0.1:9093,2@host:9093' -> {1: 'http://127.0.0.1:9093', ...}"""
     voters: dict[int, str] = {}
@@ -90,21 +166,26 @@ class Quorum:
         data_dir: str,
         config: RaftConfig | None = None,
         auth: AdminAuth | None = None,
+        directory_id: str | None = None,
     ) -> None:
         self.node_id = node_id
+        # Where each node is reached: the --voters flags, plus every voter of the set in
+        # force (its endpoints), kept up to date in place (a ControllerClient shares it).
         self.voters = voters
         self.auth = auth  # TLS context and credentials for https voters (None: plain)
         self.config = config or RaftConfig()
-        self.storage = FileStorage(os.path.join(data_dir, "metadata-raft"))
+        self.storage = FileStorage(os.path.join(data_dir, RAFT_DIR))
         self.node = RaftNode(
             node_id,
-            frozenset(voters),
+            static_voter_set(voters),
             self.storage,
             self.config,
             random.Random(),
             now_ms(),
             persist_inline=False,
+            directory_id=directory_id,
         )
+        self._voter_set_seen: VoterSet | None = None
         # Storage ops handed out by the node, written by one worker thread at a time;
         # what piles up while a batch is written goes out as the next batch (one fsync).
         self._unwritten: list[tuple[list[StorageOp], int]] = []
@@ -328,6 +409,8 @@ class Quorum:
                         break
             else:
                 self._spawn(self._send(msg))
+        if node.voter_set is not self._voter_set_seen:
+            self._sync_voter_urls()
         self._to_apply.extend(node.take_committed())
         self._apply_committed()
         if self._applied_since_snapshot >= SNAPSHOT_EVERY:
@@ -365,7 +448,7 @@ class Quorum:
                     listener(self.image.offset, [], True)
                 continue
             offset, entry = item
-            records = entry.data or []
+            records = [] if is_control(entry.data) else entry.data
             self.image.apply_entry(offset, records)
             self._applied_since_snapshot += 1
             waiter = self._commit_waiters.pop(offset, None)
@@ -394,6 +477,69 @@ class Quorum:
             self._writing = None
         if not self.closed:
             self._advance(lambda: self.node.persisted(batches[-1][1]))
+
+    def _sync_voter_urls(self) -> None:
+        vs = self._voter_set_seen = self.node.voter_set
+        scheme = next((u.partition("://")[0] for u in self.voters.values() if u), "http")
+        for v in vs.voters:
+            address = dict(v.endpoints).get(CONTROLLER_LISTENER)
+            if address:
+                self.voters[v.node_id] = f"{scheme}://{address}"
+
+    # -- voter changes (KIP-853) -----------------------------------------------------
+
+    async def change_voter(
+        self,
+        op: str,
+        node_id: int,
+        directory_id: str | None,
+        endpoint: str | None = None,
+        within_s: float = 30.0,
+    ) -> dict[str, Any]:
+        """Add, remove or update a voter on the leader; return once the new voter set
+        is committed. NotController on a follower; ControllerError with the reason when
+        refused (nothing changed), or when it did not commit in time."""
+        endpoints = ((CONTROLLER_LISTENER, endpoint),) if endpoint else ()
+        voter = Voter(node_id, directory_id, endpoints)
+        calls = {
+            "add": lambda: self.node.add_voter(voter),
+            "remove": lambda: self.node.remove_voter(node_id, directory_id),
+            "update": lambda: self.node.update_voter(voter),
+        }
+        if op not in calls:
+            raise ControllerError(ErrorCode.invalid_request, f"no voter change {op!r}")
+        started = time.monotonic()
+        try:
+            offset = self._advance(calls[op])
+        except NotLeader as e:
+            raise NotController(e.leader_id) from None
+        except VoterChangeRefused as e:
+            raise ControllerError(REFUSAL_CODES[e.code], f"{e.code}: {e}") from None
+        epoch = self.node.epoch
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        while self.node.high_watermark <= offset:
+            if self.node.epoch != epoch or not self.node.is_leader:
+                # The entry may still commit under the next leader, or be truncated.
+                raise ControllerError(
+                    ErrorCode.not_leader_or_follower,
+                    f"leadership moved before the voter change at offset {offset} committed; "
+                    "describe the quorum to see whether it is in force",
+                )
+            if loop.time() >= deadline:
+                raise ControllerError(
+                    ErrorCode.request_timed_out,
+                    f"the voter change at offset {offset} did not commit within {within_s:g} s "
+                    "(it stays in force while the log holds it)",
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed(), deadline - loop.time())
+        return {
+            "offset": offset,
+            "epoch": epoch,
+            "commit_ms": round((time.monotonic() - started) * 1000, 1),
+            "voters": self.node.voter_set.to_list(),
+        }
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

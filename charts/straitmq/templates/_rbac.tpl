@@ -31,10 +31,11 @@ Roles (operator.watchNamespaces). Each rule says what needs it.
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [get, list, watch, create, patch, update, delete]
-# Rolling restarts delete one pod at a time; pod readiness drives scaling and restarts.
+# Rolling restarts delete one pod at a time; pod readiness drives scaling and restarts;
+# a manual roll of an MQCluster is moved onto its pods as their annotation (patch).
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch, delete]
+  verbs: [get, list, watch, patch, delete]
 # Events on MQClusters and Topics (kopf posts core/v1 events, and only creates them).
 - apiGroups: [""]
   resources: [events]
@@ -56,10 +57,11 @@ Roles (operator.watchNamespaces). Each rule says what needs it.
 {{- if .Values.rbac.rackAwareness }}
 # Rack awareness: one ClusterRoleBinding per rack-aware MQCluster gives its broker pods
 # the node reader (they read their Node's rack label). Bindings are cluster-scoped; the
-# operator may bind that one ClusterRole and no other.
+# operator may bind that one ClusterRole and no other. It lists them at startup to delete
+# those of MQClusters deleted while it was not running (MQClusters have no finalizer).
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [clusterrolebindings]
-  verbs: [get, create, patch, delete]
+  verbs: [get, list, create, patch, delete]
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [clusterroles]
   verbs: [bind]

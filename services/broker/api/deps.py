@@ -13,7 +13,7 @@ Broker.
 | share | ShareGroupHeartbeat ... DescribeShareGroupOffsets | ShareCoordinator |
 | admin | topics, configs, producer ids, log dirs, ACLs, reassignment, SCRAM | AdminDeps |
 | transactions | InitProducerId (transactional), AddPartitionsToTxn ... ListTransactions | TxnDeps |
-| quorum | DescribeQuorum | ControllerCall |
+| quorum | DescribeQuorum, AddRaftVoter, RemoveRaftVoter, UpdateRaftVoter | ControllerCall |
 | sasl | SaslHandshake, SaslAuthenticate | (the connection's security only) |
 """
 

@@ -125,6 +125,9 @@ def kafka_api(
         77: p(share.handle_share_group_describe, share_coordinator),
         78: p(share.handle_share_fetch, share_coordinator),
         79: p(share.handle_share_acknowledge, share_coordinator),
+        80: p(quorum.handle_add_raft_voter, controller),  # KIP-853
+        81: p(quorum.handle_remove_raft_voter, controller),
+        82: p(quorum.handle_update_raft_voter, controller),
         90: p(share.handle_describe_share_group_offsets, share_coordinator),
     }
     if handlers.keys() != VERSIONS.keys():  # a key advertised without a handler, or not

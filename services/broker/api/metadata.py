@@ -303,10 +303,15 @@ def _refused(name: str) -> dict:
 
 
 async def handle_describe_cluster(deps: MetadataDeps, ctx: RequestContext, req: Any) -> dict:
+    # endpoint_type 2 (controllers, `--bootstrap-controller`): the controllers serve HTTP
+    # only, and every broker answers the controller APIs (DescribeQuorum, AddRaftVoter,
+    # ...) by asking the active one, so the brokers are the controller endpoints.
+    endpoint_type = getattr(req, "endpoint_type", 1)
     return {
         "throttle_time": 0,
         "error_code": 0,
         "error_message": None,
+        "endpoint_type": endpoint_type if endpoint_type in (1, 2) else 1,
         "cluster_id": deps.metadata.image.cluster_id,
         "controller_id": _controller_id(deps),
         "brokers": _brokers(deps, ctx, "broker_id"),

@@ -75,6 +75,9 @@ VERSIONS: dict[int, Versions] = {
     77: Versions(1, 1),  # ShareGroupDescribe
     78: Versions(1, 1),  # ShareFetch
     79: Versions(1, 1),  # ShareAcknowledge
+    80: Versions(0, 1),  # AddRaftVoter (KIP-853)
+    81: Versions(0, 0),  # RemoveRaftVoter
+    82: Versions(0, 0),  # UpdateRaftVoter
     90: Versions(0, 0),  # DescribeShareGroupOffsets (kafka-share-groups)
 }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
 from kio.schema.errors import ErrorCode
@@ -33,6 +34,9 @@ _OPS_STATUS: dict[int, int] = {
     ErrorCode.no_reassignment_in_progress: 409,
     ErrorCode.request_timed_out: 503,
     ErrorCode.not_controller: 503,
+    ErrorCode.duplicate_voter: 409,
+    ErrorCode.voter_not_found: 404,
+    ErrorCode.not_leader_or_follower: 503,
 }
 
 
@@ -257,12 +261,17 @@ def add_routes(app: web.Application, deps: ClusterDeps) -> None:
             )
         lag = {v["node_id"]: v for v in leader.get("voters", [])}
         out = []
-        for node, url in sorted(voters.items()):
-            s = answers[node]
+        # The voter set in force, as the leader has it (the flags name the first one).
+        voter_set = leader.get("voter_set") or [{"id": n} for n in sorted(voters)]
+        for v in voter_set:
+            node = v["id"]
+            url = voters.get(node)
+            s = answers.get(node)
             view = lag.get(node, {})
             out.append(
                 {
                     "node_id": node,
+                    "directory_id": v.get("directory_id"),
                     "url": url,
                     "reachable": s is not None,
                     "role": s.get("role") if s else None,
@@ -283,8 +292,63 @@ def add_routes(app: web.Application, deps: ClusterDeps) -> None:
                 "active_controller": leader.get("active_controller"),
                 "voters": out,
                 "observers": leader.get("observers", []),
+                "voter_change_pending": leader.get("voter_change_pending", False),
             }
         )
+
+    @routes.post("/api/v1/quorum/voters")
+    async def add_voter(request: web.Request) -> web.Response:
+        """Make a controller a voter: {"controller_url": "http://host:port"} (its id and
+        directory id are asked from it), or {"node_id", "directory_id", "endpoint"}.
+        Answered once the new voter set is committed."""
+        body = await _body(request)
+        node_id, directory_id = body.get("node_id"), body.get("directory_id")
+        endpoint = body.get("endpoint")
+        url = body.get("controller_url")
+        if url is not None:
+            if not isinstance(url, str) or not urlsplit(url).port:
+                return _error(400, "controller_url must look like http://host:port")
+            try:
+                st = await request.app[PEERS].get(f"{url.rstrip('/')}/api/v1/quorum")
+            except AdminError as e:
+                return _error(
+                    400,
+                    f"the controller at {url} is unreachable ({e.message}): start it first "
+                    "(strait-controller with --voters naming the quorum and its own --listen)",
+                    ErrorCode.invalid_request,
+                )
+            if not isinstance(st, dict) or "node_id" not in st:
+                return _error(400, f"{url} did not answer as a controller")
+            node_id = st["node_id"] if node_id is None else node_id
+            directory_id = directory_id or st.get("directory_id")
+            endpoint = endpoint or urlsplit(url).netloc
+        if not isinstance(node_id, int) or isinstance(node_id, bool):
+            return _error(400, "give controller_url, or node_id (a number) with directory_id")
+        req = {"node_id": node_id, "directory_id": directory_id, "endpoint": endpoint}
+        return await _change(req, "add_voter", body)
+
+    @routes.delete("/api/v1/quorum/voters/{node_id}")
+    async def remove_voter(request: web.Request) -> web.Response:
+        """Remove a voter (?directory_id= to name which storage of that id); answered
+        once committed. The active controller removing itself hands over afterwards."""
+        try:
+            node_id = int(request.match_info["node_id"])
+        except ValueError:
+            return _error(400, "the voter id must be a number")
+        req = {"node_id": node_id, "directory_id": request.query.get("directory_id")}
+        return await _change(req, "remove_voter", dict(request.query))
+
+    async def _change(req: dict, op: str, options: dict) -> web.Response:
+        try:
+            timeout_s = float(options.get("timeout_s", 30.0))
+        except (TypeError, ValueError):
+            return _error(400, "timeout_s must be a number")
+        req["timeout_s"] = timeout_s
+        try:
+            reply = await deps.metadata.control(op, req, within_s=timeout_s + 5.0)
+        except ControllerError as e:
+            return _ops_error(e)
+        return _json(reply)
 
     if not deps.combined:  # a combined node serves its own quorum's status already
         routes.get("/api/v1/quorum")(quorum)

@@ -3,13 +3,15 @@
 messages    the wire messages and their JSON form (to_dict / from_dict)
 storage     RaftStorage: MemoryStorage (simulation), FileStorage (a directory)
 epochs      the epoch cache behind fetch validation and truncation
-core        RaftNode, RaftConfig, NotLeader: the state machine itself
+voters      Voter, VoterSet: the voter set as log data (KIP-853)
+core        RaftNode, RaftConfig, NotLeader, VoterChangeRefused: the state machine itself
 simulation  the deterministic cluster simulation (tests, bench.raft_sim)
 """
 
-from .core import NotLeader, RaftConfig, RaftNode
+from .core import NotLeader, RaftConfig, RaftNode, VoterChangeRefused
 from .messages import Entry, Message, from_dict, to_dict
 from .storage import FileStorage, MemoryStorage, RaftStorage, Snapshot
+from .voters import Voter, VoterSet
 
 __all__ = [
     "Entry",
@@ -21,6 +23,9 @@ __all__ = [
     "RaftNode",
     "RaftStorage",
     "Snapshot",
+    "Voter",
+    "VoterChangeRefused",
+    "VoterSet",
     "from_dict",
     "to_dict",
 ]

@@ -62,6 +62,7 @@ from .messages import (
 )
 from .storage import RaftStorage, Snapshot, StorageOp
 from .storage import apply as apply_ops
+from .voters import Voter, VoterSet, is_control
 
 LEADER = "leader"
 CANDIDATE = "candidate"
@@ -95,6 +96,23 @@ class RaftConfig:
         return self.fetch_timeout_ms * 3 // 2
 
 
+class VoterChangeRefused(Exception):
+    """A voter change the leader will not make; `code` names why (VoterChangeRefused.*),
+    the message says it to a person. Nothing was changed."""
+
+    NOT_READY = "NOT_READY"  # the leader has not committed an entry of its epoch yet
+    PENDING = "CHANGE_PENDING"  # a voter change is appended but not committed
+    DUPLICATE = "DUPLICATE_VOTER"
+    NOT_FOUND = "VOTER_NOT_FOUND"
+    NOT_CAUGHT_UP = "NOT_CAUGHT_UP"  # the new voter is not an observer in step with us
+    LAST_VOTER = "LAST_VOTER"
+    LOSES_MAJORITY = "LOSES_MAJORITY"  # the new set's live voters would be no majority
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class NotLeader(Exception):
     """propose() on a node that is not the leader; retry on `leader_id` (if known)."""
 
@@ -112,10 +130,16 @@ class ReplicaState:
     end_offset: int = 0
     last_fetch_ms: int = _NEVER
     last_caught_up_ms: int = _NEVER
+    directory_id: str | None = None
+    # The leader's log end when this replica last fetched, and when: a fetch that
+    # reaches it proves the replica was caught up then (Kafka's lastCaughtUpTimestamp).
+    prev_leader_end: int = 0
+    prev_fetch_ms: int = _NEVER
 
     def describe(self, leader_end: int) -> dict[str, Any]:
         return {
             "node_id": self.node_id,
+            "directory_id": self.directory_id,
             "log_end_offset": self.end_offset,
             "lag": leader_end - self.end_offset,
             "last_fetch_ms": self.last_fetch_ms if self.last_fetch_ms != _NEVER else None,
@@ -140,19 +164,29 @@ class RaftNode:
     def __init__(
         self,
         node_id: int,
-        voters: frozenset[int],
+        voters: frozenset[int] | VoterSet,
         storage: RaftStorage,
         config: RaftConfig | None = None,
         rng: random.Random | None = None,
         now_ms: int = 0,
         persist_inline: bool = True,
+        directory_id: str | None = None,
     ) -> None:
         if not voters:
             raise ValueError("a quorum needs at least one voter")
         self.node_id = node_id
-        self.voters = frozenset(voters)
-        self._is_voter = node_id in self.voters
-        self._majority = len(self.voters) // 2 + 1
+        self.directory_id = directory_id
+        # The set the node was started with (static flags): in force until the log or a
+        # snapshot holds one, and the voters an observer asks for the leader.
+        self._static = voters if isinstance(voters, VoterSet) else VoterSet.static(voters)
+        self._base_voters = self._static  # the set at the log start (snapshot or static)
+        self._voter_history: list[tuple[int, VoterSet]] = []  # (offset, set) in the log
+        self._is_voter = False  # a voter of the set in force
+        # ... or one that an uncommitted change removes: it still campaigns (counting
+        # only the new set's votes), or nobody might: the new set's voters may all lack
+        # the entry that made them the set (Raft thesis 4.2.2).
+        self._eligible = False
+        self._majority = 1
         self._storage = storage
         self._cfg = config or RaftConfig()
         self._rng = rng or random.Random()
@@ -171,8 +205,12 @@ class RaftNode:
         self._log_start = log_start
         self._log: list[Entry] = []
         self._cache = EpochCache(snapshot.epoch if snapshot else 0, log_start)
+        if snapshot is not None and snapshot.voters is not None:
+            self._base_voters = VoterSet.from_list(snapshot.voters)
+        self._role = UNATTACHED  # settled below, once the voter set is known
         self._append_to_memory(entries)
         self._hw = log_start  # what a snapshot holds is committed; the rest we learn
+        self._compute_membership()
         self._next_apply = log_start
         self._pending_snapshot = snapshot  # for the first take_committed()
         self._truncations = 0  # bumped whenever the log tail is replaced (for the simulation)
@@ -187,7 +225,7 @@ class RaftNode:
         self._ends_taken: list[tuple[int, int]] = []  # (seq, log end) handed out, not durable
 
         self._outbox: list[tuple[int, Message]] = []  # (ops it waits for, message)
-        self._role = UNATTACHED if self._is_voter else OBSERVER
+        self._role = UNATTACHED if self._eligible else OBSERVER
         self._leader_id: int | None = None
         self._election_deadline = _NEVER
         self._last_leader_contact = _NEVER
@@ -195,7 +233,7 @@ class RaftNode:
         self._fetch_deadline = _NEVER
         self._next_fetch_ms = _NEVER
         self._inflight: _Inflight | None = None
-        self._observer_rr = self._rng.randrange(len(self.voters))
+        self._observer_rr = self._rng.randrange(len(self._static))
         # prospective / candidate
         self._grants: set[int] = set()
         self._rejects: set[int] = set()
@@ -205,8 +243,10 @@ class RaftNode:
         self._parked: dict[int, tuple[FetchRequest, int]] = {}
         self._begin_pending: set[int] = set()
         self._begin_resend_ms = _NEVER
+        self._epoch_start = 0  # offset of the leader's first entry of its epoch
+        self._self_vote_seq = 0  # the storage op of a candidate's vote for itself
 
-        if self._is_voter:
+        if self._eligible:
             self._become_unattached(epoch)
         else:
             self._become_observer_without_leader()
@@ -216,6 +256,30 @@ class RaftNode:
     @property
     def role(self) -> str:
         return self._role
+
+    @property
+    def voter_set(self) -> VoterSet:
+        """The set in force: the latest in the log (committed or not), else the
+        snapshot's, else the static one."""
+        return self._voter_history[-1][1] if self._voter_history else self._base_voters
+
+    @property
+    def voters(self) -> frozenset[int]:
+        return self.voter_set.ids
+
+    @property
+    def is_voter(self) -> bool:
+        return self._is_voter
+
+    @property
+    def may_campaign(self) -> bool:
+        """A voter, or one an uncommitted change removes (see _eligible)."""
+        return self._eligible
+
+    @property
+    def voter_change_pending(self) -> bool:
+        """A voter set is in the log above the high watermark."""
+        return bool(self._voter_history) and self._voter_history[-1][0] >= self._hw
 
     @property
     def epoch(self) -> int:
@@ -263,15 +327,18 @@ class RaftNode:
             "log_start_offset": self._log_start,
             "log_end_offset": self.log_end_offset,
             "last_fetched_epoch": self.last_epoch,
+            "directory_id": self.directory_id,
+            "voter_set": self.voter_set.to_list(),
+            "voter_change_pending": self.voter_change_pending,
         }
         if self._role == LEADER:
             end = self.log_end_offset
-            me = ReplicaState(self.node_id, end, self._now, self._now)
-            voters = [me, *self._replicas.values()]
+            me = ReplicaState(self.node_id, end, self._now, self._now, self.directory_id)
+            voters = [*self._replicas.values()]
+            observers = [*self._observers.values()]
+            (voters if self._is_voter else observers).append(me)
             s["voters"] = [r.describe(end) for r in sorted(voters, key=lambda r: r.node_id)]
-            s["observers"] = [
-                r.describe(end) for r in sorted(self._observers.values(), key=lambda r: r.node_id)
-            ]
+            s["observers"] = [r.describe(end) for r in sorted(observers, key=lambda r: r.node_id)]
         return s
 
     def voters_reachable(self) -> tuple[int, int] | None:
@@ -281,7 +348,8 @@ class RaftNode:
             return None
         window = self._cfg.check_quorum_ms
         ok = sum(1 for r in self._replicas.values() if self._now - r.last_fetch_ms < window)
-        return 1 + ok, len(self._replicas) - ok
+        own = int(self._is_voter)  # a leader removing itself is no voter of the new set
+        return own + ok, len(self._replicas) - ok
 
     # -- the shell's calls --------------------------------------------------------------
 
@@ -326,6 +394,9 @@ class RaftNode:
         self._durable = seq
         while self._ends_taken and self._ends_taken[0][0] <= seq:
             self._durable_end = self._ends_taken.pop(0)[1]
+        if self._role == CANDIDATE and self.node_id not in self._grants:
+            self._self_grant()
+            self._count_votes()
         if self._role == LEADER and self._maybe_advance_hw():
             self._answer_parked()
 
@@ -355,10 +426,10 @@ class RaftNode:
     def propose(self, data: Any) -> int:
         """Append `data` (JSON-able, not None) durably; its offset. It takes effect once
         committed, i.e. when take_committed() returns it."""
+        if is_control(data):
+            raise ValueError("None and dicts with a 'kraft' key are reserved for control entries")
         if self._role != LEADER:
             raise NotLeader(self._leader_id, self._epoch)
-        if data is None:
-            raise ValueError("None is reserved for control entries")
         offset = self.log_end_offset
         self._append_local([Entry(self._epoch, data)])
         self._maybe_advance_hw()
@@ -375,18 +446,148 @@ class RaftNode:
             )
         if end_offset <= self._log_start:
             return  # the current snapshot already covers it
-        snapshot = Snapshot(end_offset, self._entry_epoch(end_offset - 1), data)
+        base = self._voters_at(end_offset)
+        history = [(o, v) for o, v in self._voter_history if o >= end_offset]
+        written = self._base_voters is not self._static or len(history) < len(self._voter_history)
+        # A log that never held a voter set keeps snapshots without one (still static).
+        voters = base.to_list() if written else None
+        snapshot = Snapshot(end_offset, self._entry_epoch(end_offset - 1), data, voters)
+        self._base_voters, self._voter_history = base, history
         self._cache.truncate_start(end_offset, snapshot.epoch, self.log_end_offset)
         del self._log[: end_offset - self._log_start]
         self._log_start = end_offset
         self._snapshot = snapshot
         self._persist(("snapshot", snapshot))
 
+    # -- voter changes (KIP-853), on the leader ------------------------------------------
+
+    def add_voter(self, voter: Voter) -> int:
+        """Append a voter set with `voter` added; the offset of that entry. The set is in
+        force at once; the change is done once the high watermark passes the offset.
+        `voter` must be an observer fetching from this leader, with that directory id,
+        and caught up. Raises NotLeader or VoterChangeRefused (nothing changed)."""
+        vs = self._check_change()
+        if voter.node_id in vs.ids:
+            raise VoterChangeRefused(
+                VoterChangeRefused.DUPLICATE,
+                f"node {voter.node_id} is already a voter ({vs.get(voter.node_id)}); "
+                "remove it first to replace it",
+            )
+        r = self._observers.get(voter.node_id)
+        if r is None or self._now - r.last_fetch_ms >= self._cfg.check_quorum_ms:
+            raise VoterChangeRefused(
+                VoterChangeRefused.NOT_CAUGHT_UP,
+                f"node {voter.node_id} is not fetching from the leader (node {self.node_id}): "
+                "start it as an observer first (unknown or unreachable node)",
+            )
+        if r.directory_id != voter.directory_id:
+            raise VoterChangeRefused(
+                VoterChangeRefused.NOT_CAUGHT_UP,
+                f"node {voter.node_id} fetches with directory id {r.directory_id}, "
+                f"not {voter.directory_id}",
+            )
+        if self._now - r.last_caught_up_ms >= self._cfg.fetch_timeout_ms:
+            raise VoterChangeRefused(
+                VoterChangeRefused.NOT_CAUGHT_UP,
+                f"node {voter.node_id} is behind the leader's log "
+                f"({r.end_offset} of {self.log_end_offset}); retry once it has caught up",
+            )
+        new = self._pinned(vs).added(voter)
+        self._check_majority(new, {voter.node_id})
+        return self._append_voters(new)
+
+    def remove_voter(self, node_id: int, directory_id: str | None = None) -> int:
+        """Append a voter set without `node_id` (whose directory id must match, when
+        given); the offset of that entry. A leader removing itself leads until that
+        entry commits, then resigns. Raises NotLeader or VoterChangeRefused."""
+        vs = self._check_change()
+        v = vs.get(node_id)
+        if v is None or (directory_id is not None and v.directory_id not in (None, directory_id)):
+            raise VoterChangeRefused(
+                VoterChangeRefused.NOT_FOUND,
+                f"no voter ({node_id}, {directory_id}) in the voter set {vs.to_list()}",
+            )
+        if len(vs) == 1:
+            raise VoterChangeRefused(
+                VoterChangeRefused.LAST_VOTER,
+                f"node {node_id} is the last voter: a quorum needs one",
+            )
+        new = self._pinned(vs).removed(node_id)
+        self._check_majority(new, set())
+        return self._append_voters(new)
+
+    def update_voter(self, voter: Voter) -> int:
+        """Append a voter set where `voter` (same id, matching directory id) has new
+        endpoints (and a static voter gets its directory id). Raises as the others."""
+        vs = self._check_change()
+        v = vs.get(voter.node_id)
+        if v is None or not v.matches(voter.node_id, voter.directory_id):
+            raise VoterChangeRefused(
+                VoterChangeRefused.NOT_FOUND,
+                f"no voter ({voter.node_id}, {voter.directory_id}) in {vs.to_list()}",
+            )
+        return self._append_voters(self._pinned(vs).replaced(voter))
+
+    def _check_change(self) -> VoterSet:
+        if self._role != LEADER:
+            raise NotLeader(self._leader_id, self._epoch)
+        if self._hw <= self._epoch_start:
+            # Until an entry of its epoch commits, a new leader may hold an uncommitted
+            # change of an earlier leader that it does not know about yet (Raft's
+            # single-server change bug): no change before that.
+            raise VoterChangeRefused(
+                VoterChangeRefused.NOT_READY,
+                f"the leader of epoch {self._epoch} has not committed its first entry yet",
+            )
+        if self.voter_change_pending:
+            offset = self._voter_history[-1][0]
+            raise VoterChangeRefused(
+                VoterChangeRefused.PENDING,
+                f"a voter change is pending (offset {offset}, high watermark {self._hw}): "
+                "one change at a time",
+            )
+        return self.voter_set
+
+    def _pinned(self, vs: VoterSet) -> VoterSet:
+        """`vs` with the directory id of each static voter we know it for: a written set
+        names each voter's storage, so a voter whose storage is lost never counts again."""
+        if self.directory_id is not None:
+            vs = vs.with_directory(self.node_id, self.directory_id)
+        for r in self._replicas.values():
+            if r.directory_id is not None:
+                vs = vs.with_directory(r.node_id, r.directory_id)
+        return vs
+
+    def _check_majority(self, new: VoterSet, joining: set[int]) -> None:
+        live = set(joining)
+        if new.matches(self.node_id, self.directory_id):
+            live.add(self.node_id)
+        for r in self._replicas.values():
+            # prev_fetch_ms: a fetch really made (last_fetch_ms starts at the election).
+            if r.node_id in new.ids and self._now - r.prev_fetch_ms < self._cfg.check_quorum_ms:
+                live.add(r.node_id)
+        if len(live) < new.majority:
+            raise VoterChangeRefused(
+                VoterChangeRefused.LOSES_MAJORITY,
+                f"the new voter set {sorted(new.ids)} needs {new.majority} live voters; "
+                f"only {sorted(live)} are in contact with the leader",
+            )
+
+    def _append_voters(self, new: VoterSet) -> int:
+        offset = self.log_end_offset
+        self._append_local([Entry(self._epoch, new.to_entry())])  # in force from here
+        self._maybe_advance_hw()
+        self._answer_parked()
+        return offset
+
     def resign(self, now_ms: int) -> None:
         """Graceful shutdown of a leader: hand over to the most caught-up voters."""
         self._now = now_ms
         if self._role != LEADER:
             return
+        self._resign()
+
+    def _resign(self) -> None:
         successors = tuple(sorted(self._replicas, key=lambda v: (-self._replicas[v].end_offset, v)))
         for v in successors:
             self._send(EndQuorumEpoch(self.node_id, v, self._epoch, self.node_id, successors))
@@ -445,12 +646,67 @@ class RaftNode:
         self._leave_role()
         self._set_epoch(epoch)
         self._leader_id = None
-        if not self._is_voter:
+        if not self._eligible:
             self._become_observer_without_leader()
             return
         self._role = UNATTACHED
         delay = self._random_election_timeout() if delay_ms is None else delay_ms
         self._election_deadline = self._now + delay
+
+    def _voters_at(self, end_offset: int) -> VoterSet:
+        """The set in force for the entries below end_offset."""
+        vs = self._base_voters
+        for o, v in self._voter_history:
+            if o >= end_offset:
+                break
+            vs = v
+        return vs
+
+    def _compute_membership(self) -> None:
+        vs = self.voter_set
+        self._is_voter = vs.matches(self.node_id, self.directory_id)
+        self._majority = vs.majority
+        self._eligible = self._is_voter
+        if not self._is_voter and self.voter_change_pending:
+            previous = self._voters_at(self._voter_history[-1][0])
+            self._eligible = previous.matches(self.node_id, self.directory_id)
+
+    def _set_membership(self) -> None:
+        """The voter set in force changed (appended, truncated, a snapshot installed):
+        what this node is in it, and what the leader tracks."""
+        was = self._eligible
+        self._compute_membership()
+        if self._role == LEADER:
+            self._reconcile_replicas()
+            return
+        if was == self._eligible:
+            return
+        if self._eligible:
+            if self._role == OBSERVER and self._leader_id is not None:
+                self._role = FOLLOWER  # keeps fetching from the same leader
+            elif self._role == OBSERVER:
+                self._become_unattached(self._epoch)
+        elif self._role == FOLLOWER:
+            self._role = OBSERVER
+        elif self._role in (UNATTACHED, PROSPECTIVE, CANDIDATE):
+            self._leave_role()
+            self._become_observer_without_leader()
+
+    def _reconcile_replicas(self) -> None:
+        vs = self.voter_set
+        others = vs.ids - {self.node_id}
+        for nid in [n for n in self._replicas if n not in others]:
+            r = self._replicas.pop(nid)
+            if len(self._observers) < self._cfg.max_observers:
+                self._observers[nid] = r
+        for nid in others - self._replicas.keys():
+            seen = self._observers.get(nid)
+            if seen is not None and vs.matches(nid, seen.directory_id):
+                self._replicas[nid] = self._observers.pop(nid)
+            else:
+                # A full check-quorum period from now, as voters get at an election.
+                self._replicas[nid] = ReplicaState(nid, 0, self._now)
+        self._begin_pending &= others
 
     def _become_observer_without_leader(self) -> None:
         self._inflight = None
@@ -476,7 +732,7 @@ class RaftNode:
             return
         self._leave_role()
         self._set_epoch(epoch)
-        self._role = FOLLOWER if self._is_voter else OBSERVER
+        self._role = FOLLOWER if self._eligible else OBSERVER
         self._leader_id = leader
         self._fetch_deadline = self._now + self._cfg.fetch_timeout_ms
         self._next_fetch_ms = self._now
@@ -488,16 +744,19 @@ class RaftNode:
         self._leader_id = None
         self._grants.add(self.node_id)
         self._election_deadline = self._now + self._random_election_timeout()
-        for v in self.voters - {self.node_id}:
+        for v in self.voter_set.voters:
+            if v.node_id == self.node_id:
+                continue
             self._send(
                 VoteRequest(
                     self.node_id,
-                    v,
+                    v.node_id,
                     self._epoch + 1,
                     self.node_id,
                     self.last_epoch,
                     self.log_end_offset,
                     pre_vote=True,
+                    voter_directory_id=v.directory_id,
                 )
             )
         self._count_votes()
@@ -507,20 +766,24 @@ class RaftNode:
         self._epoch += 1
         self._voted_for = self.node_id
         self._persist(("state", self._epoch, self.node_id))  # the requests wait for it
+        self._self_vote_seq = self._seq
         self._role = CANDIDATE
         self._leader_id = None
-        self._grants.add(self.node_id)
+        self._self_grant()
         self._election_deadline = self._now + self._random_election_timeout()
-        for v in self.voters - {self.node_id}:
+        for v in self.voter_set.voters:
+            if v.node_id == self.node_id:
+                continue
             self._send(
                 VoteRequest(
                     self.node_id,
-                    v,
+                    v.node_id,
                     self._epoch,
                     self.node_id,
                     self.last_epoch,
                     self.log_end_offset,
                     pre_vote=False,
+                    voter_directory_id=v.directory_id,
                 )
             )
         self._count_votes()
@@ -537,11 +800,20 @@ class RaftNode:
         for v in others:
             self._send(BeginQuorumEpoch(self.node_id, v, self._epoch, self.node_id))
         # The HW may only move past entries of this epoch: commit one at once.
+        self._epoch_start = self.log_end_offset
         self._append_local([Entry(self._epoch, None)])
         self._maybe_advance_hw()
 
+    def _self_grant(self) -> None:
+        """A candidate's own vote counts once it is durable: a lone voter would lead
+        at once, and lead the same epoch as another after a crash lost its vote."""
+        if self._role == CANDIDATE and self._durable >= self._self_vote_seq:
+            self._grants.add(self.node_id)
+
     def _count_votes(self) -> None:
-        if len(self._grants) >= self._majority:
+        # Only the grants of voters of the set in force count (a vote from a node the
+        # set does not hold would make no majority of it).
+        if len(self._grants & self.voters) >= self._majority:
             if self._role == PROSPECTIVE:
                 self._become_candidate()
             elif self._role == CANDIDATE:
@@ -572,9 +844,16 @@ class RaftNode:
             return self._snapshot.epoch
         return self._log[offset - self._log_start].epoch
 
-    def _append_to_memory(self, entries: list[Entry] | tuple[Entry, ...]) -> None:
+    def _append_to_memory(self, entries: list[Entry] | tuple[Entry, ...]) -> bool:
+        """Entries into the in-memory log; True if a voter set was among them."""
         end = self.log_end_offset
+        changed = False
         for i, e in enumerate(entries):
+            if e.data is not None:
+                vs = VoterSet.from_entry(e.data)
+                if vs is not None:
+                    self._voter_history.append((end + i, vs))
+                    changed = True
             if e.epoch > self._epoch:
                 broken(
                     "no entry of a later epoch than the node's",
@@ -584,10 +863,13 @@ class RaftNode:
                 )
             self._cache.append(e.epoch, end + i)
         self._log.extend(entries)
+        return changed
 
     def _append_local(self, entries: list[Entry] | tuple[Entry, ...]) -> None:
-        self._append_to_memory(entries)
+        changed = self._append_to_memory(entries)
         self._persist(("append", list(entries)))
+        if changed:
+            self._set_membership()
 
     def _truncate(self, end_offset: int) -> None:
         if end_offset < self._hw:
@@ -603,6 +885,10 @@ class RaftNode:
         self._cache.truncate_end(end_offset)
         self._truncations += 1
         self._persist(("truncate", end_offset))
+        kept = [(o, v) for o, v in self._voter_history if o < end_offset]
+        if len(kept) < len(self._voter_history):
+            self._voter_history = kept  # the set in force reverts with the log
+            self._set_membership()
 
     def _install_snapshot(self, snapshot: Snapshot) -> None:
         if snapshot.end_offset <= self._log_start:
@@ -619,10 +905,14 @@ class RaftNode:
         self._log = []
         self._cache.reset(snapshot.epoch, snapshot.end_offset)
         self._persist(("install", snapshot))
+        voters = snapshot.voters
+        self._base_voters = VoterSet.from_list(voters) if voters is not None else self._static
+        self._voter_history = []
         self._set_hw(snapshot.end_offset)
         self._pending_snapshot = snapshot
         self._next_apply = snapshot.end_offset
         self._truncations += 1
+        self._set_membership()
 
     def _set_hw(self, hw: int) -> None:
         if hw < self._hw:
@@ -634,7 +924,15 @@ class RaftNode:
                 high_watermark=hw,
                 log_end=self.log_end_offset,
             )
+        pending = self.voter_change_pending
         self._hw = hw
+        if pending and not self.voter_change_pending:
+            # A node the change removed is no candidate any more (a leader resigns at
+            # its next tick).
+            if self._role == LEADER:
+                self._compute_membership()
+            else:
+                self._set_membership()
 
     # -- leader -------------------------------------------------------------------------
 
@@ -643,7 +941,10 @@ class RaftNode:
         this epoch. True when it moved."""
         # Our own log counts only as far as it is durable (etcd-raft's rule as well).
         own = min(self._durable_end, self.log_end_offset)
-        ends = sorted([own, *(r.end_offset for r in self._replicas.values())], reverse=True)
+        ends = [r.end_offset for r in self._replicas.values()]
+        if self._is_voter:  # a leader removing itself counts only the new set
+            ends.append(own)
+        ends.sort(reverse=True)
         reached = ends[self._majority - 1]
         if reached > self._hw and self._entry_epoch(reached - 1) == self._epoch:
             self._set_hw(reached)
@@ -652,7 +953,11 @@ class RaftNode:
 
     def _tick_leader(self) -> None:
         now = self._now
-        alive = 1 + sum(
+        if not self._is_voter and not self.voter_change_pending:
+            # The set that removed this leader is committed: hand over (KIP-853).
+            self._resign()
+            return
+        alive = int(self._is_voter) + sum(
             1 for r in self._replicas.values() if now - r.last_fetch_ms < self._cfg.check_quorum_ms
         )
         if alive < self._majority:
@@ -668,13 +973,22 @@ class RaftNode:
             for v in sorted(self._begin_pending):
                 self._send(BeginQuorumEpoch(self.node_id, v, self._epoch, self.node_id))
 
-    def _replica(self, node_id: int) -> ReplicaState | None:
-        if node_id in self.voters:
-            return self._replicas.get(node_id)
+    def _replica(self, node_id: int, directory_id: str | None) -> tuple[ReplicaState | None, bool]:
+        """The state of a fetcher, and whether it is a voter: one of the set in force
+        with that directory id (another storage under a voter's id is an observer)."""
+        if self.voter_set.matches(node_id, directory_id):
+            r = self._replicas.get(node_id)
+            if r is not None:
+                r.directory_id = directory_id
+                return r, True
         r = self._observers.get(node_id)
         if r is None and len(self._observers) < self._cfg.max_observers:
             r = self._observers[node_id] = ReplicaState(node_id)
-        return r
+        if r is not None and r.directory_id != directory_id:
+            # Another storage under this id: what we knew of the old one is void.
+            r.directory_id, r.end_offset = directory_id, 0
+            r.last_caught_up_ms = r.prev_fetch_ms = _NEVER
+        return r, False
 
     def _answer_fetch(self, m: FetchRequest) -> tuple[FetchResponse, bool]:
         """The response to `m` from the leader's log, and whether the fetch was valid
@@ -718,7 +1032,7 @@ class RaftNode:
 
     def _leader_fetch(self, m: FetchRequest) -> None:
         now = self._now
-        replica = self._replica(m.src)
+        replica, is_voter = self._replica(m.src, m.directory_id)
         self._begin_pending.discard(m.src)
         resp, valid = self._answer_fetch(m)
         moved = False
@@ -727,9 +1041,16 @@ class RaftNode:
             if valid:
                 # max(): a reordered older fetch must not move a replica back.
                 replica.end_offset = max(replica.end_offset, m.fetch_offset)
-                if m.fetch_offset >= self.log_end_offset:
+                end = self.log_end_offset
+                if m.fetch_offset >= end:
                     replica.last_caught_up_ms = now
-                if m.src in self.voters:
+                elif m.fetch_offset >= replica.prev_leader_end:
+                    # It holds all we had at its previous fetch: caught up as of then.
+                    replica.last_caught_up_ms = max(
+                        replica.last_caught_up_ms, replica.prev_fetch_ms
+                    )
+                replica.prev_leader_end, replica.prev_fetch_ms = end, now
+                if is_voter:
                     moved = self._maybe_advance_hw()
         if moved:
             self._parked.pop(m.src, None)
@@ -755,8 +1076,8 @@ class RaftNode:
         if self._leader_id is not None:
             return self._leader_id
         if self._role == OBSERVER:
-            ordered = sorted(self.voters)
-            return ordered[self._observer_rr % len(ordered)]
+            ordered = sorted((self.voters | self._static.ids) - {self.node_id})
+            return ordered[self._observer_rr % len(ordered)] if ordered else None
         return None
 
     def _send_fetch(self) -> None:
@@ -775,6 +1096,7 @@ class RaftNode:
                 epoch,
                 observer=not self._is_voter,
                 high_watermark=self._hw,
+                directory_id=self.directory_id,
             )
         )
 
@@ -886,7 +1208,7 @@ class RaftNode:
             return
         self._last_leader_contact = self._now
         self._fetch_deadline = self._now + self._cfg.fetch_timeout_ms
-        self._install_snapshot(Snapshot(m.snapshot_offset, m.snapshot_epoch, m.data))
+        self._install_snapshot(Snapshot(m.snapshot_offset, m.snapshot_epoch, m.data, m.voters))
         self._next_fetch_ms = self._now
         self._send_fetch()
 
@@ -914,7 +1236,7 @@ class RaftNode:
             self._leader_fetch(m)
 
     def _on_fetch_snapshot_request(self, m: FetchSnapshotRequest) -> None:
-        error, data = None, None
+        error, data, voters = None, None, None
         snap = self._snapshot
         if m.epoch < self._epoch:
             error = FENCED_LEADER_EPOCH
@@ -923,8 +1245,8 @@ class RaftNode:
         elif snap is None or (snap.end_offset, snap.epoch) != (m.snapshot_offset, m.snapshot_epoch):
             error = SNAPSHOT_NOT_FOUND
         else:
-            data = snap.data
-            replica = self._replica(m.src)
+            data, voters = snap.data, snap.voters
+            replica = self._replicas.get(m.src) or self._observers.get(m.src)
             if replica is not None:
                 replica.last_fetch_ms = self._now
         self._send(
@@ -937,6 +1259,7 @@ class RaftNode:
                 m.snapshot_offset,
                 m.snapshot_epoch,
                 data,
+                voters,
             )
         )
 
@@ -944,9 +1267,16 @@ class RaftNode:
         return (m.last_epoch, m.last_offset) >= (self.last_epoch, self.log_end_offset)
 
     def _on_vote_request(self, m: VoteRequest) -> None:
+        # Whether we are the voter the candidate asks: by directory id when its set names
+        # one (so a node on new storage never votes as the voter it replaced, and a voter
+        # whose own log does not hold the newest set yet still votes), else by our set.
+        if m.voter_directory_id is not None:
+            member = m.voter_directory_id == self.directory_id
+        else:
+            member = self._is_voter
         if m.pre_vote:
             granted = (
-                self._is_voter
+                member
                 and m.epoch > self._epoch
                 and self._role != LEADER
                 # Someone who still hears from a leader refuses: no disruption by a node
@@ -956,7 +1286,7 @@ class RaftNode:
             )
         else:
             granted = (
-                self._is_voter
+                member
                 and m.epoch == self._epoch  # a newer epoch was adopted by _observe_epoch
                 and self._role not in (LEADER, CANDIDATE)
                 and self._leader_id is None
@@ -994,7 +1324,7 @@ class RaftNode:
         self._count_votes()
 
     def _on_begin_quorum_epoch(self, m: BeginQuorumEpoch) -> None:
-        if m.epoch == self._epoch and self._is_voter:
+        if m.epoch == self._epoch and self._eligible:
             if self._role == LEADER:
                 if m.leader_id != self.node_id:
                     broken(
@@ -1011,7 +1341,7 @@ class RaftNode:
 
     def _on_end_quorum_epoch(self, m: EndQuorumEpoch) -> None:
         if (
-            self._is_voter
+            self._eligible
             and m.epoch == self._epoch
             and self._role in (FOLLOWER, UNATTACHED)
             and self._leader_id in (None, m.leader_id)

@@ -44,6 +44,8 @@ class FetchRequest:
     # The high watermark the fetcher knows (as KIP-1166): a leader whose own is newer
     # answers at once instead of parking the fetch. -1: unknown (an older sender).
     high_watermark: int = -1
+    # The fetcher's storage identity (KIP-853): a voter counts only with its own.
+    directory_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +88,7 @@ class FetchSnapshotResponse:
     snapshot_offset: int
     snapshot_epoch: int
     data: Any = None
+    voters: Any = None  # the snapshot's voter set (VoterSet.to_list), None: static
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +100,9 @@ class VoteRequest:
     last_epoch: int
     last_offset: int  # the candidate's log end offset
     pre_vote: bool = False
+    # The receiver's directory id as the candidate's voter set has it: a node whose
+    # storage is new (another directory id) must not vote as the voter it replaced.
+    voter_directory_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,10 +32,11 @@ import orjson
 from straitmq import invariants
 from straitmq.invariants import InvariantBroken
 
-from .core import NotLeader, RaftConfig, RaftNode
+from .core import NotLeader, RaftConfig, RaftNode, VoterChangeRefused
 from .messages import Message, VoteResponse, from_dict, to_dict
 from .storage import MemoryStorage, RaftStorage, Snapshot, StorageOp
 from .storage import apply as apply_ops
+from .voters import Voter, VoterSet
 
 # Time runs ten times faster than in production (same ratios as the defaults), so a
 # few simulated seconds hold dozens of elections.
@@ -77,6 +78,8 @@ class Faults:
     crash_after_commit: float  # crash a leader right after its high watermark moved
     defer_persist: float  # a node's new storage ops stay in flight (not yet durable)...
     persist: float  # ...until this per-tick chance writes them; a crash loses them
+    change: float  # the leader is asked to add, remove or replace a voter (KIP-853)
+    disk_loss: float  # a node's storage is lost: it restarts empty, with a new directory id
 
     @classmethod
     def draw(cls, rng: random.Random) -> Faults:
@@ -98,6 +101,8 @@ class Faults:
             crash_after_commit=rng.choice([0.0, 0.0, 0.02]),
             defer_persist=rng.choice([0.0, 0.5, 0.9]),
             persist=rng.choice([0.1, 0.5]),
+            change=rng.choice([0.0, 0.01, 0.03, 0.1]),
+            disk_loss=rng.choice([0.0, 0.002, 0.01]),
         )
 
 
@@ -122,6 +127,17 @@ class Simulation:
         self.voter_ids = frozenset(range(voters))
         self.ids = [*range(voters), *range(100, 100 + observers)]
         self.faults = Faults.draw(self.rng)
+        # Each node's storage identity; a lost disk gives it a new one.
+        self.dirs = {i: f"dir-{i}-0" for i in self.ids}
+        # Half the seeds start from static flags (no directory ids: the old way, where a
+        # lost disk is unsafe, so none is lost), half from a bootstrapped voter set.
+        self.dynamic = self.rng.random() < 0.5
+        self.bootstrap = (
+            VoterSet.of(Voter(i, self.dirs[i]) for i in sorted(self.voter_ids))
+            if self.dynamic
+            else VoterSet.static(self.voter_ids)
+        )
+        self.max_voters = max(voters, 5)
         self.replay = (
             f"python -m bench.raft_sim --seed {seed}"
             + (f" --voters {voters}" if voters != 3 else "")
@@ -132,6 +148,7 @@ class Simulation:
         # A restarted node reloads its storage object, as a process reloads its directory.
         make = storage_factory or (lambda _: MemoryStorage())
         self.disks: dict[int, RaftStorage] = {i: make(i) for i in self.ids}
+        self._disks_lost = storage_factory is None  # a factory's disks are its own
         # Storage ops a node handed out that are not on its disk yet: (ops, seq) batches.
         self.in_flight: dict[int, list[tuple[list[StorageOp], int]]] = {i: [] for i in self.ids}
         self.nodes: dict[int, RaftNode | None] = {i: None for i in self.ids}
@@ -146,6 +163,9 @@ class Simulation:
             "crashes": 0,
             "proposals": 0,
             "committed": 0,
+            "voter_changes": 0,
+            "changes_refused": 0,
+            "disks_lost": 0,
         }
         # What the checks remember across the whole history.
         self.leaders: dict[int, int] = {}  # epoch -> the node that led it
@@ -155,6 +175,7 @@ class Simulation:
         self._was_leader: dict[int, int | None] = {}
         self._matched: dict[int, tuple[int, int]] = {}  # node -> (checked upto, truncations)
         self._hw_checked: dict[int, int] = {}
+        self._sig: dict[int, tuple[Any, ...]] = {}
         for i in self.ids:
             self._start(i)
 
@@ -168,12 +189,20 @@ class Simulation:
     def _start(self, i: int) -> None:
         node_rng = random.Random(self.rng.getrandbits(64))
         self.nodes[i] = RaftNode(
-            i, self.voter_ids, self.disks[i], self.config, node_rng, self.now, persist_inline=False
+            i,
+            self.bootstrap,
+            self.disks[i],
+            self.config,
+            node_rng,
+            self.now,
+            persist_inline=False,
+            directory_id=self.dirs[i],
         )
         self.applied[i] = []
         self._was_leader[i] = None
         self._matched[i] = (-1, -1)
         self._hw_checked[i] = 0
+        self._sig.pop(i, None)
         self._after(i)
 
     def _crash(self, i: int) -> None:
@@ -216,6 +245,20 @@ class Simulation:
         out = node.take_messages()
         for msg in out:
             self._send(msg)
+        # Most ticks change nothing: the checks below only look at what changed, so a
+        # node whose log, role and high watermark are as at its last check is skipped.
+        sig = (
+            node._role,
+            node._epoch,
+            node._hw,
+            node._log_start + len(node._log),
+            node._log_start,
+            node._truncations,
+            len(node._voter_history),
+        )
+        if not ops and not out and self._sig.get(i) == sig:
+            return
+        self._sig[i] = sig
         hw_before = self._hw_checked[i]
         elected = self._check(i, node)
         # Crashes at the moments that test durability the hardest.
@@ -306,6 +349,68 @@ class Simulation:
                 if n is not None and n.is_leader:
                     n.resign(self.now)
                     self._after(i)
+        if rng.random() < f.change:
+            self._change_voters()
+        if rng.random() < f.disk_loss:
+            self._lose_disk()
+
+    def _leader(self) -> RaftNode | None:
+        leaders = [n for n in self.nodes.values() if n is not None and n.is_leader]
+        return self.rng.choice(leaders) if leaders else None
+
+    def _stale(self, vs: VoterSet) -> list[Voter]:
+        """Voters of `vs` whose storage is gone (their node has another directory id)."""
+        return [v for v in vs.voters if v.directory_id not in (None, self.dirs[v.node_id])]
+
+    def _change_voters(self) -> None:
+        """Ask a leader for one voter change: replace a voter whose disk was lost (remove
+        it, then add its new storage), add a node, or remove one (the leader too)."""
+        leader = self._leader()
+        if leader is None:
+            return
+        rng = self.rng
+        vs = leader.voter_set
+        stale = self._stale(vs)
+        outside = [i for i in self.ids if not vs.matches(i, self.dirs[i]) and i not in vs.ids]
+        try:
+            if stale:
+                # First the replacement of a lost voter, as an operator would: removing a
+                # live voter while a lost one is still counted can leave no majority.
+                v = rng.choice(stale)
+                leader.remove_voter(v.node_id, v.directory_id)
+            elif outside and len(vs) < self.max_voters and rng.random() < 0.5:
+                i = rng.choice(outside)
+                leader.add_voter(Voter(i, self.dirs[i], (("raft", f"node-{i}:9093"),)))
+            else:
+                v = rng.choice(vs.voters)
+                leader.remove_voter(v.node_id, v.directory_id)
+        except VoterChangeRefused:
+            self.stats["changes_refused"] += 1
+            return
+        self.stats["voter_changes"] += 1
+        self._after(leader.node_id)
+
+    def _lose_disk(self) -> None:
+        """A node's storage is gone: it restarts empty, with a new directory id. Only
+        in a bootstrapped (dynamic) quorum, and one lost voter at a time in a set of three
+        or more, as a leader with no change pending sees it: beyond that the quorum can
+        lose its majority for good, which no protocol survives."""
+        if not self.dynamic or not self._disks_lost:
+            return
+        leader = self._leader()
+        if leader is None or leader.voter_change_pending:
+            return
+        vs = leader.voter_set
+        i = self.rng.choice(self.ids)
+        if i in vs.ids and (self._stale(vs) or len(vs) < 3):
+            return
+        if self.nodes[i] is not None:
+            self._crash(i)
+        self.disks[i] = MemoryStorage()
+        gen = int(self.dirs[i].rsplit("-", 1)[1]) + 1
+        self.dirs[i] = f"dir-{i}-{gen}"
+        self.stats["disks_lost"] += 1
+        self._start(i)
 
     def _write(self, i: int) -> None:
         """Everything node i handed out reaches its disk, in order; it is told so."""
@@ -359,10 +464,12 @@ class Simulation:
         f.loss = f.duplicate = f.slow = 0.0
         f.crash_after_vote = f.crash_new_leader = f.crash_after_commit = 0.0
         f.defer_persist = 0.0
+        f.change = f.disk_loss = 0.0
         self._heal()
         for i in self.ids:
             if self.nodes[i] is None:
                 self._start(i)
+        self._live_voters = sorted(self.voter_ids)
         start = self.now
         # Elections settle within a few timeouts; then the slowest voter catches up one
         # fetch round trip per max_fetch_entries.
@@ -377,6 +484,12 @@ class Simulation:
                 return
             stale = target is None or self.now - proposed_at > 4 * self.config.fetch_timeout_ms
             leader = next((n for n in self.nodes.values() if n is not None and n.is_leader), None)
+            if leader is not None:
+                self._live_voters = [
+                    v.node_id
+                    for v in leader.voter_set.voters
+                    if v.node_id in self.dirs and v.matches(v.node_id, self.dirs[v.node_id])
+                ]
             if stale and leader is not None:
                 self.next_value += 1
                 value = {"v": self.next_value, "liveness": True}
@@ -395,7 +508,7 @@ class Simulation:
 
     def _applied_everywhere(self, target: tuple[int, int, Any]) -> bool:
         offset, epoch, value = target
-        for i in self.voter_ids:
+        for i in self._live_voters:
             state = self.applied[i]
             if len(state) <= offset or state[offset] != (epoch, value):
                 return False
@@ -414,12 +527,28 @@ class Simulation:
             if self._was_leader[i] != node.epoch:
                 self._was_leader[i] = node.epoch
                 self.stats["elections"] += 1
+                if not node.may_campaign:
+                    raise self.fail(
+                        f"node {i} ({self.dirs[i]}) was elected in epoch {node.epoch} but is "
+                        f"no voter of its set {node.voter_set.to_list()}"
+                    )
                 self._check_leader_complete(i, node)
                 elected = True
         self._check_log_matching(i, node)
         self._check_committed(i, node)
+        if node.is_leader:
+            self._check_one_change(i, node)
         self._apply(i, node)
         return elected
+
+    def _check_one_change(self, i: int, node: RaftNode) -> None:
+        """(6) A leader's log holds at most one voter set beyond what is committed."""
+        uncommitted = [o for o, _ in node._voter_history if o >= len(self.committed)]
+        if len(uncommitted) > 1:
+            raise self.fail(
+                f"leader {i} of epoch {node.epoch} holds {len(uncommitted)} uncommitted voter "
+                f"sets (offsets {uncommitted}; {len(self.committed)} entries committed)"
+            )
 
     def _check_leader_complete(self, i: int, node: RaftNode) -> None:
         """(3) A new leader holds every entry committed so far."""

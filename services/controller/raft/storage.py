@@ -42,6 +42,7 @@ class Snapshot:
     end_offset: int
     epoch: int
     data: Any
+    voters: Any = None  # the voter set at end_offset (VoterSet.to_list); None: static
 
 
 LoadedState = tuple[int, int | None, Snapshot | None, int, list[Entry]]
@@ -256,7 +257,7 @@ class FileStorage:
             except orjson.JSONDecodeError:
                 continue  # cannot happen with atomic writes; fall back to an older one
             if (d.get("end_offset"), d.get("epoch")) == (end_offset, epoch):
-                return Snapshot(end_offset, epoch, d.get("data"))
+                return Snapshot(end_offset, epoch, d.get("data"), d.get("voters"))
         return None
 
     def _read_log(self, path: Path) -> list[Entry]:
@@ -331,7 +332,12 @@ class FileStorage:
         old_log = self._log_path(self._log_start)
         new_log = self._log_path(snapshot.end_offset)
         _write_atomic(new_log, tail)  # 1. the new log (ignored at load until step 2)
-        body = {"end_offset": snapshot.end_offset, "epoch": snapshot.epoch, "data": snapshot.data}
+        body = {
+            "end_offset": snapshot.end_offset,
+            "epoch": snapshot.epoch,
+            "data": snapshot.data,
+            "voters": snapshot.voters,
+        }
         _write_atomic(self._dir / self._snapshot_name(snapshot), orjson.dumps(body))  # 2. commit
         self.close()
         for path in self._dir.iterdir():  # 3. clean up what the snapshot replaced

@@ -1,0 +1,279 @@
+"""Dynamic controller quorum (KIP-853) with real processes: 3 -> 5 -> 3 voters under a
+steady load of topic creations, the active controller SIGKILLed during each change; no
+acknowledged topic is lost, no epoch has two leaders, the brokers keep serving. And the
+refusals, each with its reason and nothing changed.
+
+Prints the figures (time to add a voter, metadata commit latency during a change).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from cluster_support import Cluster, cluster_factory, wait_for
+from straitmq.cli.local_cluster import Node, free_port
+
+from straitmq.admin_client import AdminError, request_sync
+
+
+@pytest.fixture
+def cluster(tmp_path: Path):
+    yield from cluster_factory(tmp_path)
+
+
+def strait(http: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "straitmq.cli", "--http", http, *args],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+
+
+def broker_url(c: Cluster) -> str:
+    b = c.any_broker()
+    return f"http://{b.host}:{b.http_port}"
+
+
+def start_joining_controller(c: Cluster, cid: int) -> Node:
+    """A controller outside --voters: it follows the metadata log as an observer."""
+    port = free_port()
+    args = [*c._controller_cmd(cid), "--listen", f"127.0.0.1:{port}"]
+    node = Node("controller", cid, args, os.path.join(c.data_dir, f"controller-{cid}.log"), port)
+    c.controllers[cid] = node
+    node.start()
+    wait_for(lambda: (node.get("/api/v1/quorum") or {}).get("leader_id"), 30, f"{cid} following")
+    return node
+
+
+def leader_view(c: Cluster) -> dict:
+    """The quorum leader's own status."""
+
+    def find() -> dict | None:
+        for n in c.controllers.values():
+            if n.alive():
+                st = n.get("/api/v1/quorum")
+                if st and st.get("role") == "leader":
+                    return st
+        return None
+
+    return wait_for(find, 30, "a quorum leader")  # type: ignore[return-value]
+
+
+def voter_ids(c: Cluster) -> set[int]:
+    return {v["id"] for v in leader_view(c)["voter_set"]}
+
+
+class Watch:
+    """Topic creations in a loop (what the active controller commits) and, beside them,
+    every controller's status sampled: which node led which epoch."""
+
+    def __init__(self, c: Cluster) -> None:
+        self.c = c
+        self.acked: list[str] = []
+        self.latencies: list[tuple[float, float]] = []  # (when, seconds)
+        self.leaders: dict[int, set[int]] = {}
+        self.stop_flag = threading.Event()
+        self.threads = [
+            threading.Thread(target=self._create, daemon=True),
+            threading.Thread(target=self._sample, daemon=True),
+        ]
+
+    def start(self) -> Watch:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def stop(self) -> None:
+        self.stop_flag.set()
+        for t in self.threads:
+            t.join(60)
+
+    def _create(self) -> None:
+        n = 0
+        while not self.stop_flag.is_set() and n < 5000:
+            n += 1
+            name = f"load-{n}"
+            body = {"name": name, "partitions": 1, "replication_factor": 1}
+            t0 = time.monotonic()
+            try:
+                b = self.c.any_broker()
+                request_sync(f"http://{b.host}:{b.http_port}", "POST", "/api/v1/topics", body, 20)
+            except (AdminError, RuntimeError):
+                continue  # not acknowledged: it may or may not exist; only acks count
+            self.acked.append(name)
+            self.latencies.append((t0, time.monotonic() - t0))
+
+    def _sample(self) -> None:
+        while not self.stop_flag.is_set():
+            for n in list(self.c.controllers.values()):
+                if n.alive():
+                    st = n.get("/api/v1/quorum", 1.0)
+                    if st and st.get("role") == "leader":
+                        self.leaders.setdefault(st["epoch"], set()).add(st["node_id"])
+
+
+def change_with_kill(c: Cluster, watch: Watch, op: str, cid: int, expect_in: bool) -> float:
+    """Ask for a voter change through a broker's HTTP API, SIGKILL the active controller
+    while it is in flight, restart it, and repeat the request until the change is in
+    force and committed. Seconds from the first request to the committed change."""
+    url = broker_url(c)
+    results: list[object] = []
+
+    def request() -> None:
+        try:
+            if op == "add":
+                body = {"controller_url": f"http://127.0.0.1:{c.controllers[cid].http_port}"}
+                results.append(request_sync(url, "POST", "/api/v1/quorum/voters", body, 40))
+            else:
+                results.append(
+                    request_sync(url, "DELETE", f"/api/v1/quorum/voters/{cid}", None, 40)
+                )
+        except AdminError as e:
+            results.append(e)
+
+    t0 = time.monotonic()
+    active = c.wait_active_controller()
+    th = threading.Thread(target=request, daemon=True)
+    th.start()
+    # The change is appended (in force on the leader) or already done: kill the leader.
+    wait_for(
+        lambda: results or (cid in {v["id"] for v in leader_view(c)["voter_set"]}) == expect_in,
+        30,
+        f"{op} {cid} appended",
+    )
+    active.kill9()
+    active.start()
+    th.join(60)
+    deadline = time.monotonic() + 120
+    while (cid in voter_ids(c)) != expect_in or leader_view(c)["voter_change_pending"]:
+        assert time.monotonic() < deadline, f"{op} {cid} not in force: {results}"
+        results.clear()
+        request()  # lost with the old leader, or refused while pending: ask again
+    return time.monotonic() - t0
+
+
+def test_three_to_five_to_three_voters_with_the_active_controller_killed(cluster) -> None:
+    c = cluster(brokers=3)
+    watch = Watch(c).start()
+    wait_for(lambda: len(watch.acked) >= 20, 60, "topic creations under way")
+    for cid in (1004, 1005):
+        start_joining_controller(c, cid)
+    timings = {}
+    for op, cid, expect in (
+        ("add", 1004, True),
+        ("add", 1005, True),
+        ("remove", 1001, False),
+        ("remove", 1002, False),
+    ):
+        before = len(watch.acked)
+        timings[f"{op} {cid}"] = change_with_kill(c, watch, op, cid, expect)
+        # Metadata keeps committing after each change.
+        wait_for(lambda b=before: len(watch.acked) >= b + 10, 60, f"creations after {op} {cid}")
+    assert voter_ids(c) == {1003, 1004, 1005}
+    for cid in (1001, 1002):  # removed: they may go
+        c.controllers[cid].stop()
+    final = len(watch.acked)
+    wait_for(lambda: len(watch.acked) >= final + 10, 60, "creations with the new quorum")
+    watch.stop()
+
+    # Every acknowledged creation is in every broker's metadata.
+    acked = set(watch.acked)
+
+    def all_there() -> bool:
+        for b in c.brokers.values():
+            got = b.get("/api/v1/topics", 10.0)
+            if not got or not acked <= {t["name"] for t in got["topics"]}:
+                return False
+        return True
+
+    wait_for(all_there, 60, "every acknowledged topic on every broker")
+    two = {e: ids for e, ids in watch.leaders.items() if len(ids) > 1}
+    assert not two, f"epochs with two leaders: {two}"
+    lat = [s for _, s in watch.latencies]
+    print(
+        "\nvoter changes (request -> committed, active controller killed in each): "
+        + ", ".join(f"{k} {v:.2f}s" for k, v in timings.items())
+        + f"\ntopic creations acknowledged: {len(lat)}, latency p50 "
+        f"{statistics.median(lat) * 1000:.0f} ms, max {max(lat) * 1000:.0f} ms"
+    )
+
+
+def test_refusals_say_why_and_change_nothing(cluster) -> None:
+    c = cluster(brokers=1)
+    url = broker_url(c)
+    before = leader_view(c)["voter_set"]
+
+    def refused(method: str, path: str, body: object = None) -> str:
+        with pytest.raises(AdminError) as exc:
+            request_sync(url, method, path, body, 20)
+        return exc.value.message
+
+    # An unknown or unreachable node.
+    dead = free_port()
+    assert "unreachable" in refused(
+        "POST", "/api/v1/quorum/voters", {"controller_url": f"http://127.0.0.1:{dead}"}
+    )
+    unknown = {"node_id": 4242, "directory_id": "x", "endpoint": f"127.0.0.1:{dead}"}
+    assert "not fetching" in refused("POST", "/api/v1/quorum/voters", unknown)
+    assert "endpoint" in refused(
+        "POST", "/api/v1/quorum/voters", {"node_id": 4242, "directory_id": "x"}
+    )
+    assert "VOTER_NOT_FOUND" in refused("DELETE", "/api/v1/quorum/voters/4242")
+    assert "already a voter" in refused(
+        "POST", "/api/v1/quorum/voters", {"node_id": 1001, "directory_id": "x"}
+    )
+    # The same through the CLI: the reason, a non-zero exit.
+    r = strait(url, "quorum", "remove", "--node-id", "4242")
+    assert r.returncode != 0 and "VOTER_NOT_FOUND" in r.stderr, r
+    r = strait(url, "quorum", "add", "--controller", f"http://127.0.0.1:{dead}")
+    assert r.returncode != 0 and "unreachable" in r.stderr, r
+    r = strait(url, "quorum", "describe")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("quorum leader ") and "VOTER" in lines[1], r.stdout
+    ids = {int(line.split()[0]) for line in lines[2:] if line.split()[0].isdigit()}
+    assert set(c.controllers) <= ids, r.stdout
+    # Bad input.
+    assert "number" in refused("DELETE", "/api/v1/quorum/voters/abc")
+    assert "controller_url" in refused("POST", "/api/v1/quorum/voters", {"node_id": "one"})
+    # Losing the majority: with one voter down, removing a live one leaves a set of two
+    # that needs the dead one. Refused once the leader has not heard from it for a
+    # check-quorum period (1.5 fetch timeouts).
+    active = c.wait_active_controller()
+    victim, live = [n for n in c.controllers.values() if n is not active]
+    victim.kill9()
+
+    def silent() -> bool:
+        st = leader_view(c)
+        seen = {v["node_id"]: v["last_fetch_ms"] for v in st["voters"]}
+        return seen[st["node_id"]] - (seen.get(victim.node_id) or 0) > 1600
+
+    wait_for(silent, 30, f"the leader to stop hearing from {victim.node_id}")
+    assert "LOSES_MAJORITY" in _try_remove(url, live.node_id)
+    victim.start()
+    assert leader_view(c)["voter_set"] == before
+
+
+def test_the_last_voter_is_never_removed(cluster) -> None:
+    c = cluster(brokers=1, controllers=1)
+    url = broker_url(c)
+    assert "LAST_VOTER" in _try_remove(url, 1001)
+    r = strait(url, "quorum", "remove", "--node-id", "1001")
+    assert r.returncode != 0 and "last voter" in r.stderr, r
+    assert voter_ids(c) == {1001}
+
+
+def _try_remove(url: str, cid: int) -> str:
+    try:
+        request_sync(url, "DELETE", f"/api/v1/quorum/voters/{cid}", None, 20)
+    except AdminError as e:
+        return e.message
+    raise AssertionError(f"removing {cid} was not refused")

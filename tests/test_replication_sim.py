@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from straitmq.broker.producer_state import DuplicateBatch, ProducerStateTable
 from straitmq.broker.replication import simulation
 from straitmq.broker.replication.core import LEADER, ReplicaCore
 from straitmq.broker.replication.simulation import Simulation, SimulationFailure, run_seeds
@@ -122,6 +123,21 @@ def test_planted_pending_shrink_counted_at_once(monkeypatch) -> None:
         lambda self: self.isr if self.pending_isr is None else self.pending_isr,
     )
     _caught("the leader lost a committed record")
+
+
+def test_planted_duplicate_check_off(monkeypatch) -> None:
+    """A retried idempotent batch is appended again instead of answered with its first
+    offset: one producer sequence twice in the log."""
+    check = ProducerStateTable.check
+
+    def no_duplicates(self: ProducerStateTable, batches: list) -> None:
+        try:
+            check(self, batches)
+        except DuplicateBatch:
+            pass
+
+    monkeypatch.setattr(ProducerStateTable, "check", no_duplicates)
+    _caught("a producer sequence was written twice")
 
 
 def test_a_replica_moved_away_and_back_starts_over_at_the_leader() -> None:

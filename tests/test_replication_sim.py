@@ -8,6 +8,7 @@ replay it with `python -m bench.replication_sim --seed N`.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import pytest
 from straitmq.broker.producer_state import DuplicateBatch, ProducerStateTable
@@ -57,7 +58,9 @@ def _caught(what: str) -> None:
     assert "python -m bench.replication_sim --seed" in message
 
 
-def test_planted_high_watermark_from_a_follower_outside_the_isr(monkeypatch) -> None:
+def test_planted_high_watermark_from_a_follower_outside_the_isr(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The high watermark follows whichever follower is furthest, in the ISR or not: an
     acknowledged write can be missing from the in-sync replica elected next."""
 
@@ -75,19 +78,19 @@ def test_planted_high_watermark_from_a_follower_outside_the_isr(monkeypatch) -> 
     _caught("the leader lost a committed record")
 
 
-def test_planted_no_truncation_on_a_diverging_epoch(monkeypatch) -> None:
+def test_planted_no_truncation_on_a_diverging_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
     """A follower keeps the suffix an old leader wrote after their logs parted: it then
     holds other records than the leader below the high watermark."""
     monkeypatch.setattr(simulation, "truncation_offset", lambda epochs, leo, start, epoch, end: leo)
     _caught("replicas disagree below the high watermark")
 
 
-def test_planted_isr_change_to_a_lagging_replica(monkeypatch) -> None:
+def test_planted_isr_change_to_a_lagging_replica(monkeypatch: pytest.MonkeyPatch) -> None:
     """The ISR change takes in a follower that is behind the high watermark: elected
     next, it lacks acknowledged writes."""
 
     def isr_change(
-        self: ReplicaCore, now: float, leo: int, lag_s: float, alive
+        self: ReplicaCore, now: float, leo: int, lag_s: float, alive: Callable[[int], bool]
     ) -> list[int] | None:
         if self.role != LEADER or self.pending_isr is not None:
             return None
@@ -114,7 +117,7 @@ def test_planted_isr_change_to_a_lagging_replica(monkeypatch) -> None:
     _caught("the leader lost a committed record")
 
 
-def test_planted_pending_shrink_counted_at_once(monkeypatch) -> None:
+def test_planted_pending_shrink_counted_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """The high watermark counts a proposed shrink before the controller commits it
     (what KIP-497 forbids): the controller may elect the replica it left out."""
     monkeypatch.setattr(
@@ -125,7 +128,7 @@ def test_planted_pending_shrink_counted_at_once(monkeypatch) -> None:
     _caught("the leader lost a committed record")
 
 
-def test_planted_duplicate_check_off(monkeypatch) -> None:
+def test_planted_duplicate_check_off(monkeypatch: pytest.MonkeyPatch) -> None:
     """A retried idempotent batch is appended again instead of answered with its first
     offset: one producer sequence twice in the log."""
     check = ProducerStateTable.check

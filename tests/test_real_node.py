@@ -1357,8 +1357,24 @@ try:
     refused = None
 except urllib.error.HTTPError as e:
     refused = e.code
+# The User's quotas (producerByteRate 1 MiB/s): past the burst a new client may make
+# (Kafka measures its first rate over the whole window, 11 s), the broker throttles it
+# and librdkafka reports the throttle.
+throttles = []
+q = Producer({**conf, "acks": 1, "linger.ms": 20,
+              "throttle_cb": lambda e: throttles.append(e.throttle_time)})
+for i in range(160):  # 16 MB
+    while True:
+        try:
+            q.produce("orders", b"q" * 100_000)
+            break
+        except BufferError:
+            q.poll(0.1)
+    q.poll(0)
+q.flush(120)
 print(json.dumps({"acked": sorted(acked), "got": sorted(got), "bad": errors[:3],
-                  "health": health, "refused": refused}))
+                  "health": health, "refused": refused,
+                  "throttled_s": sum(t for t in throttles if t > 0)}))
 """
 
 
@@ -1367,8 +1383,9 @@ def test_secure_mqcluster_and_a_user_in_real_pods(node: NodeHandle, demo: dict[s
     kubelet: the brokers and the controllers serve TLS with certificates of the
     operator's cluster CA (the kubelet's https probes pass, the voters elect over https,
     the broker registers over https), a client pod with nothing but the User's Secret
-    produces and consumes over SASL_SSL, a wrong password is refused, and the
-    controllers' port answers a caller without a cluster certificate with 401."""
+    produces and consumes over SASL_SSL, a wrong password is refused, the User's quotas
+    throttle its producer, and the controllers' port answers a caller without a cluster
+    certificate with 401."""
     node.kubectl("create", "namespace", SECURE_NS)
     cluster = yaml.safe_load((ROOT / "examples" / "mqcluster.yaml").read_text())
     spec = cluster["spec"]
@@ -1453,4 +1470,6 @@ def test_secure_mqcluster_and_a_user_in_real_pods(node: NodeHandle, demo: dict[s
     assert len(result["acked"]) == 50 and result["got"] == result["acked"], result
     assert any("Authentication failed" in e for e in result["bad"]), result["bad"]
     assert result["health"] == 200 and result["refused"] == 401, result
+    # The User's spec.quotas reached the broker: its producer was throttled.
+    assert result["throttled_s"] > 0, result
     node.kubectl("delete", "namespace", SECURE_NS, "--wait=false")

@@ -70,6 +70,7 @@ from .metadata_view import MetadataView
 from .metrics import BrokerMetrics
 from .partition_write import PartitionWriter
 from .partitions import LEADER, Partition, PartitionManager
+from .quotas import ClientQuotas
 from .records import BatchInfo
 from .replication.fetcher import FetcherSettings, ReplicaFetchers
 from .replication.isr import IsrManager
@@ -166,6 +167,16 @@ class Broker:
             lambda: self.ready,
         )
         self.throttle = ReplicationThrottle(image)
+        # A listener of its own for brokers is never throttled by client quotas (a
+        # follower's fetch is exempt on any listener).
+        self._quota_exempt_listener = (
+            inter_broker.name
+            if config.inter_broker_listener_name and len(self.listeners) > 1
+            else None
+        )
+        self.quotas = ClientQuotas(
+            image, config.quota_window_num, config.quota_window_size_seconds * 1000.0
+        )
         self.writer = PartitionWriter(self.metrics, self.partitions, image, lambda: self.serving)
         self.partitions.role_listeners.append(self.fetchers.on_role)
         self.partitions.role_listeners.append(self.isr.on_role)
@@ -231,6 +242,8 @@ class Broker:
             image,
             self._request_context,
             self._kafka_api(),
+            self.quotas,
+            self._quota_exempt_listener,
         )
         self._producer_ids: list[int] = []  # [next, limit) of the block we hold
         broker_metrics.install(
@@ -244,6 +257,7 @@ class Broker:
             self.share,
             self.cleaner,
             self.transactions,
+            self.quotas,
         )
         broker_metrics.install_host(
             self.telemetry,
@@ -272,6 +286,7 @@ class Broker:
                 self.metrics,
                 cfg.fetch_max_wait_s,
                 lambda: self.stopping,
+                self.quotas,
             ),
             replicas=replicas,
             metadata_deps=MetadataDeps(
@@ -341,7 +356,9 @@ class Broker:
                 permitted,
                 self.cleaner.stats,
             ),
-            records=RecordsDeps(metadata, self.partitions, self.writer, self.offsets, peers),
+            records=RecordsDeps(
+                metadata, self.partitions, self.writer, self.offsets, peers, self.quotas
+            ),
             groups=GroupsDeps(
                 metadata, self.partitions, self.groups, self.share, self.offsets, peers, permitted
             ),

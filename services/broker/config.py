@@ -192,6 +192,18 @@ class BrokerConfig:
     replica_lag_time_max_ms: int = setting(
         30_000, "replica.lag.time.max.ms", "--replica-lag-time-max-ms"
     )
+    quota_window_num: int = setting(
+        11,
+        "quota.window.num",
+        "--quota-window-num",
+        "samples a client quota's rate is measured over",
+    )
+    quota_window_size_seconds: int = setting(
+        1,
+        "quota.window.size.seconds",
+        "--quota-window-size-seconds",
+        "the length of one client quota sample",
+    )
     max_open_files: int | None = setting(
         None, None, "--max-open-files",
         "segment files kept open at once, least recently used closed first "

@@ -175,3 +175,30 @@ def test_a_replica_out_of_the_isr_must_fetch_again_to_rejoin() -> None:
     assert leader.isr_change(0.05, 10, 0.15, lambda _: True) is None
     leader.on_follower_fetch(2, 10, 10, 0.06, None, 0)
     assert leader.isr_change(0.07, 10, 0.15, lambda _: True) == [1, 3, 2]
+
+
+def test_a_caught_up_follower_of_an_idle_partition_rejoins_through_its_fetch_session() -> None:
+    """bench/fault_runs.py's find: a follower out of the ISR (its log end forgotten, as
+    above) of an idle partition never named it again in its incremental fetch session
+    (KIP-227 leaves out what did not change), so it never rejoined: an ISR of one, under
+    min.insync.replicas, for good. Its live session, fetching since, says where it is;
+    a session that has not fetched since (the process before a restart) does not."""
+    from straitmq.broker.fetch_sessions import FetchSession, SessionPartition
+
+    leader = ReplicaCore("t", 0, 1)
+    leader.update(PartitionImage([1, 2, 3], [1, 2, 3], 1, 0, 0), 2, 10, 0.0)
+    sessions = {}
+    for r in (2, 3):
+        s = sessions[r] = FetchSession(r, r)
+        s.parts[("t", 0)] = SessionPartition(10, 1 << 20, 1, 0)
+        s.last_fetch = 0.01
+        leader.on_follower_fetch(r, 10, 10, 0.01, s, 0)
+    leader.update(PartitionImage([1, 2, 3], [1, 3], 1, 0, 1), 2, 10, 0.02)  # 2 out
+    assert leader.isr_change(0.03, 10, 0.15, lambda _: True) is None  # not fetched since
+    sessions[2].last_fetch = 0.04  # an incremental fetch that does not name t-0
+    assert leader.isr_change(0.05, 10, 0.15, lambda _: True) == [1, 3, 2]
+    # A session behind the log end does not vouch for it.
+    leader.update(PartitionImage([1, 2, 3], [1, 3], 1, 0, 2), 2, 10, 0.06)
+    sessions[2].parts[("t", 0)].fetch_offset = 7
+    sessions[2].last_fetch = 0.07
+    assert leader.isr_change(0.08, 10, 0.15, lambda _: True) is None

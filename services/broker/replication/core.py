@@ -64,6 +64,7 @@ class FollowerState:
     last_caught_up: float = 0.0
     leo_at_last_fetch: int = -1  # the leader's LEO when this follower last fetched
     log_start_offset: int = -1  # the follower's own log start, from its fetches
+    reset_at: float = -1.0  # when it left the ISR and its log end was forgotten
     # The follower's fetch session (KIP-227): while this partition sits in it unchanged,
     # each fetch in the session keeps the follower caught up without naming it. Any
     # object with `alive`, `last_fetch` and `parts` (fetch_sessions.FetchSession).
@@ -133,6 +134,7 @@ class ReplicaCore:
                     # end would let it rejoin at once (found by the simulation).
                     f.log_end_offset = f.leo_at_last_fetch = -1
                     f.last_caught_up = 0.0
+                    f.reset_at = now
         self.isr = list(p.isr)
         if p.partition_epoch != self.partition_epoch:
             self.pending_isr = None  # the controller answered (or overruled) it
@@ -188,7 +190,7 @@ class ReplicaCore:
         for r in self.maximal_isr():
             if r != me:
                 f = followers.get(r)
-                hw = min(hw, f.log_end_offset if f is not None else -1)
+                hw = min(hw, self.known_end(f) if f is not None else -1)
         if hw > self.high_watermark:
             self.high_watermark = hw
             return True
@@ -224,6 +226,22 @@ class ReplicaCore:
             return True, True
         return True, False
 
+    def known_end(self, f: FollowerState) -> int:
+        """The follower's log end as this leader knows it. Forgotten when it left the
+        ISR, it is learnt again from a fetch naming the partition, or from its fetch
+        session if that fetched since: an idle partition stays in the session at the
+        offset last named, and is not named again until it changes (KIP-227), so
+        without this a caught-up follower of an idle partition never rejoined (found
+        by bench/fault_runs.py: an ISR of one, under min.insync, for good). A restarted
+        follower opens a new session, so the old one never vouches for a lost log."""
+        if f.log_end_offset >= 0:
+            return f.log_end_offset
+        s = f.session
+        if s is None or not s.alive or s.last_fetch <= f.reset_at:
+            return -1
+        sp = s.parts.get((self.topic, self.index))
+        return -1 if sp is None else sp.fetch_offset
+
     def caught_up_at(self, f: FollowerState, leo: int) -> float:
         """When the follower was last known caught up. A follower that holds the log
         end and keeps this partition in a live fetch session is caught up as of its
@@ -233,7 +251,7 @@ class ReplicaCore:
         if (
             s is not None
             and s.alive
-            and f.log_end_offset >= leo
+            and self.known_end(f) >= leo
             and (self.topic, self.index) in s.parts
         ):
             t = max(t, s.last_fetch)
@@ -262,7 +280,7 @@ class ReplicaCore:
             if (
                 r not in isr
                 and f is not None
-                and f.log_end_offset >= floor
+                and self.known_end(f) >= floor
                 and now - self.caught_up_at(f, leo) <= lag_s
                 and alive(r)
             ):

@@ -75,10 +75,17 @@ def _secret(spec: ClusterSpec, name: str, data: dict[str, str]) -> dict[str, Any
 
 
 async def ensure(
-    kube: Kube, spec: ClusterSpec, brokers: int, emit: Any, now: datetime | None = None
+    kube: Kube,
+    spec: ClusterSpec,
+    brokers: int,
+    emit: Any,
+    now: datetime | None = None,
+    controllers: int | None = None,
 ) -> list[str]:
-    """Make the CA if there is none and issue what brokers 0..brokers-1 lack; returns
-    the keystores issued this pass (pod names with why), for the caller's Event."""
+    """Make the CA if there is none and issue what brokers 0..brokers-1 (and, on a
+    secured cluster, controllers 0..controllers-1: spec.controllers.replicas when not
+    given) lack; returns the keystores issued this pass (pod names with why), for the
+    caller's Event."""
     ns = spec.namespace
     at = now or datetime.now(UTC)
     ca_name = n.cluster_ca_secret(spec.name)
@@ -121,7 +128,7 @@ async def ensure(
             kube,
             spec,
             n.CONTROLLER,
-            range(3),
+            range(spec.controllers if controllers is None else controllers),
             controller_dns_names,
             ca,
             bundle,

@@ -8,12 +8,12 @@ from collections import Counter
 
 import pytest
 from straitmq.broker.config import BrokerConfig
-from straitmq.node_identity import voter_for_hostname
 from straitmq.operator import cluster, conditions, managed, planning, quorum, render, user
 from straitmq.operator import names as n
 from straitmq.operator.admin import Partition, Topic
 from straitmq.operator.spec import SpecError, parse
 
+from straitmq.node_identity import voter_for_hostname
 from straitmq.settings import add_flags, flag_values
 
 UID = "6f1c2d4e-0000-4000-8000-00000000abcd"

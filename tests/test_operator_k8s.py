@@ -655,6 +655,75 @@ def test_mqcluster_becomes_statefulsets_services_and_pdbs(kube: Any, operator: O
     )
 
 
+def test_controller_quorum_of_five_or_one_and_no_shrink_without_the_voter_set(
+    kube: Any, operator: Operator
+) -> None:
+    """Five controllers: five pods, all five static voters, recorded as the first voter
+    set. Asked for three while the quorum cannot be read (nothing answers the admin API
+    here: kwok runs no process), the operator keeps all five pods: it shrinks the
+    StatefulSet only below voters it has seen removed. One controller: one pod, one voter.
+    (The voter changes themselves need running controllers: test_operator_logic's planner
+    tests and the real-node tier cover them.)"""
+    for name, count in (("quorum5", 5), ("quorum1", 1)):
+        doc = mqcluster(name, 1, controllers={"replicas": count})
+        kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(doc))
+
+    def ctl(name: str) -> dict:
+        return get_json(kube, "statefulset", f"{name}-controller", "-n", NS)
+
+    def status(name: str) -> dict:
+        return get_json(kube, "mqcluster", name, "-n", NS).get("status") or {}
+
+    for name, count in (("quorum5", 5), ("quorum1", 1)):
+        kube.wait_for(
+            lambda name=name, count=count: (
+                (status(name).get("controllers") or {}).get("initialVoters") == count
+                and ctl(name)["spec"]["replicas"] == count
+            ),
+            60,
+            f"{name}: {count} controllers",
+        )
+        voters = get_json(kube, "configmap", f"{name}-config", "-n", NS)["data"]
+        got = [v.split("@")[0] for v in voters["STRAIT_CONTROLLER_VOTERS"].split(",")]
+        assert got == [str(1000 + i) for i in range(count)], got
+    kube.wait_for(
+        lambda: (ctl("quorum5").get("status") or {}).get("readyReplicas") == 5,
+        120,
+        "five controller pods Ready on kwok nodes",
+    )
+    hash_before = ctl("quorum5")["spec"]["template"]["metadata"]["annotations"]
+    gen = get_json(kube, "mqcluster", "quorum5", "-n", NS)["metadata"]["generation"]
+    kube.kubectl(
+        "patch",
+        "mqcluster",
+        "quorum5",
+        "-n",
+        NS,
+        "--type=merge",
+        "-p",
+        '{"spec":{"controllers":{"replicas":3}}}',
+    )
+    st = kube.wait_for(
+        lambda: (
+            status("quorum5").get("observedGeneration", 0) > gen
+            and status("quorum5").get("controllers", {}).get("message")
+            and status("quorum5")
+        ),
+        60,
+        "the scale down seen",
+    )
+    assert "quorum status" in st["controllers"]["message"], st["controllers"]
+    assert st["controllers"]["initialVoters"] == 5 and st["controllers"]["replicas"] == 5
+    # That pass applied the StatefulSets: still five pods, the same pod template (no
+    # roll), the static voters the first set's.
+    assert ctl("quorum5")["spec"]["replicas"] == 5
+    assert ctl("quorum5")["spec"]["template"]["metadata"]["annotations"] == hash_before
+    voters = get_json(kube, "configmap", "quorum5-config", "-n", NS)["data"]
+    assert len(voters["STRAIT_CONTROLLER_VOTERS"].split(",")) == 5
+    for name in ("quorum5", "quorum1"):
+        kube.kubectl("delete", "mqcluster", name, "-n", NS, "--wait=true", timeout=60)
+
+
 def test_spec_the_schema_allows_but_the_operator_cannot_run_is_a_condition(
     kube: Any, operator: Operator
 ) -> None:

@@ -858,7 +858,7 @@ def test_status_counts_the_controllers_asked_for_and_shows_the_voters() -> None:
     assert st["phase"] == "Ready"
     c = st["controllers"]
     assert (c["replicas"], c["ready"], c["initialVoters"], c["leader"]) == (5, 5, 5, 1000)
-    assert c["voters"][3] == {"id": 1003, "directoryId": "d3"} and "change" not in c
+    assert c["voters"][3] == {"id": 1003, "directoryId": "d3"} and c["change"] is None
     # Four of five Ready outside a change: Degraded, and the message counts five.
     ctl["status"]["readyReplicas"] = 4
     st = r._status(spec, {"phase": "Ready"}, 2, seen, cluster.Pass(), 3, sets)
@@ -870,4 +870,5 @@ def test_status_counts_the_controllers_asked_for_and_shows_the_voters() -> None:
     ctl["status"]["readyReplicas"] = 3
     st = r._status(spec, {"phase": "Ready"}, 2, seen, cluster.Pass(quorum_step=step), 3, sets)
     assert st["phase"] == "Ready"
-    assert st["controllers"]["change"] == {"action": "wait", "nodeId": 1003}
+    change = st["controllers"]["change"]
+    assert change == {"action": "wait", "nodeId": 1003, "directoryId": None, "refused": None}

@@ -757,33 +757,34 @@ class ClusterReconciler:
         """status.controllers: the pods, the voter set with directory ids, and the change
         in progress. initialVoters (the first voter set's size) is kept for good: it is
         what the pods' static --voters name."""
+        # Every key always written: the status is merge-patched, so a key left out
+        # would keep its last value (None deletes it).
         out: dict[str, Any] = {
             "replicas": pods,
             "ready": ready,
             "initialVoters": spec.initial_voters,
+            "leader": (seen_quorum or {}).get("leader_id"),
+            "message": None,
+            "change": None,
         }
         step = p.quorum_step
         if step is None or (step.action == quorum.WAIT and not step.voters):
             prev = old.get("controllers") or {}  # not seen this pass: the last known set
             for key in ("voters", "leader"):
-                if key in prev:
+                if prev.get(key) is not None:
                     out[key] = prev[key]
             if step is not None:
                 out["message"] = step.reason
             return out
         out["voters"] = [{"id": v["id"], "directoryId": v.get("directory_id")} for v in step.voters]
         out["message"] = step.reason
-        if seen_quorum is not None and seen_quorum.get("leader_id") is not None:
-            out["leader"] = seen_quorum["leader_id"]
         if step.changing:
-            change: dict[str, Any] = {"action": step.action}
-            if step.node_id is not None:
-                change["nodeId"] = step.node_id
-            if step.directory_id:
-                change["directoryId"] = step.directory_id
-            if p.quorum_error:
-                change["refused"] = p.quorum_error
-            out["change"] = change
+            out["change"] = {
+                "action": step.action,
+                "nodeId": step.node_id,
+                "directoryId": step.directory_id,
+                "refused": p.quorum_error,
+            }
         return out
 
 

@@ -872,3 +872,18 @@ def test_status_counts_the_controllers_asked_for_and_shows_the_voters() -> None:
     assert st["phase"] == "Ready"
     change = st["controllers"]["change"]
     assert change == {"action": "wait", "nodeId": 1003, "directoryId": None, "refused": None}
+
+
+def test_controller_urls_are_pod_dns_names_unless_the_annotation_says_otherwise() -> None:
+    mq = body()
+    spec = parse(mq)
+    assert cluster.controller_url(mq, spec, 4) == (
+        "http://demo-controller-4.demo-controller.prod.svc:9093"
+    )
+    mq["metadata"]["annotations"] = {
+        n.CONTROLLER_URLS_ANNOTATION: '{"0": "http://127.0.0.1:7000", "4": "http://h:1"}'
+    }
+    assert cluster.controller_url(mq, spec, 4) == "http://h:1"
+    assert cluster.controller_url(mq, spec, 1).startswith("http://demo-controller-1.")
+    mq["metadata"]["annotations"] = {n.CONTROLLER_URLS_ANNOTATION: "not json"}
+    assert cluster.controller_url(mq, spec, 0).startswith("http://demo-controller-0.")

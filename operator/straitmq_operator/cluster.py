@@ -15,6 +15,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import orjson
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 
@@ -49,6 +50,22 @@ def admin_url(body: dict[str, Any], spec: ClusterSpec) -> str:
         return override
     scheme = "https" if spec.http_secured else "http"
     return f"{scheme}://{n.bootstrap_service(spec.name)}.{spec.namespace}.svc:{spec.http_port}"
+
+
+def controller_url(body: dict[str, Any], spec: ClusterSpec, i: int) -> str:
+    """Controller pod i's own quorum API: its pod DNS name (where the brokers and the
+    other voters reach it too), unless the controller-urls annotation names another."""
+    raw = (body.get("metadata", {}).get("annotations") or {}).get(n.CONTROLLER_URLS_ANNOTATION)
+    if raw:
+        try:
+            urls = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            urls = None
+        if isinstance(urls, dict) and isinstance(urls.get(str(i)), str):
+            return urls[str(i)]
+    scheme = "https" if spec.http_secured else "http"
+    host = n.pod_dns(spec.name, n.CONTROLLER, i, spec.namespace)
+    return f"{scheme}://{host}:{spec.controller_port}"
 
 
 def manual_roll(body: dict[str, Any]) -> bool:
@@ -163,7 +180,7 @@ class ClusterReconciler:
             p = Pass()
             ctl_replicas = spec.controllers
             if ctl_current is not None:
-                p.quorum_step = await self._plan_quorum(spec, seen, ctl_current)
+                p.quorum_step = await self._plan_quorum(body, spec, seen, ctl_current)
                 ctl_replicas = p.quorum_step.replicas
             if current is None:
                 replicas = want
@@ -206,7 +223,7 @@ class ClusterReconciler:
             if p.scaling and p.scaling.get("adding"):
                 await self._spread(admin, spec, seen, want, p)
             if p.quorum_step is not None:
-                await self._change_quorum(admin, spec, p)
+                await self._change_quorum(admin, body, spec, p)
             quorum_busy = p.quorum_step is not None and p.quorum_step.changing
             if p.phase in ("Ready", "Creating") and current is not None and not quorum_busy:
                 # No restart while voters change: each would cost the quorum a member.
@@ -465,7 +482,7 @@ class ClusterReconciler:
     # -- the controller quorum ---------------------------------------------------------
 
     async def _plan_quorum(
-        self, spec: ClusterSpec, seen: Observed, sts_replicas: int
+        self, body: dict[str, Any], spec: ClusterSpec, seen: Observed, sts_replicas: int
     ) -> quorum.Step:
         """The quorum's next step (quorum.plan). The controller pods' own /api/v1/quorum
         is asked only while the voter set is not the one the spec asks for (or a new
@@ -478,7 +495,10 @@ class ClusterReconciler:
             auth = await certificates.admin_auth(self.kube, spec)
             alive = [x for x in listed if not x["metadata"].get("deletionTimestamp")]
             answers = await asyncio.gather(
-                *(self._controller_status(spec, ordinal(x), auth) for x in alive)
+                *(
+                    self._controller_status(controller_url(body, spec, ordinal(x)), auth)
+                    for x in alive
+                )
             )
             pods = {
                 ordinal(x): quorum.ControllerPod(ordinal(x), pod_ready(x), st)
@@ -486,31 +506,23 @@ class ClusterReconciler:
             }
         return quorum.plan(spec.controllers, sts_replicas, seen.quorum, pods)
 
-    def controller_url(self, spec: ClusterSpec, i: int) -> str:
-        """Controller pod i's own quorum port, by its DNS name (also what the brokers
-        and the other voters reach it at)."""
-        scheme = "https" if spec.http_secured else "http"
-        host = n.pod_dns(spec.name, n.CONTROLLER, i, spec.namespace)
-        return f"{scheme}://{host}:{spec.controller_port}"
-
-    async def _controller_status(
-        self, spec: ClusterSpec, i: int, auth: AdminAuth | None
-    ) -> dict[str, Any] | None:
-        url = self.controller_url(spec, i)
+    async def _controller_status(self, url: str, auth: AdminAuth | None) -> dict[str, Any] | None:
         try:
             async with AdminClient(url, min(self.admin_timeout_s, 5.0), auth) as client:
                 return await client.quorum()
         except AdminError:
             return None
 
-    async def _change_quorum(self, admin: AdminClient, spec: ClusterSpec, p: Pass) -> None:
+    async def _change_quorum(
+        self, admin: AdminClient, body: dict[str, Any], spec: ClusterSpec, p: Pass
+    ) -> None:
         """Carry out the step's change (one per pass), and say what is in progress."""
         step = p.quorum_step
         assert step is not None
         timeout_s = max(1.0, self.admin_timeout_s - 2.0)  # answered before the client gives up
         if step.action == quorum.ADD:
             assert step.ordinal is not None
-            url = self.controller_url(spec, step.ordinal)
+            url = controller_url(body, spec, step.ordinal)
             try:
                 await admin.add_voter(url, timeout_s)
             except AdminError as e:  # refused or timed out: the next pass sees and retries

@@ -536,7 +536,12 @@ class ClusterReconciler:
             except AdminError as e:
                 p.quorum_error = e.message
             else:
-                self.emit("Normal", "VoterRemoved", step.reason.replace("removing", "removed"))
+                which = f" (directory {step.directory_id})" if step.directory_id else ""
+                self.emit(
+                    "Normal",
+                    "VoterRemoved",
+                    f"voter {step.node_id}{which} removed: {step.reason}",
+                )
         if step.action == quorum.UNMANAGED and spec.controllers != len(step.voters):
             p.degraded = ("QuorumUnmanaged", step.reason)
             if p.phase == "Ready":

@@ -410,27 +410,11 @@ class Figures:
         )
 
 
-def verify(cluster: Cluster, w: Workload, scenario: str, extra: dict | None = None) -> Figures:
-    """Read everything back with a fresh group, wait for the replicas to converge, stop
-    the cluster cleanly and compare the replicas' files. Prints and returns the figures."""
-    f = Figures(scenario, extra=dict(extra or {}))
-    f.acked = len(w.acked)
-    f.failed = sum(w.errors.values())
-    if w.errors:
-        f.extra["errors"] = dict(w.errors)
-    if w.fatal:
-        f.extra["fatal"] = w.fatal
-    got = consume_all(cluster.bootstrap, w.topic, f"verify-{scenario}", f.acked)
-    f.consumed = len(got)
-    values = Counter(v for _, _, v in got)
-    f.duplicates = sum(n - 1 for n in values.values() if n > 1)
-    f.lost = sum(1 for v in w.acked if v not in values)
-    where = {v: (p, o) for p, o, v in got}
-    f.moved = sum(1 for v, po in w.acked.items() if v in where and where[v] != po)
-    hws = cluster.converge(w.topic)
-    f.extra["hw"] = sum(hws.values())
-    cluster.stop()
-    logs = replica_logs(cluster, w.topic, hws)
+def compare_replicas(cluster: Cluster, topic: str, hws: dict[int, int]) -> tuple[bool, int]:
+    """(every replica byte-identical up to the HW, holding each offset below it once;
+    how many offsets hold different records on different replicas), from the data
+    directories of a stopped cluster."""
+    logs = replica_logs(cluster, topic, hws)
     identical = True
     divergent = 0
     for p, by_broker in logs.items():
@@ -451,6 +435,30 @@ def verify(cluster: Cluster, w: Workload, scenario: str, extra: dict | None = No
             if [o for o in offsets if o < hws[p]] != list(range(hws[p])):
                 identical = False
         divergent += sum(1 for vs in per_offset.values() if len(vs) > 1)
+    return identical, divergent
+
+
+def verify(cluster: Cluster, w: Workload, scenario: str, extra: dict | None = None) -> Figures:
+    """Read everything back with a fresh group, wait for the replicas to converge, stop
+    the cluster cleanly and compare the replicas' files. Prints and returns the figures."""
+    f = Figures(scenario, extra=dict(extra or {}))
+    f.acked = len(w.acked)
+    f.failed = sum(w.errors.values())
+    if w.errors:
+        f.extra["errors"] = dict(w.errors)
+    if w.fatal:
+        f.extra["fatal"] = w.fatal
+    got = consume_all(cluster.bootstrap, w.topic, f"verify-{scenario}", f.acked)
+    f.consumed = len(got)
+    values = Counter(v for _, _, v in got)
+    f.duplicates = sum(n - 1 for n in values.values() if n > 1)
+    f.lost = sum(1 for v in w.acked if v not in values)
+    where = {v: (p, o) for p, o, v in got}
+    f.moved = sum(1 for v, po in w.acked.items() if v in where and where[v] != po)
+    hws = cluster.converge(w.topic)
+    f.extra["hw"] = sum(hws.values())
+    cluster.stop()
+    identical, divergent = compare_replicas(cluster, w.topic, hws)
     f.divergent_offsets = divergent
     f.replicas_identical = identical
     print(f.line(), flush=True)

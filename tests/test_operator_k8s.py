@@ -758,6 +758,22 @@ def test_controller_quorum_of_five_or_one_and_no_shrink_without_the_voter_set(
     assert len(voters["STRAIT_CONTROLLER_VOTERS"].split(",")) == 5
     for name in ("quorum5", "quorum1"):
         kube.kubectl("delete", "mqcluster", name, "-n", NS, "--wait=true", timeout=60)
+        release_claims(kube, name)
+
+
+def release_claims(kube: Any, cluster: str) -> None:
+    """Delete a deleted MQCluster's volume claims (Retained: no owner removes them), so
+    their volumes go back to the test pool for the later tests."""
+    kube.kubectl(
+        "delete",
+        "pvc",
+        "-n",
+        NS,
+        "-l",
+        f"app.kubernetes.io/instance={cluster}",
+        "--wait=true",
+        timeout=120,
+    )
 
 
 def test_operator_grows_shrinks_and_heals_the_controller_quorum(
@@ -851,6 +867,7 @@ def test_operator_grows_shrinks_and_heals_the_controller_quorum(
     finally:
         kube.kubectl("delete", "mqcluster", "quorum", "-n", NS, "--wait=true", timeout=60)
         standins.stop()
+        release_claims(kube, "quorum")
 
 
 def standins_running(standins: PodStandIns) -> list[tuple[str, int]]:

@@ -200,6 +200,16 @@ NAMESPACED_RULES = {
         "delete",
     },
     ("", "pods"): {"get", "list", "watch", "patch", "delete"},
+    # External listeners of type ingress: an Ingress per broker and a bootstrap one.
+    ("networking.k8s.io", "ingresses"): {
+        "get",
+        "list",
+        "watch",
+        "create",
+        "patch",
+        "update",
+        "delete",
+    },
     ("", "events"): {"create"},
     ("", "serviceaccounts"): {"get", "create", "patch"},  # the brokers' (rack awareness)
 }

@@ -1914,6 +1914,26 @@ def test_user_gets_a_secret_and_exactly_its_acls(kube: Any, authn: PodStandIns) 
     assert [(b["resource_name"], b["operation"]) for b in bound] == [("audit", "WRITE")]
     assert user_secret(kube, "billing")["password"] == secret["password"]  # kept
 
+    # spec.quotas become the user's own client quotas (Kafka's keys); the schema refuses
+    # a negative one before the operator sees it.
+    quoted = user_doc("billing", [write_acl("audit")])
+    quoted["spec"]["quotas"] = {"producerByteRate": 1048576, "controllerMutationRate": 2.5}
+    kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(quoted))
+
+    def billing_quotas() -> Any:
+        return as_operator(authn, "/api/v1/quotas?user=billing")["quotas"]
+
+    want = [
+        {
+            "entity": {"user": "billing"},
+            "quotas": {"producer_byte_rate": 1048576.0, "controller_mutation_rate": 2.5},
+        }
+    ]
+    kube.wait_for(lambda: billing_quotas() == want, 60, "billing's quotas set")
+    quoted["spec"]["quotas"] = {"producerByteRate": -1}
+    refused = kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(quoted), check=False)
+    assert refused.returncode != 0 and "producerByteRate" in refused.stderr, refused.stderr
+
     # A binding the broker refuses (READ means nothing on the cluster): a condition with
     # the broker's reason, and the ACLs stay as they were.
     bad = {"resource": {"type": "cluster"}, "operations": ["Read"]}
@@ -1937,6 +1957,7 @@ def test_user_gets_a_secret_and_exactly_its_acls(kube: Any, authn: PodStandIns) 
     kube.kubectl("delete", "user", "billing", "-n", NS, "--timeout=60s")
     kube.wait_for(lambda: not logs_in(conf), 30, "billing's login refused")
     assert as_operator(authn, "/api/v1/acls?principal=User:billing") == {"acls": []}
+    kube.wait_for(lambda: billing_quotas() == [], 30, "billing's quotas removed")
 
     def secret_gone() -> bool:
         out = kube.kubectl("get", "secret", "billing", "-n", NS, check=False)

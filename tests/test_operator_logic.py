@@ -4,11 +4,27 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 from collections import Counter
+from pathlib import Path
 
 import pytest
+from cryptography import x509
+from straitmq.broker import __main__ as broker_main
 from straitmq.broker.config import BrokerConfig
-from straitmq.operator import cluster, conditions, managed, planning, quorum, render, user
+from straitmq.broker.security.listeners import resolve as resolve_listeners
+from straitmq.operator import (
+    certificates,
+    cluster,
+    conditions,
+    listeners,
+    managed,
+    pki,
+    planning,
+    quorum,
+    render,
+    user,
+)
 from straitmq.operator import names as n
 from straitmq.operator.admin import Partition, Topic
 from straitmq.operator.spec import SpecError, parse
@@ -519,6 +535,320 @@ def test_user_secret_values() -> None:
     assert user.bootstrap_servers(annotated, spec) == "127.0.0.1:1"
 
 
+# ------------------------------------------------------------- external listeners (issue 27)
+
+
+def external(*listeners_: dict, **spec: object) -> dict:
+    return body(listeners={"external": list(listeners_)}, **spec)
+
+
+INGRESS = {
+    "name": "ing",
+    "type": "ingress",
+    "port": 9096,
+    "tls": True,
+    "configuration": {
+        "class": "public",
+        "bootstrap": {"host": "kafka.example.com"},
+        "brokers": [{"broker": b, "host": f"kafka-{b}.example.com"} for b in range(3)],
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("listener", "error"),
+    [
+        ({"name": "Ext", "type": "nodeport", "port": 9094}, "1-11 lowercase"),
+        ({"name": "client", "type": "nodeport", "port": 9094}, "'client' is taken"),
+        ({"name": "ext", "type": "hostport", "port": 9094}, "is not one of internal"),
+        ({"name": "ext", "type": "nodeport", "port": 8080}, "taken by the http listener"),
+        (
+            {"name": "ext", "type": "nodeport", "port": 9094, "authentication": {"type": "tls"}},
+            "tls needs tls: true",
+        ),
+        ({"name": "ing", "type": "ingress", "port": 9096}, "needs tls: true"),
+        (
+            {**INGRESS, "configuration": {"bootstrap": {"host": "k.example.com"}}},
+            "missing: broker 0, broker 1, broker 2",
+        ),
+    ],
+)
+def test_external_listener_spec_errors_say_which_field(listener: dict, error: str) -> None:
+    with pytest.raises(SpecError, match=error):
+        parse(external(listener))
+
+
+def test_two_external_listeners_cannot_share_a_port_or_a_name() -> None:
+    one = {"name": "one", "type": "nodeport", "port": 9094}
+    with pytest.raises(SpecError, match="port 9094 is taken by the one listener"):
+        parse(external(one, {**one, "name": "two"}))
+    with pytest.raises(SpecError, match="'one' is taken"):
+        parse(external(one, {**one, "port": 9095}))
+
+
+def test_external_listeners_render_per_broker_services_ingresses_and_listener_args() -> None:
+    nodeport = {
+        "name": "ext",
+        "type": "nodeport",
+        "port": 9094,
+        "tls": True,
+        "authentication": {"type": "scram-sha-512"},
+        "configuration": {
+            "bootstrap": {"nodePort": 31900},
+            "brokers": [{"broker": 1, "nodePort": 31901}],
+        },
+    }
+    lb = {"name": "lb", "type": "loadbalancer", "port": 9095}
+    inner = {"name": "in", "type": "internal", "port": 9097}
+    s = parse(external(nodeport, lb, INGRESS, inner))
+    assert s.needs_certificates and not s.kafka_tls and not s.http_secured
+    svcs = {o["metadata"]["name"]: o for o in listeners.services(s, 3)}
+    assert set(svcs) == {
+        f"demo-{x}-{b}" for x in ("ext", "lb", "ing") for b in ("bootstrap", 0, 1, 2)
+    }
+    assert svcs["demo-ext-0"]["spec"]["type"] == "NodePort"
+    assert svcs["demo-lb-2"]["spec"]["type"] == "LoadBalancer"
+    assert svcs["demo-ing-1"]["spec"]["type"] == "ClusterIP"
+    assert svcs["demo-ext-bootstrap"]["spec"]["ports"][0]["nodePort"] == 31900
+    assert svcs["demo-ext-1"]["spec"]["ports"][0]["nodePort"] == 31901
+    assert "nodePort" not in svcs["demo-ext-2"]["spec"]["ports"][0]
+    # One broker each (the StatefulSet's pod-name label), the bootstrap all of them;
+    # neither publishes not-ready (terminating) pods.
+    assert svcs["demo-ext-2"]["spec"]["selector"] == {
+        **n.selector("demo", n.BROKER),
+        "statefulset.kubernetes.io/pod-name": "demo-broker-2",
+    }
+    assert svcs["demo-ext-bootstrap"]["spec"]["selector"] == n.selector("demo", n.BROKER)
+    for svc in svcs.values():
+        assert "publishNotReadyAddresses" not in svc["spec"]
+        assert svc["metadata"]["labels"][n.LISTENER_LABEL] in ("ext", "lb", "ing")
+        assert svc["spec"]["ports"][0]["targetPort"] == svc["spec"]["ports"][0]["name"]
+    # Scaling: the per-broker Services follow the broker count.
+    assert {o["metadata"]["name"] for o in listeners.services(s, 5)} >= {"demo-lb-4"}
+    ings = {o["metadata"]["name"]: o for o in listeners.ingresses(s, 3)}
+    assert set(ings) == {"demo-ing-bootstrap", "demo-ing-0", "demo-ing-1", "demo-ing-2"}
+    ing = ings["demo-ing-2"]
+    assert ing["apiVersion"] == "networking.k8s.io/v1"
+    assert ing["metadata"]["annotations"]["nginx.ingress.kubernetes.io/ssl-passthrough"] == "true"
+    assert ing["spec"]["ingressClassName"] == "public"
+    (rule,) = ing["spec"]["rules"]
+    assert rule["host"] == "kafka-2.example.com"
+    backend = rule["http"]["paths"][0]["backend"]["service"]
+    assert backend == {"name": "demo-ing-2", "port": {"number": 9096}}
+    assert ings["demo-ing-bootstrap"]["spec"]["rules"][0]["host"] == "kafka.example.com"
+
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in render.objects(s, 3)}
+    boot_ports = {p["name"] for p in objs[("Service", "demo-bootstrap")]["spec"]["ports"]}
+    assert boot_ports == {"kafka", "http", "ext-in"}  # the internal one's port too
+    sts = objs[("StatefulSet", "demo-broker")]["spec"]["template"]["spec"]
+    (c,) = sts["containers"]
+    args = c["args"]
+    assert not any(a.startswith("--advertise=") for a in args)
+    assert "--properties=/opt/straitmq/advertised/$(POD_NAME).properties" in args
+    assert (
+        "--override=listeners=PLAINTEXT://0.0.0.0:9092,EXT_EXT://0.0.0.0:9094,"
+        "EXT_LB://0.0.0.0:9095,EXT_ING://0.0.0.0:9096,EXT_IN://0.0.0.0:9097"
+    ) in args
+    assert (
+        "--override=listener.security.protocol.map=PLAINTEXT:PLAINTEXT,EXT_EXT:SASL_SSL,"
+        "EXT_LB:PLAINTEXT,EXT_ING:SSL,EXT_IN:PLAINTEXT"
+    ) in args
+    assert "--override=inter.broker.listener.name=PLAINTEXT" in args
+    assert "--override=listener.name.ext_ext.sasl.enabled.mechanisms=SCRAM-SHA-512" in args
+    assert (
+        "--override=listener.name.ext_ing.ssl.keystore.location=/opt/straitmq/certs/$(POD_NAME).pem"
+    ) in args
+    assert {p["name"] for p in c["ports"]} >= {"ext-ext", "ext-lb", "ext-ing", "ext-in"}
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert mounts[n.ADVERTISED_VOLUME] == "/opt/straitmq/advertised"
+    assert mounts[n.CERTS_VOLUME] == "/opt/straitmq/certs"  # a TLS listener: certificates
+    assert ("ConfigMap", "demo-advertised") in objs
+
+    flags = [a for a in args if a.startswith("--shutdown-readiness-probes=")]
+    assert flags == [f"--shutdown-readiness-probes={render.BROKER_READINESS_FAILURES + 1}"]
+    assert c["readinessProbe"]["periodSeconds"] == render.BROKER_READINESS_PERIOD_S
+    assert c["readinessProbe"]["failureThreshold"] == render.BROKER_READINESS_FAILURES
+    assert BrokerConfig().shutdown_readiness_probes == 0  # off outside Kubernetes
+
+
+def test_the_broker_takes_the_rendered_listeners_and_its_pods_file(tmp_path: Path) -> None:
+    lb = {
+        "name": "lb",
+        "type": "loadbalancer",
+        "port": 9095,
+        "authentication": {"type": "scram-sha-256"},
+    }
+    s = parse(external(lb))
+    stored = _stored(s, 1)
+    stored["demo-lb-0"]["status"] = {"loadBalancer": {"ingress": [{"ip": "198.51.100.7"}]}}
+    a = listeners.resolve(s, 1, stored, {})
+    (c,) = render.broker_statefulset(s, 1)["spec"]["template"]["spec"]["containers"]
+    for name, text in listeners.advertised_properties(s, 1, a).items():
+        (tmp_path / name).write_text(text)
+    env = {"POD_NAME": "demo-broker-0", "POD_NAMESPACE": "prod", "STRAIT_CLUSTER_ID": "x"}
+    env["STRAIT_CONTROLLER_VOTERS"] = "1000@c:9093"
+    args = [
+        re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], x).replace(
+            n.ADVERTISED_DIR, str(tmp_path)
+        )
+        for x in c["args"]
+    ]
+    # As in the pod, where the host name is the pod's (demo-broker-0) and gives the id.
+    cfg = broker_main.parse_args([x if x != "--node-id=auto" else "--node-id=0" for x in args])
+    specs = {x.name: x for x in resolve_listeners(cfg)}
+    assert list(specs) == ["PLAINTEXT", "EXT_LB"]  # the inter-broker one first
+    assert specs["EXT_LB"].protocol == "SASL_PLAINTEXT" and specs["EXT_LB"].port == 9095
+    assert (specs["EXT_LB"].advertised_host, specs["EXT_LB"].advertised_port) == (
+        "198.51.100.7",
+        9095,
+    )
+    assert specs["PLAINTEXT"].advertised_host == "demo-broker-0.demo-broker.prod.svc"
+    assert cfg.shutdown_readiness_probes == render.BROKER_READINESS_FAILURES + 1
+
+
+def test_kafka_tls_cluster_keeps_its_listeners_and_adds_the_external_ones() -> None:
+    ext = {"name": "ext", "type": "nodeport", "port": 9094, "tls": True}
+    kafka = {"tls": True, "authentication": {"type": "scram-sha-512"}}
+    s = parse(body(listeners={"kafka": kafka, "external": [ext]}))
+    (c,) = render.broker_statefulset(s, 3)["spec"]["template"]["spec"]["containers"]
+    args = c["args"]
+    # advertised.listeners comes from the pod's file only (an --override would win).
+    assert not any(a.startswith("--override=advertised.listeners=") for a in args)
+    assert (
+        "--override=listeners=REPLICATION://0.0.0.0:9091,CLIENT://0.0.0.0:9092,"
+        "EXT_EXT://0.0.0.0:9094"
+    ) in args
+    assert (
+        "--override=listener.security.protocol.map=REPLICATION:SSL,CLIENT:SASL_SSL,EXT_EXT:SSL"
+    ) in args
+    assert "--override=inter.broker.listener.name=REPLICATION" in args
+    assert sum(a.startswith("--override=listeners=") for a in args) == 1
+    props = listeners.advertised_properties(s, 1, listeners.Addresses())
+    assert props == {
+        "demo-broker-0.properties": "advertised.listeners="
+        "REPLICATION://demo-broker-0.demo-broker.prod.svc:9091,"
+        "CLIENT://demo-broker-0.demo-broker.prod.svc:9092,"
+        "EXT_EXT://demo-broker-0.demo-broker.prod.svc:9094\n"
+    }
+
+
+def _stored(s: object, brokers: int) -> dict[str, dict]:
+    return {o["metadata"]["name"]: o for o in listeners.services(s, brokers)}  # type: ignore[arg-type]
+
+
+def test_addresses_come_from_node_ports_load_balancer_status_hosts_and_overrides() -> None:
+    nodeport = {
+        "name": "ext",
+        "type": "nodeport",
+        "port": 9094,
+        "tls": True,
+        "configuration": {"brokers": [{"broker": 2, "advertisedHost": "edge.example.com"}]},
+    }
+    lb = {
+        "name": "lb",
+        "type": "loadbalancer",
+        "port": 9095,
+        "tls": True,
+        "configuration": {"brokers": [{"broker": 0, "advertisedPort": 19095}]},
+    }
+    s = parse(external(nodeport, lb, INGRESS))
+    stored = _stored(s, 3)
+    for i, name in enumerate(["demo-ext-bootstrap", "demo-ext-0", "demo-ext-1", "demo-ext-2"]):
+        stored[name]["spec"]["ports"][0]["nodePort"] = 31000 + i
+    stored["demo-lb-1"]["status"] = {"loadBalancer": {"ingress": [{"hostname": "lb1.aws"}]}}
+    # Broker 1 not scheduled yet: advertised at another broker's node (node ports
+    # answer on every node).
+    a = listeners.resolve(s, 3, stored, {0: "192.0.2.10", 2: "192.0.2.12"})
+    assert a.brokers["ext"] == {
+        0: ("192.0.2.10", 31001),
+        1: ("192.0.2.10", 31002),
+        2: ("edge.example.com", 31003),
+    }
+    assert a.bootstrap["ext"] == ("192.0.2.10", 31000)
+    # No load balancer address yet for 0 and 2 (0's override has a port, not a host).
+    assert a.brokers["lb"] == {0: None, 1: ("lb1.aws", 9095), 2: None}
+    assert a.bootstrap["lb"] is None
+    assert a.brokers["ing"][1] == ("kafka-1.example.com", 443)
+    assert a.bootstrap["ing"] == ("kafka.example.com", 443)
+    assert a.pending(3) == ["lb"]
+    assert listeners.unknown(a, range(1, 2)) == []
+    assert listeners.unknown(a, range(2, 3)) == ["lb"]
+    # Until a load balancer has an address its broker advertises its pod DNS name.
+    props = listeners.advertised_properties(s, 3, a)["demo-broker-0.properties"]
+    assert props == (
+        "advertised.listeners=PLAINTEXT://demo-broker-0.demo-broker.prod.svc:9092,"
+        "EXT_EXT://192.0.2.10:31001,EXT_LB://demo-broker-0.demo-broker.prod.svc:9095,"
+        "EXT_ING://kafka-0.example.com:443\n"
+    )
+    stored["demo-lb-0"]["status"] = {"loadBalancer": {"ingress": [{"ip": "198.51.100.7"}]}}
+    stored["demo-lb-2"]["status"] = {"loadBalancer": {"ingress": [{"ip": "198.51.100.9"}]}}
+    stored["demo-lb-bootstrap"]["status"] = {"loadBalancer": {"ingress": [{"ip": "198.51.100.1"}]}}
+    a = listeners.resolve(s, 3, stored, {0: "192.0.2.10", 2: "192.0.2.12"})
+    assert a.pending(3) == []
+    assert a.brokers["lb"][0] == ("198.51.100.7", 19095)
+    # The certificate: every TLS listener's address of this broker and its bootstraps.
+    names = certificates.broker_dns_names(s, 0, a)
+    assert names[:2] == [
+        "demo-broker-0.demo-broker.prod.svc",
+        "demo-broker-0.demo-broker.prod.svc.cluster.local",
+    ]
+    assert set(names[4:]) == {
+        "192.0.2.10",
+        "198.51.100.7",
+        "198.51.100.1",
+        "kafka-0.example.com",
+        "kafka.example.com",
+    }
+    assert listeners.status(s, 3, a) == [
+        {
+            "name": "ext",
+            "type": "nodeport",
+            "bootstrapServers": "192.0.2.10:31000",
+            "addresses": ["192.0.2.10:31001", "192.0.2.10:31002", "edge.example.com:31003"],
+        },
+        {
+            "name": "lb",
+            "type": "loadbalancer",
+            "bootstrapServers": "198.51.100.1:9095",
+            "addresses": ["198.51.100.7:19095", "lb1.aws:9095", "198.51.100.9:9095"],
+        },
+        {
+            "name": "ing",
+            "type": "ingress",
+            "bootstrapServers": "kafka.example.com:443",
+            "addresses": [f"kafka-{b}.example.com:443" for b in range(3)],
+        },
+    ]
+
+
+def test_certificates_carry_ip_addresses_as_ip_sans() -> None:
+    key, crt = pki.new_ca("demo", "prod")
+    names = ["demo-broker-0.demo-broker.prod.svc", "172.31.255.1", "kafka.example.com"]
+    _, c = pki.issue(key, crt, "demo-broker", names)
+    cert = pki.certificate(c)
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["172.31.255.1"]
+    assert "172.31.255.1" not in san.get_values_for_type(x509.DNSName)
+    assert sorted(pki.dns_names(cert)) == sorted(names)
+    assert pki.needs_new(c, crt, names) is None
+    assert pki.needs_new(c, crt, [*names, "172.31.255.2"]) == "its DNS names changed"
+
+
+def test_pod_template_hash_follows_the_listeners_not_their_addresses() -> None:
+    one = {"name": "ext", "type": "nodeport", "port": 9094}
+    plain = render.config_hash(parse(body()))
+    with_one = render.config_hash(parse(external(one)))
+    assert plain != with_one
+    assert render.config_hash(parse(external({**one, "tls": True}))) != with_one
+    # An override changes what a broker advertises (its own file), not the template.
+    moved = {**one, "configuration": {"brokers": [{"broker": 0, "advertisedHost": "x.example"}]}}
+    assert render.config_hash(parse(external(moved))) == with_one
+    # The controllers do not restart for a listener.
+    ctl = render.controller_statefulset(parse(external(one)))["spec"]["template"]
+    plain_ctl = render.controller_statefulset(parse(body()))["spec"]["template"]
+    assert ctl == plain_ctl
+
+
 # --- pausing, manual rolls, status phases, the managed record ----------------------------
 
 
@@ -699,7 +1029,9 @@ def test_static_voters_are_the_first_set_whatever_the_spec_says_now() -> None:
     assert g.initial_voters == 3
     assert render.config_map(g)["data"] == render.config_map(three)["data"]
     assert render.config_hash(g) == render.config_hash(three)
-    objs = {o["metadata"]["name"]: o for o in render.objects(g, 3, 5)}
+    objs = {o["metadata"]["name"]: o for o in render.objects(g, 3, controller_replicas=4)}
+    assert objs["demo-controller"]["spec"]["replicas"] == 4  # the reconciler's choice
+    objs = {o["metadata"]["name"]: o for o in render.objects(g, 3)}
     assert objs["demo-controller"]["spec"]["replicas"] == 5
     # One controller: one static voter, one pod.
     one = parse(body(controllers={"replicas": 1}))

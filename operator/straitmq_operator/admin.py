@@ -192,3 +192,17 @@ class AdminClient(BaseAdminClient):
         self, create: list[dict[str, Any]], delete: list[dict[str, Any]]
     ) -> dict[str, Any]:
         return await self.request("POST", "/api/v1/acls", {"create": create, "delete": delete})
+
+    async def user_quotas(self, user: str) -> dict[str, float]:
+        """The client quotas of the user's own entity (user=<user>, no client id)."""
+        got = await self.get(f"/api/v1/quotas?user={quote(user, safe='')}")
+        for q in got["quotas"]:
+            if q["entity"] == {"user": user}:
+                return dict(q["quotas"])
+        return {}
+
+    async def alter_user_quotas(self, user: str, quotas: dict[str, float | None]) -> None:
+        """Set (a number) or remove (None) quota keys of the user's own entity, as
+        AlterClientQuotas."""
+        entry = {"entity": {"user": user}, "quotas": quotas}
+        await self.request("POST", "/api/v1/quotas", {"entries": [entry]})

@@ -21,7 +21,7 @@ from kubernetes.utils import parse_quantity
 
 from straitmq.admin_client import AdminAuth
 
-from . import certificates, managed, planning, quorum, render
+from . import certificates, listeners, managed, planning, quorum, render
 from . import names as n
 from .admin import AdminClient, AdminError, Topic
 from .conditions import get_condition, set_condition
@@ -135,6 +135,7 @@ class Pass:
     # The controller quorum's next step (quorum.plan); None: the cluster is being made.
     quorum_step: quorum.Step | None = None
     quorum_error: str | None = None  # why the step's call was refused
+    addresses: listeners.Addresses | None = None  # the external listeners'
 
 
 class ClusterReconciler:
@@ -201,16 +202,32 @@ class ClusterReconciler:
                     p.scaling = {"adding": [b for b in prev if b < want], "removing": []}
             # Apply answers with the stored object, status included: the StatefulSets
             # as they are now, with no second read.
-            if spec.kafka_tls:  # before the pods that mount them
+            # The brokers that have (or are about to have) pods: those being drained
+            # keep their listener Services and certificates until the shrink, which
+            # removes them in the same pass.
+            shrinking = current is not None and replicas < current
+            brokers = replicas if shrinking else max(replicas, current or 0)
+            p.addresses = await self._listeners(spec, brokers)
+            if current is not None and replicas > current:
+                waiting = listeners.unknown(p.addresses, range(current, replicas))
+                if waiting:  # new brokers start once they know what to advertise
+                    replicas = current
+                    p.phase = "ScalingUp"
+                    p.progressing = (
+                        "ScalingUp",
+                        f"waiting for the addresses of the new brokers on listeners {waiting}",
+                    )
+            if spec.needs_certificates:  # before the pods that mount them
                 await certificates.ensure(
                     self.kube,
                     spec,
-                    max(replicas, current or 0),
+                    brokers,
                     self.emit,
+                    addresses=p.addresses,
                     controllers=max(ctl_replicas, ctl_current or 0),
                 )
             sets: dict[str, dict[str, Any]] = {}
-            for obj in render.objects(spec, replicas, ctl_replicas):
+            for obj in render.objects(spec, replicas, p.addresses, brokers, ctl_replicas):
                 try:
                     stored = await self.kube.apply(obj)
                 except ApiException as e:
@@ -231,6 +248,38 @@ class ClusterReconciler:
             if seen.reachable:
                 await self._sweep(admin, body)
         return self._status(spec, old, generation, seen, p, replicas, sets)
+
+    async def _listeners(self, spec: ClusterSpec, brokers: int) -> listeners.Addresses:
+        """The external listeners' Services and Ingresses for brokers 0..brokers-1 (and
+        none for listeners or brokers gone), and the addresses they got."""
+        stored: dict[str, dict[str, Any]] = {}
+        wanted = {"Service": listeners.services(spec, brokers)}
+        wanted["Ingress"] = listeners.ingresses(spec, brokers)
+        api = {"Service": "v1", "Ingress": "networking.k8s.io/v1"}
+        selector = f"{n.selector_string(spec.name, n.LISTENER_COMPONENT)},{n.LISTENER_LABEL}"
+        for kind, objs in wanted.items():
+            for obj in objs:
+                stored[obj["metadata"]["name"]] = await self.kube.apply(obj)
+            keep = {o["metadata"]["name"] for o in objs}
+            try:
+                found = await self.kube.list_objects(api[kind], kind, spec.namespace, selector)
+            except ApiException as e:
+                # An install whose RBAC has no ingresses runs clusters without them.
+                if e.status == 403 and not objs:
+                    continue
+                raise
+            for old in found:
+                name = old["metadata"]["name"]
+                if name not in keep:
+                    await self.kube.delete(api[kind], kind, spec.namespace, name)
+                    log.info("deleted %s %s: its listener or broker is gone", kind, name)
+        if not spec.external:
+            return listeners.Addresses()
+        pods = await self.kube.list_pods(spec.namespace, n.selector_string(spec.name, n.BROKER))
+        host_ips = {
+            ordinal(x): x["status"]["hostIP"] for x in pods if (x.get("status") or {}).get("hostIP")
+        }
+        return listeners.resolve(spec, brokers, stored, host_ips)
 
     async def _connect(
         self, body: dict[str, Any], spec: ClusterSpec, stack: AsyncExitStack
@@ -582,8 +631,14 @@ class ClusterReconciler:
             pods = await self.kube.list_pods(
                 spec.namespace, n.selector_string(spec.name, component)
             )
+            moved = self._moved(spec, seen, p, pods) if component == n.BROKER else set()
             outdated = sorted(
-                (x for x in pods if restart_due(x, st.get("updateRevision"))), key=ordinal
+                (
+                    x
+                    for x in pods
+                    if restart_due(x, st.get("updateRevision")) or x["metadata"]["name"] in moved
+                ),
+                key=ordinal,
             )
             not_ready = [x["metadata"]["name"] for x in pods if not pod_ready(x)]
             if len(pods) < sts["spec"]["replicas"]:
@@ -592,6 +647,12 @@ class ClusterReconciler:
                 waiting += not_ready
                 continue
             names = [x["metadata"]["name"] for x in outdated]
+            pending = p.addresses.pending(sts["spec"]["replicas"]) if p.addresses else []
+            if component == n.BROKER and pending:
+                # As Strimzi does: no broker restarts until every address is known, so
+                # that each restarts once, advertising its real address.
+                p.progressing = ("Rolling", f"waiting for the addresses of listeners {pending}")
+                return
             p.phase = "Rolling"
             p.rolling = {"component": component, "pending": names}
             if not_ready or waiting:  # a controller still coming back holds brokers too
@@ -627,6 +688,28 @@ class ClusterReconciler:
                 await self.kube.annotate_pod(
                     spec.namespace, pod["metadata"]["name"], n.ROLL_ANNOTATION, "true"
                 )
+
+    def _moved(
+        self, spec: ClusterSpec, seen: Observed, p: Pass, pods: list[dict[str, Any]]
+    ) -> set[str]:
+        """Ready broker pods registered with another address on an external listener
+        than the one they should advertise now (a node port, load balancer or override
+        changed): each must restart to read its new one."""
+        if not spec.external or p.addresses is None or seen.cluster is None:
+            return set()
+        registered = {b["id"]: b.get("endpoints") or {} for b in seen.cluster.get("brokers", [])}
+        out = set()
+        for pod in pods:
+            b = ordinal(pod)
+            have = registered.get(b)
+            if have is None or not pod_ready(pod):
+                continue
+            for x in spec.external:
+                want = (p.addresses.brokers.get(x.name) or {}).get(b)
+                got = have.get(x.broker_listener)
+                if want is not None and got is not None and list(got) != list(want):
+                    out.add(pod["metadata"]["name"])
+        return out
 
     def _pick_victim(
         self, component: str, outdated: list[dict], seen: Observed, p: Pass
@@ -743,6 +826,10 @@ class ClusterReconciler:
                 f"{offline} offline and {under_min} under-min-ISR partitions",
             )
         status["phase"] = p.phase
+        if spec.external and p.addresses is not None:
+            status["listeners"] = listeners.status(spec, replicas, p.addresses)
+        elif old.get("listeners"):
+            status["listeners"] = None  # a merge patch: removes what the last pass wrote
         conds = list(old.get("conditions") or [])
         ready_msg = (
             f"{ready} brokers and {ctl_ready} controllers Ready, "

@@ -21,6 +21,7 @@ from straitmq.operator import (
     managed,
     pki,
     planning,
+    quorum,
     render,
     user,
 )
@@ -28,6 +29,7 @@ from straitmq.operator import names as n
 from straitmq.operator.admin import Partition, Topic
 from straitmq.operator.spec import SpecError, parse
 
+from straitmq.node_identity import voter_for_hostname
 from straitmq.settings import add_flags, flag_values
 
 UID = "6f1c2d4e-0000-4000-8000-00000000abcd"
@@ -77,7 +79,8 @@ def test_the_log_cleaners_broker_configs_become_flags() -> None:
 @pytest.mark.parametrize(
     ("spec", "error"),
     [
-        ({"controllers": {"replicas": 2}}, "controllers.replicas must be 3"),
+        ({"controllers": {"replicas": 2}}, "controllers.replicas must be 1, 3 or 5"),
+        ({"controllers": {"replicas": 7}}, "controllers.replicas must be 1, 3 or 5"),
         ({"brokers": {"config": {"log.dirs": "/x"}}}, "log.dirs is not a broker config"),
         ({"brokers": {"config": {"num.partitions": "many"}}}, "must be an integer"),
         ({"brokers": {"config": {"auto.create.topics.enable": "maybe"}}}, "true or false"),
@@ -1007,3 +1010,212 @@ def test_the_record_sweeps_what_no_resource_claims() -> None:
     (owner,) = cm["metadata"]["ownerReferences"]
     assert owner["uid"] == UID and owner["kind"] == "MQCluster"
     assert cm["metadata"]["name"] == n.managed_config_map("demo") == "demo-managed"
+
+
+# --- the controller quorum (spec.controllers.replicas: 1, 3 or 5) ----------------------
+
+
+def test_static_voters_are_the_first_set_whatever_the_spec_says_now() -> None:
+    five = parse(body(controllers={"replicas": 5}))
+    assert (five.controllers, five.first_voters, five.initial_voters) == (5, None, 5)
+    cm = render.config_map(five)["data"]["STRAIT_CONTROLLER_VOTERS"].split(",")
+    assert [v.split("@")[0] for v in cm] == ["1000", "1001", "1002", "1003", "1004"]
+    # Created with three, now asked for five: the pods still start with the three (the
+    # voter set is log data), so the pod template, and its hash, do not change.
+    three = parse(body())
+    grown = body(controllers={"replicas": 5})
+    grown["status"] = {"controllers": {"initialVoters": 3}}
+    g = parse(grown)
+    assert g.initial_voters == 3
+    assert render.config_map(g)["data"] == render.config_map(three)["data"]
+    assert render.config_hash(g) == render.config_hash(three)
+    objs = {o["metadata"]["name"]: o for o in render.objects(g, 3, controller_replicas=4)}
+    assert objs["demo-controller"]["spec"]["replicas"] == 4  # the reconciler's choice
+    objs = {o["metadata"]["name"]: o for o in render.objects(g, 3)}
+    assert objs["demo-controller"]["spec"]["replicas"] == 5
+    # One controller: one static voter, one pod.
+    one = parse(body(controllers={"replicas": 1}))
+    assert render.voters(one) == "1000@demo-controller-0.demo-controller.prod.svc:9093"
+    assert render.controller_statefulset(one)["spec"]["replicas"] == 1
+
+
+def test_a_controller_pod_beyond_the_first_voters_gets_its_ordinals_id() -> None:
+    voters = {1000 + i: f"http://demo-controller-{i}.demo-controller.ns.svc:9093" for i in range(3)}
+    assert voter_for_hostname(voters, "demo-controller-1") == 1001
+    assert voter_for_hostname(voters, "demo-controller-4") == 1004  # joins as an observer
+    with pytest.raises(ValueError, match="matches 0 of the voters"):
+        voter_for_hostname(voters, "other-controller-4")
+    # Voters numbered without one base: no guess.
+    odd = {7: "http://demo-controller-0.x:9093", 9: "http://demo-controller-1.x:9093"}
+    with pytest.raises(ValueError):
+        voter_for_hostname(odd, "demo-controller-3")
+
+
+def qview(
+    voters: dict[int, str | None],
+    leader: int = 1000,
+    observers: list[dict] | None = None,
+    pending: bool = False,
+    down: tuple[int, ...] = (),
+) -> dict:
+    """The admin API's /api/v1/quorum: voters {id: directory id}, all caught up unless
+    `down`."""
+    return {
+        "leader_id": leader,
+        "voters": [
+            {
+                "node_id": i,
+                "directory_id": d,
+                "reachable": i not in down,
+                "lag": None if i in down else 0,
+            }
+            for i, d in voters.items()
+        ],
+        "observers": observers or [],
+        "voter_change_pending": pending,
+    }
+
+
+def cpod(i: int, directory: str | None = None, ready: bool = True) -> quorum.ControllerPod:
+    st = {"node_id": 1000 + i, "directory_id": directory or f"d{i}"}
+    return quorum.ControllerPod(i, ready, st)
+
+
+def obs(i: int, directory: str | None = None, lag: int = 0) -> dict:
+    return {"node_id": 1000 + i, "directory_id": directory or f"d{i}", "lag": lag}
+
+
+THREE = {1000: "d0", 1001: "d1", 1002: "d2"}
+FIVE = {**THREE, 1003: "d3", 1004: "d4"}
+
+
+def test_quorum_plan_idle_unknown_pending_and_foreign() -> None:
+    idle = quorum.plan(3, 3, qview(THREE), {})
+    assert (idle.action, idle.replicas, idle.changing) == (quorum.IDLE, 3, False)
+    assert not quorum.wants_pod_status(qview(THREE), 3)
+    # The quorum unknown: nothing changes, the StatefulSet may grow but never shrinks.
+    blind = quorum.plan(3, 5, None, {})
+    assert (blind.action, blind.replicas) == (quorum.WAIT, 5)
+    assert quorum.plan(5, 3, None, {}).replicas == 5
+    # A change not committed yet: wait, whatever else is due.
+    pending = quorum.plan(5, 5, qview(THREE, pending=True), {i: cpod(i) for i in range(5)})
+    assert (pending.action, pending.changing) == (quorum.WAIT, True)
+    # Voters that are no pod of this cluster (added by hand): never touched.
+    foreign = quorum.plan(3, 3, qview({1001: "a", 1002: "b", 1003: "c"}), {})
+    assert foreign.action == quorum.UNMANAGED and "1003" in foreign.reason
+
+
+def test_quorum_plan_scale_up_adds_the_lowest_caught_up_pod_one_at_a_time() -> None:
+    view = qview(THREE)
+    assert quorum.wants_pod_status(view, 5)
+    # The StatefulSet grows first; the new pod must be Ready, answer, and follow.
+    step = quorum.plan(5, 3, view, {i: cpod(i) for i in range(3)})
+    assert (step.action, step.replicas, step.node_id) == (quorum.WAIT, 5, 1003)
+    assert "not Ready" in step.reason and step.changing
+    pods = {i: cpod(i) for i in range(5)}
+    step = quorum.plan(5, 5, view, {**pods, 3: cpod(3, ready=False)})
+    assert step.action == quorum.WAIT and "not Ready" in step.reason
+    step = quorum.plan(5, 5, view, pods)
+    assert step.action == quorum.WAIT and "not fetching" in step.reason
+    step = quorum.plan(5, 5, qview(THREE, observers=[obs(3, lag=5000), obs(4)]), pods)
+    assert step.action == quorum.WAIT and "catching up" in step.reason
+    step = quorum.plan(5, 5, qview(THREE, observers=[obs(3), obs(4)]), pods)
+    assert (step.action, step.node_id, step.ordinal) == (quorum.ADD, 1003, 3)
+    step = quorum.plan(5, 5, qview({**THREE, 1003: "d3"}, observers=[obs(4)]), pods)
+    assert (step.action, step.node_id) == (quorum.ADD, 1004)
+    done = quorum.plan(5, 5, qview(FIVE), pods)
+    assert done.action == quorum.IDLE and done.replicas == 5
+    # One to three: the same, from a single voter.
+    step = quorum.plan(3, 3, qview({1000: "d0"}, observers=[obs(1), obs(2)]), pods)
+    assert (step.action, step.node_id) == (quorum.ADD, 1001)
+
+
+def test_quorum_plan_scale_down_removes_the_leader_last_and_shrinks_after() -> None:
+    pods = {i: cpod(i) for i in range(5)}
+    # The leader is 1004: 1003 goes first, the StatefulSet keeps every voter's pod.
+    step = quorum.plan(3, 5, qview(FIVE, leader=1004), pods)
+    assert (step.action, step.node_id, step.directory_id) == (quorum.REMOVE, 1003, "d3")
+    assert step.replicas == 5
+    left = {k: v for k, v in FIVE.items() if k != 1003}
+    step = quorum.plan(3, 5, qview(left, leader=1004), pods)
+    assert (step.action, step.node_id) == (quorum.REMOVE, 1004)
+    assert "hands over" in step.reason and step.replicas == 5
+    # Removed: only now may the StatefulSet shrink below those pods.
+    done = quorum.plan(3, 5, qview(THREE, leader=1001), pods)
+    assert (done.action, done.replicas) == (quorum.IDLE, 3)
+    # Never below a majority of live voters: one of five down, removing 1004 leaves
+    # three live of four; two down, it would leave two of four.
+    step = quorum.plan(3, 5, qview(FIVE, leader=1000, down=(1001,)), pods)
+    assert (step.action, step.node_id) == (quorum.REMOVE, 1004)
+    step = quorum.plan(3, 5, qview(FIVE, leader=1000, down=(1001, 1002)), pods)
+    assert step.action == quorum.WAIT and "majority" in step.reason and step.replicas == 5
+    # Down to one: three voters, then two, then the leader's own.
+    step = quorum.plan(1, 3, qview(THREE, leader=1001), pods)
+    assert (step.action, step.node_id) == (quorum.REMOVE, 1002)
+
+
+def test_quorum_plan_replaces_a_voter_whose_storage_is_new() -> None:
+    # Pod 1's PVC was lost: it is back with directory "new" (its own status says so).
+    pods = {0: cpod(0), 1: cpod(1, "new"), 2: cpod(2)}
+    view = qview(THREE, down=(1001,), observers=[obs(1, "new")])
+    assert quorum.wants_pod_status(view, 3)
+    step = quorum.plan(3, 3, view, pods)
+    assert (step.action, step.node_id, step.directory_id) == (quorum.REMOVE, 1001, "d1")
+    # The leader's observers alone tell it too (the pod not asked).
+    assert quorum.plan(3, 3, view, {}).action == quorum.REMOVE
+    # Removed: it is a missing voter, added back (with its new storage) once caught up.
+    gone = {1000: "d0", 1002: "d2"}
+    step = quorum.plan(3, 3, qview(gone, observers=[obs(1, "new", lag=900)]), pods)
+    assert step.action == quorum.WAIT and "catching up" in step.reason
+    step = quorum.plan(3, 3, qview(gone, observers=[obs(1, "new")]), pods)
+    assert (step.action, step.node_id, step.directory_id) == (quorum.ADD, 1001, "new")
+    # A static voter never pinned (no directory id in the set): any storage counts as it.
+    static = {1000: None, 1001: None, 1002: None}
+    assert quorum.plan(3, 3, qview(static), pods).action == quorum.IDLE
+    # Not when the rest cannot keep a majority: one voter, its storage lost.
+    step = quorum.plan(1, 1, qview({1000: "d0"}, down=(1000,), leader=-1), {0: cpod(0, "x")})
+    assert step.action == quorum.WAIT and "majority" in step.reason
+
+
+def test_status_counts_the_controllers_asked_for_and_shows_the_voters() -> None:
+    events: list = []
+    r = cluster.ClusterReconciler(None, lambda *e: events.append(e))  # type: ignore[arg-type]
+    spec = parse(body(controllers={"replicas": 5}))
+    ctl = {"spec": {"replicas": 5}, "status": {"readyReplicas": 5, "replicas": 5}}
+    sets = {n.BROKER: sts(3), n.CONTROLLER: ctl}
+    seen = healthy()
+    seen.quorum = qview(FIVE)
+    p = cluster.Pass(quorum_step=quorum.plan(5, 5, seen.quorum, {}))
+    st = r._status(spec, {"phase": "Ready"}, 2, seen, p, 3, sets)
+    assert st["phase"] == "Ready"
+    c = st["controllers"]
+    assert (c["replicas"], c["ready"], c["initialVoters"], c["leader"]) == (5, 5, 5, 1000)
+    assert c["voters"][3] == {"id": 1003, "directoryId": "d3"} and c["change"] is None
+    # Four of five Ready outside a change: Degraded, and the message counts five.
+    ctl["status"]["readyReplicas"] = 4
+    st = r._status(spec, {"phase": "Ready"}, 2, seen, cluster.Pass(), 3, sets)
+    degraded = conditions.get_condition(st["conditions"], "Degraded")
+    assert degraded["reason"] == "PodsNotReady" and "4/5 controllers" in degraded["message"]
+    # Growing from three: the two new pods not Ready yet is the change, not a fault.
+    seen.quorum = qview(THREE)
+    step = quorum.plan(5, 5, seen.quorum, {i: cpod(i) for i in range(3)})
+    ctl["status"]["readyReplicas"] = 3
+    st = r._status(spec, {"phase": "Ready"}, 2, seen, cluster.Pass(quorum_step=step), 3, sets)
+    assert st["phase"] == "Ready"
+    change = st["controllers"]["change"]
+    assert change == {"action": "wait", "nodeId": 1003, "directoryId": None, "refused": None}
+
+
+def test_controller_urls_are_pod_dns_names_unless_the_annotation_says_otherwise() -> None:
+    mq = body()
+    spec = parse(mq)
+    assert cluster.controller_url(mq, spec, 4) == (
+        "http://demo-controller-4.demo-controller.prod.svc:9093"
+    )
+    mq["metadata"]["annotations"] = {
+        n.CONTROLLER_URLS_ANNOTATION: '{"0": "http://127.0.0.1:7000", "4": "http://h:1"}'
+    }
+    assert cluster.controller_url(mq, spec, 4) == "http://h:1"
+    assert cluster.controller_url(mq, spec, 1).startswith("http://demo-controller-1.")
+    mq["metadata"]["annotations"] = {n.CONTROLLER_URLS_ANNOTATION: "not json"}
+    assert cluster.controller_url(mq, spec, 0).startswith("http://demo-controller-0.")

@@ -87,10 +87,13 @@ async def ensure(
     emit: Any,
     now: datetime | None = None,
     addresses: Addresses | None = None,
+    controllers: int | None = None,
 ) -> list[str]:
-    """Make the CA if there is none and issue what brokers 0..brokers-1 lack; returns
-    the keystores issued this pass (pod names with why), for the caller's Event.
-    `addresses`: the external listeners' (their names go into the brokers' SANs)."""
+    """Make the CA if there is none and issue what brokers 0..brokers-1 (and, on a
+    secured cluster, controllers 0..controllers-1: spec.controllers.replicas when not
+    given) lack; returns the keystores issued this pass (pod names with why), for the
+    caller's Event. `addresses`: the external listeners' (their names go into the
+    brokers' SANs)."""
     ns = spec.namespace
     at = now or datetime.now(UTC)
     ca_name = n.cluster_ca_secret(spec.name)
@@ -141,7 +144,7 @@ async def ensure(
             kube,
             spec,
             n.CONTROLLER,
-            range(3),
+            range(spec.controllers if controllers is None else controllers),
             controller_dns_names,
             ca,
             bundle,

@@ -15,6 +15,11 @@ FIELD_MANAGER = "straitmq-operator"
 # Where the operator reaches a cluster's admin API if not at its bootstrap Service, e.g.
 # an operator run outside the cluster, or brokers that stand in for the pods in tests.
 ADMIN_URL_ANNOTATION = "straitmq.io/admin-url"
+# Where the operator reaches each controller pod's own quorum API if not at its pod DNS
+# name: JSON {"<ordinal>": "http://host:port"} (an operator outside the cluster, or
+# controller processes that stand in for the pods in tests). The URL is also what the
+# cluster is asked to add as a voter, so the other voters must reach it there.
+CONTROLLER_URLS_ANNOTATION = "straitmq.io/controller-urls"
 # The Kafka bootstrap address a User's Secret names, if not the bootstrap Service's.
 BOOTSTRAP_ANNOTATION = "straitmq.io/bootstrap-servers"
 CONFIG_HASH_ANNOTATION = "straitmq.io/config-hash"

@@ -30,11 +30,16 @@ def _meta(spec: ClusterSpec, name: str, component: str | None = None) -> dict[st
 
 
 def voters(spec: ClusterSpec) -> str:
-    """The quorum's static voters by pod DNS name: 1000@<cluster>-controller-0.<svc>...:9093."""
+    """The quorum's static voters by pod DNS name: 1000@<cluster>-controller-0.<svc>...:9093.
+
+    Always the first voter set (the controllers the cluster was created with), whatever
+    spec.controllers.replicas says now: the voter set in force is log data (KIP-853), and
+    changing these flags would roll every pod for nothing. A pod beyond them gets its id
+    from its ordinal (`--node-id=auto`) and joins as an observer until it is added."""
     return ",".join(
         f"{n.CONTROLLER_ID_BASE + i}@"
         f"{n.pod_dns(spec.name, n.CONTROLLER, i, spec.namespace)}:{spec.controller_port}"
-        for i in range(3)
+        for i in range(spec.initial_voters)
     )
 
 
@@ -132,8 +137,10 @@ def pdbs(spec: ClusterSpec) -> list[dict[str, Any]]:
                 "kind": "PodDisruptionBudget",
                 "metadata": _meta(spec, n.pdb(spec.name, component), component),
                 "spec": {
-                    # One voter of three, or one broker, at a time: the quorum keeps a
-                    # majority and RF>=2 partitions keep a leader.
+                    # One voter, or one broker, at a time: three or five voters keep a
+                    # majority and RF>=2 partitions keep a leader. A lone voter may go
+                    # too (the metadata pauses until it is back): 0 would block every
+                    # node drain for good.
                     "maxUnavailable": 1,
                     "selector": {"matchLabels": n.selector(spec.name, component)},
                 },
@@ -290,7 +297,9 @@ def _statefulset(
     }
 
 
-def controller_statefulset(spec: ClusterSpec) -> dict[str, Any]:
+def controller_statefulset(spec: ClusterSpec, replicas: int | None = None) -> dict[str, Any]:
+    """`replicas`: the pods to run now (the reconciler's choice while voters are added
+    or removed one at a time); spec.controllers.replicas when not given."""
     container = {
         "name": n.CONTROLLER,
         "image": spec.image,
@@ -322,7 +331,7 @@ def controller_statefulset(spec: ClusterSpec) -> dict[str, Any]:
     return _statefulset(
         spec,
         n.CONTROLLER,
-        3,
+        spec.controllers if replicas is None else replicas,
         container,
         spec.controller_storage,
         30,
@@ -570,11 +579,13 @@ def objects(
     broker_replicas: int,
     addresses: Addresses | None = None,
     advertised_brokers: int | None = None,
+    controller_replicas: int | None = None,
 ) -> list[dict[str, Any]]:
     """Everything an MQCluster owns, in the order to apply it (the external listeners'
     Services and Ingresses aside: cluster.py applies them first, to learn `addresses`).
     The advertised addresses (of advertised_brokers pods: also those being drained)
-    come before the StatefulSet: a new pod reads its own."""
+    come before the StatefulSet: a new pod reads its own. `controller_replicas`: the
+    controller pods to run now (spec.controllers.replicas when not given)."""
     count = max(broker_replicas, advertised_brokers or 0)
     advertised = (
         [listeners.advertised_config_map(spec, count, addresses or Addresses())]
@@ -587,6 +598,6 @@ def objects(
         *services(spec),
         *pdbs(spec),
         broker_service_account(spec),
-        controller_statefulset(spec),
+        controller_statefulset(spec, controller_replicas),
         broker_statefulset(spec, broker_replicas),
     ]

@@ -38,6 +38,8 @@ NUMBER_FLAGS = {
     "log.cleaner.io.max.bytes.per.second": "--log-cleaner-io-max-bytes-per-second",
     "log.cleaner.io.buffer.load.factor": "--log-cleaner-io-buffer-load-factor",
 }
+# The quorum sizes an MQCluster may ask for: odd, so that no even split stalls it.
+CONTROLLER_COUNTS = (1, 3, 5)
 # log.cleanup.policy: a list of these (the broker checks the rest when it starts).
 CLEANUP_POLICIES = ("compact", "delete")
 BOOLEAN_CONFIGS = {"auto.create.topics.enable", "log.cleaner.enable"}
@@ -131,6 +133,14 @@ class ClusterSpec:
     broker_config: dict[str, str] = field(default_factory=dict)
     rack_topology_key: str | None = None
     throttle_bytes_per_sec: int = 10 * 1024 * 1024
+    # spec.controllers.replicas: the voters the quorum should have (the operator adds
+    # and removes them one at a time, KIP-853).
+    controllers: int = 3
+    # The controllers the cluster was created with: the static --voters every pod
+    # starts with (its first voter set, never changed afterwards: a new pod beyond it
+    # joins as an observer). From status.controllers.initialVoters; None when the status
+    # does not say (the reconciler decides: 3 for a cluster made before it was kept).
+    first_voters: int | None = None
     controller_storage: Storage = Storage()
     controller_resources: dict[str, Any] = field(default_factory=dict)
     kafka_port: int = 9092
@@ -157,6 +167,11 @@ class ClusterSpec:
     def needs_certificates(self) -> bool:
         """The cluster CA and the brokers' certificates: kafka.tls or a TLS listener."""
         return self.kafka_tls or any(x.tls for x in self.external)
+
+    @property
+    def initial_voters(self) -> int:
+        """How many controllers the static --voters name (the first voter set)."""
+        return self.first_voters if self.first_voters is not None else self.controllers
 
     @property
     def http_secured(self) -> bool:
@@ -243,8 +258,13 @@ def parse(body: dict[str, Any]) -> ClusterSpec:
     if not image:
         raise SpecError("spec.image is required")
     controllers = spec.get("controllers") or {}
-    if controllers.get("replicas", 3) != 3:
-        raise SpecError("spec.controllers.replicas must be 3")
+    ctl_replicas = controllers.get("replicas", 3)
+    if ctl_replicas not in CONTROLLER_COUNTS or isinstance(ctl_replicas, bool):
+        raise SpecError(
+            f"spec.controllers.replicas must be 1, 3 or 5, not {ctl_replicas!r} (an odd "
+            "quorum: an even one tolerates no more failures than the odd one below it)"
+        )
+    first = ((body.get("status") or {}).get("controllers") or {}).get("initialVoters")
     brokers = spec.get("brokers") or {}
     listeners = spec.get("listeners") or {}
     metrics = spec.get("metrics") or {}
@@ -287,6 +307,8 @@ def parse(body: dict[str, Any]) -> ClusterSpec:
         broker_config=_config(brokers.get("config")),
         rack_topology_key=(brokers.get("rack") or {}).get("topologyKey") or None,
         throttle_bytes_per_sec=int(brokers.get("rebalanceThrottleBytesPerSecond") or 10485760),
+        controllers=int(ctl_replicas),
+        first_voters=int(first) if isinstance(first, int) and first > 0 else None,
         controller_storage=_storage(controllers.get("storage")),
         controller_resources=dict(controllers.get("resources") or {}),
         kafka_port=int((listeners.get("kafka") or {}).get("port", 9092)),

@@ -177,15 +177,37 @@ def one_run(c: Cluster, faults: Faults, kind: str, i: int, seed: int) -> Run:
     return r
 
 
+def views(c: Cluster, topic: str) -> dict[int, Any]:
+    """Each broker's view of a topic's partitions (leader, ISR, log end, HW)."""
+    out: dict[int, Any] = {}
+    for b, n in c.brokers.items():
+        v = n.get(f"/api/v1/topics/{topic}") or {}
+        out[b] = [
+            {k: p.get(k) for k in ("partition", "leader", "leader_epoch", "isr", "local")}
+            | {"leo": p.get("log_end_offset"), "hw": p.get("high_watermark")}
+            for p in v.get("partitions", [])
+        ]
+    return out
+
+
 def file_check(c: Cluster, runs: list[Run]) -> None:
-    """Stop the cluster, compare every replica of these runs' topics, start it again."""
-    hws = {r.run: c.converge(f"{r.kind}-{r.run}", timeout=60) for r in runs}
+    """Stop the cluster, compare every replica of these runs' topics, start it again. A
+    topic whose replicas do not come to one log end is a finding: its views are kept."""
+    hws: dict[int, dict[int, int]] = {}
+    for r in runs:
+        topic = f"{r.kind}-{r.run}"
+        try:
+            hws[r.run] = c.converge(topic, timeout=60)
+        except TimeoutError:
+            r.replicas_identical = False
+            r.stalled = f"replicas never at one log end: {json.dumps(views(c, topic))}"
     c.stop()
     try:
         for r in runs:
-            r.replicas_identical, r.divergent_offsets = compare_replicas(
-                c, f"{r.kind}-{r.run}", hws[r.run]
-            )
+            if r.run in hws:
+                r.replicas_identical, r.divergent_offsets = compare_replicas(
+                    c, f"{r.kind}-{r.run}", hws[r.run]
+                )
     finally:
         c.start(wait_s=60)
 

@@ -154,6 +154,7 @@ class LocalCluster:
         python: str = sys.executable,
         node_hosts: dict[str, str] | None = None,
         node_prefix: dict[str, list[str]] | None = None,
+        first_controller_id: int = CONTROLLER_ID_BASE + 1,
     ) -> None:
         self.data_dir = os.path.abspath(data_dir)
         os.makedirs(self.data_dir, exist_ok=True)
@@ -167,17 +168,17 @@ class LocalCluster:
         self.node_hosts = node_hosts or {}
         self.node_prefix = node_prefix or {}
         chosts = [
-            self.node_hosts.get(f"controller-{CONTROLLER_ID_BASE + j + 1}", "127.0.0.1")
+            self.node_hosts.get(f"controller-{first_controller_id + j}", "127.0.0.1")
             for j in range(controllers)
         ]
         cports = [
             controller_base + j if controller_base else free_port() for j in range(controllers)
         ]
         self.voters = ",".join(
-            f"{CONTROLLER_ID_BASE + j + 1}@{chosts[j]}:{cports[j]}" for j in range(controllers)
+            f"{first_controller_id + j}@{chosts[j]}:{cports[j]}" for j in range(controllers)
         )
         for j in range(controllers):
-            cid = CONTROLLER_ID_BASE + j + 1
+            cid = first_controller_id + j
             self.controllers[cid] = Node(
                 "controller",
                 cid,

@@ -202,9 +202,10 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
 # --- running in parallel (pytest-xdist) --------------------------------------------------
 
 # The unit of work is a module (its module fixtures are built once, its tests run in their
-# order), except for the groups below: the Kubernetes tiers (the modules sharing the
-# session's control plane, and the real node, a machine-wide singleton) run on one worker,
-# one after another, and so do the Spark modules.
+# order), except for the groups below: the modules sharing the session's Kubernetes
+# control plane run on one worker, one after another, and so do the Spark modules. The
+# real node (a machine-wide singleton, its own API server) is one module on another
+# worker, beside them: one after the other they were the run's long pole.
 _GROUP_OF_MODULE = {
     "test_helm_chart": "kubernetes",
     "test_kube_control_plane": "kubernetes",
@@ -212,7 +213,7 @@ _GROUP_OF_MODULE = {
     "test_operator_pki": "kubernetes",
     "test_operator_ux": "kubernetes",
     "test_rack_from_node": "kubernetes",
-    "test_real_node": "kubernetes",
+    "test_real_node": "realnode",
     # Spark's JVMs and Python workers, one module at a time: several at once on two cores
     # made a Python worker miss Spark's connect-back timeout.
     "test_spark_source": "spark",
@@ -231,7 +232,7 @@ _GROUP_OF_MODULE = {
 }
 # The longest units start first, so that none of them begins near the end of the run
 # (test.sh passes --no-loadscope-reorder so xdist keeps this order).
-_LONG_GROUPS = ["kubernetes", "ecosystem", "spark", "test_security_tls_sasl"]
+_LONG_GROUPS = ["realnode", "kubernetes", "ecosystem", "spark", "test_security_tls_sasl"]
 
 
 def _group(nodeid: str) -> str:

@@ -1205,15 +1205,16 @@ def node_fixture() -> Iterator[NodeHandle]:
 # STOP_FILE exists, one line per delivery report: "ACK <value> <partition> <offset>" or
 # "ERR <value> <error>"; "FATAL <error>" for a fatal (idempotence) error; "DONE ..." last.
 PRODUCER = r"""
-import os, sys, time
+import json, os, sys, time
 from confluent_kafka import Producer
 bootstrap, topic, prefix, rate, stop_file = sys.argv[1:6]
+extra = json.loads(sys.argv[6]) if len(sys.argv) > 6 else {}  # security settings
 def on_error(err):
     print(f"{'FATAL' if err.fatal() else 'WARN'} {err}", flush=True)
 p = Producer({
     "bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
     "message.timeout.ms": 300000, "linger.ms": 5, "client.id": prefix,
-    "error_cb": on_error,
+    "error_cb": on_error, **extra,
 })
 sent = failed = 0
 def report(err, msg):
@@ -1237,13 +1238,16 @@ print(f"DONE sent={sent} failed={failed} unflushed={left}", flush=True)
 # A consumer group member that reads the topic from the start up to the high watermarks
 # it sees when it starts, commits, and prints "V <partition> <offset> <value>" lines.
 CONSUMER = r"""
-import sys, time
+import json, sys, time
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 bootstrap, topic, group, timeout = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+extra = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}  # security settings
 c = Consumer({
     "bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-    "enable.auto.commit": False, "enable.partition.eof": True,
+    "enable.auto.commit": False, "enable.partition.eof": True, **extra,
 })
+print("BROKERS " + " ".join(sorted(
+    f"{b.host}:{b.port}" for b in c.list_topics(timeout=30).brokers.values())), flush=True)
 parts = sorted(c.list_topics(topic, timeout=30).topics[topic].partitions)
 high = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in parts}
 print(f"HIGH {high}", flush=True)
@@ -1278,14 +1282,19 @@ class BackgroundProducer:
         self,
         node: NodeHandle,
         ns: str,
-        pod: str,
+        pod: str | None,
         bootstrap: str,
         topic: str,
         prefix: str,
         rate: float = 40,
+        config: dict[str, str] | None = None,
     ) -> None:
+        """pod None: the producer runs on the host, outside the pod network (clients of
+        the external listeners); `config`: more librdkafka settings (security)."""
         self.node, self.ns, self.pod, self.prefix = node, ns, pod, prefix
-        self.stop_file = f"/tmp/stop-{prefix}"
+        self.stop_file = f"/tmp/stop-{prefix}" if pod else str(node.work_dir / f"stop-{prefix}")
+        if pod is None:
+            Path(self.stop_file).unlink(missing_ok=True)
         self.acked: dict[str, tuple[int, int]] = {}
         self.ack_times: list[float] = []
         self.errors: list[str] = []
@@ -1293,24 +1302,10 @@ class BackgroundProducer:
         self.other: list[str] = []
         self.done: str | None = None
         self.started = threading.Event()
+        where = ["kubectl", "exec", "-n", ns, pod, "--", "python"] if pod else [sys.executable]
+        args = [bootstrap, topic, prefix, str(rate), self.stop_file]
         self.proc = subprocess.Popen(
-            [
-                "kubectl",
-                "exec",
-                "-n",
-                ns,
-                pod,
-                "--",
-                "python",
-                "-u",
-                "-c",
-                PRODUCER,
-                bootstrap,
-                topic,
-                prefix,
-                str(rate),
-                self.stop_file,
-            ],
+            [*where, "-u", "-c", PRODUCER, *args, *([json.dumps(config)] if config else [])],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -1369,7 +1364,10 @@ class BackgroundProducer:
         return time.monotonic() - t0
 
     def stop(self, timeout: float = 300) -> str:
-        self.node.kubectl("exec", "-n", self.ns, self.pod, "--", "touch", self.stop_file)
+        if self.pod is None:
+            Path(self.stop_file).touch()
+        else:
+            self.node.kubectl("exec", "-n", self.ns, self.pod, "--", "touch", self.stop_file)
         self.proc.wait(timeout=timeout)
         self.reader.join(timeout=10)
         if self.done is None:
@@ -1446,6 +1444,32 @@ class ClientPod:
                 print(f"consumer {group}: {line}", file=sys.stderr)
         assert out.rstrip().splitlines()[-1].startswith("END "), out[-2000:]
         return records
+
+
+def consume_on_host(
+    bootstrap: str, topic: str, group: str, config: dict[str, str], timeout: float = 240
+) -> tuple[list[str], list[tuple[int, int, str]]]:
+    """CONSUMER run on the host (an external listener's client): the brokers the
+    metadata named, and (partition, offset, value) of every record."""
+    args = [bootstrap, topic, group, str(timeout), json.dumps(config)]
+    out = subprocess.run(
+        [sys.executable, "-u", "-c", CONSUMER, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout + 60,
+    )
+    assert out.returncode == 0 and out.stdout.rstrip().splitlines()[-1].startswith("END "), (
+        out.stdout[-2000:] + out.stderr[-2000:]
+    )
+    brokers: list[str] = []
+    records = []
+    for line in out.stdout.splitlines():
+        if line.startswith("BROKERS "):
+            brokers = line.split()[1:]
+        elif line.startswith("V "):
+            _, p, o, v = line.split(" ", 3)
+            records.append((int(p), int(o), v))
+    return brokers, records
 
 
 def assert_exactly_once(

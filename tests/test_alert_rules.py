@@ -59,6 +59,7 @@ EXPECTED_ALERTS = {
     "StraitMQLogDirFull",
     "StraitMQConsumerGroupLagGrowing",
     "StraitMQRequestErrorRate",
+    "StraitMQClientThrottled",
     "StraitMQEventLoopStalls",
     "StraitMQCertificateExpiringSoon",
     "StraitMQCertificateExpiring",

@@ -200,6 +200,16 @@ NAMESPACED_RULES = {
         "delete",
     },
     ("", "pods"): {"get", "list", "watch", "patch", "delete"},
+    # External listeners of type ingress: an Ingress per broker and a bootstrap one.
+    ("networking.k8s.io", "ingresses"): {
+        "get",
+        "list",
+        "watch",
+        "create",
+        "patch",
+        "update",
+        "delete",
+    },
     ("", "events"): {"create"},
     ("", "serviceaccounts"): {"get", "create", "patch"},  # the brokers' (rack awareness)
 }
@@ -603,9 +613,13 @@ def test_validator_rejects_what_the_api_server_rejects() -> None:
     }
     spec = validate(ok)
     assert spec["brokers"]["replicas"] == 3 and spec["controllers"]["replicas"] == 3
+    for voters in (1, 5):  # a quorum of one or five voters; even sizes are refused
+        five = validate({**ok, "spec": {"image": "i", "controllers": {"replicas": voters}}})
+        assert five["controllers"]["replicas"] == voters
     bad = [
         {"image": "i", "brokers": {"replicas": 0}},
-        {"image": "i", "controllers": {"replicas": 5}},
+        {"image": "i", "controllers": {"replicas": 2}},
+        {"image": "i", "controllers": {"replicas": 7}},
         {"image": "i", "listeners": {"http": {"port": 0}}},
         {"image": "i", "brokers": {"config": {"auto.create.topics.enable": False}}},
         {"image": "i", "brokers": {"storage": {"size": "ten gigs"}}},

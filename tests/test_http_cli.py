@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -36,6 +38,35 @@ def strait(broker, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
 def test_health_and_readiness(broker):
     assert call(broker, "GET", "/healthz") == (200, {"status": "ok"})
     assert call(broker, "GET", "/readyz") == (200, {"status": "ready"})
+
+
+def test_a_stopping_broker_exits_only_after_its_readiness_probe_saw_it_leave(broker_factory):
+    """On Kubernetes (issue 27): a Service keeps routing to a terminating pod until the
+    kubelet's readiness probe has failed; a connection sent there after the pod's address
+    is gone hangs for the client's 30 s connect timeout. So a stopping broker answers
+    /readyz 503 from the start, closes its Kafka listener (connections are refused, the
+    client tries again at once) and exits only after --shutdown-readiness-probes such
+    answers."""
+    b = broker_factory("--shutdown-readiness-probes=3", "--shutdown-readiness-timeout-ms=120000")
+    assert call(b, "GET", "/readyz")[0] == 200
+    b.proc.send_signal(signal.SIGTERM)
+    _, body = wait_for(
+        lambda: (r := call(b, "GET", "/readyz"))[0] == 503 and r, 30, "/readyz 503 once stopping"
+    )
+    assert body["reason"] == "this broker is shutting down"
+
+    def refused() -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", b.port), timeout=2).close()
+        except ConnectionRefusedError:
+            return True
+        return False
+
+    wait_for(refused, 30, "the Kafka listener closed")
+    assert call(b, "GET", "/readyz")[0] == 503  # the second unready answer
+    assert b.proc.poll() is None, "exited before the third unready answer"
+    assert call(b, "GET", "/readyz")[0] == 503  # the third: now it may go
+    assert b.proc.wait(30) == 0
 
 
 def test_rest_produce_consume_roundtrip(broker):

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 from kio.schema.errors import ErrorCode
 from straitmq.broker.replication import isr as isr_module
+from straitmq.broker.replication.core import ReplicaCore
 from straitmq.controller.errors import ControllerError
 from straitmq.metadata.image import MetadataImage
 
@@ -46,12 +47,9 @@ def _no_image() -> MetadataImage:
 def _run(batched: bool, n: int) -> tuple[Controller, list, isr_module.IsrManager]:
     controller = Controller(batched)
     manager = isr_module.IsrManager(1, 30_000, controller, _no_image, lambda: True)
-    parts = [
-        SimpleNamespace(
-            topic="t", index=i, leader_epoch=0, partition_epoch=0, isr=[1, 2, 3], pending_isr=None
-        )
-        for i in range(n)
-    ]
+    parts = [ReplicaCore("t", i, 1) for i in range(n)]
+    for p in parts:
+        p.leader_epoch, p.partition_epoch, p.isr = 0, 0, [1, 2, 3]
 
     async def go() -> None:
         for p in parts:

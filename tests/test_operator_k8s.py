@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -191,7 +192,18 @@ class PodStandIns:
     holding a token of the pod's ServiceAccount, so the RBAC is the pod's. The broker
     then starts with the --rack-file its container asks for, mapped the same way."""
 
-    def __init__(self, kube: Any, cluster: str, data_dir: Path) -> None:
+    def __init__(
+        self,
+        kube: Any,
+        cluster: str,
+        data_dir: Path,
+        first_controller_id: int = 1001,
+        controller_pods: int = 3,
+    ) -> None:
+        """`first_controller_id`: controller pod 0's node id (the operator numbers them
+        1000 + ordinal; the older tests' stand-ins 1001 + ordinal, which the operator
+        then leaves alone as a voter set it did not make). `controller_pods`: ordinals
+        3 and up get a controller outside the static voters (an observer until added)."""
         self.kube = kube
         self.cluster = cluster
         self.data_dir = data_dir
@@ -209,7 +221,16 @@ class PodStandIns:
             controller_args=CONTROLLER_ARGS,
             log_level="info",
             python=PYTHON,
+            first_controller_id=first_controller_id,
         )
+        self.first_controller_id = first_controller_id
+        for ordinal in range(3, controller_pods):  # joins with its own --listen
+            cid, port = first_controller_id + ordinal, free_port()
+            args = [*self.local._controller_cmd(cid), "--listen", f"127.0.0.1:{port}"]
+            log = str(data_dir / f"controller-{cid}.log")
+            self.local.controllers[cid] = Node("controller", cid, args, log, port)
+        # (kind, ordinal) whose storage is lost: wiped before its next start (a new PVC).
+        self.lose_storage: set[tuple[str, int]] = set()
         for ordinal in range(5):  # ports fixed up front: the admin URL names broker 0's
             node = self.local.add_broker(ordinal, free_port(), free_port())
             self.base_args[ordinal] = list(node.args)
@@ -231,8 +252,18 @@ class PodStandIns:
 
     def node(self, kind: str, ordinal: int) -> Node:
         if kind == "controller":
-            return self.local.controllers[1001 + ordinal]
+            return self.local.controllers[self.first_controller_id + ordinal]
         return self.local.brokers[ordinal]
+
+    @property
+    def controller_urls(self) -> str:
+        """The operator's controller-urls annotation: each controller pod's process."""
+        return json.dumps(
+            {
+                str(cid - self.first_controller_id): f"http://127.0.0.1:{node.http_port}"
+                for cid, node in self.local.controllers.items()
+            }
+        )
 
     def start(self) -> PodStandIns:
         self.thread.start()
@@ -286,6 +317,11 @@ class PodStandIns:
             if key not in self.running:
                 if key[0] == "broker" and not self._init(pods[key]):
                     continue  # as a kubelet: the main container waits for its init steps
+                if key in self.lose_storage:  # a new PVC: an empty data directory
+                    self.lose_storage.discard(key)
+                    kind, ordinal = key
+                    nid = self.first_controller_id + ordinal if kind == "controller" else ordinal
+                    shutil.rmtree(self.data_dir / f"{kind}-{nid}", ignore_errors=True)
                 self.node(*key).start()
                 self.running[key] = uid
                 self.history.append((time.monotonic(), "start", *key))
@@ -521,10 +557,21 @@ def test_cel_rules_guard_updates(installed: Any) -> None:
         ns,
         "--type=merge",
         "-p",
-        '{"spec":{"controllers":{"replicas":5}}}',
+        '{"spec":{"controllers":{"replicas":4}}}',
         check=False,
     )
     assert out.returncode != 0 and "controllers" in out.stderr
+    # 1, 3 or 5 voters: the operator changes the quorum one voter at a time.
+    kube.kubectl(
+        "patch",
+        "mqcluster",
+        "three",
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        '{"spec":{"controllers":{"replicas":5}}}',
+    )
     scaled = kube.kubectl("scale", "mqcluster", "three", "-n", ns, "--replicas=4")
     assert scaled.returncode == 0
     assert get_json(kube, "mqcluster", "three", "-n", ns)["spec"]["brokers"]["replicas"] == 4
@@ -642,6 +689,189 @@ def test_mqcluster_becomes_statefulsets_services_and_pdbs(kube: Any, operator: O
         60,
         "owned objects garbage-collected",
     )
+
+
+def test_controller_quorum_of_five_or_one_and_no_shrink_without_the_voter_set(
+    kube: Any, operator: Operator
+) -> None:
+    """Five controllers: five pods, all five static voters, recorded as the first voter
+    set. Asked for three while the quorum cannot be read (nothing answers the admin API
+    here: kwok runs no process), the operator keeps all five pods: it shrinks the
+    StatefulSet only below voters it has seen removed. One controller: one pod, one voter.
+    (The voter changes themselves need running controllers: test_operator_logic's planner
+    tests and the real-node tier cover them.)"""
+    for name, count in (("quorum5", 5), ("quorum1", 1)):
+        doc = mqcluster(name, 1, controllers={"replicas": count})
+        kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(doc))
+
+    def ctl(name: str) -> dict:
+        return get_json(kube, "statefulset", f"{name}-controller", "-n", NS)
+
+    def status(name: str) -> dict:
+        return get_json(kube, "mqcluster", name, "-n", NS).get("status") or {}
+
+    for name, count in (("quorum5", 5), ("quorum1", 1)):
+        kube.wait_for(
+            lambda name=name, count=count: (
+                (status(name).get("controllers") or {}).get("initialVoters") == count
+                and ctl(name)["spec"]["replicas"] == count
+            ),
+            60,
+            f"{name}: {count} controllers",
+        )
+        voters = get_json(kube, "configmap", f"{name}-config", "-n", NS)["data"]
+        got = [v.split("@")[0] for v in voters["STRAIT_CONTROLLER_VOTERS"].split(",")]
+        assert got == [str(1000 + i) for i in range(count)], got
+    kube.wait_for(
+        lambda: (ctl("quorum5").get("status") or {}).get("readyReplicas") == 5,
+        120,
+        "five controller pods Ready on kwok nodes",
+    )
+    hash_before = ctl("quorum5")["spec"]["template"]["metadata"]["annotations"]
+    gen = get_json(kube, "mqcluster", "quorum5", "-n", NS)["metadata"]["generation"]
+    kube.kubectl(
+        "patch",
+        "mqcluster",
+        "quorum5",
+        "-n",
+        NS,
+        "--type=merge",
+        "-p",
+        '{"spec":{"controllers":{"replicas":3}}}',
+    )
+    st = kube.wait_for(
+        lambda: (
+            status("quorum5").get("observedGeneration", 0) > gen
+            and status("quorum5").get("controllers", {}).get("message")
+            and status("quorum5")
+        ),
+        60,
+        "the scale down seen",
+    )
+    assert "quorum status" in st["controllers"]["message"], st["controllers"]
+    assert st["controllers"]["initialVoters"] == 5 and st["controllers"]["replicas"] == 5
+    # That pass applied the StatefulSets: still five pods, the same pod template (no
+    # roll), the static voters the first set's.
+    assert ctl("quorum5")["spec"]["replicas"] == 5
+    assert ctl("quorum5")["spec"]["template"]["metadata"]["annotations"] == hash_before
+    voters = get_json(kube, "configmap", "quorum5-config", "-n", NS)["data"]
+    assert len(voters["STRAIT_CONTROLLER_VOTERS"].split(",")) == 5
+    for name in ("quorum5", "quorum1"):
+        kube.kubectl("delete", "mqcluster", name, "-n", NS, "--wait=true", timeout=60)
+        release_claims(kube, name)
+
+
+def release_claims(kube: Any, cluster: str) -> None:
+    """Delete a deleted MQCluster's volume claims (Retained: no owner removes them), so
+    their volumes go back to the test pool for the later tests."""
+    kube.kubectl(
+        "delete",
+        "pvc",
+        "-n",
+        NS,
+        "-l",
+        f"app.kubernetes.io/instance={cluster}",
+        "--wait=true",
+        timeout=120,
+    )
+
+
+def test_operator_grows_shrinks_and_heals_the_controller_quorum(
+    kube: Any, operator: Operator, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """3 -> 5 -> 3 voters, then a controller back on empty storage, with local controller
+    processes standing in for the controller pods (ids 1000 + ordinal, as the operator
+    numbers them; pods 3 and 4 start outside the static voters, as observers). The
+    operator scales the StatefulSet, asks each pod's process (the controller-urls
+    annotation) and changes the voter set through the broker's admin API, one voter at a
+    time. Not here: a real PVC's loss (the stand-in wipes the pod's data directory when
+    the pod is replaced) and clients producing throughout (the real-node tier)."""
+    standins = PodStandIns(
+        kube,
+        "quorum",
+        tmp_path_factory.mktemp("quorum"),
+        first_controller_id=1000,
+        controller_pods=5,
+    ).start()
+    annotations = {
+        "straitmq.io/admin-url": standins.admin_url,
+        "straitmq.io/controller-urls": standins.controller_urls,
+    }
+    doc = mqcluster("quorum", 1, annotations, controllers={"replicas": 3})
+
+    def status() -> dict:
+        standins.check()
+        return get_json(kube, "mqcluster", "quorum", "-n", NS).get("status") or {}
+
+    def voters() -> dict[int, str | None]:
+        ctl = status().get("controllers") or {}
+        return {v["id"]: v.get("directoryId") for v in ctl.get("voters") or []}
+
+    def settled(ids: set[int]) -> bool:
+        st = status()
+        ctl = st.get("controllers") or {}
+        sts = get_json(kube, "statefulset", "quorum-controller", "-n", NS)["spec"]["replicas"]
+        return (
+            set(voters()) == ids
+            and ctl.get("change") is None
+            and sts == len(ids)
+            and len(standins_running(standins)) == len(ids)
+        )
+
+    def patch(replicas: int) -> None:
+        body = json.dumps({"spec": {"controllers": {"replicas": replicas}}})
+        kube.kubectl("patch", "mqcluster", "quorum", "-n", NS, "--type=merge", "-p", body)
+
+    def explain(what: str) -> str:
+        tail = "\n".join(operator.log_lines()[-10:])
+        return f"{what}: status {status()}; stand-ins {standins.history[-6:]}; {tail}"
+
+    try:
+        kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(doc))
+        try:
+            kube.wait_for(
+                lambda: status().get("phase") == "Ready" and settled({1000, 1001, 1002}),
+                180,
+                "three voters",
+            )
+            patch(5)
+            kube.wait_for(lambda: settled(set(range(1000, 1005))), 240, "five voters")
+            assert status()["controllers"]["initialVoters"] == 3
+            patch(3)
+            kube.wait_for(lambda: settled({1000, 1001, 1002}), 240, "three voters again")
+            # Every change pinned the voters' storage: each has its directory id now.
+            old = voters()
+            assert all(old.values()), old
+            # Controller 1's storage is lost: its pod comes back empty, with a new
+            # directory id; the operator replaces the voter (remove the old storage, add
+            # the new once it has caught up).
+            standins.lose_storage.add(("controller", 1))
+            kube.kubectl("delete", "pod", "quorum-controller-1", "-n", NS)
+            kube.wait_for(
+                lambda: voters().get(1001) not in (None, old[1001]) and settled({1000, 1001, 1002}),
+                240,
+                "controller 1001 replaced on its new storage",
+            )
+        except TimeoutError as e:
+            raise AssertionError(explain(str(e))) from e
+        assert voters()[1000] == old[1000] and voters()[1002] == old[1002]
+        reasons = [
+            e["reason"]
+            for e in get_json(kube, "events", "-n", NS)["items"]
+            if e["involvedObject"]["name"] == "quorum"
+        ]
+        assert "VoterAdded" in reasons and "VoterRemoved" in reasons, reasons
+        # The quorum still commits metadata.
+        body = {"name": "after-quorum-changes", "partitions": 1, "replication_factor": 1}
+        request_sync(standins.admin_url, "POST", "/api/v1/topics", body, 30)
+    finally:
+        kube.kubectl("delete", "mqcluster", "quorum", "-n", NS, "--wait=true", timeout=60)
+        standins.stop()
+        release_claims(kube, "quorum")
+
+
+def standins_running(standins: PodStandIns) -> list[tuple[str, int]]:
+    return [key for key in list(standins.running) if key[0] == "controller"]
 
 
 def test_spec_the_schema_allows_but_the_operator_cannot_run_is_a_condition(
@@ -1684,6 +1914,26 @@ def test_user_gets_a_secret_and_exactly_its_acls(kube: Any, authn: PodStandIns) 
     assert [(b["resource_name"], b["operation"]) for b in bound] == [("audit", "WRITE")]
     assert user_secret(kube, "billing")["password"] == secret["password"]  # kept
 
+    # spec.quotas become the user's own client quotas (Kafka's keys); the schema refuses
+    # a negative one before the operator sees it.
+    quoted = user_doc("billing", [write_acl("audit")])
+    quoted["spec"]["quotas"] = {"producerByteRate": 1048576, "controllerMutationRate": 2.5}
+    kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(quoted))
+
+    def billing_quotas() -> Any:
+        return as_operator(authn, "/api/v1/quotas?user=billing")["quotas"]
+
+    want = [
+        {
+            "entity": {"user": "billing"},
+            "quotas": {"producer_byte_rate": 1048576.0, "controller_mutation_rate": 2.5},
+        }
+    ]
+    kube.wait_for(lambda: billing_quotas() == want, 60, "billing's quotas set")
+    quoted["spec"]["quotas"] = {"producerByteRate": -1}
+    refused = kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(quoted), check=False)
+    assert refused.returncode != 0 and "producerByteRate" in refused.stderr, refused.stderr
+
     # A binding the broker refuses (READ means nothing on the cluster): a condition with
     # the broker's reason, and the ACLs stay as they were.
     bad = {"resource": {"type": "cluster"}, "operations": ["Read"]}
@@ -1707,6 +1957,7 @@ def test_user_gets_a_secret_and_exactly_its_acls(kube: Any, authn: PodStandIns) 
     kube.kubectl("delete", "user", "billing", "-n", NS, "--timeout=60s")
     kube.wait_for(lambda: not logs_in(conf), 30, "billing's login refused")
     assert as_operator(authn, "/api/v1/acls?principal=User:billing") == {"acls": []}
+    kube.wait_for(lambda: billing_quotas() == [], 30, "billing's quotas removed")
 
     def secret_gone() -> bool:
         out = kube.kubectl("get", "secret", "billing", "-n", NS, check=False)

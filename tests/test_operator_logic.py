@@ -4,15 +4,32 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 from collections import Counter
+from pathlib import Path
 
 import pytest
+from cryptography import x509
+from straitmq.broker import __main__ as broker_main
 from straitmq.broker.config import BrokerConfig
-from straitmq.operator import cluster, conditions, managed, planning, render, user
+from straitmq.broker.security.listeners import resolve as resolve_listeners
+from straitmq.operator import (
+    certificates,
+    cluster,
+    conditions,
+    listeners,
+    managed,
+    pki,
+    planning,
+    quorum,
+    render,
+    user,
+)
 from straitmq.operator import names as n
 from straitmq.operator.admin import Partition, Topic
 from straitmq.operator.spec import SpecError, parse
 
+from straitmq.node_identity import voter_for_hostname
 from straitmq.settings import add_flags, flag_values
 
 UID = "6f1c2d4e-0000-4000-8000-00000000abcd"
@@ -62,7 +79,8 @@ def test_the_log_cleaners_broker_configs_become_flags() -> None:
 @pytest.mark.parametrize(
     ("spec", "error"),
     [
-        ({"controllers": {"replicas": 2}}, "controllers.replicas must be 3"),
+        ({"controllers": {"replicas": 2}}, "controllers.replicas must be 1, 3 or 5"),
+        ({"controllers": {"replicas": 7}}, "controllers.replicas must be 1, 3 or 5"),
         ({"brokers": {"config": {"log.dirs": "/x"}}}, "log.dirs is not a broker config"),
         ({"brokers": {"config": {"num.partitions": "many"}}}, "must be an integer"),
         ({"brokers": {"config": {"auto.create.topics.enable": "maybe"}}}, "true or false"),
@@ -517,6 +535,320 @@ def test_user_secret_values() -> None:
     assert user.bootstrap_servers(annotated, spec) == "127.0.0.1:1"
 
 
+# ------------------------------------------------------------- external listeners (issue 27)
+
+
+def external(*listeners_: dict, **spec: object) -> dict:
+    return body(listeners={"external": list(listeners_)}, **spec)
+
+
+INGRESS = {
+    "name": "ing",
+    "type": "ingress",
+    "port": 9096,
+    "tls": True,
+    "configuration": {
+        "class": "public",
+        "bootstrap": {"host": "kafka.example.com"},
+        "brokers": [{"broker": b, "host": f"kafka-{b}.example.com"} for b in range(3)],
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("listener", "error"),
+    [
+        ({"name": "Ext", "type": "nodeport", "port": 9094}, "1-11 lowercase"),
+        ({"name": "client", "type": "nodeport", "port": 9094}, "'client' is taken"),
+        ({"name": "ext", "type": "hostport", "port": 9094}, "is not one of internal"),
+        ({"name": "ext", "type": "nodeport", "port": 8080}, "taken by the http listener"),
+        (
+            {"name": "ext", "type": "nodeport", "port": 9094, "authentication": {"type": "tls"}},
+            "tls needs tls: true",
+        ),
+        ({"name": "ing", "type": "ingress", "port": 9096}, "needs tls: true"),
+        (
+            {**INGRESS, "configuration": {"bootstrap": {"host": "k.example.com"}}},
+            "missing: broker 0, broker 1, broker 2",
+        ),
+    ],
+)
+def test_external_listener_spec_errors_say_which_field(listener: dict, error: str) -> None:
+    with pytest.raises(SpecError, match=error):
+        parse(external(listener))
+
+
+def test_two_external_listeners_cannot_share_a_port_or_a_name() -> None:
+    one = {"name": "one", "type": "nodeport", "port": 9094}
+    with pytest.raises(SpecError, match="port 9094 is taken by the one listener"):
+        parse(external(one, {**one, "name": "two"}))
+    with pytest.raises(SpecError, match="'one' is taken"):
+        parse(external(one, {**one, "port": 9095}))
+
+
+def test_external_listeners_render_per_broker_services_ingresses_and_listener_args() -> None:
+    nodeport = {
+        "name": "ext",
+        "type": "nodeport",
+        "port": 9094,
+        "tls": True,
+        "authentication": {"type": "scram-sha-512"},
+        "configuration": {
+            "bootstrap": {"nodePort": 31900},
+            "brokers": [{"broker": 1, "nodePort": 31901}],
+        },
+    }
+    lb = {"name": "lb", "type": "loadbalancer", "port": 9095}
+    inner = {"name": "in", "type": "internal", "port": 9097}
+    s = parse(external(nodeport, lb, INGRESS, inner))
+    assert s.needs_certificates and not s.kafka_tls and not s.http_secured
+    svcs = {o["metadata"]["name"]: o for o in listeners.services(s, 3)}
+    assert set(svcs) == {
+        f"demo-{x}-{b}" for x in ("ext", "lb", "ing") for b in ("bootstrap", 0, 1, 2)
+    }
+    assert svcs["demo-ext-0"]["spec"]["type"] == "NodePort"
+    assert svcs["demo-lb-2"]["spec"]["type"] == "LoadBalancer"
+    assert svcs["demo-ing-1"]["spec"]["type"] == "ClusterIP"
+    assert svcs["demo-ext-bootstrap"]["spec"]["ports"][0]["nodePort"] == 31900
+    assert svcs["demo-ext-1"]["spec"]["ports"][0]["nodePort"] == 31901
+    assert "nodePort" not in svcs["demo-ext-2"]["spec"]["ports"][0]
+    # One broker each (the StatefulSet's pod-name label), the bootstrap all of them;
+    # neither publishes not-ready (terminating) pods.
+    assert svcs["demo-ext-2"]["spec"]["selector"] == {
+        **n.selector("demo", n.BROKER),
+        "statefulset.kubernetes.io/pod-name": "demo-broker-2",
+    }
+    assert svcs["demo-ext-bootstrap"]["spec"]["selector"] == n.selector("demo", n.BROKER)
+    for svc in svcs.values():
+        assert "publishNotReadyAddresses" not in svc["spec"]
+        assert svc["metadata"]["labels"][n.LISTENER_LABEL] in ("ext", "lb", "ing")
+        assert svc["spec"]["ports"][0]["targetPort"] == svc["spec"]["ports"][0]["name"]
+    # Scaling: the per-broker Services follow the broker count.
+    assert {o["metadata"]["name"] for o in listeners.services(s, 5)} >= {"demo-lb-4"}
+    ings = {o["metadata"]["name"]: o for o in listeners.ingresses(s, 3)}
+    assert set(ings) == {"demo-ing-bootstrap", "demo-ing-0", "demo-ing-1", "demo-ing-2"}
+    ing = ings["demo-ing-2"]
+    assert ing["apiVersion"] == "networking.k8s.io/v1"
+    assert ing["metadata"]["annotations"]["nginx.ingress.kubernetes.io/ssl-passthrough"] == "true"
+    assert ing["spec"]["ingressClassName"] == "public"
+    (rule,) = ing["spec"]["rules"]
+    assert rule["host"] == "kafka-2.example.com"
+    backend = rule["http"]["paths"][0]["backend"]["service"]
+    assert backend == {"name": "demo-ing-2", "port": {"number": 9096}}
+    assert ings["demo-ing-bootstrap"]["spec"]["rules"][0]["host"] == "kafka.example.com"
+
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in render.objects(s, 3)}
+    boot_ports = {p["name"] for p in objs[("Service", "demo-bootstrap")]["spec"]["ports"]}
+    assert boot_ports == {"kafka", "http", "ext-in"}  # the internal one's port too
+    sts = objs[("StatefulSet", "demo-broker")]["spec"]["template"]["spec"]
+    (c,) = sts["containers"]
+    args = c["args"]
+    assert not any(a.startswith("--advertise=") for a in args)
+    assert "--properties=/opt/straitmq/advertised/$(POD_NAME).properties" in args
+    assert (
+        "--override=listeners=PLAINTEXT://0.0.0.0:9092,EXT_EXT://0.0.0.0:9094,"
+        "EXT_LB://0.0.0.0:9095,EXT_ING://0.0.0.0:9096,EXT_IN://0.0.0.0:9097"
+    ) in args
+    assert (
+        "--override=listener.security.protocol.map=PLAINTEXT:PLAINTEXT,EXT_EXT:SASL_SSL,"
+        "EXT_LB:PLAINTEXT,EXT_ING:SSL,EXT_IN:PLAINTEXT"
+    ) in args
+    assert "--override=inter.broker.listener.name=PLAINTEXT" in args
+    assert "--override=listener.name.ext_ext.sasl.enabled.mechanisms=SCRAM-SHA-512" in args
+    assert (
+        "--override=listener.name.ext_ing.ssl.keystore.location=/opt/straitmq/certs/$(POD_NAME).pem"
+    ) in args
+    assert {p["name"] for p in c["ports"]} >= {"ext-ext", "ext-lb", "ext-ing", "ext-in"}
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert mounts[n.ADVERTISED_VOLUME] == "/opt/straitmq/advertised"
+    assert mounts[n.CERTS_VOLUME] == "/opt/straitmq/certs"  # a TLS listener: certificates
+    assert ("ConfigMap", "demo-advertised") in objs
+
+    flags = [a for a in args if a.startswith("--shutdown-readiness-probes=")]
+    assert flags == [f"--shutdown-readiness-probes={render.BROKER_READINESS_FAILURES + 1}"]
+    assert c["readinessProbe"]["periodSeconds"] == render.BROKER_READINESS_PERIOD_S
+    assert c["readinessProbe"]["failureThreshold"] == render.BROKER_READINESS_FAILURES
+    assert BrokerConfig().shutdown_readiness_probes == 0  # off outside Kubernetes
+
+
+def test_the_broker_takes_the_rendered_listeners_and_its_pods_file(tmp_path: Path) -> None:
+    lb = {
+        "name": "lb",
+        "type": "loadbalancer",
+        "port": 9095,
+        "authentication": {"type": "scram-sha-256"},
+    }
+    s = parse(external(lb))
+    stored = _stored(s, 1)
+    stored["demo-lb-0"]["status"] = {"loadBalancer": {"ingress": [{"ip": "198.51.100.7"}]}}
+    a = listeners.resolve(s, 1, stored, {})
+    (c,) = render.broker_statefulset(s, 1)["spec"]["template"]["spec"]["containers"]
+    for name, text in listeners.advertised_properties(s, 1, a).items():
+        (tmp_path / name).write_text(text)
+    env = {"POD_NAME": "demo-broker-0", "POD_NAMESPACE": "prod", "STRAIT_CLUSTER_ID": "x"}
+    env["STRAIT_CONTROLLER_VOTERS"] = "1000@c:9093"
+    args = [
+        re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], x).replace(
+            n.ADVERTISED_DIR, str(tmp_path)
+        )
+        for x in c["args"]
+    ]
+    # As in the pod, where the host name is the pod's (demo-broker-0) and gives the id.
+    cfg = broker_main.parse_args([x if x != "--node-id=auto" else "--node-id=0" for x in args])
+    specs = {x.name: x for x in resolve_listeners(cfg)}
+    assert list(specs) == ["PLAINTEXT", "EXT_LB"]  # the inter-broker one first
+    assert specs["EXT_LB"].protocol == "SASL_PLAINTEXT" and specs["EXT_LB"].port == 9095
+    assert (specs["EXT_LB"].advertised_host, specs["EXT_LB"].advertised_port) == (
+        "198.51.100.7",
+        9095,
+    )
+    assert specs["PLAINTEXT"].advertised_host == "demo-broker-0.demo-broker.prod.svc"
+    assert cfg.shutdown_readiness_probes == render.BROKER_READINESS_FAILURES + 1
+
+
+def test_kafka_tls_cluster_keeps_its_listeners_and_adds_the_external_ones() -> None:
+    ext = {"name": "ext", "type": "nodeport", "port": 9094, "tls": True}
+    kafka = {"tls": True, "authentication": {"type": "scram-sha-512"}}
+    s = parse(body(listeners={"kafka": kafka, "external": [ext]}))
+    (c,) = render.broker_statefulset(s, 3)["spec"]["template"]["spec"]["containers"]
+    args = c["args"]
+    # advertised.listeners comes from the pod's file only (an --override would win).
+    assert not any(a.startswith("--override=advertised.listeners=") for a in args)
+    assert (
+        "--override=listeners=REPLICATION://0.0.0.0:9091,CLIENT://0.0.0.0:9092,"
+        "EXT_EXT://0.0.0.0:9094"
+    ) in args
+    assert (
+        "--override=listener.security.protocol.map=REPLICATION:SSL,CLIENT:SASL_SSL,EXT_EXT:SSL"
+    ) in args
+    assert "--override=inter.broker.listener.name=REPLICATION" in args
+    assert sum(a.startswith("--override=listeners=") for a in args) == 1
+    props = listeners.advertised_properties(s, 1, listeners.Addresses())
+    assert props == {
+        "demo-broker-0.properties": "advertised.listeners="
+        "REPLICATION://demo-broker-0.demo-broker.prod.svc:9091,"
+        "CLIENT://demo-broker-0.demo-broker.prod.svc:9092,"
+        "EXT_EXT://demo-broker-0.demo-broker.prod.svc:9094\n"
+    }
+
+
+def _stored(s: object, brokers: int) -> dict[str, dict]:
+    return {o["metadata"]["name"]: o for o in listeners.services(s, brokers)}  # type: ignore[arg-type]
+
+
+def test_addresses_come_from_node_ports_load_balancer_status_hosts_and_overrides() -> None:
+    nodeport = {
+        "name": "ext",
+        "type": "nodeport",
+        "port": 9094,
+        "tls": True,
+        "configuration": {"brokers": [{"broker": 2, "advertisedHost": "edge.example.com"}]},
+    }
+    lb = {
+        "name": "lb",
+        "type": "loadbalancer",
+        "port": 9095,
+        "tls": True,
+        "configuration": {"brokers": [{"broker": 0, "advertisedPort": 19095}]},
+    }
+    s = parse(external(nodeport, lb, INGRESS))
+    stored = _stored(s, 3)
+    for i, name in enumerate(["demo-ext-bootstrap", "demo-ext-0", "demo-ext-1", "demo-ext-2"]):
+        stored[name]["spec"]["ports"][0]["nodePort"] = 31000 + i
+    stored["demo-lb-1"]["status"] = {"loadBalancer": {"ingress": [{"hostname": "lb1.aws"}]}}
+    # Broker 1 not scheduled yet: advertised at another broker's node (node ports
+    # answer on every node).
+    a = listeners.resolve(s, 3, stored, {0: "192.0.2.10", 2: "192.0.2.12"})
+    assert a.brokers["ext"] == {
+        0: ("192.0.2.10", 31001),
+        1: ("192.0.2.10", 31002),
+        2: ("edge.example.com", 31003),
+    }
+    assert a.bootstrap["ext"] == ("192.0.2.10", 31000)
+    # No load balancer address yet for 0 and 2 (0's override has a port, not a host).
+    assert a.brokers["lb"] == {0: None, 1: ("lb1.aws", 9095), 2: None}
+    assert a.bootstrap["lb"] is None
+    assert a.brokers["ing"][1] == ("kafka-1.example.com", 443)
+    assert a.bootstrap["ing"] == ("kafka.example.com", 443)
+    assert a.pending(3) == ["lb"]
+    assert listeners.unknown(a, range(1, 2)) == []
+    assert listeners.unknown(a, range(2, 3)) == ["lb"]
+    # Until a load balancer has an address its broker advertises its pod DNS name.
+    props = listeners.advertised_properties(s, 3, a)["demo-broker-0.properties"]
+    assert props == (
+        "advertised.listeners=PLAINTEXT://demo-broker-0.demo-broker.prod.svc:9092,"
+        "EXT_EXT://192.0.2.10:31001,EXT_LB://demo-broker-0.demo-broker.prod.svc:9095,"
+        "EXT_ING://kafka-0.example.com:443\n"
+    )
+    stored["demo-lb-0"]["status"] = {"loadBalancer": {"ingress": [{"ip": "198.51.100.7"}]}}
+    stored["demo-lb-2"]["status"] = {"loadBalancer": {"ingress": [{"ip": "198.51.100.9"}]}}
+    stored["demo-lb-bootstrap"]["status"] = {"loadBalancer": {"ingress": [{"ip": "198.51.100.1"}]}}
+    a = listeners.resolve(s, 3, stored, {0: "192.0.2.10", 2: "192.0.2.12"})
+    assert a.pending(3) == []
+    assert a.brokers["lb"][0] == ("198.51.100.7", 19095)
+    # The certificate: every TLS listener's address of this broker and its bootstraps.
+    names = certificates.broker_dns_names(s, 0, a)
+    assert names[:2] == [
+        "demo-broker-0.demo-broker.prod.svc",
+        "demo-broker-0.demo-broker.prod.svc.cluster.local",
+    ]
+    assert set(names[4:]) == {
+        "192.0.2.10",
+        "198.51.100.7",
+        "198.51.100.1",
+        "kafka-0.example.com",
+        "kafka.example.com",
+    }
+    assert listeners.status(s, 3, a) == [
+        {
+            "name": "ext",
+            "type": "nodeport",
+            "bootstrapServers": "192.0.2.10:31000",
+            "addresses": ["192.0.2.10:31001", "192.0.2.10:31002", "edge.example.com:31003"],
+        },
+        {
+            "name": "lb",
+            "type": "loadbalancer",
+            "bootstrapServers": "198.51.100.1:9095",
+            "addresses": ["198.51.100.7:19095", "lb1.aws:9095", "198.51.100.9:9095"],
+        },
+        {
+            "name": "ing",
+            "type": "ingress",
+            "bootstrapServers": "kafka.example.com:443",
+            "addresses": [f"kafka-{b}.example.com:443" for b in range(3)],
+        },
+    ]
+
+
+def test_certificates_carry_ip_addresses_as_ip_sans() -> None:
+    key, crt = pki.new_ca("demo", "prod")
+    names = ["demo-broker-0.demo-broker.prod.svc", "172.31.255.1", "kafka.example.com"]
+    _, c = pki.issue(key, crt, "demo-broker", names)
+    cert = pki.certificate(c)
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["172.31.255.1"]
+    assert "172.31.255.1" not in san.get_values_for_type(x509.DNSName)
+    assert sorted(pki.dns_names(cert)) == sorted(names)
+    assert pki.needs_new(c, crt, names) is None
+    assert pki.needs_new(c, crt, [*names, "172.31.255.2"]) == "its DNS names changed"
+
+
+def test_pod_template_hash_follows_the_listeners_not_their_addresses() -> None:
+    one = {"name": "ext", "type": "nodeport", "port": 9094}
+    plain = render.config_hash(parse(body()))
+    with_one = render.config_hash(parse(external(one)))
+    assert plain != with_one
+    assert render.config_hash(parse(external({**one, "tls": True}))) != with_one
+    # An override changes what a broker advertises (its own file), not the template.
+    moved = {**one, "configuration": {"brokers": [{"broker": 0, "advertisedHost": "x.example"}]}}
+    assert render.config_hash(parse(external(moved))) == with_one
+    # The controllers do not restart for a listener.
+    ctl = render.controller_statefulset(parse(external(one)))["spec"]["template"]
+    plain_ctl = render.controller_statefulset(parse(body()))["spec"]["template"]
+    assert ctl == plain_ctl
+
+
 # --- pausing, manual rolls, status phases, the managed record ----------------------------
 
 
@@ -678,3 +1010,212 @@ def test_the_record_sweeps_what_no_resource_claims() -> None:
     (owner,) = cm["metadata"]["ownerReferences"]
     assert owner["uid"] == UID and owner["kind"] == "MQCluster"
     assert cm["metadata"]["name"] == n.managed_config_map("demo") == "demo-managed"
+
+
+# --- the controller quorum (spec.controllers.replicas: 1, 3 or 5) ----------------------
+
+
+def test_static_voters_are_the_first_set_whatever_the_spec_says_now() -> None:
+    five = parse(body(controllers={"replicas": 5}))
+    assert (five.controllers, five.first_voters, five.initial_voters) == (5, None, 5)
+    cm = render.config_map(five)["data"]["STRAIT_CONTROLLER_VOTERS"].split(",")
+    assert [v.split("@")[0] for v in cm] == ["1000", "1001", "1002", "1003", "1004"]
+    # Created with three, now asked for five: the pods still start with the three (the
+    # voter set is log data), so the pod template, and its hash, do not change.
+    three = parse(body())
+    grown = body(controllers={"replicas": 5})
+    grown["status"] = {"controllers": {"initialVoters": 3}}
+    g = parse(grown)
+    assert g.initial_voters == 3
+    assert render.config_map(g)["data"] == render.config_map(three)["data"]
+    assert render.config_hash(g) == render.config_hash(three)
+    objs = {o["metadata"]["name"]: o for o in render.objects(g, 3, controller_replicas=4)}
+    assert objs["demo-controller"]["spec"]["replicas"] == 4  # the reconciler's choice
+    objs = {o["metadata"]["name"]: o for o in render.objects(g, 3)}
+    assert objs["demo-controller"]["spec"]["replicas"] == 5
+    # One controller: one static voter, one pod.
+    one = parse(body(controllers={"replicas": 1}))
+    assert render.voters(one) == "1000@demo-controller-0.demo-controller.prod.svc:9093"
+    assert render.controller_statefulset(one)["spec"]["replicas"] == 1
+
+
+def test_a_controller_pod_beyond_the_first_voters_gets_its_ordinals_id() -> None:
+    voters = {1000 + i: f"http://demo-controller-{i}.demo-controller.ns.svc:9093" for i in range(3)}
+    assert voter_for_hostname(voters, "demo-controller-1") == 1001
+    assert voter_for_hostname(voters, "demo-controller-4") == 1004  # joins as an observer
+    with pytest.raises(ValueError, match="matches 0 of the voters"):
+        voter_for_hostname(voters, "other-controller-4")
+    # Voters numbered without one base: no guess.
+    odd = {7: "http://demo-controller-0.x:9093", 9: "http://demo-controller-1.x:9093"}
+    with pytest.raises(ValueError):
+        voter_for_hostname(odd, "demo-controller-3")
+
+
+def qview(
+    voters: dict[int, str | None],
+    leader: int = 1000,
+    observers: list[dict] | None = None,
+    pending: bool = False,
+    down: tuple[int, ...] = (),
+) -> dict:
+    """The admin API's /api/v1/quorum: voters {id: directory id}, all caught up unless
+    `down`."""
+    return {
+        "leader_id": leader,
+        "voters": [
+            {
+                "node_id": i,
+                "directory_id": d,
+                "reachable": i not in down,
+                "lag": None if i in down else 0,
+            }
+            for i, d in voters.items()
+        ],
+        "observers": observers or [],
+        "voter_change_pending": pending,
+    }
+
+
+def cpod(i: int, directory: str | None = None, ready: bool = True) -> quorum.ControllerPod:
+    st = {"node_id": 1000 + i, "directory_id": directory or f"d{i}"}
+    return quorum.ControllerPod(i, ready, st)
+
+
+def obs(i: int, directory: str | None = None, lag: int = 0) -> dict:
+    return {"node_id": 1000 + i, "directory_id": directory or f"d{i}", "lag": lag}
+
+
+THREE = {1000: "d0", 1001: "d1", 1002: "d2"}
+FIVE = {**THREE, 1003: "d3", 1004: "d4"}
+
+
+def test_quorum_plan_idle_unknown_pending_and_foreign() -> None:
+    idle = quorum.plan(3, 3, qview(THREE), {})
+    assert (idle.action, idle.replicas, idle.changing) == (quorum.IDLE, 3, False)
+    assert not quorum.wants_pod_status(qview(THREE), 3)
+    # The quorum unknown: nothing changes, the StatefulSet may grow but never shrinks.
+    blind = quorum.plan(3, 5, None, {})
+    assert (blind.action, blind.replicas) == (quorum.WAIT, 5)
+    assert quorum.plan(5, 3, None, {}).replicas == 5
+    # A change not committed yet: wait, whatever else is due.
+    pending = quorum.plan(5, 5, qview(THREE, pending=True), {i: cpod(i) for i in range(5)})
+    assert (pending.action, pending.changing) == (quorum.WAIT, True)
+    # Voters that are no pod of this cluster (added by hand): never touched.
+    foreign = quorum.plan(3, 3, qview({1001: "a", 1002: "b", 1003: "c"}), {})
+    assert foreign.action == quorum.UNMANAGED and "1003" in foreign.reason
+
+
+def test_quorum_plan_scale_up_adds_the_lowest_caught_up_pod_one_at_a_time() -> None:
+    view = qview(THREE)
+    assert quorum.wants_pod_status(view, 5)
+    # The StatefulSet grows first; the new pod must be Ready, answer, and follow.
+    step = quorum.plan(5, 3, view, {i: cpod(i) for i in range(3)})
+    assert (step.action, step.replicas, step.node_id) == (quorum.WAIT, 5, 1003)
+    assert "not Ready" in step.reason and step.changing
+    pods = {i: cpod(i) for i in range(5)}
+    step = quorum.plan(5, 5, view, {**pods, 3: cpod(3, ready=False)})
+    assert step.action == quorum.WAIT and "not Ready" in step.reason
+    step = quorum.plan(5, 5, view, pods)
+    assert step.action == quorum.WAIT and "not fetching" in step.reason
+    step = quorum.plan(5, 5, qview(THREE, observers=[obs(3, lag=5000), obs(4)]), pods)
+    assert step.action == quorum.WAIT and "catching up" in step.reason
+    step = quorum.plan(5, 5, qview(THREE, observers=[obs(3), obs(4)]), pods)
+    assert (step.action, step.node_id, step.ordinal) == (quorum.ADD, 1003, 3)
+    step = quorum.plan(5, 5, qview({**THREE, 1003: "d3"}, observers=[obs(4)]), pods)
+    assert (step.action, step.node_id) == (quorum.ADD, 1004)
+    done = quorum.plan(5, 5, qview(FIVE), pods)
+    assert done.action == quorum.IDLE and done.replicas == 5
+    # One to three: the same, from a single voter.
+    step = quorum.plan(3, 3, qview({1000: "d0"}, observers=[obs(1), obs(2)]), pods)
+    assert (step.action, step.node_id) == (quorum.ADD, 1001)
+
+
+def test_quorum_plan_scale_down_removes_the_leader_last_and_shrinks_after() -> None:
+    pods = {i: cpod(i) for i in range(5)}
+    # The leader is 1004: 1003 goes first, the StatefulSet keeps every voter's pod.
+    step = quorum.plan(3, 5, qview(FIVE, leader=1004), pods)
+    assert (step.action, step.node_id, step.directory_id) == (quorum.REMOVE, 1003, "d3")
+    assert step.replicas == 5
+    left = {k: v for k, v in FIVE.items() if k != 1003}
+    step = quorum.plan(3, 5, qview(left, leader=1004), pods)
+    assert (step.action, step.node_id) == (quorum.REMOVE, 1004)
+    assert "hands over" in step.reason and step.replicas == 5
+    # Removed: only now may the StatefulSet shrink below those pods.
+    done = quorum.plan(3, 5, qview(THREE, leader=1001), pods)
+    assert (done.action, done.replicas) == (quorum.IDLE, 3)
+    # Never below a majority of live voters: one of five down, removing 1004 leaves
+    # three live of four; two down, it would leave two of four.
+    step = quorum.plan(3, 5, qview(FIVE, leader=1000, down=(1001,)), pods)
+    assert (step.action, step.node_id) == (quorum.REMOVE, 1004)
+    step = quorum.plan(3, 5, qview(FIVE, leader=1000, down=(1001, 1002)), pods)
+    assert step.action == quorum.WAIT and "majority" in step.reason and step.replicas == 5
+    # Down to one: three voters, then two, then the leader's own.
+    step = quorum.plan(1, 3, qview(THREE, leader=1001), pods)
+    assert (step.action, step.node_id) == (quorum.REMOVE, 1002)
+
+
+def test_quorum_plan_replaces_a_voter_whose_storage_is_new() -> None:
+    # Pod 1's PVC was lost: it is back with directory "new" (its own status says so).
+    pods = {0: cpod(0), 1: cpod(1, "new"), 2: cpod(2)}
+    view = qview(THREE, down=(1001,), observers=[obs(1, "new")])
+    assert quorum.wants_pod_status(view, 3)
+    step = quorum.plan(3, 3, view, pods)
+    assert (step.action, step.node_id, step.directory_id) == (quorum.REMOVE, 1001, "d1")
+    # The leader's observers alone tell it too (the pod not asked).
+    assert quorum.plan(3, 3, view, {}).action == quorum.REMOVE
+    # Removed: it is a missing voter, added back (with its new storage) once caught up.
+    gone = {1000: "d0", 1002: "d2"}
+    step = quorum.plan(3, 3, qview(gone, observers=[obs(1, "new", lag=900)]), pods)
+    assert step.action == quorum.WAIT and "catching up" in step.reason
+    step = quorum.plan(3, 3, qview(gone, observers=[obs(1, "new")]), pods)
+    assert (step.action, step.node_id, step.directory_id) == (quorum.ADD, 1001, "new")
+    # A static voter never pinned (no directory id in the set): any storage counts as it.
+    static = {1000: None, 1001: None, 1002: None}
+    assert quorum.plan(3, 3, qview(static), pods).action == quorum.IDLE
+    # Not when the rest cannot keep a majority: one voter, its storage lost.
+    step = quorum.plan(1, 1, qview({1000: "d0"}, down=(1000,), leader=-1), {0: cpod(0, "x")})
+    assert step.action == quorum.WAIT and "majority" in step.reason
+
+
+def test_status_counts_the_controllers_asked_for_and_shows_the_voters() -> None:
+    events: list = []
+    r = cluster.ClusterReconciler(None, lambda *e: events.append(e))  # type: ignore[arg-type]
+    spec = parse(body(controllers={"replicas": 5}))
+    ctl = {"spec": {"replicas": 5}, "status": {"readyReplicas": 5, "replicas": 5}}
+    sets = {n.BROKER: sts(3), n.CONTROLLER: ctl}
+    seen = healthy()
+    seen.quorum = qview(FIVE)
+    p = cluster.Pass(quorum_step=quorum.plan(5, 5, seen.quorum, {}))
+    st = r._status(spec, {"phase": "Ready"}, 2, seen, p, 3, sets)
+    assert st["phase"] == "Ready"
+    c = st["controllers"]
+    assert (c["replicas"], c["ready"], c["initialVoters"], c["leader"]) == (5, 5, 5, 1000)
+    assert c["voters"][3] == {"id": 1003, "directoryId": "d3"} and c["change"] is None
+    # Four of five Ready outside a change: Degraded, and the message counts five.
+    ctl["status"]["readyReplicas"] = 4
+    st = r._status(spec, {"phase": "Ready"}, 2, seen, cluster.Pass(), 3, sets)
+    degraded = conditions.get_condition(st["conditions"], "Degraded")
+    assert degraded["reason"] == "PodsNotReady" and "4/5 controllers" in degraded["message"]
+    # Growing from three: the two new pods not Ready yet is the change, not a fault.
+    seen.quorum = qview(THREE)
+    step = quorum.plan(5, 5, seen.quorum, {i: cpod(i) for i in range(3)})
+    ctl["status"]["readyReplicas"] = 3
+    st = r._status(spec, {"phase": "Ready"}, 2, seen, cluster.Pass(quorum_step=step), 3, sets)
+    assert st["phase"] == "Ready"
+    change = st["controllers"]["change"]
+    assert change == {"action": "wait", "nodeId": 1003, "directoryId": None, "refused": None}
+
+
+def test_controller_urls_are_pod_dns_names_unless_the_annotation_says_otherwise() -> None:
+    mq = body()
+    spec = parse(mq)
+    assert cluster.controller_url(mq, spec, 4) == (
+        "http://demo-controller-4.demo-controller.prod.svc:9093"
+    )
+    mq["metadata"]["annotations"] = {
+        n.CONTROLLER_URLS_ANNOTATION: '{"0": "http://127.0.0.1:7000", "4": "http://h:1"}'
+    }
+    assert cluster.controller_url(mq, spec, 4) == "http://h:1"
+    assert cluster.controller_url(mq, spec, 1).startswith("http://demo-controller-1.")
+    mq["metadata"]["annotations"] = {n.CONTROLLER_URLS_ANNOTATION: "not json"}
+    assert cluster.controller_url(mq, spec, 0).startswith("http://demo-controller-0.")

@@ -122,6 +122,11 @@ class FakeKube:
                 raise refusal()
         return obj
 
+    async def list_objects(
+        self, api_version: str, kind: str, namespace: str, selector: str
+    ) -> list[dict[str, Any]]:
+        return []  # no external listeners: none of their Services or Ingresses
+
     async def get_custom(self, plural: str, namespace: str, name: str) -> Any:
         return mqcluster("2Gi")
 

@@ -8,7 +8,9 @@ Prints the figures (time to add a voter, metadata commit latency during a change
 
 from __future__ import annotations
 
+import asyncio
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -19,6 +21,8 @@ from pathlib import Path
 import pytest
 from cluster_support import Cluster, cluster_factory, wait_for
 from straitmq.cli.local_cluster import Node, free_port
+from straitmq.operator import quorum
+from straitmq.operator.admin import AdminClient
 
 from straitmq.admin_client import AdminError, request_sync
 
@@ -277,3 +281,77 @@ def _try_remove(url: str, cid: int) -> str:
     except AdminError as e:
         return e.message
     raise AssertionError(f"removing {cid} was not refused")
+
+
+def test_the_operators_planner_and_calls_change_a_real_quorum(cluster) -> None:
+    """The operator's quorum planner on the real /api/v1/quorum view, and its admin calls
+    on the brokers' API: a controller that joins as an observer (id 1000: pod 0 in the
+    operator's numbering) is added once caught up, then an extra voter is removed, the
+    leader last. (The Kubernetes side, the StatefulSet and the pods, is
+    test_operator_k8s's and the real-node tier's.)"""
+    c = cluster(brokers=1)
+    url = broker_url(c)
+    joining = start_joining_controller(c, 1000)
+    own = f"http://127.0.0.1:{joining.http_port}"
+
+    def view() -> dict:
+        return request_sync(url, "GET", "/api/v1/quorum", None, 10)
+
+    def pod(i: int) -> quorum.ControllerPod:
+        node = c.controllers[1000 + i]
+        return quorum.ControllerPod(i, node.alive(), node.get("/api/v1/quorum"))
+
+    def pods() -> dict[int, quorum.ControllerPod]:
+        return {i: pod(i) for i in range(4) if 1000 + i in c.controllers}
+
+    # Voters 1001-1003 on "pods" 1-3, asked for four: 1000 is missing, added once caught up.
+    step = wait_for(
+        lambda: (s := quorum.plan(4, 4, view(), pods())).action == quorum.ADD and s,
+        30,
+        "the planner's add",
+    )
+    assert (step.node_id, step.ordinal, step.directory_id) == (
+        1000,
+        0,
+        joining.get("/api/v1/quorum")["directory_id"],
+    )
+
+    async def call(fn: str, *args: object) -> dict:
+        async with AdminClient(url, 20.0) as admin:
+            return await getattr(admin, fn)(*args)
+
+    asyncio.run(call("add_voter", own, 15.0))
+    assert voter_ids(c) == {1000, 1001, 1002, 1003}
+    assert quorum.plan(4, 4, view(), pods()).action == quorum.IDLE
+    # Asked for three: 1003 goes (on "pod" 3: the StatefulSet keeps it until removed).
+    step = quorum.plan(3, 4, view(), pods())
+    assert step.action == quorum.REMOVE and step.node_id == 1003 and step.replicas == 4, step
+    asyncio.run(call("remove_voter", step.node_id, step.directory_id, 15.0))
+    assert voter_ids(c) == {1000, 1001, 1002}
+    done = quorum.plan(3, 4, view(), pods())
+    assert (done.action, done.replicas) == (quorum.IDLE, 3)
+
+    # 1000's storage is lost (its PVC): it comes back empty, with a new directory id. The
+    # planner replaces its voter: remove the old (id, directory), add it back once caught up.
+    old_dir = next(v for v in view()["voters"] if v["node_id"] == 1000)["directory_id"]
+    joining.kill9()
+    shutil.rmtree(os.path.join(c.data_dir, "controller-1000"))
+    joining.start()
+    step = wait_for(
+        lambda: (s := quorum.plan(3, 3, view(), pods())).action == quorum.REMOVE and s,
+        30,
+        "the planner's replacement",
+    )
+    assert (step.node_id, step.directory_id) == (1000, old_dir), step
+    asyncio.run(call("remove_voter", step.node_id, step.directory_id, 15.0))
+    step = wait_for(
+        lambda: (s := quorum.plan(3, 3, view(), pods())).action == quorum.ADD and s,
+        30,
+        "the planner's add of the new storage",
+    )
+    new_dir = joining.get("/api/v1/quorum")["directory_id"]
+    assert step.node_id == 1000 and step.directory_id == new_dir != old_dir, step
+    asyncio.run(call("add_voter", own, 15.0))
+    got = {v["node_id"]: v["directory_id"] for v in view()["voters"]}
+    assert set(got) == {1000, 1001, 1002} and got[1000] == new_dir
+    assert quorum.plan(3, 3, view(), pods()).action == quorum.IDLE

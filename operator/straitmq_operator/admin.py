@@ -81,6 +81,21 @@ class AdminClient(BaseAdminClient):
     async def quorum(self) -> dict[str, Any]:
         return await self.get("/api/v1/quorum")
 
+    async def add_voter(self, controller_url: str, timeout_s: float) -> dict[str, Any]:
+        """Make the controller at `controller_url` a voter (the cluster asks it for its id
+        and directory id); answered once committed, or refused with the reason."""
+        body = {"controller_url": controller_url, "timeout_s": timeout_s}
+        return await self.request("POST", "/api/v1/quorum/voters", body)
+
+    async def remove_voter(
+        self, node_id: int, directory_id: str | None, timeout_s: float
+    ) -> dict[str, Any]:
+        """Remove voter (node_id, directory_id); answered once committed."""
+        query = f"?timeout_s={timeout_s:g}"
+        if directory_id:
+            query += f"&directory_id={quote(directory_id, safe='')}"
+        return await self.request("DELETE", f"/api/v1/quorum/voters/{node_id}{query}")
+
     async def topics(self, internal: bool = True) -> list[Topic]:
         path = "/api/v1/topics" + ("?internal=true" if internal else "")
         return [_topic(t) for t in (await self.get(path))["topics"]]
@@ -177,3 +192,17 @@ class AdminClient(BaseAdminClient):
         self, create: list[dict[str, Any]], delete: list[dict[str, Any]]
     ) -> dict[str, Any]:
         return await self.request("POST", "/api/v1/acls", {"create": create, "delete": delete})
+
+    async def user_quotas(self, user: str) -> dict[str, float]:
+        """The client quotas of the user's own entity (user=<user>, no client id)."""
+        got = await self.get(f"/api/v1/quotas?user={quote(user, safe='')}")
+        for q in got["quotas"]:
+            if q["entity"] == {"user": user}:
+                return dict(q["quotas"])
+        return {}
+
+    async def alter_user_quotas(self, user: str, quotas: dict[str, float | None]) -> None:
+        """Set (a number) or remove (None) quota keys of the user's own entity, as
+        AlterClientQuotas."""
+        entry = {"entity": {"user": user}, "quotas": quotas}
+        await self.request("POST", "/api/v1/quotas", {"entries": [entry]})

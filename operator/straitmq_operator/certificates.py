@@ -33,9 +33,10 @@ from typing import Any
 
 from straitmq.admin_client import AdminAuth
 
+from . import listeners, pki
 from . import names as n
-from . import pki
 from .kube import Kube
+from .listeners import Addresses
 from .render import owner_reference
 from .spec import ClusterSpec
 
@@ -43,10 +44,15 @@ OLD_CA = "old-ca.crt"  # in <cluster>-cluster-ca during a rollover: the previous
 RENEWED_AT = "renewed-at"  # ... and when the new one was made (ISO 8601)
 
 
-def broker_dns_names(spec: ClusterSpec, ordinal: int) -> list[str]:
+def broker_dns_names(
+    spec: ClusterSpec, ordinal: int, addresses: Addresses | None = None
+) -> list[str]:
+    """The pod's names, the bootstrap Service's, and the names and IP addresses clients
+    of its TLS external listeners reach it by (its own, the listener's bootstrap)."""
     pod = n.pod_dns(spec.name, n.BROKER, ordinal, spec.namespace)
     boot = f"{n.bootstrap_service(spec.name)}.{spec.namespace}.svc"
-    return [pod, f"{pod}.cluster.local", boot, f"{boot}.cluster.local"]
+    names = [pod, f"{pod}.cluster.local", boot, f"{boot}.cluster.local"]
+    return names + [h for h in listeners.dns_names(spec, ordinal, addresses) if h not in names]
 
 
 def controller_dns_names(spec: ClusterSpec, ordinal: int) -> list[str]:
@@ -75,10 +81,19 @@ def _secret(spec: ClusterSpec, name: str, data: dict[str, str]) -> dict[str, Any
 
 
 async def ensure(
-    kube: Kube, spec: ClusterSpec, brokers: int, emit: Any, now: datetime | None = None
+    kube: Kube,
+    spec: ClusterSpec,
+    brokers: int,
+    emit: Any,
+    now: datetime | None = None,
+    addresses: Addresses | None = None,
+    controllers: int | None = None,
 ) -> list[str]:
-    """Make the CA if there is none and issue what brokers 0..brokers-1 lack; returns
-    the keystores issued this pass (pod names with why), for the caller's Event."""
+    """Make the CA if there is none and issue what brokers 0..brokers-1 (and, on a
+    secured cluster, controllers 0..controllers-1: spec.controllers.replicas when not
+    given) lack; returns the keystores issued this pass (pod names with why), for the
+    caller's Event. `addresses`: the external listeners' (their names go into the
+    brokers' SANs)."""
     ns = spec.namespace
     at = now or datetime.now(UTC)
     ca_name = n.cluster_ca_secret(spec.name)
@@ -114,14 +129,22 @@ async def ensure(
         await kube.apply(_secret(spec, public_name, {"ca.crt": bundle}))
 
     issued = await _keystores(
-        kube, spec, n.BROKER, range(brokers), broker_dns_names, ca, bundle, at, still_serving
+        kube,
+        spec,
+        n.BROKER,
+        range(brokers),
+        lambda s, i: broker_dns_names(s, i, addresses),
+        ca,
+        bundle,
+        at,
+        still_serving,
     )
     if spec.http_secured:
         issued += await _keystores(
             kube,
             spec,
             n.CONTROLLER,
-            range(3),
+            range(spec.controllers if controllers is None else controllers),
             controller_dns_names,
             ca,
             bundle,

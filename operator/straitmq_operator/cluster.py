@@ -8,16 +8,20 @@ operator restart picks up where the last one stopped.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+import orjson
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 
-from . import certificates, managed, planning, render
+from straitmq.admin_client import AdminAuth
+
+from . import certificates, listeners, managed, planning, quorum, render
 from . import names as n
 from .admin import AdminClient, AdminError, Topic
 from .conditions import get_condition, set_condition
@@ -46,6 +50,22 @@ def admin_url(body: dict[str, Any], spec: ClusterSpec) -> str:
         return override
     scheme = "https" if spec.http_secured else "http"
     return f"{scheme}://{n.bootstrap_service(spec.name)}.{spec.namespace}.svc:{spec.http_port}"
+
+
+def controller_url(body: dict[str, Any], spec: ClusterSpec, i: int) -> str:
+    """Controller pod i's own quorum API: its pod DNS name (where the brokers and the
+    other voters reach it too), unless the controller-urls annotation names another."""
+    raw = (body.get("metadata", {}).get("annotations") or {}).get(n.CONTROLLER_URLS_ANNOTATION)
+    if raw:
+        try:
+            urls = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            urls = None
+        if isinstance(urls, dict) and isinstance(urls.get(str(i)), str):
+            return urls[str(i)]
+    scheme = "https" if spec.http_secured else "http"
+    host = n.pod_dns(spec.name, n.CONTROLLER, i, spec.namespace)
+    return f"{scheme}://{host}:{spec.controller_port}"
 
 
 def manual_roll(body: dict[str, Any]) -> bool:
@@ -112,6 +132,10 @@ class Pass:
     degraded: tuple[str, str] | None = None
     scaling: dict[str, Any] | None = None
     rolling: dict[str, Any] | None = None
+    # The controller quorum's next step (quorum.plan); None: the cluster is being made.
+    quorum_step: quorum.Step | None = None
+    quorum_error: str | None = None  # why the step's call was refused
+    addresses: listeners.Addresses | None = None  # the external listeners'
 
 
 class ClusterReconciler:
@@ -144,14 +168,28 @@ class ClusterReconciler:
         sts_name = n.statefulset(spec.name, n.BROKER)
         sts = await self.kube.get("apps/v1", "StatefulSet", spec.namespace, sts_name)
         current = sts["spec"]["replicas"] if sts else None
+        ctl_name = n.statefulset(spec.name, n.CONTROLLER)
+        ctl_sts = await self.kube.get("apps/v1", "StatefulSet", spec.namespace, ctl_name)
+        ctl_current = ctl_sts["spec"]["replicas"] if ctl_sts else None
+        if spec.first_voters is None:
+            # The status does not say how many controllers the cluster was made with:
+            # one made before it was kept had 3; a new one starts with the spec's.
+            spec = replace(spec, first_voters=3 if ctl_sts else spec.controllers)
         want = spec.brokers
         async with AsyncExitStack() as stack:
             admin, seen = await self._connect(body, spec, stack)
             p = Pass()
+            ctl_replicas = spec.controllers
+            if ctl_current is not None:
+                p.quorum_step = await self._plan_quorum(body, spec, seen, ctl_current)
+                ctl_replicas = p.quorum_step.replicas
             if current is None:
                 replicas = want
                 p.phase = "Creating"
-                p.progressing = ("Creating", f"creating 3 controllers and {want} brokers")
+                p.progressing = (
+                    "Creating",
+                    f"creating {spec.controllers} controllers and {want} brokers",
+                )
             elif want > current:
                 replicas = want
                 p.scaling = {"adding": list(range(current, want)), "removing": []}
@@ -164,10 +202,32 @@ class ClusterReconciler:
                     p.scaling = {"adding": [b for b in prev if b < want], "removing": []}
             # Apply answers with the stored object, status included: the StatefulSets
             # as they are now, with no second read.
-            if spec.kafka_tls:  # before the pods that mount them
-                await certificates.ensure(self.kube, spec, max(replicas, current or 0), self.emit)
+            # The brokers that have (or are about to have) pods: those being drained
+            # keep their listener Services and certificates until the shrink, which
+            # removes them in the same pass.
+            shrinking = current is not None and replicas < current
+            brokers = replicas if shrinking else max(replicas, current or 0)
+            p.addresses = await self._listeners(spec, brokers)
+            if current is not None and replicas > current:
+                waiting = listeners.unknown(p.addresses, range(current, replicas))
+                if waiting:  # new brokers start once they know what to advertise
+                    replicas = current
+                    p.phase = "ScalingUp"
+                    p.progressing = (
+                        "ScalingUp",
+                        f"waiting for the addresses of the new brokers on listeners {waiting}",
+                    )
+            if spec.needs_certificates:  # before the pods that mount them
+                await certificates.ensure(
+                    self.kube,
+                    spec,
+                    brokers,
+                    self.emit,
+                    addresses=p.addresses,
+                    controllers=max(ctl_replicas, ctl_current or 0),
+                )
             sets: dict[str, dict[str, Any]] = {}
-            for obj in render.objects(spec, replicas):
+            for obj in render.objects(spec, replicas, p.addresses, brokers, ctl_replicas):
                 try:
                     stored = await self.kube.apply(obj)
                 except ApiException as e:
@@ -179,11 +239,47 @@ class ClusterReconciler:
                     sets[obj["metadata"]["labels"]["app.kubernetes.io/component"]] = stored
             if p.scaling and p.scaling.get("adding"):
                 await self._spread(admin, spec, seen, want, p)
-            if p.phase in ("Ready", "Creating") and current is not None:
+            if p.quorum_step is not None:
+                await self._change_quorum(admin, body, spec, p)
+            quorum_busy = p.quorum_step is not None and p.quorum_step.changing
+            if p.phase in ("Ready", "Creating") and current is not None and not quorum_busy:
+                # No restart while voters change: each would cost the quorum a member.
                 await self._roll(body, spec, seen, p, sets)
             if seen.reachable:
                 await self._sweep(admin, body)
         return self._status(spec, old, generation, seen, p, replicas, sets)
+
+    async def _listeners(self, spec: ClusterSpec, brokers: int) -> listeners.Addresses:
+        """The external listeners' Services and Ingresses for brokers 0..brokers-1 (and
+        none for listeners or brokers gone), and the addresses they got."""
+        stored: dict[str, dict[str, Any]] = {}
+        wanted = {"Service": listeners.services(spec, brokers)}
+        wanted["Ingress"] = listeners.ingresses(spec, brokers)
+        api = {"Service": "v1", "Ingress": "networking.k8s.io/v1"}
+        selector = f"{n.selector_string(spec.name, n.LISTENER_COMPONENT)},{n.LISTENER_LABEL}"
+        for kind, objs in wanted.items():
+            for obj in objs:
+                stored[obj["metadata"]["name"]] = await self.kube.apply(obj)
+            keep = {o["metadata"]["name"] for o in objs}
+            try:
+                found = await self.kube.list_objects(api[kind], kind, spec.namespace, selector)
+            except ApiException as e:
+                # An install whose RBAC has no ingresses runs clusters without them.
+                if e.status == 403 and not objs:
+                    continue
+                raise
+            for old in found:
+                name = old["metadata"]["name"]
+                if name not in keep:
+                    await self.kube.delete(api[kind], kind, spec.namespace, name)
+                    log.info("deleted %s %s: its listener or broker is gone", kind, name)
+        if not spec.external:
+            return listeners.Addresses()
+        pods = await self.kube.list_pods(spec.namespace, n.selector_string(spec.name, n.BROKER))
+        host_ips = {
+            ordinal(x): x["status"]["hostIP"] for x in pods if (x.get("status") or {}).get("hostIP")
+        }
+        return listeners.resolve(spec, brokers, stored, host_ips)
 
     async def _connect(
         self, body: dict[str, Any], spec: ClusterSpec, stack: AsyncExitStack
@@ -432,6 +528,80 @@ class ClusterReconciler:
         except AdminError as e:  # the next move sets it again; only the leftover differs
             log.warning("could not clear the replication throttle", extra={"error": e.message})
 
+    # -- the controller quorum ---------------------------------------------------------
+
+    async def _plan_quorum(
+        self, body: dict[str, Any], spec: ClusterSpec, seen: Observed, sts_replicas: int
+    ) -> quorum.Step:
+        """The quorum's next step (quorum.plan). The controller pods' own /api/v1/quorum
+        is asked only while the voter set is not the one the spec asks for (or a new
+        storage shows beside it): an idle cluster costs no call per pod."""
+        pods: dict[int, quorum.ControllerPod] = {}
+        if quorum.wants_pod_status(seen.quorum, spec.controllers):
+            listed = await self.kube.list_pods(
+                spec.namespace, n.selector_string(spec.name, n.CONTROLLER)
+            )
+            auth = await certificates.admin_auth(self.kube, spec)
+            alive = [x for x in listed if not x["metadata"].get("deletionTimestamp")]
+            answers = await asyncio.gather(
+                *(
+                    self._controller_status(controller_url(body, spec, ordinal(x)), auth)
+                    for x in alive
+                )
+            )
+            pods = {
+                ordinal(x): quorum.ControllerPod(ordinal(x), pod_ready(x), st)
+                for x, st in zip(alive, answers, strict=True)
+            }
+        return quorum.plan(spec.controllers, sts_replicas, seen.quorum, pods)
+
+    async def _controller_status(self, url: str, auth: AdminAuth | None) -> dict[str, Any] | None:
+        try:
+            async with AdminClient(url, min(self.admin_timeout_s, 5.0), auth) as client:
+                return await client.quorum()
+        except AdminError:
+            return None
+
+    async def _change_quorum(
+        self, admin: AdminClient, body: dict[str, Any], spec: ClusterSpec, p: Pass
+    ) -> None:
+        """Carry out the step's change (one per pass), and say what is in progress."""
+        step = p.quorum_step
+        assert step is not None
+        timeout_s = max(1.0, self.admin_timeout_s - 2.0)  # answered before the client gives up
+        if step.action == quorum.ADD:
+            assert step.ordinal is not None
+            url = controller_url(body, spec, step.ordinal)
+            try:
+                await admin.add_voter(url, timeout_s)
+            except AdminError as e:  # refused or timed out: the next pass sees and retries
+                p.quorum_error = e.message
+            else:
+                self.emit("Normal", "VoterAdded", f"controller {step.node_id} is a voter")
+        elif step.action == quorum.REMOVE:
+            assert step.node_id is not None
+            try:
+                await admin.remove_voter(step.node_id, step.directory_id, timeout_s)
+            except AdminError as e:
+                p.quorum_error = e.message
+            else:
+                which = f" (directory {step.directory_id})" if step.directory_id else ""
+                self.emit(
+                    "Normal",
+                    "VoterRemoved",
+                    f"voter {step.node_id}{which} removed: {step.reason}",
+                )
+        if step.action == quorum.UNMANAGED and spec.controllers != len(step.voters):
+            p.degraded = ("QuorumUnmanaged", step.reason)
+            if p.phase == "Ready":
+                p.phase = "Degraded"
+        elif step.changing:
+            msg = step.reason + (f" (refused: {p.quorum_error})" if p.quorum_error else "")
+            if p.progressing is None:
+                p.progressing = ("ChangingQuorum", msg)
+            if p.quorum_error:
+                log.warning("voter change refused", extra={"error": p.quorum_error})
+
     # -- rolling restarts -------------------------------------------------------------
 
     async def _roll(
@@ -461,8 +631,14 @@ class ClusterReconciler:
             pods = await self.kube.list_pods(
                 spec.namespace, n.selector_string(spec.name, component)
             )
+            moved = self._moved(spec, seen, p, pods) if component == n.BROKER else set()
             outdated = sorted(
-                (x for x in pods if restart_due(x, st.get("updateRevision"))), key=ordinal
+                (
+                    x
+                    for x in pods
+                    if restart_due(x, st.get("updateRevision")) or x["metadata"]["name"] in moved
+                ),
+                key=ordinal,
             )
             not_ready = [x["metadata"]["name"] for x in pods if not pod_ready(x)]
             if len(pods) < sts["spec"]["replicas"]:
@@ -471,6 +647,12 @@ class ClusterReconciler:
                 waiting += not_ready
                 continue
             names = [x["metadata"]["name"] for x in outdated]
+            pending = p.addresses.pending(sts["spec"]["replicas"]) if p.addresses else []
+            if component == n.BROKER and pending:
+                # As Strimzi does: no broker restarts until every address is known, so
+                # that each restarts once, advertising its real address.
+                p.progressing = ("Rolling", f"waiting for the addresses of listeners {pending}")
+                return
             p.phase = "Rolling"
             p.rolling = {"component": component, "pending": names}
             if not_ready or waiting:  # a controller still coming back holds brokers too
@@ -506,6 +688,28 @@ class ClusterReconciler:
                 await self.kube.annotate_pod(
                     spec.namespace, pod["metadata"]["name"], n.ROLL_ANNOTATION, "true"
                 )
+
+    def _moved(
+        self, spec: ClusterSpec, seen: Observed, p: Pass, pods: list[dict[str, Any]]
+    ) -> set[str]:
+        """Ready broker pods registered with another address on an external listener
+        than the one they should advertise now (a node port, load balancer or override
+        changed): each must restart to read its new one."""
+        if not spec.external or p.addresses is None or seen.cluster is None:
+            return set()
+        registered = {b["id"]: b.get("endpoints") or {} for b in seen.cluster.get("brokers", [])}
+        out = set()
+        for pod in pods:
+            b = ordinal(pod)
+            have = registered.get(b)
+            if have is None or not pod_ready(pod):
+                continue
+            for x in spec.external:
+                want = (p.addresses.brokers.get(x.name) or {}).get(b)
+                got = have.get(x.broker_listener)
+                if want is not None and got is not None and list(got) != list(want):
+                    out.add(pod["metadata"]["name"])
+        return out
 
     def _pick_victim(
         self, component: str, outdated: list[dict], seen: Observed, p: Pass
@@ -563,7 +767,15 @@ class ClusterReconciler:
     ) -> dict[str, Any]:
         st = sets[n.BROKER].get("status") or {}
         ready = st.get("readyReplicas", 0)
-        ctl_ready = (sets[n.CONTROLLER].get("status") or {}).get("readyReplicas", 0)
+        ctl_set = sets[n.CONTROLLER]
+        ctl_ready = (ctl_set.get("status") or {}).get("readyReplicas", 0)
+        ctl_pods = (ctl_set.get("spec") or {}).get("replicas", spec.controllers)
+        # The controllers that must run: the quorum's voters. A pod being added (not a
+        # voter yet) or on its way out is the change in progress, not a fault.
+        ctl_need = min(ctl_pods, spec.controllers)
+        step = p.quorum_step
+        if step is not None and step.changing and step.voters:
+            ctl_need = min(ctl_need, len(step.voters))
         status: dict[str, Any] = {
             "observedGeneration": generation,
             "brokers": {
@@ -572,6 +784,7 @@ class ClusterReconciler:
                 "registered": sorted(seen.live_brokers()),
                 "selector": n.selector_string(spec.name, n.BROKER),
             },
+            "controllers": self._controllers_status(spec, ctl_pods, ctl_ready, p, old, seen.quorum),
             "scaling": p.scaling,
             "rollingRestart": p.rolling,
         }
@@ -595,9 +808,9 @@ class ClusterReconciler:
                 p.degraded = ("AdminUnreachable", why)
             else:
                 p.progressing = ("Creating", f"waiting for the cluster: {why}")
-        if p.phase == "Ready" and (ready < spec.brokers or ctl_ready < 3):
+        if p.phase == "Ready" and (ready < spec.brokers or ctl_ready < ctl_need):
             p.phase = "Creating" if old.get("phase") in (None, "Creating") else "Degraded"
-            msg = f"{ready}/{spec.brokers} brokers and {ctl_ready}/3 controllers Ready"
+            msg = f"{ready}/{spec.brokers} brokers and {ctl_ready}/{ctl_need} controllers Ready"
             if p.phase == "Creating":
                 p.progressing = ("Creating", msg)
             else:
@@ -613,6 +826,10 @@ class ClusterReconciler:
                 f"{offline} offline and {under_min} under-min-ISR partitions",
             )
         status["phase"] = p.phase
+        if spec.external and p.addresses is not None:
+            status["listeners"] = listeners.status(spec, replicas, p.addresses)
+        elif old.get("listeners"):
+            status["listeners"] = None  # a merge patch: removes what the last pass wrote
         conds = list(old.get("conditions") or [])
         ready_msg = (
             f"{ready} brokers and {ctl_ready} controllers Ready, "
@@ -620,7 +837,7 @@ class ClusterReconciler:
         )
         # Ready: clients are served. A scale or a roll in progress does not change that.
         enough = ready >= min(replicas, spec.brokers)
-        serving = seen.reachable and not offline and ctl_ready == 3 and enough
+        serving = seen.reachable and not offline and ctl_ready >= ctl_need and enough
         reason = p.phase if serving or p.phase != "Ready" else "NotServing"
         conds = set_condition(conds, "Ready", bool(serving), reason, ready_msg, generation)
         prog = p.progressing or ("Reconciled", "nothing in progress")
@@ -631,6 +848,48 @@ class ClusterReconciler:
         if old.get("phase") != p.phase:
             self.emit("Normal", f"Phase{p.phase}", f"phase {old.get('phase')} -> {p.phase}")
         return status
+
+    def _controllers_status(
+        self,
+        spec: ClusterSpec,
+        pods: int,
+        ready: int,
+        p: Pass,
+        old: dict[str, Any],
+        seen_quorum: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        """status.controllers: the pods, the voter set with directory ids, and the change
+        in progress. initialVoters (the first voter set's size) is kept for good: it is
+        what the pods' static --voters name."""
+        # Every key always written: the status is merge-patched, so a key left out
+        # would keep its last value (None deletes it).
+        out: dict[str, Any] = {
+            "replicas": pods,
+            "ready": ready,
+            "initialVoters": spec.initial_voters,
+            "leader": (seen_quorum or {}).get("leader_id"),
+            "message": None,
+            "change": None,
+        }
+        step = p.quorum_step
+        if step is None or (step.action == quorum.WAIT and not step.voters):
+            prev = old.get("controllers") or {}  # not seen this pass: the last known set
+            for key in ("voters", "leader"):
+                if prev.get(key) is not None:
+                    out[key] = prev[key]
+            if step is not None:
+                out["message"] = step.reason
+            return out
+        out["voters"] = [{"id": v["id"], "directoryId": v.get("directory_id")} for v in step.voters]
+        out["message"] = step.reason
+        if step.changing:
+            out["change"] = {
+                "action": step.action,
+                "nodeId": step.node_id,
+                "directoryId": step.directory_id,
+                "refused": p.quorum_error,
+            }
+        return out
 
 
 def _claim_storage(sts: dict[str, Any]) -> Storage | None:

@@ -83,6 +83,19 @@ class Kube:
 
         return await asyncio.to_thread(call)
 
+    async def list_objects(
+        self, api_version: str, kind: str, namespace: str, selector: str
+    ) -> list[dict[str, Any]]:
+        """The objects of a kind in a namespace that match a label selector."""
+
+        def call() -> list[dict[str, Any]]:
+            found = self._resource(api_version, kind).get(
+                namespace=namespace, label_selector=selector
+            )
+            return [item.to_dict() for item in found.items]
+
+        return await asyncio.to_thread(call)
+
     async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         def call() -> list[dict[str, Any]]:
             pods = self.core.list_namespaced_pod(namespace, label_selector=selector)

@@ -114,13 +114,17 @@ async def remove_topic(admin: AdminClient, name: str) -> bool:
 
 
 async def remove_user(admin: AdminClient, name: str, tls: bool) -> tuple[bool, int]:
-    """The user's credentials and every ACL binding of its principal; returns whether it
-    had a credential and how many bindings went."""
+    """The user's credentials, every ACL binding of its principal and its own client
+    quotas; returns whether it had a credential and how many bindings went."""
     principal = f"User:CN={name}" if tls else f"User:{name}"
     had = await admin.delete_user(name)
     doomed = await admin.acls(principal)
     if doomed:
         await admin.alter_acls([], doomed)
+    user = principal.removeprefix("User:")
+    quotas = await admin.user_quotas(user)
+    if quotas:
+        await admin.alter_user_quotas(user, dict.fromkeys(quotas))
     return had, len(doomed)
 
 

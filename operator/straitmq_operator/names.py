@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 GROUP = "straitmq.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -13,6 +15,11 @@ FIELD_MANAGER = "straitmq-operator"
 # Where the operator reaches a cluster's admin API if not at its bootstrap Service, e.g.
 # an operator run outside the cluster, or brokers that stand in for the pods in tests.
 ADMIN_URL_ANNOTATION = "straitmq.io/admin-url"
+# Where the operator reaches each controller pod's own quorum API if not at its pod DNS
+# name: JSON {"<ordinal>": "http://host:port"} (an operator outside the cluster, or
+# controller processes that stand in for the pods in tests). The URL is also what the
+# cluster is asked to add as a voter, so the other voters must reach it there.
+CONTROLLER_URLS_ANNOTATION = "straitmq.io/controller-urls"
 # The Kafka bootstrap address a User's Secret names, if not the bootstrap Service's.
 BOOTSTRAP_ANNOTATION = "straitmq.io/bootstrap-servers"
 CONFIG_HASH_ANNOTATION = "straitmq.io/config-hash"
@@ -34,6 +41,17 @@ CERTS_VOLUME = "certs"
 CERTS_DIR = "/opt/straitmq/certs"
 REPLICATION_LISTENER = "REPLICATION"  # brokers' own listener when clients get TLS
 CLIENT_LISTENER = "CLIENT"
+# The client listener's name when it is plain and external listeners exist: Kafka's
+# default name, so brokers still without named listeners (mid-roll) keep serving it.
+PLAIN_LISTENER = "PLAINTEXT"
+
+# External listeners (spec.listeners.external): their Services and Ingresses carry the
+# listener's name in this label, with this component.
+LISTENER_LABEL = "straitmq.io/listener"
+LISTENER_COMPONENT = "listener"
+# Where broker pods find their own advertised.listeners (<pod>.properties).
+ADVERTISED_DIR = "/opt/straitmq/advertised"
+ADVERTISED_VOLUME = "advertised"
 
 # Rack awareness: broker pods' init container writes the node's rack label here.
 RACK_VOLUME = "rack"
@@ -42,6 +60,17 @@ RACK_FILE = f"{RACK_DIR}/rack"
 # Which MQCluster a cluster-scoped object (the rack ClusterRoleBinding) belongs to:
 # owner references cannot point from a cluster-scoped object to a namespaced one.
 CLUSTER_NAMESPACE_LABEL = "straitmq.io/cluster-namespace"
+
+
+def owner_reference(cluster: str, uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "MQCluster",
+        "name": cluster,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def labels(cluster: str, component: str | None = None) -> dict[str, str]:
@@ -78,6 +107,20 @@ def headless_service(cluster: str, component: str) -> str:
 
 def bootstrap_service(cluster: str) -> str:
     return f"{cluster}-bootstrap"
+
+
+def listener_bootstrap(cluster: str, listener: str) -> str:
+    """An external listener's bootstrap Service (and Ingress)."""
+    return f"{cluster}-{listener}-bootstrap"
+
+
+def listener_broker(cluster: str, listener: str, ordinal: int) -> str:
+    """An external listener's Service (and Ingress) of one broker."""
+    return f"{cluster}-{listener}-{ordinal}"
+
+
+def advertised_config_map(cluster: str) -> str:
+    return f"{cluster}-advertised"
 
 
 # TLS (spec.listeners.kafka.tls): the cluster CA's key and certificate, the certificate

@@ -7,6 +7,7 @@ the CA's (the chain a client verifies up to the CA it trusts).
 
 from __future__ import annotations
 
+import ipaddress
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -115,7 +116,7 @@ def issue(
         .not_valid_before(now - _BACKDATE)
         .not_valid_after(min(now + validity, ca_cert.not_valid_after_utc))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(d) for d in dns_names]), False)
+        .add_extension(x509.SubjectAlternativeName([_san(d) for d in dns_names]), False)
         .add_extension(_SERVER_AND_CLIENT, False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_public), False)
         .sign(ca_key, hashes.SHA256())
@@ -133,12 +134,22 @@ def certificate(pem: str) -> x509.Certificate:
     return x509.load_pem_x509_certificate(pem.encode())
 
 
+def _san(name: str) -> x509.GeneralName:
+    """An IP address as an IP SAN (what clients check an address against), else DNS."""
+    try:
+        return x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        return x509.DNSName(name)
+
+
 def dns_names(cert: x509.Certificate) -> list[str]:
+    """The certificate's DNS names and IP addresses (as text), as pki.issue was given them."""
     try:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
     except x509.ExtensionNotFound:
         return []
-    return list(san.value.get_values_for_type(x509.DNSName))
+    ips = [str(ip) for ip in san.value.get_values_for_type(x509.IPAddress)]
+    return list(san.value.get_values_for_type(x509.DNSName)) + ips
 
 
 def signed_by(cert: x509.Certificate, ca_cert_pem: str) -> bool:

@@ -7,7 +7,9 @@ from typing import Any
 
 import orjson
 
+from . import listeners
 from . import names as n
+from .listeners import Addresses
 from .spec import ClusterSpec, Storage
 
 DATA_DIR = "/data"
@@ -15,14 +17,7 @@ RUN_AS = 10001  # the image's non-root user
 
 
 def owner_reference(spec: ClusterSpec) -> dict[str, Any]:
-    return {
-        "apiVersion": n.API_VERSION,
-        "kind": "MQCluster",
-        "name": spec.name,
-        "uid": spec.uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
+    return n.owner_reference(spec.name, spec.uid)
 
 
 def _meta(spec: ClusterSpec, name: str, component: str | None = None) -> dict[str, Any]:
@@ -35,11 +30,16 @@ def _meta(spec: ClusterSpec, name: str, component: str | None = None) -> dict[st
 
 
 def voters(spec: ClusterSpec) -> str:
-    """The quorum's static voters by pod DNS name: 1000@<cluster>-controller-0.<svc>...:9093."""
+    """The quorum's static voters by pod DNS name: 1000@<cluster>-controller-0.<svc>...:9093.
+
+    Always the first voter set (the controllers the cluster was created with), whatever
+    spec.controllers.replicas says now: the voter set in force is log data (KIP-853), and
+    changing these flags would roll every pod for nothing. A pod beyond them gets its id
+    from its ordinal (`--node-id=auto`) and joins as an observer until it is added."""
     return ",".join(
         f"{n.CONTROLLER_ID_BASE + i}@"
         f"{n.pod_dns(spec.name, n.CONTROLLER, i, spec.namespace)}:{spec.controller_port}"
-        for i in range(3)
+        for i in range(spec.initial_voters)
     )
 
 
@@ -57,8 +57,9 @@ def config_map(spec: ClusterSpec) -> dict[str, Any]:
     }
 
 
-def config_hash(spec: ClusterSpec) -> str:
-    """Changes whenever a pod would start differently; pods carry it, so it rolls them."""
+def config_hash(spec: ClusterSpec, component: str = n.BROKER) -> str:
+    """Changes whenever a pod would start differently; pods carry it, so it rolls them.
+    The external listeners concern the brokers only: no controller restarts for them."""
     parts: list[Any] = [
         config_map(spec)["data"],
         spec.broker_args(),
@@ -69,6 +70,9 @@ def config_hash(spec: ClusterSpec) -> str:
         parts.append({"rack": spec.rack_topology_key})
     if spec.kafka_tls:  # likewise
         parts.append({"tls": tls_args(spec)})
+    if spec.external and component == n.BROKER:  # likewise; the per-pod addresses are
+        # not in it (cluster.py restarts only the pod whose address changed)
+        parts.append({"listeners": listeners.broker_args(spec)})
     data = orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(data).hexdigest()[:16]
 
@@ -94,6 +98,12 @@ def services(spec: ClusterSpec) -> list[dict[str, Any]]:
     broker_ports = [
         {"name": "kafka", "port": spec.kafka_port, "targetPort": "kafka"},
         {"name": "http", "port": spec.http_port, "targetPort": "http"},
+    ]
+    # Extra internal listeners are reached like the kafka one: through these Services.
+    broker_ports += [
+        {"name": x.port_name, "port": x.port, "targetPort": x.port_name}
+        for x in spec.external
+        if x.type == "internal"
     ]
     bootstrap = {
         "apiVersion": "v1",
@@ -127,8 +137,10 @@ def pdbs(spec: ClusterSpec) -> list[dict[str, Any]]:
                 "kind": "PodDisruptionBudget",
                 "metadata": _meta(spec, n.pdb(spec.name, component), component),
                 "spec": {
-                    # One voter of three, or one broker, at a time: the quorum keeps a
-                    # majority and RF>=2 partitions keep a leader.
+                    # One voter, or one broker, at a time: three or five voters keep a
+                    # majority and RF>=2 partitions keep a leader. A lone voter may go
+                    # too (the metadata pauses until it is back): 0 would block every
+                    # node drain for good.
                     "maxUnavailable": 1,
                     "selector": {"matchLabels": n.selector(spec.name, component)},
                 },
@@ -157,7 +169,19 @@ def _env(spec: ClusterSpec) -> list[dict[str, Any]]:
     return env
 
 
-def _probes(port: str, scheme: str = "HTTP") -> dict[str, Any]:
+# A broker's readiness probe: every second, unready after 2 failures. A stopping broker
+# answers 503 and exits only after BROKER_READINESS_FAILURES + 1 such answers
+# (--shutdown-readiness-probes): by then its pod is no longer Ready, so the bootstrap
+# Service stops routing to an address that is about to disappear (a connection sent to
+# a deleted pod's address hangs until the client's 30 s connect timeout; one sent to a
+# live pod with its listener closed is refused at once, and the client tries again).
+BROKER_READINESS_PERIOD_S = 1
+BROKER_READINESS_FAILURES = 2
+
+
+def _probes(
+    port: str, scheme: str = "HTTP", period_s: int = 5, failures: int = 3
+) -> dict[str, Any]:
     """The kubelet's checks. On an https port (scheme HTTPS) the kubelet shows no client
     certificate and does not verify the server's: the port asks for one without requiring
     it (http.ssl.client.auth=requested), and /healthz and /readyz need no credential."""
@@ -165,9 +189,9 @@ def _probes(port: str, scheme: str = "HTTP") -> dict[str, Any]:
     return {
         "readinessProbe": {
             "httpGet": {"path": "/readyz", **get},
-            "periodSeconds": 5,
-            "timeoutSeconds": 3,
-            "failureThreshold": 3,
+            "periodSeconds": period_s,
+            "timeoutSeconds": min(3, period_s),
+            "failureThreshold": failures,
         },
         "livenessProbe": {
             "httpGet": {"path": "/healthz", **get},
@@ -216,7 +240,7 @@ def _statefulset(
     pod_extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     name = n.statefulset(spec.name, component)
-    pod_annotations = {n.CONFIG_HASH_ANNOTATION: config_hash(spec)}
+    pod_annotations = {n.CONFIG_HASH_ANNOTATION: config_hash(spec, component)}
     if spec.metrics_enabled:
         pod_annotations.update(
             {
@@ -273,7 +297,9 @@ def _statefulset(
     }
 
 
-def controller_statefulset(spec: ClusterSpec) -> dict[str, Any]:
+def controller_statefulset(spec: ClusterSpec, replicas: int | None = None) -> dict[str, Any]:
+    """`replicas`: the pods to run now (the reconciler's choice while voters are added
+    or removed one at a time); spec.controllers.replicas when not given."""
     container = {
         "name": n.CONTROLLER,
         "image": spec.image,
@@ -305,7 +331,7 @@ def controller_statefulset(spec: ClusterSpec) -> dict[str, Any]:
     return _statefulset(
         spec,
         n.CONTROLLER,
-        3,
+        spec.controllers if replicas is None else replicas,
         container,
         spec.controller_storage,
         30,
@@ -386,6 +412,9 @@ def tls_args(spec: ClusterSpec) -> list[str]:
         f"--override=ssl.truststore.location={n.CERTS_DIR}/ca.crt",
         f"--override=listener.name.{repl.lower()}.ssl.client.auth=required",
     ]
+    if spec.external:  # listeners.broker_args names every listener, the pod file what
+        # each advertises
+        args = args[4:]
     if spec.kafka_sasl:
         args.append(
             f"--override=listener.name.{client.lower()}.sasl.enabled.mechanisms={spec.kafka_sasl}"
@@ -407,6 +436,14 @@ def tls_args(spec: ClusterSpec) -> list[str]:
 
 def broker_statefulset(spec: ClusterSpec, replicas: int) -> dict[str, Any]:
     headless = n.headless_service(spec.name, n.BROKER)
+    # Each broker advertises its own pod DNS name: clients reach the partition leader
+    # directly, through the headless Service. With external listeners the pod's
+    # properties file says what it advertises on each (listeners.advertised_properties).
+    advertise = (
+        []
+        if spec.external
+        else [f"--advertise=$(POD_NAME).{headless}.$(POD_NAMESPACE).svc:{spec.kafka_port}"]
+    )
     container = {
         "name": n.BROKER,
         "image": spec.image,
@@ -418,10 +455,9 @@ def broker_statefulset(spec: ClusterSpec, replicas: int) -> dict[str, Any]:
             "--controllers=$(STRAIT_CONTROLLER_VOTERS)",
             f"--data-dir={DATA_DIR}",
             f"--listen=0.0.0.0:{spec.kafka_port}",
-            # Each broker advertises its own pod DNS name: clients reach the partition
-            # leader directly, through the headless Service.
-            f"--advertise=$(POD_NAME).{headless}.$(POD_NAMESPACE).svc:{spec.kafka_port}",
+            *advertise,
             f"--http=0.0.0.0:{spec.http_port}",
+            f"--shutdown-readiness-probes={BROKER_READINESS_FAILURES + 1}",
             *spec.broker_args(),
         ],
         "env": _env(spec),
@@ -432,7 +468,12 @@ def broker_statefulset(spec: ClusterSpec, replicas: int) -> dict[str, Any]:
         "volumeMounts": [{"name": "data", "mountPath": DATA_DIR}],
         "resources": spec.broker_resources,
         "securityContext": _CONTAINER_SECURITY,
-        **_probes("http", "HTTPS" if spec.http_secured else "HTTP"),
+        **_probes(
+            "http",
+            "HTTPS" if spec.http_secured else "HTTP",
+            BROKER_READINESS_PERIOD_S,
+            BROKER_READINESS_FAILURES,
+        ),
     }
     pod_extra: dict[str, Any] = {"serviceAccountName": n.broker_service_account(spec.name)}
     volumes: list[dict[str, Any]] = []
@@ -446,10 +487,21 @@ def broker_statefulset(spec: ClusterSpec, replicas: int) -> dict[str, Any]:
         }
         volumes.append({"name": n.RACK_VOLUME, "emptyDir": {"sizeLimit": "1Mi"}})
     if spec.kafka_tls:
-        # The mounted Secret follows a renewal; the broker reloads the file
-        # (ssl.reload.interval.ms), so no restart.
         container["args"].extend(tls_args(spec))
         container["ports"].append({"name": "replication", "containerPort": spec.replication_port})
+    if spec.external:
+        container["args"].extend(listeners.broker_args(spec))
+        container["ports"] += [
+            {"name": x.port_name, "containerPort": x.port} for x in spec.external
+        ]
+        container["volumeMounts"].append(
+            {"name": n.ADVERTISED_VOLUME, "mountPath": n.ADVERTISED_DIR, "readOnly": True}
+        )
+        cm = {"name": n.advertised_config_map(spec.name)}
+        volumes.append({"name": n.ADVERTISED_VOLUME, "configMap": cm})
+    if spec.needs_certificates:
+        # The mounted Secret follows a renewal; the broker reloads the file
+        # (ssl.reload.interval.ms), so no restart.
         container["volumeMounts"].append(
             {"name": n.CERTS_VOLUME, "mountPath": n.CERTS_DIR, "readOnly": True}
         )
@@ -522,13 +574,30 @@ def rack_binding(spec: ClusterSpec, cluster_role: str) -> dict[str, Any]:
     }
 
 
-def objects(spec: ClusterSpec, broker_replicas: int) -> list[dict[str, Any]]:
-    """Everything an MQCluster owns, in the order to apply it."""
+def objects(
+    spec: ClusterSpec,
+    broker_replicas: int,
+    addresses: Addresses | None = None,
+    advertised_brokers: int | None = None,
+    controller_replicas: int | None = None,
+) -> list[dict[str, Any]]:
+    """Everything an MQCluster owns, in the order to apply it (the external listeners'
+    Services and Ingresses aside: cluster.py applies them first, to learn `addresses`).
+    The advertised addresses (of advertised_brokers pods: also those being drained)
+    come before the StatefulSet: a new pod reads its own. `controller_replicas`: the
+    controller pods to run now (spec.controllers.replicas when not given)."""
+    count = max(broker_replicas, advertised_brokers or 0)
+    advertised = (
+        [listeners.advertised_config_map(spec, count, addresses or Addresses())]
+        if spec.external
+        else []
+    )
     return [
         config_map(spec),
+        *advertised,
         *services(spec),
         *pdbs(spec),
         broker_service_account(spec),
-        controller_statefulset(spec),
+        controller_statefulset(spec, controller_replicas),
         broker_statefulset(spec, broker_replicas),
     ]

@@ -38,6 +38,8 @@ NUMBER_FLAGS = {
     "log.cleaner.io.max.bytes.per.second": "--log-cleaner-io-max-bytes-per-second",
     "log.cleaner.io.buffer.load.factor": "--log-cleaner-io-buffer-load-factor",
 }
+# The quorum sizes an MQCluster may ask for: odd, so that no even split stalls it.
+CONTROLLER_COUNTS = (1, 3, 5)
 # log.cleanup.policy: a list of these (the broker checks the rest when it starts).
 CLEANUP_POLICIES = ("compact", "delete")
 BOOLEAN_CONFIGS = {"auto.create.topics.enable", "log.cleaner.enable"}
@@ -57,6 +59,67 @@ class Storage:
     storage_class: str | None = None
 
 
+LISTENER_TYPES = ("internal", "nodeport", "loadbalancer", "ingress")
+SASL_TYPES = {"scram-sha-512": "SCRAM-SHA-512", "scram-sha-256": "SCRAM-SHA-256"}
+# Listener names the brokers use themselves (or that Kafka maps to a protocol).
+RESERVED_LISTENERS = (
+    *("kafka", "http", "replication", "controller", "client", "plaintext", "ssl"),
+    *("broker", "bootstrap", "config", "advertised"),
+)
+INGRESS_PORT = 443  # an ingress controller's TLS port: what clients of an ingress listener use
+
+
+@dataclass(frozen=True)
+class BrokerListenerOverride:
+    """configuration.brokers[]: one broker's address on an external listener."""
+
+    broker: int
+    advertised_host: str | None = None
+    advertised_port: int | None = None
+    node_port: int | None = None
+    host: str | None = None  # ingress: the broker's own host name (SNI)
+
+
+@dataclass(frozen=True)
+class ExternalListener:
+    """spec.listeners.external[]: a listener for clients elsewhere, Strimzi-style.
+
+    internal: another listener on the pods' DNS names; nodeport: one NodePort Service
+    per broker (advertised as its node's address and node port) plus a bootstrap one;
+    loadbalancer: one LoadBalancer Service per broker (its ingress IP or host name) plus
+    a bootstrap one; ingress: TLS passthrough through an ingress controller, one host
+    per broker (SNI) and a bootstrap host, on port 443."""
+
+    name: str
+    type: str
+    port: int
+    tls: bool = False
+    sasl: str | None = None  # SCRAM-SHA-512 / -256
+    mtls: bool = False
+    bootstrap_host: str | None = None  # ingress host; an advertised name for the others
+    bootstrap_node_port: int | None = None
+    ingress_class: str = "nginx"
+    brokers: tuple[BrokerListenerOverride, ...] = ()
+
+    @property
+    def broker_listener(self) -> str:
+        """The listener's name in the brokers' config (listeners=EXT_<NAME>://...)."""
+        return f"EXT_{self.name.upper()}"
+
+    @property
+    def port_name(self) -> str:
+        return f"ext-{self.name}"
+
+    @property
+    def protocol(self) -> str:
+        if self.sasl:
+            return "SASL_SSL" if self.tls else "SASL_PLAINTEXT"
+        return "SSL" if self.tls else "PLAINTEXT"
+
+    def override(self, broker: int) -> BrokerListenerOverride | None:
+        return next((o for o in self.brokers if o.broker == broker), None)
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     name: str
@@ -70,6 +133,14 @@ class ClusterSpec:
     broker_config: dict[str, str] = field(default_factory=dict)
     rack_topology_key: str | None = None
     throttle_bytes_per_sec: int = 10 * 1024 * 1024
+    # spec.controllers.replicas: the voters the quorum should have (the operator adds
+    # and removes them one at a time, KIP-853).
+    controllers: int = 3
+    # The controllers the cluster was created with: the static --voters every pod
+    # starts with (its first voter set, never changed afterwards: a new pod beyond it
+    # joins as an observer). From status.controllers.initialVoters; None when the status
+    # does not say (the reconciler decides: 3 for a cluster made before it was kept).
+    first_voters: int | None = None
     controller_storage: Storage = Storage()
     controller_resources: dict[str, Any] = field(default_factory=dict)
     kafka_port: int = 9092
@@ -90,6 +161,17 @@ class ClusterSpec:
     super_users: tuple[str, ...] = ()
     metrics_enabled: bool = True
     otlp_endpoint: str | None = None
+    external: tuple[ExternalListener, ...] = ()
+
+    @property
+    def needs_certificates(self) -> bool:
+        """The cluster CA and the brokers' certificates: kafka.tls or a TLS listener."""
+        return self.kafka_tls or any(x.tls for x in self.external)
+
+    @property
+    def initial_voters(self) -> int:
+        """How many controllers the static --voters name (the first voter set)."""
+        return self.first_voters if self.first_voters is not None else self.controllers
 
     @property
     def http_secured(self) -> bool:
@@ -176,8 +258,13 @@ def parse(body: dict[str, Any]) -> ClusterSpec:
     if not image:
         raise SpecError("spec.image is required")
     controllers = spec.get("controllers") or {}
-    if controllers.get("replicas", 3) != 3:
-        raise SpecError("spec.controllers.replicas must be 3")
+    ctl_replicas = controllers.get("replicas", 3)
+    if ctl_replicas not in CONTROLLER_COUNTS or isinstance(ctl_replicas, bool):
+        raise SpecError(
+            f"spec.controllers.replicas must be 1, 3 or 5, not {ctl_replicas!r} (an odd "
+            "quorum: an even one tolerates no more failures than the odd one below it)"
+        )
+    first = ((body.get("status") or {}).get("controllers") or {}).get("initialVoters")
     brokers = spec.get("brokers") or {}
     listeners = spec.get("listeners") or {}
     metrics = spec.get("metrics") or {}
@@ -207,6 +294,7 @@ def parse(body: dict[str, Any]) -> ClusterSpec:
             "spec.listeners.kafka.authentication and spec.authorization need "
             "spec.listeners.kafka.tls: true (the brokers replicate with their certificates)"
         )
+    external = _external(listeners.get("external"), replicas, kafka, listeners)
     return ClusterSpec(
         name=meta["name"],
         namespace=meta.get("namespace") or "default",
@@ -219,6 +307,8 @@ def parse(body: dict[str, Any]) -> ClusterSpec:
         broker_config=_config(brokers.get("config")),
         rack_topology_key=(brokers.get("rack") or {}).get("topologyKey") or None,
         throttle_bytes_per_sec=int(brokers.get("rebalanceThrottleBytesPerSecond") or 10485760),
+        controllers=int(ctl_replicas),
+        first_voters=int(first) if isinstance(first, int) and first > 0 else None,
         controller_storage=_storage(controllers.get("storage")),
         controller_resources=dict(controllers.get("resources") or {}),
         kafka_port=int((listeners.get("kafka") or {}).get("port", 9092)),
@@ -232,4 +322,91 @@ def parse(body: dict[str, Any]) -> ClusterSpec:
         super_users=tuple(authz.get("superUsers") or ()),
         metrics_enabled=bool(metrics.get("enabled", True)),
         otlp_endpoint=metrics.get("otlpEndpoint") or None,
+        external=external,
     )
+
+
+def _external(
+    raw: Any, replicas: int, kafka: dict[str, Any], listeners: dict[str, Any]
+) -> tuple[ExternalListener, ...]:
+    taken = {
+        int(kafka.get("port", 9092)): "kafka",
+        int((listeners.get("http") or {}).get("port", 8080)): "http",
+        int((listeners.get("controller") or {}).get("port", 9093)): "controller",
+    }
+    if kafka.get("tls"):
+        taken[int((listeners.get("replication") or {}).get("port", 9091))] = "replication"
+    out: list[ExternalListener] = []
+    for i, item in enumerate(raw or []):
+        where = f"spec.listeners.external[{i}]"
+        name = str(item.get("name") or "")
+        if not name.isascii() or not name.isalnum() or name != name.lower() or len(name) > 11:
+            raise SpecError(f"{where}.name {name!r} must be 1-11 lowercase letters or digits")
+        if name in RESERVED_LISTENERS or any(x.name == name for x in out):
+            raise SpecError(f"{where}.name {name!r} is taken")
+        where = f"spec.listeners.external[{name}]"
+        kind = str(item.get("type") or "")
+        if kind not in LISTENER_TYPES:
+            raise SpecError(f"{where}.type {kind!r} is not one of {', '.join(LISTENER_TYPES)}")
+        port = int(item.get("port") or 0)
+        if not 1 <= port <= 65535:
+            raise SpecError(f"{where}.port must be 1-65535")
+        if port in taken:
+            raise SpecError(f"{where}.port {port} is taken by the {taken[port]} listener")
+        taken[port] = name
+        tls = bool(item.get("tls", False))
+        auth = (item.get("authentication") or {}).get("type")
+        if auth is not None and auth not in (*SASL_TYPES, "tls"):
+            raise SpecError(
+                f"{where}.authentication.type {auth!r} is not one of "
+                f"{', '.join([*SASL_TYPES, 'tls'])}"
+            )
+        if auth == "tls" and not tls:
+            raise SpecError(f"{where}.authentication.type tls needs tls: true")
+        if kind == "ingress" and not tls:
+            raise SpecError(f"{where}: an ingress listener needs tls: true (TLS passthrough)")
+        conf = item.get("configuration") or {}
+        boot = conf.get("bootstrap") or {}
+        overrides: list[BrokerListenerOverride] = []
+        for o in conf.get("brokers") or []:
+            b = int(o.get("broker", -1))
+            if b < 0 or any(x.broker == b for x in overrides):
+                raise SpecError(f"{where}.configuration.brokers: broker {b} is not a broker id")
+            adv_port = o.get("advertisedPort")
+            node_port = o.get("nodePort")
+            overrides.append(
+                BrokerListenerOverride(
+                    broker=b,
+                    advertised_host=o.get("advertisedHost") or None,
+                    advertised_port=int(adv_port) if adv_port else None,
+                    node_port=int(node_port) if node_port else None,
+                    host=o.get("host") or None,
+                )
+            )
+        listener = ExternalListener(
+            name=name,
+            type=kind,
+            port=port,
+            tls=tls,
+            sasl=SASL_TYPES.get(auth or ""),
+            mtls=auth == "tls",
+            bootstrap_host=boot.get("host") or None,
+            bootstrap_node_port=int(boot["nodePort"]) if boot.get("nodePort") else None,
+            ingress_class=str(conf.get("class") or "nginx"),
+            brokers=tuple(sorted(overrides, key=lambda o: o.broker)),
+        )
+        if kind == "ingress":
+            missing = [b for b in range(replicas) if not (listener.override(b) or _NO_HOST).host]
+            if not listener.bootstrap_host or missing:
+                raise SpecError(
+                    f"{where}: an ingress listener needs configuration.bootstrap.host and a "
+                    f"configuration.brokers[].host for every broker (missing: "
+                    f"{'bootstrap' if not listener.bootstrap_host else ''}"
+                    f"{' ' if not listener.bootstrap_host and missing else ''}"
+                    f"{', '.join(f'broker {b}' for b in missing)})"
+                )
+        out.append(listener)
+    return tuple(out)
+
+
+_NO_HOST = BrokerListenerOverride(broker=-1)

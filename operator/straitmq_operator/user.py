@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from straitmq.invariants import broken
@@ -56,6 +56,13 @@ OPERATIONS = {
     "AlterConfigs": "ALTER_CONFIGS",
     "IdempotentWrite": "IDEMPOTENT_WRITE",
 }
+# spec.quotas (Strimzi KafkaUser's names) -> Kafka's quota keys.
+QUOTA_KEYS = {
+    "producerByteRate": "producer_byte_rate",
+    "consumerByteRate": "consumer_byte_rate",
+    "requestPercentage": "request_percentage",
+    "controllerMutationRate": "controller_mutation_rate",
+}
 CLUSTER_NAME = "kafka-cluster"  # the CLUSTER resource's one name, in Kafka
 CREDENTIAL_ANNOTATION = "straitmq.io/credential"
 SCRAM_LOGIN = "org.apache.kafka.common.security.scram.ScramLoginModule"
@@ -87,6 +94,8 @@ class UserSpec:
     mechanism: str  # SCRAM-SHA-512 or SCRAM-SHA-256; TLS for a certificate
     password_ref: tuple[str, str] | None  # (Secret, key) or None: generated
     acls: frozenset[Binding]
+    # spec.quotas in Kafka's keys (producer_byte_rate, ...): the user's own quotas.
+    quotas: dict[str, float] = field(default_factory=dict)
 
     @property
     def tls(self) -> bool:
@@ -157,7 +166,37 @@ def user_spec(body: dict[str, Any]) -> UserSpec:
         )
     acls = ((spec.get("authorization") or {}).get("acls")) or []
     principal = principal_of(name, mechanism == TLS)
-    return UserSpec(spec["cluster"], name, mechanism, password_ref, bindings(principal, acls))
+    return UserSpec(
+        spec["cluster"],
+        name,
+        mechanism,
+        password_ref,
+        bindings(principal, acls),
+        quota_values(spec.get("quotas") or {}),
+    )
+
+
+def quota_values(quotas: dict[str, Any]) -> dict[str, float]:
+    """spec.quotas as Kafka's keys and values; UserProblem names what the broker would
+    refuse (the CRD's schema refuses it first when it is installed)."""
+    out: dict[str, float] = {}
+    for key, value in quotas.items():
+        kafka_key = QUOTA_KEYS.get(key)
+        if kafka_key is None:
+            raise UserProblem(
+                "InvalidQuota", f"unknown quota {key!r} (one of {', '.join(QUOTA_KEYS)})"
+            )
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise UserProblem("InvalidQuota", f"quotas.{key} must be a number >= 0, not {value!r}")
+        out[kafka_key] = float(value)
+    return out
+
+
+def quota_changes(want: dict[str, float], have: dict[str, float]) -> dict[str, float | None]:
+    """What to send so that the user's quotas are exactly `want` (None: remove the key)."""
+    changes: dict[str, float | None] = {k: v for k, v in want.items() if have.get(k) != v}
+    changes.update({k: None for k in have if k not in want})
+    return changes
 
 
 def acl_changes(
@@ -277,6 +316,7 @@ class UserReconciler:
                     await self._secret(body, us, data, digest)
                 status |= {"username": us.principal.removeprefix("User:"), "secret": us.name}
                 count = await self._acls(admin, us)
+                await self._quotas(admin, us)
         except UserProblem as e:
             if not _same_problem(conds, e.reason, e.message):
                 self.emit("Warning", e.reason, e.message)
@@ -432,6 +472,22 @@ class UserReconciler:
             reason = "InvalidAcl" if e.error_name == "INVALID_REQUEST" else _reason(e)
             raise UserProblem(reason, e.message) from None
         return len(us.acls)
+
+    async def _quotas(self, admin: AdminClient, us: UserSpec) -> None:
+        """Make the user's own client quotas exactly spec.quotas (AlterClientQuotas)."""
+        user = us.principal.removeprefix("User:")
+        try:
+            changes = quota_changes(us.quotas, await admin.user_quotas(user))
+            if changes:
+                await admin.alter_user_quotas(user, changes)
+                self.emit(
+                    "Normal",
+                    "QuotasChanged",
+                    ", ".join(f"{k}={'removed' if v is None else v}" for k, v in changes.items()),
+                )
+        except AdminError as e:
+            reason = "InvalidQuota" if e.error_name == "INVALID_REQUEST" else _reason(e)
+            raise UserProblem(reason, e.message) from None
 
 
 def _ready(conditions: list[dict[str, Any]]) -> bool:

@@ -70,6 +70,7 @@ from .metadata_view import MetadataView
 from .metrics import BrokerMetrics
 from .partition_write import PartitionWriter
 from .partitions import LEADER, Partition, PartitionManager
+from .quotas import ClientQuotas
 from .records import BatchInfo
 from .replication.fetcher import FetcherSettings, ReplicaFetchers
 from .replication.isr import IsrManager
@@ -100,6 +101,10 @@ class Broker:
         self.metrics = BrokerMetrics()
         self.connections: set[KafkaConnection] = set()
         self.stopping = False
+        # Asked to stop: /readyz answers 503 from then on (see stop()), and counts so.
+        self.leaving = False
+        self._unready_answers = 0
+        self._probes_seen = asyncio.Event()
         self.metadata_ready = False
         # What the broker is doing until it serves: the reason /readyz and the HTTP API
         # give while they refuse. "serving" once the Kafka listener accepts.
@@ -162,6 +167,16 @@ class Broker:
             lambda: self.ready,
         )
         self.throttle = ReplicationThrottle(image)
+        # A listener of its own for brokers is never throttled by client quotas (a
+        # follower's fetch is exempt on any listener).
+        self._quota_exempt_listener = (
+            inter_broker.name
+            if config.inter_broker_listener_name and len(self.listeners) > 1
+            else None
+        )
+        self.quotas = ClientQuotas(
+            image, config.quota_window_num, config.quota_window_size_seconds * 1000.0
+        )
         self.writer = PartitionWriter(self.metrics, self.partitions, image, lambda: self.serving)
         self.partitions.role_listeners.append(self.fetchers.on_role)
         self.partitions.role_listeners.append(self.isr.on_role)
@@ -227,6 +242,8 @@ class Broker:
             image,
             self._request_context,
             self._kafka_api(),
+            self.quotas,
+            self._quota_exempt_listener,
         )
         self._producer_ids: list[int] = []  # [next, limit) of the block we hold
         broker_metrics.install(
@@ -240,6 +257,7 @@ class Broker:
             self.share,
             self.cleaner,
             self.transactions,
+            self.quotas,
         )
         broker_metrics.install_host(
             self.telemetry,
@@ -268,6 +286,7 @@ class Broker:
                 self.metrics,
                 cfg.fetch_max_wait_s,
                 lambda: self.stopping,
+                self.quotas,
             ),
             replicas=replicas,
             metadata_deps=MetadataDeps(
@@ -320,7 +339,14 @@ class Broker:
             telemetry=self.telemetry,
             serving=lambda: self.serving,
             not_ready_reason=self.not_ready_reason,
-            health=HealthDeps(metadata, self.quorum, self.metrics, peers, self.not_ready_reason),
+            health=HealthDeps(
+                metadata,
+                self.quorum,
+                self.metrics,
+                peers,
+                self.not_ready_reason,
+                self._answered_not_ready,
+            ),
             topics=TopicsDeps(
                 metadata,
                 self.partitions,
@@ -330,7 +356,9 @@ class Broker:
                 permitted,
                 self.cleaner.stats,
             ),
-            records=RecordsDeps(metadata, self.partitions, self.writer, self.offsets, peers),
+            records=RecordsDeps(
+                metadata, self.partitions, self.writer, self.offsets, peers, self.quotas
+            ),
             groups=GroupsDeps(
                 metadata, self.partitions, self.groups, self.share, self.offsets, peers, permitted
             ),
@@ -676,9 +704,27 @@ class Broker:
             and not b.fenced
         )
 
+    def _answered_not_ready(self) -> None:
+        if self.leaving:
+            self._unready_answers += 1
+            if self._unready_answers >= self.config.shutdown_readiness_probes:
+                self._probes_seen.set()
+
+    async def _until_seen_unready(self) -> None:
+        """Wait, listeners closed (connections refused), until the readiness probe has
+        seen this broker unready often enough for its Service to stop routing here
+        (config.shutdown_readiness_probes); only then may the pod and its address go."""
+        want = self.config.shutdown_readiness_probes
+        if want <= 0 or self._unready_answers >= want:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                self._probes_seen.wait(), self.config.shutdown_readiness_timeout_ms / 1000
+            )
+
     def not_ready_reason(self) -> str | None:
         """None while this broker serves clients; otherwise what it is waiting for."""
-        if self.stopping:
+        if self.stopping or self.leaving:
             return "this broker is shutting down"
         if not self.serving:
             return f"this broker is starting: {self.phase}"
@@ -722,6 +768,7 @@ class Broker:
 
     async def stop(self, controlled: bool = True) -> None:
         """Stop what start started, in reverse order (also after a start cut short)."""
+        self.leaving = True
         if controlled and self.serving and not self.stopping:
             # Leaderships move away first; until then this broker keeps serving them.
             with contextlib.suppress(Exception):
@@ -739,6 +786,8 @@ class Broker:
         for sock in self._kafka_sockets:  # bound, never served
             sock.close()
         self._kafka_sockets = []
+        if controlled and self._http is not None:
+            await self._until_seen_unready()
         await self.share.stop()
         await self.transactions.stop()
         self.txn_verifier.close()

@@ -192,12 +192,43 @@ class BrokerConfig:
     replica_lag_time_max_ms: int = setting(
         30_000, "replica.lag.time.max.ms", "--replica-lag-time-max-ms"
     )
+    quota_window_num: int = setting(
+        11,
+        "quota.window.num",
+        "--quota-window-num",
+        "samples a client quota's rate is measured over",
+    )
+    quota_window_size_seconds: int = setting(
+        1,
+        "quota.window.size.seconds",
+        "--quota-window-size-seconds",
+        "the length of one client quota sample",
+    )
     max_open_files: int | None = setting(
         None, None, "--max-open-files",
         "segment files kept open at once, least recently used closed first "
         "(default: half the process's open-file limit)",
     )  # fmt: skip
     controlled_shutdown_timeout_ms: int = setting(30_000, None, "--controlled-shutdown-timeout-ms")
+    # On Kubernetes a Service routes to a terminating pod until the kubelet has seen its
+    # readiness probe fail; a connection sent there after the pod's address is gone hangs
+    # until the client's connect timeout (30 s). So a leaving broker answers /readyz 503
+    # from the moment it is asked to stop and, its Kafka listeners closed (refusing, not
+    # hanging), exits only once /readyz has answered 503 this many times, or after
+    # --shutdown-readiness-timeout-ms. 0: exit at once (no probes to wait for).
+    shutdown_readiness_probes: int = setting(
+        0,
+        None,
+        "--shutdown-readiness-probes",
+        "on stop, exit after /readyz has answered 503 this many times (Kubernetes: the "
+        "readiness probe's failureThreshold + 1)",
+    )
+    shutdown_readiness_timeout_ms: int = setting(
+        10_000,
+        None,
+        "--shutdown-readiness-timeout-ms",
+        "the longest --shutdown-readiness-probes waits",
+    )
     # The combined node's own quorum and controller (ControllerConfig declares them).
     election_timeout_ms: int = CONTROLLER.election_timeout_ms
     fetch_timeout_ms: int = CONTROLLER.fetch_timeout_ms

@@ -34,6 +34,7 @@ from .groups.coordinator import GroupCoordinator
 from .groups.offsets import OffsetStore
 from .log_cleaner import LogCleaner
 from .partitions import PartitionManager
+from .quotas import ClientQuotas
 from .replication.isr import IsrManager
 from .share.checkpoints import STATE_GROUP_PREFIX
 from .share.coordinator import ShareCoordinator
@@ -41,6 +42,8 @@ from .transactions.coordinator import TransactionCoordinator
 
 FOLLOWER_FETCH_KEY = -1  # latency key of Fetch requests from follower replicas
 MAX_LAG_SERIES = 10_000  # (group, partition) pairs reported per scrape; the rest dropped
+MAX_QUOTA_SERIES = 1000  # clients with a quota reported per scrape: the busiest
+BYTE_QUOTAS = ("producer_byte_rate", "consumer_byte_rate")
 
 
 def _latency_family() -> HistogramFamily:
@@ -110,6 +113,7 @@ def install(
     share: ShareCoordinator,
     cleaner: LogCleaner,
     transactions: TransactionCoordinator,
+    quotas: ClientQuotas,
 ) -> None:
     """Register the broker's instruments, read from the subsystems at collection."""
     telemetry.attach_fast_histogram(C.BROKER_REQUEST_DURATION, m.latency_family)
@@ -260,6 +264,25 @@ def install(
             (ts.timed_out, {C.OUTCOME_TXN: "timeout"}),
         ],
     )
+
+    def quota_points(what: str) -> Points:
+        # Bounded: only clients a quota applies to, the busiest MAX_QUOTA_SERIES.
+        sensors = list(quotas.sensors.values())
+        if len(sensors) > MAX_QUOTA_SERIES:
+            sensors.sort(key=lambda s: s.throttle_ms_total + s.recorded, reverse=True)
+            sensors = sensors[:MAX_QUOTA_SERIES]
+        for s in sensors:
+            labels = {C.QUOTA_TYPE: s.kind, C.QUOTA_USER: s.user, C.QUOTA_CLIENT: s.client_id}
+            if what == "throttle":
+                yield s.throttle_ms_total / 1000.0, labels
+            elif what == "limit":
+                yield s.quota, labels
+            elif s.kind in BYTE_QUOTAS:
+                yield s.recorded, labels
+
+    t.observe(C.BROKER_QUOTA_THROTTLE, lambda: quota_points("throttle"))
+    t.observe(C.BROKER_QUOTA_BYTES, lambda: quota_points("bytes"))
+    t.observe(C.BROKER_QUOTA_LIMIT, lambda: quota_points("limit"))
     t.observe(C.CONSUMER_GROUP_LAG, lag)
     t.observe(C.CONSUMER_GROUP_STATE, group_states)
     t.observe(C.CONSUMER_GROUP_MEMBERS, group_members)

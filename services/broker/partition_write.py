@@ -85,7 +85,7 @@ class PartitionWrite:
                     ErrorCode.not_leader_or_follower,
                     "this broker stopped leading the partition before the write was confirmed",
                 )
-        elif len(partition.isr) < partition.min_isr:
+        elif partition.under_min_isr():
             self.fail(
                 ErrorCode.not_enough_replicas_after_append,
                 f"written, but the ISR shrank to {len(partition.isr)} below "
@@ -121,7 +121,7 @@ class PartitionWriter:
         if partition is None or not partition.is_leader or not self._serving():
             w.fail(ErrorCode.not_leader_or_follower)
             return None
-        if acks == -1 and len(partition.isr) < partition.min_isr:
+        if acks == -1 and partition.under_min_isr():
             w.fail(
                 ErrorCode.not_enough_replicas,
                 f"ISR {partition.isr} is smaller than min.insync.replicas={partition.min_isr}",

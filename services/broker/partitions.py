@@ -17,7 +17,6 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from straitmq.metadata.image import MetadataImage, PartitionImage, TopicImage
@@ -25,13 +24,14 @@ from straitmq.metadata.topic_config import effective
 
 from .loop_slice import LoopSlice
 from .records import BatchInfo
+from .replication.core import FOLLOWER, GREW, LEADER, FollowerState, ReplicaCore
 from .storage.epochs import LeaderEpochCache
 from .storage.handles import FileHandles
 from .storage.log import LogConfig, PartitionLog
 
 log = logging.getLogger("straitmq.broker")
 
-LEADER, FOLLOWER = "leader", "follower"
+__all__ = ["FOLLOWER", "LEADER", "FollowerState", "Partition", "PartitionManager"]
 PREOPEN_CHUNK = 256  # logs loaded per worker-thread hop at startup
 # Epoch checkpoints written per turn of the event loop after a leader change of many
 # partitions (one small file each): the listener keeps answering in between.
@@ -67,60 +67,22 @@ def _now() -> float:
     return time.monotonic()
 
 
-@dataclass(slots=True)
-class FollowerState:
-    """What the leader knows of one follower, from its fetches (Kafka's Replica)."""
+class Partition(ReplicaCore):
+    """A replica: the replication core's state and decisions (replication/core.py) plus
+    the log, the futures waiting on the high watermark and the fetch-session wake-ups."""
 
-    log_end_offset: int = -1
-    last_fetch: float = 0.0
-    last_caught_up: float = 0.0
-    leo_at_last_fetch: int = -1  # the leader's LEO when this follower last fetched
-    log_start_offset: int = -1  # the follower's own log start, from its fetches
-    # The follower's fetch session (KIP-227): while this partition sits in it unchanged,
-    # each fetch in the session keeps the follower caught up without naming it.
-    session: Any = None
-
-
-class Partition:
     __slots__ = (
-        "epoch_start_offset",
         "epoch_writes",
-        "followers",
-        "high_watermark",
         "hw_waiters",
-        "index",
-        "isr",
-        "leader",
-        "leader_epoch",
         "log",
         "low_watermark_waiters",
-        "min_isr",
-        "node_id",
         "on_change",
-        "partition_epoch",
-        "pending_isr",
-        "replicas",
-        "role",
-        "topic",
         "waiters",
     )
 
     def __init__(self, topic: str, index: int, plog: PartitionLog, node_id: int) -> None:
-        self.topic = topic
-        self.index = index
+        super().__init__(topic, index, node_id)
         self.log = plog
-        self.node_id = node_id
-        self.role = ""
-        self.leader = -1
-        self.leader_epoch = -1
-        self.partition_epoch = -1
-        self.replicas: list[int] = []
-        self.isr: list[int] = []
-        self.pending_isr: list[int] | None = None  # an AlterPartition in flight
-        self.min_isr = 1
-        self.high_watermark = 0
-        self.epoch_start_offset = 0
-        self.followers: dict[int, FollowerState] = {}
         self.waiters: set[asyncio.Future[None]] = set()
         self.hw_waiters: list[tuple[int, int, asyncio.Future[bool]]] = []
         # DeleteRecords answers waiting for every replica's log start: (offset, future,
@@ -135,103 +97,50 @@ class Partition:
         # at once, as tools and tests without an event loop do).
         self.epoch_writes: Callable[[LeaderEpochCache], None] | None = None
 
-    @property
-    def is_leader(self) -> bool:
-        return self.role == LEADER
-
     # -- role changes (from the metadata image) ----------------------------------------
 
-    def update(self, p: PartitionImage, min_isr: int) -> str | None:
+    def update(self, p: PartitionImage, min_isr: int) -> str | None:  # type: ignore[override]
         """Apply the image's view; returns "leader"/"follower" when the role or leader
         epoch changed (the caller then starts or moves the replica fetcher)."""
-        self.min_isr = min_isr
-        self.replicas = list(p.replicas)
-        changed = p.leader_epoch != self.leader_epoch or p.leader != self.leader
-        self.isr = list(p.isr)
-        if p.partition_epoch != self.partition_epoch:
-            self.pending_isr = None
-        self.partition_epoch = p.partition_epoch
-        if not changed and self.role:
-            if self.is_leader:
-                added = False
-                for r in self.replicas:
-                    if r != self.node_id and r not in self.followers:
-                        self.followers[r] = FollowerState()
-                        added = True
-                self.maybe_advance_hw()
-                if added:
-                    # A new follower (a reassignment) may have named this partition in
-                    # its fetch session before this leader knew it: its position went
-                    # unrecorded, and an idle partition would never be named again.
-                    # Waking marks it dirty, so the session's stored position counts.
-                    self._wake()
-            return None
-        self.leader = p.leader
-        self.leader_epoch = p.leader_epoch
-        if p.leader == self.node_id:
-            self._become_leader()
-        else:
-            self._become_follower()
-        return self.role
-
-    def _become_leader(self) -> None:
-        self.role = LEADER
-        now = _now()
-        leo = self.log.log_end_offset
-        self.epoch_start_offset = leo
-        epochs = self.log.epochs
-        later = self.epoch_writes
-        if epochs.assign(self.leader_epoch, leo, persist=later is None) and later is not None:
-            later(epochs)
-        # Followers start "caught up now" so the lag clock starts at the election.
-        self.followers = {
-            r: FollowerState(last_fetch=now, last_caught_up=now)
-            for r in self.replicas
-            if r != self.node_id
-        }
-        self.pending_isr = None
-        self.maybe_advance_hw()
-        self._wake()
-
-    def _become_follower(self) -> None:
-        self.role = FOLLOWER
-        self.followers = {}
-        self.pending_isr = None
-        self.fail_hw_waiters()
-        self._wake()
+        outcome = ReplicaCore.update(self, p, min_isr, self.log.log_end_offset, _now())
+        if outcome == LEADER:
+            epochs = self.log.epochs
+            later = self.epoch_writes
+            if (
+                epochs.assign(self.leader_epoch, self.epoch_start_offset, persist=later is None)
+                and later is not None
+            ):
+                later(epochs)
+            self.maybe_advance_hw()
+            self._wake()
+            return LEADER
+        if outcome == FOLLOWER:
+            self.fail_hw_waiters()
+            self._wake()
+            return FOLLOWER
+        if self.role == LEADER:
+            self.maybe_advance_hw()
+            if outcome == GREW:
+                # A new follower (a reassignment) may have named this partition in
+                # its fetch session before this leader knew it: its position went
+                # unrecorded, and an idle partition would never be named again.
+                # Waking marks it dirty, so the session's stored position counts.
+                self._wake()
+        return None
 
     # -- leader side -------------------------------------------------------------------
 
     def append(self, data: memoryview, batches: list[BatchInfo]) -> int:
         if self.followers:
-            # Followers in fetch sessions were caught up until this append, though no
-            # fetch named this partition since: record it before the log end moves.
-            for f in self.followers.values():
-                if f.session is not None:
-                    f.last_caught_up = self.caught_up_at(f)
+            self.before_append(self.log.log_end_offset)
         base = self.log.append(data, batches, self.leader_epoch)
         self.maybe_advance_hw()
         self._wake()
         return base
 
-    def maximal_isr(self) -> list[int]:
-        """The ISR used for the high watermark: a pending expansion counts at once, a
-        pending shrink only after it commits (KIP-497's safety rule)."""
-        if self.pending_isr is None:
-            return self.isr
-        return self.isr + [r for r in self.pending_isr if r not in self.isr]
-
     def maybe_advance_hw(self) -> None:
-        if not self.is_leader:
-            return
-        hw = self.log.log_end_offset
-        for r in self.maximal_isr():
-            if r == self.node_id:
-                continue
-            f = self.followers.get(r)
-            hw = min(hw, f.log_end_offset if f is not None else -1)
-        if hw > self.high_watermark:
-            self.high_watermark = hw
+        if self.advance_hw(self.log.log_end_offset):
+            hw = self.high_watermark
             self.log.producers.high_watermark_moved(hw)
             waiters = self.hw_waiters
             while waiters and waiters[0][0] <= hw:
@@ -240,74 +149,29 @@ class Partition:
                     fut.set_result(True)
             self._wake()
 
-    def on_follower_fetch(
+    def on_follower_fetch(  # type: ignore[override]
         self, replica: int, fetch_offset: int, session: Any = None, log_start: int = -1
     ) -> bool:
-        """Kafka's rule: a follower is caught up if it asks for the leader's LEO, or for
-        what the LEO was at its previous fetch (then it was caught up back then). False
-        if this leader does not know the replica (yet): nothing was recorded."""
-        f = self.followers.get(replica)
-        if f is None:
+        """Record a follower's fetch (see ReplicaCore.on_follower_fetch). False if this
+        leader does not know the replica (yet): nothing was recorded."""
+        known, start_moved = ReplicaCore.on_follower_fetch(
+            self, replica, fetch_offset, self.log.log_end_offset, _now(), session, log_start
+        )
+        if not known:
             return False
-        now = _now()
-        leo = self.log.log_end_offset
-        if fetch_offset >= leo:
-            f.last_caught_up = now
-        elif fetch_offset >= f.leo_at_last_fetch >= 0:
-            f.last_caught_up = max(f.last_caught_up, f.last_fetch)
-        f.log_end_offset = fetch_offset
-        f.last_fetch = now
-        f.leo_at_last_fetch = leo
-        f.session = session
-        if log_start != f.log_start_offset and log_start >= 0:
-            f.log_start_offset = log_start
+        if start_moved:
             self.check_low_watermark()
         self.maybe_advance_hw()
         return True
 
-    def caught_up_at(self, f: FollowerState) -> float:
-        """When the follower was last known caught up. A follower that holds the log
-        end and keeps this partition in a live fetch session is caught up as of its
-        session's last fetch: an append would have put the partition in that fetch."""
-        t = f.last_caught_up
-        s = f.session
-        if (
-            s is not None
-            and s.alive
-            and f.log_end_offset >= self.log.log_end_offset
-            and (self.topic, self.index) in s.parts
-        ):
-            t = max(t, s.last_fetch)
-        return t
+    def caught_up_at(self, f: FollowerState, leo: int | None = None) -> float:
+        return ReplicaCore.caught_up_at(self, f, self.log.log_end_offset if leo is None else leo)
 
-    def isr_change(self, lag_max_s: float, alive: Callable[[int], bool]) -> list[int] | None:
+    def isr_change(  # type: ignore[override]
+        self, lag_max_s: float, alive: Callable[[int], bool]
+    ) -> list[int] | None:
         """The ISR this leader should propose now, or None."""
-        if not self.is_leader or self.pending_isr is not None:
-            return None
-        if len(self.replicas) == 1 and self.isr == self.replicas:
-            return None  # a sole replica is its own ISR
-        now = _now()
-        isr = [
-            r
-            for r in self.isr
-            if r == self.node_id
-            or (
-                (f := self.followers.get(r)) is not None and now - self.caught_up_at(f) <= lag_max_s
-            )
-        ]
-        for r in self.replicas:
-            f = self.followers.get(r)
-            if (
-                r not in isr
-                and f is not None
-                and f.log_end_offset >= max(self.high_watermark, self.epoch_start_offset)
-                and now - self.caught_up_at(f) <= lag_max_s
-                and alive(r)
-            ):
-                isr.append(r)
-        if self.node_id not in isr:
-            isr.insert(0, self.node_id)
-        return isr if sorted(isr) != sorted(self.isr) else None
+        return ReplicaCore.isr_change(self, _now(), self.log.log_end_offset, lag_max_s, alive)
 
     async def wait_for_hw(self, offset: int, within_s: float) -> bool:
         """True once the high watermark reaches `offset`; False on timeout or if this
@@ -367,8 +231,8 @@ class Partition:
         self._wake()
 
     def set_follower_hw(self, leader_hw: int) -> None:
-        self.high_watermark = max(0, min(leader_hw, self.log.log_end_offset))
-        self.log.producers.high_watermark_moved(self.high_watermark)
+        hw = self.follower_hw(leader_hw, self.log.log_end_offset)
+        self.log.producers.high_watermark_moved(hw)
 
     def _wake(self) -> None:
         if self.waiters:

@@ -19,7 +19,7 @@ import os
 import socket
 import struct
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, cast
@@ -42,6 +42,7 @@ from .api.context import Deferred, RawResponse, RequestContext
 from .api.dispatch import ApiSpec
 from .api.versions import api_versions_fallback
 from .metrics import FOLLOWER_FETCH_KEY, BrokerMetrics
+from .quotas import ClientQuotas, user_of
 from .security.listeners import Listener
 from .security.sasl import ConnectionSecurity
 from .storage.log import ReadSlice
@@ -82,6 +83,10 @@ class ListenerDeps:
     image: Callable[[], MetadataImage]  # SCRAM credentials for SASL logins
     context: ContextFactory
     kafka_api: dict[int, ApiSpec]  # API key -> versions and bound handler (dispatch.py)
+    quotas: ClientQuotas  # client quotas: throttles for produce, fetch, request time
+    # A listener only brokers use (inter.broker.listener.name beside client listeners):
+    # never throttled by client quotas.
+    quota_exempt_listener: str | None = None
 
 
 class KafkaConnection(asyncio.BaseProtocol):
@@ -106,8 +111,14 @@ class KafkaConnection(asyncio.BaseProtocol):
         self.paused = False
         self.client_host = ""
         self._dup_fd = -1
-        # (answer, api_key, version, correlation_id, started, metrics key), in request order
-        self._waiting: deque[tuple[asyncio.Future, int, int, int, float, int]] = deque()
+        # (answer, api_key, version, correlation_id, started, metrics key, throttle ms),
+        # in request order
+        self._waiting: deque[tuple[asyncio.Future, int, int, int, float, int, int]] = deque()
+        # Loop time until which the connection is muted (a client over its quota):
+        # nothing more is read or handled until then (Kafka mutes the channel).
+        self.muted_until = 0.0
+        # (quotas version, generation, principal, client id, allowances) of the last request
+        self._quota_allowances: tuple[int, int, str, str, tuple] | None = None
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -224,6 +235,8 @@ class KafkaConnection(asyncio.BaseProtocol):
                     produce = _API_KEY.unpack_from(frame, 0)[0] == 0
                     await self._until_waiting(MAX_PIPELINED - 1 if produce else 0)
                 await self.handle(frame)
+                if self.muted_until:
+                    await self._muted()
         except ConnectionError:
             pass
         except asyncio.CancelledError:
@@ -232,6 +245,40 @@ class KafkaConnection(asyncio.BaseProtocol):
             log.exception("closing connection after an internal error")
         finally:
             self.close()
+
+    async def _muted(self) -> None:
+        """Stop reading until the throttle is over, then read again (unless the frame
+        queue itself holds the socket paused)."""
+        assert self.transport is not None
+        loop = asyncio.get_running_loop()
+        delay = self.muted_until - loop.time()
+        self.muted_until = 0.0
+        if delay <= 0 or self.closed:
+            return
+        self.transport.pause_reading()
+        try:
+            # The throttle the quota computed, not a fixed pause.
+            await asyncio.sleep(delay)
+        finally:
+            if not self.paused and not self.closed:
+                self.transport.resume_reading()
+
+    def _allowances(self, version: int, client: str) -> tuple:
+        """The client's quota allowances, kept on the connection while its principal and
+        client id, the quotas (`version`) and the quota state's generation stay."""
+        quotas = self.deps.quotas
+        principal = self.security.principal
+        kept = self._quota_allowances
+        if (
+            kept is None
+            or kept[0] != version
+            or kept[1] != quotas.generation
+            or kept[2] is not principal
+            or kept[3] != client
+        ):
+            found = quotas.lookup(user_of(principal), client, perf_counter() * 1000.0)
+            kept = self._quota_allowances = (version, quotas.generation, principal, client, found)
+        return kept[4]
 
     async def handle(self, frame: memoryview) -> None:
         start = perf_counter()
@@ -288,9 +335,42 @@ class KafkaConnection(asyncio.BaseProtocol):
         key = api_key if api_key != 1 or body.replica_id < 0 else FOLLOWER_FETCH_KEY
         if key == FOLLOWER_FETCH_KEY:
             metrics.follower_fetches[(self.listener_name, security.principal)] += 1
-        result = await spec.handler(ctx, body)
+        allowances = None
+        if key != FOLLOWER_FETCH_KEY and self.listener_name != deps.quota_exempt_listener:
+            image = deps.image()
+            if image.client_quotas:  # quotas off: nothing more than this look
+                allowances = ctx.quotas = self._allowances(
+                    image.quotas_version, header.client_id or ""
+                )
+        if allowances is not None and allowances[2] is not None:
+            # request_percentage counts the time this request's own code ran (Kafka's
+            # thread time), not the time it waited: a long-polling Fetch or a JoinGroup
+            # waiting for its group costs nothing while it waits.
+            timed = _Timed(spec.handler(ctx, body), perf_counter() - start)
+            result = await timed
+            handling = timed.spent
+        else:
+            result = await spec.handler(ctx, body)
+            handling = 0.0
+        throttle = 0
+        if allowances is not None:
+            now = perf_counter()
+            produced = len(frame) if api_key == 0 else 0
+            throttle = deps.quotas.charge(allowances, handling, produced, now * 1000.0)
+        if type(result) is dict:
+            # Admin answers may carry their own (controller_mutation_rate).
+            throttle = max(throttle, result.get("throttle_time") or 0)
+        elif type(result) is RawResponse:
+            throttle = max(throttle, result.throttle_ms)  # a consumer's Fetch
+        if throttle:
+            result = _with_throttle(result, throttle)
+            if _THROTTLE_AFTER_SEND.get(api_key, 0) > version:
+                # Before KIP-219 the broker held the answer back for the throttle time.
+                await asyncio.sleep(throttle / 1000.0)
+            loop_time = asyncio.get_running_loop().time()
+            self.muted_until = max(self.muted_until, loop_time + throttle / 1000.0)
         if type(result) is Deferred or (self._waiting and result is not None):
-            self._wait_for(result, api_key, version, correlation_id, start, key)
+            self._wait_for(result, api_key, version, correlation_id, start, key, throttle)
             return
         if api_key == 36 and security.exchange is not None and security.exchange.done:
             if type(result) is dict and not result.get("error_code"):
@@ -314,7 +394,14 @@ class KafkaConnection(asyncio.BaseProtocol):
     # -- Produce answers waiting for replication ------------------------------------
 
     def _wait_for(
-        self, result: Any, api_key: int, version: int, correlation_id: int, start: float, key: int
+        self,
+        result: Any,
+        api_key: int,
+        version: int,
+        correlation_id: int,
+        start: float,
+        key: int,
+        throttle: int = 0,
     ) -> None:
         loop = asyncio.get_running_loop()
         if type(result) is Deferred:
@@ -323,13 +410,13 @@ class KafkaConnection(asyncio.BaseProtocol):
         else:  # answered at once, but behind answers still waiting
             answer = loop.create_future()
             answer.set_result(result)
-        self._waiting.append((answer, api_key, version, correlation_id, start, key))
+        self._waiting.append((answer, api_key, version, correlation_id, start, key, throttle))
 
     def _answers_ready(self, _: object = None) -> None:
         """Write the answers that are ready at the head of the queue, in request order."""
         waiting = self._waiting
         while waiting and waiting[0][0].done():
-            answer, api_key, version, correlation_id, start, key = waiting.popleft()
+            answer, api_key, version, correlation_id, start, key, throttle = waiting.popleft()
             if answer.cancelled():
                 continue
             exc = answer.exception()
@@ -337,7 +424,10 @@ class KafkaConnection(asyncio.BaseProtocol):
                 log.error("closing connection after an internal error", exc_info=exc)
                 self.close()
                 continue
-            self._write_answer(answer.result(), api_key, version, correlation_id)
+            result = answer.result()
+            if throttle:
+                result = _with_throttle(result, throttle)
+            self._write_answer(result, api_key, version, correlation_id)
             self.deps.metrics.observe(key, perf_counter() - start)
 
     async def _until_waiting(self, room: int) -> None:
@@ -570,6 +660,58 @@ class KafkaTlsConnection(KafkaConnection, asyncio.BufferedProtocol):
             buf[:n] = view[:n]
             view = view[n:]
             self.buffer_updated(n)
+
+
+class _Timed:
+    """Awaits a coroutine as `await` would, adding up the time spent in each of its
+    steps (from a resumption to its next suspension): the event loop's time spent on
+    this request, waits left out."""
+
+    __slots__ = ("awaitable", "spent")
+
+    def __init__(self, awaitable: Awaitable[Any], spent: float = 0.0) -> None:
+        self.awaitable = awaitable
+        self.spent = spent
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro = self.awaitable.__await__()
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            began = perf_counter()
+            try:
+                yielded = coro.send(value) if error is None else coro.throw(error)
+            except StopIteration as done:
+                self.spent += perf_counter() - began
+                return done.value
+            finally:
+                value, error = None, None
+            self.spent += perf_counter() - began
+            try:
+                value = yield yielded
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as e:  # a cancellation, passed on to the handler
+                error = e
+
+
+# API key -> the first version whose answer is sent before the throttle (KIP-219); for
+# older versions the answer itself is delayed. Other APIs' versions here all send first.
+_THROTTLE_AFTER_SEND = {0: 6, 1: 8, 19: 3, 20: 2, 37: 1}
+
+
+def _with_throttle(result: Any, throttle: int) -> Any:
+    """The answer with its throttle_time_ms set (a Fetch's pieces are patched in place:
+    the body starts with it, right after the size and the response header)."""
+    if type(result) is dict:
+        if "throttle_time" in result:
+            result["throttle_time"] = throttle
+    elif isinstance(result, RawResponse) and len(result.pieces) > 1:
+        first = result.pieces[1]
+        if isinstance(first, bytes) and len(first) >= 4:
+            result.pieces[1] = _SIZE.pack(throttle) + first[4:]
+    return result
 
 
 def _no_credentials(user: str, mechanism: str) -> dict | None:

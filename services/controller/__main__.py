@@ -30,7 +30,8 @@ def build(argv: list[str] | None = None) -> ControllerNode:
     p.add_argument(
         "--node-id",
         required=True,
-        help="a number, or 'auto': the voter whose DNS name starts with this host's name",
+        help="a number, or 'auto': the voter whose DNS name starts with this host's name "
+        "(a StatefulSet pod beyond the voters: the voters' numbering of its ordinal)",
     )
     p.add_argument(
         "--voters", required=True, help="all voters: 1@127.0.0.1:9093,2@127.0.0.1:9094,..."

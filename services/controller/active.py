@@ -504,6 +504,20 @@ class ActiveController:
 
         return {"offset": await self._commit(build)}
 
+    async def alter_client_quotas(self, req: dict) -> dict:
+        """{"entries": [{"entity", "ops"}], "validate_only"}: the refused entries by
+        position ({"errors": {"i": why}}); the others commit together."""
+        refused: dict[int, str] = {}
+
+        def build(image: MetadataImage) -> list[Record]:
+            records, why = ops.alter_client_quotas(image, list(req.get("entries", ())))
+            refused.clear()
+            refused.update(why)
+            return [] if req.get("validate_only") else records
+
+        offset = await self._commit(build)
+        return {"offset": offset, "errors": {str(i): why for i, why in refused.items()}}
+
     async def allocate_producer_ids(self, req: dict) -> dict:
         start = 0
 
@@ -706,6 +720,7 @@ def handlers(c: ActiveController) -> dict[str, Handler]:
         "allocate_producer_ids": c.allocate_producer_ids,
         "alter_scram_credentials": c.alter_scram_credentials,
         "alter_acls": c.alter_acls,
+        "alter_client_quotas": c.alter_client_quotas,
         "alter_partition": c.alter_partition,
         "alter_partitions": c.alter_partitions,
         "reassign": c.reassign,

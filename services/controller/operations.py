@@ -11,6 +11,7 @@ from kio.schema.errors import ErrorCode
 from straitmq.metadata.broker_configs import DYNAMIC_BROKER_CONFIGS
 from straitmq.metadata.broker_configs import check_value as check_broker_config
 from straitmq.metadata.image import NO_LEADER, MetadataImage, PartitionImage, Record, TopicImage
+from straitmq.metadata.quotas import QuotaError, check_entity, check_ops
 from straitmq.metadata.topic_config import validate_topic_configs
 
 from .election import elect, unclean_allowed
@@ -225,6 +226,38 @@ def alter_acls(image: MetadataImage, creations: list[list], deletions: list[list
         if tuple(b) not in image.acls:
             records.append({"type": "acl", "binding": list(b)})
     return records
+
+
+def alter_client_quotas(
+    image: MetadataImage, entries: list[dict]
+) -> tuple[list[Record], dict[int, str]]:
+    """Records for client quota changes ({"entity": [[type, name | null]], "ops": {key:
+    value | null}} each), only for what changes, and {entry position: why} for the
+    entries refused (Kafka's INVALID_REQUEST per entity); a refused entry writes nothing."""
+    records: list[Record] = []
+    refused: dict[int, str] = {}
+    for i, e in enumerate(entries):
+        try:
+            entity = check_entity([(str(t), n) for t, n in e["entity"]])
+            ops_ = check_ops(e["ops"])
+        except QuotaError as why:
+            refused[i] = str(why)
+            continue
+        current = image.client_quotas.get(entity, {})
+        for key, value in ops_.items():
+            if (value is None and key not in current) or (
+                value is not None and current.get(key) == value
+            ):
+                continue
+            records.append(
+                {
+                    "type": "client_quota",
+                    "entity": [list(p) for p in entity],
+                    "key": key,
+                    "value": value,
+                }
+            )
+    return records, refused
 
 
 def allocate_producer_ids(image: MetadataImage) -> tuple[int, list[Record]]:

@@ -22,6 +22,8 @@ Record types:
   acl               binding [resource_type, resource_name, pattern_type, principal, host,
                     operation, permission] (Kafka's codes; straitmq.security.acls)
   remove_acl        binding (the same seven values)
+  client_quota      entity [[type, name | null], ...], key, value (null: remove the key)
+                    (Kafka's QuotaRecord; straitmq.metadata.quotas)
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from straitmq.metadata.quotas import EntityKey, entity_key
 
 Record = dict[str, Any]
 NO_LEADER = -1
@@ -105,6 +108,11 @@ class MetadataImage:
     # A new value whenever `acls` changes, unique across images: authorizers drop their
     # cached decisions when it moves.
     acls_version: int = field(default_factory=lambda: next(_versions), repr=False, compare=False)
+    # Client quotas: entity key (sorted (type, name | None) pairs) -> {key: value}.
+    client_quotas: dict[EntityKey, dict[str, float]] = field(default_factory=dict)
+    # A new value whenever `client_quotas` changes: the brokers' quota lookups are cached
+    # against it.
+    quotas_version: int = field(default=0, repr=False, compare=False)
     # Bumped by every record that changes a topic / any broker: what is built from the
     # image (snapshot bytes, Metadata answers) is cached against these.
     topic_versions: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
@@ -187,6 +195,8 @@ class MetadataImage:
             self.offset,
             {user: dict(creds) for user, creds in self.scram_credentials.items()},
             dict(self.acls),
+            client_quotas={e: dict(q) for e, q in self.client_quotas.items()},
+            quotas_version=self.quotas_version,
         )
 
     # -- snapshots -------------------------------------------------------------------
@@ -213,6 +223,7 @@ class MetadataImage:
                 "offset": self.offset,
                 "scram_credentials": self.scram_credentials,
                 "acls": list(self.acls),
+                "client_quotas": _quotas_list(self.client_quotas),
             }
         )
         return b'{"topics":[' + b",".join(topics) + b"]," + rest[1:]
@@ -229,6 +240,7 @@ class MetadataImage:
             "offset": self.offset,
             "scram_credentials": {u: dict(c) for u, c in self.scram_credentials.items()},
             "acls": [list(b) for b in self.acls],
+            "client_quotas": _quotas_list(self.client_quotas),
         }
 
     @classmethod
@@ -242,6 +254,11 @@ class MetadataImage:
             scram_credentials={u: dict(c) for u, c in d.get("scram_credentials", {}).items()},
             # ... nor ACLs.
             acls={tuple(b): None for b in d.get("acls", ())},
+            # ... nor client quotas.
+            client_quotas={
+                entity_key((t, n) for t, n in entity): dict(values)
+                for entity, values in d.get("client_quotas", ())
+            },
         )
         for b in d["brokers"]:
             image.brokers[b["id"]] = BrokerImage(**b)
@@ -254,6 +271,10 @@ class MetadataImage:
                 t["internal"],
             )
         return image
+
+
+def _quotas_list(quotas: dict[EntityKey, dict[str, float]]) -> list:
+    return [[[list(p) for p in entity], dict(values)] for entity, values in quotas.items()]
 
 
 def _copy_broker(b: BrokerImage) -> BrokerImage:
@@ -437,6 +458,19 @@ def _remove_acl(img: MetadataImage, r: Record) -> None:
     img.acls_version = next(_versions)
 
 
+def _client_quota(img: MetadataImage, r: Record) -> None:
+    entity = entity_key((t, n) for t, n in r["entity"])
+    img.quotas_version = next(_versions)
+    if r["value"] is None:
+        values = img.client_quotas.get(entity)
+        if values is not None:
+            values.pop(r["key"], None)
+            if not values:
+                del img.client_quotas[entity]
+    else:
+        img.client_quotas.setdefault(entity, {})[r["key"]] = float(r["value"])
+
+
 _HANDLERS = {
     "cluster": _cluster,
     "register_broker": _register_broker,
@@ -454,4 +488,5 @@ _HANDLERS = {
     "remove_user_scram_credential": _remove_user_scram_credential,
     "acl": _acl,
     "remove_acl": _remove_acl,
+    "client_quota": _client_quota,
 }

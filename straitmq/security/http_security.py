@@ -454,6 +454,9 @@ class HttpSecurity:
             return need(ALTER, CLUSTER, CLUSTER_NAME)
         if path == "/api/v1/elect-preferred":
             return need(ALTER, CLUSTER, CLUSTER_NAME)
+        if path == "/api/v1/quotas":  # as Describe/AlterClientQuotas
+            op = DESCRIBE_CONFIGS if method == "GET" else ALTER_CONFIGS
+            return need(op, CLUSTER, CLUSTER_NAME)
         if path in ("/api/v1/users", "/api/v1/users/{name}", "/api/v1/acls"):
             # As Describe/AlterUserScramCredentials and Describe/Create/DeleteAcls.
             return need(DESCRIBE if method == "GET" else ALTER, CLUSTER, CLUSTER_NAME)

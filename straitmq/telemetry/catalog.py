@@ -31,6 +31,9 @@ FENCE_REASON = "straitmq.fence.reason"  # session_expired, process_gone
 RESOURCE_KIND = "straitmq.resource.kind"  # MQCluster | Topic
 OUTCOME = "straitmq.reconcile.outcome"  # success | error | requeue
 FETCHER_KIND = "straitmq.fetch_session.fetcher"  # follower | consumer
+QUOTA_TYPE = "straitmq.quota.type"  # producer_byte_rate, consumer_byte_rate, ...
+QUOTA_USER = "straitmq.quota.user"  # "" where the quota is not per user
+QUOTA_CLIENT = "straitmq.quota.client_id"  # "" where the quota is not per client id
 LOG_DIR = "straitmq.log_dir"  # a broker's data directory, as configured
 LISTENER = "straitmq.listener"  # a listener's name (Kafka listeners), or HTTP
 VOTER_STATE = "straitmq.raft.voter.state"  # reachable | unreachable
@@ -193,6 +196,36 @@ BROKER_TXN_MARKER_DURATION = _i(
     "partition and its outcome written, summed over the finished transactions (divided "
     "by straitmq.broker.transactions.completed: the mean)",
 )  # fmt: skip
+BROKER_QUOTA_THROTTLE = _i(
+    "straitmq.broker.quota.throttle_time",
+    OBSERVABLE_COUNTER,
+    "s",
+    "Throttle time given to clients over a quota, per quota type and the user and client "
+    "id sharing it (only clients with a quota); its rate is the share of time throttled",
+    QUOTA_TYPE,
+    QUOTA_USER,
+    QUOTA_CLIENT,
+)
+BROKER_QUOTA_BYTES = _i(
+    "straitmq.broker.quota.io",
+    OBSERVABLE_COUNTER,
+    "By",
+    "Bytes produced (producer_byte_rate) and fetched (consumer_byte_rate) by clients with "
+    "a byte-rate quota, counted against it",
+    QUOTA_TYPE,
+    QUOTA_USER,
+    QUOTA_CLIENT,
+)
+BROKER_QUOTA_LIMIT = _i(
+    "straitmq.broker.quota.limit",
+    OBSERVABLE_GAUGE,
+    "1",
+    "The quota that applies (bytes/s, percent of a thread, partition mutations/s), per "
+    "client with one that has been active",
+    QUOTA_TYPE,
+    QUOTA_USER,
+    QUOTA_CLIENT,
+)
 BROKER_LOG_DIR_USABLE = _i(
     "straitmq.broker.log_dir.usable", OBSERVABLE_GAUGE, "By",
     "Bytes still free for this broker in its log directory's file system (statvfs "
@@ -316,6 +349,7 @@ BROKER = (
     BROKER_CLEANER_BUSY, BROKER_CLEANER_DIRTY_RATIO, BROKER_CLEANER_SINCE_LAST,
     BROKER_CLEANER_UNCLEANABLE, BROKER_TXN_ONGOING, BROKER_TXN_COMPLETED,
     BROKER_TXN_MARKER_DURATION, BROKER_LOG_DIR_USABLE, BROKER_LOG_DIR_CAPACITY,
+    BROKER_QUOTA_THROTTLE, BROKER_QUOTA_BYTES, BROKER_QUOTA_LIMIT,
     CONSUMER_GROUP_LAG, CONSUMER_GROUP_STATE, CONSUMER_GROUP_MEMBERS,
 )  # fmt: skip
 CONTROLLER = (

@@ -31,6 +31,11 @@ Roles (operator.watchNamespaces). Each rule says what needs it.
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [get, list, watch, create, patch, update, delete]
+# External listeners of type ingress (spec.listeners.external): one Ingress per broker
+# and a bootstrap one, deleted with their listener or broker.
+- apiGroups: [networking.k8s.io]
+  resources: [ingresses]
+  verbs: [get, list, watch, create, patch, update, delete]
 # Rolling restarts delete one pod at a time; pod readiness drives scaling and restarts;
 # a manual roll of an MQCluster is moved onto its pods as their annotation (patch).
 - apiGroups: [""]

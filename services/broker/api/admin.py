@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
@@ -27,6 +28,7 @@ from straitmq.security.acls import (
 from straitmq.security.acls import DELETE as ACL_DELETE
 
 from ..dynamic_configs import effective_values, static_values
+from ..quotas import MutationQuota
 from ..share import group_configs
 from .context import RequestContext
 
@@ -55,9 +57,36 @@ _TYPE_CODES = {
 }
 
 
+THROTTLED = "The throttling quota has been exceeded."
+
+
+def _mutation_quota(ctx: RequestContext) -> MutationQuota | None:
+    """This client's controller_mutation_rate allowance, if it has one (the listener
+    looked its allowances up: none for an in-process caller or with no quota at all)."""
+    if ctx.quotas is None or ctx.quotas[3] is None:
+        return None
+    return MutationQuota(ctx.quotas[3])
+
+
+def _over_quota(quota: MutationQuota | None, strict: bool, mutations: int, res: dict) -> bool:
+    """Charge `mutations` partitions to the allowance; True (and the topic's error set)
+    when a strict request finds it already overdrawn (Kafka's
+    StrictControllerMutationQuota: the topic is refused, the rest go on)."""
+    if quota is None:
+        return False
+    now = perf_counter() * 1000.0
+    if strict and quota.exceeded(now):
+        res["error_code"] = ErrorCode.throttling_quota_exceeded
+        res["error_message"] = THROTTLED
+        return True
+    quota.record(mutations, now)
+    return False
+
+
 async def handle_create_topics(deps: AdminDeps, ctx: RequestContext, req: Any) -> dict:
     results = []
     seen: set[str] = set()
+    quota = None if req.validate_only else _mutation_quota(ctx)
 
     async def create(t: Any, res: dict) -> None:
         try:
@@ -135,9 +164,16 @@ async def handle_create_topics(deps: AdminDeps, ctx: RequestContext, req: Any) -
             res["error_code"] = ErrorCode.topic_authorization_failed
             res["error_message"] = "Authorization failed."
             continue
+        if quota is not None:
+            if t.assignments:
+                count = len(t.assignments)
+            else:
+                count = t.num_partitions if t.num_partitions != -1 else deps.config.num_partitions
+            if _over_quota(quota, ctx.version >= 6, count, res):
+                continue
         pending.append(create(t, res))
     await asyncio.gather(*pending)
-    return {"throttle_time": 0, "topics": results}
+    return {"throttle_time": quota.throttle_ms if quota else 0, "topics": results}
 
 
 async def handle_delete_topics(deps: AdminDeps, ctx: RequestContext, req: Any) -> dict:
@@ -156,6 +192,7 @@ async def handle_delete_topics(deps: AdminDeps, ctx: RequestContext, req: Any) -
             res["error_message"] = e.message
 
     pending = []
+    quota = _mutation_quota(ctx)
     for name in names:
         res = {"name": name, "error_code": 0, "error_message": None}
         responses.append(res)
@@ -163,9 +200,13 @@ async def handle_delete_topics(deps: AdminDeps, ctx: RequestContext, req: Any) -
             res["error_code"] = ErrorCode.topic_authorization_failed
             res["error_message"] = "Authorization failed."
             continue
+        topic = deps.metadata.image.topics.get(name)
+        count = len(topic.partitions) if topic is not None else 0
+        if _over_quota(quota, ctx.version >= 5, count, res):
+            continue
         pending.append(delete(name, res))
     await asyncio.gather(*pending)
-    return {"throttle_time": 0, "responses": responses}
+    return {"throttle_time": quota.throttle_ms if quota else 0, "responses": responses}
 
 
 async def handle_create_partitions(deps: AdminDeps, ctx: RequestContext, req: Any) -> dict:
@@ -188,6 +229,7 @@ async def handle_create_partitions(deps: AdminDeps, ctx: RequestContext, req: An
             res["error_message"] = e.message
 
     pending = []
+    quota = None if req.validate_only else _mutation_quota(ctx)
     for t in req.topics:
         res = {"name": t.name, "error_code": 0, "error_message": None}
         results.append(res)
@@ -195,9 +237,13 @@ async def handle_create_partitions(deps: AdminDeps, ctx: RequestContext, req: An
             res["error_code"] = ErrorCode.topic_authorization_failed
             res["error_message"] = "Authorization failed."
             continue
+        topic = deps.metadata.image.topics.get(t.name)
+        count = max(0, t.count - len(topic.partitions)) if topic is not None else 0
+        if _over_quota(quota, ctx.version >= 3, count, res):
+            continue
         pending.append(grow(t, res))
     await asyncio.gather(*pending)
-    return {"throttle_time": 0, "results": results}
+    return {"throttle_time": quota.throttle_ms if quota else 0, "results": results}
 
 
 def _config_entries(

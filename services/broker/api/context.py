@@ -33,6 +33,9 @@ class RequestContext:
     security: ConnectionSecurity | None = None
     # The broker's authorizer (`allowed` asks it); None for an in-process caller.
     authorizer: Authorizer | None = None
+    # The client's quota allowances (straitmq.broker.quotas: one per quota kind, None
+    # where no quota applies), set by the listener when the cluster has client quotas.
+    quotas: tuple | None = None
 
     def allowed(self, operation: int, resource_type: int, name: str) -> bool:
         """May this connection's principal do `operation` on the resource? Always yes
@@ -64,6 +67,7 @@ class RawResponse:
 
     pieces: list[bytes | ReadSlice] = field(default_factory=list)
     size: int = 0
+    throttle_ms: int = 0  # a quota's throttle, written into the answer by the listener
 
     def add(self, piece: Any, size: int) -> None:
         self.pieces.append(piece)

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from ..metadata_view import MetadataView
     from ..metrics import BrokerMetrics
     from ..partitions import PartitionManager
+    from ..quotas import ClientQuotas
     from ..replication.throttle import ReplicationThrottle
     from ..security.listeners import Listener
     from ..share.coordinator import ShareCoordinator
@@ -51,6 +52,7 @@ class FetchDeps:
     metrics: BrokerMetrics
     max_wait_s: float  # fetch.max.wait.ms: the longest a fetch is held
     stopping: Callable[[], bool]  # a leaving broker answers parked fetches at once
+    quotas: ClientQuotas  # consumer_byte_rate (the client's allowance is on the context)
 
 
 @dataclass(frozen=True, slots=True)

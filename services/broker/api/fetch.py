@@ -11,6 +11,7 @@ import logging
 import os
 import struct
 from bisect import bisect_right
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
@@ -28,6 +29,7 @@ from ..fetch_sessions import (
     next_epoch,
 )
 from ..loop_slice import LoopSlice
+from ..quotas import Sensor
 from ..storage.log import ReadSlice
 from ..storage.txn_index import AbortedTxn
 from .context import RawResponse, RequestContext
@@ -265,7 +267,7 @@ def _encode(ctx: RequestContext, topics: list, error: int = 0, session_id: int =
     v = ctx.version
     flexible = v >= 12
     out = RawResponse()
-    head = bytearray(_I32.pack(0))  # throttle
+    head = bytearray(_I32.pack(0))  # throttle (the listener sets it)
     if v >= 7:
         head += _I16.pack(error) + _I32.pack(session_id)
     head += _uvarint(len(topics) + 1) if flexible else _I32.pack(len(topics))
@@ -378,10 +380,30 @@ async def handle_fetch(deps: FetchDeps, ctx: RequestContext, req: Any) -> RawRes
         if session is not None:  # not answered: its marks stay for the next fetch
             session.dirty |= plan.taken
         raise
+    if replica < 0 and ctx.quotas is not None and ctx.quotas[1] is not None:
+        throttled = _over_quota(deps, ctx.quotas[1], topics)
+        if throttled:
+            # Kafka's answer to a consumer over its consumer_byte_rate: nothing (the
+            # bytes are not counted), the throttle time, and the session as it was.
+            if session is not None:
+                session.dirty |= plan.taken
+                if not incremental:
+                    deps.sessions.close(session.id)
+                    session = None
+            out = _encode(ctx, [], 0, session.id if session is not None else INVALID_SESSION_ID)
+            out.throttle_ms = throttled
+            return out
     if session is not None:
         plan.answered(topics, unsent)
     _count(deps, topics, plan.replica >= 0)
     return _encode(ctx, topics, 0, session.id if session is not None else INVALID_SESSION_ID)
+
+
+def _over_quota(deps: FetchDeps, allowance: Sensor, topics: list) -> int:
+    """The throttle (ms) of a consumer whose answer would take it over its quota; the
+    bytes stay counted only when it is within quota."""
+    size = sum(p[4].size for _, parts in topics for p in parts if p[4] is not None)
+    return deps.quotas.charge_fetch(allowance, size, perf_counter() * 1000.0)
 
 
 async def _wait_for_change(plan: _FetchPlan, session: FetchSession | None, within: float) -> None:

@@ -1,7 +1,6 @@
 """SASL and user-credential APIs: SaslHandshake, SaslAuthenticate,
-DescribeUserScramCredentials, AlterUserScramCredentials, and DescribeClientQuotas (which
-`kafka-configs --entity-type users --describe` asks too; StraitMQ has no quotas, so it
-answers with none).
+DescribeUserScramCredentials and AlterUserScramCredentials (client quotas are in
+quotas.py).
 
 The exchange itself is services/broker/security/sasl.py; these only translate. An
 answer that ends the connection (a failed authentication) sets `close_after_reply` on
@@ -210,7 +209,3 @@ async def handle_alter_user_scram_credentials(
             for name in users
         ],
     }
-
-
-async def handle_describe_client_quotas(ctx: RequestContext, req: Any) -> dict:
-    return {"throttle_time": 0, "error_code": 0, "error_message": None, "entries": []}

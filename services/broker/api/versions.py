@@ -61,6 +61,7 @@ VERSIONS: dict[int, Versions] = {
     45: Versions(0, 0),  # AlterPartitionReassignments
     46: Versions(0, 0),  # ListPartitionReassignments
     48: Versions(0, 1),  # DescribeClientQuotas
+    49: Versions(0, 1),  # AlterClientQuotas
     50: Versions(0, 0),  # DescribeUserScramCredentials
     51: Versions(0, 0),  # AlterUserScramCredentials
     55: Versions(0, 2),  # DescribeQuorum

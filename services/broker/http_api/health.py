@@ -20,6 +20,9 @@ class HealthDeps:
     metrics: BrokerMetrics
     peers: Peers
     not_ready_reason: Callable[[], str | None]  # None while the broker serves
+    # Told of every 503 /readyz answer: a leaving broker counts the kubelet's probes
+    # that saw it unready before it lets its pod's address go (Broker.stop).
+    answered_not_ready: Callable[[], None] = lambda: None
 
 
 def add_routes(app: web.Application, deps: HealthDeps) -> None:
@@ -35,6 +38,7 @@ def add_routes(app: web.Application, deps: HealthDeps) -> None:
         reason = deps.not_ready_reason()
         if reason is None:
             return _json({"status": "ready"})
+        deps.answered_not_ready()
         return _json({"status": "not ready", "reason": reason}, 503)
 
     @routes.get("/api/v1/cluster")

@@ -1,5 +1,12 @@
 """REST produce and consume, JSON in and out. A produce is the same partition write as
-Kafka's Produce with acks=all (see partition_write)."""
+Kafka's Produce with acks=all (see partition_write).
+
+Client quotas apply as on the Kafka listener, to the authenticated principal (User:
+ANONYMOUS without authentication) and the client id of an `X-Client-Id` header: a
+produce's body counts against producer_byte_rate, a consume's records against
+consumer_byte_rate. Over quota the answer waits out the throttle (HTTP has no muted
+connection) and says it in `X-Throttle-Time-Ms`; a consume over quota answers no records
+(as Kafka's Fetch does), from the same offset next time."""
 
 from __future__ import annotations
 
@@ -16,11 +23,14 @@ from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import error_name
 
 from straitmq.admin_client import AdminError
+from straitmq.security.http_security import PRINCIPAL
+from straitmq.security.tls import ANONYMOUS
 
 from ..groups.offsets import OFFSETS_TOPIC, OffsetStore
 from ..metadata_view import MetadataView
 from ..partition_write import PartitionWriter
 from ..partitions import PartitionManager
+from ..quotas import ClientQuotas, user_of
 from ..record_codec import build_batch, decode_batch
 from .common import (
     PEERS,
@@ -40,6 +50,22 @@ class RecordsDeps:
     writer: PartitionWriter
     offsets: OffsetStore
     peers: Peers
+    quotas: ClientQuotas
+
+
+THROTTLE_HEADER = "X-Throttle-Time-Ms"
+
+
+def _client(request: web.Request) -> tuple[str, str]:
+    """(quota user, client id) of a REST call."""
+    return user_of(request.get(PRINCIPAL) or ANONYMOUS), request.headers.get("X-Client-Id", "")
+
+
+async def _throttled(response: web.Response, throttle_ms: int) -> web.Response:
+    if throttle_ms:
+        response.headers[THROTTLE_HEADER] = str(throttle_ms)
+        await asyncio.sleep(throttle_ms / 1000.0)  # the quota's throttle, not a fixed pause
+    return response
 
 
 MAX_REST_RECORDS = 10_000
@@ -168,7 +194,12 @@ def add_routes(app: web.Application, deps: RecordsDeps) -> None:
             if failure.error_code is not None:
                 body.update(error_code=failure.error_code, error_name=failure.error_name)
             return _json(body, status)
-        return _json({"offsets": results})
+        throttle = 0
+        if deps.quotas.enabled:
+            user, client = _client(request)
+            size = request.content_length or 0
+            throttle = deps.quotas.produce(user, client, size, time.perf_counter() * 1000.0)
+        return await _throttled(_json({"offsets": results}), throttle)
 
     @routes.get("/api/v1/topics/{name}/partitions/{partition}/records")
     async def consume(request: web.Request) -> web.Response:
@@ -202,7 +233,9 @@ def add_routes(app: web.Application, deps: RecordsDeps) -> None:
             )
         out: list[dict[str, Any]] = []
         pos = offset
+        size = 0
         for raw in p.log.batches(offset, p.high_watermark, max_bytes):
+            size += len(raw)
             for rec in decode_batch(raw):
                 if rec.offset >= offset and len(out) < limit:
                     out.append(
@@ -217,6 +250,12 @@ def add_routes(app: web.Application, deps: RecordsDeps) -> None:
                     pos = rec.offset + 1
             if len(out) >= limit:
                 break
+        if out and deps.quotas.enabled:
+            user, client = _client(request)
+            throttle = deps.quotas.fetch(user, client, size, time.perf_counter() * 1000.0)
+            if throttle:
+                answer = {"records": [], "next_offset": offset, "high_watermark": p.high_watermark}
+                return await _throttled(_json(answer), throttle)
         if group and out:
             end = deps.offsets.commit(group, [(name, part_no, pos, p.leader_epoch, "rest")])
             part = deps.partitions.leader_of(OFFSETS_TOPIC, deps.offsets.partition_for(group))

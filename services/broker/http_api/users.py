@@ -17,8 +17,15 @@ listener, for clients that speak HTTP (the operator's `User` resources).
   type has no use for, e.g. READ on the cluster) refuses the whole request with a 400
   that names it; deleting a binding that does not exist is not an error.
 
-As in Kafka, changing either needs ALTER on the cluster and reading them DESCRIBE
-(straitmq/security/http_security.py).
+- `GET /api/v1/quotas[?user=alice][&client-id=app]`: client quotas, every entity that
+  names the given user / client id (`<default>` for the default), as DescribeClientQuotas.
+- `POST /api/v1/quotas` `{"entries": [{"entity": {"user": "alice"}, "quotas":
+  {"producer_byte_rate": 1048576, "consumer_byte_rate": null}}], "validate_only": false}`:
+  as AlterClientQuotas (null removes a key); an invalid entry (unknown key, a value that
+  is not a non-negative number) refuses the whole request with a 400 that says why.
+
+As in Kafka, changing users or ACLs needs ALTER on the cluster and reading them DESCRIBE;
+quotas ALTER_CONFIGS and DESCRIBE_CONFIGS (straitmq/security/http_security.py).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from typing import Any
 from aiohttp import web
 from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError
+from straitmq.metadata.quotas import QuotaError, check_entity, check_ops, matches
 
 from straitmq.security.acls import ALL, SUPPORTED_OPERATIONS, AclBinding, validate_binding
 from straitmq.security.scram import MAX_ITERATIONS, MECHANISMS, MIN_ITERATIONS, credential_record
@@ -244,4 +252,62 @@ def add_routes(app: web.Application, deps: UsersDeps) -> None:
                 return _controller_error(e)
         return _json({"created": created, "deleted": deleted})
 
+    @routes.get("/api/v1/quotas")
+    async def list_quotas(request: web.Request) -> web.Response:
+        exact = {
+            kind: None if value == DEFAULT_ENTITY else value
+            for kind in ("user", "client-id")
+            if (value := request.query.get(kind)) is not None
+        }
+        return _json(
+            {
+                "quotas": [
+                    {"entity": _entity_json(entity), "quotas": dict(values)}
+                    for entity, values in deps.metadata.image.client_quotas.items()
+                    if matches(entity, exact, set(), False)
+                ]
+            }
+        )
+
+    @routes.post("/api/v1/quotas")
+    async def alter_quotas(request: web.Request) -> web.Response:
+        body = await _body(request)
+        raw = body.get("entries")
+        if not isinstance(raw, list) or not raw:
+            return _error(400, "'entries' must be a non-empty list", ErrorCode.invalid_request)
+        entries = []
+        for item in raw:
+            try:
+                if not isinstance(item, dict) or not isinstance(item.get("entity"), dict):
+                    raise QuotaError("each entry needs an 'entity' object")
+                if not isinstance(item.get("quotas"), dict):
+                    raise QuotaError("each entry needs a 'quotas' object")
+                pairs = [
+                    (str(k), None if v in (None, DEFAULT_ENTITY) else str(v))
+                    for k, v in item["entity"].items()
+                ]
+                check_entity(pairs)
+                ops = check_ops(item["quotas"])
+            except QuotaError as e:
+                return _error(400, f"{item!r}: {e}", ErrorCode.invalid_request)
+            entries.append({"entity": [list(p) for p in pairs], "ops": ops})
+        try:
+            reply = await deps.metadata.control(
+                "alter_client_quotas",
+                {"entries": entries, "validate_only": bool(body.get("validate_only"))},
+            )
+        except ControllerError as e:
+            return _controller_error(e)
+        if reply.get("errors"):
+            i, why = next(iter(reply["errors"].items()))
+            return _error(400, f"{raw[int(i)]!r}: {why}", ErrorCode.invalid_request)
+        return _json({"altered": len(entries)})
+
     app.add_routes(routes)
+
+
+DEFAULT_ENTITY = "<default>"  # kafka-configs' name of a default entity
+
+
+def _entity_json(entity: tuple) -> dict[str, str]:
+    return {kind: DEFAULT_ENTITY if name is None else name for kind, name in entity}

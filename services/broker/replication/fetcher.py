@@ -37,6 +37,7 @@ from ..fetch_sessions import next_epoch
 from ..partitions import FOLLOWER, Partition
 from ..records import InvalidRecords, replicated_batches
 from ..security.listeners import Listener, endpoint_for
+from .core import truncation_offset
 
 log = logging.getLogger("straitmq.replication")
 
@@ -53,7 +54,6 @@ RESPONSE_MAX_BYTES = 16 << 20
 FULL_SCAN_S = 5.0
 YIELD_EVERY = 1000  # partitions handled between turns of the event loop
 TRUNCATE_CHUNK = 2000  # follows per OffsetForLeaderEpoch request
-UNDEFINED = -1
 
 # Per-partition answers that mean the leader's authorizer refused this broker.
 REFUSED = {ErrorCode.topic_authorization_failed, ErrorCode.cluster_authorization_failed}
@@ -258,21 +258,15 @@ class LeaderFetcher:
     def _truncate_one(f: Follow, leader_epoch: int, leader_end: int) -> None:
         plog = f.part.log
         leo = plog.log_end_offset
-        ours = plog.epochs.latest_epoch
-        if ours == UNDEFINED or leo == plog.log_start_offset:
-            target = leo
-        elif leader_epoch == UNDEFINED or leader_end == UNDEFINED:
-            target = plog.log_start_offset  # nothing in common that we can prove
-        elif leader_epoch == ours:
-            target = min(leader_end, leo)
-        else:
-            target = min(leader_end, plog.epochs.end_offset_for(leader_epoch, leo)[1])
+        target = truncation_offset(
+            plog.epochs, leo, plog.log_start_offset, leader_epoch, leader_end
+        )
         if target < leo:
             log.info(
                 "truncating follower log",
                 extra={"partition": f"{f.part.topic}-{f.part.index}", "from": leo, "to": target},
             )
-            plog.truncate_to(max(target, plog.log_start_offset))
+            plog.truncate_to(target)
             f.part.set_follower_hw(f.part.high_watermark)
 
     async def _fetch(self, me: int) -> None:

@@ -107,7 +107,7 @@ class IsrManager:
             self._sender = None
 
     def propose(self, part: Partition, new_isr: list[int]) -> None:
-        part.pending_isr = new_isr
+        part.propose_isr(new_isr)
         self._queued[(part.topic, part.index)] = (part, new_isr)
         if self._sender is None or self._sender.done():
             self._sender = asyncio.get_running_loop().create_task(self._send_queued())
@@ -197,5 +197,4 @@ class IsrManager:
                 "ISR change refused",
                 extra={"partition": f"{part.topic}-{part.index}", "reason": answer.get("message")},
             )
-        if part.pending_isr == new_isr:
-            part.pending_isr = None
+        part.isr_refused(new_isr)

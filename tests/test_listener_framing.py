@@ -13,6 +13,7 @@ import pytest
 from straitmq.broker import server
 from straitmq.broker.api.context import RequestContext
 from straitmq.broker.metrics import BrokerMetrics
+from straitmq.broker.quotas import ClientQuotas
 from straitmq.broker.security.sasl import ConnectionSecurity
 from straitmq.broker.server import TLS_SCRATCH_BYTES, KafkaTlsConnection, ListenerDeps
 from straitmq.metadata.image import MetadataImage
@@ -23,7 +24,15 @@ def _no_context(*args: object) -> RequestContext:
 
 
 def connection(request_max_bytes: int = 1 << 20) -> KafkaTlsConnection:
-    deps = ListenerDeps(BrokerMetrics(), set(), request_max_bytes, MetadataImage, _no_context, {})
+    deps = ListenerDeps(
+        BrokerMetrics(),
+        set(),
+        request_max_bytes,
+        MetadataImage,
+        _no_context,
+        {},
+        ClientQuotas(MetadataImage),
+    )
     conn = KafkaTlsConnection(deps)
     conn.security = ConnectionSecurity(None, lambda user, mech: None)  # no SASL: named
     return conn

@@ -1023,6 +1023,62 @@ def test_ingress_listener_rendered_and_accepted_by_the_api_server(
     print("ingress listener: 4 Ingresses accepted, TLS for each broker's host checked")
 
 
+def test_controller_quorum_3_5_3_while_producing(node: NodeHandle, client: ClientPod) -> None:
+    """spec.controllers.replicas 3 -> 5 -> 3 on real pods (issue 28): the operator adds
+    the two new controllers as voters one at a time once each caught up, then removes
+    them (never the active one first), the StatefulSet following; a producer through the
+    bootstrap Service keeps going, every record exactly once. (A voter whose volume was
+    lost is replaced in tests/test_operator_k8s.py and tests/test_quorum_dynamic.py.)"""
+    producer = client.producer(BOOTSTRAP, TOPIC, "quorum", rate=40)
+    producer.wait_for_acks(100, 120, "before the quorum changes")
+
+    def quorum() -> dict:
+        return node.admin(NS, "/api/v1/quorum", BROKERS)
+
+    def voters() -> set[int]:
+        return {v["node_id"] for v in quorum()["voters"]}
+
+    first = voters()
+    assert len(first) == 3, quorum()
+
+    def settled(n: int) -> bool:
+        q = quorum()
+        sts = node.get("statefulset", "demo-controller", "-n", NS)
+        return (
+            len(q["voters"]) == n
+            and not q["voter_change_pending"]
+            and sts["spec"]["replicas"] == n
+            and sts["status"].get("readyReplicas") == n
+        )
+
+    def patch(n: int) -> None:
+        body = json.dumps({"spec": {"controllers": {"replicas": n}}})
+        node.kubectl("patch", "mqcluster", "demo", "-n", NS, "--type=merge", "-p", body)
+
+    t0 = time.monotonic()
+    patch(5)
+    wait_for(lambda: settled(5), 600, "five voters", every=2, ignore=RETRY, check=producer.check)
+    up = time.monotonic() - t0
+    assert first < voters()
+    producer.wait_for_acks(100, 120, "with five voters")
+    t1 = time.monotonic()
+    patch(3)
+    wait_for(lambda: settled(3), 600, "three voters", every=2, ignore=RETRY, check=producer.check)
+    down = time.monotonic() - t1
+    assert voters() == first, quorum()
+    reasons = {
+        e["reason"]
+        for e in node.get("events", "-n", NS)["items"]
+        if e["involvedObject"]["kind"] == "MQCluster"
+    }
+    assert {"VoterAdded", "VoterRemoved"} <= reasons, reasons
+    producer.wait_for_acks(100, 120, "after the quorum changes")
+    print(producer.stop())
+    assert_exactly_once(producer.acked, client.consume(BOOTSTRAP, TOPIC, "verify-quorum"), "quorum")
+    wait_cluster_ready(node, 300)
+    print(f"\n[quorum figures, real node] controllers 3->5 {up:.0f} s, 5->3 {down:.0f} s")
+
+
 def test_scale_brokers_3_5_3_and_rolling_restart(
     node: NodeHandle, client: ClientPod, external: External
 ) -> None:

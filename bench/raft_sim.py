@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-import traceback
 
 from straitmq.controller.raft.simulation import Simulation, SimulationFailure
+
+from bench.seed_runs import run_seeds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,36 +33,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.seeds)
-    failures: list[tuple[int, str]] = []
-    totals: dict[str, int] = {}
-    started = time.perf_counter()
-    for seed in seeds:
-        sim = Simulation(seed, voters=args.voters, observers=args.observers, steps=args.steps)
-        try:
-            stats = sim.run()
-        except SimulationFailure as exc:
-            failures.append((seed, str(exc)))
-            print(f"FAIL seed {seed}: {exc}", flush=True)
-            if args.seed is not None:
-                traceback.print_exc()
-            continue
-        except Exception as exc:  # an assertion inside the core, or a crash: also a failure
-            failures.append((seed, repr(exc)))
-            print(f"FAIL seed {seed}: {exc!r} [replay: {sim.replay}]", flush=True)
-            if args.seed is not None:
-                traceback.print_exc()
-            continue
-        for k, v in stats.items():
-            totals[k] = totals.get(k, 0) + v
-        if args.seed is not None:
-            print(f"seed {seed}: {stats} faults={sim.faults}")
-    elapsed = time.perf_counter() - started
-    n = len(seeds)
-    print(
-        f"{n} seeds in {elapsed:.1f} s: {n / elapsed:.1f} seeds/s, {len(failures)} failed; "
-        f"totals {totals}"
+    return run_seeds(
+        seeds,
+        lambda seed: Simulation(
+            seed, voters=args.voters, observers=args.observers, steps=args.steps
+        ),
+        SimulationFailure,
+        one=args.seed is not None,
+        detail=lambda sim: f" faults={sim.faults}",
     )
-    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -276,8 +276,41 @@ def _coordinator_of(cluster: Cluster, tid: str) -> int:
     return wait_for(found, 30, f"the coordinator of {tid}", 0.2)
 
 
-def test_bad_transactional_requests_get_kafkas_errors(cluster: Cluster) -> None:
+def _add_partition(raw: Raw, tid: str, pid: int, epoch: int, topic: str) -> set[ErrorCode]:
+    """AddPartitionsToTxn v3 of `topic`'s partition 0: the codes it answers."""
     from kio.schema.add_partitions_to_txn.v3 import request as apt
+
+    r = raw.call(
+        apt.AddPartitionsToTxnRequest(
+            v3_and_below_transactional_id=TransactionalId(tid),
+            v3_and_below_producer_id=ProducerId(pid),
+            v3_and_below_producer_epoch=i16(epoch),
+            v3_and_below_topics=(
+                apt.AddPartitionsToTxnTopic(name=TopicName(topic), partitions=(i32(0),)),
+            ),
+        )
+    )
+    return {
+        p.partition_error_code
+        for t in r.results_by_topic_v3_and_below
+        for p in t.results_by_partition
+    }
+
+
+def _end_txn(raw: Raw, tid: str, pid: int, epoch: int, commit: bool = True) -> ErrorCode:
+    """EndTxn v3: its error code."""
+    r = raw.call(
+        EndTxnRequest(
+            transactional_id=TransactionalId(tid),
+            producer_id=ProducerId(pid),
+            producer_epoch=i16(epoch),
+            committed=commit,
+        )
+    )
+    return r.error_code
+
+
+def test_bad_transactional_requests_get_kafkas_errors(cluster: Cluster) -> None:
     from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
 
     tid = "raw-tid"
@@ -296,36 +329,14 @@ def test_bad_transactional_requests_get_kafkas_errors(cluster: Cluster) -> None:
         pid, epoch = init.producer_id, init.producer_epoch
 
         def end(p: int, e: int) -> ErrorCode:
-            r = raw.call(
-                EndTxnRequest(
-                    transactional_id=TransactionalId(tid),
-                    producer_id=ProducerId(p),
-                    producer_epoch=i16(e),
-                    committed=True,
-                )
-            )
-            return r.error_code
+            return _end_txn(raw, tid, p, e)
 
         assert end(pid, epoch) == ErrorCode.invalid_txn_state  # nothing open
         assert end(pid + 1_000_000, 0) == ErrorCode.invalid_producer_id_mapping
         assert end(pid, epoch - 1 if epoch else epoch + 7) == ErrorCode.producer_fenced
 
         def add(topic: str) -> set[ErrorCode]:
-            r = raw.call(
-                apt.AddPartitionsToTxnRequest(
-                    v3_and_below_transactional_id=TransactionalId(tid),
-                    v3_and_below_producer_id=ProducerId(pid),
-                    v3_and_below_producer_epoch=i16(epoch),
-                    v3_and_below_topics=(
-                        apt.AddPartitionsToTxnTopic(name=TopicName(topic), partitions=(i32(0),)),
-                    ),
-                )
-            )
-            return {
-                p.partition_error_code
-                for t in r.results_by_topic_v3_and_below
-                for p in t.results_by_partition
-            }
+            return _add_partition(raw, tid, pid, epoch, topic)
 
         assert add("no-such-topic") == {ErrorCode.unknown_topic_or_partition}
         assert add(_topic(cluster, "txn-raw", 1)) == {ErrorCode.none}
@@ -438,7 +449,6 @@ def test_partition_leaders_verify_v1_writes_and_add_partitions_for_v2(cluster: C
     answer), the old epoch is fenced, and an abort with nothing added is allowed."""
     import dataclasses
 
-    from kio.schema.add_partitions_to_txn.v3 import request as apt
     from kio.schema.describe_transactions.v0.request import DescribeTransactionsRequest
     from kio.schema.end_txn.v5.request import EndTxnRequest as EndTxnV5
     from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
@@ -500,32 +510,9 @@ def test_partition_leaders_verify_v1_writes_and_add_partitions_for_v2(cluster: C
 
         # v1: not added, refused; added, taken; committed, a late write refused.
         assert send(9, 0, b"unadded", epoch) == ErrorCode.invalid_txn_state
-        added = coord.call(
-            apt.AddPartitionsToTxnRequest(
-                v3_and_below_transactional_id=TransactionalId(tid),
-                v3_and_below_producer_id=ProducerId(pid),
-                v3_and_below_producer_epoch=i16(epoch),
-                v3_and_below_topics=(
-                    apt.AddPartitionsToTxnTopic(name=TopicName(topic), partitions=(i32(0),)),
-                ),
-            )
-        )
-        codes = {
-            p.partition_error_code
-            for t in added.results_by_topic_v3_and_below
-            for p in t.results_by_partition
-        }
-        assert codes == {ErrorCode.none}
+        assert _add_partition(coord, tid, pid, epoch, topic) == {ErrorCode.none}
         assert send(9, 0, b"one", epoch) == ErrorCode.none
-        committed = coord.call(
-            EndTxnRequest(
-                transactional_id=TransactionalId(tid),
-                producer_id=ProducerId(pid),
-                producer_epoch=i16(epoch),
-                committed=True,
-            )
-        )
-        assert committed.error_code == ErrorCode.none
+        assert _end_txn(coord, tid, pid, epoch) == ErrorCode.none
         wait_for(lambda: state() == "CompleteCommit", 30, "the v1 commit's markers written")
         assert send(9, 1, b"late", epoch) == ErrorCode.invalid_txn_state
 

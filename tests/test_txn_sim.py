@@ -252,15 +252,20 @@ def test_the_schedules_reached_every_state() -> None:
     assert {"Empty", ONGOING, PREPARE_COMMIT, PREPARE_ABORT, *COMPLETE} <= SEEN, SEEN
 
 
+def _written(core: TransactionStateMachine, d: Answer | Transition) -> Answer:
+    """A shell whose writes always succeed: the answer, a transition applied first."""
+    if isinstance(d, Answer):
+        return d
+    core.begin(d)
+    core.apply(d)
+    return d.answer
+
+
 def test_a_zombie_is_fenced_and_its_transaction_aborted() -> None:
     core = TransactionStateMachine(max_timeout_ms=60_000)
 
     def run(d: Answer | Transition) -> Answer:
-        if isinstance(d, Answer):
-            return d
-        core.begin(d)
-        core.apply(d)
-        return d.answer
+        return _written(core, d)
 
     first = run(core.init_producer_id("x", 10_000, 0, 7))
     assert (first.producer_id, first.producer_epoch) == (7, 0)
@@ -292,16 +297,12 @@ def test_v2_bumps_every_end_answers_retries_and_moves_to_a_new_id_when_spent() -
     core = TransactionStateMachine(max_timeout_ms=60_000)
 
     def run(d: Answer | Transition) -> Answer:
-        if isinstance(d, Answer):
-            return d
-        core.begin(d)
-        core.apply(d)
-        if d.markers:  # the markers are written at once here
+        answer = _written(core, d)
+        if isinstance(d, Transition) and d.markers:  # the markers are written at once here
             done = core.complete(d.after.transactional_id, 0)
             assert done is not None
-            core.begin(done)
-            core.apply(done)
-        return d.answer
+            _written(core, done)
+        return answer
 
     run(core.init_producer_id("x", 10_000, 0, 7))
     assert run(core.add_partitions("x", 7, 0, {("t", 0)}, 1, TV2)).error == E.none
@@ -336,14 +337,8 @@ def test_v2_bumps_every_end_answers_retries_and_moves_to_a_new_id_when_spent() -
 
 def test_verify_only_confirms_the_partitions_of_the_current_transaction() -> None:
     core = TransactionStateMachine(max_timeout_ms=60_000)
-    for step in (
-        lambda: core.init_producer_id("x", 10_000, 0, 7),
-        lambda: core.add_partitions("x", 7, 0, {("t", 0)}, 1),
-    ):
-        d = step()
-        assert isinstance(d, Transition)
-        core.begin(d)
-        core.apply(d)
+    assert _written(core, core.init_producer_id("x", 10_000, 0, 7)).error == E.none
+    assert _written(core, core.add_partitions("x", 7, 0, {("t", 0)}, 1)).error == E.none
     assert core.verify("x", 7, 0, {("t", 0), ("t", 1)}) == {
         ("t", 0): E.none,
         ("t", 1): E.invalid_txn_state,

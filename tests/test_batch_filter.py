@@ -428,6 +428,17 @@ def _writer(tmp_path: Path, policy: str | None) -> tuple[PartitionWriter, Partit
     return PartitionWriter(BrokerMetrics(), parts, lambda: image, lambda: True), parts
 
 
+class _NoCoordinator:
+    """The produce handler's transaction verifier, for requests without a transactional
+    id: those never ask a coordinator (KIP-890 verifies transactional writes only)."""
+
+    def verifying(self) -> bool:
+        raise AssertionError("a non-transactional produce asked about verification")
+
+    async def verify(self, *args: Any) -> dict:
+        raise AssertionError("a non-transactional produce asked a coordinator")
+
+
 def _produce(writer: PartitionWriter, batch: bytes, version: int = 9) -> Any:
     m = produce_v9 if version >= 8 else produce_v3
     req = m.request.ProduceRequest(
@@ -444,7 +455,7 @@ def _produce(writer: PartitionWriter, batch: bytes, version: int = 9) -> Any:
     ctx = RequestContext(
         api_key=0, version=version, correlation_id=1, client_id=None, client_host="/127.0.0.1"
     )
-    answer = asyncio.run(handle_produce(writer, ctx, req))
+    answer = asyncio.run(handle_produce(writer, _NoCoordinator(), ctx, req))  # type: ignore[arg-type]
     assert isinstance(answer, dict)
     # What goes on the wire, through the real response builder of that version.
     wire = build(response_schema(0, version), answer)

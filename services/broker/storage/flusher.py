@@ -22,6 +22,9 @@ log = logging.getLogger("straitmq.storage")
 _lock = threading.Lock()
 _executor: ThreadPoolExecutor | None = None
 _pending: set[Future[None]] = set()
+# Each queued fsync holds a descriptor outside the open-files cache: at most this many,
+# a roll past it waits for the oldest (a disk that slow is what the bound is for).
+MAX_PENDING = 16
 
 
 def _fsync_and_close(fd: int, name: str) -> None:
@@ -38,6 +41,11 @@ def flush_in_background(fd: int, name: str) -> Future[None]:
     flusher thread, in submission order."""
     global _executor
     with _lock:
+        waiting = list(_pending)
+    if len(waiting) >= MAX_PENDING:
+        for oldest in waiting[: len(waiting) - MAX_PENDING + 1]:
+            oldest.result()
+    with _lock:
         if _executor is None:
             # Not a daemon: the interpreter waits for pending fsyncs at exit.
             _executor = ThreadPoolExecutor(1, thread_name_prefix="segment-flush")
@@ -50,6 +58,12 @@ def flush_in_background(fd: int, name: str) -> Future[None]:
 def _done(fut: Future[None]) -> None:
     with _lock:
         _pending.discard(fut)
+
+
+def pending() -> int:
+    """fsyncs queued or running: each holds a descriptor until it is done."""
+    with _lock:
+        return len(_pending)
 
 
 def drain(timeout: float | None = None) -> bool:

@@ -846,7 +846,8 @@ def test_operator_grows_shrinks_and_heals_the_controller_quorum(
             # directory id; the operator replaces the voter (remove the old storage, add
             # the new once it has caught up).
             standins.lose_storage.add(("controller", 1))
-            kube.kubectl("delete", "pod", "quorum-controller-1", "-n", NS)
+            # (not waiting for it to go: the stand-in's termination can be slow under load)
+            kube.kubectl("delete", "pod", "quorum-controller-1", "-n", NS, "--wait=false")
             kube.wait_for(
                 lambda: voters().get(1001) not in (None, old[1001]) and settled({1000, 1001, 1002}),
                 240,

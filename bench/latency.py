@@ -44,6 +44,7 @@ import sys
 import tempfile
 import time
 import uuid
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
@@ -87,20 +88,21 @@ def parse_e2e(out: str) -> dict[str, float]:
 # -- systems ---------------------------------------------------------------------------
 
 
-class System:
-    """A broker (rf 1) or a 3 + 3 cluster (rf 3) of one kind, up for the whole run."""
+class System(ABC):
+    """A broker (rf 1) or a 3 + 3 cluster (rf 3) of one kind, up for the whole run;
+    StraitMQ's and Kafka's say how they start, stop and which processes are brokers."""
 
     name = ""
     bootstrap = ""
 
-    def start(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def start(self) -> None: ...
 
-    def stop(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def stop(self) -> None: ...
 
-    def broker_pids(self) -> list[int]:
-        raise NotImplementedError
+    @abstractmethod
+    def broker_pids(self) -> list[int]: ...
 
     def cpu_s(self) -> float:
         total = 0.0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import signal
+import socket
 import struct
 from types import SimpleNamespace
 
@@ -47,6 +48,14 @@ def _produce(records: bytes, acks: int) -> object:
     )
 
 
+def _peek(raw: Raw) -> bytes:
+    """What the broker has answered so far, left unread."""
+    try:
+        return raw.sock.recv(256, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return b""
+
+
 def test_acks_all_produces_on_one_connection_replicate_together_in_order(cluster) -> None:
     # Frozen followers must stay in the ISR for the whole test: long session and lag.
     c = cluster(
@@ -60,6 +69,17 @@ def test_acks_all_produces_on_one_connection_replicate_together_in_order(cluster
     def leo() -> int:
         return lead.get("/api/v1/topics/pipe")["partitions"][0]["log_end_offset"]
 
+    def own_view() -> dict:
+        return lead.get("/api/v1/topics/pipe")["partitions"][0]
+
+    # The leader must know it leads before the followers freeze: the ISR seen by another
+    # broker may be ahead of the leader's own view, and a Produce it is not yet leader for
+    # would be refused, never appended.
+    wait_for(
+        lambda: own_view()["local"] == "leader" and len(own_view()["isr"]) == 3,
+        20,
+        "the leader's own view: leader with a full ISR",
+    )
     raw = Raw(SimpleNamespace(port=lead.kafka_port))
     try:
         base = leo()
@@ -82,7 +102,12 @@ def test_acks_all_produces_on_one_connection_replicate_together_in_order(cluster
                 )
             )
             # B and C are in the leader's log while A still waits for the frozen ISR.
-            wait_for(lambda: leo() == base + 6 or None, 20, "B and C appended behind A")
+            wait_for(
+                lambda: leo() == base + 6 or None,
+                20,
+                "B and C appended behind A",
+                detail=lambda: f"leader's view {own_view()}, answers so far {_peek(raw)!r}",
+            )
             raw.sock.setblocking(False)
             with pytest.raises(BlockingIOError):
                 raw.sock.recv(1)  # no answer yet: A cannot be confirmed

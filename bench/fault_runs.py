@@ -27,8 +27,19 @@ for byte up to the high watermark (divergent offsets, missing offsets), then res
     python -m bench.fault_runs --kinds kill9,sigstop,isolate,split --runs 100 --seed 1 \
         --json bench/results-faults.json
 
-Not covered here (said in bench/RESULTS.md): disk full on one broker, clock jumps on one
-process.
+    diskfull   the broker's data dir (its own small ext4, a sparse image loop-mounted
+               with no root reserve, set up here and unmounted at the end) filled by a
+               filler file, then the filler deleted; topics of this kind roll a segment
+               every 16 KiB so that rolls, index writes and producer snapshots meet the
+               full disk too
+    clock      the wall clock of one process (the seeded partition's leader, or in a
+               third of the runs the active controller) jumped by a seeded +-1 s to
+               +-5 min, then back to true time at the heal (two jumps a run). Every
+               process runs under libfaketime (Debian package `faketime`) reading its
+               own offset file; CLOCK_MONOTONIC is not faked (FAKETIME_DONT_FAKE_MONOTONIC):
+               Linux steps only CLOCK_REALTIME (NTP, date -s), monotonic time never jumps
+
+diskfull and clock need root (mount) and libfaketime; the harness says which is missing.
 """
 
 from __future__ import annotations
@@ -57,8 +68,17 @@ from cluster_support import (  # noqa: E402
     consume_all,
 )
 
-KINDS = ("kill9", "sigstop", "isolate", "split")
+KINDS = ("kill9", "sigstop", "isolate", "split", "diskfull", "clock")
 NETWORK_KINDS = ("isolate", "split")
+DISK_MB = 512  # each broker's data filesystem (sparse: costs what is written)
+FAKETIME_LIBS = (
+    "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
+    "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1",
+    "/usr/lib/faketime/libfaketimeMT.so.1",
+)
+# Topics of the disk-full kind: small segments, so that a fault meets rolls (index
+# flush, producer snapshot, new segment file) and not only appends.
+DISKFULL_TOPIC = {"segment.bytes": "16384"}
 
 
 @dataclass
@@ -80,6 +100,11 @@ class Run:
     errors: dict = field(default_factory=dict)
     stalled: str | None = None  # the run could not finish (no progress after healing)
     seconds: float = 0.0
+    # diskfull: the Produce answers with KAFKA_STORAGE_ERROR the victim gave during the
+    # run (the fault reached it); clock: the jump in seconds and the process jumped
+    fault_hits: int | None = None
+    jump_s: int | None = None
+    jumped: str | None = None
 
     def ok(self) -> bool:
         return (
@@ -110,9 +135,112 @@ def history(w: Workload, got: list[tuple[int, int, bytes]], r: Run) -> None:
         last[p] = n
 
 
+def faketime_lib() -> str | None:
+    return next((p for p in FAKETIME_LIBS if os.path.exists(p)), None)
+
+
+def sh(*args: str) -> None:
+    r = subprocess.run(args, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)}: {r.stderr.strip()}")
+
+
+class Disks:
+    """Each broker's data dir on its own small ext4: a sparse image, loop-mounted before
+    the cluster starts (the cluster's folder layout is LocalCluster's:
+    <cluster>/broker-<id>), no blocks reserved for root (the broker runs as root)."""
+
+    def __init__(self, cluster_dir: Path, brokers: int) -> None:
+        self.dirs = {i: cluster_dir / f"broker-{i}" for i in range(1, brokers + 1)}
+        self.images = {i: cluster_dir.parent / f"broker-{i}.img" for i in self.dirs}
+        self.mounted: list[int] = []
+
+    def setup(self) -> None:
+        for i, d in self.dirs.items():
+            img = self.images[i]
+            img.unlink(missing_ok=True)
+            with open(img, "wb") as f:
+                f.truncate(DISK_MB << 20)
+            sh("mkfs.ext4", "-q", "-F", "-m", "0", str(img))
+            d.mkdir(parents=True, exist_ok=True)
+            sh("mount", "-o", "loop", str(img), str(d))
+            self.mounted.append(i)
+
+    def fill(self, i: int) -> int:
+        """Take every free block of broker i's disk; returns the bytes taken."""
+        path = self.dirs[i] / "filler"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        taken = 0
+        try:
+            st = os.statvfs(self.dirs[i])
+            chunk = st.f_bavail * st.f_frsize
+            while chunk >= 512:  # fallocate what fits, halving on ENOSPC
+                try:
+                    os.posix_fallocate(fd, taken, chunk)
+                    taken += chunk
+                except OSError:
+                    chunk //= 2
+            block = b"\0" * 512
+            while True:  # and the last partial blocks
+                try:
+                    taken += os.pwrite(fd, block, taken)
+                except OSError:
+                    break
+        finally:
+            os.close(fd)
+        return taken
+
+    def free(self, i: int) -> None:
+        (self.dirs[i] / "filler").unlink(missing_ok=True)
+
+    def teardown(self) -> None:
+        for i in self.mounted:
+            self.free(i)
+            r = subprocess.run(["umount", str(self.dirs[i])], capture_output=True)
+            if r.returncode != 0:
+                subprocess.run(["umount", "-l", str(self.dirs[i])], capture_output=True)
+            self.images[i].unlink(missing_ok=True)
+        self.mounted.clear()
+
+
+class Clocks:
+    """Every process under libfaketime, each with its own offset file ("+0" is true
+    time), read again at most once a second (FAKETIME_CACHE_DURATION: a jump lands
+    within a second, without a file read on every clock call of the event loop)."""
+
+    def __init__(self, work: Path, lib: str, controllers: int, brokers: int) -> None:
+        self.lib = lib
+        names = [f"controller-{1001 + j}" for j in range(controllers)]
+        names += [f"broker-{i}" for i in range(1, brokers + 1)]
+        self.files = {n: work / f"faketime-{n}" for n in names}
+        for f in self.files.values():
+            f.write_text("+0\n")
+
+    def prefixes(self) -> dict[str, list[str]]:
+        return {
+            n: [
+                "env",
+                f"LD_PRELOAD={self.lib}",
+                f"FAKETIME_TIMESTAMP_FILE={f}",
+                "FAKETIME_CACHE_DURATION=1",
+                "FAKETIME_DONT_FAKE_MONOTONIC=1",
+            ]
+            for n, f in self.files.items()
+        }
+
+    def set(self, name: str, offset_s: int) -> None:
+        tmp = self.files[name].with_suffix(".tmp")
+        tmp.write_text(f"{offset_s:+d}\n")
+        os.replace(tmp, self.files[name])  # never a half-written offset
+
+
 class Faults:
-    def __init__(self, c: Cluster) -> None:
+    def __init__(
+        self, c: Cluster, disks: Disks | None = None, clocks: Clocks | None = None
+    ) -> None:
         self.c = c
+        self.disks = disks
+        self.clocks = clocks
 
     def inject(self, kind: str, victim: int) -> None:
         node = self.c.brokers[victim]
@@ -126,6 +254,9 @@ class Faults:
             for other in self.c.brokers:
                 if other != victim:
                     self._ns(victim, "route", "add", "blackhole", f"{self.c.net.host(other)}/32")
+        elif kind == "diskfull":
+            assert self.disks is not None
+            self.disks.fill(victim)
         else:
             raise ValueError(kind)
 
@@ -141,27 +272,55 @@ class Faults:
             for other in self.c.brokers:
                 if other != victim:
                     self._ns(victim, "route", "del", "blackhole", f"{self.c.net.host(other)}/32")
+        elif kind == "diskfull":
+            assert self.disks is not None
+            self.disks.free(victim)
 
     def _ns(self, i: int, *args: str) -> None:
         subprocess.run(["ip", "-n", self.c.net.ns(i), *args], check=True, capture_output=True)
 
 
+def storage_errors(c: Cluster, victim: int) -> int:
+    """Produce answers with KAFKA_STORAGE_ERROR (56) the broker gave so far."""
+    view = c.brokers[victim].get("/api/v1/cluster") or {}
+    return int(view.get("metrics", {}).get("request_errors", {}).get("0:56", 0))
+
+
 def one_run(c: Cluster, faults: Faults, kind: str, i: int, seed: int) -> Run:
     rng = random.Random(seed)
     topic = f"{kind}-{i}"
-    c.create_topic(topic, partitions=3, rf=3, min_isr=2)
+    c.create_topic(
+        topic, partitions=3, rf=3, min_isr=2, configs=DISKFULL_TOPIC if kind == "diskfull" else None
+    )
     c.wait_isr(topic, 3)
     victim = c.leader_of(topic, rng.randrange(3))
     r = Run(kind, i, seed, victim, round(rng.uniform(0.5, 6.0), 2))
+    jumped = f"broker-{victim}"
+    if kind == "clock":
+        # Either way, by 1 s to 5 min; a third of the runs jump the active controller.
+        r.jump_s = rng.choice((-1, 1)) * rng.choice((1, 2, 5, 10, 30, 60, 120, 300))
+        if rng.random() < 1 / 3:
+            ctl = c.wait_active_controller()
+            jumped = ctl.name
+        r.jumped = jumped
+    hits0 = storage_errors(c, victim) if kind == "diskfull" else 0
     t0 = time.monotonic()
     w = Workload(c.bootstrap, topic, prefix=f"{topic}", rate=300).start()
     try:
         w.wait_acked_growth(100, 60)
-        faults.inject(kind, victim)
+        if kind == "clock":
+            assert faults.clocks is not None and r.jump_s is not None
+            faults.clocks.set(jumped, r.jump_s)
+        else:
+            faults.inject(kind, victim)
         try:
             time.sleep(r.hold_s)  # the fault's seeded duration (not a wait for a condition)
         finally:
-            faults.heal(kind, victim)
+            if kind == "clock":
+                assert faults.clocks is not None
+                faults.clocks.set(jumped, 0)
+            else:
+                faults.heal(kind, victim)
         w.wait_acked_growth(100, 90)
     except Exception as e:  # recorded, and the history still checked
         r.stalled = f"{type(e).__name__}: {e}"
@@ -173,6 +332,8 @@ def one_run(c: Cluster, faults: Faults, kind: str, i: int, seed: int) -> Run:
     c.wait_ready(brokers=[victim])
     got = consume_all(c.bootstrap, topic, f"check-{topic}", len(w.acked))
     history(w, got, r)
+    if kind == "diskfull":
+        r.fault_hits = storage_errors(c, victim) - hits0
     r.seconds = round(time.monotonic() - t0, 1)
     return r
 
@@ -250,6 +411,11 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def write_json(path: str, runs: list[Run]) -> None:
+    data = {"summary": summarize(runs), "runs": [asdict(r) for r in runs]}
+    Path(path).write_text(json.dumps(data, indent=1))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kinds", default=",".join(KINDS))
@@ -262,8 +428,13 @@ def main(argv: list[str] | None = None) -> int:
     kinds = [k for k in args.kinds.split(",") if k]
     if unknown := set(kinds) - set(KINDS):
         ap.error(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
-    if os.geteuid() != 0 and set(kinds) & set(NETWORK_KINDS):
-        ap.error("the network faults need root (network namespaces)")
+    if os.geteuid() != 0 and set(kinds) & {*NETWORK_KINDS, "diskfull"}:
+        ap.error("the network and disk faults need root (network namespaces, mount)")
+    if "clock" in kinds and faketime_lib() is None:
+        ap.error(
+            "the clock fault needs libfaketime, which is not installed (Debian: "
+            f"apt-get install faketime; looked for {', '.join(FAKETIME_LIBS)})"
+        )
     runs: list[Run] = []
     started = time.monotonic()
     for kind in kinds:
@@ -271,9 +442,18 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         gen = cluster_factory(work)
         make = next(gen)
+        disks = Disks(work / "cluster0", 3) if kind == "diskfull" else None  # make's folder
+        lib = faketime_lib()
+        clocks = Clocks(work, lib, 3, 3) if kind == "clock" and lib else None
         try:
-            c = make(brokers=3, netns=kind in NETWORK_KINDS)
-            faults = Faults(c)
+            if disks is not None:
+                disks.setup()
+            c = make(
+                brokers=3,
+                netns=kind in NETWORK_KINDS,
+                node_prefix=clocks.prefixes() if clocks is not None else None,
+            )
+            faults = Faults(c, disks, clocks)
             batch: list[Run] = []
             for i in range(args.runs):
                 seed = args.seed * 1_000_003 + KINDS.index(kind) * 10_007 + i
@@ -288,19 +468,23 @@ def main(argv: list[str] | None = None) -> int:
                     f"hold={r.hold_s}s acked={r.acked} lost={r.lost} dup={r.duplicates} "
                     f"moved={r.moved} ooo={r.out_of_order} files="
                     f"{'-' if r.replicas_identical is None else r.replicas_identical} "
+                    f"{'' if r.fault_hits is None else f'storage_errors={r.fault_hits} '}"
+                    f"{'' if r.jump_s is None else f'jump={r.jump_s:+d}s@{r.jumped} '}"
                     f"{'OK' if r.ok() else 'BAD'} ({r.seconds}s)",
                     flush=True,
                 )
+                if args.json:  # after every run: a long batch stopped early keeps its runs
+                    write_json(args.json, runs)
         finally:
             for _ in gen:  # the factory's teardown: stop, remove the namespaces
                 pass
+            if disks is not None:
+                disks.teardown()
     rows = summarize(runs)
     print(table(rows))
     print(f"total {time.monotonic() - started:.0f}s")
     if args.json:
-        Path(args.json).write_text(
-            json.dumps({"summary": rows, "runs": [asdict(r) for r in runs]}, indent=1)
-        )
+        write_json(args.json, runs)
     return 0 if all(not row["bad_runs"] for row in rows) else 1
 
 

@@ -82,12 +82,19 @@ class Cluster(LocalCluster):
                 return t
         raise RuntimeError(f"no broker answered for topic {name}")
 
-    def create_topic(self, name: str, partitions: int = 3, rf: int = 3, min_isr: int = 2) -> None:
+    def create_topic(
+        self,
+        name: str,
+        partitions: int = 3,
+        rf: int = 3,
+        min_isr: int = 2,
+        configs: dict[str, str] | None = None,
+    ) -> None:
         body = {
             "name": name,
             "partitions": partitions,
             "replication_factor": rf,
-            "configs": {"min.insync.replicas": str(min_isr)},
+            "configs": {"min.insync.replicas": str(min_isr), **(configs or {})},
         }
         b = self.any_broker()
         request_sync(f"http://{b.host}:{b.http_port}", "POST", "/api/v1/topics", body)
@@ -181,6 +188,7 @@ def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
         controller_args: list[str] | None = None,
         broker_args: list[str] | None = None,
         controllers: int = 3,
+        node_prefix: dict[str, list[str]] | None = None,
     ) -> Cluster:
         hosts: dict[str, str] = {}
         prefix: dict[str, list[str]] = {}
@@ -196,6 +204,8 @@ def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
             for i in range(1, brokers + 1):
                 hosts[f"broker-{i}"] = net.host(i)
                 prefix[f"broker-{i}"] = net.prefix(i)
+        for name, cmd in (node_prefix or {}).items():  # run before the namespace's own
+            prefix[name] = [*cmd, *prefix.get(name, [])]
         c = Cluster(
             str(tmp_path / f"cluster{len(made)}"),
             controllers=controllers,

@@ -209,11 +209,17 @@ class Segment:
                 flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
                 fd = self.handles.open(self.path(suffix), flags)
                 try:
-                    written = os.write(fd, pending)
+                    size = os.fstat(fd).st_size
+                    try:
+                        if os.write(fd, pending) != len(pending):
+                            raise OSError(errno.ENOSPC, f"short write to {self.path(suffix)}")
+                    except OSError:
+                        # A full disk: cut what part of it went, or the retry at the
+                        # next roll or flush would append those entries a second time.
+                        os.ftruncate(fd, size)
+                        raise
                 finally:
                     os.close(fd)
-                if written != len(pending):
-                    raise OSError(errno.ENOSPC, f"short write to {self.path(suffix)}")
                 pending.clear()
 
     def fsync(self) -> None:

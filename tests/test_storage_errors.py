@@ -1,0 +1,165 @@
+"""A full disk (ENOSPC) on the broker's write paths, injected in process: a produce
+whose write fails is answered KAFKA_STORAGE_ERROR and never acknowledged, the log keeps
+exactly what was acknowledged (no torn batch, no doubled index entries), and writes go on
+once space is back. The fault runs (bench/fault_runs.py, kind diskfull) do the same with
+a real full filesystem under a cluster."""
+
+from __future__ import annotations
+
+import errno
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import record_batch
+from kio.schema.errors import ErrorCode
+from straitmq.broker.metrics import BrokerMetrics
+from straitmq.broker.partition_write import PartitionWriter
+from straitmq.broker.partitions import Partition, PartitionManager
+from straitmq.broker.record_codec import decode_batch
+from straitmq.broker.records import replicated_batches, validate_batches
+from straitmq.broker.storage import segment as segment_module
+from straitmq.broker.storage.log import LogConfig, PartitionLog
+from straitmq.metadata.image import MetadataImage
+
+STORAGE_ERROR = 56  # KAFKA_STORAGE_ERROR on the wire
+
+
+def _writer(
+    tmp_path: Path, configs: dict[str, str] | None = None
+) -> tuple[PartitionWriter, Partition]:
+    image = MetadataImage()
+    image.apply(
+        {"type": "topic", "name": "t", "topic_id": str(uuid.uuid4()), "configs": configs or {}}
+    )
+    image.apply(
+        {"type": "partition", "topic": "t", "index": 0, "replicas": [1], "isr": [1], "leader": 1}
+    )
+    parts = PartitionManager(str(tmp_path / "data"), {}, 1)
+    parts.sync(image)
+    part = parts.get("t", 0)
+    assert part is not None and part.is_leader
+    return PartitionWriter(BrokerMetrics(), parts, lambda: image, lambda: True), part
+
+
+def _produce(writer: PartitionWriter, value: bytes, acks: int = -1) -> Any:
+    return writer.begin("t", 0, memoryview(record_batch([value])), acks)
+
+
+def _values(plog: PartitionLog) -> list[bytes | None]:
+    return [
+        rec.value
+        for raw in plog.batches(plog.log_start_offset, plog.log_end_offset)
+        for rec in decode_batch(raw)
+    ]
+
+
+def _reopened(plog: PartitionLog) -> PartitionLog:
+    """The same directory loaded again, as after a restart."""
+    return PartitionLog(plog.directory, plog.config)
+
+
+def _fd_path(fd: int) -> str:
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+def _no_space(*_: Any) -> int:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def _half_write(real: Callable[..., int]) -> Callable[..., int]:
+    """A pwritev that writes half of its bytes and returns that count, as Linux does when
+    the disk fills in the middle of a write."""
+
+    def write(fd: int, pieces: list, offset: int) -> int:
+        data = b"".join(bytes(p) for p in pieces)
+        return real(fd, [data[: len(data) // 2]], offset)
+
+    return write
+
+
+@pytest.mark.parametrize("acks", [1, -1])
+@pytest.mark.parametrize("how", ["enospc", "short"])
+def test_a_failed_append_is_a_storage_error_and_never_acknowledged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, acks: int, how: str
+) -> None:
+    writer, part = _writer(tmp_path)
+    ok = _produce(writer, b"before", acks)
+    assert (ok.error_code, ok.base_offset) == (0, 0)
+    size = os.path.getsize(part.log.segments[-1].path(".log"))
+
+    fake = _no_space if how == "enospc" else _half_write(os.pwritev)
+    monkeypatch.setattr(segment_module.os, "pwritev", fake)
+    w = _produce(writer, b"lost", acks)
+    monkeypatch.undo()
+
+    assert w.error_code == ErrorCode.kafka_storage_error == STORAGE_ERROR
+    assert w.base_offset == -1 and not w.pending  # nothing to wait for: never acked
+    assert writer.metrics.request_errors[(0, STORAGE_ERROR)] == 1
+    assert part.log.log_end_offset == 1
+    # A torn batch is cut off again: the next write lands right after the last good one.
+    assert os.path.getsize(part.log.segments[-1].path(".log")) == size
+    again = _produce(writer, b"after", acks)
+    assert (again.error_code, again.base_offset) == (0, 1)
+    assert _values(part.log) == [b"before", b"after"]
+    assert _values(_reopened(part.log)) == [b"before", b"after"]
+
+
+def test_a_full_disk_at_a_roll_keeps_the_index_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The roll writes the old segment's index entries: a short write there used to
+    leave a part of them on disk, and the retry at the next roll appended them all again
+    (an index whose offsets go back)."""
+    writer, part = _writer(tmp_path, {"segment.bytes": "1000", "index.interval.bytes": "1"})
+    for i in range(3):  # several index entries waiting for the roll
+        assert _produce(writer, b"v%d" % i).error_code == 0
+    assert len(part.log.segments) == 1
+    first = part.log.segments[0]
+    real_write = os.write
+
+    def short_index_write(fd: int, data: bytes) -> int:
+        if _fd_path(fd).endswith(".index"):
+            return real_write(fd, bytes(data)[:5])  # not even a whole entry
+        return real_write(fd, data)
+
+    monkeypatch.setattr(segment_module.os, "write", short_index_write)
+    w = _produce(writer, b"x" * 1000)  # does not fit: the segment rolls first
+    monkeypatch.undo()
+    assert w.error_code == STORAGE_ERROR and w.base_offset == -1
+    end = part.log.log_end_offset
+    index = first.path(".index")
+    assert not os.path.exists(index) or os.path.getsize(index) == 0
+
+    ok = _produce(writer, b"y" * 1000)  # space again: the roll goes through
+    assert ok.error_code == 0 and ok.base_offset == end
+    assert len(part.log.segments) == 2
+    entries = len(first.index_offsets)
+    assert os.path.getsize(index) == 8 * entries  # each entry once
+    reopened = _reopened(part.log)
+    assert reopened.segments[0].index_offsets == first.index_offsets
+    assert _values(reopened)[-1] == b"y" * 1000
+    assert len(_values(reopened)) == end + 1
+
+
+def test_a_failed_follower_append_leaves_the_log_where_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A follower whose disk is full keeps its log end (the fetcher retries the same
+    offset), so the leader never counts it as having data it did not write."""
+    plog = PartitionLog(str(tmp_path / "f"), LogConfig())
+    leader = PartitionLog(str(tmp_path / "l"), LogConfig())
+    for v in (b"a", b"b"):
+        view = memoryview(record_batch([v]))
+        leader.append(view, validate_batches(view, 1 << 20), 3)
+    data = memoryview(leader.read_bytes(0, 1 << 20, leader.log_end_offset))
+    monkeypatch.setattr(segment_module.os, "pwritev", _no_space)
+    with pytest.raises(OSError):
+        plog.append_replicated(data, replicated_batches(data))
+    monkeypatch.undo()
+    assert plog.log_end_offset == 0
+    plog.append_replicated(data, replicated_batches(data))
+    assert _values(plog) == [b"a", b"b"]

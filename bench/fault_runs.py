@@ -105,6 +105,7 @@ class Run:
     fault_hits: int | None = None
     jump_s: int | None = None
     jumped: str | None = None
+    victim_exit: int | None = None  # the victim stopped itself during the fault (its code)
 
     def ok(self) -> bool:
         return (
@@ -241,6 +242,7 @@ class Faults:
         self.c = c
         self.disks = disks
         self.clocks = clocks
+        self.exits: list[int] = []  # exit codes of victims found stopped at a heal
 
     def inject(self, kind: str, victim: int) -> None:
         node = self.c.brokers[victim]
@@ -275,6 +277,11 @@ class Faults:
         elif kind == "diskfull":
             assert self.disks is not None
             self.disks.free(victim)
+            if node.proc is not None and node.proc.poll() is not None:
+                # A broker that could not write its metadata log stops (exit 74), as
+                # Kafka's does when its log directory fails: restarted once space is back.
+                self.exits.append(node.proc.returncode)
+                node.start()
 
     def _ns(self, i: int, *args: str) -> None:
         subprocess.run(["ip", "-n", self.c.net.ns(i), *args], check=True, capture_output=True)
@@ -304,6 +311,7 @@ def one_run(c: Cluster, faults: Faults, kind: str, i: int, seed: int) -> Run:
             jumped = ctl.name
         r.jumped = jumped
     hits0 = storage_errors(c, victim) if kind == "diskfull" else 0
+    exits0 = len(faults.exits)
     t0 = time.monotonic()
     w = Workload(c.bootstrap, topic, prefix=f"{topic}", rate=300).start()
     try:
@@ -329,6 +337,9 @@ def one_run(c: Cluster, faults: Faults, kind: str, i: int, seed: int) -> Run:
             w.stop(flush_s=90)
         except AssertionError as e:
             r.stalled = r.stalled or str(e)
+    if len(faults.exits) > exits0:
+        r.victim_exit = faults.exits[-1]
+        hits0 = 0  # a restarted broker counts from zero
     c.wait_ready(brokers=[victim])
     got = consume_all(c.bootstrap, topic, f"check-{topic}", len(w.acked))
     history(w, got, r)
@@ -470,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{'-' if r.replicas_identical is None else r.replicas_identical} "
                     f"{'' if r.fault_hits is None else f'storage_errors={r.fault_hits} '}"
                     f"{'' if r.jump_s is None else f'jump={r.jump_s:+d}s@{r.jumped} '}"
+                    f"{'' if r.victim_exit is None else f'victim_exit={r.victim_exit} '}"
                     f"{'OK' if r.ok() else 'BAD'} ({r.seconds}s)",
                     flush=True,
                 )

@@ -6,6 +6,7 @@ replays that log into a fresh store and state machine, as a new coordinator does
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import random
 
@@ -465,6 +466,45 @@ def test_a_classic_sync_group_is_answered_once_the_generation_is_replicated() ->
 
     assert asyncio.run(run(True)) == E.none
     assert asyncio.run(run(False)) == E.coordinator_not_available
+
+
+def test_a_sync_group_whose_records_cannot_be_written_is_not_answered_as_stored() -> None:
+    """A full disk under the offsets partition: the Stable generation's records are not
+    written, so SyncGroup must not hand out the assignment as if they were (it used to,
+    at once for a new group, or after waiting on an older write): NOT_COORDINATOR, as
+    Kafka answers a group store that failed with KAFKA_STORAGE_ERROR."""
+    from straitmq.broker.groups.coordinator import JoinError
+    from straitmq.broker.groups.state_machine import GroupSettings
+
+    async def run(full: bool) -> int:
+        log = Log()
+        store = store_on(log)
+        coord = GroupCoordinator(store, GroupSettings(initial_rebalance_delay_ms=0))
+
+        async def wait(group: str, end: int) -> bool:
+            return True
+
+        coord.bind(wait)
+        j = await coord.join(
+            G, "", None, "c", "h", 10_000, 10_000, "consumer", [("range", b"m")], False
+        )
+
+        def no_space(index: int, data: memoryview, infos: list) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        if full:
+            store.bind(no_space)
+        try:
+            s = await coord.sync(
+                G, j["member_id"], None, j["generation_id"], {j["member_id"]: b"a"}
+            )
+        except JoinError as err:
+            return err.code
+        assert s["assignment"] == b"a"
+        return E.none
+
+    assert asyncio.run(run(False)) == E.none
+    assert asyncio.run(run(True)) == E.not_coordinator
 
 
 def test_a_group_with_members_loses_only_old_offsets_of_topics_it_no_longer_reads() -> None:

@@ -7,6 +7,7 @@ a real full filesystem under a cluster."""
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import uuid
 from collections.abc import Callable
@@ -163,3 +164,24 @@ def test_a_failed_follower_append_leaves_the_log_where_it_was(
     assert plog.log_end_offset == 0
     plog.append_replicated(data, replicated_batches(data))
     assert _values(plog) == [b"a", b"b"]
+
+
+def test_failing_appends_are_said_once_and_their_end_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full disk fails every produce to the partition: one error line when it starts
+    (Kafka logs the failed log directory), one when appends work again."""
+    writer, part = _writer(tmp_path)
+    monkeypatch.setattr(segment_module.os, "pwritev", _no_space)
+    with caplog.at_level(logging.WARNING, logger="straitmq.broker"):
+        codes = [_produce(writer, b"v%d" % i).error_code for i in range(5)]
+        monkeypatch.undo()
+        assert _produce(writer, b"ok").error_code == 0
+        assert _produce(writer, b"ok again").error_code == 0
+    assert codes == [STORAGE_ERROR] * 5
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert said == [
+        ("ERROR", "cannot append to the log: writes to this partition get KAFKA_STORAGE_ERROR"),
+        ("WARNING", "appends to the log work again"),
+    ]
+    assert part.write_error is None and _values(part.log) == [b"ok", b"ok again"]

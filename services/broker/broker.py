@@ -530,7 +530,12 @@ class Broker:
         part = self.partitions.leader_of(OFFSETS_TOPIC, index)
         if part is None:
             raise ControllerError(ErrorCode.not_coordinator, "not the coordinator for this group")
-        part.append(data, batches)
+        try:
+            part.append(data, batches)
+        except OSError as e:
+            # Kafka answers a group write that met KAFKA_STORAGE_ERROR with NOT_COORDINATOR
+            # (GroupMetadataManager): the client looks the coordinator up again, retries.
+            raise ControllerError(ErrorCode.not_coordinator, f"storage error: {e}") from e
         return part.log.log_end_offset
 
     async def _offsets_durable(self, group_id: str, end: int) -> bool:

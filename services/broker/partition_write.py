@@ -8,6 +8,7 @@ producer sequences, storage errors, and the ISR confirming the write in time.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from kio.schema.errors import ErrorCode
@@ -24,6 +25,30 @@ from .records import (
     validate_batches,
 )
 from .storage.batch_filter import first_keyless, keyless_indexes
+
+log = logging.getLogger("straitmq.broker")
+
+
+def _storage_failed(partition: Partition, e: OSError) -> str:
+    """The answer's message; logged when a partition's writes start failing (a full
+    disk fails every produce to it: one line, not one a request)."""
+    why = f"storage error: {e}"
+    if partition.write_error is None:
+        log.error(
+            "cannot append to the log: writes to this partition get KAFKA_STORAGE_ERROR",
+            extra={"partition": f"{partition.topic}-{partition.index}", "error": str(e)},
+        )
+    partition.write_error = why
+    return why
+
+
+def _storage_ok(partition: Partition) -> None:
+    if partition.write_error is not None:
+        partition.write_error = None
+        log.warning(
+            "appends to the log work again",
+            extra={"partition": f"{partition.topic}-{partition.index}"},
+        )
 
 
 class PartitionWrite:
@@ -173,6 +198,8 @@ class PartitionWriter:
                 partition.log.producers.check_verified(*verified)
             partition.log.producers.check(batches)
             w.base_offset = partition.append(data, batches)
+            if partition.write_error is not None:
+                _storage_ok(partition)
             end = partition.log.log_end_offset
             metrics.bytes_in[topic] += len(data)
             metrics.messages_in[topic] += sum(b.record_count for b in batches)
@@ -184,7 +211,7 @@ class PartitionWriter:
         except SequenceError as e:
             return w.fail(e.code, str(e))
         except OSError as e:
-            return w.fail(ErrorCode.kafka_storage_error, f"storage error: {e}")
+            return w.fail(ErrorCode.kafka_storage_error, _storage_failed(partition, e))
         w.log_start_offset = partition.log.log_start_offset
         if acks == -1:
             w._partition = partition
@@ -220,7 +247,7 @@ class PartitionWriter:
         except SequenceError as e:
             return w.fail(e.code, str(e))
         except OSError as e:
-            return w.fail(ErrorCode.kafka_storage_error, f"storage error: {e}")
+            return w.fail(ErrorCode.kafka_storage_error, _storage_failed(partition, e))
         w.log_start_offset = partition.log.log_start_offset
         w._partition = partition
         w._end = partition.log.log_end_offset

@@ -78,6 +78,7 @@ class Partition(ReplicaCore):
         "low_watermark_waiters",
         "on_change",
         "waiters",
+        "write_error",
     )
 
     def __init__(self, topic: str, index: int, plog: PartitionLog, node_id: int) -> None:
@@ -96,6 +97,9 @@ class Partition(ReplicaCore):
         # Takes the epoch checkpoint a new leadership leaves unwritten (None: write it
         # at once, as tools and tests without an event loop do).
         self.epoch_writes: Callable[[LeaderEpochCache], None] | None = None
+        # Why the last leader append failed on the disk (None: it did not): said once
+        # when writes start failing and once when they work again.
+        self.write_error: str | None = None
 
     # -- role changes (from the metadata image) ----------------------------------------
 

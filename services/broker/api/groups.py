@@ -258,9 +258,19 @@ async def handle_offset_commit(deps: GroupDeps, ctx: RequestContext, req: Any) -
         topics.append({"name": t.name, "partitions": parts})
     if entries:
         # Like Kafka (offsets.commit.required.acks=-1): answer once the ISR has it.
-        end = deps.offsets.commit(req.group_id, entries)
+        try:
+            end = deps.offsets.commit(req.group_id, entries)
+        except ControllerError as e:  # not written (not the leader, a full disk)
+            end, failed = -1, e.code
+        else:
+            failed = ErrorCode.none
         part = deps.partitions.leader_of(OFFSETS_TOPIC, deps.offsets.partition_for(req.group_id))
-        if part is None or not await part.wait_for_hw(end, 5.0):
+        if failed:
+            for t in topics:
+                for p in t["partitions"]:
+                    if p["error_code"] == 0:
+                        p["error_code"] = failed
+        elif part is None or not await part.wait_for_hw(end, 5.0):
             for t in topics:
                 for p in t["partitions"]:
                     if p["error_code"] == 0:

@@ -111,6 +111,11 @@ class GroupCoordinator:
             # A client that went away left a cancelled future (or none): drop the answer.
             if fut is None or fut.done():
                 continue
+            if gid is not None and gid in written and written[gid] is None:
+                # Its records were not written (a full disk, or this broker no longer
+                # leads the offsets partition): an answer must not tell of them.
+                fut.set_result(_unstored(reply.response))
+                continue
             end = self._written_to.get(gid) if gid is not None else None
             if end is None or self._durable is None:
                 fut.set_result(reply.response)
@@ -367,3 +372,12 @@ class GroupCoordinator:
         for g in [g for g in self._written_to if belongs(g)]:
             del self._written_to[g]
         self._apply()
+
+
+def _unstored(response: JoinResponse | SyncResponse) -> JoinResponse | SyncResponse:
+    """The answer to a request whose group records could not be written: a SyncGroup
+    that would tell the assignment gets NOT_COORDINATOR (Kafka's answer when storing the
+    group fails with KAFKA_STORAGE_ERROR), and the members rejoin."""
+    if isinstance(response, SyncResponse) and response.error == ErrorCode.none:
+        return SyncResponse(ErrorCode.not_coordinator)
+    return response

@@ -450,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     for kind in kinds:
         work = Path(args.work) / kind
+        if (work / "cluster0").exists():  # its controllers would remember other brokers
+            ap.error(f"{work} holds an earlier cluster: give a fresh --work")
         work.mkdir(parents=True, exist_ok=True)
         gen = cluster_factory(work)
         make = next(gen)

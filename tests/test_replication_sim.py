@@ -85,6 +85,14 @@ def test_planted_no_truncation_on_a_diverging_epoch(monkeypatch: pytest.MonkeyPa
     _caught("replicas disagree below the high watermark")
 
 
+def test_planted_fetch_ignores_a_diverging_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The leader answers a Fetch from a follower whose log parted from its own as if
+    they agreed (no KIP-320 diverging epoch): a follower that relies on it (odd seeds)
+    keeps an old leader's suffix below the high watermark."""
+    monkeypatch.setattr(simulation, "diverging_epoch", lambda epochs, leo, offset, last: None)
+    _caught("replicas disagree below the high watermark")
+
+
 def test_planted_isr_change_to_a_lagging_replica(monkeypatch: pytest.MonkeyPatch) -> None:
     """The ISR change takes in a follower that is behind the high watermark: elected
     next, it lacks acknowledged writes."""

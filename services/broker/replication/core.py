@@ -21,9 +21,14 @@ Leader (Kafka's Partition + Replica):
   (`pending_isr`) until the controller's answer or a new partition epoch settles it.
 - `under_min_isr` refuses acks=all writes.
 
+- `diverging_epoch` checks a fetch's last fetched epoch against the leader's epoch
+  cache (KIP-320, Fetch v12+): a follower whose log parted from the leader's is told
+  where (its fetch then records nothing: it is not caught up).
+
 Follower:
 - `truncation_offset` is where a follower cuts its log after a leader change, from the
-  leader's OffsetForLeaderEpoch answer (KIP-101/KIP-279) and its own epoch cache.
+  leader's OffsetForLeaderEpoch answer (KIP-101/KIP-279) or a Fetch answer's diverging
+  epoch (KIP-320), and its own epoch cache.
 - `follower_hw` takes the leader's high watermark, bounded by its own log end.
 """
 
@@ -329,3 +334,23 @@ def truncation_offset(
     else:
         target = min(leader_end, epochs.end_offset_for(leader_epoch, leo)[1])
     return max(min(target, leo), log_start)
+
+
+def diverging_epoch(
+    epochs: EpochView, leo: int, fetch_offset: int, last_fetched_epoch: int
+) -> tuple[int, int] | None:
+    """The leader's check of a fetch that names the epoch of the fetcher's last record
+    (KIP-320; Kafka's Partition.validateFetchOffsetAndMaybeGetDivergingEpoch). None:
+    the fetcher's log agrees with this one up to `fetch_offset` (or it named no epoch).
+    Else (epoch, end offset) of the largest epoch of this log not above the named one,
+    the fetcher truncates from (`truncation_offset`); (UNDEFINED, UNDEFINED) when this
+    log cannot tell (no such epoch): the caller answers OFFSET_OUT_OF_RANGE, as Kafka
+    does, and the fetcher finds the point by OffsetForLeaderEpoch."""
+    if last_fetched_epoch < 0:
+        return None
+    epoch, end = epochs.end_offset_for(last_fetched_epoch, leo)
+    if epoch == UNDEFINED or end == UNDEFINED:
+        return UNDEFINED, UNDEFINED
+    if epoch < last_fetched_epoch or end < fetch_offset:
+        return epoch, end
+    return None

@@ -46,7 +46,7 @@ from straitmq.metadata.image import NO_LEADER, MetadataImage, PartitionImage, Re
 from ..producer_state import DuplicateBatch, ProducerStateTable, SequenceError
 from ..records import BatchInfo
 from ..storage.epochs import LeaderEpochCache
-from .core import FOLLOWER, LEADER, ReplicaCore, truncation_offset
+from .core import FOLLOWER, LEADER, UNDEFINED, ReplicaCore, diverging_epoch, truncation_offset
 
 TOPIC = "t"
 CONTROLLER = -1  # the controller's address on the simulated network
@@ -204,6 +204,10 @@ class Simulation:
             ),
             0,
         )
+        # Odd seeds: followers truncate on the leader's Fetch answer alone (KIP-320, as
+        # Kafka's do with a Fetch v12+ leader); even seeds: OffsetForLeaderEpoch first,
+        # as the broker's replica fetcher does. Not drawn: the other draws stay as they were.
+        self.truncate_on_fetch = seed % 2 == 1
         self.min_isr = rng.choice((1, 2, 2))
         self.unclean_allowed = rng.random() < 0.25
         self.p_crash = rng.choice((0.0, 0.006, 0.015))
@@ -487,7 +491,8 @@ class Simulation:
                     b.id, core.leader, "epoch_end", (core.leader_epoch, plog.epochs.latest_epoch)
                 )
             else:
-                self.send(b.id, core.leader, "fetch", (core.leader_epoch, plog.log_end_offset))
+                body = (core.leader_epoch, plog.log_end_offset, plog.epochs.latest_epoch)
+                self.send(b.id, core.leader, "fetch", body)
         elif core.role == LEADER:
             if b.waiters and b.waiters[0][3] <= now:
                 keep = []
@@ -537,12 +542,22 @@ class Simulation:
                 )
             return
         if kind == "fetch":
-            epoch, fetch_offset = body
+            epoch, fetch_offset, last_epoch = body
             error = self._leader_error(core, epoch)
             if error:
                 self.send(b.id, src, "fetch_answer", (error, epoch, fetch_offset))
                 return
             leo = plog.log_end_offset
+            # KIP-320: checked before the fetch counts (Kafka records a follower's fetch
+            # only when its log does not diverge: a parted log is not caught up).
+            parted = diverging_epoch(plog.epochs, leo, fetch_offset, last_epoch)
+            if parted is not None:
+                if parted[0] == UNDEFINED:
+                    answer = (ErrorCode.offset_out_of_range, epoch, fetch_offset)
+                else:
+                    answer = (0, epoch, fetch_offset, [], core.high_watermark, parted)
+                self.send(b.id, src, "fetch_answer", answer)
+                return
             known, _ = core.on_follower_fetch(src, fetch_offset, leo, self.now, None, 0)
             if known:
                 self._advance_hw(b)
@@ -602,7 +617,9 @@ class Simulation:
             self._advance_hw(b)
         elif outcome == FOLLOWER:
             self._fail_waiters(b)
-            b.truncating = True  # first agree with the new leader on where logs part
+            # First agree with the new leader on where logs part (or let its Fetch
+            # answers tell, KIP-320).
+            b.truncating = not self.truncate_on_fetch
             b.inflight_until = 0.0
         elif core.role == LEADER:
             self._advance_hw(b)
@@ -646,6 +663,14 @@ class Simulation:
             b.inflight_until = self.now + 0.02  # back off
             return
         chunk, leader_hw = body[3], body[4]
+        if len(body) > 5:  # the leader's log parts from this one (KIP-320)
+            self._truncate(b, core, plog, *body[5])
+            # An epoch that starts at the log end holds nothing (this replica took it as
+            # a leader and wrote nothing in it): named again, it would part again.
+            plog.epochs.truncate_from_end(plog.log_end_offset)
+            return
+        if core.leader_epoch >= b.stale_epoch:
+            b.stale_epoch = -1  # an answer without divergence: its log is the leader's
         for entry in chunk:
             plog.append(entry)
         hw = core.follower_hw(leader_hw, plog.log_end_offset)
@@ -662,6 +687,16 @@ class Simulation:
         if error:
             b.inflight_until = self.now + 0.02
             return
+        self._truncate(b, core, plog, leader_epoch, leader_end)
+        b.truncating = False
+        if core.leader_epoch >= b.stale_epoch:
+            b.stale_epoch = -1
+
+    def _truncate(
+        self, b: Broker, core: ReplicaCore, plog: MemoryLog, leader_epoch: int, leader_end: int
+    ) -> None:
+        """Cut the log where the leader's says they part (OffsetForLeaderEpoch's answer,
+        or a Fetch answer's diverging epoch)."""
         leo = plog.log_end_offset
         target = truncation_offset(plog.epochs, leo, 0, leader_epoch, leader_end)
         if target < leo:
@@ -669,9 +704,6 @@ class Simulation:
             plog.truncate_to(target)
             core.follower_hw(core.high_watermark, plog.log_end_offset)
             self.loss_possible = True
-        b.truncating = False
-        if core.leader_epoch >= b.stale_epoch:
-            b.stale_epoch = -1
 
     # -- producers -------------------------------------------------------------------
 

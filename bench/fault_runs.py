@@ -37,7 +37,9 @@ for byte up to the high watermark (divergent offsets, missing offsets), then res
                +-5 min, then back to true time at the heal (two jumps a run). Every
                process runs under libfaketime (Debian package `faketime`) reading its
                own offset file; CLOCK_MONOTONIC is not faked (FAKETIME_DONT_FAKE_MONOTONIC):
-               Linux steps only CLOCK_REALTIME (NTP, date -s), monotonic time never jumps
+               Linux steps only CLOCK_REALTIME (NTP, date -s), monotonic time never jumps.
+               The jump is seen from outside: the process's HTTP Date header, read
+               right after the jump, against this machine's clock (`seen_jump_s`)
 
 diskfull and clock need root (mount) and libfaketime; the harness says which is missing.
 """
@@ -45,6 +47,7 @@ diskfull and clock need root (mount) and libfaketime; the harness says which is 
 from __future__ import annotations
 
 import argparse
+import email.utils
 import json
 import os
 import random
@@ -52,6 +55,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -106,6 +111,7 @@ class Run:
     jump_s: int | None = None
     jumped: str | None = None
     victim_exit: int | None = None  # the victim stopped itself during the fault (its code)
+    seen_jump_s: int | None = None  # clock: the jumped process's Date header minus ours
 
     def ok(self) -> bool:
         return (
@@ -206,8 +212,9 @@ class Disks:
 
 class Clocks:
     """Every process under libfaketime, each with its own offset file ("+0" is true
-    time), read again at most once a second (FAKETIME_CACHE_DURATION: a jump lands
-    within a second, without a file read on every clock call of the event loop)."""
+    time), read again at every wall-clock call (FAKETIME_NO_CACHE: libfaketime 0.9.10
+    with FAKETIME_CACHE_DURATION did not see a replaced file; the read costs ~5 us per
+    time.time(), monotonic calls are not faked and cost nothing)."""
 
     def __init__(self, work: Path, lib: str, controllers: int, brokers: int) -> None:
         self.lib = lib
@@ -223,7 +230,7 @@ class Clocks:
                 "env",
                 f"LD_PRELOAD={self.lib}",
                 f"FAKETIME_TIMESTAMP_FILE={f}",
-                "FAKETIME_CACHE_DURATION=1",
+                "FAKETIME_NO_CACHE=1",
                 "FAKETIME_DONT_FAKE_MONOTONIC=1",
             ]
             for n, f in self.files.items()
@@ -287,6 +294,24 @@ class Faults:
         subprocess.run(["ip", "-n", self.c.net.ns(i), *args], check=True, capture_output=True)
 
 
+def http_clock_skew(c: Cluster, name: str) -> int | None:
+    """The process's wall clock as its HTTP Date header shows it (whole seconds) minus
+    this machine's, or None if it did not answer."""
+    kind, node_id = name.rsplit("-", 1)
+    node = (c.controllers if kind == "controller" else c.brokers)[int(node_id)]
+    url = f"http://{node.host}:{node.http_port}/readyz"
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            date = resp.headers.get("Date")
+    except urllib.error.HTTPError as e:  # not ready: its answer still has the header
+        date = e.headers.get("Date")
+    except OSError:
+        return None
+    if not date:
+        return None
+    return round(email.utils.parsedate_to_datetime(date).timestamp() - time.time())
+
+
 def storage_errors(c: Cluster, victim: int) -> int:
     """Produce answers with KAFKA_STORAGE_ERROR (56) the broker gave so far."""
     view = c.brokers[victim].get("/api/v1/cluster") or {}
@@ -319,6 +344,7 @@ def one_run(c: Cluster, faults: Faults, kind: str, i: int, seed: int) -> Run:
         if kind == "clock":
             assert faults.clocks is not None and r.jump_s is not None
             faults.clocks.set(jumped, r.jump_s)
+            r.seen_jump_s = http_clock_skew(c, jumped)
         else:
             faults.inject(kind, victim)
         try:
@@ -483,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{'-' if r.replicas_identical is None else r.replicas_identical} "
                     f"{'' if r.fault_hits is None else f'storage_errors={r.fault_hits} '}"
                     f"{'' if r.jump_s is None else f'jump={r.jump_s:+d}s@{r.jumped} '}"
+                    f"{'' if r.seen_jump_s is None else f'seen={r.seen_jump_s:+d}s '}"
                     f"{'' if r.victim_exit is None else f'victim_exit={r.victim_exit} '}"
                     f"{'OK' if r.ok() else 'BAD'} ({r.seconds}s)",
                     flush=True,

@@ -206,7 +206,7 @@ def test_unchanged_partition_in_a_live_session_stays_in_the_isr(tmp_path: Path) 
     cache = FetchSessions()
     session = cache.open(2)
     assert session is not None
-    cache.put(session, "t", (0, 0, 1 << 20, 1, 0))
+    cache.put(session, "t", (0, 0, 1 << 20, 1, 0, -1))
     part.on_follower_fetch(2, 0, session)  # caught up: the log is empty
     lag = 1.0
     # Long after the last fetch that named the partition, the session keeps fetching.
@@ -249,7 +249,7 @@ def _reassigning_to_3(tmp_path: Path) -> tuple[Partition, FetchSession]:
     part.on_change = cache.changed
     session = cache.open(3)
     assert session is not None
-    cache.put(session, "t", (0, 0, 1 << 20, 1, 0))
+    cache.put(session, "t", (0, 0, 1 << 20, 1, 0, -1))
     return part, session
 
 
@@ -295,7 +295,9 @@ def test_a_look_before_the_leader_knew_the_follower_is_taken_again_in_the_same_f
     deps = SimpleNamespace(replicas=replicas, throttle=throttle)
     ctx = SimpleNamespace(version=12, cluster_allowed=lambda op: True)
     req = SimpleNamespace(replica_id=3, max_bytes=1 << 20)
-    plan = _FetchPlan(deps, ctx, req, [("t", [(0, 0, 1 << 20, 1, 0)])], session, incremental=True)
+    plan = _FetchPlan(
+        deps, ctx, req, [("t", [(0, 0, 1 << 20, 1, 0, -1)])], session, incremental=True
+    )
     asyncio.run(plan.collect(plan.wanted()))  # the first look: broker 3 is no replica here yet
     assert 3 not in part.followers
     part.update(ADDING_3, min_isr=1)  # applied while the fetch waits: the partition is dirty
@@ -321,7 +323,7 @@ def test_a_large_fetch_yields_while_collecting_and_keeps_marks_made_meanwhile(
     deps = SimpleNamespace(replicas=replicas, throttle=throttle)
     ctx = SimpleNamespace(version=12, cluster_allowed=lambda op: True)
     req = SimpleNamespace(replica_id=3, max_bytes=1 << 20)
-    named = [("t", [(i, 0, 1 << 20, 1, 0) for i in range(50)])]
+    named = [("t", [(i, 0, 1 << 20, 1, 0, -1) for i in range(50)])]
     plan = fetch_module._FetchPlan(deps, ctx, req, named, session, incremental=False)
 
     async def go() -> None:

@@ -45,6 +45,7 @@ class SessionPartition:
     fetcher_log_start: int  # the follower's own log start, as its last fetch said
     hw: int = -1  # -1: never answered, so the next answer includes it
     log_start: int = -1
+    last_fetched_epoch: int = -1  # the epoch of the fetcher's last record (KIP-320)
 
 
 class FetchSession:
@@ -153,20 +154,23 @@ class FetchSessions:
 
     # -- partitions of a session ----------------------------------------------------------
 
-    def put(self, s: FetchSession, topic: str, wanted: tuple[int, int, int, int, int]) -> None:
+    def put(self, s: FetchSession, topic: str, wanted: tuple[int, int, int, int, int, int]) -> None:
         """Add or update a partition: (index, fetch offset, max bytes, leader epoch,
-        the fetcher's log start)."""
-        index, fetch_offset, max_bytes, epoch, log_start = wanted
+        the fetcher's log start, the epoch of its last record)."""
+        index, fetch_offset, max_bytes, epoch, log_start, last_epoch = wanted
         key = (topic, index)
         sp = s.parts.get(key)
         if sp is None:
-            s.parts[key] = SessionPartition(fetch_offset, max_bytes, epoch, log_start)
+            s.parts[key] = SessionPartition(
+                fetch_offset, max_bytes, epoch, log_start, last_fetched_epoch=last_epoch
+            )
             self.watch.setdefault(key, set()).add(s)
         else:
             sp.fetch_offset = fetch_offset
             sp.max_bytes = max_bytes
             sp.leader_epoch = epoch
             sp.fetcher_log_start = log_start
+            sp.last_fetched_epoch = last_epoch
 
     def forget(self, s: FetchSession, key: Key) -> None:
         if s.parts.pop(key, None) is not None:

@@ -30,6 +30,7 @@ from ..fetch_sessions import (
 )
 from ..loop_slice import LoopSlice
 from ..quotas import Sensor
+from ..replication.core import UNDEFINED, diverging_epoch
 from ..storage.log import ReadSlice
 from ..storage.txn_index import AbortedTxn
 from .context import RawResponse, RequestContext
@@ -52,15 +53,19 @@ _I32 = struct.Struct(">i")
 _PART_V4 = struct.Struct(">ihqq")  # partition, error, high watermark, last stable offset
 _I64 = struct.Struct(">q")
 _ABORTED = struct.Struct(">qq")  # producer id, first offset
+_DIVERGING = struct.Struct(">iq")  # epoch, end offset
 
 
 # topic -> [(partition, fetch offset, partition max bytes, current leader epoch,
-#            the fetching follower's log start)]
-WantedPartition = tuple[int, int, int, int, int]
+#            the fetching follower's log start, the epoch of its last record)]
+WantedPartition = tuple[int, int, int, int, int, int]
 Wanted = list[tuple[str, list[WantedPartition]]]
 # A partition's answer: (partition, error, high watermark, log start, records, fetch
-# offset, last stable offset, aborted transactions (None: read_uncommitted or an error)).
-PartAnswer = tuple[int, int, int, int, ReadSlice | None, int, int, list[AbortedTxn] | None]
+# offset, last stable offset, aborted transactions (None: read_uncommitted or an error),
+# the diverging epoch and its end offset (None: the fetcher's log does not part, KIP-320)).
+PartAnswer = tuple[
+    int, int, int, int, ReadSlice | None, int, int, list[AbortedTxn] | None, tuple[int, int] | None
+]
 
 
 def _wanted(p: Any) -> WantedPartition:
@@ -70,6 +75,7 @@ def _wanted(p: Any) -> WantedPartition:
         p.partition_max_bytes,
         getattr(p, "current_leader_epoch", -1),
         getattr(p, "log_start_offset", -1),
+        getattr(p, "last_fetched_epoch", -1),  # v12+
     )
 
 
@@ -136,7 +142,14 @@ class _FetchPlan:
             sp = session.parts.get(key)
             if sp is not None:
                 by_topic.setdefault(key[0], []).append(
-                    (key[1], sp.fetch_offset, sp.max_bytes, sp.leader_epoch, sp.fetcher_log_start)
+                    (
+                        key[1],
+                        sp.fetch_offset,
+                        sp.max_bytes,
+                        sp.leader_epoch,
+                        sp.fetcher_log_start,
+                        sp.last_fetched_epoch,
+                    )
                 )
         return list(by_topic.items())
 
@@ -158,28 +171,47 @@ class _FetchPlan:
             parts: list[PartAnswer] = []
             error: int
             denied = not self.may_read(topic)
-            for index, fetch_offset, max_bytes, leader_epoch, follower_start in wants:
+            for index, fetch_offset, max_bytes, leader_epoch, follower_start, last_epoch in wants:
                 if pacer.due():
                     await pacer.pause()
                 if denied:
                     error = ErrorCode.topic_authorization_failed
-                    parts.append((index, error, -1, -1, None, fetch_offset, -1, None))
+                    parts.append((index, error, -1, -1, None, fetch_offset, -1, None, None))
                     continue
                 partition, error = replicas.leader(topic, index, leader_epoch)
                 if error:
                     hw = partition.high_watermark if partition is not None else -1
-                    parts.append((index, error, hw, -1, None, fetch_offset, -1, None))
+                    parts.append((index, error, hw, -1, None, fetch_offset, -1, None, None))
                     continue
                 assert partition is not None
                 plog = partition.log
                 hw = partition.high_watermark
+                if replica >= 0 and last_epoch >= 0:
+                    # KIP-320, before the fetch counts: a follower whose log parted from
+                    # this one is told where, and is not caught up (Kafka records its
+                    # fetch only without a divergence). Followers only: consumers keep
+                    # validating positions by OffsetForLeaderEpoch, as before.
+                    leo = plog.log_end_offset
+                    parted = diverging_epoch(plog.epochs, leo, fetch_offset, last_epoch)
+                    if parted is not None:
+                        start = plog.log_start_offset
+                        if parted[0] == UNDEFINED:  # as Kafka: the fetcher asks by epoch
+                            error = ErrorCode.offset_out_of_range
+                            parts.append(
+                                (index, error, hw, start, None, fetch_offset, -1, None, None)
+                            )
+                        else:
+                            parts.append(
+                                (index, 0, hw, start, None, fetch_offset, -1, None, parted)
+                            )
+                        continue
                 if replica >= 0 and (topic, index) not in self.reported:
                     if partition.on_follower_fetch(replica, fetch_offset, session, follower_start):
                         self.reported.add((topic, index))
                 if fetch_offset < plog.log_start_offset or fetch_offset > plog.log_end_offset:
                     error = ErrorCode.offset_out_of_range
                     start = plog.log_start_offset
-                    parts.append((index, error, hw, start, None, fetch_offset, -1, None))
+                    parts.append((index, error, hw, start, None, fetch_offset, -1, None, None))
                     continue
                 lso = plog.last_stable_offset(hw)
                 limit = min(max_bytes, budget) if total else max_bytes
@@ -195,7 +227,7 @@ class _FetchPlan:
                         extra={"topic": topic, "partition": index, "error": str(e)},
                     )
                     error = ErrorCode.kafka_storage_error
-                    parts.append((index, error, hw, -1, None, fetch_offset, -1, None))
+                    parts.append((index, error, hw, -1, None, fetch_offset, -1, None, None))
                     continue
                 aborted = None
                 if self.read_committed:
@@ -213,7 +245,7 @@ class _FetchPlan:
                 elif fetch_offset < upper:
                     unsent.add((topic, index))
                 start = plog.log_start_offset
-                parts.append((index, 0, hw, start, sl, fetch_offset, lso, aborted))
+                parts.append((index, 0, hw, start, sl, fetch_offset, lso, aborted, None))
             topics.append((topic, parts))
         return topics, total, unsent
 
@@ -231,6 +263,7 @@ class _FetchPlan:
                     sp is None
                     or part[1]
                     or part[4] is not None
+                    or part[8] is not None
                     or part[2] != sp.hw
                     or part[3] != sp.log_start
                 ):
@@ -276,7 +309,7 @@ def _encode(ctx: RequestContext, topics: list, error: int = 0, session_id: int =
         raw = name.encode()
         head += (_uvarint(len(raw) + 1) if flexible else _I16.pack(len(raw))) + raw
         head += _uvarint(len(parts) + 1) if flexible else _I32.pack(len(parts))
-        for index, p_error, hw, log_start, sl, _, lso, aborted in parts:
+        for index, p_error, hw, log_start, sl, _, lso, aborted, parted in parts:
             head += _PART_V4.pack(index, p_error, hw, lso)
             if v >= 5:
                 head += _I64.pack(log_start)
@@ -297,7 +330,10 @@ def _encode(ctx: RequestContext, topics: list, error: int = 0, session_id: int =
                 chunks.append(sl)
                 head = bytearray()
             if flexible:
-                head += b"\x00"
+                if parted is None:
+                    head += b"\x00"  # no tagged fields
+                else:  # one: DivergingEpoch (tag 0: epoch, end offset, no tags of its own)
+                    head += b"\x01\x00\x0d" + _DIVERGING.pack(*parted) + b"\x00"
         if flexible:
             head += b"\x00"
     if flexible:

@@ -374,7 +374,15 @@ class LeaderFetcher:
                     self.changed.add(key)  # named again with what it holds now
                     continue
                 err = int(r.error_code)
-                if err == ErrorCode.none:
+                parted = r.diverging_epoch
+                if err == ErrorCode.none and parted is not None and parted.end_offset >= 0:
+                    # KIP-320: the leader's log parts from ours; cut ours where it says.
+                    self._truncate_one(f, int(parted.epoch), int(parted.end_offset))
+                    # An epoch starting at our log end holds nothing (we took it as a
+                    # leader and wrote nothing in it): named again, it would part again.
+                    f.part.log.epochs.truncate_from_end(f.part.log.log_end_offset)
+                    self.changed.add(key)
+                elif err == ErrorCode.none:
                     self._apply(f, r)
                     self.changed.add(key)
                 elif err == ErrorCode.offset_out_of_range:

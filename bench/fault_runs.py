@@ -71,7 +71,10 @@ from cluster_support import (  # noqa: E402
     cluster_factory,
     compare_replicas,
     consume_all,
+    wait_for,
 )
+
+from straitmq.admin_client import AdminError  # noqa: E402
 
 KINDS = ("kill9", "sigstop", "isolate", "split", "diskfull", "clock")
 NETWORK_KINDS = ("isolate", "split")
@@ -318,12 +321,28 @@ def storage_errors(c: Cluster, victim: int) -> int:
     return int(view.get("metrics", {}).get("request_errors", {}).get("0:56", 0))
 
 
+def create_topic(c: Cluster, topic: str, configs: dict[str, str] | None) -> None:
+    """Created once all three brokers are unfenced: on a loaded machine (other work on
+    it) a broker can miss its 2 s session between runs and is back a moment later."""
+
+    def attempt() -> bool | None:
+        try:
+            c.create_topic(topic, partitions=3, rf=3, min_isr=2, configs=configs)
+        except AdminError as e:
+            if "already exists" in str(e):
+                return True
+            if "available broker" in str(e):
+                return None
+            raise
+        return True
+
+    wait_for(attempt, 60, f"{topic}: created on three unfenced brokers", every=0.5)
+
+
 def one_run(c: Cluster, faults: Faults, kind: str, i: int, seed: int) -> Run:
     rng = random.Random(seed)
     topic = f"{kind}-{i}"
-    c.create_topic(
-        topic, partitions=3, rf=3, min_isr=2, configs=DISKFULL_TOPIC if kind == "diskfull" else None
-    )
+    create_topic(c, topic, DISKFULL_TOPIC if kind == "diskfull" else None)
     c.wait_isr(topic, 3)
     victim = c.leader_of(topic, rng.randrange(3))
     r = Run(kind, i, seed, victim, round(rng.uniform(0.5, 6.0), 2))

@@ -552,10 +552,9 @@ class Simulation:
             # only when its log does not diverge: a parted log is not caught up).
             parted = diverging_epoch(plog.epochs, leo, fetch_offset, last_epoch)
             if parted is not None:
+                answer: tuple[Any, ...] = (0, epoch, fetch_offset, [], core.high_watermark, parted)
                 if parted[0] == UNDEFINED:
                     answer = (ErrorCode.offset_out_of_range, epoch, fetch_offset)
-                else:
-                    answer = (0, epoch, fetch_offset, [], core.high_watermark, parted)
                 self.send(b.id, src, "fetch_answer", answer)
                 return
             known, _ = core.on_follower_fetch(src, fetch_offset, leo, self.now, None, 0)

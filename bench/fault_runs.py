@@ -17,21 +17,14 @@ Fault kinds:
                controllers' majority is on the other side)
     split      the broker cut from the other brokers only (blackhole routes in its
                namespace): it still reaches the controllers
-
-After every run: lost (acknowledged, not read back), duplicated (a value read twice),
-moved (read at another offset than acknowledged), out of order (a partition's values not
-in the order the producer sent them). Every `--file-check-every` runs, and after the last,
-the cluster is stopped and every replica of every topic of those runs is compared byte
-for byte up to the high watermark (divergent offsets, missing offsets), then restarted.
-
-    python -m bench.fault_runs --kinds kill9,sigstop,isolate,split --runs 100 --seed 1 \
-        --json bench/results-faults.json
-
     diskfull   the broker's data dir (its own small ext4, a sparse image loop-mounted
                with no root reserve, set up here and unmounted at the end) filled by a
                filler file, then the filler deleted; topics of this kind roll a segment
                every 16 KiB so that rolls, index writes and producer snapshots meet the
-               full disk too
+               full disk too. A broker that cannot write its metadata log stops itself
+               (exit 74, as Kafka's broker stops when its metadata log directory fails):
+               restarted at the heal, recorded as `victim_exit`. `fault_hits`: the
+               Produce answers KAFKA_STORAGE_ERROR the victim gave in the run
     clock      the wall clock of one process (the seeded partition's leader, or in a
                third of the runs the active controller) jumped by a seeded +-1 s to
                +-5 min, then back to true time at the heal (two jumps a run). Every
@@ -40,6 +33,18 @@ for byte up to the high watermark (divergent offsets, missing offsets), then res
                Linux steps only CLOCK_REALTIME (NTP, date -s), monotonic time never jumps.
                The jump is seen from outside: the process's HTTP Date header, read
                right after the jump, against this machine's clock (`seen_jump_s`)
+    clockmono  as clock, CLOCK_MONOTONIC jumped too (no real clock does that: a
+               backward jump stalls the process's timers for the fault, a forward one
+               fires them at once; a stress of the timeouts, not a real-world fault)
+
+After every run: lost (acknowledged, not read back), duplicated (a value read twice),
+moved (read at another offset than acknowledged), out of order (a partition's values not
+in the order the producer sent them). Every `--file-check-every` runs, and after the last,
+the cluster is stopped and every replica of every topic of those runs is compared byte
+for byte up to the high watermark (divergent offsets, missing offsets), then restarted.
+
+    python -m bench.fault_runs --kinds kill9,sigstop,isolate,split,diskfull,clock \
+        --runs 100 --seed 1 --json bench/results-faults.json
 
 diskfull and clock need root (mount) and libfaketime; the harness says which is missing.
 """
@@ -76,8 +81,9 @@ from cluster_support import (  # noqa: E402
 
 from straitmq.admin_client import AdminError  # noqa: E402
 
-KINDS = ("kill9", "sigstop", "isolate", "split", "diskfull", "clock")
+KINDS = ("kill9", "sigstop", "isolate", "split", "diskfull", "clock", "clockmono")
 NETWORK_KINDS = ("isolate", "split")
+CLOCK_KINDS = ("clock", "clockmono")
 DISK_MB = 512  # each broker's data filesystem (sparse: costs what is written)
 FAKETIME_LIBS = (
     "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
@@ -219,8 +225,11 @@ class Clocks:
     with FAKETIME_CACHE_DURATION did not see a replaced file; the read costs ~5 us per
     time.time(), monotonic calls are not faked and cost nothing)."""
 
-    def __init__(self, work: Path, lib: str, controllers: int, brokers: int) -> None:
+    def __init__(
+        self, work: Path, lib: str, controllers: int, brokers: int, monotonic: bool = False
+    ) -> None:
         self.lib = lib
+        self.monotonic = monotonic
         names = [f"controller-{1001 + j}" for j in range(controllers)]
         names += [f"broker-{i}" for i in range(1, brokers + 1)]
         self.files = {n: work / f"faketime-{n}" for n in names}
@@ -234,7 +243,7 @@ class Clocks:
                 f"LD_PRELOAD={self.lib}",
                 f"FAKETIME_TIMESTAMP_FILE={f}",
                 "FAKETIME_NO_CACHE=1",
-                "FAKETIME_DONT_FAKE_MONOTONIC=1",
+                *([] if self.monotonic else ["FAKETIME_DONT_FAKE_MONOTONIC=1"]),
             ]
             for n, f in self.files.items()
         }
@@ -347,7 +356,7 @@ def one_run(c: Cluster, faults: Faults, kind: str, i: int, seed: int) -> Run:
     victim = c.leader_of(topic, rng.randrange(3))
     r = Run(kind, i, seed, victim, round(rng.uniform(0.5, 6.0), 2))
     jumped = f"broker-{victim}"
-    if kind == "clock":
+    if kind in CLOCK_KINDS:
         # Either way, by 1 s to 5 min; a third of the runs jump the active controller.
         r.jump_s = rng.choice((-1, 1)) * rng.choice((1, 2, 5, 10, 30, 60, 120, 300))
         if rng.random() < 1 / 3:
@@ -360,7 +369,7 @@ def one_run(c: Cluster, faults: Faults, kind: str, i: int, seed: int) -> Run:
     w = Workload(c.bootstrap, topic, prefix=f"{topic}", rate=300).start()
     try:
         w.wait_acked_growth(100, 60)
-        if kind == "clock":
+        if kind in CLOCK_KINDS:
             assert faults.clocks is not None and r.jump_s is not None
             faults.clocks.set(jumped, r.jump_s)
             r.seen_jump_s = http_clock_skew(c, jumped)
@@ -369,7 +378,7 @@ def one_run(c: Cluster, faults: Faults, kind: str, i: int, seed: int) -> Run:
         try:
             time.sleep(r.hold_s)  # the fault's seeded duration (not a wait for a condition)
         finally:
-            if kind == "clock":
+            if kind in CLOCK_KINDS:
                 assert faults.clocks is not None
                 faults.clocks.set(jumped, 0)
             else:
@@ -486,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
     if os.geteuid() != 0 and set(kinds) & {*NETWORK_KINDS, "diskfull"}:
         ap.error("the network and disk faults need root (network namespaces, mount)")
-    if "clock" in kinds and faketime_lib() is None:
+    if set(kinds) & set(CLOCK_KINDS) and faketime_lib() is None:
         ap.error(
             "the clock fault needs libfaketime, which is not installed (Debian: "
             f"apt-get install faketime; looked for {', '.join(FAKETIME_LIBS)})"
@@ -502,7 +511,9 @@ def main(argv: list[str] | None = None) -> int:
         make = next(gen)
         disks = Disks(work / "cluster0", 3) if kind == "diskfull" else None  # make's folder
         lib = faketime_lib()
-        clocks = Clocks(work, lib, 3, 3) if kind == "clock" and lib else None
+        clocks = None
+        if kind in CLOCK_KINDS and lib:
+            clocks = Clocks(work, lib, 3, 3, monotonic=kind == "clockmono")
         try:
             if disks is not None:
                 disks.setup()

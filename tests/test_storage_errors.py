@@ -185,3 +185,29 @@ def test_failing_appends_are_said_once_and_their_end_too(
         ("WARNING", "appends to the log work again"),
     ]
     assert part.write_error is None and _values(part.log) == [b"ok", b"ok again"]
+
+
+def test_a_log_start_that_cannot_be_checkpointed_does_not_move(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DeleteRecords (or a follower taking its leader's log start) on a full disk: the
+    start stays where its checkpoint says, so an error answered now is not undone by a
+    restart that brings the records back after a success was seen."""
+    plog = PartitionLog(str(tmp_path / "l"), LogConfig())
+    for v in (b"a", b"b", b"c"):
+        view = memoryview(record_batch([v]))
+        plog.append(view, validate_batches(view, 1 << 20), 0)
+    real_open = os.open
+
+    def full_open(path: str, flags: int, mode: int = 0o777) -> int:
+        if str(path).endswith(".tmp"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(os, "open", full_open)
+    with pytest.raises(OSError):
+        plog.advance_start(2)
+    monkeypatch.undo()
+    assert plog.log_start_offset == 0
+    assert plog.advance_start(2) == 0 and plog.log_start_offset == 2  # space again: it moves
+    assert PartitionLog(plog.directory, plog.config).log_start_offset == 2

@@ -57,8 +57,9 @@ TRUNCATE_CHUNK = 2000  # follows per OffsetForLeaderEpoch request
 
 # Per-partition answers that mean the leader's authorizer refused this broker.
 REFUSED = {ErrorCode.topic_authorization_failed, ErrorCode.cluster_authorization_failed}
-# What the leader's session holds for a partition: fetch offset, leader epoch, log start.
-SessionState = tuple[int, int, int]
+# What the leader's session holds for a partition: fetch offset, leader epoch, log start,
+# last fetched epoch.
+SessionState = tuple[int, int, int, int]
 # The constants as kio's field types, checked once here instead of per request.
 _PARTITION_MAX_BYTES = i32(PARTITION_MAX_BYTES)
 _RESPONSE_MAX_BYTES = i32(RESPONSE_MAX_BYTES)
@@ -289,7 +290,15 @@ class LeaderFetcher:
             if f is None or key in self.to_truncate:
                 continue
             plog = f.part.log
-            state = (plog.log_end_offset, f.leader_epoch, plog.log_start_offset)
+            # The epoch of our last record too: a diverging-epoch answer changes only
+            # that (an epoch that started at our log end is dropped), and the leader
+            # must hear the new one, or it keeps answering (and not counting) the old.
+            state = (
+                plog.log_end_offset,
+                f.leader_epoch,
+                plog.log_start_offset,
+                plog.epochs.latest_epoch,
+            )
             states[key] = state
             if full or self.in_session.get(key) != state:
                 send.setdefault(key[0], []).append(
@@ -297,7 +306,7 @@ class LeaderFetcher:
                         partition=cast(i32, key[1]),
                         current_leader_epoch=cast(i32, f.leader_epoch),
                         fetch_offset=cast(i64, state[0]),
-                        last_fetched_epoch=cast(i32, plog.epochs.latest_epoch),
+                        last_fetched_epoch=cast(i32, state[3]),
                         log_start_offset=cast(i64, state[2]),
                         partition_max_bytes=_PARTITION_MAX_BYTES,
                     )

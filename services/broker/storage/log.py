@@ -671,10 +671,16 @@ class PartitionLog:
             )
         if offset <= self.log_start_offset:
             return 0
-        self.log_start_offset = offset
+        old, self.log_start_offset = self.log_start_offset, offset
         # Before the segments go: a crash in between keeps the new start, never a
         # start that points at deleted files.
-        self._write_start_checkpoint()
+        try:
+            self._write_start_checkpoint()
+        except OSError:
+            # Not moved then (a full disk): the caller answers an error, and a restart
+            # must not bring back records a success was already seen for.
+            self.log_start_offset = old
+            raise
         dropped = self.drop_segments_before(offset)
         self.epochs.truncate_from_start(offset)
         return dropped

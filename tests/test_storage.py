@@ -197,3 +197,32 @@ def test_a_rolled_segment_is_fsynced_off_the_calling_thread(tmp_path, monkeypatc
     assert [ino for _, ino in synced] == rolled
     assert all(name.startswith("segment-flush") for name, _ in synced)
     assert threading.current_thread().name not in {name for name, _ in synced}
+
+
+def test_a_deleted_segments_blocks_are_freed_off_the_calling_thread(tmp_path, monkeypatch):
+    """Retention unlinks a segment on the event loop, but the last descriptor of its .log
+    (whose close frees the blocks: tens of ms for a GiB) is closed in the flusher thread."""
+    from straitmq.broker.storage import flusher
+
+    closed: list[tuple[str, int]] = []
+    real_close = os.close
+
+    def close(fd: int) -> None:
+        closed.append((threading.current_thread().name, os.fstat(fd).st_ino))
+        real_close(fd)
+
+    plog = PartitionLog(str(tmp_path / "p"), LogConfig(segment_bytes=500, retention_bytes=600))
+    for _ in range(20):
+        _append(plog, [b"y" * 100])
+    assert flusher.drain(30)  # the rolls' fsyncs, before counting closes
+    inodes = {os.stat(s.path(".log")).st_ino for s in plog.segments[:-1]}
+    monkeypatch.setattr(flusher.os, "close", close)
+    deleted = plog.apply_retention()
+    assert deleted > 0
+    assert flusher.drain(30)
+    # os.close is the process's: the segments' own descriptors are closed here too,
+    # but the last close of each deleted file (the one that frees it) is the flusher's.
+    last = {ino: name for name, ino in closed if ino in inodes}
+    assert len(last) == deleted
+    assert all(name.startswith("segment-flush") for name in last.values())
+    plog.close()

@@ -868,6 +868,15 @@ class PartitionLog:
                 seg.close()
             drain()  # rolled segments are fsynced before a clean stop ends
 
+    def abandon(self) -> None:
+        """Let go of every file and write nothing (no producer snapshot, no index entries,
+        no wait for the flusher, as close does): the replica is removed and its folder
+        deleted next. All of it is cheap enough for the event loop."""
+        self.closed = True
+        self.unpin_retired()
+        for seg in self.segments:
+            seg.abandon()
+
     def delete(self) -> None:
         self.closed = True
         self.unpin_retired()

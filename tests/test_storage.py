@@ -226,3 +226,19 @@ def test_a_deleted_segments_blocks_are_freed_off_the_calling_thread(tmp_path, mo
     assert len(last) == deleted
     assert all(name.startswith("segment-flush") for name in last.values())
     plog.close()
+
+
+def test_retention_deletes_at_most_the_limit_per_call(tmp_path):
+    """The broker's retention walk takes a few segments per loop turn (limit), calling
+    again until fewer than the limit were due."""
+    plog = PartitionLog(str(tmp_path / "p"), LogConfig(segment_bytes=500, retention_bytes=600))
+    for _ in range(40):
+        _append(plog, [b"y" * 100])
+    due = len(plog.segments)
+    calls = []
+    while (n := plog.apply_retention(limit=3)) == 3:
+        calls.append(n)
+    calls.append(n)
+    assert len(calls) > 2 and all(c <= 3 for c in calls)
+    assert plog.size_bytes - plog.segments[0].size < 600 and len(plog.segments) < due
+    plog.close()

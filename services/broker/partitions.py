@@ -44,6 +44,7 @@ SYNC_INLINE_TOPICS = 20
 SYNC_SLICE_S = 0.02
 # The retention walk over every led partition: at most this much of it per loop turn.
 RETENTION_SLICE_S = 0.005
+RETENTION_SEGMENTS_PER_TURN = 8
 
 
 def log_config_for(topic: TopicImage, broker_defaults: dict[str, str]) -> LogConfig:
@@ -638,10 +639,18 @@ class PartitionManager:
         for key in list(self.partitions):
             if pacer.due():
                 await pacer.pause()
-            p = self.partitions.get(key)  # gone meanwhile: nothing to do
-            if p is not None and p.is_leader and (n := p.log.apply_retention()):
-                deleted += n
-                p._wake()  # the log start moved: fetch sessions carry it to followers
+            p = self.partitions.get(key)
+            # A few segments a turn: each delete is a few system calls (unlinks, and a
+            # close when the flusher's queue is full) and a log may have hundreds due.
+            while p is not None and p.is_leader and not p.log.closed:
+                n = p.log.apply_retention(limit=RETENTION_SEGMENTS_PER_TURN)
+                if n:
+                    deleted += n
+                    p._wake()  # the log start moved: fetch sessions carry it to followers
+                if n < RETENTION_SEGMENTS_PER_TURN:
+                    break
+                await pacer.pause()
+                p = self.partitions.get(key)  # removed meanwhile: nothing more to do
         return deleted
 
     def close(self) -> None:

@@ -46,7 +46,9 @@ def _fsync_and_close(fd: int, name: str) -> None:
 def flush_in_background(fd: int, name: str) -> Future[None]:
     """fsync `fd` (a descriptor the caller gave up: it is closed afterwards) in the
     flusher thread, in submission order."""
-    return _submit(_fsync_and_close, fd, name)
+    fut = _submit(_fsync_and_close, fd, name)
+    assert fut is not None  # a waiting submit always queues
+    return fut
 
 
 def _close(fd: int, name: str) -> None:
@@ -56,23 +58,32 @@ def _close(fd: int, name: str) -> None:
         log.error("cannot close a deleted segment", extra={"segment": name, "error": str(e)})
 
 
-def close_in_background(fd: int, name: str) -> Future[None]:
+def close_in_background(fd: int, name: str) -> None:
     """Close `fd`, the last descriptor of a file already unlinked, in the flusher thread:
-    its blocks are freed there."""
-    return _submit(_close, fd, name)
+    its blocks are freed there. With the queue full (a retention pass deleting many
+    segments right after as many rolls) it is closed here instead: waiting for the queue
+    would hold the caller longer than the close does."""
+    if _submit(_close, fd, name, wait=False) is None:
+        _close(fd, name)
 
 
-def remove_tree_in_background(path: str) -> Future[None]:
+def remove_tree_in_background(path: str) -> None:
     """Delete the folder `path` (a name nothing else will use: the caller renamed it
-    first) in the flusher thread."""
-    return _submit(shutil.rmtree, path, True)
+    first) in the flusher thread. It holds no descriptor while queued: never waits."""
+    _submit(shutil.rmtree, path, True, bounded=False)
 
 
-def _submit(fn: Callable[..., None], *args: object) -> Future[None]:
+def _submit(
+    fn: Callable[..., None], *args: object, wait: bool = True, bounded: bool = True
+) -> Future[None] | None:
+    """Queue fn(*args). Past MAX_PENDING jobs, a bounded one waits for the oldest
+    (wait=True) or is not queued (wait=False: None)."""
     global _executor
     with _lock:
         waiting = list(_pending)
-    if len(waiting) >= MAX_PENDING:
+    if bounded and len(waiting) >= MAX_PENDING:
+        if not wait:
+            return None
         for oldest in waiting[: len(waiting) - MAX_PENDING + 1]:
             oldest.result()
     with _lock:

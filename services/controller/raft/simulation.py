@@ -235,19 +235,7 @@ class Simulation:
         if wire != msg:
             raise self.fail(f"message changed in transit: {msg} -> {wire}")
         node.step(wire, self.now)
-        if (
-            isinstance(wire, VoteRequest)
-            and not wire.pre_vote
-            and wire.voter_directory_id != self.dirs[wire.dst]
-            and self._replaced(wire.dst)
-            and (node.epoch, node._voted_for) == (wire.epoch, wire.candidate_id)
-        ):
-            # (7) A new storage never votes as the voter it replaced.
-            raise self.fail(
-                f"node {wire.dst} on new storage {self.dirs[wire.dst]} voted for "
-                f"{wire.candidate_id} in epoch {wire.epoch}, asked as voter "
-                f"{wire.voter_directory_id}"
-            )
+        self._check_vote(wire, node)
         self._after(msg.dst)
 
     def _after(self, i: int) -> None:
@@ -600,6 +588,21 @@ class Simulation:
             raise self.fail(
                 f"leader {i} of epoch {node.epoch} holds {len(uncommitted)} uncommitted voter "
                 f"sets (offsets {uncommitted}; {len(self.committed)} entries committed)"
+            )
+
+    def _check_vote(self, m: Message, node: RaftNode) -> None:
+        """(7) A new storage never votes as the voter it replaced: it grants a vote only
+        to a candidacy that names its own directory id."""
+        if (
+            isinstance(m, VoteRequest)
+            and not m.pre_vote
+            and m.voter_directory_id != self.dirs[m.dst]
+            and self._replaced(m.dst)
+            and (node.epoch, node._voted_for) == (m.epoch, m.candidate_id)
+        ):
+            raise self.fail(
+                f"node {m.dst} on new storage {self.dirs[m.dst]} voted for "
+                f"{m.candidate_id} in epoch {m.epoch}, asked as voter {m.voter_directory_id}"
             )
 
     def _replaced(self, i: int) -> bool:

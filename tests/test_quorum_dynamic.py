@@ -213,7 +213,15 @@ def test_three_to_five_to_three_voters_with_the_active_controller_killed(cluster
 def test_refusals_say_why_and_change_nothing(cluster) -> None:
     c = cluster(brokers=1)
     url = broker_url(c)
-    before = leader_view(c)["voter_set"]
+
+    def pinned() -> list | None:
+        # The leader records the static voters' directory ids by itself first (a change
+        # of its own): "nothing changed" is counted from there.
+        st = leader_view(c)
+        vs = st["voter_set"]
+        return vs if all(v["directory_id"] for v in vs) and not st["voter_change_pending"] else None
+
+    before = wait_for(pinned, 30, "the static voters' directory ids pinned")
 
     def refused(method: str, path: str, body: object = None) -> str:
         with pytest.raises(AdminError) as exc:
@@ -295,7 +303,13 @@ def test_the_operators_planner_and_calls_change_a_real_quorum(cluster) -> None:
     own = f"http://127.0.0.1:{joining.http_port}"
 
     def view() -> dict:
-        return request_sync(url, "GET", "/api/v1/quorum", None, 10)
+        # Retried while no leader answers (a handover after a change, a killed leader).
+        return wait_for(
+            lambda: request_sync(url, "GET", "/api/v1/quorum", None, 10),
+            30,
+            "the quorum view",
+            ignore=(AdminError,),
+        )
 
     def pod(i: int) -> quorum.ControllerPod:
         node = c.controllers[1000 + i]
@@ -372,7 +386,13 @@ def test_a_never_changed_static_quorum_replaces_a_voter_back_on_empty_storage(cl
     own = {cid: n.get("/api/v1/quorum")["directory_id"] for cid, n in c.controllers.items()}
 
     def view() -> dict:
-        return request_sync(url, "GET", "/api/v1/quorum", None, 10)
+        # Retried while no leader answers (a handover after a change, a killed leader).
+        return wait_for(
+            lambda: request_sync(url, "GET", "/api/v1/quorum", None, 10),
+            30,
+            "the quorum view",
+            ignore=(AdminError,),
+        )
 
     # No change was asked for: the leader records the static voters' directory ids.
     wait_for(

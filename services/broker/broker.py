@@ -20,7 +20,6 @@ import base64
 import contextlib
 import logging
 import os
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -34,7 +33,6 @@ from straitmq.controller.quorum import Quorum, parse_voters
 from straitmq.controller.raft.core import RaftConfig
 from straitmq.metadata.image import MetadataImage
 
-from straitmq.protocol import codec
 from straitmq.security.acls import Authorizer, AuthorizerSettings
 from straitmq.security.http_security import HttpSecurity, with_scheme
 from straitmq.tasks import cancel_and_wait
@@ -47,7 +45,6 @@ from .api.deps import AdminDeps, FetchDeps, GroupDeps, MetadataDeps, TxnDeps
 from .api.dispatch import ApiSpec, kafka_api
 from .api.metadata import TopicAnswers
 from .api.partition_txns import PartitionTxnDeps
-from .api.versions import VERSIONS
 from .cleaner_settings import CleanerSettings
 from .colocated import Colocate, ColocatedController
 from .config import BrokerConfig
@@ -655,12 +652,6 @@ class Broker:
         cfg.http_port = http_port
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self.loop_monitor.run()))
-        # The schemas of every served API version, loaded beside the start-up below
-        # instead of by the first request of each version, on the loop (codec.warm).
-        versions = {k: (v.min_version, v.max_version) for k, v in VERSIONS.items()}
-        threading.Thread(
-            target=codec.warm, args=(versions,), name="schema-warmup", daemon=True
-        ).start()
         if self.http_security.tls is not None:  # rotated certificate files, new connections
             self._tasks.append(loop.create_task(self.http_security.watch()))
         if self.combined:  # our voter URL, now that the HTTP port is known

@@ -30,12 +30,14 @@ from straitmq.metadata.image import MetadataImage
 
 from straitmq.protocol.build import build
 from straitmq.protocol.codec import (
+    LOADED,
     ProtocolError,
     encode_response,
     parse_header_prefix,
     parse_request,
     response_schema,
 )
+from straitmq.protocol.codec import load as load_schemas
 from straitmq.protocol.guard import check_array_lengths
 from straitmq.security.tls import principal_from_cert
 
@@ -321,6 +323,9 @@ class KafkaConnection(asyncio.BaseProtocol):
             deps.metrics.request_errors[(api_key, ErrorCode.unsupported_version)] += 1
             self.close()
             return
+        if (api_key, version) not in LOADED:
+            # The first request of this version: kio imports its schemas, off the loop.
+            await asyncio.to_thread(load_schemas, api_key, version)
         try:
             check_array_lengths(frame, api_key, version)
             header, body = parse_request(frame, api_key, version)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import struct
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -59,22 +58,21 @@ def _writer(schema: type) -> Any:
     return entity_writer(schema)
 
 
-def warm(versions: Mapping[int, tuple[int, int]]) -> int:
-    """Load every (API, version)'s request and response schema and build their reader
-    and writer now ({api_key: (min, max)}), newest versions of every API first (what
-    current clients send). kio imports a schema's modules on first use: done by the
-    first request of each version, that held the event loop for up to 150 ms; a broker
-    runs this in a thread at start-up (all ~220 pairs: ~0.8 s of CPU). Returns how many
-    pairs it loaded."""
-    todo = sorted(
-        ((hi - v, key, v) for key, (lo, hi) in versions.items() for v in range(lo, hi + 1)),
-    )
-    for _, key, v in todo:
-        schema = request_schema(key, v)
-        _reader(schema.__header_schema__)
-        _reader(schema)
-        _writer(response_schema(key, v))
-    return len(todo)
+# (api_key, version) pairs whose schemas, reader and writer are built (load below).
+LOADED: set[tuple[int, int]] = set()
+
+
+def load(api_key: int, version: int) -> None:
+    """Load an (API, version)'s request and response schema and build their reader and
+    writer. kio imports a schema's modules on first use, which held the event loop for
+    up to 150 ms: the broker calls this in a thread for the first request of each
+    version (a broker serves ~220 pairs and a client uses a handful: loading them all at
+    every start cost ~0.8 s of CPU)."""
+    schema = request_schema(api_key, version)
+    _reader(schema.__header_schema__)
+    _reader(schema)
+    _writer(response_schema(api_key, version))
+    LOADED.add((api_key, version))
 
 
 def parse_header_prefix(frame: memoryview) -> tuple[int, int, int]:

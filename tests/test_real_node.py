@@ -1171,6 +1171,10 @@ def test_scale_brokers_3_5_3_and_rolling_restart(
     assert sorted(x["metadata"]["name"] for x in left) == sorted(
         f"demo-{x}-{b}" for x in ("ext", "lb", "ing") for b in ("bootstrap", 0, 1, 2)
     )
+    own = node.get("svc", "-n", NS, "-l", "app.kubernetes.io/component=broker-address")
+    assert sorted(x["metadata"]["name"] for x in own["items"]) == [
+        f"demo-broker-{b}" for b in range(3)
+    ]
 
     # A broker config change restarts the brokers one at a time.
     uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in node.pods(NS, BROKERS)}

@@ -790,7 +790,8 @@ def release_claims(kube: Any, cluster: str) -> None:
 def test_operator_grows_shrinks_and_heals_the_controller_quorum(
     kube: Any, operator: Operator, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """3 -> 5 -> 3 voters, then a controller back on empty storage, with local controller
+    """A controller back on empty storage while the quorum never changed, then 3 -> 5 -> 3
+    voters, then a controller back on empty storage again, with local controller
     processes standing in for the controller pods (ids 1000 + ordinal, as the operator
     numbers them; pods 3 and 4 start outside the static voters, as observers). The
     operator scales the StatefulSet, asks each pod's process (the controller-urls
@@ -833,6 +834,19 @@ def test_operator_grows_shrinks_and_heals_the_controller_quorum(
         body = json.dumps({"spec": {"controllers": {"replicas": replicas}}})
         kube.kubectl("patch", "mqcluster", "quorum", "-n", NS, "--type=merge", "-p", body)
 
+    def replace_lost_storage(ordinal: int, before: dict[int, str | None]) -> None:
+        """The pod's storage is lost: it comes back empty, with a new directory id; the
+        operator replaces the voter (remove the old storage, add the new once caught up)."""
+        cid = 1000 + ordinal
+        standins.lose_storage.add(("controller", ordinal))
+        # (not waiting for it to go: the stand-in's termination can be slow under load)
+        kube.kubectl("delete", "pod", f"quorum-controller-{ordinal}", "-n", NS, "--wait=false")
+        kube.wait_for(
+            lambda: voters().get(cid) not in (None, before[cid]) and settled({1000, 1001, 1002}),
+            240,
+            f"controller {cid} replaced on its new storage",
+        )
+
     def explain(what: str) -> str:
         tail = "\n".join(operator.log_lines()[-10:])
         return f"{what}: status {status()}; stand-ins {standins.history[-6:]}; {tail}"
@@ -845,6 +859,13 @@ def test_operator_grows_shrinks_and_heals_the_controller_quorum(
                 180,
                 "three voters",
             )
+            # A quorum that never changed (the static voters of the pods' flags): its
+            # leader pins the voters' directory ids by itself, so a controller back on
+            # empty storage is new storage, replaced as for any voter.
+            kube.wait_for(lambda: all(voters().values()), 60, "the static voters pinned")
+            first = voters()
+            replace_lost_storage(2, first)
+            assert voters()[1000] == first[1000] and voters()[1001] == first[1001]
             patch(5)
             kube.wait_for(lambda: settled(set(range(1000, 1005))), 240, "five voters")
             assert status()["controllers"]["initialVoters"] == 3
@@ -856,14 +877,7 @@ def test_operator_grows_shrinks_and_heals_the_controller_quorum(
             # Controller 1's storage is lost: its pod comes back empty, with a new
             # directory id; the operator replaces the voter (remove the old storage, add
             # the new once it has caught up).
-            standins.lose_storage.add(("controller", 1))
-            # (not waiting for it to go: the stand-in's termination can be slow under load)
-            kube.kubectl("delete", "pod", "quorum-controller-1", "-n", NS, "--wait=false")
-            kube.wait_for(
-                lambda: voters().get(1001) not in (None, old[1001]) and settled({1000, 1001, 1002}),
-                240,
-                "controller 1001 replaced on its new storage",
-            )
+            replace_lost_storage(1, old)
         except TimeoutError as e:
             raise AssertionError(explain(str(e))) from e
         assert voters()[1000] == old[1000] and voters()[1002] == old[1002]

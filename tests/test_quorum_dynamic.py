@@ -213,7 +213,15 @@ def test_three_to_five_to_three_voters_with_the_active_controller_killed(cluster
 def test_refusals_say_why_and_change_nothing(cluster) -> None:
     c = cluster(brokers=1)
     url = broker_url(c)
-    before = leader_view(c)["voter_set"]
+
+    def pinned() -> list | None:
+        # The leader records the static voters' directory ids by itself first (a change
+        # of its own): "nothing changed" is counted from there.
+        st = leader_view(c)
+        vs = st["voter_set"]
+        return vs if all(v["directory_id"] for v in vs) and not st["voter_change_pending"] else None
+
+    before = wait_for(pinned, 30, "the static voters' directory ids pinned")
 
     def refused(method: str, path: str, body: object = None) -> str:
         with pytest.raises(AdminError) as exc:
@@ -295,7 +303,13 @@ def test_the_operators_planner_and_calls_change_a_real_quorum(cluster) -> None:
     own = f"http://127.0.0.1:{joining.http_port}"
 
     def view() -> dict:
-        return request_sync(url, "GET", "/api/v1/quorum", None, 10)
+        # Retried while no leader answers (a handover after a change, a killed leader).
+        return wait_for(
+            lambda: request_sync(url, "GET", "/api/v1/quorum", None, 10),
+            30,
+            "the quorum view",
+            ignore=(AdminError,),
+        )
 
     def pod(i: int) -> quorum.ControllerPod:
         node = c.controllers[1000 + i]
@@ -355,3 +369,109 @@ def test_the_operators_planner_and_calls_change_a_real_quorum(cluster) -> None:
     got = {v["node_id"]: v["directory_id"] for v in view()["voters"]}
     assert set(got) == {1000, 1001, 1002} and got[1000] == new_dir
     assert quorum.plan(3, 3, view(), pods()).action == quorum.IDLE
+
+
+def test_a_never_changed_static_quorum_replaces_a_voter_back_on_empty_storage(cluster) -> None:
+    """Three voters from the static --voters flags, never changed: the leader pins their
+    directory ids by itself. A follower's metadata directory is then wiped (SIGKILL
+    first) and it restarts on new storage: it is not counted as the voter (with the
+    third voter down nothing commits), the quorum view and `strait quorum describe` show
+    it as an observer with its new directory id, and `strait quorum remove` / `add` (the
+    operator's replacement) make it a voter again. No committed metadata is lost.
+
+    Prints the times: restart on new storage -> seen as an observer, and the replacement
+    (remove the old storage, add the new) -> committed."""
+    c = cluster(brokers=1)
+    url = broker_url(c)
+    own = {cid: n.get("/api/v1/quorum")["directory_id"] for cid, n in c.controllers.items()}
+
+    def view() -> dict:
+        # Retried while no leader answers (a handover after a change, a killed leader).
+        return wait_for(
+            lambda: request_sync(url, "GET", "/api/v1/quorum", None, 10),
+            30,
+            "the quorum view",
+            ignore=(AdminError,),
+        )
+
+    # No change was asked for: the leader records the static voters' directory ids.
+    wait_for(
+        lambda: (
+            {v["node_id"]: v["directory_id"] for v in view()["voters"]} == own
+            and not view()["voter_change_pending"]
+        ),
+        30,
+        "the static voters' directory ids pinned",
+        ignore=(AdminError,),
+    )
+    created = []
+    for i in range(10):
+        body = {"name": f"before-{i}", "partitions": 1, "replication_factor": 1}
+        request_sync(url, "POST", "/api/v1/topics", body, 20)
+        created.append(body["name"])
+
+    leader = leader_view(c)["node_id"]
+    lost, third = sorted(cid for cid in c.controllers if cid != leader)
+    node = c.controllers[lost]
+    node.kill9()
+    shutil.rmtree(os.path.join(c.data_dir, f"controller-{lost}"))
+    node.start()
+    t0 = time.monotonic()
+    new_dir = wait_for(lambda: (node.get("/api/v1/quorum") or {}).get("directory_id"), 30, "up")
+    assert new_dir != own[lost]
+
+    def observed() -> bool:
+        q = view()
+        seen = {(o["node_id"], o["directory_id"]) for o in q["observers"]}
+        mine = node.get("/api/v1/quorum") or {}
+        return (lost, new_dir) in seen and mine.get("role") == "observer"
+
+    wait_for(observed, 30, f"{lost} on new storage seen as an observer", ignore=(AdminError,))
+    detect_s = time.monotonic() - t0
+    q = view()
+    assert {v["node_id"]: v["directory_id"] for v in q["voters"]} == own  # the old storage
+    r = strait(url, "quorum", "describe")
+    assert r.returncode == 0, r.stderr
+    obs_rows = [line.split() for line in r.stdout.splitlines() if line.startswith(f"{lost} ")]
+    assert [lost_row[:2] for lost_row in obs_rows if new_dir in lost_row] == [
+        [str(lost), new_dir]
+    ], r.stdout
+
+    # Not counted: with the third voter down, the leader and the new storage commit nothing.
+    c.controllers[third].kill9()
+    hw = q["high_watermark"]
+    blocked = {"name": "while-not-counted", "partitions": 1, "replication_factor": 1}
+    with pytest.raises(AdminError):
+        request_sync(url, "POST", "/api/v1/topics", blocked, 8)
+    c.controllers[third].start()
+    wait_for(
+        lambda: view()["high_watermark"] > hw, 60, "the quorum commits again", ignore=(AdminError,)
+    )
+
+    # The replacement, as the operator does it: remove the old storage, add the new.
+    def ask(*args: str) -> subprocess.CompletedProcess:
+        r = strait(url, "quorum", *args)
+        return r if r.returncode == 0 else None  # type: ignore[return-value]
+
+    t1 = time.monotonic()
+    wait_for(
+        lambda: ask("remove", "--node-id", str(lost), "--directory-id", own[lost]),
+        60,
+        f"removing {lost}'s old storage",
+    )
+    controller_url = f"http://127.0.0.1:{node.http_port}"
+    wait_for(lambda: ask("add", "--controller", controller_url), 60, f"adding {lost} back")
+    replace_s = time.monotonic() - t1
+    got = {v["node_id"]: v["directory_id"] for v in view()["voters"]}
+    assert got == {**own, lost: new_dir}, got
+    wait_for(lambda: (node.get("/api/v1/quorum") or {}).get("role") == "follower", 30, "voter")
+
+    # Nothing committed was lost; metadata still commits.
+    body = {"name": "after", "partitions": 1, "replication_factor": 1}
+    request_sync(url, "POST", "/api/v1/topics", body, 20)
+    names = {t["name"] for t in request_sync(url, "GET", "/api/v1/topics", None, 10)["topics"]}
+    assert {*created, "after"} <= names, names
+    print(
+        f"\nlost voter of a never-changed static quorum: seen as an observer {detect_s:.2f}s "
+        f"after its restart on new storage; replaced (remove + add, committed) in {replace_s:.2f}s"
+    )

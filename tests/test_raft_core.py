@@ -46,6 +46,10 @@ CFG = RaftConfig(
 VOTERS = frozenset({0, 1, 2})
 
 
+def is_voters(data: object) -> bool:
+    return VoterSet.from_entry(data) is not None
+
+
 def disk(
     epoch: int = 0, epochs: tuple[int, ...] = (), voted_for: int | None = None
 ) -> MemoryStorage:
@@ -905,3 +909,91 @@ def test_static_voters_get_their_directory_ids_pinned_by_the_first_change() -> N
     leader.add_voter(Voter(3, "d3"))
     net.run(100)
     assert [v.directory_id for v in leader.voter_set.voters] == ["d0", "d1", "d2", "d3"]
+
+
+# -- a static quorum learns its directory ids (KIP-853's kraft.version 0 -> 1) -----------
+
+
+def static_nodes(ids: tuple[int, ...] = (0, 1, 2), voters=VOTERS) -> list[RaftNode]:
+    """Nodes started from static voter flags, each with a directory id ("d<id>")."""
+    return [
+        RaftNode(i, voters, MemoryStorage(), CFG, random.Random(i), 0, directory_id=f"d{i}")
+        for i in ids
+    ]
+
+
+def test_a_static_quorum_pins_its_directory_ids_in_one_entry_without_any_change() -> None:
+    nodes = static_nodes()
+    net, leader = settled(nodes)
+    net.run(CFG.check_quorum_ms)
+    assert leader.voter_set == dset(0, 1, 2)
+    sets = [o for o in range(leader.log_end_offset) if is_voters(leader.entry(o).data)]
+    assert len(sets) == 1 and not leader.voter_change_pending  # one entry, committed
+    assert all(n.voter_set == dset(0, 1, 2) for n in nodes)
+    net.run(CFG.check_quorum_ms)
+    assert [o for o in range(leader.log_end_offset) if is_voters(leader.entry(o).data)] == sets
+
+
+def test_a_silent_voter_is_pinned_later_and_the_others_without_waiting_for_it() -> None:
+    nodes = static_nodes()
+    net = Net(nodes)
+    net.down = {2}
+    net.run(400)
+    leader = net.leader()
+    assert leader is not None and leader.node_id != 2
+    other = 1 - leader.node_id
+    net.run(CFG.check_quorum_ms + 50)
+    # The silent voter stays static (any storage of node 2), the others are pinned.
+    assert leader.voter_set == VoterSet.of([Voter(0, "d0"), Voter(1, "d1"), Voter(2)])
+    assert nodes[other].voter_set == leader.voter_set
+    net.down = set()
+    net.run(200)
+    assert leader.voter_set == dset(0, 1, 2) and not leader.voter_change_pending
+
+
+def test_a_static_voter_back_on_empty_storage_is_an_observer_once_pinned() -> None:
+    nodes = static_nodes()
+    net, leader = settled(nodes)
+    net.run(CFG.check_quorum_ms)
+    assert leader.voter_set == dset(0, 1, 2)
+    lost = next(i for i in range(3) if i != leader.node_id)
+    fresh = RaftNode(
+        lost, VOTERS, MemoryStorage(), CFG, random.Random(9), net.now, directory_id="new"
+    )
+    # Its own static flags make it a voter until its log says otherwise...
+    assert fresh.role == "unattached"
+    net.nodes[lost] = fresh
+    net.run(200)
+    # ... and the pinned set it fetched says it is not: an observer, not counted.
+    assert fresh.role == "observer" and not fresh.is_voter
+    st = leader.status()
+    assert {(o["node_id"], o["directory_id"]) for o in st["observers"]} == {(lost, "new")}
+    voter = next(v for v in st["voters"] if v["node_id"] == lost)
+    assert voter["directory_id"] == f"d{lost}"
+    # Every candidacy names the old storage, which the new one is not: it grants nothing
+    # (test_a_voter_on_new_storage_neither_votes_nor_counts_as_the_old_one); and its
+    # fetches move no high watermark.
+    assert all(n.voter_set.get(lost) == Voter(lost, f"d{lost}") for n in net.nodes.values())
+    third = 3 - lost - leader.node_id
+    net.down = {third}
+    hw = leader.high_watermark
+    leader.propose("needs the third")
+    net.run(50)
+    assert leader.high_watermark == hw  # the leader and an empty observer: no majority
+    net.down = set()
+    net.run(200)  # the third's lost fetch is resent after its request timeout
+    assert leader.is_leader and leader.high_watermark > hw
+    # Replaced as any pinned voter: remove the old storage, add the new.
+    leader.remove_voter(lost, f"d{lost}")
+    net.run(100)
+    leader.add_voter(Voter(lost, "new"))
+    net.run(100)
+    assert leader.voter_set.get(lost) == Voter(lost, "new") and fresh.role == "follower"
+
+
+def test_nodes_without_directory_ids_are_never_pinned() -> None:
+    nodes = [node(i) for i in range(3)]
+    net, leader = settled(nodes)
+    net.run(CFG.check_quorum_ms * 2)
+    assert leader.voter_set == VoterSet.static(VOTERS)
+    assert not any(is_voters(leader.entry(o).data) for o in range(leader.log_end_offset))

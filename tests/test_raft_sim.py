@@ -137,6 +137,9 @@ def test_a_voter_on_new_storage_voting_as_the_old_one_breaks_safety(monkeypatch)
         original(self, m)
 
     monkeypatch.setitem(core._HANDLERS, VoteRequest, vote_ignoring_the_directory)
+    assert "on new storage" in _caught(range(200))  # invariant 7, at the vote itself
+    # Without that direct check, safety itself breaks.
+    monkeypatch.setattr(Simulation, "_check_vote", lambda self, m, node: None)
     assert "leader completeness" in _caught(range(200))
 
 
@@ -154,3 +157,71 @@ def test_votes_counted_with_the_previous_set_are_caught(monkeypatch) -> None:
 
     monkeypatch.setattr(RaftNode, "_count_votes", count_with_previous)
     _caught(range(200))
+
+
+# -- a static quorum that never changed: the leader pins its directory ids ---------------
+
+
+def _never_changed(seeds: range) -> int:
+    """Seeds started from static flags with no voter change asked for, and lost disks
+    (one at a time, never replaced): the disks lost."""
+    lost = 0
+    for seed in seeds:
+        sim = Simulation(seed, steps=300, dynamic=False)
+        sim.faults.change = 0.0
+        sim.faults.disk_loss = 0.02
+        stats = sim.run()
+        assert stats["voter_changes"] == 0
+        lost += stats["static_disks_lost"]
+    return lost
+
+
+NEVER_CHANGED = range(2_000_000, 2_000_100)
+
+
+def test_a_static_quorum_that_never_changed_survives_lost_disks() -> None:
+    """The leader pins the directory ids by itself; then voters' disks are lost with every
+    invariant holding (7 included: the new storage neither counts nor votes as the old)."""
+    assert _never_changed(NEVER_CHANGED) >= 20
+
+
+def test_without_the_pinning_no_disk_of_a_never_changed_quorum_is_ever_safe_to_lose(
+    monkeypatch,
+) -> None:
+    """The fix removed: the static ids are never recorded, so the simulation (which loses
+    a static voter's disk only past the residual window) finds no moment to lose one, and
+    the test above fails."""
+    monkeypatch.setattr(RaftNode, "_maybe_pin_static", lambda self: None)
+    assert _never_changed(NEVER_CHANGED) == 0
+
+
+def test_a_pinned_voters_new_storage_counted_as_the_voter_is_caught(monkeypatch) -> None:
+    """The leader matches a fetcher to a voter by node id only: a lost disk's new storage
+    counts toward the high watermark with an empty log."""
+    original = RaftNode._replica
+
+    def by_id_only(self: RaftNode, node_id: int, directory_id: str | None):
+        r = self._replicas.get(node_id)
+        if r is not None and node_id in self.voter_set.ids:
+            r.directory_id = directory_id
+            return r, True
+        return original(self, node_id, directory_id)
+
+    monkeypatch.setattr(RaftNode, "_replica", by_id_only)
+    with pytest.raises(SimulationFailure) as exc:
+        _never_changed(NEVER_CHANGED)
+    assert "counts node" in str(exc.value)
+
+
+def test_candidacies_that_name_no_directory_are_caught(monkeypatch) -> None:
+    """Vote requests without the voter's directory id: a new storage that has not fetched
+    the pinned set yet still takes itself for the static voter, and votes as it."""
+    original = core._HANDLERS[VoteRequest]
+
+    def unnamed(self: RaftNode, m: VoteRequest) -> None:
+        original(self, dataclasses.replace(m, voter_directory_id=None))
+
+    monkeypatch.setitem(core._HANDLERS, VoteRequest, unnamed)
+    with pytest.raises(SimulationFailure) as exc:
+        _never_changed(NEVER_CHANGED)
+    assert "on new storage" in str(exc.value)

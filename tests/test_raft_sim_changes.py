@@ -2,7 +2,11 @@
 then healing and the liveness check), every one with its draw of crashes, partitions,
 message faults, snapshots and voter changes (add, remove, the leader itself, replacing a
 voter whose disk was lost), safety checked after every event. 4 chunks in 5 have three
-voters and an observer, 1 in 5 five voters and two observers.
+voters and an observer, 1 in 5 five voters and two observers. Half the seeds start from
+static voter flags: their leader pins the voters' directory ids, and a disk is lost there
+once that is in every log (the simulation's invariant 7: a new storage is never counted
+as, nor votes as, the voter it replaced; test_raft_sim.py runs never-changed static
+quorums with lost disks, and the mutations).
 
 STRAITMQ_RAFT_SIM_SEEDS=N runs N seeds instead (a longer run). A failure names its seed:
 `python -m bench.raft_sim --seed N --steps 100` replays it.

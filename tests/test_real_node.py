@@ -1053,8 +1053,9 @@ def test_controller_quorum_3_5_3_while_producing(node: NodeHandle, client: Clien
     """spec.controllers.replicas 3 -> 5 -> 3 on real pods (issue 28): the operator adds
     the two new controllers as voters one at a time once each caught up, then removes
     them (never the active one first), the StatefulSet following; a producer through the
-    bootstrap Service keeps going, every record exactly once. (A voter whose volume was
-    lost is replaced in tests/test_operator_k8s.py and tests/test_quorum_dynamic.py.)"""
+    bootstrap Service keeps going, every record exactly once. Then a follower
+    controller's PVC and pod are deleted: it comes back on a new volume with a new
+    directory id, and the operator replaces the voter."""
     producer = client.producer(BOOTSTRAP, TOPIC, "quorum", rate=40)
     producer.wait_for_acks(100, 120, "before the quorum changes")
 
@@ -1099,10 +1100,54 @@ def test_controller_quorum_3_5_3_while_producing(node: NodeHandle, client: Clien
     }
     assert {"VoterAdded", "VoterRemoved"} <= reasons, reasons
     producer.wait_for_acks(100, 120, "after the quorum changes")
+
+    # A lost volume: a follower controller's PVC and pod deleted. Its pod comes back on a
+    # new, empty volume with a new directory id; the operator replaces the voter.
+    q = quorum()
+    dirs = {v["node_id"]: v["directory_id"] for v in q["voters"]}
+    assert all(dirs.values()), q  # every change above pinned the voters' directories
+    victim = max(v for v in dirs if v != q["leader_id"])
+    pod = f"demo-controller-{victim - 1000}"  # the operator's CONTROLLER_ID_BASE
+    claim = node.get("pvc", f"data-{pod}", "-n", NS)["metadata"]["uid"]
+    t2 = time.monotonic()
+    node.kubectl("delete", "pvc", f"data-{pod}", "-n", NS, "--wait=false")
+    node.kubectl("delete", "pod", pod, "-n", NS, "--wait=false")
+
+    def replaced() -> bool:
+        # The StatefulSet may recreate the pod while the old claim is still terminating:
+        # that pod waits on a claim that goes away, so it is deleted again (as a person
+        # replacing a volume does).
+        try:
+            now = node.get("pvc", f"data-{pod}", "-n", NS)["metadata"]
+        except RuntimeError:  # gone, not made again yet
+            now = None
+        p = node.get("pod", pod, "-n", NS) if now is None or now["uid"] == claim else None
+        if p is not None and p["status"].get("phase") == "Pending":
+            if not p["metadata"].get("deletionTimestamp"):
+                node.kubectl("delete", "pod", pod, "-n", NS, "--wait=false")
+            return False
+        q = quorum()
+        now_dirs = {v["node_id"]: v["directory_id"] for v in q["voters"]}
+        return (
+            set(now_dirs) == set(dirs)
+            and now_dirs[victim] not in (None, dirs[victim])
+            and not q["voter_change_pending"]
+            and settled(3)
+        )
+
+    wait_for(replaced, 600, f"voter {victim} replaced", every=2, ignore=RETRY, check=producer.check)
+    heal = time.monotonic() - t2
+    assert node.get("pvc", f"data-{pod}", "-n", NS)["metadata"]["uid"] != claim
+    others = {v["node_id"]: v["directory_id"] for v in quorum()["voters"] if v["node_id"] != victim}
+    assert others == {k: d for k, d in dirs.items() if k != victim}
+    producer.wait_for_acks(100, 120, "after the voter's replacement")
     print(producer.stop())
     assert_exactly_once(producer.acked, client.consume(BOOTSTRAP, TOPIC, "verify-quorum"), "quorum")
     wait_cluster_ready(node, 300)
-    print(f"\n[quorum figures, real node] controllers 3->5 {up:.0f} s, 5->3 {down:.0f} s")
+    print(
+        f"\n[quorum figures, real node] controllers 3->5 {up:.0f} s, 5->3 {down:.0f} s, "
+        f"a lost volume replaced {heal:.0f} s"
+    )
 
 
 def test_scale_brokers_3_5_3_and_rolling_restart(

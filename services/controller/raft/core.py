@@ -244,6 +244,7 @@ class RaftNode:
         self._begin_pending: set[int] = set()
         self._begin_resend_ms = _NEVER
         self._epoch_start = 0  # offset of the leader's first entry of its epoch
+        self._lead_start_ms = _NEVER  # when this node became leader
         self._self_vote_seq = 0  # the storage op of a candidate's vote for itself
 
         if self._eligible:
@@ -801,6 +802,7 @@ class RaftNode:
             self._send(BeginQuorumEpoch(self.node_id, v, self._epoch, self.node_id))
         # The HW may only move past entries of this epoch: commit one at once.
         self._epoch_start = self.log_end_offset
+        self._lead_start_ms = self._now
         self._append_local([Entry(self._epoch, None)])
         self._maybe_advance_hw()
 
@@ -972,6 +974,30 @@ class RaftNode:
             self._begin_resend_ms = now + self._cfg.begin_quorum_resend_ms
             for v in sorted(self._begin_pending):
                 self._send(BeginQuorumEpoch(self.node_id, v, self._epoch, self.node_id))
+        self._maybe_pin_static()
+
+    def _maybe_pin_static(self) -> None:
+        """Record the directory ids of static voters (KIP-853's kraft.version 0 -> 1,
+        made automatic): a static voter matches any storage of its node id, so until its
+        id is in the log a controller back on empty storage would vote and count toward
+        the high watermark as the voter it was. The leader learns each voter's id from
+        its fetches and appends the pinned set as an ordinary change (one uncommitted
+        change at a time); from then on a new storage under that id is an observer.
+
+        It waits up to a check-quorum period from its election for every voter's id, so
+        that one entry pins them all; a voter silent longer is left static and pinned by
+        a later entry once it fetches. The residual window (a disk lost before the pinned
+        set is in every voter's log) is in voters.py's docstring."""
+        if not self._is_voter or self._hw <= self._epoch_start or self.voter_change_pending:
+            return
+        vs = self.voter_set
+        pinned = self._pinned(vs)
+        if pinned == vs:
+            return
+        waiting = self._now - self._lead_start_ms < self._cfg.check_quorum_ms
+        if waiting and any(v.directory_id is None for v in pinned.voters):
+            return
+        self._append_voters(pinned)
 
     def _replica(self, node_id: int, directory_id: str | None) -> tuple[ReplicaState | None, bool]:
         """The state of a fetcher, and whether it is a voter: one of the set in force

@@ -33,7 +33,7 @@ from straitmq import invariants
 from straitmq.invariants import InvariantBroken
 
 from .core import NotLeader, RaftConfig, RaftNode, VoterChangeRefused
-from .messages import Message, VoteResponse, from_dict, to_dict
+from .messages import Message, VoteRequest, VoteResponse, from_dict, to_dict
 from .storage import MemoryStorage, RaftStorage, Snapshot, StorageOp
 from .storage import apply as apply_ops
 from .voters import Voter, VoterSet
@@ -115,6 +115,7 @@ class Simulation:
         steps: int = 600,
         config: RaftConfig | None = None,
         storage_factory: Callable[[int], RaftStorage] | None = None,
+        dynamic: bool | None = None,
     ) -> None:
         self.seed = seed
         self.steps = steps  # ticks of TICK_MS before the liveness phase
@@ -129,9 +130,11 @@ class Simulation:
         self.faults = Faults.draw(self.rng)
         # Each node's storage identity; a lost disk gives it a new one.
         self.dirs = {i: f"dir-{i}-0" for i in self.ids}
-        # Half the seeds start from static flags (no directory ids: the old way, where a
-        # lost disk is unsafe, so none is lost), half from a bootstrapped voter set.
-        self.dynamic = self.rng.random() < 0.5
+        # Half the seeds start from static flags (no directory ids: the old way; the
+        # leader pins them, and a disk is lost only once that is past its residual
+        # window, see _past_residual_window), half from a bootstrapped voter set.
+        drawn = self.rng.random() < 0.5  # drawn always: a seed replays the same way
+        self.dynamic = drawn if dynamic is None else dynamic
         self.bootstrap = (
             VoterSet.of(Voter(i, self.dirs[i]) for i in sorted(self.voter_ids))
             if self.dynamic
@@ -166,6 +169,7 @@ class Simulation:
             "voter_changes": 0,
             "changes_refused": 0,
             "disks_lost": 0,
+            "static_disks_lost": 0,  # ... in a quorum started from static flags
         }
         # What the checks remember across the whole history.
         self.leaders: dict[int, int] = {}  # epoch -> the node that led it
@@ -231,6 +235,7 @@ class Simulation:
         if wire != msg:
             raise self.fail(f"message changed in transit: {msg} -> {wire}")
         node.step(wire, self.now)
+        self._check_vote(wire, node)
         self._after(msg.dst)
 
     def _after(self, i: int) -> None:
@@ -391,11 +396,12 @@ class Simulation:
         self._after(leader.node_id)
 
     def _lose_disk(self) -> None:
-        """A node's storage is gone: it restarts empty, with a new directory id. Only
-        in a bootstrapped (dynamic) quorum, and one lost voter at a time in a set of three
-        or more, as a leader with no change pending sees it: beyond that the quorum can
-        lose its majority for good, which no protocol survives."""
-        if not self.dynamic or not self._disks_lost:
+        """A node's storage is gone: it restarts empty, with a new directory id. One
+        lost voter at a time in a set of three or more, as a leader with no change
+        pending sees it: beyond that the quorum can lose its majority for good, which no
+        protocol survives. In a quorum started from static flags, only once the node's
+        directory id is pinned everywhere (the residual window is no fault to survive)."""
+        if not self._disks_lost:
             return
         leader = self._leader()
         if leader is None or leader.voter_change_pending:
@@ -404,6 +410,10 @@ class Simulation:
         i = self.rng.choice(self.ids)
         if i in vs.ids and (self._stale(vs) or len(vs) < 3):
             return
+        if not self.dynamic:
+            if not self._past_residual_window(i):
+                return
+            self.stats["static_disks_lost"] += 1
         if self.nodes[i] is not None:
             self._crash(i)
         self.disks[i] = MemoryStorage()
@@ -411,6 +421,35 @@ class Simulation:
         self.dirs[i] = f"dir-{i}-{gen}"
         self.stats["disks_lost"] += 1
         self._start(i)
+
+    def _past_residual_window(self, i: int) -> bool:
+        """Whether node i's storage may be lost in a quorum started from static flags
+        (voters.py names the window): the newest committed voter set names i with its
+        directory id (or not at all), and every other node's disk holds that entry (or a
+        snapshot past it), so no candidacy asks i's new storage without a directory id."""
+        sets = [
+            (o, vs)
+            for o, (_, data) in enumerate(self.committed)
+            if (vs := VoterSet.from_entry(data)) is not None
+        ]
+        if not sets:
+            return False
+        p, vs = sets[-1]
+        v = vs.get(i)
+        if v is not None and v.directory_id != self.dirs[i]:
+            return False
+        for j in self.ids:
+            if j == i:
+                continue
+            _, _, snap, start, entries = self.disks[j].load()
+            if snap is not None and snap.end_offset > p:
+                continue
+            if not start <= p < start + len(entries):
+                return False
+            e = entries[p - start]
+            if (e.epoch, e.data) != self.committed[p]:
+                return False
+        return True
 
     def _write(self, i: int) -> None:
         """Everything node i handed out reaches its disk, in order; it is told so."""
@@ -538,6 +577,7 @@ class Simulation:
         self._check_committed(i, node)
         if node.is_leader:
             self._check_one_change(i, node)
+            self._check_counted(i, node)
         self._apply(i, node)
         return elected
 
@@ -549,6 +589,42 @@ class Simulation:
                 f"leader {i} of epoch {node.epoch} holds {len(uncommitted)} uncommitted voter "
                 f"sets (offsets {uncommitted}; {len(self.committed)} entries committed)"
             )
+
+    def _check_vote(self, m: Message, node: RaftNode) -> None:
+        """(7) A new storage never votes as the voter it replaced: it grants a vote only
+        to a candidacy that names its own directory id."""
+        if (
+            isinstance(m, VoteRequest)
+            and not m.pre_vote
+            and m.voter_directory_id != self.dirs[m.dst]
+            and self._replaced(m.dst)
+            and (node.epoch, node._voted_for) == (m.epoch, m.candidate_id)
+        ):
+            raise self.fail(
+                f"node {m.dst} on new storage {self.dirs[m.dst]} voted for "
+                f"{m.candidate_id} in epoch {m.epoch}, asked as voter {m.voter_directory_id}"
+            )
+
+    def _replaced(self, i: int) -> bool:
+        """Whether node i's storage is not its first (it was lost at least once)."""
+        return not self.dirs[i].endswith("-0")
+
+    def _check_counted(self, i: int, node: RaftNode) -> None:
+        """(7) A leader counts a fetch toward the high watermark only from the storage its
+        voter set names, or, for a static voter, from the node's first storage: a
+        storage that replaced a lost one is never counted as the voter it replaced."""
+        vs = node.voter_set
+        for r in node._replicas.values():
+            v = vs.get(r.node_id)
+            if v is None or r.last_fetch_ms != self.now or r.directory_id is None:
+                continue
+            named = v.directory_id == r.directory_id
+            first = v.directory_id is None and not self._replaced(r.node_id)
+            if not (named or first) and r.directory_id == self.dirs[r.node_id]:
+                raise self.fail(
+                    f"leader {i} of epoch {node.epoch} counts node {r.node_id}'s storage "
+                    f"{r.directory_id} as its voter {v}"
+                )
 
     def _check_leader_complete(self, i: int, node: RaftNode) -> None:
         """(3) A new leader holds every entry committed so far."""

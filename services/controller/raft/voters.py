@@ -11,6 +11,20 @@ Identity is (node id, directory id): a node whose storage was lost comes back wi
 same id and a new directory id, and does not count as the voter it replaced (it never
 kept that voter's votes or log) until the set is changed to hold its new identity.
 
+A static set names no directory ids, so the leader of a quorum that never changed
+pins them (RaftNode._maybe_pin_static): once it knows each voter's id from its fetches
+it appends the same set with the ids, as KIP-853's upgrade to kraft.version 1 does (by
+hand there, automatic here). The residual window: a voter whose disk is lost before
+that set is in every voter's log. Before the pinned set is appended, the leader learns
+whatever storage fetches under the voter's id, so it may pin the new, empty one (as
+if nothing had happened: a static quorum's old behaviour, for that voter). After it is
+committed but while some voter V still lacks it, V's candidacy asks with no directory
+id, and the empty storage of a voter whose id was pinned may grant it: V and that vote
+make a majority of three without the committed entries V lacks. Once every voter's log
+holds the pinned set, every candidacy names the directory ids and a new storage grants
+nothing and counts for nothing. On a healthy quorum the window closes within a fetch
+round trip or two of the first leader's first commit.
+
     >>> s = VoterSet.static([1, 2, 3])
     >>> s.majority, s.matches(2, "abc"), s.ids
     (2, True, frozenset({1, 2, 3}))

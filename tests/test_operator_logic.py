@@ -674,7 +674,9 @@ def test_external_listeners_render_per_broker_services_ingresses_and_listener_ar
     assert ("ConfigMap", "demo-advertised") in objs
 
     flags = [a for a in args if a.startswith("--shutdown-readiness-probes=")]
-    assert flags == [f"--shutdown-readiness-probes={render.BROKER_READINESS_FAILURES + 1}"]
+    assert flags == [f"--shutdown-readiness-probes={render.BROKER_SHUTDOWN_PROBES}"]
+    # The pod has been unready a while (endpoints and kube-proxy updated) when it exits.
+    assert render.BROKER_SHUTDOWN_PROBES > render.BROKER_READINESS_FAILURES + 1
     assert c["readinessProbe"]["periodSeconds"] == render.BROKER_READINESS_PERIOD_S
     assert c["readinessProbe"]["failureThreshold"] == render.BROKER_READINESS_FAILURES
     assert BrokerConfig().shutdown_readiness_probes == 0  # off outside Kubernetes
@@ -713,7 +715,7 @@ def test_the_broker_takes_the_rendered_listeners_and_its_pods_file(tmp_path: Pat
     )
     assert specs["REPLICATION"].advertised_host == "demo-broker-0.demo-broker.prod.svc"
     assert specs["PLAINTEXT"].advertised_host == "demo-broker-0.prod.svc"  # its own Service
-    assert cfg.shutdown_readiness_probes == render.BROKER_READINESS_FAILURES + 1
+    assert cfg.shutdown_readiness_probes == render.BROKER_SHUTDOWN_PROBES
 
 
 def test_kafka_tls_cluster_keeps_its_listeners_and_adds_the_external_ones() -> None:

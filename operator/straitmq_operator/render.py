@@ -212,13 +212,17 @@ def _env(spec: ClusterSpec) -> list[dict[str, Any]]:
 
 
 # A broker's readiness probe: every second, unready after 2 failures. A stopping broker
-# answers 503 and exits only after BROKER_READINESS_FAILURES + 1 such answers
-# (--shutdown-readiness-probes): by then its pod is no longer Ready, so the bootstrap
-# Service stops routing to an address that is about to disappear (a connection sent to
-# a deleted pod's address hangs until the client's 30 s connect timeout; one sent to a
-# live pod with its listener closed is refused at once, and the client tries again).
+# answers 503 and exits only after BROKER_SHUTDOWN_PROBES such answers
+# (--shutdown-readiness-probes): by then its pod has been unready for 3 probes, so the
+# Services have stopped routing to an address that is about to disappear (a connection
+# sent to a deleted pod's address hangs until the client's 30 s connect timeout; one
+# sent to a live pod with its listener closed is refused at once, and the client tries
+# again). Three probes, not one: the endpoint controller and kube-proxy must both act
+# in between, and on a loaded node one second was once not enough (a real-node run
+# hung 30 s on the bootstrap Service).
 BROKER_READINESS_PERIOD_S = 1
 BROKER_READINESS_FAILURES = 2
+BROKER_SHUTDOWN_PROBES = BROKER_READINESS_FAILURES + 3
 
 
 def _probes(
@@ -521,7 +525,7 @@ def broker_statefulset(spec: ClusterSpec, replicas: int) -> dict[str, Any]:
             f"--listen=0.0.0.0:{spec.kafka_port}",
             *advertise,
             f"--http=0.0.0.0:{spec.http_port}",
-            f"--shutdown-readiness-probes={BROKER_READINESS_FAILURES + 1}",
+            f"--shutdown-readiness-probes={BROKER_SHUTDOWN_PROBES}",
             *spec.broker_args(),
         ],
         "env": _env(spec),

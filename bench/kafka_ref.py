@@ -53,7 +53,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from xml.sax.saxutils import quoteattr
 
@@ -609,6 +609,8 @@ class KafkaNode:
                 }
             )
             props.update(c.broker_config)
+            if c.broker_config_for is not None:
+                props.update(c.broker_config_for(self))
         self.config_path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         self._log_jvm_args = write_log_config(
             self.dir, self.dir / "logs", c.kafka_version, level=c.log_level, request_level="WARN"
@@ -689,7 +691,8 @@ class KafkaCluster:
             kc.active_controller()        # node id of the Raft leader (active controller)
             kc.brokers[2].kill9(); kc.restart(2)
 
-    broker_config / controller_config: server.properties overrides per role; with none, every
+    broker_config / controller_config: server.properties overrides per role (broker_config_for:
+    per broker, called with its KafkaNode, applied last); with none, every
     timeout is Kafka's default (broker.session.timeout.ms 9000, broker.heartbeat.interval.ms
     2000, controller.quorum.election.timeout.ms 1000, controller.quorum.fetch.timeout.ms 2000,
     replica.lag.time.max.ms 30000).
@@ -712,10 +715,13 @@ class KafkaCluster:
         log_level: str = "INFO",
         startup_timeout: float = 180.0,
         kafka_version: str = REF_KAFKA,
+        broker_config_for: Callable[[KafkaNode], Mapping[str, object]] | None = None,
     ):
         self.kafka_version = _check_version(kafka_version)
         self.host = host
         self.broker_config = dict(broker_config or {})
+        # per-broker overrides on top of broker_config (each broker's own listener ports)
+        self.broker_config_for = broker_config_for
         self.controller_config = dict(controller_config or {})
         self._own_workdir = workdir is None
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="kafka-cluster-"))

@@ -2,7 +2,7 @@
 StraitMQ (one broker) beside Apache Kafka 4.1 (one KRaft combined broker, bench/kafka_ref.py),
 both configured the same way and both up for the whole run (issue 15; not a pytest test).
 
-    python -m bench.security_throughput [--repeat 3] [--num-records 1000000]
+    python -m bench.security_throughput [--repeat 3] [--num-records 1000000] [--rf 3]
 
 Each broker has three listeners on 127.0.0.1, one per protocol:
 
@@ -17,8 +17,14 @@ file with the PKCS#8 key and the certificate: StraitMQ's ssl.keystore.location, 
 ssl.keystore.type=PEM). The cipher suite is whatever OpenSSL (librdkafka's and the broker's)
 and the JVM negotiate by default: TLS 1.3 with AES-GCM on both in practice.
 
+--rf 3 runs 3 controllers + 3 brokers of each instead (StraitMQ: straitmq.cli.local_cluster;
+Kafka: bench.kafka_ref.KafkaCluster, KRaft), every broker with the three listeners and
+replicating over its SSL listener (inter.broker.listener.name=SSL, the same CA as
+truststore), topics with min.insync.replicas 2 and the producer at acks=all; the CPU is the
+three brokers' together (controllers left out, as on both they are idle in a steady load).
+
 For each system x protocol (each round a new topic of --partitions partitions (default 3),
-RF 1, created over PLAINTEXT and deleted afterwards):
+RF --rf, created over PLAINTEXT and deleted afterwards):
 
   produce   librdkafka (confluent_kafka) producer, N x 1 KiB random records, acks=1 (--acks),
             linger 5 ms, no compression, as fast as it goes (until every record is acknowledged)
@@ -63,15 +69,15 @@ if __package__ in (None, ""):  # allow `python bench/security_throughput.py`
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
-    NewTopic,
     ScramCredentialInfo,
     ScramMechanism,
     UserScramCredentialUpsertion,
 )
-from straitmq.cli.local_cluster import free_port
+from straitmq.cli.local_cluster import LocalCluster, free_port
 
 from bench.javatools import REPO_ROOT
-from bench.kafka_ref import KafkaRef, stop_process, wait_for_broker
+from bench.kafka_ref import KafkaCluster, KafkaNode, KafkaRef, stop_process, wait_for_broker
+from bench.latency import create_topic, delete_topic
 from bench.throughput import process_cpu_s, send_all
 
 MB = 1024 * 1024
@@ -153,17 +159,18 @@ def make_certs(d: Path) -> tuple[Path, Path]:
 
 
 class System(abc.ABC):
-    """One broker with a PLAINTEXT, an SSL and a SASL_SSL listener (Strait and Kafka
-    below say how to run each)."""
+    """One broker (rf 1) or three (rf 3), each with a PLAINTEXT, an SSL and a SASL_SSL
+    listener (the kinds below say how to run each)."""
 
     name = ""
 
-    def __init__(self, workdir: Path, ca: Path, server_pem: Path) -> None:
+    def __init__(self, workdir: Path, ca: Path, server_pem: Path, brokers: int = 1) -> None:
         self.workdir, self.ca, self.server_pem = workdir, ca, server_pem
-        self.ports = {p: free_port() for p in PROTOCOLS}
+        # one {protocol: port} per broker
+        self.ports = [{p: free_port() for p in PROTOCOLS} for _ in range(brokers)]
 
     @abc.abstractmethod
-    def pid(self) -> int: ...
+    def broker_pids(self) -> list[int]: ...
 
     @abc.abstractmethod
     def start(self) -> None: ...
@@ -171,12 +178,20 @@ class System(abc.ABC):
     @abc.abstractmethod
     def stop(self) -> None: ...
 
-    def listeners(self) -> str:
-        return ",".join(f"{p}://{HOST}:{port}" for p, port in self.ports.items())
+    def listeners(self, broker: int = 0) -> str:
+        return ",".join(f"{p}://{HOST}:{port}" for p, port in self.ports[broker].items())
+
+    def servers(self, protocol: str) -> str:
+        return ",".join(f"{HOST}:{ports[protocol]}" for ports in self.ports)
+
+    @property
+    def bootstrap(self) -> str:
+        """PLAINTEXT bootstrap (topic admin: bench.latency's create_topic/delete_topic)."""
+        return self.servers("PLAINTEXT")
 
     def conf(self, protocol: str) -> dict[str, Any]:
         c: dict[str, Any] = {
-            "bootstrap.servers": f"{HOST}:{self.ports[protocol]}",
+            "bootstrap.servers": self.servers(protocol),
             "security.protocol": protocol,
             "log_level": 3,
         }
@@ -193,13 +208,13 @@ class System(abc.ABC):
         return c
 
     def cpu_s(self) -> float:
-        return process_cpu_s(self.pid())
+        return sum(process_cpu_s(pid) for pid in self.broker_pids())
 
     def tls_session(self) -> str:
         """The TLS version and cipher the SSL listener negotiates with Python's ssl module
         (OpenSSL 3, default client context): what a default client gets."""
         ctx = ssl.create_default_context(cafile=str(self.ca))
-        with socket.create_connection((HOST, self.ports["SSL"]), timeout=10) as raw:
+        with socket.create_connection((HOST, self.ports[0]["SSL"]), timeout=10) as raw:
             with ctx.wrap_socket(raw, server_hostname=HOST) as t:
                 cipher = t.cipher()
                 return f"{t.version()} {cipher[0] if cipher else '?'}"
@@ -227,15 +242,21 @@ class Strait(System):
     name = "straitmq"
     python = sys.executable  # --strait NAME=PYTHON: another checkout's venv
 
-    def start(self) -> None:
+    def properties(self, broker: int, inter_broker: str) -> Path:
         props = [
-            f"listeners={self.listeners()}",
+            f"listeners={self.listeners(broker)}",
             "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL",
-            "inter.broker.listener.name=PLAINTEXT",
+            f"inter.broker.listener.name={inter_broker}",
             f"ssl.keystore.location={self.server_pem}",
+            # the replica fetchers' trust (a client of the other brokers' SSL listener)
+            f"ssl.truststore.location={self.ca}",
             "listener.name.sasl_ssl.sasl.enabled.mechanisms=SCRAM-SHA-512",
         ]
-        (self.workdir / "server.properties").write_text("\n".join(props) + "\n")
+        path = self.workdir / f"server-{broker + 1}.properties"
+        path.write_text("\n".join(props) + "\n")
+        return path
+
+    def start(self) -> None:
         self.log = open(self.workdir / "broker.log", "ab")
         self.proc = subprocess.Popen(
             [
@@ -245,11 +266,11 @@ class Strait(System):
                 "--data-dir",
                 str(self.workdir / "data"),
                 "--listen",
-                f"{HOST}:{self.ports['PLAINTEXT']}",
+                f"{HOST}:{self.ports[0]['PLAINTEXT']}",
                 "--http",
                 f"{HOST}:{free_port()}",
                 "--properties",
-                str(self.workdir / "server.properties"),
+                str(self.properties(0, "PLAINTEXT")),
                 "--log-level",
                 "warning",
             ],
@@ -257,10 +278,10 @@ class Strait(System):
             stderr=subprocess.STDOUT,
             cwd=REPO_ROOT,
         )
-        wait_for_broker(HOST, self.ports["PLAINTEXT"], timeout=60, proc=self.proc)
+        wait_for_broker(HOST, self.ports[0]["PLAINTEXT"], timeout=60, proc=self.proc)
 
-    def pid(self) -> int:
-        return self.proc.pid
+    def broker_pids(self) -> list[int]:
+        return [self.proc.pid]
 
     def stop(self) -> None:
         stop_process(getattr(self, "proc", None))
@@ -268,39 +289,109 @@ class Strait(System):
             self.log.close()
 
 
+class StraitCluster(Strait):
+    """3 controllers + 3 brokers (straitmq.cli.local_cluster, as bench.latency --rf 3),
+    replicating over the SSL listener."""
+
+    def start(self) -> None:
+        self.cluster = LocalCluster(
+            str(self.workdir / "cluster"),
+            brokers=0,
+            kafka_base=None,
+            http_base=None,
+            controller_base=None,
+            controller_args=["--no-auto-leader-rebalance"],
+            python=self.python,
+        )
+        for i in range(len(self.ports)):  # each broker its own listeners file
+            self.cluster.broker_args = [
+                "--default-replication-factor",
+                "3",
+                "--properties",
+                str(self.properties(i, "SSL")),
+            ]
+            self.cluster.add_broker(i + 1, self.ports[i]["PLAINTEXT"], free_port())
+        self.cluster.start(wait_s=180)
+
+    def broker_pids(self) -> list[int]:
+        return [n.proc.pid for n in self.cluster.brokers.values() if n.alive() and n.proc]
+
+    def stop(self) -> None:
+        if getattr(self, "cluster", None) is not None:
+            self.cluster.stop()
+
+
 class Kafka(System):
     name = "kafka"
+
+    def tls_config(self, inter_broker: str) -> dict[str, object]:
+        return {
+            "listener.security.protocol.map": (
+                "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL"
+            ),
+            "inter.broker.listener.name": inter_broker,
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(self.server_pem),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(self.ca),
+            "listener.name.sasl_ssl.sasl.enabled.mechanisms": "SCRAM-SHA-512",
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            ),
+        }
 
     def start(self) -> None:
         controller = free_port()
         self.ref = KafkaRef(
-            self.ports["PLAINTEXT"],
+            self.ports[0]["PLAINTEXT"],
             controller,
             workdir=self.workdir,
             log_level="WARN",
             extra_config={  # KafkaRef's PLAINTEXT + CONTROLLER, plus SSL and SASL_SSL
                 "listeners": f"{self.listeners()},CONTROLLER://{HOST}:{controller}",
                 "advertised.listeners": self.listeners(),
-                "listener.security.protocol.map": (
-                    "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL"
-                ),
-                "ssl.keystore.type": "PEM",
-                "ssl.keystore.location": str(self.server_pem),
-                "listener.name.sasl_ssl.sasl.enabled.mechanisms": "SCRAM-SHA-512",
-                "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": (
-                    "org.apache.kafka.common.security.scram.ScramLoginModule required;"
-                ),
+                **self.tls_config("PLAINTEXT"),
             },
         )
         self.ref.start()
 
-    def pid(self) -> int:
+    def broker_pids(self) -> list[int]:
         assert self.ref.proc is not None
-        return self.ref.proc.pid
+        return [self.ref.proc.pid]
 
     def stop(self) -> None:
         if getattr(self, "ref", None) is not None:
             self.ref.stop()
+
+
+class KafkaCluster3(Kafka):
+    """3 KRaft controllers + 3 brokers (bench.kafka_ref.KafkaCluster, Kafka's default
+    timeouts), replicating over the SSL listener."""
+
+    def start(self) -> None:
+        def own_listeners(node: KafkaNode) -> dict[str, object]:
+            i = node.node_id - 1
+            self.ports[i]["PLAINTEXT"] = node.port  # the cluster's readiness probe's port
+            return {"listeners": self.listeners(i), "advertised.listeners": self.listeners(i)}
+
+        self.cluster = KafkaCluster(
+            3,
+            3,
+            broker_config={"auto.leader.rebalance.enable": "false", **self.tls_config("SSL")},
+            controller_config={"auto.leader.rebalance.enable": "false"},
+            broker_config_for=own_listeners,
+            workdir=self.workdir / "cluster",
+            log_level="WARN",
+        )
+        self.cluster.start()
+
+    def broker_pids(self) -> list[int]:
+        nodes = self.cluster.brokers.values()
+        return [n.proc.pid for n in nodes if n.proc is not None and n.proc.poll() is None]
+
+    def stop(self) -> None:
+        if getattr(self, "cluster", None) is not None:
+            self.cluster.stop()
 
 
 # -- measurements ----------------------------------------------------------------------
@@ -365,8 +456,7 @@ def consume(conf: dict, topic: str, partitions: int, n: int, timeout: float) -> 
 
 def measure(s: System, protocol: str, a: argparse.Namespace, n: int) -> dict[str, float]:
     topic = f"sec-{protocol.lower()}-{uuid.uuid4().hex[:6]}"
-    admin = AdminClient(s.conf("PLAINTEXT"))
-    admin.create_topics([NewTopic(topic, a.partitions, 1)])[topic].result(30)
+    create_topic(s, topic, a)  # rf 3: min.insync.replicas 2, led with its full ISR
     gb = n * a.record_size / 1e9
     mb = n * a.record_size / MB
     conf = s.conf(protocol)
@@ -383,10 +473,7 @@ def measure(s: System, protocol: str, a: argparse.Namespace, n: int) -> dict[str
             out[f"{phase}_client_cpu_s_per_gb"] = (client_cpu_s() - c0) / gb
         return out
     finally:
-        try:
-            admin.delete_topics([topic], operation_timeout=30)[topic].result(60)
-        except Exception as e:  # best effort
-            log(f"  delete {topic}: {e}")
+        delete_topic(s, topic)
 
 
 # -- report ----------------------------------------------------------------------------
@@ -466,7 +553,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--num-records", type=int, default=1_000_000)
     ap.add_argument("--record-size", type=int, default=1024)
     ap.add_argument("--partitions", type=int, default=3)
-    ap.add_argument("--acks", default="1", choices=("1", "all"), help="the producer's acks")
+    ap.add_argument(
+        "--acks", default=None, choices=("1", "all"), help="the producer's acks (1; rf 3: all)"
+    )
+    ap.add_argument(
+        "--rf",
+        type=int,
+        choices=(1, 3),
+        default=1,
+        help="3: 3 controllers + 3 brokers of each, replicating over TLS, min.insync.replicas 2",
+    )
     ap.add_argument("--warmup-records", type=int, default=200_000, help="per protocol, 0: none")
     ap.add_argument("--systems", default="kafka,straitmq", help="comma list: kafka,straitmq")
     ap.add_argument(
@@ -481,7 +577,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--keep", action="store_true", help="keep the work folder (logs, certs)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--report", metavar="JSON", help="print the table of an earlier run's JSON")
-    return ap.parse_args(argv)
+    a = ap.parse_args(argv)
+    if a.acks is None:
+        a.acks = "all" if a.rf > 1 else "1"
+    return a
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -492,15 +591,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     work = Path(tempfile.mkdtemp(prefix="sec-bench-"))
     ca, server_pem = make_certs(work / "certs")
-    classes = {"kafka": Kafka, "straitmq": Strait}
+    classes: dict[str, type[System]] = (
+        {"kafka": KafkaCluster3, "straitmq": StraitCluster}
+        if a.rf > 1
+        else {"kafka": Kafka, "straitmq": Strait}
+    )
     systems: list[System] = []
     for name in a.systems.split(","):
         (work / name).mkdir()
-        systems.append(classes[name](work / name, ca, server_pem))
+        systems.append(classes[name](work / name, ca, server_pem, a.rf))
     for spec in a.strait:
         name, _, python = spec.partition("=")
         (work / name).mkdir()
-        strait = Strait(work / name, ca, server_pem)
+        strait = classes["straitmq"](work / name, ca, server_pem, a.rf)
+        assert isinstance(strait, Strait)
         strait.name, strait.python = name, python
         systems.append(strait)
     raw: dict[str, dict[str, list[dict[str, float]]]] = {

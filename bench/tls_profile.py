@@ -136,12 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     ca, pem = make_certs(work / "certs")
     (work / "broker").mkdir()
     s = Strait(work / "broker", ca, pem)
-    real = sys.executable
-    try:
-        sys.executable = a.python  # Strait.start runs `sys.executable -m straitmq.broker`
-        s.start()
-    finally:
-        sys.executable = real
+    s.python = a.python  # (setting sys.executable, as this did before, changed nothing)
+    s.start()
     try:
         s.add_scram_user()
         conf = s.conf(a.protocol)
@@ -151,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         produce(conf, topic, 20_000, a.record_size, 120)  # warm-up, then the measured run
         for phase in ("produce", "consume"):
             out = work / f"{phase}.txt"
-            spy = profile(s.pid(), out)
+            spy = profile(s.broker_pids()[0], out)
             time.sleep(1.0)  # py-spy attached before the load starts
             cpu0 = s.cpu_s()
             if phase == "produce":

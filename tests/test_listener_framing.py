@@ -74,8 +74,33 @@ def test_frames_come_out_whole_whatever_the_read_boundaries(
     for f, body in zip(got, bodies, strict=True):
         assert f.readonly
         if len(body) > TLS_SCRATCH_BYTES - 4:
-            # Read straight into a buffer of exactly the frame's size: no copy after.
-            assert isinstance(f.obj, bytearray) and len(f.obj) == len(body)
+            # Read straight into a buffer (pooled, so maybe larger): no copy after.
+            assert isinstance(f.obj, bytearray) and len(f.obj) >= len(body)
+    assert not conn.closed
+
+
+def test_a_large_frames_buffer_is_reused_only_once_nothing_refers_to_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Large frames come from a pool (a fresh 1 MB bytearray is zeroed and faulted in
+    each time): a buffer whose frame, or any view of it, is still alive is never
+    written again; once released, the next frame gets it."""
+    monkeypatch.setattr(server, "_FRAME_BUFFERS", [])  # not other tests' buffers
+    rng = random.Random(5)
+    conn = connection()
+    first = [rng.randbytes(60_000) for _ in range(3)]
+    feed(conn, b"".join(frame(b) for b in first), rng)
+    held = [conn.frames.popleft() for _ in range(3)]
+    kept = held[1][100:200]  # a view into the second frame, as a request's records are
+    ids = {id(f.obj) for f in held}
+    del held
+    second = [rng.randbytes(50_000) for _ in range(3)]
+    feed(conn, b"".join(frame(b) for b in second), rng)
+    got = [conn.frames.popleft() for _ in range(3)]
+    assert [bytes(f) for f in got] == second
+    assert bytes(kept) == first[1][100:200]  # its buffer was not handed out again
+    reused = {id(f.obj) for f in got} & ids
+    assert len(reused) == 2 and id(kept.obj) not in reused
     assert not conn.closed
 
 

@@ -14,6 +14,7 @@ from straitmq.broker import partitions as partitions_module
 from straitmq.broker.partitions import PartitionManager
 from straitmq.broker.record_codec import build_batch
 from straitmq.broker.records import validate_batches
+from straitmq.broker.storage import flusher
 from straitmq.metadata.image import MetadataImage
 
 ME = 1
@@ -108,6 +109,7 @@ def test_a_topic_deleted_while_its_logs_are_created_leaves_nothing(tmp_path: Pat
         pm.sync(img, {"gone"})
         await settle(pm)
         assert sorted(pm.partitions) == [("kept", i) for i in range(3)]
+        assert flusher.drain(30)  # the removed replicas' folders go in its thread
         assert sorted(os.listdir(tmp_path)) == ["kept-0", "kept-1", "kept-2"]
         pm.close()
 
@@ -297,5 +299,85 @@ def test_a_restarted_brokers_first_sync_runs_in_slices_and_sweeps_only_after_it(
         assert all(pm3.partitions[(f"t{n}", 4)].log.log_end_offset == 1 for n in range(40))
         assert not (tmp_path / "old-0").exists()  # swept once the first sync was done
         pm3.close()
+
+    asyncio.run(go())
+
+
+def test_a_removed_replicas_folder_is_deleted_off_the_event_loop(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Topic deletion: the replica's folder is renamed away at once (a topic of the same
+    name may come back) and its files are deleted in the flusher thread, not on the
+    event loop, which never waits for that thread (a close would: producer snapshot,
+    drain)."""
+    threads: list[str] = []
+    real = flusher.shutil.rmtree
+
+    def spy(path: str, *args: object, **kwargs: object) -> None:
+        threads.append(threading.current_thread().name)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(flusher.shutil, "rmtree", spy)
+
+    real_drain = flusher.drain
+    removing = False
+
+    def drain(timeout: float | None = None) -> bool:
+        assert not removing, "a removed replica's log must not wait for the flusher"
+        return real_drain(timeout)
+
+    monkeypatch.setattr("straitmq.broker.storage.log.drain", drain)
+
+    async def go() -> None:
+        nonlocal removing
+        pm = PartitionManager(str(tmp_path), {}, ME)
+        img = image_with({"gone": 2, "kept": 1})
+        pm.sync(img)
+        await settle(pm)
+        batch = memoryview(build_batch([(None, b"x" * 100, [])], 1_700_000_000_000))
+        pm.partitions[("gone", 0)].append(batch, validate_batches(batch, 1 << 20))
+        img.apply({"type": "remove_topic", "name": "gone"})
+        removing = True
+        pm.sync(img, {"gone"})
+        removing = False
+        assert sorted(pm.partitions) == [("kept", 0)]
+        assert not os.path.exists(tmp_path / "gone-0")  # gone from its name at once
+        assert flusher.drain(30)
+        assert sorted(os.listdir(tmp_path)) == ["kept-0"]
+        assert threads and all(t.startswith("segment-flush") for t in threads)
+        # A topic of the same name gets a fresh folder.
+        img2 = image_with({"gone": 1})
+        pm.sync(img2, {"gone"})
+        await settle(pm)
+        assert pm.partitions[("gone", 0)].log.log_end_offset == 0
+        pm.close()
+
+    asyncio.run(go())
+
+
+def test_retention_lets_the_event_loop_run_between_partitions(tmp_path: Path, monkeypatch) -> None:
+    """The retention walk over every led partition yields to the loop (here after every
+    64 partitions: a zero slice) instead of holding it for the whole walk."""
+    monkeypatch.setattr(partitions_module, "RETENTION_SLICE_S", 0.0)
+
+    async def go() -> None:
+        pm = PartitionManager(str(tmp_path), {}, ME)
+        pm.sync(image_with({"many": 300}))
+        await settle(pm)
+        turns = 0
+
+        async def other() -> None:
+            nonlocal turns
+            while True:
+                turns += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(other())
+        await asyncio.sleep(0)
+        before = turns
+        assert await pm.apply_retention() == 0
+        task.cancel()
+        assert turns - before >= 300 // 64  # ran between slices of the walk
+        pm.close()
 
     asyncio.run(go())

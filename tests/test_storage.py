@@ -197,3 +197,49 @@ def test_a_rolled_segment_is_fsynced_off_the_calling_thread(tmp_path, monkeypatc
     assert [ino for _, ino in synced] == rolled
     assert all(name.startswith("segment-flush") for name, _ in synced)
     assert threading.current_thread().name not in {name for name, _ in synced}
+
+
+def test_a_deleted_segments_blocks_are_freed_off_the_calling_thread(tmp_path, monkeypatch):
+    """Retention unlinks a segment on the event loop, but the last descriptor of its .log
+    (whose close frees the blocks: tens of ms for a GiB) is closed in the flusher thread."""
+    from straitmq.broker.storage import flusher
+
+    freed: list[tuple[str, int]] = []  # closes of files already unlinked: these free them
+    real_close = os.close
+
+    def close(fd: int) -> None:
+        st = os.fstat(fd)
+        if st.st_nlink == 0:
+            freed.append((threading.current_thread().name, st.st_ino))
+        real_close(fd)
+
+    plog = PartitionLog(str(tmp_path / "p"), LogConfig(segment_bytes=500, retention_bytes=600))
+    for _ in range(20):
+        _append(plog, [b"y" * 100])
+    assert flusher.drain(30)  # the rolls' fsyncs, before counting closes
+    inodes = {os.stat(s.path(".log")).st_ino for s in plog.segments[:-1]}
+    monkeypatch.setattr(flusher.os, "close", close)
+    # Fewer than the flusher's queue holds (past it, a close is done inline instead).
+    deleted = plog.apply_retention(limit=flusher.MAX_PENDING // 2)
+    assert deleted == flusher.MAX_PENDING // 2
+    assert flusher.drain(30)
+    monkeypatch.undo()
+    assert len(freed) == deleted and {ino for _, ino in freed} <= inodes
+    assert all(name.startswith("segment-flush") for name, _ in freed)
+    plog.close()
+
+
+def test_retention_deletes_at_most_the_limit_per_call(tmp_path):
+    """The broker's retention walk takes a few segments per loop turn (limit), calling
+    again until fewer than the limit were due."""
+    plog = PartitionLog(str(tmp_path / "p"), LogConfig(segment_bytes=500, retention_bytes=600))
+    for _ in range(40):
+        _append(plog, [b"y" * 100])
+    due = len(plog.segments)
+    calls = []
+    while (n := plog.apply_retention(limit=3)) == 3:
+        calls.append(n)
+    calls.append(n)
+    assert len(calls) > 2 and all(c <= 3 for c in calls)
+    assert plog.size_bytes - plog.segments[0].size < 600 and len(plog.segments) < due
+    plog.close()

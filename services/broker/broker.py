@@ -739,7 +739,7 @@ class Broker:
         while True:
             await asyncio.sleep(self.config.retention_check_interval_ms / 1000)
             try:
-                deleted = self.partitions.apply_retention()
+                deleted = await self.partitions.apply_retention()
                 if deleted:
                     log.info("retention deleted segments", extra={"segments": deleted})
             except OSError:

@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -26,6 +27,7 @@ from .loop_slice import LoopSlice
 from .records import BatchInfo
 from .replication.core import FOLLOWER, GREW, LEADER, FollowerState, ReplicaCore
 from .storage.epochs import LeaderEpochCache
+from .storage.flusher import remove_tree_in_background
 from .storage.handles import FileHandles
 from .storage.log import LogConfig, PartitionLog
 
@@ -40,6 +42,9 @@ EPOCH_WRITE_SLICE_S = 0.01
 # once, a burst of creations) is applied to the replicas SYNC_SLICE_S at a time.
 SYNC_INLINE_TOPICS = 20
 SYNC_SLICE_S = 0.02
+# The retention walk over every led partition: at most this much of it per loop turn.
+RETENTION_SLICE_S = 0.005
+RETENTION_SEGMENTS_PER_TURN = 8
 
 
 def log_config_for(topic: TopicImage, broker_defaults: dict[str, str]) -> LogConfig:
@@ -526,7 +531,7 @@ class PartitionManager:
                 if key not in self.partitions and key not in self._creating:
                     p = self._image.partition(*key)
                     if p is None or self.node_id not in p.replicas:
-                        shutil.rmtree(path, ignore_errors=True)
+                        remove_later(path)
 
     def _open_log(self, t: TopicImage, index: int, cfg: LogConfig) -> PartitionLog:
         pre = self._preopened.pop((t.name, index), None)
@@ -557,7 +562,7 @@ class PartitionManager:
                 and os.path.isdir(path)
                 and os.path.exists(os.path.join(path, ".topic-id"))
             ):
-                shutil.rmtree(path, ignore_errors=True)
+                remove_later(path)
         self._swept = True
 
     def _drop(self, part: Partition) -> None:
@@ -573,10 +578,10 @@ class PartitionManager:
             if not indexes:
                 del self._by_topic[part.topic]
         try:
-            part.log.close()
+            part.log.abandon()
         except OSError as e:  # its files go anyway
             log.warning("closing a removed replica's log failed", extra={"error": str(e)})
-        shutil.rmtree(part.log.directory, ignore_errors=True)
+        remove_later(part.log.directory)
 
     async def preopen(self, image: MetadataImage) -> None:
         """Open the logs this broker already holds for the image's replicas in a worker
@@ -612,7 +617,7 @@ class PartitionManager:
         if os.path.exists(marker):
             with open(marker) as f:
                 if f.read().strip() != topic_id:
-                    shutil.rmtree(path, ignore_errors=True)
+                    remove_later(path)
         os.makedirs(path, exist_ok=True)
         if not os.path.exists(marker):
             tmp = marker + ".tmp"
@@ -624,13 +629,28 @@ class PartitionManager:
         """Why this broker cannot serve a replica the image gives it, or None."""
         return self.unavailable.get((topic, index))
 
-    def apply_retention(self) -> int:
+    async def apply_retention(self) -> int:
+        """Delete the segments beyond retention of every partition this broker leads, at
+        most RETENTION_SLICE_S of it per turn of the event loop (a walk over 100,000
+        partitions, and segment deletes, each a few system calls)."""
         # Followers follow the leader's log start instead (see the replica fetcher).
         deleted = 0
-        for p in self.partitions.values():
-            if p.is_leader and (n := p.log.apply_retention()):
-                deleted += n
-                p._wake()  # the log start moved: fetch sessions carry it to followers
+        pacer = LoopSlice(RETENTION_SLICE_S, check_every=64)
+        for key in list(self.partitions):
+            if pacer.due():
+                await pacer.pause()
+            p = self.partitions.get(key)
+            # A few segments a turn: each delete is a few system calls (unlinks, and a
+            # close when the flusher's queue is full) and a log may have hundreds due.
+            while p is not None and p.is_leader and not p.log.closed:
+                n = p.log.apply_retention(limit=RETENTION_SEGMENTS_PER_TURN)
+                if n:
+                    deleted += n
+                    p._wake()  # the log start moved: fetch sessions carry it to followers
+                if n < RETENTION_SEGMENTS_PER_TURN:
+                    break
+                await pacer.pause()
+                p = self.partitions.get(key)  # removed meanwhile: nothing more to do
         return deleted
 
     def close(self) -> None:
@@ -656,6 +676,23 @@ class PartitionManager:
             plog.close()
         self._preopened.clear()
         self.handles.close_all()
+
+
+def remove_later(path: str) -> None:
+    """Delete a removed replica's folder in the flusher thread (thousands of files for a
+    large log: hundreds of milliseconds of unlinks on the loop otherwise). Renamed first,
+    in one system call, as Kafka renames a deleted log `<name>.<id>-delete`: a replica of
+    the same name may be created at once, and a restart's sweep deletes what is left."""
+    doomed = f"{path}.{uuid.uuid4().hex}-delete"
+    try:
+        os.rename(path, doomed)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        log.warning("cannot rename a removed replica's folder", extra={"error": str(e)})
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    remove_tree_in_background(doomed)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

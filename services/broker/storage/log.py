@@ -605,13 +605,14 @@ class PartitionLog:
 
     # -- retention ----------------------------------------------------------------------
 
-    def apply_retention(self, now_ms: int | None = None) -> int:
-        """Delete whole segments beyond retention.ms / retention.bytes; returns how many."""
+    def apply_retention(self, now_ms: int | None = None, limit: int | None = None) -> int:
+        """Delete whole segments beyond retention.ms / retention.bytes; returns how many.
+        limit: at most about that many in this call (the caller calls again)."""
         now = now_ms if now_ms is not None else _now_ms()
         # Segments wholly below the log start go first (Kafka's
         # deleteLogStartOffsetBreachedSegments): DeleteRecords moved the start past them.
         deleted = self.drop_segments_before(self.log_start_offset)
-        while self.config.delete and len(self.segments) > 1:
+        while self.config.delete and len(self.segments) > 1 and (limit is None or deleted < limit):
             oldest = self.segments[0]
             too_old = (
                 self.config.retention_ms >= 0
@@ -867,6 +868,15 @@ class PartitionLog:
             for seg in self.segments:
                 seg.close()
             drain()  # rolled segments are fsynced before a clean stop ends
+
+    def abandon(self) -> None:
+        """Let go of every file and write nothing (no producer snapshot, no index entries,
+        no wait for the flusher, as close does): the replica is removed and its folder
+        deleted next. All of it is cheap enough for the event loop."""
+        self.closed = True
+        self.unpin_retired()
+        for seg in self.segments:
+            seg.abandon()
 
     def delete(self) -> None:
         self.closed = True

@@ -23,6 +23,7 @@ from straitmq.invariants import broken
 
 from ..records import HEADER_SIZE, BatchInfo, check_crc, parse_header
 from . import txn_index
+from .flusher import close_in_background
 from .handles import FileHandles
 from .txn_index import TXN_INDEX, AbortedTxn
 
@@ -427,13 +428,40 @@ class Segment:
             self._gone = True
             self.handles.release(self)
 
+    def abandon(self) -> None:
+        """Let go of the file without writing the pending index entries: its folder is
+        about to be deleted whole."""
+        self._pending_index.clear()
+        self._pending_time.clear()
+        self.close()
+
     def delete(self) -> None:
         self._pending_index.clear()  # nothing to keep: a full disk must not stop a delete
         self._pending_time.clear()
+        # A descriptor of our own keeps the file's blocks until the flusher thread closes
+        # it: freeing a GiB segment's blocks at the unlink would hold the event loop.
+        keep = _hold(self._fd, self.path(".log"))
         self.close()
         self.aborted = []
+        try:
+            self._unlink_files()
+        finally:
+            if keep >= 0:
+                close_in_background(keep, self.path(".log"))
+
+    def _unlink_files(self) -> None:
         for suffix in (".log", ".index", ".timeindex", TXN_INDEX):
             try:
                 os.unlink(self.path(suffix))
             except FileNotFoundError:
                 pass
+
+
+def _hold(fd: int, path: str) -> int:
+    """Another descriptor of the file (a duplicate of `fd` if open, else `path` opened
+    read-only), or -1 if none can be had (gone already, or no descriptor left: then the
+    unlink frees the blocks itself)."""
+    try:
+        return os.dup(fd) if fd >= 0 else os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1

@@ -626,7 +626,18 @@ def test_mqcluster_becomes_statefulsets_services_and_pdbs(kube: Any, operator: O
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http", "scheme": "HTTP"}
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert "--num-partitions=6" in c["args"]
-    assert "--advertise=$(POD_NAME).shape-broker.$(POD_NAMESPACE).svc:9092" in c["args"]
+    # Clients get each broker at its own Service, the brokers each other at the pod name.
+    assert (
+        "--override=advertised.listeners="
+        "REPLICATION://$(POD_NAME).shape-broker.$(POD_NAMESPACE).svc:9091,"
+        "PLAINTEXT://$(POD_NAME).$(POD_NAMESPACE).svc:9092"
+    ) in c["args"]
+    for i in range(3):
+        own = get_json(kube, "service", f"shape-broker-{i}", "-n", NS)
+        assert own["spec"]["type"] == "ClusterIP" and own["spec"]["clusterIP"] != "None"
+        assert not own["spec"].get("publishNotReadyAddresses")
+        assert own["spec"]["selector"]["statefulset.kubernetes.io/pod-name"] == f"shape-broker-{i}"
+        assert own["metadata"]["ownerReferences"][0]["uid"] == uid
     assert broker["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "2Gi"
     assert sts("controller")["spec"]["replicas"] == 3
     # The real StatefulSet controller, scheduler, PV binder and kwok do the rest.

@@ -133,7 +133,15 @@ def test_rendered_objects() -> None:
         labels = sts["template"]["metadata"]["labels"]
         assert labels.items() >= sts["selector"]["matchLabels"].items()
     (c,) = brk["template"]["spec"]["containers"]
-    assert "--advertise=$(POD_NAME).demo-broker.$(POD_NAMESPACE).svc:9092" in c["args"]
+    # Clients get each broker at its own Service; the brokers each other at the pod's
+    # DNS name, on a listener of their own (registered first: the inter-broker one).
+    assert (
+        "--override=advertised.listeners="
+        "REPLICATION://$(POD_NAME).demo-broker.$(POD_NAMESPACE).svc:9091,"
+        "PLAINTEXT://$(POD_NAME).$(POD_NAMESPACE).svc:9092"
+    ) in c["args"]
+    assert "--override=inter.broker.listener.name=REPLICATION" in c["args"]
+    assert {"name": "replication", "containerPort": 9091} in c["ports"]
     assert "--node-id=auto" in c["args"]
     assert brk["template"]["spec"]["topologySpreadConstraints"][0]["topologyKey"] == (
         "topology.kubernetes.io/zone"
@@ -646,14 +654,15 @@ def test_external_listeners_render_per_broker_services_ingresses_and_listener_ar
     assert not any(a.startswith("--advertise=") for a in args)
     assert "--properties=/opt/straitmq/advertised/$(POD_NAME).properties" in args
     assert (
-        "--override=listeners=PLAINTEXT://0.0.0.0:9092,EXT_EXT://0.0.0.0:9094,"
-        "EXT_LB://0.0.0.0:9095,EXT_ING://0.0.0.0:9096,EXT_IN://0.0.0.0:9097"
+        "--override=listeners=REPLICATION://0.0.0.0:9091,PLAINTEXT://0.0.0.0:9092,"
+        "EXT_EXT://0.0.0.0:9094,EXT_LB://0.0.0.0:9095,EXT_ING://0.0.0.0:9096,"
+        "EXT_IN://0.0.0.0:9097"
     ) in args
     assert (
-        "--override=listener.security.protocol.map=PLAINTEXT:PLAINTEXT,EXT_EXT:SASL_SSL,"
-        "EXT_LB:PLAINTEXT,EXT_ING:SSL,EXT_IN:PLAINTEXT"
+        "--override=listener.security.protocol.map=REPLICATION:PLAINTEXT,PLAINTEXT:PLAINTEXT,"
+        "EXT_EXT:SASL_SSL,EXT_LB:PLAINTEXT,EXT_ING:SSL,EXT_IN:PLAINTEXT"
     ) in args
-    assert "--override=inter.broker.listener.name=PLAINTEXT" in args
+    assert "--override=inter.broker.listener.name=REPLICATION" in args
     assert "--override=listener.name.ext_ext.sasl.enabled.mechanisms=SCRAM-SHA-512" in args
     assert (
         "--override=listener.name.ext_ing.ssl.keystore.location=/opt/straitmq/certs/$(POD_NAME).pem"
@@ -665,7 +674,9 @@ def test_external_listeners_render_per_broker_services_ingresses_and_listener_ar
     assert ("ConfigMap", "demo-advertised") in objs
 
     flags = [a for a in args if a.startswith("--shutdown-readiness-probes=")]
-    assert flags == [f"--shutdown-readiness-probes={render.BROKER_READINESS_FAILURES + 1}"]
+    assert flags == [f"--shutdown-readiness-probes={render.BROKER_SHUTDOWN_PROBES}"]
+    # The pod has been unready a while (endpoints and kube-proxy updated) when it exits.
+    assert render.BROKER_SHUTDOWN_PROBES > render.BROKER_READINESS_FAILURES + 1
     assert c["readinessProbe"]["periodSeconds"] == render.BROKER_READINESS_PERIOD_S
     assert c["readinessProbe"]["failureThreshold"] == render.BROKER_READINESS_FAILURES
     assert BrokerConfig().shutdown_readiness_probes == 0  # off outside Kubernetes
@@ -696,14 +707,15 @@ def test_the_broker_takes_the_rendered_listeners_and_its_pods_file(tmp_path: Pat
     # As in the pod, where the host name is the pod's (demo-broker-0) and gives the id.
     cfg = broker_main.parse_args([x if x != "--node-id=auto" else "--node-id=0" for x in args])
     specs = {x.name: x for x in resolve_listeners(cfg)}
-    assert list(specs) == ["PLAINTEXT", "EXT_LB"]  # the inter-broker one first
+    assert list(specs) == ["REPLICATION", "PLAINTEXT", "EXT_LB"]  # the inter-broker one first
     assert specs["EXT_LB"].protocol == "SASL_PLAINTEXT" and specs["EXT_LB"].port == 9095
     assert (specs["EXT_LB"].advertised_host, specs["EXT_LB"].advertised_port) == (
         "198.51.100.7",
         9095,
     )
-    assert specs["PLAINTEXT"].advertised_host == "demo-broker-0.demo-broker.prod.svc"
-    assert cfg.shutdown_readiness_probes == render.BROKER_READINESS_FAILURES + 1
+    assert specs["REPLICATION"].advertised_host == "demo-broker-0.demo-broker.prod.svc"
+    assert specs["PLAINTEXT"].advertised_host == "demo-broker-0.prod.svc"  # its own Service
+    assert cfg.shutdown_readiness_probes == render.BROKER_SHUTDOWN_PROBES
 
 
 def test_kafka_tls_cluster_keeps_its_listeners_and_adds_the_external_ones() -> None:
@@ -727,7 +739,7 @@ def test_kafka_tls_cluster_keeps_its_listeners_and_adds_the_external_ones() -> N
     assert props == {
         "demo-broker-0.properties": "advertised.listeners="
         "REPLICATION://demo-broker-0.demo-broker.prod.svc:9091,"
-        "CLIENT://demo-broker-0.demo-broker.prod.svc:9092,"
+        "CLIENT://demo-broker-0.prod.svc:9092,"
         "EXT_EXT://demo-broker-0.demo-broker.prod.svc:9094\n"
     }
 
@@ -776,8 +788,8 @@ def test_addresses_come_from_node_ports_load_balancer_status_hosts_and_overrides
     # Until a load balancer has an address its broker advertises its pod DNS name.
     props = listeners.advertised_properties(s, 3, a)["demo-broker-0.properties"]
     assert props == (
-        "advertised.listeners=PLAINTEXT://demo-broker-0.demo-broker.prod.svc:9092,"
-        "EXT_EXT://192.0.2.10:31001,EXT_LB://demo-broker-0.demo-broker.prod.svc:9095,"
+        "advertised.listeners=REPLICATION://demo-broker-0.demo-broker.prod.svc:9091,"
+        "PLAINTEXT://demo-broker-0.prod.svc:9092,EXT_EXT://192.0.2.10:31001,EXT_LB://demo-broker-0.demo-broker.prod.svc:9095,"
         "EXT_ING://kafka-0.example.com:443\n"
     )
     stored["demo-lb-0"]["status"] = {"loadBalancer": {"ingress": [{"ip": "198.51.100.7"}]}}
@@ -788,11 +800,13 @@ def test_addresses_come_from_node_ports_load_balancer_status_hosts_and_overrides
     assert a.brokers["lb"][0] == ("198.51.100.7", 19095)
     # The certificate: every TLS listener's address of this broker and its bootstraps.
     names = certificates.broker_dns_names(s, 0, a)
-    assert names[:2] == [
+    assert names[:4] == [
         "demo-broker-0.demo-broker.prod.svc",
         "demo-broker-0.demo-broker.prod.svc.cluster.local",
+        "demo-broker-0.prod.svc",  # its own Service: what it advertises to clients
+        "demo-broker-0.prod.svc.cluster.local",
     ]
-    assert set(names[4:]) == {
+    assert set(names[6:]) == {
         "192.0.2.10",
         "198.51.100.7",
         "198.51.100.1",
@@ -1219,3 +1233,43 @@ def test_controller_urls_are_pod_dns_names_unless_the_annotation_says_otherwise(
     assert cluster.controller_url(mq, spec, 1).startswith("http://demo-controller-1.")
     mq["metadata"]["annotations"] = {n.CONTROLLER_URLS_ANNOTATION: "not json"}
     assert cluster.controller_url(mq, spec, 0).startswith("http://demo-controller-0.")
+
+
+def test_each_broker_has_a_service_of_its_own_with_its_ready_pod_only() -> None:
+    """Issue 27: what a broker advertises to clients is its own ClusterIP Service, named
+    as its pod, over its ready pod only (a stable address that refuses at once while no
+    pod is ready, where a pod DNS name may still give a deleted pod's address)."""
+    inner = {"name": "in", "type": "internal", "port": 9097}
+    s = parse(external(inner))
+    svcs = {o["metadata"]["name"]: o for o in render.broker_services(s, 3)}
+    assert set(svcs) == {"demo-broker-0", "demo-broker-1", "demo-broker-2"}
+    svc = svcs["demo-broker-1"]
+    assert svc["spec"]["type"] == "ClusterIP" and "clusterIP" not in svc["spec"]
+    assert "publishNotReadyAddresses" not in svc["spec"]
+    assert svc["spec"]["selector"] == {
+        **n.selector("demo", n.BROKER),
+        "statefulset.kubernetes.io/pod-name": "demo-broker-1",
+    }
+    assert [(p["name"], p["port"]) for p in svc["spec"]["ports"]] == [
+        ("kafka", 9092),
+        ("ext-in", 9097),
+    ]
+    labels = svc["metadata"]["labels"]
+    assert labels["app.kubernetes.io/component"] == n.BROKER_SERVICE_COMPONENT
+    assert n.LISTENER_LABEL not in labels  # not an external listener's Service
+    assert svc["metadata"]["ownerReferences"][0]["uid"] == s.uid
+    # Scaling: one per broker, whatever the count.
+    assert len(render.broker_services(s, 5)) == 5
+    # The internal listener is advertised there too; the brokers' own at the pod name.
+    a = listeners.resolve(s, 2, {}, {})
+    assert a.brokers["in"] == {
+        0: ("demo-broker-0.prod.svc", 9097),
+        1: ("demo-broker-1.prod.svc", 9097),
+    }
+    assert listeners.advertised_properties(s, 2, a)["demo-broker-1.properties"] == (
+        "advertised.listeners=REPLICATION://demo-broker-1.demo-broker.prod.svc:9091,"
+        "PLAINTEXT://demo-broker-1.prod.svc:9092,EXT_IN://demo-broker-1.prod.svc:9097\n"
+    )
+    # The replication port is the brokers' own, with or without TLS.
+    with pytest.raises(SpecError, match="port 9092 is taken by the kafka"):
+        parse(body(listeners={"replication": {"port": 9092}}))

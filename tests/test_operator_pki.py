@@ -83,6 +83,8 @@ def test_ca_and_broker_certificates() -> None:
     assert names == [
         "demo-broker-1.demo-broker.prod.svc",
         "demo-broker-1.demo-broker.prod.svc.cluster.local",
+        "demo-broker-1.prod.svc",  # its own Service, what it advertises to clients
+        "demo-broker-1.prod.svc.cluster.local",
         "demo-bootstrap.prod.svc",
         "demo-bootstrap.prod.svc.cluster.local",
     ]
@@ -143,7 +145,7 @@ def test_tls_spec_renders_listeners_and_the_certificates_volume() -> None:
     assert "listener.security.protocol.map=REPLICATION:SSL,CLIENT:SSL" in args
     assert (
         "advertised.listeners=REPLICATION://$(POD_NAME).demo-broker.$(POD_NAMESPACE).svc:9091,"
-        "CLIENT://$(POD_NAME).demo-broker.$(POD_NAMESPACE).svc:9092"
+        "CLIENT://$(POD_NAME).$(POD_NAMESPACE).svc:9092"
     ) in args
     assert f"ssl.keystore.location={n.CERTS_DIR}/$(POD_NAME).pem" in args
     assert {"name": "certs", "secret": {"secretName": "demo-broker-certs"}} in pod["volumes"]
@@ -153,7 +155,9 @@ def test_tls_spec_renders_listeners_and_the_certificates_volume() -> None:
     assert render.config_hash(tls) != render.config_hash(plain)
     plain_pod = render.broker_statefulset(plain, 3)["spec"]["template"]["spec"]
     assert "volumes" not in plain_pod
-    assert not [a for a in plain_pod["containers"][0]["args"] if "listeners" in a]
+    plain_args = plain_pod["containers"][0]["args"]
+    assert [a for a in plain_args if "listener" in a] == render.plain_args(plain)
+    assert "REPLICATION:PLAINTEXT,PLAINTEXT:PLAINTEXT" in " ".join(plain_args)
     with pytest.raises(SpecError, match=r"replication\.port 9092 is taken"):
         parse(body(listeners={"kafka": {"tls": True}, "replication": {"port": 9092}}))
 
@@ -245,6 +249,7 @@ def _local_properties(spec: Any, certs: Path, repl: int, client: int) -> list[st
     for arg in render.tls_args(spec):
         prop = arg.removeprefix("--override=")
         prop = prop.replace("$(POD_NAME).demo-broker.$(POD_NAMESPACE).svc", "127.0.0.1")
+        prop = prop.replace("$(POD_NAME).$(POD_NAMESPACE).svc", "127.0.0.1")  # its Service
         prop = prop.replace("$(POD_NAME)", pod).replace("$(POD_NAMESPACE)", ns)
         prop = prop.replace(n.CERTS_DIR, str(certs))
         prop = prop.replace(f"0.0.0.0:{spec.replication_port}", f"127.0.0.1:{repl}")

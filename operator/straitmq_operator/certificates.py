@@ -47,11 +47,14 @@ RENEWED_AT = "renewed-at"  # ... and when the new one was made (ISO 8601)
 def broker_dns_names(
     spec: ClusterSpec, ordinal: int, addresses: Addresses | None = None
 ) -> list[str]:
-    """The pod's names, the bootstrap Service's, and the names and IP addresses clients
-    of its TLS external listeners reach it by (its own, the listener's bootstrap)."""
+    """The pod's names, its own Service's (what it advertises to clients), the bootstrap
+    Service's, and the names and IP addresses clients of its TLS external listeners
+    reach it by (its own, the listener's bootstrap)."""
     pod = n.pod_dns(spec.name, n.BROKER, ordinal, spec.namespace)
+    own = n.broker_address(spec.name, ordinal, spec.namespace)
     boot = f"{n.bootstrap_service(spec.name)}.{spec.namespace}.svc"
-    names = [pod, f"{pod}.cluster.local", boot, f"{boot}.cluster.local"]
+    names = [pod, f"{pod}.cluster.local", own, f"{own}.cluster.local"]
+    names += [boot, f"{boot}.cluster.local"]
     return names + [h for h in listeners.dns_names(spec, ordinal, addresses) if h not in names]
 
 

@@ -250,14 +250,22 @@ class ClusterReconciler:
         return self._status(spec, old, generation, seen, p, replicas, sets)
 
     async def _listeners(self, spec: ClusterSpec, brokers: int) -> listeners.Addresses:
-        """The external listeners' Services and Ingresses for brokers 0..brokers-1 (and
-        none for listeners or brokers gone), and the addresses they got."""
+        """Each broker's own Service and the external listeners' Services and Ingresses,
+        for brokers 0..brokers-1 (and none for listeners or brokers gone), and the
+        addresses they got."""
         stored: dict[str, dict[str, Any]] = {}
-        wanted = {"Service": listeners.services(spec, brokers)}
-        wanted["Ingress"] = listeners.ingresses(spec, brokers)
+        listener = f"{n.selector_string(spec.name, n.LISTENER_COMPONENT)},{n.LISTENER_LABEL}"
+        wanted = [
+            (
+                "Service",
+                n.selector_string(spec.name, n.BROKER_SERVICE_COMPONENT),
+                render.broker_services(spec, brokers),
+            ),
+            ("Service", listener, listeners.services(spec, brokers)),
+            ("Ingress", listener, listeners.ingresses(spec, brokers)),
+        ]
         api = {"Service": "v1", "Ingress": "networking.k8s.io/v1"}
-        selector = f"{n.selector_string(spec.name, n.LISTENER_COMPONENT)},{n.LISTENER_LABEL}"
-        for kind, objs in wanted.items():
+        for kind, selector, objs in wanted:
             for obj in objs:
                 stored[obj["metadata"]["name"]] = await self.kube.apply(obj)
             keep = {o["metadata"]["name"] for o in objs}

@@ -196,8 +196,8 @@ def resolve(
             found: Address | None
             svc = stored.get(n.listener_broker(spec.name, x.name, b))
             o = x.override(b)
-            if x.type == "internal":
-                found = (n.pod_dns(spec.name, n.BROKER, b, spec.namespace), x.port)
+            if x.type == "internal":  # at the broker's own Service (render.broker_services)
+                found = (n.broker_address(spec.name, b, spec.namespace), x.port)
             elif x.type == "nodeport":
                 host, port = host_ips.get(b) or any_node, _node_port(svc)
                 found = (host, port) if host and port else None
@@ -231,13 +231,14 @@ def resolve(
 
 
 def _internal_advertised(spec: ClusterSpec, b: int) -> list[str]:
+    """The brokers' listener at the pod DNS name, the client one at the broker's own
+    Service (see render.broker_services)."""
     me = n.pod_dns(spec.name, n.BROKER, b, spec.namespace)
-    if spec.kafka_tls:
-        return [
-            f"{n.REPLICATION_LISTENER}://{me}:{spec.replication_port}",
-            f"{n.CLIENT_LISTENER}://{me}:{spec.kafka_port}",
-        ]
-    return [f"{n.PLAIN_LISTENER}://{me}:{spec.kafka_port}"]
+    client = n.CLIENT_LISTENER if spec.kafka_tls else n.PLAIN_LISTENER
+    return [
+        f"{n.REPLICATION_LISTENER}://{me}:{spec.replication_port}",
+        f"{client}://{n.broker_address(spec.name, b, spec.namespace)}:{spec.kafka_port}",
+    ]
 
 
 def advertised(spec: ClusterSpec, b: int, addresses: Addresses) -> dict[str, Address]:
@@ -286,10 +287,12 @@ def broker_args(spec: ClusterSpec) -> list[str]:
             (n.REPLICATION_LISTENER, spec.replication_port, "SSL"),
             (n.CLIENT_LISTENER, spec.kafka_port, "SASL_SSL" if spec.kafka_sasl else "SSL"),
         ]
-        inter = n.REPLICATION_LISTENER
     else:
-        internal = [(n.PLAIN_LISTENER, spec.kafka_port, "PLAINTEXT")]
-        inter = n.PLAIN_LISTENER
+        internal = [
+            (n.REPLICATION_LISTENER, spec.replication_port, "PLAINTEXT"),
+            (n.PLAIN_LISTENER, spec.kafka_port, "PLAINTEXT"),
+        ]
+    inter = n.REPLICATION_LISTENER
     every = [*internal, *((x.broker_listener, x.port, x.protocol) for x in spec.external)]
     args = [
         f"--properties={n.ADVERTISED_DIR}/$(POD_NAME).properties",

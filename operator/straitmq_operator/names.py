@@ -119,6 +119,20 @@ def listener_broker(cluster: str, listener: str, ordinal: int) -> str:
     return f"{cluster}-{listener}-{ordinal}"
 
 
+# Each broker's own ClusterIP Service (named as its pod), the address it advertises to
+# clients on its client listeners; it has the ready pod only (see render.broker_services).
+BROKER_SERVICE_COMPONENT = "broker-address"
+
+
+def broker_service(cluster: str, ordinal: int) -> str:
+    return f"{statefulset(cluster, BROKER)}-{ordinal}"
+
+
+def broker_address(cluster: str, ordinal: int, namespace: str) -> str:
+    """Where clients reach broker `ordinal`: its own Service's DNS name (a stable VIP)."""
+    return f"{broker_service(cluster, ordinal)}.{namespace}.svc"
+
+
 def advertised_config_map(cluster: str) -> str:
     return f"{cluster}-advertised"
 

@@ -128,6 +128,48 @@ def services(spec: ClusterSpec) -> list[dict[str, Any]]:
     ]
 
 
+def client_ports(spec: ClusterSpec) -> list[dict[str, Any]]:
+    """The brokers' client listeners inside the cluster: the kafka one and the internal
+    external ones (what a broker advertises at its own Service, broker_services)."""
+    return [
+        {"name": "kafka", "port": spec.kafka_port, "targetPort": "kafka"},
+        *(
+            {"name": x.port_name, "port": x.port, "targetPort": x.port_name}
+            for x in spec.external
+            if x.type == "internal"
+        ),
+    ]
+
+
+def broker_services(spec: ClusterSpec, brokers: int) -> list[dict[str, Any]]:
+    """One ClusterIP Service per broker 0..brokers-1, named as its pod: what the broker
+    advertises to clients on its client listeners (n.broker_address). Its ready pod only:
+    a leaving broker turns unready before its address goes (BROKER_READINESS_FAILURES),
+    and while a broker has no ready pod kube-proxy refuses a connection to the Service at
+    once, so a client tries again within its backoff. A pod DNS name (the headless
+    Service, which must publish not-ready pods) may still give a deleted pod's address
+    from a resolver's cache, and a connection to that hangs until the client's 30 s
+    connect timeout. The brokers' own traffic (replication, the controllers' probes)
+    keeps the pod DNS names: it must reach a broker before it is Ready."""
+    sts = n.statefulset(spec.name, n.BROKER)
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _meta(spec, n.broker_service(spec.name, b), n.BROKER_SERVICE_COMPONENT),
+            "spec": {
+                "type": "ClusterIP",
+                "selector": {
+                    **n.selector(spec.name, n.BROKER),
+                    listeners.POD_NAME_LABEL: f"{sts}-{b}",
+                },
+                "ports": client_ports(spec),
+            },
+        }
+        for b in range(brokers)
+    ]
+
+
 def pdbs(spec: ClusterSpec) -> list[dict[str, Any]]:
     out = []
     for component in (n.CONTROLLER, n.BROKER):
@@ -170,13 +212,17 @@ def _env(spec: ClusterSpec) -> list[dict[str, Any]]:
 
 
 # A broker's readiness probe: every second, unready after 2 failures. A stopping broker
-# answers 503 and exits only after BROKER_READINESS_FAILURES + 1 such answers
-# (--shutdown-readiness-probes): by then its pod is no longer Ready, so the bootstrap
-# Service stops routing to an address that is about to disappear (a connection sent to
-# a deleted pod's address hangs until the client's 30 s connect timeout; one sent to a
-# live pod with its listener closed is refused at once, and the client tries again).
+# answers 503 and exits only after BROKER_SHUTDOWN_PROBES such answers
+# (--shutdown-readiness-probes): by then its pod has been unready for 3 probes, so the
+# Services have stopped routing to an address that is about to disappear (a connection
+# sent to a deleted pod's address hangs until the client's 30 s connect timeout; one
+# sent to a live pod with its listener closed is refused at once, and the client tries
+# again). Three probes, not one: the endpoint controller and kube-proxy must both act
+# in between, and on a loaded node one second was once not enough (a real-node run
+# hung 30 s on the bootstrap Service).
 BROKER_READINESS_PERIOD_S = 1
 BROKER_READINESS_FAILURES = 2
+BROKER_SHUTDOWN_PROBES = BROKER_READINESS_FAILURES + 3
 
 
 def _probes(
@@ -392,20 +438,47 @@ def http_args(spec: ClusterSpec) -> list[str]:
     ]
 
 
+# A broker pod's own names, as its args spell them (Kubernetes expands the variables):
+# its pod DNS name (brokers and controllers reach it there, Ready or not) and its own
+# Service's (clients reach it there, see broker_services).
+POD_DNS = "$(POD_NAME).{headless}.$(POD_NAMESPACE).svc"
+BROKER_ADDRESS = "$(POD_NAME).$(POD_NAMESPACE).svc"
+
+
+def plain_args(spec: ClusterSpec) -> list[str]:
+    """A broker's listeners when clients get PLAINTEXT (no TLS, no external listener):
+    PLAINTEXT on the kafka port, advertised at the broker's own Service, and REPLICATION
+    (PLAINTEXT too) for the brokers, advertised at the pod DNS name. The inter-broker
+    listener comes first: its address is the one the broker registers (replica fetchers,
+    the controllers' liveness probe). A broker of a cluster made before (one listener,
+    no endpoints) is reached on its registered address by both (endpoint_for)."""
+    repl, plain = n.REPLICATION_LISTENER, n.PLAIN_LISTENER
+    return [
+        f"--override=listeners={repl}://0.0.0.0:{spec.replication_port},"
+        f"{plain}://0.0.0.0:{spec.kafka_port}",
+        f"--override=advertised.listeners={repl}://{pod_dns(spec)}:{spec.replication_port},"
+        f"{plain}://{BROKER_ADDRESS}:{spec.kafka_port}",
+        f"--override=listener.security.protocol.map={repl}:PLAINTEXT,{plain}:PLAINTEXT",
+        f"--override=inter.broker.listener.name={repl}",
+    ]
+
+
+def pod_dns(spec: ClusterSpec) -> str:
+    return POD_DNS.format(headless=n.headless_service(spec.name, n.BROKER))
+
+
 def tls_args(spec: ClusterSpec) -> list[str]:
     """A broker's listeners when clients get TLS: CLIENT (the kafka port; SSL, or SASL_SSL
     with listeners.kafka.authentication) and REPLICATION (SSL, between brokers only: each
     shows its certificate from the cluster CA, ssl.client.auth=required). With
     authorization, the StandardAuthorizer, the brokers' principal a super user."""
-    headless = n.headless_service(spec.name, n.BROKER)
-    me = f"$(POD_NAME).{headless}.$(POD_NAMESPACE).svc"
     repl, client = n.REPLICATION_LISTENER, n.CLIENT_LISTENER
     protocol = "SASL_SSL" if spec.kafka_sasl else "SSL"
     args = [
         f"--override=listeners={repl}://0.0.0.0:{spec.replication_port},"
         f"{client}://0.0.0.0:{spec.kafka_port}",
-        f"--override=advertised.listeners={repl}://{me}:{spec.replication_port},"
-        f"{client}://{me}:{spec.kafka_port}",
+        f"--override=advertised.listeners={repl}://{pod_dns(spec)}:{spec.replication_port},"
+        f"{client}://{BROKER_ADDRESS}:{spec.kafka_port}",
         f"--override=listener.security.protocol.map={repl}:SSL,{client}:{protocol}",
         f"--override=inter.broker.listener.name={repl}",
         f"--override=ssl.keystore.location={n.CERTS_DIR}/$(POD_NAME).pem",
@@ -435,15 +508,10 @@ def tls_args(spec: ClusterSpec) -> list[str]:
 
 
 def broker_statefulset(spec: ClusterSpec, replicas: int) -> dict[str, Any]:
-    headless = n.headless_service(spec.name, n.BROKER)
-    # Each broker advertises its own pod DNS name: clients reach the partition leader
-    # directly, through the headless Service. With external listeners the pod's
-    # properties file says what it advertises on each (listeners.advertised_properties).
-    advertise = (
-        []
-        if spec.external
-        else [f"--advertise=$(POD_NAME).{headless}.$(POD_NAMESPACE).svc:{spec.kafka_port}"]
-    )
+    # Clients reach the partition leader directly, at its own Service; the brokers each
+    # other at their pod DNS names (plain_args, tls_args). With external listeners the
+    # pod's properties file says what it advertises on each (listeners.advertised_properties).
+    advertise = [] if spec.external or spec.kafka_tls else plain_args(spec)
     container = {
         "name": n.BROKER,
         "image": spec.image,
@@ -457,13 +525,14 @@ def broker_statefulset(spec: ClusterSpec, replicas: int) -> dict[str, Any]:
             f"--listen=0.0.0.0:{spec.kafka_port}",
             *advertise,
             f"--http=0.0.0.0:{spec.http_port}",
-            f"--shutdown-readiness-probes={BROKER_READINESS_FAILURES + 1}",
+            f"--shutdown-readiness-probes={BROKER_SHUTDOWN_PROBES}",
             *spec.broker_args(),
         ],
         "env": _env(spec),
         "ports": [
             {"name": "kafka", "containerPort": spec.kafka_port},
             {"name": "http", "containerPort": spec.http_port},
+            {"name": "replication", "containerPort": spec.replication_port},
         ],
         "volumeMounts": [{"name": "data", "mountPath": DATA_DIR}],
         "resources": spec.broker_resources,
@@ -488,7 +557,6 @@ def broker_statefulset(spec: ClusterSpec, replicas: int) -> dict[str, Any]:
         volumes.append({"name": n.RACK_VOLUME, "emptyDir": {"sizeLimit": "1Mi"}})
     if spec.kafka_tls:
         container["args"].extend(tls_args(spec))
-        container["ports"].append({"name": "replication", "containerPort": spec.replication_port})
     if spec.external:
         container["args"].extend(listeners.broker_args(spec))
         container["ports"] += [

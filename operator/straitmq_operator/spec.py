@@ -146,8 +146,8 @@ class ClusterSpec:
     kafka_port: int = 9092
     http_port: int = 8080
     controller_port: int = 9093
-    # listeners.kafka.tls: clients get SSL with a certificate from the cluster CA, and the
-    # brokers replicate over their own listener on replication_port.
+    # listeners.kafka.tls: clients get SSL with a certificate from the cluster CA. The
+    # brokers replicate over their own listener on replication_port (SSL with kafka.tls).
     kafka_tls: bool = False
     replication_port: int = 9091
     # listeners.kafka.authentication.type: SASL on the client listener (SCRAM-SHA-512 or
@@ -273,13 +273,13 @@ def parse(body: dict[str, Any]) -> ClusterSpec:
         raise SpecError("spec.brokers.replicas must be at least 1")
     kafka = listeners.get("kafka") or {}
     replication_port = int((listeners.get("replication") or {}).get("port", 9091))
-    if kafka.get("tls") and replication_port in (
+    if replication_port in (
         int(kafka.get("port", 9092)),
         int((listeners.get("http") or {}).get("port", 8080)),
     ):
         raise SpecError(
             f"spec.listeners.replication.port {replication_port} is taken by the kafka or "
-            "http listener; the brokers replicate on their own port when kafka.tls is on"
+            "http listener; the brokers replicate on their own port"
         )
     sasl = {"scram-sha-512": "SCRAM-SHA-512", "scram-sha-256": "SCRAM-SHA-256"}
     auth_type = (kafka.get("authentication") or {}).get("type")
@@ -334,8 +334,7 @@ def _external(
         int((listeners.get("http") or {}).get("port", 8080)): "http",
         int((listeners.get("controller") or {}).get("port", 9093)): "controller",
     }
-    if kafka.get("tls"):
-        taken[int((listeners.get("replication") or {}).get("port", 9091))] = "replication"
+    taken[int((listeners.get("replication") or {}).get("port", 9091))] = "replication"
     out: list[ExternalListener] = []
     for i, item in enumerate(raw or []):
         where = f"spec.listeners.external[{i}]"

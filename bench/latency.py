@@ -114,9 +114,34 @@ class System(ABC):
         return total
 
 
+def stallwatch_env(stall_dir: Path) -> dict[str, str]:
+    """What a process needs in its environment to run under bench/stallwatch (5 ms
+    heartbeat lateness buckets, 5 ms sampling), writing into `stall_dir`."""
+    return {
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(STALLWATCH_DIR), os.environ.get("PYTHONPATH")])
+        ),
+        "STALLWATCH": "1",
+        "STALLWATCH_DIR": str(stall_dir),
+        "STALLWATCH_MS": "5",
+        "STALLWATCH_SAMPLE_MS": "5",
+    }
+
+
 class StraitNode(System):
-    def __init__(self, name: str, python: str, workdir: Path) -> None:
+    """One StraitMQ broker (combined with its controller); `extra_args` go after the
+    defaults, `env` over this process's environment."""
+
+    def __init__(
+        self,
+        name: str,
+        python: str,
+        workdir: Path,
+        extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.name, self.python, self.workdir = name, python, workdir
+        self.extra_args, self.env = extra_args, env
         self.port = free_port()
         self.bootstrap = f"{HOST}:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -136,10 +161,12 @@ class StraitNode(System):
                 f"{HOST}:{free_port()}",
                 "--log-level",
                 "warning",
+                *self.extra_args,
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,
             cwd=self.workdir,
+            env=None if self.env is None else {**os.environ, **self.env},
         )
         wait_for_broker(HOST, self.port, timeout=90, proc=self.proc)
 
@@ -422,17 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="lat-bench-"))
     stall_dir = work / "stallwatch"
     if a.stallwatch:
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            filter(None, [str(STALLWATCH_DIR), os.environ.get("PYTHONPATH")])
-        )
-        os.environ.update(
-            {
-                "STALLWATCH": "1",
-                "STALLWATCH_DIR": str(stall_dir),
-                "STALLWATCH_MS": "5",
-                "STALLWATCH_SAMPLE_MS": "5",
-            }
-        )
+        os.environ.update(stallwatch_env(stall_dir))
     systems: list[System] = []
     if a.kafka:
         (work / "kafka").mkdir()

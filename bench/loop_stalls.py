@@ -54,14 +54,12 @@ from confluent_kafka.admin import (
     ConfigResource,
     NewTopic,
 )
-from straitmq.cli.local_cluster import free_port
 
 from bench.javatools import END_TO_END_LATENCY, PERF_JVM_ARGS, PRODUCER_PERF, REPO_ROOT, java_cmd
-from bench.kafka_ref import stop_process, wait_for_broker
+from bench.latency import StraitNode, stallwatch_env
 from bench.throughput import send_all
 
 HOST = "127.0.0.1"
-STALLWATCH_DIR = REPO_ROOT / "bench" / "stallwatch"
 BUCKETS = ("<10", "<20", "<50", "<100", "<200", "<500", "<1000", ">=1000")
 PHASES = ("first requests", "retention", "delete")
 SEGMENT_BYTES = 1 << 20
@@ -71,57 +69,13 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-class Broker:
+class Broker(StraitNode):
     """One StraitMQ broker under stallwatch."""
 
     def __init__(self, name: str, python: str, workdir: Path) -> None:
-        self.name, self.python, self.workdir = name, python, workdir
-        self.port = free_port()
-        self.bootstrap = f"{HOST}:{self.port}"
         self.stall_dir = workdir / "stallwatch"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        env = dict(os.environ)
-        env.update(
-            {
-                "PYTHONPATH": os.pathsep.join(
-                    filter(None, [str(STALLWATCH_DIR), env.get("PYTHONPATH")])
-                ),
-                "STALLWATCH": "1",
-                "STALLWATCH_DIR": str(self.stall_dir),
-                "STALLWATCH_MS": "5",
-                "STALLWATCH_SAMPLE_MS": "5",
-                "PYTHONDONTWRITEBYTECODE": "1",
-            }
-        )
-        self.log = open(self.workdir / "broker.log", "ab")
-        self.proc = subprocess.Popen(
-            [
-                self.python,
-                "-m",
-                "straitmq.broker",
-                "--data-dir",
-                str(self.workdir / "data"),
-                "--listen",
-                self.bootstrap,
-                "--http",
-                f"{HOST}:{free_port()}",
-                "--retention-check-interval-ms",
-                "1000",
-                "--log-level",
-                "warning",
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            cwd=self.workdir,
-            env=env,
-        )
-        wait_for_broker(HOST, self.port, timeout=90, proc=self.proc)
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-        self.log.close()
+        env = {**stallwatch_env(self.stall_dir), "PYTHONDONTWRITEBYTECODE": "1"}
+        super().__init__(name, python, workdir, ("--retention-check-interval-ms", "1000"), env)
 
     def snapshot(self) -> tuple[dict[str, dict[str, int]], int]:
         """The histogram as stallwatch last wrote it (after a fresh write), and the size

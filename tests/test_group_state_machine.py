@@ -918,6 +918,18 @@ def test_tick_fires_what_is_due_like_the_shell_does_key_by_key() -> None:
 
 
 class _Offsets(FakeOffsets):
+    """The shell's store: group records written (a SyncGroup whose records were not
+    written is answered NOT_COORDINATOR), a deleted group gone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[tuple[str, int]] = []
+
+    def write_group_records(self, group_id: str, records: list) -> int:
+        self.groups.add(group_id)
+        self.written.append((group_id, len(records)))
+        return len(self.written)
+
     def delete_group(self, group_id: str) -> None:
         self.groups.discard(group_id)
 

@@ -891,7 +891,18 @@ def test_a_replaced_voter_is_removed_then_added_with_its_new_directory() -> None
     with pytest.raises(VoterChangeRefused) as exc:
         leader.add_voter(Voter(lost, f"d{lost}-new"))
     assert exc.value.code == VoterChangeRefused.DUPLICATE  # remove the old identity first
+
+    def observed() -> dict:
+        o = {o["node_id"]: o for o in leader.status()["observers"]}[lost]
+        return {k: v for k, v in o.items() if k != "lag"}  # the removal is one entry more
+
+    seen = observed()
+    assert seen["directory_id"] == f"d{lost}-new"
     leader.remove_voter(lost, f"d{lost}")
+    # The removed voter's state does not overwrite what the leader knows of the new
+    # storage, fetching as an observer all along (its add would be refused as not
+    # caught up until it fetched again).
+    assert observed() == seen
     net.run(100)
     leader.add_voter(Voter(lost, f"d{lost}-new"))
     net.run(100)

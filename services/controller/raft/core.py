@@ -698,7 +698,9 @@ class RaftNode:
         others = vs.ids - {self.node_id}
         for nid in [n for n in self._replicas if n not in others]:
             r = self._replicas.pop(nid)
-            if len(self._observers) < self._cfg.max_observers:
+            # An observer under that id already (a voter's new storage, fetching as one)
+            # is the live one: the removed voter's state must not overwrite it.
+            if nid not in self._observers and len(self._observers) < self._cfg.max_observers:
                 self._observers[nid] = r
         for nid in others - self._replicas.keys():
             seen = self._observers.get(nid)

@@ -40,6 +40,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +122,17 @@ def run_java(main_class: str, args: list[Any], timeout: float) -> str:
     return p.stdout
 
 
-def first_requests(b: Broker) -> None:
+def measured(b: Broker, phase: Callable[[], float]) -> dict:
+    """Run a phase (returning its seconds): the stallwatch histogram of it and the stalls
+    logged during it."""
+    h0, off = b.snapshot()
+    took = phase()
+    h1, _ = b.snapshot()
+    return {"hist": diff(h1, h0), "seconds": took, "stalls": b.stalls_since(off)}
+
+
+def first_requests(b: Broker) -> float:
+    t0 = time.monotonic()
     conf = {"bootstrap.servers": b.bootstrap, "log_level": 2}
     admin = AdminClient(conf)
     topic = f"first-{uuid.uuid4().hex[:6]}"
@@ -162,6 +174,7 @@ def first_requests(b: Broker) -> None:
         timeout=120,
     )
     run_java(END_TO_END_LATENCY, [b.bootstrap, topic, 100, "all", 1024], timeout=120)
+    return time.monotonic() - t0
 
 
 def fill(b: Broker, topic: str, mb: int) -> None:
@@ -270,35 +283,13 @@ def main(argv: list[str] | None = None) -> int:
             b.start()
             try:
                 log(f"{name}: ready at {b.bootstrap}")
-                h0, off0 = b.snapshot()
-                t0 = time.monotonic()
-                first_requests(b)
-                h1, _ = b.snapshot()
-                results[name]["first requests"] = {
-                    "hist": diff(h1, h0),
-                    "seconds": time.monotonic() - t0,
-                    "stalls": b.stalls_since(off0),
-                }
+                results[name]["first requests"] = measured(b, partial(first_requests, b))
                 big = f"big-{uuid.uuid4().hex[:6]}"
                 fill(b, big, a.mb)
-                h2, off2 = b.snapshot()
-                took = retention(b, big)
-                h3, _ = b.snapshot()
-                results[name]["retention"] = {
-                    "hist": diff(h3, h2),
-                    "seconds": took,
-                    "stalls": b.stalls_since(off2),
-                }
+                results[name]["retention"] = measured(b, partial(retention, b, big))
                 big2 = f"gone-{uuid.uuid4().hex[:6]}"
                 fill(b, big2, a.mb)
-                h4, off4 = b.snapshot()
-                took = delete(b, big2)
-                h5, _ = b.snapshot()
-                results[name]["delete"] = {
-                    "hist": diff(h5, h4),
-                    "seconds": took,
-                    "stalls": b.stalls_since(off4),
-                }
+                results[name]["delete"] = measured(b, partial(delete, b, big2))
                 for phase in PHASES:
                     log(f"  {name} {phase}: {results[name][phase]['hist']}")
             finally:

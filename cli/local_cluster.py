@@ -59,24 +59,44 @@ def free_port(host: str = "127.0.0.1") -> int:
     port before the server that was meant to get it binds. Never one this process was
     given before: ports picked up front (a cluster's, then its listeners') are not bound
     until later, so a second pick could otherwise land on the first."""
+    return free_port_run(1, host)
+
+
+def free_port_run(n: int, host: str = "127.0.0.1") -> int:
+    """The first of n consecutive ports, each as free_port gives one (all n are handed
+    out: a later pick landing on the second of them took a controller's port once)."""
     low, high = port_range()
+    own_range = high - low > 1_000
+    if n > 1 and not own_range:
+        raise OSError(f"a run of ports needs a range of our own, not [{low}, {high})")
     for _ in range(200):
-        port = random.randrange(low, high) if high - low > 1_000 else 0
-        if port in _handed_out:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
+        if own_range:
+            base = random.randrange(low, high - n + 1)
+            run = list(range(base, base + n))
+            if any(p in _handed_out for p in run) or not all(_bindable(host, p) for p in run):
                 continue
-            port = s.getsockname()[1]
-        if port not in _handed_out:
-            _handed_out.add(port)
-            _handed_order.append(port)
-            if len(_handed_order) > _REMEMBERED:
-                _handed_out.discard(_handed_order.popleft())
-            return port
-    raise OSError(f"no free port found on {host}")
+        else:  # the kernel's pick
+            with socket.socket() as s:
+                s.bind((host, 0))
+                run = [s.getsockname()[1]]
+            if run[0] in _handed_out:
+                continue
+        for p in run:
+            _handed_out.add(p)
+            _handed_order.append(p)
+        while len(_handed_order) > _REMEMBERED:
+            _handed_out.discard(_handed_order.popleft())
+        return run[0]
+    raise OSError(f"no run of {n} free ports found on {host}")
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 @dataclass

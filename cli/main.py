@@ -161,9 +161,14 @@ def _up_cluster(a: argparse.Namespace) -> None:
             time.sleep(0.5)
     except (RuntimeError, TimeoutError) as e:
         print(f"strait up: {e}", file=sys.stderr)
+        failed = True
+    else:
+        failed = False
     finally:
         print("stopping StraitMQ...", file=sys.stderr, flush=True)
         cluster.stop()
+    if failed:
+        sys.exit(1)  # a script starting the cluster must not take it for running
 
 
 def cmd_topic(a: argparse.Namespace) -> None:

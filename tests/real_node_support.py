@@ -1239,7 +1239,7 @@ print(f"DONE sent={sent} failed={failed} unflushed={left}", flush=True)
 # it sees when it starts, commits, and prints "V <partition> <offset> <value>" lines.
 CONSUMER = r"""
 import json, sys, time
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 bootstrap, topic, group, timeout = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 extra = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}  # security settings
 c = Consumer({
@@ -1249,7 +1249,21 @@ c = Consumer({
 print("BROKERS " + " ".join(sorted(
     f"{b.host}:{b.port}" for b in c.list_topics(timeout=30).brokers.values())), flush=True)
 parts = sorted(c.list_topics(topic, timeout=30).topics[topic].partitions)
-high = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in parts}
+def high_watermark(p):
+    # A leader that moved since the metadata (brokers just rolled, the preferred leader
+    # taking its partitions back) answers NOT_LEADER: a Kafka client asks again.
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+        except KafkaException as e:
+            if e.args[0].code() not in MOVED or time.monotonic() > deadline:
+                raise
+            print(f"RETRY {p} {e}", flush=True)
+            time.sleep(0.5)
+MOVED = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+         KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TRANSPORT}
+high = {p: high_watermark(p) for p in parts}
 print(f"HIGH {high}", flush=True)
 c.subscribe([topic])
 pos = {p: 0 for p in parts}

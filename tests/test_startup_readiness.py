@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 from cluster_support import PYTHON, wait_for
 from conftest import ROOT, BrokerProcess
-from straitmq.cli.local_cluster import LocalCluster, free_port
+from straitmq.cli.local_cluster import LocalCluster, free_port_run
 
 from bench.javatools import STRAIT_CLIENT, ensure_jars, java_cmd
 from straitmq.admin_client import exchange_sync
@@ -638,7 +638,7 @@ def test_strait_up_prints_ready_only_when_every_broker_serves(tmp_path: Path) ->
     """The moment `strait up` says ready, every broker answers Metadata with all three."""
     from confluent_kafka.admin import AdminClient
 
-    kafka, http, ctl = (_free_run(3) for _ in range(3))
+    kafka, http, ctl = (free_port_run(3) for _ in range(3))
     proc = subprocess.Popen(
         [
             str(ROOT / ".venv" / "bin" / "strait"),
@@ -659,10 +659,12 @@ def test_strait_up_prints_ready_only_when_every_broker_serves(tmp_path: Path) ->
     try:
         assert proc.stderr is not None
         deadline = time.monotonic() + 120
-        line = ""
-        while "ready" not in line:
-            line = proc.stderr.readline()
-            assert line and time.monotonic() < deadline, "strait up ended without a ready line"
+        lines: list[str] = []
+        while not (lines and lines[-1].startswith("StraitMQ cluster ")):
+            lines.append(proc.stderr.readline())
+            assert lines[-1] and time.monotonic() < deadline, (
+                "strait up ended without a ready line: " + "".join(lines)
+            )
         for i in range(3):
             md = AdminClient({"bootstrap.servers": f"127.0.0.1:{kafka + i}"}).list_topics(
                 timeout=10
@@ -671,24 +673,6 @@ def test_strait_up_prints_ready_only_when_every_broker_serves(tmp_path: Path) ->
     finally:
         proc.terminate()
         proc.wait(60)
-
-
-def _free_run(n: int) -> int:
-    """The first of n consecutive free ports."""
-    for _ in range(100):
-        base = free_port()
-        if all(_bindable(base + i) for i in range(n)):
-            return base
-    raise OSError("no run of free ports")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 def _tail(path: Path | str | None, size: int = 4000) -> str:

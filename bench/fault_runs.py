@@ -46,6 +46,31 @@ for byte up to the high watermark (divergent offsets, missing offsets), then res
     python -m bench.fault_runs --kinds kill9,sigstop,isolate,split,diskfull,clock \
         --runs 100 --seed 1 --json bench/results-faults.json
 
+`--workload txn`: the same faults over transactions instead (a run is one workload or
+the other: each has its own cluster and its own table, and a run stays ~10 s). Two
+topics a run (3 partitions each, RF 3, min.insync.replicas 2), the transaction state log
+RF 3. A transactional producer (confluent-kafka, transactional.id per run) writes
+transactions of a seeded 1-10 values over the six partitions, ~30% aborted (seeded; an
+aborted one is flushed first, so its values are in the log): 30 transactions ended,
+fault (a seeded partition's leader, or in a third of the runs the coordinator of the
+transactional.id), heal, 30 more, stop. Each transaction's outcome is recorded by
+confluent-kafka's rules: commit_transaction returned (committed); abort_transaction
+returned (aborted); commit raised retriable (commit again), txn_requires_abort (abort:
+aborted) or fatal (a new producer, whose init_transactions fences the old one: unknown).
+Then: every partition's last stable offset must reach its high watermark within
+HANGING_BOUND_S (else `hanging`: a transaction left open), a read_committed consumer
+reads everything and a read_uncommitted one too (`aborted_written`: the aborted values
+were there, so the check could fail). Checked (txn_history): no value of an aborted
+transaction read (`aborted_reads`); every committed value read once (`lost`,
+`duplicated`) where it was delivered (`moved`); every transaction all or nothing
+(`partial`; unknown ones read whole count as `unknown_committed`); per partition, send
+order (`out_of_order`); nothing read that was not sent (`strays`). The file checks
+cover both topics (control batches included). A bad run's whole history is written to
+<work>/<kind>/histories/<topic>.json.
+
+    python -m bench.fault_runs --workload txn --kinds kill9 --runs 100 --seed 1 \
+        --json bench/results-faults-txn.json
+
 diskfull and clock need root (mount) and libfaketime; the harness says which is missing.
 """
 
@@ -59,6 +84,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -71,6 +97,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from cluster_support import (  # noqa: E402
+    BROKER_ARGS,
     Cluster,
     Workload,
     cluster_factory,
@@ -78,6 +105,15 @@ from cluster_support import (  # noqa: E402
     consume_all,
     wait_for,
 )
+from confluent_kafka import (  # noqa: E402
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+from straitmq.broker.transactions.coordinator import partition_for  # noqa: E402
 
 from straitmq.admin_client import AdminError  # noqa: E402
 
@@ -121,11 +157,28 @@ class Run:
     jumped: str | None = None
     victim_exit: int | None = None  # the victim stopped itself during the fault (its code)
     seen_jump_s: int | None = None  # clock: the jumped process's Date header minus ours
+    # --workload txn (txn_history): acked/lost/duplicates/moved/out_of_order count the
+    # values of committed transactions; the rest is below
+    workload: str = "idem"
+    victim_role: str | None = None  # txn: "leader" (of a partition) or "coordinator"
+    txns: int = 0
+    committed_txns: int = 0
+    aborted_txns: int = 0
+    unknown_txns: int = 0  # a commit that failed fatally: the outcome is the log's
+    unknown_committed: int = 0  # of those, read back whole
+    aborted_reads: int = 0  # values of aborted transactions read by read_committed
+    partial: int = 0  # transactions read in part
+    strays: int = 0  # values read that no transaction sent
+    hanging: int = 0  # partitions whose LSO stayed below the HW after the heal
+    aborted_written: int = 0  # aborted values read_uncommitted saw (were there to find)
+    producers: int = 0  # transactional producers made (1 + one per fatal error)
+    txn_log: list = field(default_factory=list)  # transactions that met an error
 
     def ok(self) -> bool:
         return (
             self.stalled is None
             and self.lost == self.duplicates == self.moved == self.out_of_order == 0
+            and self.aborted_reads == self.partial == self.strays == self.hanging == 0
             and self.divergent_offsets == 0
             and self.replicas_identical is not False
         )
@@ -403,6 +456,485 @@ def one_run(c: Cluster, faults: Faults, kind: str, i: int, seed: int) -> Run:
     return r
 
 
+# -- the transactional workload (--workload txn) -------------------------------------
+
+# The txn workload's brokers: the transaction state log replicated 3 ways (a coordinator
+# on one replica would lose its transactions with its broker) and open transactions
+# past their timeout looked for every second (Kafka: 10 s), so that a transaction the
+# harness could not end is aborted well inside the hanging bound.
+TXN_BROKER_ARGS = [
+    "--transaction-state-log-replication-factor",
+    "3",
+    "--transaction-abort-check-interval-ms",
+    "1000",
+]
+TXN_TIMEOUT_MS = 20_000  # the producer's transaction.timeout.ms
+HANGING_BOUND_S = 60.0  # after the heal: TXN_TIMEOUT_MS, the abort check, a failover
+TXN_GROWTH = 30  # transactions ended before the fault, and again after the heal
+TXN_STATE_PARTITIONS = 50  # transaction.state.log.num.partitions (the default)
+
+Rec = tuple[str, int, int, bytes]  # (topic, partition, offset, value) as read back
+
+
+@dataclass
+class Txn:
+    """One transaction of the history: its values in send order, what became of it."""
+
+    n: int
+    values: list[tuple[str, int, bytes]]  # (topic, partition, value), in send order
+    abort: bool = False  # the plan: abort it rather than commit
+    # committed (commit_transaction returned), aborted (abort_transaction returned, or
+    # it failed before a commit was asked), unknown (a commit was asked and failed
+    # fatally: a new producer fenced the old one), open (never ended: the thread died)
+    outcome: str = "open"
+    offsets: dict[bytes, tuple[str, int, int]] = field(default_factory=dict)  # reports
+    error: str | None = None  # the error that decided an aborted or unknown outcome
+
+
+class TxnWorkload:
+    """A transactional producer in a thread: transactions of a seeded 1-10 values over
+    every partition of `topics`, each committed or aborted at random (seeded), the
+    outcome of each recorded by confluent-kafka's rules for a failed commit: retriable,
+    commit again; txn_requires_abort, abort (aborted); fatal, a new producer with the
+    same transactional.id, whose init_transactions fences the old one and ends its
+    transaction either way (unknown). Values are `<prefix>-<txn>-<seq>`, seq counting
+    every value sent, so a partition's values must come back with seq increasing."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: list[str],
+        partitions: int,
+        tid: str,
+        seed: int,
+        prefix: str,
+        abort_ratio: float = 0.3,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self.partitions = partitions
+        self.tid = tid
+        self.rng = random.Random(seed)
+        self.prefix = prefix
+        self.abort_ratio = abort_ratio
+        self.txns: list[Txn] = []
+        self.errors: Counter = Counter()  # failed deliveries and raised errors, by name
+        self.producers = 0  # producers made: 1 + one per fatal error
+        self.failure: str | None = None  # the thread stopped on an unexpected error
+        self.seq = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    # -- the thread --
+
+    def start(self) -> TxnWorkload:
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            p = self._new_producer()
+            while not self._stop.is_set():
+                p = self._one(p, self._plan())
+        except Exception as e:  # recorded: the run is stalled, its history still checked
+            self.failure = f"{type(e).__name__}: {e}"
+
+    def _plan(self) -> Txn:
+        t = Txn(len(self.txns), [], abort=self.rng.random() < self.abort_ratio)
+        for _ in range(self.rng.randint(1, 10)):
+            topic = self.rng.choice(self.topics)
+            part = self.rng.randrange(self.partitions)
+            t.values.append((topic, part, f"{self.prefix}-{t.n}-{self.seq}".encode()))
+            self.seq += 1
+        with self._lock:
+            self.txns.append(t)
+        return t
+
+    def _new_producer(self) -> Producer:
+        self.producers += 1
+        p = Producer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "transactional.id": self.tid,
+                "transaction.timeout.ms": TXN_TIMEOUT_MS,
+                "linger.ms": 5,
+                "retry.backoff.ms": 100,
+                "topic.metadata.refresh.interval.ms": 1000,
+                "log_level": 2,  # its errors are counted here, not printed
+            }
+        )
+        deadline = time.monotonic() + 120
+        while True:  # retriable (a timeout, the coordinator moving): call it again
+            try:
+                p.init_transactions(30)
+                return p
+            except KafkaException as e:
+                err = e.args[0]
+                self.errors[f"init:{err.name()}"] += 1
+                if not err.retriable() or time.monotonic() > deadline:
+                    raise
+
+    def _one(self, p: Producer, t: Txn) -> Producer:
+        committing = False
+        try:
+            p.begin_transaction()
+            for topic, part, value in t.values:
+                self._produce(p, t, topic, part, value)
+            if t.abort:
+                p.flush(60)  # delivered before the abort: read_uncommitted must see them
+                return self._abort(p, t, "aborted")
+            committing = True
+            return self._commit(p, t)
+        except KafkaException as e:
+            err = e.args[0]
+            self.errors[f"txn:{err.name()}"] += 1
+            t.error = err.name()
+            if committing or err.fatal():
+                # _commit decided it (or a fatal error before any commit was asked:
+                # the next producer aborts it)
+                if t.outcome == "open":
+                    t.outcome = "unknown" if committing else "aborted"
+                return self._replace(p)
+            return self._abort(p, t, "aborted")
+
+    def _produce(self, p: Producer, t: Txn, topic: str, part: int, value: bytes) -> None:
+        def on_delivery(err: Any, msg: Any) -> None:
+            if err is None:
+                t.offsets[msg.value()] = (msg.topic(), msg.partition(), msg.offset())
+            else:
+                self.errors[f"delivery:{err.name()}"] += 1
+
+        while True:
+            try:
+                p.produce(topic, value=value, partition=part, on_delivery=on_delivery)
+                p.poll(0)
+                return
+            except BufferError:
+                p.poll(0.05)
+
+    def _commit(self, p: Producer, t: Txn) -> Producer:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                p.commit_transaction(30)
+                t.outcome = "committed"
+                return p
+            except KafkaException as e:
+                err = e.args[0]
+                self.errors[f"commit:{err.name()}"] += 1
+                t.error = err.name()
+                if err.retriable() and time.monotonic() < deadline:
+                    continue
+                if err.txn_requires_abort():
+                    return self._abort(p, t, "unknown")
+                t.outcome = "unknown"  # fatal (or retried out): the next producer ends it
+                return self._replace(p)
+
+    def _abort(self, p: Producer, t: Txn, if_failed: str) -> Producer:
+        """Abort; if that fails fatally, `if_failed` is the outcome (aborted when no
+        commit was ever asked for: the next producer can only abort it)."""
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                p.abort_transaction(30)
+                t.outcome = "aborted"
+                return p
+            except KafkaException as e:
+                err = e.args[0]
+                self.errors[f"abort:{err.name()}"] += 1
+                t.error = err.name()
+                if err.retriable() and time.monotonic() < deadline:
+                    continue
+                t.outcome = if_failed
+                return self._replace(p)
+
+    def _replace(self, p: Producer) -> Producer:
+        del p  # the fenced producer is destroyed before its successor fences it
+        return self._new_producer()
+
+    # -- the harness's side --
+
+    def ended(self) -> int:
+        with self._lock:
+            return sum(t.outcome != "open" for t in self.txns)
+
+    def wait_growth(self, more: int, timeout: float) -> None:
+        target = self.ended() + more
+        wait_for(
+            lambda: self.ended() >= target or self.failure,
+            timeout,
+            f"{more} more transactions ended",
+            0.05,
+        )
+        if self.failure:
+            raise RuntimeError(self.failure)
+
+    def stop(self, timeout: float = 240) -> None:
+        """Let the transaction under way end (its retries are bounded), then stop."""
+        self._stop.set()
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            raise AssertionError(f"the transactional producer still busy after {timeout}s")
+        if self.failure:
+            raise AssertionError(f"the transactional producer stopped: {self.failure}")
+
+
+def stable_ends(
+    bootstrap: str, tps: list[tuple[str, int]], bound: float
+) -> tuple[dict[tuple[str, int], tuple[int, int]], int]:
+    """{(topic, partition): (last stable offset, high watermark)} once every LSO reached
+    its high watermark (no transaction left open), or after `bound` seconds; and how
+    many partitions were still short then (`hanging`). ListOffsets(latest) answers the
+    LSO to a read_committed client and the high watermark to a read_uncommitted one."""
+    clients = {
+        iso: Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"ends-{iso}",
+                "isolation.level": iso,
+                "topic.metadata.refresh.interval.ms": 1000,
+            }
+        )
+        for iso in ("read_committed", "read_uncommitted")
+    }
+    ends: dict[tuple[str, int], tuple[int, int]] = {}
+
+    def look() -> bool:
+        for topic, part in tps:
+            tp = TopicPartition(topic, part)
+            try:
+                _, lso = clients["read_committed"].get_watermark_offsets(tp, 5, cached=False)
+                _, hw = clients["read_uncommitted"].get_watermark_offsets(tp, 5, cached=False)
+            except KafkaException:
+                continue  # a leader moving: asked again
+            ends[(topic, part)] = (lso, hw)
+        return len(ends) == len(tps) and all(lso == hw for lso, hw in ends.values())
+
+    try:
+        try:
+            wait_for(look, bound, "every last stable offset at its high watermark", 0.5)
+        except TimeoutError:
+            pass
+    finally:
+        for c in clients.values():
+            c.close()
+    hanging = sum(1 for tp in tps if tp not in ends or ends[tp][0] != ends[tp][1])
+    return ends, hanging
+
+
+def read_back(
+    bootstrap: str, tps: list[tuple[str, int]], isolation: str, timeout: float = 60
+) -> tuple[list[Rec], int]:
+    """Every record a consumer of `isolation` reads from the start of each partition to
+    the end it sees (read_committed: the LSO), by assignment (no group to join); and how
+    many partitions it did not reach the end of within `timeout`."""
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"read-{isolation}",
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "topic.metadata.refresh.interval.ms": 1000,
+        }
+    )
+    out: list[Rec] = []
+    eof: set[tuple[str, int]] = set()
+    try:
+        c.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in tps])
+        deadline = time.monotonic() + timeout
+        while len(eof) < len(tps) and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            if m.error():
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    eof.add((m.topic(), m.partition()))
+                continue  # a leader moving: the consumer fetches again
+            eof.discard((m.topic(), m.partition()))
+            out.append((m.topic(), m.partition(), m.offset(), m.value()))
+    finally:
+        c.close()
+    return out, len(tps) - len(eof)
+
+
+def txn_history(
+    txns: list[Txn], committed: list[Rec], uncommitted: list[Rec] | None, r: Run
+) -> None:
+    """The transactional history against what read_committed (and read_uncommitted)
+    consumers read back:
+      aborted_reads  values of an aborted transaction read by read_committed
+      lost           values of a committed transaction not read
+      duplicates     a value read more than once
+      partial        transactions of which some values were read and some not (of any
+                     outcome: an unknown one must be all or nothing too)
+      moved          committed values read at another place than their delivery report
+      out_of_order   per partition, values not in the order the producer sent them
+      strays         values read that no transaction sent
+    unknown_committed: unknown outcomes read whole (they were committed after all);
+    aborted_written: aborted values read_uncommitted saw (they were written, so the
+    aborted-read check had something to find)."""
+    r.txns = len(txns)
+    r.committed_txns = sum(t.outcome == "committed" for t in txns)
+    r.aborted_txns = sum(t.outcome == "aborted" for t in txns)
+    r.unknown_txns = sum(t.outcome in ("unknown", "open") for t in txns)
+    r.acked = sum(len(t.values) for t in txns if t.outcome == "committed")
+    r.consumed = len(committed)
+    read = Counter(v for *_, v in committed)
+    where = {v: (topic, p, o) for topic, p, o, v in committed}
+    r.duplicates = sum(n - 1 for n in read.values() if n > 1)
+    sent = {v for t in txns for *_, v in t.values}
+    r.strays = sum(1 for v in read if v not in sent)
+    for t in txns:
+        seen = sum(1 for *_, v in t.values if v in read)
+        if t.outcome == "committed":
+            r.lost += len(t.values) - seen
+            r.moved += sum(1 for v, at in t.offsets.items() if v in where and where[v] != at)
+        elif t.outcome == "aborted":
+            r.aborted_reads += seen
+        elif seen == len(t.values):
+            r.unknown_committed += 1
+        if 0 < seen < len(t.values):
+            r.partial += 1
+    last: dict[tuple[str, int], int] = {}
+    for topic, p, _o, v in sorted(committed):
+        if v not in sent:
+            continue  # a stray: counted above, it has no place in the order
+        n = int(v.rsplit(b"-", 1)[1])
+        if n < last.get((topic, p), -1):
+            r.out_of_order += 1
+        last[(topic, p)] = n
+    if uncommitted is not None:
+        aborted = {v for t in txns if t.outcome == "aborted" for *_, v in t.values}
+        r.aborted_written = len({v for *_, v in uncommitted} & aborted)
+
+
+def topics_of(r: Run) -> list[str]:
+    base = f"{r.kind}-{r.run}"
+    return [base, f"{base}-b"] if r.workload == "txn" else [base]
+
+
+def one_txn_run(
+    c: Cluster, faults: Faults, kind: str, i: int, seed: int, keep: Path | None = None
+) -> Run:
+    """one_run with the transactional workload: two topics, transactions ended until
+    TXN_GROWTH more, fault, heal, TXN_GROWTH more, stop; then the hanging check and the
+    read-back by a read_committed and a read_uncommitted consumer. The victim is the
+    leader of a seeded partition of the first topic or, in a third of the runs, the
+    transaction coordinator of the run's transactional.id (the leader of its partition
+    of __transaction_state, known once the producer found it)."""
+    rng = random.Random(seed)
+    topic = f"{kind}-{i}"
+    topics = [topic, f"{topic}-b"]
+    tid = f"txn-{topic}"
+    for t in topics:
+        create_topic(c, t, DISKFULL_TOPIC if kind == "diskfull" else None)
+    for t in topics:
+        c.wait_isr(t, 3)
+    part = rng.randrange(3)
+    r = Run(kind, i, seed, -1, round(rng.uniform(0.5, 6.0), 2), workload="txn")
+    r.victim_role = "coordinator" if rng.random() < 1 / 3 else "leader"
+    jump_controller = False
+    if kind in CLOCK_KINDS:
+        r.jump_s = rng.choice((-1, 1)) * rng.choice((1, 2, 5, 10, 30, 60, 120, 300))
+        jump_controller = rng.random() < 1 / 3
+    exits0 = len(faults.exits)
+    t0 = time.monotonic()
+    w = TxnWorkload(c.bootstrap, topics, 3, tid, rng.randrange(1 << 30), topic)
+    w.start()
+    hits0 = 0
+    try:
+        w.wait_growth(TXN_GROWTH, 90)
+        if r.victim_role == "coordinator":
+            state = partition_for(tid, TXN_STATE_PARTITIONS)
+            r.victim = c.leader_of("__transaction_state", state)
+        else:
+            r.victim = c.leader_of(topic, part)
+        victim = r.victim
+        jumped = f"broker-{victim}"
+        if jump_controller:
+            jumped = c.wait_active_controller().name
+        if kind in CLOCK_KINDS:
+            r.jumped = jumped
+        hits0 = storage_errors(c, victim) if kind == "diskfull" else 0
+        if kind in CLOCK_KINDS:
+            assert faults.clocks is not None and r.jump_s is not None
+            faults.clocks.set(jumped, r.jump_s)
+            r.seen_jump_s = http_clock_skew(c, jumped)
+        else:
+            faults.inject(kind, victim)
+        try:
+            time.sleep(r.hold_s)  # the fault's seeded duration (not a wait for a condition)
+        finally:
+            if kind in CLOCK_KINDS:
+                assert faults.clocks is not None
+                faults.clocks.set(jumped, 0)
+            else:
+                faults.heal(kind, victim)
+        w.wait_growth(TXN_GROWTH, 120)
+    except Exception as e:  # recorded, and the history still checked
+        r.stalled = f"{type(e).__name__}: {e}"
+    finally:
+        try:
+            w.stop()
+        except AssertionError as e:
+            r.stalled = r.stalled or str(e)
+    if len(faults.exits) > exits0:
+        r.victim_exit = faults.exits[-1]
+        hits0 = 0
+    c.wait_ready(brokers=[r.victim] if r.victim > 0 else None)
+    tps = [(t, p) for t in topics for p in range(3)]
+    _ends, r.hanging = stable_ends(c.bootstrap, tps, HANGING_BOUND_S)
+    committed, short_c = read_back(c.bootstrap, tps, "read_committed")
+    uncommitted, short_u = read_back(c.bootstrap, tps, "read_uncommitted")
+    if short_c or short_u:
+        r.stalled = r.stalled or (
+            f"read back short of the end: {short_c} partitions read_committed, "
+            f"{short_u} read_uncommitted"
+        )
+    with w._lock:
+        txns = list(w.txns)
+    txn_history(txns, committed, uncommitted, r)
+    r.failed = sum(n for k, n in w.errors.items() if k.startswith("delivery:"))
+    r.errors = dict(w.errors)
+    r.producers = w.producers
+    if kind == "diskfull" and r.victim > 0:
+        r.fault_hits = storage_errors(c, r.victim) - hits0
+    r.seconds = round(time.monotonic() - t0, 1)
+    r.txn_log = [
+        {"n": t.n, "outcome": t.outcome, "values": len(t.values), "error": t.error}
+        for t in txns
+        if t.outcome not in ("committed", "aborted") or t.error
+    ]
+    if keep is not None and not r.ok():  # the whole history of a bad run, to replay
+        keep.mkdir(parents=True, exist_ok=True)
+        dump = {
+            "run": asdict(r),
+            "ends": {f"{t}:{p}": v for (t, p), v in _ends.items()},
+            "txns": [
+                {
+                    **asdict(t),
+                    "values": [[tp, p, v.decode()] for tp, p, v in t.values],
+                    "offsets": {v.decode(): at for v, at in t.offsets.items()},
+                }
+                for t in txns
+            ],
+            "read_committed": [[t, p, o, v.decode()] for t, p, o, v in committed],
+            "read_uncommitted": [[t, p, o, v.decode()] for t, p, o, v in uncommitted],
+        }
+        (keep / f"{topic}.json").write_text(json.dumps(dump))
+    return r
+
+
+def txn_line(r: Run) -> str:
+    return (
+        f"({r.victim_role}) txns={r.committed_txns}/{r.aborted_txns}/{r.unknown_txns} "
+        f"aborted_reads={r.aborted_reads} partial={r.partial} strays={r.strays} "
+        f"hanging={r.hanging} aborted_written={r.aborted_written} producers={r.producers} "
+    )
+
+
 def views(c: Cluster, topic: str) -> dict[int, Any]:
     """Each broker's view of a topic's partitions (leader, ISR, log end, HW)."""
     out: dict[int, Any] = {}
@@ -419,60 +951,104 @@ def views(c: Cluster, topic: str) -> dict[int, Any]:
 def file_check(c: Cluster, runs: list[Run]) -> None:
     """Stop the cluster, compare every replica of these runs' topics, start it again. A
     topic whose replicas do not come to one log end is a finding: its views are kept."""
-    hws: dict[int, dict[int, int]] = {}
+    hws: dict[str, dict[int, int]] = {}
     for r in runs:
-        topic = f"{r.kind}-{r.run}"
-        try:
-            hws[r.run] = c.converge(topic, timeout=60)
-        except TimeoutError:
-            r.replicas_identical = False
-            r.stalled = f"replicas never at one log end: {json.dumps(views(c, topic))}"
+        for topic in topics_of(r):
+            try:
+                hws[topic] = c.converge(topic, timeout=60)
+            except TimeoutError:
+                r.replicas_identical = False
+                r.stalled = f"replicas never at one log end: {json.dumps(views(c, topic))}"
     c.stop()
     try:
         for r in runs:
-            if r.run in hws:
-                r.replicas_identical, r.divergent_offsets = compare_replicas(
-                    c, f"{r.kind}-{r.run}", hws[r.run]
-                )
+            for topic in topics_of(r):
+                if topic in hws and r.replicas_identical is not False:
+                    same, divergent = compare_replicas(c, topic, hws[topic])
+                    r.replicas_identical = same
+                    r.divergent_offsets += divergent
     finally:
         c.start(wait_s=60)
 
 
 def summarize(runs: list[Run]) -> list[dict[str, Any]]:
     rows = []
-    for kind in dict.fromkeys(r.kind for r in runs):
-        mine = [r for r in runs if r.kind == kind]
-        rows.append(
-            {
-                "kind": kind,
-                "runs": len(mine),
-                "acked": sum(r.acked for r in mine),
-                "lost": sum(r.lost for r in mine),
-                "duplicated": sum(r.duplicates for r in mine),
-                "moved": sum(r.moved for r in mine),
-                "out_of_order": sum(r.out_of_order for r in mine),
-                "divergent_offsets": sum(r.divergent_offsets for r in mine),
-                "replicas_not_identical": sum(r.replicas_identical is False for r in mine),
-                "failed_sends": sum(r.failed for r in mine),
-                "stalled": sum(r.stalled is not None for r in mine),
-                "bad_runs": [r.run for r in mine if not r.ok()],
-            }
-        )
+    for workload, kind in dict.fromkeys((r.workload, r.kind) for r in runs):
+        mine = [r for r in runs if r.kind == kind and r.workload == workload]
+        row: dict[str, Any] = {
+            "kind": kind,
+            "workload": workload,
+            "runs": len(mine),
+            "acked": sum(r.acked for r in mine),
+            "lost": sum(r.lost for r in mine),
+            "duplicated": sum(r.duplicates for r in mine),
+            "moved": sum(r.moved for r in mine),
+            "out_of_order": sum(r.out_of_order for r in mine),
+            "divergent_offsets": sum(r.divergent_offsets for r in mine),
+            "replicas_not_identical": sum(r.replicas_identical is False for r in mine),
+            "failed_sends": sum(r.failed for r in mine),
+            "stalled": sum(r.stalled is not None for r in mine),
+            "bad_runs": [r.run for r in mine if not r.ok()],
+        }
+        if workload == "txn":
+            for k in TXN_COUNTERS:
+                row[k] = sum(getattr(r, k) for r in mine)
+        rows.append(row)
     return rows
 
 
+# Summed over a kind's runs for --workload txn (Run's fields of the same names).
+TXN_COUNTERS = (
+    "txns",
+    "committed_txns",
+    "aborted_txns",
+    "unknown_txns",
+    "unknown_committed",
+    "aborted_reads",
+    "partial",
+    "strays",
+    "hanging",
+    "aborted_written",
+)
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    head = (
-        "| fault | runs | acked | lost | duplicated | moved | out of order | divergent "
-        "offsets | replicas differ | failed sends | stalled |"
-    )
-    out = [head, "|---|" + "---:|" * 10]
-    for r in rows:
+    out = []
+    idem = [r for r in rows if r.get("workload", "idem") == "idem"]
+    txn = [r for r in rows if r.get("workload") == "txn"]
+    if idem:
         out.append(
-            f"| {r['kind']} | {r['runs']} | {r['acked']} | {r['lost']} | {r['duplicated']} | "
-            f"{r['moved']} | {r['out_of_order']} | {r['divergent_offsets']} | "
-            f"{r['replicas_not_identical']} | {r['failed_sends']} | {r['stalled']} |"
+            "| fault | runs | acked | lost | duplicated | moved | out of order | divergent "
+            "offsets | replicas differ | failed sends | stalled |"
         )
+        out.append("|---|" + "---:|" * 10)
+        for r in idem:
+            out.append(
+                f"| {r['kind']} | {r['runs']} | {r['acked']} | {r['lost']} | "
+                f"{r['duplicated']} | {r['moved']} | {r['out_of_order']} | "
+                f"{r['divergent_offsets']} | {r['replicas_not_identical']} | "
+                f"{r['failed_sends']} | {r['stalled']} |"
+            )
+    if txn:
+        if out:
+            out.append("")
+        out.append(
+            "| fault (txn) | runs | txns | committed / aborted / unknown (read whole) | "
+            "committed values | aborted values written | aborted reads | lost | "
+            "duplicated | partial | moved | out of order | strays | hanging | divergent "
+            "offsets | replicas differ | stalled |"
+        )
+        out.append("|---|" + "---:|" * 16)
+        for r in txn:
+            out.append(
+                f"| {r['kind']} | {r['runs']} | {r['txns']} | {r['committed_txns']} / "
+                f"{r['aborted_txns']} / {r['unknown_txns']} ({r['unknown_committed']}) | "
+                f"{r['acked']} | {r['aborted_written']} | {r['aborted_reads']} | "
+                f"{r['lost']} | {r['duplicated']} | {r['partial']} | {r['moved']} | "
+                f"{r['out_of_order']} | {r['strays']} | {r['hanging']} | "
+                f"{r['divergent_offsets']} | {r['replicas_not_identical']} | "
+                f"{r['stalled']} |"
+            )
     return "\n".join(out)
 
 
@@ -487,7 +1063,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=100, help="faulted runs per kind")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--file-check-every", type=int, default=10)
-    ap.add_argument("--work", default="/tmp/straitmq-fault-runs")
+    ap.add_argument(
+        "--workload",
+        choices=("idem", "txn"),
+        default="idem",
+        help="idem: the idempotent producer; txn: transactions, committed or aborted",
+    )
+    ap.add_argument("--work", help="default /tmp/straitmq-fault-runs[-txn]")
     ap.add_argument("--json", help="write every run and the summary here")
     args = ap.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
@@ -500,10 +1082,12 @@ def main(argv: list[str] | None = None) -> int:
             "the clock fault needs libfaketime, which is not installed (Debian: "
             f"apt-get install faketime; looked for {', '.join(FAKETIME_LIBS)})"
         )
+    txn = args.workload == "txn"
+    base = args.work or f"/tmp/straitmq-fault-runs{'-txn' if txn else ''}"
     runs: list[Run] = []
     started = time.monotonic()
     for kind in kinds:
-        work = Path(args.work) / kind
+        work = Path(base) / kind
         if (work / "cluster0").exists():  # its controllers would remember other brokers
             ap.error(f"{work} holds an earlier cluster: give a fresh --work")
         work.mkdir(parents=True, exist_ok=True)
@@ -521,12 +1105,16 @@ def main(argv: list[str] | None = None) -> int:
                 brokers=3,
                 netns=kind in NETWORK_KINDS,
                 node_prefix=clocks.prefixes() if clocks is not None else None,
+                broker_args=[*BROKER_ARGS, *TXN_BROKER_ARGS] if txn else None,
             )
             faults = Faults(c, disks, clocks)
             batch: list[Run] = []
             for i in range(args.runs):
                 seed = args.seed * 1_000_003 + KINDS.index(kind) * 10_007 + i
-                r = one_run(c, faults, kind, i, seed)
+                if txn:
+                    r = one_txn_run(c, faults, kind, i, seed, work / "histories")
+                else:
+                    r = one_run(c, faults, kind, i, seed)
                 runs.append(r)
                 batch.append(r)
                 if len(batch) == args.file_check_every or i == args.runs - 1:
@@ -535,7 +1123,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"[{time.strftime('%H:%M:%S')}] {kind} #{i} seed={seed} victim={r.victim} "
                     f"hold={r.hold_s}s acked={r.acked} lost={r.lost} dup={r.duplicates} "
-                    f"moved={r.moved} ooo={r.out_of_order} files="
+                    f"moved={r.moved} ooo={r.out_of_order} "
+                    f"{txn_line(r) if txn else ''}files="
                     f"{'-' if r.replicas_identical is None else r.replicas_identical} "
                     f"{'' if r.fault_hits is None else f'storage_errors={r.fault_hits} '}"
                     f"{'' if r.jump_s is None else f'jump={r.jump_s:+d}s@{r.jumped} '}"

@@ -64,8 +64,14 @@ were there, so the check could fail). Checked (txn_history): no value of an abor
 transaction read (`aborted_reads`); every committed value read once (`lost`,
 `duplicated`) where it was delivered (`moved`); every transaction all or nothing
 (`partial`; unknown ones read whole count as `unknown_committed`); per partition, send
-order (`out_of_order`); nothing read that was not sent (`strays`). The file checks
-cover both topics (control batches included). A bad run's whole history is written to
+order (`out_of_order`); nothing read that was not sent (`strays`). Beside it, across
+the same fault, an exactly-once consume-transform-produce leg (EosLeg): a read_committed
+consumer of both topics and a second transactional producer writing `out:<value>` to a
+third topic, the consumer's positions committed in each transaction
+(send_offsets_to_transaction), restarted from the committed offsets on an error; once
+it committed the inputs' ends, every committed input value must be in the output
+exactly once (`eos_lost`, `eos_duplicated`) and nothing else (`eos_strays`: an aborted
+input processed). The file checks cover the three topics (control batches included). A bad run's whole history is written to
 <work>/<kind>/histories/<topic>.json.
 
     python -m bench.fault_runs --workload txn --kinds kill9 --runs 100 --seed 1 \
@@ -173,12 +179,22 @@ class Run:
     aborted_written: int = 0  # aborted values read_uncommitted saw (were there to find)
     producers: int = 0  # transactional producers made (1 + one per fatal error)
     txn_log: list = field(default_factory=list)  # transactions that met an error
+    # the exactly-once consume-transform-produce leg (EosLeg, eos_history)
+    eos_in: int = 0  # committed input values
+    eos_out: int = 0  # output values read (read_committed)
+    eos_lost: int = 0
+    eos_duplicated: int = 0
+    eos_strays: int = 0
+    eos_txns: int = 0
+    eos_restarts: int = 0
+    eos_errors: dict = field(default_factory=dict)
 
     def ok(self) -> bool:
         return (
             self.stalled is None
             and self.lost == self.duplicates == self.moved == self.out_of_order == 0
             and self.aborted_reads == self.partial == self.strays == self.hanging == 0
+            and self.eos_lost == self.eos_duplicated == self.eos_strays == 0
             and self.divergent_offsets == 0
             and self.replicas_identical is not False
         )
@@ -810,9 +826,181 @@ def txn_history(
         r.aborted_written = len({v for *_, v in uncommitted} & aborted)
 
 
+class EosLeg:
+    """Consume-transform-produce, exactly once (KIP-98/447): a read_committed consumer of
+    the input topics (assigned, group `group` for the offsets) and a transactional
+    producer that writes `out:<value>` to `output` (same partition number) and commits
+    the consumer's positions in the same transaction (send_offsets_to_transaction). On
+    an abortable error: abort, and seek back to the committed offsets; on a fatal one: a
+    new producer (fencing the old) and a new consumer from the committed offsets. Runs
+    until drain() finds its committed offsets at the inputs' ends."""
+
+    def __init__(
+        self, bootstrap: str, inputs: list[str], output: str, partitions: int, name: str
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.tps = [TopicPartition(t, p) for t in inputs for p in range(partitions)]
+        self.output = output
+        self.group = f"eos-{name}"
+        self.tid = f"eos-{name}"
+        self.errors: Counter = Counter()
+        self.txns = 0  # committed
+        self.restarts = 0  # fatal errors: new producer and consumer
+        self.failure: str | None = None
+        self.ends: dict[tuple[str, int], int] | None = None  # set by drain()
+        self.done = threading.Event()
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> EosLeg:
+        self.thread.start()
+        return self
+
+    def _clients(self) -> tuple[Consumer, Producer]:
+        c = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": self.group,
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "topic.metadata.refresh.interval.ms": 1000,
+                "log_level": 2,
+            }
+        )
+        p = Producer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "transactional.id": self.tid,
+                "transaction.timeout.ms": TXN_TIMEOUT_MS,
+                "linger.ms": 5,
+                "topic.metadata.refresh.interval.ms": 1000,
+                "log_level": 2,
+            }
+        )
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                p.init_transactions(30)  # first: ends the fenced producer's transaction
+                break
+            except KafkaException as e:
+                err = e.args[0]
+                self.errors[f"init:{err.name()}"] += 1
+                if not err.retriable() or time.monotonic() > deadline:
+                    raise
+        c.assign(self._committed(c))
+        return c, p
+
+    def _committed(self, c: Consumer) -> list[TopicPartition]:
+        """The group's committed offsets (stable ones: read_committed asks with
+        require_stable, KIP-447), retried while the coordinator moves."""
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                got = c.committed(self.tps, timeout=10)
+                return [
+                    TopicPartition(tp.topic, tp.partition, tp.offset)
+                    if tp.offset >= 0
+                    else TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING)
+                    for tp in got
+                ]
+            except KafkaException as e:
+                self.errors[f"committed:{e.args[0].name()}"] += 1
+                if time.monotonic() > deadline:
+                    raise
+
+    def _run(self) -> None:
+        try:
+            c, p = self._clients()
+            while not self._stop.is_set():
+                msgs = [m for m in c.consume(100, 0.2) if not m.error()]
+                if not msgs:
+                    if self.ends is not None and self._at_ends(c):
+                        self.done.set()
+                        return
+                    continue
+                c, p = self._one(c, p, msgs)
+        except Exception as e:  # recorded: the run is stalled
+            self.failure = f"{type(e).__name__}: {e}"
+        finally:
+            self.done.set()
+
+    def _at_ends(self, c: Consumer) -> bool:
+        assert self.ends is not None
+        got = self._committed(c)
+        return all(tp.offset >= self.ends[(tp.topic, tp.partition)] for tp in got)
+
+    def _one(self, c: Consumer, p: Producer, msgs: list[Any]) -> tuple[Consumer, Producer]:
+        try:
+            p.begin_transaction()
+            for m in msgs:
+                while True:
+                    try:
+                        p.produce(self.output, b"out:" + m.value(), partition=m.partition())
+                        break
+                    except BufferError:
+                        p.poll(0.05)
+            p.send_offsets_to_transaction(
+                c.position(c.assignment()), c.consumer_group_metadata(), 30
+            )
+            deadline = time.monotonic() + 90
+            while True:
+                try:
+                    p.commit_transaction(30)
+                    self.txns += 1
+                    return c, p
+                except KafkaException as e:
+                    err = e.args[0]
+                    if err.retriable() and time.monotonic() < deadline:
+                        self.errors[f"commit:{err.name()}"] += 1
+                        continue
+                    raise
+        except KafkaException as e:
+            err = e.args[0]
+            self.errors[f"txn:{err.name()}"] += 1
+            if err.txn_requires_abort():
+                try:
+                    p.abort_transaction(30)
+                    for tp in self._committed(c):  # back to what the group committed
+                        c.seek(tp)
+                    return c, p
+                except KafkaException as e2:
+                    self.errors[f"abort:{e2.args[0].name()}"] += 1
+            # fatal (or the abort failed): start over from the committed offsets
+            self.restarts += 1
+            c.close()
+            del p
+            return self._clients()
+
+    def drain(self, ends: dict[tuple[str, int], int], timeout: float) -> None:
+        """Run on until the group's committed offsets reach `ends` (the inputs' LSOs,
+        once the input producer stopped), or fail after `timeout`."""
+        self.ends = ends
+        finished = self.done.wait(timeout)
+        self._stop.set()
+        self.thread.join(30)
+        if self.failure:
+            raise AssertionError(f"the exactly-once leg stopped: {self.failure}")
+        if not finished:
+            raise AssertionError(f"the exactly-once leg not at the inputs' ends in {timeout}s")
+
+
+def eos_history(inputs: list[Rec], outputs: list[Rec], r: Run) -> None:
+    """Every input value (as read_committed read it) in the output exactly once, and
+    nothing else: eos_lost, eos_duplicated, eos_strays (an output whose input is not a
+    committed input value: an aborted one read, or invented)."""
+    want = {v for *_, v in inputs}
+    got = Counter(v for *_, v in outputs)
+    r.eos_in = len(want)
+    r.eos_out = len(outputs)
+    r.eos_duplicated = sum(n - 1 for n in got.values() if n > 1)
+    r.eos_lost = sum(1 for v in want if b"out:" + v not in got)
+    r.eos_strays = sum(1 for v in got if not v.startswith(b"out:") or v[4:] not in want)
+
+
 def topics_of(r: Run) -> list[str]:
     base = f"{r.kind}-{r.run}"
-    return [base, f"{base}-b"] if r.workload == "txn" else [base]
+    return [base, f"{base}-b", f"{base}-out"] if r.workload == "txn" else [base]
 
 
 def one_txn_run(
@@ -827,10 +1015,11 @@ def one_txn_run(
     rng = random.Random(seed)
     topic = f"{kind}-{i}"
     topics = [topic, f"{topic}-b"]
+    output = f"{topic}-out"
     tid = f"txn-{topic}"
-    for t in topics:
+    for t in [*topics, output]:
         create_topic(c, t, DISKFULL_TOPIC if kind == "diskfull" else None)
-    for t in topics:
+    for t in [*topics, output]:
         c.wait_isr(t, 3)
     part = rng.randrange(3)
     r = Run(kind, i, seed, -1, round(rng.uniform(0.5, 6.0), 2), workload="txn")
@@ -843,6 +1032,7 @@ def one_txn_run(
     t0 = time.monotonic()
     w = TxnWorkload(c.bootstrap, topics, 3, tid, rng.randrange(1 << 30), topic)
     w.start()
+    eos = EosLeg(c.bootstrap, topics, output, 3, topic).start()
     hits0 = 0
     try:
         w.wait_growth(TXN_GROWTH, 90)
@@ -886,13 +1076,20 @@ def one_txn_run(
     c.wait_ready(brokers=[r.victim] if r.victim > 0 else None)
     tps = [(t, p) for t in topics for p in range(3)]
     _ends, r.hanging = stable_ends(c.bootstrap, tps, HANGING_BOUND_S)
+    try:
+        eos.drain({tp: lso for tp, (lso, _hw) in _ends.items()}, 120)
+    except AssertionError as e:
+        r.stalled = r.stalled or str(e)
     committed, short_c = read_back(c.bootstrap, tps, "read_committed")
     uncommitted, short_u = read_back(c.bootstrap, tps, "read_uncommitted")
-    if short_c or short_u:
+    outputs, short_o = read_back(c.bootstrap, [(output, p) for p in range(3)], "read_committed")
+    if short_c or short_u or short_o:
         r.stalled = r.stalled or (
             f"read back short of the end: {short_c} partitions read_committed, "
-            f"{short_u} read_uncommitted"
+            f"{short_u} read_uncommitted, {short_o} of the output"
         )
+    eos_history(committed, outputs, r)
+    r.eos_txns, r.eos_restarts, r.eos_errors = eos.txns, eos.restarts, dict(eos.errors)
     with w._lock:
         txns = list(w.txns)
     txn_history(txns, committed, uncommitted, r)
@@ -932,6 +1129,8 @@ def txn_line(r: Run) -> str:
         f"({r.victim_role}) txns={r.committed_txns}/{r.aborted_txns}/{r.unknown_txns} "
         f"aborted_reads={r.aborted_reads} partial={r.partial} strays={r.strays} "
         f"hanging={r.hanging} aborted_written={r.aborted_written} producers={r.producers} "
+        f"eos={r.eos_in}->{r.eos_out} lost={r.eos_lost} dup={r.eos_duplicated} "
+        f"strays={r.eos_strays} restarts={r.eos_restarts} "
     )
 
 
@@ -1009,6 +1208,10 @@ TXN_COUNTERS = (
     "strays",
     "hanging",
     "aborted_written",
+    "eos_in",
+    "eos_lost",
+    "eos_duplicated",
+    "eos_strays",
 )
 
 
@@ -1036,9 +1239,9 @@ def table(rows: list[dict[str, Any]]) -> str:
             "| fault (txn) | runs | txns | committed / aborted / unknown (read whole) | "
             "committed values | aborted values written | aborted reads | lost | "
             "duplicated | partial | moved | out of order | strays | hanging | divergent "
-            "offsets | replicas differ | stalled |"
+            "offsets | replicas differ | stalled | EOS inputs | EOS lost / dup / strays |"
         )
-        out.append("|---|" + "---:|" * 16)
+        out.append("|---|" + "---:|" * 18)
         for r in txn:
             out.append(
                 f"| {r['kind']} | {r['runs']} | {r['txns']} | {r['committed_txns']} / "
@@ -1047,7 +1250,8 @@ def table(rows: list[dict[str, Any]]) -> str:
                 f"{r['lost']} | {r['duplicated']} | {r['partial']} | {r['moved']} | "
                 f"{r['out_of_order']} | {r['strays']} | {r['hanging']} | "
                 f"{r['divergent_offsets']} | {r['replicas_not_identical']} | "
-                f"{r['stalled']} |"
+                f"{r['stalled']} | {r['eos_in']} | {r['eos_lost']} / "
+                f"{r['eos_duplicated']} / {r['eos_strays']} |"
             )
     return "\n".join(out)
 

@@ -4,7 +4,7 @@ histories with each anomaly put in: the harness runs for an hour over real proce
 
 from __future__ import annotations
 
-from bench.fault_runs import Rec, Run, Txn, summarize, table, txn_history
+from bench.fault_runs import Rec, Run, Txn, eos_history, summarize, table, txn_history
 
 T = "kill9-0"
 
@@ -104,3 +104,20 @@ def test_hanging_and_the_summary() -> None:
     [row] = summarize([good, bad])
     assert row["bad_runs"] == [3] and row["hanging"] == 2 and row["txns"] == 8
     assert row["workload"] == "txn" and "| kill9 | 2 | 8 | 4 / 2 / 2 (0) |" in table([row])
+
+
+def test_the_exactly_once_leg_check() -> None:
+    inputs: list[Rec] = [(T, 0, 0, b"a"), (T, 1, 0, b"b"), (T, 1, 1, b"c")]
+    out = [(f"{T}-out", p, o, b"out:" + v) for _t, p, o, v in inputs]
+
+    def eos(outputs: list[Rec]) -> Run:
+        r = Run("kill9", 0, 1, 1, 1.0, workload="txn")
+        eos_history(inputs, outputs, r)
+        return r
+
+    r = eos(out)
+    assert r.ok() and (r.eos_in, r.eos_out) == (3, 3)
+    assert (eos(out[1:]).eos_lost, eos(out[1:]).ok()) == (1, False)
+    assert (eos([*out, out[0]]).eos_duplicated, eos([*out, out[0]]).ok()) == (1, False)
+    aborted_input = (f"{T}-out", 0, 9, b"out:aborted")
+    assert (eos([*out, aborted_input]).eos_strays, eos([*out, aborted_input]).ok()) == (1, False)

@@ -71,8 +71,8 @@ third topic, the consumer's positions committed in each transaction
 (send_offsets_to_transaction), restarted from the committed offsets on an error; once
 it committed the inputs' ends, every committed input value must be in the output
 exactly once (`eos_lost`, `eos_duplicated`) and nothing else (`eos_strays`: an aborted
-input processed). The file checks cover the three topics (control batches included). A bad run's whole history is written to
-<work>/<kind>/histories/<topic>.json.
+input processed). The file checks cover the three topics (control batches included).
+A bad run's whole history is written to <work>/<kind>/histories/<topic>.json.
 
     python -m bench.fault_runs --workload txn --kinds kill9 --runs 100 --seed 1 \
         --json bench/results-faults-txn.json
@@ -92,6 +92,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -188,6 +189,7 @@ class Run:
     eos_txns: int = 0
     eos_restarts: int = 0
     eos_errors: dict = field(default_factory=dict)
+    eos_stuck: list = field(default_factory=list)  # librdkafka calls hung (EosLeg._watch)
 
     def ok(self) -> bool:
         return (
@@ -826,6 +828,13 @@ def txn_history(
         r.aborted_written = len({v for *_, v in uncommitted} & aborted)
 
 
+class _Abandoned(Exception):
+    """This generation of the exactly-once leg was replaced while it was blocked."""
+
+
+EOS_STUCK_S = 45.0  # a librdkafka call this long past a 30 s timeout is hung
+
+
 class EosLeg:
     """Consume-transform-produce, exactly once (KIP-98/447): a read_committed consumer of
     the input topics (assigned, group `group` for the offsets) and a transactional
@@ -833,7 +842,13 @@ class EosLeg:
     the consumer's positions in the same transaction (send_offsets_to_transaction). On
     an abortable error: abort, and seek back to the committed offsets; on a fatal one: a
     new producer (fencing the old) and a new consumer from the committed offsets. Runs
-    until drain() finds its committed offsets at the inputs' ends."""
+    until drain() finds its committed offsets at the inputs' ends.
+
+    A librdkafka call can block for good past its timeout (send_offsets_to_transaction
+    while the group coordinator is away: librdkafka issues 5456 and 5511); drain() then
+    records where (`stuck`: the call, the thread's stack) and starts a new generation of
+    clients, whose init_transactions fences the blocked producer (its transaction is
+    aborted), as a restarted application would."""
 
     def __init__(
         self, bootstrap: str, inputs: list[str], output: str, partitions: int, name: str
@@ -846,17 +861,37 @@ class EosLeg:
         self.errors: Counter = Counter()
         self.txns = 0  # committed
         self.restarts = 0  # fatal errors: new producer and consumer
+        self.stuck: list[dict[str, Any]] = []
         self.failure: str | None = None
         self.ends: dict[tuple[str, int], int] | None = None  # set by drain()
         self.done = threading.Event()
         self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.gen = 0
+        self.call: tuple[int, str, float] | None = None  # (generation, call, since)
+        self.thread = self._spawn()
+
+    def _spawn(self) -> threading.Thread:
+        self.gen += 1
+        return threading.Thread(target=self._run, args=(self.gen,), daemon=True)
 
     def start(self) -> EosLeg:
         self.thread.start()
         return self
 
-    def _clients(self) -> tuple[Consumer, Producer]:
+    def _call(self, gen: int, what: str, fn: Any, *args: Any) -> Any:
+        """A blocking librdkafka call, watched by drain(); a replaced generation stops."""
+        if gen != self.gen:
+            raise _Abandoned
+        self.call = (gen, what, time.monotonic())
+        try:
+            return fn(*args)
+        finally:
+            if gen == self.gen:
+                self.call = None
+            else:
+                raise _Abandoned
+
+    def _clients(self, gen: int) -> tuple[Consumer, Producer]:
         c = Consumer(
             {
                 "bootstrap.servers": self.bootstrap,
@@ -881,23 +916,24 @@ class EosLeg:
         deadline = time.monotonic() + 120
         while True:
             try:
-                p.init_transactions(30)  # first: ends the fenced producer's transaction
+                # first: ends the fenced producer's transaction
+                self._call(gen, "init_transactions", p.init_transactions, 30)
                 break
             except KafkaException as e:
                 err = e.args[0]
                 self.errors[f"init:{err.name()}"] += 1
                 if not err.retriable() or time.monotonic() > deadline:
                     raise
-        c.assign(self._committed(c))
+        c.assign(self._committed(gen, c))
         return c, p
 
-    def _committed(self, c: Consumer) -> list[TopicPartition]:
+    def _committed(self, gen: int, c: Consumer) -> list[TopicPartition]:
         """The group's committed offsets (stable ones: read_committed asks with
         require_stable, KIP-447), retried while the coordinator moves."""
         deadline = time.monotonic() + 120
         while True:
             try:
-                got = c.committed(self.tps, timeout=10)
+                got = self._call(gen, "committed", c.committed, self.tps, 10)
                 return [
                     TopicPartition(tp.topic, tp.partition, tp.offset)
                     if tp.offset >= 0
@@ -909,28 +945,33 @@ class EosLeg:
                 if time.monotonic() > deadline:
                     raise
 
-    def _run(self) -> None:
+    def _run(self, gen: int) -> None:
         try:
-            c, p = self._clients()
-            while not self._stop.is_set():
+            c, p = self._clients(gen)
+            while not self._stop.is_set() and gen == self.gen:
                 msgs = [m for m in c.consume(100, 0.2) if not m.error()]
                 if not msgs:
-                    if self.ends is not None and self._at_ends(c):
+                    if self.ends is not None and self._at_ends(gen, c):
                         self.done.set()
                         return
                     continue
-                c, p = self._one(c, p, msgs)
+                c, p = self._one(gen, c, p, msgs)
+        except _Abandoned:
+            return  # a newer generation runs (its producer fenced this one)
         except Exception as e:  # recorded: the run is stalled
-            self.failure = f"{type(e).__name__}: {e}"
-        finally:
+            if gen == self.gen:
+                self.failure = f"{type(e).__name__}: {e}"
+        if gen == self.gen:
             self.done.set()
 
-    def _at_ends(self, c: Consumer) -> bool:
+    def _at_ends(self, gen: int, c: Consumer) -> bool:
         assert self.ends is not None
-        got = self._committed(c)
+        got = self._committed(gen, c)
         return all(tp.offset >= self.ends[(tp.topic, tp.partition)] for tp in got)
 
-    def _one(self, c: Consumer, p: Producer, msgs: list[Any]) -> tuple[Consumer, Producer]:
+    def _one(
+        self, gen: int, c: Consumer, p: Producer, msgs: list[Any]
+    ) -> tuple[Consumer, Producer]:
         try:
             p.begin_transaction()
             for m in msgs:
@@ -940,13 +981,18 @@ class EosLeg:
                         break
                     except BufferError:
                         p.poll(0.05)
-            p.send_offsets_to_transaction(
-                c.position(c.assignment()), c.consumer_group_metadata(), 30
+            self._call(
+                gen,
+                "send_offsets_to_transaction",
+                p.send_offsets_to_transaction,
+                c.position(c.assignment()),
+                c.consumer_group_metadata(),
+                30,
             )
             deadline = time.monotonic() + 90
             while True:
                 try:
-                    p.commit_transaction(30)
+                    self._call(gen, "commit_transaction", p.commit_transaction, 30)
                     self.txns += 1
                     return c, p
                 except KafkaException as e:
@@ -960,8 +1006,8 @@ class EosLeg:
             self.errors[f"txn:{err.name()}"] += 1
             if err.txn_requires_abort():
                 try:
-                    p.abort_transaction(30)
-                    for tp in self._committed(c):  # back to what the group committed
+                    self._call(gen, "abort_transaction", p.abort_transaction, 30)
+                    for tp in self._committed(gen, c):  # back to what the group committed
                         c.seek(tp)
                     return c, p
                 except KafkaException as e2:
@@ -970,13 +1016,35 @@ class EosLeg:
             self.restarts += 1
             c.close()
             del p
-            return self._clients()
+            return self._clients(gen)
+
+    def _watch(self) -> None:
+        """A call blocked EOS_STUCK_S: record it, start the next generation."""
+        call = self.call
+        if call is None or time.monotonic() - call[2] < EOS_STUCK_S:
+            return
+        gen, what, since = call
+        frame = sys._current_frames().get(self.thread.ident or -1)
+        self.stuck.append(
+            {
+                "call": what,
+                "generation": gen,
+                "blocked_s": round(time.monotonic() - since, 1),
+                "stack": traceback.format_stack(frame)[-3:] if frame else None,
+            }
+        )
+        self.call = None
+        self.thread = self._spawn()
+        self.thread.start()
 
     def drain(self, ends: dict[tuple[str, int], int], timeout: float) -> None:
         """Run on until the group's committed offsets reach `ends` (the inputs' LSOs,
         once the input producer stopped), or fail after `timeout`."""
         self.ends = ends
-        finished = self.done.wait(timeout)
+        deadline = time.monotonic() + timeout
+        while not self.done.wait(1) and time.monotonic() < deadline:
+            self._watch()
+        finished = self.done.is_set()
         self._stop.set()
         self.thread.join(30)
         if self.failure:
@@ -1077,7 +1145,7 @@ def one_txn_run(
     tps = [(t, p) for t in topics for p in range(3)]
     _ends, r.hanging = stable_ends(c.bootstrap, tps, HANGING_BOUND_S)
     try:
-        eos.drain({tp: lso for tp, (lso, _hw) in _ends.items()}, 120)
+        eos.drain({tp: lso for tp, (lso, _hw) in _ends.items()}, 180)
     except AssertionError as e:
         r.stalled = r.stalled or str(e)
     committed, short_c = read_back(c.bootstrap, tps, "read_committed")
@@ -1090,6 +1158,7 @@ def one_txn_run(
         )
     eos_history(committed, outputs, r)
     r.eos_txns, r.eos_restarts, r.eos_errors = eos.txns, eos.restarts, dict(eos.errors)
+    r.eos_stuck = eos.stuck
     with w._lock:
         txns = list(w.txns)
     txn_history(txns, committed, uncommitted, r)
@@ -1125,12 +1194,14 @@ def one_txn_run(
 
 
 def txn_line(r: Run) -> str:
+    stuck = [x["call"] for x in r.eos_stuck]
     return (
         f"({r.victim_role}) txns={r.committed_txns}/{r.aborted_txns}/{r.unknown_txns} "
         f"aborted_reads={r.aborted_reads} partial={r.partial} strays={r.strays} "
         f"hanging={r.hanging} aborted_written={r.aborted_written} producers={r.producers} "
         f"eos={r.eos_in}->{r.eos_out} lost={r.eos_lost} dup={r.eos_duplicated} "
         f"strays={r.eos_strays} restarts={r.eos_restarts} "
+        f"{f'eos_stuck={stuck} ' if stuck else ''}"
     )
 
 
@@ -1261,6 +1332,10 @@ def write_json(path: str, runs: list[Run]) -> None:
     Path(path).write_text(json.dumps(data, indent=1))
 
 
+def _stop_runs(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kinds", default=",".join(KINDS))
@@ -1276,6 +1351,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", help="default /tmp/straitmq-fault-runs[-txn]")
     ap.add_argument("--json", help="write every run and the summary here")
     args = ap.parse_args(argv)
+    # SIGTERM (and SIGINT, ignored in a background job) stop the runs through the
+    # `finally`s: the clusters stopped, the namespaces and disks removed.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _stop_runs)
     kinds = [k for k in args.kinds.split(",") if k]
     if unknown := set(kinds) - set(KINDS):
         ap.error(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(KINDS)}")

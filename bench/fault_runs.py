@@ -190,6 +190,7 @@ class Run:
     eos_restarts: int = 0
     eos_errors: dict = field(default_factory=dict)
     eos_stuck: list = field(default_factory=list)  # librdkafka calls hung (EosLeg._watch)
+    eos_offset_only_txns: int = 0  # positions past markers committed alone (EosLeg._idle)
 
     def ok(self) -> bool:
         return (
@@ -862,6 +863,8 @@ class EosLeg:
         self.txns = 0  # committed
         self.restarts = 0  # fatal errors: new producer and consumer
         self.stuck: list[dict[str, Any]] = []
+        self.offset_only_txns = 0
+        self.last_seen: dict[str, tuple[int, int | None]] = {}  # committed, position
         self.failure: str | None = None
         self.ends: dict[tuple[str, int], int] | None = None  # set by drain()
         self.done = threading.Event()
@@ -951,9 +954,11 @@ class EosLeg:
             while not self._stop.is_set() and gen == self.gen:
                 msgs = [m for m in c.consume(100, 0.2) if not m.error()]
                 if not msgs:
-                    if self.ends is not None and self._at_ends(gen, c):
-                        self.done.set()
-                        return
+                    if self.ends is not None:
+                        c, p, done = self._idle(gen, c, p)
+                        if done:
+                            self.done.set()
+                            return
                     continue
                 c, p = self._one(gen, c, p, msgs)
         except _Abandoned:
@@ -964,10 +969,25 @@ class EosLeg:
         if gen == self.gen:
             self.done.set()
 
-    def _at_ends(self, gen: int, c: Consumer) -> bool:
+    def _idle(self, gen: int, c: Consumer, p: Producer) -> tuple[Consumer, Producer, bool]:
+        """Nothing to process, and drain() gave the inputs' ends: done once the
+        committed offsets reach them. A position past the committed offset with nothing
+        to process (the consumer read only markers or aborted records since its last
+        transaction) is committed by a transaction of offsets alone, as Kafka Streams
+        commits its positions."""
         assert self.ends is not None
-        got = self._committed(gen, c)
-        return all(tp.offset >= self.ends[(tp.topic, tp.partition)] for tp in got)
+        committed = self._committed(gen, c)
+        pos = {(tp.topic, tp.partition): tp.offset for tp in c.position(c.assignment())}
+        self.last_seen = {
+            f"{tp.topic}:{tp.partition}": (tp.offset, pos.get((tp.topic, tp.partition)))
+            for tp in committed
+        }
+        if all(tp.offset >= self.ends[(tp.topic, tp.partition)] for tp in committed):
+            return c, p, True
+        if any(pos.get((tp.topic, tp.partition), -1) > tp.offset for tp in committed):
+            c, p = self._one(gen, c, p, [])
+            self.offset_only_txns += 1
+        return c, p, False
 
     def _one(
         self, gen: int, c: Consumer, p: Producer, msgs: list[Any]
@@ -1050,7 +1070,10 @@ class EosLeg:
         if self.failure:
             raise AssertionError(f"the exactly-once leg stopped: {self.failure}")
         if not finished:
-            raise AssertionError(f"the exactly-once leg not at the inputs' ends in {timeout}s")
+            raise AssertionError(
+                f"the exactly-once leg not at the inputs' ends in {timeout}s: "
+                f"(committed, position) {self.last_seen}, ends {self.ends}"
+            )
 
 
 def eos_history(inputs: list[Rec], outputs: list[Rec], r: Run) -> None:
@@ -1158,7 +1181,7 @@ def one_txn_run(
         )
     eos_history(committed, outputs, r)
     r.eos_txns, r.eos_restarts, r.eos_errors = eos.txns, eos.restarts, dict(eos.errors)
-    r.eos_stuck = eos.stuck
+    r.eos_stuck, r.eos_offset_only_txns = eos.stuck, eos.offset_only_txns
     with w._lock:
         txns = list(w.txns)
     txn_history(txns, committed, uncommitted, r)

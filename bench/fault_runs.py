@@ -605,6 +605,15 @@ class TxnWorkload:
                 return self._abort(p, t, "aborted")
             committing = True
             return self._commit(p, t)
+        except SystemError as e:
+            # confluent-kafka 2.16 on a fenced producer: flush() "returned NULL without
+            # setting an exception", or a delivery callback run with an error pending.
+            # The producer is unusable: handled as a fatal error.
+            self.errors["txn:SystemError"] += 1
+            t.error = f"SystemError: {e}"
+            if t.outcome == "open":
+                t.outcome = "unknown" if committing else "aborted"
+            return self._replace(p)
         except KafkaException as e:
             err = e.args[0]
             self.errors[f"txn:{err.name()}"] += 1
@@ -622,7 +631,8 @@ class TxnWorkload:
             if err is None:
                 t.offsets[msg.value()] = (msg.topic(), msg.partition(), msg.offset())
             else:
-                self.errors[f"delivery:{err.name()}"] += 1
+                key = f"delivery:{err.name()}"
+                self.errors[key] = self.errors.get(key, 0) + 1
 
         while True:
             try:
@@ -1021,6 +1031,12 @@ class EosLeg:
                         self.errors[f"commit:{err.name()}"] += 1
                         continue
                     raise
+        except SystemError:  # as in TxnWorkload._one: the producer is unusable
+            self.errors["txn:SystemError"] += 1
+            self.restarts += 1
+            c.close()
+            del p
+            return self._clients(gen)
         except KafkaException as e:
             err = e.args[0]
             self.errors[f"txn:{err.name()}"] += 1

@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Producer
 from cryptography import x509
 from straitmq.broker import __main__ as broker_main
 from straitmq.broker.config import BrokerConfig
@@ -541,6 +542,11 @@ def test_user_secret_values() -> None:
     annotated = body()
     annotated["metadata"]["annotations"] = {n.BOOTSTRAP_ANNOTATION: "127.0.0.1:1"}
     assert user.bootstrap_servers(annotated, spec) == "127.0.0.1:1"
+    # The client settings every User Secret carries are properties librdkafka takes as
+    # they are (a misspelt name or a bad value raises here); a connect that gets no
+    # answer is given up well within the issue's 5 s (kube-proxy's race, user.py).
+    Producer({"bootstrap.servers": "127.0.0.1:1", **user.CLIENT_SETTINGS}).flush(0)
+    assert int(user.CLIENT_SETTINGS["socket.connection.setup.timeout.ms"]) < 5000
 
 
 # ------------------------------------------------------------- external listeners (issue 27)

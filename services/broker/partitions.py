@@ -159,12 +159,24 @@ class Partition(ReplicaCore):
             self._wake()
 
     def on_follower_fetch(  # type: ignore[override]
-        self, replica: int, fetch_offset: int, session: Any = None, log_start: int = -1
+        self,
+        replica: int,
+        fetch_offset: int,
+        session: Any = None,
+        log_start: int = -1,
+        incarnation: str | None = None,
     ) -> bool:
         """Record a follower's fetch (see ReplicaCore.on_follower_fetch). False if this
         leader does not know the replica (yet): nothing was recorded."""
         known, start_moved = ReplicaCore.on_follower_fetch(
-            self, replica, fetch_offset, self.log.log_end_offset, _now(), session, log_start
+            self,
+            replica,
+            fetch_offset,
+            self.log.log_end_offset,
+            _now(),
+            session,
+            log_start,
+            incarnation,
         )
         if not known:
             return False
@@ -177,10 +189,15 @@ class Partition(ReplicaCore):
         return ReplicaCore.caught_up_at(self, f, self.log.log_end_offset if leo is None else leo)
 
     def isr_change(  # type: ignore[override]
-        self, lag_max_s: float, alive: Callable[[int], bool]
+        self,
+        lag_max_s: float,
+        alive: Callable[[int], bool],
+        incarnation: Callable[[int], str | None] | None = None,
     ) -> list[int] | None:
         """The ISR this leader should propose now, or None."""
-        return ReplicaCore.isr_change(self, _now(), self.log.log_end_offset, lag_max_s, alive)
+        return ReplicaCore.isr_change(
+            self, _now(), self.log.log_end_offset, lag_max_s, alive, incarnation
+        )
 
     async def wait_for_hw(self, offset: int, within_s: float) -> bool:
         """True once the high watermark reaches `offset`; False on timeout or if this

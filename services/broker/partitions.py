@@ -17,7 +17,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from straitmq.metadata.image import MetadataImage, PartitionImage, TopicImage
@@ -288,6 +288,10 @@ class PartitionManager:
         # (no descriptors, no disk): requests for them get KAFKA_STORAGE_ERROR with this
         # reason, and every sync tries again.
         self.unavailable: dict[tuple[str, int], str] = {}
+        # Partitions this broker leads whose appends fail (a full disk): reported to the
+        # controller with `unavailable`, which leads them from another in-sync replica,
+        # as Kafka does once a log directory fails. Forgotten once not leading.
+        self.write_failed: set[tuple[str, int]] = set()
         # Every segment file of every log, open or not, under one bound.
         self.handles = FileHandles(max_open_files)
         # Called with (partition, role) when a replica becomes leader or follower, and
@@ -458,6 +462,9 @@ class PartitionManager:
                 part.log.config = cfg
             try:
                 role = part.update(p, min_isr)
+                if role == FOLLOWER and part.write_error is not None:
+                    part.write_error = None  # a follower's appends report nothing
+                    self.write_failed.discard((name, i))
                 if role:
                     for cb in self.role_listeners:
                         cb(part, role)
@@ -593,6 +600,7 @@ class PartitionManager:
         part.fail_hw_waiters()
         part._wake()
         del self.partitions[(part.topic, part.index)]
+        self.write_failed.discard((part.topic, part.index))
         indexes = self._by_topic.get(part.topic)
         if indexes is not None:
             indexes.discard(part.index)
@@ -649,6 +657,12 @@ class PartitionManager:
     def storage_error(self, topic: str, index: int) -> str | None:
         """Why this broker cannot serve a replica the image gives it, or None."""
         return self.unavailable.get((topic, index))
+
+    def offline(self) -> Iterator[tuple[str, int]]:
+        """What the controller should lead elsewhere: replicas whose log cannot be
+        opened, then those this broker leads whose appends fail."""
+        yield from self.unavailable
+        yield from self.write_failed
 
     async def apply_retention(self) -> int:
         """Delete the segments beyond retention of every partition this broker leads, at

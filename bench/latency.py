@@ -56,7 +56,8 @@ from straitmq.cli.local_cluster import LocalCluster, free_port
 
 from bench.failover import KafkaTarget
 from bench.javatools import END_TO_END_LATENCY, PERF_JVM_ARGS, PRODUCER_PERF, REPO_ROOT, java_cmd
-from bench.kafka_ref import KafkaRef, stop_process, wait_for_broker
+from bench.kafka_ref import KafkaRef
+from bench.strait_ref import StraitRef
 from bench.throughput import parse_producer_perf, process_cpu_s
 
 HOST = "127.0.0.1"
@@ -140,42 +141,18 @@ class StraitNode(System):
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
     ) -> None:
-        self.name, self.python, self.workdir = name, python, workdir
-        self.extra_args, self.env = extra_args, env
-        self.port = free_port()
-        self.bootstrap = f"{HOST}:{self.port}"
-        self.proc: subprocess.Popen | None = None
+        self.name, self.workdir = name, workdir
+        self.ref = StraitRef(workdir, python=python, broker_args=extra_args, env=env)
+        self.bootstrap = self.ref.bootstrap
 
     def start(self) -> None:
-        self.log = open(self.workdir / "broker.log", "ab")
-        self.proc = subprocess.Popen(
-            [
-                self.python,
-                "-m",
-                "straitmq.broker",
-                "--data-dir",
-                str(self.workdir / "data"),
-                "--listen",
-                self.bootstrap,
-                "--http",
-                f"{HOST}:{free_port()}",
-                "--log-level",
-                "warning",
-                *self.extra_args,
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            cwd=self.workdir,
-            env=None if self.env is None else {**os.environ, **self.env},
-        )
-        wait_for_broker(HOST, self.port, timeout=90, proc=self.proc)
+        self.ref.start(timeout=90)
 
     def stop(self) -> None:
-        stop_process(self.proc)
-        self.log.close()
+        self.ref.stop()
 
     def broker_pids(self) -> list[int]:
-        return [self.proc.pid] if self.proc is not None else []
+        return self.ref.pids()
 
 
 class StraitCluster(System):

@@ -688,6 +688,23 @@ def test_external_listeners_render_per_broker_services_ingresses_and_listener_ar
     assert BrokerConfig().shutdown_readiness_probes == 0  # off outside Kubernetes
 
 
+def _pod_args(container: dict, files: dict[str, str], tmp_path: Path) -> list[str]:
+    """Broker 0's command line as its pod runs it: the pod's properties files written
+    where the args name them, `$(VAR)` from the pod's environment, and the node id the
+    pod's host name (demo-broker-0) gives."""
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    env = {"POD_NAME": "demo-broker-0", "POD_NAMESPACE": "prod", "STRAIT_CLUSTER_ID": "x"}
+    env["STRAIT_CONTROLLER_VOTERS"] = "1000@c:9093"
+    args = [
+        re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], x).replace(
+            n.ADVERTISED_DIR, str(tmp_path)
+        )
+        for x in container["args"]
+    ]
+    return [x if x != "--node-id=auto" else "--node-id=0" for x in args]
+
+
 def test_the_broker_takes_the_rendered_listeners_and_its_pods_file(tmp_path: Path) -> None:
     lb = {
         "name": "lb",
@@ -700,18 +717,7 @@ def test_the_broker_takes_the_rendered_listeners_and_its_pods_file(tmp_path: Pat
     stored["demo-lb-0"]["status"] = {"loadBalancer": {"ingress": [{"ip": "198.51.100.7"}]}}
     a = listeners.resolve(s, 1, stored, {})
     (c,) = render.broker_statefulset(s, 1)["spec"]["template"]["spec"]["containers"]
-    for name, text in listeners.advertised_properties(s, 1, a).items():
-        (tmp_path / name).write_text(text)
-    env = {"POD_NAME": "demo-broker-0", "POD_NAMESPACE": "prod", "STRAIT_CLUSTER_ID": "x"}
-    env["STRAIT_CONTROLLER_VOTERS"] = "1000@c:9093"
-    args = [
-        re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], x).replace(
-            n.ADVERTISED_DIR, str(tmp_path)
-        )
-        for x in c["args"]
-    ]
-    # As in the pod, where the host name is the pod's (demo-broker-0) and gives the id.
-    cfg = broker_main.parse_args([x if x != "--node-id=auto" else "--node-id=0" for x in args])
+    cfg = broker_main.parse_args(_pod_args(c, listeners.advertised_properties(s, 1, a), tmp_path))
     specs = {x.name: x for x in resolve_listeners(cfg)}
     assert list(specs) == ["REPLICATION", "PLAINTEXT", "EXT_LB"]  # the inter-broker one first
     assert specs["EXT_LB"].protocol == "SASL_PLAINTEXT" and specs["EXT_LB"].port == 9095
@@ -742,17 +748,7 @@ def test_a_nodeport_broker_advertises_its_own_nodes_address_from_its_first_start
     assert {"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}} in c[
         "env"
     ]
-    for name, text in listeners.advertised_properties(s, 1, a).items():
-        (tmp_path / name).write_text(text)
-    env = {"POD_NAME": "demo-broker-0", "POD_NAMESPACE": "prod", "STRAIT_CLUSTER_ID": "x"}
-    env["STRAIT_CONTROLLER_VOTERS"] = "1000@c:9093"
-    args = [
-        re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], x).replace(
-            n.ADVERTISED_DIR, str(tmp_path)
-        )
-        for x in c["args"]
-    ]
-    args = [x if x != "--node-id=auto" else "--node-id=0" for x in args]
+    args = _pod_args(c, listeners.advertised_properties(s, 1, a), tmp_path)
     monkeypatch.setenv("HOST_IP", "192.0.2.10")  # as the kubelet sets it
     specs = {x.name: x for x in resolve_listeners(broker_main.parse_args(args))}
     assert (specs["EXT_EXT"].advertised_host, specs["EXT_EXT"].advertised_port) == (

@@ -69,7 +69,6 @@ import random
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -94,7 +93,8 @@ from confluent_kafka.admin import (
 from straitmq.cli.local_cluster import free_port
 
 from bench.javatools import PRODUCER_PERF, REPO_ROOT
-from bench.kafka_ref import KafkaRef, stop_process, wait_for_broker
+from bench.kafka_ref import KafkaRef
+from bench.strait_ref import StraitRef
 from bench.throughput import PhaseError, parse_producer_perf, run_tool
 
 MB = 1024 * 1024
@@ -193,39 +193,22 @@ class Strait(System):
         self.http = free_port()
 
     def start(self) -> None:
-        self.out = open(self.workdir / "broker.log", "ab")
-        env = {**os.environ, "STRAITMQ_CLEANER_EXECUTOR": self.executor}
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                *self.interpreter_args,
-                "-m",
-                "straitmq.broker",
-                "--data-dir",
-                str(self.workdir / "data"),
-                "--listen",
-                self.bootstrap,
-                "--http",
-                f"{HOST}:{self.http}",
-                "--log-cleaner-backoff-ms",
-                str(BACKOFF_MS),
-                "--log-level",
-                "warning",
-            ],
-            stdout=self.out,
-            stderr=subprocess.STDOUT,
-            cwd=REPO_ROOT,
-            env=env,
+        self.ref = StraitRef(
+            self.workdir,
+            port=self.port,
+            http_port=self.http,
+            interpreter_args=self.interpreter_args,
+            broker_args=["--log-cleaner-backoff-ms", str(BACKOFF_MS)],
+            env={"STRAITMQ_CLEANER_EXECUTOR": self.executor},
         )
-        wait_for_broker(HOST, self.port, timeout=60, proc=self.proc)
+        self.ref.start()
 
     def stop(self) -> None:
-        stop_process(getattr(self, "proc", None))
-        if getattr(self, "out", None) is not None:
-            self.out.close()
+        if getattr(self, "ref", None) is not None:
+            self.ref.stop()
 
     def pid(self) -> int:
-        return self.proc.pid
+        return self.ref.pid()
 
     def log_dir(self, topic: str) -> Path:
         return self.workdir / "data" / "logs" / f"{topic}-0"

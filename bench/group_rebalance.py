@@ -102,14 +102,13 @@ from confluent_kafka.admin import (
     NewTopic,
     ResourceType,
 )
-from straitmq.cli.local_cluster import free_port
 
 from bench.javatools import KAFKA41_TOOLS, REPO_ROOT, classpath, ensure_jars, java_cmd
-from bench.kafka_ref import KafkaRef, stop_process, wait_for_broker
+from bench.kafka_ref import KafkaRef
+from bench.strait_ref import StraitRef
 from bench.throughput import process_cpu_s as cpu_s
 from bench.throughput import send_all
 
-HOST = "127.0.0.1"
 MODES = {
     "eager": {"group.protocol": "classic", "partition.assignment.strategy": "range"},
     "cooperative": {
@@ -131,39 +130,17 @@ class Strait:
     name = "straitmq"
 
     def __init__(self, workdir: Path):
-        self.workdir = workdir
-        self.port = free_port()
-        self.bootstrap = f"{HOST}:{self.port}"
+        self.ref = StraitRef(workdir)
+        self.bootstrap = self.ref.bootstrap
 
     def start(self) -> None:
-        self.log = open(self.workdir / "broker.log", "ab")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "straitmq.broker",
-                "--data-dir",
-                str(self.workdir / "data"),
-                "--listen",
-                self.bootstrap,
-                "--http",
-                f"{HOST}:{free_port()}",
-                "--log-level",
-                "warning",
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO_ROOT,
-        )
-        wait_for_broker(HOST, self.port, timeout=60, proc=self.proc)
+        self.ref.start()
 
     def pid(self) -> int:
-        return self.proc.pid
+        return self.ref.pid()
 
     def stop(self) -> None:
-        stop_process(getattr(self, "proc", None))
-        if getattr(self, "log", None) is not None:
-            self.log.close()
+        self.ref.stop()
 
 
 class Kafka:

@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -56,10 +57,12 @@ from straitmq.cli.local_cluster import LocalCluster, free_port
 
 from bench.failover import KafkaTarget
 from bench.javatools import END_TO_END_LATENCY, PERF_JVM_ARGS, PRODUCER_PERF, REPO_ROOT, java_cmd
-from bench.kafka_ref import KafkaRef, stop_process, wait_for_broker
+from bench.kafka_ref import KafkaRef
+from bench.strait_ref import StraitRef
 from bench.throughput import parse_producer_perf, process_cpu_s
 
 HOST = "127.0.0.1"
+PRODUCE_BUCKET = 'straitmq_broker_request_duration_seconds_bucket{kafka_api_name="Produce",'
 STALLWATCH_DIR = REPO_ROOT / "bench" / "stallwatch"
 # EndToEndLatency's summary lines (Kafka 4.1, tools/EndToEndLatency.java).
 E2E_AVG = re.compile(r"Avg latency: ([\d.]+) ms")
@@ -104,6 +107,20 @@ class System(ABC):
     @abstractmethod
     def broker_pids(self) -> list[int]: ...
 
+    def http_bases(self) -> list[str]:
+        """The brokers' HTTP APIs (StraitMQ's: their Produce time histograms); none for
+        Kafka."""
+        return []
+
+    def produce_buckets(self) -> dict[float, float]:
+        """The brokers' Produce handling times so far, summed: cumulative count per
+        bucket bound in seconds (straitmq.broker.request.duration)."""
+        total: dict[float, float] = {}
+        for base in self.http_bases():
+            for le, n in produce_buckets(base).items():
+                total[le] = total.get(le, 0.0) + n
+        return total
+
     def cpu_s(self) -> float:
         total = 0.0
         for pid in self.broker_pids():
@@ -140,42 +157,21 @@ class StraitNode(System):
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
     ) -> None:
-        self.name, self.python, self.workdir = name, python, workdir
-        self.extra_args, self.env = extra_args, env
-        self.port = free_port()
-        self.bootstrap = f"{HOST}:{self.port}"
-        self.proc: subprocess.Popen | None = None
+        self.name, self.workdir = name, workdir
+        self.ref = StraitRef(workdir, python=python, broker_args=extra_args, env=env)
+        self.bootstrap = self.ref.bootstrap
 
     def start(self) -> None:
-        self.log = open(self.workdir / "broker.log", "ab")
-        self.proc = subprocess.Popen(
-            [
-                self.python,
-                "-m",
-                "straitmq.broker",
-                "--data-dir",
-                str(self.workdir / "data"),
-                "--listen",
-                self.bootstrap,
-                "--http",
-                f"{HOST}:{free_port()}",
-                "--log-level",
-                "warning",
-                *self.extra_args,
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            cwd=self.workdir,
-            env=None if self.env is None else {**os.environ, **self.env},
-        )
-        wait_for_broker(HOST, self.port, timeout=90, proc=self.proc)
+        self.ref.start(timeout=90)
 
     def stop(self) -> None:
-        stop_process(self.proc)
-        self.log.close()
+        self.ref.stop()
 
     def broker_pids(self) -> list[int]:
-        return [self.proc.pid] if self.proc is not None else []
+        return self.ref.pids()
+
+    def http_bases(self) -> list[str]:
+        return [self.ref.http]
 
 
 class StraitCluster(System):
@@ -200,6 +196,9 @@ class StraitCluster(System):
 
     def broker_pids(self) -> list[int]:
         return [n.proc.pid for n in self.cluster.brokers.values() if n.alive() and n.proc]
+
+    def http_bases(self) -> list[str]:
+        return [f"http://{n.host}:{n.http_port}" for n in self.cluster.brokers.values()]
 
 
 class KafkaNode(System):
@@ -295,9 +294,14 @@ def measure(s: System, rate: int, a: argparse.Namespace) -> dict[str, float]:
     try:
         if a.warmup_s > 0:
             producer_perf(s, topic, rate, a.warmup_s, a)
-        cpu0, t0 = s.cpu_s(), time.monotonic()
+        cpu0, t0, before = s.cpu_s(), time.monotonic(), s.produce_buckets()
         res = parse_producer_perf(producer_perf(s, topic, rate, a.seconds, a))
         res["broker_cpu"] = (s.cpu_s() - cpu0) / (time.monotonic() - t0)
+        # The broker's own share of the tail: its Produce handling time (from taking a
+        # request up to writing its answer), p99 as the histogram bucket bound it is in.
+        p99 = bucket_quantile(before, s.produce_buckets(), 0.99)
+        if p99 is not None:
+            res["broker_p99_ms"] = p99 * 1000
     finally:
         delete_topic(s, topic)
     return res
@@ -315,6 +319,33 @@ def e2e(s: System, a: argparse.Namespace) -> dict[str, float]:
         return parse_e2e(out)
     finally:
         delete_topic(s, topic)
+
+
+def produce_buckets(http: str) -> dict[float, float]:
+    """One StraitMQ broker's Produce handling-time histogram from its /metrics."""
+    with urllib.request.urlopen(f"{http}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[float, float] = {}
+    for line in text.splitlines():
+        if line.startswith(PRODUCE_BUCKET):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            out[float(le)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def bucket_quantile(
+    before: dict[float, float], after: dict[float, float], q: float
+) -> float | None:
+    """The bucket bound the q-quantile of what was recorded between the two cumulative
+    histograms falls in (an upper bound: the buckets are 1, 2.5, 5, 10, 25 ms...)."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    if not counts or counts[-1] <= 0:
+        return None
+    for bound, n in zip(bounds, counts, strict=True):
+        if n >= q * counts[-1]:
+            return bound
+    return None
 
 
 # -- summary ---------------------------------------------------------------------------
@@ -341,8 +372,8 @@ def report(rounds: Rounds, baseline: str = "kafka") -> str:
     med = medians(rounds)
     lines = [
         "| test | system | rounds | p50 ms | p95 ms | p99 ms (min-max) | p99.9 ms | max ms "
-        "| rate reached | broker CPU |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| rate reached | broker CPU | broker p99 ms |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     tests = sorted({t for ts in rounds.values() for t in ts}, key=_test_order)
     for test in tests:
@@ -356,14 +387,15 @@ def report(rounds: Rounds, baseline: str = "kafka") -> str:
                 lines.append(
                     f"| e2e | {name} | {len(rs)} | {m['e2e_p50_ms']:.0f} | - | "
                     f"{m['e2e_p99_ms']:.0f} ({min(p99s):.0f}-{max(p99s):.0f}) | "
-                    f"{m['e2e_p999_ms']:.0f} | - | - | - |"
+                    f"{m['e2e_p999_ms']:.0f} | - | - | - | - |"
                 )
                 continue
             p99s = [r["p99_ms"] for r in rs]
             lines.append(
                 f"| {test} | {name} | {len(rs)} | {m['p50_ms']:.0f} | {m['p95_ms']:.0f} | "
                 f"{m['p99_ms']:.0f} ({min(p99s):.0f}-{max(p99s):.0f}) | {m['p999_ms']:.0f} | "
-                f"{m['max_lat_ms']:.0f} | {m['rec_s']:,.0f}/s | {m['broker_cpu']:.0%} |"
+                f"{m['max_lat_ms']:.0f} | {m['rec_s']:,.0f}/s | {m['broker_cpu']:.0%} | "
+                + (f"≤ {m['broker_p99_ms']:g} |" if "broker_p99_ms" in m else "- |")
             )
     if baseline in med:
         lines += ["", f"| p99 / {baseline} p99 | " + " | ".join(tests) + " |"]

@@ -82,20 +82,18 @@ class Broker(StraitNode):
     def snapshot(self) -> tuple[dict[str, dict[str, int]], int]:
         """The histogram as stallwatch last wrote it (after a fresh write), and the size
         of its stall log."""
-        assert self.proc is not None
-        hist = self.stall_dir / f"{self.proc.pid}.hist.json"
+        hist = self.stall_dir / f"{self.ref.pid()}.hist.json"
         stamp = hist.stat().st_mtime if hist.exists() else 0.0
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:  # written every second
             if hist.exists() and hist.stat().st_mtime > stamp:
                 break
             time.sleep(0.1)
-        stalls = self.stall_dir / f"{self.proc.pid}.log"
+        stalls = self.stall_dir / f"{self.ref.pid()}.log"
         return json.loads(hist.read_text()), stalls.stat().st_size if stalls.exists() else 0
 
     def stalls_since(self, offset: int) -> list[str]:
-        assert self.proc is not None
-        with open(self.stall_dir / f"{self.proc.pid}.log") as f:
+        with open(self.stall_dir / f"{self.ref.pid()}.log") as f:
             f.seek(offset)
             return f.read().splitlines()
 

@@ -18,59 +18,24 @@ import argparse
 import json
 import os
 import resource
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+if __package__ in (None, ""):  # allow `python bench/partition_scale.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 from confluent_kafka import Consumer, Producer, TopicPartition
-from straitmq.cli.local_cluster import free_port
 
-from straitmq.admin_client import AdminError, exchange_sync, request_sync
-
-
-def start(data: Path, port: int, http: int, fd_limit: int) -> subprocess.Popen[bytes]:
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))
-
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "straitmq.broker",
-            "--data-dir",
-            str(data),
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--http",
-            f"127.0.0.1:{http}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        preexec_fn=limit,
-    )
+from bench.strait_ref import StraitRef
+from straitmq.admin_client import request_sync
 
 
-def wait_ready(proc: subprocess.Popen[bytes], http: int, timeout: float) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if proc.poll() is not None:
-            raise SystemExit(f"the broker exited with {proc.returncode}")
-        try:
-            if exchange_sync(f"http://127.0.0.1:{http}", "GET", "/readyz", timeout_s=1)[0] == 200:
-                return time.monotonic() - t0
-        except AdminError:
-            pass
-        time.sleep(0.05)
-    raise SystemExit("the broker did not become ready")
-
-
-def usage(proc: subprocess.Popen[bytes]) -> dict[str, int]:
-    status = Path(f"/proc/{proc.pid}/status").read_text()
+def usage(pid: int) -> dict[str, int]:
+    status = Path(f"/proc/{pid}/status").read_text()
     rss_kb = int(status.split("VmRSS:")[1].split()[0])
-    return {"fds": len(os.listdir(f"/proc/{proc.pid}/fd")), "rss_mb": rss_kb // 1024}
+    return {"fds": len(os.listdir(f"/proc/{pid}/fd")), "rss_mb": rss_kb // 1024}
 
 
 def main() -> None:
@@ -81,27 +46,29 @@ def main() -> None:
     p.add_argument("--sample", type=int, default=97, help="write to every Nth partition")
     a = p.parse_args()
     topics = a.partitions // a.per_topic
-    port, http = free_port(), free_port()
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (a.fd_limit, a.fd_limit))
+
     with tempfile.TemporaryDirectory(prefix="strait-scale-") as tmp:
-        data = Path(tmp) / "data"
-        proc = start(data, port, http, a.fd_limit)
+        broker = StraitRef(Path(tmp), log_level=None, log=False, preexec_fn=limit)
+        base = broker.http
         try:
-            first_ready = wait_ready(proc, http, 60)
-            base = f"http://127.0.0.1:{http}"
+            first_ready = broker.start(timeout=60)
             t0 = time.monotonic()
             for i in range(topics):
                 request_sync(
                     base, "POST", "/api/v1/topics", {"name": f"s{i}", "partitions": a.per_topic}
                 )
             create_s = time.monotonic() - t0
-            created = usage(proc)
+            created = usage(broker.pid())
             sample = [
                 (f"s{i // a.per_topic}", i % a.per_topic)
                 for i in range(0, topics * a.per_topic, a.sample)
             ]
             prod = Producer(
                 {
-                    "bootstrap.servers": f"127.0.0.1:{port}",
+                    "bootstrap.servers": broker.bootstrap,
                     "acks": "all",
                     "enable.idempotence": True,
                     "linger.ms": 20,
@@ -112,14 +79,12 @@ def main() -> None:
                 prod.produce(topic, value=f"{topic}/{part}".encode(), partition=part)
             unsent = prod.flush(120)
             produce_s = time.monotonic() - t0
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            proc = start(data, port, http, a.fd_limit)
-            restart_s = wait_ready(proc, http, 1800)
-            restarted = usage(proc)
+            broker.kill()
+            restart_s = broker.start(timeout=1800)
+            restarted = usage(broker.pid())
             cons = Consumer(
                 {
-                    "bootstrap.servers": f"127.0.0.1:{port}",
+                    "bootstrap.servers": broker.bootstrap,
                     "group.id": "scale",
                     "enable.auto.commit": False,
                 }
@@ -132,13 +97,9 @@ def main() -> None:
                     if m.error() is None:
                         got.add(m.value())
             cons.close()
-            after_read = usage(proc)
+            after_read = usage(broker.pid())
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            broker.stop(grace_s=120)
     result = {
         "bench": "partition_scale",
         "partitions": topics * a.per_topic,

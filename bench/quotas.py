@@ -27,9 +27,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,55 +36,14 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from straitmq.admin_client import AdminError, exchange_sync, request_sync
+from straitmq.admin_client import request_sync
 
+from .strait_ref import StraitRef
 from .throughput import process_cpu_s
 
 ROOT = Path(__file__).resolve().parent.parent
 VALUE = b"q" * 1024
 HUGE = 1e12  # a quota nobody reaches: only the accounting is measured
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_broker(work: Path) -> tuple[subprocess.Popen, str, str]:
-    port, http = _free_port(), _free_port()
-    log = open(work / "broker.log", "ab")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "straitmq.broker",
-            "--data-dir",
-            str(work / "data"),
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--http",
-            f"127.0.0.1:{http}",
-            "--log-level",
-            "warning",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=ROOT,
-    )
-    base = f"http://127.0.0.1:{http}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the broker exited: see {work / 'broker.log'}")
-        try:
-            if exchange_sync(base, "GET", "/readyz", timeout_s=1)[0] == 200:
-                return proc, f"127.0.0.1:{port}", base
-        except AdminError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("the broker did not become ready in 120 s")
 
 
 def set_quotas(http: str, clients: int, on: bool) -> None:
@@ -173,18 +130,17 @@ def consume(bootstrap: str, topic: str, a: argparse.Namespace, ends: dict[int, i
     return total
 
 
-def run_mode(
-    proc: subprocess.Popen, bootstrap: str, http: str, a: argparse.Namespace, mode: str, rnd: int
-) -> dict[str, Any]:
+def run_mode(broker: StraitRef, a: argparse.Namespace, mode: str, rnd: int) -> dict[str, Any]:
+    bootstrap, http, pid = broker.bootstrap, broker.http, broker.pid()
     topic = f"quotas-{mode}-{rnd}"
     request_sync(http, "POST", "/api/v1/topics", {"name": topic, "partitions": a.partitions})
     set_quotas(http, a.clients, mode == "on")
-    cpu0, t0 = process_cpu_s(proc.pid), time.monotonic()
+    cpu0, t0 = process_cpu_s(pid), time.monotonic()
     produced = produce(bootstrap, topic, a)
-    cpu1, t1 = process_cpu_s(proc.pid), time.monotonic()
+    cpu1, t1 = process_cpu_s(pid), time.monotonic()
     ends = {p: produced // len(VALUE) // a.partitions for p in range(a.partitions)}
     fetched = consume(bootstrap, topic, a, ends)
-    cpu2, t2 = process_cpu_s(proc.pid), time.monotonic()
+    cpu2, t2 = process_cpu_s(pid), time.monotonic()
     request_sync(http, "DELETE", f"/api/v1/topics/{topic}")
     out = {
         "mode": mode,
@@ -212,14 +168,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--clients must be a multiple of --partitions")
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-quotas-") as tmp:
-        proc, bootstrap, http = start_broker(Path(tmp))
+        broker = StraitRef(Path(tmp))
+        broker.start(timeout=120)
         try:
             for rnd in range(a.rounds):
                 for mode in ("off", "on") if rnd % 2 == 0 else ("on", "off"):
-                    runs.append(run_mode(proc, bootstrap, http, a, mode, rnd))
+                    runs.append(run_mode(broker, a, mode, rnd))
         finally:
-            proc.terminate()
-            proc.wait(30)
+            broker.stop()
     print("\n| metric | off | on | on/off - 1 |\n|---|---:|---:|---:|")
     summary: dict[str, dict[str, float]] = {}
     for metric in ("produce_cpu_s_per_gb", "fetch_cpu_s_per_gb", "produce_mb_s", "fetch_mb_s"):

@@ -76,8 +76,9 @@ from confluent_kafka.admin import (
 from straitmq.cli.local_cluster import LocalCluster, free_port
 
 from bench.javatools import REPO_ROOT
-from bench.kafka_ref import KafkaCluster, KafkaNode, KafkaRef, stop_process, wait_for_broker
+from bench.kafka_ref import KafkaCluster, KafkaNode, KafkaRef
 from bench.latency import create_topic, delete_topic
+from bench.strait_ref import StraitRef
 from bench.throughput import process_cpu_s, send_all
 
 MB = 1024 * 1024
@@ -257,36 +258,20 @@ class Strait(System):
         return path
 
     def start(self) -> None:
-        self.log = open(self.workdir / "broker.log", "ab")
-        self.proc = subprocess.Popen(
-            [
-                self.python,
-                "-m",
-                "straitmq.broker",
-                "--data-dir",
-                str(self.workdir / "data"),
-                "--listen",
-                f"{HOST}:{self.ports[0]['PLAINTEXT']}",
-                "--http",
-                f"{HOST}:{free_port()}",
-                "--properties",
-                str(self.properties(0, "PLAINTEXT")),
-                "--log-level",
-                "warning",
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO_ROOT,
+        self.ref = StraitRef(
+            self.workdir,
+            python=self.python,
+            port=self.ports[0]["PLAINTEXT"],
+            broker_args=["--properties", str(self.properties(0, "PLAINTEXT"))],
         )
-        wait_for_broker(HOST, self.ports[0]["PLAINTEXT"], timeout=60, proc=self.proc)
+        self.ref.start()
 
     def broker_pids(self) -> list[int]:
-        return [self.proc.pid]
+        return self.ref.pids()
 
     def stop(self) -> None:
-        stop_process(getattr(self, "proc", None))
-        if getattr(self, "log", None) is not None:
-            self.log.close()
+        if getattr(self, "ref", None) is not None:
+            self.ref.stop()
 
 
 class StraitCluster(Strait):

@@ -28,21 +28,17 @@ import datetime as _dt
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):  # allow `python bench/spark_read.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from straitmq.cli.local_cluster import free_port
-
 from bench.javatools import REPO_ROOT
 from bench.kafka_ref import KafkaRef
+from bench.strait_ref import StraitRef
 
 sys.path.insert(0, str(REPO_ROOT / "spark-jobs" / "jobs"))
 
@@ -57,49 +53,6 @@ BASELINE = ("kafka", "kafka")
 
 def log(msg: str) -> None:
     print(f"[spark_read] {msg}", file=sys.stderr, flush=True)
-
-
-class StraitBroker:
-    """A StraitMQ broker process on free loopback ports, data in a temporary folder."""
-
-    def __init__(self) -> None:
-        self.tmp = tempfile.TemporaryDirectory(prefix="strait-bench-spark-")
-        self.port, self.http_port = free_port(), free_port()
-        self.bootstrap = f"127.0.0.1:{self.port}"
-        self.log = open(Path(self.tmp.name) / "broker.log", "ab")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "straitmq.broker",
-                "--data-dir",
-                f"{self.tmp.name}/data",
-                "--listen",
-                self.bootstrap,
-                "--http",
-                f"127.0.0.1:{self.http_port}",
-                "--log-level",
-                "warning",
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO_ROOT,
-        )
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/readyz", timeout=1):
-                    return
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("StraitMQ broker did not start") from None
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(15)
-        self.log.close()
-        self.tmp.cleanup()
 
 
 def create_and_fill(bootstrap: str, topic: str, a: argparse.Namespace) -> None:
@@ -167,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         strait = a.strait
         if not strait:
-            b = StraitBroker()
+            b = StraitRef()  # data in a temp folder, removed on stop
+            b.start()
             started.append(b)
             strait = b.bootstrap
         kafka = a.kafka

@@ -4,7 +4,17 @@ jobs' client settings)."""
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
+
+# Kafka's config providers (KIP-297; the environment's, KIP-887): `${env:NAME}` in a
+# value is the environment variable NAME once `config.providers=env` declares `env`
+# with this class. The operator uses it for what a broker learns only in its pod (the
+# address of the node it runs on).
+ENV_PROVIDER = "org.apache.kafka.common.config.provider.EnvVarConfigProvider"
+_REFERENCE = re.compile(r"\$\{([^}:]+):(?:([^}:]*):)?([^}]*)\}")
 
 
 def read_properties(path: str) -> dict[str, str]:
@@ -37,4 +47,37 @@ def load_settings(path: str | None, overrides: list[str]) -> dict[str, str]:
         if not sep:
             raise ValueError(f"--override expects KEY=VALUE, got {item!r}")
         props[key.strip()] = value.strip()
-    return props
+    return resolve_providers(props, os.environ)
+
+
+def resolve_providers(props: dict[str, str], env: Mapping[str, str]) -> dict[str, str]:
+    """Each `${provider:key}` of a declared provider replaced by its value, as Kafka's
+    ConfigTransformer does. Only the environment provider is known here: another class,
+    or a variable the environment lacks, is a ValueError naming it (a broker must not
+    advertise `${env:HOST_IP}` to its clients). The declarations themselves are left
+    out of what it returns."""
+    declared = [p.strip() for p in props.get("config.providers", "").split(",") if p.strip()]
+    if not declared:
+        return props
+    for name in declared:
+        cls = props.get(f"config.providers.{name}.class")
+        if cls != ENV_PROVIDER:
+            raise ValueError(
+                f"config provider {name!r}: class {cls!r} is not supported "
+                f"(StraitMQ knows {ENV_PROVIDER} only)"
+            )
+
+    def value(m: re.Match[str]) -> str:
+        provider, _path, key = m.groups()
+        if provider not in declared:
+            return m.group(0)  # not a reference to a provider: kept as written
+        if key not in env:
+            raise ValueError(f"{m.group(0)}: the environment has no {key}")
+        return env[key]
+
+    # The declarations are used up here: the settings are what they resolved.
+    return {
+        k: _REFERENCE.sub(value, v)
+        for k, v in props.items()
+        if k != "config.providers" and not k.startswith("config.providers.")
+    }

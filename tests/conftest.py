@@ -113,7 +113,8 @@ class BrokerProcess:
         assert self.fd_limit is not None
         resource.setrlimit(resource.RLIMIT_NOFILE, (self.fd_limit, self.fd_limit))
 
-    def start(self, timeout: float = 20.0) -> BrokerProcess:
+    # Waits on /readyz: generous, as a broker's start on a loaded CI machine took over 20 s.
+    def start(self, timeout: float = 60.0) -> BrokerProcess:
         self.launch()
         assert self.proc is not None and self.log_path is not None
         deadline = time.monotonic() + timeout

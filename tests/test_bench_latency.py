@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bench.latency import medians, parse_args, parse_e2e, report
+from bench.latency import bucket_quantile, medians, parse_args, parse_e2e, report
 
 # As Kafka 4.1's EndToEndLatency prints its summary.
 E2E_OUT = """\
@@ -56,7 +56,11 @@ def test_medians_and_the_table() -> None:
     rounds = {
         "kafka": {"5000/s": [_round(20), _round(30), _round(25)], "e2e": []},
         "straitmq": {
-            "5000/s": [_round(5), _round(9), _round(7, cpu=0.2)],
+            "5000/s": [
+                _round(5) | {"broker_p99_ms": 2.5},
+                _round(9) | {"broker_p99_ms": 5},
+                _round(7, cpu=0.2) | {"broker_p99_ms": 1},
+            ],
             "e2e": [{"e2e_avg_ms": 1, "e2e_p50_ms": 1, "e2e_p99_ms": 3, "e2e_p999_ms": 8}],
         },
     }
@@ -66,6 +70,19 @@ def test_medians_and_the_table() -> None:
     assert med["straitmq"]["5000/s"]["broker_cpu"] == 0.1
     assert "e2e" not in med["kafka"]  # no round: no row
     table = report(rounds)
-    assert "| 5000/s | straitmq | 3 | 1 | 3 | 7 (5-9) | 40 | 90 | 4,999/s | 10% |" in table
+    assert "| 5000/s | straitmq | 3 | 1 | 3 | 7 (5-9) | 40 | 90 | 4,999/s | 10% | ≤ 2.5 |" in table
+    assert "| 5000/s | kafka | 3 | 1 | 3 | 25 (20-30) | 40 | 90 | 4,999/s | 10% | - |" in table
     assert "| e2e | straitmq | 1 | 1 | - | 3 (3-3) |" in table
     assert "| straitmq | 0.28 | - |" in table  # p99 7 / 25; no Kafka e2e to compare
+
+
+def test_the_brokers_own_p99_comes_from_the_histogram_difference() -> None:
+    """Cumulative counts per bucket bound, before and after the measured run: the p99 of
+    what the run added is the bound of the bucket it falls in."""
+    before = {0.001: 100.0, 0.0025: 100.0, 0.005: 100.0, 0.01: 100.0, float("inf"): 100.0}
+    after = {0.001: 1080.0, 0.0025: 1095.0, 0.005: 1099.0, 0.01: 1100.0, float("inf"): 1100.0}
+    assert bucket_quantile(before, after, 0.5) == 0.001
+    assert bucket_quantile(before, after, 0.99) == 0.0025  # 995 of the 1000 by 2.5 ms
+    assert bucket_quantile(before, after, 0.999) == 0.005  # 999 by 5 ms
+    assert bucket_quantile(after, after, 0.99) is None  # nothing recorded in between
+    assert bucket_quantile({}, {}, 0.99) is None

@@ -364,6 +364,42 @@ def test_alter_partition_fences_stale_leaders_and_stale_partition_epochs() -> No
     assert (p.isr, p.partition_epoch) == ([1], before + 1)
 
 
+def test_a_replica_cannot_join_the_isr_on_a_previous_processs_fetches() -> None:
+    """KIP-903: the leader names the broker registration each joining member's caught-up
+    fetches came from; one that registered again since (a restart: its unflushed tail
+    may be gone) is refused with INELIGIBLE_REPLICA, retriable once it caught up anew.
+    A leader that names none (a broker from before) is not checked."""
+    img = topic(cluster(3), "t", [[1, 2, 3]])
+    p = img.topics["t"].partitions[0]
+    apply(img, set_isr(img, "t", 0, [1, 2]))
+    cur = (p.leader_epoch, p.partition_epoch)
+    img.apply(
+        {"type": "register_broker", "id": 3, "incarnation": "inc-3b", "host": "127.0.0.1"}
+        | {"port": 9003, "http_port": 8003}
+    )
+    unfence(img, 3)
+    code, message = code_of(
+        lambda: ops.alter_partition(img, 1, "t", 0, *cur, [1, 2, 3], {3: "inc-3"})
+    )
+    assert code == ErrorCode.ineligible_replica == 107 and "broker 3" in message
+    code, _ = code_of(lambda: ops.alter_partition(img, 1, "t", 0, *cur, [1, 2, 3], {}))
+    assert code == 107  # a joining member must be named
+    records, refused = ops.alter_partitions(
+        img,
+        1,
+        [
+            {"topic": "t", "index": 0, "leader_epoch": cur[0], "partition_epoch": cur[1]}
+            | {"isr": [1, 2, 3], "incarnations": {"3": "inc-3"}}
+        ],
+    )
+    assert not records and refused[0].code == 107
+    apply(img, ops.alter_partition(img, 1, "t", 0, *cur, [1, 2, 3], {3: "inc-3b"}))
+    assert p.isr == [1, 2, 3]
+    apply(img, ops.alter_partition(img, 1, "t", 0, p.leader_epoch, p.partition_epoch, [1, 2]))
+    apply(img, ops.alter_partition(img, 1, "t", 0, p.leader_epoch, p.partition_epoch, [1, 2, 3]))
+    assert p.isr == [1, 2, 3]  # no incarnations: not checked
+
+
 def test_cluster_configs_validate_the_throttle() -> None:
     rec = ops.alter_cluster_configs({"replication.throttled.rate": "1048576"})
     img = apply(cluster(1), rec)

@@ -45,9 +45,12 @@ def _leader(tmp_path: Path) -> Partition:
 def _collect(part: Partition, replica: int, fetch_offset: int, last_epoch: int) -> Any:
     throttle = SimpleNamespace(allowance=lambda t, i, r, limit: limit, spent=lambda *a: None)
     replicas = LocalReplicas(_no_metadata(), SimpleNamespace(get=lambda t, i: part))
-    deps = SimpleNamespace(replicas=replicas, throttle=throttle)
+    deps = SimpleNamespace(replicas=replicas, throttle=throttle, incarnation=lambda b: "now")
     ctx = SimpleNamespace(
-        version=12, cluster_allowed=lambda op: True, allowed=lambda op, kind, name: True
+        version=12,
+        cluster_allowed=lambda op: True,
+        allowed=lambda op, kind, name: True,
+        client_id=f"replica-fetcher-{replica}",  # an older fetcher's: the metadata's process
     )
     req = SimpleNamespace(replica_id=replica, max_bytes=1 << 20, isolation_level=0)
     named = [("t", [(0, fetch_offset, 1 << 20, 3, 0, last_epoch)])]

@@ -292,8 +292,10 @@ def test_a_look_before_the_leader_knew_the_follower_is_taken_again_in_the_same_f
     part, session = _reassigning_to_3(tmp_path)
     throttle = SimpleNamespace(allowance=lambda t, i, r, limit: limit, spent=lambda *a: None)
     replicas = LocalReplicas(_no_metadata(), SimpleNamespace(get=lambda t, i: part))
-    deps = SimpleNamespace(replicas=replicas, throttle=throttle)
-    ctx = SimpleNamespace(version=12, cluster_allowed=lambda op: True)
+    deps = SimpleNamespace(replicas=replicas, throttle=throttle, incarnation=lambda b: "b3")
+    ctx = SimpleNamespace(
+        version=12, cluster_allowed=lambda op: True, client_id="replica-fetcher-3@b3"
+    )
     req = SimpleNamespace(replica_id=3, max_bytes=1 << 20)
     plan = _FetchPlan(
         deps, ctx, req, [("t", [(0, 0, 1 << 20, 1, 0, -1)])], session, incremental=True
@@ -303,6 +305,7 @@ def test_a_look_before_the_leader_knew_the_follower_is_taken_again_in_the_same_f
     part.update(ADDING_3, min_isr=1)  # applied while the fetch waits: the partition is dirty
     asyncio.run(plan.collect(plan.wanted()))  # the look after the wake-up
     assert part.followers[3].log_end_offset == 0 and part.followers[3].session is session
+    assert part.followers[3].incarnation == "b3"
 
 
 def test_a_large_fetch_yields_while_collecting_and_keeps_marks_made_meanwhile(
@@ -320,8 +323,10 @@ def test_a_large_fetch_yields_while_collecting_and_keeps_marks_made_meanwhile(
     part, session = _reassigning_to_3(tmp_path)
     throttle = SimpleNamespace(allowance=lambda t, i, r, limit: limit, spent=lambda *a: None)
     replicas = LocalReplicas(_no_metadata(), SimpleNamespace(get=lambda t, i: part))
-    deps = SimpleNamespace(replicas=replicas, throttle=throttle)
-    ctx = SimpleNamespace(version=12, cluster_allowed=lambda op: True)
+    deps = SimpleNamespace(replicas=replicas, throttle=throttle, incarnation=lambda b: "b3")
+    ctx = SimpleNamespace(
+        version=12, cluster_allowed=lambda op: True, client_id="replica-fetcher-3@b3"
+    )
     req = SimpleNamespace(replica_id=3, max_bytes=1 << 20)
     named = [("t", [(i, 0, 1 << 20, 1, 0, -1) for i in range(50)])]
     plan = fetch_module._FetchPlan(deps, ctx, req, named, session, incremental=False)
@@ -406,3 +411,13 @@ def test_followers_replicate_through_sessions_and_survive_a_leader_kill(cluster)
     w.stop()
     fig = verify(c, w, "fetch-sessions-leader-kill", {"victim": victim})
     assert fig.ok(), fig.line()
+
+
+def test_a_fetchers_client_id_names_its_process_and_only_for_its_own_broker() -> None:
+    from straitmq.broker.replication.follower_id import fetcher_client_id, fetcher_incarnation
+
+    cid = fetcher_client_id(3, "9f1c")
+    assert fetcher_incarnation(cid, 3) == "9f1c"
+    assert fetcher_incarnation(cid, 2) is None  # another broker's id claimed: not believed
+    assert fetcher_incarnation("replica-fetcher-3", 3) is None  # an older broker's fetcher
+    assert fetcher_incarnation("rdkafka@x", 3) is None and fetcher_incarnation(None, 3) is None

@@ -90,7 +90,7 @@ def test_full_isrs_are_checked_for_shrinking_less_often_than_short_ones_for_grow
     seen = asyncio.Event()
 
     def part(index: int, isr: list[int]) -> SimpleNamespace:
-        def isr_change(lag_s: float, alive) -> None:
+        def isr_change(lag_s: float, alive, incarnation) -> None:
             checked.append(index)
             seen.set()
 

@@ -1,7 +1,7 @@
-"""The TLS listener's framing (server.KafkaTlsConnection): the TLS layer decrypts into
-the buffers the connection hands out; whatever the read boundaries, the frames come out
-whole and in order, a large frame is read into a buffer of its own size (no copy), and a
-bad size closes the connection."""
+"""A listener's framing (server.KafkaConnection): the event loop reads (the TLS layer
+decrypts) into the buffers the connection hands out; whatever the read boundaries, the
+frames come out whole and in order, a large frame is read into a buffer of its own size
+(no copy), and a bad size closes the connection."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from straitmq.broker.api.context import RequestContext
 from straitmq.broker.metrics import BrokerMetrics
 from straitmq.broker.quotas import ClientQuotas
 from straitmq.broker.security.sasl import ConnectionSecurity
-from straitmq.broker.server import TLS_SCRATCH_BYTES, KafkaTlsConnection, ListenerDeps
+from straitmq.broker.server import SCRATCH_BYTES, KafkaConnection, ListenerDeps
 from straitmq.metadata.image import MetadataImage
 
 
@@ -23,7 +23,7 @@ def _no_context(*args: object) -> RequestContext:
     raise AssertionError("framing alone handles no request")
 
 
-def connection(request_max_bytes: int = 1 << 20) -> KafkaTlsConnection:
+def connection(request_max_bytes: int = 1 << 20) -> KafkaConnection:
     deps = ListenerDeps(
         BrokerMetrics(),
         set(),
@@ -33,14 +33,14 @@ def connection(request_max_bytes: int = 1 << 20) -> KafkaTlsConnection:
         {},
         ClientQuotas(MetadataImage),
     )
-    conn = KafkaTlsConnection(deps)
+    conn = KafkaConnection(deps)
     conn.security = ConnectionSecurity(None, lambda user, mech: None)  # no SASL: named
     return conn
 
 
-def feed(conn: KafkaTlsConnection, stream: bytes, rng: random.Random) -> None:
-    """Write `stream` into the connection's buffers in reads of random sizes, as the TLS
-    layer does (it fills at most the buffer it is given)."""
+def feed(conn: KafkaConnection, stream: bytes, rng: random.Random) -> None:
+    """Write `stream` into the connection's buffers in reads of random sizes, as the
+    event loop does (it fills at most the buffer it is given)."""
     pos = 0
     while pos < len(stream) and not conn.closed:
         buf = conn.get_buffer(len(stream) - pos)
@@ -56,15 +56,15 @@ def frame(body: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("seed", range(8))
-@pytest.mark.parametrize("prealloc", [server.TLS_PREALLOC_BYTES, 30_000])
+@pytest.mark.parametrize("prealloc", [server.PREALLOC_BYTES, 30_000])
 def test_frames_come_out_whole_whatever_the_read_boundaries(
     seed: int, prealloc: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With 30,000: the 70,000-byte frames grow as their bytes come instead."""
-    monkeypatch.setattr(server, "TLS_PREALLOC_BYTES", prealloc)
+    monkeypatch.setattr(server, "PREALLOC_BYTES", prealloc)
     rng = random.Random(seed)
     bodies = [
-        rng.randbytes(rng.choice([8, 20, 300, TLS_SCRATCH_BYTES - 4, TLS_SCRATCH_BYTES, 70_000]))
+        rng.randbytes(rng.choice([8, 20, 300, SCRATCH_BYTES - 4, SCRATCH_BYTES, 70_000]))
         for _ in range(40)
     ]
     conn = connection()
@@ -73,7 +73,7 @@ def test_frames_come_out_whole_whatever_the_read_boundaries(
     assert [bytes(f) for f in got] == bodies
     for f, body in zip(got, bodies, strict=True):
         assert f.readonly
-        if len(body) > TLS_SCRATCH_BYTES - 4:
+        if len(body) > SCRATCH_BYTES - 4:
             # Read straight into a buffer (pooled, so maybe larger): no copy after.
             assert isinstance(f.obj, bytearray) and len(f.obj) >= len(body)
     assert not conn.closed

@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Producer
 from cryptography import x509
 from straitmq.broker import __main__ as broker_main
 from straitmq.broker.config import BrokerConfig
@@ -541,6 +542,11 @@ def test_user_secret_values() -> None:
     annotated = body()
     annotated["metadata"]["annotations"] = {n.BOOTSTRAP_ANNOTATION: "127.0.0.1:1"}
     assert user.bootstrap_servers(annotated, spec) == "127.0.0.1:1"
+    # The client settings every User Secret carries are properties librdkafka takes as
+    # they are (a misspelt name or a bad value raises here); a connect that gets no
+    # answer is given up well within the issue's 5 s (kube-proxy's race, user.py).
+    Producer({"bootstrap.servers": "127.0.0.1:1", **user.CLIENT_SETTINGS}).flush(0)
+    assert int(user.CLIENT_SETTINGS["socket.connection.setup.timeout.ms"]) < 5000
 
 
 # ------------------------------------------------------------- external listeners (issue 27)
@@ -682,6 +688,23 @@ def test_external_listeners_render_per_broker_services_ingresses_and_listener_ar
     assert BrokerConfig().shutdown_readiness_probes == 0  # off outside Kubernetes
 
 
+def _pod_args(container: dict, files: dict[str, str], tmp_path: Path) -> list[str]:
+    """Broker 0's command line as its pod runs it: the pod's properties files written
+    where the args name them, `$(VAR)` from the pod's environment, and the node id the
+    pod's host name (demo-broker-0) gives."""
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    env = {"POD_NAME": "demo-broker-0", "POD_NAMESPACE": "prod", "STRAIT_CLUSTER_ID": "x"}
+    env["STRAIT_CONTROLLER_VOTERS"] = "1000@c:9093"
+    args = [
+        re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], x).replace(
+            n.ADVERTISED_DIR, str(tmp_path)
+        )
+        for x in container["args"]
+    ]
+    return [x if x != "--node-id=auto" else "--node-id=0" for x in args]
+
+
 def test_the_broker_takes_the_rendered_listeners_and_its_pods_file(tmp_path: Path) -> None:
     lb = {
         "name": "lb",
@@ -694,18 +717,7 @@ def test_the_broker_takes_the_rendered_listeners_and_its_pods_file(tmp_path: Pat
     stored["demo-lb-0"]["status"] = {"loadBalancer": {"ingress": [{"ip": "198.51.100.7"}]}}
     a = listeners.resolve(s, 1, stored, {})
     (c,) = render.broker_statefulset(s, 1)["spec"]["template"]["spec"]["containers"]
-    for name, text in listeners.advertised_properties(s, 1, a).items():
-        (tmp_path / name).write_text(text)
-    env = {"POD_NAME": "demo-broker-0", "POD_NAMESPACE": "prod", "STRAIT_CLUSTER_ID": "x"}
-    env["STRAIT_CONTROLLER_VOTERS"] = "1000@c:9093"
-    args = [
-        re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], x).replace(
-            n.ADVERTISED_DIR, str(tmp_path)
-        )
-        for x in c["args"]
-    ]
-    # As in the pod, where the host name is the pod's (demo-broker-0) and gives the id.
-    cfg = broker_main.parse_args([x if x != "--node-id=auto" else "--node-id=0" for x in args])
+    cfg = broker_main.parse_args(_pod_args(c, listeners.advertised_properties(s, 1, a), tmp_path))
     specs = {x.name: x for x in resolve_listeners(cfg)}
     assert list(specs) == ["REPLICATION", "PLAINTEXT", "EXT_LB"]  # the inter-broker one first
     assert specs["EXT_LB"].protocol == "SASL_PLAINTEXT" and specs["EXT_LB"].port == 9095
@@ -716,6 +728,65 @@ def test_the_broker_takes_the_rendered_listeners_and_its_pods_file(tmp_path: Pat
     assert specs["REPLICATION"].advertised_host == "demo-broker-0.demo-broker.prod.svc"
     assert specs["PLAINTEXT"].advertised_host == "demo-broker-0.prod.svc"  # its own Service
     assert cfg.shutdown_readiness_probes == render.BROKER_SHUTDOWN_PROBES
+
+
+def test_a_nodeport_broker_advertises_its_own_nodes_address_from_its_first_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No pod is scheduled yet when a cluster is created, so no node address is known;
+    the node ports are (their Services come first). The broker reads its node's address
+    from status.hostIP when it starts, so it advertises the right address at once and
+    is not restarted once the operator learns it (Strimzi's init container's job)."""
+    ext = {"name": "ext", "type": "nodeport", "port": 9094}
+    s = parse(external(ext))
+    stored = _stored(s, 1)
+    stored["demo-ext-0"]["spec"]["ports"][0]["nodePort"] = 31001
+    stored["demo-ext-bootstrap"]["spec"]["ports"][0]["nodePort"] = 31000
+    a = listeners.resolve(s, 1, stored, {})  # not scheduled: the operator knows no node
+    assert a.brokers["ext"] == {0: None}
+    (c,) = render.broker_statefulset(s, 1)["spec"]["template"]["spec"]["containers"]
+    assert {"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}} in c[
+        "env"
+    ]
+    args = _pod_args(c, listeners.advertised_properties(s, 1, a), tmp_path)
+    monkeypatch.setenv("HOST_IP", "192.0.2.10")  # as the kubelet sets it
+    specs = {x.name: x for x in resolve_listeners(broker_main.parse_args(args))}
+    assert (specs["EXT_EXT"].advertised_host, specs["EXT_EXT"].advertised_port) == (
+        "192.0.2.10",
+        31001,
+    )
+    # Scheduled: the operator's view is the same address, so nothing is restarted.
+    assert listeners.resolve(s, 1, stored, {0: "192.0.2.10"}).brokers["ext"][0] == (
+        "192.0.2.10",
+        31001,
+    )
+    # Without the variable the broker refuses to start rather than advertise "${env:...}".
+    monkeypatch.delenv("HOST_IP")
+    with pytest.raises(SystemExit):
+        broker_main.parse_args(args)
+    # Only a cluster with a node port listener gets the variable (another pod template
+    # would restart every other cluster's brokers).
+    (c,) = render.broker_statefulset(parse(body()), 1)["spec"]["template"]["spec"]["containers"]
+    assert all(e["name"] != "HOST_IP" for e in c["env"])
+
+
+def test_config_providers_resolve_the_environment_and_refuse_what_they_cannot() -> None:
+    """Kafka's ${env:NAME} (KIP-887's EnvVarConfigProvider, declared as Kafka declares
+    it); the declarations are used up, a reference to an undeclared provider is kept."""
+    from straitmq.properties import ENV_PROVIDER, resolve_providers
+
+    declared = {"config.providers": "env", "config.providers.env.class": ENV_PROVIDER}
+    props = {**declared, "advertised.listeners": "EXT://${env:HOST_IP}:31001", "x": "${vault:k}"}
+    assert resolve_providers(props, {"HOST_IP": "10.0.0.7"}) == {
+        "advertised.listeners": "EXT://10.0.0.7:31001",
+        "x": "${vault:k}",
+    }
+    assert resolve_providers({"x": "${env:HOST_IP}"}, {}) == {"x": "${env:HOST_IP}"}  # none
+    with pytest.raises(ValueError, match="the environment has no HOST_IP"):
+        resolve_providers(props, {})
+    file_provider = "org.apache.kafka.common.config.provider.FileConfigProvider"
+    with pytest.raises(ValueError, match="not supported"):
+        resolve_providers({**declared, "config.providers.env.class": file_provider}, {})
 
 
 def test_kafka_tls_cluster_keeps_its_listeners_and_adds_the_external_ones() -> None:
@@ -785,13 +856,19 @@ def test_addresses_come_from_node_ports_load_balancer_status_hosts_and_overrides
     assert a.pending(3) == ["lb"]
     assert listeners.unknown(a, range(1, 2)) == []
     assert listeners.unknown(a, range(2, 3)) == ["lb"]
-    # Until a load balancer has an address its broker advertises its pod DNS name.
+    # Until a load balancer has an address its broker advertises its pod DNS name. On
+    # the node port, the address of whichever node it runs on, read where it runs.
     props = listeners.advertised_properties(s, 3, a)["demo-broker-0.properties"]
     assert props == (
+        "config.providers=env\n"
+        "config.providers.env.class=org.apache.kafka.common.config.provider.EnvVarConfigProvider\n"
         "advertised.listeners=REPLICATION://demo-broker-0.demo-broker.prod.svc:9091,"
-        "PLAINTEXT://demo-broker-0.prod.svc:9092,EXT_EXT://192.0.2.10:31001,EXT_LB://demo-broker-0.demo-broker.prod.svc:9095,"
+        "PLAINTEXT://demo-broker-0.prod.svc:9092,EXT_EXT://${env:HOST_IP}:31001,EXT_LB://demo-broker-0.demo-broker.prod.svc:9095,"
         "EXT_ING://kafka-0.example.com:443\n"
     )
+    # Broker 2's advertisedHost stands: no node address for it.
+    props = listeners.advertised_properties(s, 3, a)["demo-broker-2.properties"]
+    assert "EXT_EXT://edge.example.com:31003," in props
     stored["demo-lb-0"]["status"] = {"loadBalancer": {"ingress": [{"ip": "198.51.100.7"}]}}
     stored["demo-lb-2"]["status"] = {"loadBalancer": {"ingress": [{"ip": "198.51.100.9"}]}}
     stored["demo-lb-bootstrap"]["status"] = {"loadBalancer": {"ingress": [{"ip": "198.51.100.1"}]}}

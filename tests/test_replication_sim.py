@@ -94,11 +94,16 @@ def test_planted_fetch_ignores_a_diverging_epoch(monkeypatch: pytest.MonkeyPatch
 
 
 def test_planted_isr_change_to_a_lagging_replica(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The ISR change takes in a follower that is behind the high watermark: elected
-    next, it lacks acknowledged writes."""
+    """The ISR change takes in a follower that is behind the high watermark (elected
+    next, it would lack acknowledged writes): caught as it joins."""
 
     def isr_change(
-        self: ReplicaCore, now: float, leo: int, lag_s: float, alive: Callable[[int], bool]
+        self: ReplicaCore,
+        now: float,
+        leo: int,
+        lag_s: float,
+        alive: Callable[[int], bool],
+        incarnation: Callable[[int], str | None] | None = None,
     ) -> list[int] | None:
         if self.role != LEADER or self.pending_isr is not None:
             return None
@@ -122,7 +127,7 @@ def test_planted_isr_change_to_a_lagging_replica(monkeypatch: pytest.MonkeyPatch
         return isr if sorted(isr) != sorted(self.isr) else None
 
     monkeypatch.setattr(ReplicaCore, "isr_change", isr_change)
-    _caught("the leader lost a committed record")
+    _caught("a replica joined the ISR short of the high watermark")
 
 
 def test_planted_pending_shrink_counted_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -149,6 +154,48 @@ def test_planted_duplicate_check_off(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(ProducerStateTable, "check", no_duplicates)
     _caught("a producer sequence was written twice")
+
+
+def test_planted_isr_join_on_a_restarted_followers_old_fetches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No broker incarnations (KIP-903's broker epochs): a follower that restarted and
+    lost its unflushed tail joins the ISR on what its previous process fetched."""
+    fetched = ReplicaCore.on_follower_fetch
+    change = ReplicaCore.isr_change
+
+    def on_follower_fetch(self: ReplicaCore, *args: object) -> tuple[bool, bool]:
+        return fetched(self, *args[:6])  # type: ignore[arg-type]
+
+    def isr_change(self: ReplicaCore, *args: object) -> list[int] | None:
+        return change(self, *args[:4])  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ReplicaCore, "on_follower_fetch", on_follower_fetch)
+    monkeypatch.setattr(ReplicaCore, "isr_change", isr_change)
+    monkeypatch.setattr(ReplicaCore, "isr_incarnations", lambda self, isr: None)
+    _caught("a replica joined the ISR short of the high watermark")
+
+
+def test_a_restarted_follower_rejoins_only_on_its_new_process_fetches() -> None:
+    """A follower out of the ISR, caught up as incarnation "a", restarts as "b" with
+    less: the leader does not add it on "a"'s fetches, and tells the controller which
+    process its caught-up fetches came from."""
+    leader = ReplicaCore("t", 0, 1)
+    leader.update(PartitionImage([1, 2, 3], [1, 3], 1, 0, 0), 2, 10, 0.0)
+    leader.on_follower_fetch(3, 10, 10, 0.01, None, 0, "c")
+    leader.on_follower_fetch(2, 10, 10, 0.01, None, 0, "a")  # caught up, not added yet
+    now = {2: "a", 3: "c"}
+    assert leader.isr_change(0.02, 10, 0.15, lambda _: True, now.get) == [1, 3, 2]
+    assert leader.isr_incarnations([1, 3, 2]) == {2: "a"}
+    now[2] = "b"  # restarted: registered again
+    assert leader.isr_change(0.03, 10, 0.15, lambda _: True, now.get) is None
+    leader.on_follower_fetch(2, 6, 10, 0.04, None, 0, "b")  # its first fetch: it kept 6
+    assert leader.isr_change(0.05, 10, 0.15, lambda _: True, now.get) is None
+    leader.on_follower_fetch(2, 10, 10, 0.06, None, 0, "a")  # the old process's, late
+    assert leader.isr_change(0.07, 10, 0.15, lambda _: True, now.get) is None
+    leader.on_follower_fetch(2, 10, 10, 0.08, None, 0, "b")
+    assert leader.isr_change(0.09, 10, 0.15, lambda _: True, now.get) == [1, 3, 2]
+    assert leader.isr_incarnations([1, 3, 2]) == {2: "b"}
 
 
 def test_a_replica_moved_away_and_back_starts_over_at_the_leader() -> None:

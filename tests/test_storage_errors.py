@@ -181,10 +181,44 @@ def test_failing_appends_are_said_once_and_their_end_too(
     assert codes == [STORAGE_ERROR] * 5
     said = [(r.levelname, r.getMessage()) for r in caplog.records]
     assert said == [
-        ("ERROR", "cannot append to the log: writes to this partition get KAFKA_STORAGE_ERROR"),
+        (
+            "ERROR",
+            "cannot append to the log: writes to this partition get KAFKA_STORAGE_ERROR "
+            "(reported to the controller, which moves its leadership to an in-sync replica)",
+        ),
         ("WARNING", "appends to the log work again"),
     ]
     assert part.write_error is None and _values(part.log) == [b"ok", b"ok again"]
+
+
+def test_a_leader_whose_appends_fail_reports_the_partition_until_it_leads_no_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kafka takes a failed log directory offline and its leaderships move; here the
+    partitions whose appends fail go into the heartbeat's offline report (the controller
+    then leads them from another in-sync replica: election.on_replicas_offline), and
+    leave it once an append works again or the broker no longer leads them."""
+    writer, part = _writer(tmp_path)
+    parts = writer.partitions
+    assert list(parts.offline()) == []
+    monkeypatch.setattr(segment_module.os, "pwritev", _no_space)
+    assert _produce(writer, b"lost").error_code == STORAGE_ERROR
+    assert list(parts.offline()) == [("t", 0)]
+    monkeypatch.undo()
+    assert _produce(writer, b"ok").error_code == 0
+    assert list(parts.offline()) == []
+
+    monkeypatch.setattr(segment_module.os, "pwritev", _no_space)
+    assert _produce(writer, b"lost again").error_code == STORAGE_ERROR
+    assert list(parts.offline()) == [("t", 0)]
+    image = writer._image()
+    image.apply(
+        {"type": "partition_change", "topic": "t", "index": 0, "replicas": [1, 2], "isr": [2]}
+        | {"leader": 2}
+    )
+    parts.sync(image)  # the controller moved it: this broker follows now
+    assert not part.is_leader and part.write_error is None
+    assert list(parts.offline()) == []
 
 
 def test_a_log_start_that_cannot_be_checkpointed_does_not_move(

@@ -29,6 +29,12 @@ INGRESS_ANNOTATIONS = {
     "nginx.ingress.kubernetes.io/backend-protocol": "HTTPS",
 }
 POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
+HOST_IP_ENV = "HOST_IP"  # the broker container's node address (render: status.hostIP)
+HOST_IP_REF = "${env:" + HOST_IP_ENV + "}"
+ENV_PROVIDER_LINES = (
+    "config.providers=env\n"
+    "config.providers.env.class=org.apache.kafka.common.config.provider.EnvVarConfigProvider\n"
+)
 
 
 @dataclass
@@ -38,6 +44,9 @@ class Addresses:
 
     brokers: dict[str, dict[int, Address | None]] = field(default_factory=dict)
     bootstrap: dict[str, Address | None] = field(default_factory=dict)
+    # NodePort listeners: each broker's port (its own Service's node port, or its
+    # advertisedPort), known as soon as the Service is, before the pod is scheduled.
+    node_ports: dict[str, dict[int, int]] = field(default_factory=dict)
 
     def pending(self, replicas: int) -> list[str]:
         """The listeners some address of which (brokers below `replicas`) is unknown."""
@@ -201,6 +210,9 @@ def resolve(
             elif x.type == "nodeport":
                 host, port = host_ips.get(b) or any_node, _node_port(svc)
                 found = (host, port) if host and port else None
+                own = (o.advertised_port if o else None) or port
+                if own and not (o and o.advertised_host):
+                    out.node_ports.setdefault(x.name, {})[b] = own
             elif x.type == "loadbalancer":
                 lb = _lb_address(svc)
                 found = (lb, x.port) if lb else None
@@ -243,22 +255,42 @@ def _internal_advertised(spec: ClusterSpec, b: int) -> list[str]:
 
 def advertised(spec: ClusterSpec, b: int, addresses: Addresses) -> dict[str, Address]:
     """What broker `b` advertises on each external listener (its broker listener name):
-    its address, or its pod DNS name and the listener's port until that is known."""
+    its address, or its pod DNS name and the listener's port until that is known. On a
+    NodePort listener, the address of the node it runs on, which the broker reads from
+    its environment when it starts (HOST_IP, the pod's status.hostIP): known before the
+    pod is scheduled, so no broker restarts once it is (Strimzi's init container does
+    the same)."""
     me = n.pod_dns(spec.name, n.BROKER, b, spec.namespace)
-    return {
-        x.broker_listener: addresses.brokers.get(x.name, {}).get(b) or (me, x.port)
-        for x in spec.external
-    }
+    out = {}
+    for x in spec.external:
+        port = addresses.node_ports.get(x.name, {}).get(b)
+        if port is not None:
+            out[x.broker_listener] = (HOST_IP_REF, port)
+        else:
+            out[x.broker_listener] = addresses.brokers.get(x.name, {}).get(b) or (me, x.port)
+    return out
+
+
+def broker_env(spec: ClusterSpec) -> list[dict[str, Any]]:
+    """The node's address in the broker container, with a NodePort listener (only then:
+    another pod template would restart every other cluster's brokers)."""
+    if not any(x.type == "nodeport" for x in spec.external):
+        return []
+    return [{"name": HOST_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}]
 
 
 def advertised_properties(spec: ClusterSpec, brokers: int, addresses: Addresses) -> dict[str, str]:
-    """`<pod>.properties` per broker: its advertised.listeners, every listener."""
+    """`<pod>.properties` per broker: its advertised.listeners, every listener (and the
+    environment config provider, Kafka's KIP-887, where one names the node's address)."""
     sts = n.statefulset(spec.name, n.BROKER)
     out = {}
     for b in range(brokers):
         ext = [f"{name}://{h}:{p}" for name, (h, p) in advertised(spec, b, addresses).items()]
         value = ",".join([*_internal_advertised(spec, b), *ext])
-        out[f"{sts}-{b}.properties"] = f"advertised.listeners={value}\n"
+        text = f"advertised.listeners={value}\n"
+        if HOST_IP_REF in value:
+            text = ENV_PROVIDER_LINES + text
+        out[f"{sts}-{b}.properties"] = text
     return out
 
 

@@ -528,7 +528,7 @@ def broker_statefulset(spec: ClusterSpec, replicas: int) -> dict[str, Any]:
             f"--shutdown-readiness-probes={BROKER_SHUTDOWN_PROBES}",
             *spec.broker_args(),
         ],
-        "env": _env(spec),
+        "env": _env(spec) + listeners.broker_env(spec),
         "ports": [
             {"name": "kafka", "containerPort": spec.kafka_port},
             {"name": "http", "containerPort": spec.http_port},

@@ -66,6 +66,17 @@ QUOTA_KEYS = {
 CLUSTER_NAME = "kafka-cluster"  # the CLUSTER resource's one name, in Kafka
 CREDENTIAL_ANNOTATION = "straitmq.io/credential"
 SCRAM_LOGIN = "org.apache.kafka.common.security.scram.ScramLoginModule"
+# Client settings every User Secret carries (Kafka's names: the Java client and librdkafka
+# read both). A connection setup that gets no answer is given up after 3 s and tried
+# anew: when a Service goes from no ready pod to one, kube-proxy (iptables mode) drops
+# its REJECT rule (filter table) a moment before it adds the DNAT rules (nat table), and
+# a SYN sent in between is conntracked un-NATed to the ClusterIP, where nothing answers;
+# its retransmits follow that entry, so the connect hangs until the client's own timeout
+# (librdkafka 30 s, Java 10 s; kubernetes/kubernetes#48719). The next connect is NATed.
+# Seen on the real node: the bootstrap Service as the broker pods came back after all
+# were deleted. reconnect.backoff.max.ms: the Java default, librdkafka's is 10 s (a
+# broker it kept through an outage may otherwise wait that long once it is back).
+CLIENT_SETTINGS = {"socket.connection.setup.timeout.ms": "3000", "reconnect.backoff.max.ms": "1000"}
 
 
 class Binding(NamedTuple):
@@ -311,6 +322,7 @@ class UserReconciler:
                         "sasl.mechanism": us.mechanism,
                         "sasl.jaas.config": jaas_config(us.name, password),
                         "bootstrap.servers": bootstrap,
+                        **CLIENT_SETTINGS,
                         **extra,
                     }
                     await self._secret(body, us, data, digest)
@@ -403,6 +415,7 @@ class UserReconciler:
             "user.crt": crt,
             "user.key": key,
             "bootstrap.servers": bootstrap,
+            **CLIENT_SETTINGS,
             **extra,
             "security.protocol": "SSL",
         }

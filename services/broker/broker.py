@@ -157,7 +157,7 @@ class Broker:
         self.partitions.change_listener = self.fetch_sessions.changed
         inter_broker = self.listeners[0]  # replication and share state go over the first
         self.fetchers = ReplicaFetchers(
-            FetcherSettings(config.node_id, config.rack, inter_broker, image)
+            FetcherSettings(config.node_id, config.rack, inter_broker, image, self.incarnation)
         )
         self.isr = IsrManager(
             config.node_id,
@@ -287,6 +287,7 @@ class Broker:
                 cfg.fetch_max_wait_s,
                 lambda: self.stopping,
                 self.quotas,
+                self._incarnation,
             ),
             replicas=replicas,
             metadata_deps=MetadataDeps(
@@ -435,6 +436,10 @@ class Broker:
     @property
     def image(self) -> MetadataImage:
         return self.quorum.image
+
+    def _incarnation(self, broker_id: int) -> str | None:
+        b = self.quorum.image.brokers.get(broker_id)
+        return None if b is None else b.incarnation
 
     @property
     def combined(self) -> bool:

@@ -131,9 +131,10 @@ class Lifecycle:
                     "incarnation": self.incarnation,
                     "metadata_offset": self.metadata.image.offset,
                     "want_shutdown": self.want_shutdown,
-                    # Replicas whose log cannot be opened: the controller leads them
-                    # elsewhere. At most a few thousand per heartbeat; the rest follow.
-                    "offline": list(itertools.islice(self.partitions.unavailable, OFFLINE_MAX)),
+                    # Replicas whose log cannot be opened or appended to: the
+                    # controller leads them elsewhere. At most a few thousand per
+                    # heartbeat; the rest follow.
+                    "offline": list(itertools.islice(self.partitions.offline(), OFFLINE_MAX)),
                 },
                 within_s=self.config.heartbeat_interval_ms / 1000,
             )

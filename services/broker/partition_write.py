@@ -29,22 +29,26 @@ from .storage.batch_filter import first_keyless, keyless_indexes
 log = logging.getLogger("straitmq.broker")
 
 
-def _storage_failed(partition: Partition, e: OSError) -> str:
+def _storage_failed(failed: set[tuple[str, int]], partition: Partition, e: OSError) -> str:
     """The answer's message; logged when a partition's writes start failing (a full
-    disk fails every produce to it: one line, not one a request)."""
+    disk fails every produce to it: one line, not one a request). The partition joins
+    `failed`, which the next heartbeat reports: the controller leads it elsewhere."""
     why = f"storage error: {e}"
     if partition.write_error is None:
         log.error(
-            "cannot append to the log: writes to this partition get KAFKA_STORAGE_ERROR",
+            "cannot append to the log: writes to this partition get KAFKA_STORAGE_ERROR "
+            "(reported to the controller, which moves its leadership to an in-sync replica)",
             extra={"partition": f"{partition.topic}-{partition.index}", "error": str(e)},
         )
     partition.write_error = why
+    failed.add((partition.topic, partition.index))
     return why
 
 
-def _storage_ok(partition: Partition) -> None:
+def _storage_ok(failed: set[tuple[str, int]], partition: Partition) -> None:
     if partition.write_error is not None:
         partition.write_error = None
+        failed.discard((partition.topic, partition.index))
         log.warning(
             "appends to the log work again",
             extra={"partition": f"{partition.topic}-{partition.index}"},
@@ -199,7 +203,7 @@ class PartitionWriter:
             partition.log.producers.check(batches)
             w.base_offset = partition.append(data, batches)
             if partition.write_error is not None:
-                _storage_ok(partition)
+                _storage_ok(self.partitions.write_failed, partition)
             end = partition.log.log_end_offset
             metrics.bytes_in[topic] += len(data)
             metrics.messages_in[topic] += sum(b.record_count for b in batches)
@@ -211,7 +215,10 @@ class PartitionWriter:
         except SequenceError as e:
             return w.fail(e.code, str(e))
         except OSError as e:
-            return w.fail(ErrorCode.kafka_storage_error, _storage_failed(partition, e))
+            return w.fail(
+                ErrorCode.kafka_storage_error,
+                _storage_failed(self.partitions.write_failed, partition, e),
+            )
         w.log_start_offset = partition.log.log_start_offset
         if acks == -1:
             w._partition = partition
@@ -247,7 +254,10 @@ class PartitionWriter:
         except SequenceError as e:
             return w.fail(e.code, str(e))
         except OSError as e:
-            return w.fail(ErrorCode.kafka_storage_error, _storage_failed(partition, e))
+            return w.fail(
+                ErrorCode.kafka_storage_error,
+                _storage_failed(self.partitions.write_failed, partition, e),
+            )
         w.log_start_offset = partition.log.log_start_offset
         w._partition = partition
         w._end = partition.log.log_end_offset

@@ -17,7 +17,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from straitmq.metadata.image import MetadataImage, PartitionImage, TopicImage
@@ -159,12 +159,24 @@ class Partition(ReplicaCore):
             self._wake()
 
     def on_follower_fetch(  # type: ignore[override]
-        self, replica: int, fetch_offset: int, session: Any = None, log_start: int = -1
+        self,
+        replica: int,
+        fetch_offset: int,
+        session: Any = None,
+        log_start: int = -1,
+        incarnation: str | None = None,
     ) -> bool:
         """Record a follower's fetch (see ReplicaCore.on_follower_fetch). False if this
         leader does not know the replica (yet): nothing was recorded."""
         known, start_moved = ReplicaCore.on_follower_fetch(
-            self, replica, fetch_offset, self.log.log_end_offset, _now(), session, log_start
+            self,
+            replica,
+            fetch_offset,
+            self.log.log_end_offset,
+            _now(),
+            session,
+            log_start,
+            incarnation,
         )
         if not known:
             return False
@@ -177,10 +189,15 @@ class Partition(ReplicaCore):
         return ReplicaCore.caught_up_at(self, f, self.log.log_end_offset if leo is None else leo)
 
     def isr_change(  # type: ignore[override]
-        self, lag_max_s: float, alive: Callable[[int], bool]
+        self,
+        lag_max_s: float,
+        alive: Callable[[int], bool],
+        incarnation: Callable[[int], str | None] | None = None,
     ) -> list[int] | None:
         """The ISR this leader should propose now, or None."""
-        return ReplicaCore.isr_change(self, _now(), self.log.log_end_offset, lag_max_s, alive)
+        return ReplicaCore.isr_change(
+            self, _now(), self.log.log_end_offset, lag_max_s, alive, incarnation
+        )
 
     async def wait_for_hw(self, offset: int, within_s: float) -> bool:
         """True once the high watermark reaches `offset`; False on timeout or if this
@@ -271,6 +288,10 @@ class PartitionManager:
         # (no descriptors, no disk): requests for them get KAFKA_STORAGE_ERROR with this
         # reason, and every sync tries again.
         self.unavailable: dict[tuple[str, int], str] = {}
+        # Partitions this broker leads whose appends fail (a full disk): reported to the
+        # controller with `unavailable`, which leads them from another in-sync replica,
+        # as Kafka does once a log directory fails. Forgotten once not leading.
+        self.write_failed: set[tuple[str, int]] = set()
         # Every segment file of every log, open or not, under one bound.
         self.handles = FileHandles(max_open_files)
         # Called with (partition, role) when a replica becomes leader or follower, and
@@ -441,6 +462,9 @@ class PartitionManager:
                 part.log.config = cfg
             try:
                 role = part.update(p, min_isr)
+                if role == FOLLOWER and part.write_error is not None:
+                    part.write_error = None  # a follower's appends report nothing
+                    self.write_failed.discard((name, i))
                 if role:
                     for cb in self.role_listeners:
                         cb(part, role)
@@ -576,6 +600,7 @@ class PartitionManager:
         part.fail_hw_waiters()
         part._wake()
         del self.partitions[(part.topic, part.index)]
+        self.write_failed.discard((part.topic, part.index))
         indexes = self._by_topic.get(part.topic)
         if indexes is not None:
             indexes.discard(part.index)
@@ -632,6 +657,12 @@ class PartitionManager:
     def storage_error(self, topic: str, index: int) -> str | None:
         """Why this broker cannot serve a replica the image gives it, or None."""
         return self.unavailable.get((topic, index))
+
+    def offline(self) -> Iterator[tuple[str, int]]:
+        """What the controller should lead elsewhere: replicas whose log cannot be
+        opened, then those this broker leads whose appends fail."""
+        yield from self.unavailable
+        yield from self.write_failed
 
     async def apply_retention(self) -> int:
         """Delete the segments beyond retention of every partition this broker leads, at

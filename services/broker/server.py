@@ -60,16 +60,16 @@ _API_KEY = struct.Struct(">h")
 # not one small record per partition header. Not larger: a piece, its ciphertext in
 # OpenSSL's memory BIO and the bytes read out of it stay within the core's cache.
 TLS_WRITE_BYTES = 256 * 1024
-TLS_SCRATCH_BYTES = 8 * 1024  # per TLS connection: small frames; large ones get their own
+SCRATCH_BYTES = 8 * 1024  # per connection: small frames; large ones get their own
 # A frame up to this size gets its whole buffer when its size prefix arrives; a larger
 # one grows as its bytes do (one copy more), so a size claimed and never sent costs
-# nothing (socket.request.max.bytes is 100 MB, and a TLS client may be anonymous).
-TLS_PREALLOC_BYTES = 4 * 1024 * 1024
+# nothing (socket.request.max.bytes is 100 MB, and a client may be anonymous).
+PREALLOC_BYTES = 4 * 1024 * 1024
 TLS_POOLED_BUFFERS = 4  # TLS_WRITE_BYTES buffers kept for the next fetch answers
 _TLS_BUFFERS: list[bytearray] = []
 PRE_AUTH_MAX_BYTES = 512 * 1024  # Kafka's sasl.server.max.receive.size
-# Large frames (up to TLS_PREALLOC_BYTES: a ~1 MB Produce) are read into buffers of a
-# pool shared by the TLS connections: a new bytearray of that size is zeroed and
+# Large frames (up to PREALLOC_BYTES: a ~1 MB Produce) are read into buffers of a
+# pool shared by the connections: a new bytearray of that size is zeroed and
 # faulted in every time (3-4% of a TLS produce's CPU here). A pooled buffer is handed
 # out again only once nothing refers to it (the request and every view into it gone).
 FRAME_POOL_BUFFERS = 8
@@ -98,10 +98,14 @@ class ListenerDeps:
     quota_exempt_listener: str | None = None
 
 
-class KafkaConnection(asyncio.BaseProtocol):
-    """A plaintext listener's connection (data_received). Not an asyncio.Protocol
-    subclass: the event loops take a protocol that is one for a plain one even if it has
-    get_buffer, so KafkaTlsConnection, a BufferedProtocol, must not be one either."""
+class KafkaConnection(asyncio.BufferedProtocol):
+    """A listener's connection. The event loop reads (and the TLS layer decrypts)
+    straight into our buffers: small frames land in a small scratch buffer and are
+    copied out once; a large frame (a Produce) is read into a buffer of exactly its size
+    that becomes the frame, with no copy at all. As a plain Protocol, each read came as
+    a new bytes object of up to 256 KiB (allocated, and faulted in, each time), appended
+    to the connection's buffer, then copied again into the frame: a plaintext produce
+    cost twice the CPU per GB it costs now."""
 
     def __init__(self, deps: ListenerDeps, listener: Listener | None = None) -> None:
         self.deps = deps
@@ -109,7 +113,12 @@ class KafkaConnection(asyncio.BaseProtocol):
         self.listener_name = listener.name if listener is not None else ""
         self.tls = listener is not None and listener.tls is not None
         self.security = ConnectionSecurity(None, _no_credentials)
-        self.buf = bytearray()
+        self._scratch = bytearray(SCRATCH_BYTES)
+        self._filled = 0  # bytes of _scratch holding data not framed yet
+        self._body: memoryview | None = None  # the large frame being read, and how far
+        self._body_filled = 0
+        self._grow: bytearray | None = None  # a frame over PREALLOC_BYTES, so far
+        self._grow_size = 0
         self.frames: deque[memoryview] = deque()
         self.wakeup = asyncio.Event()
         self.drained = asyncio.Event()
@@ -151,45 +160,87 @@ class KafkaConnection(asyncio.BaseProtocol):
         self.deps.metrics.listener_connections[self.listener_name] += 1
         self.task = asyncio.get_running_loop().create_task(self.run())
 
-    def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        if not buf and len(data) >= 4 and _SIZE.unpack_from(data, 0)[0] + 4 == len(data):
-            buf = self.buf = bytearray()  # whole frame in one read: keep `data`, no copy
-            frames_view = memoryview(data)
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._body is not None:
+            return self._body[self._body_filled :]  # never past the frame's end
+        return memoryview(self._scratch)[self._filled :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.closed:
+            return
+        if self._body is not None:
+            self._body_filled += nbytes
+            if self._body_filled < len(self._body):
+                return
+            self.frames.append(self._body.toreadonly())
+            self._body = None
+        elif self._grow is not None:  # the scratch buffer was handed out whole
+            take = min(nbytes, self._grow_size - len(self._grow))
+            self._grow += self._scratch[:take]
+            if len(self._grow) < self._grow_size:
+                return
+            self.frames.append(memoryview(self._grow).toreadonly())
+            self._grow = None
+            rest = nbytes - take
+            self._scratch[:rest] = self._scratch[take:nbytes]
+            self._filled = rest
+            self._frame_scratch()
         else:
-            buf += data
-            frames_view = memoryview(buf)
+            self._filled += nbytes
+            self._frame_scratch()
+        if self.frames:
+            self._frames_queued()
+
+    def _frame_scratch(self) -> None:
+        """Take the whole frames out of the scratch buffer; a frame larger than what is
+        left of it gets a buffer of its own, which the next reads fill directly."""
+        scratch = self._scratch
         limit = (
             self.deps.request_max_bytes
             if self.security.authenticated
             else PRE_AUTH_MAX_BYTES  # nobody buffers 100 MB on a connection it cannot name
         )
-        pos = 0
-        end = len(frames_view)
+        pos, end = 0, self._filled
         while end - pos >= 4:
-            (size,) = _SIZE.unpack_from(frames_view, pos)
+            (size,) = _SIZE.unpack_from(scratch, pos)
             # Unframed SASL tokens (SaslHandshake v0) may be short or empty.
             if size < (0 if self.security.raw_tokens else 8) or size > limit:
                 log.info(
                     "closing connection: bad frame size",
                     extra={"client": self.client_host, "size": size},
                 )
-                frames_view.release()
                 self.close()
                 return
-            if end - pos < size + 4:
-                break
-            if frames_view.obj is data:
-                self.frames.append(frames_view[4:].toreadonly())
-            else:
-                self.frames.append(memoryview(bytes(frames_view[pos + 4 : pos + 4 + size])))
-            pos += size + 4
-        if frames_view.obj is buf:
-            frames_view.release()
-            if pos:
-                del buf[:pos]
-        if self.frames:
-            self._frames_queued()
+            start = pos + 4
+            if end - start >= size:
+                self.frames.append(memoryview(bytes(scratch[start : start + size])))
+                pos = start + size
+                continue
+            if size > PREALLOC_BYTES:
+                self._grow, self._grow_size = bytearray(scratch[start:end]), size
+                pos = end
+            elif size > len(scratch) - 4:
+                body = frame_buffer(size)
+                body[: end - start] = scratch[start:end]
+                self._body = body
+                self._body_filled = end - start
+                pos = end
+            break
+        rest = end - pos
+        if pos and rest:
+            scratch[:rest] = scratch[pos:end]
+        self._filled = rest
+
+    def data_received(self, data: bytes) -> None:
+        """For a transport that does not use the buffer (uvloop's and asyncio's, plain
+        and TLS, all do): the same path, one copy."""
+        view = memoryview(data)
+        while view and not self.closed:
+            buf = self.get_buffer(len(view))
+            n = min(len(buf), len(view))
+            buf[:n] = view[:n]
+            view = view[n:]
+            self.buffer_updated(n)
 
     def _frames_queued(self) -> None:
         self.wakeup.set()
@@ -574,106 +625,6 @@ class KafkaConnection(asyncio.BaseProtocol):
             _TLS_BUFFERS.append(buf)  # else it may still be referenced: left to the GC
 
 
-class KafkaTlsConnection(KafkaConnection, asyncio.BufferedProtocol):
-    """A TLS listener's connection. The TLS layer decrypts straight into our buffers
-    (uvloop's SSL protocol reads into a BufferedProtocol's buffer): small frames land in
-    a small scratch buffer and are copied out once, a large frame (a Produce) is read
-    into a buffer of exactly its size that becomes the frame, with no copy at all. As a
-    plain Protocol, each read was decrypted into a new bytes object of up to 256 KiB,
-    appended to the connection's buffer, then copied again into the frame."""
-
-    def __init__(self, deps: ListenerDeps, listener: Listener | None = None) -> None:
-        super().__init__(deps, listener)
-        self._scratch = bytearray(TLS_SCRATCH_BYTES)
-        self._filled = 0  # bytes of _scratch holding data not framed yet
-        self._body: memoryview | None = None  # the large frame being read, and how far
-        self._body_filled = 0
-        self._grow: bytearray | None = None  # a frame over TLS_PREALLOC_BYTES, so far
-        self._grow_size = 0
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        if self._body is not None:
-            return self._body[self._body_filled :]  # never past the frame's end
-        return memoryview(self._scratch)[self._filled :]
-
-    def buffer_updated(self, nbytes: int) -> None:
-        if self.closed:
-            return
-        if self._body is not None:
-            self._body_filled += nbytes
-            if self._body_filled < len(self._body):
-                return
-            self.frames.append(self._body.toreadonly())
-            self._body = None
-        elif self._grow is not None:  # the scratch buffer was handed out whole
-            take = min(nbytes, self._grow_size - len(self._grow))
-            self._grow += self._scratch[:take]
-            if len(self._grow) < self._grow_size:
-                return
-            self.frames.append(memoryview(self._grow).toreadonly())
-            self._grow = None
-            rest = nbytes - take
-            self._scratch[:rest] = self._scratch[take:nbytes]
-            self._filled = rest
-            self._frame_scratch()
-        else:
-            self._filled += nbytes
-            self._frame_scratch()
-        if self.frames:
-            self._frames_queued()
-
-    def _frame_scratch(self) -> None:
-        """Take the whole frames out of the scratch buffer; a frame larger than what is
-        left of it gets a buffer of its own, which the next reads fill directly."""
-        scratch = self._scratch
-        limit = (
-            self.deps.request_max_bytes
-            if self.security.authenticated
-            else PRE_AUTH_MAX_BYTES  # nobody buffers 100 MB on a connection it cannot name
-        )
-        pos, end = 0, self._filled
-        while end - pos >= 4:
-            (size,) = _SIZE.unpack_from(scratch, pos)
-            # Unframed SASL tokens (SaslHandshake v0) may be short or empty.
-            if size < (0 if self.security.raw_tokens else 8) or size > limit:
-                log.info(
-                    "closing connection: bad frame size",
-                    extra={"client": self.client_host, "size": size},
-                )
-                self.close()
-                return
-            start = pos + 4
-            if end - start >= size:
-                self.frames.append(memoryview(bytes(scratch[start : start + size])))
-                pos = start + size
-                continue
-            if size > TLS_PREALLOC_BYTES:
-                self._grow, self._grow_size = bytearray(scratch[start:end]), size
-                pos = end
-            elif size > len(scratch) - 4:
-                body = frame_buffer(size)
-                body[: end - start] = scratch[start:end]
-                self._body = body
-                self._body_filled = end - start
-                pos = end
-            break
-        rest = end - pos
-        if pos and rest:
-            scratch[:rest] = scratch[pos:end]
-        self._filled = rest
-
-    def data_received(self, data: bytes) -> None:
-        """For a transport that does not use the buffer (uvloop's and asyncio's TLS both
-        do): the same path, one copy."""
-        view = memoryview(data)
-        while view and not self.closed:
-            buf = self.get_buffer(len(view))
-            n = min(len(buf), len(view))
-            buf[:n] = view[:n]
-            view = view[n:]
-            self.buffer_updated(n)
-
-
 class _Timed:
     """Awaits a coroutine as `await` would, adding up the time spent in each of its
     steps (from a resumption to its next suspension): the event loop's time spent on
@@ -806,9 +757,7 @@ async def serve(
     ssl_ctx = listener.tls.server_context if listener is not None and listener.tls else None
     servers = [
         await loop.create_server(
-            (lambda: KafkaTlsConnection(deps, listener))
-            if ssl_ctx
-            else (lambda: KafkaConnection(deps, listener)),
+            lambda: KafkaConnection(deps, listener),
             sock=s,
             backlog=1024,
             ssl=ssl_ctx,

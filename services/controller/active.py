@@ -542,6 +542,7 @@ class ActiveController:
                 int(req["leader_epoch"]),
                 int(req["partition_epoch"]),
                 [int(r) for r in req["isr"]],
+                ops.incarnations_of(req),
             )
         )
         p = self.image.topics[name].partitions[index]

@@ -294,7 +294,12 @@ def alter_partition(
     leader_epoch: int,
     partition_epoch: int,
     new_isr: list[int],
+    incarnations: dict[int, str] | None = None,
 ) -> list[Record]:
+    """A leader's ISR change. `incarnations`: for each joining member, the broker
+    registration its caught-up fetches came from (KIP-903's broker epochs); one that
+    registered again since (a restart, which may have lost unflushed records) cannot
+    join on them. A leader that sends none (an older broker) is not checked."""
     t, p = _partition(image, name, index)
     if p.leader != broker or leader_epoch != p.leader_epoch:
         raise ControllerError(
@@ -317,6 +322,14 @@ def alter_partition(
             raise ControllerError(
                 ErrorCode.invalid_request, f"broker {r} is fenced or shutting down; it cannot join"
             )
+        if incarnations is not None and r not in p.isr:
+            seen = incarnations.get(r)
+            if seen != image.brokers[r].incarnation:
+                raise ControllerError(
+                    ErrorCode.ineligible_replica,
+                    f"broker {r} registered again since the fetches that made it caught "
+                    f"up ({seen!r}): it joins once its new process caught up",
+                )
     rec: Record = {"type": "partition_change", "topic": name, "index": index, "isr": new_isr}
     _finish_if_complete(image, t, p, new_isr, rec)
     return [rec]
@@ -349,10 +362,18 @@ def alter_partitions(
                 int(it["leader_epoch"]),
                 int(it["partition_epoch"]),
                 [int(r) for r in it["isr"]],
+                incarnations_of(it),
             )
         except ControllerError as e:
             refused[i] = e
     return records, refused
+
+
+def incarnations_of(req: dict) -> dict[int, str] | None:
+    """An ISR change's joining members' incarnations ({"2": "..."} in JSON); None from a
+    leader that sends none."""
+    got = req.get("incarnations")
+    return None if got is None else {int(r): str(i) for r, i in got.items()}
 
 
 def reassign(image: MetadataImage, name: str, index: int, target: list[int] | None) -> list[Record]:

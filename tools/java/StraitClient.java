@@ -30,6 +30,8 @@
  *       "ts" timestamp, "tt" timestamp type, "le" leader epoch) and a final summary
  *       {"done":count,"assignment":[..],"committed":{"<p>":next_offset}}.
  *       Without --group: manual assign() of all partitions (or --partition), no commits.
+ *       With --group, a member that gets partitions has --timeout-ms from then on (a join
+ *       on a busy machine may take most of it), one that gets none stops at the first.
  *       Exit 0 when count reached (or no --count), 2 on timeout before count.
  *
  *   admin --bootstrap H:P <sub> [...] [--timeout-ms MS] [--prop k=v]...
@@ -436,8 +438,13 @@ public final class StraitClient {
             }
 
             long deadline = System.currentTimeMillis() + timeoutMs;
+            boolean assigned = false;
             outer:
             while (done < count) {
+                if (!assigned && !consumer.assignment().isEmpty()) {
+                    assigned = true;  // the timeout counts from the first assignment
+                    deadline = Math.max(deadline, System.currentTimeMillis() + timeoutMs);
+                }
                 long remaining = deadline - System.currentTimeMillis();
                 if (remaining <= 0) break;
                 ConsumerRecords<byte[], byte[]> recs = consumer.poll(Duration.ofMillis(Math.min(remaining, 500)));

@@ -53,6 +53,9 @@ class FetchDeps:
     max_wait_s: float  # fetch.max.wait.ms: the longest a fetch is held
     stopping: Callable[[], bool]  # a leaving broker answers parked fetches at once
     quotas: ClientQuotas  # consumer_byte_rate (the client's allowance is on the context)
+    # A broker's registration (incarnation) in this broker's metadata, None if unknown:
+    # a follower's fetch counts for the process that registered last (KIP-903).
+    incarnation: Callable[[int], str | None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from ..fetch_sessions import (
 from ..loop_slice import LoopSlice
 from ..quotas import Sensor
 from ..replication.core import UNDEFINED, diverging_epoch
+from ..replication.follower_id import fetcher_incarnation
 from ..storage.log import ReadSlice
 from ..storage.txn_index import AbortedTxn
 from .context import RawResponse, RequestContext
@@ -98,6 +99,13 @@ class _FetchPlan:
         # A follower's fetch (replica_id >= 0) reads up to the log end and reports its
         # position; a consumer's reads up to the high watermark.
         self.replica = getattr(req, "replica_id", -1)
+        # The follower's process (KIP-903): the one its fetcher names, else the one the
+        # metadata names now. A fetch of one that restarted since counts only for it.
+        self.incarnation = (
+            fetcher_incarnation(ctx.client_id, self.replica) or deps.incarnation(self.replica)
+            if self.replica >= 0
+            else None
+        )
         self.session = session
         self.incremental = incremental
         # The partitions whose follower position this fetch has reported: each once, at
@@ -206,7 +214,9 @@ class _FetchPlan:
                             )
                         continue
                 if replica >= 0 and (topic, index) not in self.reported:
-                    if partition.on_follower_fetch(replica, fetch_offset, session, follower_start):
+                    if partition.on_follower_fetch(
+                        replica, fetch_offset, session, follower_start, self.incarnation
+                    ):
                         self.reported.add((topic, index))
                 if fetch_offset < plog.log_start_offset or fetch_offset > plog.log_end_offset:
                     error = ErrorCode.offset_out_of_range

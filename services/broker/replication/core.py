@@ -12,13 +12,17 @@ Leader (Kafka's Partition + Replica):
 - `update` applies the controller's view (leader, epochs, replicas, ISR); a new
   leadership starts its epoch at the log end (`epoch_start_offset`, the epoch cache
   entry the caller persists).
-- `on_follower_fetch` records a follower's log end and when it was last caught up.
+- `on_follower_fetch` records a follower's log end and when it was last caught up, for
+  the incarnation of the follower's broker it came from (KIP-903: what a process that
+  restarted since fetched says nothing of the log it restarted with).
 - `advance_hw`: the high watermark is the lowest log end over the maximal ISR (a pending
   expansion counts at once, a pending shrink only once the controller committed it,
   KIP-497), and never moves back on a leader.
 - `isr_change` proposes a shrink (a follower not caught up for `lag_s`) or an expansion
-  (a live follower caught up to max(high watermark, epoch start)); one change in flight
-  (`pending_isr`) until the controller's answer or a new partition epoch settles it.
+  (a live follower caught up to max(high watermark, epoch start), as fetched by its
+  broker's current incarnation); one change in flight (`pending_isr`) until the
+  controller's answer or a new partition epoch settles it. `isr_incarnations` is what
+  the proposal tells the controller, which refuses a member that registered again since.
 - `under_min_isr` refuses acks=all writes.
 
 - `diverging_epoch` checks a fetch's last fetched epoch against the leader's epoch
@@ -74,6 +78,9 @@ class FollowerState:
     # each fetch in the session keeps the follower caught up without naming it. Any
     # object with `alive`, `last_fetch` and `parts` (fetch_sessions.FetchSession).
     session: Any = None
+    # The registration (broker incarnation) of the process these fetches came from, as
+    # this leader's metadata named it then; None: not known (no fetch yet).
+    incarnation: str | None = None
 
 
 # What `update` reports besides a role change.
@@ -137,9 +144,7 @@ class ReplicaCore:
                     # fetches from now on may bring it back. What it fetched before may
                     # be gone (a restart that lost unflushed records), and a stale log
                     # end would let it rejoin at once (found by the simulation).
-                    f.log_end_offset = f.leo_at_last_fetch = -1
-                    f.last_caught_up = 0.0
-                    f.reset_at = now
+                    _forget(f, now)
         self.isr = list(p.isr)
         if p.partition_epoch != self.partition_epoch:
             self.pending_isr = None  # the controller answered (or overruled) it
@@ -209,15 +214,30 @@ class ReplicaCore:
                 f.last_caught_up = self.caught_up_at(f, leo)
 
     def on_follower_fetch(
-        self, replica: int, fetch_offset: int, leo: int, now: float, session: Any, log_start: int
+        self,
+        replica: int,
+        fetch_offset: int,
+        leo: int,
+        now: float,
+        session: Any,
+        log_start: int,
+        incarnation: str | None = None,
     ) -> tuple[bool, bool]:
         """A follower fetched from `fetch_offset`: (known, its log start changed). Kafka's
         rule: a follower is caught up if it asks for the leader's LEO, or for what the
         LEO was at its previous fetch (then it was caught up back then). Unknown
-        (a replica this leader does not know yet): nothing is recorded."""
+        (a replica this leader does not know yet): nothing is recorded. `incarnation`:
+        the follower's broker registration as this leader's metadata names it; a new one
+        (the broker restarted, and may have lost what it had not flushed) starts over."""
         f = self.followers.get(replica)
         if f is None:
             return False, False
+        if incarnation is not None and incarnation != f.incarnation:
+            if f.incarnation is not None:
+                _forget(f, now)
+                f.session = None
+                f.log_start_offset = -1
+            f.incarnation = incarnation
         if fetch_offset >= leo:
             f.last_caught_up = now
         elif fetch_offset >= f.leo_at_last_fetch >= 0:
@@ -263,10 +283,17 @@ class ReplicaCore:
         return t
 
     def isr_change(
-        self, now: float, leo: int, lag_s: float, alive: Callable[[int], bool]
+        self,
+        now: float,
+        leo: int,
+        lag_s: float,
+        alive: Callable[[int], bool],
+        incarnation: Callable[[int], str | None] | None = None,
     ) -> list[int] | None:
         """The ISR this leader should propose now, or None. `alive(broker)` says whether
-        the controller counts that broker as alive (a fenced one cannot join)."""
+        the controller counts that broker as alive (a fenced one cannot join);
+        `incarnation(broker)` its registration as this leader's metadata names it: a
+        follower joins only on fetches of that incarnation (None: not checked)."""
         if self.role != LEADER or self.pending_isr is not None:
             return None
         if len(self.replicas) == 1 and self.isr == self.replicas:
@@ -288,11 +315,22 @@ class ReplicaCore:
                 and self.known_end(f) >= floor
                 and now - self.caught_up_at(f, leo) <= lag_s
                 and alive(r)
+                and (incarnation is None or f.incarnation == incarnation(r))
             ):
                 isr.append(r)
         if me not in isr:
             isr.insert(0, me)
         return isr if sorted(isr) != sorted(self.isr) else None
+
+    def isr_incarnations(self, new_isr: list[int]) -> dict[int, str]:
+        """For the proposal: the incarnation each joining member's fetches came from
+        (the controller refuses one that registered again since: KIP-903)."""
+        out = {}
+        for r in new_isr:
+            f = self.followers.get(r)
+            if r not in self.isr and f is not None and f.incarnation is not None:
+                out[r] = f.incarnation
+        return out
 
     def propose_isr(self, new_isr: list[int]) -> None:
         """`new_isr` goes to the controller (AlterPartition): in flight until settled."""
@@ -314,6 +352,14 @@ class ReplicaCore:
         """Take the leader's high watermark, never past this replica's own log end."""
         self.high_watermark = hw = max(0, min(leader_hw, leo))
         return hw
+
+
+def _forget(f: FollowerState, now: float) -> None:
+    """What the leader knew of a follower's log no longer holds: learnt again from its
+    next fetch."""
+    f.log_end_offset = f.leo_at_last_fetch = -1
+    f.last_caught_up = 0.0
+    f.reset_at = now
 
 
 def truncation_offset(

@@ -38,6 +38,7 @@ from ..partitions import FOLLOWER, Partition
 from ..records import InvalidRecords, replicated_batches
 from ..security.listeners import Listener, endpoint_for
 from .core import truncation_offset
+from .follower_id import fetcher_client_id
 
 log = logging.getLogger("straitmq.replication")
 
@@ -75,6 +76,7 @@ class FetcherSettings:
     rack: str | None
     listener: Listener
     image: Callable[[], MetadataImage]
+    incarnation: str = ""  # this process's broker registration
 
 
 @dataclass(slots=True)
@@ -142,7 +144,10 @@ class LeaderFetcher:
                 if self.conn is not None:
                     self.conn.close()
                 self.conn = KafkaConnection(
-                    addr[0], addr[1], f"replica-fetcher-{me}", self.settings.listener.client
+                    addr[0],
+                    addr[1],
+                    fetcher_client_id(me, self.settings.incarnation),
+                    self.settings.listener.client,
                 )
                 self.session_id = 0  # a session lives on one leader
                 self.reset_session()

@@ -29,6 +29,7 @@ SCAN_SLICE_S = 0.02
 SCAN_CHECK = 100
 EXPAND_CHECK_S = 1.0  # how soon a caught-up follower rejoins the ISR, at most
 ALTER_BATCH = 1000  # ISR changes per call to the controller
+Queued = tuple[Partition, list[int], dict]  # a proposal: partition, new ISR, request item
 
 
 class IsrManager:
@@ -50,7 +51,9 @@ class IsrManager:
         # Only leaders change an ISR: the scan visits them, not every replica.
         self.led: dict[tuple[str, int], Partition] = {}
         # Proposed, not sent yet (a later proposal for a partition replaces its earlier).
-        self._queued: dict[tuple[str, int], tuple[Partition, list[int]]] = {}
+        # Each with the request item built when proposed: the epochs and incarnations
+        # it was decided on, not those of when it is sent.
+        self._queued: dict[tuple[str, int], Queued] = {}
         self._sender: asyncio.Task | None = None
         self._batched = True  # False once a controller without alter_partitions answered
 
@@ -62,6 +65,10 @@ class IsrManager:
 
     def _alive(self, broker_id: int) -> bool:
         return self._image().broker_alive(broker_id)
+
+    def _incarnation(self, broker_id: int) -> str | None:
+        b = self._image().brokers.get(broker_id)
+        return None if b is None else b.incarnation
 
     async def run(self) -> None:
         lag_s = self.lag_s
@@ -86,7 +93,7 @@ class IsrManager:
             pacer = LoopSlice(SCAN_SLICE_S, SCAN_CHECK)
             for part in parts:
                 try:
-                    new = part.isr_change(lag_s, self._alive)
+                    new = part.isr_change(lag_s, self._alive, self._incarnation)
                     if new is not None:
                         self.propose(part, new)
                 except Exception:  # one partition's bug must not end ISR upkeep for all
@@ -108,7 +115,7 @@ class IsrManager:
 
     def propose(self, part: Partition, new_isr: list[int]) -> None:
         part.propose_isr(new_isr)
-        self._queued[(part.topic, part.index)] = (part, new_isr)
+        self._queued[(part.topic, part.index)] = (part, new_isr, _item(part, new_isr))
         if self._sender is None or self._sender.done():
             self._sender = asyncio.get_running_loop().create_task(self._send_queued())
 
@@ -119,23 +126,14 @@ class IsrManager:
             if self._batched and await self._send_batch(batch):
                 continue
             self._batched = False  # an older controller (a rolling upgrade)
-            await asyncio.gather(*(self._send(part, isr) for part, isr in batch))
+            await asyncio.gather(*(self._send(*q) for q in batch))
 
-    async def _send_batch(self, batch: list[tuple[Partition, list[int]]]) -> bool:
+    async def _send_batch(self, batch: list[Queued]) -> bool:
         """One alter_partitions call for the batch; False, with nothing sent, when the
         controller does not know that call."""
-        items = [
-            {
-                "topic": part.topic,
-                "index": part.index,
-                "leader_epoch": part.leader_epoch,
-                "partition_epoch": part.partition_epoch,
-                "isr": isr,
-            }
-            for part, isr in batch
-        ]
+        items = [item for _, _, item in batch]
         # Judged now: by the answer the broker may have applied the new ISR already.
-        grew = [len(isr) > len(part.isr) for part, isr in batch]
+        grew = [len(isr) > len(part.isr) for part, isr, _ in batch]
         answers: list[dict | None]
         try:
             reply = await self._controller.call(
@@ -151,25 +149,16 @@ class IsrManager:
         except Exception:
             log.exception("ISR changes failed", extra={"partitions": len(batch)})
             answers = [None] * len(batch)
-        for (part, isr), answer, more in zip(batch, answers, grew, strict=True):
+        for (part, isr, _), answer, more in zip(batch, answers, grew, strict=True):
             self._settle(part, isr, more, answer)
         return True
 
-    async def _send(self, part: Partition, new_isr: list[int]) -> None:
+    async def _send(self, part: Partition, new_isr: list[int], item: dict) -> None:
         grew = len(new_isr) > len(part.isr)
         answer: dict | None
         try:
             await self._controller.call(
-                "alter_partition",
-                {
-                    "broker": self.node_id,
-                    "topic": part.topic,
-                    "index": part.index,
-                    "leader_epoch": part.leader_epoch,
-                    "partition_epoch": part.partition_epoch,
-                    "isr": new_isr,
-                },
-                within_s=5.0,
+                "alter_partition", {"broker": self.node_id, **item}, within_s=5.0
             )
             answer = {"error_code": 0}
         except ControllerError as e:
@@ -198,3 +187,16 @@ class IsrManager:
                 extra={"partition": f"{part.topic}-{part.index}", "reason": answer.get("message")},
             )
         part.isr_refused(new_isr)
+
+
+def _item(part: Partition, isr: list[int]) -> dict:
+    """One ISR change as the controller reads it; `incarnations` names the broker
+    registration each joining member's fetches came from (KIP-903)."""
+    return {
+        "topic": part.topic,
+        "index": part.index,
+        "leader_epoch": part.leader_epoch,
+        "partition_epoch": part.partition_epoch,
+        "isr": isr,
+        "incarnations": {str(r): i for r, i in part.isr_incarnations(isr).items()},
+    }

@@ -25,6 +25,7 @@ replays it, `python -m bench.replication_sim --seed N`):
   acknowledged acks=all write, unless an unclean election happened or every in-sync
   replica lost the record in crashes (fsync off: the loss the settings accept);
 - a leader's high watermark never moves back within its leader epoch;
+- a replica joins the ISR only holding everything below the leader's high watermark;
 - no producer sequence is written twice below the high watermark.
 """
 
@@ -164,6 +165,7 @@ class Broker:
     alter_until: float = 0.0
     next_isr_check: float = 0.0
     next_heartbeat: float = 0.0
+    incarnation: int = 0  # its process: each restart registers anew
 
 
 @dataclass(slots=True)
@@ -213,6 +215,7 @@ class Simulation:
         self.p_crash = rng.choice((0.0, 0.006, 0.015))
         self.p_pause = rng.choice((0.0, 0.006))
         self.p_restart = rng.choice((0.02, 0.1))  # per step: fast restarts too
+        self.p_rejoin_crash = rng.choice((0.0, 0.05))
         self.p_cut = rng.choice((0.0, 0.01, 0.02))
         self.p_loss = rng.choice((0.0, 0.02))
         self.p_reassign = rng.choice((0.0, 0.0, 0.006))
@@ -336,6 +339,13 @@ class Simulation:
             b = self.brokers[rng.randrange(len(self.brokers))]
             if b.up:
                 self._crash(b)
+        if rng.random() < self.p_rejoin_crash:
+            # Aimed: a follower just caught up and not back in the ISR yet, which the
+            # leader is about to add on what it fetched (KIP-903's case: restarted, it
+            # lost its unflushed tail; the leader must not add it on the old fetches).
+            aimed = self._rejoining()
+            if aimed is not None:
+                self._crash(aimed)
         for b in self.brokers.values():
             if not b.up and rng.random() < self.p_restart:
                 self._restart(b)
@@ -360,6 +370,17 @@ class Simulation:
             if recs:
                 self.stats["reassignments"] += 1
                 self._commit(recs)
+
+    def _rejoining(self) -> Broker | None:
+        leader = self.brokers.get(self._partition().leader)
+        core = leader.core if leader is not None and leader.up else None
+        if core is None or core.role != LEADER:
+            return None
+        for r, f in core.followers.items():
+            b = self.brokers[r]
+            if r not in core.isr and b.up and f.log_end_offset >= core.high_watermark > 0:
+                return b
+        return None
 
     def _crash(self, b: Broker) -> None:
         self.stats["crashes"] += 1
@@ -386,6 +407,7 @@ class Simulation:
 
     def _restart(self, b: Broker) -> None:
         b.up = True
+        b.incarnation += 1  # a new process: its first heartbeat registers it (fenced)
         b.next_heartbeat = self.now
         # A restarted broker catches up with the metadata log before it serves: nothing
         # older than what the controller holds now is applied. Its replica fetchers start
@@ -446,23 +468,55 @@ class Simulation:
 
     def _controller_receive(self, src: int, kind: str, body: Any) -> None:
         if kind == "heartbeat":
+            registered = int(self.image.brokers[src].incarnation)
+            if body < registered:
+                return  # an old process's (STALE_BROKER_EPOCH)
+            if body > registered:
+                # A restarted broker registers: fenced, its leaderships and ISR places
+                # go (active.register_broker); unfenced by a later heartbeat, once caught
+                # up with the metadata.
+                old = self.image.brokers[src]
+                rec = {"type": "register_broker", "id": src, "incarnation": str(body)}
+                rec |= {"host": old.host, "port": old.port, "http_port": 0}
+                self._commit([rec, *on_broker_leaving(self.image, src)])
+                return
             self.last_heartbeat[src] = self.now
             if not self.image.broker_alive(src):
                 self._commit(
                     [{"type": "unfence_broker", "id": src}, *on_broker_returning(self.image, src)]
                 )
         elif kind == "alter":
-            leader_epoch, partition_epoch, isr = body
+            leader_epoch, partition_epoch, isr, incarnations = body
             try:
                 recs = alter_partition(
-                    self.image, src, TOPIC, 0, leader_epoch, partition_epoch, isr
+                    self.image, src, TOPIC, 0, leader_epoch, partition_epoch, isr, incarnations
                 )
             except ControllerError as e:
                 self.send(CONTROLLER, src, "alter_answer", (isr, int(e.code)))
                 return
             self.stats["isr_changes"] += 1
+            self._check_joining(src, isr)
             self._commit(recs)
             self.send(CONTROLLER, src, "alter_answer", (isr, 0))
+
+    def _check_joining(self, leader: int, isr: list[int]) -> None:
+        """A replica joins the ISR only holding every record below the leader's high
+        watermark: else, elected, it loses acknowledged writes (KIP-903's case, a
+        follower that restarted without its unflushed tail, added on its old fetches)."""
+        core = self.brokers[leader].core
+        hw = core.high_watermark if core is not None else 0
+        for r in isr:
+            if r in self._partition().isr:
+                continue
+            plog = self.brokers[r].log
+            held = plog.log_end_offset if plog is not None else 0
+            if held < hw:
+                self.fail(
+                    "a replica joined the ISR short of the high watermark",
+                    replica=r,
+                    log_end=held,
+                    high_watermark=hw,
+                )
 
     # -- a broker --------------------------------------------------------------------
 
@@ -470,7 +524,7 @@ class Simulation:
         now = self.now
         if now >= b.next_heartbeat:
             b.next_heartbeat = now + HEARTBEAT_S
-            self.send(b.id, CONTROLLER, "heartbeat", None)
+            self.send(b.id, CONTROLLER, "heartbeat", b.incarnation)
         plog = b.log
         if plog is None:
             return
@@ -491,7 +545,13 @@ class Simulation:
                     b.id, core.leader, "epoch_end", (core.leader_epoch, plog.epochs.latest_epoch)
                 )
             else:
-                body = (core.leader_epoch, plog.log_end_offset, plog.epochs.latest_epoch)
+                # Its process named, as the fetcher's client id names it (KIP-903).
+                body = (
+                    core.leader_epoch,
+                    plog.log_end_offset,
+                    plog.epochs.latest_epoch,
+                    str(b.incarnation),
+                )
                 self.send(b.id, core.leader, "fetch", body)
         elif core.role == LEADER:
             if b.waiters and b.waiters[0][3] <= now:
@@ -507,17 +567,23 @@ class Simulation:
                 b.alter_until = 0.0
             if now >= b.next_isr_check:
                 b.next_isr_check = now + ISR_CHECK_S
-                new = core.isr_change(now, plog.log_end_offset, LAG_S, self._alive_view)
+                new = core.isr_change(
+                    now, plog.log_end_offset, LAG_S, self._alive_view, self._incarnation_view
+                )
                 if new is not None:
                     core.propose_isr(new)
                     b.alter_until = now + REQUEST_TIMEOUT_S
-                    self.send(
-                        b.id, CONTROLLER, "alter", (core.leader_epoch, core.partition_epoch, new)
-                    )
+                    joining = core.isr_incarnations(new)
+                    alter = (core.leader_epoch, core.partition_epoch, new, joining)
+                    self.send(b.id, CONTROLLER, "alter", alter)
 
     def _alive_view(self, broker: int) -> bool:
         # The leader reads the controller's view from its metadata; close enough here.
         return self.image.broker_alive(broker)
+
+    def _incarnation_view(self, broker: int) -> str | None:
+        b = self.image.brokers.get(broker)
+        return None if b is None else b.incarnation
 
     def _broker_receive(self, b: Broker, src: int, kind: str, body: Any) -> None:
         if kind == "metadata":
@@ -542,7 +608,7 @@ class Simulation:
                 )
             return
         if kind == "fetch":
-            epoch, fetch_offset, last_epoch = body
+            epoch, fetch_offset, last_epoch, incarnation = body
             error = self._leader_error(core, epoch)
             if error:
                 self.send(b.id, src, "fetch_answer", (error, epoch, fetch_offset))
@@ -557,7 +623,9 @@ class Simulation:
                     answer = (ErrorCode.offset_out_of_range, epoch, fetch_offset)
                 self.send(b.id, src, "fetch_answer", answer)
                 return
-            known, _ = core.on_follower_fetch(src, fetch_offset, leo, self.now, None, 0)
+            known, _ = core.on_follower_fetch(
+                src, fetch_offset, leo, self.now, None, 0, incarnation
+            )
             if known:
                 self._advance_hw(b)
             if fetch_offset > leo:

@@ -221,9 +221,15 @@ class TransactionCoordinator:
         self.core.begin(t)
         try:
             durable = await _write_record(part, m.transactional_id, m.to_json())
-        except (OSError, asyncio.CancelledError):
+        except asyncio.CancelledError:
             self.core.abandon(t)
             raise
+        except OSError as e:
+            # A full disk: the client is told NOT_COORDINATOR and retries, as Kafka maps a
+            # failed transaction log append (a fault run found it closing the connection).
+            self.core.abandon(t)
+            log.warning("cannot write a transaction's state", extra={"error": str(e)})
+            return False
         except Exception:
             self.core.abandon(t)
             log.exception("writing a transaction's state failed")

@@ -420,6 +420,25 @@ def create_topic(c: Cluster, topic: str, configs: dict[str, str] | None) -> None
     wait_for(attempt, 60, f"{topic}: created on three unfenced brokers", every=0.5)
 
 
+def hold_fault(c: Cluster, faults: Faults, kind: str, victim: int, jumped: str, r: Run) -> None:
+    """Inject the run's fault (a clock kind: jump `jumped`'s clock), hold it for the
+    seeded r.hold_s, and heal it, whatever happened meanwhile."""
+    if kind in CLOCK_KINDS:
+        assert faults.clocks is not None and r.jump_s is not None
+        faults.clocks.set(jumped, r.jump_s)
+        r.seen_jump_s = http_clock_skew(c, jumped)
+    else:
+        faults.inject(kind, victim)
+    try:
+        time.sleep(r.hold_s)  # the fault's seeded duration (not a wait for a condition)
+    finally:
+        if kind in CLOCK_KINDS:
+            assert faults.clocks is not None
+            faults.clocks.set(jumped, 0)
+        else:
+            faults.heal(kind, victim)
+
+
 def one_run(c: Cluster, faults: Faults, kind: str, i: int, seed: int) -> Run:
     rng = random.Random(seed)
     topic = f"{kind}-{i}"
@@ -441,20 +460,7 @@ def one_run(c: Cluster, faults: Faults, kind: str, i: int, seed: int) -> Run:
     w = Workload(c.bootstrap, topic, prefix=f"{topic}", rate=300).start()
     try:
         w.wait_acked_growth(100, 60)
-        if kind in CLOCK_KINDS:
-            assert faults.clocks is not None and r.jump_s is not None
-            faults.clocks.set(jumped, r.jump_s)
-            r.seen_jump_s = http_clock_skew(c, jumped)
-        else:
-            faults.inject(kind, victim)
-        try:
-            time.sleep(r.hold_s)  # the fault's seeded duration (not a wait for a condition)
-        finally:
-            if kind in CLOCK_KINDS:
-                assert faults.clocks is not None
-                faults.clocks.set(jumped, 0)
-            else:
-                faults.heal(kind, victim)
+        hold_fault(c, faults, kind, victim, jumped, r)
         w.wait_acked_growth(100, 90)
     except Exception as e:  # recorded, and the history still checked
         r.stalled = f"{type(e).__name__}: {e}"
@@ -1155,20 +1161,7 @@ def one_txn_run(
         if kind in CLOCK_KINDS:
             r.jumped = jumped
         hits0 = storage_errors(c, victim) if kind == "diskfull" else 0
-        if kind in CLOCK_KINDS:
-            assert faults.clocks is not None and r.jump_s is not None
-            faults.clocks.set(jumped, r.jump_s)
-            r.seen_jump_s = http_clock_skew(c, jumped)
-        else:
-            faults.inject(kind, victim)
-        try:
-            time.sleep(r.hold_s)  # the fault's seeded duration (not a wait for a condition)
-        finally:
-            if kind in CLOCK_KINDS:
-                assert faults.clocks is not None
-                faults.clocks.set(jumped, 0)
-            else:
-                faults.heal(kind, victim)
+        hold_fault(c, faults, kind, victim, jumped, r)
         w.wait_growth(TXN_GROWTH, 120)
     except Exception as e:  # recorded, and the history still checked
         r.stalled = f"{type(e).__name__}: {e}"

@@ -6,7 +6,9 @@ tools/java/kafka-4.1/ConsumerProtocolClient.java:
 
 "assigned"/"revoked"/"lost" from the rebalance callbacks (wall-clock ms), "records" per
 batch before its offsets are committed synchronously, "committed" or "commit_failed". A
-line "stop" (or end of input) on stdin closes the consumer, which leaves the group.
+refused commit (STALE_MEMBER_EPOCH while the member's epoch moves on) is tried again on the
+next poll for the partitions the member still owns, as an application would. A line "stop"
+(or end of input) on stdin closes the consumer, which leaves the group.
 """
 
 from __future__ import annotations
@@ -48,24 +50,36 @@ def main() -> None:
     def now() -> int:
         return int(time.time() * 1000)
 
+    # Offsets whose commit was refused, dropped when the partition is revoked or lost (the
+    # next owner reads from the last commit and commits on its own).
+    pending: dict[int, int] = {}
+
+    def gone(event: str, ps: list[TopicPartition]) -> None:
+        for p in ps:
+            pending.pop(p.partition, None)
+        emit(ev=event, ts=now(), parts=[p.partition for p in ps])
+
     consumer.subscribe(
         [topic],
         on_assign=lambda c, ps: emit(ev="assigned", ts=now(), parts=[p.partition for p in ps]),
-        on_revoke=lambda c, ps: emit(ev="revoked", ts=now(), parts=[p.partition for p in ps]),
-        on_lost=lambda c, ps: emit(ev="lost", ts=now(), parts=[p.partition for p in ps]),
+        on_revoke=lambda c, ps: gone("revoked", ps),
+        on_lost=lambda c, ps: gone("lost", ps),
     )
     emit(ev="started")
     while not stop.is_set():
         msgs = consumer.consume(num_messages=500, timeout=0.2)
         good = [m for m in msgs if m.error() is None]
-        if not good:
+        owned = {tp.partition for tp in consumer.assignment()}
+        nxt = {p: o for p, o in pending.items() if p in owned}
+        pending.clear()
+        if not good and not nxt:
             continue
-        emit(
-            ev="records",
-            ts=now(),
-            recs=[[m.partition(), m.offset(), m.value().decode()] for m in good],
-        )
-        nxt: dict[int, int] = {}
+        if good:
+            emit(
+                ev="records",
+                ts=now(),
+                recs=[[m.partition(), m.offset(), m.value().decode()] for m in good],
+            )
         for m in good:
             nxt[m.partition()] = max(nxt.get(m.partition(), 0), m.offset() + 1)
         try:
@@ -76,9 +90,12 @@ def main() -> None:
             emit(ev="committed", ts=now(), offsets=sorted(done))
             if len(done) < len(nxt):
                 emit(ev="commit_failed", error=str([tp.error for tp in res if tp.error]))
+                pending.update((tp.partition, tp.offset) for tp in res if tp.error)
         except KafkaException as e:
-            # Refused during a rebalance or after fencing: the next owner reads them again.
+            # Refused during a rebalance or after fencing: tried again next poll while the
+            # partition is ours, else the next owner processes the records again.
             emit(ev="commit_failed", error=str(e))
+            pending.update(nxt)
     consumer.close()
     emit(ev="closed", ts=now())
 

@@ -106,6 +106,10 @@ class Member(ClientProcess):
     def processed(self) -> int:
         return sum(len(e["recs"]) for e in list(self.events) if e["ev"] == "records")
 
+    def last_failed_commit(self) -> str | None:
+        failed = [e["error"] for e in list(self.events) if e["ev"] == "commit_failed"]
+        return failed[-1] if failed else None
+
     def check_alive(self) -> None:
         if self.ended_at is None and (why := self.exited()):
             raise AssertionError(why)
@@ -569,7 +573,10 @@ def assert_drained(
         "committed offsets reach the log end",
         0.3,
         check=check,
-        detail=lambda: str({p: (watcher.seen[p][-1:], ends[p]) for p in ends}),
+        detail=lambda: (
+            str({p: (watcher.seen[p][-1:], ends[p]) for p in ends})
+            + str([(m.name, sorted(m.owned()), m.last_failed_commit()) for m in members])
+        ),
     )
 
 

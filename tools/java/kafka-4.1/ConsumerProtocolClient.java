@@ -5,8 +5,11 @@
 // Prints one JSON object a line on stdout: "assigned"/"revoked"/"lost" from the rebalance
 // listener (with the wall-clock time, to check that no partition has two owners at once),
 // "records" (partition, offset, value) for each poll before its offsets are committed
-// (commitSync), "committed" or "commit_failed". A line "stop" (or end of input) on stdin
-// closes the consumer, which leaves the group.
+// (commitSync), "committed" or "commit_failed". A commit refused while the member's epoch
+// moves on (STALE_MEMBER_EPOCH, which the 4.1 client does not retry) is tried again on the
+// next poll for the partitions the member still owns, as an application would; otherwise
+// the last batch before the producer stops would stay uncommitted. A line "stop" (or end
+// of input) on stdin closes the consumer, which leaves the group.
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Collection;
@@ -73,14 +76,19 @@ public class ConsumerProtocolClient {
         });
         stdin.setDaemon(true);
         stdin.start();
+        // Offsets whose commit was refused; dropped when the partition is revoked or lost
+        // (the next owner reads from the last commit and commits on its own).
+        Map<TopicPartition, OffsetAndMetadata> pending = new HashMap<>();
         consumer.subscribe(List.of(topic), new ConsumerRebalanceListener() {
             public void onPartitionsRevoked(Collection<TopicPartition> tps) {
+                pending.keySet().removeAll(tps);
                 emit("{\"ev\":\"revoked\",\"ts\":" + System.currentTimeMillis() + ",\"parts\":" + parts(tps) + "}");
             }
             public void onPartitionsAssigned(Collection<TopicPartition> tps) {
                 emit("{\"ev\":\"assigned\",\"ts\":" + System.currentTimeMillis() + ",\"parts\":" + parts(tps) + "}");
             }
             public void onPartitionsLost(Collection<TopicPartition> tps) {
+                pending.keySet().removeAll(tps);
                 emit("{\"ev\":\"lost\",\"ts\":" + System.currentTimeMillis() + ",\"parts\":" + parts(tps) + "}");
             }
         });
@@ -93,8 +101,9 @@ public class ConsumerProtocolClient {
                 } catch (WakeupException e) {
                     break;
                 }
-                if (records.isEmpty()) continue;
-                Map<TopicPartition, OffsetAndMetadata> next = new HashMap<>();
+                pending.keySet().retainAll(consumer.assignment());
+                if (records.isEmpty() && pending.isEmpty()) continue;
+                Map<TopicPartition, OffsetAndMetadata> next = new HashMap<>(pending);
                 StringBuilder recs = new StringBuilder();
                 for (ConsumerRecord<byte[], byte[]> rec : records) {
                     if (recs.length() > 0) recs.append(',');
@@ -102,7 +111,9 @@ public class ConsumerProtocolClient {
                         .append(quote(new String(rec.value()))).append(']');
                     next.put(new TopicPartition(rec.topic(), rec.partition()), new OffsetAndMetadata(rec.offset() + 1));
                 }
-                emit("{\"ev\":\"records\",\"ts\":" + System.currentTimeMillis() + ",\"recs\":[" + recs + "]}");
+                if (!records.isEmpty())
+                    emit("{\"ev\":\"records\",\"ts\":" + System.currentTimeMillis() + ",\"recs\":[" + recs + "]}");
+                pending.clear();
                 try {
                     consumer.commitSync(next);
                     StringBuilder c = new StringBuilder();
@@ -115,8 +126,10 @@ public class ConsumerProtocolClient {
                     break;
                 } catch (Exception e) {
                     // A commit refused during a rebalance or after fencing (STALE_MEMBER_EPOCH,
-                    // UNKNOWN_MEMBER_ID): the records are processed again by the next owner.
+                    // UNKNOWN_MEMBER_ID): tried again next poll while the partition is ours,
+                    // else the next owner processes the records again.
                     emit("{\"ev\":\"commit_failed\",\"error\":" + quote(e.getClass().getSimpleName() + ": " + e.getMessage()) + "}");
+                    pending.putAll(next);
                 }
             }
         } finally {

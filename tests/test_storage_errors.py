@@ -6,24 +6,31 @@ a real full filesystem under a cluster."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import os
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from conftest import record_batch
 from kio.schema.errors import ErrorCode
 from straitmq.broker.metrics import BrokerMetrics
 from straitmq.broker.partition_write import PartitionWriter
-from straitmq.broker.partitions import Partition, PartitionManager
+from straitmq.broker.partitions import LEADER, Partition, PartitionManager
 from straitmq.broker.record_codec import decode_batch
 from straitmq.broker.records import replicated_batches, validate_batches
 from straitmq.broker.storage import segment as segment_module
 from straitmq.broker.storage.log import LogConfig, PartitionLog
+from straitmq.broker.transactions.coordinator import (
+    TXN_TOPIC,
+    TransactionCoordinator,
+    TxnSettings,
+)
 from straitmq.metadata.image import MetadataImage
 
 STORAGE_ERROR = 56  # KAFKA_STORAGE_ERROR on the wire
@@ -245,3 +252,55 @@ def test_a_log_start_that_cannot_be_checkpointed_does_not_move(
     assert plog.log_start_offset == 0
     assert plog.advance_start(2) == 0 and plog.log_start_offset == 2  # space again: it moves
     assert PartitionLog(plog.directory, plog.config).log_start_offset == 2
+
+
+def test_the_transaction_coordinator_on_a_full_disk_answers_not_coordinator_and_reports_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `__transaction_state` write that fails on a full disk (fault run disk full #30):
+    the client is told NOT_COORDINATOR (retriable: it finds the coordinator again), the
+    transition is dropped (a retry is not CONCURRENT_TRANSACTIONS for ever), and the
+    partition is reported offline like a produce's, so its leadership moves to a replica
+    with a disk. Once space is back the same request succeeds."""
+    image = MetadataImage()
+    image.apply({"type": "topic", "name": TXN_TOPIC, "topic_id": str(uuid.uuid4()), "configs": {}})
+    image.apply(
+        {"type": "partition", "topic": TXN_TOPIC, "index": 0, "replicas": [1], "isr": [1]}
+        | {"leader": 1}
+    )
+    parts = PartitionManager(str(tmp_path / "data"), {}, 1)
+    parts.sync(image)
+    part = parts.get(TXN_TOPIC, 0)
+    assert part is not None and part.is_leader
+
+    async def no_topic(_: dict) -> None:
+        raise AssertionError("the topic exists")
+
+    async def no_pid() -> int:
+        raise AssertionError("the test allocates producer ids")
+
+    coord = TransactionCoordinator(
+        1,
+        TxnSettings(1, 1, 1 << 20, 60_000, 3_600_000, 10_000),
+        parts,
+        cast(Any, SimpleNamespace(image=image)),
+        cast(Any, None),  # markers go nowhere here: no transaction completes
+        no_pid,
+        no_topic,
+    )
+    coord.on_role(part, LEADER)
+
+    async def init() -> Any:
+        return await coord.run(coord.core.init_producer_id("tid", 60_000, 0, 7))
+
+    monkeypatch.setattr(segment_module.os, "pwritev", _no_space)
+    refused = asyncio.run(init())
+    assert refused.error == ErrorCode.not_coordinator
+    assert "tid" not in coord.core.pending and "tid" not in coord.core.txns
+    assert list(parts.offline()) == [(TXN_TOPIC, 0)]
+    assert part.write_error is not None and "No space" in part.write_error
+
+    monkeypatch.undo()
+    granted = asyncio.run(init())
+    assert (granted.error, granted.producer_id, granted.producer_epoch) == (0, 7, 0)
+    assert list(parts.offline()) == []

@@ -8,7 +8,6 @@ producer sequences, storage errors, and the ISR confirming the write in time.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 from kio.schema.errors import ErrorCode
@@ -25,34 +24,6 @@ from .records import (
     validate_batches,
 )
 from .storage.batch_filter import first_keyless, keyless_indexes
-
-log = logging.getLogger("straitmq.broker")
-
-
-def _storage_failed(failed: set[tuple[str, int]], partition: Partition, e: OSError) -> str:
-    """The answer's message; logged when a partition's writes start failing (a full
-    disk fails every produce to it: one line, not one a request). The partition joins
-    `failed`, which the next heartbeat reports: the controller leads it elsewhere."""
-    why = f"storage error: {e}"
-    if partition.write_error is None:
-        log.error(
-            "cannot append to the log: writes to this partition get KAFKA_STORAGE_ERROR "
-            "(reported to the controller, which moves its leadership to an in-sync replica)",
-            extra={"partition": f"{partition.topic}-{partition.index}", "error": str(e)},
-        )
-    partition.write_error = why
-    failed.add((partition.topic, partition.index))
-    return why
-
-
-def _storage_ok(failed: set[tuple[str, int]], partition: Partition) -> None:
-    if partition.write_error is not None:
-        partition.write_error = None
-        failed.discard((partition.topic, partition.index))
-        log.warning(
-            "appends to the log work again",
-            extra={"partition": f"{partition.topic}-{partition.index}"},
-        )
 
 
 class PartitionWrite:
@@ -202,8 +173,6 @@ class PartitionWriter:
                 partition.log.producers.check_verified(*verified)
             partition.log.producers.check(batches)
             w.base_offset = partition.append(data, batches)
-            if partition.write_error is not None:
-                _storage_ok(self.partitions.write_failed, partition)
             end = partition.log.log_end_offset
             metrics.bytes_in[topic] += len(data)
             metrics.messages_in[topic] += sum(b.record_count for b in batches)
@@ -214,11 +183,8 @@ class PartitionWriter:
             return w.fail(e.code, str(e), e.record_errors)
         except SequenceError as e:
             return w.fail(e.code, str(e))
-        except OSError as e:
-            return w.fail(
-                ErrorCode.kafka_storage_error,
-                _storage_failed(self.partitions.write_failed, partition, e),
-            )
+        except OSError as e:  # the partition reports itself (Partition.append)
+            return w.fail(ErrorCode.kafka_storage_error, partition.write_error or str(e))
         w.log_start_offset = partition.log.log_start_offset
         if acks == -1:
             w._partition = partition
@@ -253,11 +219,8 @@ class PartitionWriter:
             w.base_offset = partition.append(data, replicated_batches(data))
         except SequenceError as e:
             return w.fail(e.code, str(e))
-        except OSError as e:
-            return w.fail(
-                ErrorCode.kafka_storage_error,
-                _storage_failed(self.partitions.write_failed, partition, e),
-            )
+        except OSError as e:  # the partition reports itself (Partition.append)
+            return w.fail(ErrorCode.kafka_storage_error, partition.write_error or str(e))
         w.log_start_offset = partition.log.log_start_offset
         w._partition = partition
         w._end = partition.log.log_end_offset

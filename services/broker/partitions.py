@@ -82,6 +82,7 @@ class Partition(ReplicaCore):
         "log",
         "low_watermark_waiters",
         "on_change",
+        "on_write_state",
         "waiters",
         "write_error",
     )
@@ -103,8 +104,10 @@ class Partition(ReplicaCore):
         # at once, as tools and tests without an event loop do).
         self.epoch_writes: Callable[[LeaderEpochCache], None] | None = None
         # Why the last leader append failed on the disk (None: it did not): said once
-        # when writes start failing and once when they work again.
+        # when writes start failing and once when they work again, and told to
+        # `on_write_state` (the manager reports the partition to the controller).
         self.write_error: str | None = None
+        self.on_write_state: Callable[[Partition], None] | None = None
 
     # -- role changes (from the metadata image) ----------------------------------------
 
@@ -140,12 +143,39 @@ class Partition(ReplicaCore):
     # -- leader side -------------------------------------------------------------------
 
     def append(self, data: memoryview, batches: list[BatchInfo]) -> int:
+        """Append as the leader (Produce, WriteTxnMarkers, and the group and transaction
+        coordinators' own records alike). An OSError (a full disk) is raised after the
+        partition is marked as failing, whichever of them wrote."""
         if self.followers:
             self.before_append(self.log.log_end_offset)
-        base = self.log.append(data, batches, self.leader_epoch)
+        try:
+            base = self.log.append(data, batches, self.leader_epoch)
+        except OSError as e:
+            self._write_state(f"storage error: {e}")
+            raise
+        if self.write_error is not None:
+            self._write_state(None)
         self.maybe_advance_hw()
         self._wake()
         return base
+
+    def _write_state(self, error: str | None) -> None:
+        if (error is None) == (self.write_error is None):
+            self.write_error = error
+            return
+        where = f"{self.topic}-{self.index}"
+        if error is None:
+            log.warning("appends to the log work again", extra={"partition": where})
+        else:
+            log.error(
+                "cannot append to the log: writes to this partition get KAFKA_STORAGE_ERROR "
+                "(reported to the controller, which moves its leadership to an in-sync "
+                "replica)",
+                extra={"partition": where, "error": error},
+            )
+        self.write_error = error
+        if self.on_write_state is not None:
+            self.on_write_state(self)
 
     def maybe_advance_hw(self) -> None:
         if self.advance_hw(self.log.log_end_offset):
@@ -455,6 +485,7 @@ class PartitionManager:
                     continue
                 part = Partition(name, i, plog, me)
                 part.on_change = self.change_listener
+                part.on_write_state = self._write_state_changed
                 part.epoch_writes = self._write_epochs_later
                 self.partitions[(name, i)] = part
                 self._by_topic.setdefault(name, set()).add(i)
@@ -653,6 +684,12 @@ class PartitionManager:
             with open(tmp, "w") as f:
                 f.write(topic_id)
             os.replace(tmp, marker)  # never a half-written marker (a full disk)
+
+    def _write_state_changed(self, part: Partition) -> None:
+        if part.write_error is None:
+            self.write_failed.discard((part.topic, part.index))
+        else:
+            self.write_failed.add((part.topic, part.index))
 
     def storage_error(self, topic: str, index: int) -> str | None:
         """Why this broker cannot serve a replica the image gives it, or None."""

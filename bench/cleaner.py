@@ -1,6 +1,6 @@
 """The log cleaner (issue 25): how fast it compacts, what it costs, and what produce and
 fetch lose while it runs. StraitMQ (one broker, its cleaner in a worker process, and
-again with it in a thread) beside Apache Kafka 4.1 (one KRaft combined broker,
+again with it in a thread) beside Apache Kafka 4.4 (one KRaft combined broker,
 bench/kafka_ref.py), one system at a time, in one run (not a pytest test).
 
     python -m bench.cleaner [--records 1000000] [--rounds 3]
@@ -244,7 +244,7 @@ class Strait(System):
         return {"seconds": busy, "end": now - since}
 
 
-# Kafka 4.1's LogCleaner stats, logged at INFO after each cleaning:
+# Kafka 4.4's LogCleaner stats, logged at INFO after each cleaning:
 #   Log cleaner thread 0 cleaned log t-0 (dirty section = [0, 300000])
 #   	123.4 MB of log processed in 2.3 seconds (53.6 MB/sec).
 KAFKA_CLEANED = re.compile(

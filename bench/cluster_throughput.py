@@ -1,5 +1,5 @@
 """Producer throughput of a replicated cluster, acks=1 vs acks=all: StraitMQ (3 controllers +
-3 brokers, LocalCluster) beside Apache Kafka 4.1 (3 KRaft controllers + 3 brokers,
+3 brokers, LocalCluster) beside Apache Kafka 4.4 (3 KRaft controllers + 3 brokers,
 bench/kafka_ref.py KafkaCluster), both running at the same time (not a pytest test).
 
 Every measurement writes to a new topic with replication factor 3, min.insync.replicas 2 and
@@ -149,7 +149,7 @@ def measure(target, client: str, acks: str, a: argparse.Namespace, n: int) -> di
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--with-kafka", action="store_true", help="also run Apache Kafka 4.1")
+    ap.add_argument("--with-kafka", action="store_true", help="also run Apache Kafka 4.4")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--num-records", type=int, default=100_000, help="Java producer records")
     ap.add_argument(

@@ -24,7 +24,7 @@ With ``--defaults`` neither gets any timeout override: each runs with its own de
 (Kafka's: broker session 9 s, heartbeat 2 s, Raft election 1 s, Raft fetch 2 s, replica lag
 30 s; StraitMQ's: what LocalCluster starts with no flags, the same values) -- expect ~10 s
 leader failovers then.
-Kafka (4.1, the reference of bench/kafka_ref.py) runs as 3 dedicated KRaft controllers + 3
+Kafka (4.4, the reference of bench/kafka_ref.py) runs as 3 dedicated KRaft controllers + 3
 brokers, separate JVMs (bench/kafka_ref.py KafkaCluster); StraitMQ as
 straitmq.cli.local_cluster.LocalCluster. One target after the other (both clusters are never
 up at the same time here).
@@ -211,7 +211,7 @@ class StraitTarget:
 
 
 class KafkaTarget:
-    """Apache Kafka (4.1): 3 KRaft controllers + 3 brokers, separate JVMs (KafkaCluster).
+    """Apache Kafka (4.4): 3 KRaft controllers + 3 brokers, separate JVMs (KafkaCluster).
 
     fast_failover=False: no timeout overrides (Kafka's defaults)."""
 
@@ -663,7 +663,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--controller-kills", type=int, default=None, help="active controller kills (= --kills)"
     )
-    ap.add_argument("--with-kafka", action="store_true", help="also run Apache Kafka 4.1")
+    ap.add_argument("--with-kafka", action="store_true", help="also run Apache Kafka 4.4")
     ap.add_argument("--no-strait", action="store_true", help="skip StraitMQ")
     ap.add_argument(
         "--defaults",

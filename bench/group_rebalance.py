@@ -1,5 +1,5 @@
 """Consumer-group rebalance time and share-group (KIP-932) consume rate: StraitMQ (one broker)
-beside Apache Kafka 4.1 (one KRaft combined broker, bench/kafka_ref.py), both up for the whole
+beside Apache Kafka 4.4 (one KRaft combined broker, bench/kafka_ref.py), both up for the whole
 run (issue 14; not a pytest test).
 
     python -m bench.group_rebalance [--repeat 5] [--share-records 200000]
@@ -17,7 +17,7 @@ unmeasured set-up). Three modes:
   eager         group.protocol=classic, partition.assignment.strategy=range
   cooperative   group.protocol=classic, partition.assignment.strategy=cooperative-sticky
   consumer      group.protocol=consumer (KIP-848, the broker's default server-side assignor:
-                uniform on Kafka 4.1, StraitMQ's own)
+                uniform on Kafka 4.4, StraitMQ's own)
 
 Each round and mode, per system: a new group of 10 members starts; once they own every
 partition exactly once, each of them at least one, and no callback has fired for --quiet
@@ -49,7 +49,7 @@ unreported warm-up round first (JVM warm-up, __consumer_offsets creation).
 
 Part 2 -- share groups (KIP-932). A topic with ONE partition; --share-records (200,000)
 records of 100 bytes pre-produced with librdkafka (acks=1). Then 1 and 4 KafkaShareConsumers
-(kafka-clients 4.1.2; a small harness embedded below, compiled once with javac into the work
+(kafka-clients 4.4.0; a small harness embedded below, compiled once with javac into the work
 folder, run with the java_cmd() client flags: SerialGC, C1 only) in a new share group each
 time, with share.auto.offset.reset=earliest set on the group (IncrementalAlterConfigs, GROUP
 resource, both brokers). Each JVM starts, builds its consumer and waits; all get "go" at the
@@ -61,7 +61,7 @@ records/s = records / (end - t0), t0 including the share-group join; also report
 the time from t0 to the first commitSync that returned (join + first fetch), the rate from
 there to the end (records / (end - first ack)), the records each consumer acknowledged (with
 4 the first to join may take most: the others join later), and the broker's CPU seconds
-(utime+stime from /proc) from t0 until the parent saw the last acknowledgement. Kafka 4.1 needs the
+(utime+stime from /proc) from t0 until the parent saw the last acknowledgement. Kafka 4.4 needs the
 `share.version=1` feature (kafka-features upgrade, done after start) and, on one broker,
 share.coordinator.state.topic.replication.factor=1 / min.isr=1; no unstable.api.versions.
 StraitMQ runs with its defaults.
@@ -103,7 +103,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from bench.javatools import KAFKA41_TOOLS, REPO_ROOT, classpath, ensure_jars, java_cmd
+from bench.javatools import KAFKA44_TOOLS, REPO_ROOT, classpath, ensure_jars, java_cmd
 from bench.kafka_ref import KafkaRef
 from bench.strait_ref import StraitRef
 from bench.throughput import process_cpu_s as cpu_s
@@ -161,13 +161,13 @@ class Kafka:
 
     def start(self) -> None:
         self.ref.start()
-        # KIP-932 is off by default in 4.1: the share.version feature turns it on.
+        # KIP-932 is off by default in 4.4: the share.version feature turns it on.
         r = subprocess.run(
             java_cmd(
-                KAFKA41_TOOLS["kafka-features"],
+                KAFKA44_TOOLS["kafka-features"],
                 ["--bootstrap-server", self.bootstrap, "upgrade", "--feature", "share.version=1"],
                 include_classes=False,
-                jars="4.1",
+                jars="4.4",
             ),
             capture_output=True,
             text=True,
@@ -477,11 +477,11 @@ def compile_share_bench(work: Path) -> list[str]:
     """javac the harness into work/classes; the java command line prefix to run it."""
     src = work / "ShareBench.java"
     src.write_text(SHARE_BENCH_JAVA)
-    cp = classpath(False, "4.1")
+    cp = classpath(False, "4.4")
     subprocess.run(
         ["javac", "-cp", cp, "-d", str(work / "classes"), str(src)], check=True, timeout=300
     )
-    cmd = java_cmd("ShareBench", [], include_classes=False, jars="4.1")
+    cmd = java_cmd("ShareBench", [], include_classes=False, jars="4.4")
     i = cmd.index("-cp")
     cmd[i + 1] = f"{work / 'classes'}{os.pathsep}{cmd[i + 1]}"
     return cmd

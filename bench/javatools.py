@@ -3,8 +3,8 @@
 The jars are fetched from Maven Central by ``scripts/fetch-jars.sh`` into ``.cache/jars/``;
 :func:`classpath` runs that script (a no-op taking milliseconds once the stamp files are there).
 Two sets: ``kafka-3.9`` (the default here: StraitClient is compiled against it, the tests and
-the perf tools run with it) and ``kafka-4.1`` (``jars="4.1"``: the reference broker of
-bench/kafka_ref.py and the Kafka 4.1 CLI tools, see KAFKA41_TOOLS).
+the perf tools run with it) and ``kafka-4.4`` (``jars="4.4"``: the reference broker of
+bench/kafka_ref.py and the Kafka 4.4 CLI tools, see KAFKA44_TOOLS).
 
     from bench.javatools import classpath, run_java, straitclient
     r = straitclient(["admin", "--bootstrap", "127.0.0.1:9092", "list-topics"])
@@ -27,20 +27,20 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CACHE_DIR = REPO_ROOT / ".cache"
 JARS_DIR = CACHE_DIR / "jars" / "kafka-3.9"
-KAFKA41_JARS_DIR = CACHE_DIR / "jars" / "kafka-4.1"
+KAFKA44_JARS_DIR = CACHE_DIR / "jars" / "kafka-4.4"
 # jar set name -> folder (scripts/fetch-jars.sh fills both)
-JAR_SETS = {"3.9": JARS_DIR, "4.1": KAFKA41_JARS_DIR}
+JAR_SETS = {"3.9": JARS_DIR, "4.4": KAFKA44_JARS_DIR}
 # the Apache Kafka that bench/kafka_ref.py runs as the reference broker
-REF_KAFKA = "4.1"
+REF_KAFKA = "4.4"
 CLASSES_DIR = CACHE_DIR / "jars" / "classes"
-# tools/java/kafka-4.1/apps/*.java compiled against the 4.1 set (the Streams word count)
-CLASSES_41_DIR = CACHE_DIR / "jars" / "classes-4.1"
-CLASS_DIRS = {"3.9": CLASSES_DIR, "4.1": CLASSES_41_DIR}
+# tools/java/kafka-4.4/apps/*.java compiled against the 4.4 set (the Streams word count)
+CLASSES_44_DIR = CACHE_DIR / "jars" / "classes-4.4"
+CLASS_DIRS = {"3.9": CLASSES_DIR, "4.4": CLASSES_44_DIR}
 FETCH_SCRIPT = REPO_ROOT / "scripts" / "fetch-jars.sh"
 LOG4J_CONFIG = REPO_ROOT / "tools" / "java" / "log4j.properties"  # log4j 1 (3.9 jars)
-LOG4J2_CONFIG = REPO_ROOT / "tools" / "java" / "kafka-4.1" / "log4j2-tools.xml"  # 4.1 jars
+LOG4J2_CONFIG = REPO_ROOT / "tools" / "java" / "kafka-4.4" / "log4j2-tools.xml"  # 4.4 jars
 
-# Main classes present in the Kafka 3.9 and 4.1 jars (see also bench/kafka_ref.py).
+# Main classes present in the Kafka 3.9 and 4.4 jars (see also bench/kafka_ref.py).
 KAFKA_MAIN = "kafka.Kafka"  # the broker (kafka_2.13 jar)
 STORAGE_TOOL = "kafka.tools.StorageTool"  # `kafka-storage.sh format` (kafka_2.13 jar)
 PRODUCER_PERF = (
@@ -54,12 +54,12 @@ END_TO_END_LATENCY = (
 )
 STRAIT_CLIENT = "StraitClient"  # tools/java/StraitClient.java
 
-# bin/kafka-*.sh -> main class, in the Kafka 4.1 jars (kafka-tools unless noted). Many tools
+# bin/kafka-*.sh -> main class, in the Kafka 4.4 jars (kafka-tools unless noted). Many tools
 # moved from kafka.* (Scala, core) to org.apache.kafka.tools.* between 3.x and 4.0.
-KAFKA41_TOOLS = {
+KAFKA44_TOOLS = {
     "kafka-server-start": KAFKA_MAIN,  # kafka_2.13
     "kafka-storage": STORAGE_TOOL,  # kafka_2.13
-    "kafka-configs": "kafka.admin.ConfigCommand",  # kafka_2.13 (still Scala in 4.1)
+    "kafka-configs": "kafka.admin.ConfigCommand",  # kafka_2.13 (still Scala in 4.4)
     "kafka-topics": "org.apache.kafka.tools.TopicCommand",
     "kafka-console-producer": "org.apache.kafka.tools.ConsoleProducer",
     "kafka-console-consumer": "org.apache.kafka.tools.consumer.ConsoleConsumer",
@@ -125,8 +125,8 @@ def classpath(include_classes: bool = True, jars: str = "3.9") -> str:
 
     include_classes=False leaves out the compiled classes dir of the set (used for the broker,
     and for the single-file clients run from source, which must not be on the classpath too).
-    jars: which jar set, "3.9" (default: with StraitClient) or "4.1" (with the programs of
-    tools/java/kafka-4.1/apps/, e.g. WordCountApp); each set gets only its own classes.
+    jars: which jar set, "3.9" (default: with StraitClient) or "4.4" (with the programs of
+    tools/java/kafka-4.4/apps/, e.g. WordCountApp); each set gets only its own classes.
     """
     global _classpath
     if jars not in JAR_SETS:
@@ -151,7 +151,7 @@ def java_cmd(
 ) -> list[str]:
     """Build the java command line for ``main_class`` (does not run it).
 
-    jars="4.1" runs it from the Kafka 4.1 jars, logging through Log4j 2 (WARN and up to stderr
+    jars="4.4" runs it from the Kafka 4.4 jars, logging through Log4j 2 (WARN and up to stderr
     unless jvm_args bring their own -Dlog4j2.configurationFile)."""
     java = os.environ.get("JAVA", "java")
     if jvm_args is None:

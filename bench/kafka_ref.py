@@ -1,16 +1,16 @@
-"""A real Apache Kafka broker (4.1 by default) for reference runs (tests and benchmarks).
+"""A real Apache Kafka broker (4.4 by default) for reference runs (tests and benchmarks).
 
     from bench.kafka_ref import KafkaRef
     with KafkaRef(19092) as k:          # or KafkaRef() for a free port
         print(k.bootstrap)              # "127.0.0.1:19092"
 
-The broker runs from the jars fetched by scripts/fetch-jars.sh (.cache/jars/kafka-4.1/; with
+The broker runs from the jars fetched by scripts/fetch-jars.sh (.cache/jars/kafka-4.4/; with
 kafka_version="3.9" from .cache/jars/kafka-3.9/), in KRaft combined mode
 (process.roles=broker,controller, node.id=1, one static voter), listening on 127.0.0.1 only,
 with its data and logs in a temporary folder that is removed at the end (keep=True keeps it).
 `KafkaBroker` is another name for `KafkaRef`.
 
-Main classes used (same names in the 3.9 and 4.1 jars, kafka_2.13):
+Main classes used (same names in the 3.9 and 4.4 jars, kafka_2.13):
   kafka.tools.StorageTool   `kafka-storage.sh format -t <cluster-id> -c server.properties`
   kafka.Kafka               `kafka-server-start.sh server.properties`
 JVM flags mirror bin/kafka-server-start.sh + kafka-run-class.sh: -Xmx1g -Xms1g, G1 with
@@ -19,7 +19,7 @@ Logging: Kafka 4 logs through Log4j 2 (a log4j2.xml written next to server.prope
 with -Dlog4j2.configurationFile); Kafka 3.9 through log4j 1 / reload4j (log4j.properties).
 Both write logs/server.log (and logs/kafka-request.log with request_log=True).
 
-The quorum is static (controller.quorum.voters + `format --cluster-id`), which Kafka 4.1 still
+The quorum is static (controller.quorum.voters + `format --cluster-id`), which Kafka 4.4 still
 supports next to the dynamic quorum of KIP-853 (--standalone / --initial-controllers): every
 node is formatted alike, and a voter set fixed in the config is what bench/failover.py kills
 and restarts controllers against.
@@ -254,7 +254,7 @@ def _stop_all() -> None:
 class KafkaRef:
     """Apache Kafka broker (KRaft combined mode) on 127.0.0.1, as a context manager.
 
-    Kafka 4.1 (REF_KAFKA) unless kafka_version="3.9".
+    Kafka 4.4 (REF_KAFKA) unless kafka_version="3.9".
 
     port:            client listener port (None: a free port)
     controller_port: KRaft controller listener port (None: a free port)
@@ -262,7 +262,7 @@ class KafkaRef:
     workdir:         where data/ and logs/ go (None: a new temp dir, removed on stop unless keep)
     request_log:     log every request (header with api key/version, timings) at DEBUG into
                      logs/kafka-request.log, see request_versions(): what real clients send
-    kafka_version:   "4.1" (default: .cache/jars/kafka-4.1) or "3.9" (.cache/jars/kafka-3.9)
+    kafka_version:   "4.4" (default: .cache/jars/kafka-4.4) or "3.9" (.cache/jars/kafka-3.9)
     """
 
     def __init__(
@@ -680,7 +680,7 @@ class KafkaNode:
 
 
 class KafkaCluster:
-    """Apache Kafka (4.1 by default, kafka_version="3.9" for the old one) in KRaft mode as
+    """Apache Kafka (4.4 by default, kafka_version="3.9" for the old one) in KRaft mode as
     separate processes: `controllers` dedicated controllers (node ids 1001, 1002, ...;
     process.roles=controller, static voters in controller.quorum.voters, every node formatted
     with the same --cluster-id) and `brokers` brokers (node ids 1, 2, ...), each with its own
@@ -862,7 +862,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(
-        description="Run a reference Apache Kafka broker (default 4.1) until Ctrl-C."
+        description="Run a reference Apache Kafka broker (default 4.4) until Ctrl-C."
     )
     ap.add_argument("--version", default=REF_KAFKA, choices=sorted(JAR_SETS))
     ap.add_argument("--port", type=int, default=None)

@@ -1,17 +1,17 @@
-"""Produce latency at a fixed rate, and end-to-end latency: StraitMQ beside Apache Kafka 4.1,
+"""Produce latency at a fixed rate, and end-to-end latency: StraitMQ beside Apache Kafka 4.4,
 both up for the whole run, rounds alternating (issue 31, item 3; not a pytest test).
 
     python -m bench.latency [--rounds 3] [--rates 5000,20000] [--rf 3]
 
 For each round, each system (order flipped every round) and each rate (order flipped too):
 
-  warm-up    Kafka 4.1's ProducerPerformance at the rate for --warmup-s seconds (10),
+  warm-up    Kafka 4.4's ProducerPerformance at the rate for --warmup-s seconds (10),
              unreported: a JVM broker must not be measured cold
   produce    ProducerPerformance again at the rate for --seconds (30): 1 KiB records,
              acks=all, linger.ms=0, reporting its p50/p95/p99/p99.9 and max latency (ms,
              from send to acknowledgement), the rate it reached, and the brokers' CPU
              (user + system, all broker processes, /proc) as a share of one core
-  e2e        Kafka 4.1's EndToEndLatency (--e2e-messages, one message at a time: produce
+  e2e        Kafka 4.4's EndToEndLatency (--e2e-messages, one message at a time: produce
              acks=all, wait until a consumer has it), its p50/p99/p99.9
 
 each on a new topic of --partitions partitions (1), deleted afterwards. --rf 1 (default)
@@ -64,7 +64,7 @@ from bench.throughput import parse_producer_perf, process_cpu_s
 HOST = "127.0.0.1"
 PRODUCE_BUCKET = 'straitmq_broker_request_duration_seconds_bucket{kafka_api_name="Produce",'
 STALLWATCH_DIR = REPO_ROOT / "bench" / "stallwatch"
-# EndToEndLatency's summary lines (Kafka 4.1, tools/EndToEndLatency.java).
+# EndToEndLatency's summary lines (Kafka 4.4, tools/EndToEndLatency.java).
 E2E_AVG = re.compile(r"Avg latency: ([\d.]+) ms")
 E2E_PCT = re.compile(r"Percentiles: 50th = (\d+), 99th = (\d+), 99\.9th = (\d+)")
 PRODUCE_KEYS = ("p50_ms", "p95_ms", "p99_ms", "p999_ms", "max_lat_ms", "rec_s", "broker_cpu")
@@ -240,7 +240,7 @@ class KafkaCluster3(System):
 
 
 def run_java(main_class: str, args: list[Any], timeout: float) -> str:
-    cmd = java_cmd(main_class, args, jvm_args=PERF_JVM_ARGS, include_classes=False, jars="4.1")
+    cmd = java_cmd(main_class, args, jvm_args=PERF_JVM_ARGS, include_classes=False, jars="4.4")
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
         raise RuntimeError(f"{main_class} exited {p.returncode}: {p.stderr[-1500:]}")

@@ -10,7 +10,7 @@ log.retention.check.interval.ms=1000. Phases, one after the other, each system i
 
   first requests  right after the broker is ready: a librdkafka admin (create a topic,
                   describe it, its configs, the cluster, groups), producer (acks=all) and
-                  group consumer (subscribe, consume, commit), then Kafka 4.1's
+                  group consumer (subscribe, consume, commit), then Kafka 4.4's
                   ProducerPerformance (1,000 records) and EndToEndLatency (100): the
                   first request of every API version both clients use
   fill            --mb MB of 1 KiB records (librdkafka, acks=1) into a topic of one
@@ -113,7 +113,7 @@ def diff(after: dict[str, dict[str, int]], before: dict[str, dict[str, int]]) ->
 
 
 def run_java(main_class: str, args: list[Any], timeout: float) -> str:
-    cmd = java_cmd(main_class, args, jvm_args=PERF_JVM_ARGS, include_classes=False, jars="4.1")
+    cmd = java_cmd(main_class, args, jvm_args=PERF_JVM_ARGS, include_classes=False, jars="4.4")
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
         raise RuntimeError(f"{main_class} exited {p.returncode}: {p.stderr[-1500:]}")

@@ -1,5 +1,5 @@
 """Produce and consume throughput and broker CPU per GB over PLAINTEXT, SSL and SASL_SSL:
-StraitMQ (one broker) beside Apache Kafka 4.1 (one KRaft combined broker, bench/kafka_ref.py),
+StraitMQ (one broker) beside Apache Kafka 4.4 (one KRaft combined broker, bench/kafka_ref.py),
 both configured the same way and both up for the whole run (issue 15; not a pytest test).
 
     python -m bench.security_throughput [--repeat 3] [--num-records 1000000] [--rf 3]

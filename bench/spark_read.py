@@ -4,7 +4,7 @@ Cases, all in one local-mode Spark (local[2] by default) and one run:
 
   straitmq / straitmq-source   the pure-Python `straitmq` data source (straitmq.spark)
   straitmq / kafka-source      Spark's own Kafka source (spark-sql-kafka-0-10), unchanged
-  kafka    / kafka-source      Spark's Kafka source reading Apache Kafka 4.1 (the reference)
+  kafka    / kafka-source      Spark's Kafka source reading Apache Kafka 4.4 (the reference)
   kafka    / straitmq-source   the Python data source reading Apache Kafka
 
 Each case is a batch read of the whole topic (N records of --record-size bytes over

@@ -117,7 +117,7 @@ class PhaseError(RuntimeError):
 def run_tool(
     main_class: str, args: list[Any], timeout: float, jars: str = "3.9"
 ) -> tuple[str, str]:
-    """Run a Kafka tool to its end; `jars="4.1"` runs it from the Kafka 4.1 jars."""
+    """Run a Kafka tool to its end; `jars="4.4"` runs it from the Kafka 4.4 jars."""
     cmd = java_cmd(main_class, args, jvm_args=PERF_JVM_ARGS, include_classes=False, jars=jars)
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -726,7 +726,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--with-kafka",
         action="store_true",
-        help="start a reference Apache Kafka 4.1 (bench.kafka_ref.KafkaRef) as target 'kafka'",
+        help="start a reference Apache Kafka 4.4 (bench.kafka_ref.KafkaRef) as target 'kafka'",
     )
     ap.add_argument(
         "--kafka-port", type=int, default=None, help="port for --with-kafka (default: free)"

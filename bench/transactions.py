@@ -1,5 +1,5 @@
 """Transactions (issue 26): transactional produce and read_committed consume, StraitMQ
-(one broker) beside Apache Kafka 4.1 (one KRaft combined broker, bench/kafka_ref.py),
+(one broker) beside Apache Kafka 4.4 (one KRaft combined broker, bench/kafka_ref.py),
 one system at a time, in one run, with the same clients (not a pytest test).
 
     python -m bench.transactions [--records 200000] [--txn-records 100000] [--rounds 3]
@@ -10,7 +10,7 @@ one system at a time, in one run, with the same clients (not a pytest test).
 Per system, after a warm-up (both produce phases once, smaller, not reported; a JVM
 broker must not be measured cold), `--rounds` times, on fresh 1-partition RF 1 topics:
 
-  txn produce, by duration   Kafka 4.1's ProducerPerformance (from the 4.1 jars),
+  txn produce, by duration   Kafka 4.4's ProducerPerformance (from the 4.4 jars),
                              `--records` x 1 KiB, `--throughput -1`, `--transactional-id`,
                              `--transaction-duration-ms` (100: Kafka Streams' commit
                              interval under exactly_once_v2), batch.size 64 KiB, linger
@@ -21,7 +21,7 @@ broker must not be measured cold), `--rounds` times, on fresh 1-partition RF 1 t
                              calls, commit_transaction() (which flushes and waits for
                              EndTxn), the next; linger 5 ms: MB/s, p99 of each record's
                              produce()-to-ack latency (its delivery report), CPU s per GB
-  consume                    Kafka 4.1's ConsumerPerformance (own group, from the start)
+  consume                    Kafka 4.4's ConsumerPerformance (own group, from the start)
                              reading each of the two topics whole, with
                              isolation.level=read_committed and again read_uncommitted
                              (`--consumer.config`), the order flipped every round:
@@ -132,7 +132,7 @@ def make_topic(s: Target, topic: str) -> None:
 
 
 def producer_perf_txn(s: Target, topic: str, n: int, a: argparse.Namespace) -> dict[str, Any]:
-    """Kafka 4.1's ProducerPerformance, transactional, one commit per
+    """Kafka 4.4's ProducerPerformance, transactional, one commit per
     `--transaction-duration-ms`; MB/s and p99 as it reports them."""
     args: list[Any] = [
         "--topic",
@@ -151,7 +151,7 @@ def producer_perf_txn(s: Target, topic: str, n: int, a: argparse.Namespace) -> d
         f"bootstrap.servers={s.bootstrap}",
         *a.producer_prop,
     ]
-    out, _ = run_tool(PRODUCER_PERF, args, timeout=a.phase_timeout, jars="4.1")
+    out, _ = run_tool(PRODUCER_PERF, args, timeout=a.phase_timeout, jars="4.4")
     r: dict[str, Any] = parse_producer_perf(out)
     if r["records"] != n:
         raise PhaseError(f"ProducerPerformance sent {r['records']:.0f} of {n}")
@@ -213,7 +213,7 @@ def rdkafka_txn(s: Target, topic: str, n: int, a: argparse.Namespace) -> dict[st
 def consumer_perf(
     s: Target, topic: str, n: int, isolation: str, workdir: Path, a: argparse.Namespace
 ) -> dict[str, Any]:
-    """Kafka 4.1's ConsumerPerformance reading `topic` whole at `isolation`."""
+    """Kafka 4.4's ConsumerPerformance reading `topic` whole at `isolation`."""
     cfg = workdir / f"consumer-{isolation}.properties"
     cfg.write_text(f"isolation.level={isolation}\nauto.offset.reset=earliest\n")
     args: list[Any] = [
@@ -230,7 +230,7 @@ def consumer_perf(
         "--consumer.config",
         cfg,
     ]
-    out, _ = run_tool(CONSUMER_PERF, args, timeout=a.phase_timeout, jars="4.1")
+    out, _ = run_tool(CONSUMER_PERF, args, timeout=a.phase_timeout, jars="4.4")
     res = parse_consumer_perf(out)
     got = int(res["data.consumed.in.nMsg"])
     if got != n:

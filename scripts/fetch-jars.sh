@@ -3,8 +3,8 @@
 # Central, and compile tools/java/StraitClient.java into .cache/jars/classes/:
 #   .cache/jars/kafka-3.9/   Kafka 3.9.x (tools/java/pom.xml): the StraitClient harness and
 #                            the tests are compiled against / run with these
-#   .cache/jars/kafka-4.1/   Kafka 4.1.x (tools/java/kafka-4.1/pom.xml): the reference broker
-#                            of the benchmarks (bench/kafka_ref.py) and the 4.1 CLI tools
+#   .cache/jars/kafka-4.4/   Kafka 4.4.x (tools/java/kafka-4.4/pom.xml): the reference broker
+#                            of the benchmarks (bench/kafka_ref.py) and the 4.4 CLI tools
 #
 # Idempotent: one stamp file per jar set records the sha256 of its POM, another the sha256
 # of the Java sources (classes); when all match, the script exits at once.
@@ -18,19 +18,19 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 POM="$ROOT/tools/java/pom.xml"
-POM_41="$ROOT/tools/java/kafka-4.1/pom.xml"
+POM_44="$ROOT/tools/java/kafka-4.4/pom.xml"
 SRC_DIR="$ROOT/tools/java"
 CACHE="$ROOT/.cache"
 JARS_PARENT="$CACHE/jars"
 JAR_DIR="$JARS_PARENT/kafka-3.9"
 CLASSES="$JARS_PARENT/classes"
 JAR_STAMP="$JARS_PARENT/.kafka-3.9.stamp"
-JAR_DIR_41="$JARS_PARENT/kafka-4.1"
-JAR_STAMP_41="$JARS_PARENT/.kafka-4.1.stamp"
+JAR_DIR_44="$JARS_PARENT/kafka-4.4"
+JAR_STAMP_44="$JARS_PARENT/.kafka-4.4.stamp"
 CLS_STAMP="$JARS_PARENT/.classes.stamp"
-SRC_DIR_41="$ROOT/tools/java/kafka-4.1/apps"
-CLASSES_41="$JARS_PARENT/classes-4.1"
-CLS_STAMP_41="$JARS_PARENT/.classes-4.1.stamp"
+SRC_DIR_44="$ROOT/tools/java/kafka-4.4/apps"
+CLASSES_44="$JARS_PARENT/classes-4.4"
+CLS_STAMP_44="$JARS_PARENT/.classes-4.4.stamp"
 MVN="${MVN:-mvn}"
 JAVAC="${JAVAC:-javac}"
 
@@ -97,8 +97,8 @@ fetch_jars() {
 
 fetch_jars 3.9 "$POM" "$JAR_DIR" "$JAR_STAMP"
 if [[ $fetched -eq 1 ]]; then rm -f "$CLS_STAMP"; fi   # recompile against the new jars
-# Kafka 4.1: the benchmarks' reference broker, the CLI tools, Streams, Connect, MirrorMaker 2
-fetch_jars 4.1 "$POM_41" "$JAR_DIR_41" "$JAR_STAMP_41"
+# Kafka 4.4: the benchmarks' reference broker, the CLI tools, Streams, Connect, MirrorMaker 2
+fetch_jars 4.4 "$POM_44" "$JAR_DIR_44" "$JAR_STAMP_44"
 
 # ---- 2. classes ----------------------------------------------------------
 shopt -s nullglob
@@ -120,22 +120,22 @@ if [[ ${#sources[@]} -gt 0 ]]; then
         echo "$cls_hash" > "$CLS_STAMP"
     fi
 fi
-# the same for the programs built on the 4.1 jars (the stamp hashes the 4.1 jar stamp too,
+# the same for the programs built on the 4.4 jars (the stamp hashes the 4.4 jar stamp too,
 # so new jars mean a recompile)
 shopt -s nullglob
-sources_41=("$SRC_DIR_41"/*.java)
+sources_44=("$SRC_DIR_44"/*.java)
 shopt -u nullglob
-if [[ ${#sources_41[@]} -gt 0 ]]; then
-    cls_hash_41="$(hash_of "${sources_41[@]}" "$JAR_STAMP_41")"
-    if [[ $force -eq 0 && -f "$CLS_STAMP_41" && "$(cat "$CLS_STAMP_41")" == "$cls_hash_41" && -d "$CLASSES_41" ]]; then
+if [[ ${#sources_44[@]} -gt 0 ]]; then
+    cls_hash_44="$(hash_of "${sources_44[@]}" "$JAR_STAMP_44")"
+    if [[ $force -eq 0 && -f "$CLS_STAMP_44" && "$(cat "$CLS_STAMP_44")" == "$cls_hash_44" && -d "$CLASSES_44" ]]; then
         :
     else
         command -v "$JAVAC" >/dev/null || { log "error: '$JAVAC' not found (a JDK 17 is required)"; exit 1; }
-        log "compiling ${#sources_41[@]} Java source(s) into ${CLASSES_41#"$ROOT"/} ..."
-        rm -rf "$CLASSES_41"
-        mkdir -p "$CLASSES_41"
-        "$JAVAC" --release 17 -nowarn -encoding UTF-8 -cp "$JAR_DIR_41/*" -d "$CLASSES_41" "${sources_41[@]}" 1>&2
-        echo "$cls_hash_41" > "$CLS_STAMP_41"
+        log "compiling ${#sources_44[@]} Java source(s) into ${CLASSES_44#"$ROOT"/} ..."
+        rm -rf "$CLASSES_44"
+        mkdir -p "$CLASSES_44"
+        "$JAVAC" --release 17 -nowarn -encoding UTF-8 -cp "$JAR_DIR_44/*" -d "$CLASSES_44" "${sources_44[@]}" 1>&2
+        echo "$cls_hash_44" > "$CLS_STAMP_44"
     fi
 fi
 

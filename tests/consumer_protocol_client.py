@@ -1,6 +1,6 @@
 """A confluent-kafka (librdkafka 2.x) consumer with group.protocol=consumer (KIP-848), run as
 a process by tests/test_consumer_protocol.py; the same JSON lines as
-tools/java/kafka-4.1/ConsumerProtocolClient.java:
+tools/java/kafka-4.4/ConsumerProtocolClient.java:
 
     python tests/consumer_protocol_client.py BOOTSTRAP GROUP TOPIC NAME [key=value ...]
 

@@ -1,14 +1,14 @@
 """Helpers for the stateful Kafka ecosystem tests (Kafka Streams, Kafka Connect and
-MirrorMaker 2 from the Apache Kafka 4.1 jars, unchanged): long-running Java programs as
+MirrorMaker 2 from the Apache Kafka 4.4 jars, unchanged): long-running Java programs as
 processes, the clusters they run against, and reading back what they wrote with
 confluent-kafka.
 
-- `JavaApp`: a Java main class of the 4.1 jar set as a process; its stdout lines are kept
+- `JavaApp`: a Java main class of the 4.4 jar set as a process; its stdout lines are kept
   (the test waits on them), stdout and stderr also go to files next to the test's data;
   `stop()` (SIGTERM), `kill9()`, and `JavaApps`, the fixture-side list that kills what is
   left at teardown.
 - `Backend` / `clusters`: a StraitMQ cluster (tests/cluster_support.py), or, with
-  ECOSYSTEM_BROKERS=kafka in the environment, Apache Kafka 4.1 (bench/kafka_ref.py): the
+  ECOSYSTEM_BROKERS=kafka in the environment, Apache Kafka 4.4 (bench/kafka_ref.py): the
   same tests against the reference broker tell a harness fault from StraitMQ's.
 - `topic_config`, `create_topics`, `read_partition`, `committed`, `end_offsets`: the
   admin and read side, through librdkafka (a client the programs under test do not share).
@@ -47,7 +47,7 @@ def _pdeathsig() -> None:  # in the child between fork and exec: die with the te
 
 
 class JavaApp:
-    """One Java program (main class of the 4.1 jars or of .cache/jars/classes-4.1)."""
+    """One Java program (main class of the 4.4 jars or of .cache/jars/classes-4.4)."""
 
     def __init__(
         self,
@@ -65,7 +65,7 @@ class JavaApp:
         self._err = open(self.err_path, "ab")
         # Temporary files (RocksDB unpacks its native library there) stay with the test's.
         jvm = [*jvm_args, f"-Djava.io.tmpdir={logs}"]
-        cmd = java_cmd(main_class, args, jvm_args=jvm, log_level=log_level, jars="4.1")
+        cmd = java_cmd(main_class, args, jvm_args=jvm, log_level=log_level, jars="4.4")
         self.proc = subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
@@ -170,7 +170,7 @@ BROKERS_ENV = "ECOSYSTEM_BROKERS"
 
 
 def backend_kind() -> str:
-    """'straitmq' (the default) or 'kafka' (ECOSYSTEM_BROKERS=kafka: Apache Kafka 4.1, to
+    """'straitmq' (the default) or 'kafka' (ECOSYSTEM_BROKERS=kafka: Apache Kafka 4.4, to
     check the harness itself)."""
     kind = os.environ.get(BROKERS_ENV, "straitmq")
     if kind not in ("straitmq", "kafka"):
@@ -225,7 +225,7 @@ def start_straitmq(name: str, make: Callable[..., object], brokers: int) -> Back
 @contextmanager
 def clusters(root: Path) -> Iterator[Callable[[str, int], Backend]]:
     """Yields `start(name, brokers)`, which starts a StraitMQ cluster of that many brokers
-    (or, with ECOSYSTEM_BROKERS=kafka, one Apache Kafka 4.1 broker); all of them are stopped
+    (or, with ECOSYSTEM_BROKERS=kafka, one Apache Kafka 4.4 broker); all of them are stopped
     when the block ends."""
     from cluster_support import cluster_factory
 

@@ -998,7 +998,7 @@ def test_describe_and_delete_with_match_and_any_filters(secured: Secured) -> Non
     assert {n for _, n, _, _, _ in left} == {"other"}
 
 
-# -- kafka-acls (Kafka 4.1) ----------------------------------------------------------------
+# -- kafka-acls (Kafka 4.4) ----------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -1011,7 +1011,7 @@ def jars() -> None:
 def test_kafka_acls_cli_adds_lists_and_removes(
     secured: Secured, jars: None, tmp_path: Path
 ) -> None:
-    from bench.javatools import KAFKA41_TOOLS, java_cmd
+    from bench.javatools import KAFKA44_TOOLS, java_cmd
 
     config = tmp_path / "admin.properties"
     config.write_text(
@@ -1023,7 +1023,7 @@ def test_kafka_acls_cli_adds_lists_and_removes(
     def acls(*args: str) -> str:
         r = subprocess.run(
             java_cmd(
-                KAFKA41_TOOLS["kafka-acls"],
+                KAFKA44_TOOLS["kafka-acls"],
                 [
                     "--bootstrap-server",
                     f"127.0.0.1:{secured.sasl_port}",
@@ -1031,7 +1031,7 @@ def test_kafka_acls_cli_adds_lists_and_removes(
                     str(config),
                     *args,
                 ],
-                jars="4.1",
+                jars="4.4",
             ),
             capture_output=True,
             text=True,

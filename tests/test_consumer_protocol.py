@@ -1,7 +1,7 @@
 """KIP-848 consumer groups (group.protocol=consumer) with real clients.
 
-The Java client 4.1 (tools/java/kafka-4.1/ConsumerProtocolClient.java, run from source
-with the 4.1 jars) and confluent-kafka (librdkafka 2.x, tests/consumer_protocol_client.py)
+The Java client 4.4 (tools/java/kafka-4.4/ConsumerProtocolClient.java, run from source
+with the 4.4 jars) and confluent-kafka (librdkafka 2.x, tests/consumer_protocol_client.py)
 each run as processes printing their rebalance callbacks with wall-clock times, the
 records they process and the offsets they commit. A group of 3 grows to 5 and shrinks to
 2 while a producer writes, one member is killed with SIGKILL while it holds partitions,
@@ -10,7 +10,7 @@ and the broker (the coordinator) restarts: it rebuilds the group from
 acknowledged record was
 processed, the committed offsets (polled from outside all along) never went backwards
 and end at the log end, and no partition was owned by two members at the same time.
-Bad input gets Kafka's error codes; `kafka-consumer-groups.sh --describe` (4.1) shows
+Bad input gets Kafka's error codes; `kafka-consumer-groups.sh --describe` (4.4) shows
 the group.
 """
 
@@ -47,11 +47,11 @@ from straitmq.broker.groups.offsets import OffsetStore
 from test_errors import Raw
 from waiting import wait_for
 
-from bench.javatools import KAFKA41_TOOLS, REPO_ROOT, ensure_jars, java_cmd
+from bench.javatools import KAFKA44_TOOLS, REPO_ROOT, ensure_jars, java_cmd
 
 pytestmark = pytest.mark.timeout(600)
 
-JAVA_CLIENT = REPO_ROOT / "tools" / "java" / "kafka-4.1" / "ConsumerProtocolClient.java"
+JAVA_CLIENT = REPO_ROOT / "tools" / "java" / "kafka-4.4" / "ConsumerProtocolClient.java"
 PY_CLIENT = Path(__file__).with_name("consumer_protocol_client.py")
 PARTITIONS = 12
 # Short sessions and heartbeats so that a killed member is fenced, and a restart
@@ -88,7 +88,7 @@ class Member(ClientProcess):
     ):
         args = [bootstrap, group, topic, name, *extra]
         if kind == "java":
-            cmd = java_cmd(str(JAVA_CLIENT), args, include_classes=False, jars="4.1")
+            cmd = java_cmd(str(JAVA_CLIENT), args, include_classes=False, jars="4.4")
         else:
             cmd = [sys.executable, str(PY_CLIENT), *args]
         super().__init__(name, cmd, logs)
@@ -593,7 +593,7 @@ def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
         c.close()
 
 
-# -- bad input, straight to the broker: Kafka 4.1's codes --------------------------------
+# -- bad input, straight to the broker: Kafka 4.4's codes --------------------------------
 
 
 def _heartbeat(group: str, member: str, epoch: int, **kw: Any) -> Any:
@@ -809,9 +809,9 @@ def test_kafka_consumer_groups_describe_shows_a_consumer_protocol_group(broker_f
         def tool(*args: str) -> str:
             res = subprocess.run(
                 java_cmd(
-                    KAFKA41_TOOLS["kafka-consumer-groups"],
+                    KAFKA44_TOOLS["kafka-consumer-groups"],
                     ["--bootstrap-server", broker.bootstrap, *args],
-                    jars="4.1",
+                    jars="4.4",
                 ),
                 capture_output=True,
                 text=True,

@@ -1,6 +1,6 @@
-"""MirrorMaker 2 (connect-mirror 4.1 from Maven Central, unchanged: the dedicated
+"""MirrorMaker 2 (connect-mirror 4.4 from Maven Central, unchanged: the dedicated
 `org.apache.kafka.connect.mirror.MirrorMaker` with an mm2.properties) moving a topic and its
-consumer groups (a) from Apache Kafka 4.1 (bench/kafka_ref.py) to StraitMQ, the migration
+consumer groups (a) from Apache Kafka 4.4 (bench/kafka_ref.py) to StraitMQ, the migration
 path, and (b) between two StraitMQ clusters.
 
 Each flow: a topic of two partitions with keys, headers and a topic config on the source,
@@ -22,7 +22,7 @@ the records produced on the source after the move, which MirrorMaker keeps copyi
 
 One Apache Kafka broker and two single-broker StraitMQ clusters serve both tests
 (different topics, groups and MirrorMaker processes). ECOSYSTEM_BROKERS=kafka runs the
-StraitMQ side on Apache Kafka 4.1 instead, to check the harness itself.
+StraitMQ side on Apache Kafka 4.4 instead, to check the harness itself.
 """
 
 from __future__ import annotations

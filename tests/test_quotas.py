@@ -3,7 +3,7 @@ AlterClientQuotas, and enforcement by throttle time and a muted connection.
 
 The rate and throttle math, the token bucket, precedence, validation and the image are
 checked sans-IO on a fake clock; the rest against real broker processes with real
-clients (librdkafka through confluent-kafka, Kafka 4.1's Java tools), comparing the
+clients (librdkafka through confluent-kafka, Kafka 4.4's Java tools), comparing the
 rate of a client with a quota to one without (ratios, not absolute timings: the machine
 is shared). The brokers here measure over 3 samples of 1 s (`--quota-window-num 3`)
 instead of Kafka's 11, so a new client's first burst is over in seconds.
@@ -51,7 +51,7 @@ from straitmq.operator.admin import AdminClient, AdminError
 from test_errors import Raw, code, create_topics, fetch, produce
 from test_metrics import check_served, dashboards, scrape, total
 
-from bench.javatools import KAFKA41_JARS_DIR, KAFKA41_TOOLS, LOG4J2_CONFIG
+from bench.javatools import KAFKA44_JARS_DIR, KAFKA44_TOOLS, LOG4J2_CONFIG
 
 pytestmark = pytest.mark.timeout(180)
 MB = 1024 * 1024
@@ -652,17 +652,17 @@ def test_a_topic_creation_storm_is_throttled_not_refused(quota_broker: Any, clie
 
 
 def _kafka_tool(name: str, *args: str, timeout: float = 120) -> str:
-    """A Kafka 4.1 tool from the jars scripts/fetch-jars.sh left in .cache (the test
+    """A Kafka 4.4 tool from the jars scripts/fetch-jars.sh left in .cache (the test
     is skipped without them)."""
-    if shutil.which("java") is None or not any(KAFKA41_JARS_DIR.glob("kafka-clients-*.jar")):
-        pytest.skip("the Kafka 4.1 jars are not in .cache/jars (scripts/fetch-jars.sh)")
+    if shutil.which("java") is None or not any(KAFKA44_JARS_DIR.glob("kafka-clients-*.jar")):
+        pytest.skip("the Kafka 4.4 jars are not in .cache/jars (scripts/fetch-jars.sh)")
     cmd = [
         "java",
         f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}",
         "-Dstrait.loglevel=WARN",
         "-cp",
-        f"{KAFKA41_JARS_DIR}/*",
-        KAFKA41_TOOLS[name],
+        f"{KAFKA44_JARS_DIR}/*",
+        KAFKA44_TOOLS[name],
         *args,
     ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

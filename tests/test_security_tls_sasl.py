@@ -998,10 +998,10 @@ def test_java_client_with_a_wrong_password_is_told_why(secure: Secure, jars: Non
 
 
 def test_kafka_configs_manages_scram_users(secure: Secure, jars: None, tmp_path: Path) -> None:
-    """kafka-configs (Kafka 4.1) with --command-config, as a platform team runs it."""
+    """kafka-configs (Kafka 4.4) with --command-config, as a platform team runs it."""
     import subprocess
 
-    from bench.javatools import KAFKA41_TOOLS, java_cmd
+    from bench.javatools import KAFKA44_TOOLS, java_cmd
 
     port, props = java_props(secure, "plain")
     config = tmp_path / "admin.properties"
@@ -1010,9 +1010,9 @@ def test_kafka_configs_manages_scram_users(secure: Secure, jars: None, tmp_path:
     def configs(*args: str) -> str:
         r = subprocess.run(
             java_cmd(
-                KAFKA41_TOOLS["kafka-configs"],
+                KAFKA44_TOOLS["kafka-configs"],
                 ["--bootstrap-server", f"127.0.0.1:{port}", "--command-config", str(config), *args],
-                jars="4.1",
+                jars="4.4",
             ),
             capture_output=True,
             text=True,

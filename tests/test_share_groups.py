@@ -1,6 +1,6 @@
 """Share groups (KIP-932): the share-partition state and the share-group membership as
 sans-IO units (milliseconds), the four APIs on the wire against a real broker, and the
-Java KafkaShareConsumer (kafka-clients 4.1, tools/java/kafka-4.1/ShareConsumerClient.java).
+Java KafkaShareConsumer (kafka-clients 4.4, tools/java/kafka-4.4/ShareConsumerClient.java).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from straitmq.admin_client import request_sync
 
 pytestmark = pytest.mark.timeout(600)
 
-JAVA_CLIENT = REPO_ROOT / "tools" / "java" / "kafka-4.1" / "ShareConsumerClient.java"
+JAVA_CLIENT = REPO_ROOT / "tools" / "java" / "kafka-4.4" / "ShareConsumerClient.java"
 
 
 # -- the share-partition state, sans-IO ------------------------------------------------------
@@ -537,7 +537,7 @@ class ShareMember(ClientProcess):
             str(JAVA_CLIENT),
             [bootstrap, group, topic, name, mode],
             include_classes=False,
-            jars="4.1",
+            jars="4.4",
         )
         super().__init__(name, cmd, logs)
 
@@ -874,10 +874,10 @@ def test_wire_a_killed_partition_leaders_share_state_resumes_at_the_new_leader(c
 
 
 def test_kafka_share_groups_tool_lists_and_describes(broker_factory, _jars):
-    """`kafka-share-groups.sh` (4.1): --list (ListGroups, type share), --describe
+    """`kafka-share-groups.sh` (4.4): --list (ListGroups, type share), --describe
     --members (ShareGroupDescribe) and --describe (DescribeShareGroupOffsets: the saved
     start offset)."""
-    from bench.javatools import KAFKA41_TOOLS
+    from bench.javatools import KAFKA44_TOOLS
 
     broker = broker_factory()
     tid = _create_topic(broker, "cli-share", 2)
@@ -899,9 +899,9 @@ def test_kafka_share_groups_tool_lists_and_describes(broker_factory, _jars):
         def tool(*args: str) -> str:
             res = subprocess.run(
                 java_cmd(
-                    KAFKA41_TOOLS["kafka-share-groups"],
+                    KAFKA44_TOOLS["kafka-share-groups"],
                     ["--bootstrap-server", broker.bootstrap, *args],
-                    jars="4.1",
+                    jars="4.4",
                 ),
                 capture_output=True,
                 text=True,
@@ -953,7 +953,7 @@ def test_java_share_consumer_with_implicit_acknowledgement(broker_factory, tmp_p
 def test_share_auto_offset_reset_as_a_group_config(broker_factory, _jars):
     """`kafka-configs.sh --entity-type groups` sets share.auto.offset.reset (kept in the
     metadata log): with earliest the group reads records written before it existed."""
-    from bench.javatools import KAFKA41_TOOLS
+    from bench.javatools import KAFKA44_TOOLS
 
     broker = broker_factory()
     tid = _create_topic(broker, "cfg-share", 1)
@@ -963,7 +963,7 @@ def test_share_auto_offset_reset_as_a_group_config(broker_factory, _jars):
     def configs(*args: str) -> str:
         res = subprocess.run(
             java_cmd(
-                KAFKA41_TOOLS["kafka-configs"],
+                KAFKA44_TOOLS["kafka-configs"],
                 [
                     "--bootstrap-server",
                     broker.bootstrap,
@@ -973,7 +973,7 @@ def test_share_auto_offset_reset_as_a_group_config(broker_factory, _jars):
                     g,
                     *args,
                 ],
-                jars="4.1",
+                jars="4.4",
             ),
             capture_output=True,
             text=True,

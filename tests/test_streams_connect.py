@@ -1,8 +1,8 @@
-"""Kafka Streams and Kafka Connect (Apache Kafka 4.1 jars from Maven Central, unchanged)
+"""Kafka Streams and Kafka Connect (Apache Kafka 4.4 jars from Maven Central, unchanged)
 against a 3-broker StraitMQ cluster: the stateful half of the ecosystem, which keeps its
 state in compacted topics, here cleaned by the log cleaner while the programs run.
 
-- Streams: a word count (tools/java/kafka-4.1/apps/WordCountApp.java: groupBy, so a
+- Streams: a word count (tools/java/kafka-4.4/apps/WordCountApp.java: groupBy, so a
   repartition topic, and count() into a RocksDB store, so a compacted changelog topic),
   at-least-once and exactly-once (transactions). The last count per word in the output
   topic equals a plain Python count of the input; the changelog is
@@ -24,7 +24,7 @@ state in compacted topics, here cleaned by the log cleaner while the programs ru
   one transaction, zombie fencing, transactional config writes, read_committed reads).
 
 One cluster serves both tests (their topics and groups differ). Set ECOSYSTEM_BROKERS=kafka
-to run the same tests against Apache Kafka 4.1 (bench/kafka_ref.py), which tells a fault of
+to run the same tests against Apache Kafka 4.4 (bench/kafka_ref.py), which tells a fault of
 this harness from one of StraitMQ's. Each Java program writes its stdout and its log
 (INFO) next to the test's data; a failure message names them and the brokers' logs.
 """

@@ -1,14 +1,14 @@
-"""Kafka transactions with the Java clients and tools of Apache Kafka 4.1 (jars from Maven
+"""Kafka transactions with the Java clients and tools of Apache Kafka 4.4 (jars from Maven
 Central, unchanged) on one 3-broker StraitMQ cluster (3 controllers apart).
 
 - Kafka Streams with `processing.guarantee=exactly_once_v2`: the word count of
-  tools/java/kafka-4.1/apps/WordCountApp.java, with the leader of an input partition and
+  tools/java/kafka-4.4/apps/WordCountApp.java, with the leader of an input partition and
   then the transaction coordinator of the application's transactional id (found with
   ListTransactions and FindCoordinator key_type=1) killed with SIGKILL mid-run and
   restarted. Read with read_committed, each word's counts are 1, 2, ..., n exactly once:
   the last one is the plain count, nothing counted twice, nothing lost.
 - The Java transactional producer and read_committed consumer
-  (tools/java/kafka-4.1/apps/TxnClient.java, one command per stdin line): committed
+  (tools/java/kafka-4.4/apps/TxnClient.java, one command per stdin line): committed
   batches seen once (by the Java consumer and by librdkafka's; librdkafka's producer read
   by the Java consumer too), aborted ones never; a zombie fenced by a newer producer with
   the same transactional id; a transaction past its timeout aborted by the coordinator.
@@ -65,7 +65,7 @@ from test_errors import Raw, produce, produce_partition
 from test_transactions import TXN_ARGS, _producer, _read, _topic
 from waiting import wait_for
 
-from bench.javatools import KAFKA41_TOOLS, ensure_jars, java_cmd
+from bench.javatools import KAFKA44_TOOLS, ensure_jars, java_cmd
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -97,7 +97,7 @@ def logs_of(cluster: Cluster) -> str:
 
 
 class TxnClient:
-    """tools/java/kafka-4.1/apps/TxnClient.java as a process: `call(command)` sends one
+    """tools/java/kafka-4.4/apps/TxnClient.java as a process: `call(command)` sends one
     command and returns its reply ("ok ..." or "error ...")."""
 
     def __init__(self, cluster: Cluster, name: str, logs: Path) -> None:
@@ -110,7 +110,7 @@ class TxnClient:
             ["--bootstrap", cluster.bootstrap],
             jvm_args=APP_JVM_ARGS,
             log_level="INFO",
-            jars="4.1",
+            jars="4.4",
         )
         self.proc = subprocess.Popen(
             cmd,
@@ -317,9 +317,9 @@ def kafka_transactions(cluster: Cluster, *args: str) -> list[list[str]]:
     """Runs the tool; its table as rows of cells (the header first)."""
     r = subprocess.run(
         java_cmd(
-            KAFKA41_TOOLS["kafka-transactions"],
+            KAFKA44_TOOLS["kafka-transactions"],
             ["--bootstrap-server", cluster.bootstrap, *args],
-            jars="4.1",
+            jars="4.4",
         ),
         capture_output=True,
         text=True,

@@ -1,6 +1,6 @@
-// A Kafka Streams (4.1) word count, for tests/test_streams_connect.py. Compiled by
-// scripts/fetch-jars.sh against the 4.1 jars into .cache/jars/classes-4.1/; run as
-//   java -cp '.cache/jars/classes-4.1:.cache/jars/kafka-4.1/*' WordCountApp \
+// A Kafka Streams (4.4) word count, for tests/test_streams_connect.py. Compiled by
+// scripts/fetch-jars.sh against the 4.4 jars into .cache/jars/classes-4.4/; run as
+//   java -cp '.cache/jars/classes-4.4:.cache/jars/kafka-4.4/*' WordCountApp \
 //       --bootstrap HOST:PORT --application-id ID --state-dir DIR --input T --output T \
 //       [key=value ...]   (more StreamsConfig settings)
 //

@@ -1,12 +1,12 @@
-// A KafkaConsumer (kafka-clients 4.1) in a group with group.protocol=consumer (KIP-848),
-// for tests/test_consumer_protocol.py. Run from source with the 4.1 jars:
-//   java -cp '.cache/jars/kafka-4.1/*' tools/java/kafka-4.1/ConsumerProtocolClient.java \
+// A KafkaConsumer (kafka-clients 4.4) in a group with group.protocol=consumer (KIP-848),
+// for tests/test_consumer_protocol.py. Run from source with the 4.4 jars:
+//   java -cp '.cache/jars/kafka-4.4/*' tools/java/kafka-4.4/ConsumerProtocolClient.java \
 //       BOOTSTRAP GROUP TOPIC NAME [key=value ...]
 // Prints one JSON object a line on stdout: "assigned"/"revoked"/"lost" from the rebalance
 // listener (with the wall-clock time, to check that no partition has two owners at once),
 // "records" (partition, offset, value) for each poll before its offsets are committed
 // (commitSync), "committed" or "commit_failed". A commit refused while the member's epoch
-// moves on (STALE_MEMBER_EPOCH, which the 4.1 client does not retry) is tried again on the
+// moves on (STALE_MEMBER_EPOCH, which the 4.4 client does not retry) is tried again on the
 // next poll for the partitions the member still owns, as an application would; otherwise
 // the last batch before the producer stops would stay uncommitted. A line "stop" (or end
 // of input) on stdin closes the consumer, which leaves the group.

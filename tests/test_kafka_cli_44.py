@@ -1,7 +1,7 @@
-"""The newest Apache Kafka CLI tools (4.1, from Maven Central) against a StraitMQ broker.
+"""The newest Apache Kafka CLI tools (4.4, from Maven Central) against a StraitMQ broker.
 
-Each tool runs as a user runs it, through its main class from the 4.1 jars
-(`bench/javatools.py` KAFKA41_TOOLS), and its output is checked. These are the tools
+Each tool runs as a user runs it, through its main class from the 4.4 jars
+(`bench/javatools.py` KAFKA44_TOOLS), and its output is checked. These are the tools
 a platform team reaches for first. Where a tool changes something (delete-records),
 the effect is checked too, also after a restart and on a follower that becomes leader;
 bad input is sent straight to the broker to check Kafka's error codes.
@@ -30,7 +30,7 @@ from test_errors import Raw
 from test_quorum_dynamic import leader_view, start_joining_controller
 from waiting import wait_for
 
-from bench.javatools import KAFKA41_TOOLS, ensure_jars, java_cmd
+from bench.javatools import KAFKA44_TOOLS, ensure_jars, java_cmd
 from straitmq.admin_client import request_sync
 
 pytestmark = pytest.mark.timeout(300)
@@ -44,7 +44,7 @@ def _jars() -> None:
 
 def tool(name: str, *args: str) -> subprocess.CompletedProcess:
     r = subprocess.run(
-        java_cmd(KAFKA41_TOOLS[name], args, jars="4.1"),
+        java_cmd(KAFKA44_TOOLS[name], args, jars="4.4"),
         capture_output=True,
         text=True,
         timeout=120,
@@ -56,7 +56,7 @@ def tool(name: str, *args: str) -> subprocess.CompletedProcess:
 def run_tool(name: str, *args: str) -> subprocess.CompletedProcess:
     """A tool run that may fail (bad input): its exit code is the caller's to check."""
     return subprocess.run(
-        java_cmd(KAFKA41_TOOLS[name], args, jars="4.1"),
+        java_cmd(KAFKA44_TOOLS[name], args, jars="4.4"),
         capture_output=True,
         text=True,
         timeout=120,
@@ -198,7 +198,7 @@ def test_broker_throttle_configs(broker) -> None:
     assert rate() == "-1"
     r = subprocess.run(
         java_cmd(
-            KAFKA41_TOOLS["kafka-configs"],
+            KAFKA44_TOOLS["kafka-configs"],
             [
                 "--bootstrap-server",
                 b,
@@ -210,7 +210,7 @@ def test_broker_throttle_configs(broker) -> None:
                 "--add-config",
                 "log.retention.ms=1000",
             ],
-            jars="4.1",
+            jars="4.4",
         ),
         capture_output=True,
         text=True,

@@ -1,6 +1,6 @@
-// A KafkaShareConsumer (kafka-clients 4.1, KIP-932 share groups) for
-// tests/test_share_groups.py. Run from source with the 4.1 jars:
-//   java -cp '.cache/jars/kafka-4.1/*' tools/java/kafka-4.1/ShareConsumerClient.java \
+// A KafkaShareConsumer (kafka-clients 4.4, KIP-932 share groups) for
+// tests/test_share_groups.py. Run from source with the 4.4 jars:
+//   java -cp '.cache/jars/kafka-4.4/*' tools/java/kafka-4.4/ShareConsumerClient.java \
 //       BOOTSTRAP GROUP TOPIC NAME MODE [key=value ...]
 // MODE "accept": every record polled is acknowledged (explicit mode, commitSync): RELEASE
 // if its value starts with "release", REJECT if with "reject", else ACCEPT.

@@ -1,7 +1,7 @@
-// The Java transactional producer and a read_committed consumer (Kafka 4.1 clients), driven
+// The Java transactional producer and a read_committed consumer (Kafka 4.4 clients), driven
 // one command per stdin line, for tests/test_transactions_java.py. Compiled by
-// scripts/fetch-jars.sh into .cache/jars/classes-4.1/; run as
-//   java -cp '.cache/jars/classes-4.1:.cache/jars/kafka-4.1/*' TxnClient --bootstrap HOST:PORT
+// scripts/fetch-jars.sh into .cache/jars/classes-4.4/; run as
+//   java -cp '.cache/jars/classes-4.4:.cache/jars/kafka-4.4/*' TxnClient --bootstrap HOST:PORT
 //
 // Several named producers live in one process, so that a test can hold a zombie and the
 // producer that fences it side by side. Commands (one reply line each, "ok ..." or

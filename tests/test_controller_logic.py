@@ -466,26 +466,29 @@ def test_the_compaction_lag_rule_holds_across_alterations() -> None:
     assert img.topics["t"].configs == {"max.compaction.lag.ms": "10"}
 
 
-def test_every_kafka_41_topic_config_is_known() -> None:
-    """The names Kafka 4.1's LogConfig defines (MirrorMaker 2 copies or deletes all of
+def test_every_kafka_44_topic_config_is_known() -> None:
+    """The names Kafka 4.4's LogConfig defines (MirrorMaker 2 copies or deletes all of
     them; kafka-reassign-partitions --verify deletes the throttled-replica lists)."""
-    kafka_41 = set(
+    kafka_44 = set(
         """
         cleanup.policy compression.gzip.level compression.lz4.level compression.type
-        compression.zstd.level delete.retention.ms file.delete.delay.ms flush.messages
+        compression.zstd.level delete.retention.ms errors.deadletterqueue.group.enable
+        file.delete.delay.ms flush.messages
         flush.ms follower.replication.throttled.replicas index.interval.bytes
         leader.replication.throttled.replicas local.retention.bytes local.retention.ms
-        max.compaction.lag.ms max.message.bytes message.timestamp.after.max.ms
+        max.compaction.lag.ms max.decompressed.message.bytes max.message.bytes
+        message.timestamp.after.max.ms
         message.timestamp.before.max.ms message.timestamp.type min.cleanable.dirty.ratio
-        min.compaction.lag.ms min.insync.replicas preallocate remote.log.copy.disable
+        min.compaction.lag.ms min.insync.replicas preallocate remote.copy.lag.bytes
+        remote.copy.lag.ms remote.log.copy.disable
         remote.log.delete.on.disable remote.storage.enable retention.bytes retention.ms
         segment.bytes segment.index.bytes segment.jitter.ms segment.ms
         unclean.leader.election.enable
         """.split()
     )
-    assert set(TOPIC_CONFIGS) == kafka_41
+    assert set(TOPIC_CONFIGS) == kafka_44
     img = cluster(1)
-    deletes = {name: None for name in kafka_41}  # what MM2 sends for source defaults
+    deletes = {name: None for name in kafka_44}  # what MM2 sends for source defaults
     topic(img, "t", [[1]])
     apply(img, ops.alter_configs(img, "t", deletes))
     values = effective({"cleanup.policy": "delete , compact", "min.cleanable.dirty.ratio": "0.50"})

@@ -1,6 +1,6 @@
-"""Topic-level configs: Kafka 4.1's names, types, defaults and validation rules.
+"""Topic-level configs: Kafka 4.4's names, types, defaults and validation rules.
 
-Every topic config Kafka 4.1 knows is accepted with Kafka's type and range, so the tools
+Every topic config Kafka 4.4 knows is accepted with Kafka's type and range, so the tools
 that copy or clear them wholesale (MirrorMaker 2 syncs every source topic config,
 `kafka-reassign-partitions --verify` deletes the throttled-replica lists) work unchanged.
 Where StraitMQ does not act on a config its documentation says so: "accepted; no effect
@@ -113,6 +113,21 @@ def _remote_storage(value: str) -> str | None:
         return (
             "tiered storage is not supported: StraitMQ keeps every segment on the "
             "broker's own disk (remote.storage.enable=false is accepted)"
+        )
+    return None
+
+
+# Kafka 4.4's max.decompressed.message.bytes: its default (and ceiling) is no limit at all.
+MAX_DECOMPRESSED_DEFAULT = INT_MAX - 8
+
+
+def _max_decompressed(value: str) -> str | None:
+    if problem := long_range(1, MAX_DECOMPRESSED_DEFAULT)(value):
+        return problem
+    if int(value) != MAX_DECOMPRESSED_DEFAULT:
+        return (
+            "a cap on a record's decompressed size is not supported: StraitMQ does not "
+            f"decompress batches on produce (only {MAX_DECOMPRESSED_DEFAULT}, no cap, is accepted)"
         )
     return None
 
@@ -320,6 +335,24 @@ def _defs() -> tuple[ConfigDef, ...]:
         ConfigDef("local.retention.bytes", "long", "-2", long_range(-2), _NO_TIERED),
         ConfigDef("remote.log.copy.disable", "boolean", "false", boolean, _NO_TIERED),
         ConfigDef("remote.log.delete.on.disable", "boolean", "false", boolean, _NO_TIERED),
+        # New in Kafka 4.4 (a Kafka 4.4 source's MirrorMaker 2 sync sends them).
+        ConfigDef("remote.copy.lag.ms", "long", "0", long_range(-1), _NO_TIERED),
+        ConfigDef("remote.copy.lag.bytes", "long", "-1", long_range(-1), _NO_TIERED),
+        ConfigDef(
+            "max.decompressed.message.bytes",
+            "int",
+            str(MAX_DECOMPRESSED_DEFAULT),
+            _max_decompressed,
+            "largest decompressed record accepted; only the default (no cap) here",
+        ),
+        ConfigDef(
+            "errors.deadletterqueue.group.enable",
+            "boolean",
+            "false",
+            boolean,
+            "accepted; no effect here: share groups do not write undeliverable records to a "
+            "dead-letter queue",
+        ),
     )
 
 

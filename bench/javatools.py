@@ -59,7 +59,7 @@ STRAIT_CLIENT = "StraitClient"  # tools/java/StraitClient.java
 KAFKA44_TOOLS = {
     "kafka-server-start": KAFKA_MAIN,  # kafka_2.13
     "kafka-storage": STORAGE_TOOL,  # kafka_2.13
-    "kafka-configs": "kafka.admin.ConfigCommand",  # kafka_2.13 (still Scala in 4.4)
+    "kafka-configs": "org.apache.kafka.tools.ConfigCommand",  # Scala kafka.admin.* up to 4.1
     "kafka-topics": "org.apache.kafka.tools.TopicCommand",
     "kafka-console-producer": "org.apache.kafka.tools.ConsoleProducer",
     "kafka-console-consumer": "org.apache.kafka.tools.consumer.ConsoleConsumer",

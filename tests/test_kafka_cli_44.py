@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -752,8 +753,10 @@ def api_versions(version: int) -> object:
 
 def test_features_describe(broker) -> None:
     r = tool("kafka-features", "--bootstrap-server", broker.bootstrap, "describe")
+    # "Feature: NAME  SupportedMinVersion: V ...": fields are tab-separated up to 4.1 and
+    # padded with spaces into columns since (values hold no spaces).
     rows = [
-        dict(field.split(": ", 1) for field in line.split("\t"))
+        dict(re.findall(r"(\w+): (\S+)", line))
         for line in r.stdout.splitlines()
         if line.startswith("Feature: ")
     ]

@@ -29,6 +29,7 @@ JAR_DIR_44="$JARS_PARENT/kafka-4.4"
 JAR_STAMP_44="$JARS_PARENT/.kafka-4.4.stamp"
 CLS_STAMP="$JARS_PARENT/.classes.stamp"
 SRC_DIR_44="$ROOT/tools/java/kafka-4.4/apps"
+COMPAT_DIR_44="$ROOT/tools/java/kafka-4.4/compat"
 CLASSES_44="$JARS_PARENT/classes-4.4"
 CLS_STAMP_44="$JARS_PARENT/.classes-4.4.stamp"
 MVN="${MVN:-mvn}"
@@ -123,7 +124,10 @@ fi
 # the same for the programs built on the 4.4 jars (the stamp hashes the 4.4 jar stamp too,
 # so new jars mean a recompile)
 shopt -s nullglob
-sources_44=("$SRC_DIR_44"/*.java)
+# apps/*.java, and compat/: the bridge classes that let the 4.3.1 Connect plugins (connect-file,
+# connect-mirror; 4.4.0 of those is not served here) run on the 4.4 runtime
+mapfile -t compat_44 < <(find "$COMPAT_DIR_44" -name '*.java' 2>/dev/null | sort)
+sources_44=("$SRC_DIR_44"/*.java "${compat_44[@]}")
 shopt -u nullglob
 if [[ ${#sources_44[@]} -gt 0 ]]; then
     cls_hash_44="$(hash_of "${sources_44[@]}" "$JAR_STAMP_44")"

@@ -963,6 +963,9 @@ class EosLeg:
                 self.errors[f"committed:{e.args[0].name()}"] += 1
                 if time.monotonic() > deadline:
                     raise
+                # A moving coordinator answers at once: back off as a client does
+                # (retry.backoff.ms) instead of asking it in a tight loop.
+                self._stop.wait(0.1)
 
     def _run(self, gen: int) -> None:
         try:

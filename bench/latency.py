@@ -5,12 +5,16 @@ both up for the whole run, rounds alternating (issue 31, item 3; not a pytest te
 
 For each round, each system (order flipped every round) and each rate (order flipped too):
 
-  warm-up    Kafka 4.4's ProducerPerformance at the rate for --warmup-s seconds (10),
-             unreported: a JVM broker must not be measured cold
-  produce    ProducerPerformance again at the rate for --seconds (30): 1 KiB records,
-             acks=all, linger.ms=0, reporting its p50/p95/p99/p99.9 and max latency (ms,
-             from send to acknowledgement), the rate it reached, and the brokers' CPU
-             (user + system, all broker processes, /proc) as a share of one core
+  produce    Kafka's ProducerPerformance (the newest release's, PERF_JARS) at the rate for
+             --warmup-s (10) then --seconds (30), in ONE JVM: the first part is its
+             --warmup-records, left out of the steady-state line reported here. 1 KiB
+             records, acks=all, linger.ms=0: p50/p95/p99/p99.9 and max latency (ms, from
+             send to acknowledgement), the rate reached, and the brokers' CPU (user +
+             system, all broker processes, /proc) as a share of one core, from the end of
+             the warm-up. Neither the client's JVM nor a JVM broker is measured cold.
+             (Until 2026-11-27 evening the warm-up was a separate JVM, so the measured
+             client started cold: its first seconds of class loading and JIT were in the
+             p99 of both systems.)
   e2e        Kafka 4.4's EndToEndLatency (--e2e-messages, one message at a time: produce
              acks=all, wait until a consumer has it), its p50/p99/p99.9
 
@@ -56,10 +60,17 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from straitmq.cli.local_cluster import LocalCluster, free_port
 
 from bench.failover import KafkaTarget
-from bench.javatools import END_TO_END_LATENCY, PERF_JVM_ARGS, PRODUCER_PERF, REPO_ROOT, java_cmd
+from bench.javatools import (
+    END_TO_END_LATENCY,
+    PERF_JVM_ARGS,
+    PRODUCER_PERF,
+    REF_KAFKA,
+    REPO_ROOT,
+    java_cmd,
+)
 from bench.kafka_ref import KafkaRef
 from bench.strait_ref import StraitRef
-from bench.throughput import parse_producer_perf, process_cpu_s
+from bench.throughput import PP_FINAL, parse_producer_perf, process_cpu_s
 
 HOST = "127.0.0.1"
 PRODUCE_BUCKET = 'straitmq_broker_request_duration_seconds_bucket{kafka_api_name="Produce",'
@@ -67,6 +78,10 @@ STALLWATCH_DIR = REPO_ROOT / "bench" / "stallwatch"
 # EndToEndLatency's summary lines (Kafka 4.4, tools/EndToEndLatency.java).
 E2E_AVG = re.compile(r"Avg latency: ([\d.]+) ms")
 E2E_PCT = re.compile(r"Percentiles: 50th = (\d+), 99th = (\d+), 99\.9th = (\d+)")
+# ProducerPerformance with --warmup-records (Kafka 4.2+, KIP-1052) and its steady-state line
+# ("N steady state records sent, ..."); 4.1's has no warm-up in the same JVM.
+PERF_JARS = "4.4"
+PP_STEADY = re.compile(PP_FINAL.pattern.replace(" records sent", " steady state records sent"))
 PRODUCE_KEYS = ("p50_ms", "p95_ms", "p99_ms", "p999_ms", "max_lat_ms", "rec_s", "broker_cpu")
 E2E_KEYS = ("e2e_avg_ms", "e2e_p50_ms", "e2e_p99_ms", "e2e_p999_ms")
 
@@ -239,12 +254,25 @@ class KafkaCluster3(System):
 # -- measurements ----------------------------------------------------------------------
 
 
-def run_java(main_class: str, args: list[Any], timeout: float) -> str:
-    cmd = java_cmd(main_class, args, jvm_args=PERF_JVM_ARGS, include_classes=False, jars="4.4")
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if p.returncode != 0:
-        raise RuntimeError(f"{main_class} exited {p.returncode}: {p.stderr[-1500:]}")
-    return p.stdout
+def java_proc(main_class: str, args: list[Any], jars: str) -> subprocess.Popen[str]:
+    cmd = java_cmd(main_class, args, jvm_args=PERF_JVM_ARGS, include_classes=False, jars=jars)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def java_output(main_class: str, proc: subprocess.Popen[str], timeout: float) -> str:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    if proc.returncode != 0:
+        raise RuntimeError(f"{main_class} exited {proc.returncode}: {err[-1500:]}")
+    return out
+
+
+def run_java(main_class: str, args: list[Any], timeout: float, jars: str = REF_KAFKA) -> str:
+    return java_output(main_class, java_proc(main_class, args, jars), timeout)
 
 
 def create_topic(s: System, topic: str, a: argparse.Namespace) -> None:
@@ -270,12 +298,14 @@ def delete_topic(s: System, topic: str) -> None:
         log(f"  delete {topic}: {e}")
 
 
-def producer_perf(s: System, topic: str, rate: int, seconds: float, a: argparse.Namespace) -> str:
-    args: list[Any] = [
+def producer_perf_args(s: System, topic: str, rate: int, a: argparse.Namespace) -> list[Any]:
+    warmup = int(rate * a.warmup_s)
+    return [
         "--topic",
         topic,
         "--num-records",
-        int(rate * seconds),
+        warmup + int(rate * a.seconds),
+        *(["--warmup-records", warmup] if warmup > 0 else []),
         "--record-size",
         a.record_size,
         "--throughput",
@@ -285,17 +315,28 @@ def producer_perf(s: System, topic: str, rate: int, seconds: float, a: argparse.
         "acks=all",
         "linger.ms=0",
     ]
-    return run_java(PRODUCER_PERF, args, timeout=seconds * 4 + 120)
+
+
+def parse_steady(out: str) -> dict[str, float]:
+    """The steady-state summary (after the warm-up records), else the only summary."""
+    steady = [ln for ln in out.splitlines() if PP_STEADY.search(ln)]
+    return parse_producer_perf(steady[-1].replace(" steady state", "") if steady else out)
 
 
 def measure(s: System, rate: int, a: argparse.Namespace) -> dict[str, float]:
     topic = f"lat-{rate}-{uuid.uuid4().hex[:6]}"
     create_topic(s, topic, a)
     try:
-        if a.warmup_s > 0:
-            producer_perf(s, topic, rate, a.warmup_s, a)
+        proc = java_proc(PRODUCER_PERF, producer_perf_args(s, topic, rate, a), PERF_JARS)
+        # The broker's CPU and Produce times from the end of the warm-up records (the
+        # client sends at the fixed rate from its start; its JVM starts in well under 1 s).
+        if proc.poll() is None:
+            try:
+                proc.wait(timeout=a.warmup_s)
+            except subprocess.TimeoutExpired:
+                pass
         cpu0, t0, before = s.cpu_s(), time.monotonic(), s.produce_buckets()
-        res = parse_producer_perf(producer_perf(s, topic, rate, a.seconds, a))
+        res = parse_steady(java_output(PRODUCER_PERF, proc, (a.warmup_s + a.seconds) * 4 + 120))
         res["broker_cpu"] = (s.cpu_s() - cpu0) / (time.monotonic() - t0)
         # The broker's own share of the tail: its Produce handling time (from taking a
         # request up to writing its answer), p99 as the histogram bucket bound it is in.

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bench.latency import bucket_quantile, medians, parse_args, parse_e2e, report
+from bench.latency import bucket_quantile, medians, parse_args, parse_e2e, parse_steady, report
 
 # As Kafka 4.1's EndToEndLatency prints its summary.
 E2E_OUT = """\
@@ -86,3 +86,22 @@ def test_the_brokers_own_p99_comes_from_the_histogram_difference() -> None:
     assert bucket_quantile(before, after, 0.999) == 0.005  # 999 by 5 ms
     assert bucket_quantile(after, after, 0.99) is None  # nothing recorded in between
     assert bucket_quantile({}, {}, 0.99) is None
+
+
+# As Kafka 4.4's ProducerPerformance prints with --warmup-records: a progress line, the
+# whole run's summary, then the steady-state one (the records after the warm-up).
+PERF_OUT = """\
+24998 records sent, 4998.6 records/sec (4.88 MB/sec), 2.1 ms avg latency, 180.0 ms max latency.
+75000 records sent, 4999.533364 records/sec (4.88 MB/sec), 1.93 ms avg latency, 180.00 ms \
+max latency, 1 ms 50th, 3 ms 95th, 61 ms 99th, 170 ms 99.9th.
+50000 steady state records sent, 4999.700018 records/sec (4.88 MB/sec), 0.91 ms avg \
+latency, 12.00 ms max latency, 1 ms 50th, 2 ms 95th, 4 ms 99th, 9 ms 99.9th.
+"""
+
+
+def test_the_steady_state_line_is_reported_not_the_warm_up() -> None:
+    res = parse_steady(PERF_OUT)
+    assert (res["records"], res["p99_ms"], res["max_lat_ms"]) == (50000, 4, 12)
+    # Without --warmup-records (a 4.1 client) the one summary is it.
+    only = PERF_OUT.rsplit("\n", 2)[0]
+    assert parse_steady(only)["p99_ms"] == 61

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from conftest import record_batch
 from kio.index import load_response_schema
+from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 from straitmq.broker.record_codec import build_batch, decode_batch
 from waiting import wait_for
@@ -1101,3 +1102,33 @@ def test_rest_errors_leave_no_trace(rest_broker: Any) -> None:
     topic = json.loads(payload)
     assert len(topic["partitions"]) == 2
     assert all(p["high_watermark"] == 0 for p in topic["partitions"])
+
+
+def test_list_config_resources_lists_what_has_configs_and_refuses_the_rest(
+    strict_broker: Any, raw: Any
+) -> None:
+    """ListConfigResources (KIP-1142; v0 ListClientMetricsResources), what `kafka-configs
+    --describe --entity-type X` without a name and `kafka-client-metrics --list` send: the
+    topics and brokers, no client-metrics subscriptions (KIP-714 is not supported, so
+    there are none); a type that has no configs here (BROKER_LOGGER, 8) is refused with
+    INVALID_REQUEST at once rather than answered with an empty list."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": strict_broker.bootstrap})
+    admin.create_topics([NewTopic("listed-configs", 1, 1)])["listed-configs"].result(30)
+    r = raw(strict_broker)
+    m = kio_module("list_config_resources", 1)
+    res = r.call(m.ListConfigResourcesRequest(resource_types=()))
+    listed = {(int(c.resource_type), c.resource_name) for c in res.config_resources}
+    assert code(res) == NONE
+    assert (2, "listed-configs") in listed and any(t == 4 for t, _ in listed), listed
+    assert not any(t == 16 for t, _ in listed)
+    only_topics = r.call(m.ListConfigResourcesRequest(resource_types=(2,)))
+    assert {int(c.resource_type) for c in only_topics.config_resources} == {2}
+    metrics = r.call(m.ListConfigResourcesRequest(resource_types=(16,)))
+    assert (code(metrics), metrics.config_resources) == (NONE, ())
+    loggers = r.call(m.ListConfigResourcesRequest(resource_types=(8,)))
+    assert (code(loggers), loggers.config_resources) == (ErrorCode.invalid_request, ())
+    v0 = kio_module("list_config_resources", 0)
+    old = r.call(v0.ListConfigResourcesRequest())
+    assert (code(old), old.config_resources) == (NONE, ())

@@ -812,3 +812,30 @@ def test_features_describe(broker) -> None:
             for f in replies[v].finalized_features
         ] == [("metadata.version", 27, 27), ("transaction.version", 2, 2), ("share.version", 1, 1)]
         assert replies[v].finalized_features_epoch > 0
+
+
+def test_client_metrics_are_listed_as_none_and_refused_clearly(broker) -> None:
+    """`kafka-client-metrics` (ListConfigResources, KIP-1142): StraitMQ has no client
+    metrics subscriptions (KIP-714), so the list is empty, and creating one fails at once
+    saying why (not a hang, not an unknown-API error)."""
+    b = broker.bootstrap
+    listed = tool("kafka-client-metrics", "--bootstrap-server", b, "--list")
+    assert listed.stdout.strip() == "", listed.stdout
+    described = tool(
+        "kafka-configs", "--bootstrap-server", b, "--describe", "--entity-type", "client-metrics"
+    )
+    assert described.stdout.strip() == "", described.stdout
+    r = run_tool(
+        "kafka-client-metrics",
+        "--bootstrap-server",
+        b,
+        "--alter",
+        "--name",
+        "every-producer",
+        "--metrics",
+        "org.apache.kafka.producer.",
+        "--interval",
+        "1000",
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "(KIP-714) are not supported" in out, out[-2000:]

@@ -316,6 +316,42 @@ async def handle_describe_configs(deps: AdminDeps, ctx: RequestContext, req: Any
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 
 
+CLIENT_METRICS_RESOURCE = 16
+# What ListConfigResources v1 lists when asked for no type in particular (Kafka's
+# default set minus BROKER_LOGGER, which has no configs here).
+LISTED_RESOURCE_TYPES = (TOPIC_RESOURCE, BROKER_RESOURCE, CLIENT_METRICS_RESOURCE, 32)
+
+
+async def handle_list_config_resources(deps: AdminDeps, ctx: RequestContext, req: Any) -> dict:
+    """ListConfigResources (KIP-1142; v0 was ListClientMetricsResources): the resources
+    that have configs, those the principal may describe. Client metrics subscriptions
+    (KIP-714) are not supported, so there are none to list; a type this broker has no
+    configs for is refused at once (INVALID_REQUEST), not answered as empty."""
+    wanted = tuple(getattr(req, "resource_types", ())) if ctx.version >= 1 else (16,)
+    wanted = wanted or LISTED_RESOURCE_TYPES
+    unknown = sorted(set(wanted) - set(LISTED_RESOURCE_TYPES))
+    if unknown:
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.invalid_request,
+            "config_resources": [],
+        }
+    image = deps.metadata.image
+    names: dict[int, list[str]] = {
+        TOPIC_RESOURCE: sorted(image.topics),
+        BROKER_RESOURCE: [str(b) for b in sorted(image.brokers)],
+        CLIENT_METRICS_RESOURCE: [],
+        group_configs.GROUP_RESOURCE: sorted(group_configs.configured_groups(image)),
+    }
+    listed = [
+        {"resource_name": name, "resource_type": rtype}
+        for rtype in wanted
+        for name in names[rtype]
+        if not _config_denied(ctx, rtype, name, DESCRIBE_CONFIGS)
+    ]
+    return {"throttle_time": 0, "error_code": 0, "config_resources": listed}
+
+
 def _config_denied(ctx: RequestContext, rtype: int, name: str, operation: int) -> int:
     """Kafka: a topic's configs need the operation on the topic, a broker's on the
     cluster; 0 when allowed."""
@@ -350,9 +386,13 @@ async def handle_incremental_alter_configs(deps: AdminDeps, ctx: RequestContext,
                 deps.metadata, r.resource_name, r.configs, req.validate_only, res
             )
             continue
+        if r.resource_type == CLIENT_METRICS_RESOURCE:
+            res["error_code"] = ErrorCode.invalid_request
+            res["error_message"] = "client metrics subscriptions (KIP-714) are not supported"
+            continue
         if r.resource_type != TOPIC_RESOURCE:
             res["error_code"] = ErrorCode.invalid_request
-            res["error_message"] = "only topic and broker throttle configs can be altered"
+            res["error_message"] = "only topic, broker and group configs can be altered"
             continue
         changes: dict[str, str | None] = {}
         try:

@@ -103,6 +103,7 @@ def kafka_api(
         30: p(acls.handle_create_acls, admin_deps),
         31: p(acls.handle_delete_acls, admin_deps),
         32: p(admin.handle_describe_configs, admin_deps),
+        74: p(admin.handle_list_config_resources, admin_deps),  # KIP-1142
         35: p(admin.handle_describe_log_dirs, admin_deps),
         36: sec.handle_sasl_authenticate,
         37: p(admin.handle_create_partitions, admin_deps),

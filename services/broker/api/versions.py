@@ -71,6 +71,7 @@ VERSIONS: dict[int, Versions] = {
     66: Versions(0, 1),  # ListTransactions
     68: Versions(0, 1),  # ConsumerGroupHeartbeat (KIP-848)
     69: Versions(0, 1),  # ConsumerGroupDescribe
+    74: Versions(0, 1),  # ListConfigResources (v0: ListClientMetricsResources), KIP-1142
     75: Versions(0, 0),  # DescribeTopicPartitions
     76: Versions(1, 1),  # ShareGroupHeartbeat (KIP-932 share groups)
     77: Versions(1, 1),  # ShareGroupDescribe

@@ -33,6 +33,16 @@ def config_key(group_id: str, name: str) -> str:
     return f"{PREFIX}{group_id}:{name}"
 
 
+def configured_groups(image: Any) -> set[str]:
+    """The groups with a config set explicitly (ListConfigResources lists these)."""
+    out: set[str] = set()
+    for key in image.cluster_configs:
+        if key.startswith(PREFIX):
+            group_id, _, _name = key[len(PREFIX) :].rpartition(":")
+            out.add(group_id)
+    return out
+
+
 def describe_entries(image: Any, group_id: str, keys: set[str] | None, docs: bool) -> list[dict]:
     """DescribeConfigs entries of a group (explicit values as dynamic group configs)."""
     out: list[dict] = []

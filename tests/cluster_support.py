@@ -24,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition  # noqa: E402
 from straitmq.broker.record_codec import decode_batch  # noqa: E402
 from straitmq.broker.storage.log import LogConfig, PartitionLog  # noqa: E402
 from straitmq.cli.local_cluster import LocalCluster, Node  # noqa: E402
@@ -473,3 +474,27 @@ def verify(cluster: Cluster, w: Workload, scenario: str, extra: dict | None = No
     f.replicas_identical = identical
     print(f.line(), flush=True)
     return f
+
+
+# Errors that mean "the partition's leader moved since the client's metadata": a Kafka
+# client refreshes its metadata and asks again.
+LEADER_MOVED = {
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError._TRANSPORT,
+}
+
+
+def high_watermark(consumer: Consumer, topic: str, partition: int, timeout: float = 60) -> int:
+    """The partition's high watermark, asked again while its leadership moves (brokers
+    restarted, the preferred leader taking it back); any other error fails at once."""
+
+    def ask() -> tuple[int] | None:
+        try:
+            return (consumer.get_watermark_offsets(TopicPartition(topic, partition), 10)[1],)
+        except KafkaException as e:
+            if e.args[0].code() in LEADER_MOVED:
+                return None
+            raise
+
+    return wait_for(ask, timeout, f"the high watermark of {topic}-{partition}", 0.3)[0]

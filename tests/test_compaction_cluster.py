@@ -19,7 +19,7 @@ import urllib.request
 import uuid
 
 import pytest
-from cluster_support import Cluster, cluster_factory
+from cluster_support import Cluster, cluster_factory, high_watermark
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from waiting import wait_for
@@ -58,8 +58,7 @@ def _consume_all(bootstrap: str, topic: str, partitions: int) -> list[tuple]:
     try:
         ends = {}
         for p in range(partitions):
-            _lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            ends[p] = hi
+            ends[p] = high_watermark(c, topic, p)
         c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         got: list[tuple] = []
         done: set[int] = {p for p, hi in ends.items() if hi == 0}

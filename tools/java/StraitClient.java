@@ -31,7 +31,9 @@
  *       {"done":count,"assignment":[..],"committed":{"<p>":next_offset}}.
  *       Without --group: manual assign() of all partitions (or --partition), no commits.
  *       With --group, a member that gets partitions has --timeout-ms from then on (a join
- *       on a busy machine may take most of it), one that gets none stops at the first.
+ *       on a busy machine may take most of it), one that gets none stops at the first;
+ *       one whose time ends in a rebalance (assigned nothing for now) waits for its new
+ *       assignment, at most one more --timeout-ms.
  *       Exit 0 when count reached (or no --count), 2 on timeout before count.
  *
  *   admin --bootstrap H:P <sub> [...] [--timeout-ms MS] [--prop k=v]...
@@ -446,8 +448,13 @@ public final class StraitClient {
                     deadline = Math.max(deadline, System.currentTimeMillis() + timeoutMs);
                 }
                 long remaining = deadline - System.currentTimeMillis();
-                if (remaining <= 0) break;
-                ConsumerRecords<byte[], byte[]> recs = consumer.poll(Duration.ofMillis(Math.min(remaining, 500)));
+                // A member caught by its timeout in the middle of a rebalance (an eager one
+                // revokes everything first) polls on until its new assignment arrives, so
+                // what it reports and commits is the group's answer, not the gap: for at
+                // most one more timeout.
+                if (remaining <= 0 && (!assigned || !consumer.assignment().isEmpty()
+                        || remaining <= -timeoutMs)) break;
+                ConsumerRecords<byte[], byte[]> recs = consumer.poll(Duration.ofMillis(Math.max(1, Math.min(remaining > 0 ? remaining : 500, 500))));
                 for (ConsumerRecord<byte[], byte[]> r : recs) {
                     if (!quiet) {
                         Map<String, Object> h = new LinkedHashMap<>();

@@ -287,7 +287,7 @@ class Broker:
                 cfg.fetch_max_wait_s,
                 lambda: self.stopping,
                 self.quotas,
-                self._incarnation,
+                lambda broker_id: self.quorum.image.broker_incarnation(broker_id),
             ),
             replicas=replicas,
             metadata_deps=MetadataDeps(
@@ -436,10 +436,6 @@ class Broker:
     @property
     def image(self) -> MetadataImage:
         return self.quorum.image
-
-    def _incarnation(self, broker_id: int) -> str | None:
-        b = self.quorum.image.brokers.get(broker_id)
-        return None if b is None else b.incarnation
 
     @property
     def combined(self) -> bool:

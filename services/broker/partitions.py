@@ -495,7 +495,7 @@ class PartitionManager:
                 role = part.update(p, min_isr)
                 if role == FOLLOWER and part.write_error is not None:
                     part.write_error = None  # a follower's appends report nothing
-                    self.write_failed.discard((name, i))
+                    self._write_state_changed(part)
                 if role:
                     for cb in self.role_listeners:
                         cb(part, role)

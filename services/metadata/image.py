@@ -139,6 +139,11 @@ class MetadataImage:
         b = self.brokers.get(broker_id)
         return b is not None and b.alive
 
+    def broker_incarnation(self, broker_id: int) -> str | None:
+        """The broker's current registration (its process), None if unknown (KIP-903)."""
+        b = self.brokers.get(broker_id)
+        return None if b is None else b.incarnation
+
     def topic_name(self, topic_id: uuid.UUID | None) -> str | None:
         """The name of the topic with this id (requests that name topics by id), from an
         index rebuilt only when a topic is created or removed."""

@@ -67,8 +67,7 @@ class IsrManager:
         return self._image().broker_alive(broker_id)
 
     def _incarnation(self, broker_id: int) -> str | None:
-        b = self._image().brokers.get(broker_id)
-        return None if b is None else b.incarnation
+        return self._image().broker_incarnation(broker_id)
 
     async def run(self) -> None:
         lag_s = self.lag_s

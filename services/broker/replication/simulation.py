@@ -568,7 +568,7 @@ class Simulation:
             if now >= b.next_isr_check:
                 b.next_isr_check = now + ISR_CHECK_S
                 new = core.isr_change(
-                    now, plog.log_end_offset, LAG_S, self._alive_view, self._incarnation_view
+                    now, plog.log_end_offset, LAG_S, self._alive_view, self.image.broker_incarnation
                 )
                 if new is not None:
                     core.propose_isr(new)
@@ -580,10 +580,6 @@ class Simulation:
     def _alive_view(self, broker: int) -> bool:
         # The leader reads the controller's view from its metadata; close enough here.
         return self.image.broker_alive(broker)
-
-    def _incarnation_view(self, broker: int) -> str | None:
-        b = self.image.brokers.get(broker)
-        return None if b is None else b.incarnation
 
     def _broker_receive(self, b: Broker, src: int, kind: str, body: Any) -> None:
         if kind == "metadata":

@@ -319,7 +319,12 @@ SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 CLIENT_METRICS_RESOURCE = 16
 # What ListConfigResources v1 lists when asked for no type in particular (Kafka's
 # default set minus BROKER_LOGGER, which has no configs here).
-LISTED_RESOURCE_TYPES = (TOPIC_RESOURCE, BROKER_RESOURCE, CLIENT_METRICS_RESOURCE, 32)
+LISTED_RESOURCE_TYPES = (
+    TOPIC_RESOURCE,
+    BROKER_RESOURCE,
+    CLIENT_METRICS_RESOURCE,
+    group_configs.GROUP_RESOURCE,
+)
 
 
 async def handle_list_config_resources(deps: AdminDeps, ctx: RequestContext, req: Any) -> dict:
@@ -327,26 +332,27 @@ async def handle_list_config_resources(deps: AdminDeps, ctx: RequestContext, req
     that have configs, those the principal may describe. Client metrics subscriptions
     (KIP-714) are not supported, so there are none to list; a type this broker has no
     configs for is refused at once (INVALID_REQUEST), not answered as empty."""
-    wanted = tuple(getattr(req, "resource_types", ())) if ctx.version >= 1 else (16,)
-    wanted = wanted or LISTED_RESOURCE_TYPES
-    unknown = sorted(set(wanted) - set(LISTED_RESOURCE_TYPES))
-    if unknown:
-        return {
-            "throttle_time": 0,
-            "error_code": ErrorCode.invalid_request,
-            "config_resources": [],
-        }
+    if ctx.version >= 1:
+        wanted = tuple(req.resource_types) or LISTED_RESOURCE_TYPES
+    else:
+        wanted = (CLIENT_METRICS_RESOURCE,)
+    if not set(wanted) <= set(LISTED_RESOURCE_TYPES):
+        return {"throttle_time": 0, "error_code": ErrorCode.invalid_request, "config_resources": []}
     image = deps.metadata.image
-    names: dict[int, list[str]] = {
-        TOPIC_RESOURCE: sorted(image.topics),
-        BROKER_RESOURCE: [str(b) for b in sorted(image.brokers)],
-        CLIENT_METRICS_RESOURCE: [],
-        group_configs.GROUP_RESOURCE: sorted(group_configs.configured_groups(image)),
-    }
+
+    def names(rtype: int) -> list[str]:  # only the types asked for are listed
+        if rtype == TOPIC_RESOURCE:
+            return sorted(image.topics)
+        if rtype == BROKER_RESOURCE:
+            return [str(b) for b in sorted(image.brokers)]
+        if rtype == group_configs.GROUP_RESOURCE:
+            return sorted(group_configs.configured_groups(image))
+        return []  # CLIENT_METRICS: none
+
     listed = [
         {"resource_name": name, "resource_type": rtype}
         for rtype in wanted
-        for name in names[rtype]
+        for name in names(rtype)
         if not _config_denied(ctx, rtype, name, DESCRIBE_CONFIGS)
     ]
     return {"throttle_time": 0, "error_code": 0, "config_resources": listed}

@@ -21,15 +21,12 @@ from straitmq.telemetry import Telemetry
 class ColocatedController(Protocol):
     def is_active(self) -> bool:
         """This process's controller is the active one (calls go to it locally)."""
-        ...
 
     def handlers(self) -> Mapping[str, Handler]:
         """The controller calls, by name, as the HTTP endpoints serve them."""
-        ...
 
     def add_routes(self, app: web.Application) -> None:
         """Its endpoints (Raft, controller calls, sessions) on the broker's HTTP port."""
-        ...
 
     async def start(self) -> None: ...
 

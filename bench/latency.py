@@ -5,7 +5,7 @@ both up for the whole run, rounds alternating (issue 31, item 3; not a pytest te
 
 For each round, each system (order flipped every round) and each rate (order flipped too):
 
-  produce    Kafka's ProducerPerformance (the newest release's, PERF_JARS) at the rate for
+  produce    Kafka's ProducerPerformance (REF_KAFKA, the newest release) at the rate for
              --warmup-s (10) then --seconds (30), in ONE JVM: the first part is its
              --warmup-records, left out of the steady-state line reported here. 1 KiB
              records, acks=all, linger.ms=0: p50/p95/p99/p99.9 and max latency (ms, from
@@ -78,9 +78,8 @@ STALLWATCH_DIR = REPO_ROOT / "bench" / "stallwatch"
 # EndToEndLatency's summary lines (Kafka 4.4, tools/EndToEndLatency.java).
 E2E_AVG = re.compile(r"Avg latency: ([\d.]+) ms")
 E2E_PCT = re.compile(r"Percentiles: 50th = (\d+), 99th = (\d+), 99\.9th = (\d+)")
-# ProducerPerformance with --warmup-records (Kafka 4.2+, KIP-1052) and its steady-state line
-# ("N steady state records sent, ..."); 4.1's has no warm-up in the same JVM.
-PERF_JARS = "4.4"
+# ProducerPerformance's steady-state line with --warmup-records (Kafka 4.2+, KIP-1052):
+# "N steady state records sent, ...".
 PP_STEADY = re.compile(PP_FINAL.pattern.replace(" records sent", " steady state records sent"))
 PRODUCE_KEYS = ("p50_ms", "p95_ms", "p99_ms", "p999_ms", "max_lat_ms", "rec_s", "broker_cpu")
 E2E_KEYS = ("e2e_avg_ms", "e2e_p50_ms", "e2e_p99_ms", "e2e_p999_ms")
@@ -254,8 +253,8 @@ class KafkaCluster3(System):
 # -- measurements ----------------------------------------------------------------------
 
 
-def java_proc(main_class: str, args: list[Any], jars: str) -> subprocess.Popen[str]:
-    cmd = java_cmd(main_class, args, jvm_args=PERF_JVM_ARGS, include_classes=False, jars=jars)
+def java_proc(main_class: str, args: list[Any]) -> subprocess.Popen[str]:
+    cmd = java_cmd(main_class, args, jvm_args=PERF_JVM_ARGS, include_classes=False, jars=REF_KAFKA)
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -271,8 +270,8 @@ def java_output(main_class: str, proc: subprocess.Popen[str], timeout: float) ->
     return out
 
 
-def run_java(main_class: str, args: list[Any], timeout: float, jars: str = REF_KAFKA) -> str:
-    return java_output(main_class, java_proc(main_class, args, jars), timeout)
+def run_java(main_class: str, args: list[Any], timeout: float) -> str:
+    return java_output(main_class, java_proc(main_class, args), timeout)
 
 
 def create_topic(s: System, topic: str, a: argparse.Namespace) -> None:
@@ -327,14 +326,13 @@ def measure(s: System, rate: int, a: argparse.Namespace) -> dict[str, float]:
     topic = f"lat-{rate}-{uuid.uuid4().hex[:6]}"
     create_topic(s, topic, a)
     try:
-        proc = java_proc(PRODUCER_PERF, producer_perf_args(s, topic, rate, a), PERF_JARS)
+        proc = java_proc(PRODUCER_PERF, producer_perf_args(s, topic, rate, a))
         # The broker's CPU and Produce times from the end of the warm-up records (the
         # client sends at the fixed rate from its start; its JVM starts in well under 1 s).
-        if proc.poll() is None:
-            try:
-                proc.wait(timeout=a.warmup_s)
-            except subprocess.TimeoutExpired:
-                pass
+        try:
+            proc.wait(timeout=a.warmup_s)
+        except subprocess.TimeoutExpired:
+            pass
         cpu0, t0, before = s.cpu_s(), time.monotonic(), s.produce_buckets()
         res = parse_steady(java_output(PRODUCER_PERF, proc, (a.warmup_s + a.seconds) * 4 + 120))
         res["broker_cpu"] = (s.cpu_s() - cpu0) / (time.monotonic() - t0)

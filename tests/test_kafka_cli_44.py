@@ -43,17 +43,6 @@ def _jars() -> None:
     ensure_jars()
 
 
-def tool(name: str, *args: str) -> subprocess.CompletedProcess:
-    r = subprocess.run(
-        java_cmd(KAFKA44_TOOLS[name], args, jars="4.4"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, f"{name} {' '.join(args)}: exit {r.returncode}\n{r.stderr[-3000:]}"
-    return r
-
-
 def run_tool(name: str, *args: str) -> subprocess.CompletedProcess:
     """A tool run that may fail (bad input): its exit code is the caller's to check."""
     return subprocess.run(
@@ -62,6 +51,12 @@ def run_tool(name: str, *args: str) -> subprocess.CompletedProcess:
         text=True,
         timeout=120,
     )
+
+
+def tool(name: str, *args: str) -> subprocess.CompletedProcess:
+    r = run_tool(name, *args)
+    assert r.returncode == 0, f"{name} {' '.join(args)}: exit {r.returncode}\n{r.stderr[-3000:]}"
+    return r
 
 
 def produce(bootstrap: str, topic: str, n: int) -> None:
@@ -171,52 +166,13 @@ def test_broker_throttle_configs(broker) -> None:
     throttles = (
         "leader.replication.throttled.rate=1048576,follower.replication.throttled.rate=1048576"
     )
-    tool(
-        "kafka-configs",
-        "--bootstrap-server",
-        b,
-        "--alter",
-        "--entity-type",
-        "brokers",
-        "--entity-name",
-        node,
-        "--add-config",
-        throttles,
-    )
+    alter = ("--bootstrap-server", b, "--alter", "--entity-type", "brokers", "--entity-name", node)
+    tool("kafka-configs", *alter, "--add-config", throttles)
     assert rate() == "1048576"
-    tool(
-        "kafka-configs",
-        "--bootstrap-server",
-        b,
-        "--alter",
-        "--entity-type",
-        "brokers",
-        "--entity-name",
-        node,
-        "--delete-config",
-        ",".join(f"{side}.replication.throttled.rate" for side in SIDES),
-    )
+    deleted = ",".join(f"{side}.replication.throttled.rate" for side in SIDES)
+    tool("kafka-configs", *alter, "--delete-config", deleted)
     assert rate() == "-1"
-    r = subprocess.run(
-        java_cmd(
-            KAFKA44_TOOLS["kafka-configs"],
-            [
-                "--bootstrap-server",
-                b,
-                "--alter",
-                "--entity-type",
-                "brokers",
-                "--entity-name",
-                node,
-                "--add-config",
-                "log.retention.ms=1000",
-            ],
-            jars="4.4",
-        ),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = run_tool("kafka-configs", *alter, "--add-config", "log.retention.ms=1000")
     assert r.returncode != 0 and "cannot be altered at runtime" in r.stdout + r.stderr, r
     assert rate() == "-1"
 

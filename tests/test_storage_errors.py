@@ -37,18 +37,20 @@ STORAGE_ERROR = 56  # KAFKA_STORAGE_ERROR on the wire
 
 
 def _writer(
-    tmp_path: Path, configs: dict[str, str] | None = None
+    tmp_path: Path, configs: dict[str, str] | None = None, topic: str = "t"
 ) -> tuple[PartitionWriter, Partition]:
+    """Broker 1 leading `topic`-0 alone."""
     image = MetadataImage()
     image.apply(
-        {"type": "topic", "name": "t", "topic_id": str(uuid.uuid4()), "configs": configs or {}}
+        {"type": "topic", "name": topic, "topic_id": str(uuid.uuid4()), "configs": configs or {}}
     )
     image.apply(
-        {"type": "partition", "topic": "t", "index": 0, "replicas": [1], "isr": [1], "leader": 1}
+        {"type": "partition", "topic": topic, "index": 0, "replicas": [1], "isr": [1]}
+        | {"leader": 1}
     )
     parts = PartitionManager(str(tmp_path / "data"), {}, 1)
     parts.sync(image)
-    part = parts.get("t", 0)
+    part = parts.get(topic, 0)
     assert part is not None and part.is_leader
     return PartitionWriter(BrokerMetrics(), parts, lambda: image, lambda: True), part
 
@@ -262,16 +264,8 @@ def test_the_transaction_coordinator_on_a_full_disk_answers_not_coordinator_and_
     transition is dropped (a retry is not CONCURRENT_TRANSACTIONS for ever), and the
     partition is reported offline like a produce's, so its leadership moves to a replica
     with a disk. Once space is back the same request succeeds."""
-    image = MetadataImage()
-    image.apply({"type": "topic", "name": TXN_TOPIC, "topic_id": str(uuid.uuid4()), "configs": {}})
-    image.apply(
-        {"type": "partition", "topic": TXN_TOPIC, "index": 0, "replicas": [1], "isr": [1]}
-        | {"leader": 1}
-    )
-    parts = PartitionManager(str(tmp_path / "data"), {}, 1)
-    parts.sync(image)
-    part = parts.get(TXN_TOPIC, 0)
-    assert part is not None and part.is_leader
+    writer, part = _writer(tmp_path, topic=TXN_TOPIC)
+    parts, image = writer.partitions, writer._image()
 
     async def no_topic(_: dict) -> None:
         raise AssertionError("the topic exists")

@@ -52,21 +52,22 @@ WRITER = textwrap.dedent(
         if os.path.exists(stop):
             break
         values = [f"{tid}:{n}:{i}" for i in range(rng.randint(1, 6))]
+        parts = [rng.randrange(3) for _ in values]
         abort = rng.random() < 0.25
         try:
             p.begin_transaction()
-            for v in values:
-                p.produce(topic, value=v.encode(), partition=rng.randrange(3))
+            for v, part in zip(values, parts):
+                p.produce(topic, value=v.encode(), partition=part)
             if abort:
                 p.flush(30)
                 p.abort_transaction(30)
-                log.write(json.dumps(["aborted", values]) + "\\n")
+                log.write(json.dumps(["aborted", values, parts]) + "\\n")
             else:
                 p.commit_transaction(30)
-                log.write(json.dumps(["committed", values]) + "\\n")
+                log.write(json.dumps(["committed", values, parts]) + "\\n")
         except KafkaException as e:
             err = e.args[0]
-            log.write(json.dumps(["unknown", values, str(err)]) + "\\n")
+            log.write(json.dumps(["unknown", values, parts, str(err)]) + "\\n")
             if err.txn_requires_abort():
                 try:
                     p.abort_transaction(30)
@@ -186,7 +187,10 @@ def test_transactional_history_under_kills(cluster: Cluster, tmp_path: Path) -> 
     assert len(values) == len(set(values)), "duplicated: a value was read twice"
     read = set(values)
     lost = [v for txn in committed for v in txn if v not in read]
-    assert not lost, f"lost: {len(lost)} committed values never read, e.g. {lost[:5]}"
+    assert not lost, (
+        f"lost: {len(lost)} committed values never read, e.g. {lost[:5]}; "
+        f"{_where(cluster, lost, history, seen)}"
+    )
     aborted_read = [v for txn in aborted for v in txn if v in read]
     assert not aborted_read, f"aborted read: {aborted_read[:5]}"
     fractured = [txn for txn in unknown if 0 < sum(v in read for v in txn) < len(txn)]
@@ -195,3 +199,45 @@ def test_transactional_history_under_kills(cluster: Cluster, tmp_path: Path) -> 
     for p, o, _v in seen:
         assert o > last.get(p, -1), f"non-monotonic poll: partition {p} went to {o}"
         last[p] = o
+
+
+def _where(cluster: Cluster, lost: list[str], history: list, seen: list) -> str:
+    """For a failure message: where each lost value is in its partition's log (read
+    uncommitted: there but skipped by read_committed readers, or not there at all),
+    and the read_committed reader's offsets around it."""
+    part_of = {v: p for h in history for v, p in zip(h[1], h[2], strict=True)}
+    wanted = set(lost[:20])
+    found: dict[str, tuple[int, int]] = {}
+    c = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "group.id": f"hist-where-{uuid.uuid4()}",
+            "isolation.level": "read_uncommitted",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    try:
+        c.assign([TopicPartition(TOPIC, p, 0) for p in range(3)])
+        eof: set[int] = set()
+        end = time.monotonic() + 30
+        while len(eof) < 3 and time.monotonic() < end:
+            for m in c.consume(500, 0.5):
+                if m.error():
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        eof.add(m.partition())
+                    continue
+                if (v := m.value().decode()) in wanted:
+                    found[v] = (m.partition(), m.offset())
+    finally:
+        c.close()
+    out = []
+    for v in lost[:20]:
+        p = part_of.get(v)
+        if v not in found:
+            out.append(f"{v} (partition {p}) not in the log")
+            continue
+        fp, fo = found[v]
+        near = sorted(o for sp, o, _ in seen if sp == fp and abs(o - fo) <= 20)
+        out.append(f"{v} in the log at {fp}@{fo}, read_committed read {fp}@{near}")
+    return "; ".join(out)

@@ -32,6 +32,7 @@ class PartitionWrite:
     __slots__ = (
         "_api",
         "_end",
+        "_epoch",
         "_errors",
         "_partition",
         "base_offset",
@@ -51,6 +52,7 @@ class PartitionWrite:
         self._errors = errors  # the broker's request error counters, keyed (api, code)
         self._partition: Partition | None = None
         self._end = -1  # wait until the high watermark reaches this (acks=all)
+        self._epoch = -1  # in the leader epoch the write was appended in
 
     def fail(
         self,
@@ -74,8 +76,8 @@ class PartitionWrite:
         if partition is None:
             return
         self._partition = None
-        if not await partition.wait_for_hw(self._end, within_s):
-            if partition.is_leader:
+        if not await partition.wait_for_hw(self._end, within_s, self._epoch):
+            if partition.is_leader and partition.leader_epoch == self._epoch:
                 self.fail(
                     ErrorCode.request_timed_out,
                     "the in-sync replicas did not confirm the write in time",
@@ -178,7 +180,7 @@ class PartitionWriter:
             metrics.messages_in[topic] += sum(b.record_count for b in batches)
         except DuplicateBatch as dup:  # answered with the first write's offset
             w.base_offset = dup.cached.base_offset
-            end = dup.cached.base_offset + 1
+            end = dup.cached.last_offset + 1
         except InvalidRecords as e:
             return w.fail(e.code, str(e), e.record_errors)
         except SequenceError as e:
@@ -189,6 +191,7 @@ class PartitionWriter:
         if acks == -1:
             w._partition = partition
             w._end = end
+            w._epoch = partition.leader_epoch
         return w
 
     def append_marker(
@@ -224,6 +227,7 @@ class PartitionWriter:
         w.log_start_offset = partition.log.log_start_offset
         w._partition = partition
         w._end = partition.log.log_end_offset
+        w._epoch = partition.leader_epoch
         return w
 
 

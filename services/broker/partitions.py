@@ -116,6 +116,9 @@ class Partition(ReplicaCore):
         epoch changed (the caller then starts or moves the replica fetcher)."""
         outcome = ReplicaCore.update(self, p, min_isr, self.log.log_end_offset, _now())
         if outcome == LEADER:
+            # Waits of an earlier leadership end here, also when this broker leads again
+            # without having seen itself follow (an epoch's offsets are its own).
+            self.fail_hw_waiters()
             epochs = self.log.epochs
             later = self.epoch_writes
             if (
@@ -229,9 +232,21 @@ class Partition(ReplicaCore):
             self, _now(), self.log.log_end_offset, lag_max_s, alive, incarnation
         )
 
-    async def wait_for_hw(self, offset: int, within_s: float) -> bool:
-        """True once the high watermark reaches `offset`; False on timeout or if this
-        replica stops leading (the write may or may not survive then)."""
+    async def wait_for_hw(
+        self, offset: int, within_s: float, leader_epoch: int | None = None
+    ) -> bool:
+        """True once the high watermark reaches `offset` in `leader_epoch` (the epoch
+        the write was appended in; None: the current one, for a caller that appended
+        without yielding since). False on timeout, or if this replica stops leading in
+        that epoch: the write may or may not survive then. A wait that starts after the
+        epoch moved on fails at once: the log may have been cut and refilled by another
+        leader meanwhile, and a high watermark past `offset` would vouch for other
+        records (found by tests/test_txn_history.py: a Produce answered after its broker
+        lost the leadership and won it back acknowledged a write that was gone)."""
+        if leader_epoch is not None and leader_epoch != self.leader_epoch:
+            return False
+        if self.role != LEADER:
+            return False
         if self.high_watermark >= offset:
             return True
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()

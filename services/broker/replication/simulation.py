@@ -673,6 +673,9 @@ class Simulation:
         core, plog = b.core, b.log
         outcome = core.update(p, self.min_isr, plog.log_end_offset, self.now)
         if outcome == LEADER:
+            # Partition.update: the waits of an earlier leadership end (the broker may
+            # lead again without having seen itself follow).
+            self._fail_waiters(b)
             plog.epochs.assign(core.leader_epoch, core.epoch_start_offset)
             b.truncating = False
             if core.leader_epoch >= b.stale_epoch:

@@ -417,8 +417,9 @@ async def _write_record(part: Partition, tid: str, value: dict | None) -> bool:
     key = orjson.dumps({"t": tid})
     batch = build_batch([(key, None if value is None else orjson.dumps(value), [])], _now())
     view = memoryview(batch)
+    epoch = part.leader_epoch
     end = part.append(view, validate_batches(view, len(batch))) + 1
-    return await part.wait_for_hw(end, WRITE_TIMEOUT_S)
+    return await part.wait_for_hw(end, WRITE_TIMEOUT_S, epoch)
 
 
 def _now() -> int:

@@ -39,6 +39,7 @@ from straitmq.protocol.codec import (
 )
 from straitmq.protocol.codec import load as load_schemas
 from straitmq.protocol.guard import check_array_lengths
+from straitmq.protocol.produce_response import encode_produce_response
 from straitmq.security.tls import principal_from_cert
 
 from .api.context import Deferred, RawResponse, RequestContext
@@ -451,6 +452,11 @@ class KafkaConnection(asyncio.BufferedProtocol):
         metrics.observe(key, perf_counter() - start)
 
     def _write_answer(self, result: dict, api_key: int, version: int, correlation_id: int) -> None:
+        if api_key == 0:  # a Produce answer: per request at linger.ms=0, so written directly
+            frame = encode_produce_response(version, correlation_id, result)
+            if frame is not None:
+                self.write(frame)
+                return
         body = build(response_schema(api_key, version), result)
         self.write(encode_response(api_key, version, correlation_id, body))
 

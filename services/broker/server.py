@@ -121,7 +121,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._grow: bytearray | None = None  # a frame over PREALLOC_BYTES, so far
         self._grow_size = 0
         self.frames: deque[memoryview] = deque()
-        self.wakeup = asyncio.Event()
+        # What run() awaits while no frame is queued: a bare future, set by the next
+        # frame or the close (an asyncio.Event is Python code on every request).
+        self._wakeup: asyncio.Future[None] | None = None
         self.drained = asyncio.Event()
         self.drained.set()
         self.transport: asyncio.Transport | None = None
@@ -243,8 +245,13 @@ class KafkaConnection(asyncio.BufferedProtocol):
             view = view[n:]
             self.buffer_updated(n)
 
+    def _wake(self) -> None:
+        waiter = self._wakeup
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
     def _frames_queued(self) -> None:
-        self.wakeup.set()
+        self._wake()
         if len(self.frames) >= MAX_QUEUED_FRAMES and not self.paused:
             self.paused = True
             assert self.transport is not None
@@ -262,7 +269,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.drained.set()
-        self.wakeup.set()
+        self._wake()
         self.deps.connections.discard(self)
         if self._dup_fd >= 0:
             os.close(self._dup_fd)
@@ -272,18 +279,19 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.closed = True
         if self.transport is not None:
             self.transport.close()
-        self.wakeup.set()
+        self._wake()
         for answer, *_ in self._waiting:
             answer.cancel()
 
     # -- request loop -----------------------------------------------------------------
 
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
         try:
             while not self.closed:
                 if not self.frames:
-                    self.wakeup.clear()
-                    await self.wakeup.wait()
+                    self._wakeup = loop.create_future()
+                    await self._wakeup
                     continue
                 frame = self.frames.popleft()
                 if self.paused and len(self.frames) < MAX_QUEUED_FRAMES // 2:

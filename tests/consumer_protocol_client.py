@@ -8,7 +8,8 @@ tools/java/kafka-4.4/ConsumerProtocolClient.java:
 batch before its offsets are committed synchronously, "committed" or "commit_failed". A
 refused commit (STALE_MEMBER_EPOCH while the member's epoch moves on) is tried again on the
 next poll for the partitions the member still owns, as an application would. A line "stop"
-(or end of input) on stdin closes the consumer, which leaves the group.
+(or end of input) on stdin ends the loop at its next poll: what is still pending is
+committed, then the consumer closes and leaves the group.
 """
 
 from __future__ import annotations
@@ -96,6 +97,15 @@ def main() -> None:
             # partition is ours, else the next owner processes the records again.
             emit(ev="commit_failed", error=str(e))
             pending.update(nxt)
+    # A graceful shutdown commits what is still pending for partitions it owns.
+    owned = {tp.partition for tp in consumer.assignment()}
+    if last := [TopicPartition(topic, p, o) for p, o in pending.items() if p in owned]:
+        try:
+            res = consumer.commit(offsets=last, asynchronous=False)
+            done = [(tp.partition, tp.offset) for tp in res or () if tp.error is None]
+            emit(ev="committed", ts=now(), offsets=sorted(done))
+        except KafkaException as e:
+            emit(ev="commit_failed", error=str(e))
     consumer.close()
     emit(ev="closed", ts=now())
 

@@ -30,10 +30,12 @@
  *       "ts" timestamp, "tt" timestamp type, "le" leader epoch) and a final summary
  *       {"done":count,"assignment":[..],"committed":{"<p>":next_offset}}.
  *       Without --group: manual assign() of all partitions (or --partition), no commits.
- *       With --group, a member that gets partitions has --timeout-ms from then on (a join
- *       on a busy machine may take most of it), one that gets none stops at the first;
- *       one whose time ends in a rebalance (assigned nothing for now) waits for its new
- *       assignment, at most one more --timeout-ms.
+ *       With --group, a member has --timeout-ms from the end of its first rebalance and
+ *       again from its first partitions (a join on a busy machine may take most of the
+ *       first), so one handed nothing in a cooperative rebalance's first round waits for the
+ *       second, and one that gets none stops then; one whose time ends in a rebalance
+ *       (assigned nothing for now) waits for its new assignment, at most one more
+ *       --timeout-ms.
  *       Exit 0 when count reached (or no --count), 2 on timeout before count.
  *
  *   admin --bootstrap H:P <sub> [...] [--timeout-ms MS] [--prop k=v]...
@@ -403,6 +405,8 @@ public final class StraitClient {
         Map<TopicPartition, OffsetAndMetadata> next = new HashMap<>();
         Map<String, Object> committed = null;
         List<String> assignment = new ArrayList<>();
+        // Set by the rebalance listener, which runs inside poll() on this thread.
+        boolean[] rebalanced = {false};
         int rc = 0;
         try (KafkaConsumer<byte[], byte[]> consumer =
                      new KafkaConsumer<>(p, new ByteArrayDeserializer(), new ByteArrayDeserializer())) {
@@ -412,6 +416,8 @@ public final class StraitClient {
                         log("revoked " + ps);
                     }
                     @Override public void onPartitionsAssigned(Collection<TopicPartition> ps) {
+                        // Called after every rebalance, even with nothing assigned.
+                        rebalanced[0] = true;
                         log("assigned " + ps);
                     }
                 });
@@ -440,11 +446,15 @@ public final class StraitClient {
             }
 
             long deadline = System.currentTimeMillis() + timeoutMs;
-            boolean assigned = false;
+            boolean assigned = false, joined = false;
             outer:
             while (done < count) {
+                if (!joined && rebalanced[0]) {
+                    joined = true;  // the timeout counts from the first rebalance's end
+                    deadline = Math.max(deadline, System.currentTimeMillis() + timeoutMs);
+                }
                 if (!assigned && !consumer.assignment().isEmpty()) {
-                    assigned = true;  // the timeout counts from the first assignment
+                    assigned = true;  // and again from the first partitions
                     deadline = Math.max(deadline, System.currentTimeMillis() + timeoutMs);
                 }
                 long remaining = deadline - System.currentTimeMillis();

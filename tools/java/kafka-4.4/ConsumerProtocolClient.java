@@ -9,7 +9,8 @@
 // moves on (STALE_MEMBER_EPOCH, which the 4.4 client does not retry) is tried again on the
 // next poll for the partitions the member still owns, as an application would; otherwise
 // the last batch before the producer stops would stay uncommitted. A line "stop" (or end
-// of input) on stdin closes the consumer, which leaves the group.
+// of input) on stdin ends the loop at its next poll (within 200 ms, never inside a
+// commit): what it processed is committed, then the consumer closes and leaves the group.
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Collection;
@@ -25,7 +26,6 @@ import org.apache.kafka.clients.consumer.ConsumerRecords;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
 import org.apache.kafka.clients.consumer.OffsetAndMetadata;
 import org.apache.kafka.common.TopicPartition;
-import org.apache.kafka.common.errors.WakeupException;
 import org.apache.kafka.common.serialization.ByteArrayDeserializer;
 
 public class ConsumerProtocolClient {
@@ -46,6 +46,22 @@ public class ConsumerProtocolClient {
 
     static String quote(String s) {
         return "\"" + s.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", " ") + "\"";
+    }
+
+    static boolean commit(KafkaConsumer<byte[], byte[]> consumer, Map<TopicPartition, OffsetAndMetadata> offsets) {
+        try {
+            consumer.commitSync(offsets);
+        } catch (Exception e) {
+            emit("{\"ev\":\"commit_failed\",\"error\":" + quote(e.getClass().getSimpleName() + ": " + e.getMessage()) + "}");
+            return false;
+        }
+        StringBuilder c = new StringBuilder();
+        for (Map.Entry<TopicPartition, OffsetAndMetadata> e : offsets.entrySet()) {
+            if (c.length() > 0) c.append(',');
+            c.append('[').append(e.getKey().partition()).append(',').append(e.getValue().offset()).append(']');
+        }
+        emit("{\"ev\":\"committed\",\"ts\":" + System.currentTimeMillis() + ",\"offsets\":[" + c + "]}");
+        return true;
     }
 
     public static void main(String[] args) throws Exception {
@@ -71,8 +87,9 @@ public class ConsumerProtocolClient {
                 String line;
                 while ((line = r.readLine()) != null && !line.trim().equals("stop")) { }
             } catch (java.io.IOException e) { }
+            // No wakeup(): it would abort a commit in flight, and a member stopped right
+            // after its first batch would leave having committed nothing.
             stop.set(true);
-            consumer.wakeup();
         });
         stdin.setDaemon(true);
         stdin.start();
@@ -95,12 +112,7 @@ public class ConsumerProtocolClient {
         emit("{\"ev\":\"started\"}");
         try {
             while (!stop.get()) {
-                ConsumerRecords<byte[], byte[]> records;
-                try {
-                    records = consumer.poll(Duration.ofMillis(200));
-                } catch (WakeupException e) {
-                    break;
-                }
+                ConsumerRecords<byte[], byte[]> records = consumer.poll(Duration.ofMillis(200));
                 pending.keySet().retainAll(consumer.assignment());
                 if (records.isEmpty() && pending.isEmpty()) continue;
                 Map<TopicPartition, OffsetAndMetadata> next = new HashMap<>(pending);
@@ -114,24 +126,14 @@ public class ConsumerProtocolClient {
                 if (!records.isEmpty())
                     emit("{\"ev\":\"records\",\"ts\":" + System.currentTimeMillis() + ",\"recs\":[" + recs + "]}");
                 pending.clear();
-                try {
-                    consumer.commitSync(next);
-                    StringBuilder c = new StringBuilder();
-                    for (Map.Entry<TopicPartition, OffsetAndMetadata> e : next.entrySet()) {
-                        if (c.length() > 0) c.append(',');
-                        c.append('[').append(e.getKey().partition()).append(',').append(e.getValue().offset()).append(']');
-                    }
-                    emit("{\"ev\":\"committed\",\"ts\":" + System.currentTimeMillis() + ",\"offsets\":[" + c + "]}");
-                } catch (WakeupException e) {
-                    break;
-                } catch (Exception e) {
-                    // A commit refused during a rebalance or after fencing (STALE_MEMBER_EPOCH,
-                    // UNKNOWN_MEMBER_ID): tried again next poll while the partition is ours,
-                    // else the next owner processes the records again.
-                    emit("{\"ev\":\"commit_failed\",\"error\":" + quote(e.getClass().getSimpleName() + ": " + e.getMessage()) + "}");
-                    pending.putAll(next);
-                }
+                // A commit refused during a rebalance or after fencing (STALE_MEMBER_EPOCH,
+                // UNKNOWN_MEMBER_ID) is tried again next poll while the partition is ours,
+                // else the next owner processes the records again.
+                if (!commit(consumer, next)) pending.putAll(next);
             }
+            // A graceful shutdown commits what is still pending for partitions it owns.
+            pending.keySet().retainAll(consumer.assignment());
+            if (!pending.isEmpty()) commit(consumer, pending);
         } finally {
             consumer.close();
             emit("{\"ev\":\"closed\",\"ts\":" + System.currentTimeMillis() + "}");

@@ -17,6 +17,9 @@
 from __future__ import annotations
 
 import asyncio
+import io
+import random
+import struct
 import time
 import urllib.request
 from datetime import timedelta
@@ -26,23 +29,20 @@ from types import SimpleNamespace
 import pytest
 from cluster_support import Workload, cluster_factory, verify, wait_for
 from conftest import record_batch
+from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic, ForgottenTopic
 from prometheus_client.parser import text_string_to_metric_families
 from straitmq.broker.fetch_sessions import FetchSession, FetchSessions
 from straitmq.broker.metadata_view import MetadataView
 from straitmq.broker.partitions import FollowerState, Partition
 from straitmq.broker.records import validate_batches
-from straitmq.broker.replication.fetcher import (
-    FetchPartition,
-    FetchRequest,
-    FetchTopic,
-    ForgottenTopic,
-)
 from straitmq.broker.storage.log import LogConfig, PartitionLog
 from straitmq.broker.views import LocalReplicas
 from straitmq.metadata.image import MetadataImage, PartitionImage
 from waiting import holds
 
 from straitmq.protocol.client import KafkaConnection
+from straitmq.protocol.codec import _writer, request_schema
+from straitmq.protocol.fetch_request import encode_fetch_v12
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -421,3 +421,97 @@ def test_a_fetchers_client_id_names_its_process_and_only_for_its_own_broker() ->
     assert fetcher_incarnation(cid, 2) is None  # another broker's id claimed: not believed
     assert fetcher_incarnation("replica-fetcher-3", 3) is None  # an older broker's fetcher
     assert fetcher_incarnation("rdkafka@x", 3) is None and fetcher_incarnation(None, 3) is None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_followers_fetch_request_encoded_directly_is_kios(seed: int) -> None:
+    """The replica fetcher writes its Fetch v12 body with struct
+    (protocol/fetch_request.py): the same bytes kio's writer makes of the entity, for
+    any topics, partitions, forgotten partitions, session and rack."""
+    rng = random.Random(seed)
+    topics = [
+        (
+            rng.choice(["t", "topic-é", "x" * 150]) + str(i),
+            [
+                (
+                    rng.randrange(2**31),
+                    rng.randrange(-1, 2**31),
+                    rng.randrange(-1, 2**62),
+                    rng.randrange(-1, 2**31),
+                    rng.randrange(-1, 2**62),
+                    rng.randrange(2**31),
+                )
+                for _ in range(rng.randrange(4))
+            ],
+        )
+        for i in range(rng.choice([0, 1, 1, 3]))
+    ]
+    forgotten = [
+        (f"gone-{i}", [rng.randrange(2**31) for _ in range(rng.randrange(1, 200))])
+        for i in range(rng.choice([0, 0, 2]))
+    ]
+    head = (
+        rng.randrange(2**31),
+        rng.randrange(2**31),
+        rng.randrange(2**31),
+        rng.randrange(2**31),
+        rng.choice([0, 1]),
+        rng.randrange(2**31),
+        rng.randrange(-1, 2**31),
+    )
+    rack = rng.choice(["", "rack-a", "é" * 70])
+    entity = FetchRequest(
+        cluster_id=None,
+        replica_id=head[0],
+        max_wait=timedelta(milliseconds=head[1]),
+        min_bytes=head[2],
+        max_bytes=head[3],
+        isolation_level=head[4],
+        session_id=head[5],
+        session_epoch=head[6],
+        topics=tuple(
+            FetchTopic(
+                topic=name,
+                partitions=tuple(
+                    FetchPartition(
+                        partition=p[0],
+                        current_leader_epoch=p[1],
+                        fetch_offset=p[2],
+                        last_fetched_epoch=p[3],
+                        log_start_offset=p[4],
+                        partition_max_bytes=p[5],
+                    )
+                    for p in parts
+                ),
+            )
+            for name, parts in topics
+        ),
+        forgotten_topics_data=tuple(
+            ForgottenTopic(topic=name, partitions=tuple(ps)) for name, ps in forgotten
+        ),
+        rack_id=rack,
+    )
+    buf = io.BytesIO()
+    _writer(request_schema(1, 12))(buf, entity)
+    assert encode_fetch_v12(*head, topics, forgotten, rack) == buf.getvalue()
+
+
+def test_request_headers_written_directly_are_kios() -> None:
+    """KafkaConnection writes the request header (v1, or v2 without tagged fields) with
+    struct: the same bytes as kio's writer, flexible APIs or not, any client id."""
+    for client_id in ("replica-1", "", "é-x"):
+        conn = KafkaConnection("127.0.0.1", 9, client_id)
+        for api, version in ((1, 12), (1, 4), (23, 4), (18, 3), (17, 1), (36, 2), (22, 4)):
+            header = request_schema(api, version).__header_schema__
+            buf = io.BytesIO()
+            _writer(header)(
+                buf,
+                header(
+                    request_api_key=api,
+                    request_api_version=version,
+                    correlation_id=77,
+                    client_id=client_id,
+                ),
+            )
+            mine = struct.pack(">hhi", api, version, 77) + conn._client_id_bytes
+            assert buf.getvalue() == mine + (b"\x00" if header.__flexible__ else b"")

@@ -1,21 +1,28 @@
 """A listener's framing (server.KafkaConnection): the event loop reads (the TLS layer
 decrypts) into the buffers the connection hands out; whatever the read boundaries, the
 frames come out whole and in order, a large frame is read into a buffer of its own size
-(no copy), and a bad size closes the connection."""
+(no copy), and a bad size closes the connection. And its raw answers (a Fetch's file
+ranges): small ones copied and written at once, large ones by sendfile."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import socket
 import struct
+from pathlib import Path
 
 import pytest
+from conftest import record_batch
 from straitmq.broker import server
-from straitmq.broker.api.context import RequestContext
+from straitmq.broker.api.context import RawResponse, RequestContext
 from straitmq.broker.metrics import BrokerMetrics
 from straitmq.broker.quotas import ClientQuotas
+from straitmq.broker.records import validate_batches
 from straitmq.broker.security.sasl import ConnectionSecurity
 from straitmq.broker.server import SCRATCH_BYTES, KafkaConnection, ListenerDeps
+from straitmq.broker.storage.log import LogConfig, PartitionLog
 from straitmq.metadata.image import MetadataImage
 
 
@@ -136,3 +143,58 @@ def test_the_event_loops_take_it_for_a_buffered_protocol() -> None:
     conn = connection()
     assert isinstance(conn, asyncio.BufferedProtocol)
     assert not isinstance(conn, asyncio.Protocol)
+
+
+def _answer_with_range(plog: PartitionLog, record_bytes: int) -> tuple[RawResponse, bytes]:
+    """A RawResponse as a Fetch builds it (bytes, a file range, bytes) whose range holds
+    one record of `record_bytes`, and the bytes it stands for."""
+    data = memoryview(record_batch([b"r" * record_bytes]))
+    plog.append(data, validate_batches(data, 1 << 30), 0)
+    sl = plog.read(plog.log_end_offset - 1, 1 << 30, plog.log_end_offset)
+    assert sl is not None
+    head, tail = b"head" * 5, b"tail"
+    out = RawResponse()
+    out.add(head, len(head))
+    out.add(sl, sl.size)
+    out.add(tail, len(tail))
+    return out, head + os.pread(sl.fd, sl.size, sl.position) + tail
+
+
+@pytest.mark.parametrize("record_bytes", [100, server.SMALL_RAW_BYTES * 2])
+def test_a_raw_answer_arrives_whole_copied_when_small_sent_from_the_file_when_large(
+    tmp_path: Path, record_bytes: int
+) -> None:
+    """A small answer's file ranges are read and the whole answer written at once; a
+    large one goes by sendfile. Either way the peer reads exactly the answer's bytes."""
+    plog = PartitionLog(str(tmp_path / "p"), LogConfig())
+
+    async def run() -> bytes:
+        answer, expected = _answer_with_range(plog, record_bytes)
+        assert (answer.size <= server.SMALL_RAW_BYTES) == (record_bytes < 1000)
+        ours, theirs = socket.socketpair()
+        conn = connection()
+        loop = asyncio.get_running_loop()
+        await loop.connect_accepted_socket(lambda: conn, ours)
+        reader, writer = await asyncio.open_connection(sock=theirs)
+        try:
+            await conn.write_raw(answer)
+            got = await reader.readexactly(len(expected))
+            assert got == expected
+            return got
+        finally:
+            conn.close()
+            writer.close()
+
+    assert asyncio.run(run())
+    plog.close()
+
+
+def test_a_small_answer_whose_file_shrank_is_a_connection_error(tmp_path: Path) -> None:
+    """The range was cut (truncated) after the answer was built: as on the sendfile path
+    the connection ends rather than send fewer bytes than the size prefix says."""
+    plog = PartitionLog(str(tmp_path / "p"), LogConfig())
+    answer, _ = _answer_with_range(plog, 100)
+    plog.truncate_to(0)
+    with pytest.raises(ConnectionError):
+        server._small_raw(answer)
+    plog.close()

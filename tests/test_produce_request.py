@@ -1,7 +1,9 @@
 """Produce requests decoded with their record batches left in the frame
 (straitmq/protocol/produce_request.py): the same entities as kio's reader, every
 version the broker serves, records as memoryviews into the frame; what that reader
-does not take goes to kio's, which answers as before."""
+does not take goes to kio's, which answers as before. And Produce answers written
+straight from the handler's dict (straitmq/protocol/produce_response.py): the same
+bytes as `build` and kio's writer, every version the broker serves."""
 
 from __future__ import annotations
 
@@ -14,13 +16,17 @@ from typing import Any
 import pytest
 from kio.serial import entity_writer
 
+from straitmq.protocol.build import build
 from straitmq.protocol.codec import (
     LARGE_PRODUCE_BYTES,
     ProtocolError,
+    encode_response,
     parse_request,
     request_schema,
+    response_schema,
 )
 from straitmq.protocol.produce_request import VERSIONS, NotDecoded, parse_produce
+from straitmq.protocol.produce_response import encode_produce_response
 
 
 def encode(version: int, body: Any, client_id: str | None = "bench") -> memoryview:
@@ -131,3 +137,81 @@ def test_malformed_frames_go_to_kio_which_refuses_them(version: int) -> None:
             parse_request(truncated, 0, version)
         except ProtocolError:
             pass  # as before: kio's reader says what is wrong
+
+
+def answer_sample(rng: random.Random) -> dict:
+    """A Produce answer as handle_produce builds it: any topics, partitions, errors."""
+
+    def partition() -> dict:
+        errors = [
+            {
+                "batch_index": rng.randrange(10),
+                "batch_index_error_message": rng.choice([None, "", "bad é"]),
+            }
+            for _ in range(rng.choice([0, 0, 1, 3]))
+        ]
+        return {
+            "index": rng.randrange(2**31),
+            "error_code": rng.choice([0, 0, 6, 7, 87]),
+            "base_offset": rng.choice([-1, 0, rng.randrange(2**62)]),
+            "log_append_time": None,
+            "log_start_offset": rng.choice([-1, 0, rng.randrange(2**40)]),
+            "record_errors": errors,
+            "error_message": rng.choice(
+                [None, None, "", "the ISR shrank é" * rng.randrange(1, 20)]
+            ),
+        }
+
+    return {
+        "responses": [
+            {
+                "name": rng.choice(["t", "topic-é", "x" * 200]),
+                "partition_responses": [partition() for _ in range(rng.randrange(4))],
+            }
+            for _ in range(rng.choice([0, 1, 1, 2, 5]))
+        ],
+        "throttle_time": rng.choice([0, 0, 1, 30_000]),
+    }
+
+
+def generic_answer(version: int, correlation_id: int, answer: dict) -> bytes:
+    return encode_response(0, version, correlation_id, build(response_schema(0, version), answer))
+
+
+@pytest.mark.parametrize("version", list(VERSIONS))
+def test_produce_answer_written_directly_is_the_generic_encoders(version: int) -> None:
+    rng = random.Random(1000 + version)
+    for _ in range(60):
+        answer = answer_sample(rng)
+        correlation_id = rng.randrange(-(2**31), 2**31)
+        assert encode_produce_response(version, correlation_id, answer) == generic_answer(
+            version, correlation_id, answer
+        )
+
+
+def test_produce_answer_with_other_fields_goes_the_generic_way() -> None:
+    """A log append time, KIP-951's current leader or node endpoints, an entity instead
+    of a dict, or a version outside 3-12: not written here (None), so the listener uses
+    `build` and kio's writer, which know every field."""
+    base = answer_sample(random.Random(5))
+    base["responses"] = [{"name": "t", "partition_responses": [{"index": 0, "base_offset": 1}]}]
+    assert encode_produce_response(12, 1, base) == generic_answer(12, 1, base)
+    part = base["responses"][0]["partition_responses"][0]
+    for key, value in (
+        ("log_append_time", 1_700_000_000_000),
+        ("current_leader", {"leader_id": 2, "leader_epoch": 3}),
+    ):
+        assert (
+            encode_produce_response(
+                12,
+                1,
+                {
+                    **base,
+                    "responses": [{"name": "t", "partition_responses": [{**part, key: value}]}],
+                },
+            )
+            is None
+        )
+    assert encode_produce_response(12, 1, {**base, "node_endpoints": []}) is None
+    assert encode_produce_response(2, 1, base) is None
+    assert encode_produce_response(13, 1, base) is None

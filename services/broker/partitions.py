@@ -72,6 +72,12 @@ def _now() -> float:
     return time.monotonic()
 
 
+def _expire(fut: asyncio.Future[bool]) -> None:
+    """An acks=all wait's time is up: it answers False (the write was not confirmed)."""
+    if not fut.done():
+        fut.set_result(False)
+
+
 class Partition(ReplicaCore):
     """A replica: the replication core's state and decisions (replication/core.py) plus
     the log, the futures waiting on the high watermark and the fetch-session wake-ups."""
@@ -249,12 +255,16 @@ class Partition(ReplicaCore):
             return False
         if self.high_watermark >= offset:
             return True
-        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bool] = loop.create_future()
         heapq.heappush(self.hw_waiters, (offset, id(fut), fut))
+        # A timer that answers False, not asyncio.wait_for: that costs a second future,
+        # a callback and a cancellation path for every acks=all Produce.
+        timer = loop.call_later(within_s, _expire, fut)
         try:
-            return await asyncio.wait_for(fut, within_s)
-        except TimeoutError:
-            return False
+            return await fut
+        finally:
+            timer.cancel()
 
     def low_watermark(self, alive: Callable[[int], bool]) -> int:
         """The lowest log start over this leader and its followers on live brokers

@@ -39,6 +39,7 @@ from straitmq.protocol.codec import (
 )
 from straitmq.protocol.codec import load as load_schemas
 from straitmq.protocol.guard import check_array_lengths
+from straitmq.protocol.produce_response import encode_produce_response
 from straitmq.security.tls import principal_from_cert
 
 from .api.context import Deferred, RawResponse, RequestContext
@@ -75,6 +76,9 @@ PRE_AUTH_MAX_BYTES = 512 * 1024  # Kafka's sasl.server.max.receive.size
 FRAME_POOL_BUFFERS = 8
 _FRAME_BUFFERS: list[bytearray] = []
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
+# A plaintext answer up to this size (file ranges included) is copied and written at
+# once; a larger one goes by sendfile.
+SMALL_RAW_BYTES = 32 * 1024
 
 
 # Builds the context one request's handler gets: (api key, version, correlation id,
@@ -120,7 +124,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._grow: bytearray | None = None  # a frame over PREALLOC_BYTES, so far
         self._grow_size = 0
         self.frames: deque[memoryview] = deque()
-        self.wakeup = asyncio.Event()
+        # What run() awaits while no frame is queued: a bare future, set by the next
+        # frame or the close (an asyncio.Event is Python code on every request).
+        self._wakeup: asyncio.Future[None] | None = None
         self.drained = asyncio.Event()
         self.drained.set()
         self.transport: asyncio.Transport | None = None
@@ -242,8 +248,13 @@ class KafkaConnection(asyncio.BufferedProtocol):
             view = view[n:]
             self.buffer_updated(n)
 
+    def _wake(self) -> None:
+        waiter = self._wakeup
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
     def _frames_queued(self) -> None:
-        self.wakeup.set()
+        self._wake()
         if len(self.frames) >= MAX_QUEUED_FRAMES and not self.paused:
             self.paused = True
             assert self.transport is not None
@@ -261,7 +272,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.drained.set()
-        self.wakeup.set()
+        self._wake()
         self.deps.connections.discard(self)
         if self._dup_fd >= 0:
             os.close(self._dup_fd)
@@ -271,18 +282,19 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.closed = True
         if self.transport is not None:
             self.transport.close()
-        self.wakeup.set()
+        self._wake()
         for answer, *_ in self._waiting:
             answer.cancel()
 
     # -- request loop -----------------------------------------------------------------
 
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
         try:
             while not self.closed:
                 if not self.frames:
-                    self.wakeup.clear()
-                    await self.wakeup.wait()
+                    self._wakeup = loop.create_future()
+                    await self._wakeup
                     continue
                 frame = self.frames.popleft()
                 if self.paused and len(self.frames) < MAX_QUEUED_FRAMES // 2:
@@ -451,6 +463,11 @@ class KafkaConnection(asyncio.BufferedProtocol):
         metrics.observe(key, perf_counter() - start)
 
     def _write_answer(self, result: dict, api_key: int, version: int, correlation_id: int) -> None:
+        if api_key == 0:  # a Produce answer: per request at linger.ms=0, so written directly
+            frame = encode_produce_response(version, correlation_id, result)
+            if frame is not None:
+                self.write(frame)
+                return
         body = build(response_schema(api_key, version), result)
         self.write(encode_response(api_key, version, correlation_id, body))
 
@@ -518,6 +535,13 @@ class KafkaConnection(asyncio.BufferedProtocol):
         assert self.transport is not None
         if self.tls:
             await self._write_raw_tls(response)
+            return
+        if response.size <= SMALL_RAW_BYTES:
+            # A small answer (a follower's fetch of the last few records, a consumer's
+            # at low rates): its file ranges are read and the whole answer goes in one
+            # write. Header, sendfile and tail each cost a syscall and a wake-up of the
+            # reader, more than copying a few KiB does.
+            self.transport.write(_small_raw(response))
             return
         pending: list[bytes] = []
         for piece in response.pieces:
@@ -701,6 +725,23 @@ def frame_buffer(size: int) -> memoryview:
                     _FRAME_BUFFERS[i] = buf
                     break
     return memoryview(buf)[:size]
+
+
+def _small_raw(response: RawResponse) -> bytes:
+    """A RawResponse's bytes, its file ranges read in (write_raw's small answers)."""
+    out: list[bytes] = []
+    for piece in response.pieces:
+        if isinstance(piece, ReadSlice):
+            try:
+                data = os.pread(piece.fd, piece.size, piece.position)
+            except OSError as e:  # the segment was deleted, or no descriptor is left
+                raise ConnectionError(f"cannot send a fetched range: {e}") from e
+            if len(data) < piece.size:
+                raise ConnectionError("file shrank under a fetch")  # truncated meanwhile
+            out.append(data)
+        else:
+            out.append(piece)
+    return b"".join(out)
 
 
 def _with_throttle(result: Any, throttle: int) -> Any:

@@ -31,6 +31,8 @@ from .codec import _reader, _writer, request_schema, response_schema
 from .sasl_client import MECHANISMS, SaslClientError, new_exchange
 
 _I32 = struct.Struct(">i")
+_I16 = struct.Struct(">h")
+_HEADER = struct.Struct(">ihhi")  # size (set later), api key, version, correlation id
 
 
 class ConnectionClosed(Exception):
@@ -130,13 +132,31 @@ class _Frames(asyncio.BufferedProtocol):
         self.closed = self.closed or (str(exc) if exc else "closed")
         self._wake()
 
-    async def next_frame(self) -> memoryview:
-        while not self.frames:
-            if self.closed is not None:
-                raise ConnectionClosed(self.closed)
-            self.waiter = asyncio.get_running_loop().create_future()
-            await self.waiter
+    async def next_frame(self, within_s: float | None = None) -> memoryview:
+        """The next response frame; TimeoutError after `within_s` (None: no limit).
+        The limit is a timer on the waiter rather than asyncio.timeout, which costs a
+        context manager, a task lookup and a reschedule per request (a follower
+        fetches once per leader append)."""
+        if self.frames:
+            return self.frames.pop(0)
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(within_s, self._expire) if within_s is not None else None
+        try:
+            while not self.frames:
+                if self.closed is not None:
+                    raise ConnectionClosed(self.closed)
+                self.waiter = loop.create_future()
+                await self.waiter
+        finally:
+            if timer is not None:
+                timer.cancel()
         return self.frames.pop(0)
+
+    def _expire(self) -> None:
+        # Runs only while next_frame awaits its waiter; one already set (a frame came)
+        # is left as it is, and that frame is returned.
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(TimeoutError())
 
 
 class KafkaConnection:
@@ -144,6 +164,9 @@ class KafkaConnection:
         self, host: str, port: int, client_id: str, security: ClientSecurity | None = None
     ) -> None:
         self.host, self.port, self.client_id = host, port, client_id
+        # The header's client id (a nullable string, never a compact one).
+        raw = client_id.encode() if client_id is not None else None
+        self._client_id_bytes = _I16.pack(-1) if raw is None else _I16.pack(len(raw)) + raw
         self.security = security
         self._proto: _Frames | None = None
         self._correlation = 0
@@ -236,19 +259,17 @@ class KafkaConnection:
         assert proto is not None and proto.transport is not None
         self._correlation += 1
         schema = request_schema(api_key, version)  # any API: typed per call by its caller
-        header_schema = schema.__header_schema__
         buf = io.BytesIO()
-        buf.write(b"\x00\x00\x00\x00")
-        _writer(header_schema)(
-            buf,
-            header_schema(
-                request_api_key=api_key,
-                request_api_version=version,
-                correlation_id=self._correlation,
-                client_id=self.client_id,
-            ),
-        )
-        _writer(schema)(buf, body)
+        # The request header (v1, or v2 with no tagged fields), written directly: a
+        # header entity and kio's writer for it cost more than the follower's fetch body.
+        buf.write(_HEADER.pack(0, api_key, version, self._correlation))
+        buf.write(self._client_id_bytes)
+        if schema.__header_schema__.__flexible__:
+            buf.write(b"\x00")
+        if type(body) is bytes:  # encoded by the caller (a follower's Fetch)
+            buf.write(body)
+        else:
+            _writer(schema)(buf, body)
         data = buf.getbuffer()
         _I32.pack_into(data, 0, len(data) - 4)
         try:
@@ -256,10 +277,10 @@ class KafkaConnection:
                 raise ConnectionClosed(proto.closed)
             proto.transport.write(bytes(data))
             del data
-            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
-            # (CPython gh-86296) and a stopping broker would wait on its fetcher forever.
-            async with asyncio.timeout(within_s):
-                frame = await proto.next_frame()
+            # A timer on the waiter, not wait_for: on 3.11 wait_for can swallow a
+            # cancellation (CPython gh-86296) and a stopping broker would wait on its
+            # fetcher forever.
+            frame = await proto.next_frame(within_s)
         except (OSError, ConnectionClosed, TimeoutError) as e:
             self.close()
             raise ConnectionClosed(f"{self.host}:{self.port}: {e or type(e).__name__}") from None

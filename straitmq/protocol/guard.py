@@ -18,7 +18,6 @@ import struct
 import types
 import typing
 from collections.abc import Callable
-from functools import cache
 from typing import Any
 
 from kio.serial.errors import DecodeError
@@ -47,6 +46,16 @@ def _uv(buf: Any, pos: int) -> tuple[int, int]:
     """Unsigned varint at pos: (value, next position), with kio's native reader."""
     value, size = read_unsigned_varint(buf, pos)
     return value, pos + size
+
+
+def _uv_lines(var: str, ind: str) -> list[str]:
+    """`var, pos = UV(buf, pos)` with a one-byte varint (nearly every count and length
+    in a request) read inline, not through a call."""
+    return [
+        f"{ind}{var} = buf[pos]",
+        f"{ind}if {var} < 0x80: pos += 1",
+        f"{ind}else: {var}, pos = UV(buf, pos)",
+    ]
 
 
 def _too_many(n: int, left: int) -> ProtocolError:
@@ -100,7 +109,7 @@ class _Gen:
         if flexible:
             tagmap = f"{name}_tags"
             self.ns[tagmap] = {}
-            lines += ["  t, pos = UV(buf, pos)", f"  if t: pos = TAGS(buf, pos, end, t, {tagmap})"]
+            lines += [*_uv_lines("t", "  "), f"  if t: pos = TAGS(buf, pos, end, t, {tagmap})"]
             self._pending.append((tagmap, tags))
         self._define(name, lines)
         return name
@@ -135,7 +144,7 @@ class _Gen:
         if origin is tuple:
             element = typing.get_args(tp)[0]
             head = (
-                [f"{ind}n, pos = UV(buf, pos)", f"{ind}n -= 1"]
+                [*_uv_lines("n", ind), f"{ind}n -= 1"]
                 if flexible
                 else [f"{ind}n = I32(buf, pos)[0]", f"{ind}pos += 4"]
             )
@@ -152,7 +161,7 @@ class _Gen:
             return [f"{ind}pos += {_FIXED[kafka_type]}"]
         if kafka_type in ("string", "bytes", "records"):
             if flexible:
-                return [f"{ind}n, pos = UV(buf, pos)", f"{ind}if n > 1: pos += n - 1"]
+                return [*_uv_lines("n", ind), f"{ind}if n > 1: pos += n - 1"]
             if kafka_type == "string":
                 return [f"{ind}n = I16(buf, pos)[0]", f"{ind}pos += 2 + (n if n > 0 else 0)"]
             return [f"{ind}n = I32(buf, pos)[0]", f"{ind}pos += 4 + (n if n > 0 else 0)"]
@@ -169,22 +178,36 @@ class _Gen:
 _GEN = _Gen()
 
 
-@cache
-def _walker(api_key: int, version: int) -> Callable[[Any, int, int], int]:
-    return _GEN.compile(request_schema(api_key, version))
+_I16_AT = struct.Struct(">h").unpack_from
+# (api key, version) -> its body's walker and whether its header has tagged fields.
+_PLANS: dict[tuple[int, int], tuple[Callable[[Any, int, int], int], bool]] = {}
+
+
+def _plan(api_key: int, version: int) -> tuple[Callable[[Any, int, int], int], bool]:
+    plan = _PLANS.get((api_key, version))
+    if plan is None:
+        schema = request_schema(api_key, version)
+        plan = _PLANS[(api_key, version)] = (
+            _GEN.compile(schema),
+            schema.__header_schema__.__flexible__,
+        )
+    return plan
 
 
 def check_array_lengths(frame: memoryview, api_key: int, version: int) -> None:
     """Raise ProtocolError if an array count in the request overruns the frame."""
-    walk = _walker(api_key, version)
+    walk, flexible_header = _plan(api_key, version)
     try:
         # Header: api key, version, correlation id, client id (always a classic
         # string), then tagged fields in header v2 (only flexible request versions).
-        (n,) = struct.unpack_from(">h", frame, 8)
+        (n,) = _I16_AT(frame, 8)
         pos = 10 + (n if n > 0 else 0)
-        if request_schema(api_key, version).__header_schema__.__flexible__:
-            count, pos = _uv(frame, pos)
-            pos = _skip_tags(frame, pos, len(frame), count, {})
+        if flexible_header:
+            if frame[pos] == 0:  # no tagged fields: nearly always
+                pos += 1
+            else:
+                count, pos = _uv(frame, pos)
+                pos = _skip_tags(frame, pos, len(frame), count, {})
         walk(frame, pos, len(frame))
     except (IndexError, struct.error, DecodeError, ValueError) as exc:
         raise ProtocolError(f"request overruns its frame: {exc}") from None

@@ -454,7 +454,8 @@ def _over_quota(deps: FetchDeps, allowance: Sensor, topics: list) -> int:
 
 async def _wait_for_change(plan: _FetchPlan, session: FetchSession | None, within: float) -> None:
     """Until a partition of the fetch changes, or `within` seconds."""
-    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[None] = loop.create_future()
     if session is not None:
         # The session's partitions mark themselves dirty and wake it: no waiter on each
         # of tens of thousands of partitions.
@@ -464,15 +465,22 @@ async def _wait_for_change(plan: _FetchPlan, session: FetchSession | None, withi
         parts = plan.partitions()
         for part in parts:
             part.waiters.add(fut)
+    # A timer, not asyncio.wait_for (a second future and a callback per wait: a
+    # follower's fetch waits once per leader append).
+    timer = loop.call_later(within, _resolve, fut)
     try:
-        await asyncio.wait_for(fut, within)
-    except TimeoutError:
-        pass
+        await fut
     finally:
+        timer.cancel()
         if session is not None and session.waiter is fut:
             session.waiter = None
         for part in parts:
             part.waiters.discard(fut)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def _count(deps: FetchDeps, topics: list, follower: bool) -> None:

@@ -188,9 +188,19 @@ async def handle_produce(
             if ctx.security is not None:
                 ctx.security.close_after_reply = True
         return None
-    pending = [w.replicated(req.timeout.total_seconds()) for w in writes if w.pending]
-    if pending:
-        return Deferred(_answer_after(pending, responses))
+    # Writes the high watermark covers already (a leader alone in its ISR) are answered
+    # here; only the others wait, in a task of the listener's.
+    waiting = [w for w in writes if not w.replicated_now()]
+    if waiting:
+        within_s = req.timeout.total_seconds()
+        if len(waiting) == 1:
+            return Deferred(_answer_after_one(waiting[0].replicated(within_s), responses))
+        return Deferred(_answer_after([w.replicated(within_s) for w in waiting], responses))
+    return _answer(responses)
+
+
+async def _answer_after_one(pending: Coroutine[Any, Any, None], responses: list) -> dict:
+    await pending  # one partition waiting (the common case): no gather, no task for it
     return _answer(responses)
 
 

@@ -77,8 +77,8 @@ class PartitionWrite:
         partition = self._partition
         if partition is None:
             return True
-        if partition.high_watermark < self._end:
-            return False
+        if partition.high_watermark < self._end or partition.leader_epoch != self._epoch:
+            return False  # `replicated` waits (or fails: a leadership moved meanwhile)
         self._partition = None
         self._settled(partition)
         return True

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from straitmq.broker.producer_state import DuplicateBatch, ProducerStateTable
@@ -257,3 +258,21 @@ def test_a_caught_up_follower_of_an_idle_partition_rejoins_through_its_fetch_ses
     sessions[2].parts[("t", 0)].fetch_offset = 7
     sessions[2].last_fetch = 0.07
     assert leader.isr_change(0.08, 10, 0.15, lambda _: True) is None
+
+
+def test_planted_acks_all_wait_outside_its_leader_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An acks=all wait that starts after its write's leadership ended (the answer runs
+    in a task of its own) and trusts whatever high watermark the broker has then: once
+    the broker leads again, it vouches for an offset another leader's record holds."""
+
+    def start_wait(
+        self: Simulation, b: Any, end: int, client: int, req: int, epoch: int, written: Any
+    ) -> None:
+        core = b.core
+        if core is not None and core.high_watermark >= end:
+            self._answer(b, client, req, 0, end - 1, written)
+        elif core is not None and core.role == LEADER:
+            b.waiters.append((end, client, req, self.now + 5.0, written))
+
+    monkeypatch.setattr(Simulation, "_start_wait", start_wait)
+    _caught("acknowledged acks=all write")

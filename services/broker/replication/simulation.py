@@ -161,7 +161,11 @@ class Broker:
     stale_epoch: int = -1
     checked: tuple[int, int, int, int] = (-1, -1, -1, -1)  # what the last check saw
     # leader side
-    waiters: list[tuple[int, int, int, float]] = field(default_factory=list)  # end, client, req
+    # end, client, req, deadline, the value written (what its answer vouches for)
+    waiters: list[tuple[int, int, int, float, Any]] = field(default_factory=list)
+    # acks=all answers whose wait has not started yet (the Produce handler's Deferred
+    # runs later): due, end, client, req, the leader epoch of the write, the value
+    deferred: list[tuple[float, int, int, int, int, Any]] = field(default_factory=list)
     alter_until: float = 0.0
     next_isr_check: float = 0.0
     next_heartbeat: float = 0.0
@@ -210,6 +214,12 @@ class Simulation:
         # Kafka's do with a Fetch v12+ leader); even seeds: OffsetForLeaderEpoch first,
         # as the broker's replica fetcher does. Not drawn: the other draws stay as they were.
         self.truncate_on_fetch = seed % 2 == 1
+        # Seeds 2-3 of every 4: an acks=all wait starts a little after its append, as the
+        # listener runs a Produce's answer in a task of its own; meanwhile the leadership
+        # may move (and come back). Drawn from a generator of its own, so the other draws
+        # stay as they were.
+        self.defer_waits = (seed // 2) % 2 == 1
+        self.defer_rng = random.Random(seed * 7919 + 1)
         self.min_isr = rng.choice((1, 2, 2))
         self.unclean_allowed = rng.random() < 0.25
         self.p_crash = rng.choice((0.0, 0.006, 0.015))
@@ -393,6 +403,7 @@ class Simulation:
         b.checked = (-1, -1, -1, -1)
         self.loss_possible = True
         b.waiters = []
+        b.deferred = []
         b.truncating = False
         b.inflight_until = 0.0
         b.alter_until = 0.0
@@ -525,6 +536,11 @@ class Simulation:
         if now >= b.next_heartbeat:
             b.next_heartbeat = now + HEARTBEAT_S
             self.send(b.id, CONTROLLER, "heartbeat", b.incarnation)
+        if b.deferred and b.deferred[0][0] <= now:
+            due = [d for d in b.deferred if d[0] <= now]
+            b.deferred = [d for d in b.deferred if d[0] > now]
+            for _, end, client, req, epoch, written in due:
+                self._start_wait(b, end, client, req, epoch, written)
         plog = b.log
         if plog is None:
             return
@@ -702,7 +718,7 @@ class Simulation:
                 if w[0] <= hw:
                     # PartitionWrite.replicated: written, but the ISR may have shrunk.
                     code = ErrorCode.not_enough_replicas_after_append if core.under_min_isr() else 0
-                    self._answer(b, w[1], w[2], code, w[0] - 1)
+                    self._answer(b, w[1], w[2], code, w[0] - 1, w[4])
                 else:
                     keep.append(w)
             b.waiters = keep
@@ -826,7 +842,7 @@ class Simulation:
         try:
             plog.producers.check([batch])
         except DuplicateBatch as dup:
-            end = dup.cached.base_offset + 1
+            end = dup.cached.last_offset + 1
         except SequenceError as e:
             self._reply(b, client, req, acks, e.code, -1)
             return
@@ -838,19 +854,37 @@ class Simulation:
             end = plog.log_end_offset
             self._advance_hw(b)
         if acks == -1:
-            if core.high_watermark >= end:
-                code = ErrorCode.not_enough_replicas_after_append if core.under_min_isr() else 0
-                self._answer(b, client, req, code, end - 1)
+            written = plog.values[end - 1]
+            if self.defer_waits and self.defer_rng.random() < 0.5:
+                due = self.now + self.defer_rng.uniform(0.001, 0.3)
+                b.deferred.append((due, end, client, req, core.leader_epoch, written))
+                b.deferred.sort(key=lambda d: d[0])
             else:
-                b.waiters.append((end, client, req, self.now + ACKS_ALL_TIMEOUT_S))
+                self._start_wait(b, end, client, req, core.leader_epoch, written)
         else:
             self._reply(b, client, req, acks, 0, end - 1)
+
+    def _start_wait(
+        self, b: Broker, end: int, client: int, req: int, epoch: int, written: Any
+    ) -> None:
+        """PartitionWrite.replicated: a wait in the leader epoch of its write (the
+        partition's wait_for_hw): over at once if that leadership ended meanwhile."""
+        core = b.core
+        if core is None or core.role != LEADER or core.leader_epoch != epoch:
+            self._answer(b, client, req, ErrorCode.not_leader_or_follower, -1)
+        elif core.high_watermark >= end:
+            code = ErrorCode.not_enough_replicas_after_append if core.under_min_isr() else 0
+            self._answer(b, client, req, code, end - 1, written)
+        else:
+            b.waiters.append((end, client, req, self.now + ACKS_ALL_TIMEOUT_S, written))
 
     def _reply(self, b: Broker, client: int, req: int, acks: int, code: int, offset: int) -> None:
         if acks != 0:
             self.send(b.id, -client - 2, "produce_answer", (req, code, offset))
 
-    def _answer(self, b: Broker, client: int, req: int, code: int, offset: int) -> None:
+    def _answer(
+        self, b: Broker, client: int, req: int, code: int, offset: int, written: Any = None
+    ) -> None:
         """An acks=all answer: a success is an acknowledged write from here on."""
         if code == 0 and b.stale_epoch < 0:
             # (A stale leader acknowledges what an unclean election, or the crash of
@@ -858,6 +892,11 @@ class Simulation:
             log = b.log
             assert log is not None
             value = log.values[offset]
+            if written is not None and value != written:
+                self.fail(
+                    "an acknowledged acks=all write is not the record its client wrote",
+                    offset=offset,
+                )
             self._observe(b)
             if offset >= len(self.committed) or self.committed[offset] != value:
                 self.fail("an acknowledged acks=all write is not committed", offset=offset)

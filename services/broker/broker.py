@@ -21,7 +21,7 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from typing import Any
 
 import orjson
@@ -539,11 +539,14 @@ class Broker:
             raise ControllerError(ErrorCode.not_coordinator, f"storage error: {e}") from e
         return part.log.log_end_offset
 
-    async def _offsets_durable(self, group_id: str, end: int) -> bool:
+    def _offsets_durable(self, group_id: str, end: int) -> Awaitable[bool]:
         """Group records written up to `end` are in the ISR of the group's offsets
-        partition (offsets.commit.required.acks=-1, as commits)."""
+        partition (offsets.commit.required.acks=-1, as commits). Called right after the
+        write: the wait is bound to the leader epoch of now, even if awaited later."""
         part = self.partitions.leader_of(OFFSETS_TOPIC, self.offsets.partition_for(group_id))
-        return part is not None and await part.wait_for_hw(end, 5.0)
+        if part is None:
+            return _resolved(False)
+        return part.wait_for_hw(end, 5.0, part.leader_epoch)
 
     async def ensure_offsets_topic(self) -> bool:
         if OFFSETS_TOPIC in self.image.topics:
@@ -820,3 +823,7 @@ def _new_cluster_id() -> str:
 
 
 __all__ = ["Broker", "BrokerConfig", "BrokerStartupError"]
+
+
+async def _resolved(value: bool) -> bool:
+    return value

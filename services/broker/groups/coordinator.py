@@ -44,6 +44,7 @@ __all__ = ["GroupCoordinator", "GroupSettings", "JoinError"]
 log = logging.getLogger("straitmq.groups")
 
 # (group id, log end offset after the write): True once the offsets partition's ISR has it.
+# Called right after the write (the wait belongs to that leadership), awaited later.
 DurableFn = Callable[[str, int], Awaitable[bool]]
 
 
@@ -122,8 +123,10 @@ class GroupCoordinator:
             else:
                 # The answer may tell what the group's records say (a SyncGroup that made
                 # the generation Stable): sent once they are replicated, as Kafka does.
+                # The wait is made now, bound to the leadership that wrote the records.
+                durable = self._durable(gid or "", end)
                 task = asyncio.get_running_loop().create_task(
-                    self._answer_when_durable(fut, reply.response, gid or "", end)
+                    self._answer_when_durable(fut, reply.response, durable)
                 )
                 self._answering.add(task)
                 task.add_done_callback(self._answering.discard)
@@ -140,10 +143,12 @@ class GroupCoordinator:
         return written
 
     async def _answer_when_durable(
-        self, fut: asyncio.Future, response: JoinResponse | SyncResponse, group_id: str, end: int
+        self,
+        fut: asyncio.Future,
+        response: JoinResponse | SyncResponse,
+        durable: Awaitable[bool],
     ) -> None:
-        assert self._durable is not None
-        ok = await self._durable(group_id, end)
+        ok = await durable
         if not ok and isinstance(response, SyncResponse) and response.error == ErrorCode.none:
             # Not replicated (this broker lost the group, or the ISR lags): the members
             # rejoin, at the new coordinator if it moved.

@@ -796,10 +796,12 @@ def test_all_broker_pods_deleted_client_of_the_bootstrap_service_resumes(
         assert_exactly_once(p.acked, records, p.prefix)
         for line in hung[p.prefix]:
             print(f"[{p.prefix}] {line}")
-    # Each of the tuned producer's gave up after its 3 s, not librdkafka's 30 s.
+    # Each of the tuned producer's gave up after its 3 s, not librdkafka's 30 s. It
+    # checks the timeout on its 1 s broker timer, which a loaded node delays further
+    # (4.4 s seen in CI): "well short of 30 s" is the claim, so the bound is 3 times 3 s.
     waited = [int(m.group(1)) for x in hung["tuned"] if (m := re.search(r"after (\d+)ms", x))]
     assert len(waited) == len(hung["tuned"]), hung["tuned"]
-    assert all(ms < SETUP_TIMEOUT_MS + 1000 for ms in waited), hung["tuned"]
+    assert all(ms < 3 * SETUP_TIMEOUT_MS for ms in waited), hung["tuned"]
     # acks=all with min.insync.replicas=2: no write can succeed before a second broker
     # is back, so the 5 s count from then (the pods' own start spread, 0-2 s here, is
     # not the clients' to win back).

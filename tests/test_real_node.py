@@ -767,6 +767,15 @@ def test_all_broker_pods_deleted_client_of_the_bootstrap_service_resumes(
 
     wait_for(two_ready, 180, "a second new broker pod Ready", every=0.2, ignore=RETRY, check=check)
     second_at = sorted(seen_ready.values())[1]
+
+    # A partition whose in-sync replicas all left leads again only from the last of them
+    # (no unclean election): when that broker is the third back, writes wait for it.
+    def all_ready() -> bool:
+        first_ready()
+        return len(seen_ready) >= 3
+
+    wait_for(all_ready, 180, "every new broker pod Ready", every=0.2, ignore=RETRY, check=check)
+    last_at = max(seen_ready.values())
     gaps: dict[str, tuple[float, float]] = {}  # producer -> (no acks for, resumed after Ready)
     for p in producers:
         # Producing again: acks after the outage (the longest pause since the deletion).
@@ -804,12 +813,21 @@ def test_all_broker_pods_deleted_client_of_the_bootstrap_service_resumes(
     assert all(ms < 3 * SETUP_TIMEOUT_MS for ms in waited), hung["tuned"]
     # acks=all with min.insync.replicas=2: no write can succeed before a second broker
     # is back, so the 5 s count from then (the pods' own start spread, 0-2 s here, is
-    # not the clients' to win back).
+    # not the clients' to win back). A partition may wait for the third one too (the
+    # last of its in-sync replicas to leave): the bound asserted counts from whichever
+    # of the two came later for the writes.
     gap = gaps["tuned"][1] - (second_at - ready_at)
+    after_all = gaps["tuned"][1] - (last_at - ready_at)
     # The issue's goal is 5 s. Printed against the goal; the bound asserted is what tells
     # a reconnect from a client left to its own timeouts (30 s connect, 10 s backoff).
-    print(f"[reconnect] tuned producer again {gap:.1f}s after a second broker Ready (goal 5 s)")
-    assert gap < 12, f"producing resumed {gap:.1f}s after a second broker was Ready"
+    print(
+        f"[reconnect] tuned producer again {gap:.1f}s after a second broker Ready (goal 5 s), "
+        f"{after_all:.1f}s after the last"
+    )
+    assert after_all < 12, (
+        f"producing resumed {gap:.1f}s after a second broker was Ready, "
+        f"{after_all:.1f}s after the last"
+    )
 
 
 def pod_ready_now(pod: dict) -> bool:

@@ -23,6 +23,8 @@ from typing import Any
 from straitmq.metadata.image import MetadataImage, PartitionImage, TopicImage
 from straitmq.metadata.topic_config import effective
 
+from straitmq.tasks import settle
+
 from .loop_slice import LoopSlice
 from .records import BatchInfo
 from .replication.core import FOLLOWER, GREW, LEADER, FollowerState, ReplicaCore
@@ -70,12 +72,6 @@ def log_config_for(topic: TopicImage, broker_defaults: dict[str, str]) -> LogCon
 
 def _now() -> float:
     return time.monotonic()
-
-
-def _expire(fut: asyncio.Future[bool]) -> None:
-    """An acks=all wait's time is up: it answers False (the write was not confirmed)."""
-    if not fut.done():
-        fut.set_result(False)
 
 
 class Partition(ReplicaCore):
@@ -260,7 +256,7 @@ class Partition(ReplicaCore):
         heapq.heappush(self.hw_waiters, (offset, id(fut), fut))
         # A timer that answers False, not asyncio.wait_for: that costs a second future,
         # a callback and a cancellation path for every acks=all Produce.
-        timer = loop.call_later(within_s, _expire, fut)
+        timer = loop.call_later(within_s, settle, fut, False)  # not confirmed in time
         try:
             return await fut
         finally:

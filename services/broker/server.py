@@ -41,6 +41,7 @@ from straitmq.protocol.codec import load as load_schemas
 from straitmq.protocol.guard import check_array_lengths
 from straitmq.protocol.produce_response import encode_produce_response
 from straitmq.security.tls import principal_from_cert
+from straitmq.tasks import settle
 
 from .api.context import Deferred, RawResponse, RequestContext
 from .api.dispatch import ApiSpec
@@ -584,7 +585,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             if self._dup_fd < 0:
                 self._dup_fd = os.dup(fd)
             fut = loop.create_future()
-            loop.add_writer(self._dup_fd, _resolve, fut)
+            loop.add_writer(self._dup_fd, settle, fut)
             try:
                 await fut
             finally:
@@ -759,11 +760,6 @@ def _with_throttle(result: Any, throttle: int) -> Any:
 
 def _no_credentials(user: str, mechanism: str) -> dict | None:
     return None
-
-
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
 
 
 def bind(host: str, port: int) -> list[socket.socket]:

@@ -19,6 +19,7 @@ from kio.schema.errors import ErrorCode
 from straitmq.protocol.codec import response_header_bytes
 from straitmq.protocol.varint import uvarint as _uvarint
 from straitmq.security.acls import CLUSTER_ACTION, DESCRIBE, READ, TOPIC
+from straitmq.tasks import settle
 
 from ..fetch_sessions import (
     FINAL_EPOCH,
@@ -467,7 +468,7 @@ async def _wait_for_change(plan: _FetchPlan, session: FetchSession | None, withi
             part.waiters.add(fut)
     # A timer, not asyncio.wait_for (a second future and a callback per wait: a
     # follower's fetch waits once per leader append).
-    timer = loop.call_later(within, _resolve, fut)
+    timer = loop.call_later(within, settle, fut)
     try:
         await fut
     finally:
@@ -476,11 +477,6 @@ async def _wait_for_change(plan: _FetchPlan, session: FetchSession | None, withi
             session.waiter = None
         for part in parts:
             part.waiters.discard(fut)
-
-
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
 
 
 def _count(deps: FetchDeps, topics: list, follower: bool) -> None:

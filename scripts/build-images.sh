@@ -269,11 +269,18 @@ if [[ -S "$CTR_SOCK" ]]; then
              "$spark_jobs_tar"; do
     [[ -f "$tar" ]] || continue
     step "ctr import $(basename "$tar")"
-    ctr --address "$CTR_SOCK" -n k8s.io images import "$tar" >/dev/null
+    # A second try: containerd 1.6's collector can race an import's unpack (containerd#3787).
+    ctr --address "$CTR_SOCK" -n k8s.io images import "$tar" >/dev/null \
+      || ctr --address "$CTR_SOCK" -n k8s.io images import "$tar" >/dev/null
     done_step
   done
 else
   log "node's containerd is not running ($CTR_SOCK): images saved under $CACHE only"
 fi
+# Each rebuild leaves the previous image untagged (and a killed build its working
+# container): without this the store grows by about 1 GB per change of the sources. Only
+# untagged images without children go; --layers' cached steps have children and stay.
+"${BUILDAH[@]}" rm --all >/dev/null 2>&1 || true
+"${BUILDAH[@]}" rmi --prune >/dev/null 2>&1 || true
 "${BUILDAH[@]}" images --format '{{.Name}}:{{.Tag}} {{.Size}}' >&2 || true
 ls -l "$CACHE"/*.tar >&2 2>/dev/null || true

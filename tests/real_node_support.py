@@ -383,8 +383,22 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             )
             if not path.is_file() or (ref in have and fresh):
                 continue
-            self._ctr("images", "import", str(path))
+            self._import(path)
             stamp.write_text(str(path.stat().st_mtime_ns))
+
+    def _import(self, path: Path, attempts: int = 3) -> None:
+        # containerd 1.6 can lose an import to its own garbage collector: the import
+        # re-points the image's name first and unpacks after, so snapshots the old image
+        # shared are briefly unreferenced, and a collection then fails the unpack with
+        # "parent snapshot ... does not exist" (containerd#3787). The content is kept, so
+        # importing again re-creates what was collected.
+        for attempt in range(1, attempts + 1):
+            proc = self._ctr("images", "import", str(path), check=False)
+            if proc.returncode == 0:
+                return
+            err = proc.stderr.strip()
+            print(f"real-node: import {path.name} attempt {attempt}: {err}", file=sys.stderr)
+        raise RuntimeError(f"ctr images import {path} failed {attempts} times: {err}")
 
     def _start_kubelet(self) -> None:
         p = self.pki

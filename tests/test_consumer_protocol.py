@@ -517,10 +517,14 @@ def test_rolling_upgrade_from_the_classic_protocol(broker_factory, tmp_path, kin
 
 
 def assert_every_member_committed(members: list[Member]) -> None:
+    """Every member that processed records committed. One that got none has nothing to
+    commit: on a loaded machine a member can hold its partitions for a second or two,
+    before the next rebalance, without its first fetch coming back (seen in CI: the
+    first classic member, alone in the group for 1.4 s, processed none)."""
     silent = [
         (m.name, m.processed(), m.events[-5:])
         for m in members
-        if not any(e["ev"] == "committed" for e in m.events)
+        if m.processed() and not any(e["ev"] == "committed" for e in m.events)
     ]
     assert not silent, f"members that never committed (name, processed, last events): {silent}"
 

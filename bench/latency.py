@@ -15,8 +15,11 @@ For each round, each system (order flipped every round) and each rate (order fli
              (Until 2026-11-27 evening the warm-up was a separate JVM, so the measured
              client started cold: its first seconds of class loading and JIT were in the
              p99 of both systems.)
-  e2e        Kafka 4.4's EndToEndLatency (--e2e-messages, one message at a time: produce
-             acks=all, wait until a consumer has it), its p50/p99/p99.9
+  e2e        one message at a time, produce acks=all and wait until a consumer has it
+             (--e2e-messages), its p50/p99/p99.9 in µs: tools/java/kafka-4.4/apps/
+             E2eLatency.java, Kafka's EndToEndLatency method with --e2e-warmup messages
+             first in the same JVM, not counted (Kafka's tool has no warm-up, so until
+             2026-11-28 its cold JVM's first messages were in both systems' p99)
 
 each on a new topic of --partitions partitions (1), deleted afterwards. --rf 1 (default)
 runs one node of each: a combined StraitMQ node (`python -m straitmq.broker`) and a KRaft
@@ -61,7 +64,6 @@ from straitmq.cli.local_cluster import LocalCluster, free_port
 
 from bench.failover import KafkaTarget
 from bench.javatools import (
-    END_TO_END_LATENCY,
     PERF_JVM_ARGS,
     PRODUCER_PERF,
     REF_KAFKA,
@@ -75,9 +77,10 @@ from bench.throughput import PP_FINAL, parse_producer_perf, process_cpu_s
 HOST = "127.0.0.1"
 PRODUCE_BUCKET = 'straitmq_broker_request_duration_seconds_bucket{kafka_api_name="Produce",'
 STALLWATCH_DIR = REPO_ROOT / "bench" / "stallwatch"
-# EndToEndLatency's summary lines (Kafka 4.4, tools/EndToEndLatency.java).
+# E2eLatency's summary lines: EndToEndLatency's average, then percentiles in µs.
+E2E_LATENCY = "E2eLatency"  # tools/java/kafka-4.4/apps/E2eLatency.java
 E2E_AVG = re.compile(r"Avg latency: ([\d.]+) ms")
-E2E_PCT = re.compile(r"Percentiles: 50th = (\d+), 99th = (\d+), 99\.9th = (\d+)")
+E2E_PCT = re.compile(r"Percentiles us: 50th = (\d+), 99th = (\d+), 99\.9th = (\d+)")
 # ProducerPerformance's steady-state line with --warmup-records (Kafka 4.2+, KIP-1052):
 # "N steady state records sent, ...".
 PP_STEADY = re.compile(PP_FINAL.pattern.replace(" records sent", " steady state records sent"))
@@ -92,8 +95,8 @@ def log(msg: str) -> None:
 def parse_e2e(out: str) -> dict[str, float]:
     avg, pct = E2E_AVG.search(out), E2E_PCT.search(out)
     if avg is None or pct is None:
-        raise RuntimeError(f"no summary in EndToEndLatency output: {out[-500:]!r}")
-    p50, p99, p999 = (float(v) for v in pct.groups())
+        raise RuntimeError(f"no summary in E2eLatency output: {out[-500:]!r}")
+    p50, p99, p999 = (int(v) / 1000 for v in pct.groups())
     return {
         "e2e_avg_ms": float(avg.group(1)),
         "e2e_p50_ms": p50,
@@ -253,8 +256,9 @@ class KafkaCluster3(System):
 # -- measurements ----------------------------------------------------------------------
 
 
-def java_proc(main_class: str, args: list[Any]) -> subprocess.Popen[str]:
-    cmd = java_cmd(main_class, args, jvm_args=PERF_JVM_ARGS, include_classes=False, jars=REF_KAFKA)
+def java_proc(main_class: str, args: list[Any], ours: bool = False) -> subprocess.Popen[str]:
+    """A Kafka tool (REF_KAFKA's jars), or with `ours` one of tools/java/kafka-4.4/apps."""
+    cmd = java_cmd(main_class, args, jvm_args=PERF_JVM_ARGS, include_classes=ours, jars=REF_KAFKA)
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -270,8 +274,8 @@ def java_output(main_class: str, proc: subprocess.Popen[str], timeout: float) ->
     return out
 
 
-def run_java(main_class: str, args: list[Any], timeout: float) -> str:
-    return java_output(main_class, java_proc(main_class, args), timeout)
+def run_java(main_class: str, args: list[Any], timeout: float, ours: bool = False) -> str:
+    return java_output(main_class, java_proc(main_class, args, ours), timeout)
 
 
 def create_topic(s: System, topic: str, a: argparse.Namespace) -> None:
@@ -350,10 +354,12 @@ def e2e(s: System, a: argparse.Namespace) -> dict[str, float]:
     topic = f"e2e-{uuid.uuid4().hex[:6]}"
     create_topic(s, topic, a)
     try:
+        n = a.e2e_warmup + a.e2e_messages
         out = run_java(
-            END_TO_END_LATENCY,
-            [s.bootstrap, topic, a.e2e_messages, "all", a.record_size],
-            timeout=a.e2e_messages * 0.5 + 120,
+            E2E_LATENCY,
+            [s.bootstrap, topic, a.e2e_warmup, a.e2e_messages, "all", a.record_size],
+            timeout=n * 0.5 + 120,
+            ours=True,
         )
         return parse_e2e(out)
     finally:
@@ -424,9 +430,9 @@ def report(rounds: Rounds, baseline: str = "kafka") -> str:
             if test == "e2e":
                 p99s = [r["e2e_p99_ms"] for r in rs]
                 lines.append(
-                    f"| e2e | {name} | {len(rs)} | {m['e2e_p50_ms']:.0f} | - | "
-                    f"{m['e2e_p99_ms']:.0f} ({min(p99s):.0f}-{max(p99s):.0f}) | "
-                    f"{m['e2e_p999_ms']:.0f} | - | - | - | - |"
+                    f"| e2e | {name} | {len(rs)} | {m['e2e_p50_ms']:.1f} | - | "
+                    f"{m['e2e_p99_ms']:.1f} ({min(p99s):.1f}-{max(p99s):.1f}) | "
+                    f"{m['e2e_p999_ms']:.1f} | - | - | - | - |"
                 )
                 continue
             p99s = [r["p99_ms"] for r in rs]
@@ -478,7 +484,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--record-size", type=int, default=1024)
     ap.add_argument("--partitions", type=int, default=1)
     ap.add_argument("--rf", type=int, choices=(1, 3), default=1, help="3: 3+3 clusters")
-    ap.add_argument("--e2e-messages", type=int, default=2000, help="0: no EndToEndLatency")
+    ap.add_argument("--e2e-messages", type=int, default=2000, help="0: no e2e test")
+    ap.add_argument("--e2e-warmup", type=int, default=1000, help="e2e messages not counted")
     ap.add_argument("--systems", default="kafka,straitmq", help="comma list: kafka,straitmq")
     ap.add_argument(
         "--strait",

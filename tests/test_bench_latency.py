@@ -1,5 +1,5 @@
-"""bench/latency.py's own parts that need no broker: its arguments, Kafka's
-EndToEndLatency summary, and the table of medians over the rounds."""
+"""bench/latency.py's own parts that need no broker: its arguments, E2eLatency's
+summary, and the table of medians over the rounds."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import pytest
 
 from bench.latency import bucket_quantile, medians, parse_args, parse_e2e, parse_steady, report
 
-# As Kafka 4.1's EndToEndLatency prints its summary.
+# As tools/java/kafka-4.4/apps/E2eLatency.java prints its summary: EndToEndLatency's two
+# lines (whole ms), then the same percentiles in µs, which are what counts.
 E2E_OUT = """\
-0 1.832
-1000 0.913
 Avg latency: 1.2345 ms
 Percentiles: 50th = 1, 99th = 4, 99.9th = 11
+Percentiles us: 50th = 1180, 99th = 4920, 99.9th = 11050, max = 13001
 """
 
 
@@ -32,12 +32,14 @@ def test_arguments() -> None:
 def test_end_to_end_summary_is_parsed() -> None:
     assert parse_e2e(E2E_OUT) == {
         "e2e_avg_ms": 1.2345,
-        "e2e_p50_ms": 1.0,
-        "e2e_p99_ms": 4.0,
-        "e2e_p999_ms": 11.0,
+        "e2e_p50_ms": 1.18,
+        "e2e_p99_ms": 4.92,
+        "e2e_p999_ms": 11.05,
     }
     with pytest.raises(RuntimeError):
         parse_e2e("Exception in thread main")
+    with pytest.raises(RuntimeError):  # Kafka's EndToEndLatency alone: no µs line
+        parse_e2e(E2E_OUT.rsplit("Percentiles us", 1)[0])
 
 
 def _round(p99: float, cpu: float = 0.1) -> dict[str, float]:
@@ -72,7 +74,7 @@ def test_medians_and_the_table() -> None:
     table = report(rounds)
     assert "| 5000/s | straitmq | 3 | 1 | 3 | 7 (5-9) | 40 | 90 | 4,999/s | 10% | ≤ 2.5 |" in table
     assert "| 5000/s | kafka | 3 | 1 | 3 | 25 (20-30) | 40 | 90 | 4,999/s | 10% | - |" in table
-    assert "| e2e | straitmq | 1 | 1 | - | 3 (3-3) |" in table
+    assert "| e2e | straitmq | 1 | 1.0 | - | 3.0 (3.0-3.0) |" in table
     assert "| straitmq | 0.28 | - |" in table  # p99 7 / 25; no Kafka e2e to compare
 
 

@@ -250,9 +250,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self.buffer_updated(n)
 
     def _wake(self) -> None:
-        waiter = self._wakeup
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        if self._wakeup is not None:
+            settle(self._wakeup)
 
     def _frames_queued(self) -> None:
         self._wake()
@@ -608,7 +607,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             await self.drained.wait()  # the TLS layer is done with whatever it was given
         if self.closed:
             raise ConnectionError("closed")
-        left = sum(p.size if isinstance(p, ReadSlice) else len(p) for p in response.pieces)
+        left = response.size
         buf = _TLS_BUFFERS.pop() if _TLS_BUFFERS else bytearray(TLS_WRITE_BYTES)
         whole = memoryview(buf)
         out = whole[: min(left, TLS_WRITE_BYTES)]
@@ -621,14 +620,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
             while remaining:
                 n = min(remaining, len(out) - pos)
                 if isinstance(piece, ReadSlice):
-                    try:
-                        # piece.fd each time: the bounded cache may have closed and
-                        # reopened the file while this waited on the socket.
-                        got = os.preadv(piece.fd, [out[pos : pos + n]], offset)
-                    except OSError as e:  # the segment was deleted, or no descriptor
-                        raise ConnectionError(f"cannot send a fetched range: {e}") from e
-                    if got == 0:
-                        raise ConnectionError("file shrank under a fetch")
+                    # piece.fd each time: the bounded cache may have closed and
+                    # reopened the file while this waited on the socket.
+                    got = _read_range(piece.fd, out[pos : pos + n], offset)
                     offset += got
                 else:
                     got = n
@@ -728,21 +722,35 @@ def frame_buffer(size: int) -> memoryview:
     return memoryview(buf)[:size]
 
 
-def _small_raw(response: RawResponse) -> bytes:
+def _small_raw(response: RawResponse) -> bytearray:
     """A RawResponse's bytes, its file ranges read in (write_raw's small answers)."""
-    out: list[bytes] = []
+    out = bytearray(response.size)
+    view = memoryview(out)
+    pos = 0
     for piece in response.pieces:
         if isinstance(piece, ReadSlice):
-            try:
-                data = os.pread(piece.fd, piece.size, piece.position)
-            except OSError as e:  # the segment was deleted, or no descriptor is left
-                raise ConnectionError(f"cannot send a fetched range: {e}") from e
-            if len(data) < piece.size:
-                raise ConnectionError("file shrank under a fetch")  # truncated meanwhile
-            out.append(data)
+            offset, end = piece.position, pos + piece.size
+            while pos < end:
+                got = _read_range(piece.fd, view[pos:end], offset)
+                pos += got
+                offset += got
         else:
-            out.append(piece)
-    return b"".join(out)
+            view[pos : pos + len(piece)] = piece
+            pos += len(piece)
+    return out
+
+
+def _read_range(fd: int, into: memoryview, offset: int) -> int:
+    """Read a fetched file range (or its start) into `into`, for the answers that cannot
+    go by sendfile; the bytes read. A ConnectionError, as on the sendfile path, if the
+    file cannot be read or shrank (truncated) after the answer was built."""
+    try:
+        got = os.preadv(fd, [into], offset)
+    except OSError as e:  # the segment was deleted, or no descriptor is left
+        raise ConnectionError(f"cannot send a fetched range: {e}") from e
+    if got == 0:
+        raise ConnectionError("file shrank under a fetch")
+    return got
 
 
 def _with_throttle(result: Any, throttle: int) -> Any:

@@ -22,7 +22,6 @@ _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _PARTITION = struct.Struct(">ihqqq")  # index, error, base offset, append time, log start
 _PARTITION_V3 = struct.Struct(">ihqq")  # no log start offset before v5
-_SMALL = tuple(bytes((n,)) for n in range(128))  # one-byte varints, made once
 _TOP_KEYS = frozenset({"responses", "throttle_time"})
 _PARTITION_KEYS = frozenset(
     {
@@ -58,7 +57,7 @@ def encode_produce_response(version: int, correlation_id: int, result: dict) -> 
                 raise _Unsupported
             name = topic["name"].encode()
             if flexible:
-                out += _uv(len(name) + 1)
+                out += uvarint(len(name) + 1)
             else:
                 out += _I16.pack(len(name))
             out += name
@@ -107,13 +106,9 @@ def _partition(out: bytearray, p: dict, version: int, flexible: bool) -> None:
         out += b"\x00"  # the current leader (KIP-951) is not set: the tag is left out
 
 
-def _uv(n: int) -> bytes:
-    return _SMALL[n] if n < 128 else uvarint(n)
-
-
 def _array(out: bytearray, n: int, flexible: bool) -> None:
     if flexible:
-        out += _uv(n + 1)
+        out += uvarint(n + 1)
     else:
         out += _I32.pack(n)
 
@@ -124,7 +119,7 @@ def _nullable_string(out: bytearray, value: Any, flexible: bool) -> None:
         return
     data = value.encode()
     if flexible:
-        out += _uv(len(data) + 1)
+        out += uvarint(len(data) + 1)
     else:
         out += _I16.pack(len(data))
     out += data

@@ -66,6 +66,24 @@ def main() -> None:
         on_revoke=lambda c, ps: gone("revoked", ps),
         on_lost=lambda c, ps: gone("lost", ps),
     )
+
+    def commit(offsets: dict[int, int]) -> dict[int, int]:
+        """Commit synchronously, saying "committed" (what took) and "commit_failed";
+        returns what was refused."""
+        try:
+            res = consumer.commit(
+                offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()],
+                asynchronous=False,
+            )
+        except KafkaException as e:
+            emit(ev="commit_failed", error=str(e))
+            return offsets
+        done = [(tp.partition, tp.offset) for tp in res or () if tp.error is None]
+        emit(ev="committed", ts=now(), offsets=sorted(done))
+        if len(done) < len(offsets):
+            emit(ev="commit_failed", error=str([tp.error for tp in res if tp.error]))
+        return {tp.partition: tp.offset for tp in res or () if tp.error is not None}
+
     emit(ev="started")
     while not stop.is_set():
         msgs = consumer.consume(num_messages=500, timeout=0.2)
@@ -83,29 +101,13 @@ def main() -> None:
             )
         for m in good:
             nxt[m.partition()] = max(nxt.get(m.partition(), 0), m.offset() + 1)
-        try:
-            res = consumer.commit(
-                offsets=[TopicPartition(topic, p, o) for p, o in nxt.items()], asynchronous=False
-            )
-            done = [(tp.partition, tp.offset) for tp in res or () if tp.error is None]
-            emit(ev="committed", ts=now(), offsets=sorted(done))
-            if len(done) < len(nxt):
-                emit(ev="commit_failed", error=str([tp.error for tp in res if tp.error]))
-                pending.update((tp.partition, tp.offset) for tp in res if tp.error)
-        except KafkaException as e:
-            # Refused during a rebalance or after fencing: tried again next poll while the
-            # partition is ours, else the next owner processes the records again.
-            emit(ev="commit_failed", error=str(e))
-            pending.update(nxt)
+        # Refused during a rebalance or after fencing: tried again next poll while the
+        # partition is ours, else the next owner processes the records again.
+        pending.update(commit(nxt))
     # A graceful shutdown commits what is still pending for partitions it owns.
     owned = {tp.partition for tp in consumer.assignment()}
-    if last := [TopicPartition(topic, p, o) for p, o in pending.items() if p in owned]:
-        try:
-            res = consumer.commit(offsets=last, asynchronous=False)
-            done = [(tp.partition, tp.offset) for tp in res or () if tp.error is None]
-            emit(ev="committed", ts=now(), offsets=sorted(done))
-        except KafkaException as e:
-            emit(ev="commit_failed", error=str(e))
+    if last := {p: o for p, o in pending.items() if p in owned}:
+        commit(last)
     consumer.close()
     emit(ev="closed", ts=now())
 

@@ -760,21 +760,30 @@ def test_all_broker_pods_deleted_client_of_the_bootstrap_service_resumes(
         first_ready, 180, "a new broker pod Ready", every=0.2, ignore=RETRY, check=check
     )
 
-    # acks=all with min.insync.replicas=2 needs a second broker back in the ISR too.
-    def two_ready() -> bool:
+    def ready_count() -> int:
         first_ready()
-        return len(seen_ready) >= 2
+        return len(seen_ready)
 
-    wait_for(two_ready, 180, "a second new broker pod Ready", every=0.2, ignore=RETRY, check=check)
+    # acks=all with min.insync.replicas=2 needs a second broker back in the ISR too.
+    wait_for(
+        lambda: ready_count() >= 2,
+        180,
+        "a second new broker pod Ready",
+        every=0.2,
+        ignore=RETRY,
+        check=check,
+    )
     second_at = sorted(seen_ready.values())[1]
-
     # A partition whose in-sync replicas all left leads again only from the last of them
     # (no unclean election): when that broker is the third back, writes wait for it.
-    def all_ready() -> bool:
-        first_ready()
-        return len(seen_ready) >= 3
-
-    wait_for(all_ready, 180, "every new broker pod Ready", every=0.2, ignore=RETRY, check=check)
+    wait_for(
+        lambda: ready_count() >= 3,
+        180,
+        "every new broker pod Ready",
+        every=0.2,
+        ignore=RETRY,
+        check=check,
+    )
     last_at = max(seen_ready.values())
     gaps: dict[str, tuple[float, float]] = {}  # producer -> (no acks for, resumed after Ready)
     for p in producers:

@@ -5,7 +5,7 @@
 # StatefulSets, the chart's Deployment) always set `command:`, so the default CMD below
 # only matters for `docker run`: a single-node broker for trying StraitMQ out.
 #
-#   docker build -t straitmq:dev .
+#   docker build --build-arg STRAITMQ_COMMIT=$(git rev-parse HEAD) -t straitmq:dev .
 #   docker run --rm -p 9092:9092 -p 8080:8080 straitmq:dev
 #   docker run --rm straitmq:dev strait-controller --help
 #
@@ -81,6 +81,14 @@ RUN groupadd --system --gid 10001 strait \
     && chown 10001:10001 /data
 USER 10001:10001
 WORKDIR /data
+
+# The commit the image is built from (`--build-arg STRAITMQ_COMMIT=$(git rev-parse HEAD)`;
+# the build context holds no .git): `strait --version`, every process's startup log line
+# and straitmq_build_info report it (straitmq/version.py). Declared after the steps that
+# install, so that a new commit alone reuses their cached layers.
+ARG STRAITMQ_COMMIT=unknown
+ENV STRAITMQ_COMMIT=$STRAITMQ_COMMIT
+LABEL org.opencontainers.image.revision=$STRAITMQ_COMMIT
 
 # Kafka listener and HTTP (health, readiness, metrics, admin and REST API).
 EXPOSE 9092 8080

@@ -342,6 +342,60 @@ class LocalCluster:
                 return n
         raise RuntimeError("no broker is ready")
 
+    # -- rolling a node onto another release (upgrades, rollbacks) -------------------------
+
+    def run_as(self, node: Node, python: str) -> None:
+        """Run `node` with another release's interpreter from its next start. `-P`: the
+        working directory (a checkout) must not shadow that release's installed packages."""
+        rest = node.args[1:]
+        if rest and rest[0] == "-P":
+            rest = rest[1:]
+        node.args = [python, "-P", *rest]
+
+    def roll_order(self, backwards: bool = False) -> list[Node]:
+        """An upgrade's order: controllers first (followers, then the active one), then
+        brokers; a rollback the other way round."""
+        active = self.active_controller()
+        controllers = sorted(self.controllers.values(), key=lambda n: n is active)
+        brokers = list(self.brokers.values())
+        return [*brokers[::-1], *controllers] if backwards else [*controllers, *brokers]
+
+    def roll(self, node: Node, python: str, wait_s: float = 60.0) -> None:
+        """Restart one node on `python`'s release and return once it is back in service:
+        a controller caught up with the quorum's leader, a broker ready with no partition
+        under-replicated (the gate of every roll: one node at a time, never below min ISR)."""
+        node.stop()
+        self.run_as(node, python)
+        node.start()
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if node.proc is not None and node.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{node.name} exited with {node.proc.returncode}: {self.tail(node)}"
+                )
+            if self._back_in_service(node):
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"{node.name} not back in service after {wait_s}s: {self.tail(node)}")
+
+    def _back_in_service(self, node: Node) -> bool:
+        try:
+            b = self.any_broker()
+        except RuntimeError:
+            return False
+        if node.kind == "controller":
+            q = b.get("/api/v1/quorum")  # every voter's status and lag, as the leader sees it
+            me = next(
+                (v for v in (q or {}).get("voters", []) if v["node_id"] == node.node_id), None
+            )
+            return bool(me and me.get("reachable") and me.get("lag") == 0) and (
+                self.active_controller() is not None
+            )
+        if node.get("/readyz", 1.0) is None:
+            return False
+        c = b.get("/api/v1/cluster") or {}
+        return c.get("under_replicated_partitions") == 0 and c.get("offline_partitions") == 0
+
     def stop(self) -> None:
         """Brokers first (a controlled shutdown needs the controllers), then controllers;
         if anything fails on the way, whatever is still alive is killed."""

@@ -94,8 +94,13 @@ def cmd_up(a: argparse.Namespace) -> None:
         return
     from straitmq.broker.__main__ import main as broker_main
 
+    from straitmq.version import describe
+
     data = os.path.abspath(a.data_dir)
-    print(f"starting StraitMQ (single node) with data in {data}; Ctrl-C stops it", file=sys.stderr)
+    print(
+        f"starting StraitMQ {describe()} (single node) with data in {data}; Ctrl-C stops it",
+        file=sys.stderr,
+    )
     broker_main(
         [
             "--data-dir",
@@ -465,6 +470,41 @@ def cmd_cluster(a: argparse.Namespace) -> None:
     )
 
 
+def cmd_features(a: argparse.Namespace) -> None:
+    """Feature levels: what every node supports and what the cluster has finalized."""
+    if a.action in ("upgrade", "downgrade"):
+        updates: dict[str, int] = {}
+        for item in a.feature:
+            name, sep, level = item.partition("=")
+            if not sep or not level.strip().lstrip("-").isdigit():
+                raise CliError(f"--feature {item!r} must look like name=level")
+            updates[name.strip()] = int(level)
+        body = {
+            "updates": updates,
+            "downgrade": a.action == "downgrade",
+            "unsafe": getattr(a, "unsafe", False),
+            "validate_only": a.dry_run,
+        }
+        _request(a.http, "POST", "/api/v1/features", body)
+        verb = "could be finalized" if a.dry_run else "finalized"
+        for name, level in updates.items():
+            print(f"{name} {verb} at {level}")
+        if a.dry_run:
+            return
+    f = _request(a.http, "GET", "/api/v1/features")
+    rows = [
+        [
+            x["name"],
+            f"{x['supported_min']}-{x['supported_max']}",
+            x["finalized"],
+            "" if x["explicit"] else "(0.1.0 baseline)",
+        ]
+        for x in f["features"]
+    ]
+    print(_table(rows, ["FEATURE", "SUPPORTED", "FINALIZED", ""]))
+    print(f"epoch {f['epoch']}")
+
+
 def cmd_quorum(a: argparse.Namespace) -> None:
     """The controller quorum's voters (KIP-853: they change, one at a time)."""
     if a.action == "add":
@@ -646,8 +686,29 @@ def cmd_rack_from_node(a: argparse.Namespace) -> None:
     print(f"rack {rack} (node {a.node}, label {a.label}) written to {a.out}")
 
 
+class _VersionAction(argparse.Action):
+    """--version: `strait 0.2.0.dev0 (commit 1379679a4ec5)` on stdout, as argparse's
+    "version" action prints, but worked out only when asked (it may run git)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS) -> None:
+        super().__init__(
+            option_strings,
+            dest,
+            nargs=0,
+            default=argparse.SUPPRESS,
+            help="print the version and the commit it was built from, and exit",
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from straitmq.version import describe
+
+        print(f"{parser.prog} {describe()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="strait", description="StraitMQ command line.")
+    p.add_argument("--version", action=_VersionAction)
     p.add_argument("--http", default=DEFAULT_HTTP, help="broker HTTP API (default %(default)s)")
     env = os.environ.get
     p.add_argument(
@@ -749,6 +810,26 @@ def build_parser() -> argparse.ArgumentParser:
     csub = clu.add_subparsers(dest="action", required=True)
     csub.add_parser("status")
     clu.set_defaults(func=cmd_cluster)
+
+    fea = sub.add_parser(
+        "features",
+        help="describe feature levels; finalize (upgrade) or downgrade one",
+        description="A new release is rolled out first and finalized after: until its "
+        "levels are finalized, every node writes only what the previous release reads, so "
+        "a rollback stays possible. Examples: strait features describe; strait features "
+        "upgrade --feature straitmq.metadata.version=2 (ends rollback to 0.1.0); strait "
+        "features downgrade --feature transaction.version=1. Refused with the reason when "
+        "some broker or controller does not support the level.",
+    )
+    fsub = fea.add_subparsers(dest="action", required=True)
+    fsub.add_parser("describe")
+    for verb in ("upgrade", "downgrade"):
+        fu = fsub.add_parser(verb)
+        fu.add_argument("--feature", action="append", required=True, metavar="NAME=LEVEL")
+        fu.add_argument("--dry-run", action="store_true", help="check only, change nothing")
+        if verb == "downgrade":
+            fu.add_argument("--unsafe", action="store_true", help="allow a lossy downgrade")
+    fea.set_defaults(func=cmd_features)
 
     quo = sub.add_parser(
         "quorum",

@@ -4,6 +4,9 @@
 #                                   here with mmdebstrap (stands in for python:3.11-slim)
 #   localhost/straitmq:dev          the repository's own Dockerfile, unchanged, built by
 #                                   buildah with --build-arg PYTHON_IMAGE=<the base above>
+#                                   and STRAITMQ_COMMIT=<git rev-parse HEAD>; the same image
+#                                   is also tagged localhost/straitmq:<version>
+#                                   (straitmq.__version__, e.g. 0.2.0.dev0)
 #   localhost/pause:3.10            the pod sandbox image (a static Go binary that sleeps)
 #   localhost/coredns:<version>     CoreDNS from .cache/k8s/bin/coredns (fetch-k8s.sh --node)
 #   localhost/straitmq-client:dev   the tier's Kafka client pods: the base above plus
@@ -33,6 +36,12 @@ exec 7>"$CACHE/.lock"
 flock -w 3600 7 || { echo "build-images: timed out waiting for another build" >&2; exit 1; }
 BASE_IMAGE="localhost/straitmq-python:3.11"
 APP_IMAGE="localhost/straitmq:dev"
+# The version of the code (the one constant, straitmq/__init__.py) and its commit (run as
+# root on a checkout another user owns: git would refuse it as of "dubious ownership").
+APP_VERSION="$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' straitmq/__init__.py)"
+[[ -n "$APP_VERSION" ]] || { echo "build-images: no __version__ in straitmq/__init__.py" >&2; exit 1; }
+APP_VERSION_IMAGE="localhost/straitmq:$APP_VERSION"
+APP_COMMIT="$(git -c safe.directory="$REPO" rev-parse HEAD 2>/dev/null || echo unknown)"
 PAUSE_IMAGE="localhost/pause:3.10"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.12.4}"
 COREDNS_IMAGE="localhost/coredns:${COREDNS_VERSION#v}"
@@ -129,11 +138,13 @@ app_tar="$CACHE/straitmq-dev.tar"
 if want straitmq; then
   "${BUILDAH[@]}" images --quiet "$BASE_IMAGE" >/dev/null 2>&1 \
     || die "$BASE_IMAGE is not in buildah's store: run $0 --only base"
-  step "$APP_IMAGE: buildah bud -f Dockerfile --build-arg PYTHON_IMAGE=$BASE_IMAGE"
+  step "$APP_IMAGE ($APP_VERSION_IMAGE): buildah bud -f Dockerfile --build-arg PYTHON_IMAGE=$BASE_IMAGE --build-arg STRAITMQ_COMMIT=$APP_COMMIT"
   # --layers: unchanged steps (the locked dependencies' wheels) are reused next time.
   nice -n 10 "${BUILDAH[@]}" bud --quiet --layers --pull=never --network host --format docker \
     "${vols[@]}" "${pip_env[@]+"${pip_env[@]}"}" \
-    --build-arg "PYTHON_IMAGE=$BASE_IMAGE" -f Dockerfile -t "$APP_IMAGE" . >&2
+    --build-arg "PYTHON_IMAGE=$BASE_IMAGE" --build-arg "STRAITMQ_COMMIT=$APP_COMMIT" \
+    -f Dockerfile -t "$APP_IMAGE" . >&2
+  "${BUILDAH[@]}" tag "$APP_IMAGE" "$APP_VERSION_IMAGE"
   save "$APP_IMAGE" "$app_tar"
   done_step
 fi

@@ -12,6 +12,9 @@ fi
 scripts/fetch-k8s.sh
 # Prometheus and promtool for the alert rules' tests (built once, cached).
 scripts/fetch-prometheus.sh
+# The previous releases (releases.toml), built from git with their own virtualenvs, for the
+# upgrade and format-compatibility tests (tests/test_upgrades.py; cached by commit id).
+scripts/build-releases.sh
 # The real-node tier's packages, binaries and images (tests/test_real_node.py), built here
 # rather than inside the tests. As non-root the tier fails loudly in pytest instead.
 if [[ "$(id -u)" == 0 ]]; then

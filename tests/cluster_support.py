@@ -190,7 +190,9 @@ def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
         broker_args: list[str] | None = None,
         controllers: int = 3,
         node_prefix: dict[str, list[str]] | None = None,
+        python: str | None = None,
     ) -> Cluster:
+        """`python`: another release's interpreter (tests/test_upgrades.py) for every node."""
         hosts: dict[str, str] = {}
         prefix: dict[str, list[str]] = {}
         net = None
@@ -222,6 +224,11 @@ def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
             node_prefix=prefix,
         )
         c.net = net
+        if python is not None:
+            for n in c.nodes():
+                # -P: this checkout (the working directory) must not shadow the release's
+                # installed packages.
+                n.args = [python, "-P", *n.args[1:]]
         made.append(c)
         c.start(wait_s=60)
         return c

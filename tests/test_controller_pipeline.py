@@ -19,6 +19,7 @@ from straitmq.controller.active import ActiveController, ControllerSettings
 from straitmq.controller.errors import ControllerError
 from straitmq.controller.quorum import Quorum
 from straitmq.controller.raft.core import RaftConfig
+from straitmq.metadata.features import supported_ranges
 
 CFG = RaftConfig(election_timeout_ms=50, fetch_timeout_ms=100)
 WRITE_S = 0.05  # each write of the metadata log (one batch, one fsync) takes this long
@@ -57,6 +58,7 @@ async def _active(tmp_path: Path) -> tuple[Quorum, ActiveController]:
         "port": 1,
         "http_port": 2,
         "cluster_id": "pipeline",
+        "features": supported_ranges(),  # as this release's brokers register
     }
     offset = (await c.register_broker(reg))["metadata_offset"]
     await c.heartbeat({"id": 1, "incarnation": "a", "metadata_offset": offset})
@@ -157,6 +159,7 @@ async def _broker(c: ActiveController, bid: int) -> None:
         "port": bid,
         "http_port": 100 + bid,
         "cluster_id": "pipeline",
+        "features": supported_ranges(),  # as this release's brokers register
     }
     offset = (await c.register_broker(reg))["metadata_offset"]
     await c.heartbeat({"id": bid, "incarnation": f"i{bid}", "metadata_offset": offset})

@@ -33,6 +33,8 @@ from conftest import ROOT
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import wait_for
 
+from straitmq import __version__
+
 HELM = ROOT / ".cache" / "k8s" / "bin" / "helm"
 CHART = ROOT / "charts" / "straitmq"
 CRDS = ROOT / "crds"
@@ -40,6 +42,9 @@ EXAMPLES = ROOT / "examples"
 RELEASE = "sm"
 NAMESPACE = "strait"
 OPERATOR = "sm-straitmq-operator"
+# The default image: its tag is the chart's appVersion, the version of the code
+# (tests/test_releases.py keeps them equal).
+IMAGE = f"ghcr.io/straitmq/straitmq:{__version__}"
 
 
 # -- helm ------------------------------------------------------------------------------
@@ -370,7 +375,7 @@ def test_operator_deployment_is_non_root_read_only_and_probed(tmp_path: Path) ->
     assert psc["seccompProfile"] == {"type": "RuntimeDefault"}
 
     [c] = pod["containers"]
-    assert c["image"] == "ghcr.io/straitmq/straitmq:0.1.0"  # tag defaults to appVersion
+    assert c["image"] == IMAGE  # tag defaults to appVersion
     assert c["command"] == ["strait-operator"]
     assert c["args"][:1] == ["--all-namespaces"]
     for arg in (
@@ -684,7 +689,7 @@ def test_chart_cluster_and_topics_are_valid_custom_resources(tmp_path: Path) -> 
     cluster = only(objs, "MQCluster", "demo")
     assert cluster["metadata"]["namespace"] == NAMESPACE
     spec = validate(cluster)
-    assert spec["image"] == "ghcr.io/straitmq/straitmq:0.1.0"  # the operator's image
+    assert spec["image"] == IMAGE  # the operator's image
     assert spec["brokers"]["replicas"] == 3
     operator_accepts(cluster, spec)
     orders = only(objs, "Topic", "orders")
@@ -757,7 +762,7 @@ def test_chart_installs_on_a_real_api_server(kube: Any, tmp_path: Path) -> None:
         spec = yaml.safe_load(
             kube.kubectl("get", "mqcluster", "demo", "-n", ns, "-o", "yaml").stdout
         )
-        assert spec["spec"]["image"] == "ghcr.io/straitmq/straitmq:0.1.0"
+        assert spec["spec"]["image"] == IMAGE
         assert spec["spec"]["controllers"]["replicas"] == 3  # the CRD's default, applied
         topics = kube.kubectl("get", "topics", "-n", ns, "-o", "name").stdout.split()
         assert sorted(topics) == ["topic.straitmq.io/audit", "topic.straitmq.io/orders"]

@@ -725,33 +725,22 @@ def test_features_describe(broker) -> None:
         "Epoch": by_name["metadata.version"]["Epoch"],
     }, r.stdout
     assert int(by_name["metadata.version"]["Epoch"]) > 0, r.stdout
-    off = (
-        "kraft.version",
-        "group.version",
-        "eligible.leader.replicas.version",
-        "streams.version",
-    )
-    assert set(by_name) == {
-        "metadata.version",
-        "share.version",
-        "transaction.version",
-        *off,
-    }, r.stdout
-    for name in off:
+    # A new cluster starts with every feature finalized at this release's newest level.
+    expect = {
+        "straitmq.metadata.version": ["1", "2", "2"],
+        "kraft.version": ["0", "1", "1"],  # voters change at runtime (KIP-853)
+        "group.version": ["0", "1", "1"],  # KIP-848 ConsumerGroupHeartbeat
+        "transaction.version": ["0", "2", "2"],  # KIP-890 transactions v2
+        "share.version": ["0", "1", "1"],  # KIP-932 share groups (v1 APIs)
+        "eligible.leader.replicas.version": ["0", "0", "0"],
+        "streams.version": ["0", "0", "0"],
+    }
+    assert set(by_name) == {"metadata.version", *expect}, r.stdout
+    for name, levels in expect.items():
         assert [
             by_name[name][k]
             for k in ("SupportedMinVersion", "SupportedMaxVersion", "FinalizedVersionLevel")
-        ] == ["0", "0", "0"], (name, r.stdout)
-    # KIP-890 transactions v2: Java 4.x producers use it.
-    assert [
-        by_name["transaction.version"][k]
-        for k in ("SupportedMinVersion", "SupportedMaxVersion", "FinalizedVersionLevel")
-    ] == ["0", "2", "2"], r.stdout
-    # KIP-932 share groups are on (ShareGroupHeartbeat, ShareFetch, ... v1).
-    assert [
-        by_name["share.version"][k]
-        for k in ("SupportedMinVersion", "SupportedMaxVersion", "FinalizedVersionLevel")
-    ] == ["0", "1", "1"], r.stdout
+        ] == levels, (name, r.stdout)
 
     raw = Raw(broker)
     try:
@@ -760,14 +749,70 @@ def test_features_describe(broker) -> None:
         raw.close()
     assert not hasattr(replies[2], "supported_features")
     # Before v4, features whose supported minimum is 0 are left out (KAFKA-17492).
-    assert [f.name for f in replies[3].supported_features] == ["metadata.version"]
-    assert len(replies[4].supported_features) == 7
+    assert [f.name for f in replies[3].supported_features] == [
+        "straitmq.metadata.version",
+        "metadata.version",
+    ]
+    assert len(replies[4].supported_features) == 8
     for v in (3, 4):
         assert [
             (f.name, f.min_version_level, f.max_version_level)
             for f in replies[v].finalized_features
-        ] == [("metadata.version", 27, 27), ("transaction.version", 2, 2), ("share.version", 1, 1)]
+        ] == [
+            ("straitmq.metadata.version", 2, 2),
+            ("metadata.version", 27, 27),
+            ("kraft.version", 1, 1),
+            ("group.version", 1, 1),
+            ("transaction.version", 2, 2),
+            ("share.version", 1, 1),
+        ]
         assert replies[v].finalized_features_epoch > 0
+
+
+def _finalized(bootstrap: str) -> dict[str, str]:
+    r = tool("kafka-features", "--bootstrap-server", bootstrap, "describe")
+    return {
+        m["Feature"]: m["FinalizedVersionLevel"]
+        for m in (dict(re.findall(r"(\w+): (\S+)", line)) for line in r.stdout.splitlines())
+        if "Feature" in m
+    }
+
+
+def test_features_upgrade_and_downgrade_with_kafka_features(broker) -> None:
+    """`kafka-features upgrade|downgrade` (UpdateFeatures) move a finalized level through
+    the active controller; what cannot be done is refused with the reason, and nothing
+    moves."""
+    bs = ("--bootstrap-server", broker.bootstrap)
+    # A safe downgrade of transaction.version: Java producers go back to transactions v1.
+    r = tool("kafka-features", *bs, "downgrade", "--feature", "transaction.version=1")
+    assert "transaction.version was downgraded to 1" in r.stdout, r.stdout
+    assert _finalized(broker.bootstrap)["transaction.version"] == "1"
+    r = tool("kafka-features", *bs, "upgrade", "--feature", "transaction.version=2")
+    assert "transaction.version was upgraded to 2" in r.stdout, r.stdout
+    # A dry run changes nothing.
+    tool("kafka-features", *bs, "downgrade", "--feature", "group.version=0", "--dry-run")
+    assert _finalized(broker.bootstrap)["group.version"] == "1"
+
+    def refused(*args: str, why: str) -> None:
+        r = run_tool("kafka-features", *bs, *args)
+        out = r.stdout + r.stderr
+        assert r.returncode != 0 and why in out, out
+
+    # StraitMQ's own level never goes down: what it wrote, older releases cannot read.
+    refused(
+        "downgrade",
+        "--feature",
+        "straitmq.metadata.version=1",
+        why="cannot be downgraded from 2 to 1",
+    )
+    refused("upgrade", "--feature", "straitmq.metadata.version=3", why="supported range 1..2")
+    refused("upgrade", "--feature", "no.such.feature=1", why="unknown feature")
+    refused("upgrade", "--feature", "transaction.version=1", why="is a downgrade")
+    after = _finalized(broker.bootstrap)
+    assert (after["straitmq.metadata.version"], after["transaction.version"]) == ("2", "2")
+    # The same through strait's HTTP API.
+    f = request_sync(broker.http, "GET", "/api/v1/features")
+    assert {x["name"]: x["finalized"] for x in f["features"]}["group.version"] == 1
 
 
 def test_client_metrics_are_listed_as_none_and_refused_clearly(broker) -> None:

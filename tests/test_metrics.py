@@ -30,6 +30,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tls_support import make_certs
 from waiting import wait_for
 
+from straitmq.version import VERSION, commit
+
 DASHBOARDS = ROOT / "charts" / "straitmq" / "dashboards"
 EXPECTED_DASHBOARDS = {
     "cluster-overview",
@@ -352,6 +354,10 @@ def test_controller_process_serves_the_quorum_dashboard(controller_process: str)
     assert "target_info" in served
     service = {ls.get("service_name") for ls, _ in served["target_info"]}
     assert service == {"straitmq-controller"}
+    # Which code it runs, as Prometheus' build_info (the controller runs this checkout).
+    assert [ls for ls, _ in served["straitmq_build_info"]] == [
+        {"version": VERSION, "commit": commit()}
+    ]
     # What the QuorumVoterLost and EventLoopStalls alerts read (one voter: itself).
     voters = "straitmq_controller_quorum_voters"
     assert total(served, voters, straitmq_raft_voter_state="reachable") == 1
@@ -568,6 +574,7 @@ def test_dashboards_are_backed_by_live_metrics_that_move(
             if name not in ("operator", "quotas"):
                 check_served(board, final, "a combined broker node")
         assert {ls.get("service_name") for ls, _ in final["target_info"]} == {"straitmq-broker"}
+        assert total(final, "straitmq_build_info", version=VERSION, commit=commit()) == 1
 
         # The same metrics went out over OTLP, the request-path histogram included.
         wanted = {

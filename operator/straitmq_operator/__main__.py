@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 
 import kopf
 from aiohttp import web
 
+from straitmq.version import VERSION, commit
+
 from . import handlers, log_format
+
+log = logging.getLogger("straitmq.operator")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -45,6 +50,14 @@ async def serve_metrics(port: int) -> web.AppRunner:
 
 
 async def run(a: argparse.Namespace) -> None:
+    log.info(
+        "operator starting",
+        extra={
+            "namespaces": "*" if a.all_namespaces else ",".join(a.namespace),
+            "version": VERSION,
+            "commit": commit(),
+        },
+    )
     runner = await serve_metrics(a.metrics_port) if a.metrics_port else None
     liveness = f"http://0.0.0.0:{a.health_port}/healthz" if a.health_port else None
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import sys
 from pathlib import Path
@@ -13,14 +14,18 @@ import uvloop
 from straitmq.node import build_broker
 
 from straitmq import gc_tuning, logs
+from straitmq.formats import EXIT_FORMAT, FormatError
 from straitmq.node_identity import ordinal_from_hostname
 from straitmq.properties import load_settings
 from straitmq.security.settings import check_keys
 from straitmq.settings import add_flags, flag_values, properties_fields
 from straitmq.signals import stop_signal
+from straitmq.version import VERSION, commit, describe
 
 from .config import BrokerConfig
 from .errors import BrokerStartupError
+
+log = logging.getLogger("straitmq.broker")
 
 # The listener settings a --properties file may set too (declared in config.py).
 LISTENER_FIELDS = properties_fields(BrokerConfig)
@@ -115,6 +120,16 @@ STARTUP_REPORT_S = 10.0  # how often a broker that is not serving yet says why
 
 
 async def run(config: BrokerConfig, announce: bool = True) -> None:
+    log.info(
+        "broker starting",
+        extra={
+            "node": config.node_id,
+            # A combined node (no --controllers) runs its controller in this process.
+            "combined": not config.controller_voters,
+            "version": VERSION,
+            "commit": commit(),
+        },
+    )
     broker = build_broker(config)
     stop = stop_signal()
     starting = asyncio.ensure_future(broker.start())
@@ -152,7 +167,7 @@ async def run(config: BrokerConfig, announce: bool = True) -> None:
             else f"{config.advertised_host}:{config.port}"
         )
         print(
-            f"StraitMQ broker {config.node_id} ready: kafka {kafka}, "
+            f"StraitMQ {describe()} broker {config.node_id} ready: kafka {kafka}, "
             f"http {config.http_host}:{config.http_port}, "
             f"data {os.path.abspath(config.data_dir)}",
             file=sys.stderr,
@@ -171,6 +186,9 @@ def main(argv: list[str] | None = None) -> None:
     except BrokerStartupError as e:
         print(f"strait-broker: cannot start: {e}", file=sys.stderr)
         sys.exit(78)
+    except FormatError as e:  # data of another release: expected, no traceback
+        print(f"strait-broker: cannot start: {e}", file=sys.stderr)
+        sys.exit(EXIT_FORMAT)
     except OSError as e:
         print(f"strait-broker: {e}", file=sys.stderr)
         sys.exit(1)

@@ -33,6 +33,7 @@ from straitmq.controller.quorum import Quorum, parse_voters
 from straitmq.controller.raft.core import RaftConfig
 from straitmq.metadata.image import MetadataImage
 
+from straitmq.formats import check_data_root
 from straitmq.security.acls import Authorizer, AuthorizerSettings
 from straitmq.security.http_security import HttpSecurity, with_scheme
 from straitmq.tasks import cancel_and_wait
@@ -120,7 +121,9 @@ class Broker:
         self._http: web.AppRunner | None = None
         self._kafka_servers: list[Any] = []  # one per listener, closed first on stop
         self._tasks: list[asyncio.Task] = []
-        os.makedirs(config.data_dir, exist_ok=True)
+        # The data directory's file formats, before any file in it is opened (FormatError:
+        # a newer release's data, refused with nothing changed).
+        check_data_root(config.data_dir, "broker")
         self.cluster_id = self._check_meta()
         if problem := check_static(config):  # a bad log.cleaner.* setting, say, says why
             raise BrokerStartupError(problem)

@@ -18,6 +18,7 @@ import aiohttp
 from kio.schema.errors import ErrorCode
 from straitmq.controller.client import ControllerClient
 from straitmq.controller.errors import ControllerError
+from straitmq.metadata.features import supported_ranges
 
 from .config import BrokerConfig
 from .errors import BrokerStartupError
@@ -26,7 +27,12 @@ from .partitions import PartitionManager
 from .security.listeners import Listener
 
 log = logging.getLogger("straitmq.broker")
-FATAL = {ErrorCode.inconsistent_cluster_id, ErrorCode.duplicate_broker_registration}
+# unsupported_version: the cluster finalized a feature level this release cannot serve.
+FATAL = {
+    ErrorCode.inconsistent_cluster_id,
+    ErrorCode.duplicate_broker_registration,
+    ErrorCode.unsupported_version,
+}
 REGISTRATION_WAIT_S = 10.0
 STREAM_RETRY_S = 0.2
 OFFLINE_MAX = 2000  # unavailable replicas named per heartbeat
@@ -72,6 +78,8 @@ class Lifecycle:
             "port": c.advertised_port,
             "http_port": c.http_port,
             "rack": c.rack,
+            # What this release supports: a finalization must fit every broker's ranges.
+            "features": supported_ranges(),
         }
 
     async def register(self) -> None:

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
 import uvloop
 
 from straitmq import gc_tuning, logs
+from straitmq.formats import EXIT_FORMAT, FormatError
 from straitmq.node_identity import voter_for_hostname
 from straitmq.properties import load_settings
 from straitmq.security.settings import CONTROLLER_KEYS
 from straitmq.settings import add_flags, flag_values
 from straitmq.signals import wait_for_stop_signal
+from straitmq.version import VERSION, commit, describe
 
 from .active import ControllerSettings
 from .bootstrap import parse_add_scram
@@ -21,6 +24,8 @@ from .config import ControllerConfig
 from .node import ControllerNode
 from .quorum import parse_voters
 from .raft.core import RaftConfig
+
+log = logging.getLogger("straitmq.controller")
 
 
 def build(argv: list[str] | None = None) -> ControllerNode:
@@ -123,6 +128,7 @@ def _node(
             default_partitions=cfg.default_partitions,
             default_replication_factor=cfg.default_replication_factor,
             bootstrap_records=bootstrap,
+            bootstrap_metadata_level=cfg.bootstrap_metadata_level,
         ),
         RaftConfig(
             election_timeout_ms=cfg.election_timeout_ms, fetch_timeout_ms=cfg.fetch_timeout_ms
@@ -135,9 +141,18 @@ def _node(
 
 
 async def run(node: ControllerNode) -> None:
+    log.info(
+        "controller starting",
+        extra={
+            "node": node.quorum.node_id,
+            "port": node.port,
+            "version": VERSION,
+            "commit": commit(),
+        },
+    )
     await node.start()
     print(
-        f"StraitMQ controller {node.quorum.node_id} ready on {node.host}:{node.port}",
+        f"StraitMQ {describe()} controller {node.quorum.node_id} ready on {node.host}:{node.port}",
         file=sys.stderr,
         flush=True,
     )
@@ -146,7 +161,11 @@ async def run(node: ControllerNode) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    node = build(argv)
+    try:
+        node = build(argv)
+    except FormatError as e:  # data of another release: expected, no traceback
+        print(f"strait-controller: cannot start: {e}", file=sys.stderr)
+        sys.exit(EXIT_FORMAT)
     try:
         gc_tuning.install()  # full collections stalled the loop for up to 1.3 s
         uvloop.run(run(node))

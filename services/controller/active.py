@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kio.schema.errors import ErrorCode
+from straitmq.metadata import features
 from straitmq.metadata.image import MetadataImage, Record
 
 from . import operations as ops
@@ -51,6 +52,21 @@ class ControllerSettings:
     default_replication_factor: int = DEFAULTS.default_replication_factor
     # Written with the cluster id when the metadata log is created (bootstrap.py).
     bootstrap_records: tuple[dict, ...] = ()
+    # straitmq.metadata.version of a new cluster (config.py); 1 writes no feature records.
+    bootstrap_metadata_level: int = DEFAULTS.bootstrap_metadata_level
+
+
+def bootstrap_feature_records(level: int) -> list[Record]:
+    """The feature levels a new cluster starts at: every feature at its newest level, or
+    none at all for level 1 (release 0.1.0 reads no feature record)."""
+    if level == 1:
+        return []
+    if level != features.LATEST[features.STRAITMQ]:
+        raise ValueError(
+            f"--bootstrap-metadata-level {level}: this StraitMQ starts clusters at 1 or "
+            f"{features.LATEST[features.STRAITMQ]}"
+        )
+    return [{"type": "feature_level", "name": n, "level": v} for n, v in features.LATEST.items()]
 
 
 def _mono() -> float:
@@ -158,6 +174,7 @@ class ActiveController:
                     [
                         {"type": "cluster", "cluster_id": self.settings.cluster_id},
                         *self.settings.bootstrap_records,
+                        *bootstrap_feature_records(self.settings.bootstrap_metadata_level),
                     ]
                 )
         except ControllerError:
@@ -263,6 +280,14 @@ class ActiveController:
                     f"is {image.cluster_id!r}; point it at the right controllers or wipe "
                     "its data directory",
                 )
+            ranges = req.get("features") or features.RELEASE_0_1_0
+            why = features.unsupported(image.finalized_features(), ranges)
+            if why:
+                raise ControllerError(
+                    ErrorCode.unsupported_version,
+                    f"broker {bid} cannot join: the cluster has finalized {why}; "
+                    "run a StraitMQ release that supports these levels",
+                )
             old = image.brokers.get(bid)
             # A restart reuses its listener address, so the old process is gone; a live
             # session with another address is a second process claiming the same id.
@@ -289,6 +314,8 @@ class ActiveController:
             }
             if req.get("endpoints"):  # named listeners: {name: [host, port]}
                 rec["endpoints"] = {n: [h, int(p)] for n, (h, p) in req["endpoints"].items()}
+            if req.get("features"):  # supported ranges (none from release 0.1.0)
+                rec["features"] = {n: [int(lo), int(hi)] for n, (lo, hi) in ranges.items()}
             # A restarted broker comes back fenced: its old leaderships move first.
             return [rec, *on_broker_leaving(image, bid)] if old is not None else [rec]
 
@@ -640,6 +667,62 @@ class ActiveController:
         )
         return {"offset": offset}
 
+    # -- feature levels --------------------------------------------------------------
+
+    async def update_features(self, req: dict) -> dict:
+        """{"updates": {feature: [level, upgrade type]}, "validate_only": bool} ->
+        {"errors": {feature: [code, message]}, "offset"}: UpdateFeatures, all or nothing,
+        refused unless every broker and every voter supports the new levels."""
+        self._check_active()
+        updates = {str(n): (int(lv), int(kind)) for n, (lv, kind) in req["updates"].items()}
+        voters = await self._voter_ranges()
+        refusals: dict[str, features.FeatureRefused] = {}
+
+        def build(image: MetadataImage) -> list[Record]:
+            nodes: dict[str, Any] = dict(voters)
+            for bid in image.brokers:
+                nodes[f"broker {bid}"] = image.broker_features.get(bid, features.RELEASE_0_1_0)
+            records, refused = features.plan_update(image.features, updates, nodes)
+            refusals.update(refused)
+            return [] if req.get("validate_only") else records
+
+        offset = await self._commit(build)
+        if refusals:
+            log.info(
+                "feature update refused",
+                extra={"refusals": {n: e.message for n, e in refusals.items()}},
+            )
+        elif not req.get("validate_only"):
+            log.info("features finalized", extra={"updates": updates, "offset": offset})
+        return {
+            "errors": {n: [e.code, e.message] for n, e in refusals.items()},
+            "offset": offset,
+        }
+
+    async def _voter_ranges(self) -> dict[str, Any]:
+        """Each voter's supported ranges; release 0.1.0's for a voter that does not know
+        the call, and a refusal for one that cannot be asked (it might be older)."""
+        out: dict[str, Any] = {}
+        me = self.quorum.node_id
+        for vid in sorted(self.quorum.voters):
+            name = f"controller {vid}"
+            if vid == me:
+                out[name] = features.supported_ranges()
+                continue
+            status, body = await self.quorum.call_peer(vid, "supported_features", {})
+            if status == 200 and isinstance(body, dict) and "features" in body:
+                out[name] = body["features"]
+            elif status == 404:
+                out[name] = features.RELEASE_0_1_0
+            else:
+                raise ControllerError(
+                    ErrorCode.feature_update_failed,
+                    f"cannot ask {name} which feature levels it supports "
+                    f"({body if isinstance(body, str) else status}); every voter must "
+                    "answer before a level is finalized",
+                )
+        return out
+
     def describe(self) -> dict:
         """Brokers and partition health as the active controller sees them."""
         image = self.image
@@ -666,6 +749,11 @@ def handlers(c: ActiveController) -> dict[str, Handler]:
 
     async def describe(req: dict) -> dict:
         return c.describe()
+
+    async def supported_features(req: dict) -> dict:
+        """This controller's supported ranges (any controller answers, not just the
+        active one): what a finalization must fit."""
+        return {"features": features.supported_ranges()}
 
     async def describe_quorum(req: dict) -> dict:
         """The Raft leader's view of its voters and observers (DescribeQuorum), times as
@@ -729,6 +817,8 @@ def handlers(c: ActiveController) -> dict[str, Handler]:
         "elect_preferred": c.elect_preferred,
         "describe": describe,
         "describe_quorum": describe_quorum,
+        "update_features": c.update_features,
+        "supported_features": supported_features,
         "add_voter": voter_change("add"),
         "remove_voter": voter_change("remove"),
         "update_voter": voter_change("update"),

@@ -60,6 +60,15 @@ class ControllerConfig:
         "--default-replication-factor",
         "replicas of a topic created without a replication factor",
     )
+    bootstrap_metadata_level: int = setting(
+        2,
+        None,
+        "--bootstrap-metadata-level",
+        "the straitmq.metadata.version a new cluster starts at: 2 finalizes every feature "
+        "at this release's newest level (as Kafka's storage format does); 1 writes no "
+        "feature record, so release 0.1.0 can still join and read the log (finalize later "
+        "with `strait features upgrade`)",
+    )
     otlp_endpoint: str | None = setting(
         None,
         None,

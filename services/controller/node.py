@@ -9,6 +9,7 @@ import sys
 
 from aiohttp import web
 
+from straitmq.formats import check_data_root
 from straitmq.security.acls import Authorizer, AuthorizerSettings
 from straitmq.security.http_security import HttpSecurity, with_scheme
 from straitmq.telemetry import Telemetry, add_metrics_route
@@ -55,6 +56,9 @@ class ControllerNode:
                 "are to each other with their certificates (basic may be added for brokers)"
             )
         voters = with_scheme(voters, self.http_security.scheme)  # the voters share settings
+        # The data directory's file formats, before any file in it is opened (FormatError:
+        # a newer release's data, refused with nothing changed).
+        check_data_root(data_dir, "controller")
         # The storage's identity (KIP-853): new storage, new id, so a controller whose disk
         # was lost never counts as the voter it was until it is added again.
         self.directory_id = load_directory_id(data_dir, node_id, settings.cluster_id)

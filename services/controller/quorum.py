@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import aiohttp
 import orjson
 from kio.schema.errors import ErrorCode
-from straitmq.metadata.image import MetadataImage, Record
+from straitmq.metadata.image import MetadataImage, MetadataVersionError, Record
 
 from straitmq.admin_client import AdminAuth
 from straitmq.invariants import InvariantBroken, broken
@@ -44,6 +44,9 @@ log = logging.getLogger("straitmq.quorum")
 T = TypeVar("T")
 TICK_S = 0.02
 EXIT_STORAGE = 74  # EX_IOERR: the metadata log could not be written
+# EX_CONFIG: the metadata log holds what this release cannot read or serve (a newer record,
+# a finalized feature level beyond its range). The node stops instead of misreading it.
+EXIT_METADATA_VERSION = 78
 SNAPSHOT_EVERY = 2000  # applied entries between metadata snapshots
 # Longest stretch the event loop spends applying committed entries before it serves its
 # sockets again: a broker catching up on thousands of topic records at once must not
@@ -440,26 +443,32 @@ class Quorum:
                 self._apply_again = asyncio.get_running_loop().call_soon(self._advance, _no_op)
                 return
             item = queue.popleft()
-            if isinstance(item, Snapshot):
-                self.image = MetadataImage.from_dict(item.data)
-                self.image.offset = item.end_offset - 1
-                self._applied_since_snapshot = 0
-                for listener in self.listeners:
-                    listener(self.image.offset, [], True)
-                continue
-            offset, entry = item
-            records = [] if is_control(entry.data) else entry.data
-            self.image.apply_entry(offset, records)
-            self._applied_since_snapshot += 1
-            waiter = self._commit_waiters.pop(offset, None)
-            if waiter is not None and not waiter[1].done():
-                if waiter[0] == entry.epoch:
-                    waiter[1].set_result(None)
-                else:
-                    waiter[1].set_exception(NotController(self.node.leader_id))
-            if records:
-                for listener in self.listeners:
-                    listener(offset, records, False)
+            try:
+                self._apply_one(item)
+            except MetadataVersionError as e:
+                _refuse(e)
+
+    def _apply_one(self, item: tuple[int, Any] | Snapshot) -> None:
+        if isinstance(item, Snapshot):
+            self.image = MetadataImage.from_dict(item.data)
+            self.image.offset = item.end_offset - 1
+            self._applied_since_snapshot = 0
+            for listener in self.listeners:
+                listener(self.image.offset, [], True)
+            return
+        offset, entry = item
+        records = [] if is_control(entry.data) else entry.data
+        self.image.apply_entry(offset, records)
+        self._applied_since_snapshot += 1
+        waiter = self._commit_waiters.pop(offset, None)
+        if waiter is not None and not waiter[1].done():
+            if waiter[0] == entry.epoch:
+                waiter[1].set_result(None)
+            else:
+                waiter[1].set_exception(NotController(self.node.leader_id))
+        if records:
+            for listener in self.listeners:
+                listener(offset, records, False)
 
     async def _write(self, batches: list[tuple[list[StorageOp], int]]) -> None:
         """Persist off the event loop, then tell the node (which may release messages,
@@ -568,6 +577,29 @@ class Quorum:
         reply = M.from_dict(orjson.loads(body))
         self._advance(lambda: self.node.step(reply, now_ms()))
 
+    async def call_peer(
+        self, node_id: int, op: str, body: dict, timeout_s: float = 5.0
+    ) -> tuple[int, Any]:
+        """A controller RPC on another voter: (HTTP status, its JSON answer), or (0, the
+        reason) when it cannot be reached."""
+        url = self.voters.get(node_id)
+        if url is None or self._session is None:
+            return 0, f"no address for node {node_id}"
+        try:
+            async with self._session.post(
+                f"{url}/controller/{op}",
+                data=orjson.dumps(body),
+                headers={"content-type": "application/json"},
+                timeout=aiohttp.ClientTimeout(total=timeout_s, connect=1.0),
+            ) as resp:
+                raw = await resp.read()
+                try:
+                    return resp.status, orjson.loads(raw) if raw else None
+                except orjson.JSONDecodeError:
+                    return resp.status, raw[:200].decode(errors="replace")
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            return 0, f"{type(e).__name__}: {e}"
+
     async def handle_request(self, body: dict) -> dict | None:
         """A peer's request: step it and wait for our node's answer to that peer."""
         msg = M.from_dict(body)
@@ -589,3 +621,13 @@ class Quorum:
             if not waiters:
                 self._reply_waiters.pop(key, None)
         return M.to_dict(reply)
+
+
+def _refuse(e: MetadataVersionError) -> None:
+    """Stop this node: its metadata log holds what this release cannot read or serve.
+    Never applied past, never rewritten; the release that wrote it (or a newer one)
+    starts on the same data."""
+    log.critical("stopping: %s", e, extra={"exit_code": EXIT_METADATA_VERSION})
+    print(f"StraitMQ cannot run on this cluster's metadata: {e}", file=sys.stderr, flush=True)
+    logging.shutdown()
+    os._exit(EXIT_METADATA_VERSION)

@@ -24,6 +24,15 @@ Record types:
   remove_acl        binding (the same seven values)
   client_quota      entity [[type, name | null], ...], key, value (null: remove the key)
                     (Kafka's QuotaRecord; straitmq.metadata.quotas)
+  feature_level     name, level (Kafka's FeatureLevelRecord; straitmq.metadata.features)
+
+Versions: a record may carry "v" (absent: 1). RECORD_VERSIONS says the newest version of
+each type this code reads; a newer one, an unknown type, or a finalized feature level this
+code does not support stops the node with a MetadataVersionError that says which, never a
+guess. New fields that older releases may ignore (their handlers read named keys only)
+keep the version; anything else is a new version, written only once the feature level
+that introduced it is finalized. Snapshots keep the same rule: a new top-level key is
+ignored by older readers, and is written only when it holds something.
 """
 
 from __future__ import annotations
@@ -35,10 +44,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from straitmq.metadata.features import SUPPORTED, finalized
 from straitmq.metadata.quotas import EntityKey, entity_key
 
 Record = dict[str, Any]
 NO_LEADER = -1
+
+
+class MetadataVersionError(ValueError):
+    """The log holds what this code cannot read or serve (a newer record, a finalized
+    feature level beyond its range): the node must stop rather than misread it."""
 
 
 @dataclass(slots=True)
@@ -125,6 +140,15 @@ class MetadataImage:
     # Each topic's snapshot encoding with the topic version it was made at: a snapshot
     # re-encodes only what changed since the last one.
     _encoded: dict[str, tuple[int, bytes]] = field(default_factory=dict, repr=False, compare=False)
+    # Feature levels the log finalized ({} for a log made by 0.1.0 and never finalized:
+    # `finalized_features` fills in the baseline).
+    features: dict[str, int] = field(default_factory=dict)
+    # Each broker's supported feature ranges, from its registration ({} from 0.1.0,
+    # whose registrations carry none: straitmq.metadata.features.RELEASE_0_1_0).
+    broker_features: dict[int, dict[str, list[int]]] = field(default_factory=dict)
+
+    def finalized_features(self) -> dict[str, int]:
+        return finalized(self.features)
 
     def partition(self, topic: str, index: int) -> PartitionImage | None:
         t = self.topics.get(topic)
@@ -176,7 +200,17 @@ class MetadataImage:
         kind = record["type"]
         handler = _HANDLERS.get(kind)
         if handler is None:
-            raise ValueError(f"unknown metadata record type {kind!r}")
+            raise MetadataVersionError(
+                f"unknown metadata record type {kind!r}: the log was written by a newer "
+                "StraitMQ; run that release or a newer one"
+            )
+        version = record.get("v", 1)
+        if version > RECORD_VERSIONS[kind]:
+            raise MetadataVersionError(
+                f"metadata record {kind!r} version {version} is newer than this StraitMQ "
+                f"reads (1..{RECORD_VERSIONS[kind]}); run the release that wrote it or a "
+                "newer one"
+            )
         handler(self, record)
 
     def copy(self) -> MetadataImage:
@@ -202,6 +236,8 @@ class MetadataImage:
             dict(self.acls),
             client_quotas={e: dict(q) for e, q in self.client_quotas.items()},
             quotas_version=self.quotas_version,
+            features=dict(self.features),
+            broker_features=dict(self.broker_features),
         )
 
     # -- snapshots -------------------------------------------------------------------
@@ -229,9 +265,20 @@ class MetadataImage:
                 "scram_credentials": self.scram_credentials,
                 "acls": list(self.acls),
                 "client_quotas": _quotas_list(self.client_quotas),
+                **self._version_keys(),
             }
         )
         return b'{"topics":[' + b",".join(topics) + b"]," + rest[1:]
+
+    def _version_keys(self) -> dict:
+        """Snapshot keys release 0.1.0 does not know (it ignores them), present only when
+        they hold something, so an unfinalized cluster's snapshots stay 0.1.0's bytes."""
+        keys: dict = {}
+        if self.features:
+            keys["features"] = dict(self.features)
+        if self.broker_features:
+            keys["broker_features"] = {str(b): f for b, f in self.broker_features.items()}
+        return keys
 
     def to_dict(self) -> dict:
         # Copies of the config dicts: `apply` edits them in place, and a snapshot must
@@ -246,6 +293,7 @@ class MetadataImage:
             "scram_credentials": {u: dict(c) for u, c in self.scram_credentials.items()},
             "acls": [list(b) for b in self.acls],
             "client_quotas": _quotas_list(self.client_quotas),
+            **self._version_keys(),
         }
 
     @classmethod
@@ -264,7 +312,11 @@ class MetadataImage:
                 entity_key((t, n) for t, n in entity): dict(values)
                 for entity, values in d.get("client_quotas", ())
             },
+            # ... nor feature levels (0.1.0's snapshots).
+            features={n: int(v) for n, v in d.get("features", {}).items()},
+            broker_features={int(b): f for b, f in d.get("broker_features", {}).items()},
         )
+        _check_features(image.features)
         for b in d["brokers"]:
             image.brokers[b["id"]] = BrokerImage(**b)
         for t in d["topics"]:
@@ -348,6 +400,10 @@ def _topic_changed(img: MetadataImage, name: str) -> None:
 
 def _register_broker(img: MetadataImage, r: Record) -> None:
     img.brokers_version += 1
+    if r.get("features"):
+        img.broker_features[r["id"]] = {n: list(v) for n, v in r["features"].items()}
+    else:  # a broker of 0.1.0, or registered through a 0.1.0 controller
+        img.broker_features.pop(r["id"], None)
     img.brokers[r["id"]] = BrokerImage(
         r["id"],
         r["incarnation"],
@@ -476,6 +532,27 @@ def _client_quota(img: MetadataImage, r: Record) -> None:
         img.client_quotas.setdefault(entity, {})[r["key"]] = float(r["value"])
 
 
+def _feature_level(img: MetadataImage, r: Record) -> None:
+    levels = {**img.features, r["name"]: int(r["level"])}
+    _check_features(levels)
+    img.features = levels
+
+
+def _check_features(levels: dict[str, int]) -> None:
+    """A finalized level this code cannot serve stops the node: it must not go on as if
+    it could (Kafka refuses to start below a finalized metadata.version it supports)."""
+    for name, level in levels.items():
+        feature = SUPPORTED.get(name)
+        if feature is None and level == 0:
+            continue
+        if feature is None or not feature.min_level <= level <= feature.max_level:
+            known = f"{feature.min_level}..{feature.max_level}" if feature else "unknown"
+            raise MetadataVersionError(
+                f"the cluster has finalized {name}={level}, which this StraitMQ does not "
+                f"support (supported: {known}); run a release that supports it"
+            )
+
+
 _HANDLERS = {
     "cluster": _cluster,
     "register_broker": _register_broker,
@@ -494,4 +571,8 @@ _HANDLERS = {
     "acl": _acl,
     "remove_acl": _remove_acl,
     "client_quota": _client_quota,
+    "feature_level": _feature_level,
 }
+
+# The newest version of each record type this code reads (see the module's docstring).
+RECORD_VERSIONS: dict[str, int] = {kind: 1 for kind in _HANDLERS}

@@ -37,6 +37,8 @@ QUOTA_CLIENT = "straitmq.quota.client_id"  # "" where the quota is not per clien
 LOG_DIR = "straitmq.log_dir"  # a broker's data directory, as configured
 LISTENER = "straitmq.listener"  # a listener's name (Kafka listeners), or HTTP
 VOTER_STATE = "straitmq.raft.voter.state"  # reachable | unreachable
+VERSION = "version"  # the release, e.g. 0.2.0.dev0 (straitmq.version.VERSION)
+COMMIT = "commit"  # the full git commit id it was built from, or "unknown"
 
 COUNTER = "counter"
 HISTOGRAM = "histogram"  # SDK histogram (off the request path)
@@ -323,6 +325,12 @@ TLS_CERTIFICATE_EXPIRY = _i(
     "When the certificate each TLS listener serves stops being valid (its notAfter, Unix "
     "seconds); follows rotations of the files", LISTENER,
 )  # fmt: skip
+# Served by every process, the operator too (straitmq.telemetry.Telemetry registers it).
+BUILD_INFO = _i(
+    "straitmq.build.info", OBSERVABLE_GAUGE, "",
+    "Always 1, labelled with the version and the commit of the running code (Prometheus' "
+    "build_info convention: join on instance to see what each process runs)", VERSION, COMMIT,
+)  # fmt: skip
 
 # -- operator (straitmq.operator uses these through operator.OperatorMetrics) -------
 
@@ -357,6 +365,6 @@ CONTROLLER = (
     QUORUM_FOLLOWER_LAG, QUORUM_VOTERS, CONTROLLER_FENCINGS, CONTROLLER_BROKERS, CONTROLLER_TOPICS,
     CONTROLLER_PARTITIONS, CONTROLLER_OFFLINE, CONTROLLER_UNDER_REPLICATED,
 )  # fmt: skip
-PROCESS = (EVENT_LOOP_STALLS, EVENT_LOOP_STALLED, TLS_CERTIFICATE_EXPIRY)
+PROCESS = (EVENT_LOOP_STALLS, EVENT_LOOP_STALLED, TLS_CERTIFICATE_EXPIRY, BUILD_INFO)
 OPERATOR = (OPERATOR_RECONCILES, OPERATOR_RECONCILE_DURATION, OPERATOR_RECONCILE_ERRORS)
 ALL = BROKER + CONTROLLER + PROCESS + OPERATOR

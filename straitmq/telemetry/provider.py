@@ -33,7 +33,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from straitmq import __version__
+from straitmq.version import VERSION, commit
 
 from . import catalog
 from .catalog import Instrument
@@ -76,7 +76,7 @@ class Telemetry:
                 "service.name": service_name,
                 "service.namespace": "straitmq",
                 "service.instance.id": instance_id,
-                "service.version": __version__,
+                "service.version": VERSION,
             }
         )
         readers: list[Any] = [
@@ -102,13 +102,16 @@ class Telemetry:
         self.provider = MeterProvider(resource=self.resource, metric_readers=readers)
         self._meters: dict[str, Meter] = {}
         self.created: dict[str, Any] = {}
+        # What every process runs (its version and commit), as Prometheus' build_info.
+        build = {catalog.VERSION: VERSION, catalog.COMMIT: commit()}
+        self.observe(catalog.BUILD_INFO, lambda: [(1, build)])
 
     # -- instruments ------------------------------------------------------------------
 
     def meter(self, scope: str) -> Meter:
         m = self._meters.get(scope)
         if m is None:
-            m = self._meters[scope] = self.provider.get_meter(scope, __version__)
+            m = self._meters[scope] = self.provider.get_meter(scope, VERSION)
         return m
 
     def observe(self, inst: Instrument, points: Callable[[], Points]) -> None:
@@ -209,7 +212,7 @@ class Telemetry:
 
 
 def _scope(name: str) -> InstrumentationScope:
-    return InstrumentationScope(name, __version__)
+    return InstrumentationScope(name, VERSION)
 
 
 def _metrics_url(endpoint: str | None) -> str | None:

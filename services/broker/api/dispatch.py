@@ -85,6 +85,7 @@ def kafka_api(
         16: p(groups.handle_list_groups, group_deps),
         17: sec.handle_sasl_handshake,
         18: p(features.handle_api_versions, metadata_view),
+        57: p(features.handle_update_features, admin_deps),
         19: p(admin.handle_create_topics, admin_deps),
         20: p(admin.handle_delete_topics, admin_deps),
         21: p(records.handle_delete_records, replicas),

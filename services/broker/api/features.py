@@ -1,20 +1,11 @@
-"""ApiVersions with feature flags (KIP-584): what `kafka-features.sh describe` shows.
+"""ApiVersions with feature flags (KIP-584) and UpdateFeatures: `kafka-features.sh`.
 
 Kafka's Admin.describeFeatures asks a broker's ApiVersions (v3+) and prints, for every
-supported feature, its supported range and finalized level. The levels below are what
-StraitMQ really implements, named as Kafka 4.1 names them:
-
-- metadata.version: 3.3-IV3 (7) to 4.1-IV1 (27), finalized at 4.1-IV1, as a new Kafka
-  4.1 cluster reports. StraitMQ's metadata log has its own records, so the level only
-  tells tools which Kafka APIs and versions to expect (those of 4.1).
-- transaction.version 2, finalized: KIP-890's transactions v2, which Java 4.x producers
-  use when it is finalized (EndTxn v5, Produce v12, TxnOffsetCommit v5); older clients
-  and librdkafka keep v1 on the same brokers.
-- kraft.version 0 (static voters: no AddRaftVoter/RemoveRaftVoter), group.version 0 (the
-  classic group protocol only, no KIP-848 ConsumerGroupHeartbeat),
-  eligible.leader.replicas.version 0 (no ELR), streams.version 0.
-- share.version 1, finalized: KIP-932 share groups (ShareGroupHeartbeat, ShareGroupDescribe,
-  ShareFetch, ShareAcknowledge v1), as a Kafka 4.1 cluster with share groups enabled.
+supported feature, its supported range and finalized level. The supported ranges are this
+release's (straitmq.metadata.features.SUPPORTED); the finalized levels are the metadata
+log's (`feature_level` records, or the 0.1.0 baseline for a log that has none), so what a
+tool shows is what an operator finalized, and `kafka-features upgrade|downgrade`
+(UpdateFeatures) changes it through the active controller.
 
 As in Kafka, a finalized level 0 is not listed (the tool prints 0 for it), and before
 v4 features whose supported minimum is 0 are left out (KAFKA-17492: older clients fail
@@ -23,54 +14,98 @@ to read them).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+from straitmq.controller.errors import ControllerError
+from straitmq.metadata.features import SUPPORTED
+
+from straitmq.security.acls import ALTER
 
 from .context import RequestContext
 from .versions import advertised
 
 if TYPE_CHECKING:
     from ..metadata_view import MetadataView
-
-METADATA_VERSION_MIN = 7  # 3.3-IV3, the oldest metadata.version Kafka 4.x knows
-METADATA_VERSION = 27  # 4.1-IV1, Kafka 4.1's latest production level
-
-# name -> (supported min, supported max, finalized level)
-FEATURES: dict[str, tuple[int, int, int]] = {
-    "metadata.version": (METADATA_VERSION_MIN, METADATA_VERSION, METADATA_VERSION),
-    "kraft.version": (0, 0, 0),
-    "group.version": (0, 0, 0),
-    "transaction.version": (0, 2, 2),
-    "eligible.leader.replicas.version": (0, 0, 0),
-    "share.version": (0, 1, 1),
-    "streams.version": (0, 0, 0),
-}
+    from .deps import AdminDeps
 
 
-def feature_fields(version: int, epoch: int) -> dict:
+def feature_fields(version: int, epoch: int, levels: Mapping[str, int]) -> dict:
     """The ApiVersions fields for features, for response `version` (none before v3)."""
     if version < 3:
         return {}
     return {
         "supported_features": [
-            {"name": name, "min_version": lo, "max_version": hi}
-            for name, (lo, hi, _) in FEATURES.items()
-            if version >= 4 or lo > 0
+            {"name": name, "min_version": f.min_level, "max_version": f.max_level}
+            for name, f in SUPPORTED.items()
+            if version >= 4 or f.min_level > 0
         ],
         "finalized_features_epoch": epoch,
         "finalized_features": [
             {"name": name, "min_version_level": level, "max_version_level": level}
-            for name, (_, _, level) in FEATURES.items()
+            for name, level in levels.items()
             if level > 0
         ],
     }
 
 
 async def handle_api_versions(metadata: MetadataView, ctx: RequestContext, req: Any) -> dict:
+    image = metadata.image
     # Kafka's finalized-features epoch is the metadata offset the levels were read at.
-    epoch = max(metadata.image.offset, 0)
     return {
         "error_code": 0,
         "api_keys": advertised(),
         "throttle_time": 0,
-        **feature_fields(ctx.version, epoch),
+        **feature_fields(ctx.version, max(image.offset, 0), image.finalized_features()),
     }
+
+
+async def handle_update_features(deps: AdminDeps, ctx: RequestContext, req: Any) -> dict:
+    """UpdateFeatures v0-2: the active controller checks every node and writes the levels,
+    all or nothing; the answer waits until this broker's image shows them."""
+    names = [u.feature for u in req.feature_updates]
+    if not ctx.cluster_allowed(ALTER):
+        return _answer(
+            ctx.version, names, ErrorCode.cluster_authorization_failed, "ALTER on the cluster"
+        )
+    if len(set(names)) != len(names):
+        return _answer(ctx.version, names, ErrorCode.invalid_request, "a feature may appear once")
+    updates = {
+        u.feature: [int(u.max_version_level), int(u.upgrade_type)] for u in req.feature_updates
+    }
+    try:
+        reply = await deps.control(
+            "update_features",
+            {"updates": updates, "validate_only": bool(getattr(req, "validate_only", False))},
+        )
+    except ControllerError as e:
+        return _answer(ctx.version, names, e.code, e.message)
+    errors: dict[str, list] = reply.get("errors", {})
+    if not errors:
+        return _answer(ctx.version, names, ErrorCode.none, None)
+    first_code, first_message = next(iter(errors.values()))
+    results = [
+        {
+            "feature": n,
+            "error_code": errors[n][0] if n in errors else first_code,
+            "error_message": errors[n][1] if n in errors else f"not applied: {first_message}",
+        }
+        for n in names
+    ]
+    return _answer(ctx.version, names, first_code, first_message, results)
+
+
+def _answer(
+    version: int,
+    names: list[str],
+    code: int,
+    message: str | None,
+    results: list[dict] | None = None,
+) -> dict:
+    out: dict = {"throttle_time": 0, "error_code": code, "error_message": message}
+    if version < 2:  # v2 answers with the top-level error only
+        out["results"] = results or [
+            {"feature": n, "error_code": code, "error_message": message} for n in names
+        ]
+    return out

@@ -65,6 +65,7 @@ VERSIONS: dict[int, Versions] = {
     50: Versions(0, 0),  # DescribeUserScramCredentials
     51: Versions(0, 0),  # AlterUserScramCredentials
     55: Versions(0, 2),  # DescribeQuorum
+    57: Versions(0, 2),  # UpdateFeatures (kafka-features upgrade|downgrade)
     60: Versions(0, 1),  # DescribeCluster
     61: Versions(0, 0),  # DescribeProducers
     65: Versions(0, 0),  # DescribeTransactions

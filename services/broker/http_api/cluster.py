@@ -12,6 +12,7 @@ from aiohttp import web
 from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError
 from straitmq.controller.operations import CLUSTER_CONFIGS
+from straitmq.metadata import features
 
 from straitmq.admin_client import AdminError
 
@@ -349,6 +350,70 @@ def add_routes(app: web.Application, deps: ClusterDeps) -> None:
         except ControllerError as e:
             return _ops_error(e)
         return _json(reply)
+
+    @routes.get("/api/v1/features")
+    async def get_features(_: web.Request) -> web.Response:
+        """Each feature's finalized level and what this broker supports, and each
+        registered broker's supported ranges (release 0.1.0's for one that sent none)."""
+        image = deps.metadata.image
+        levels = image.finalized_features()
+        return _json(
+            {
+                "epoch": max(image.offset, 0),
+                "features": [
+                    {
+                        "name": name,
+                        "supported_min": f.min_level,
+                        "supported_max": f.max_level,
+                        "finalized": levels.get(name, 0),
+                        "explicit": name in image.features,
+                    }
+                    for name, f in features.SUPPORTED.items()
+                ],
+                "brokers": {
+                    str(b): image.broker_features.get(b, features.RELEASE_0_1_0)
+                    for b in sorted(image.brokers)
+                },
+            }
+        )
+
+    @routes.post("/api/v1/features")
+    async def update_features(request: web.Request) -> web.StreamResponse:
+        """{"updates": {feature: level}, "downgrade": false, "unsafe": false,
+        "validate_only": false}: finalize levels (all or nothing), as UpdateFeatures."""
+        body = await _body(request)
+        updates = body.get("updates")
+        if (
+            not isinstance(updates, dict)
+            or not updates
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in updates.values())
+        ):
+            return _error(400, 'body must be {"updates": {"<feature>": <level>, ...}}')
+        kind = (
+            (features.UNSAFE_DOWNGRADE if body.get("unsafe") else features.SAFE_DOWNGRADE)
+            if body.get("downgrade")
+            else features.UPGRADE
+        )
+        try:
+            reply = await deps.metadata.control(
+                "update_features",
+                {
+                    "updates": {n: [lvl, kind] for n, lvl in updates.items()},
+                    "validate_only": bool(body.get("validate_only")),
+                },
+            )
+        except ControllerError as e:
+            return _ops_error(e)
+        errors = reply.get("errors") or {}
+        if errors:
+            return _json(
+                {
+                    "error": "; ".join(msg for _, msg in errors.values()),
+                    "errors": {n: {"error_code": c, "message": m} for n, (c, m) in errors.items()},
+                },
+                400,
+            )
+        return await get_features(request)
 
     if not deps.combined:  # a combined node serves its own quorum's status already
         routes.get("/api/v1/quorum")(quorum)

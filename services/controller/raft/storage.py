@@ -17,7 +17,10 @@ Exactly one log file is live: the one whose base is the newest snapshot's end of
 new log file first, then the snapshot (the commit point), then deletes what is
 older, each step atomic (write a tmp file, fsync, rename, fsync the directory), so a
 crash anywhere loads either the old state or the new one. A torn or corrupt line at
-the log's tail (a crash during an append) is cut at load.
+the log's tail (a crash during an append) is cut at load. A file of a structure this
+code does not know (a whole line that is not `[epoch, data]`, fields it does not know in
+`quorum-state` or a snapshot: a newer release's) is refused with `FormatError`, never
+misread or cut as a torn tail.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
+
+from straitmq.formats import unreadable
 
 from .messages import Entry
 
@@ -152,18 +157,54 @@ def _encode_line(entry: Entry) -> bytes:
     return b"%08x " % zlib.crc32(payload) + payload + b"\n"
 
 
+class _UnknownEntry(ValueError):
+    """A whole line (its checksum matches) that is not `[epoch, data]`."""
+
+
 def _decode_line(line: bytes) -> Entry | None:
-    """The entry of a complete line (newline stripped), or None when it is corrupt."""
+    """The entry of a complete line (newline stripped), or None when it is corrupt (a
+    torn or damaged tail). A line whose checksum matches but which is not `[epoch, data]`
+    was written so (a newer format): _UnknownEntry, never cut as a torn tail."""
     if len(line) < 10 or line[8:9] != b" ":
         return None
     payload = line[9:]
     try:
         if int(line[:8], 16) != zlib.crc32(payload):
             return None
-        epoch, data = orjson.loads(payload)
     except ValueError:
         return None
-    return Entry(epoch, data)
+    try:
+        value = orjson.loads(payload)
+    except orjson.JSONDecodeError as e:
+        raise _UnknownEntry(f"not JSON ({e})") from None
+    if not (isinstance(value, list) and len(value) == 2 and _is_int(value[0])):
+        raise _UnknownEntry(f"{payload[:60]!r} is not [epoch, data]")
+    return Entry(value[0], value[1])
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+_STATE_KEYS = frozenset({"epoch", "voted_for"})
+_SNAPSHOT_KEYS = frozenset({"end_offset", "epoch", "data"})
+_SNAPSHOT_ALL = _SNAPSHOT_KEYS | {"voters"}  # voters absent or None: the static set
+
+
+def _read_state(path: Path) -> tuple[int, int | None]:
+    """(epoch, voted_for) of a quorum-state file; FormatError for anything else (a newer
+    release's fields would be dropped: a vote half read)."""
+    try:
+        state = orjson.loads(path.read_bytes())
+    except orjson.JSONDecodeError as e:
+        raise unreadable(path, "quorum_state", f"not JSON ({e})") from None
+    if not isinstance(state, dict) or state.keys() != _STATE_KEYS:
+        keys = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise unreadable(path, "quorum_state", f"{keys} instead of epoch and voted_for")
+    epoch, voted_for = state["epoch"], state["voted_for"]
+    if not (_is_int(epoch) and epoch >= 0 and (voted_for is None or _is_int(voted_for))):
+        raise unreadable(path, "quorum_state", f"epoch {epoch!r}, voted_for {voted_for!r}")
+    return epoch, voted_for
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -207,15 +248,14 @@ class FileStorage:
 
     def load(self) -> LoadedState:
         self.close()
-        for tmp in self._dir.glob("*.tmp"):  # an atomic write a crash interrupted
-            tmp.unlink()
+        # Read (or refused: FormatError) before anything in the directory changes.
         epoch, voted_for = 0, None
         state_path = self._dir / _STATE
         if state_path.exists():
-            state = orjson.loads(state_path.read_bytes())
-            epoch, voted_for = int(state["epoch"]), state["voted_for"]
-
+            epoch, voted_for = _read_state(state_path)
         snapshot = self._load_newest_snapshot()
+        for tmp in self._dir.glob("*.tmp"):  # an atomic write a crash interrupted
+            tmp.unlink()
         base = snapshot.end_offset if snapshot is not None else 0
         log_path = self._log_path(base)
         if not log_path.exists():
@@ -256,8 +296,15 @@ class FileStorage:
                 d = orjson.loads(path.read_bytes())
             except orjson.JSONDecodeError:
                 continue  # cannot happen with atomic writes; fall back to an older one
-            if (d.get("end_offset"), d.get("epoch")) == (end_offset, epoch):
-                return Snapshot(end_offset, epoch, d.get("data"), d.get("voters"))
+            # Fields this code does not know (a newer release's) would be dropped, and
+            # the older snapshot fallen back to would delete this one: refused instead.
+            if not isinstance(d, dict) or not _SNAPSHOT_KEYS <= d.keys() <= _SNAPSHOT_ALL:
+                keys = sorted(d) if isinstance(d, dict) else type(d).__name__
+                raise unreadable(
+                    path, "raft_snapshot", f"{keys} instead of end_offset, epoch, data, voters"
+                )
+            if (d["end_offset"], d["epoch"]) == (end_offset, epoch):
+                return Snapshot(end_offset, epoch, d["data"], d.get("voters"))
         return None
 
     def _read_log(self, path: Path) -> list[Entry]:
@@ -267,7 +314,10 @@ class FileStorage:
         pos = 0
         while pos < len(raw):
             nl = raw.find(b"\n", pos)
-            entry = _decode_line(raw[pos:nl]) if nl >= 0 else None
+            try:
+                entry = _decode_line(raw[pos:nl]) if nl >= 0 else None
+            except _UnknownEntry as e:  # before anything is cut or opened for writing
+                raise unreadable(path, "raft_log", f"the line at byte {pos}: {e}") from None
             if entry is None:
                 break  # torn or corrupt: cut here, with everything after it
             self._positions.append(pos)

@@ -1,0 +1,255 @@
+"""Upgrades across releases, as RocksDB's check_format_compatible.sh and CockroachDB's
+mixed-version tests do it: the previous release (releases.toml) is built from git with
+its own virtualenv (scripts/build-releases.sh, cached by commit id), writes data, and the
+checked-out code opens it, rolled in node by node under load; then the cluster is rolled
+back to the previous release before finalizing, which reads what this code wrote; then
+upgraded again and finalized, after which the previous release is refused.
+
+A checkout without the release's commit fails here (never skips): compatibility cannot be
+checked without the old code.
+
+What is written by the old release and checked at every stage: records at their offsets
+(an idempotent acks=all producer runs through every roll: every acknowledged record read
+back once, at the offset it was acknowledged at, replicas byte-identical), a compacted
+topic's latest value per key, a committed and an aborted transaction (read_committed), a
+group's committed offsets, topic configs, SCRAM users, ACLs and client quotas.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import tomllib
+
+import pytest
+from cluster_support import ROOT, Cluster, Workload, cluster_factory, verify, wait_for
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from straitmq.admin_client import request_sync
+
+pytestmark = pytest.mark.timeout(900)
+
+with open(ROOT / "releases.toml", "rb") as _f:
+    RELEASES = tomllib.load(_f)["releases"]
+PREVIOUS = list(RELEASES)[-1]  # the newest release: what this code upgrades from
+STRAITMQ = "straitmq.metadata.version"
+
+
+@pytest.fixture(scope="module")
+def old_python() -> str:
+    r = subprocess.run(
+        [str(ROOT / "scripts" / "build-releases.sh"), "--python", PREVIOUS],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert r.returncode == 0, f"cannot build release {PREVIOUS}:\n{r.stderr[-3000:]}"
+    return r.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    yield from cluster_factory(tmp_path)
+
+
+def release_of(node) -> str:
+    return "old" if "releases" in node.args[0] else "new"
+
+
+def http(cluster: Cluster) -> str:
+    b = cluster.any_broker()
+    return f"http://{b.host}:{b.http_port}"
+
+
+def roll_all(cluster: Cluster, python: str, backwards: bool = False) -> None:
+    for node in cluster.roll_order(backwards):
+        cluster.roll(node, python)
+
+
+# -- the data the old release writes, and the checks -------------------------------------------
+
+
+KEYS = 40
+
+
+def write_data(cluster: Cluster) -> None:
+    base = http(cluster)
+    cluster.create_topic("compacted", 2, configs={"cleanup.policy": "compact"})
+    cluster.create_topic("txn", 1)
+    p = Producer({"bootstrap.servers": cluster.bootstrap, "enable.idempotence": True})
+    for rnd in range(3):
+        for k in range(KEYS):
+            p.produce("compacted", key=b"k%d" % k, value=b"v%d-%d" % (k, rnd))
+    assert p.flush(30) == 0
+    t = Producer({"bootstrap.servers": cluster.bootstrap, "transactional.id": "upgrade-txn"})
+    t.init_transactions(30)
+    for commit in (True, False, True):
+        t.begin_transaction()
+        for i in range(5):
+            t.produce("txn", value=b"%s-%d" % (b"c" if commit else b"a", i))
+        (t.commit_transaction if commit else t.abort_transaction)(30)
+    c = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "upgrade-g"})
+    c.commit(
+        offsets=[TopicPartition("compacted", 0, 7), TopicPartition("txn", 0, 3)], asynchronous=False
+    )
+    c.close()
+    request_sync(
+        base,
+        "PUT",
+        "/api/v1/users/alice",
+        {"mechanism": "SCRAM-SHA-512", "password": "alice-secret", "iterations": 8192},
+    )
+    acl = {
+        "resource_type": "TOPIC",
+        "resource_name": "orders",
+        "pattern_type": "LITERAL",
+        "principal": "User:alice",
+        "host": "*",
+        "operation": "WRITE",
+        "permission": "ALLOW",
+    }
+    request_sync(base, "POST", "/api/v1/acls", {"create": [acl]})
+    request_sync(
+        base,
+        "POST",
+        "/api/v1/quotas",
+        {"entries": [{"entity": {"user": "alice"}, "quotas": {"producer_byte_rate": 1048576}}]},
+    )
+
+
+def check_data(cluster: Cluster, stage: str) -> None:
+    base = http(cluster)
+    # The compacted topic: the latest value of every key, whatever the cleaner did.
+    latest = {}
+    for _, _, k, v in read_all(cluster, "compacted", "read_uncommitted"):
+        latest[k] = v
+    assert latest == {b"k%d" % k: b"v%d-2" % k for k in range(KEYS)}, stage
+    # Transactions: the committed ones only, in order, for read_committed.
+    values = [v for *_, v in read_all(cluster, "txn", "read_committed")]
+    assert values == [b"c-%d" % i for i in range(5)] * 2, (stage, values)
+    c = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "upgrade-g"})
+    try:
+        got = c.committed([TopicPartition("compacted", 0), TopicPartition("txn", 0)], 30)
+    finally:
+        c.close()
+    assert [tp.offset for tp in got] == [7, 3], (stage, got)
+    topic = request_sync(base, "GET", "/api/v1/topics/compacted")
+    assert topic["configs"]["cleanup.policy"] == "compact", (stage, topic)
+    user = request_sync(base, "GET", "/api/v1/users/alice")
+    assert "SCRAM-SHA-512" in str(user) and "8192" in str(user), (stage, user)
+    acls = request_sync(base, "GET", "/api/v1/acls")
+    assert any(
+        a.get("principal") == "User:alice" and a.get("resource_name") == "orders"
+        for a in acls["acls"]
+    ), (stage, acls)
+    quotas = request_sync(base, "GET", "/api/v1/quotas")
+    assert "1048576" in str(quotas), (stage, quotas)
+
+
+def read_all(cluster: Cluster, topic: str, isolation: str) -> list[tuple]:
+    c = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "group.id": f"read-{topic}-{time.monotonic_ns()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "isolation.level": isolation,
+            "enable.partition.eof": True,
+        }
+    )
+    meta = c.list_topics(topic, 30).topics[topic].partitions
+    c.assign([TopicPartition(topic, p, 0) for p in meta])
+    out: list[tuple] = []
+    eof: set[int] = set()
+    deadline = time.monotonic() + 30
+    try:
+        while len(eof) < len(meta) and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            if m.error():
+                if m.error().code() == -191:  # _PARTITION_EOF
+                    eof.add(m.partition())
+                continue
+            out.append((m.partition(), m.offset(), m.key(), m.value()))
+    finally:
+        c.close()
+    assert len(eof) == len(meta), f"{topic}: did not reach the end of every partition"
+    return sorted(out)
+
+
+def features(cluster: Cluster) -> dict[str, int]:
+    f = request_sync(http(cluster), "GET", "/api/v1/features")
+    return {x["name"]: x["finalized"] for x in f["features"]}
+
+
+def finalize(cluster: Cluster) -> dict:
+    return request_sync(http(cluster), "POST", "/api/v1/features", {"updates": {STRAITMQ: 2}})
+
+
+# -- the test ----------------------------------------------------------------------------------
+
+
+def test_rolling_upgrade_rollback_and_finalize_under_load(cluster, old_python) -> None:
+    new_python = str(ROOT / ".venv" / "bin" / "python")
+    c: Cluster = cluster(brokers=3, python=old_python)
+    assert all(release_of(n) == "old" for n in c.nodes())
+
+    c.create_topic("orders", 3)
+    write_data(c)
+    check_data(c, f"written by {PREVIOUS}")
+    w = Workload(c.bootstrap, "orders", rate=200).start()
+    try:
+        w.wait_acked_growth(100, 30)
+
+        # Upgrade, controllers first. Midway (new controllers, old brokers) nothing can be
+        # finalized: the refusal names a broker still on the previous release.
+        for node in c.roll_order()[:3]:
+            c.roll(node, new_python)
+        # The old brokers do not serve UpdateFeatures: ask the active controller itself.
+        ac = c.wait_active_controller()
+        reply = request_sync(
+            f"http://{ac.host}:{ac.http_port}",
+            "POST",
+            "/controller/update_features",
+            {"updates": {STRAITMQ: [2, 1]}},
+        )
+        assert "broker 1 does not support straitmq.metadata.version=2" in str(reply), reply
+        for node in c.brokers.values():
+            c.roll(node, new_python)
+            w.wait_acked_growth(50, 30)
+        assert features(c)[STRAITMQ] == 1, "nothing is finalized by a roll"
+        check_data(c, "upgraded, not finalized")
+
+        # Roll back to the previous release: it reads everything this code wrote.
+        roll_all(c, old_python, backwards=True)
+        w.wait_acked_growth(50, 30)
+        check_data(c, f"rolled back to {PREVIOUS}")
+
+        # Upgrade again and finalize: after that the previous release cannot come back.
+        roll_all(c, new_python)
+        w.wait_acked_growth(50, 30)
+        finalize(c)
+        assert features(c)[STRAITMQ] == 2
+        check_data(c, "finalized")
+        victim = c.brokers[3]
+        victim.stop()
+        c.run_as(victim, old_python)
+        victim.start()
+
+        def refused() -> bool:
+            text = c.tail(victim, 20_000)
+            return (
+                "unknown metadata record type 'feature_level'" in text
+                or "cannot join: the cluster has finalized" in text
+            )
+
+        wait_for(refused, 60, f"release {PREVIOUS} refused on a finalized cluster", 0.5)
+        assert victim.get("/readyz", 1.0) is None
+        c.roll(victim, new_python)
+        w.wait_acked_growth(50, 30)
+    finally:
+        w.stop()
+    figures = verify(c, w, "upgrade")
+    assert figures.ok() and figures.failed == 0, figures.line()

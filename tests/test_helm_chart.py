@@ -567,6 +567,10 @@ def _check(schema: dict, value: Any, path: str) -> Any:
         for key in schema.get("required", []):
             if key not in out:
                 raise SchemaError(f"{path}.{key}: required")
+        # anyOf of `required` lists (MQCluster: spec.version or spec.image).
+        alternatives = [alt.get("required", []) for alt in schema.get("anyOf", [])]
+        if alternatives and not any(all(k in out for k in alt) for alt in alternatives):
+            raise SchemaError(f"{path}: needs one of {alternatives}")
         return out
     if t == "array":
         if not isinstance(value, list):
@@ -618,6 +622,7 @@ def test_validator_rejects_what_the_api_server_rejects() -> None:
     }
     spec = validate(ok)
     assert spec["brokers"]["replicas"] == 3 and spec["controllers"]["replicas"] == 3
+    assert validate({**ok, "spec": {"version": "0.2.0"}})["version"] == "0.2.0"
     for voters in (1, 5):  # a quorum of one or five voters; even sizes are refused
         five = validate({**ok, "spec": {"image": "i", "controllers": {"replicas": voters}}})
         assert five["controllers"]["replicas"] == voters
@@ -629,7 +634,9 @@ def test_validator_rejects_what_the_api_server_rejects() -> None:
         {"image": "i", "brokers": {"config": {"auto.create.topics.enable": False}}},
         {"image": "i", "brokers": {"storage": {"size": "ten gigs"}}},
         {"image": "i", "typo": 1},
-        {"brokers": {}},
+        {"brokers": {}},  # neither version nor image
+        {"version": "0.2.0 beta"},
+        {"version": "0.2.0", "upgrade": {"finalizeFeatures": "always"}},
     ]
     for spec in bad:
         with pytest.raises(SchemaError):
@@ -716,6 +723,20 @@ def test_chart_cluster_and_topics_are_valid_custom_resources(tmp_path: Path) -> 
     )
     spec = validate(only(objs, "MQCluster", RELEASE))
     assert spec["image"] == "mine:1" and spec["brokers"]["replicas"] == 5
+    # spec.version: the operator derives the image from the chart's repository (the
+    # Deployment names it), and the chart sets none, so an upgrade of the chart leaves
+    # the cluster's version alone.
+    objs = render(
+        tmp_path,
+        {
+            "image": {"repository": "reg.example/straitmq"},
+            "cluster": {"enabled": True, "spec": {"version": "0.1.0"}},
+        },
+    )
+    spec = validate(only(objs, "MQCluster", RELEASE))
+    assert spec["version"] == "0.1.0" and "image" not in spec
+    env = only(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "STRAITMQ_IMAGE_REPOSITORY", "value": "reg.example/straitmq"} in env
 
 
 # -- documentation --------------------------------------------------------------------------

@@ -12,18 +12,24 @@ What is written by the old release and checked at every stage: records at their 
 (an idempotent acks=all producer runs through every roll: every acknowledged record read
 back once, at the offset it was acknowledged at, replicas byte-identical), a compacted
 topic's latest value per key, a committed and an aborted transaction (read_committed), a
-group's committed offsets, topic configs, SCRAM users, ACLs and client quotas.
+group's committed offsets, topic configs, SCRAM users, ACLs and client quotas. Through
+the rolls a KIP-848 group member consumes and commits (its commits never go back), and
+Kafka 4.4's Java transactional producer (transactions v2) keeps a transaction open across
+every node's restart: read_committed sees exactly the committed ones.
 """
 
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 import tomllib
+from pathlib import Path
 
 import pytest
 from cluster_support import ROOT, Cluster, Workload, cluster_factory, verify, wait_for
 from confluent_kafka import Consumer, Producer, TopicPartition
+from test_transactions_java import TxnClient
 
 from straitmq.admin_client import request_sync
 
@@ -62,9 +68,104 @@ def http(cluster: Cluster) -> str:
     return f"http://{b.host}:{b.http_port}"
 
 
-def roll_all(cluster: Cluster, python: str, backwards: bool = False) -> None:
-    for node in cluster.roll_order(backwards):
+class GroupMember:
+    """A KIP-848 consumer (group.protocol=consumer) reading `topic` through every roll and
+    committing as it goes; each partition's committed offsets, in the order the commits
+    were acknowledged, must never go back."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.commits: dict[int, list[int]] = {}
+        self.consumed = 0
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": "upgrade-848",
+                "group.protocol": "consumer",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "on_commit": self._committed,
+                "topic.metadata.refresh.interval.ms": 1000,
+            }
+        )
+        self.consumer.subscribe([topic])
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _committed(self, err: object, partitions: list) -> None:
+        if err is not None:
+            return  # a commit refused during a coordinator move is retried by the next
+        for tp in partitions:
+            if tp.error is None and tp.offset >= 0:
+                self.commits.setdefault(tp.partition, []).append(tp.offset)
+
+    def _run(self) -> None:
+        since = 0
+        while not self._stop.is_set():
+            m = self.consumer.poll(0.2)
+            if m is None or m.error():
+                continue
+            self.consumed += 1
+            since += 1
+            if since >= 50:
+                since = 0
+                self.consumer.commit(asynchronous=True)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(10)
+        self.consumer.close()
+
+    def check(self) -> None:
+        assert self.consumed > 0 and self.commits, "the KIP-848 member never consumed"
+        for p, offsets in self.commits.items():
+            assert offsets == sorted(offsets), f"partition {p}: a commit went back {offsets}"
+
+
+class JavaTransactions:
+    """Kafka 4.4's Java transactional producer (transactions v2: the cluster finalizes
+    transaction.version 2) with a transaction open across each roll: begun and written
+    before a node restarts, committed (or every third one aborted) after."""
+
+    def __init__(self, cluster: Cluster, logs: Path) -> None:
+        self.java = TxnClient(cluster, "upgrade-java", logs)
+        self.java.ok("new p upgrade-java 60000")
+        self.committed: list[str] = []
+        self.n = 0
+
+    def begin(self) -> str:
+        tag = f"t{self.n}"
+        self.n += 1
+        self.java.ok("p begin")
+        for partition in range(3):
+            self.java.ok(f"p send jtx {partition} {tag}p{partition} 5")
+        self.java.ok("p flush")
+        return tag
+
+    def end(self, tag: str) -> None:
+        if int(tag[1:]) % 3 == 2:
+            self.java.ok("p abort")
+        else:
+            self.java.ok("p commit")
+            self.committed += [f"{tag}p{p}-{i}" for p in range(3) for i in range(5)]
+
+    def check(self, stage: str) -> None:
+        got = sorted(self.java.read("jtx", "read_committed"))
+        assert got == sorted(self.committed), (stage, len(got), len(self.committed))
+
+
+def roll_with(cluster: Cluster, nodes: list, python: str, txns: JavaTransactions) -> None:
+    for node in nodes:
+        tag = txns.begin()
         cluster.roll(node, python)
+        txns.end(tag)
+
+
+def roll_all(
+    cluster: Cluster, python: str, txns: JavaTransactions, backwards: bool = False
+) -> None:
+    roll_with(cluster, cluster.roll_order(backwards), python, txns)
 
 
 # -- the data the old release writes, and the checks -------------------------------------------
@@ -191,22 +292,24 @@ def finalize(cluster: Cluster) -> dict:
 # -- the test ----------------------------------------------------------------------------------
 
 
-def test_rolling_upgrade_rollback_and_finalize_under_load(cluster, old_python) -> None:
+def test_rolling_upgrade_rollback_and_finalize_under_load(cluster, old_python, tmp_path) -> None:
     new_python = str(ROOT / ".venv" / "bin" / "python")
     c: Cluster = cluster(brokers=3, python=old_python)
     assert all(release_of(n) == "old" for n in c.nodes())
 
     c.create_topic("orders", 3)
+    c.create_topic("jtx", 3)
     write_data(c)
     check_data(c, f"written by {PREVIOUS}")
     w = Workload(c.bootstrap, "orders", rate=200).start()
+    member = GroupMember(c.bootstrap, "orders")
+    txns = JavaTransactions(c, tmp_path / "java")
     try:
         w.wait_acked_growth(100, 30)
 
         # Upgrade, controllers first. Midway (new controllers, old brokers) nothing can be
         # finalized: the refusal names a broker still on the previous release.
-        for node in c.roll_order()[:3]:
-            c.roll(node, new_python)
+        roll_with(c, c.roll_order()[:3], new_python, txns)
         # The old brokers do not serve UpdateFeatures: ask the active controller itself.
         ac = c.wait_active_controller()
         reply = request_sync(
@@ -216,19 +319,20 @@ def test_rolling_upgrade_rollback_and_finalize_under_load(cluster, old_python) -
             {"updates": {STRAITMQ: [2, 1]}},
         )
         assert "broker 1 does not support straitmq.metadata.version=2" in str(reply), reply
-        for node in c.brokers.values():
-            c.roll(node, new_python)
-            w.wait_acked_growth(50, 30)
+        roll_with(c, list(c.brokers.values()), new_python, txns)
+        w.wait_acked_growth(50, 30)
         assert features(c)[STRAITMQ] == 1, "nothing is finalized by a roll"
         check_data(c, "upgraded, not finalized")
+        txns.check("upgraded, not finalized")
 
         # Roll back to the previous release: it reads everything this code wrote.
-        roll_all(c, old_python, backwards=True)
+        roll_all(c, old_python, txns, backwards=True)
         w.wait_acked_growth(50, 30)
         check_data(c, f"rolled back to {PREVIOUS}")
+        txns.check(f"rolled back to {PREVIOUS}")
 
         # Upgrade again and finalize: after that the previous release cannot come back.
-        roll_all(c, new_python)
+        roll_all(c, new_python, txns)
         w.wait_acked_growth(50, 30)
         finalize(c)
         assert features(c)[STRAITMQ] == 2
@@ -249,7 +353,12 @@ def test_rolling_upgrade_rollback_and_finalize_under_load(cluster, old_python) -
         assert victim.get("/readyz", 1.0) is None
         c.roll(victim, new_python)
         w.wait_acked_growth(50, 30)
+        txns.end(txns.begin())
+        txns.check("finalized")
     finally:
         w.stop()
+        member.stop()
+        txns.java.kill9()
+    member.check()
     figures = verify(c, w, "upgrade")
     assert figures.ok() and figures.failed == 0, figures.line()

@@ -96,6 +96,14 @@ class AdminClient(BaseAdminClient):
             query += f"&directory_id={quote(directory_id, safe='')}"
         return await self.request("DELETE", f"/api/v1/quorum/voters/{node_id}{query}")
 
+    async def features(self) -> dict[str, Any]:
+        """Each feature's supported range and finalized level (GET /api/v1/features)."""
+        return await self.get("/api/v1/features")
+
+    async def update_features(self, updates: dict[str, int]) -> dict[str, Any]:
+        """Finalize levels (all or nothing); refused with the reason (which node cannot)."""
+        return await self.request("POST", "/api/v1/features", {"updates": updates})
+
     async def topics(self, internal: bool = True) -> list[Topic]:
         path = "/api/v1/topics" + ("?internal=true" if internal else "")
         return [_topic(t) for t in (await self.get(path))["topics"]]

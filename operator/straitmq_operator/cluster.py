@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, replace
@@ -21,7 +22,7 @@ from kubernetes.utils import parse_quantity
 
 from straitmq.admin_client import AdminAuth
 
-from . import certificates, listeners, managed, planning, quorum, render
+from . import certificates, listeners, managed, planning, quorum, render, upgrade
 from . import names as n
 from .admin import AdminClient, AdminError, Topic
 from .conditions import get_condition, set_condition
@@ -96,6 +97,7 @@ class Observed:
     topics: list[Topic] | None = None
     reassigning: list[dict[str, Any]] = field(default_factory=list)
     quorum: dict[str, Any] | None = None
+    features: dict[str, Any] | None = None  # GET /api/v1/features (None: 0.1.0, or unknown)
     error: str | None = None
 
     def lagging_voters(self, max_lag: int = 100) -> list[int] | None:
@@ -136,6 +138,8 @@ class Pass:
     quorum_step: quorum.Step | None = None
     quorum_error: str | None = None  # why the step's call was refused
     addresses: listeners.Addresses | None = None  # the external listeners'
+    version: upgrade.Plan | None = None  # the version roll's step this pass (None: not asked)
+    finalize_error: str | None = None
 
 
 class ClusterReconciler:
@@ -245,6 +249,7 @@ class ClusterReconciler:
             if p.phase in ("Ready", "Creating") and current is not None and not quorum_busy:
                 # No restart while voters change: each would cost the quorum a member.
                 await self._roll(body, spec, seen, p, sets)
+            await self._finalize(admin, body, spec, seen, p)
             if seen.reachable:
                 await self._sweep(admin, body)
         return self._status(spec, old, generation, seen, p, replicas, sets)
@@ -422,6 +427,10 @@ class ClusterReconciler:
             seen.quorum = await admin.quorum()
         except AdminError:  # only controller restarts need it; they wait without it
             seen.quorum = None
+        try:
+            seen.features = await admin.features()
+        except AdminError:  # release 0.1.0 has no feature levels to report
+            seen.features = None
         return seen
 
     async def _sweep(self, admin: AdminClient, body: dict[str, Any]) -> None:
@@ -630,12 +639,16 @@ class ClusterReconciler:
                 n.CLUSTERS, spec.namespace, spec.name, n.ROLL_ANNOTATION
             )
             self.emit("Normal", "ManualRollingUpdate", "restarting every pod, one at a time")
+        for sts in sets.values():
+            st = sts.get("status") or {}
+            if st.get("observedGeneration", 0) < sts["metadata"].get("generation", 0):
+                return  # the StatefulSet controller has not computed the new revision yet
+        if await self._version_roll(body, spec, seen, p, sets):
+            return
         waiting: list[str] = []
         for component in (n.CONTROLLER, n.BROKER):
             sts = sets[component]
             st = sts.get("status") or {}
-            if st.get("observedGeneration", 0) < sts["metadata"].get("generation", 0):
-                return  # the StatefulSet controller has not computed the new revision yet
             pods = await self.kube.list_pods(
                 spec.namespace, n.selector_string(spec.name, component)
             )
@@ -683,6 +696,123 @@ class ClusterReconciler:
             p.phase = "Rolling"
             p.rolling = {"component": prev.get("component"), "pending": []}
             p.progressing = ("Rolling", f"waiting for {waiting} to be Ready")
+
+    async def _version_roll(
+        self,
+        body: dict[str, Any],
+        spec: ClusterSpec,
+        seen: Observed,
+        p: Pass,
+        sets: dict[str, dict[str, Any]],
+    ) -> bool:
+        """A change of image (spec.version or spec.image): restart one pod in the order
+        upgrade.plan gives, or wait, or pause. True: the version roll owns this pass's
+        restarts (the ordinary roll keeps out)."""
+        old = (body.get("status") or {}).get("version")
+        pods: list[upgrade.Pod] = []
+        for component in (n.CONTROLLER, n.BROKER):
+            for x in await self.kube.list_pods(
+                spec.namespace, n.selector_string(spec.name, component)
+            ):
+                containers = (x.get("spec") or {}).get("containers") or []
+                main = next((c for c in containers if c.get("name") == component), None)
+                pods.append(
+                    upgrade.Pod(
+                        name=x["metadata"]["name"],
+                        component=component,
+                        ordinal=ordinal(x),
+                        image=(main or {}).get("image"),
+                        ready=pod_ready(x),
+                        deleting=bool(x["metadata"].get("deletionTimestamp")),
+                    )
+                )
+        expected = sum(s["spec"]["replicas"] for s in sets.values())
+        plan = upgrade.plan(
+            spec.image,
+            spec.reported_version,
+            pods,
+            self._health(seen, pods),
+            old,
+            body["metadata"].get("generation"),
+            time.time(),
+            upgrade.Settings(spec.upgrade_step_timeout_s, spec.upgrade_min_ready_s),
+            expected,
+        )
+        p.version = plan
+        if plan.action == upgrade.RESTART:
+            assert plan.pod is not None
+            await self.kube.delete_pod(spec.namespace, plan.pod)
+            self.emit("Normal", "VersionRoll", f"restarted {plan.pod}: {plan.message}")
+        if plan.action in (upgrade.PAUSE, upgrade.HOLD):
+            if plan.action == upgrade.PAUSE:
+                self.emit("Warning", "UpgradePaused", f"{plan.reason}: {plan.message}")
+                log.warning("version roll paused", extra={"reason": plan.reason})
+            p.phase = "Degraded"
+            p.degraded = ("UpgradePaused", f"{plan.reason}: {plan.message}")
+        elif plan.rolling:
+            p.phase = "Rolling"
+            p.progressing = ("VersionRoll", plan.message)
+            component = n.BROKER if plan.pod and "-broker-" in plan.pod else n.CONTROLLER
+            p.rolling = {
+                "component": component,
+                "pending": [x.name for x in pods if x.image != spec.image and not x.deleting],
+            }
+        return plan.rolling
+
+    def _health(self, seen: Observed, pods: list[upgrade.Pod]) -> upgrade.Health:
+        """What the version roll needs to know of the cluster (upgrade.Health)."""
+        if not seen.reachable or seen.quorum is None:
+            return upgrade.Health(False, seen.error or "quorum status unknown")
+        assert seen.cluster is not None and seen.topics is not None
+        voters = {v["node_id"] for v in seen.quorum.get("voters", [])}
+        lagging = set(seen.lagging_voters() or [])
+        live = {
+            b["id"]: b.get("incarnation")
+            for b in seen.cluster.get("brokers", [])
+            if not b.get("fenced") and not b.get("shutting_down")
+        }
+        unsafe = {}
+        for x in pods:
+            if x.component == n.BROKER:
+                topic = planning.restart_would_break_min_isr(seen.topics, x.node_id)
+                if topic is not None:
+                    unsafe[x.node_id] = topic.name
+        return upgrade.Health(
+            True,
+            active_controller=seen.cluster.get("controller"),
+            voters=frozenset(voters),
+            caught_up=frozenset(voters - lagging),
+            live_brokers=live,
+            under_replicated=seen.cluster.get("under_replicated_partitions", 0),
+            under_min_isr=planning.under_min_isr(seen.topics),
+            unsafe_brokers=unsafe,
+        )
+
+    async def _finalize(
+        self, admin: AdminClient, body: dict[str, Any], spec: ClusterSpec, seen: Observed, p: Pass
+    ) -> None:
+        """spec.upgrade.finalizeFeatures auto: raise straitmq.metadata.version once every
+        pod has run the new image for finalizeAfterSeconds (manual: never; `strait
+        features upgrade` does it)."""
+        status = p.version.status if p.version is not None else None
+        if status is None:
+            status = (body.get("status") or {}).get("version")
+        if not upgrade.finalize_due(
+            spec.finalize_features, status, time.time(), spec.finalize_after_s
+        ):
+            return
+        updates = upgrade.levels_to_finalize(seen.features)
+        if not updates:
+            return
+        try:
+            seen.features = await admin.update_features(updates)
+        except AdminError as e:
+            p.finalize_error = e.message
+            before = ((body.get("status") or {}).get("version") or {}).get("finalizeError")
+            if before != e.message:
+                self.emit("Warning", "FinalizeRefused", f"finalizing {updates}: {e.message}")
+            return
+        self.emit("Normal", "FeaturesFinalized", f"finalized {updates}")
 
     async def _mark_all_pods(self, spec: ClusterSpec) -> None:
         """The MQCluster's roll request, moved onto each pod: each restart then takes it
@@ -834,6 +964,11 @@ class ClusterReconciler:
                 f"{offline} offline and {under_min} under-min-ISR partitions",
             )
         status["phase"] = p.phase
+        version = p.version.status if p.version is not None else old.get("version")
+        if version is not None:
+            status["version"] = upgrade.complete({**version, "finalizeError": p.finalize_error})
+        if seen.features is not None:
+            status["features"] = upgrade.finalized(seen.features)
         if spec.external and p.addresses is not None:
             status["listeners"] = listeners.status(spec, replicas, p.addresses)
         elif old.get("listeners"):
@@ -852,6 +987,14 @@ class ClusterReconciler:
         conds = set_condition(conds, "Progressing", p.progressing is not None, *prog, generation)
         deg = p.degraded or ("AsExpected", "no problems seen")
         conds = set_condition(conds, "Degraded", p.degraded is not None, *deg, generation)
+        if p.version is not None:
+            held = p.version.action in (upgrade.PAUSE, upgrade.HOLD)
+            why = (
+                (p.version.reason, p.version.message)
+                if held
+                else ("NotPaused", "no version roll is paused")
+            )
+            conds = set_condition(conds, "UpgradePaused", held, *why, generation)
         status["conditions"] = conds
         if old.get("phase") != p.phase:
             self.emit("Normal", f"Phase{p.phase}", f"phase {old.get('phase')} -> {p.phase}")

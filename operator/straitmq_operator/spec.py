@@ -7,9 +7,12 @@ The API server applies the schema defaults, but the operator must not depend on 
 from __future__ import annotations
 
 import base64
+import os
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
+
+from .upgrade import version_of
 
 # Broker configs an MQCluster may set, and the broker (and controller) flag for each.
 # Names are Kafka's, so a Kafka user's settings carry over.
@@ -47,6 +50,13 @@ CONTROLLER_FLAGS = {
     "num.partitions": "--default-partitions",
     "default.replication.factor": "--default-replication-factor",
 }
+
+
+# The repository spec.version's image comes from (<repository>:<version>): the chart's
+# image.repository (the Deployment sets the variable), else the published one.
+DEFAULT_IMAGE_REPOSITORY = "ghcr.io/straitmq/straitmq"
+IMAGE_REPOSITORY = os.environ.get("STRAITMQ_IMAGE_REPOSITORY") or DEFAULT_IMAGE_REPOSITORY
+FINALIZE_MODES = ("manual", "auto")
 
 
 class SpecError(ValueError):
@@ -162,6 +172,21 @@ class ClusterSpec:
     metrics_enabled: bool = True
     otlp_endpoint: str | None = None
     external: tuple[ExternalListener, ...] = ()
+    # spec.version (None: spec.image alone), and what a version roll does (upgrade.py):
+    # spec.upgrade.finalizeFeatures (manual: `strait features upgrade`; auto: the operator
+    # finalizes straitmq.metadata.version once every pod has run the image for
+    # finalizeAfterSeconds), stepTimeoutSeconds (a restart not done in time pauses the
+    # roll), minReadySeconds (a restarted pod in service this long counts as back).
+    version: str | None = None
+    finalize_features: str = "manual"
+    finalize_after_s: int = 600
+    upgrade_step_timeout_s: int = 600
+    upgrade_min_ready_s: int = 10
+
+    @property
+    def reported_version(self) -> str:
+        """What status.version.to says: spec.version, else the image's tag."""
+        return self.version or version_of(self.image)
 
     @property
     def needs_certificates(self) -> bool:
@@ -251,12 +276,21 @@ def _config(raw: Any) -> dict[str, str]:
     return out
 
 
-def parse(body: dict[str, Any]) -> ClusterSpec:
+def parse(body: dict[str, Any], image_repository: str | None = None) -> ClusterSpec:
     meta = body.get("metadata", {})
     spec = body.get("spec") or {}
-    image = spec.get("image")
+    version = spec.get("version") or None
+    if version is not None:
+        version = str(version)
+    image = spec.get("image") or (
+        f"{image_repository or IMAGE_REPOSITORY}:{version}" if version else None
+    )
     if not image:
-        raise SpecError("spec.image is required")
+        raise SpecError("spec.version or spec.image is required")
+    upgrade = spec.get("upgrade") or {}
+    finalize = str(upgrade.get("finalizeFeatures") or "manual")
+    if finalize not in FINALIZE_MODES:
+        raise SpecError(f"spec.upgrade.finalizeFeatures must be manual or auto, not {finalize!r}")
     controllers = spec.get("controllers") or {}
     ctl_replicas = controllers.get("replicas", 3)
     if ctl_replicas not in CONTROLLER_COUNTS or isinstance(ctl_replicas, bool):
@@ -323,6 +357,11 @@ def parse(body: dict[str, Any]) -> ClusterSpec:
         metrics_enabled=bool(metrics.get("enabled", True)),
         otlp_endpoint=metrics.get("otlpEndpoint") or None,
         external=external,
+        version=version,
+        finalize_features=finalize,
+        finalize_after_s=int(upgrade.get("finalizeAfterSeconds", 600)),
+        upgrade_step_timeout_s=int(upgrade.get("stepTimeoutSeconds", 600)),
+        upgrade_min_ready_s=int(upgrade.get("minReadySeconds", 10)),
     )
 
 

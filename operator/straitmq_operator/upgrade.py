@@ -58,7 +58,8 @@ class Pod:
 
     @property
     def node_id(self) -> int:
-        return n.CONTROLLER_ID_BASE + self.ordinal if self.component == n.CONTROLLER else self.ordinal
+        base = n.CONTROLLER_ID_BASE if self.component == n.CONTROLLER else 0
+        return base + self.ordinal
 
 
 @dataclass(frozen=True)
@@ -271,9 +272,7 @@ def plan(
         if health.under_min_isr:
             return wait("UnderMinIsr", f"{health.under_min_isr} partitions under min ISR")
         if health.under_replicated:
-            return wait(
-                "UnderReplicated", f"{health.under_replicated} partitions under-replicated"
-            )
+            return wait("UnderReplicated", f"{health.under_replicated} partitions under-replicated")
         for p in ordered:
             if p.component == n.BROKER and p.node_id in health.unsafe_brokers:
                 continue
@@ -296,9 +295,21 @@ def plan(
     return Plan(RESTART, "VersionRoll", msg, victim.name, {**status, "message": msg})
 
 
-def finalize_due(
-    mode: str, status: dict[str, Any] | None, now: float, after_s: float
-) -> bool:
+# Every key of status.version and of its step, always written: the status is
+# merge-patched, so a key left out would keep its last value (None deletes it).
+STATUS_KEYS = ("from", "to", "image", "phase", "progress", "since", "message", "step")
+STATUS_KEYS += ("pausedGeneration", "finalizeError")
+STEP_KEYS = ("pod", "at", "backSince", "incarnation")
+
+
+def complete(status: dict[str, Any]) -> dict[str, Any]:
+    out = {k: status.get(k) for k in STATUS_KEYS}
+    if isinstance(out["step"], dict):
+        out["step"] = {k: out["step"].get(k) for k in STEP_KEYS}
+    return out
+
+
+def finalize_due(mode: str, status: dict[str, Any] | None, now: float, after_s: float) -> bool:
     """spec.upgrade.finalizeFeatures auto: every pod has run the new image for `after_s`."""
     if mode != "auto" or not status or status.get("phase") != DONE:
         return False

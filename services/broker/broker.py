@@ -47,6 +47,7 @@ from .api.dispatch import ApiSpec, kafka_api
 from .api.metadata import TopicAnswers
 from .api.partition_txns import PartitionTxnDeps
 from .cleaner_settings import CleanerSettings
+from .client_registry import ClientRegistry
 from .colocated import Colocate, ColocatedController
 from .config import BrokerConfig
 from .dynamic_configs import check_static, topic_defaults
@@ -55,6 +56,7 @@ from .fetch_sessions import FetchSessions
 from .groups.coordinator import GroupCoordinator, GroupSettings
 from .groups.offsets import OFFSETS_TOPIC, OffsetStore
 from .http_api import (
+    ClientsDeps,
     ClusterDeps,
     GroupsDeps,
     HealthDeps,
@@ -181,6 +183,10 @@ class Broker:
             image, config.quota_window_num, config.quota_window_size_seconds * 1000.0
         )
         self.writer = PartitionWriter(self.metrics, self.partitions, image, lambda: self.serving)
+        # Who connects, with which software and API versions (GET /api/v1/clients).
+        self.clients = ClientRegistry(
+            config.client_registry_max_entries, config.client_registry_expiry_ms / 1000.0
+        )
         self.partitions.role_listeners.append(self.fetchers.on_role)
         self.partitions.role_listeners.append(self.isr.on_role)
         self.partitions.role_listeners.append(self._on_role)
@@ -247,6 +253,7 @@ class Broker:
             self._kafka_api(),
             self.quotas,
             self._quota_exempt_listener,
+            self.clients,
         )
         self._producer_ids: list[int] = []  # [next, limit) of the block we hold
         broker_metrics.install(
@@ -262,6 +269,7 @@ class Broker:
             self.transactions,
             self.quotas,
         )
+        broker_metrics.install_clients(self.telemetry, self.clients)
         broker_metrics.install_host(
             self.telemetry,
             self.partitions.data_dir,
@@ -369,6 +377,7 @@ class Broker:
             cluster=ClusterDeps(metadata, self.partitions, peers, self._voters, self.combined),
             users=UsersDeps(metadata),
             extra_routes=extra,
+            clients=ClientsDeps(self.clients, cfg.node_id),
         )
 
     def _build_quorum(self, colocate: Colocate | None) -> None:

@@ -210,6 +210,16 @@ class BrokerConfig:
         "(default: half the process's open-file limit)",
     )  # fmt: skip
     controlled_shutdown_timeout_ms: int = setting(30_000, None, "--controlled-shutdown-timeout-ms")
+    # The clients seen lately (GET /api/v1/clients, `strait clients`, `strait upgrade plan`;
+    # straitmq.broker.client_registry).
+    client_registry_expiry_ms: int = setting(
+        900_000, None, "--client-registry-expiry-ms",
+        "how long a client stays listed by GET /api/v1/clients after its last connection closed",
+    )  # fmt: skip
+    client_registry_max_entries: int = setting(
+        1000, None, "--client-registry-max-entries",
+        "clients kept for GET /api/v1/clients; beyond it the least recently seen is dropped",
+    )  # fmt: skip
     # On Kubernetes a Service routes to a terminating pod until the kubelet has seen its
     # readiness probe fail; a connection sent there after the pod's address is gone hangs
     # until the client's connect timeout (30 s). So a leaving broker answers /readyz 503

@@ -29,6 +29,7 @@ from straitmq.telemetry import catalog as C
 from straitmq.telemetry.histogram import LATENCY_BUCKETS_S, FastHistogram, HistogramFamily
 from straitmq.telemetry.kafka_names import FETCH_FOLLOWER, api_name, error_name
 
+from .client_registry import ClientRegistry
 from .fetch_sessions import FetchSessions
 from .groups.coordinator import GroupCoordinator
 from .groups.offsets import OffsetStore
@@ -286,6 +287,16 @@ def install(
     t.observe(C.CONSUMER_GROUP_LAG, lag)
     t.observe(C.CONSUMER_GROUP_STATE, group_states)
     t.observe(C.CONSUMER_GROUP_MEMBERS, group_members)
+
+
+def install_clients(telemetry: Telemetry, registry: ClientRegistry) -> None:
+    """Clients seen lately by software name and version (straitmq.broker.client_registry)."""
+
+    def clients() -> Points:
+        for (name, version), n in registry.by_software(time.time()).items():
+            yield n, {C.CLIENT_SOFTWARE_NAME: name, C.CLIENT_SOFTWARE_VERSION: version}
+
+    telemetry.observe(C.BROKER_CLIENTS, clients)
 
 
 def install_host(telemetry: Telemetry, log_dir: str, tls: Callable[[], list[TlsListener]]) -> None:

@@ -19,6 +19,7 @@ import os
 import socket
 import struct
 import sys
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from straitmq.tasks import settle
 from .api.context import Deferred, RawResponse, RequestContext
 from .api.dispatch import ApiSpec
 from .api.versions import api_versions_fallback
+from .client_registry import ClientRegistry, ConnectionClient
 from .metrics import FOLLOWER_FETCH_KEY, BrokerMetrics
 from .quotas import ClientQuotas, user_of
 from .security.listeners import Listener
@@ -101,6 +103,9 @@ class ListenerDeps:
     # A listener only brokers use (inter.broker.listener.name beside client listeners):
     # never throttled by client quotas.
     quota_exempt_listener: str | None = None
+    # The clients seen lately (GET /api/v1/clients), told of each API version a
+    # connection uses for the first time; None: not recorded.
+    clients: ClientRegistry | None = None
 
 
 class KafkaConnection(asyncio.BufferedProtocol):
@@ -144,6 +149,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.muted_until = 0.0
         # (quotas version, generation, principal, client id, allowances) of the last request
         self._quota_allowances: tuple[int, int, str, str, tuple] | None = None
+        # The (API key, version) pairs this connection has used: the client registry is
+        # told of each pair once, never on the request path after that.
+        self.api_seen: set[tuple[int, int]] = set()
+        self.client: ConnectionClient | None = None  # this connection in the registry
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -274,6 +283,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.drained.set()
         self._wake()
         self.deps.connections.discard(self)
+        if self.client is not None and self.deps.clients is not None:
+            self.deps.clients.closed(self.client, time.time())
+            self.client = None
         if self._dup_fd >= 0:
             os.close(self._dup_fd)
             self._dup_fd = -1
@@ -386,7 +398,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
             deps.metrics.request_errors[(api_key, ErrorCode.unsupported_version)] += 1
             self.close()
             return
-        if (api_key, version) not in LOADED:
+        used = (api_key, version)
+        if used not in LOADED:
             # The first request of this version: kio imports its schemas, off the loop.
             await asyncio.to_thread(load_schemas, api_key, version)
         try:
@@ -396,6 +409,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
             log.info("closing connection: %s", exc, extra={"client": self.client_host})
             self.close()
             return
+        if used not in self.api_seen:  # the only per-request cost of the client registry
+            self._first_use(api_key, version, header.client_id, body)
         ctx = deps.context(
             api_key,
             version,
@@ -461,6 +476,30 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if security.close_after_reply:  # a failed authentication: the answer, then close
             self.close()
         metrics.observe(key, perf_counter() - start)
+
+    def _first_use(self, api_key: int, version: int, client_id: str | None, body: Any) -> None:
+        """The connection uses this API version for the first time: the registry hears
+        of it (with the software an ApiVersions v3+ names, and whether a Produce is
+        transactional: a transactional Produce v12 is transactions v2)."""
+        self.api_seen.add((api_key, version))
+        registry = self.deps.clients
+        if registry is None:
+            return
+        if self.client is None:
+            self.client = registry.connection(self.client_host, self.listener_name)
+        software = None
+        if api_key == 18 and version >= 3:
+            software = (body.client_software_name, body.client_software_version)
+        registry.used(
+            self.client,
+            api_key,
+            version,
+            client_id,
+            self.security.principal,
+            time.time(),
+            software=software,
+            transactional=api_key == 0 and body.transactional_id is not None,
+        )
 
     def _write_answer(self, result: dict, api_key: int, version: int, correlation_id: int) -> None:
         if api_key == 0:  # a Produce answer: per request at linger.ms=0, so written directly

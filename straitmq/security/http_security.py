@@ -446,7 +446,7 @@ class HttpSecurity:
         if path == "/api/v1/cluster/configs":
             op = DESCRIBE_CONFIGS if method == "GET" else ALTER_CONFIGS
             return need(op, CLUSTER, CLUSTER_NAME)
-        if path in ("/api/v1/cluster", "/api/v1/quorum", "/metrics"):
+        if path in ("/api/v1/cluster", "/api/v1/quorum", "/metrics", "/api/v1/clients"):
             return need(DESCRIBE, CLUSTER, CLUSTER_NAME, broker_call)
         if path == "/api/v1/reassignments":
             if method == "GET":

@@ -37,6 +37,10 @@ QUOTA_CLIENT = "straitmq.quota.client_id"  # "" where the quota is not per clien
 LOG_DIR = "straitmq.log_dir"  # a broker's data directory, as configured
 LISTENER = "straitmq.listener"  # a listener's name (Kafka listeners), or HTTP
 VOTER_STATE = "straitmq.raft.voter.state"  # reachable | unreachable
+# A client's software (ApiVersions v3+), "unknown" for older clients: bounded by the
+# client registry's --client-registry-max-entries, never by client id or host.
+CLIENT_SOFTWARE_NAME = "straitmq.client.software.name"
+CLIENT_SOFTWARE_VERSION = "straitmq.client.software.version"
 VERSION = "version"  # the release, e.g. 0.2.0.dev0 (straitmq.version.VERSION)
 COMMIT = "commit"  # the full git commit id it was built from, or "unknown"
 
@@ -238,6 +242,12 @@ BROKER_LOG_DIR_CAPACITY = _i(
     "Size of the file system holding this broker's log directory (DescribeLogDirs' "
     "total_bytes)", LOG_DIR,
 )  # fmt: skip
+BROKER_CLIENTS = _i(
+    "straitmq.broker.clients", OBSERVABLE_GAUGE, "{client}",
+    "Clients this broker has seen lately (GET /api/v1/clients: connected now, or within "
+    "--client-registry-expiry-ms), by software name and version (unknown: ApiVersions "
+    "below v3)", CLIENT_SOFTWARE_NAME, CLIENT_SOFTWARE_VERSION,
+)  # fmt: skip
 CONSUMER_GROUP_LAG = _i(
     "straitmq.consumer_group.lag", OBSERVABLE_GAUGE, "{message}",
     "High watermark minus committed offset (a share group's: minus its share-partition "
@@ -357,7 +367,7 @@ BROKER = (
     BROKER_CLEANER_BUSY, BROKER_CLEANER_DIRTY_RATIO, BROKER_CLEANER_SINCE_LAST,
     BROKER_CLEANER_UNCLEANABLE, BROKER_TXN_ONGOING, BROKER_TXN_COMPLETED,
     BROKER_TXN_MARKER_DURATION, BROKER_LOG_DIR_USABLE, BROKER_LOG_DIR_CAPACITY,
-    BROKER_QUOTA_THROTTLE, BROKER_QUOTA_BYTES, BROKER_QUOTA_LIMIT,
+    BROKER_QUOTA_THROTTLE, BROKER_QUOTA_BYTES, BROKER_QUOTA_LIMIT, BROKER_CLIENTS,
     CONSUMER_GROUP_LAG, CONSUMER_GROUP_STATE, CONSUMER_GROUP_MEMBERS,
 )  # fmt: skip
 CONTROLLER = (

@@ -16,7 +16,8 @@ from straitmq.admin_client import AdminClient
 from straitmq.security.http_security import HttpSecurity
 from straitmq.telemetry import Telemetry
 
-from . import cluster, groups, health, records, topics, users
+from . import clients, cluster, groups, health, records, topics, users
+from .clients import ClientsDeps
 from .cluster import ClusterDeps
 from .common import PEERS, Peers, Permitted, _error
 from .groups import GroupsDeps
@@ -26,6 +27,7 @@ from .topics import TopicsDeps
 from .users import UsersDeps
 
 __all__ = [
+    "ClientsDeps",
     "ClusterDeps",
     "GroupsDeps",
     "HealthDeps",
@@ -62,6 +64,7 @@ class HttpApi:
     users: UsersDeps
     # More routes on the same port (a combined node's controller endpoints).
     extra_routes: Sequence[Callable[[web.Application], None]] = ()
+    clients: ClientsDeps | None = None  # GET /api/v1/clients
 
 
 def _gate(api: HttpApi) -> Any:
@@ -100,6 +103,8 @@ def build_app(api: HttpApi) -> web.Application:
     groups.add_routes(app, api.groups)
     cluster.add_routes(app, api.cluster)
     users.add_routes(app, api.users)
+    if api.clients is not None:
+        clients.add_routes(app, api.clients)
     api.telemetry.add_routes(app)  # GET /metrics
     for add in api.extra_routes:
         add(app)

@@ -505,6 +505,134 @@ def cmd_features(a: argparse.Namespace) -> None:
     print(f"epoch {f['epoch']}")
 
 
+def _cluster_clients(base: str) -> tuple[list[dict], list[str]]:
+    """Every broker's clients (GET /api/v1/clients of each), joined into one list; and
+    the brokers that could not be asked, saying why."""
+    from straitmq.metadata import client_impact
+
+    cluster = _request(base, "GET", "/api/v1/cluster")
+    scheme = urllib.parse.urlsplit(base).scheme or "http"
+    views: dict[int, list[dict]] = {}
+    missing = []
+    for b in cluster["brokers"]:
+        # The broker --http names is asked there (its advertised host may be a name only
+        # the cluster resolves); the others at their registered host and HTTP port.
+        url = (
+            base
+            if b["id"] == cluster.get("node_id")
+            else f"{scheme}://{b['host']}:{b['http_port']}"
+        )
+        try:
+            views[b["id"]] = _request(url, "GET", "/api/v1/clients")["clients"]
+        except CliError as e:
+            missing.append(f"broker {b['id']} ({url}) not asked: {e}")
+    return client_impact.merge(views), missing
+
+
+def _ago(ms: int, now_ms: int, connected: bool) -> str:
+    if connected:
+        return "now"
+    s = max(0, (now_ms - ms) // 1000)
+    return f"{s}s ago" if s < 120 else f"{s // 60}m ago"
+
+
+def cmd_clients(a: argparse.Namespace) -> None:
+    """The clients every broker has seen lately: software, identity, protocols."""
+    import json
+
+    clients, missing = _cluster_clients(a.http)
+    for m in missing:
+        print(f"strait: {m}", file=sys.stderr)
+    if a.json:
+        print(json.dumps(clients, indent=2, sort_keys=True))
+        return
+    now_ms = int(time.time() * 1000)
+    rows = [
+        [
+            c["software"],
+            c["client_id"] or "-",
+            c["principal"],
+            c["host"],
+            c["connections"],
+            ",".join(c["group_protocols"]) or "-",
+            ",".join(f"v{v}" for v in c["transaction_versions"]) or "-",
+            ",".join(str(b) for b in c["brokers"]),
+            _ago(c["last_seen_ms"], now_ms, c["connections"] > 0),
+        ]
+        for c in clients
+    ]
+    headers = ["SOFTWARE", "CLIENT ID", "PRINCIPAL", "HOST", "CONNECTIONS", "GROUP PROTOCOL"]
+    print(_table(rows, [*headers, "TXN", "BROKERS", "LAST SEEN"]))
+    if a.apis:
+        for c in clients:
+            apis = ", ".join(
+                f"{x['name']} {'/'.join(f'v{v}' for v in x['versions'])}" for x in c["apis"]
+            )
+            print(f"{c['software']} {c['client_id'] or '-'}@{c['host']}: {apis}")
+
+
+def _targets(items: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in (part for arg in items for part in arg.split(",") if part.strip()):
+        name, sep, level = item.partition("=")
+        if not sep or not level.strip().lstrip("-").isdigit():
+            raise CliError(f"--to {item!r} must look like feature=level[,feature=level]")
+        out[name.strip()] = int(level)
+    return out
+
+
+def cmd_upgrade(a: argparse.Namespace) -> None:
+    """Which clients a change of feature levels would affect (changes nothing)."""
+    from straitmq.metadata import client_impact, features
+
+    f = _request(a.http, "GET", "/api/v1/features")
+    current = {x["name"]: x["finalized"] for x in f["features"]}
+    if a.to_release:
+        ranges = {"0.1.0": features.RELEASE_0_1_0}.get(a.to_release)
+        if ranges is None:
+            raise CliError(f"--to-release {a.to_release}: known releases: 0.1.0")
+        # The levels that release can run at: the cluster's, where it supports them.
+        targets = {
+            n: min(max(current.get(n, 0), lo), hi)
+            for n, (lo, hi) in ranges.items()
+            if not lo <= current.get(n, 0) <= hi
+        }
+        if not targets:
+            print(f"release {a.to_release} supports every finalized level: no level changes")
+    else:
+        targets = _targets(a.to or [])
+        if not targets:
+            raise CliError("give --to FEATURE=LEVEL[,...] or --to-release RELEASE")
+    clients, missing = _cluster_clients(a.http)
+    for m in missing:
+        print(f"strait: {m} (its clients are not in this plan)", file=sys.stderr)
+    result = client_impact.plan(clients, current, targets)
+    for name, (now, to) in result.changes.items():
+        kind = "upgrade" if to > now else "downgrade" if to < now else "no change"
+        print(f"{name}: {now} -> {to} ({kind})")
+        for finding in (x for x in result.findings if x.feature == name):
+            print(f"  {'!' if finding.affected else '-'} {finding.sentence}")
+            shown = finding.clients if finding.affected or a.verbose else finding.clients[:5]
+            for c in shown:
+                print(
+                    f"      client.id={c.get('client_id') or '-'} "
+                    f"principal={c.get('principal')} host={c.get('host')} "
+                    f"brokers={','.join(str(b) for b in c.get('brokers', ()))}"
+                )
+            if len(shown) < len(finding.clients):
+                print(f"      and {len(finding.clients) - len(shown)} more (--verbose lists them)")
+    for refusal in result.refusals:
+        print(f"refused: {refusal}")
+    affected = {client_impact.identity(c) for x in result.affected for c in x.clients}
+    print(
+        f"{len(affected)} of {len(clients)} clients affected"
+        if affected
+        else f"no client affected ({len(clients)} seen)"
+    )
+    if result.refusals:
+        raise CliError("the cluster would refuse part of this change (see above)")
+
+
 def cmd_quorum(a: argparse.Namespace) -> None:
     """The controller quorum's voters (KIP-853: they change, one at a time)."""
     if a.action == "add":
@@ -830,6 +958,37 @@ def build_parser() -> argparse.ArgumentParser:
         if verb == "downgrade":
             fu.add_argument("--unsafe", action="store_true", help="allow a lossy downgrade")
     fea.set_defaults(func=cmd_features)
+
+    cli = sub.add_parser(
+        "clients",
+        help="the clients every broker has seen lately: software, API versions, protocols",
+        description="Each broker keeps the clients it has seen lately (connected now, or "
+        "within --client-registry-expiry-ms): software name and version (ApiVersions v3+; "
+        "older clients are unknown), client id, principal, host, the API versions used, "
+        "the group protocol and the transaction version. This asks every broker.",
+    )
+    cli.add_argument("--apis", action="store_true", help="also list each client's API versions")
+    cli.add_argument("--json", action="store_true", help="print the joined list as JSON")
+    cli.set_defaults(func=cmd_clients)
+
+    upg = sub.add_parser(
+        "upgrade",
+        help="plan a change of feature levels: which clients it would affect",
+        description="Which clients a change of feature levels would affect, from what the "
+        "brokers have seen them use; changes nothing. Examples: strait upgrade plan --to "
+        "transaction.version=1; strait upgrade plan --to group.version=0,share.version=0; "
+        "strait upgrade plan --to-release 0.1.0.",
+    )
+    usub = upg.add_subparsers(dest="action", required=True)
+    up_plan = usub.add_parser("plan")
+    up_plan.add_argument("--to", action="append", metavar="FEATURE=LEVEL[,...]")
+    up_plan.add_argument(
+        "--to-release", metavar="RELEASE", help="the levels a release can run at (0.1.0)"
+    )
+    up_plan.add_argument(
+        "-v", "--verbose", action="store_true", help="list every unaffected client too"
+    )
+    upg.set_defaults(func=cmd_upgrade)
 
     quo = sub.add_parser(
         "quorum",

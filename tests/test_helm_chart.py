@@ -44,7 +44,7 @@ NAMESPACE = "strait"
 OPERATOR = "sm-straitmq-operator"
 # The default image: its tag is the chart's appVersion, the version of the code
 # (tests/test_releases.py keeps them equal).
-IMAGE = f"ghcr.io/straitmq/straitmq:{__version__}"
+IMAGE = f"straitmq/straitmq:{__version__}"
 
 
 # -- helm ------------------------------------------------------------------------------

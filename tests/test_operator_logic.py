@@ -6,8 +6,10 @@ import argparse
 import random
 import re
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
+import orjson
 import pytest
 from confluent_kafka import Producer
 from cryptography import x509
@@ -24,6 +26,7 @@ from straitmq.operator import (
     planning,
     quorum,
     render,
+    upgrade,
     user,
 )
 from straitmq.operator import names as n
@@ -1350,3 +1353,312 @@ def test_each_broker_has_a_service_of_its_own_with_its_ready_pod_only() -> None:
     # The replication port is the brokers' own, with or without TLS.
     with pytest.raises(SpecError, match="port 9092 is taken by the kafka"):
         parse(body(listeners={"replication": {"port": 9092}}))
+
+
+# -- version rolls (upgrade.py) ------------------------------------------------------------
+
+OLD_IMAGE, NEW_IMAGE = "straitmq:0.1.0", "straitmq:0.2.0"
+SETTINGS = upgrade.Settings(step_timeout_s=60, min_ready_s=5)
+
+
+class RollSim:
+    """A 3+3 cluster as the planner sees it: each restart puts the pod on the new image,
+    back in service at once with a new incarnation, unless the image is in `broken`."""
+
+    def __init__(self, image: str = OLD_IMAGE, active: int = 1001) -> None:
+        self.pods = {
+            f"demo-{c}-{i}": upgrade.Pod(f"demo-{c}-{i}", c, i, image, True)
+            for c in (n.CONTROLLER, n.BROKER)
+            for i in range(3)
+        }
+        self.active = active
+        self.broken: set[str] = set()
+        self.incarnations = {b: f"inc-{b}-0" for b in range(3)}
+        self.under_min_isr = 0
+        self.under_replicated = 0
+        self.unsafe: dict[int, str] = {}
+        self.status: dict | None = None
+        self.now = 1_000_000.0
+        self.generation = 1
+        self.restarts: list[str] = []
+
+    def health(self) -> upgrade.Health:
+        up = [p for p in self.pods.values() if p.image not in self.broken]
+        return upgrade.Health(
+            True,
+            active_controller=self.active,
+            voters=frozenset({1000, 1001, 1002}),
+            caught_up=frozenset(p.node_id for p in up if p.component == n.CONTROLLER),
+            live_brokers={
+                p.ordinal: self.incarnations[p.ordinal] for p in up if p.component == n.BROKER
+            },
+            under_replicated=self.under_replicated,
+            under_min_isr=self.under_min_isr,
+            unsafe_brokers=self.unsafe,
+        )
+
+    def step(self, image: str, version: str) -> upgrade.Plan:
+        plan = upgrade.plan(
+            image,
+            version,
+            list(self.pods.values()),
+            self.health(),
+            self.status,
+            self.generation,
+            self.now,
+            SETTINGS,
+        )
+        self.status = plan.status
+        if plan.action == upgrade.RESTART:
+            assert plan.pod is not None
+            old = self.pods[plan.pod]
+            self.pods[plan.pod] = replace(old, image=image)
+            if old.component == n.BROKER:
+                self.incarnations[old.ordinal] = f"inc-{old.ordinal}-{len(self.restarts) + 1}"
+            self.restarts.append(plan.pod)
+        self.now += 3
+        return plan
+
+    def run(self, image: str, version: str, passes: int = 60) -> upgrade.Plan:
+        for _ in range(passes):
+            plan = self.step(image, version)
+            if plan.action in (upgrade.NONE, upgrade.PAUSE, upgrade.HOLD):
+                return plan
+        raise AssertionError(f"no end after {passes} passes: {self.status}")
+
+
+def test_upgrade_rolls_controllers_followers_first_then_brokers_one_at_a_time() -> None:
+    sim = RollSim()
+    first = sim.step(NEW_IMAGE, "0.2.0")
+    assert first.action == upgrade.RESTART and first.pod == "demo-controller-2"
+    assert first.status and first.status["phase"] == upgrade.ROLLING
+    assert (first.status["from"], first.status["to"]) == ("0.1.0", "0.2.0")
+    # The next pass: the restarted pod is back, but not for min_ready_s yet.
+    settling = sim.step(NEW_IMAGE, "0.2.0")
+    assert settling.action == upgrade.WAIT and settling.reason == "PodSettling"
+    assert settling.rolling and settling.status["progress"] == "controllers 1/3, brokers 0/3"
+    done = sim.run(NEW_IMAGE, "0.2.0")
+    assert sim.restarts == [
+        "demo-controller-2",
+        "demo-controller-0",
+        "demo-controller-1",  # the active controller (1001) last
+        "demo-broker-2",
+        "demo-broker-1",
+        "demo-broker-0",
+    ]
+    assert done.action == upgrade.NONE and not done.rolling
+    assert done.status and done.status["phase"] == upgrade.DONE
+    assert done.status["progress"] == "controllers 3/3, brokers 3/3"
+    assert (done.status["from"], done.status["to"]) == ("0.1.0", "0.2.0")
+    # Done stays Done, since the first pass that saw it (finalizing counts from there).
+    since = done.status["since"]
+    sim.now += 100
+    again = sim.step(NEW_IMAGE, "0.2.0")
+    assert again.action == upgrade.NONE and again.status["since"] == since
+
+
+def test_rollback_rolls_brokers_first_then_controllers() -> None:
+    sim = RollSim(NEW_IMAGE, active=1000)
+    sim.status = {"from": "0.1.0", "to": "0.2.0", "image": NEW_IMAGE, "phase": "Done"}
+    sim.run(OLD_IMAGE, "0.1.0")
+    assert sim.restarts == [
+        "demo-broker-2",
+        "demo-broker-1",
+        "demo-broker-0",
+        "demo-controller-2",
+        "demo-controller-1",
+        "demo-controller-0",  # the active controller last
+    ]
+    assert sim.status and (sim.status["from"], sim.status["to"]) == ("0.2.0", "0.1.0")
+    assert upgrade.is_downgrade("0.2.0", "0.1.0") and not upgrade.is_downgrade("0.1.0", "0.2.0")
+    assert upgrade.is_downgrade("0.2.0", "0.2.0.dev0")  # a pre-release is below its release
+    assert not upgrade.is_downgrade("dev", "0.1.0")  # not versions: the upgrade order
+
+
+def test_a_broker_is_back_only_with_a_new_registration() -> None:
+    sim = RollSim()
+    sim.pods = {k: replace(p, image=NEW_IMAGE) for k, p in sim.pods.items()}
+    sim.pods["demo-broker-2"] = replace(sim.pods["demo-broker-2"], image=OLD_IMAGE)
+    sim.status = {"image": NEW_IMAGE, "to": "0.2.0", "phase": "Rolling"}
+    assert sim.step(NEW_IMAGE, "0.2.0").pod == "demo-broker-2"
+    sim.incarnations[2] = "inc-2-0"  # the old process's registration, still live
+    plan = sim.step(NEW_IMAGE, "0.2.0")
+    assert plan.action == upgrade.WAIT and plan.reason == "PodNotInService"
+
+
+def test_each_gate_holds_the_next_restart() -> None:
+    sim = RollSim()
+    sim.under_min_isr = 1
+    plan = sim.step(NEW_IMAGE, "0.2.0")
+    assert (plan.action, plan.reason) == (upgrade.WAIT, "UnderMinIsr")
+    sim.under_min_isr, sim.under_replicated = 0, 2
+    assert sim.step(NEW_IMAGE, "0.2.0").reason == "UnderReplicated"
+    sim.under_replicated = 0
+    blind = upgrade.plan(
+        NEW_IMAGE, "0.2.0", list(sim.pods.values()), upgrade.Health(False, "refused"),
+        None, 1, sim.now, SETTINGS,
+    )  # fmt: skip
+    assert (blind.action, blind.reason) == (upgrade.WAIT, "AdminUnreachable")
+    # Brokers whose restart would take a partition below min ISR are passed over.
+    sim.pods = {
+        k: replace(p, image=NEW_IMAGE) if p.component == n.CONTROLLER else p
+        for k, p in sim.pods.items()
+    }
+    sim.unsafe = {2: "orders"}
+    assert sim.step(NEW_IMAGE, "0.2.0").pod == "demo-broker-1"
+    sim.unsafe = {0: "orders", 1: "orders", 2: "orders"}
+    while (plan := sim.step(NEW_IMAGE, "0.2.0")).reason == "PodSettling":
+        pass
+    assert (plan.action, plan.reason) == (upgrade.WAIT, "MinIsr") and "orders" in plan.message
+
+
+def test_a_step_that_does_not_finish_pauses_until_the_spec_changes() -> None:
+    sim = RollSim(OLD_IMAGE)
+    sim.broken = {"straitmq:9.9.9"}  # cannot start (a tag that does not exist)
+    assert sim.step("straitmq:9.9.9", "9.9.9").pod == "demo-controller-2"
+    waits = 0
+    while (plan := sim.step("straitmq:9.9.9", "9.9.9")).action == upgrade.WAIT:
+        assert plan.reason == "PodNotInService"
+        waits += 1
+    assert plan.action == upgrade.PAUSE and waits >= SETTINGS.step_timeout_s // 3 - 1
+    assert plan.reason == "PodNotInService" and "demo-controller-2" in plan.message
+    assert plan.status and plan.status["phase"] == upgrade.PAUSED
+    assert plan.status["pausedGeneration"] == 1
+    # Paused: nothing moves while the generation stays, healthy or not, for good.
+    for _ in range(50):
+        held = sim.step("straitmq:9.9.9", "9.9.9")
+        assert held.action == upgrade.HOLD and held.rolling
+    assert sim.restarts == ["demo-controller-2"]
+    # The spec changes: the old version back. The broken pod goes first (it is out of
+    # service anyway), and the roll ends with every pod on the old image.
+    sim.generation = 2
+    back = sim.step(OLD_IMAGE, "0.1.0")
+    assert back.action == upgrade.RESTART and back.pod == "demo-controller-2"
+    assert back.status and back.status["from"] == "9.9.9"
+    assert sim.run(OLD_IMAGE, "0.1.0").action == upgrade.NONE
+    assert sim.restarts == ["demo-controller-2", "demo-controller-2"]
+
+
+def test_the_cluster_health_gate_pauses_too_and_a_new_generation_resumes() -> None:
+    sim = RollSim()
+    sim.pods = {
+        k: replace(p, image=NEW_IMAGE) if p.component == n.CONTROLLER else p
+        for k, p in sim.pods.items()
+    }
+    sim.status = {"image": NEW_IMAGE, "to": "0.2.0", "from": "0.1.0", "phase": "Rolling"}
+    sim.status["since"] = upgrade.iso(sim.now)
+    sim.under_min_isr = 3
+    plan = sim.run(NEW_IMAGE, "0.2.0")
+    assert (plan.action, plan.reason) == (upgrade.PAUSE, "UnderMinIsr")
+    sim.under_min_isr = 0
+    assert sim.step(NEW_IMAGE, "0.2.0").action == upgrade.HOLD  # healthy again: still held
+    sim.generation = 2  # any spec change resumes it, with a new clock
+    assert sim.step(NEW_IMAGE, "0.2.0").action == upgrade.RESTART
+
+
+def test_version_derives_the_image_and_finalizing_is_explicit() -> None:
+    s = parse(
+        {
+            "metadata": {"name": "demo", "uid": UID},
+            "spec": {"version": "0.2.0", "upgrade": {"finalizeFeatures": "auto"}},
+        },
+        image_repository="reg.example/straitmq",
+    )
+    assert s.image == "reg.example/straitmq:0.2.0" and s.reported_version == "0.2.0"
+    assert s.finalize_features == "auto"
+    assert parse(body()).finalize_features == "manual"  # by default nothing is finalized
+    # An image wins; the version is then only reported.
+    both = parse(body(version="0.2.0"))
+    assert both.image == "straitmq:1" and both.reported_version == "0.2.0"
+    assert parse(body()).reported_version == "1"
+    assert upgrade.version_of("reg.example:5000/straitmq:0.1.0") == "0.1.0"
+    assert upgrade.version_of("reg.example:5000/straitmq") == "reg.example:5000/straitmq"
+    with pytest.raises(SpecError, match=r"spec\.version or spec\.image"):
+        parse({"metadata": {"name": "x"}, "spec": {}})
+    with pytest.raises(SpecError, match="finalizeFeatures"):
+        parse(body(upgrade={"finalizeFeatures": "yes"}))
+    done = {"phase": "Done", "since": upgrade.iso(1000.0)}
+    assert not upgrade.finalize_due("manual", done, 10_000.0, 600)
+    assert not upgrade.finalize_due("auto", done, 1500.0, 600)
+    assert upgrade.finalize_due("auto", done, 1600.0, 600)
+    assert not upgrade.finalize_due("auto", {**done, "phase": "Rolling"}, 10_000.0, 600)
+    feats = {
+        "features": [
+            {"name": "straitmq.metadata.version", "supported_max": 2, "finalized": 1},
+            {"name": "metadata.version", "supported_max": 27, "finalized": 27},
+        ]
+    }
+    assert upgrade.levels_to_finalize(feats) == {"straitmq.metadata.version": 2}
+    assert upgrade.finalized(feats) == {"straitmq.metadata.version": 1, "metadata.version": 27}
+    feats["features"][0]["finalized"] = 2
+    assert upgrade.levels_to_finalize(feats) == {} and upgrade.levels_to_finalize(None) == {}
+
+
+def pod_templates(spec_body: dict) -> bytes:
+    s = parse(spec_body)
+    sets = [render.controller_statefulset(s), render.broker_statefulset(s, 3)]
+    return orjson.dumps([x["spec"]["template"] for x in sets], option=orjson.OPT_SORT_KEYS)
+
+
+TEMPLATE_SPECS = [
+    body(),
+    body(brokers={"replicas": 3, "rack": {"topologyKey": "zone"}, "config": {"num.partitions": 6}}),
+    body(
+        listeners={"kafka": {"tls": True, "authentication": {"type": "scram-sha-512"}}},
+        authorization={"type": "simple"},
+    ),
+]
+
+
+def test_a_new_operator_version_renders_the_same_pod_templates(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An upgrade of the operator (helm upgrade) restarts no pod: the pod templates are a
+    function of the MQCluster's spec alone, never of the operator's own version, so the
+    StatefulSets' revisions do not move. Checked in process (another version string) and
+    against release 0.1.0's operator (releases.toml, built by scripts/build-releases.sh)."""
+    import subprocess
+
+    import straitmq
+    import straitmq.version
+
+    before = [pod_templates(b) for b in TEMPLATE_SPECS]
+    monkeypatch.setattr(straitmq.version, "VERSION", "9.9.9")
+    monkeypatch.setattr(straitmq, "__version__", "9.9.9")
+    assert [pod_templates(b) for b in TEMPLATE_SPECS] == before
+    # A spec.version naming the same image renders the same templates as spec.image.
+    versioned = body(version="1")
+    del versioned["spec"]["image"]
+    s = parse(versioned, image_repository="straitmq")
+    assert render.broker_statefulset(s, 3) == render.broker_statefulset(parse(body()), 3)
+
+    root = Path(__file__).resolve().parent.parent
+    built = subprocess.run(
+        [str(root / "scripts" / "build-releases.sh"), "--python", "0.1.0"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert built.returncode == 0, built.stderr[-2000:]
+    old_python = built.stdout.strip().splitlines()[-1]
+    code = (
+        "import sys, orjson\n"
+        "from straitmq.operator import render, spec\n"
+        "out = []\n"
+        "for b in orjson.loads(sys.stdin.buffer.read()):\n"
+        "    s = spec.parse(b)\n"
+        "    sets = [render.controller_statefulset(s), render.broker_statefulset(s, 3)]\n"
+        "    out.append(orjson.dumps([x['spec']['template'] for x in sets],"
+        " option=orjson.OPT_SORT_KEYS).decode())\n"
+        "sys.stdout.write(orjson.dumps(out).decode())\n"
+    )
+    old = subprocess.run(
+        [old_python, "-P", "-c", code],
+        input=orjson.dumps(TEMPLATE_SPECS),
+        capture_output=True,
+        timeout=60,
+        cwd="/",
+    )
+    assert old.returncode == 0, old.stderr.decode()[-2000:]
+    assert [t.encode() for t in orjson.loads(old.stdout)] == before

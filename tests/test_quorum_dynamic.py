@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -19,11 +20,12 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster_support import Cluster, cluster_factory, wait_for
+from cluster_support import CONTROLLER_ARGS, Cluster, cluster_factory, wait_for
 from straitmq.cli.local_cluster import Node, free_port
 from straitmq.operator import quorum
 from straitmq.operator.admin import AdminClient
 
+from bench.javatools import KAFKA44_TOOLS, ensure_jars, java_cmd
 from straitmq.admin_client import AdminError, request_sync
 
 
@@ -272,6 +274,94 @@ def test_refusals_say_why_and_change_nothing(cluster) -> None:
     assert "LOSES_MAJORITY" in _try_remove(url, live.node_id)
     victim.start()
     assert leader_view(c)["voter_set"] == before
+
+
+# Kafka 4.x's answer to a voter change while another is pending (AddVoterHandler and
+# RemoveVoterHandler.handle*VoterRequest, `isOperationPending`): REQUEST_TIMED_OUT (7).
+PENDING_MESSAGE = "Request timed out waiting for leader to handle previous voter change request"
+
+
+def test_a_second_change_while_one_is_pending_gets_kafkas_answer(cluster) -> None:
+    """An add that cannot commit (both followers stopped: the new set of four needs
+    three) is pending; a removal asked meanwhile is refused as Kafka refuses it, through
+    Kafka's own kafka-metadata-quorum, the HTTP API and `strait quorum remove`; once the
+    followers are back the add commits. (A long fetch timeout keeps the leader from
+    resigning while its followers are stopped.)"""
+    ensure_jars()
+    i = CONTROLLER_ARGS.index("--fetch-timeout-ms")
+    args = [*CONTROLLER_ARGS[:i], *CONTROLLER_ARGS[i + 2 :], "--fetch-timeout-ms", "10000"]
+    c = cluster(brokers=1, controller_args=args)
+    url = broker_url(c)
+    active = c.wait_active_controller()
+
+    def own() -> dict:
+        return active.get("/api/v1/quorum", 5.0) or {}
+
+    def settled() -> bool:
+        st = own()
+        vs = st.get("voter_set") or []
+        return bool(vs) and all(v["directory_id"] for v in vs) and not st["voter_change_pending"]
+
+    wait_for(settled, 30, "the static voters' directory ids pinned")
+    joining = start_joining_controller(c, 1004)
+
+    def caught_up() -> bool:
+        st = own()
+        return any(
+            o["node_id"] == 1004 and o["log_end_offset"] >= st["log_end_offset"]
+            for o in st.get("observers", [])
+        )
+
+    wait_for(caught_up, 30, "1004 caught up")
+    followers = [n for n in c.controllers.values() if n.node_id not in (active.node_id, 1004)]
+    victim = followers[0]
+    victim_dir = next(v["directory_id"] for v in own()["voter_set"] if v["id"] == victim.node_id)
+    added: list[object] = []
+
+    def add() -> None:
+        body = {"controller_url": f"http://127.0.0.1:{joining.http_port}", "timeout_s": 60}
+        try:
+            added.append(request_sync(url, "POST", "/api/v1/quorum/voters", body, 90))
+        except AdminError as e:
+            added.append(e)
+
+    for f in followers:
+        f.signal(signal.SIGSTOP)
+    th = threading.Thread(target=add, daemon=True)
+    try:
+        th.start()
+        wait_for(lambda: own().get("voter_change_pending"), 10, "the add pending", 0.05)
+        r = subprocess.run(
+            java_cmd(
+                KAFKA44_TOOLS["kafka-metadata-quorum"],
+                [
+                    "--bootstrap-server",
+                    c.bootstrap,
+                    "remove-controller",
+                    "--controller-id",
+                    str(victim.node_id),
+                    "--controller-directory-id",
+                    victim_dir,
+                ],
+                jars="4.4",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode != 0 and PENDING_MESSAGE in r.stderr, r.stderr[-3000:]
+        with pytest.raises(AdminError) as exc:
+            request_sync(url, "DELETE", f"/api/v1/quorum/voters/{victim.node_id}", None, 20)
+        assert exc.value.message == PENDING_MESSAGE and exc.value.error_code == 7, exc.value
+        cli = strait(url, "quorum", "remove", "--node-id", str(victim.node_id))
+        assert cli.returncode != 0 and PENDING_MESSAGE in cli.stderr, cli
+        assert own()["voter_change_pending"]  # all of it inside the pending window
+    finally:
+        for f in followers:
+            f.signal(signal.SIGCONT)
+    th.join(90)
+    assert added and not isinstance(added[0], AdminError), added
+    assert voter_ids(c) == {*c.controllers}
 
 
 def test_the_last_voter_is_never_removed(cluster) -> None:

@@ -34,11 +34,17 @@ from kio.schema.errors import ErrorCode
 from kio.schema.metadata.v12.request import MetadataRequest
 from kio.serial import entity_writer
 from kio.static.primitive import f64, i8
+from straitmq.broker import server
+from straitmq.broker.api.context import RequestContext
+from straitmq.broker.api.dispatch import ApiSpec
+from straitmq.broker.metrics import BrokerMetrics
 from straitmq.broker.quotas import ClientQuotas, Rate, TokenBucket, throttle_ms, user_of
-from straitmq.broker.server import _Timed
+from straitmq.broker.security.sasl import ConnectionSecurity
+from straitmq.broker.server import KafkaConnection, ListenerDeps, _Timed
 from straitmq.controller import operations as ops
 from straitmq.metadata.image import MetadataImage
 from straitmq.metadata.quotas import (
+    REQUEST_PERCENTAGE,
     QuotaError,
     check_value,
     entity_key,
@@ -52,6 +58,7 @@ from test_errors import Raw, code, create_topics, fetch, produce
 from test_metrics import check_served, dashboards, scrape, total
 
 from bench.javatools import KAFKA44_JARS_DIR, KAFKA44_TOOLS, LOG4J2_CONFIG
+from straitmq.protocol.codec import load as load_schemas
 
 pytestmark = pytest.mark.timeout(180)
 MB = 1024 * 1024
@@ -603,7 +610,10 @@ def test_a_topic_creation_storm_is_throttled_not_refused(quota_broker: Any, clie
     """controller_mutation_rate 5 partitions/s (a bucket of 2 windows: 10): in one
     request the topics past the bucket are THROTTLING_QUOTA_EXCEEDED (v6+, Kafka's
     strict mode) or all made and the answer throttled (older versions); a storm of
-    single creations is slowed to the quota while other clients are answered."""
+    single creations is slowed to the quota while other clients are answered. What is
+    asserted is what the bucket allows, whatever the time between requests: a request
+    of more topics than a full bucket holds is throttled, and the mutations since a
+    moment took at least (those past a full bucket) / 5 s."""
     b = quota_broker
     admin = clients(b)
     assert code(alter(admin, ({"client-id": "storm"}, {"controller_mutation_rate": 5.0}))[0]) == 0
@@ -614,9 +624,12 @@ def test_a_topic_creation_storm_is_throttled_not_refused(quota_broker: Any, clie
     assert codes[11:] == [ErrorCode.throttling_quota_exceeded] * 3
     assert first.topics[11].error_message == "The throttling quota has been exceeded."
     assert first.throttle_time.total_seconds() > 0
-    # The throttled connection is muted meanwhile; the next request waits it out.
-    old = storm.call(_create_many(5, [f"old{i}" for i in range(3)]))
-    assert [code(t) for t in old.topics] == [0, 0, 0]
+    # The throttled connection is muted meanwhile; the next request waits it out. A
+    # permissive (v5) request makes all its topics: 12, more than the bucket holds
+    # however long it refilled (at most 10), so it is throttled.
+    t0 = time.monotonic()
+    old = storm.call(_create_many(5, [f"old{i}" for i in range(12)]))
+    assert [code(t) for t in old.topics] == [0] * 12
     assert old.throttle_time.total_seconds() > 0
     # A storm of one topic per request: none refused, all slowed to the quota.
     latencies: list[float] = []
@@ -640,15 +653,17 @@ def test_a_topic_creation_storm_is_throttled_not_refused(quota_broker: Any, clie
 
     bystander = threading.Thread(target=other_client, daemon=True)
     bystander.start()
-    t0 = time.monotonic()
     for i in range(15):
         resp = storm.call(create_topics(7, f"one{i}"))
         assert code(resp.topics[0]) == 0, resp.topics[0].error_message
-    elapsed = time.monotonic() - t0
+    end = time.monotonic()
     stop.set()
     bystander.join(10)
-    assert elapsed >= 15 / 5 * 0.8, f"15 topics in {elapsed:.1f} s at 5/s"
-    assert latencies and max(latencies) < elapsed / 3
+    # Since t0 the bucket held at most 10 tokens and gained 5/s. The strict requests
+    # each found it at 0 or more: the 12 + 14 mutations before the last one took at
+    # least (26 - 10) / 5 s, however slow or fast the machine answered.
+    assert end - t0 >= (12 + 14 - 10) / 5, f"26 topics in {end - t0:.1f} s at 5/s"
+    assert latencies and max(latencies) < (end - t0) / 3
 
 
 def _kafka_tool(name: str, *args: str, timeout: float = 120) -> str:
@@ -670,9 +685,10 @@ def _kafka_tool(name: str, *args: str, timeout: float = 120) -> str:
     return r.stdout
 
 
-def _perf_test(b: Any, client_id: str, records: int) -> list[float]:
-    """kafka-producer-perf-test's rates (bytes/s) of `records` of 1000 bytes: one per
-    5 s interval it reports, then the whole run's."""
+def _perf_test(b: Any, client_id: str, records: int) -> tuple[float, dict[str, float]]:
+    """kafka-producer-perf-test of `records` of 1000 bytes: the run's seconds (its first
+    send to its last acknowledgement, by the tool's own count) and the producer's
+    metrics at the end (--print-metrics), by name without the client id."""
     out = _kafka_tool(
         "kafka-producer-perf-test",
         "--topic",
@@ -683,6 +699,7 @@ def _perf_test(b: Any, client_id: str, records: int) -> list[float]:
         "1000",
         "--throughput",
         "-1",
+        "--print-metrics",
         "--producer-props",
         f"bootstrap.servers={b.bootstrap}",
         f"client.id={client_id}",
@@ -690,16 +707,28 @@ def _perf_test(b: Any, client_id: str, records: int) -> list[float]:
         "batch.size=16384",
         "linger.ms=2",
     )
-    return [
-        float(line.split("(")[1].split(" MB/sec")[0]) * MB
-        for line in out.splitlines()
-        if " MB/sec)" in line
-    ]
+    lines = out.splitlines()
+    # "1200 records sent, 67.4 records/sec (0.06 MB/sec), ...": the last is the run's.
+    whole = [line for line in lines if " records sent, " in line][-1]
+    sent, per_s = whole.split(" records/sec")[0].split(" records sent, ")
+    assert int(sent) == records, whole
+    metrics = {}
+    for line in lines:  # "producer-metrics:produce-throttle-time-max:{client-id=x} : 12.000"
+        name, sep, value = line.rpartition(" : ")
+        if sep and ":{" in name:
+            metrics[name.split(":{")[0].strip()] = float(value)
+    return records / float(per_s), metrics
 
 
 def test_java_tools_set_and_read_quotas_and_the_java_producer_honours_them(
     quota_broker: Any,
 ) -> None:
+    """kafka-configs sets and describes quotas; the Java producer is held to its
+    producer_byte_rate and told of it. Asserted from the broker's own counters against
+    the quota's math, not from the producer's rates (a loaded machine slows a client
+    below its quota, which is no fault of the broker's): the bytes the broker took fit
+    the quota over the run (plus what the measure allows at once), the throttle it gave
+    is at most the time those bytes take at the quota, and the producer heard it."""
     quota = 65536  # bytes/s
     b = quota_broker
     b.create_topic("java-rates")
@@ -731,15 +760,28 @@ def test_java_tools_set_and_read_quotas_and_the_java_producer_honours_them(
         *configs, "--describe", "--entity-type", "users", "--entity-default"
     )
     # 64 KiB/s, well under what the Java producer reaches here (0.4-1 MB/s on a busy
-    # 2-core machine); 1.2 MB: a first burst, then the quota. The tool reports every 5 s
-    # (then the whole run): the intervals past the first (the JVM's start, the burst)
-    # are at the quota.
-    rates = _perf_test(b, "javaslow", 1_200)
-    assert len(rates) >= 3, rates
-    slow = sum(rates[1:-1]) / len(rates[1:-1])
-    assert slow == pytest.approx(quota, rel=0.1), f"java producer at {slow / 1024:.0f} KiB/s"
-    fast = _perf_test(b, "javafast", 1_200)[-1]
-    assert fast > 3 * slow, f"the unthrottled java producer at {fast / 1024:.0f} KiB/s"
+    # 2-core machine): 1.2 MB is a first burst, then about 17 s at the quota.
+    seconds, slow = _perf_test(b, "javaslow", 1_200)
+    _, fast = _perf_test(b, "javafast", 1_200)
+    served = scrape(b.http)
+    labels = {"straitmq_quota_type": "producer_byte_rate", "straitmq_quota_client_id": "javaslow"}
+    took = total(served, "straitmq_broker_quota_io_bytes_total", **labels)
+    throttled = total(served, "straitmq_broker_quota_throttle_time_seconds_total", **labels)
+    assert took >= 1_200 * 1000, took  # every record, and the requests around them
+    # Held to the quota: what the measure lets through at once is (samples - 1)
+    # windows of it and the request that goes over (a batch of 16 KiB), the rest at
+    # most the quota over the run; the tool's run spans every request the broker took.
+    samples = int(WINDOWS[1])
+    allowed = quota * (seconds + samples) + 64 * 1024
+    assert took <= allowed, f"{took:.0f} bytes in {seconds:.1f} s at {quota} bytes/s"
+    # Throttled, but by no more than the bytes taken need at the quota.
+    assert 0 < throttled <= took / quota, f"throttled {throttled:.1f} s for {took:.0f} bytes"
+    # The Java producer read the throttle from the answers; the other was never throttled.
+    assert slow["produce-throttle-time-max"] > 0, slow
+    assert not fast["produce-throttle-time-max"] > 0, fast
+    assert not [
+        ls for ls, _ in served["straitmq_broker_quota_io_bytes_total"] if "javafast" in ls.values()
+    ]
 
 
 def test_throttle_time_and_byte_rates_are_on_metrics_for_clients_with_a_quota(
@@ -891,15 +933,118 @@ def test_only_a_requests_own_running_time_counts_toward_request_percentage() -> 
     assert asyncio.run(cancel_passes_through())
 
 
+def _listener(image: MetadataImage, handler: Any) -> tuple[KafkaConnection, ClientQuotas]:
+    """A listener connection, in this process, serving Metadata with `handler`."""
+    quotas = ClientQuotas(lambda: image, 2, 1000.0)
+    deps = ListenerDeps(
+        BrokerMetrics(),
+        set(),
+        1 << 20,
+        lambda: image,
+        lambda *a: RequestContext(*a[:5], listener=a[5], security=a[6]),
+        {3: ApiSpec(0, 12, handler)},
+        quotas,
+    )
+    conn = KafkaConnection(deps)
+    conn.security = ConnectionSecurity(None, lambda user, mech: None)
+    return conn, quotas
+
+
+def _metadata_frame(client_id: str) -> memoryview:
+    """A Metadata v12 request as the listener frames it (no size prefix)."""
+    req = MetadataRequest(
+        topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False
+    )
+    buf = io.BytesIO()
+    hs = req.__header_schema__
+    header = hs(
+        request_api_key=req.__api_key__,
+        request_api_version=req.__version__,
+        correlation_id=1,
+        client_id=client_id,
+    )
+    entity_writer(hs)(buf, header)
+    entity_writer(type(req))(buf, req)
+    return memoryview(buf.getvalue())
+
+
+WAIT_S = 0.5  # each wait below: 50 percent-seconds of request_percentage if counted
+
+
+@pytest.mark.parametrize(
+    "wait",
+    [
+        "the handler's long poll",
+        pytest.param(
+            "loading the version's schemas",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="server.py: handle() starts request_percentage's clock before it "
+                "awaits the first request of a version's schema load (a thread), so that "
+                "wait is charged to the request (CI: a long-polling consumer's first "
+                "Fetch throttled 318 ms)",
+            ),
+        ),
+    ],
+)
+def test_what_the_listener_charges_to_request_percentage_leaves_its_waits_out(
+    wait: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request's waits are not its handling time, however long, on whatever machine:
+    one request that waits WAIT_S (a long poll in its handler, or in a thread loading
+    schemas) is charged a small part of it (its steps' time, which load only inflates
+    by milliseconds). A wait counted would be the whole WAIT_S."""
+    image = _image({(("client-id", "poller"),): {"request_percentage": 10.0}})
+
+    async def handler(ctx: Any, body: Any) -> None:
+        if wait == "the handler's long poll":
+            await asyncio.sleep(WAIT_S)
+
+    load_schemas(3, 12)
+    if wait == "loading the version's schemas":
+        real_load = server.load_schemas
+
+        def slow_load(api_key: int, version: int) -> None:
+            time.sleep(WAIT_S)  # a thread: kio importing a version's schema modules
+            real_load(api_key, version)
+
+        monkeypatch.setattr(server, "load_schemas", slow_load)
+        server.LOADED.discard((3, 12))
+    conn, quotas = _listener(image, handler)
+    t0 = time.monotonic()
+    asyncio.run(conn.handle(_metadata_frame("poller")))
+    assert time.monotonic() - t0 >= WAIT_S  # it did wait
+    sensor = quotas.sensors[(REQUEST_PERCENTAGE, "", "poller")]
+    charged = sensor.recorded / 100.0  # percent-seconds: seconds of handling
+    assert charged < WAIT_S / 2, f"charged {charged:.3f} s for a request that waited {WAIT_S} s"
+    assert (3, 12) in server.LOADED
+
+
 def test_a_long_polling_consumer_is_not_throttled_by_request_percentage(
     quota_broker: Any, clients: Any
 ) -> None:
+    """Each Fetch long-polls an empty partition for 1 s. Counted, that wait alone would
+    be 100 % of a thread against a 50 % quota: every answer throttled (a window). Not
+    counted, the fetches cost their own steps' time: milliseconds, which a loaded
+    machine stretches but not to the 0.5 s of handling the quota allows in the measured
+    window. The answers and the broker's throttle counter both say no throttle."""
     b = quota_broker
     b.create_topic("idle")
-    # 10 % of a thread: a fetch runs for milliseconds, but waits 500 ms each time.
-    alter(clients(b), ({"client-id": "poller"}, {"request_percentage": 10.0}))
+    alter(clients(b), ({"client-id": "poller"}, {"request_percentage": 50.0}))
+    # The first Fetch v12 on this broker loads its schemas in a thread, a wait that is
+    # charged to that request (the xfail above); this test is about the long poll.
+    clients(b, "warm-up").call(fetch(12, "idle", 0))
     c = clients(b, "poller")
-    for _ in range(4):
-        req = dataclasses.replace(fetch(12, "idle", 0), max_wait=timedelta(milliseconds=500))
+    for _ in range(3):
+        req = dataclasses.replace(fetch(12, "idle", 0), max_wait=timedelta(milliseconds=1000))
+        t = time.monotonic()
         resp = c.call(req)
+        assert time.monotonic() - t >= 0.9, "the Fetch did not wait: no long poll tested"
         assert resp.throttle_time.total_seconds() == 0
+    throttled = total(
+        scrape(b.http),
+        "straitmq_broker_quota_throttle_time_seconds_total",
+        straitmq_quota_type="request_percentage",
+        straitmq_quota_client_id="poller",
+    )
+    assert throttled == 0

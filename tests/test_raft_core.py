@@ -757,6 +757,10 @@ def test_add_voter_needs_a_caught_up_observer_and_takes_effect_when_appended() -
     with pytest.raises(VoterChangeRefused) as exc:
         leader.remove_voter(2, "d2")
     assert exc.value.code == VoterChangeRefused.PENDING  # one change at a time
+    # Kafka's words (RemoveVoterHandler.handleRemoveVoterRequest, isOperationPending).
+    assert str(exc.value) == (
+        "Request timed out waiting for leader to handle previous voter change request"
+    )
     net.run(100)
     # The leader and 3 hold it: two of four is no majority of the new set.
     assert nodes[3].voters == leader.voters and nodes[3].role == "follower"
@@ -774,6 +778,9 @@ def test_a_new_leader_changes_no_voters_before_its_epoch_commits() -> None:
     with pytest.raises(VoterChangeRefused) as exc:
         leader.remove_voter(2, "d2")
     assert exc.value.code == VoterChangeRefused.NOT_READY
+    assert str(exc.value) == (
+        "Request timed out waiting for leader to establish HWM and fence previous voter changes"
+    )
     assert leader.voters == frozenset({0, 1, 2})
 
 

@@ -353,6 +353,45 @@ def test_bad_transactional_requests_get_kafkas_errors(cluster: Cluster) -> None:
         raw.close()
 
 
+def test_init_producer_id_retried_after_a_lost_answer_is_not_fenced(cluster: Cluster) -> None:
+    """KIP-360 (InitProducerId v3+): a client whose InitProducerId answer was lost sends
+    it again with the (producer id, epoch) it still holds; Kafka answers the epoch it
+    handed out, not PRODUCER_FENCED (TransactionMetadata.prepareIncrementProducerEpoch)."""
+    from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
+
+    tid = "raw-retry"
+    coordinator = _coordinator_of(cluster, tid)
+    raw = Raw(SimpleNamespace(port=cluster.brokers[coordinator].kafka_port))
+
+    def init(pid: int, epoch: int) -> tuple[ErrorCode, int, int]:
+        r = raw.call(
+            InitProducerIdRequest(
+                transactional_id=TransactionalId(tid),
+                transaction_timeout=timedelta(seconds=30),
+                producer_id=ProducerId(pid),
+                producer_epoch=i16(epoch),
+            )
+        )
+        return r.error_code, r.producer_id, r.producer_epoch
+
+    try:
+        loading = (ErrorCode.coordinator_load_in_progress, ErrorCode.not_coordinator)
+        first = wait_for(lambda: (r := init(-1, -1))[0] not in loading and r, 30, "loaded", 0.2)
+        code, pid, epoch = first
+        assert code == ErrorCode.none
+        bumped = init(pid, epoch)
+        assert bumped == (ErrorCode.none, pid, epoch + 1)
+        # The answer was lost: the client retries with what it had.
+        assert init(pid, epoch) == bumped
+        assert init(pid, epoch) == bumped
+        assert init(pid, epoch + 1) == (ErrorCode.none, pid, epoch + 2)
+        assert init(pid, epoch)[0] == ErrorCode.producer_fenced
+        # An id without an epoch: KafkaApis refuses it.
+        assert init(pid, -1)[0] == ErrorCode.invalid_request
+    finally:
+        raw.close()
+
+
 def test_transactional_offsets_count_only_once_committed(cluster: Cluster) -> None:
     """sendOffsetsToTransaction: while the transaction is open the group's offset is
     unstable (OffsetFetch require_stable: UNSTABLE_OFFSET_COMMIT), an abort drops it, a

@@ -293,6 +293,43 @@ def test_a_zombie_is_fenced_and_its_transaction_aborted() -> None:
     assert t.after.state == PREPARE_ABORT and t.after.producer_epoch == 4
 
 
+def test_init_producer_id_retried_after_a_lost_answer_gets_the_same_epoch() -> None:
+    """KIP-360: an InitProducerId carrying the (producer id, epoch) the client held is
+    answered the epoch + 1; the same request again (its answer lost) is answered that
+    epoch again, also by a coordinator that replayed the log; other epochs are fenced
+    (Kafka's TransactionMetadata.prepareIncrementProducerEpoch)."""
+    core = TransactionStateMachine(max_timeout_ms=60_000)
+    first = _written(core, core.init_producer_id("x", 10_000, 0, 7))
+    assert (first.producer_id, first.producer_epoch) == (7, 0)
+    bumped = _written(core, core.init_producer_id("x", 10_000, 1, -1, (7, 0)))
+    assert (bumped.error, bumped.producer_id, bumped.producer_epoch) == (E.none, 7, 1)
+    # The retry, on this coordinator and on one that replayed the records.
+    replayed = TransactionStateMachine(max_timeout_ms=60_000)
+    replayed.replay("x", core.txns["x"].to_json())
+    for c in (core, replayed):
+        again = _written(c, c.init_producer_id("x", 10_000, 2, -1, (7, 0)))
+        assert (again.error, again.producer_id, again.producer_epoch) == (E.none, 7, 1)
+    assert _written(core, core.init_producer_id("x", 10_000, 3, -1, (7, 1))).producer_epoch == 2
+    assert _written(core, core.init_producer_id("x", 10_000, 4, -1, (7, 0))).error == (
+        E.producer_fenced
+    )
+    # A new incarnation (no epoch given) forgets the last epoch: the old one's retry is
+    # fenced; so is another producer id.
+    assert _written(core, core.init_producer_id("x", 10_000, 5, -1)).producer_epoch == 3
+    assert _written(core, core.init_producer_id("x", 10_000, 6, -1, (7, 2))).error == (
+        E.producer_fenced
+    )
+    assert _written(core, core.init_producer_id("x", 10_000, 6, -1, (8, 3))).error == (
+        E.producer_fenced
+    )
+    # The epochs run out: a new producer id, and its retry is answered it again.
+    core.txns["x"] = replace(core.txns["x"], producer_epoch=MAX_EPOCH)
+    moved = _written(core, core.init_producer_id("x", 10_000, 7, 9, (7, MAX_EPOCH)))
+    assert (moved.error, moved.producer_id, moved.producer_epoch) == (E.none, 9, 0)
+    again = _written(core, core.init_producer_id("x", 10_000, 8, -1, (7, MAX_EPOCH)))
+    assert (again.error, again.producer_id, again.producer_epoch) == (E.none, 9, 0)
+
+
 def test_v2_bumps_every_end_answers_retries_and_moves_to_a_new_id_when_spent() -> None:
     core = TransactionStateMachine(max_timeout_ms=60_000)
 

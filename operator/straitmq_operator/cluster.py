@@ -989,12 +989,12 @@ class ClusterReconciler:
         conds = set_condition(conds, "Degraded", p.degraded is not None, *deg, generation)
         if p.version is not None:
             held = p.version.action in (upgrade.PAUSE, upgrade.HOLD)
-            why = (
+            held_why = (
                 (p.version.reason, p.version.message)
                 if held
                 else ("NotPaused", "no version roll is paused")
             )
-            conds = set_condition(conds, "UpgradePaused", held, *why, generation)
+            conds = set_condition(conds, "UpgradePaused", held, *held_why, generation)
         status["conditions"] = conds
         if old.get("phase") != p.phase:
             self.emit("Normal", f"Phase{p.phase}", f"phase {old.get('phase')} -> {p.phase}")

@@ -54,7 +54,7 @@ CONTROLLER_FLAGS = {
 
 # The repository spec.version's image comes from (<repository>:<version>): the chart's
 # image.repository (the Deployment sets the variable), else the published one.
-DEFAULT_IMAGE_REPOSITORY = "ghcr.io/straitmq/straitmq"
+DEFAULT_IMAGE_REPOSITORY = "straitmq/straitmq"
 IMAGE_REPOSITORY = os.environ.get("STRAITMQ_IMAGE_REPOSITORY") or DEFAULT_IMAGE_REPOSITORY
 FINALIZE_MODES = ("manual", "auto")
 

@@ -297,8 +297,8 @@ def plan(
 
 # Every key of status.version and of its step, always written: the status is
 # merge-patched, so a key left out would keep its last value (None deletes it).
-STATUS_KEYS = ("from", "to", "image", "phase", "progress", "since", "message", "step")
-STATUS_KEYS += ("pausedGeneration", "finalizeError")
+STATUS_KEYS: tuple[str, ...] = ("from", "to", "image", "phase", "progress", "since")
+STATUS_KEYS += ("message", "step", "pausedGeneration", "finalizeError")
 STEP_KEYS = ("pod", "at", "backSince", "incarnation")
 
 

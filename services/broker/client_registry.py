@@ -211,5 +211,5 @@ def api_name(api_key: int) -> str:
     known = impact.API_NAMES.get(api_key)
     if known is not None:
         return known
-    snake = api_key_map.get(api_key)  # type: ignore[call-overload]
+    snake = api_key_map.get(api_key)
     return "".join(w.capitalize() for w in snake.split("_")) if snake else f"api {api_key}"

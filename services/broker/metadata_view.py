@@ -50,7 +50,8 @@ class MetadataView:
         the caller's next read sees it (REQUEST_TIMED_OUT if it does not in time)."""
         reply = await self.controller.call(op, body, within_s)
         await self._quorum.wait_applied(reply.get("offset", -1), METADATA_WAIT_S)
-        if op in ("create_topic", "create_partitions") and not body.get("validate_only"):
+        created = not body.get("validate_only") and not reply.get("error_code")
+        if op in ("create_topic", "create_partitions") and created:
             await self._partitions.created(body["name"], METADATA_WAIT_S)
         return reply
 

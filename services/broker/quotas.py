@@ -1,16 +1,16 @@
 """Client quota enforcement, sans-IO: rates over samples and the throttle they give.
 
-Kafka's ClientQuotaManager, Rate/SampledStat and TokenBucket, fed the time (ms) and
-the amounts; no clock, no socket inside. The listener (server.py) asks `produce`,
-`fetch` and `request_time` for a throttle after a request was handled; the admin
-handlers ask `mutation` per topic (controller_mutation_rate).
+Kafka's ClientQuotaManager and Rate/SampledStat, fed the time (ms) and the amounts; no
+clock, no socket inside. The listener (server.py) asks `produce`, `fetch` and
+`request_time` for a throttle after a request was handled. controller_mutation_rate is
+the active controller's, for the whole cluster, as in Kafka with KRaft
+(straitmq.controller.mutation_quotas); the admin handlers name the client to it.
 
 - A rate is the sum of `samples` windows of `window_ms` over the elapsed time, and
   that time is at least (samples - 1) windows: a new client may burst.
 - Over quota, the throttle is (rate - quota) / quota * window: the delay that brings
   the observed rate back to the quota if nothing more is sent (QuotaUtils.throttleTime);
   request_percentage throttles are capped at one window (ClientRequestQuotaManager).
-- controller_mutation_rate is a token bucket of samples * window * quota mutations.
 
 Which entity's quota applies, and so which clients share a rate, is
 straitmq.metadata.quotas.precedence. Lookups are cached per (user, client id) and
@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from straitmq.controller.mutation_quotas import TokenBucket
 from straitmq.metadata.image import MetadataImage
 from straitmq.metadata.quotas import (
     CONSUMER_BYTE_RATE,
-    CONTROLLER_MUTATION_RATE,
     PRODUCER_BYTE_RATE,
     REQUEST_PERCENTAGE,
     EntityKey,
@@ -35,10 +35,11 @@ from straitmq.metadata.quotas import (
 
 QUOTA_WINDOW_NUM = 11  # quota.window.num
 QUOTA_WINDOW_SIZE_S = 1  # quota.window.size.seconds
+__all__ = ["ClientQuotas", "Rate", "Sensor", "TokenBucket", "throttle_ms", "user_of"]
 INACTIVE_SENSOR_S = 3600.0  # Kafka's InactiveSensorExpirationTimeSeconds
 EXPIRE_EVERY_S = 60.0  # idle rates are looked for at most this often (on a new lookup)
 MAX_SENSORS = 10_000  # rates kept at most (a `<default>` quota gives each user one)
-_KINDS = (PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, REQUEST_PERCENTAGE, CONTROLLER_MUTATION_RATE)
+_KINDS = (PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, REQUEST_PERCENTAGE)
 
 
 class Rate:
@@ -122,34 +123,6 @@ def throttle_ms(rate: float, quota: float, window_ms: float) -> int:
     return round((rate - quota) / quota * window_ms)
 
 
-class TokenBucket:
-    """Kafka's TokenBucket: starts full at samples * window * quota, refills at quota
-    per second, and may go below zero by one recording (the request that overdraws)."""
-
-    __slots__ = ("burst_s", "last_ms", "tokens")
-
-    def __init__(self, now_ms: float, burst_s: float) -> None:
-        self.tokens = float("inf")
-        self.last_ms = now_ms
-        self.burst_s = burst_s
-
-    def level(self, quota: float, now_ms: float) -> float:
-        burst = quota * self.burst_s
-        self.tokens = min(burst, self.tokens + quota * (now_ms - self.last_ms) / 1000.0)
-        self.last_ms = now_ms
-        return self.tokens
-
-    def record(self, value: float, quota: float, now_ms: float) -> None:
-        self.level(quota, now_ms)
-        self.tokens -= value
-
-    def throttle_ms(self, quota: float, now_ms: float) -> int:
-        tokens = self.level(quota, now_ms)
-        if tokens >= 0:
-            return 0
-        return round(-tokens / quota * 1000.0) if quota > 0 else round(self.burst_s * 1000)
-
-
 @dataclass(slots=True)
 class Sensor:
     """One shared allowance: the entity whose quota applies, and its measurements."""
@@ -160,13 +133,12 @@ class Sensor:
     entity: EntityKey  # whose quota it is
     quota: float
     rate: Rate
-    bucket: TokenBucket | None = None
     # A recorded total this low is within quota whatever the window (see _charge).
     safe_total: float = 0.0
     last_ms: float = 0.0
     throttle_ms_total: float = 0.0
     throttled: int = 0  # requests throttled
-    recorded: float = 0.0  # bytes (or percent-seconds, mutations) recorded, for metrics
+    recorded: float = 0.0  # bytes (or percent-seconds) recorded, for metrics
 
 
 @dataclass(slots=True)
@@ -224,8 +196,6 @@ class ClientQuotas:
                     values[kind],
                     Rate(now_ms, self.samples, self.window_ms),
                 )
-                if kind == CONTROLLER_MUTATION_RATE:
-                    sensor.bucket = TokenBucket(now_ms, self.samples * self.window_ms / 1000.0)
                 self.sensors[key] = sensor
             sensor.quota = values[kind]
             sensor.safe_total = values[kind] * (self.samples - 1) * self.window_ms / 1000.0
@@ -322,50 +292,6 @@ class ClientQuotas:
         if sensor is None:
             return 0
         return self._charge(sensor, seconds * 100.0, now_ms, self.window_ms)
-
-    def mutation(self, user: str, client_id: str, now_ms: float) -> MutationQuota | None:
-        """The controller_mutation_rate allowance of this client, or None without one."""
-        sensor = self._sensors(user, client_id, now_ms)[3]
-        return None if sensor is None else MutationQuota(sensor)
-
-
-class MutationQuota:
-    """One request's use of a controller_mutation_rate allowance (Kafka's
-    Strict/PermissiveControllerMutationQuota): strict requests (CreateTopics v6+,
-    CreatePartitions v3+, DeleteTopics v5+) refuse a topic once the bucket is overdrawn;
-    older ones are all done and only throttled."""
-
-    __slots__ = ("sensor", "throttle_ms")
-
-    def __init__(self, sensor: Sensor) -> None:
-        self.sensor = sensor
-        self.throttle_ms = 0
-
-    def exceeded(self, now_ms: float) -> bool:
-        s = self.sensor
-        assert s.bucket is not None
-        ms = s.bucket.throttle_ms(s.quota, now_ms)
-        if ms:
-            self._throttled(ms)
-        return ms > 0
-
-    def record(self, mutations: int, now_ms: float) -> None:
-        s = self.sensor
-        assert s.bucket is not None
-        s.bucket.record(mutations, s.quota, now_ms)
-        s.rate.record(mutations, now_ms)
-        s.recorded += mutations
-        s.last_ms = now_ms
-        ms = s.bucket.throttle_ms(s.quota, now_ms)
-        if ms:
-            self._throttled(ms)
-
-    def _throttled(self, ms: int) -> None:
-        if ms > self.throttle_ms:
-            self.sensor.throttle_ms_total += ms - self.throttle_ms
-            if not self.throttle_ms:
-                self.sensor.throttled += 1
-            self.throttle_ms = ms
 
 
 def user_of(principal: str) -> str:

@@ -454,9 +454,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
             throttle = max(throttle, result.throttle_ms)  # a consumer's Fetch
         if throttle:
             result = _with_throttle(result, throttle)
-            if _THROTTLE_AFTER_SEND.get(api_key, 0) > version:
-                # Before KIP-219 the broker held the answer back for the throttle time.
-                await asyncio.sleep(throttle / 1000.0)
+            # Every version's answer goes out at once and the connection is muted (Kafka
+            # 2.0+, KIP-219: ClientQuotaManager.throttle); a client of a version before
+            # KIP-219 does not wait by itself (AbstractResponse.shouldClientThrottle).
             loop_time = asyncio.get_running_loop().time()
             self.muted_until = max(self.muted_until, loop_time + throttle / 1000.0)
         if type(result) is Deferred or (self._waiting and result is not None):
@@ -715,11 +715,6 @@ class _Timed:
                 raise
             except BaseException as e:  # a cancellation, passed on to the handler
                 error = e
-
-
-# API key -> the first version whose answer is sent before the throttle (KIP-219); for
-# older versions the answer itself is delayed. Other APIs' versions here all send first.
-_THROTTLE_AFTER_SEND = {0: 6, 1: 8, 19: 3, 20: 2, 37: 1}
 
 
 def _free_buffer(size: int) -> bytearray | None:

@@ -129,6 +129,8 @@ def _node(
             default_replication_factor=cfg.default_replication_factor,
             bootstrap_records=bootstrap,
             bootstrap_metadata_level=cfg.bootstrap_metadata_level,
+            quota_window_num=cfg.quota_window_num,
+            quota_window_size_seconds=cfg.quota_window_size_seconds,
         ),
         RaftConfig(
             election_timeout_ms=cfg.election_timeout_ms, fetch_timeout_ms=cfg.fetch_timeout_ms

@@ -33,6 +33,7 @@ from .election import (
     unclean_offline_elections,
 )
 from .errors import ControllerError, NotController
+from .mutation_quotas import THROTTLED, MutationQuotas
 from .quorum import Quorum
 from .sessions import GRACE_S, BrokerSessions
 
@@ -54,6 +55,9 @@ class ControllerSettings:
     bootstrap_records: tuple[dict, ...] = ()
     # straitmq.metadata.version of a new cluster (config.py); 1 writes no feature records.
     bootstrap_metadata_level: int = DEFAULTS.bootstrap_metadata_level
+    # The controller_mutation_rate buckets' size: quota.window.num x .size.seconds.
+    quota_window_num: int = DEFAULTS.quota_window_num
+    quota_window_size_seconds: int = DEFAULTS.quota_window_size_seconds
 
 
 def bootstrap_feature_records(level: int) -> list[Record]:
@@ -67,6 +71,11 @@ def bootstrap_feature_records(level: int) -> list[Record]:
             f"{features.LATEST[features.STRAITMQ]}"
         )
     return [{"type": "feature_level", "name": n, "level": v} for n, v in features.LATEST.items()]
+
+
+def _partitions_in(records: list[Record]) -> int:
+    """The partitions a topic creation (or CreatePartitions) makes: what it is charged."""
+    return sum(1 for r in records if r.get("type") == "partition")
 
 
 def _mono() -> float:
@@ -136,6 +145,10 @@ class ActiveController:
         self._activation: asyncio.Task | None = None
         self.fencings = 0  # brokers fenced on session expiry while active (a metric)
         self.fast_fencings = 0  # brokers fenced at once: stream closed, port refused
+        # controller_mutation_rate, for the whole cluster (the brokers name the client).
+        self.mutation_quotas = MutationQuotas(
+            settings.quota_window_num, settings.quota_window_size_seconds
+        )
         quorum.leader_listeners.append(self._on_leadership)
 
     @property
@@ -464,6 +477,8 @@ class ActiveController:
     # -- topics ----------------------------------------------------------------------
 
     async def create_topic(self, req: dict) -> dict:
+        charged: dict[str, Any] = {}
+
         def build(image: MetadataImage) -> list[Record]:
             records = ops.create_topic(
                 image,
@@ -476,21 +491,71 @@ class ActiveController:
                 req.get("assignments"),
                 bool(req.get("internal", False)),
             )
-            return [] if req.get("validate_only") else records
+            if req.get("validate_only"):
+                return []
+            return self._charge(image, req, _partitions_in(records), charged, records)
 
-        return {"offset": await self._commit(build)}
+        return self._charged({"offset": await self._commit(build)}, charged)
 
     async def delete_topic(self, req: dict) -> dict:
-        return {"offset": await self._commit(lambda image: ops.delete_topic(image, req["name"]))}
+        charged: dict[str, Any] = {}
+
+        def build(image: MetadataImage) -> list[Record]:
+            records = ops.delete_topic(image, req["name"])
+            partitions = len(image.topics[req["name"]].partitions)
+            return self._charge(image, req, partitions, charged, records)
+
+        return self._charged({"offset": await self._commit(build)}, charged)
 
     async def create_partitions(self, req: dict) -> dict:
+        charged: dict[str, Any] = {}
+
         def build(image: MetadataImage) -> list[Record]:
             records = ops.create_partitions(
                 image, req["name"], int(req["count"]), req.get("assignments")
             )
-            return [] if req.get("validate_only") else records
+            if req.get("validate_only"):
+                return []
+            return self._charge(image, req, _partitions_in(records), charged, records)
 
-        return {"offset": await self._commit(build)}
+        return self._charged({"offset": await self._commit(build)}, charged)
+
+    def _charge(
+        self, image: MetadataImage, req: dict, partitions: int, out: dict, records: list[Record]
+    ) -> list[Record]:
+        """A topic passed its checks: charge its partitions to the client's
+        controller_mutation_rate allowance, if the broker named a client and a quota
+        applies (Kafka's ReplicationControlManager, `applyPartitionChangeQuota`, with
+        ControllerApis' Strict/PermissiveControllerMutationQuota). The records, or none
+        when a strict request is over its quota (`out` says so, with the throttle)."""
+        client = req.get("client")
+        if not client or not partitions:
+            return records
+        now = _mono() * 1000.0
+        allowance = self.mutation_quotas.allowance(
+            image, str(client.get("user", "")), str(client.get("client_id", "")), now
+        )
+        if allowance is None:
+            return records
+        refused, ms = self.mutation_quotas.charge(
+            allowance, partitions, bool(client.get("strict")), now
+        )
+        out["throttle_ms"] = ms
+        if refused:
+            out["refused"] = True
+            return []
+        return records
+
+    @staticmethod
+    def _charged(reply: dict, charged: dict) -> dict:
+        """The answer with the quota's verdict: `throttle_ms`, and Kafka's
+        THROTTLING_QUOTA_EXCEEDED for a topic refused (nothing was changed)."""
+        if charged.get("throttle_ms"):
+            reply["throttle_ms"] = charged["throttle_ms"]
+        if charged.get("refused"):
+            reply["error_code"] = ErrorCode.throttling_quota_exceeded
+            reply["message"] = THROTTLED
+        return reply
 
     async def alter_configs(self, req: dict) -> dict:
         def build(image: MetadataImage) -> list[Record]:
@@ -704,7 +769,8 @@ class ActiveController:
         the call, and a refusal for one that cannot be asked (it might be older)."""
         out: dict[str, Any] = {}
         me = self.quorum.node_id
-        for vid in sorted(self.quorum.voters):
+        # The voter set in force (KIP-853), not the address book: a removed voter is gone.
+        for vid in sorted(self.quorum.node.voter_set.ids):
             name = f"controller {vid}"
             if vid == me:
                 out[name] = features.supported_ranges()

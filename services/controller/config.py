@@ -69,6 +69,18 @@ class ControllerConfig:
         "feature record, so release 0.1.0 can still join and read the log (finalize later "
         "with `strait features upgrade`)",
     )
+    quota_window_num: int = setting(
+        11,
+        "quota.window.num",
+        "--quota-window-num",
+        "the controller_mutation_rate allowance holds this many windows of the quota",
+    )
+    quota_window_size_seconds: int = setting(
+        1,
+        "quota.window.size.seconds",
+        "--quota-window-size-seconds",
+        "the length of one client quota window",
+    )
     otlp_endpoint: str | None = setting(
         None,
         None,

@@ -523,7 +523,11 @@ class Quorum:
         except NotLeader as e:
             raise NotController(e.leader_id) from None
         except VoterChangeRefused as e:
-            raise ControllerError(REFUSAL_CODES[e.code], f"{e.code}: {e}") from None
+            # Kafka's own message where Kafka has one for the refusal (AddVoterHandler,
+            # RemoveVoterHandler); StraitMQ's own refusals are prefixed with their name.
+            kafkas = e.code in (VoterChangeRefused.PENDING, VoterChangeRefused.NOT_READY)
+            message = str(e) if kafkas else f"{e.code}: {e}"
+            raise ControllerError(REFUSAL_CODES[e.code], message) from None
         epoch = self.node.epoch
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within_s

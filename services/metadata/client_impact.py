@@ -21,7 +21,7 @@ Sans-IO: plain dicts in (what GET /api/v1/clients answers), sentences out.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .features import SUPPORTED
@@ -30,7 +30,7 @@ UNKNOWN_OLD = "unknown (ApiVersions < v3)"  # ApiVersions v0-2 carry no software
 UNKNOWN_NONE = "unknown (no ApiVersions)"  # a client that never asked
 
 PRODUCE, FETCH, JOIN_GROUP, HEARTBEAT, SYNC_GROUP = 0, 1, 11, 12, 14
-API_VERSIONS, ADD_PARTITIONS_TO_TXN, END_TXN = 18, 24, 26
+API_VERSIONS, ADD_PARTITIONS_TO_TXN, END_TXN, WRITE_TXN_MARKERS = 18, 24, 26, 27
 CONSUMER_GROUP_HEARTBEAT = 68
 SHARE_GROUP_HEARTBEAT, SHARE_GROUP_DESCRIBE, SHARE_FETCH, SHARE_ACKNOWLEDGE = 76, 77, 78, 79
 STREAMS_GROUP_HEARTBEAT, STREAMS_GROUP_DESCRIBE = 88, 89
@@ -99,7 +99,11 @@ def transaction_versions(
 
 
 def roles(apis: Mapping[int, Iterable[int]]) -> list[str]:
+    """What a client does: producer, consumer, share consumer; "broker" for another
+    broker's calls (transaction markers, partition verification: AddPartitionsToTxn v4+)."""
     out = []
+    if WRITE_TXN_MARKERS in apis or any(v >= 4 for v in apis.get(ADD_PARTITIONS_TO_TXN, ())):
+        out.append("broker")
     if PRODUCE in apis:
         out.append("producer")
     if any(k in apis for k in _SHARE_APIS):
@@ -186,7 +190,7 @@ class Finding:
 
     feature: str
     sentence: str
-    clients: tuple[dict, ...] = ()
+    clients: tuple[Mapping, ...] = ()
     affected: bool = False
 
 
@@ -344,8 +348,8 @@ def _groups(name: str, now: int, to: int, clients: Sequence[Mapping]) -> list[Fi
 class _GroupKind:
     """share.version and streams.version: level 1 enables a kind of group."""
 
-    def __init__(self, protocol: str, apis: tuple[int, ...], what: str, kip: str) -> None:
-        self.protocol, self.apis, self.what, self.kip = protocol, apis, what, kip
+    def __init__(self, apis: tuple[int, ...], what: str, kip: str) -> None:
+        self.apis, self.what, self.kip = apis, what, kip
 
     def __call__(self, name: str, now: int, to: int, clients: Sequence[Mapping]) -> list[Finding]:
         users = [c for c in clients if any(k in api_map(c) for k in self.apis)]
@@ -369,10 +373,11 @@ class _GroupKind:
                     affected=True,
                 )
             ]
+        outcome = f"can use {self.what} groups once" if now < 1 <= to else "keep working at"
         return [
             Finding(
                 name,
-                f"{_count(len(users), 'client')} on {used} keep working at {name}={to}",
+                f"{_count(len(users), 'client')} on {used} ({who}) {outcome} {name}={to}",
                 tuple(users),
             )
         ]
@@ -386,13 +391,14 @@ class _GroupKind:
         return ", ".join(parts)
 
 
-_RULES = {
+Rule = Callable[[str, int, int, Sequence[Mapping]], list[Finding]]
+_RULES: dict[str, Rule] = {
     "transaction.version": _transactions,
     "group.version": _groups,
     "share.version": _GroupKind(
-        SHARE, (SHARE_FETCH, SHARE_GROUP_HEARTBEAT, SHARE_ACKNOWLEDGE), "share", "KIP-932"
+        (SHARE_FETCH, SHARE_GROUP_HEARTBEAT, SHARE_ACKNOWLEDGE), "share", "KIP-932"
     ),
-    "streams.version": _GroupKind(STREAMS, (STREAMS_GROUP_HEARTBEAT,), "streams", "KIP-1071"),
+    "streams.version": _GroupKind((STREAMS_GROUP_HEARTBEAT,), "streams", "KIP-1071"),
 }
 
 

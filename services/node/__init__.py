@@ -63,6 +63,8 @@ def build_broker(config: BrokerConfig) -> Broker:
                 leader_rebalance_interval_ms=config.leader_rebalance_interval_ms,
                 default_partitions=config.num_partitions,
                 default_replication_factor=config.default_replication_factor,
+                quota_window_num=config.quota_window_num,
+                quota_window_size_seconds=config.quota_window_size_seconds,
             ),
             telemetry,
         )

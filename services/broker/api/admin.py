@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from time import perf_counter
+import time
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
@@ -28,7 +28,7 @@ from straitmq.security.acls import (
 from straitmq.security.acls import DELETE as ACL_DELETE
 
 from ..dynamic_configs import effective_values, static_values
-from ..quotas import MutationQuota
+from ..quotas import user_of
 from ..share import group_configs
 from .context import RequestContext
 
@@ -57,36 +57,71 @@ _TYPE_CODES = {
 }
 
 
-THROTTLED = "The throttling quota has been exceeded."
+class _MutationQuota:
+    """A CreateTopics / CreatePartitions / DeleteTopics request's controller_mutation_rate
+    client. Kafka enforces that quota at the active controller, for the whole cluster
+    (ControllerApis charges the forwarded request's principal and client id: see
+    straitmq.controller.mutation_quotas), so each topic's change names the client to the
+    controller, which answers its throttle, or THROTTLING_QUOTA_EXCEEDED for a topic of a
+    strict request (`strict`: CreateTopics v6+, DeleteTopics v5+, CreatePartitions v3+)
+    once the allowance is spent. The request's throttle is the last one the controller
+    gave (AbstractControllerMutationQuota.throttleTime); the listener mutes the
+    connection that long (RequestHandlerHelper.sendForwardedResponse). The topics go to
+    the controller one after the other, in the request's order, as Kafka's controller
+    takes them."""
 
+    __slots__ = ("at", "client", "last_ms")
 
-def _mutation_quota(ctx: RequestContext) -> MutationQuota | None:
-    """This client's controller_mutation_rate allowance, if it has one (the listener
-    looked its allowances up: none for an in-process caller or with no quota at all)."""
-    if ctx.quotas is None or ctx.quotas[3] is None:
-        return None
-    return MutationQuota(ctx.quotas[3])
+    def __init__(self, client: dict) -> None:
+        self.client = client
+        self.last_ms = 0
+        self.at = 0.0
 
+    @property
+    def throttle_ms(self) -> int:
+        """The last throttle less the time since it was given (throttleTime)."""
+        if not self.last_ms:
+            return 0
+        return max(0, self.last_ms - round((time.monotonic() - self.at) * 1000.0))
 
-def _over_quota(quota: MutationQuota | None, strict: bool, mutations: int, res: dict) -> bool:
-    """Charge `mutations` partitions to the allowance; True (and the topic's error set)
-    when a strict request finds it already overdrawn (Kafka's
-    StrictControllerMutationQuota: the topic is refused, the rest go on)."""
-    if quota is None:
+    def answered(self, reply: Any, res: dict) -> bool:
+        """The controller's answer to one topic's change: True if it refused it (the
+        topic's error is set)."""
+        if not isinstance(reply, dict):
+            return False
+        if reply.get("throttle_ms"):
+            self.last_ms, self.at = int(reply["throttle_ms"]), time.monotonic()
+        if reply.get("error_code"):
+            res["error_code"] = reply["error_code"]
+            res["error_message"] = reply.get("message")
+            return True
         return False
-    now = perf_counter() * 1000.0
-    if strict and quota.exceeded(now):
-        res["error_code"] = ErrorCode.throttling_quota_exceeded
-        res["error_message"] = THROTTLED
-        return True
-    quota.record(mutations, now)
-    return False
+
+
+def _mutation_quota(ctx: RequestContext, strict: bool) -> _MutationQuota | None:
+    """The request's client for the controller's controller_mutation_rate accounting, or
+    None where the listener looked no quota up (no quota in the cluster, the exempt
+    inter-broker listener, an in-process caller)."""
+    if ctx.quotas is None or ctx.security is None:
+        return None
+    user = user_of(ctx.security.principal)
+    return _MutationQuota({"user": user, "client_id": ctx.client_id or "", "strict": strict})
+
+
+async def _in_order(pending: list, quota: _MutationQuota | None) -> None:
+    """The topics' changes: all at once (they commit together), or one after the other
+    when a quota is charged (the controller judges them in the request's order)."""
+    if quota is None:
+        await asyncio.gather(*pending)
+        return
+    for change in pending:
+        await change
 
 
 async def handle_create_topics(deps: AdminDeps, ctx: RequestContext, req: Any) -> dict:
     results = []
     seen: set[str] = set()
-    quota = None if req.validate_only else _mutation_quota(ctx)
+    quota = None if req.validate_only else _mutation_quota(ctx, ctx.version >= 6)
 
     async def create(t: Any, res: dict) -> None:
         try:
@@ -111,17 +146,19 @@ async def handle_create_topics(deps: AdminDeps, ctx: RequestContext, req: Any) -
                     else deps.config.default_replication_factor
                 )
             configs = {c.name: c.value for c in t.configs}
-            await deps.control(
-                "create_topic",
-                {
-                    "name": t.name,
-                    "partitions": partitions,
-                    "replication_factor": rf,
-                    "configs": configs,
-                    "assignments": assignments,
-                    "validate_only": req.validate_only,
-                },
-            )
+            body = {
+                "name": t.name,
+                "partitions": partitions,
+                "replication_factor": rf,
+                "configs": configs,
+                "assignments": assignments,
+                "validate_only": req.validate_only,
+            }
+            if quota is not None:
+                body["client"] = quota.client
+            reply = await deps.control("create_topic", body)
+            if quota is not None and quota.answered(reply, res):
+                return
             res["num_partitions"] = partitions
             res["replication_factor"] = rf
             topic = deps.metadata.image.topics.get(t.name)
@@ -164,15 +201,8 @@ async def handle_create_topics(deps: AdminDeps, ctx: RequestContext, req: Any) -
             res["error_code"] = ErrorCode.topic_authorization_failed
             res["error_message"] = "Authorization failed."
             continue
-        if quota is not None:
-            if t.assignments:
-                count = len(t.assignments)
-            else:
-                count = t.num_partitions if t.num_partitions != -1 else deps.config.num_partitions
-            if _over_quota(quota, ctx.version >= 6, count, res):
-                continue
         pending.append(create(t, res))
-    await asyncio.gather(*pending)
+    await _in_order(pending, quota)
     return {"throttle_time": quota.throttle_ms if quota else 0, "topics": results}
 
 
@@ -186,13 +216,18 @@ async def handle_delete_topics(deps: AdminDeps, ctx: RequestContext, req: Any) -
                 raise ControllerError(
                     ErrorCode.invalid_request, f"internal topic '{name}' cannot be deleted"
                 )
-            await deps.control("delete_topic", {"name": name})
+            body: dict[str, Any] = {"name": name}
+            if quota is not None:
+                body["client"] = quota.client
+            reply = await deps.control("delete_topic", body)
+            if quota is not None:
+                quota.answered(reply, res)
         except ControllerError as e:
             res["error_code"] = e.code
             res["error_message"] = e.message
 
     pending = []
-    quota = _mutation_quota(ctx)
+    quota = _mutation_quota(ctx, ctx.version >= 5)
     for name in names:
         res = {"name": name, "error_code": 0, "error_message": None}
         responses.append(res)
@@ -200,12 +235,8 @@ async def handle_delete_topics(deps: AdminDeps, ctx: RequestContext, req: Any) -
             res["error_code"] = ErrorCode.topic_authorization_failed
             res["error_message"] = "Authorization failed."
             continue
-        topic = deps.metadata.image.topics.get(name)
-        count = len(topic.partitions) if topic is not None else 0
-        if _over_quota(quota, ctx.version >= 5, count, res):
-            continue
         pending.append(delete(name, res))
-    await asyncio.gather(*pending)
+    await _in_order(pending, quota)
     return {"throttle_time": quota.throttle_ms if quota else 0, "responses": responses}
 
 
@@ -215,21 +246,23 @@ async def handle_create_partitions(deps: AdminDeps, ctx: RequestContext, req: An
     async def grow(t: Any, res: dict) -> None:
         try:
             assignments = [list(a.broker_ids) for a in t.assignments] if t.assignments else None
-            await deps.control(
-                "create_partitions",
-                {
-                    "name": t.name,
-                    "count": t.count,
-                    "assignments": assignments,
-                    "validate_only": req.validate_only,
-                },
-            )
+            body = {
+                "name": t.name,
+                "count": t.count,
+                "assignments": assignments,
+                "validate_only": req.validate_only,
+            }
+            if quota is not None:
+                body["client"] = quota.client
+            reply = await deps.control("create_partitions", body)
+            if quota is not None:
+                quota.answered(reply, res)
         except ControllerError as e:
             res["error_code"] = e.code
             res["error_message"] = e.message
 
     pending = []
-    quota = None if req.validate_only else _mutation_quota(ctx)
+    quota = None if req.validate_only else _mutation_quota(ctx, ctx.version >= 3)
     for t in req.topics:
         res = {"name": t.name, "error_code": 0, "error_message": None}
         results.append(res)
@@ -237,12 +270,8 @@ async def handle_create_partitions(deps: AdminDeps, ctx: RequestContext, req: An
             res["error_code"] = ErrorCode.topic_authorization_failed
             res["error_message"] = "Authorization failed."
             continue
-        topic = deps.metadata.image.topics.get(t.name)
-        count = max(0, t.count - len(topic.partitions)) if topic is not None else 0
-        if _over_quota(quota, ctx.version >= 3, count, res):
-            continue
         pending.append(grow(t, res))
-    await asyncio.gather(*pending)
+    await _in_order(pending, quota)
     return {"throttle_time": quota.throttle_ms if quota else 0, "results": results}
 
 

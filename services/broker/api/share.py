@@ -625,7 +625,7 @@ async def handle_describe_share_group_offsets(
                             "start_offset": saved.get((name, p), -1),
                             "leader_epoch": -1,
                             "error_code": 0
-                            if t is not None
+                            if topic_image is not None and 0 <= p < len(topic_image.partitions)
                             else ErrorCode.unknown_topic_or_partition,
                             "error_message": None,
                         }

@@ -88,6 +88,11 @@ async def _init_transactional(deps: TxnDeps, ctx: RequestContext, req: Any) -> d
 
     if not ctx.allowed(WRITE, TRANSACTIONAL_ID, tid):
         return answer(Answer(ErrorCode.transactional_id_authorization_failed))
+    expected = (int(getattr(req, "producer_id", -1)), int(getattr(req, "producer_epoch", -1)))
+    if (expected[0] == -1) != (expected[1] == -1):
+        # KafkaApis.handleInitProducerIdRequest: a producer id without an epoch, or an
+        # epoch without an id, is INVALID_REQUEST.
+        return answer(Answer(ErrorCode.invalid_request))
     if code := await _coordinator_error(deps, tid):
         return answer(Answer(code))
     core = deps.coordinator.core
@@ -98,10 +103,7 @@ async def _init_transactional(deps: TxnDeps, ctx: RequestContext, req: Any) -> d
             new_pid = await deps.next_producer_id()
         except ControllerError as e:
             return answer(Answer(e.code))
-    expected = (getattr(req, "producer_id", -1), getattr(req, "producer_epoch", -1))
-    decision = core.init_producer_id(
-        tid, _ms(req.transaction_timeout), _now(), new_pid, (int(expected[0]), int(expected[1]))
-    )
+    decision = core.init_producer_id(tid, _ms(req.transaction_timeout), _now(), new_pid, expected)
     return answer(await deps.coordinator.run(decision))
 
 

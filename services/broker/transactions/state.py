@@ -99,6 +99,13 @@ class TxnMetadata:
         }
         if self.tv >= TV2:  # v1 records stay as they were
             v.update(tv=self.tv, last=self.last_epoch, prev=self.previous_pid, next=self.next_pid)
+        else:
+            # The last epoch of an InitProducerId (Kafka writes lastProducerEpoch since
+            # 2.4), so a retry is still known after the coordinator moves.
+            if self.last_epoch >= 0:
+                v["last"] = self.last_epoch
+            if self.previous_pid != NO_PRODUCER_ID:
+                v["prev"] = self.previous_pid
         return v
 
     @classmethod
@@ -176,7 +183,15 @@ class TransactionStateMachine:
     ) -> Decision:
         """InitProducerId with a transactional id. `new_producer_id`: a fresh id the
         shell allocated, used when the id is new or its epochs are exhausted.
-        `expected`: KIP-360's (producer id, epoch) the client already holds, or none."""
+        `expected`: KIP-360's (producer id, epoch) the client already holds, or none.
+
+        Kafka's TransactionCoordinator.prepareInitProducerIdTransit and
+        TransactionMetadata.prepareIncrementProducerEpoch: a client that holds the
+        current epoch gets it bumped, and the epoch it held is kept as the last epoch, so
+        the same request retried after its answer was lost (the client still holds the
+        old epoch) is answered the current epoch again, unbumped; any other epoch is
+        PRODUCER_FENCED. An InitProducerId without an expected epoch (a new incarnation)
+        clears the last epoch, so an old incarnation's retry is fenced."""
         if not 0 < timeout_ms <= self.max_timeout_ms:
             return Answer(ErrorCode.invalid_transaction_timeout)
         if tid in self.pending:
@@ -185,19 +200,41 @@ class TransactionStateMachine:
         if m is None:
             after = TxnMetadata(tid, new_producer_id, 0, timeout_ms, EMPTY, update_ms=now)
             return Transition(after, Answer(ErrorCode.none, new_producer_id, 0))
+        given = expected[0] != NO_PRODUCER_ID
+        # isValidProducerId: the current id, or the previous one with its epochs spent (a
+        # retry of the InitProducerId that moved the id on).
+        if given and not (
+            expected[0] == m.producer_id
+            or (expected[0] == m.previous_pid and expected[1] >= MAX_EPOCH)
+        ):
+            return Answer(ErrorCode.producer_fenced)
         if m.state in PREPARING or m.state == DEAD:
             return Answer(ErrorCode.concurrent_transactions)
-        if expected[0] != NO_PRODUCER_ID and expected != (m.producer_id, m.producer_epoch):
-            return Answer(ErrorCode.producer_fenced)
         if m.state == ONGOING:
             # A new incarnation of the producer: fence the old one (epoch + 1) and abort
             # what it left open; the client retries until the abort is complete.
             return Transition(
                 self._fenced_abort(m, now, m.tv), Answer(ErrorCode.concurrent_transactions), True
             )
-        pid, epoch = m.producer_id, m.producer_epoch + 1
-        if epoch > MAX_EPOCH:
-            pid, epoch = new_producer_id, 0
+        previous = NO_PRODUCER_ID
+        if m.producer_epoch >= MAX_EPOCH and (not given or expected[1] == m.producer_epoch):
+            # prepareProducerIdRotation: a new producer id at epoch 0; the last epoch is
+            # the spent one when the client named it, so its retry is known.
+            if new_producer_id == NO_PRODUCER_ID:
+                return Answer(ErrorCode.concurrent_transactions)  # the shell had no id: retry
+            pid, epoch, last = new_producer_id, 0, m.producer_epoch if given else -1
+            previous = m.producer_id
+        elif not given:
+            pid, epoch, last = m.producer_id, m.producer_epoch + 1, -1
+        elif expected[1] == m.producer_epoch and m.producer_epoch < MAX_EPOCH:
+            pid, epoch, last = m.producer_id, m.producer_epoch + 1, m.producer_epoch
+        elif expected[1] == m.last_epoch and m.last_epoch >= 0:
+            # A retry of a successful call: the current epoch again, not bumped (Kafka
+            # still writes the state, with the new timeout).
+            pid, epoch, last = m.producer_id, m.producer_epoch, m.last_epoch
+            previous = m.previous_pid
+        else:
+            return Answer(ErrorCode.producer_fenced)
         after = replace(
             m,
             producer_id=pid,
@@ -207,8 +244,8 @@ class TransactionStateMachine:
             partitions=frozenset(),
             start_ms=-1,
             update_ms=now,
-            last_epoch=-1,
-            previous_pid=NO_PRODUCER_ID,
+            last_epoch=last,
+            previous_pid=previous,
             next_pid=NO_PRODUCER_ID,
         )
         return Transition(after, Answer(ErrorCode.none, pid, epoch))

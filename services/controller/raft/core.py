@@ -244,6 +244,8 @@ class RaftNode:
         self._begin_pending: set[int] = set()
         self._begin_resend_ms = _NEVER
         self._epoch_start = 0  # offset of the leader's first entry of its epoch
+        # (epoch, offset) of the last voter change asked of this node as leader.
+        self._requested_change: tuple[int, int] = (-1, -1)
         self._lead_start_ms = _NEVER  # when this node became leader
         self._self_vote_seq = 0  # the storage op of a candidate's vote for itself
 
@@ -530,22 +532,37 @@ class RaftNode:
         return self._append_voters(self._pinned(vs).replaced(voter))
 
     def _check_change(self) -> VoterSet:
+        """The refusals before any voter change, in Kafka's words (AddVoterHandler /
+        RemoveVoterHandler.handle*VoterRequest, Kafka 4.x): REQUEST_TIMED_OUT with these
+        messages, so a client retries."""
         if self._role != LEADER:
             raise NotLeader(self._leader_id, self._epoch)
+        requested = self._requested_change
+        if self.voter_change_pending and requested == (self._epoch, self._voter_history[-1][0]):
+            # Kafka's isOperationPending: a change asked for on this leader is not
+            # committed yet.
+            raise VoterChangeRefused(
+                VoterChangeRefused.PENDING,
+                "Request timed out waiting for leader to handle previous voter change request",
+            )
         if self._hw <= self._epoch_start:
             # Until an entry of its epoch commits, a new leader may hold an uncommitted
             # change of an earlier leader that it does not know about yet (Raft's
             # single-server change bug): no change before that.
             raise VoterChangeRefused(
                 VoterChangeRefused.NOT_READY,
-                f"the leader of epoch {self._epoch} has not committed its first entry yet",
+                "Request timed out waiting for leader to establish HWM and fence previous "
+                "voter changes",
             )
         if self.voter_change_pending:
+            # An uncommitted voter set nobody asked this leader for (an earlier leader's,
+            # or this one's own pinning of the static voters' directory ids). Kafka
+            # formats the offset as a Java Optional.
             offset = self._voter_history[-1][0]
             raise VoterChangeRefused(
                 VoterChangeRefused.PENDING,
-                f"a voter change is pending (offset {offset}, high watermark {self._hw}): "
-                "one change at a time",
+                "Request timed out waiting for voters to commit the latest voter change at "
+                f"Optional[{offset}] with HWM {self._hw}",
             )
         return self.voter_set
 
@@ -574,8 +591,11 @@ class RaftNode:
                 f"only {sorted(live)} are in contact with the leader",
             )
 
-    def _append_voters(self, new: VoterSet) -> int:
+    def _append_voters(self, new: VoterSet, requested: bool = True) -> int:
+        """`requested`: asked for by add/remove/update_voter (not the leader's own)."""
         offset = self.log_end_offset
+        if requested:
+            self._requested_change = (self._epoch, offset)
         self._append_local([Entry(self._epoch, new.to_entry())])  # in force from here
         self._maybe_advance_hw()
         self._answer_parked()
@@ -999,7 +1019,7 @@ class RaftNode:
         waiting = self._now - self._lead_start_ms < self._cfg.check_quorum_ms
         if waiting and any(v.directory_id is None for v in pinned.voters):
             return
-        self._append_voters(pinned)
+        self._append_voters(pinned, requested=False)
 
     def _replica(self, node_id: int, directory_id: str | None) -> tuple[ReplicaState | None, bool]:
         """The state of a fetcher, and whether it is a voter: one of the set in force

@@ -873,6 +873,55 @@ def test_wire_a_killed_partition_leaders_share_state_resumes_at_the_new_leader(c
     assert got == {0: [(5, 5, 2), (8, 9, 2)]}, "no acknowledged state lost"
 
 
+def test_wire_describe_share_group_offsets_of_named_topics(broker_factory):
+    """DescribeShareGroupOffsets naming its topics and partitions (Kafka's admin does when
+    asked for some): the saved start offset of each, UNKNOWN_TOPIC_OR_PARTITION for one
+    that does not exist. Release 0.1.0 failed such a request (a NameError closed the
+    connection)."""
+    from kio.schema.describe_share_group_offsets.v0 import request as dsgo
+    from kio.static.primitive import i32
+
+    broker = broker_factory()
+    tid = _create_topic(broker, "named-share", 1)
+    g, m = "named-share-group", str(uuid.uuid4())
+    r = Raw(broker)
+    try:
+        assert r.call(_hb(g, m, 0, ("named-share",))).error_code == 0
+        assert _acquired(r.call(_fetch(g, m, 0, tid, {0: []}, wait_ms=100))) == {}
+        _produce(broker, "named-share", ["a", "b"], partition=0)
+        assert _acquired(r.call(_fetch(g, m, 1, tid, {}, wait_ms=3000))) == {0: [(0, 1, 1)]}
+        assert r.call(_ack(g, m, 2, tid, {0: [(0, 1, [1])]})).error_code == 0
+        ask = dsgo.DescribeShareGroupOffsetsRequest(
+            groups=(
+                dsgo.DescribeShareGroupOffsetsRequestGroup(
+                    group_id=g,
+                    topics=(
+                        dsgo.DescribeShareGroupOffsetsRequestTopic(
+                            topic_name="named-share", partitions=(i32(0), i32(7))
+                        ),
+                        dsgo.DescribeShareGroupOffsetsRequestTopic(
+                            topic_name="no-such-topic", partitions=(i32(0),)
+                        ),
+                    ),
+                ),
+            )
+        )
+        (group,) = r.call(ask).groups
+        assert group.error_code == 0
+        got = {
+            (t.topic_name, p.partition_index): (p.start_offset, p.error_code)
+            for t in group.topics
+            for p in t.partitions
+        }
+        assert got == {
+            ("named-share", 0): (2, 0),
+            ("named-share", 7): (-1, E.unknown_topic_or_partition),
+            ("no-such-topic", 0): (-1, E.unknown_topic_or_partition),
+        }
+    finally:
+        r.close()
+
+
 def test_kafka_share_groups_tool_lists_and_describes(broker_factory, _jars):
     """`kafka-share-groups.sh` (4.4): --list (ListGroups, type share), --describe
     --members (ShareGroupDescribe) and --describe (DescribeShareGroupOffsets: the saved

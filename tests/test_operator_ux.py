@@ -286,6 +286,31 @@ def test_refused_storage_change_is_a_sentence_saying_what_to_do() -> None:
     assert get_condition(again["conditions"], "Degraded") == c and len(events) == 1
 
 
+def test_a_refused_storage_change_still_removes_deleted_topics_and_users(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One refused field stops what depends on the spec, not unrelated work: with the
+    storage change refused, what deleted Topic and User resources left in the cluster is
+    still removed in the same pass (a `kubectl delete topic` used to wait for the revert)."""
+    from straitmq.operator import cluster as cluster_module
+
+    swept: list[str] = []
+
+    async def reachable(self: Any, admin: Any) -> Any:
+        return cluster_module.Observed(cluster={"brokers": []}, topics=[])
+
+    async def sweep(kube: Any, admin: Any, body: dict[str, Any], emit: Any) -> None:
+        swept.append(body["metadata"]["name"])
+
+    monkeypatch.setattr(ClusterReconciler, "_observe", reachable)
+    monkeypatch.setattr(cluster_module.managed, "sweep", sweep)
+    reconciler = ClusterReconciler(FakeKube("1Gi"), lambda *e: None, admin_timeout_s=2)  # type: ignore[arg-type]
+    status = asyncio.run(reconciler.reconcile(mqcluster("2Gi")))
+    c = get_condition(status["conditions"], "Degraded")
+    assert c is not None and c["reason"] == "StorageImmutable"
+    assert swept == ["demo"]
+
+
 def test_a_failed_pass_becomes_a_condition_without_headers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -231,6 +231,7 @@ class ClusterReconciler:
                     controllers=max(ctl_replicas, ctl_current or 0),
                 )
             sets: dict[str, dict[str, Any]] = {}
+            refused: str | None = None
             for obj in render.objects(spec, replicas, p.addresses, brokers, ctl_replicas):
                 try:
                     stored = await self.kube.apply(obj)
@@ -238,9 +239,16 @@ class ClusterReconciler:
                     refusal = await self._storage_refusal(spec, obj, e)
                     if refusal is None:
                         raise
-                    return self._refused(old, generation, "StorageImmutable", str(refusal))
+                    refused = str(refusal)  # that StatefulSet stays as it is
+                    continue
                 if obj["kind"] == "StatefulSet":
                     sets[obj["metadata"]["labels"]["app.kubernetes.io/component"]] = stored
+            if refused is not None:
+                # One refused field stops what depends on the spec (scaling, rolls), not
+                # unrelated work: deleted Topics and Users are still removed.
+                if seen.reachable:
+                    await self._sweep(admin, body)
+                return self._refused(old, generation, "StorageImmutable", refused)
             if p.scaling and p.scaling.get("adding"):
                 await self._spread(admin, spec, seen, want, p)
             if p.quorum_step is not None:

@@ -33,12 +33,9 @@ import argparse
 import itertools
 import json
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -46,16 +43,13 @@ from confluent_kafka import Producer
 from straitmq.cli.local_cluster import LocalCluster
 
 from bench.failover import (
-    ELECTION_TIMEOUT_MS,
-    FETCH_TIMEOUT_MS,
-    HEARTBEAT_INTERVAL_MS,
-    REPLICA_LAG_MS,
-    SESSION_TIMEOUT_MS,
     KafkaTarget,
+    StraitTarget,
     create_topic,
     percentile,
     wait_isr,
 )
+from bench.releases import previous_release, release_python
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPIC = "roll-probe"
@@ -64,18 +58,6 @@ PARTITIONS = 6
 
 def log(msg: str) -> None:
     print(f"[upgrade_roll] {msg}", file=sys.stderr, flush=True)
-
-
-def previous_release() -> tuple[str, str]:
-    with open(ROOT / "releases.toml", "rb") as f:
-        version = list(tomllib.load(f)["releases"])[-1]
-    out = subprocess.run(
-        [str(ROOT / "scripts" / "build-releases.sh"), "--python", version],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return version, out.stdout.strip().splitlines()[-1]
 
 
 class Probe:
@@ -161,36 +143,16 @@ def figures(probe: Probe, steady: tuple[float, float], roll: tuple[float, float]
 
 
 def strait_cluster(old_python: str) -> LocalCluster:
-    c = LocalCluster(
-        tempfile.mkdtemp(prefix="strait-roll-"),
-        kafka_base=None,
-        http_base=None,
-        controller_base=None,
-        broker_args=[
-            "--default-replication-factor",
-            "3",
-            "--heartbeat-interval-ms",
-            str(HEARTBEAT_INTERVAL_MS),
-            "--replica-lag-time-max-ms",
-            str(REPLICA_LAG_MS),
-        ],
-        controller_args=[
-            "--no-auto-leader-rebalance",
-            "--broker-session-timeout-ms",
-            str(SESSION_TIMEOUT_MS),
-            "--election-timeout-ms",
-            str(ELECTION_TIMEOUT_MS),
-            "--fetch-timeout-ms",
-            str(FETCH_TIMEOUT_MS),
-        ],
-    )
+    """bench/failover.py's cluster (the same timeouts as Kafka's below), on `old_python`."""
+    c = StraitTarget().cluster
     for n in c.nodes():
         c.run_as(n, old_python)
     return c
 
 
 def run_strait(a: argparse.Namespace) -> dict:
-    version, old = previous_release()
+    version = previous_release()
+    old = release_python(version)
     log(f"StraitMQ {version} -> this checkout")
     c = strait_cluster(old)
     c.start(wait_s=120)

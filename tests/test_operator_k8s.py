@@ -27,6 +27,7 @@ from straitmq.cli.local_cluster import LocalCluster, Node, free_port
 from test_metrics import check_served, dashboards
 from waiting import wait_for
 
+from bench.releases import release_python
 from straitmq.admin_client import AdminAuth, exchange_sync, request_sync
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -1511,19 +1512,6 @@ def test_manual_rolling_update_of_one_pod_then_of_all(kube: Any, demo: PodStandI
     kinds = [kind for _, kind, _ in restarts]
     assert kinds == sorted(kinds, key=lambda k: k != "controller"), restarts
     assert demo.max_brokers_down <= 1, f"{demo.max_brokers_down} brokers down at once"
-
-
-def release_python(version: str) -> str:
-    """The python of a release in releases.toml (scripts/build-releases.sh, cached)."""
-    r = subprocess.run(
-        [str(ROOT / "scripts" / "build-releases.sh"), "--python", version],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert r.returncode == 0, f"cannot build release {version}:\n{r.stderr[-3000:]}"
-    return r.stdout.strip().splitlines()[-1]
 
 
 def test_version_roll_from_0_1_0_pauses_on_a_bad_version_rolls_back_and_finalizes(

@@ -21,10 +21,8 @@ every node's restart: read_committed sees exactly the committed ones.
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
-import tomllib
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -38,27 +36,18 @@ from test_errors import Raw
 from test_share_groups import _ack, _acquired, _fetch, _hb
 from test_transactions_java import TxnClient
 
+from bench.releases import previous_release, release_python
 from straitmq.admin_client import AdminError, request_sync
 
 pytestmark = pytest.mark.timeout(900)
 
-with open(ROOT / "releases.toml", "rb") as _f:
-    RELEASES = tomllib.load(_f)["releases"]
-PREVIOUS = list(RELEASES)[-1]  # the newest release: what this code upgrades from
+PREVIOUS = previous_release()  # what this code upgrades from
 STRAITMQ = "straitmq.metadata.version"
 
 
 @pytest.fixture(scope="module")
 def old_python() -> str:
-    r = subprocess.run(
-        [str(ROOT / "scripts" / "build-releases.sh"), "--python", PREVIOUS],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert r.returncode == 0, f"cannot build release {PREVIOUS}:\n{r.stderr[-3000:]}"
-    return r.stdout.strip().splitlines()[-1]
+    return release_python(PREVIOUS)
 
 
 @pytest.fixture

@@ -715,8 +715,8 @@ def _perf_test(b: Any, client_id: str, records: int) -> tuple[float, dict[str, f
     metrics = {}
     for line in lines:  # "producer-metrics:produce-throttle-time-max:{client-id=x} : 12.000"
         name, sep, value = line.rpartition(" : ")
-        if sep and ":{" in name:
-            metrics[name.split(":{")[0].strip()] = float(value)
+        if sep and ":{" in name and name.startswith("producer-metrics:"):
+            metrics[name.split(":{")[0].removeprefix("producer-metrics:")] = float(value)
     return records / float(per_s), metrics
 
 

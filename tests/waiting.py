@@ -1,6 +1,7 @@
-"""Waiting in tests, one way: `wait_for` polls until a condition holds, `holds` polls over a
-window and fails as soon as what it observes changes ("nothing changed" checks that can
-fail, instead of a fixed sleep followed by one look).
+"""Waiting in tests, one way: `wait_for` polls until a condition holds (`wait_progressing`
+too, for as long as a measure of progress keeps changing), `holds` polls over a window
+and fails as soon as what it observes changes ("nothing changed" checks that can fail,
+instead of a fixed sleep followed by one look).
 
 Imported by the test modules and the support modules (`cluster_support`, `kube_support`)
 directly: pytest puts tests/ on sys.path.
@@ -50,6 +51,37 @@ def wait_for(
             if last is not None:
                 msg += f" (last error: {last!r})"
             raise TimeoutError(msg) from last
+        time.sleep(every)
+
+
+def wait_progressing(
+    pred: Callable[[], T],
+    progress: Callable[[], object],
+    stall: float,
+    what: str,
+    every: float = 0.1,
+    *,
+    detail: Callable[[], str] | None = None,
+) -> T:
+    """`wait_for` with a time allowed that follows the progress instead of a fixed one:
+    fail (TimeoutError) only once `progress()` (a measure that changes as the system
+    moves toward `pred`: offsets, a count of partitions done) has stayed the same for
+    `stall` seconds. A loaded machine gets as long as it keeps moving; a stuck system
+    fails after `stall` whatever the load. (The test's own timeout bounds the whole.)"""
+    last = progress()
+    moved = time.monotonic()
+    while True:
+        value = pred()
+        if value:
+            return value
+        now = progress()
+        if now != last:
+            last, moved = now, time.monotonic()
+        elif time.monotonic() - moved >= stall:
+            msg = f"no progress for {stall:.1f}s waiting for {what} (stuck at {last!r})"
+            if detail is not None:
+                msg += f" ({detail()})"
+            raise TimeoutError(msg)
         time.sleep(every)
 
 

@@ -38,10 +38,11 @@ from straitmq.broker import server
 from straitmq.broker.api.context import RequestContext
 from straitmq.broker.api.dispatch import ApiSpec
 from straitmq.broker.metrics import BrokerMetrics
-from straitmq.broker.quotas import ClientQuotas, Rate, TokenBucket, throttle_ms, user_of
+from straitmq.broker.quotas import ClientQuotas, Rate, throttle_ms, user_of
 from straitmq.broker.security.sasl import ConnectionSecurity
 from straitmq.broker.server import KafkaConnection, ListenerDeps, _Timed
 from straitmq.controller import operations as ops
+from straitmq.controller.mutation_quotas import TokenBucket
 from straitmq.metadata.image import MetadataImage
 from straitmq.metadata.quotas import (
     REQUEST_PERCENTAGE,
@@ -130,16 +131,7 @@ def test_token_bucket_bursts_then_throttles_until_refilled() -> None:
     assert b.throttle_ms(2.0, 4000.0) == 0
 
 
-def test_strict_mutation_quota_refuses_once_overdrawn_and_permissive_only_throttles() -> None:
-    image = _image({(("client-id", "storm"),): {"controller_mutation_rate": 1.0}})
-    quotas = ClientQuotas(lambda: image, 3, 1000.0)
-    q = quotas.mutation("u", "storm", 0.0)
-    assert q is not None
-    assert not q.exceeded(0.0)
-    q.record(5, 0.0)  # 3 tokens: the request that overdraws still goes through
-    assert q.exceeded(0.0)
-    assert q.throttle_ms == 2000
-    assert quotas.mutation("u", "calm", 0.0) is None
+# The controller's strict and permissive mutation quotas: tests/test_quotas_controller.py.
 
 
 def test_precedence_is_kafkas_from_user_and_client_down_to_the_defaults() -> None:
@@ -606,11 +598,12 @@ def _create_many(version: int, names: list[str]) -> Any:
     return dataclasses.replace(one, topics=topics)
 
 
-def test_a_topic_creation_storm_is_throttled_not_refused(quota_broker: Any, clients: Any) -> None:
+def test_a_topic_creation_storm_is_slowed_to_the_quota(quota_broker: Any, clients: Any) -> None:
     """controller_mutation_rate 5 partitions/s (a bucket of 2 windows: 10): in one
     request the topics past the bucket are THROTTLING_QUOTA_EXCEEDED (v6+, Kafka's
     strict mode) or all made and the answer throttled (older versions); a storm of
-    single creations is slowed to the quota while other clients are answered. What is
+    single creations, each refused one asked again as Kafka's admin client does, is
+    slowed to the quota while other clients are answered. What is
     asserted is what the bucket allows, whatever the time between requests: a request
     of more topics than a full bucket holds is throttled, and the mutations since a
     moment took at least (those past a full bucket) / 5 s."""
@@ -631,7 +624,11 @@ def test_a_topic_creation_storm_is_throttled_not_refused(quota_broker: Any, clie
     old = storm.call(_create_many(5, [f"old{i}" for i in range(12)]))
     assert [code(t) for t in old.topics] == [0] * 12
     assert old.throttle_time.total_seconds() > 0
-    # A storm of one topic per request: none refused, all slowed to the quota.
+    # A storm of one topic per request. Strict (StrictControllerMutationQuota): the
+    # request that overdraws the bucket goes through unthrottled, the next is refused
+    # with the time until the bucket is back at zero, and the connection is muted that
+    # long; the refused topic is asked again (the admin client's retry of
+    # THROTTLING_QUOTA_EXCEEDED, KIP-599), so all are made, slowed to the quota.
     latencies: list[float] = []
     stop = threading.Event()
 
@@ -653,9 +650,13 @@ def test_a_topic_creation_storm_is_throttled_not_refused(quota_broker: Any, clie
 
     bystander = threading.Thread(target=other_client, daemon=True)
     bystander.start()
+    refused = 0
     for i in range(15):
-        resp = storm.call(create_topics(7, f"one{i}"))
-        assert code(resp.topics[0]) == 0, resp.topics[0].error_message
+        while (resp := storm.call(create_topics(7, f"one{i}"))).topics[0].error_code:
+            assert code(resp.topics[0]) == ErrorCode.throttling_quota_exceeded, resp
+            assert resp.throttle_time.total_seconds() > 0
+            refused += 1
+            assert refused < 60, "refused again and again"
     end = time.monotonic()
     stop.set()
     bystander.join(10)

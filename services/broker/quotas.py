@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from straitmq.controller.mutation_quotas import TokenBucket
 from straitmq.metadata.image import MetadataImage
 from straitmq.metadata.quotas import (
     CONSUMER_BYTE_RATE,
@@ -35,7 +34,6 @@ from straitmq.metadata.quotas import (
 
 QUOTA_WINDOW_NUM = 11  # quota.window.num
 QUOTA_WINDOW_SIZE_S = 1  # quota.window.size.seconds
-__all__ = ["ClientQuotas", "Rate", "Sensor", "TokenBucket", "throttle_ms", "user_of"]
 INACTIVE_SENSOR_S = 3600.0  # Kafka's InactiveSensorExpirationTimeSeconds
 EXPIRE_EVERY_S = 60.0  # idle rates are looked for at most this often (on a new lookup)
 MAX_SENSORS = 10_000  # rates kept at most (a `<default>` quota gives each user one)

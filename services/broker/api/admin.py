@@ -12,6 +12,7 @@ from kio.schema.errors import ErrorCode
 from straitmq.controller.errors import ControllerError, check_topic_name
 from straitmq.metadata.broker_configs import DYNAMIC_BROKER_CONFIGS, check_together
 from straitmq.metadata.broker_configs import check_value as check_broker_config
+from straitmq.metadata.quotas import CONTROLLER_MUTATION_RATE
 from straitmq.metadata.topic_config import TOPIC_CONFIGS, effective, list_items
 
 from straitmq.security.acls import (
@@ -98,11 +99,14 @@ class _MutationQuota:
         return False
 
 
-def _mutation_quota(ctx: RequestContext, strict: bool) -> _MutationQuota | None:
+def _mutation_quota(deps: AdminDeps, ctx: RequestContext, strict: bool) -> _MutationQuota | None:
     """The request's client for the controller's controller_mutation_rate accounting, or
     None where the listener looked no quota up (no quota in the cluster, the exempt
-    inter-broker listener, an in-process caller)."""
+    inter-broker listener, an in-process caller) or no controller_mutation_rate is set."""
     if ctx.quotas is None or ctx.security is None:
+        return None
+    quotas = deps.metadata.image.client_quotas.values()
+    if not any(CONTROLLER_MUTATION_RATE in q for q in quotas):
         return None
     user = user_of(ctx.security.principal)
     return _MutationQuota({"user": user, "client_id": ctx.client_id or "", "strict": strict})
@@ -121,7 +125,7 @@ async def _in_order(pending: list, quota: _MutationQuota | None) -> None:
 async def handle_create_topics(deps: AdminDeps, ctx: RequestContext, req: Any) -> dict:
     results = []
     seen: set[str] = set()
-    quota = None if req.validate_only else _mutation_quota(ctx, ctx.version >= 6)
+    quota = None if req.validate_only else _mutation_quota(deps, ctx, ctx.version >= 6)
 
     async def create(t: Any, res: dict) -> None:
         try:
@@ -227,7 +231,7 @@ async def handle_delete_topics(deps: AdminDeps, ctx: RequestContext, req: Any) -
             res["error_message"] = e.message
 
     pending = []
-    quota = _mutation_quota(ctx, ctx.version >= 5)
+    quota = _mutation_quota(deps, ctx, ctx.version >= 5)
     for name in names:
         res = {"name": name, "error_code": 0, "error_message": None}
         responses.append(res)
@@ -262,7 +266,7 @@ async def handle_create_partitions(deps: AdminDeps, ctx: RequestContext, req: An
             res["error_message"] = e.message
 
     pending = []
-    quota = None if req.validate_only else _mutation_quota(ctx, ctx.version >= 3)
+    quota = None if req.validate_only else _mutation_quota(deps, ctx, ctx.version >= 3)
     for t in req.topics:
         res = {"name": t.name, "error_code": 0, "error_message": None}
         results.append(res)

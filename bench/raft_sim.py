@@ -5,7 +5,7 @@
     python -m bench.raft_sim --seed 1234               # replay one seed, with its stats
 
 Prints seeds per second and every failing seed with the command that replays it.
-Exit code 1 when any seed failed. See straitmq.controller.raft.simulation.
+Exit code 1 when any seed failed. See straitmq.raft.simulation.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from straitmq.controller.raft.simulation import Simulation, SimulationFailure
+from straitmq.raft.simulation import Simulation, SimulationFailure
 
 from bench.seed_runs import run_seeds
 

@@ -505,8 +505,9 @@ def cmd_features(a: argparse.Namespace) -> None:
     print(f"epoch {f['epoch']}")
 
 
-def _cluster_clients(base: str) -> tuple[list[dict], list[str]]:
-    """Every broker's clients (GET /api/v1/clients of each), joined into one list; and
+def _cluster_clients(base: str, brokers_too: bool = False) -> tuple[list[dict], list[str]]:
+    """Every broker's clients (GET /api/v1/clients of each), joined into one list, the
+    brokers' own connections (replica fetchers, transaction markers) only if asked; and
     the brokers that could not be asked, saying why."""
     from straitmq.metadata import client_impact
 
@@ -526,7 +527,8 @@ def _cluster_clients(base: str) -> tuple[list[dict], list[str]]:
             views[b["id"]] = _request(url, "GET", "/api/v1/clients")["clients"]
         except CliError as e:
             missing.append(f"broker {b['id']} ({url}) not asked: {e}")
-    return client_impact.merge(views), missing
+    merged = client_impact.merge(views)
+    return [c for c in merged if brokers_too or "broker" not in c["roles"]], missing
 
 
 def _ago(ms: int, now_ms: int, connected: bool) -> str:
@@ -540,7 +542,7 @@ def cmd_clients(a: argparse.Namespace) -> None:
     """The clients every broker has seen lately: software, identity, protocols."""
     import json
 
-    clients, missing = _cluster_clients(a.http)
+    clients, missing = _cluster_clients(a.http, a.all)
     for m in missing:
         print(f"strait: {m}", file=sys.stderr)
     if a.json:
@@ -969,6 +971,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cli.add_argument("--apis", action="store_true", help="also list each client's API versions")
     cli.add_argument("--json", action="store_true", help="print the joined list as JSON")
+    cli.add_argument(
+        "--all", action="store_true", help="also the brokers' own connections (replication)"
+    )
     cli.set_defaults(func=cmd_clients)
 
     upg = sub.add_parser(

@@ -132,6 +132,13 @@ def test_software_is_unknown_below_api_versions_v3() -> None:
 # -- the rules ---------------------------------------------------------------------------
 
 
+def test_a_brokers_replica_fetchers_are_brokers_not_consumers() -> None:
+    from straitmq.broker.replication.follower_id import fetcher_client_id
+
+    assert impact.roles({1: [12]}, fetcher_client_id(2, "abc")) == ["broker"]
+    assert impact.roles({1: [12]}, "app") == ["consumer"]
+
+
 def test_group_protocol_and_transaction_version_from_the_api_versions() -> None:
     assert impact.group_protocols({11: [5], 14: [3]}) == ["classic"]
     assert impact.group_protocols({68: [1]}) == ["consumer"]

@@ -18,7 +18,7 @@ from straitmq.controller import quorum as quorum_module
 from straitmq.controller.active import ActiveController, ControllerSettings
 from straitmq.controller.errors import ControllerError
 from straitmq.controller.quorum import Quorum
-from straitmq.controller.raft.core import RaftConfig
+from straitmq.raft.core import RaftConfig
 from straitmq.metadata.features import supported_ranges
 
 CFG = RaftConfig(election_timeout_ms=50, fetch_timeout_ms=100)

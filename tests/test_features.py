@@ -17,7 +17,7 @@ from straitmq.controller.active import (
     bootstrap_feature_records,
 )
 from straitmq.controller.quorum import Quorum
-from straitmq.controller.raft.core import RaftConfig
+from straitmq.raft.core import RaftConfig
 from straitmq.metadata import features as F
 from straitmq.metadata.image import RECORD_VERSIONS, MetadataImage, MetadataVersionError
 

@@ -20,8 +20,8 @@ import orjson
 import pytest
 from conftest import ROOT, BrokerProcess
 from straitmq.cli.local_cluster import free_port
-from straitmq.controller.raft.messages import Entry
-from straitmq.controller.raft.storage import FileStorage, Snapshot
+from straitmq.raft.messages import Entry
+from straitmq.raft.storage import FileStorage, Snapshot
 
 from straitmq import formats
 from straitmq.formats import FORMAT_FILE, KINDS, ROLE_KINDS, FormatError, check_data_root

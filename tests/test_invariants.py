@@ -39,9 +39,9 @@ SCRIPTS = {
         "a committed entry is never truncated",
         """
 import random
-from straitmq.controller.raft.core import RaftConfig, RaftNode
-from straitmq.controller.raft.messages import BeginQuorumEpoch, Entry, FetchResponse
-from straitmq.controller.raft.storage import MemoryStorage
+from straitmq.raft.core import RaftConfig, RaftNode
+from straitmq.raft.messages import BeginQuorumEpoch, Entry, FetchResponse
+from straitmq.raft.storage import MemoryStorage
 
 follower = RaftNode(1, frozenset({0, 1, 2}), MemoryStorage(), RaftConfig(), random.Random(1), 0)
 follower.step(BeginQuorumEpoch(0, 1, 1, 0), 10)

@@ -17,8 +17,8 @@ from straitmq.cli.local_cluster import free_port
 from straitmq.controller.errors import ControllerError
 from straitmq.controller.http_api import add_routes
 from straitmq.controller.quorum import Quorum
-from straitmq.controller.raft.core import RaftConfig
-from straitmq.controller.raft.messages import VoteRequest, to_dict
+from straitmq.raft.core import RaftConfig
+from straitmq.raft.messages import VoteRequest, to_dict
 
 from straitmq import invariants
 from straitmq.invariants import InvariantBroken

@@ -7,8 +7,8 @@ import random
 
 import orjson
 import pytest
-from straitmq.controller.raft.core import NotLeader, RaftConfig, RaftNode, VoterChangeRefused
-from straitmq.controller.raft.messages import (
+from straitmq.raft.core import NotLeader, RaftConfig, RaftNode, VoterChangeRefused
+from straitmq.raft.messages import (
     FENCED_LEADER_EPOCH,
     NOT_LEADER,
     BeginQuorumEpoch,
@@ -26,9 +26,9 @@ from straitmq.controller.raft.messages import (
     from_dict,
     to_dict,
 )
-from straitmq.controller.raft.storage import MemoryStorage, Snapshot
-from straitmq.controller.raft.storage import apply as apply_ops
-from straitmq.controller.raft.voters import Voter, VoterSet
+from straitmq.raft.storage import MemoryStorage, Snapshot
+from straitmq.raft.storage import apply as apply_ops
+from straitmq.raft.voters import Voter, VoterSet
 
 from straitmq import invariants
 from straitmq.invariants import InvariantBroken

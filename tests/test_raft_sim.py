@@ -13,10 +13,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from straitmq.controller.raft import core
-from straitmq.controller.raft.core import RaftNode, VoterChangeRefused
-from straitmq.controller.raft.messages import VoteRequest
-from straitmq.controller.raft.simulation import Simulation, SimulationFailure
+from straitmq.raft import core
+from straitmq.raft.core import RaftNode, VoterChangeRefused
+from straitmq.raft.messages import VoteRequest
+from straitmq.raft.simulation import Simulation, SimulationFailure
 
 from straitmq import invariants
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from straitmq.controller.raft.simulation import Simulation
+from straitmq.raft.simulation import Simulation
 
 SHORT_STEPS = 100
 SHORT_SEEDS = int(os.environ.get("STRAITMQ_RAFT_SIM_SEEDS", "10000"))

@@ -8,8 +8,8 @@ from pathlib import Path
 import orjson
 import pytest
 from straitmq.controller.quorum import load_directory_id, parse_kafka_uuid
-from straitmq.controller.raft.messages import Entry
-from straitmq.controller.raft.storage import FileStorage, MemoryStorage, Snapshot
+from straitmq.raft.messages import Entry
+from straitmq.raft.storage import FileStorage, MemoryStorage, Snapshot
 
 
 def entries(epochs: list[int], start: int = 0) -> list[Entry]:
@@ -225,7 +225,7 @@ def test_writes_before_load_are_refused(tmp_path: Path) -> None:
 def test_simulated_cluster_on_file_storage(tmp_path: Path, seed: int) -> None:
     """The deterministic simulation, with every node's disk a real FileStorage directory:
     crashes reload the directory, snapshots are taken and installed through the files."""
-    from straitmq.controller.raft.simulation import Simulation
+    from straitmq.raft.simulation import Simulation
 
     stats = Simulation(seed, storage_factory=lambda i: FileStorage(tmp_path / str(i))).run()
     assert stats["committed"] > 0

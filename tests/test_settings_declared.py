@@ -13,7 +13,7 @@ from straitmq.broker.__main__ import LISTENER_FIELDS, parse_args
 from straitmq.broker.config import BrokerConfig
 from straitmq.controller.active import ControllerSettings
 from straitmq.controller.config import DEFAULTS, ControllerConfig
-from straitmq.controller.raft.core import RaftConfig
+from straitmq.raft.core import RaftConfig
 
 from straitmq.security.settings import ACL_KEYS, CONTROLLER_KEYS, HTTP_KEYS, KEYS, check_keys
 from straitmq.settings import add_flags, default_of, flag_values, setting

@@ -30,7 +30,7 @@ from kio.schema.errors import ErrorCode
 from straitmq.controller.client import ControllerClient
 from straitmq.controller.errors import ControllerError
 from straitmq.controller.quorum import Quorum, parse_voters
-from straitmq.controller.raft.core import RaftConfig
+from straitmq.raft.core import RaftConfig
 from straitmq.metadata.image import MetadataImage
 
 from straitmq.formats import check_data_root

@@ -202,7 +202,7 @@ class ClientRegistry:
             "transactional_produce": txn_produce,
             "group_protocols": impact.group_protocols(apis),
             "transaction_versions": impact.transaction_versions(apis, txn_produce),
-            "roles": impact.roles(apis),
+            "roles": impact.roles(apis, client_id),
         }
 
 

@@ -23,7 +23,7 @@ from .bootstrap import parse_add_scram
 from .config import ControllerConfig
 from .node import ControllerNode
 from .quorum import parse_voters
-from .raft.core import RaftConfig
+from straitmq.raft.core import RaftConfig
 
 log = logging.getLogger("straitmq.controller")
 

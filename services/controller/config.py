@@ -2,28 +2,33 @@
 `strait-controller` flag, with Kafka's names (and defaults) where Kafka has the same knob.
 
 The command line (`straitmq.controller.__main__`) is built from these declarations, and
-the classes that use the values take their defaults from here: RaftConfig (raft/core.py),
-ControllerSettings (active.py), and a combined node's BrokerConfig.
+the classes that use the values take their defaults from here: ControllerSettings
+(active.py) and a combined node's BrokerConfig. The quorum's two timeouts are the other
+way round: the Raft core (straitmq.raft, a floor below) keeps their values in RaftConfig
+and they are declared here as settings with those defaults.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from straitmq.raft import RaftConfig
 from straitmq.settings import describe, setting
+
+_RAFT = RaftConfig()  # the Raft core's own defaults of the quorum timeouts
 
 
 @dataclass
 class ControllerConfig:
     # The quorum (Kafka's controller.quorum.*).
     election_timeout_ms: int = setting(
-        1000,
+        _RAFT.election_timeout_ms,
         "controller.quorum.election.timeout.ms",
         "--election-timeout-ms",
         "how long a voter waits for a leader before it campaigns (randomized in [T, 2T))",
     )
     fetch_timeout_ms: int = setting(
-        2000,
+        _RAFT.fetch_timeout_ms,
         "controller.quorum.fetch.timeout.ms",
         "--fetch-timeout-ms",
         "a follower without a good fetch from the leader this long campaigns; the leader "

@@ -19,7 +19,7 @@ from . import metrics
 from .active import ActiveController, ControllerSettings
 from .http_api import add_routes
 from .quorum import Quorum, load_directory_id
-from .raft.core import RaftConfig
+from straitmq.raft.core import RaftConfig
 
 log = logging.getLogger("straitmq.controller")
 EXIT_CONFIG = 78

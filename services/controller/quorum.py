@@ -33,11 +33,11 @@ from straitmq.admin_client import AdminAuth
 from straitmq.invariants import InvariantBroken, broken
 
 from .errors import ControllerError, NotController
-from .raft import messages as M
-from .raft.core import NotLeader, RaftConfig, RaftNode, VoterChangeRefused
-from .raft.storage import FileStorage, Snapshot, StorageOp
-from .raft.storage import apply as apply_ops
-from .raft.voters import Voter, VoterSet, is_control
+from straitmq.raft import messages as M
+from straitmq.raft.core import NotLeader, RaftConfig, RaftNode, VoterChangeRefused
+from straitmq.raft.storage import FileStorage, Snapshot, StorageOp
+from straitmq.raft.storage import apply as apply_ops
+from straitmq.raft.voters import Voter, VoterSet, is_control
 
 log = logging.getLogger("straitmq.quorum")
 

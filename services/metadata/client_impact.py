@@ -98,9 +98,17 @@ def transaction_versions(
     return sorted(out)
 
 
-def roles(apis: Mapping[int, Iterable[int]]) -> list[str]:
+# The client id prefix of a broker's own replica fetchers (straitmq.broker.replication.
+# follower_id): their fetches are replication, not a consumer's.
+REPLICA_FETCHER_PREFIX = "replica-fetcher-"
+
+
+def roles(apis: Mapping[int, Iterable[int]], client_id: str | None = None) -> list[str]:
     """What a client does: producer, consumer, share consumer; "broker" for another
-    broker's calls (transaction markers, partition verification: AddPartitionsToTxn v4+)."""
+    broker's calls (transaction markers, partition verification: AddPartitionsToTxn v4+,
+    replica fetchers)."""
+    if client_id and client_id.startswith(REPLICA_FETCHER_PREFIX):
+        return ["broker"]
     out = []
     if WRITE_TXN_MARKERS in apis or any(v >= 4 for v in apis.get(ADD_PARTITIONS_TO_TXN, ())):
         out.append("broker")
@@ -171,7 +179,7 @@ def merge(views: Mapping[int, Sequence[Mapping]]) -> list[dict]:
         m["transactional_produce"] = sorted(m["transactional_produce"])
         m["group_protocols"] = group_protocols(apis)
         m["transaction_versions"] = transaction_versions(apis, m["transactional_produce"])
-        m["roles"] = roles(apis)
+        m["roles"] = roles(apis, m.get("client_id"))
         out.append(m)
     return sorted(out, key=_order)
 
@@ -435,7 +443,7 @@ def _label(c: Mapping) -> str:
     software = c.get("software") or software_label(
         c.get("software_name"), c.get("software_version"), c.get("api_versions_version")
     )
-    rs = c.get("roles") or roles(api_map(c))
+    rs = c.get("roles") or roles(api_map(c), c.get("client_id"))
     role = " and ".join(f"{r}s" for r in rs) if rs else "clients"
     return f"{software} {role}"
 

@@ -8,11 +8,15 @@ its broker registration (incarnation) instead.
 
 from __future__ import annotations
 
+from straitmq.metadata.client_impact import REPLICA_FETCHER_PREFIX
+
 
 def fetcher_client_id(node_id: int, incarnation: str) -> str:
     """The client id of this process's replica fetchers."""
     return (
-        f"replica-fetcher-{node_id}@{incarnation}" if incarnation else f"replica-fetcher-{node_id}"
+        f"{REPLICA_FETCHER_PREFIX}{node_id}@{incarnation}"
+        if incarnation
+        else f"{REPLICA_FETCHER_PREFIX}{node_id}"
     )
 
 
@@ -21,4 +25,4 @@ def fetcher_incarnation(client_id: str | None, replica: int) -> str | None:
     if not client_id:
         return None
     prefix, at, incarnation = client_id.rpartition("@")
-    return incarnation if at and prefix == f"replica-fetcher-{replica}" else None
+    return incarnation if at and prefix == f"{REPLICA_FETCHER_PREFIX}{replica}" else None

@@ -41,7 +41,6 @@ from typing import Any
 
 from straitmq.invariants import broken
 
-from ..config import DEFAULTS
 from .epochs import EpochCache
 from .messages import (
     FENCED_LEADER_EPOCH,
@@ -76,9 +75,10 @@ _NEVER = -(1 << 62)  # a time long before any now_ms
 
 @dataclass(frozen=True, slots=True)
 class RaftConfig:
-    # Declared with their flags in ControllerConfig (controller/config.py).
-    election_timeout_ms: int = DEFAULTS.election_timeout_ms  # randomized in [T, 2T)
-    fetch_timeout_ms: int = DEFAULTS.fetch_timeout_ms  # without a good fetch: campaign
+    # Declared as settings (flags, Kafka names) by ControllerConfig (controller/config.py),
+    # which takes these values as their defaults.
+    election_timeout_ms: int = 1000  # randomized in [T, 2T)
+    fetch_timeout_ms: int = 2000  # without a good fetch: campaign
     fetch_max_wait_ms: int = 500  # long-poll: how long the leader parks an empty fetch
     max_fetch_entries: int = 512  # per FetchResponse
     # ... and records (an entry whose data is a list counts its items): an observer that

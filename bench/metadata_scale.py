@@ -265,8 +265,8 @@ def snapshot_figures(controller_dir: Path) -> dict:
     costs: the first encoding (every topic), the next one after a partition change
     (incremental), and loading it back; and its size on disk."""
     import orjson
-    from straitmq.raft.storage import FileStorage
     from straitmq.metadata.image import MetadataImage
+    from straitmq.raft.storage import FileStorage
 
     storage = FileStorage(str(controller_dir / "metadata-raft"))
     _, _, snap, start, entries = storage.load()

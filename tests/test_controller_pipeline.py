@@ -18,8 +18,8 @@ from straitmq.controller import quorum as quorum_module
 from straitmq.controller.active import ActiveController, ControllerSettings
 from straitmq.controller.errors import ControllerError
 from straitmq.controller.quorum import Quorum
-from straitmq.raft.core import RaftConfig
 from straitmq.metadata.features import supported_ranges
+from straitmq.raft.core import RaftConfig
 
 CFG = RaftConfig(election_timeout_ms=50, fetch_timeout_ms=100)
 WRITE_S = 0.05  # each write of the metadata log (one batch, one fsync) takes this long

@@ -17,9 +17,9 @@ from straitmq.controller.active import (
     bootstrap_feature_records,
 )
 from straitmq.controller.quorum import Quorum
-from straitmq.raft.core import RaftConfig
 from straitmq.metadata import features as F
 from straitmq.metadata.image import RECORD_VERSIONS, MetadataImage, MetadataVersionError
+from straitmq.raft.core import RaftConfig
 
 CURRENT = F.supported_ranges()
 CFG = RaftConfig(election_timeout_ms=50, fetch_timeout_ms=100)

@@ -976,16 +976,7 @@ WAIT_S = 0.5  # each wait below: 50 percent-seconds of request_percentage if cou
     "wait",
     [
         "the handler's long poll",
-        pytest.param(
-            "loading the version's schemas",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="server.py: handle() starts request_percentage's clock before it "
-                "awaits the first request of a version's schema load (a thread), so that "
-                "wait is charged to the request (CI: a long-polling consumer's first "
-                "Fetch throttled 318 ms)",
-            ),
-        ),
+        "loading the version's schemas",
     ],
 )
 def test_what_the_listener_charges_to_request_percentage_leaves_its_waits_out(
@@ -1032,8 +1023,8 @@ def test_a_long_polling_consumer_is_not_throttled_by_request_percentage(
     b = quota_broker
     b.create_topic("idle")
     alter(clients(b), ({"client-id": "poller"}, {"request_percentage": 50.0}))
-    # The first Fetch v12 on this broker loads its schemas in a thread, a wait that is
-    # charged to that request (the xfail above); this test is about the long poll.
+    # The first Fetch v12 on this broker loads its schemas in a thread (a wait that is
+    # not charged either, the test above); this test is about the long poll.
     clients(b, "warm-up").call(fetch(12, "idle", 0))
     c = clients(b, "poller")
     for _ in range(3):

@@ -84,9 +84,13 @@ def test_broker_listener_settings_come_from_a_properties_file_too(tmp_path: Path
         "listener.security.protocol.map": "listener_security_protocol_map",
         "inter.broker.listener.name": "inter_broker_listener_name",
         "connections.max.reauth.ms": "connections_max_reauth_ms",
+        "max.connections": "max_connections",
+        "max.connections.per.ip": "max_connections_per_ip",
     }
     props = tmp_path / "broker.properties"
-    props.write_text("connections.max.reauth.ms=60000\nssl.client.auth=required\n")
+    props.write_text(
+        "connections.max.reauth.ms=60000\nmax.connections.per.ip=7\nssl.client.auth=required\n"
+    )
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     try:  # parse_args sets up the process's logging: give this process's back
@@ -95,6 +99,8 @@ def test_broker_listener_settings_come_from_a_properties_file_too(tmp_path: Path
         root.handlers[:] = handlers
         root.setLevel(level)
     assert cfg.connections_max_reauth_ms == 60000
+    assert (cfg.max_connections_per_ip, cfg.max_connections) == (7, 2**31 - 1)
+    assert cfg.describe()["max.connections.per.ip"] == "7"
     assert cfg.security == {"ssl.client.auth": "required"}
     with pytest.raises(ValueError, match=r"unknown setting 'ssl\.clientauth'"):
         check_keys({"ssl.clientauth": "required"}, LISTENER_FIELDS)

@@ -28,12 +28,13 @@ import orjson
 from aiohttp import web
 from kio.schema.errors import ErrorCode
 from straitmq.controller.client import ControllerClient
-from straitmq.controller.errors import ControllerError
 from straitmq.controller.quorum import Quorum, parse_voters
-from straitmq.raft.core import RaftConfig
 from straitmq.metadata.image import MetadataImage
+from straitmq.raft.core import RaftConfig
 
+from straitmq.errors import KafkaError
 from straitmq.formats import check_data_root
+from straitmq.invariants import broken
 from straitmq.security.acls import Authorizer, AuthorizerSettings
 from straitmq.security.http_security import HttpSecurity, with_scheme
 from straitmq.tasks import cancel_and_wait
@@ -81,7 +82,7 @@ from .replication.throttle import ReplicationThrottle
 from .security.build import build_listeners
 from .security.listeners import Listener, bind_listeners
 from .security.sasl import ConnectionSecurity
-from .server import KafkaConnection, ListenerDeps, bind, serve
+from .server import ConnectionLimits, KafkaConnection, ListenerDeps, bind, serve
 from .share.coordinator import ShareCoordinator
 from .transactions.channel import InterBrokerChannel
 from .transactions.coordinator import TransactionCoordinator, TxnSettings
@@ -254,6 +255,13 @@ class Broker:
             self.quotas,
             self._quota_exempt_listener,
             self.clients,
+            # Kafka protects the inter-broker listener from max.connections when there
+            # are other listeners: the same one quotas exempt.
+            ConnectionLimits(
+                config.max_connections,
+                config.max_connections_per_ip,
+                self._quota_exempt_listener,
+            ),
         )
         self._producer_ids: list[int] = []  # [next, limit) of the block we hold
         broker_metrics.install(
@@ -542,13 +550,13 @@ class Broker:
     def _append_offsets(self, index: int, data: memoryview, batches: list[BatchInfo]) -> int:
         part = self.partitions.leader_of(OFFSETS_TOPIC, index)
         if part is None:
-            raise ControllerError(ErrorCode.not_coordinator, "not the coordinator for this group")
+            raise KafkaError(ErrorCode.not_coordinator, "not the coordinator for this group")
         try:
             part.append(data, batches)
         except OSError as e:
             # Kafka answers a group write that met KAFKA_STORAGE_ERROR with NOT_COORDINATOR
             # (GroupMetadataManager): the client looks the coordinator up again, retries.
-            raise ControllerError(ErrorCode.not_coordinator, f"storage error: {e}") from e
+            raise KafkaError(ErrorCode.not_coordinator, f"storage error: {e}") from e
         return part.log.log_end_offset
 
     def _offsets_durable(self, group_id: str, end: int) -> Awaitable[bool]:
@@ -579,7 +587,7 @@ class Broker:
                     "internal": True,
                 }
             )
-        except ControllerError as e:
+        except KafkaError as e:
             log.debug("cannot create the offsets topic yet", extra={"reason": e.message})
             return False
         return OFFSETS_TOPIC in self.image.topics
@@ -588,7 +596,7 @@ class Broker:
         """create_topic for an internal topic; someone else having made it is fine."""
         try:
             await self.controller.call("create_topic", body, within_s=5.0)
-        except ControllerError as e:
+        except KafkaError as e:
             if e.code != ErrorCode.topic_already_exists:
                 raise
 
@@ -610,7 +618,7 @@ class Broker:
                 {"name": OFFSETS_TOPIC, "changes": {"cleanup.policy": "compact"}},
                 within_s=5.0,
             )
-        except ControllerError as e:
+        except KafkaError as e:
             log.warning(
                 "cannot set cleanup.policy=compact on the offsets topic yet",
                 extra={"reason": e.message},
@@ -776,8 +784,11 @@ class Broker:
                 removed = self.groups.expire_groups(retention_ms)
                 if removed:
                     log.info("removed expired groups", extra={"groups": removed})
-            except Exception:
-                log.exception("offsets expiry failed")
+            except KafkaError as e:  # its tombstones not written (a full disk, a moved
+                # leadership): the next check expires them
+                log.warning("offsets expiry failed", extra={"error": e.message})
+            except Exception as e:  # a bug: the rest decides in memory
+                broken("offsets expiry fails only on its writes", error=f"{type(e).__name__}: {e}")
 
     async def _storage_retry_loop(self) -> None:
         """Replicas whose log could not be opened (a full disk, no descriptors) are

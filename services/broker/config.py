@@ -36,6 +36,21 @@ class BrokerConfig:
     )
     message_max_bytes: int = setting(1048588, "message.max.bytes", "--message-max-bytes")
     socket_request_max_bytes: int = setting(104857600, "socket.request.max.bytes")
+    # Connection caps at accept (Kafka's names and defaults: Int.MaxValue, no cap). Past
+    # one, a new connection is closed at once and logged (server.ConnectionLimits).
+    max_connections: int = setting(
+        2**31 - 1, "max.connections", "--max-connections",
+        "Kafka connections this broker keeps open at once, over its listeners (an "
+        "inter-broker listener beside client listeners is not counted); a new one past it "
+        "is closed at once",
+        properties=True,
+    )  # fmt: skip
+    max_connections_per_ip: int = setting(
+        2**31 - 1, "max.connections.per.ip", "--max-connections-per-ip",
+        "Kafka connections one client address may keep open at once, on every listener; a "
+        "new one past it is closed at once",
+        properties=True,
+    )  # fmt: skip
     offsets_topic_partitions: int = setting(16, "offsets.topic.num.partitions")
     group_initial_rebalance_delay_ms: int = setting(
         3000, "group.initial.rebalance.delay.ms", "--group-initial-rebalance-delay-ms"

@@ -17,8 +17,9 @@ from collections.abc import Sequence
 import aiohttp
 from kio.schema.errors import ErrorCode
 from straitmq.controller.client import ControllerClient
-from straitmq.controller.errors import ControllerError
 from straitmq.metadata.features import supported_ranges
+
+from straitmq.errors import KafkaError
 
 from .config import BrokerConfig
 from .errors import BrokerStartupError
@@ -92,7 +93,7 @@ class Lifecycle:
                     reply.get("metadata_offset", -1), REGISTRATION_WAIT_S
                 )
                 return
-            except ControllerError as e:
+            except KafkaError as e:
                 if e.code in FATAL:
                     raise BrokerStartupError(e.message) from None
                 log.warning("registration failed; retrying", extra={"reason": e.message})
@@ -146,12 +147,12 @@ class Lifecycle:
                 },
                 within_s=self.config.heartbeat_interval_ms / 1000,
             )
-        except ControllerError as e:
+        except KafkaError as e:
             if e.code == ErrorCode.stale_broker_epoch and not self.want_shutdown:
                 log.warning("controller forgot this broker; registering again")
                 try:
                     await self.controller.call("register", self._registration())
-                except ControllerError as e2:
+                except KafkaError as e2:
                     log.warning("re-registration failed", extra={"reason": e2.message})
             else:
                 log.info("heartbeat failed", extra={"reason": e.message})
@@ -182,8 +183,8 @@ class Lifecycle:
             if reply is not None and reply.get("shutdown_ok"):
                 committed = int(reply.get("metadata_offset", -1))
                 break
-            with contextlib.suppress(ControllerError):
+            with contextlib.suppress(KafkaError):
                 await self.metadata.wait_applied(seen + 1, retry_s)
         # Let the partition changes reach us so clients get redirected, not dropped.
-        with contextlib.suppress(ControllerError):
+        with contextlib.suppress(KafkaError):
             await self.metadata.wait_applied(committed, retry_s)

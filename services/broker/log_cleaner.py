@@ -28,6 +28,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from straitmq.invariants import broken
 from straitmq.tasks import cancel_and_wait
 
 from .loop_slice import LoopSlice
@@ -244,8 +245,10 @@ class LogCleaner:
             try:
                 if s.enabled:
                     await self._start_cleanings(s)
-            except Exception:  # a bug here must not stop cleaning for good
-                log.exception("log cleaner round failed")
+            except OSError as e:  # a log's files, read to judge it: the next round
+                log.warning("log cleaner round failed", extra={"error": str(e)})
+            except Exception as e:  # a bug: the round judges logs in memory
+                broken("a log cleaner round fails only on I/O", error=f"{type(e).__name__}: {e}")
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), s.backoff_ms / 1000)
             self._wake.clear()

@@ -67,6 +67,9 @@ class BrokerMetrics:
     listener_connections: Counter = field(default_factory=Counter)  # listener -> accepted
     follower_fetches: Counter = field(default_factory=Counter)  # (listener, principal) -> n
     sasl_logins: Counter = field(default_factory=Counter)  # (listener, principal) -> n
+    # Requests and connections refused at a limit: the limit's name (max.connections,
+    # fetch.parked.per.partition, ...) -> how many.
+    limit_refusals: Counter = field(default_factory=Counter)
     latency_family: HistogramFamily = field(default_factory=_latency_family)
     latency: dict[int, FastHistogram] = field(default_factory=dict)  # api key -> histogram
 
@@ -90,6 +93,7 @@ class BrokerMetrics:
             "listener_connections": dict(self.listener_connections),
             "follower_fetches": _by_listener(self.follower_fetches),
             "sasl_logins": _by_listener(self.sasl_logins),
+            "limit_refusals": dict(self.limit_refusals),
         }
 
 
@@ -284,6 +288,13 @@ def install(
     t.observe(C.BROKER_QUOTA_THROTTLE, lambda: quota_points("throttle"))
     t.observe(C.BROKER_QUOTA_BYTES, lambda: quota_points("bytes"))
     t.observe(C.BROKER_QUOTA_LIMIT, lambda: quota_points("limit"))
+
+    def refusals() -> Points:
+        for source in (m.limit_refusals, groups.refusals, share.refusals):
+            for limit, n in list(source.items()):
+                yield n, {C.LIMIT: limit}
+
+    t.observe(C.BROKER_LIMIT_REFUSALS, refusals)
     t.observe(C.CONSUMER_GROUP_LAG, lag)
     t.observe(C.CONSUMER_GROUP_STATE, group_states)
     t.observe(C.CONSUMER_GROUP_MEMBERS, group_members)

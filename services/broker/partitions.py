@@ -5,7 +5,8 @@ watermark) or a follower (a fetcher copies the leader's log). Which one, and at 
 leader epoch, is what the metadata image says; `PartitionManager.sync` applies it.
 
 Long-polling fetches park a future in `waiters`; appends and high-watermark moves wake
-them. acks=all produces wait in `hw_waiters` until the high watermark passes them.
+them. acks=all produces wait in `hw_waiters` until the high watermark passes them. Each
+of these has a bound (MAX_PARKED_FETCHES, MAX_HW_WAITERS, MAX_LOW_WATERMARK_WAITERS).
 """
 
 from __future__ import annotations
@@ -47,6 +48,19 @@ SYNC_SLICE_S = 0.02
 # The retention walk over every led partition: at most this much of it per loop turn.
 RETENTION_SLICE_S = 0.005
 RETENTION_SEGMENTS_PER_TURN = 8
+# Bounds on what waits on one partition (each entry is one request in flight; without a
+# bound their number follows the connections, and a wake-up walks them all):
+# - fetches parked on it (a sessionless Fetch, a ShareFetch; a fetch session parks once,
+#   on the session): past it a fetch is not parked, it waits out its max wait on its
+#   timer alone and answers with what is there then, as at any timeout. Not at once: a
+#   consumer fetches again at once after an empty answer, and the refused would spin.
+MAX_PARKED_FETCHES = 1024
+# - acks=all writes waiting for the high watermark (at most server.MAX_PIPELINED per
+#   connection): past it a write is answered at once as not confirmed in time
+#   (REQUEST_TIMED_OUT: retriable; an idempotent producer's retry is deduplicated).
+MAX_HW_WAITERS = 4096
+# - DeleteRecords waiting for every replica's log start: past it REQUEST_TIMED_OUT.
+MAX_LOW_WATERMARK_WAITERS = 256
 
 
 def log_config_for(topic: TopicImage, broker_defaults: dict[str, str]) -> LogConfig:
@@ -251,6 +265,8 @@ class Partition(ReplicaCore):
             return False
         if self.high_watermark >= offset:
             return True
+        if len(self.hw_waiters) >= MAX_HW_WAITERS:
+            return False  # not confirmed: the caller answers REQUEST_TIMED_OUT
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[bool] = loop.create_future()
         heapq.heappush(self.hw_waiters, (offset, id(fut), fut))
@@ -276,7 +292,10 @@ class Partition(ReplicaCore):
         self, offset: int, within_s: float, alive: Callable[[int], bool]
     ) -> bool:
         """True once every live replica's log start reached `offset` (checked on each
-        follower fetch that reports a new one); False on timeout."""
+        follower fetch that reports a new one); False on timeout, and at once when
+        MAX_LOW_WATERMARK_WAITERS wait already."""
+        if len(self.low_watermark_waiters) >= MAX_LOW_WATERMARK_WAITERS:
+            return self.low_watermark(alive) >= offset
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.low_watermark_waiters.append((offset, fut, alive))
         self.check_low_watermark()
@@ -310,6 +329,14 @@ class Partition(ReplicaCore):
     def set_follower_hw(self, leader_hw: int) -> None:
         hw = self.follower_hw(leader_hw, self.log.log_end_offset)
         self.log.producers.high_watermark_moved(hw)
+
+    def park(self, fut: asyncio.Future[None]) -> bool:
+        """Park a fetch's future until the next change; False (not parked) past
+        MAX_PARKED_FETCHES."""
+        if len(self.waiters) >= MAX_PARKED_FETCHES:
+            return False
+        self.waiters.add(fut)
+        return True
 
     def _wake(self) -> None:
         if self.waiters:

@@ -22,7 +22,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any, cast
 
@@ -106,6 +106,82 @@ class ListenerDeps:
     # The clients seen lately (GET /api/v1/clients), told of each API version a
     # connection uses for the first time; None: not recorded.
     clients: ClientRegistry | None = None
+    # max.connections and max.connections.per.ip (default: no cap).
+    limits: ConnectionLimits = field(default_factory=lambda: ConnectionLimits())
+
+
+# Refused connections are logged at most this often (a client retrying in a loop would
+# otherwise write a line per attempt); each line says how many went since the last.
+REFUSAL_LOG_INTERVAL_S = 10.0
+
+
+class ConnectionLimits:
+    """Kafka's max.connections and max.connections.per.ip, checked as a connection is
+    made: past either, the new connection is closed at once, as Kafka closes it
+    (ConnectionQuotas). The connections of a listener only brokers use (the inter-broker
+    listener beside client listeners) count towards the per-address cap but not towards
+    max.connections, as in Kafka, so replication keeps working when clients fill it.
+
+    Unlike Kafka, a connection past max.connections is closed rather than left in the
+    accept backlog until a slot frees (KIP-402): a client sees a closed connection and
+    retries with its reconnect backoff. A TLS connection is counted once its handshake
+    is done (the handshake has its own timeout)."""
+
+    def __init__(
+        self,
+        max_connections: int = 2**31 - 1,
+        max_per_ip: int = 2**31 - 1,
+        protected_listener: str | None = None,
+    ) -> None:
+        self.max_connections = max_connections
+        self.max_per_ip = max_per_ip
+        self.protected_listener = protected_listener
+        self.counted = 0  # open connections counted against max.connections
+        self.per_ip: dict[str, int] = {}  # address -> open connections from it
+        self._logged_at = -REFUSAL_LOG_INTERVAL_S
+        self._unlogged = 0
+
+    def admit(self, listener: str, address: str) -> str | None:
+        """Count a new connection from `address` on `listener`, or name the limit (its
+        Kafka name) it is past: then it is not counted and must be closed."""
+        n = self.per_ip.get(address, 0)
+        if n >= self.max_per_ip:
+            return "max.connections.per.ip"
+        protected = self.protected_listener is not None and listener == self.protected_listener
+        if not protected:
+            if self.counted >= self.max_connections:
+                return "max.connections"
+            self.counted += 1
+        self.per_ip[address] = n + 1
+        return None
+
+    def release(self, listener: str, address: str) -> None:
+        """An admitted connection closed."""
+        if listener != self.protected_listener:
+            self.counted -= 1
+        n = self.per_ip.get(address, 0) - 1
+        if n > 0:
+            self.per_ip[address] = n
+        else:
+            self.per_ip.pop(address, None)
+
+    def log_refusal(self, limit: str, address: str, listener: str) -> None:
+        now = time.monotonic()
+        self._unlogged += 1
+        if now - self._logged_at < REFUSAL_LOG_INTERVAL_S:
+            return
+        cap = self.max_per_ip if limit == "max.connections.per.ip" else self.max_connections
+        log.info(
+            "closing a new connection: %s (%d) reached",
+            limit,
+            cap,
+            extra={
+                "client": address,
+                "listener": listener,
+                "refused_since_last_line": self._unlogged,
+            },
+        )
+        self._logged_at, self._unlogged = now, 0
 
 
 class KafkaConnection(asyncio.BufferedProtocol):
@@ -153,6 +229,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         # told of each pair once, never on the request path after that.
         self.api_seen: set[tuple[int, int]] = set()
         self.client: ConnectionClient | None = None  # this connection in the registry
+        self._admitted = False  # counted by the connection limits (released when lost)
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -162,6 +239,15 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.transport.set_write_buffer_limits(high=0)
         peer = transport.get_extra_info("peername")
         self.client_host = f"/{peer[0]}" if peer else ""
+        limits = self.deps.limits
+        refused = limits.admit(self.listener_name, self.client_host)
+        if refused is not None:
+            self.deps.metrics.limit_refusals[refused] += 1
+            limits.log_refusal(refused, self.client_host, self.listener_name)
+            self.closed = True
+            self.transport.close()
+            return
+        self._admitted = True
         if self.listener is not None:
             # Called once the TLS handshake is done: the client certificate (if any) is
             # verified by now and names the principal until SASL names another.
@@ -282,6 +368,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.closed = True
         self.drained.set()
         self._wake()
+        if self._admitted:
+            self._admitted = False
+            self.deps.limits.release(self.listener_name, self.client_host)
         self.deps.connections.discard(self)
         if self.client is not None and self.deps.clients is not None:
             self.deps.clients.closed(self.client, time.time())
@@ -399,9 +488,13 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self.close()
             return
         used = (api_key, version)
+        loading = 0.0
         if used not in LOADED:
-            # The first request of this version: kio imports its schemas, off the loop.
+            # The first request of this version: kio imports its schemas, off the loop
+            # (a wait: not this request's handling time for request_percentage).
+            loading = perf_counter()
             await asyncio.to_thread(load_schemas, api_key, version)
+            loading = perf_counter() - loading
         try:
             check_array_lengths(frame, api_key, version)
             header, body = parse_request(frame, api_key, version)
@@ -436,7 +529,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             # request_percentage counts the time this request's own code ran (Kafka's
             # thread time), not the time it waited: a long-polling Fetch or a JoinGroup
             # waiting for its group costs nothing while it waits.
-            timed = _Timed(spec.handler(ctx, body), perf_counter() - start)
+            timed = _Timed(spec.handler(ctx, body), perf_counter() - start - loading)
             result = await timed
             handling = timed.spent
         else:

@@ -8,6 +8,7 @@ import os
 import sys
 
 import uvloop
+from straitmq.raft.core import RaftConfig
 
 from straitmq import gc_tuning, logs
 from straitmq.formats import EXIT_FORMAT, FormatError
@@ -23,7 +24,6 @@ from .bootstrap import parse_add_scram
 from .config import ControllerConfig
 from .node import ControllerNode
 from .quorum import parse_voters
-from straitmq.raft.core import RaftConfig
 
 log = logging.getLogger("straitmq.controller")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from straitmq.raft import RaftConfig
+
 from straitmq.settings import describe, setting
 
 _RAFT = RaftConfig()  # the Raft core's own defaults of the quorum timeouts

@@ -1,29 +1,19 @@
-"""Errors the controller returns, each with its Kafka error code (kio's ErrorCode)."""
+"""Errors the controller returns, each with its Kafka error code (kio's ErrorCode).
+
+`ControllerError` is the controller's name for the one Kafka error type of every process
+(straitmq.errors.KafkaError): the broker catches `KafkaError`, which catches these too.
+"""
 
 from __future__ import annotations
 
-import re
-
 from kio.schema.errors import ErrorCode
+from straitmq.metadata.topic_config import topic_name_problem
+
+from straitmq.errors import KafkaError
 
 
-def error_name(code: int) -> str:
-    """The Kafka name of an error code, e.g. 38 -> INVALID_REPLICATION_FACTOR."""
-    try:
-        return ErrorCode(code).name.upper()
-    except ValueError:
-        return f"ERROR_{code}"
-
-
-_LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
-MAX_TOPIC_NAME = 249
-
-
-class ControllerError(Exception):
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+class ControllerError(KafkaError):
+    """A request the controller refuses, with its Kafka error code."""
 
 
 class NotController(ControllerError):
@@ -37,17 +27,6 @@ class NotController(ControllerError):
 
 
 def check_topic_name(name: str | None) -> None:
-    if not name:
-        raise ControllerError(ErrorCode.invalid_topic_exception, "topic name is empty")
-    if name in (".", ".."):
-        raise ControllerError(ErrorCode.invalid_topic_exception, f"topic name cannot be '{name}'")
-    if len(name) > MAX_TOPIC_NAME:
-        raise ControllerError(
-            ErrorCode.invalid_topic_exception,
-            f"topic name is longer than {MAX_TOPIC_NAME} characters",
-        )
-    if not _LEGAL.match(name):
-        raise ControllerError(
-            ErrorCode.invalid_topic_exception,
-            f"topic name '{name}' has characters other than ASCII letters, digits, '.', '_', '-'",
-        )
+    problem = topic_name_problem(name)
+    if problem is not None:
+        raise ControllerError(ErrorCode.invalid_topic_exception, problem)

@@ -8,6 +8,7 @@ import os
 import sys
 
 from aiohttp import web
+from straitmq.raft.core import RaftConfig
 
 from straitmq.formats import check_data_root
 from straitmq.security.acls import Authorizer, AuthorizerSettings
@@ -19,7 +20,6 @@ from . import metrics
 from .active import ActiveController, ControllerSettings
 from .http_api import add_routes
 from .quorum import Quorum, load_directory_id
-from straitmq.raft.core import RaftConfig
 
 log = logging.getLogger("straitmq.controller")
 EXIT_CONFIG = 78

@@ -28,16 +28,16 @@ import aiohttp
 import orjson
 from kio.schema.errors import ErrorCode
 from straitmq.metadata.image import MetadataImage, MetadataVersionError, Record
-
-from straitmq.admin_client import AdminAuth
-from straitmq.invariants import InvariantBroken, broken
-
-from .errors import ControllerError, NotController
 from straitmq.raft import messages as M
 from straitmq.raft.core import NotLeader, RaftConfig, RaftNode, VoterChangeRefused
 from straitmq.raft.storage import FileStorage, Snapshot, StorageOp
 from straitmq.raft.storage import apply as apply_ops
 from straitmq.raft.voters import Voter, VoterSet, is_control
+
+from straitmq.admin_client import AdminAuth
+from straitmq.invariants import InvariantBroken, broken
+
+from .errors import ControllerError, NotController
 
 log = logging.getLogger("straitmq.quorum")
 
@@ -53,6 +53,13 @@ SNAPSHOT_EVERY = 2000  # applied entries between metadata snapshots
 # stall its Kafka listener. The image stays whole-entry consistent (its offset says how
 # far it got), and the rest is applied on the next turn of the loop.
 APPLY_SLICE_S = 0.02
+# Requests waiting for this node's image to reach an offset (wait_applied: a broker's
+# admin request after its controller call, a lifecycle step); past it one is refused
+# with REQUEST_TIMED_OUT (retriable), after dropping the waits that timed out already.
+MAX_APPLIED_WAITERS = 10_000
+# A peer's Raft requests of one kind waiting for our node's answer: one, unless its
+# earlier ones timed out on its side; past it one goes unanswered (204), as at a timeout.
+MAX_REPLY_WAITERS_PER_PEER = 8
 RESPONSE_OF = {
     "FetchRequest": "FetchResponse",
     "FetchSnapshotRequest": "FetchSnapshotResponse",
@@ -314,6 +321,17 @@ class Quorum:
         ErrorCode.request_timed_out if it has not within `within_s` (never act on a stale view)."""
         if self.image.offset >= offset:
             return
+        if len(self._applied_waiters) >= MAX_APPLIED_WAITERS:
+            # Waits that timed out stay in the heap until the image passes them: drop
+            # them now; still full, this one is refused as if it had timed out.
+            self._applied_waiters = [w for w in self._applied_waiters if not w[2].done()]
+            heapq.heapify(self._applied_waiters)
+            if len(self._applied_waiters) >= MAX_APPLIED_WAITERS:
+                raise ControllerError(
+                    ErrorCode.request_timed_out,
+                    f"{MAX_APPLIED_WAITERS} requests wait for this node's metadata to reach "
+                    f"an offset already (it is at {self.image.offset}); try again",
+                )
         fut = asyncio.get_running_loop().create_future()
         heapq.heappush(self._applied_waiters, (offset, next(self._waiter_seq), fut))
         try:
@@ -610,8 +628,10 @@ class Quorum:
         kind = RESPONSE_OF.get(type(msg).__name__)
         if kind is None:
             raise ValueError(f"not a request: {type(msg).__name__}")
-        fut = asyncio.get_running_loop().create_future()
         key = (msg.src, kind)
+        if len(self._reply_waiters.get(key, ())) >= MAX_REPLY_WAITERS_PER_PEER:
+            return None  # unanswered (204), as at a timeout: the peer asks again
+        fut = asyncio.get_running_loop().create_future()
         self._reply_waiters[key].append(fut)
         self._advance(lambda: self.node.step(msg, now_ms()))
         try:

@@ -27,6 +27,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kio.schema.errors import ErrorCode
+
+from straitmq.errors import KafkaError
+
 STRAITMQ = "straitmq.metadata.version"
 METADATA_VERSION = "metadata.version"
 
@@ -108,19 +112,15 @@ def unsupported(
     return ", ".join(problems)
 
 
-class FeatureRefused(Exception):
+class FeatureRefused(KafkaError):
     """One update cannot be made; `code` is Kafka's error code for it."""
 
     def __init__(self, feature: str, code: int, message: str) -> None:
-        super().__init__(message)
+        super().__init__(code, message)
         self.feature = feature
-        self.code = code
-        self.message = message
 
 
-# Kafka's codes (kio's ErrorCode values), kept as numbers: this floor imports no codec.
-INVALID_UPDATE_VERSION = 95
-FEATURE_UPDATE_FAILED = 96
+INVALID_UPDATE_VERSION = ErrorCode.invalid_update_version
 
 
 def plan_update(

@@ -382,6 +382,25 @@ def canonical(name: str, value: str) -> str:
     return value
 
 
+_LEGAL_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
+MAX_TOPIC_NAME = 249
+
+
+def topic_name_problem(name: str | None) -> str | None:
+    """Why a topic name is illegal (Kafka's Topic.validate), or None when it is legal.
+    The controller refuses such a topic (errors.check_topic_name), the broker answers
+    INVALID_TOPIC_EXCEPTION for it."""
+    if not name:
+        return "topic name is empty"
+    if name in (".", ".."):
+        return f"topic name cannot be '{name}'"
+    if len(name) > MAX_TOPIC_NAME:
+        return f"topic name is longer than {MAX_TOPIC_NAME} characters"
+    if not _LEGAL_NAME.match(name):
+        return f"topic name '{name}' has characters other than ASCII letters, digits, '.', '_', '-'"
+    return None
+
+
 def validate_topic_configs(
     configs: dict[str, str | None], current: dict[str, str] | None = None
 ) -> str | None:

@@ -39,6 +39,10 @@ class ConnectionClosed(Exception):
     pass
 
 
+class MalformedResponse(ConnectionClosed):
+    """The peer's answer could not be decoded: the connection is closed."""
+
+
 class AuthenticationFailed(ConnectionClosed):
     """The TLS handshake or the SASL login was refused; retrying at once will not help."""
 
@@ -285,9 +289,18 @@ class KafkaConnection:
             self.close()
             raise ConnectionClosed(f"{self.host}:{self.port}: {e or type(e).__name__}") from None
         rschema = response_schema(api_key, version)
-        header, offset = _reader(rschema.__header_schema__)(frame, 0)
-        if header.correlation_id != self._correlation:
+        try:
+            header, offset = _reader(rschema.__header_schema__)(frame, 0)
+            if header.correlation_id != self._correlation:
+                raise ConnectionClosed("correlation id mismatch")
+            resp, _ = _reader(rschema)(frame, offset)
+        except ConnectionClosed:
             self.close()
-            raise ConnectionClosed("correlation id mismatch")
-        resp, _ = _reader(rschema)(frame, offset)
+            raise
+        except Exception as e:  # kio raises several types on malformed input
+            # The peer's answer cannot be read: as a broken connection to its callers.
+            self.close()
+            raise MalformedResponse(
+                f"{self.host}:{self.port}: malformed {rschema.__name__}: {type(e).__name__}: {e}"
+            ) from None
         return resp

@@ -41,6 +41,7 @@ VOTER_STATE = "straitmq.raft.voter.state"  # reachable | unreachable
 # client registry's --client-registry-max-entries, never by client id or host.
 CLIENT_SOFTWARE_NAME = "straitmq.client.software.name"
 CLIENT_SOFTWARE_VERSION = "straitmq.client.software.version"
+LIMIT = "straitmq.limit"  # a bound's name: max.connections, fetch.parked.per.partition, ...
 VERSION = "version"  # the release, e.g. 0.2.0.dev0 (straitmq.version.VERSION)
 COMMIT = "commit"  # the full git commit id it was built from, or "unknown"
 
@@ -248,6 +249,12 @@ BROKER_CLIENTS = _i(
     "--client-registry-expiry-ms), by software name and version (unknown: ApiVersions "
     "below v3)", CLIENT_SOFTWARE_NAME, CLIENT_SOFTWARE_VERSION,
 )  # fmt: skip
+BROKER_LIMIT_REFUSALS = _i(
+    "straitmq.broker.limit.refusals", OBSERVABLE_COUNTER, "{refusal}",
+    "Connections closed and requests answered early at a bound: max.connections, "
+    "max.connections.per.ip, fetch.parked.per.partition, share.fetch.parked, group.parked",
+    LIMIT,
+)  # fmt: skip
 CONSUMER_GROUP_LAG = _i(
     "straitmq.consumer_group.lag", OBSERVABLE_GAUGE, "{message}",
     "High watermark minus committed offset (a share group's: minus its share-partition "
@@ -368,7 +375,7 @@ BROKER = (
     BROKER_CLEANER_UNCLEANABLE, BROKER_TXN_ONGOING, BROKER_TXN_COMPLETED,
     BROKER_TXN_MARKER_DURATION, BROKER_LOG_DIR_USABLE, BROKER_LOG_DIR_CAPACITY,
     BROKER_QUOTA_THROTTLE, BROKER_QUOTA_BYTES, BROKER_QUOTA_LIMIT, BROKER_CLIENTS,
-    CONSUMER_GROUP_LAG, CONSUMER_GROUP_STATE, CONSUMER_GROUP_MEMBERS,
+    BROKER_LIMIT_REFUSALS, CONSUMER_GROUP_LAG, CONSUMER_GROUP_STATE, CONSUMER_GROUP_MEMBERS,
 )  # fmt: skip
 CONTROLLER = (
     CONTROLLER_ACTIVE, QUORUM_EPOCH, QUORUM_HIGH_WATERMARK, QUORUM_COMMIT_DURATION,

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
-from straitmq.controller.errors import ControllerError
 
+from straitmq.errors import KafkaError
 from straitmq.security.acls import ALTER, DESCRIBE, AclBinding, AclFilter, validate_binding
 
 from .context import RequestContext
@@ -71,7 +71,7 @@ async def handle_create_acls(deps: AdminDeps, ctx: RequestContext, req: Any) -> 
     if valid:
         try:
             await deps.control("alter_acls", {"creations": valid})
-        except ControllerError as e:
+        except KafkaError as e:
             for r in results:
                 if not r["error_code"]:
                     r.update(error_code=e.code, error_message=e.message)
@@ -169,7 +169,7 @@ async def handle_delete_acls(deps: AdminDeps, ctx: RequestContext, req: Any) -> 
     if doomed:
         try:
             await deps.control("alter_acls", {"deletions": [list(b) for b in doomed]})
-        except ControllerError as e:
+        except KafkaError as e:
             for r in results:
                 if not r["error_code"]:
                     r.update(error_code=e.code, error_message=e.message, matching_acls=[])

@@ -9,12 +9,17 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
-from straitmq.controller.errors import ControllerError, check_topic_name
 from straitmq.metadata.broker_configs import DYNAMIC_BROKER_CONFIGS, check_together
 from straitmq.metadata.broker_configs import check_value as check_broker_config
 from straitmq.metadata.quotas import CONTROLLER_MUTATION_RATE
-from straitmq.metadata.topic_config import TOPIC_CONFIGS, effective, list_items
+from straitmq.metadata.topic_config import (
+    TOPIC_CONFIGS,
+    effective,
+    list_items,
+    topic_name_problem,
+)
 
+from straitmq.errors import KafkaError
 from straitmq.security.acls import (
     ALTER,
     ALTER_CONFIGS,
@@ -133,7 +138,7 @@ async def handle_create_topics(deps: AdminDeps, ctx: RequestContext, req: Any) -
             if t.assignments:
                 ordered = sorted(t.assignments, key=lambda a: a.partition_index)
                 if [a.partition_index for a in ordered] != list(range(len(ordered))):
-                    raise ControllerError(
+                    raise KafkaError(
                         ErrorCode.invalid_replica_assignment,
                         "assignments must cover partitions 0..n-1",
                     )
@@ -178,7 +183,7 @@ async def handle_create_topics(deps: AdminDeps, ctx: RequestContext, req: Any) -
                 }
                 for k, v in effective({**deps.topic_defaults, **configs}).items()
             ]
-        except ControllerError as e:
+        except KafkaError as e:
             res["error_code"] = e.code
             res["error_message"] = e.message
 
@@ -217,7 +222,7 @@ async def handle_delete_topics(deps: AdminDeps, ctx: RequestContext, req: Any) -
     async def delete(name: str, res: dict) -> None:
         try:
             if name.startswith("__"):
-                raise ControllerError(
+                raise KafkaError(
                     ErrorCode.invalid_request, f"internal topic '{name}' cannot be deleted"
                 )
             body: dict[str, Any] = {"name": name}
@@ -226,7 +231,7 @@ async def handle_delete_topics(deps: AdminDeps, ctx: RequestContext, req: Any) -
             reply = await deps.control("delete_topic", body)
             if quota is not None:
                 quota.answered(reply, res)
-        except ControllerError as e:
+        except KafkaError as e:
             res["error_code"] = e.code
             res["error_message"] = e.message
 
@@ -261,7 +266,7 @@ async def handle_create_partitions(deps: AdminDeps, ctx: RequestContext, req: An
             reply = await deps.control("create_partitions", body)
             if quota is not None:
                 quota.answered(reply, res)
-        except ControllerError as e:
+        except KafkaError as e:
             res["error_code"] = e.code
             res["error_message"] = e.message
 
@@ -442,12 +447,14 @@ async def handle_incremental_alter_configs(deps: AdminDeps, ctx: RequestContext,
                     changes[c.name] = None
                 else:
                     changes[c.name] = _list_operation(deps, r.resource_name, c, changes)
-            check_topic_name(r.resource_name)
+            problem = topic_name_problem(r.resource_name)
+            if problem is not None:
+                raise KafkaError(ErrorCode.invalid_topic_exception, problem)
             await deps.control(
                 "alter_configs",
                 {"name": r.resource_name, "changes": changes, "validate_only": req.validate_only},
             )
-        except ControllerError as e:
+        except KafkaError as e:
             res["error_code"] = e.code
             res["error_message"] = e.message
     return {"throttle_time": 0, "responses": responses}
@@ -458,17 +465,17 @@ def _list_operation(deps: AdminDeps, topic_name: str, c: Any, changes: dict) -> 
     or taken from its current value (this request's earlier change, the topic's own
     value, or the default), as Kafka's controller applies them."""
     if c.config_operation not in (APPEND, SUBTRACT):
-        raise ControllerError(
+        raise KafkaError(
             ErrorCode.invalid_request, f"{c.name}: unknown operation {c.config_operation}"
         )
     d = TOPIC_CONFIGS.get(c.name)
     if d is None or d.type != "list":
-        raise ControllerError(
+        raise KafkaError(
             ErrorCode.invalid_config, f"{c.name}: APPEND/SUBTRACT apply to list configs only"
         )
     topic = deps.metadata.image.topics.get(topic_name)
     if topic is None:
-        raise ControllerError(
+        raise KafkaError(
             ErrorCode.unknown_topic_or_partition, f"topic '{topic_name}' does not exist"
         )
     current = changes.get(c.name)
@@ -560,27 +567,25 @@ async def _alter_broker_configs(deps: AdminDeps, r: Any, validate_only: bool, re
     changes: dict[str, str | None] = {}
     try:
         if r.resource_name and not r.resource_name.isdigit():
-            raise ControllerError(ErrorCode.invalid_request, f"'{r.resource_name}' is no broker id")
+            raise KafkaError(ErrorCode.invalid_request, f"'{r.resource_name}' is no broker id")
         if r.resource_name and int(r.resource_name) not in deps.metadata.image.brokers:
-            raise ControllerError(ErrorCode.invalid_request, f"no broker {r.resource_name}")
+            raise KafkaError(ErrorCode.invalid_request, f"no broker {r.resource_name}")
         for c in r.configs:
             if c.config_operation not in (SET, DELETE):
-                raise ControllerError(ErrorCode.invalid_config, f"{c.name}: SET or DELETE only")
+                raise KafkaError(ErrorCode.invalid_config, f"{c.name}: SET or DELETE only")
             value = c.value if c.config_operation == SET else None
             if c.name in BROKER_THROTTLES:
                 if c.config_operation == SET and (value is None or not value.isdigit()):
-                    raise ControllerError(
-                        ErrorCode.invalid_config, f"{c.name} must be bytes per second"
-                    )
+                    raise KafkaError(ErrorCode.invalid_config, f"{c.name} must be bytes per second")
                 changes["replication.throttled.rate"] = value
             elif c.name in DYNAMIC_BROKER_CONFIGS:
                 if c.config_operation == SET:
                     problem = check_broker_config(c.name, value or "")
                     if problem:
-                        raise ControllerError(ErrorCode.invalid_config, problem)
+                        raise KafkaError(ErrorCode.invalid_config, problem)
                 changes[c.name] = value
             else:
-                raise ControllerError(
+                raise KafkaError(
                     ErrorCode.invalid_config,
                     f"broker config {c.name} cannot be altered at runtime; these can: "
                     f"{', '.join(RUNTIME_BROKER_CONFIGS)} (the leader/follower throttles set "
@@ -593,10 +598,10 @@ async def _alter_broker_configs(deps: AdminDeps, r: Any, validate_only: bool, re
             if name in DYNAMIC_BROKER_CONFIGS:
                 after[name] = static[name] if value is None else value
         if problem := check_together(current, after):
-            raise ControllerError(ErrorCode.invalid_config, problem)
+            raise KafkaError(ErrorCode.invalid_config, problem)
         if not validate_only and changes:
             await deps.control("alter_cluster_configs", {"changes": changes})
-    except ControllerError as e:
+    except KafkaError as e:
         res["error_code"] = e.code
         res["error_message"] = e.message
 
@@ -613,7 +618,7 @@ async def handle_init_producer_id(deps: AdminDeps, ctx: RequestContext, req: Any
         }
     try:
         pid = await deps.next_producer_id()
-    except ControllerError as e:
+    except KafkaError as e:
         return {"throttle_time": 0, "error_code": e.code, "producer_id": -1, "producer_epoch": -1}
     return {"throttle_time": 0, "error_code": 0, "producer_id": pid, "producer_epoch": 0}
 

@@ -17,8 +17,8 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
-from straitmq.controller.errors import ControllerError, check_topic_name
 from straitmq.metadata.image import MetadataImage
+from straitmq.metadata.topic_config import topic_name_problem
 
 from straitmq.security.acls import DESCRIBE, TOPIC
 
@@ -61,10 +61,9 @@ def _partitions(image: MetadataImage, name: str, start: int, limit: int) -> tupl
 
 
 def _missing(name: str) -> dict:
-    try:
-        check_topic_name(name)
+    if topic_name_problem(name) is None:
         error = ErrorCode.unknown_topic_or_partition
-    except ControllerError:
+    else:
         error = ErrorCode.invalid_topic_exception
     return {
         "error_code": error,

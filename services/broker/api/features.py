@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
-from straitmq.controller.errors import ControllerError
 from straitmq.metadata.features import SUPPORTED
 
+from straitmq.errors import KafkaError
 from straitmq.security.acls import ALTER
 
 from .context import RequestContext
@@ -79,7 +79,7 @@ async def handle_update_features(deps: AdminDeps, ctx: RequestContext, req: Any)
             "update_features",
             {"updates": updates, "validate_only": bool(getattr(req, "validate_only", False))},
         )
-    except ControllerError as e:
+    except KafkaError as e:
         return _answer(ctx.version, names, e.code, e.message)
     errors: dict[str, list] = reply.get("errors", {})
     if not errors:

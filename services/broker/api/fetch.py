@@ -463,9 +463,12 @@ async def _wait_for_change(plan: _FetchPlan, session: FetchSession | None, withi
         session.waiter = fut
         parts = []
     else:
-        parts = plan.partitions()
-        for part in parts:
-            part.waiters.add(fut)
+        # A partition with MAX_PARKED_FETCHES parked already does not take this one: its
+        # records are seen when another partition wakes the fetch, or at the timer.
+        named = plan.partitions()
+        parts = [part for part in named if part.park(fut)]
+        if len(parts) < len(named):
+            plan.deps.metrics.limit_refusals["fetch.parked.per.partition"] += 1
     # A timer, not asyncio.wait_for (a second future and a callback per wait: a
     # follower's fetch waits once per leader append).
     timer = loop.call_later(within, settle, fut)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kio.schema.errors import ErrorCode
-from straitmq.controller.errors import ControllerError
 
+from straitmq.errors import KafkaError
 from straitmq.security.acls import DELETE, DESCRIBE, GROUP, READ, TOPIC, TRANSACTIONAL_ID
 
 from ..groups.coordinator import JoinError
@@ -62,7 +62,7 @@ async def _txn_coordinator(deps: GroupDeps, ctx: RequestContext, tid: str) -> di
     txn = deps.transactions
     try:
         await txn.ensure_topic()
-    except ControllerError as e:
+    except KafkaError as e:
         return {
             **none,
             "error_code": ErrorCode.coordinator_not_available,
@@ -260,7 +260,7 @@ async def handle_offset_commit(deps: GroupDeps, ctx: RequestContext, req: Any) -
         # Like Kafka (offsets.commit.required.acks=-1): answer once the ISR has it.
         try:
             end = deps.offsets.commit(req.group_id, entries)
-        except ControllerError as e:  # not written (not the leader, a full disk)
+        except KafkaError as e:  # not written (not the leader, a full disk)
             end, failed = -1, e.code
         else:
             failed = ErrorCode.none

@@ -11,9 +11,9 @@ import struct
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
-from straitmq.controller.errors import ControllerError
 from straitmq.metadata.image import NO_LEADER, MetadataImage, TopicImage
 
+from straitmq.errors import KafkaError
 from straitmq.protocol.build import build, nested_schema
 from straitmq.protocol.codec import encode_entity, encode_response, response_schema
 from straitmq.protocol.varint import uvarint
@@ -271,7 +271,7 @@ async def handle_metadata(deps: MetadataDeps, ctx: RequestContext, req: Any) -> 
                     continue
                 try:
                     await deps.control("create_topic", {"name": name})
-                except ControllerError as e:
+                except KafkaError as e:
                     if e.code != ErrorCode.topic_already_exists:  # a concurrent create won
                         add_error(
                             {"error_code": e.code, "name": name, "topic_id": None, "partitions": []}

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from kio.schema.errors import ErrorCode
-from straitmq.controller.errors import ControllerError
 
+from straitmq.errors import KafkaError
 from straitmq.security.acls import ALTER, DESCRIBE
 
 from .context import RequestContext
@@ -79,7 +79,7 @@ async def handle_describe_quorum(controller: ControllerCall, ctx: RequestContext
         }
     try:
         st = await controller("describe_quorum", {}, within_s=10.0)
-    except ControllerError as e:
+    except KafkaError as e:
         return {"error_code": e.code, "error_message": e.message, "topics": [], "nodes": []}
     topics = []
     for t in req.topics:
@@ -138,7 +138,7 @@ async def _change(controller: ControllerCall, ctx: RequestContext, op: str, body
         }
     try:
         await controller(op, body, within_s=float(body.get("timeout_s", 30.0)) + 5.0)
-    except ControllerError as e:
+    except KafkaError as e:
         return {"throttle_time": 0, "error_code": e.code, "error_message": e.message}
     return {"throttle_time": 0, "error_code": 0, "error_message": None}
 

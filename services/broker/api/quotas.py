@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
-from straitmq.controller.errors import ControllerError
 from straitmq.metadata.quotas import (
     QuotaError,
     check_entity,
@@ -20,6 +19,7 @@ from straitmq.metadata.quotas import (
     parse_filter,
 )
 
+from straitmq.errors import KafkaError
 from straitmq.security.acls import ALTER_CONFIGS, DESCRIBE_CONFIGS
 
 from .context import RequestContext
@@ -87,7 +87,7 @@ async def handle_alter_client_quotas(deps: AdminDeps, ctx: RequestContext, req: 
         body = {"entries": valid, "validate_only": req.validate_only}
         try:
             reply = await deps.control("alter_client_quotas", body)
-        except ControllerError as e:
+        except KafkaError as e:
             for i in positions:
                 results[i]["error_code"], results[i]["error_message"] = e.code, e.message
         else:

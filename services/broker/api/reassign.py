@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
-from straitmq.controller.errors import ControllerError
 from straitmq.metadata.image import NO_LEADER, MetadataImage
 
+from straitmq.errors import KafkaError
 from straitmq.security.acls import ALTER, DESCRIBE
 
 from .context import RequestContext
@@ -50,7 +50,7 @@ async def handle_alter_partition_reassignments(
             results.append(res)
             try:
                 if p.partition_index in seen:
-                    raise ControllerError(
+                    raise KafkaError(
                         ErrorCode.invalid_request, f"{t.name}-{p.partition_index} appears twice"
                     )
                 seen.add(p.partition_index)
@@ -63,7 +63,7 @@ async def handle_alter_partition_reassignments(
                         ]
                     },
                 )
-            except ControllerError as e:
+            except KafkaError as e:
                 res["error_code"] = e.code
                 res["error_message"] = e.message
         responses.append({"name": t.name, "partitions": results})
@@ -84,7 +84,7 @@ async def handle_list_partition_reassignments(
         }
     try:
         reply = await deps.control("list_reassignments", {})
-    except ControllerError as e:
+    except KafkaError as e:
         return {"throttle_time": 0, "error_code": e.code, "error_message": e.message, "topics": []}
     wanted: dict[str, set[int]] | None = None
     if req.topics is not None:
@@ -150,7 +150,7 @@ async def handle_elect_leaders(deps: AdminDeps, ctx: RequestContext, req: Any) -
         }
     try:
         await deps.metadata.catch_up()
-    except ControllerError:
+    except KafkaError:
         pass  # decide on what we have; the controller re-checks eligibility anyway
     image = deps.metadata.image
     all_partitions = req.topic_partitions is None
@@ -167,7 +167,7 @@ async def handle_elect_leaders(deps: AdminDeps, ctx: RequestContext, req: Any) -
         try:
             eligible = [{"topic": t, "index": i} for (t, i), c in checks.items() if c[0] == 0]
             await deps.control("elect_preferred", {"partitions": eligible})
-        except ControllerError as e:
+        except KafkaError as e:
             checks = {tp: (e.code, e.message) if c[0] == 0 else c for tp, c in checks.items()}
         image = deps.metadata.image
         for tp, (code, _) in list(checks.items()):

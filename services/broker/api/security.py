@@ -13,8 +13,8 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
-from straitmq.controller.errors import ControllerError
 
+from straitmq.errors import KafkaError
 from straitmq.security.acls import ALTER, DESCRIBE
 from straitmq.security.scram import (
     BY_ID,
@@ -192,7 +192,7 @@ async def handle_alter_user_scram_credentials(
     if body["upsertions"] or body["deletions"]:
         try:
             reply = await deps.control("alter_scram_credentials", body)
-        except ControllerError as e:
+        except KafkaError as e:
             for name in users:
                 errors.setdefault(name, (e.code, e.message))
         else:

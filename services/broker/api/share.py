@@ -23,7 +23,7 @@ from kio.schema.errors import ErrorCode
 from straitmq.security.acls import DESCRIBE, GROUP, READ, TOPIC
 
 from ..security.listeners import endpoint_for
-from ..share.coordinator import ShareCoordinator
+from ..share.coordinator import MAX_PARKED_SHARE_FETCHES, ShareCoordinator
 from ..share.group_configs import config_key
 from ..share.partition import Acquired, InvalidRecordState
 from ..share.sessions import FINAL_EPOCH, INITIAL_EPOCH, ShareSession
@@ -431,6 +431,11 @@ async def _fetch(
             remaining = deadline - loop.time()
             if got or remaining <= 0 or share.stopping() or not session.partitions:
                 return parts
+            if token not in share.parked and len(share.parked) >= MAX_PARKED_SHARE_FETCHES:
+                # Not parked: answered with what there is once its wait is over.
+                share.refusals["share.fetch.parked"] += 1
+                await asyncio.sleep(remaining)
+                continue
             # Parked fetches are served first come, first served: the oldest one keeps its
             # place when it wakes up to nothing, so members sharing a partition take turns.
             share.parked.setdefault(token, next(share.park_order))
@@ -453,7 +458,7 @@ async def _wait(
     fut: asyncio.Future[None] = loop.create_future()
     share.waiters.add(fut)
     for _, _, part in watched:
-        part.waiters.add(fut)
+        part.park(fut)  # a partition with MAX_PARKED_FETCHES: seen at the next wake-up
     try:
         await asyncio.wait_for(fut, remaining)
     except TimeoutError:

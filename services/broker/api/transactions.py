@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from kio.schema.errors import ErrorCode
-from straitmq.controller.errors import ControllerError
 
+from straitmq.errors import KafkaError
 from straitmq.security.acls import (
     CLUSTER_ACTION,
     DESCRIBE,
@@ -55,7 +55,7 @@ async def _coordinator_error(deps: TxnDeps, tid: str) -> int:
     COORDINATOR_LOAD_IN_PROGRESS while it is becoming its coordinator."""
     try:
         await deps.coordinator.ensure_topic()
-    except ControllerError:
+    except KafkaError:
         return ErrorCode.coordinator_not_available
     c = deps.coordinator
     if c.owns(tid):
@@ -101,7 +101,7 @@ async def _init_transactional(deps: TxnDeps, ctx: RequestContext, req: Any) -> d
     if m is None or m.producer_epoch >= MAX_EPOCH:
         try:
             new_pid = await deps.next_producer_id()
-        except ControllerError as e:
+        except KafkaError as e:
             return answer(Answer(e.code))
     decision = core.init_producer_id(tid, _ms(req.transaction_timeout), _now(), new_pid, expected)
     return answer(await deps.coordinator.run(decision))
@@ -222,7 +222,7 @@ async def handle_end_txn(deps: TxnDeps, ctx: RequestContext, req: Any) -> dict:
     if tv >= TV2 and m is not None and m.producer_epoch >= MAX_EPOCH:
         try:  # the epochs of this producer id are spent: the id moves to a new one
             new_pid = await deps.next_producer_id()
-        except ControllerError as e:
+        except KafkaError as e:
             return answer(Answer(e.code))
     decision = core.end_txn(
         tid, req.producer_id, req.producer_epoch, bool(req.committed), _now(), tv, new_pid
@@ -298,7 +298,7 @@ async def handle_txn_offset_commit(deps: TxnDeps, ctx: RequestContext, req: Any)
             end = deps.offsets.commit_transactional(
                 group, (int(req.producer_id), int(req.producer_epoch)), entries
             )
-        except ControllerError as e:
+        except KafkaError as e:
             return all_of(e.code)
         if not await deps.offsets_durable(group, end):
             return all_of(ErrorCode.request_timed_out)

@@ -16,10 +16,12 @@ import asyncio
 import itertools
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 
 from kio.schema.errors import ErrorCode
 
+from straitmq.errors import KafkaError
 from straitmq.invariants import broken
 
 from .classic_group import ClassicGroup
@@ -73,13 +75,27 @@ class JoinError(Exception):
         self.member_id = member_id
 
 
+# JoinGroup and SyncGroup requests of one group waiting for their answers, at most this
+# many times group.max.size: a member has one of each parked (a retry replaces the
+# earlier one, answered), and an answer may still wait for the group's records to be
+# replicated when its member asks again. Past it, a client is sending requests without
+# waiting for their answers: a JoinGroup gets GROUP_MAX_SIZE_REACHED and a SyncGroup
+# REBALANCE_IN_PROGRESS (the member joins again) at once, before the state machine.
+PARKED_PER_MEMBER = 3
+
+
 class GroupCoordinator:
     def __init__(self, offsets: OffsetStore, settings: GroupSettings) -> None:
         self.offsets = offsets
         self.settings = settings
         self.machine = GroupStateMachine(settings, offsets)
         self._handles = itertools.count(1)
+        # Every parked handle of every group; at most max_parked_per_group of a group.
         self._parked: dict[int, asyncio.Future[JoinResponse | SyncResponse]] = {}
+        self.max_parked_per_group = PARKED_PER_MEMBER * settings.max_size
+        self._parked_in: dict[str, int] = {}  # group -> its requests in _park now
+        # Requests refused at a bound: the bound's name -> how many (metrics).
+        self.refusals: Counter[str] = Counter()
         self._timers: dict[TimerKey, asyncio.TimerHandle] = {}
         self._durable: DurableFn | None = None
         # Per group, the offsets log end after its last records written.
@@ -166,10 +182,17 @@ class GroupCoordinator:
                     written[rec.group_id] = self._written_to[rec.group_id] = end
                 else:
                     self.offsets.delete_group(rec.group_id)
-            except Exception as e:  # no longer the offsets partition's leader
+            except (KafkaError, OSError) as e:  # not the offsets partition's leader now,
+                # or its disk refused the append
                 written[rec.group_id] = None
                 log.warning(
                     "group records not written", extra={"group": rec.group_id, "reason": str(e)}
+                )
+            except Exception as e:  # a bug: the records are built and applied in memory
+                broken(
+                    "group records are written or refused by their partition",
+                    group=rec.group_id,
+                    error=f"{type(e).__name__}: {e}",
                 )
         return written
 
@@ -179,8 +202,18 @@ class GroupCoordinator:
         self._apply()
 
     async def _park(
-        self, group_id: str, start: Callable[[int], None]
+        self,
+        group_id: str,
+        start: Callable[[int], None],
+        refusal: JoinResponse | SyncResponse,
     ) -> JoinResponse | SyncResponse:
+        """Hand the request to the machine and wait for its answer; `refusal` at once
+        when the group has max_parked_per_group requests waiting already."""
+        waiting = self._parked_in.get(group_id, 0)
+        if waiting >= self.max_parked_per_group:
+            self.refusals["group.parked"] += 1
+            return refusal
+        self._parked_in[group_id] = waiting + 1
         handle = next(self._handles)
         fut: asyncio.Future[JoinResponse | SyncResponse] = (
             asyncio.get_running_loop().create_future()
@@ -194,6 +227,11 @@ class GroupCoordinator:
         finally:
             self._parked.pop(handle, None)
             self._handle_groups.pop(handle, None)
+            left = self._parked_in[group_id] - 1
+            if left:
+                self._parked_in[group_id] = left
+            else:
+                del self._parked_in[group_id]
 
     # -- API ------------------------------------------------------------------------------
 
@@ -225,7 +263,11 @@ class GroupCoordinator:
             require_known_member_id,
             supports_skip_assignment,
         )
-        resp = await self._park(group_id, lambda h: self.machine.join(h, req, self._now(), topics))
+        resp = await self._park(
+            group_id,
+            lambda h: self.machine.join(h, req, self._now(), topics),
+            JoinResponse(ErrorCode.group_max_size_reached, ""),
+        )
         if not isinstance(resp, JoinResponse):
             broken("a JoinGroup gets a JoinGroup answer", group=group_id, got=type(resp).__name__)
         if resp.error:
@@ -245,7 +287,11 @@ class GroupCoordinator:
         req = SyncRequest(
             group_id, member_id, instance_id, generation, assignments, protocol_type, protocol_name
         )
-        resp = await self._park(group_id, lambda h: self.machine.sync(h, req, self._now()))
+        resp = await self._park(
+            group_id,
+            lambda h: self.machine.sync(h, req, self._now()),
+            SyncResponse(ErrorCode.rebalance_in_progress),
+        )
         if not isinstance(resp, SyncResponse):
             broken("a SyncGroup gets a SyncGroup answer", group=group_id, got=type(resp).__name__)
         if resp.error:

@@ -307,6 +307,11 @@ class GroupStateMachine:
                 return self._add_member_and_rebalance(handle, group, req, new_id)
             return self._replace_static_member(handle, group, req, old_id, new_id)
         if req.require_known_member_id:
+            if len(group.pending_join) >= self.settings.max_size:
+                # Ids handed out and not yet joined with are bounded too: a client asking
+                # for id after id would otherwise grow the group's pending set (and its
+                # timers) for a whole session timeout each.
+                return self._reply_join(handle, ErrorCode.group_max_size_reached, "")
             # The client learns its id first, so a retried JoinGroup after a lost answer
             # finds the same member instead of adding a ghost one.
             group.pending_join.add(new_id)

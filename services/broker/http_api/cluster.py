@@ -10,11 +10,11 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 from kio.schema.errors import ErrorCode
-from straitmq.controller.errors import ControllerError
 from straitmq.controller.operations import CLUSTER_CONFIGS
 from straitmq.metadata import features
 
 from straitmq.admin_client import AdminError
+from straitmq.errors import KafkaError
 
 from ..metadata_view import MetadataView
 from ..partitions import PartitionManager
@@ -41,7 +41,7 @@ _OPS_STATUS: dict[int, int] = {
 }
 
 
-def _ops_error(e: ControllerError) -> web.Response:
+def _ops_error(e: KafkaError) -> web.Response:
     return _error(_OPS_STATUS.get(e.code, 400), e.message, e.code)
 
 
@@ -81,7 +81,7 @@ def add_routes(app: web.Application, deps: ClusterDeps) -> None:
             return _json({"progress": _local_progress(deps)})
         try:
             reply = await deps.metadata.control("list_reassignments", {})
-        except ControllerError as e:
+        except KafkaError as e:
             return _ops_error(e)
         progress = {(p["topic"], p["partition"]): p for p in _local_progress(deps)}
         leaders = set()
@@ -170,7 +170,7 @@ def add_routes(app: web.Application, deps: ClusterDeps) -> None:
             request_body["throttle"] = None if throttle in (None, -1) else throttle
         try:
             await deps.metadata.control("reassign", request_body)
-        except ControllerError as e:
+        except KafkaError as e:
             return _ops_error(e)
         state = []
         for it in items:
@@ -213,7 +213,7 @@ def add_routes(app: web.Application, deps: ClusterDeps) -> None:
                 "alter_cluster_configs",
                 {"changes": {k: None if v is None else str(v) for k, v in changes.items()}},
             )
-        except ControllerError as e:
+        except KafkaError as e:
             return _ops_error(e)
         return await get_cluster_configs(request)
 
@@ -229,7 +229,7 @@ def add_routes(app: web.Application, deps: ClusterDeps) -> None:
         before = leaders()
         try:
             await deps.metadata.control("elect_preferred", {})
-        except ControllerError as e:
+        except KafkaError as e:
             return _ops_error(e)
         moved = [
             {"topic": t, "partition": i, "from": before[(t, i)], "to": leader}
@@ -347,7 +347,7 @@ def add_routes(app: web.Application, deps: ClusterDeps) -> None:
         req["timeout_s"] = timeout_s
         try:
             reply = await deps.metadata.control(op, req, within_s=timeout_s + 5.0)
-        except ControllerError as e:
+        except KafkaError as e:
             return _ops_error(e)
         return _json(reply)
 
@@ -402,7 +402,7 @@ def add_routes(app: web.Application, deps: ClusterDeps) -> None:
                     "validate_only": bool(body.get("validate_only")),
                 },
             )
-        except ControllerError as e:
+        except KafkaError as e:
             return _ops_error(e)
         errors = reply.get("errors") or {}
         if errors:

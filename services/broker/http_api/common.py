@@ -12,10 +12,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 from kio.schema.errors import ErrorCode
-from straitmq.controller.errors import ControllerError, error_name
 from straitmq.metadata.image import MetadataImage
 
 from straitmq.admin_client import AdminClient
+from straitmq.errors import KafkaError, error_name
 
 # May the request's principal do (operation, resource type, name)? (HttpSecurity.permitted)
 Permitted = Callable[[web.Request, int, int, str], bool]
@@ -61,7 +61,7 @@ async def _body(request: web.Request) -> dict:
     return data
 
 
-def _controller_error(e: ControllerError) -> web.Response:
+def _controller_error(e: KafkaError) -> web.Response:
     return _error(_ERROR_STATUS.get(e.code, 400), e.message, e.code)
 
 

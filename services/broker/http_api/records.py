@@ -20,9 +20,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 from kio.schema.errors import ErrorCode
-from straitmq.controller.errors import error_name
 
 from straitmq.admin_client import AdminError
+from straitmq.errors import error_name
 from straitmq.security.http_security import PRINCIPAL
 from straitmq.security.tls import ANONYMOUS
 

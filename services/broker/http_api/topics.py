@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aiohttp import web
-from straitmq.controller.errors import ControllerError
 from straitmq.metadata.topic_config import effective
 
+from straitmq.errors import KafkaError
 from straitmq.security.acls import DESCRIBE, TOPIC
 
 from ..groups.offsets import OFFSETS_TOPIC
@@ -111,7 +111,7 @@ def add_routes(app: web.Application, deps: TopicsDeps) -> None:
                     "configs": {k: str(v) for k, v in configs.items()},
                 },
             )
-        except ControllerError as e:
+        except KafkaError as e:
             return _controller_error(e)
         return _json(_topic_view(deps, name), 201)
 
@@ -128,7 +128,7 @@ def add_routes(app: web.Application, deps: TopicsDeps) -> None:
             return _error(400, "the internal offsets topic cannot be deleted")
         try:
             await deps.metadata.control("delete_topic", {"name": name})
-        except ControllerError as e:
+        except KafkaError as e:
             return _controller_error(e)
         return _json({"deleted": name})
 
@@ -156,7 +156,7 @@ def add_routes(app: web.Application, deps: TopicsDeps) -> None:
                         "changes": {k: None if v is None else str(v) for k, v in changes.items()},
                     },
                 )
-        except ControllerError as e:
+        except KafkaError as e:
             return _controller_error(e)
         return _json(_topic_view(deps, name))
 

@@ -36,9 +36,9 @@ from typing import Any
 
 from aiohttp import web
 from kio.schema.errors import ErrorCode
-from straitmq.controller.errors import ControllerError
 from straitmq.metadata.quotas import QuotaError, check_entity, check_ops, matches
 
+from straitmq.errors import KafkaError
 from straitmq.security.acls import ALL, SUPPORTED_OPERATIONS, AclBinding, validate_binding
 from straitmq.security.scram import MAX_ITERATIONS, MECHANISMS, MIN_ITERATIONS, credential_record
 from straitmq.security.scram import salted_password as salt_password
@@ -187,7 +187,7 @@ def add_routes(app: web.Application, deps: UsersDeps) -> None:
         record = credential_record(name, mechanism, salt, iterations, salted)
         try:
             await deps.metadata.control("alter_scram_credentials", {"upsertions": [record]})
-        except ControllerError as e:
+        except KafkaError as e:
             return _controller_error(e)
         return _json(_user_view(name, deps.metadata.image.scram_credentials.get(name, {})))
 
@@ -210,7 +210,7 @@ def add_routes(app: web.Application, deps: UsersDeps) -> None:
         deletions = [{"name": name, "mechanism": m} for m in doomed]
         try:
             await deps.metadata.control("alter_scram_credentials", {"deletions": deletions})
-        except ControllerError as e:
+        except KafkaError as e:
             return _controller_error(e)
         return _json({"deleted": name, "mechanisms": sorted(doomed)})
 
@@ -248,7 +248,7 @@ def add_routes(app: web.Application, deps: UsersDeps) -> None:
                 await deps.metadata.control(
                     "alter_acls", {"creations": parsed["create"], "deletions": parsed["delete"]}
                 )
-            except ControllerError as e:
+            except KafkaError as e:
                 return _controller_error(e)
         return _json({"created": created, "deleted": deleted})
 
@@ -296,7 +296,7 @@ def add_routes(app: web.Application, deps: UsersDeps) -> None:
                 "alter_client_quotas",
                 {"entries": entries, "validate_only": bool(body.get("validate_only"))},
             )
-        except ControllerError as e:
+        except KafkaError as e:
             return _controller_error(e)
         if reply.get("errors"):
             i, why = next(iter(reply["errors"].items()))

@@ -29,6 +29,7 @@ from kio.schema.types import BrokerId, TopicName
 from kio.static.primitive import i32
 from straitmq.metadata.image import MetadataImage
 
+from straitmq.invariants import broken
 from straitmq.protocol.client import AuthenticationFailed, ConnectionClosed, KafkaConnection
 from straitmq.protocol.fetch_request import VERSION as FETCH_VERSION
 from straitmq.protocol.fetch_request import FetchWant, encode_fetch_v12
@@ -37,6 +38,7 @@ from ..fetch_sessions import next_epoch
 from ..partitions import FOLLOWER, Partition
 from ..records import InvalidRecords, replicated_batches
 from ..security.listeners import Listener, endpoint_for
+from ..storage.log import OffsetOutOfRange, UnexpectedAppendOffset
 from .core import truncation_offset
 from .follower_id import fetcher_client_id
 
@@ -169,13 +171,24 @@ class LeaderFetcher:
                     self.conn.close()
                 self.conn = None
                 await asyncio.sleep(0.25)
-            except Exception:  # a bug must not stop replication from this leader for good
-                log.exception("replica fetcher error; retrying", extra={"leader": self.leader})
+            except (UnexpectedAppendOffset, OffsetOutOfRange) as e:
+                # The leader's answer does not fit our log (it moved under the answer):
+                # a new session names every position again.
+                log.warning(
+                    "replica fetch answer did not fit the log; fetching anew",
+                    extra={"leader": self.leader, "error": str(e)},
+                )
                 self.reset_session()
                 if self.conn is not None:
                     self.conn.close()
                 self.conn = None
                 await asyncio.sleep(1.0)
+            except Exception as e:  # a bug: nothing else is raised by the fetch or the log
+                broken(
+                    "a replica fetcher meets only I/O errors and the leader's answers",
+                    leader=self.leader,
+                    error=f"{type(e).__name__}: {e}",
+                )
 
     def _auth_refused(self, why: str) -> None:
         # Once per distinct reason: a wrong password retried with backoff would

@@ -15,8 +15,10 @@ import logging
 import time
 from collections.abc import Callable
 
-from straitmq.controller.errors import ControllerError
 from straitmq.metadata.image import MetadataImage
+
+from straitmq.errors import KafkaError
+from straitmq.invariants import broken
 
 from ..loop_slice import LoopSlice
 from ..metadata_view import ControllerCalls
@@ -95,9 +97,11 @@ class IsrManager:
                     new = part.isr_change(lag_s, self._alive, self._incarnation)
                     if new is not None:
                         self.propose(part, new)
-                except Exception:  # one partition's bug must not end ISR upkeep for all
-                    log.exception(
-                        "ISR check failed", extra={"partition": f"{part.topic}-{part.index}"}
+                except Exception as e:  # pure decisions: only a bug raises here
+                    broken(
+                        "an ISR check decides without failing",
+                        partition=f"{part.topic}-{part.index}",
+                        error=f"{type(e).__name__}: {e}",
                     )
                 if pacer.due():
                     await pacer.pause()  # 100,000 replicas: let the listener answer
@@ -140,14 +144,26 @@ class IsrManager:
                 {"broker": self.node_id, "partitions": items},
                 within_s=10.0,
             )
-            answers = reply["partitions"]
-        except ControllerError as e:
+            got = reply.get("partitions") if isinstance(reply, dict) else None
+            answers = got if isinstance(got, list) else []
+            if len(answers) != len(batch):
+                # The controller's answer does not have the batch's shape (a peer's
+                # bad answer): each change counts as failed and is proposed anew.
+                log.error(
+                    "ISR changes: the controller's answer does not match the request",
+                    extra={"partitions": len(batch), "answer": str(reply)[:200]},
+                )
+                answers = [None] * len(batch)
+        except KafkaError as e:
             if "no such call" in e.message:
                 return False
             answers = [{"error_code": e.code, "message": e.message}] * len(batch)
-        except Exception:
-            log.exception("ISR changes failed", extra={"partitions": len(batch)})
-            answers = [None] * len(batch)
+        except Exception as e:  # the call raises KafkaError (ControllerError) only
+            broken(
+                "a controller call fails with a Kafka error",
+                call="alter_partitions",
+                error=f"{type(e).__name__}: {e}",
+            )
         for (part, isr, _), answer, more in zip(batch, answers, grew, strict=True):
             self._settle(part, isr, more, answer)
         return True
@@ -160,11 +176,15 @@ class IsrManager:
                 "alter_partition", {"broker": self.node_id, **item}, within_s=5.0
             )
             answer = {"error_code": 0}
-        except ControllerError as e:
+        except KafkaError as e:
             answer = {"error_code": e.code, "message": e.message}
-        except Exception:
-            log.exception("ISR change failed", extra={"partition": f"{part.topic}-{part.index}"})
-            answer = None
+        except Exception as e:  # the call raises KafkaError (ControllerError) only
+            broken(
+                "a controller call fails with a Kafka error",
+                call="alter_partition",
+                partition=f"{part.topic}-{part.index}",
+                error=f"{type(e).__name__}: {e}",
+            )
         self._settle(part, new_isr, grew, answer)
 
     def _settle(self, part: Partition, new_isr: list[int], grew: bool, answer: dict | None) -> None:

@@ -40,9 +40,10 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 from straitmq.controller.election import on_broker_leaving, on_broker_returning
-from straitmq.controller.errors import ControllerError
 from straitmq.controller.operations import alter_partition, reassign
 from straitmq.metadata.image import NO_LEADER, MetadataImage, PartitionImage, Record
+
+from straitmq.errors import KafkaError
 
 from ..producer_state import DuplicateBatch, ProducerStateTable, SequenceError
 from ..records import BatchInfo
@@ -375,7 +376,7 @@ class Simulation:
             target = rng.sample(sorted(self.brokers), 3)
             try:
                 recs = reassign(self.image, TOPIC, 0, target)
-            except ControllerError:
+            except KafkaError:
                 recs = []
             if recs:
                 self.stats["reassignments"] += 1
@@ -502,7 +503,7 @@ class Simulation:
                 recs = alter_partition(
                     self.image, src, TOPIC, 0, leader_epoch, partition_epoch, isr, incarnations
                 )
-            except ControllerError as e:
+            except KafkaError as e:
                 self.send(CONTROLLER, src, "alter_answer", (isr, int(e.code)))
                 return
             self.stats["isr_changes"] += 1

@@ -33,6 +33,7 @@ from kio.schema.types import GroupId, TopicName
 from kio.static.primitive import i32, i64
 from straitmq.metadata.image import MetadataImage
 
+from straitmq.invariants import broken
 from straitmq.protocol.client import ConnectionClosed, KafkaConnection
 
 from ..groups.offsets import OFFSETS_TOPIC
@@ -80,8 +81,11 @@ class ShareCheckpoints:
             await asyncio.sleep(self.interval_s)
             try:
                 await self.flush()
-            except Exception:  # a failed round is retried at the next
-                log.warning("share checkpoint round failed", exc_info=True)
+            except Exception as e:  # unreachable coordinators are handled in _call
+                broken(
+                    "a share checkpoint round fails only on I/O",
+                    error=f"{type(e).__name__}: {e}",
+                )
 
     # -- writing ---------------------------------------------------------------------------
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+from collections import Counter
 from collections.abc import Callable
 
-from straitmq.controller.errors import ControllerError
 from straitmq.metadata.image import MetadataImage
+
+from straitmq.errors import KafkaError
 
 from ..config import BrokerConfig
 from ..groups.offsets import OFFSETS_TOPIC, OffsetStore
@@ -24,6 +26,13 @@ from ..partitions import LEADER, Partition, PartitionManager
 from ..security.listeners import Listener
 from .checkpoints import STATE_GROUP_PREFIX, ShareCheckpoints
 from .sessions import ShareState
+
+# ShareFetches parked on this broker at once (each is one member's request in flight;
+# a wake-up walks them all, and each woken one counts those ahead of it). Past it a
+# ShareFetch is not parked: it waits out its max wait on a timer and answers with what
+# it can acquire then (an empty answer, at once, would have the member fetch again at
+# once). 2000: the members of the share groups led here that wait at the same moment.
+MAX_PARKED_SHARE_FETCHES = 2000
 
 
 class ShareCoordinator:
@@ -63,8 +72,11 @@ class ShareCoordinator:
         )
         # Fetches parked until records are released or acknowledged (acquirable again).
         self.waiters: set[asyncio.Future[None]] = set()
-        # Parked ShareFetches in arrival order (first come, first served on wake-up).
+        # Parked ShareFetches in arrival order (first come, first served on wake-up); at
+        # most MAX_PARKED_SHARE_FETCHES (api/share.py: past it a fetch is not parked).
         self.parked: dict[object, int] = {}
+        # Requests refused at a bound: the bound's name -> how many (metrics).
+        self.refusals: Counter[str] = Counter()
         self.park_order = itertools.count()
         partitions.role_listeners.append(self._on_role)
 
@@ -118,7 +130,7 @@ class ShareCoordinator:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
-            with contextlib.suppress(ControllerError):  # timed out: try again
+            with contextlib.suppress(KafkaError):  # timed out: try again
                 await self.metadata.wait_applied(
                     seen + 1, min(remaining, self.checkpoints.interval_s)
                 )

@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from kio.schema.errors import ErrorCode
-from straitmq.controller.errors import ControllerError
+
+from straitmq.errors import KafkaError
 
 GROUP_RESOURCE = 32  # ConfigResource.Type.GROUP
 PREFIX = "group:"
@@ -103,5 +104,5 @@ async def alter(
         return
     try:
         await metadata.control("alter_cluster_configs", {"changes": changes})
-    except ControllerError as e:
+    except KafkaError as e:
         res["error_code"], res["error_message"] = e.code, e.message

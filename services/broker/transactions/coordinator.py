@@ -25,6 +25,7 @@ from kio.schema.types import ProducerId, TopicName
 from kio.schema.write_txn_markers.v2 import request as wtm
 from kio.static.primitive import i8, i16, i32
 
+from straitmq.invariants import broken
 from straitmq.tasks import cancel_and_wait
 
 from ..metadata_view import MetadataView
@@ -230,10 +231,12 @@ class TransactionCoordinator:
             self.core.abandon(t)
             log.warning("cannot write a transaction's state", extra={"error": str(e)})
             return False
-        except Exception:
-            self.core.abandon(t)
-            log.exception("writing a transaction's state failed")
-            return False
+        except Exception as e:  # the append raises OSError only; the wait nothing
+            broken(
+                "a transaction's state record is written or fails on the disk",
+                transactional_id=m.transactional_id,
+                error=f"{type(e).__name__}: {e}",
+            )
         if not durable or self.owned.get(index) is None:
             self.core.abandon(t)
             return False
@@ -382,10 +385,13 @@ class TransactionCoordinator:
                 for tid in self.core.expired(_now(), self.settings.id_expiration_ms):
                     if self.owns(tid):
                         await self.tombstone(tid)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("transaction timers failed")
+            except OSError as e:  # a tombstone's append met a full disk: the next round
+                log.warning("transaction timers: cannot write", extra={"error": str(e)})
+            except Exception as e:  # a bug: the rest decides in memory
+                broken(
+                    "the transaction timers fail only on the disk",
+                    error=f"{type(e).__name__}: {e}",
+                )
 
     async def abort_timed_out(self) -> int:
         n = 0

@@ -6,7 +6,13 @@
 #                                   buildah with --build-arg PYTHON_IMAGE=<the base above>
 #                                   and STRAITMQ_COMMIT=<git rev-parse HEAD>; the same image
 #                                   is also tagged localhost/straitmq:<version>
-#                                   (straitmq.__version__, e.g. 0.2.0.dev0)
+#                                   (straitmq.__version__, e.g. 0.2.0.dev0; in the node
+#                                   too: tagged there after the import)
+#   localhost/straitmq:<release>    each release of releases.toml (e.g. 0.1.0) from its own
+#                                   source tree and Dockerfile (scripts/build-releases.sh
+#                                   extracts it at its commit), with the flags and base of
+#                                   the image above; built once: skipped while its tag is in
+#                                   buildah's store (tests/test_real_node.py rolls from it)
 #   localhost/pause:3.10            the pod sandbox image (a static Go binary that sleeps)
 #   localhost/coredns:<version>     CoreDNS from .cache/k8s/bin/coredns (fetch-k8s.sh --node)
 #   localhost/straitmq-client:dev   the tier's Kafka client pods: the base above plus
@@ -22,7 +28,7 @@
 # pip inside the build reaches the package index as the host does: host network, the
 # host's pip config and CA bundle mounted read-only.
 # Options: --force (rebuild everything),
-#          --only NAME (base|straitmq|pause|coredns|client|local-path|spark|spark-jobs).
+#          --only NAME (base|straitmq|releases|pause|coredns|client|local-path|spark|spark-jobs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO="$PWD"
@@ -58,7 +64,7 @@ while (( $# )); do
   case "$1" in
     --force) FORCE=1 ;;
     --only) ONLY="$2"; shift ;;
-    *) echo "usage: $0 [--force] [--only base|straitmq|pause|coredns|client|local-path|spark|spark-jobs]" >&2
+    *) echo "usage: $0 [--force] [--only base|straitmq|releases|pause|coredns|client|local-path|spark|spark-jobs]" >&2
        exit 2 ;;
   esac
   shift
@@ -147,6 +153,52 @@ if want straitmq; then
   "${BUILDAH[@]}" tag "$APP_IMAGE" "$APP_VERSION_IMAGE"
   save "$APP_IMAGE" "$app_tar"
   done_step
+fi
+
+# --- the releases of releases.toml, each from its own source and Dockerfile -------------------
+# localhost/straitmq:<version>, for an MQCluster with spec.version: <version>. A release's
+# tree never changes (its commit), so its image is built once: skipped while the tag is in
+# buildah's store and its tar is saved (a warm run costs one `buildah images`). A release
+# whose version is this code's own (a checkout at the release) is the app image above.
+release_tars=()  # saved, for the node's import below
+release_refs=()
+if want releases; then
+  py=.venv/bin/python
+  [[ -x "$py" ]] || py=python3
+  releases="$("$py" -c 'import tomllib
+for v, r in tomllib.load(open("releases.toml", "rb"))["releases"].items(): print(v, r["commit"])')"
+  while read -r version commit; do
+    [[ -n "$version" ]] || continue
+    [[ "$version" == "$APP_VERSION" ]] && continue
+    ref="localhost/straitmq:$version"
+    tar="$CACHE/straitmq-$version.tar"
+    release_tars+=("$tar")
+    release_refs+=("$ref")
+    have=0
+    [[ $FORCE == 0 ]] && "${BUILDAH[@]}" images --quiet "$ref" >/dev/null 2>&1 && have=1
+    if (( have )) && [[ -f "$tar" ]]; then continue; fi
+    if (( ! have )); then
+      "${BUILDAH[@]}" images --quiet "$BASE_IMAGE" >/dev/null 2>&1 \
+        || die "$BASE_IMAGE is not in buildah's store: run $0 --only base"
+      step "$ref: release $version's own Dockerfile at $commit"
+      # The release's source tree (extracted at its commit, with a virtualenv, once per
+      # commit; cached). git may run as root on a checkout another user owns.
+      rpy="$(GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=safe.directory GIT_CONFIG_VALUE_0="$REPO" \
+        nice -n 10 scripts/build-releases.sh --python "$version" | tail -1)"
+      src="$(dirname "$(dirname "$(dirname "$rpy")")")/src"
+      [[ -f "$src/Dockerfile" ]] || die "release $version: no Dockerfile in $src"
+      # The app image's flags; STRAITMQ_COMMIT is the release's (a Dockerfile that does not
+      # declare it, as 0.1.0's, ignores it).
+      nice -n 10 "${BUILDAH[@]}" bud --quiet --layers --pull=never --network host --format docker \
+        "${vols[@]}" "${pip_env[@]+"${pip_env[@]}"}" \
+        --build-arg "PYTHON_IMAGE=$BASE_IMAGE" --build-arg "STRAITMQ_COMMIT=$commit" \
+        -f "$src/Dockerfile" -t "$ref" "$src" >&2
+    else
+      step "$ref: saved again (its tar was missing)"
+    fi
+    save "$ref" "$tar"
+    done_step
+  done <<<"$releases"
 fi
 
 # --- the tier's Kafka client -------------------------------------------------------------------
@@ -276,13 +328,24 @@ fi
 
 # --- into the node's containerd ---------------------------------------------------------------
 if [[ -S "$CTR_SOCK" ]]; then
+  CTR=(ctr --address "$CTR_SOCK" -n k8s.io)
+  # A release's image never changes: imported only when the node lacks it.
+  in_node="$("${CTR[@]}" images ls -q 2>/dev/null || true)"
+  releases_missing=()
+  for i in "${!release_tars[@]}"; do
+    grep -qxF "${release_refs[$i]}" <<<"$in_node" || releases_missing+=("${release_tars[$i]}")
+  done
   for tar in "$pause_tar" "$coredns_tar" "$app_tar" "$client_tar" "$local_path_tar" \
-             "$spark_jobs_tar"; do
+             "$spark_jobs_tar" "${releases_missing[@]+"${releases_missing[@]}"}"; do
     [[ -f "$tar" ]] || continue
     step "ctr import $(basename "$tar")"
     # A second try: containerd 1.6's collector can race an import's unpack (containerd#3787).
-    ctr --address "$CTR_SOCK" -n k8s.io images import "$tar" >/dev/null \
-      || ctr --address "$CTR_SOCK" -n k8s.io images import "$tar" >/dev/null
+    "${CTR[@]}" images import "$tar" >/dev/null || "${CTR[@]}" images import "$tar" >/dev/null
+    # The tar names the app image :dev only (one name per docker-archive): its version
+    # tag too, for an MQCluster's spec.version.
+    if [[ "$tar" == "$app_tar" ]]; then
+      "${CTR[@]}" images tag --force "$APP_IMAGE" "$APP_VERSION_IMAGE" >/dev/null
+    fi
     done_step
   done
 else

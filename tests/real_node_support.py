@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -60,6 +62,7 @@ CLUSTER_DNS = "10.96.0.10"
 PAUSE_IMAGE = "localhost/pause:3.10"
 COREDNS_IMAGE = "localhost/coredns:1.12.4"
 APP_IMAGE = "localhost/straitmq:dev"
+IMAGE_REPOSITORY = APP_IMAGE.rsplit(":", 1)[0]  # the chart's image.repository here
 CLIENT_IMAGE = "localhost/straitmq-client:dev"  # the base + confluent-kafka (client pods)
 BASE_IMAGE = "localhost/straitmq-python:3.11"  # Debian + python: the provisioner's helper pods
 LOCAL_PATH_IMAGE = "localhost/local-path-provisioner:v0.0.30"
@@ -88,6 +91,24 @@ CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
 CNI_DIR = Path("/usr/lib/cni")
 
 
+def app_version() -> str:
+    """This code's version (straitmq.__version__): build-images.sh tags the app image
+    `localhost/straitmq:<it>` too, what an MQCluster with `spec.version: <it>` runs."""
+    m = re.search(r'^__version__ = "(.*)"$', (ROOT / "straitmq" / "__init__.py").read_text(), re.M)
+    assert m, "no __version__ in straitmq/__init__.py"
+    return m.group(1)
+
+
+def release_images() -> list[tuple[str, str, str]]:
+    """(version, tar, image) of each release of releases.toml that build-images.sh builds
+    from its own source (all but one whose version is this code's)."""
+    with open(ROOT / "releases.toml", "rb") as f:
+        versions = list(tomllib.load(f)["releases"])
+    return [
+        (v, f"straitmq-{v}.tar", f"{IMAGE_REPOSITORY}:{v}") for v in versions if v != app_version()
+    ]
+
+
 def why_not() -> str | None:
     """None when this machine can run the real node, else why not."""
     if os.geteuid() != 0:
@@ -113,6 +134,7 @@ def why_not() -> str | None:
         "straitmq-python-3.11.tar",
         "local-path-provisioner-v0.0.30.tar",
         "straitmq-spark-jobs-dev.tar",
+        *(tar for _, tar, _ in release_images()),
     ):
         if not (IMAGES_DIR / tar).is_file():
             return f"{IMAGES_DIR / tar} is missing (scripts/build-images.sh)"
@@ -365,6 +387,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
     def _import_images(self) -> None:
         have = set(self._ctr("images", "ls", "-q").stdout.split())
+        version_image = f"{IMAGE_REPOSITORY}:{app_version()}"
         for tar, ref in (
             ("pause-3.10.tar", PAUSE_IMAGE),
             ("coredns-1.12.4.tar", COREDNS_IMAGE),
@@ -373,6 +396,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             ("straitmq-python-3.11.tar", BASE_IMAGE),
             ("local-path-provisioner-v0.0.30.tar", LOCAL_PATH_IMAGE),
             ("straitmq-spark-jobs-dev.tar", SPARK_JOBS_IMAGE),
+            *((tar, ref) for _, tar, ref in release_images()),
         ):
             path = IMAGES_DIR / tar
             stamp = CACHE_DIR / f"{tar}.imported"
@@ -385,6 +409,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 continue
             self._import(path)
             stamp.write_text(str(path.stat().st_mtime_ns))
+            if ref == APP_IMAGE:
+                have.discard(version_image)
+        # The app tar names :dev only (one name per docker-archive); spec.version of this
+        # code runs the same image as <repository>:<version>.
+        if version_image not in have:
+            self._ctr("images", "tag", "--force", APP_IMAGE, version_image)
 
     def _import(self, path: Path, attempts: int = 3) -> None:
         # containerd 1.6 can lose an import to its own garbage collector: the import

@@ -1541,7 +1541,7 @@ def test_version_roll_from_0_1_0_pauses_on_a_bad_version_rolls_back_and_finalize
     doc["spec"] = {
         "version": "0.1.0",
         "brokers": {"replicas": 3},
-        "upgrade": {"stepTimeoutSeconds": 15, "minReadySeconds": 2},
+        "upgrade": {"stepTimeoutSeconds": 120, "minReadySeconds": 2},
     }
 
     def mq() -> dict:
@@ -1563,7 +1563,7 @@ def test_version_roll_from_0_1_0_pauses_on_a_bad_version_rolls_back_and_finalize
     w: Workload | None = None
     try:
         kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(doc))
-        m = kube.wait_for(lambda: version_done("0.1.0"), 120, "a 0.1.0 cluster Ready")
+        m = kube.wait_for(lambda: version_done("0.1.0"), 300, "a 0.1.0 cluster Ready")
         assert all("releases" in standins.node(*k).args[0] for k in standins.running)
         sts = get_json(kube, "statefulset", f"{name}-broker", "-n", NS)
         (c,) = sts["spec"]["template"]["spec"]["containers"]
@@ -1584,7 +1584,7 @@ def test_version_roll_from_0_1_0_pauses_on_a_bad_version_rolls_back_and_finalize
         standins.watch_down, standins.max_brokers_down = True, 0
         patch({"version": VERSION})
         try:
-            m = kube.wait_for(lambda: version_done(VERSION), 240, f"every pod on {VERSION}")
+            m = kube.wait_for(lambda: version_done(VERSION), 400, f"every pod on {VERSION}")
         except TimeoutError as e:
             raise AssertionError(f"{e}: {mq().get('status')}; {standins.history[-12:]}") from e
         standins.watch_down = False
@@ -1614,7 +1614,7 @@ def test_version_roll_from_0_1_0_pauses_on_a_bad_version_rolls_back_and_finalize
             m = mq()
             return m if condition(m, "UpgradePaused").get("status") == "True" else None
 
-        m = kube.wait_for(paused, 60, "the roll paused")
+        m = kube.wait_for(paused, 120, "the roll paused")
         assert m["status"]["version"]["phase"] == "Paused"
         assert "PodNotInService" in condition(m, "UpgradePaused")["reason"]
         time.sleep(3)
@@ -1629,8 +1629,8 @@ def test_version_roll_from_0_1_0_pauses_on_a_bad_version_rolls_back_and_finalize
 
         # Rollback: the old version back rolls the bad pod, and nothing else.
         t2 = time.monotonic()
-        patch({"version": VERSION, "upgrade": {"stepTimeoutSeconds": 15}})
-        m = kube.wait_for(lambda: version_done(VERSION), 90, "rolled back")
+        patch({"version": VERSION, "upgrade": {"stepTimeoutSeconds": 120}})
+        m = kube.wait_for(lambda: version_done(VERSION), 180, "rolled back")
         assert condition(m, "UpgradePaused")["status"] == "False"
         again = {(k, o) for t, what, k, o in standins.history if t > t2 and what == "start"}
         assert again == moved, again

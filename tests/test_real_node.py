@@ -30,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from real_node_support import (
     APP_IMAGE,
     CLIENT_IMAGE,
+    IMAGE_REPOSITORY,
     LOCAL_PATH_PROVISIONER,
     NODE_IFACE,
     NODE_IP,
@@ -39,9 +40,11 @@ from real_node_support import (
     BackgroundProducer,
     ClientPod,
     NodeHandle,
+    app_version,
     assert_exactly_once,
     consume_on_host,
     node_fixture,
+    release_images,
 )
 from straitmq.operator.user import CLIENT_SETTINGS
 from waiting import wait_for
@@ -186,13 +189,19 @@ RETRY = (RuntimeError, KeyError, IndexError, OSError, ValueError, StopIteration)
 
 
 @pytest.fixture(scope="module")
-def demo(node: NodeHandle) -> dict[str, float]:
-    return install_demo(node)
+def chart(node: NodeHandle) -> float:
+    """The chart's operator, installed and Ready (the seconds it took)."""
+    return install_chart(node)
 
 
-def install_demo(node: NodeHandle) -> dict[str, float]:
-    """helm install of the chart, examples/open/mqcluster.yaml and its topic.yaml, all
-    Ready; returns how long each took (bench/real_node.py uses it too)."""
+@pytest.fixture(scope="module")
+def demo(node: NodeHandle, chart: float) -> dict[str, float]:
+    return install_demo(node, operator_ready=chart)
+
+
+def install_chart(node: NodeHandle) -> float:
+    """helm install of the chart (the operator, image.repository localhost/straitmq: the
+    repository spec.version names an image in) with --wait; returns the seconds it took."""
     node.kubectl("create", "namespace", "straitmq-system")
     t0 = time.monotonic()
     node.helm(
@@ -212,7 +221,16 @@ def install_demo(node: NodeHandle) -> dict[str, float]:
         "180s",
         timeout=240,
     )
-    operator_ready = time.monotonic() - t0
+    return time.monotonic() - t0
+
+
+def install_demo(node: NodeHandle, operator_ready: float | None = None) -> dict[str, float]:
+    """helm install of the chart (unless done already: `operator_ready` its seconds),
+    examples/open/mqcluster.yaml and its topic.yaml, all Ready; returns how long each took
+    (bench/real_node.py uses it too)."""
+    if operator_ready is None:
+        operator_ready = install_chart(node)
+    t0 = time.monotonic() - operator_ready
     cluster = yaml.safe_load((ROOT / "examples" / "open" / "mqcluster.yaml").read_text())
     cluster["spec"]["image"] = APP_IMAGE  # built here; the example names a user's build
     cluster["spec"]["imagePullPolicy"] = "Never"
@@ -1655,3 +1673,232 @@ def test_secure_mqcluster_and_a_user_in_real_pods(node: NodeHandle, demo: dict[s
     # The User's spec.quotas reached the broker: its producer was throttled.
     assert result["throttled_s"] > 0, result
     node.kubectl("delete", "namespace", SECURE_NS, "--wait=false")
+
+
+# ----------------------------------------------------------------- a version roll of real pods
+
+UPG_NS = "upgrade"
+UPG = "upg"
+UPG_PODS = f"app.kubernetes.io/instance={UPG},app.kubernetes.io/component in (controller,broker)"
+UPG_BOOTSTRAP = f"{UPG}-bootstrap:9092"  # the bootstrap Service alone, as the docs name it
+MISSING_VERSION = "9.9.9"  # no such image on the node (imagePullPolicy Never)
+
+
+def test_version_roll_from_the_last_release_pauses_on_a_missing_image_and_rolls_back(
+    node: NodeHandle, chart: float
+) -> None:
+    """Issue 37, real pods: an MQCluster made at `spec.version: 0.1.0` (the newest release
+    of releases.toml; build-images.sh builds its image from that release's own source and
+    Dockerfile) is rolled to this code by setting spec.version, under an idempotent
+    acks=all producer that knows only the bootstrap Service: the controllers first (a
+    follower first), then brokers 2, 1, 0, one pod at a time, status.version showing the
+    progress until Done. Then a version whose image the node does not have: the first pod
+    restarted onto it cannot start, the roll pauses (UpgradePaused, saying why) and the
+    cluster keeps acknowledging writes; this code's version set back replaces that pod
+    alone and the roll ends Done. Every acknowledged record is read back once, at the
+    offset its acknowledgement named.
+    The module's last test: the demo cluster has served its tests and goes, so that the
+    roll has the node's two cores (run alone, only the chart is installed)."""
+    old_version = release_images()[-1][0]
+    new_version = app_version()
+    old_image, new_image = (f"{IMAGE_REPOSITORY}:{v}" for v in (old_version, new_version))
+    node.kubectl("delete", "namespace", NS, "--ignore-not-found", "--wait=false")
+    node.kubectl("create", "namespace", UPG_NS)
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    cluster = yaml.safe_load((ROOT / "examples" / "open" / "mqcluster.yaml").read_text())
+    cluster["metadata"]["name"] = UPG
+    spec = cluster["spec"]
+    del spec["image"]  # the operator's repository (the chart's image.repository) + version
+    spec["version"], spec["imagePullPolicy"] = old_version, "Never"
+    spec["upgrade"] = {"stepTimeoutSeconds": 120, "minReadySeconds": 1}
+    spec["brokers"]["storage"]["size"] = "1Gi"
+    spec["brokers"]["resources"] = {
+        "requests": {"cpu": "100m", "memory": "256Mi"},
+        "limits": {"memory": "1Gi"},
+    }
+    topic = yaml.safe_load((ROOT / "examples" / "open" / "topic.yaml").read_text())
+    topic["spec"]["cluster"] = UPG
+    node.kubectl("apply", "-n", UPG_NS, "-f", "-", input=json.dumps(cluster))
+    client = ClientPod(node, UPG_NS)  # while the cluster's pods start
+
+    def mq() -> dict:
+        return node.get("mqcluster", UPG, "-n", UPG_NS)
+
+    def condition(m: dict, kind: str) -> dict:
+        conds = (m.get("status") or {}).get("conditions") or []
+        return next((c for c in conds if c["type"] == kind), {})
+
+    def done(m: dict, version: str) -> bool:
+        st = m.get("status") or {}
+        v = st.get("version") or {}
+        return (
+            v.get("phase") == "Done"
+            and v.get("to") == version
+            and st.get("phase") == "Ready"
+            and (st.get("brokers") or {}).get("ready") == 3
+        )
+
+    def uids() -> dict[str, str]:
+        return {p["metadata"]["name"]: p["metadata"]["uid"] for p in node.pods(UPG_NS, UPG_PODS)}
+
+    def images() -> dict[str, str]:
+        return {
+            p["metadata"]["name"]: next(
+                c["image"]
+                for c in p["spec"]["containers"]
+                if c["name"] == p["metadata"]["labels"]["app.kubernetes.io/component"]
+            )
+            for p in node.pods(UPG_NS, UPG_PODS)
+        }
+
+    def patch(change: dict) -> None:
+        node.kubectl(
+            "patch", "mqcluster", UPG, "-n", UPG_NS, "--type=merge", "-p", json.dumps(change)
+        )
+
+    def status() -> str:
+        return json.dumps((mq().get("status") or {}).get("version"))
+
+    def on(version: str) -> dict:  # {} until then
+        m = mq()
+        return m if done(m, version) else {}
+
+    def paused() -> dict:
+        m = mq()
+        return m if condition(m, "UpgradePaused").get("status") == "True" else {}
+
+    m = wait_for(
+        lambda: on(old_version),
+        300,
+        f"MQCluster {UPG} Ready on {old_version}",
+        every=1,
+        ignore=RETRY,
+        detail=lambda: json.dumps(mq().get("status")),
+    )
+    assert set(images().values()) == {old_image}, images()
+    assert "features" not in m["status"]  # 0.1.0 has no feature levels to report
+    node.kubectl("apply", "-n", UPG_NS, "-f", "-", input=json.dumps(topic))
+    node.kubectl(
+        "wait", "-n", UPG_NS, "--for=condition=Ready", f"topic/{TOPIC}", "--timeout=120s",
+        timeout=150,
+    )  # fmt: skip
+    timings["0.1.0 cluster and topic Ready"] = time.monotonic() - t0
+    producer = BackgroundProducer(
+        node, UPG_NS, client.name, UPG_BOOTSTRAP, TOPIC, "upgrade", 40, README_CLIENT
+    )
+    wait_for(producer.started.is_set, 60, "the producer to start", check=producer.check)
+    producer.wait_for_acks(100, 120, f"on {old_version}")
+
+    def roll(
+        to: str, before: dict[str, str], timeout: float, what: str
+    ) -> tuple[dict, list[str], list[str]]:
+        """Waits for a roll to end Done on `to`, noting the pods in the order they were
+        replaced and each status.version phase and progress shown on the way."""
+        order: list[str] = []
+        shown: list[str] = []
+
+        def step() -> dict:
+            for name, uid in uids().items():
+                if uid != before.get(name) and name not in order:
+                    order.append(name)
+            m = mq()
+            v = (m.get("status") or {}).get("version") or {}
+            seen = f"{v.get('phase')} {v.get('progress')}"
+            if not shown or shown[-1] != seen:
+                shown.append(seen)
+            return m if done(m, to) else {}
+
+        m = wait_for(
+            step, timeout, what, every=0.5, ignore=RETRY, check=producer.check, detail=status
+        )
+        return m, order, shown
+
+    # The upgrade: 0.1.0 -> this code.
+    active = m["status"]["activeController"]
+    before = uids()
+    t1 = time.monotonic()
+    patch({"spec": {"version": new_version}})
+    m, order, shown = roll(new_version, before, 300, f"every pod on {new_version}")
+    timings[f"roll {old_version} -> {new_version}"] = time.monotonic() - t1
+    print(f"roll to {new_version}: pods replaced {order}; status.version {shown}")
+    controllers = [f"{UPG}-controller-{i}" for i in range(3)]
+    assert sorted(order[:3]) == controllers, order
+    assert order[0] != f"{UPG}-controller-{active - 1000}", (order, active)  # a follower first
+    assert order[3:] == [f"{UPG}-broker-{i}" for i in (2, 1, 0)], order
+    assert any(s.startswith("Rolling controllers 3/3, brokers 1/3") for s in shown), shown
+    v = m["status"]["version"]
+    assert (v["from"], v["to"], v["progress"]) == (
+        old_version,
+        new_version,
+        "controllers 3/3, brokers 3/3",
+    ), v
+    assert set(images().values()) == {new_image}, images()
+    # This code on 0.1.0's data, its levels not finalized (spec.upgrade.finalizeFeatures
+    # manual): the old release could still run here.
+    assert m["status"]["features"]["straitmq.metadata.version"] == 1, m["status"]["features"]
+    producer.wait_for_acks(100, 120, f"on {new_version}")
+    acked_after_upgrade = producer.acks()
+
+    # A version the node has no image for: one pod changes, then the roll pauses.
+    before = uids()
+    t2 = time.monotonic()
+    patch({"spec": {"version": MISSING_VERSION, "upgrade": {"stepTimeoutSeconds": 10}}})
+    m = wait_for(
+        paused,
+        120,
+        "the roll paused",
+        every=0.5,
+        ignore=RETRY,
+        check=producer.check,
+        detail=status,
+    )
+    timings[f"roll to {MISSING_VERSION} paused"] = time.monotonic() - t2
+    changed = [name for name, uid in uids().items() if uid != before.get(name)]
+    assert len(changed) == 1 and changed[0] in controllers, changed
+    stuck = changed[0]
+    v, why = m["status"]["version"], condition(m, "UpgradePaused")
+    assert v["phase"] == "Paused" and v["to"] == MISSING_VERSION, v
+    assert m["status"]["phase"] == "Degraded", m["status"]["phase"]
+    # Why: the pod restarted last is not back in service (the pass that paused says
+    # PodNotInService; the passes after it hold the roll and keep its message).
+    assert why["reason"] in ("PodNotInService", "UpgradePaused"), why
+    assert f"waiting for {stuck} to be back in service" in why["message"], why
+    selector = f"involvedObject.name={UPG},reason=UpgradePaused"
+    events = node.get("events", "-n", UPG_NS, "--field-selector", selector)["items"]
+    assert any(
+        e["type"] == "Warning" and e["message"].startswith(f"PodNotInService: waiting for {stuck}")
+        for e in events
+    ), [e["message"] for e in events]
+    assert images()[stuck] == f"{IMAGE_REPOSITORY}:{MISSING_VERSION}", images()
+    states = node.get("pod", stuck, "-n", UPG_NS)["status"]["containerStatuses"]
+    (waiting,) = [s["state"].get("waiting") or {} for s in states if s["name"] == "controller"]
+    assert waiting.get("reason") == "ErrImageNeverPull", states
+    # The cluster keeps serving (2 of 3 controllers, every broker), and the roll holds.
+    producer.wait_for_acks(100, 60, "while the roll is paused")
+    assert [n for n, uid in uids().items() if uid != before.get(n)] == [stuck]
+    assert mq()["status"]["version"]["phase"] == "Paused"
+
+    # Rollback: this code's version back replaces the pod that could not start, alone.
+    before = uids()
+    t3 = time.monotonic()
+    patch({"spec": {"version": new_version, "upgrade": {"stepTimeoutSeconds": 120}}})
+    m, order, shown = roll(new_version, before, 180, f"{stuck} back on {new_version}")
+    timings[f"rollback {MISSING_VERSION} -> {new_version}"] = time.monotonic() - t3
+    print(f"rollback: pods replaced {order}; status.version {shown}")
+    assert order == [stuck], order
+    assert condition(m, "UpgradePaused")["status"] == "False", condition(m, "UpgradePaused")
+    v = m["status"]["version"]
+    assert (v["from"], v["to"]) == (MISSING_VERSION, new_version), v
+    assert set(images().values()) == {new_image}, images()
+    producer.wait_for_acks(100, 60, "after the rollback")
+    print(producer.stop())
+    records = client.consume(UPG_BOOTSTRAP, TOPIC, "verify-upgrade")
+    assert_exactly_once(producer.acked, records, "upgrade")
+    timings["in all"] = time.monotonic() - t0
+    print(
+        f"version roll, real pods (s): { {k: round(x, 1) for k, x in timings.items()} }; "
+        f"acked {len(producer.acked)} ({acked_after_upgrade} by the end of the upgrade), "
+        f"delivery errors {len(producer.errors)}"
+    )
+    node.kubectl("delete", "namespace", UPG_NS, "--wait=false")

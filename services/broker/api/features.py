@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
-from straitmq.metadata.features import SUPPORTED
+from straitmq.metadata.features import SAFE_DOWNGRADE, SUPPORTED, UPGRADE
 
 from straitmq.errors import KafkaError
 from straitmq.security.acls import ALTER
@@ -71,9 +71,7 @@ async def handle_update_features(deps: AdminDeps, ctx: RequestContext, req: Any)
         )
     if len(set(names)) != len(names):
         return _answer(ctx.version, names, ErrorCode.invalid_request, "a feature may appear once")
-    updates = {
-        u.feature: [int(u.max_version_level), int(u.upgrade_type)] for u in req.feature_updates
-    }
+    updates = {u.feature: [int(u.max_version_level), _upgrade_type(u)] for u in req.feature_updates}
     try:
         reply = await deps.control(
             "update_features",
@@ -94,6 +92,15 @@ async def handle_update_features(deps: AdminDeps, ctx: RequestContext, req: Any)
         for n in names
     ]
     return _answer(ctx.version, names, first_code, first_message, results)
+
+
+def _upgrade_type(update: Any) -> int:
+    """v1+ say the upgrade type; v0 says allow_downgrade (Kafka reads it as a safe
+    downgrade, UpdateFeaturesRequest.upgradeTypeFromAllowDowngrade)."""
+    kind = getattr(update, "upgrade_type", None)
+    if kind is not None:
+        return int(kind)
+    return SAFE_DOWNGRADE if update.allow_downgrade else UPGRADE
 
 
 def _answer(

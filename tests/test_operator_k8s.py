@@ -598,6 +598,141 @@ def test_cel_rules_guard_updates(installed: Any) -> None:
 # --- what the operator makes ---------------------------------------------------------
 
 
+def test_version_roll_from_0_1_0_pauses_on_a_bad_version_rolls_back_and_finalizes(
+    kube: Any, operator: Operator, tmp_path: Path
+) -> None:
+    """spec.version 0.1.0 -> this code: the stand-ins run each pod on the release its image
+    tag names (0.1.0's own virtualenv, or this checkout), so a real 0.1.0 cluster is rolled
+    to this code under an acks=all producer: controllers first (followers, the active one
+    last), then brokers, one at a time. A version whose image does not exist pauses the
+    roll after stepTimeoutSeconds with one pod changed; setting the version back rolls
+    that pod back; finalizeFeatures auto then raises straitmq.metadata.version."""
+    from straitmq.version import VERSION
+
+    name = "upg"
+    standins = PodStandIns(
+        kube,
+        name,
+        tmp_path,
+        first_controller_id=1000,
+        releases={"0.1.0": release_python("0.1.0"), VERSION: PYTHON},
+    ).start()
+    annotations = {
+        "straitmq.io/admin-url": standins.admin_url,
+        "straitmq.io/controller-urls": standins.controller_urls,
+    }
+    doc = mqcluster(name, 3, annotations)
+    doc["spec"] = {
+        "version": "0.1.0",
+        "brokers": {"replicas": 3},
+        "upgrade": {"stepTimeoutSeconds": 120, "minReadySeconds": 2},
+    }
+
+    def mq() -> dict:
+        standins.check()
+        return get_json(kube, "mqcluster", name, "-n", NS)
+
+    def version_done(version: str) -> dict | None:
+        m = mq()
+        st = m.get("status") or {}
+        v = st.get("version") or {}
+        ok = v.get("phase") == "Done" and v.get("to") == version and st.get("phase") == "Ready"
+        return m if ok and standins.in_sync() else None
+
+    def patch(spec: dict) -> None:
+        kube.kubectl(
+            "patch", "mqcluster", name, "-n", NS, "--type=merge", "-p", json.dumps({"spec": spec})
+        )
+
+    w: Workload | None = None
+    try:
+        kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(doc))
+        m = kube.wait_for(lambda: version_done("0.1.0"), 300, "a 0.1.0 cluster Ready")
+        assert all("releases" in standins.node(*k).args[0] for k in standins.running)
+        sts = get_json(kube, "statefulset", f"{name}-broker", "-n", NS)
+        (c,) = sts["spec"]["template"]["spec"]["containers"]
+        assert c["image"] == "straitmq/straitmq:0.1.0"
+        assert "features" not in m["status"]  # 0.1.0 has no feature levels to report
+        kube.kubectl(
+            "apply", "-n", NS, "-f", "-",
+            input=yaml_doc(topic("upg-orders", name, 3, config={"min.insync.replicas": "2"})),
+        )  # fmt: skip
+        kube.wait_for(lambda: "upg-orders" in standins.topics(), 60, "topic upg-orders")
+        bootstrap = ",".join(f"127.0.0.1:{standins.local.brokers[i].kafka_port}" for i in range(3))
+        w = Workload(bootstrap, "upg-orders", partitions=3, prefix="upg", rate=100).start()
+        kube.wait_for(lambda: w.acked_count() > 50, 60, "acks before the upgrade")
+
+        # The upgrade.
+        active = m["status"]["activeController"]
+        t0 = time.monotonic()
+        standins.watch_down, standins.max_brokers_down = True, 0
+        patch({"version": VERSION})
+        try:
+            m = kube.wait_for(lambda: version_done(VERSION), 400, f"every pod on {VERSION}")
+        except TimeoutError as e:
+            raise AssertionError(f"{e}: {mq().get('status')}; {standins.history[-12:]}") from e
+        standins.watch_down = False
+        starts = [(kind, o) for t, what, kind, o in standins.history if what == "start" and t > t0]
+        followers = [("controller", o) for o in (2, 1, 0) if 1000 + o != active]
+        assert starts == [*followers, ("controller", active - 1000), *(
+            ("broker", o) for o in (2, 1, 0)
+        )], starts  # fmt: skip
+        assert standins.max_brokers_down <= 1
+        assert all(standins.node(*k).args[0] == PYTHON for k in standins.running)
+        v = m["status"]["version"]
+        assert (v["from"], v["to"], v["progress"]) == (
+            "0.1.0",
+            VERSION,
+            "controllers 3/3, brokers 3/3",
+        )
+        assert m["status"]["features"]["straitmq.metadata.version"] == 1  # not finalized
+        w.stop()
+        assert_none_lost(w, bootstrap, "upg-orders", "verify-upg", at_least=50)
+        w = None
+
+        # A version that cannot start: one pod changes, then the roll pauses, and stays so.
+        t1 = time.monotonic()
+        patch({"version": "9.9.9-missing", "upgrade": {"stepTimeoutSeconds": 6}})
+
+        def paused() -> dict | None:
+            m = mq()
+            return m if condition(m, "UpgradePaused").get("status") == "True" else None
+
+        m = kube.wait_for(paused, 120, "the roll paused")
+        assert m["status"]["version"]["phase"] == "Paused"
+        assert "PodNotInService" in condition(m, "UpgradePaused")["reason"]
+        time.sleep(3)
+        moved = {(k, o) for t, what, k, o in standins.history if t > t1}
+        assert len(moved) == 1 and next(iter(moved))[0] == "controller", moved
+        assert mq()["status"]["version"]["phase"] == "Paused"
+        events = get_json(
+            kube, "events", "-n", NS, "--field-selector",
+            f"involvedObject.name={name},reason=UpgradePaused",
+        )["items"]  # fmt: skip
+        assert events and events[0]["type"] == "Warning", events
+
+        # Rollback: the old version back rolls the bad pod, and nothing else.
+        t2 = time.monotonic()
+        patch({"version": VERSION, "upgrade": {"stepTimeoutSeconds": 120}})
+        m = kube.wait_for(lambda: version_done(VERSION), 180, "rolled back")
+        assert condition(m, "UpgradePaused")["status"] == "False"
+        again = {(k, o) for t, what, k, o in standins.history if t > t2 and what == "start"}
+        assert again == moved, again
+
+        # Finalizing, explicitly asked for.
+        patch({"upgrade": {"finalizeFeatures": "auto", "finalizeAfterSeconds": 0}})
+        kube.wait_for(
+            lambda: mq()["status"].get("features", {}).get("straitmq.metadata.version") == 2,
+            60,
+            "straitmq.metadata.version finalized",
+        )
+    finally:
+        if w is not None:
+            w.stop()
+        kube.kubectl("delete", "mqcluster", name, "-n", NS, "--wait=false", check=False)
+        standins.stop()
+
+
 def test_mqcluster_becomes_statefulsets_services_and_pdbs(kube: Any, operator: Operator) -> None:
     body = mqcluster(
         "shape",
@@ -1512,141 +1647,6 @@ def test_manual_rolling_update_of_one_pod_then_of_all(kube: Any, demo: PodStandI
     kinds = [kind for _, kind, _ in restarts]
     assert kinds == sorted(kinds, key=lambda k: k != "controller"), restarts
     assert demo.max_brokers_down <= 1, f"{demo.max_brokers_down} brokers down at once"
-
-
-def test_version_roll_from_0_1_0_pauses_on_a_bad_version_rolls_back_and_finalizes(
-    kube: Any, operator: Operator, tmp_path: Path
-) -> None:
-    """spec.version 0.1.0 -> this code: the stand-ins run each pod on the release its image
-    tag names (0.1.0's own virtualenv, or this checkout), so a real 0.1.0 cluster is rolled
-    to this code under an acks=all producer: controllers first (followers, the active one
-    last), then brokers, one at a time. A version whose image does not exist pauses the
-    roll after stepTimeoutSeconds with one pod changed; setting the version back rolls
-    that pod back; finalizeFeatures auto then raises straitmq.metadata.version."""
-    from straitmq.version import VERSION
-
-    name = "upg"
-    standins = PodStandIns(
-        kube,
-        name,
-        tmp_path,
-        first_controller_id=1000,
-        releases={"0.1.0": release_python("0.1.0"), VERSION: PYTHON},
-    ).start()
-    annotations = {
-        "straitmq.io/admin-url": standins.admin_url,
-        "straitmq.io/controller-urls": standins.controller_urls,
-    }
-    doc = mqcluster(name, 3, annotations)
-    doc["spec"] = {
-        "version": "0.1.0",
-        "brokers": {"replicas": 3},
-        "upgrade": {"stepTimeoutSeconds": 120, "minReadySeconds": 2},
-    }
-
-    def mq() -> dict:
-        standins.check()
-        return get_json(kube, "mqcluster", name, "-n", NS)
-
-    def version_done(version: str) -> dict | None:
-        m = mq()
-        st = m.get("status") or {}
-        v = st.get("version") or {}
-        ok = v.get("phase") == "Done" and v.get("to") == version and st.get("phase") == "Ready"
-        return m if ok and standins.in_sync() else None
-
-    def patch(spec: dict) -> None:
-        kube.kubectl(
-            "patch", "mqcluster", name, "-n", NS, "--type=merge", "-p", json.dumps({"spec": spec})
-        )
-
-    w: Workload | None = None
-    try:
-        kube.kubectl("apply", "-n", NS, "-f", "-", input=yaml_doc(doc))
-        m = kube.wait_for(lambda: version_done("0.1.0"), 300, "a 0.1.0 cluster Ready")
-        assert all("releases" in standins.node(*k).args[0] for k in standins.running)
-        sts = get_json(kube, "statefulset", f"{name}-broker", "-n", NS)
-        (c,) = sts["spec"]["template"]["spec"]["containers"]
-        assert c["image"] == "straitmq/straitmq:0.1.0"
-        assert "features" not in m["status"]  # 0.1.0 has no feature levels to report
-        kube.kubectl(
-            "apply", "-n", NS, "-f", "-",
-            input=yaml_doc(topic("upg-orders", name, 3, config={"min.insync.replicas": "2"})),
-        )  # fmt: skip
-        kube.wait_for(lambda: "upg-orders" in standins.topics(), 60, "topic upg-orders")
-        bootstrap = ",".join(f"127.0.0.1:{standins.local.brokers[i].kafka_port}" for i in range(3))
-        w = Workload(bootstrap, "upg-orders", partitions=3, prefix="upg", rate=100).start()
-        kube.wait_for(lambda: w.acked_count() > 50, 60, "acks before the upgrade")
-
-        # The upgrade.
-        active = m["status"]["activeController"]
-        t0 = time.monotonic()
-        standins.watch_down, standins.max_brokers_down = True, 0
-        patch({"version": VERSION})
-        try:
-            m = kube.wait_for(lambda: version_done(VERSION), 400, f"every pod on {VERSION}")
-        except TimeoutError as e:
-            raise AssertionError(f"{e}: {mq().get('status')}; {standins.history[-12:]}") from e
-        standins.watch_down = False
-        starts = [(kind, o) for t, what, kind, o in standins.history if what == "start" and t > t0]
-        followers = [("controller", o) for o in (2, 1, 0) if 1000 + o != active]
-        assert starts == [*followers, ("controller", active - 1000), *(
-            ("broker", o) for o in (2, 1, 0)
-        )], starts  # fmt: skip
-        assert standins.max_brokers_down <= 1
-        assert all(standins.node(*k).args[0] == PYTHON for k in standins.running)
-        v = m["status"]["version"]
-        assert (v["from"], v["to"], v["progress"]) == (
-            "0.1.0",
-            VERSION,
-            "controllers 3/3, brokers 3/3",
-        )
-        assert m["status"]["features"]["straitmq.metadata.version"] == 1  # not finalized
-        w.stop()
-        assert_none_lost(w, bootstrap, "upg-orders", "verify-upg", at_least=50)
-        w = None
-
-        # A version that cannot start: one pod changes, then the roll pauses, and stays so.
-        t1 = time.monotonic()
-        patch({"version": "9.9.9-missing", "upgrade": {"stepTimeoutSeconds": 6}})
-
-        def paused() -> dict | None:
-            m = mq()
-            return m if condition(m, "UpgradePaused").get("status") == "True" else None
-
-        m = kube.wait_for(paused, 120, "the roll paused")
-        assert m["status"]["version"]["phase"] == "Paused"
-        assert "PodNotInService" in condition(m, "UpgradePaused")["reason"]
-        time.sleep(3)
-        moved = {(k, o) for t, what, k, o in standins.history if t > t1}
-        assert len(moved) == 1 and next(iter(moved))[0] == "controller", moved
-        assert mq()["status"]["version"]["phase"] == "Paused"
-        events = get_json(
-            kube, "events", "-n", NS, "--field-selector",
-            f"involvedObject.name={name},reason=UpgradePaused",
-        )["items"]  # fmt: skip
-        assert events and events[0]["type"] == "Warning", events
-
-        # Rollback: the old version back rolls the bad pod, and nothing else.
-        t2 = time.monotonic()
-        patch({"version": VERSION, "upgrade": {"stepTimeoutSeconds": 120}})
-        m = kube.wait_for(lambda: version_done(VERSION), 180, "rolled back")
-        assert condition(m, "UpgradePaused")["status"] == "False"
-        again = {(k, o) for t, what, k, o in standins.history if t > t2 and what == "start"}
-        assert again == moved, again
-
-        # Finalizing, explicitly asked for.
-        patch({"upgrade": {"finalizeFeatures": "auto", "finalizeAfterSeconds": 0}})
-        kube.wait_for(
-            lambda: mq()["status"].get("features", {}).get("straitmq.metadata.version") == 2,
-            60,
-            "straitmq.metadata.version finalized",
-        )
-    finally:
-        if w is not None:
-            w.stop()
-        kube.kubectl("delete", "mqcluster", name, "-n", NS, "--wait=false", check=False)
-        standins.stop()
 
 
 def test_all_brokers_down_is_not_ready(kube: Any, demo: PodStandIns) -> None:

@@ -14,8 +14,6 @@ kafka-configs and raw requests (kio).
 from __future__ import annotations
 
 import dataclasses
-import io
-import struct
 import subprocess
 from types import SimpleNamespace
 from typing import Any
@@ -24,38 +22,17 @@ import pytest
 from cluster_support import Cluster, cluster_factory, wait_for
 from conftest import record_batch
 from kio.schema.errors import ErrorCode
-from kio.serial import entity_writer
 from straitmq.controller.mutation_quotas import MutationQuotas
 from straitmq.metadata.image import MetadataImage
 from straitmq.metadata.quotas import entity_key
-from test_errors import Raw, code, create_topics, produce, produce_partition
+from test_errors import code, create_topics, produce, produce_partition
 from test_metrics import scrape, total
+from test_quotas import Client
 
 from bench.javatools import KAFKA44_TOOLS, ensure_jars, java_cmd
 from straitmq.admin_client import request_sync
 
 pytestmark = pytest.mark.timeout(240)
-
-
-class Client(Raw):
-    """A Kafka connection with a client id of its own."""
-
-    def __init__(self, b: Any, client_id: str) -> None:
-        super().__init__(b)
-        self.client_id = client_id
-
-    def _frame(self, req: Any) -> bytes:
-        hs = req.__header_schema__
-        buf = io.BytesIO()
-        header = hs(
-            request_api_key=req.__api_key__,
-            request_api_version=req.__version__,
-            correlation_id=self.corr,
-            client_id=self.client_id,
-        )
-        entity_writer(hs)(buf, header)
-        entity_writer(type(req))(buf, req)
-        return struct.pack(">i", len(buf.getvalue())) + buf.getvalue()
 
 
 def _image(quotas: dict) -> MetadataImage:

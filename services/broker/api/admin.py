@@ -117,6 +117,17 @@ def _mutation_quota(deps: AdminDeps, ctx: RequestContext, strict: bool) -> _Muta
     return _MutationQuota({"user": user, "client_id": ctx.client_id or "", "strict": strict})
 
 
+async def _mutate(
+    deps: AdminDeps, quota: _MutationQuota | None, op: str, body: dict, res: dict
+) -> bool:
+    """One topic's change at the controller, naming the quota's client when one is
+    charged; True if the controller refused it for the quota (`res` says so)."""
+    if quota is None:
+        await deps.control(op, body)
+        return False
+    return quota.answered(await deps.control(op, {**body, "client": quota.client}), res)
+
+
 async def _in_order(pending: list, quota: _MutationQuota | None) -> None:
     """The topics' changes: all at once (they commit together), or one after the other
     when a quota is charged (the controller judges them in the request's order)."""
@@ -163,10 +174,7 @@ async def handle_create_topics(deps: AdminDeps, ctx: RequestContext, req: Any) -
                 "assignments": assignments,
                 "validate_only": req.validate_only,
             }
-            if quota is not None:
-                body["client"] = quota.client
-            reply = await deps.control("create_topic", body)
-            if quota is not None and quota.answered(reply, res):
+            if await _mutate(deps, quota, "create_topic", body, res):
                 return
             res["num_partitions"] = partitions
             res["replication_factor"] = rf
@@ -225,12 +233,7 @@ async def handle_delete_topics(deps: AdminDeps, ctx: RequestContext, req: Any) -
                 raise KafkaError(
                     ErrorCode.invalid_request, f"internal topic '{name}' cannot be deleted"
                 )
-            body: dict[str, Any] = {"name": name}
-            if quota is not None:
-                body["client"] = quota.client
-            reply = await deps.control("delete_topic", body)
-            if quota is not None:
-                quota.answered(reply, res)
+            await _mutate(deps, quota, "delete_topic", {"name": name}, res)
         except KafkaError as e:
             res["error_code"] = e.code
             res["error_message"] = e.message
@@ -261,11 +264,7 @@ async def handle_create_partitions(deps: AdminDeps, ctx: RequestContext, req: An
                 "assignments": assignments,
                 "validate_only": req.validate_only,
             }
-            if quota is not None:
-                body["client"] = quota.client
-            reply = await deps.control("create_partitions", body)
-            if quota is not None:
-                quota.answered(reply, res)
+            await _mutate(deps, quota, "create_partitions", body, res)
         except KafkaError as e:
             res["error_code"] = e.code
             res["error_message"] = e.message

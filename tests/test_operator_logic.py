@@ -1431,6 +1431,7 @@ def test_upgrade_rolls_controllers_followers_first_then_brokers_one_at_a_time() 
     sim = RollSim()
     first = sim.step(NEW_IMAGE, "0.2.0")
     assert first.action == upgrade.RESTART and first.pod == "demo-controller-2"
+    assert "demo-controller-2 (a follower of 1001)" in first.message, first.message
     assert first.status and first.status["phase"] == upgrade.ROLLING
     assert (first.status["from"], first.status["to"]) == ("0.1.0", "0.2.0")
     # The next pass: the restarted pod is back, but not for min_ready_s yet.

@@ -69,14 +69,15 @@ def test_acks_all_produces_on_one_connection_replicate_together_in_order(cluster
     def leo() -> int:
         return lead.get("/api/v1/topics/pipe")["partitions"][0]["log_end_offset"]
 
-    def own_view() -> dict:
-        return lead.get("/api/v1/topics/pipe")["partitions"][0]
+    def own_view() -> dict:  # {} until the leader has the topic in its own metadata
+        topic = lead.get("/api/v1/topics/pipe")
+        return topic["partitions"][0] if topic else {}
 
     # The leader must know it leads before the followers freeze: the ISR seen by another
     # broker may be ahead of the leader's own view, and a Produce it is not yet leader for
     # would be refused, never appended.
     wait_for(
-        lambda: own_view()["local"] == "leader" and len(own_view()["isr"]) == 3,
+        lambda: own_view().get("local") == "leader" and len(own_view().get("isr", ())) == 3,
         20,
         "the leader's own view: leader with a full ISR",
     )

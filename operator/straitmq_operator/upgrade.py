@@ -291,7 +291,13 @@ def plan(
     status = {**status, "step": record, "since": iso(now)}
     todo_left = len(todo) - 1
     direction = "rolling back" if downgrade else "upgrading"
-    msg = f"{direction} {victim.name} to {version}; {todo_left} to go"
+    role = ""
+    if victim.component == n.CONTROLLER and health.active_controller is not None:
+        # Said, so that the order can be checked against the leader the operator saw.
+        leader = health.active_controller
+        is_leader = victim.node_id == leader
+        role = " (the active controller)" if is_leader else f" (a follower of {leader})"
+    msg = f"{direction} {victim.name}{role} to {version}; {todo_left} to go"
     return Plan(RESTART, "VersionRoll", msg, victim.name, {**status, "message": msg})
 
 

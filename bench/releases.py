@@ -16,6 +16,12 @@ def releases() -> list[str]:
         return list(tomllib.load(f)["releases"])
 
 
+def metadata_level(version: str) -> int:
+    """The straitmq.metadata.version level release `version` writes and reads."""
+    with open(ROOT / "releases.toml", "rb") as f:
+        return int(tomllib.load(f)["releases"][version]["metadata_level"])
+
+
 def previous_release() -> str:
     """The newest release: what this checkout upgrades from."""
     return releases()[-1]

@@ -590,9 +590,10 @@ def cmd_upgrade(a: argparse.Namespace) -> None:
     f = _request(a.http, "GET", "/api/v1/features")
     current = {x["name"]: x["finalized"] for x in f["features"]}
     if a.to_release:
-        ranges = {"0.1.0": features.RELEASE_0_1_0}.get(a.to_release)
+        ranges = features.RELEASES.get(a.to_release)
         if ranges is None:
-            raise CliError(f"--to-release {a.to_release}: known releases: 0.1.0")
+            known = ", ".join(features.RELEASES)
+            raise CliError(f"--to-release {a.to_release}: known releases: {known}")
         # The levels that release can run at: the cluster's, where it supports them.
         targets = {
             n: min(max(current.get(n, 0), lo), hi)
@@ -988,7 +989,7 @@ def build_parser() -> argparse.ArgumentParser:
     up_plan = usub.add_parser("plan")
     up_plan.add_argument("--to", action="append", metavar="FEATURE=LEVEL[,...]")
     up_plan.add_argument(
-        "--to-release", metavar="RELEASE", help="the levels a release can run at (0.1.0)"
+        "--to-release", metavar="RELEASE", help="the levels a release can run at (e.g. 0.1.0)"
     )
     up_plan.add_argument(
         "-v", "--verbose", action="store_true", help="list every unaffected client too"

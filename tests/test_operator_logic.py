@@ -1663,3 +1663,43 @@ def test_a_new_operator_version_renders_the_same_pod_templates(
     )
     assert old.returncode == 0, old.stderr.decode()[-2000:]
     assert [t.encode() for t in orjson.loads(old.stdout)] == before
+
+
+def _features(finalized: int, top: int) -> dict:
+    return {
+        "features": [
+            {"name": "straitmq.metadata.version", "finalized": finalized, "supported_max": top},
+            {"name": "transaction.version", "finalized": 2, "supported_max": 2},
+        ]
+    }
+
+
+def _client_seen(client_id: str, apis: dict[int, list[int]]) -> dict:
+    return {
+        "software_name": "librdkafka",
+        "software_version": "2.0.2",
+        "api_versions_version": 3,
+        "software": "librdkafka 2.0.2",
+        "client_id": client_id,
+        "principal": "User:ANONYMOUS",
+        "host": "10.0.0.9",
+        "connections": 1,
+        "apis": [{"api_key": k, "versions": v} for k, v in apis.items()],
+        "transactional_produce": [],
+    }
+
+
+def test_the_finalize_condition_names_what_would_change_and_for_how_many_clients() -> None:
+    producer = _client_seen("orders-producer", {0: [9], 3: [12]})
+    fetcher = _client_seen("replica-fetcher-2", {1: [17]})
+    views = {0: [producer], 1: [producer, fetcher]}
+    status, reason, msg = upgrade.finalize_impact(_features(1, 2), views, [])
+    assert (status, reason) == (False, "NoClientAffected"), msg
+    assert msg.startswith("finalizing straitmq.metadata.version 1 -> 2: "), msg
+    # One client seen by two brokers counts once; the brokers' own fetchers not at all.
+    assert "no client is affected (1 client seen)" in msg, msg
+    # A broker that could not be asked is said, not skipped in silence.
+    _, _, msg = upgrade.finalize_impact(_features(1, 2), {0: [producer]}, ["broker 1 not asked"])
+    assert msg.endswith("(not in this report: broker 1 not asked)"), msg
+    # Nothing to finalize: said so.
+    assert upgrade.finalize_impact(_features(2, 2), views, [])[:2] == (False, "NothingToFinalize")

@@ -46,8 +46,14 @@ from real_node_support import (
     node_fixture,
     release_images,
 )
+from straitmq.metadata.features import LATEST
+from straitmq.metadata.features import STRAITMQ as STRAITMQ_LEVEL
 from straitmq.operator.user import CLIENT_SETTINGS
 from waiting import wait_for
+
+from bench.releases import metadata_level
+
+LATEST_LEVEL = LATEST[STRAITMQ_LEVEL]
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.realnode, pytest.mark.timeout(1200)]
@@ -1777,7 +1783,9 @@ def test_version_roll_from_the_last_release_pauses_on_a_missing_image_and_rolls_
         detail=lambda: json.dumps(mq().get("status")),
     )
     assert set(images().values()) == {old_image}, images()
-    assert "features" not in m["status"]  # 0.1.0 has no feature levels to report
+    # Release 0.1.0 has no feature levels to report: it runs at level 1.
+    level = metadata_level(old_version)
+    assert (m["status"].get("features") or {}).get(STRAITMQ_LEVEL, 1) == level, m["status"]
     node.kubectl("apply", "-n", UPG_NS, "-f", "-", input=json.dumps(topic))
     node.kubectl(
         "wait", "-n", UPG_NS, "--for=condition=Ready", f"topic/{TOPIC}", "--timeout=120s",
@@ -1845,9 +1853,26 @@ def test_version_roll_from_the_last_release_pauses_on_a_missing_image_and_rolls_
         "controllers 3/3, brokers 3/3",
     ), v
     assert set(images().values()) == {new_image}, images()
-    # This code on 0.1.0's data, its levels not finalized (spec.upgrade.finalizeFeatures
-    # manual): the old release could still run here.
-    assert m["status"]["features"]["straitmq.metadata.version"] == 1, m["status"]["features"]
+    # This code on the old release's data, its levels not finalized (spec.upgrade.
+    # finalizeFeatures manual): the old release could still run here. The operator says
+    # what finalizing would do to the clients every broker has seen (the producer's pod).
+    assert m["status"]["features"][STRAITMQ_LEVEL] == level, m["status"]["features"]
+    impact = wait_for(
+        lambda: condition(mq(), "FinalizeAffectsClients"),
+        60,
+        "the FinalizeAffectsClients condition",
+        ignore=RETRY,
+    )
+    if level < LATEST_LEVEL:
+        assert impact["reason"] == "NoClientAffected", impact
+        assert impact["message"].startswith(
+            f"finalizing {STRAITMQ_LEVEL} {level} -> {LATEST_LEVEL}: "
+        ), impact
+        assert "not in this report" not in impact["message"], impact  # every broker asked
+        seen = re.search(r"no client is affected \((\d+) clients? seen\)", impact["message"])
+        assert seen and int(seen.group(1)) >= 1, impact
+    else:
+        assert impact["reason"] == "NothingToFinalize", impact
     producer.wait_for_acks(100, 120, f"on {new_version}")
     acked_after_upgrade = producer.acks()
 

@@ -89,6 +89,19 @@ def test_every_release_commit_is_in_history_and_has_its_version() -> None:
         assert f'__version__ = "{name}"' in init, f"{name}: {commit} says another version"
 
 
+def test_every_release_says_the_levels_it_supports() -> None:
+    """`strait upgrade plan --to-release` and the upgrade tests need each release's
+    feature ranges (features.RELEASES) and its straitmq.metadata.version level
+    (releases.toml), which must agree: a release cut adds both."""
+    from straitmq.metadata import features
+
+    assert list(features.RELEASES) == list(RELEASES), "features.RELEASES: one per release"
+    for name, release in RELEASES.items():
+        _, hi = features.RELEASES[name][features.STRAITMQ]
+        assert release["metadata_level"] == hi, f"{name}: metadata_level is not {hi}"
+        assert hi <= features.LATEST[features.STRAITMQ], f"{name}: a level this code lacks"
+
+
 def test_the_changelog_has_every_release_with_its_date_and_upgrading_notes() -> None:
     sections = re.split(r"^## ", CHANGELOG, flags=re.M)[1:]
     headings = [s.split("\n", 1)[0] for s in sections]

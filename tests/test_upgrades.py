@@ -32,17 +32,21 @@ from cluster_support import ROOT, Cluster, Workload, cluster_factory, verify, wa
 from confluent_kafka import Consumer, Producer, TopicPartition
 from kio.schema.describe_share_group_offsets.v0 import request as dsgo
 from straitmq.cli.local_cluster import Node, free_port
+from straitmq.metadata.features import LATEST
 from test_errors import Raw
 from test_share_groups import _ack, _acquired, _fetch, _hb
 from test_transactions_java import TxnClient
 
-from bench.releases import previous_release, release_python
+from bench.releases import metadata_level, previous_release, release_python, releases
 from straitmq.admin_client import AdminError, request_sync
 
 pytestmark = pytest.mark.timeout(900)
 
 PREVIOUS = previous_release()  # what this code upgrades from
 STRAITMQ = "straitmq.metadata.version"
+OLD_LEVEL = metadata_level(PREVIOUS)
+LATEST_LEVEL = LATEST[STRAITMQ]
+OLDER = releases()[:-1]  # upgraded from directly too, without the load
 
 
 @pytest.fixture(scope="module")
@@ -151,15 +155,18 @@ class JavaTransactions:
         assert got == sorted(self.committed), (stage, len(got), len(self.committed))
 
 
-def roll_with(cluster: Cluster, nodes: list, python: str, txns: JavaTransactions) -> None:
+def roll_with(
+    cluster: Cluster, nodes: list, python: str, txns: JavaTransactions | None = None
+) -> None:
     for node in nodes:
-        tag = txns.begin()
+        tag = txns.begin() if txns else ""
         cluster.roll(node, python)
-        txns.end(tag)
+        if txns:
+            txns.end(tag)
 
 
 def roll_all(
-    cluster: Cluster, python: str, txns: JavaTransactions, backwards: bool = False
+    cluster: Cluster, python: str, txns: JavaTransactions | None = None, backwards: bool = False
 ) -> None:
     roll_with(cluster, cluster.roll_order(backwards), python, txns)
 
@@ -303,9 +310,17 @@ def change_voters(cluster: Cluster) -> None:
         return True
 
     wait_for(add, 60, "1004 added as a voter", 0.5, ignore=(AdminError,))
-    request_sync(base, "DELETE", "/api/v1/quorum/voters/1003", timeout_s=60)
+
+    def remove() -> bool:  # refused while the four voters elect a leader; done only once
+        try:
+            request_sync(base, "DELETE", "/api/v1/quorum/voters/1003", timeout_s=60)
+        except AdminError:
+            return 1003 not in voters(cluster)
+        return True
+
+    wait_for(remove, 60, "1003 removed from the voters", 0.5, ignore=(AdminError,))
     cluster.controllers.pop(1003).stop()
-    assert voters(cluster) == {1001, 1002, 1004}
+    check_voters(cluster, "the voter change")
 
 
 def voters(cluster: Cluster) -> set[int]:
@@ -313,9 +328,21 @@ def voters(cluster: Cluster) -> set[int]:
     return {v["node_id"] for v in q["voters"]}
 
 
+def check_voters(cluster: Cluster, stage: str) -> None:
+    """The voter set is 1001, 1002, 1004, once the quorum has a leader (right after the
+    removal or a restart, the quorum API may answer that it has none yet)."""
+    wait_for(
+        lambda: voters(cluster) == {1001, 1002, 1004},
+        30,
+        f"{stage}: the voters 1001, 1002, 1004",
+        0.3,
+        ignore=(AdminError,),
+    )
+
+
 def check_data(cluster: Cluster, stage: str) -> None:
     base = http(cluster)
-    assert voters(cluster) == {1001, 1002, 1004}, stage
+    check_voters(cluster, stage)
     wait_for(lambda: share_start(cluster) == 3, 30, f"{stage}: the share start offset 3", 0.3)
     # The compacted topic: the latest value of every key, whatever the cleaner did.
     latest = {}
@@ -382,7 +409,40 @@ def features(cluster: Cluster) -> dict[str, int]:
 
 
 def finalize(cluster: Cluster) -> dict:
-    return request_sync(http(cluster), "POST", "/api/v1/features", {"updates": {STRAITMQ: 2}})
+    return request_sync(
+        http(cluster), "POST", "/api/v1/features", {"updates": {STRAITMQ: LATEST_LEVEL}}
+    )
+
+
+def finalize_and_refuse(cluster: Cluster, release: str, old_python: str, new_python: str) -> None:
+    """Finalize this code's level; then a node of `release` (a lower level) cannot come
+    back: it stops saying why, and this code takes its place again."""
+    finalize(cluster)
+    assert features(cluster)[STRAITMQ] == LATEST_LEVEL
+    check_data(cluster, "finalized")
+    victim = cluster.brokers[3]
+    victim.stop()
+    cluster.run_as(victim, old_python)
+    victim.start()
+
+    def refused() -> bool:
+        text = cluster.tail(victim, 20_000)
+        return (
+            "unknown metadata record type 'feature_level'" in text  # 0.1.0
+            or "cannot join: the cluster has finalized" in text
+            or f"does not support {STRAITMQ}={LATEST_LEVEL}" in text
+        )
+
+    wait_for(refused, 60, f"release {release} refused on a finalized cluster", 0.5)
+    assert victim.get("/readyz", 1.0) is None
+    cluster.roll(victim, new_python)
+
+
+def write_everything(cluster: Cluster, release: str) -> None:
+    write_data(cluster)
+    write_share_state(cluster)
+    change_voters(cluster)
+    check_data(cluster, f"written by {release}")
 
 
 # -- the test ----------------------------------------------------------------------------------
@@ -395,10 +455,7 @@ def test_rolling_upgrade_rollback_and_finalize_under_load(cluster, old_python, t
 
     c.create_topic("orders", 3)
     c.create_topic("jtx", 3)
-    write_data(c)
-    write_share_state(c)
-    change_voters(c)
-    check_data(c, f"written by {PREVIOUS}")
+    write_everything(c, PREVIOUS)
     w = Workload(c.bootstrap, "orders", rate=200).start()
     member = GroupMember(c.bootstrap, "orders")
     txns = JavaTransactions(c, tmp_path / "java")
@@ -416,10 +473,11 @@ def test_rolling_upgrade_rollback_and_finalize_under_load(cluster, old_python, t
             "/controller/update_features",
             {"updates": {STRAITMQ: [2, 1]}},
         )
-        assert "broker 1 does not support straitmq.metadata.version=2" in str(reply), reply
+        if OLD_LEVEL < LATEST_LEVEL:
+            assert f"broker 1 does not support {STRAITMQ}={LATEST_LEVEL}" in str(reply), reply
         roll_with(c, list(c.brokers.values()), new_python, txns)
         w.wait_acked_growth(50, 30)
-        assert features(c)[STRAITMQ] == 1, "nothing is finalized by a roll"
+        assert features(c)[STRAITMQ] == OLD_LEVEL, "nothing is finalized by a roll"
         check_data(c, "upgraded, not finalized")
         txns.check("upgraded, not finalized")
 
@@ -429,27 +487,14 @@ def test_rolling_upgrade_rollback_and_finalize_under_load(cluster, old_python, t
         check_data(c, f"rolled back to {PREVIOUS}")
         txns.check(f"rolled back to {PREVIOUS}")
 
-        # Upgrade again and finalize: after that the previous release cannot come back.
+        # Upgrade again and finalize: after that the previous release cannot come back
+        # (when this code has a level it lacks; else there is nothing to finalize).
         roll_all(c, new_python, txns)
         w.wait_acked_growth(50, 30)
-        finalize(c)
-        assert features(c)[STRAITMQ] == 2
-        check_data(c, "finalized")
-        victim = c.brokers[3]
-        victim.stop()
-        c.run_as(victim, old_python)
-        victim.start()
-
-        def refused() -> bool:
-            text = c.tail(victim, 20_000)
-            return (
-                "unknown metadata record type 'feature_level'" in text
-                or "cannot join: the cluster has finalized" in text
-            )
-
-        wait_for(refused, 60, f"release {PREVIOUS} refused on a finalized cluster", 0.5)
-        assert victim.get("/readyz", 1.0) is None
-        c.roll(victim, new_python)
+        if OLD_LEVEL < LATEST_LEVEL:
+            finalize_and_refuse(c, PREVIOUS, old_python, new_python)
+        else:
+            assert features(c)[STRAITMQ] == LATEST_LEVEL
         w.wait_acked_growth(50, 30)
         txns.end(txns.begin())
         txns.check("finalized")
@@ -460,3 +505,22 @@ def test_rolling_upgrade_rollback_and_finalize_under_load(cluster, old_python, t
     member.check()
     figures = verify(c, w, "upgrade")
     assert figures.ok() and figures.failed == 0, figures.line()
+
+
+@pytest.mark.parametrize("release", OLDER or [None])
+def test_an_older_release_s_data_is_read_upgraded_and_finalized(cluster, release) -> None:
+    """Data of every release before the previous one is read by this code: written by
+    that release, the nodes replaced one by one, then finalized and the release refused
+    (the rollback path and the load are the previous release's test above)."""
+    if release is None:
+        assert OLDER == [], "no release older than the previous one yet"
+        return
+    old_python = release_python(release)
+    new_python = str(ROOT / ".venv" / "bin" / "python")
+    c: Cluster = cluster(brokers=3, python=old_python)
+    write_everything(c, release)
+    roll_all(c, new_python)
+    assert all(release_of(n) == "new" for n in c.nodes())
+    assert features(c)[STRAITMQ] == metadata_level(release), "nothing is finalized by a roll"
+    check_data(c, f"{release} upgraded, not finalized")
+    finalize_and_refuse(c, release, old_python, new_python)

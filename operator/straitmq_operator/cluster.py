@@ -140,6 +140,8 @@ class Pass:
     addresses: listeners.Addresses | None = None  # the external listeners'
     version: upgrade.Plan | None = None  # the version roll's step this pass (None: not asked)
     finalize_error: str | None = None
+    # The FinalizeAffectsClients condition (upgrade.finalize_impact); None: not known.
+    finalize_impact: tuple[bool, str, str] | None = None
 
 
 class ClusterReconciler:
@@ -259,6 +261,7 @@ class ClusterReconciler:
                 await self._roll(body, spec, seen, p, sets)
             await self._finalize(admin, body, spec, seen, p)
             if seen.reachable:
+                await self._finalize_impact(spec, seen, p)
                 await self._sweep(admin, body)
         return self._status(spec, old, generation, seen, p, replicas, sets)
 
@@ -822,6 +825,27 @@ class ClusterReconciler:
             return
         self.emit("Normal", "FeaturesFinalized", f"finalized {updates}")
 
+    async def _finalize_impact(self, spec: ClusterSpec, seen: Observed, p: Pass) -> None:
+        """Which clients finalizing would affect, from every broker's own client list:
+        asked only while there is something to finalize (an idle cluster costs no call)."""
+        views: dict[int, list[dict[str, Any]]] = {}
+        missing: list[str] = []
+        if upgrade.levels_to_finalize(seen.features) and seen.cluster is not None:
+            auth = await certificates.admin_auth(self.kube, spec)
+            scheme = "https" if spec.http_secured else "http"
+
+            async def ask(b: dict[str, Any]) -> None:
+                url = f"{scheme}://{b['host']}:{b['http_port']}"
+                try:
+                    async with AdminClient(url, min(self.admin_timeout_s, 5.0), auth) as c:
+                        views[b["id"]] = (await c.get("/api/v1/clients"))["clients"]
+                except AdminError as e:
+                    missing.append(f"broker {b['id']} not asked: {e.message}")
+
+            await asyncio.gather(*(ask(b) for b in seen.cluster.get("brokers", [])))
+        if seen.features is not None:  # release 0.1.0 has no levels to finalize
+            p.finalize_impact = upgrade.finalize_impact(seen.features, views, sorted(missing))
+
     async def _mark_all_pods(self, spec: ClusterSpec) -> None:
         """The MQCluster's roll request, moved onto each pod: each restart then takes it
         away with the pod, so an operator restart mid-roll restarts no pod twice."""
@@ -1003,6 +1027,8 @@ class ClusterReconciler:
                 else ("NotPaused", "no version roll is paused")
             )
             conds = set_condition(conds, "UpgradePaused", held, *held_why, generation)
+        if p.finalize_impact is not None:
+            conds = set_condition(conds, "FinalizeAffectsClients", *p.finalize_impact, generation)
         status["conditions"] = conds
         if old.get("phase") != p.phase:
             self.emit("Normal", f"Phase{p.phase}", f"phase {old.get('phase')} -> {p.phase}")

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from straitmq.metadata import client_impact
+
 from . import names as n
 
 ROLLING, PAUSED, DONE = "Rolling", "Paused", "Done"
@@ -343,3 +345,26 @@ def finalized(features: dict[str, Any] | None) -> dict[str, int] | None:
         for f in features.get("features", [])
         if isinstance(f.get("finalized"), int)
     }
+
+
+def finalize_impact(
+    features: dict[str, Any] | None,
+    views: dict[int, list[dict[str, Any]]],
+    missing: list[str],
+) -> tuple[bool, str, str]:
+    """The FinalizeAffectsClients condition (status, reason, message): what finalizing
+    the levels the cluster could finalize now would do to the clients the brokers have
+    seen (`views`: each broker's GET /api/v1/clients; `missing`: brokers not asked)."""
+    updates = levels_to_finalize(features)
+    if not updates:
+        return False, "NothingToFinalize", "every level is finalized as high as the nodes allow"
+    clients = [c for c in client_impact.merge(views) if "broker" not in c["roles"]]
+    result = client_impact.plan(clients, finalized(features) or {}, updates)
+    change = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in result.changes.items())
+    said = result.affected or result.findings
+    msg = f"finalizing {change}: " + "; ".join(f.sentence for f in said)
+    if missing:
+        msg += f" (not in this report: {'; '.join(missing)})"
+    if result.affected:
+        return True, "ClientsAffected", msg
+    return False, "NoClientAffected", msg

@@ -81,6 +81,10 @@ RELEASE_0_1_0: dict[str, tuple[int, int]] = {
     "streams.version": (0, 0),
 }
 
+# What each release of releases.toml supports (a release adds its own when it is cut:
+# tests/test_releases.py checks each is here), for `strait upgrade plan --to-release`.
+RELEASES: dict[str, dict[str, tuple[int, int]]] = {"0.1.0": RELEASE_0_1_0}
+
 BASELINE: dict[str, int] = {name: f.baseline for name, f in SUPPORTED.items()}
 # A new cluster starts at the newest level of every feature, as Kafka's does.
 LATEST: dict[str, int] = {name: f.max_level for name, f in SUPPORTED.items()}

@@ -266,7 +266,7 @@ def client(node: NodeHandle, demo: dict[str, float]) -> ClientPod:
 def wait_cluster_ready(node: NodeHandle, timeout: float, brokers: int = 3) -> None:
     def ready() -> bool:
         st = node.get("mqcluster", "demo", "-n", NS).get("status", {})
-        return st.get("phase") == "Ready" and st.get("readyBrokers", brokers) == brokers
+        return st.get("phase") == "Ready" and (st.get("brokers") or {}).get("ready") == brokers
 
     wait_for(
         ready,
@@ -1693,9 +1693,9 @@ MISSING_VERSION = "9.9.9"  # no such image on the node (imagePullPolicy Never)
 def test_version_roll_from_the_last_release_pauses_on_a_missing_image_and_rolls_back(
     node: NodeHandle, chart: float
 ) -> None:
-    """Issue 37, real pods: an MQCluster made at `spec.version: 0.1.0` (the newest release
-    of releases.toml; build-images.sh builds its image from that release's own source and
-    Dockerfile) is rolled to this code by setting spec.version, under an idempotent
+    """Issue 37, real pods: an MQCluster made at the `spec.version` of the newest release
+    of releases.toml (build-images.sh builds its image from that release's own source
+    and Dockerfile) is rolled to this code by setting spec.version, under an idempotent
     acks=all producer that knows only the bootstrap Service: the controllers first (a
     follower first), then brokers 2, 1, 0, one pod at a time, status.version showing the
     progress until Done. Then a version whose image the node does not have: the first pod
@@ -1791,7 +1791,7 @@ def test_version_roll_from_the_last_release_pauses_on_a_missing_image_and_rolls_
         "wait", "-n", UPG_NS, "--for=condition=Ready", f"topic/{TOPIC}", "--timeout=120s",
         timeout=150,
     )  # fmt: skip
-    timings["0.1.0 cluster and topic Ready"] = time.monotonic() - t0
+    timings[f"{old_version} cluster and topic Ready"] = time.monotonic() - t0
     producer = BackgroundProducer(
         node, UPG_NS, client.name, UPG_BOOTSTRAP, TOPIC, "upgrade", 40, README_CLIENT
     )
@@ -1822,7 +1822,7 @@ def test_version_roll_from_the_last_release_pauses_on_a_missing_image_and_rolls_
         )
         return m, order, shown
 
-    # The upgrade: 0.1.0 -> this code.
+    # The upgrade: the previous release -> this code.
     active = m["status"]["activeController"]
     before = uids()
     t1 = time.monotonic()

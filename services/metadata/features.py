@@ -83,7 +83,19 @@ RELEASE_0_1_0: dict[str, tuple[int, int]] = {
 
 # What each release of releases.toml supports (a release adds its own when it is cut:
 # tests/test_releases.py checks each is here), for `strait upgrade plan --to-release`.
-RELEASES: dict[str, dict[str, tuple[int, int]]] = {"0.1.0": RELEASE_0_1_0}
+RELEASES: dict[str, dict[str, tuple[int, int]]] = {
+    "0.1.0": RELEASE_0_1_0,
+    "0.2.0": {
+        STRAITMQ: (1, 2),
+        METADATA_VERSION: (METADATA_VERSION_MIN, 27),
+        "kraft.version": (0, 1),
+        "group.version": (0, 1),
+        "transaction.version": (0, 2),
+        "eligible.leader.replicas.version": (0, 0),
+        "share.version": (0, 1),
+        "streams.version": (0, 0),
+    },
+}
 
 BASELINE: dict[str, int] = {name: f.baseline for name, f in SUPPORTED.items()}
 # A new cluster starts at the newest level of every feature, as Kafka's does.

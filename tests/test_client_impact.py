@@ -29,6 +29,7 @@ from waiting import wait_for
 from straitmq.admin_client import request_sync
 
 WAIT = 30.0
+TOP = LATEST["straitmq.metadata.version"]  # this code's level
 
 # -- the registry (sans-IO, a fake clock) ----------------------------------------------
 
@@ -264,8 +265,8 @@ def test_refusals_and_features_clients_do_not_see() -> None:
     )
     assert plan.refusals == [
         "streams.version=1 is outside the supported range 0..0: the change would be refused",
-        "straitmq.metadata.version cannot go from 2 down to 1: what was written at 2 cannot "
-        "be read at a lower level",
+        f"straitmq.metadata.version cannot go from {TOP} down to 1: what was written at {TOP} "
+        "cannot be read at a lower level",
         "unknown feature 'nope'; known: eligible.leader.replicas.version, group.version, "
         "kraft.version, metadata.version, share.version, straitmq.metadata.version, "
         "streams.version, transaction.version",
@@ -494,5 +495,11 @@ def test_upgrade_plan_names_the_clients_a_change_affects(seen: Seen) -> None:
     assert r.returncode == 1
     assert "streams.version=1 is outside the supported range 0..0" in r.stdout
     r = strait(seen.broker, "upgrade", "plan", "--to-release", "0.1.0")
-    assert r.returncode == 1  # this cluster finalized straitmq.metadata.version=2
-    assert "straitmq.metadata.version cannot go from 2 down to 1" in r.stdout
+    assert r.returncode == 1  # this cluster finalized this code's straitmq.metadata.version
+    assert f"straitmq.metadata.version cannot go from {TOP} down to 1" in r.stdout
+    # A release below this code's level, then: the levels it can run at, named.
+    r = strait(seen.broker, "upgrade", "plan", "--to-release", "0.2.0")
+    assert r.returncode == 1
+    assert f"straitmq.metadata.version cannot go from {TOP} down to 2" in r.stdout
+    r = strait(seen.broker, "upgrade", "plan", "--to-release", "9.9.9")
+    assert r.returncode != 0 and "known releases: 0.1.0, 0.2.0" in r.stderr

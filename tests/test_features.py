@@ -95,8 +95,15 @@ def test_a_node_that_cannot_serve_the_new_level_blocks_it() -> None:
 
 
 def test_feature_records_apply_snapshot_and_stop_a_node_beyond_its_range() -> None:
-    image = MetadataImage()
+    # A cluster that release 0.2.0 can join starts at 0.2.0's newest levels.
+    at2 = MetadataImage()
     for r in bootstrap_feature_records(2):
+        at2.apply(r)
+    assert at2.finalized_features() == {n: hi for n, (_, hi) in F.RELEASES["0.2.0"].items()}
+    with pytest.raises(ValueError, match=r"no release runs at straitmq\.metadata\.version=9"):
+        bootstrap_feature_records(9)
+    image = MetadataImage()
+    for r in bootstrap_feature_records(F.LATEST[F.STRAITMQ]):
         image.apply(r)
     assert image.finalized_features() == F.LATEST
     again = MetadataImage.from_dict(orjson.loads(image.encoded()))
@@ -104,7 +111,7 @@ def test_feature_records_apply_snapshot_and_stop_a_node_beyond_its_range() -> No
     assert MetadataImage.from_dict(image.to_dict()).features == image.features
     with pytest.raises(MetadataVersionError, match=r"finalized straitmq.metadata.version=9"):
         image.apply({"type": "feature_level", "name": F.STRAITMQ, "level": 9})
-    assert image.features[F.STRAITMQ] == 2, "a refused level is not taken"
+    assert image.features[F.STRAITMQ] == F.LATEST[F.STRAITMQ], "a refused level is not taken"
     snap = orjson.loads(image.encoded())
     snap["features"]["group.version"] = 7
     with pytest.raises(MetadataVersionError, match=r"group\.version=7"):
@@ -240,7 +247,8 @@ def test_a_node_refuses_to_run_on_a_level_it_does_not_support(broker_factory) ->
     path = logs[-1]
     lines = path.read_bytes().splitlines()
     epoch = orjson.loads(lines[-1][9:])[0]
-    record = {"type": "feature_level", "name": F.STRAITMQ, "level": 3}
+    beyond = F.LATEST[F.STRAITMQ] + 1
+    record = {"type": "feature_level", "name": F.STRAITMQ, "level": beyond}
     payload = orjson.dumps([epoch, [record]])
     with open(path, "ab") as f:
         f.write(b"%08x " % zlib.crc32(payload) + payload + b"\n")
@@ -251,6 +259,7 @@ def test_a_node_refuses_to_run_on_a_level_it_does_not_support(broker_factory) ->
     assert code == 78, text[-3000:]
     assert (
         "cannot run on this cluster's metadata: the cluster has finalized "
-        "straitmq.metadata.version=3, which this StraitMQ does not support (supported: 1..2)"
+        f"straitmq.metadata.version={beyond}, which this StraitMQ does not support "
+        f"(supported: 1..{beyond - 1})"
     ) in text, text[-3000:]
     assert payload in path.read_bytes()

@@ -727,7 +727,7 @@ def test_features_describe(broker) -> None:
     assert int(by_name["metadata.version"]["Epoch"]) > 0, r.stdout
     # A new cluster starts with every feature finalized at this release's newest level.
     expect = {
-        "straitmq.metadata.version": ["1", "2", "2"],
+        "straitmq.metadata.version": ["1", "3", "3"],
         "kraft.version": ["0", "1", "1"],  # voters change at runtime (KIP-853)
         "group.version": ["0", "1", "1"],  # KIP-848 ConsumerGroupHeartbeat
         "transaction.version": ["0", "2", "2"],  # KIP-890 transactions v2
@@ -759,7 +759,7 @@ def test_features_describe(broker) -> None:
             (f.name, f.min_version_level, f.max_version_level)
             for f in replies[v].finalized_features
         ] == [
-            ("straitmq.metadata.version", 2, 2),
+            ("straitmq.metadata.version", 3, 3),
             ("metadata.version", 27, 27),
             ("kraft.version", 1, 1),
             ("group.version", 1, 1),
@@ -803,13 +803,13 @@ def test_features_upgrade_and_downgrade_with_kafka_features(broker) -> None:
         "downgrade",
         "--feature",
         "straitmq.metadata.version=1",
-        why="cannot be downgraded from 2 to 1",
+        why="cannot be downgraded from 3 to 1",
     )
-    refused("upgrade", "--feature", "straitmq.metadata.version=3", why="supported range 1..2")
+    refused("upgrade", "--feature", "straitmq.metadata.version=4", why="supported range 1..3")
     refused("upgrade", "--feature", "no.such.feature=1", why="unknown feature")
     refused("upgrade", "--feature", "transaction.version=1", why="is a downgrade")
     after = _finalized(broker.bootstrap)
-    assert (after["straitmq.metadata.version"], after["transaction.version"]) == ("2", "2")
+    assert (after["straitmq.metadata.version"], after["transaction.version"]) == ("3", "2")
     # The same through strait's HTTP API.
     f = request_sync(broker.http, "GET", "/api/v1/features")
     assert {x["name"]: x["finalized"] for x in f["features"]}["group.version"] == 1

@@ -430,7 +430,8 @@ def finalize_and_refuse(cluster: Cluster, release: str, old_python: str, new_pyt
         return (
             "unknown metadata record type 'feature_level'" in text  # 0.1.0
             or "cannot join: the cluster has finalized" in text
-            or f"does not support {STRAITMQ}={LATEST_LEVEL}" in text
+            or f"finalized {STRAITMQ}={LATEST_LEVEL}, which this StraitMQ does not support"
+            in text  # 0.2.0 on.
         )
 
     wait_for(refused, 60, f"release {release} refused on a finalized cluster", 0.5)
@@ -471,7 +472,7 @@ def test_rolling_upgrade_rollback_and_finalize_under_load(cluster, old_python, t
             f"http://{ac.host}:{ac.http_port}",
             "POST",
             "/controller/update_features",
-            {"updates": {STRAITMQ: [2, 1]}},
+            {"updates": {STRAITMQ: [LATEST_LEVEL, 1]}},
         )
         if OLD_LEVEL < LATEST_LEVEL:
             assert f"broker 1 does not support {STRAITMQ}={LATEST_LEVEL}" in str(reply), reply
@@ -509,9 +510,10 @@ def test_rolling_upgrade_rollback_and_finalize_under_load(cluster, old_python, t
 
 @pytest.mark.parametrize("release", OLDER or [None])
 def test_an_older_release_s_data_is_read_upgraded_and_finalized(cluster, release) -> None:
-    """Data of every release before the previous one is read by this code: written by
-    that release, the nodes replaced one by one, then finalized and the release refused
-    (the rollback path and the load are the previous release's test above)."""
+    """Data of every release before the previous one is read by this code, and what
+    this code writes before finalizing by that release: written by the release, the
+    nodes replaced one by one, rolled back and in again, then finalized and the release
+    refused (the load is the previous release's test above)."""
     if release is None:
         assert OLDER == [], "no release older than the previous one yet"
         return
@@ -523,4 +525,7 @@ def test_an_older_release_s_data_is_read_upgraded_and_finalized(cluster, release
     assert all(release_of(n) == "new" for n in c.nodes())
     assert features(c)[STRAITMQ] == metadata_level(release), "nothing is finalized by a roll"
     check_data(c, f"{release} upgraded, not finalized")
+    roll_all(c, old_python, backwards=True)
+    check_data(c, f"rolled back to {release}")
+    roll_all(c, new_python)
     finalize_and_refuse(c, release, old_python, new_python)

@@ -74,7 +74,7 @@ from .metadata_view import MetadataView
 from .metrics import BrokerMetrics
 from .partition_write import PartitionWriter
 from .partitions import LEADER, Partition, PartitionManager
-from .quotas import ClientQuotas
+from .quotas import ClientQuotas, ConnectionRates
 from .records import BatchInfo
 from .replication.fetcher import FetcherSettings, ReplicaFetchers
 from .replication.isr import IsrManager
@@ -262,6 +262,7 @@ class Broker:
                 config.max_connections_per_ip,
                 self._quota_exempt_listener,
             ),
+            ConnectionRates(lambda: self.image),
         )
         self._producer_ids: list[int] = []  # [next, limit) of the block we hold
         broker_metrics.install(

@@ -25,10 +25,14 @@ from dataclasses import dataclass, field
 
 from straitmq.metadata.image import MetadataImage
 from straitmq.metadata.quotas import (
+    CONNECTION_CREATION_RATE,
     CONSUMER_BYTE_RATE,
+    IP,
     PRODUCER_BYTE_RATE,
     REQUEST_PERCENTAGE,
     EntityKey,
+    ip_address,
+    is_ip_entity,
     precedence,
 )
 
@@ -154,9 +158,17 @@ class ClientQuotas:
     generation: int = 0
     _expired_at: float = 0.0
 
+    _enabled: bool = False
+    _enabled_version: int = -1
+
     @property
     def enabled(self) -> bool:
-        return bool(self.image().client_quotas)
+        """A client (user or client id) quota exists: ip quotas are ConnectionRates'."""
+        image = self.image()
+        if image.quotas_version != self._enabled_version:
+            self._enabled_version = image.quotas_version
+            self._enabled = any(not is_ip_entity(e) for e in image.client_quotas)
+        return self._enabled
 
     def _sensors(self, user: str, client_id: str, now_ms: float) -> tuple[Sensor | None, ...]:
         image = self.image()
@@ -290,6 +302,69 @@ class ClientQuotas:
         if sensor is None:
             return 0
         return self._charge(sensor, seconds * 100.0, now_ms, self.window_ms)
+
+
+class ConnectionRates:
+    """KIP-612's connection_creation_rate per client address (ip entities, the address's
+    own before the ip `<default>`): a new connection past its address's quota is not
+    admitted, and the listener closes it once the throttle time has passed, as Kafka's
+    acceptor does (ConnectionQuotas: the connection is not counted in the rate then)."""
+
+    def __init__(
+        self,
+        image: Callable[[], MetadataImage],
+        samples: int = QUOTA_WINDOW_NUM,
+        window_ms: float = QUOTA_WINDOW_SIZE_S * 1000.0,
+        max_addresses: int = MAX_SENSORS,
+    ) -> None:
+        self.image = image
+        self.samples = samples
+        self.window_ms = window_ms
+        self.max_addresses = max_addresses
+        self._version = -1
+        # Canonical address (None: the ip <default>) -> its connection rate.
+        self._quotas: dict[str | None, float] = {}
+        self._rates: dict[str, tuple[float, Rate]] = {}  # address -> (its quota, rate)
+
+    def _refresh(self) -> None:
+        image = self.image()
+        if image.quotas_version == self._version:
+            return
+        self._version = image.quotas_version
+        self._quotas = {}
+        for entity, values in image.client_quotas.items():
+            names = dict(entity)
+            if CONNECTION_CREATION_RATE in values and IP in names:
+                name = names[IP]
+                where = None if name is None else ip_address(name) or name
+                self._quotas[where] = values[CONNECTION_CREATION_RATE]
+        self._rates.clear()  # a quota changed: measured again from here
+
+    def quota(self, address: str) -> float | None:
+        self._refresh()
+        if not self._quotas:
+            return None
+        q = self._quotas.get(ip_address(address) or address)
+        return self._quotas.get(None) if q is None else q
+
+    def admit(self, address: str, now_ms: float) -> int:
+        """0: the new connection from `address` is admitted (and counted); otherwise the
+        throttle in ms after which the refused connection is to be closed."""
+        q = self.quota(address)
+        if q is None:
+            return 0
+        entry = self._rates.get(address)
+        if entry is None or entry[0] != q:
+            if len(self._rates) >= self.max_addresses:
+                self._rates.pop(next(iter(self._rates)))  # the longest known address
+            entry = self._rates[address] = (q, Rate(now_ms, self.samples, self.window_ms))
+        rate = entry[1]
+        rate.record(1.0, now_ms)
+        measured, window = rate.measure(now_ms)
+        throttle = throttle_ms(measured, q, window)
+        if throttle > 0:
+            rate.unrecord(1.0)
+        return throttle
 
 
 def user_of(principal: str) -> str:

@@ -49,7 +49,7 @@ from .api.dispatch import ApiSpec
 from .api.versions import api_versions_fallback
 from .client_registry import ClientRegistry, ConnectionClient
 from .metrics import FOLLOWER_FETCH_KEY, BrokerMetrics
-from .quotas import ClientQuotas, user_of
+from .quotas import ClientQuotas, ConnectionRates, user_of
 from .security.listeners import Listener
 from .security.sasl import ConnectionSecurity
 from .storage.log import ReadSlice
@@ -108,6 +108,8 @@ class ListenerDeps:
     clients: ClientRegistry | None = None
     # max.connections and max.connections.per.ip (default: no cap).
     limits: ConnectionLimits = field(default_factory=lambda: ConnectionLimits())
+    # connection_creation_rate of ip quota entities (KIP-612); None: not enforced.
+    connection_rates: ConnectionRates | None = None
 
 
 # Refused connections are logged at most this often (a client retrying in a loop would
@@ -165,14 +167,17 @@ class ConnectionLimits:
         else:
             self.per_ip.pop(address, None)
 
-    def log_refusal(self, limit: str, address: str, listener: str) -> None:
+    def log_refusal(
+        self, limit: str, address: str, listener: str, cap: float | None = None
+    ) -> None:
         now = time.monotonic()
         self._unlogged += 1
         if now - self._logged_at < REFUSAL_LOG_INTERVAL_S:
             return
-        cap = self.max_per_ip if limit == "max.connections.per.ip" else self.max_connections
+        if cap is None:
+            cap = self.max_per_ip if limit == "max.connections.per.ip" else self.max_connections
         log.info(
-            "closing a new connection: %s (%d) reached",
+            "closing a new connection: %s (%g) reached",
             limit,
             cap,
             extra={
@@ -240,6 +245,12 @@ class KafkaConnection(asyncio.BufferedProtocol):
         peer = transport.get_extra_info("peername")
         self.client_host = f"/{peer[0]}" if peer else ""
         limits = self.deps.limits
+        rates = self.deps.connection_rates
+        if rates is not None and self.listener_name != limits.protected_listener:
+            throttle = rates.admit(self.client_host.lstrip("/"), time.time() * 1000.0)
+            if throttle > 0:
+                self._throttle_close(throttle, rates)
+                return
         refused = limits.admit(self.listener_name, self.client_host)
         if refused is not None:
             self.deps.metrics.limit_refusals[refused] += 1
@@ -363,6 +374,20 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self.drained.set()
+
+    def _throttle_close(self, throttle_ms: int, rates: ConnectionRates) -> None:
+        """A connection past its address's connection_creation_rate: read nothing, close
+        it once the throttle has passed (at most the quota's whole window), as Kafka's
+        acceptor closes a throttled connection (KIP-612)."""
+        assert self.transport is not None
+        limit = "connection_creation_rate"
+        self.deps.metrics.limit_refusals[limit] += 1
+        address = self.client_host.lstrip("/")
+        self.deps.limits.log_refusal(limit, address, self.listener_name, rates.quota(address))
+        self.closed = True
+        self.transport.pause_reading()
+        delay_s = min(throttle_ms, rates.samples * rates.window_ms) / 1000.0
+        asyncio.get_running_loop().call_later(delay_s, self.transport.close)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

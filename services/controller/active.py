@@ -61,16 +61,16 @@ class ControllerSettings:
 
 
 def bootstrap_feature_records(level: int) -> list[Record]:
-    """The feature levels a new cluster starts at: every feature at its newest level, or
-    none at all for level 1 (release 0.1.0 reads no feature record)."""
+    """The feature levels a new cluster starts at: every feature at the newest level of
+    the release `level` names (this code's: the newest), or none at all for level 1
+    (release 0.1.0 reads no feature record)."""
     if level == 1:
         return []
-    if level != features.LATEST[features.STRAITMQ]:
-        raise ValueError(
-            f"--bootstrap-metadata-level {level}: this StraitMQ starts clusters at 1 or "
-            f"{features.LATEST[features.STRAITMQ]}"
-        )
-    return [{"type": "feature_level", "name": n, "level": v} for n, v in features.LATEST.items()]
+    try:
+        levels = features.levels_at(level)
+    except ValueError as e:
+        raise ValueError(f"--bootstrap-metadata-level {level}: {e}") from None
+    return [{"type": "feature_level", "name": n, "level": v} for n, v in levels.items()]
 
 
 def _partitions_in(records: list[Record]) -> int:

@@ -67,13 +67,14 @@ class ControllerConfig:
         "replicas of a topic created without a replication factor",
     )
     bootstrap_metadata_level: int = setting(
-        2,
+        3,
         None,
         "--bootstrap-metadata-level",
-        "the straitmq.metadata.version a new cluster starts at: 2 finalizes every feature "
-        "at this release's newest level (as Kafka's storage format does); 1 writes no "
-        "feature record, so release 0.1.0 can still join and read the log (finalize later "
-        "with `strait features upgrade`)",
+        "the straitmq.metadata.version a new cluster starts at: 3 finalizes every feature "
+        "at this release's newest level (as Kafka's storage format does); 2, release "
+        "0.2.0's levels (so 0.2.0 can still join); 1 writes no feature record, so release "
+        "0.1.0 can still join and read the log (finalize later with `strait features "
+        "upgrade`)",
     )
     quota_window_num: int = setting(
         11,

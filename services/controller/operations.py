@@ -8,10 +8,17 @@ from __future__ import annotations
 import uuid
 
 from kio.schema.errors import ErrorCode
+from straitmq.metadata import features
 from straitmq.metadata.broker_configs import DYNAMIC_BROKER_CONFIGS
 from straitmq.metadata.broker_configs import check_value as check_broker_config
 from straitmq.metadata.image import NO_LEADER, MetadataImage, PartitionImage, Record, TopicImage
-from straitmq.metadata.quotas import QuotaError, check_entity, check_ops
+from straitmq.metadata.quotas import (
+    IP_QUOTAS_LEVEL,
+    QuotaError,
+    check_entity,
+    check_ops,
+    is_ip_entity,
+)
 from straitmq.metadata.topic_config import validate_topic_configs
 
 from .election import elect, unclean_allowed
@@ -239,7 +246,18 @@ def alter_client_quotas(
     for i, e in enumerate(entries):
         try:
             entity = check_entity([(str(t), n) for t, n in e["entity"]])
-            ops_ = check_ops(e["ops"])
+            ops_ = check_ops(e["ops"], entity)
+            level = features.finalized(image.features)[features.STRAITMQ]
+            if (
+                is_ip_entity(entity)
+                and level < IP_QUOTAS_LEVEL
+                and any(v is not None for v in ops_.values())
+            ):
+                raise QuotaError(
+                    f"ip quotas need {features.STRAITMQ}={IP_QUOTAS_LEVEL} finalized (this "
+                    f"cluster runs at {level}, which release 0.2.0 can still join and would "
+                    f"not enforce them): finalize it with `strait features upgrade` first"
+                )
         except QuotaError as why:
             refused[i] = str(why)
             continue

@@ -11,7 +11,9 @@ rolling upgrade reversible.
 formats the cluster may write. Level 1 is release 0.1.0's. Level 2 (0.2.0) adds the
 `feature_level` records themselves: writing the first one is the point after which
 0.1.0 can no longer read the log, so every other feature change waits for it (see
-`plan_update`). A log with no feature records (made by 0.1.0, or upgraded from it and
+`plan_update`). Level 3 (0.3.0) adds ip entities to client quotas (KIP-612's
+connection_creation_rate): 0.2.0 would store them and enforce nothing. A log with no
+feature records (made by 0.1.0, or upgraded from it and
 never finalized) runs at BASELINE, the levels 0.1.0 ran at, reported truthfully.
 
 Kafka's own features are reported at the levels StraitMQ really implements: tools and
@@ -53,7 +55,7 @@ class Feature:
 # What this code supports. A change here is a release note: raising `max_level` is what
 # lets a later `upgrade` finalize the new level.
 SUPPORTED: dict[str, Feature] = {
-    STRAITMQ: Feature(1, 2, 1, downgradable=False),
+    STRAITMQ: Feature(1, 3, 1, downgradable=False),
     METADATA_VERSION: Feature(
         METADATA_VERSION_MIN, METADATA_VERSION_LATEST, METADATA_VERSION_LATEST, False
     ),
@@ -100,6 +102,19 @@ RELEASES: dict[str, dict[str, tuple[int, int]]] = {
 BASELINE: dict[str, int] = {name: f.baseline for name, f in SUPPORTED.items()}
 # A new cluster starts at the newest level of every feature, as Kafka's does.
 LATEST: dict[str, int] = {name: f.max_level for name, f in SUPPORTED.items()}
+
+
+def levels_at(level: int) -> dict[str, int]:
+    """Every feature's level for a new cluster at straitmq.metadata.version `level` (2
+    and up: the newest levels of the newest release at that level; one it can join)."""
+    if level == LATEST[STRAITMQ]:
+        return dict(LATEST)
+    for ranges in reversed(RELEASES.values()):
+        if ranges[STRAITMQ][1] == level:
+            return {name: hi for name, (_, hi) in ranges.items()}
+    known = sorted({r[STRAITMQ][1] for r in RELEASES.values()} | {LATEST[STRAITMQ]})
+    raise ValueError(f"no release runs at {STRAITMQ}={level} (known: {known})")
+
 
 UPGRADE, SAFE_DOWNGRADE, UNSAFE_DOWNGRADE = 1, 2, 3
 

@@ -126,8 +126,8 @@ class MetadataImage:
     # Client quotas: entity key (sorted (type, name | None) pairs) -> {key: value}.
     client_quotas: dict[EntityKey, dict[str, float]] = field(default_factory=dict)
     # A new value whenever `client_quotas` changes: the brokers' quota lookups are cached
-    # against it.
-    quotas_version: int = field(default=0, repr=False, compare=False)
+    # against it (a new image, e.g. one loaded from a snapshot, gets one of its own).
+    quotas_version: int = field(default_factory=lambda: next(_versions), repr=False, compare=False)
     # Bumped by every record that changes a topic / any broker: what is built from the
     # image (snapshot bytes, Metadata answers) is cached against these.
     topic_versions: dict[str, int] = field(default_factory=dict, repr=False, compare=False)

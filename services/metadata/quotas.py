@@ -11,6 +11,7 @@ filters), DefaultQuotaCallback / ClientQuotaManager (which entity applies: `prec
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from collections.abc import Iterable, Mapping
 
@@ -22,6 +23,7 @@ PRODUCER_BYTE_RATE = "producer_byte_rate"
 CONSUMER_BYTE_RATE = "consumer_byte_rate"
 REQUEST_PERCENTAGE = "request_percentage"
 CONTROLLER_MUTATION_RATE = "controller_mutation_rate"
+CONNECTION_CREATION_RATE = "connection_creation_rate"
 
 # Key -> whether Kafka types it LONG (a whole number) rather than DOUBLE.
 CLIENT_QUOTA_KEYS: dict[str, bool] = {
@@ -30,6 +32,13 @@ CLIENT_QUOTA_KEYS: dict[str, bool] = {
     REQUEST_PERCENTAGE: False,
     CONTROLLER_MUTATION_RATE: False,
 }
+
+# The keys of an ip entity (KIP-612: new connections per second from that address, an
+# Integer in Kafka), which go with no user or client id.
+IP_QUOTA_KEYS: dict[str, bool] = {CONNECTION_CREATION_RATE: True}
+# straitmq.metadata.version from which ip entities may be written: release 0.2.0 would
+# store them and enforce nothing, so a cluster it can still join refuses them.
+IP_QUOTAS_LEVEL = 3
 
 EntityKey = tuple[tuple[str, str | None], ...]
 
@@ -53,23 +62,39 @@ def check_entity(pairs: list[tuple[str, str | None]]) -> EntityKey:
         if kind in seen:
             raise QuotaError(f"Invalid empty client quota entity, duplicate entity entry {kind}")
         seen.add(kind)
-        if kind == IP:
-            # Kafka's connection_creation_rate per IP is enforced at accept time, which
-            # StraitMQ does not do: refused rather than stored and silently ignored.
-            raise QuotaError("ip quotas (connection_creation_rate) are not supported")
-        if kind not in (USER, CLIENT_ID):
+        if kind not in (USER, CLIENT_ID, IP):
             raise QuotaError(f"Unhandled client quota entity type: {kind}")
         if name is not None and name == "":
             raise QuotaError(f"Empty {kind} not supported")
+    if IP in seen and len(seen) > 1:
+        raise QuotaError("Invalid empty client quota entity")  # Kafka's words for it
+    ip = dict(pairs).get(IP)
+    if ip is not None and ip_address(ip) is None:
+        # Kafka also takes a host name it can resolve; StraitMQ takes addresses only.
+        raise QuotaError(f"{ip} is not a valid IP or resolvable host.")
     return entity_key(pairs)
 
 
-def check_value(key: str, value: object) -> float:
+def ip_address(text: str) -> str | None:
+    """The address in its canonical form (as a connection's peer address is written),
+    or None when `text` is no IPv4 or IPv6 address."""
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return None
+
+
+def is_ip_entity(entity: EntityKey) -> bool:
+    return any(kind == IP for kind, _ in entity)
+
+
+def check_value(key: str, value: object, ip: bool = False) -> float:
     """The value as a float, or QuotaError with the reason (unknown key, not a number,
-    negative, not whole where Kafka wants a Long)."""
-    whole = CLIENT_QUOTA_KEYS.get(key)
+    negative, not whole where Kafka wants a Long or an Integer). `ip`: for an ip entity."""
+    keys = IP_QUOTA_KEYS if ip else CLIENT_QUOTA_KEYS
+    whole = keys.get(key)
     if whole is None:
-        raise QuotaError(f"Invalid configuration key {key} (known: {', '.join(CLIENT_QUOTA_KEYS)})")
+        raise QuotaError(f"Invalid configuration key {key} (known: {', '.join(keys)})")
     if isinstance(value, bool):
         raise QuotaError(f"Configuration {key} must be a number, got {value!r}")
     try:
@@ -81,13 +106,16 @@ def check_value(key: str, value: object) -> float:
     if number < 0:
         raise QuotaError(f"Configuration {key} must not be negative, got {value!r}")
     if whole and abs(round(number) - number) > 1e-6:
-        raise QuotaError(f"Configuration {key} must be a Long value")
+        raise QuotaError(f"Configuration {key} must be {'an Integer' if ip else 'a Long'} value")
+    if ip and number > 2**31 - 1:
+        raise QuotaError(f"Configuration {key} must be an Integer value")
     return number
 
 
-def check_ops(ops: Mapping[str, object]) -> dict[str, float | None]:
-    """{key: value or None to remove}, each value checked."""
-    return {k: None if v is None else check_value(k, v) for k, v in ops.items()}
+def check_ops(ops: Mapping[str, object], entity: EntityKey = ()) -> dict[str, float | None]:
+    """{key: value or None to remove}, each value checked for `entity`'s kind."""
+    ip = is_ip_entity(entity)
+    return {k: None if v is None else check_value(k, v, ip) for k, v in ops.items()}
 
 
 def parse_filter(components: list[tuple[str, int, str | None]]) -> tuple[dict, set]:

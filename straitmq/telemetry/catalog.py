@@ -252,7 +252,8 @@ BROKER_CLIENTS = _i(
 BROKER_LIMIT_REFUSALS = _i(
     "straitmq.broker.limit.refusals", OBSERVABLE_COUNTER, "{refusal}",
     "Connections closed and requests answered early at a bound: max.connections, "
-    "max.connections.per.ip, fetch.parked.per.partition, share.fetch.parked, group.parked",
+    "max.connections.per.ip, connection_creation_rate (an ip quota), "
+    "fetch.parked.per.partition, share.fetch.parked, group.parked",
     LIMIT,
 )  # fmt: skip
 CONSUMER_GROUP_LAG = _i(

@@ -72,11 +72,11 @@ async def handle_alter_client_quotas(deps: AdminDeps, ctx: RequestContext, req: 
             res["error_message"] = "ALTER_CONFIGS on the cluster is needed"
             continue
         try:
-            check_entity(pairs)
+            entity = check_entity(pairs)
             keys = [op.key for op in entry.ops]
             if len(set(keys)) != len(keys):
                 raise QuotaError("a quota key may appear once per entity")
-            ops = check_ops({op.key: None if op.remove else op.value for op in entry.ops})
+            ops = check_ops({op.key: None if op.remove else op.value for op in entry.ops}, entity)
         except QuotaError as e:
             res["error_code"] = ErrorCode.invalid_request
             res["error_message"] = str(e)

@@ -286,8 +286,8 @@ def add_routes(app: web.Application, deps: UsersDeps) -> None:
                     (str(k), None if v in (None, DEFAULT_ENTITY) else str(v))
                     for k, v in item["entity"].items()
                 ]
-                check_entity(pairs)
-                ops = check_ops(item["quotas"])
+                entity = check_entity(pairs)
+                ops = check_ops(item["quotas"], entity)
             except QuotaError as e:
                 return _error(400, f"{item!r}: {e}", ErrorCode.invalid_request)
             entries.append({"entity": [list(p) for p in pairs], "ops": ops})

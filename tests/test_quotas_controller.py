@@ -157,6 +157,13 @@ def test_controller_mutation_rate_is_one_allowance_for_the_whole_cluster(
     assert len(refused) == 24 - created
     # Every answer carries the controller's throttle (each had a topic refused).
     assert all(t > 0 for t in throttles), throttles
+    # The active controller's /metrics say the same, for the allowance of `storm`.
+    ac = c.wait_active_controller()
+    m = scrape(f"http://{ac.host}:{ac.http_port}")
+    storm = {"straitmq_quota_client_id": "storm", "straitmq_quota_user": ""}
+    assert total(m, "straitmq_controller_quota_mutations_total", **storm) == created, m.keys()
+    assert total(m, "straitmq_controller_quota_throttled_total", **storm) == len(refused)
+    assert total(m, "straitmq_controller_quota_throttle_time_seconds_total", **storm) > 0
 
 
 # -- before KIP-219: told and muted, not held ---------------------------------------------

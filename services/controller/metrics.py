@@ -41,6 +41,7 @@ COMMIT_BUCKETS_S = (
 )
 
 Points = Iterator[tuple[float, dict[str, Any]]]
+MAX_QUOTA_SERIES = 1000  # controller_mutation_rate allowances reported per scrape
 
 
 def install(telemetry: Telemetry, quorum: Quorum, active: ActiveController) -> None:
@@ -98,6 +99,25 @@ def install(telemetry: Telemetry, quorum: Quorum, active: ActiveController) -> N
         C.CONTROLLER_OFFLINE,
         when_active(lambda: sum(p.leader < 0 for p in image_partitions())),
     )
+
+    def quota_points(what: str) -> Points:
+        # Bounded: the allowances kept (MAX_BUCKETS), the busiest MAX_QUOTA_SERIES.
+        allowances = list(active.mutation_quotas.allowances.values())
+        if len(allowances) > MAX_QUOTA_SERIES:
+            allowances.sort(key=lambda a: a.throttle_ms_total + a.recorded, reverse=True)
+            allowances = allowances[:MAX_QUOTA_SERIES]
+        for a in allowances:
+            labels = {C.QUOTA_USER: a.user, C.QUOTA_CLIENT: a.client_id}
+            if what == "throttle":
+                yield a.throttle_ms_total / 1000.0, labels
+            elif what == "mutations":
+                yield a.recorded, labels
+            else:
+                yield a.throttled, labels
+
+    t.observe(C.CONTROLLER_QUOTA_THROTTLE, lambda: quota_points("throttle"))
+    t.observe(C.CONTROLLER_QUOTA_MUTATIONS, lambda: quota_points("mutations"))
+    t.observe(C.CONTROLLER_QUOTA_REFUSED, lambda: quota_points("throttled"))
     t.observe(
         C.CONTROLLER_UNDER_REPLICATED,
         when_active(

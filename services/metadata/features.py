@@ -72,9 +72,10 @@ SUPPORTED: dict[str, Feature] = {
 }
 
 # Release 0.1.0 sends no supported ranges with its registration: these are what it ran.
+# (Literals, not this code's constants: a release's ranges never change.)
 RELEASE_0_1_0: dict[str, tuple[int, int]] = {
     STRAITMQ: (1, 1),
-    METADATA_VERSION: (METADATA_VERSION_MIN, METADATA_VERSION_LATEST),
+    METADATA_VERSION: (7, 27),
     "kraft.version": (0, 1),
     "group.version": (0, 1),
     "transaction.version": (0, 2),
@@ -87,16 +88,7 @@ RELEASE_0_1_0: dict[str, tuple[int, int]] = {
 # tests/test_releases.py checks each is here), for `strait upgrade plan --to-release`.
 RELEASES: dict[str, dict[str, tuple[int, int]]] = {
     "0.1.0": RELEASE_0_1_0,
-    "0.2.0": {
-        STRAITMQ: (1, 2),
-        METADATA_VERSION: (METADATA_VERSION_MIN, 27),
-        "kraft.version": (0, 1),
-        "group.version": (0, 1),
-        "transaction.version": (0, 2),
-        "eligible.leader.replicas.version": (0, 0),
-        "share.version": (0, 1),
-        "streams.version": (0, 0),
-    },
+    "0.2.0": {**RELEASE_0_1_0, STRAITMQ: (1, 2)},  # 0.1.0's Kafka levels
 }
 
 BASELINE: dict[str, int] = {name: f.baseline for name, f in SUPPORTED.items()}

@@ -326,6 +326,25 @@ CONTROLLER_UNDER_REPLICATED = _i(
     "Partitions with a leader whose ISR is smaller than the replica set; reported by the "
     "active controller only",
 )  # fmt: skip
+CONTROLLER_QUOTA_THROTTLE = _i(
+    "straitmq.controller.quota.throttle_time", OBSERVABLE_COUNTER, "s",
+    "controller_mutation_rate: throttle time given (and, strict, time until topics would "
+    "no longer be refused), per user and client id sharing an allowance; the active "
+    "controller's, for the whole cluster",
+    QUOTA_USER, QUOTA_CLIENT,
+)  # fmt: skip
+CONTROLLER_QUOTA_MUTATIONS = _i(
+    "straitmq.controller.quota.mutations", OBSERVABLE_COUNTER, "{partition}",
+    "Partitions created or deleted by clients with a controller_mutation_rate, charged "
+    "to their allowance",
+    QUOTA_USER, QUOTA_CLIENT,
+)  # fmt: skip
+CONTROLLER_QUOTA_REFUSED = _i(
+    "straitmq.controller.quota.throttled", OBSERVABLE_COUNTER, "{topic}",
+    "Topics refused THROTTLING_QUOTA_EXCEEDED (strict) or answers throttled (permissive) "
+    "over controller_mutation_rate",
+    QUOTA_USER, QUOTA_CLIENT,
+)  # fmt: skip
 
 # -- every server process (brokers, controllers, combined nodes) ---------------------
 
@@ -382,6 +401,7 @@ CONTROLLER = (
     CONTROLLER_ACTIVE, QUORUM_EPOCH, QUORUM_HIGH_WATERMARK, QUORUM_COMMIT_DURATION,
     QUORUM_FOLLOWER_LAG, QUORUM_VOTERS, CONTROLLER_FENCINGS, CONTROLLER_BROKERS, CONTROLLER_TOPICS,
     CONTROLLER_PARTITIONS, CONTROLLER_OFFLINE, CONTROLLER_UNDER_REPLICATED,
+    CONTROLLER_QUOTA_THROTTLE, CONTROLLER_QUOTA_MUTATIONS, CONTROLLER_QUOTA_REFUSED,
 )  # fmt: skip
 PROCESS = (EVENT_LOOP_STALLS, EVENT_LOOP_STALLED, TLS_CERTIFICATE_EXPIRY, BUILD_INFO)
 OPERATOR = (OPERATOR_RECONCILES, OPERATOR_RECONCILE_DURATION, OPERATOR_RECONCILE_ERRORS)

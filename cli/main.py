@@ -837,7 +837,7 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 (a table: one line per option)
     p = argparse.ArgumentParser(prog="strait", description="StraitMQ command line.")
     p.add_argument("--version", action=_VersionAction)
     p.add_argument("--http", default=DEFAULT_HTTP, help="broker HTTP API (default %(default)s)")

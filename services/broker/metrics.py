@@ -107,7 +107,7 @@ def _by_listener(counts: Counter) -> dict[str, dict[str, int]]:
 Points = Iterator[tuple[float, dict[str, Any]]]
 
 
-def install(
+def install(  # noqa: PLR0915 (a table: one observer per instrument of catalog.BROKER)
     telemetry: Telemetry,
     m: BrokerMetrics,
     partition_manager: PartitionManager,

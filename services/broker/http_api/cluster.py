@@ -72,31 +72,31 @@ def _throttle(deps: ClusterDeps) -> int:
     return int(deps.metadata.image.cluster_configs.get("replication.throttled.rate", "-1"))
 
 
-def add_routes(app: web.Application, deps: ClusterDeps) -> None:
-    routes = web.RouteTableDef()
+class _ClusterRoutes:
+    def __init__(self, deps: ClusterDeps) -> None:
+        self.deps = deps
 
-    @routes.get("/api/v1/reassignments")
-    async def list_reassignments(request: web.Request) -> web.Response:
+    async def list_reassignments(self, request: web.Request) -> web.Response:
         if request.query.get("local") == "true":
-            return _json({"progress": _local_progress(deps)})
+            return _json({"progress": _local_progress(self.deps)})
         try:
-            reply = await deps.metadata.control("list_reassignments", {})
+            reply = await self.deps.metadata.control("list_reassignments", {})
         except KafkaError as e:
             return _ops_error(e)
-        progress = {(p["topic"], p["partition"]): p for p in _local_progress(deps)}
+        progress = {(p["topic"], p["partition"]): p for p in _local_progress(self.deps)}
         leaders = set()
         for r in reply["reassignments"]:
-            meta = deps.metadata.image.partition(r["topic"], r["index"])
+            meta = self.deps.metadata.image.partition(r["topic"], r["index"])
             if meta is not None and (r["topic"], r["index"]) not in progress:
                 leaders.add(meta.leader)
 
         async def ask(node: int) -> list[dict]:
-            b = deps.metadata.image.brokers.get(node)
-            if b is None or node == deps.peers.node_id:
+            b = self.deps.metadata.image.brokers.get(node)
+            if b is None or node == self.deps.peers.node_id:
                 return []
             try:
                 body = await request.app[PEERS].get(
-                    deps.peers.url(node, "/api/v1/reassignments?local=true")
+                    self.deps.peers.url(node, "/api/v1/reassignments?local=true")
                 )
                 return body.get("progress", []) if isinstance(body, dict) else []
             except AdminError:
@@ -106,7 +106,7 @@ def add_routes(app: web.Application, deps: ClusterDeps) -> None:
             progress.update({(p["topic"], p["partition"]): p for p in found})
         out = []
         for r in reply["reassignments"]:
-            meta = deps.metadata.image.partition(r["topic"], r["index"])
+            meta = self.deps.metadata.image.partition(r["topic"], r["index"])
             prog = progress.get((r["topic"], r["index"]), {})
             out.append(
                 {
@@ -122,10 +122,9 @@ def add_routes(app: web.Application, deps: ClusterDeps) -> None:
                     "replica_log_end_offsets": prog.get("replica_log_end_offsets", {}),
                 }
             )
-        return _json({"reassignments": out, "throttle_bytes_per_sec": _throttle(deps)})
+        return _json({"reassignments": out, "throttle_bytes_per_sec": _throttle(self.deps)})
 
-    @routes.post("/api/v1/reassignments")
-    async def reassign(request: web.Request) -> web.Response:
+    async def reassign(self, request: web.Request) -> web.Response:
         body = await _body(request)
         parts = body.get("partitions")
         if not isinstance(parts, list) or not parts:
@@ -169,12 +168,12 @@ def add_routes(app: web.Application, deps: ClusterDeps) -> None:
         if "throttle_bytes_per_sec" in body:
             request_body["throttle"] = None if throttle in (None, -1) else throttle
         try:
-            await deps.metadata.control("reassign", request_body)
+            await self.deps.metadata.control("reassign", request_body)
         except KafkaError as e:
             return _ops_error(e)
         state = []
         for it in items:
-            meta = deps.metadata.image.partition(it["topic"], it["index"])
+            meta = self.deps.metadata.image.partition(it["topic"], it["index"])
             if meta is None:
                 continue
             state.append(
@@ -189,16 +188,14 @@ def add_routes(app: web.Application, deps: ClusterDeps) -> None:
                     "done": not meta.adding and not meta.removing,
                 }
             )
-        return _json({"partitions": state, "throttle_bytes_per_sec": _throttle(deps)}, 202)
+        return _json({"partitions": state, "throttle_bytes_per_sec": _throttle(self.deps)}, 202)
 
-    @routes.get("/api/v1/cluster/configs")
-    async def get_cluster_configs(_: web.Request) -> web.Response:
+    async def get_cluster_configs(self, _: web.Request) -> web.Response:
         configs = {k: str(v) for k, v in CLUSTER_CONFIGS.items()}
-        configs.update(deps.metadata.image.cluster_configs)
+        configs.update(self.deps.metadata.image.cluster_configs)
         return _json({"configs": configs})
 
-    @routes.put("/api/v1/cluster/configs")
-    async def put_cluster_configs(request: web.Request) -> web.StreamResponse:
+    async def put_cluster_configs(self, request: web.Request) -> web.StreamResponse:
         body = await _body(request)
         changes = body.get("configs")
         if not isinstance(changes, dict) or not changes:
@@ -209,26 +206,25 @@ def add_routes(app: web.Application, deps: ClusterDeps) -> None:
         if not all(v is None or isinstance(v, str | int) for v in changes.values()):
             return _error(400, "config values must be strings or integers (null resets)")
         try:
-            await deps.metadata.control(
+            await self.deps.metadata.control(
                 "alter_cluster_configs",
                 {"changes": {k: None if v is None else str(v) for k, v in changes.items()}},
             )
         except KafkaError as e:
             return _ops_error(e)
-        return await get_cluster_configs(request)
+        return await self.get_cluster_configs(request)
 
-    @routes.post("/api/v1/elect-preferred")
-    async def elect_preferred(_: web.Request) -> web.Response:
+    async def elect_preferred(self, _: web.Request) -> web.Response:
         def leaders() -> dict[tuple[str, int], int]:
             return {
                 (t.name, i): p.leader
-                for t in deps.metadata.image.topics.values()
+                for t in self.deps.metadata.image.topics.values()
                 for i, p in enumerate(t.partitions)
             }
 
         before = leaders()
         try:
-            await deps.metadata.control("elect_preferred", {})
+            await self.deps.metadata.control("elect_preferred", {})
         except KafkaError as e:
             return _ops_error(e)
         moved = [
@@ -238,9 +234,9 @@ def add_routes(app: web.Application, deps: ClusterDeps) -> None:
         ]
         return _json({"elected": moved})
 
-    async def quorum(request: web.Request) -> web.Response:
+    async def quorum(self, request: web.Request) -> web.Response:
         """Each voter's own status plus the leader's view of their lag."""
-        voters = deps.voters
+        voters = self.deps.voters
 
         async def ask(url: str) -> dict | None:
             try:
@@ -297,8 +293,7 @@ def add_routes(app: web.Application, deps: ClusterDeps) -> None:
             }
         )
 
-    @routes.post("/api/v1/quorum/voters")
-    async def add_voter(request: web.Request) -> web.Response:
+    async def add_voter(self, request: web.Request) -> web.Response:
         """Make a controller a voter: {"controller_url": "http://host:port"} (its id and
         directory id are asked from it), or {"node_id", "directory_id", "endpoint"}.
         Answered once the new voter set is committed."""
@@ -326,10 +321,9 @@ def add_routes(app: web.Application, deps: ClusterDeps) -> None:
         if not isinstance(node_id, int) or isinstance(node_id, bool):
             return _error(400, "give controller_url, or node_id (a number) with directory_id")
         req = {"node_id": node_id, "directory_id": directory_id, "endpoint": endpoint}
-        return await _change(req, "add_voter", body)
+        return await self._change(req, "add_voter", body)
 
-    @routes.delete("/api/v1/quorum/voters/{node_id}")
-    async def remove_voter(request: web.Request) -> web.Response:
+    async def remove_voter(self, request: web.Request) -> web.Response:
         """Remove a voter (?directory_id= to name which storage of that id); answered
         once committed. The active controller removing itself hands over afterwards."""
         try:
@@ -337,25 +331,24 @@ def add_routes(app: web.Application, deps: ClusterDeps) -> None:
         except ValueError:
             return _error(400, "the voter id must be a number")
         req = {"node_id": node_id, "directory_id": request.query.get("directory_id")}
-        return await _change(req, "remove_voter", dict(request.query))
+        return await self._change(req, "remove_voter", dict(request.query))
 
-    async def _change(req: dict, op: str, options: dict) -> web.Response:
+    async def _change(self, req: dict, op: str, options: dict) -> web.Response:
         try:
             timeout_s = float(options.get("timeout_s", 30.0))
         except (TypeError, ValueError):
             return _error(400, "timeout_s must be a number")
         req["timeout_s"] = timeout_s
         try:
-            reply = await deps.metadata.control(op, req, within_s=timeout_s + 5.0)
+            reply = await self.deps.metadata.control(op, req, within_s=timeout_s + 5.0)
         except KafkaError as e:
             return _ops_error(e)
         return _json(reply)
 
-    @routes.get("/api/v1/features")
-    async def get_features(_: web.Request) -> web.Response:
+    async def get_features(self, _: web.Request) -> web.Response:
         """Each feature's finalized level and what this broker supports, and each
         registered broker's supported ranges (release 0.1.0's for one that sent none)."""
-        image = deps.metadata.image
+        image = self.deps.metadata.image
         levels = image.finalized_features()
         return _json(
             {
@@ -377,8 +370,7 @@ def add_routes(app: web.Application, deps: ClusterDeps) -> None:
             }
         )
 
-    @routes.post("/api/v1/features")
-    async def update_features(request: web.Request) -> web.StreamResponse:
+    async def update_features(self, request: web.Request) -> web.StreamResponse:
         """{"updates": {feature: level}, "downgrade": false, "unsafe": false,
         "validate_only": false}: finalize levels (all or nothing), as UpdateFeatures."""
         body = await _body(request)
@@ -395,7 +387,7 @@ def add_routes(app: web.Application, deps: ClusterDeps) -> None:
             else features.UPGRADE
         )
         try:
-            reply = await deps.metadata.control(
+            reply = await self.deps.metadata.control(
                 "update_features",
                 {
                     "updates": {n: [lvl, kind] for n, lvl in updates.items()},
@@ -413,8 +405,22 @@ def add_routes(app: web.Application, deps: ClusterDeps) -> None:
                 },
                 400,
             )
-        return await get_features(request)
+        return await self.get_features(request)
 
+
+def add_routes(app: web.Application, deps: ClusterDeps) -> None:
+    r = _ClusterRoutes(deps)
+    table = [
+        web.get("/api/v1/reassignments", r.list_reassignments),
+        web.post("/api/v1/reassignments", r.reassign),
+        web.get("/api/v1/cluster/configs", r.get_cluster_configs),
+        web.put("/api/v1/cluster/configs", r.put_cluster_configs),
+        web.post("/api/v1/elect-preferred", r.elect_preferred),
+        web.post("/api/v1/quorum/voters", r.add_voter),
+        web.delete("/api/v1/quorum/voters/{node_id}", r.remove_voter),
+        web.get("/api/v1/features", r.get_features),
+        web.post("/api/v1/features", r.update_features),
+    ]
     if not deps.combined:  # a combined node serves its own quorum's status already
-        routes.get("/api/v1/quorum")(quorum)
-    app.add_routes(routes)
+        table.append(web.get("/api/v1/quorum", r.quorum))
+    app.add_routes(table)

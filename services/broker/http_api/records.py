@@ -97,21 +97,22 @@ def _decode_bytes(b: bytes | None) -> dict:
         return {"base64": base64.b64encode(b).decode()}
 
 
-def add_routes(app: web.Application, deps: RecordsDeps) -> None:
+class _RecordsRoutes:
     """/api/v1/topics/{name}/records and .../partitions/{p}/records"""
-    routes = web.RouteTableDef()
 
-    @routes.post("/api/v1/topics/{name}/records")
-    async def produce(request: web.Request) -> web.Response:
+    def __init__(self, deps: RecordsDeps) -> None:
+        self.deps = deps
+
+    async def produce(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        _topic_or_404(deps.metadata.image, name)
+        _topic_or_404(self.deps.metadata.image, name)
         body = await _body(request)
         records = body.get("records")
         if not isinstance(records, list) or not records:
             return _error(400, "'records' must be a non-empty list")
         if len(records) > MAX_REST_RECORDS:
             return _error(413, f"at most {MAX_REST_RECORDS} records per request")
-        topic = deps.metadata.image.topics[name]
+        topic = self.deps.metadata.image.topics[name]
         by_partition: dict[int, list] = {}
         raw_by_partition: dict[int, list[dict]] = {}  # as sent, for forwarding
         for i, r in enumerate(records):
@@ -140,17 +141,19 @@ def add_routes(app: web.Application, deps: RecordsDeps) -> None:
         # several, this broker writes its own and forwards each leader its share.
         remote: dict[int, list[int]] = {}
         for part in by_partition:
-            if deps.partitions.leader_of(name, part) is None:
+            if self.deps.partitions.leader_of(name, part) is None:
                 remote.setdefault(topic.partitions[part].leader, []).append(part)
         if len(remote) == 1 and sum(map(len, remote.values())) == len(by_partition):
-            return deps.peers.elsewhere(request, next(iter(remote)))
+            return self.deps.peers.elsewhere(request, next(iter(remote)))
         now = int(time.time() * 1000)
-        local = {p: recs for p, recs in by_partition.items() if deps.partitions.leader_of(name, p)}
+        local = {
+            p: recs for p, recs in by_partition.items() if self.deps.partitions.leader_of(name, p)
+        }
 
         async def write(part: int, recs: list) -> dict:
             # The same write as Kafka's Produce with acks=all: min ISR, storage errors,
             # the ISR's confirmation.
-            w = deps.writer.begin(name, part, memoryview(build_batch(recs, now)), acks=-1)
+            w = self.deps.writer.begin(name, part, memoryview(build_batch(recs, now)), acks=-1)
             await w.replicated(REST_WRITE_TIMEOUT_S)
             if w.error_code:
                 message = w.error_message or error_name(w.error_code)
@@ -163,11 +166,11 @@ def add_routes(app: web.Application, deps: RecordsDeps) -> None:
             return {"partition": part, "base_offset": w.base_offset, "count": len(recs)}
 
         async def forward(leader: int, parts: list[int]) -> list[dict]:
-            b = deps.metadata.image.brokers.get(leader)
+            b = self.deps.metadata.image.brokers.get(leader)
             if b is None or b.fenced:
                 raise AdminError(503, f"partitions {parts}: no live leader right now; retry")
             share = [rec for p in parts for rec in raw_by_partition[p]]
-            url = deps.peers.url(leader, f"/api/v1/topics/{name}/records")
+            url = self.deps.peers.url(leader, f"/api/v1/topics/{name}/records")
             answer = await request.app[PEERS].request(
                 "POST", url, {"records": share}, timeout_s=REST_WRITE_TIMEOUT_S + 5
             )
@@ -195,32 +198,31 @@ def add_routes(app: web.Application, deps: RecordsDeps) -> None:
                 body.update(error_code=failure.error_code, error_name=failure.error_name)
             return _json(body, status)
         throttle = 0
-        if deps.quotas.enabled:
+        if self.deps.quotas.enabled:
             user, client = _client(request)
             size = request.content_length or 0
-            throttle = deps.quotas.produce(user, client, size, time.perf_counter() * 1000.0)
+            throttle = self.deps.quotas.produce(user, client, size, time.perf_counter() * 1000.0)
         return await _throttled(_json({"offsets": results}), throttle)
 
-    @routes.get("/api/v1/topics/{name}/partitions/{partition}/records")
-    async def consume(request: web.Request) -> web.Response:
+    async def consume(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        _topic_or_404(deps.metadata.image, name)
+        _topic_or_404(self.deps.metadata.image, name)
         try:
             part_no = int(request.match_info["partition"])
         except ValueError:
             return _error(400, "partition must be an integer")
-        meta = deps.metadata.image.partition(name, part_no)
+        meta = self.deps.metadata.image.partition(name, part_no)
         if meta is None:
             return _error(404, f"topic '{name}' has no partition {part_no}")
-        p = deps.partitions.leader_of(name, part_no)
+        p = self.deps.partitions.leader_of(name, part_no)
         group = request.query.get("group")
-        if p is None or (group and not deps.offsets.owns(group)):
+        if p is None or (group and not self.deps.offsets.owns(group)):
             if p is not None and group:
                 return _error(400, "with 'group', ask the group's coordinator (see /api/v1/groups)")
-            return deps.peers.elsewhere(request, meta.leader)
+            return self.deps.peers.elsewhere(request, meta.leader)
         default_offset = p.log.log_start_offset
         if group:
-            c = deps.offsets.fetch(group).get((name, part_no))
+            c = self.deps.offsets.fetch(group).get((name, part_no))
             if c is not None:
                 default_offset = c.offset
         offset = _int_param(request, "offset", default_offset)
@@ -250,17 +252,27 @@ def add_routes(app: web.Application, deps: RecordsDeps) -> None:
                     pos = rec.offset + 1
             if len(out) >= limit:
                 break
-        if out and deps.quotas.enabled:
+        if out and self.deps.quotas.enabled:
             user, client = _client(request)
-            throttle = deps.quotas.fetch(user, client, size, time.perf_counter() * 1000.0)
+            throttle = self.deps.quotas.fetch(user, client, size, time.perf_counter() * 1000.0)
             if throttle:
                 answer = {"records": [], "next_offset": offset, "high_watermark": p.high_watermark}
                 return await _throttled(_json(answer), throttle)
         if group and out:
-            end = deps.offsets.commit(group, [(name, part_no, pos, p.leader_epoch, "rest")])
-            part = deps.partitions.leader_of(OFFSETS_TOPIC, deps.offsets.partition_for(group))
+            end = self.deps.offsets.commit(group, [(name, part_no, pos, p.leader_epoch, "rest")])
+            part = self.deps.partitions.leader_of(
+                OFFSETS_TOPIC, self.deps.offsets.partition_for(group)
+            )
             if part is not None:
                 await part.wait_for_hw(end, 5.0)
         return _json({"records": out, "next_offset": pos, "high_watermark": p.high_watermark})
 
-    app.add_routes(routes)
+
+def add_routes(app: web.Application, deps: RecordsDeps) -> None:
+    """/api/v1/topics/{name}/records and .../partitions/{p}/records"""
+    r = _RecordsRoutes(deps)
+    table = [
+        web.post("/api/v1/topics/{name}/records", r.produce),
+        web.get("/api/v1/topics/{name}/partitions/{partition}/records", r.consume),
+    ]
+    app.add_routes(table)

@@ -138,27 +138,26 @@ def _user_view(name: str, creds: dict[str, dict]) -> dict[str, Any]:
     }
 
 
-def add_routes(app: web.Application, deps: UsersDeps) -> None:
+class _UsersRoutes:
     """/api/v1/users[/{name}], /api/v1/acls"""
-    routes = web.RouteTableDef()
 
-    @routes.get("/api/v1/users")
-    async def list_users(request: web.Request) -> web.Response:
-        creds = deps.metadata.image.scram_credentials
+    def __init__(self, deps: UsersDeps) -> None:
+        self.deps = deps
+
+    async def list_users(self, request: web.Request) -> web.Response:
+        creds = self.deps.metadata.image.scram_credentials
         return _json({"users": [_user_view(u, c) for u, c in sorted(creds.items()) if c]})
 
-    @routes.get("/api/v1/users/{name}")
-    async def describe_user(request: web.Request) -> web.Response:
+    async def describe_user(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        creds = deps.metadata.image.scram_credentials.get(name)
+        creds = self.deps.metadata.image.scram_credentials.get(name)
         if not creds:
             return _error(
                 404, f"user {name!r} has no SCRAM credential", ErrorCode.resource_not_found
             )
         return _json(_user_view(name, creds))
 
-    @routes.put("/api/v1/users/{name}")
-    async def upsert_user(request: web.Request) -> web.Response:
+    async def upsert_user(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         body = await _body(request)
         mechanism = body.get("mechanism")
@@ -186,15 +185,14 @@ def add_routes(app: web.Application, deps: UsersDeps) -> None:
         salted = salt_password(mechanism, password, salt, iterations)
         record = credential_record(name, mechanism, salt, iterations, salted)
         try:
-            await deps.metadata.control("alter_scram_credentials", {"upsertions": [record]})
+            await self.deps.metadata.control("alter_scram_credentials", {"upsertions": [record]})
         except KafkaError as e:
             return _controller_error(e)
-        return _json(_user_view(name, deps.metadata.image.scram_credentials.get(name, {})))
+        return _json(_user_view(name, self.deps.metadata.image.scram_credentials.get(name, {})))
 
-    @routes.delete("/api/v1/users/{name}")
-    async def delete_user(request: web.Request) -> web.Response:
+    async def delete_user(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        have = deps.metadata.image.scram_credentials.get(name) or {}
+        have = self.deps.metadata.image.scram_credentials.get(name) or {}
         asked = request.query.get("mechanism")
         if asked is not None and asked not in MECHANISMS:
             return _error(
@@ -209,15 +207,14 @@ def add_routes(app: web.Application, deps: UsersDeps) -> None:
             )
         deletions = [{"name": name, "mechanism": m} for m in doomed]
         try:
-            await deps.metadata.control("alter_scram_credentials", {"deletions": deletions})
+            await self.deps.metadata.control("alter_scram_credentials", {"deletions": deletions})
         except KafkaError as e:
             return _controller_error(e)
         return _json({"deleted": name, "mechanisms": sorted(doomed)})
 
-    @routes.get("/api/v1/acls")
-    async def list_acls(request: web.Request) -> web.Response:
+    async def list_acls(self, request: web.Request) -> web.Response:
         principal = request.query.get("principal")
-        bindings = [AclBinding(*t) for t in deps.metadata.image.acls]
+        bindings = [AclBinding(*t) for t in self.deps.metadata.image.acls]
         return _json(
             {
                 "acls": [
@@ -228,8 +225,7 @@ def add_routes(app: web.Application, deps: UsersDeps) -> None:
             }
         )
 
-    @routes.post("/api/v1/acls")
-    async def alter_acls(request: web.Request) -> web.Response:
+    async def alter_acls(self, request: web.Request) -> web.Response:
         body = await _body(request)
         parsed: dict[str, list[list]] = {"create": [], "delete": []}
         for key in parsed:
@@ -241,19 +237,18 @@ def add_routes(app: web.Application, deps: UsersDeps) -> None:
                 if isinstance(b, str):
                     return _error(400, b, ErrorCode.invalid_request)
                 parsed[key].append(list(b))
-        created = sum(1 for b in parsed["create"] if tuple(b) not in deps.metadata.image.acls)
-        deleted = sum(1 for b in parsed["delete"] if tuple(b) in deps.metadata.image.acls)
+        created = sum(1 for b in parsed["create"] if tuple(b) not in self.deps.metadata.image.acls)
+        deleted = sum(1 for b in parsed["delete"] if tuple(b) in self.deps.metadata.image.acls)
         if parsed["create"] or parsed["delete"]:  # the controller skips what is done
             try:
-                await deps.metadata.control(
+                await self.deps.metadata.control(
                     "alter_acls", {"creations": parsed["create"], "deletions": parsed["delete"]}
                 )
             except KafkaError as e:
                 return _controller_error(e)
         return _json({"created": created, "deleted": deleted})
 
-    @routes.get("/api/v1/quotas")
-    async def list_quotas(request: web.Request) -> web.Response:
+    async def list_quotas(self, request: web.Request) -> web.Response:
         exact = {
             kind: None if value == DEFAULT_ENTITY else value
             for kind in ("user", "client-id")
@@ -263,14 +258,13 @@ def add_routes(app: web.Application, deps: UsersDeps) -> None:
             {
                 "quotas": [
                     {"entity": _entity_json(entity), "quotas": dict(values)}
-                    for entity, values in deps.metadata.image.client_quotas.items()
+                    for entity, values in self.deps.metadata.image.client_quotas.items()
                     if matches(entity, exact, set(), False)
                 ]
             }
         )
 
-    @routes.post("/api/v1/quotas")
-    async def alter_quotas(request: web.Request) -> web.Response:
+    async def alter_quotas(self, request: web.Request) -> web.Response:
         body = await _body(request)
         raw = body.get("entries")
         if not isinstance(raw, list) or not raw:
@@ -292,7 +286,7 @@ def add_routes(app: web.Application, deps: UsersDeps) -> None:
                 return _error(400, f"{item!r}: {e}", ErrorCode.invalid_request)
             entries.append({"entity": [list(p) for p in pairs], "ops": ops})
         try:
-            reply = await deps.metadata.control(
+            reply = await self.deps.metadata.control(
                 "alter_client_quotas",
                 {"entries": entries, "validate_only": bool(body.get("validate_only"))},
             )
@@ -303,7 +297,21 @@ def add_routes(app: web.Application, deps: UsersDeps) -> None:
             return _error(400, f"{raw[int(i)]!r}: {why}", ErrorCode.invalid_request)
         return _json({"altered": len(entries)})
 
-    app.add_routes(routes)
+
+def add_routes(app: web.Application, deps: UsersDeps) -> None:
+    """/api/v1/users[/{name}], /api/v1/acls"""
+    r = _UsersRoutes(deps)
+    table = [
+        web.get("/api/v1/users", r.list_users),
+        web.get("/api/v1/users/{name}", r.describe_user),
+        web.put("/api/v1/users/{name}", r.upsert_user),
+        web.delete("/api/v1/users/{name}", r.delete_user),
+        web.get("/api/v1/acls", r.list_acls),
+        web.post("/api/v1/acls", r.alter_acls),
+        web.get("/api/v1/quotas", r.list_quotas),
+        web.post("/api/v1/quotas", r.alter_quotas),
+    ]
+    app.add_routes(table)
 
 
 DEFAULT_ENTITY = "<default>"  # kafka-configs' name of a default entity

@@ -235,6 +235,32 @@ def test_a_group_past_its_parked_bound_answers_join_and_sync_at_once() -> None:
     asyncio.run(run())
 
 
+def test_a_stopped_group_coordinator_leaves_no_timer_and_no_waiter() -> None:
+    """Broker.stop stops the group coordinator: its timers (the initial rebalance delay
+    here) are cancelled and never set again, and the parked joins are cancelled, their
+    bookkeeping gone (before, the timers outlived the broker)."""
+
+    async def run() -> None:
+        settings = GroupSettings(initial_rebalance_delay_ms=60_000, max_size=10)
+        gc = GroupCoordinator(_Offsets(), settings)  # type: ignore[arg-type]
+        parked = [asyncio.ensure_future(_join(gc, "", False)) for _ in range(2)]
+        await asyncio.sleep(0)
+        assert gc._timers and len(gc._parked) == 2
+        await gc.stop()
+        assert gc._timers == {}
+        results = await asyncio.gather(*parked, return_exceptions=True)
+        assert all(isinstance(r, asyncio.CancelledError) for r in results), results
+        assert gc._parked == {} and gc._parked_in == {} and gc._handle_groups == {}
+        # A request still arriving sets no timer again.
+        late = asyncio.ensure_future(_join(gc, "", False))
+        await asyncio.sleep(0)
+        assert gc._timers == {}
+        late.cancel()
+        await asyncio.gather(late, return_exceptions=True)
+
+    asyncio.run(run())
+
+
 def test_member_ids_handed_out_and_not_joined_with_are_bounded() -> None:
     """JoinGroup v4+ without a member id gets an id to join with (MEMBER_ID_REQUIRED);
     a group holds at most group.max.size such ids at once."""

@@ -822,6 +822,7 @@ class Broker:
         if controlled and self._http is not None:
             await self._until_seen_unready()
         await self.share.stop()
+        await self.groups.stop()
         await self.transactions.stop()
         self.txn_verifier.close()
         await self.cleaner.stop()

@@ -23,6 +23,7 @@ from kio.schema.errors import ErrorCode
 
 from straitmq.errors import KafkaError
 from straitmq.invariants import broken
+from straitmq.tasks import cancel_and_wait
 
 from .classic_group import ClassicGroup
 from .messages import (
@@ -102,10 +103,24 @@ class GroupCoordinator:
         self._written_to: dict[str, int] = {}
         self._handle_groups: dict[int, str] = {}  # parked request -> its group
         self._answering: set[asyncio.Task] = set()  # answers waiting for durability
+        self._stopped = False  # stop() ran: no timer is set again
 
     def bind(self, durable: DurableFn) -> None:
         """How to wait for group records to be replicated (unbound: not waited for)."""
         self._durable = durable
+
+    async def stop(self) -> None:
+        """The broker is stopping: no timer fires after this (a session expiry would
+        write group records to logs being closed), no answer waits for durability, and
+        the requests still parked are cancelled (their connections are closed by now)."""
+        self._stopped = True
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        await cancel_and_wait(list(self._answering))
+        for fut in list(self._parked.values()):
+            fut.cancel()
+        # Each parked request's own `finally` (in _park) drops its entries.
 
     @property
     def groups(self) -> dict[str, ClassicGroup]:
@@ -150,7 +165,7 @@ class GroupCoordinator:
             old = self._timers.pop(t.key, None)
             if old is not None:
                 old.cancel()
-            if not isinstance(t, TimerCancel):
+            if not isinstance(t, TimerCancel) and not self._stopped:
                 self._timers[t.key] = asyncio.get_running_loop().call_at(
                     t.deadline_ms / 1000, self._fire, t.key
                 )

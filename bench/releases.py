@@ -10,16 +10,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _table() -> dict[str, dict]:
+    with open(ROOT / "releases.toml", "rb") as f:
+        return tomllib.load(f)["releases"]
+
+
 def releases() -> list[str]:
     """Every release, oldest first."""
-    with open(ROOT / "releases.toml", "rb") as f:
-        return list(tomllib.load(f)["releases"])
+    return list(_table())
 
 
 def metadata_level(version: str) -> int:
     """The straitmq.metadata.version level release `version` writes and reads."""
-    with open(ROOT / "releases.toml", "rb") as f:
-        return int(tomllib.load(f)["releases"][version]["metadata_level"])
+    return int(_table()[version]["metadata_level"])
 
 
 def previous_release() -> str:

@@ -12,7 +12,6 @@ finalized: release 0.2.0 would store them and enforce nothing.
 from __future__ import annotations
 
 import socket
-import struct
 import time
 
 import pytest
@@ -21,6 +20,7 @@ from straitmq.controller import operations as ops
 from straitmq.metadata import features
 from straitmq.metadata.image import MetadataImage
 from straitmq.metadata.quotas import QuotaError, check_entity, check_ops
+from test_limits import _api_versions as round_trip
 from test_quotas import _kafka_tool
 from waiting import wait_for
 
@@ -133,16 +133,10 @@ def _api_versions(port: int, source: str) -> bool | None:
     """One new connection from `source`: True when ApiVersions v0 is answered, False
     when the broker closes it unanswered, None when neither happens within 10 s."""
     with socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0)) as s:
-        client = b"ip-quota"
-        body = struct.pack(">hhih", 18, 0, 1, len(client)) + client
-        s.sendall(struct.pack(">i", len(body)) + body)
         try:
-            head = s.recv(4)
+            return round_trip(s)
         except TimeoutError:
             return None
-        except ConnectionResetError:
-            return False
-        return len(head) == 4
 
 
 def test_kafka_configs_sets_an_ip_quota_and_the_broker_holds_new_connections_to_it(

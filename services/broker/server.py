@@ -177,7 +177,7 @@ class ConnectionLimits:
         if cap is None:
             cap = self.max_per_ip if limit == "max.connections.per.ip" else self.max_connections
         log.info(
-            "closing a new connection: %s (%g) reached",
+            "closing a new connection: %s (%s) reached",
             limit,
             cap,
             extra={

@@ -247,17 +247,14 @@ def alter_client_quotas(
         try:
             entity = check_entity([(str(t), n) for t, n in e["entity"]])
             ops_ = check_ops(e["ops"], entity)
-            level = features.finalized(image.features)[features.STRAITMQ]
-            if (
-                is_ip_entity(entity)
-                and level < IP_QUOTAS_LEVEL
-                and any(v is not None for v in ops_.values())
-            ):
-                raise QuotaError(
-                    f"ip quotas need {features.STRAITMQ}={IP_QUOTAS_LEVEL} finalized (this "
-                    f"cluster runs at {level}, which release 0.2.0 can still join and would "
-                    f"not enforce them): finalize it with `strait features upgrade` first"
-                )
+            if is_ip_entity(entity) and any(v is not None for v in ops_.values()):
+                level = image.finalized_features()[features.STRAITMQ]
+                if level < IP_QUOTAS_LEVEL:
+                    raise QuotaError(
+                        f"ip quotas need {features.STRAITMQ}={IP_QUOTAS_LEVEL} finalized (this "
+                        f"cluster runs at {level}, which release 0.2.0 can still join and would "
+                        f"not enforce them): finalize it with `strait features upgrade` first"
+                    )
         except QuotaError as why:
             refused[i] = str(why)
             continue
